@@ -1,0 +1,1331 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Persistent, warp-specialized NVFP4 / MXFP4 block-scaled GEMM with TMA for Blackwell (sm_100a).
+
+What it computes
+----------------
+    D[m, n, l] = alpha * sum_k (A[m, k, l] * SFA[m, k // V, l]) * (B[n, k, l] * SFB[n, k // V, l])
+
+* A [M, K, L] and B [N, K, L]: Float4E2M1FN, K-major, two values per byte (element 2i in the low
+  nibble), exactly as ``torch.float4_e2m1fn_x2`` / cuBLASLt / ``reference.pack_fp4`` store them.
+* SFA, SFB: one FP8 scale per V consecutive K elements, in the 128x4 blocked layout that
+  tcgen05, cuBLASLt and ``torch._scaled_mm`` read (``reference.to_blocked``).
+  NVFP4: Float8E4M3FN scales, V = 16.  MXFP4: Float8E8M0FNU scales, V = 32.
+* alpha: runtime fp32 scalar, applied to the fp32 accumulator in the epilogue (for NVFP4 it is
+  the product of the two per-tensor global scales).
+* D [M, N, L]: BFloat16, Float16 or Float32, N-major, with a row pitch of ``c_row_pitch(N)``
+  elements (N rounded up to 16 bytes, the TMA stride rule); columns past N are never written.
+
+Warp roles (192 threads, one CTA per SM)
+----------------------------------------
+    =======  ==========  ========================================================================
+    warp     role        work
+    =======  ==========  ========================================================================
+    0 - 3    epilogue    TMEM -> registers (tcgen05.ld), * alpha, convert, -> SMEM, TMA store;
+                         warp 0 also allocates and frees tensor memory
+    4        MMA         SFA/SFB SMEM -> TMEM (tcgen05.cp), block-scaled tcgen05.mma into TMEM
+    5        TMA         A, B, SFA, SFB GMEM -> SMEM ring (cp.async.bulk.tensor, multicast)
+    =======  ==========  ========================================================================
+
+Pipelines (producer -> consumer)
+--------------------------------
+    ab_pipeline   (PipelineTmaUmma,  ``num_ab_stage`` deep):   TMA warp -> MMA warp
+    acc_pipeline  (PipelineUmmaAsync, ``num_acc_stage`` deep): MMA warp -> epilogue warps
+    c_pipeline    (PipelineTmaStore, ``num_c_stage`` deep):    epilogue warps -> TMA store unit
+Every role walks the same static persistent tile schedule, so the three agree on the tile order
+without talking to each other.
+
+Budgets of the default configuration (NVFP4, 128x128 tile, 1x1 cluster, BFloat16 D)
+----------------------------------------------------------------------------------
+    SMEM per k-tile stage: A 16 KiB + B 16 KiB + SFA 2 KiB + SFB 2 KiB = 36 KiB; the stage
+    count is whatever fits into the 228 KiB of an sm_100 CTA after the epilogue buffers
+    (``--compile_only`` prints it).  TMEM: 2 x 128 accumulator columns (double-buffered, so the
+    epilogue of tile i overlaps the mainloop of tile i+1) + 4 SFA + 4 SFB columns of 512.
+
+FP4-specific constraints (``check_fp4_gemm_config`` explains each refusal)
+-------------------------------------------------------------------------
+* One tcgen05.mma.kind::mxf4nvf4 consumes K = 64 (32 bytes of packed FP4 per row); a k-tile is
+  4 MMAs = K 256 = one 128-byte swizzle row of packed FP4.
+* K must be a multiple of 32: TMA needs 16-byte aligned rows, and 32 FP4 values are 16 bytes.
+* Scale factors are read by the MMA from tensor memory, never from registers: there is no
+  "apply the scale to the accumulator" step as in FP8 blockwise kernels.
+* MMA tile M 128 (1 CTA) or 256 (2 CTAs, cluster M even); tile N 64, 128, 192 or 256;
+  cluster M, N powers of two, at most 16 CTAs, each at most 4 (scale-factor multicast).
+
+Run
+---
+    python blockwise_gemm_fp4.py --mnkl 8192,8192,8192,1                 # B200: check + time
+    python blockwise_gemm_fp4.py --mnkl 8192,8192,8192,1 --compile_only  # any machine
+    python blockwise_gemm_fp4.py --sf_vec_size 32 --sf_dtype Float8E8M0FNU \\
+        --mma_tiler_mn 256,256 --cluster_shape_mn 2,1 --c_dtype Float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.blackwell_helpers as sm100_utils
+import cutlass.utils.blockscaled_layout as blockscaled_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+
+# NOTE: sm_100 limits.  232448 bytes of dynamic SMEM per CTA, 512 TMEM columns per SM.
+SM100_SMEM_CAPACITY = 232448
+SM100_TMEM_COLUMNS = 512
+# B200: 148 SMs; used only to size the persistent grid when cross-compiling without a GPU.
+B200_SM_COUNT = 148
+# Dense FP4 tensor-core peak of a B200, for the "% of peak" line.
+B200_FP4_PEAK_TFLOPS = 9000.0
+
+# tcgen05 block-scaled FP4 MMA: K per instruction, and instructions per k-tile.
+MMA_INST_K = 64
+MMA_INSTS_PER_K_TILE = 4
+# Rows of one scale-factor atom (tcgen05.cp moves 4 x 32 lanes x 128 bits).
+SF_ATOM_ROWS = 128
+SF_ATOM_LANES = 32
+
+SF_FORMATS = {
+    # sf_vec_size: (scale dtype name, format name)
+    16: ("Float8E4M3FN", "NVFP4"),
+    32: ("Float8E8M0FNU", "MXFP4"),
+}
+C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
+SF_DTYPES = {"Float8E4M3FN": cutlass.Float8E4M3FN, "Float8E8M0FNU": cutlass.Float8E8M0FNU}
+
+
+class NamedBarrierId(enum.IntEnum):
+    """Hardware named-barrier ids (0 is reserved for __syncthreads)."""
+
+    EPILOGUE = 1  # the four epilogue warps, around each SMEM -> TMA-store hand-off
+    TMEM_ALLOC = 2  # epilogue warps + MMA warp: the TMEM base address is published
+
+
+class WarpRole(enum.IntEnum):
+    EPILOGUE_FIRST = 0  # warps 0..3
+    MMA = 4
+    TMA = 5
+
+
+NUM_EPILOGUE_WARPS = 4
+THREADS_PER_WARP = 32
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration checks, usable from other kernels too
+# ---------------------------------------------------------------------------------------------
+def check_fp4_gemm_config(
+    mnkl: tuple[int, int, int, int],
+    sf_vec_size: int = 16,
+    sf_dtype: str = "Float8E4M3FN",
+    c_dtype: str = "BFloat16",
+    mma_tiler_mn: tuple[int, int] = (128, 128),
+    cluster_shape_mn: tuple[int, int] = (1, 1),
+) -> list[str]:
+    """Check an FP4 block-scaled GEMM configuration against the sm_100 rules.
+
+    Returns a list of readable reasons why it cannot run; an empty list means it can.  Pure
+    Python: it needs neither a GPU nor a compile, so other kernels can call it too.
+    """
+    reasons: list[str] = []
+    if len(mnkl) != 4 or any(not isinstance(v, int) for v in mnkl):
+        return [f"mnkl must be four integers M,N,K,L, got {mnkl!r}"]
+    m, n, k, l_ = mnkl
+    for name, value in (("M", m), ("N", n), ("K", k), ("L", l_)):
+        if value < 1:
+            reasons.append(f"{name} must be >= 1, got {value}")
+    if k >= 1 and k % 32 != 0:
+        reasons.append(
+            f"K={k} is not a multiple of 32: a packed FP4 row of A and B must be a whole number "
+            "of 16-byte TMA units (32 FP4 values)"
+        )
+    if sf_vec_size not in SF_FORMATS:
+        reasons.append(
+            f"sf_vec_size={sf_vec_size} is not supported: use 16 (NVFP4, Float8E4M3FN scales) "
+            "or 32 (MXFP4, Float8E8M0FNU scales)"
+        )
+    else:
+        want_sf, fmt = SF_FORMATS[sf_vec_size]
+        if sf_dtype not in SF_DTYPES:
+            reasons.append(f"sf_dtype={sf_dtype} is not a scale-factor type ({list(SF_DTYPES)})")
+        elif sf_dtype != want_sf:
+            reasons.append(
+                f"sf_dtype={sf_dtype} does not pair with sf_vec_size={sf_vec_size}: {fmt} uses "
+                f"{want_sf} scales (NVFP4 = Float8E4M3FN x 16, MXFP4 = Float8E8M0FNU x 32)"
+            )
+        elif k >= 1 and k % sf_vec_size != 0:
+            reasons.append(f"K={k} is not a multiple of sf_vec_size={sf_vec_size}")
+    if c_dtype not in C_DTYPES:
+        reasons.append(f"c_dtype={c_dtype} is not supported: use one of {list(C_DTYPES)}")
+    tile_m, tile_n = mma_tiler_mn
+    if tile_m not in (128, 256):
+        reasons.append(
+            f"MMA tile M={tile_m} is not supported: 128 (one CTA) or 256 (a CTA pair, "
+            "cta_group::2)"
+        )
+    if tile_n not in (64, 128, 192, 256):
+        reasons.append(f"MMA tile N={tile_n} is not supported: use 64, 128, 192 or 256")
+    cm, cn = cluster_shape_mn
+    for name, value in (("M", cm), ("N", cn)):
+        if value < 1 or value & (value - 1):
+            reasons.append(f"cluster shape {name}={value} must be a power of two")
+        elif value > 4:
+            reasons.append(
+                f"cluster shape {name}={value} exceeds 4: the scale-factor tiles cannot be "
+                "multicast to more than 4 CTAs along one mode"
+            )
+    if cm >= 1 and cn >= 1 and cm * cn > 16:
+        reasons.append(f"cluster {cm}x{cn} has {cm * cn} CTAs; at most 16 are supported")
+    if tile_m == 256 and cm % 2 != 0:
+        reasons.append(
+            "MMA tile M=256 runs on a pair of CTAs (cta_group::2): cluster shape M must be even"
+        )
+    if not reasons:
+        budget = tile_budget(mma_tiler_mn, sf_vec_size, c_dtype)
+        if budget.num_ab_stage < 2:
+            reasons.append(
+                f"only {budget.num_ab_stage} mainloop stage fits into {SM100_SMEM_CAPACITY} "
+                f"bytes of SMEM ({budget.ab_stage_bytes} bytes per stage); use a smaller tile"
+            )
+        if budget.tmem_columns > SM100_TMEM_COLUMNS:
+            reasons.append(
+                f"the tile needs {budget.tmem_columns} TMEM columns, more than the "
+                f"{SM100_TMEM_COLUMNS} of an SM"
+            )
+    return reasons
+
+
+@dataclass(frozen=True)
+class TileBudget:
+    """SMEM and TMEM use of one CTA, computed from the tile alone (see ``tile_budget``)."""
+
+    ab_stage_bytes: int
+    num_ab_stage: int
+    num_acc_stage: int
+    num_c_stage: int
+    epi_bytes_per_stage: int
+    acc_columns: int
+    sfa_columns: int
+    sfb_columns: int
+
+    @property
+    def tmem_columns(self) -> int:
+        return self.acc_columns * self.num_acc_stage + self.sfa_columns + self.sfb_columns
+
+
+def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -> TileBudget:
+    """SMEM stage counts and TMEM columns for a tile, from byte arithmetic alone.
+
+    Per CTA and per k-tile (K 256): A is (tile_m / cta_pair) x 128 bytes, B (tile_n / cta_pair)
+    x 128 bytes, and SFA / SFB one byte per row per ``256 / sf_vec_size`` scale columns, SFB
+    rows rounded up to the 128-row scale atom.  The epilogue keeps ``num_c_stage`` subtiles of
+    128 x 32 (or 64 x 32 for the CTA pair's lower half) outputs.
+    """
+    tile_m, tile_n = mma_tiler_mn
+    cta_pair = 2 if tile_m == 256 else 1
+    cta_m = tile_m // cta_pair
+    k_tile = MMA_INST_K * MMA_INSTS_PER_K_TILE
+    sf_per_row = k_tile // sf_vec_size
+    sfb_rows = -(-tile_n // SF_ATOM_ROWS) * SF_ATOM_ROWS
+    ab_stage_bytes = (
+        cta_m * k_tile // 2 + (tile_n // cta_pair) * k_tile // 2 + cta_m * sf_per_row
+    ) + sfb_rows * sf_per_row
+    c_bytes = {"BFloat16": 2, "Float16": 2, "Float32": 4}[c_dtype]
+    epi_bytes = cta_m * 32 * c_bytes
+    num_c_stage = 2
+    reserved = 1024  # mbarriers and the TMEM address slot
+    num_ab_stage = (SM100_SMEM_CAPACITY - reserved - num_c_stage * epi_bytes) // ab_stage_bytes
+    sfa_columns = (cta_m // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
+    sfb_columns = (sfb_rows // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
+    acc_columns = tile_n
+    num_acc_stage = 2 if 2 * acc_columns + sfa_columns + sfb_columns <= SM100_TMEM_COLUMNS else 1
+    return TileBudget(
+        ab_stage_bytes=ab_stage_bytes,
+        num_ab_stage=num_ab_stage,
+        num_acc_stage=num_acc_stage,
+        num_c_stage=num_c_stage,
+        epi_bytes_per_stage=epi_bytes,
+        acc_columns=acc_columns,
+        sfa_columns=sfa_columns,
+        sfb_columns=sfb_columns,
+    )
+
+
+def c_row_pitch(n: int, c_dtype: str) -> int:
+    """Row pitch (elements) of D: N rounded up so that every row starts 16-byte aligned."""
+    per_16b = 16 // {"BFloat16": 2, "Float16": 2, "Float32": 4}[c_dtype]
+    return -(-n // per_16b) * per_16b
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------
+class BlockwiseGemmFp4Sm100:
+    """NVFP4 / MXFP4 block-scaled GEMM, persistent and warp-specialized, for sm_100a.
+
+    :param sf_vec_size: 16 (NVFP4) or 32 (MXFP4).
+    :param mma_tiler_mn: MMA tile (M, N); M 256 uses a CTA pair (cta_group::2).
+    :param cluster_shape_mn: CTAs per cluster along M and N; A is multicast along N, B along M.
+    """
+
+    def __init__(
+        self,
+        sf_vec_size: int,
+        mma_tiler_mn: tuple[int, int],
+        cluster_shape_mn: tuple[int, int],
+    ):
+        self.sf_vec_size = sf_vec_size
+        self.mma_tiler_mn = tuple(mma_tiler_mn)
+        self.cluster_shape_mn = tuple(cluster_shape_mn)
+        self.use_2cta_instrs = mma_tiler_mn[0] == 256
+        self.cta_group = tcgen05.CtaGroup.TWO if self.use_2cta_instrs else tcgen05.CtaGroup.ONE
+        self.acc_dtype = cutlass.Float32
+        self.a_major = OperandMajorMode.K
+        self.b_major = OperandMajorMode.K
+        self.c_layout = utils.LayoutEnum.ROW_MAJOR
+        self.threads_per_cta = THREADS_PER_WARP * (NUM_EPILOGUE_WARPS + 2)
+        self.smem_capacity = SM100_SMEM_CAPACITY
+        self.num_tmem_alloc_cols = SM100_TMEM_COLUMNS
+
+    def _setup_attributes(self):
+        """Everything that depends on the operand types: MMA, tiles, stages, SMEM layouts."""
+        self.tiled_mma = self._make_tiled_mma(self.mma_tiler_mn, self.cta_group)
+        # The scale-factor atom covers 128 rows of N, so SFB is loaded (and copied to TMEM) in
+        # tiles of N rounded up to 128 by a 1-CTA view of the same MMA.
+        cta_pair = cute.size(self.tiled_mma.thr_id.shape)
+        self.mma_tiler_mn_sfb = (
+            self.mma_tiler_mn[0] // cta_pair,
+            cute.round_up(self.mma_tiler_mn[1], SF_ATOM_ROWS),
+        )
+        self.tiled_mma_sfb = self._make_tiled_mma(self.mma_tiler_mn_sfb, tcgen05.CtaGroup.ONE)
+
+        mma_inst_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
+        # NOTE: the block-scaled FP4 MMA is K = 64 wide; a k-tile of 4 MMAs is K 256, i.e. 128
+        # bytes of packed FP4 per row: exactly one 128-byte swizzle row.
+        assert mma_inst_k == MMA_INST_K, f"unexpected FP4 MMA K {mma_inst_k}"
+        k_tile = mma_inst_k * MMA_INSTS_PER_K_TILE
+        self.mma_tiler = (*self.mma_tiler_mn, k_tile)
+        self.mma_tiler_sfb = (*self.mma_tiler_mn_sfb, k_tile)
+        self.cta_tile_shape_mnk = (self.mma_tiler[0] // cta_pair, self.mma_tiler[1], k_tile)
+
+        # (V, M, N, K) cluster layouts: V is the CTA pair of a 2-CTA MMA.
+        self.cluster_layout_vmnk = cute.tiled_divide(
+            cute.make_layout((*self.cluster_shape_mn, 1)), (self.tiled_mma.thr_id.shape,)
+        )
+        self.cluster_layout_sfb_vmnk = cute.tiled_divide(
+            cute.make_layout((*self.cluster_shape_mn, 1)), (self.tiled_mma_sfb.thr_id.shape,)
+        )
+        self.num_mcast_ctas_a = cute.size(self.cluster_layout_vmnk.shape[2])
+        self.num_mcast_ctas_b = cute.size(self.cluster_layout_vmnk.shape[1])
+        self.is_a_mcast = self.num_mcast_ctas_a > 1
+        self.is_b_mcast = self.num_mcast_ctas_b > 1
+
+        self.epi_tile = sm100_utils.compute_epilogue_tile_shape(
+            self.cta_tile_shape_mnk, self.use_2cta_instrs, self.c_layout, self.c_dtype
+        )
+
+        self.num_acc_stage, self.num_ab_stage, self.num_c_stage = self._compute_stages(
+            self.tiled_mma,
+            self.mma_tiler,
+            self.epi_tile,
+            self.c_dtype,
+            self.c_layout,
+            self.sf_vec_size,
+            self.smem_capacity,
+        )
+
+        self.a_smem_layout_staged = sm100_utils.make_smem_layout_a(
+            self.tiled_mma, self.mma_tiler, self.a_dtype, self.num_ab_stage
+        )
+        self.b_smem_layout_staged = sm100_utils.make_smem_layout_b(
+            self.tiled_mma, self.mma_tiler, self.b_dtype, self.num_ab_stage
+        )
+        self.sfa_smem_layout_staged = blockscaled_utils.make_smem_layout_sfa(
+            self.tiled_mma, self.mma_tiler, self.sf_vec_size, self.num_ab_stage
+        )
+        self.sfb_smem_layout_staged = blockscaled_utils.make_smem_layout_sfb(
+            self.tiled_mma, self.mma_tiler, self.sf_vec_size, self.num_ab_stage
+        )
+        self.c_smem_layout_staged = sm100_utils.make_smem_layout_epi(
+            self.c_dtype, self.c_layout, self.epi_tile, self.num_c_stage
+        )
+
+        # TMEM columns: [accumulators x num_acc_stage | SFA | SFB].  One scale-factor column
+        # holds 4 scales for each of 32 lanes, so a 128-row atom x 4 scale columns is 4 columns.
+        sf_cols_per_k_tile = MMA_INSTS_PER_K_TILE
+        self.num_sfa_tmem_cols = (
+            self.cta_tile_shape_mnk[0] // SF_ATOM_LANES
+        ) * sf_cols_per_k_tile
+        self.num_sfb_tmem_cols = (self.mma_tiler_sfb[1] // SF_ATOM_LANES) * sf_cols_per_k_tile
+        self.num_acc_tmem_cols = self.cta_tile_shape_mnk[1] * self.num_acc_stage
+        tmem_cols = self.num_acc_tmem_cols + self.num_sfa_tmem_cols + self.num_sfb_tmem_cols
+        assert tmem_cols <= self.num_tmem_alloc_cols, f"TMEM overflow: {tmem_cols} columns"
+
+    def _make_tiled_mma(self, mma_tiler_mn, cta_group) -> cute.TiledMma:
+        """The block-scaled FP4 MMA, and a guard that it really is one.
+
+        NOTE: ``make_trivial_tiled_mma`` must not be used for FP4: depending on the DSL release
+        it either rejects Float4E2M1FN or builds a plain kind::f8f6f4 MMA that ignores the scale
+        factors.  The block-scaled builder picks kind::mxf4nvf4, which reads SFA/SFB from TMEM.
+        """
+        tiled_mma = sm100_utils.make_blockscaled_trivial_tiled_mma(
+            self.a_dtype,
+            self.b_dtype,
+            self.a_major,
+            self.b_major,
+            self.sf_dtype,
+            self.sf_vec_size,
+            cta_group,
+            mma_tiler_mn,
+        )
+        if not isinstance(tiled_mma.op, tcgen05.MmaMXF4NVF4Op):
+            raise TypeError(
+                f"expected a block-scaled FP4 MMA (tcgen05.MmaMXF4NVF4Op), got {tiled_mma.op}"
+            )
+        return tiled_mma
+
+    @cute.jit
+    def __call__(
+        self,
+        a_ptr: cute.Pointer,
+        b_ptr: cute.Pointer,
+        sfa_ptr: cute.Pointer,
+        sfb_ptr: cute.Pointer,
+        c_ptr: cute.Pointer,
+        problem_mnkl: tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32, cutlass.Int32],
+        alpha: cutlass.Float32,
+        max_active_clusters: cutlass.Constexpr,
+        stream,
+    ):
+        """Host side: global layouts, TMA descriptors, grid, shared storage, launch."""
+        self.a_dtype = a_ptr.value_type
+        self.b_dtype = b_ptr.value_type
+        self.sf_dtype = sfa_ptr.value_type
+        self.c_dtype = c_ptr.value_type
+        self._setup_attributes()
+        m, n, k, l = problem_mnkl
+
+        # K-major packed FP4: (M, K, L) with K contiguous.  K % 32 == 0 keeps rows 16B-aligned.
+        mA_mkl = cute.make_tensor(
+            a_ptr, cute.make_ordered_layout((m, cute.assume(k, 32), l), order=(1, 0, 2))
+        )
+        mB_nkl = cute.make_tensor(
+            b_ptr, cute.make_ordered_layout((n, cute.assume(k, 32), l), order=(1, 0, 2))
+        )
+        # D is N-major with a row pitch rounded up to 16 bytes (the TMA stride rule).
+        c_align = 128 // self.c_dtype.width
+        ldc = cute.assume((n + c_align - 1) // c_align * c_align, c_align)
+        mC_mnl = cute.make_tensor(c_ptr, cute.make_layout((m, n, l), stride=(ldc, 1, m * ldc)))
+        # Scale factors in the 128x4 blocked layout:
+        # (((32, 4), RestM), ((V, 4), RestK), L), the V-wide K mode has stride 0 (broadcast).
+        mSFA_mkl = cute.make_tensor(
+            sfa_ptr, blockscaled_utils.tile_atom_to_shape_SF(mA_mkl.shape, self.sf_vec_size)
+        )
+        mSFB_nkl = cute.make_tensor(
+            sfb_ptr, blockscaled_utils.tile_atom_to_shape_SF(mB_nkl.shape, self.sf_vec_size)
+        )
+
+        # TMA loads.  A and SFA are multicast along the cluster's N mode, B and SFB along M.
+        a_smem_layout = cute.slice_(self.a_smem_layout_staged, (None, None, None, 0))
+        tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(
+            sm100_utils.cluster_shape_to_tma_atom_A(
+                self.cluster_shape_mn, self.tiled_mma.thr_id
+            ),
+            mA_mkl,
+            a_smem_layout,
+            self.mma_tiler,
+            self.tiled_mma,
+            self.cluster_layout_vmnk.shape,
+        )
+        b_smem_layout = cute.slice_(self.b_smem_layout_staged, (None, None, None, 0))
+        tma_atom_b, tma_tensor_b = cute.nvgpu.make_tiled_tma_atom_B(
+            sm100_utils.cluster_shape_to_tma_atom_B(
+                self.cluster_shape_mn, self.tiled_mma.thr_id
+            ),
+            mB_nkl,
+            b_smem_layout,
+            self.mma_tiler,
+            self.tiled_mma,
+            self.cluster_layout_vmnk.shape,
+        )
+        # NOTE: scale factors travel as 16-bit TMA elements: a 1-byte element type would make
+        # the box's inner extent too small for the 16-byte TMA minimum on narrow tiles.
+        sfa_smem_layout = cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0))
+        tma_atom_sfa, tma_tensor_sfa = cute.nvgpu.make_tiled_tma_atom_A(
+            sm100_utils.cluster_shape_to_tma_atom_A(
+                self.cluster_shape_mn, self.tiled_mma.thr_id
+            ),
+            mSFA_mkl,
+            sfa_smem_layout,
+            self.mma_tiler,
+            self.tiled_mma,
+            self.cluster_layout_vmnk.shape,
+            internal_type=cutlass.Int16,
+        )
+        sfb_smem_layout = cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0))
+        tma_atom_sfb, tma_tensor_sfb = cute.nvgpu.make_tiled_tma_atom_B(
+            sm100_utils.cluster_shape_to_tma_atom_SFB(
+                self.cluster_shape_mn, self.tiled_mma.thr_id
+            ),
+            mSFB_nkl,
+            sfb_smem_layout,
+            self.mma_tiler_sfb,
+            self.tiled_mma_sfb,
+            self.cluster_layout_sfb_vmnk.shape,
+            internal_type=cutlass.Int16,
+        )
+        if cutlass.const_expr(self.cta_tile_shape_mnk[1] == 192):
+            tma_tensor_sfb = self._sfb_tiles_of_192(tma_tensor_sfb)
+
+        cta_pair = cute.size(self.tiled_mma.thr_id.shape)
+        self.num_tma_load_bytes = cta_pair * (
+            cute.size_in_bytes(self.a_dtype, a_smem_layout)
+            + cute.size_in_bytes(self.b_dtype, b_smem_layout)
+            + cute.size_in_bytes(self.sf_dtype, sfa_smem_layout)
+            + cute.size_in_bytes(self.sf_dtype, sfb_smem_layout)
+        )
+
+        # TMA store of D, one epilogue subtile at a time.
+        epi_smem_layout = cute.slice_(self.c_smem_layout_staged, (None, None, 0))
+        tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mC_mnl, epi_smem_layout, self.epi_tile
+        )
+
+        tile_sched_params, grid = self._compute_grid(
+            mC_mnl, self.cta_tile_shape_mnk, self.cluster_shape_mn, max_active_clusters
+        )
+
+        @cute.struct
+        class SharedStorage:
+            ab_full_mbar: cute.struct.MemRange[cutlass.Int64, self.num_ab_stage]
+            ab_empty_mbar: cute.struct.MemRange[cutlass.Int64, self.num_ab_stage]
+            acc_full_mbar: cute.struct.MemRange[cutlass.Int64, self.num_acc_stage]
+            acc_empty_mbar: cute.struct.MemRange[cutlass.Int64, self.num_acc_stage]
+            tmem_dealloc_mbar: cutlass.Int64
+            tmem_base_addr: cutlass.Int32
+            # (EPI_TILE_M, EPI_TILE_N, C_STAGE)
+            sC: cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, cute.cosize(self.c_smem_layout_staged.outer)],
+                1024,
+            ]
+            # (MMA, MMA_M, MMA_K, AB_STAGE)
+            sA: cute.struct.Align[
+                cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_layout_staged.outer)],
+                1024,
+            ]
+            # (MMA, MMA_N, MMA_K, AB_STAGE)
+            sB: cute.struct.Align[
+                cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_layout_staged.outer)],
+                1024,
+            ]
+            # (MMA, MMA_M, MMA_K, AB_STAGE)
+            sSFA: cute.struct.Align[
+                cute.struct.MemRange[self.sf_dtype, cute.cosize(self.sfa_smem_layout_staged)],
+                1024,
+            ]
+            # (MMA, MMA_N, MMA_K, AB_STAGE)
+            sSFB: cute.struct.Align[
+                cute.struct.MemRange[self.sf_dtype, cute.cosize(self.sfb_smem_layout_staged)],
+                1024,
+            ]
+
+        self.shared_storage = SharedStorage
+
+        self.kernel(
+            self.tiled_mma,
+            self.tiled_mma_sfb,
+            tma_atom_a,
+            tma_tensor_a,
+            tma_atom_b,
+            tma_tensor_b,
+            tma_atom_sfa,
+            tma_tensor_sfa,
+            tma_atom_sfb,
+            tma_tensor_sfb,
+            tma_atom_c,
+            tma_tensor_c,
+            alpha,
+            self.cluster_layout_vmnk,
+            self.cluster_layout_sfb_vmnk,
+            self.a_smem_layout_staged,
+            self.b_smem_layout_staged,
+            self.sfa_smem_layout_staged,
+            self.sfb_smem_layout_staged,
+            self.c_smem_layout_staged,
+            self.epi_tile,
+            tile_sched_params,
+        ).launch(
+            grid=grid,
+            block=[self.threads_per_cta, 1, 1],
+            cluster=(*self.cluster_shape_mn, 1),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    def _sfb_tiles_of_192(self, tma_tensor_sfb: cute.Tensor) -> cute.Tensor:
+        """Re-index SFB so that the n-th 192-wide tile starts at scale atom floor(1.5 n).
+
+        SFB is loaded 256 rows (two 128-row atoms) at a time.  Splitting the atom index of the
+        N mode as ((a, b), c) with strides (x, x, 3x) maps tile t = b + 2c (a picks the atom
+        inside the 256-row load) to atom b + 3c = floor(1.5 t); odd tiles then start 64 rows
+        into their first atom, which the MMA warp handles with a 2-column TMEM offset.
+        """
+        atom_stride = tma_tensor_sfb.stride[0][1]
+        num_atom_pairs = cute.ceil_div(tma_tensor_sfb.shape[0][1], 4)
+        shape = (
+            (tma_tensor_sfb.shape[0][0], ((2, 2), num_atom_pairs)),
+            tma_tensor_sfb.shape[1],
+            tma_tensor_sfb.shape[2],
+        )
+        # NOTE: the stride is a TMA coordinate basis; it must be scaled as 3 * x, not x * 3.
+        stride = (
+            (tma_tensor_sfb.stride[0][0], ((atom_stride, atom_stride), 3 * atom_stride)),
+            tma_tensor_sfb.stride[1],
+            tma_tensor_sfb.stride[2],
+        )
+        return cute.make_tensor(tma_tensor_sfb.iterator, cute.make_layout(shape, stride=stride))
+
+    @cute.kernel
+    def kernel(
+        self,
+        tiled_mma: cute.TiledMma,
+        tiled_mma_sfb: cute.TiledMma,
+        tma_atom_a: cute.CopyAtom,
+        mA_mkl: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB_nkl: cute.Tensor,
+        tma_atom_sfa: cute.CopyAtom,
+        mSFA_mkl: cute.Tensor,
+        tma_atom_sfb: cute.CopyAtom,
+        mSFB_nkl: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        mC_mnl: cute.Tensor,
+        alpha: cutlass.Float32,
+        cluster_layout_vmnk: cute.Layout,
+        cluster_layout_sfb_vmnk: cute.Layout,
+        a_smem_layout_staged: cute.ComposedLayout,
+        b_smem_layout_staged: cute.ComposedLayout,
+        sfa_smem_layout_staged: cute.Layout,
+        sfb_smem_layout_staged: cute.Layout,
+        c_smem_layout_staged: cute.ComposedLayout,
+        epi_tile: cute.Tile,
+        tile_sched_params: utils.PersistentTileSchedulerParams,
+    ):
+        """Device side: shared set-up, then one branch per warp role."""
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        use_2cta_instrs = cute.size(tiled_mma.thr_id.shape) == 2
+
+        if warp_idx == WarpRole.TMA:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_sfa)
+            cpasync.prefetch_descriptor(tma_atom_sfb)
+            cpasync.prefetch_descriptor(tma_atom_c)
+
+        # Where this CTA sits: its half of a CTA pair (V) and its (M, N) place in the cluster.
+        bidx, _, _ = cute.arch.block_idx()
+        mma_tile_coord_v = bidx % cute.size(tiled_mma.thr_id.shape)
+        is_leader_cta = mma_tile_coord_v == 0
+        cta_rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cta_coord_vmnk = cluster_layout_vmnk.get_flat_coord(cta_rank_in_cluster)
+        cta_coord_sfb_vmnk = cluster_layout_sfb_vmnk.get_flat_coord(cta_rank_in_cluster)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+
+        # ab_pipeline: TMA warp -> MMA warp.  The MMA warp of the leader CTA releases a stage for
+        # every CTA whose TMA wrote into it (the multicast peers along M and N).
+        ab_pipeline = pipeline.PipelineTmaUmma.create(
+            barrier_storage=storage.ab_full_mbar.data_ptr(),
+            num_stages=self.num_ab_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
+            ),
+            tx_count=self.num_tma_load_bytes,
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        # acc_pipeline: MMA warp -> epilogue warps (of both CTAs of a pair).
+        num_acc_consumer_threads = (
+            THREADS_PER_WARP * NUM_EPILOGUE_WARPS * cute.size(tiled_mma.thr_id.shape)
+        )
+        acc_pipeline = pipeline.PipelineUmmaAsync.create(
+            barrier_storage=storage.acc_full_mbar.data_ptr(),
+            num_stages=self.num_acc_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, num_acc_consumer_threads
+            ),
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        tmem = cutlass.memory.TmemAllocator(
+            storage.tmem_base_addr.ptr,
+            barrier_for_retrieve=pipeline.NamedBarrier(
+                barrier_id=int(NamedBarrierId.TMEM_ALLOC),
+                num_threads=THREADS_PER_WARP * (NUM_EPILOGUE_WARPS + 1),
+            ),
+            allocator_warp_id=int(WarpRole.EPILOGUE_FIRST),
+            is_two_cta=use_2cta_instrs,
+            two_cta_tmem_dealloc_mbar_ptr=storage.tmem_dealloc_mbar.ptr,
+        )
+        # Barrier inits must be visible cluster-wide before any peer signals them.
+        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+
+        # (EPI_TILE_M, EPI_TILE_N, C_STAGE)
+        sC = storage.sC.get_tensor(c_smem_layout_staged.outer, swizzle=c_smem_layout_staged.inner)
+        # (MMA, MMA_M, MMA_K, AB_STAGE)
+        sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
+        # (MMA, MMA_N, MMA_K, AB_STAGE)
+        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
+        # (MMA, MMA_M, MMA_K, AB_STAGE)
+        sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
+        # (MMA, MMA_N, MMA_K, AB_STAGE)
+        sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
+
+        # Global tiles.
+        # (bM, bK, RestM, RestK, RestL)
+        gA_mkl = cute.local_tile(
+            mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None)
+        )
+        # (bN, bK, RestN, RestK, RestL)
+        gB_nkl = cute.local_tile(
+            mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None)
+        )
+        # (bM, bK, RestM, RestK, RestL)
+        gSFA_mkl = cute.local_tile(
+            mSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None)
+        )
+        # (bN_sf, bK, RestN_sf, RestK, RestL)
+        gSFB_nkl = cute.local_tile(
+            mSFB_nkl, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None)
+        )
+        # (bM, bN, RestM, RestN, RestL)
+        gC_mnl = cute.local_tile(
+            mC_mnl, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None)
+        )
+        k_tile_cnt = cute.size(gA_mkl, mode=[3])
+
+        thr_mma = tiled_mma.get_slice(mma_tile_coord_v)
+        thr_mma_sfb = tiled_mma_sfb.get_slice(mma_tile_coord_v)
+        # (MMA, MMA_M, MMA_K, RestM, RestK, RestL)
+        tCgA = thr_mma.partition_A(gA_mkl)
+        # (MMA, MMA_N, MMA_K, RestN, RestK, RestL)
+        tCgB = thr_mma.partition_B(gB_nkl)
+        # (MMA, MMA_M, MMA_K, RestM, RestK, RestL)
+        tCgSFA = thr_mma.partition_A(gSFA_mkl)
+        # (MMA, MMA_N, MMA_K, RestN, RestK, RestL)
+        tCgSFB = thr_mma_sfb.partition_B(gSFB_nkl)
+        # (MMA, MMA_M, MMA_N, RestM, RestN, RestL)
+        tCgC = thr_mma.partition_C(gC_mnl)
+
+        # (MMA, MMA_M, MMA_N, ACC_STAGE): accumulator layout; its TMEM address comes later.
+        acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
+        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.num_acc_stage))
+
+        # Peers have initialised their barriers: from here on they may be signalled.
+        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+
+        if warp_idx == WarpRole.TMA:
+            self._tma_warp(
+                ab_pipeline,
+                tile_sched_params,
+                k_tile_cnt,
+                cta_coord_vmnk,
+                cta_coord_sfb_vmnk,
+                cluster_layout_vmnk,
+                cluster_layout_sfb_vmnk,
+                tma_atom_a,
+                tma_atom_b,
+                tma_atom_sfa,
+                tma_atom_sfb,
+                tCgA,
+                tCgB,
+                tCgSFA,
+                tCgSFB,
+                sA,
+                sB,
+                sSFA,
+                sSFB,
+            )
+        if warp_idx == WarpRole.MMA:
+            self._mma_warp(
+                tiled_mma,
+                ab_pipeline,
+                acc_pipeline,
+                tmem,
+                tile_sched_params,
+                k_tile_cnt,
+                is_leader_cta,
+                tCtAcc_fake,
+                sA,
+                sB,
+                sSFA,
+                sSFB,
+                sfa_smem_layout_staged,
+                sfb_smem_layout_staged,
+            )
+        if warp_idx < WarpRole.MMA:
+            self._epilogue_warps(
+                tidx,
+                warp_idx,
+                alpha,
+                acc_pipeline,
+                tmem,
+                tile_sched_params,
+                tCtAcc_fake,
+                tCgC,
+                sC,
+                tma_atom_c,
+                epi_tile,
+                use_2cta_instrs,
+            )
+
+    # =========================================================================================
+    # TMA warp: A, B, SFA, SFB -> SMEM ring
+    # =========================================================================================
+    @cute.jit
+    def _tma_warp(
+        self,
+        ab_pipeline: pipeline.PipelineTmaUmma,
+        tile_sched_params: utils.PersistentTileSchedulerParams,
+        k_tile_cnt: cutlass.Int32,
+        cta_coord_vmnk: tuple,
+        cta_coord_sfb_vmnk: tuple,
+        cluster_layout_vmnk: cute.Layout,
+        cluster_layout_sfb_vmnk: cute.Layout,
+        tma_atom_a: cute.CopyAtom,
+        tma_atom_b: cute.CopyAtom,
+        tma_atom_sfa: cute.CopyAtom,
+        tma_atom_sfb: cute.CopyAtom,
+        tCgA: cute.Tensor,
+        tCgB: cute.Tensor,
+        tCgSFA: cute.Tensor,
+        tCgSFB: cute.Tensor,
+        sA: cute.Tensor,
+        sB: cute.Tensor,
+        sSFA: cute.Tensor,
+        sSFB: cute.Tensor,
+    ):
+        # CTAs sharing a load: A and SFA go to the CTAs of this cluster row (mode 2 = N),
+        # B to the CTAs of this cluster column (mode 1 = M), SFB likewise on its 1-CTA view.
+        a_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape)
+        b_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, None, 0, 0)).shape)
+        sfb_cta_layout = cute.make_layout(
+            cute.slice_(cluster_layout_sfb_vmnk, (0, None, 0, 0)).shape
+        )
+        # ((ATOM_V, REST_V), AB_STAGE), ((ATOM_V, REST_V), RestM, RestK, RestL)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a,
+            cta_coord_vmnk[2],
+            a_cta_layout,
+            cute.group_modes(sA, 0, 3),
+            cute.group_modes(tCgA, 0, 3),
+        )
+        # ((ATOM_V, REST_V), AB_STAGE), ((ATOM_V, REST_V), RestN, RestK, RestL)
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b,
+            cta_coord_vmnk[1],
+            b_cta_layout,
+            cute.group_modes(sB, 0, 3),
+            cute.group_modes(tCgB, 0, 3),
+        )
+        # ((ATOM_V, REST_V), AB_STAGE), ((ATOM_V, REST_V), RestM, RestK, RestL)
+        tAsSFA, tAgSFA = cpasync.tma_partition(
+            tma_atom_sfa,
+            cta_coord_vmnk[2],
+            a_cta_layout,
+            cute.group_modes(sSFA, 0, 3),
+            cute.group_modes(tCgSFA, 0, 3),
+        )
+        # The K-broadcast (stride 0) modes of the scale tensors carry no data: drop them.
+        tAsSFA = cute.filter_zeros(tAsSFA)
+        tAgSFA = cute.filter_zeros(tAgSFA)
+        # ((ATOM_V, REST_V), AB_STAGE), ((ATOM_V, REST_V), RestN_sf, RestK, RestL)
+        tBsSFB, tBgSFB = cpasync.tma_partition(
+            tma_atom_sfb,
+            cta_coord_sfb_vmnk[1],
+            sfb_cta_layout,
+            cute.group_modes(sSFB, 0, 3),
+            cute.group_modes(tCgSFB, 0, 3),
+        )
+        tBsSFB = cute.filter_zeros(tBsSFB)
+        tBgSFB = cute.filter_zeros(tBgSFB)
+
+        mcast_a = mcast_b = mcast_sfa = mcast_sfb = None
+        if cutlass.const_expr(self.is_a_mcast or self.is_b_mcast or self.use_2cta_instrs):
+            mcast_a = cpasync.create_tma_multicast_mask(
+                cluster_layout_vmnk, cta_coord_vmnk, mcast_mode=2
+            )
+            mcast_b = cpasync.create_tma_multicast_mask(
+                cluster_layout_vmnk, cta_coord_vmnk, mcast_mode=1
+            )
+            mcast_sfa = mcast_a
+            mcast_sfb = cpasync.create_tma_multicast_mask(
+                cluster_layout_sfb_vmnk, cta_coord_sfb_vmnk, mcast_mode=1
+            )
+
+        tile_sched = utils.StaticPersistentTileScheduler.create(
+            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work_tile = tile_sched.initial_work_tile_info()
+        ab_producer_state = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Producer, self.num_ab_stage
+        )
+        cta_pair = cute.size(self.tiled_mma.thr_id.shape)
+        while work_tile.is_valid_tile:
+            tile_m = work_tile.tile_idx[0] // cta_pair
+            tile_n = work_tile.tile_idx[1]
+            tile_l = work_tile.tile_idx[2]
+            # ((ATOM_V, REST_V), RestK)
+            tAgA_tile = tAgA[(None, tile_m, None, tile_l)]
+            tBgB_tile = tBgB[(None, tile_n, None, tile_l)]
+            tAgSFA_tile = tAgSFA[(None, tile_m, None, tile_l)]
+            # A 64-wide tile shares its 128-row scale atom with its neighbour.
+            tile_n_sf = tile_n
+            if cutlass.const_expr(self.cta_tile_shape_mnk[1] == 64):
+                tile_n_sf = tile_n // 2
+            tBgSFB_tile = tBgSFB[(None, tile_n_sf, None, tile_l)]
+
+            ab_producer_state.reset_count()
+            for _k_tile in cutlass.range(k_tile_cnt, unroll=1):
+                ab_pipeline.producer_acquire(ab_producer_state)
+                k_idx = ab_producer_state.count
+                stage = ab_producer_state.index
+                full_bar = ab_pipeline.producer_get_barrier(ab_producer_state)
+                cute.copy(
+                    tma_atom_a,
+                    tAgA_tile[(None, k_idx)],
+                    tAsA[(None, stage)],
+                    tma_bar_ptr=full_bar,
+                    mcast_mask=mcast_a,
+                )
+                cute.copy(
+                    tma_atom_b,
+                    tBgB_tile[(None, k_idx)],
+                    tBsB[(None, stage)],
+                    tma_bar_ptr=full_bar,
+                    mcast_mask=mcast_b,
+                )
+                cute.copy(
+                    tma_atom_sfa,
+                    tAgSFA_tile[(None, k_idx)],
+                    tAsSFA[(None, stage)],
+                    tma_bar_ptr=full_bar,
+                    mcast_mask=mcast_sfa,
+                )
+                cute.copy(
+                    tma_atom_sfb,
+                    tBgSFB_tile[(None, k_idx)],
+                    tBsSFB[(None, stage)],
+                    tma_bar_ptr=full_bar,
+                    mcast_mask=mcast_sfb,
+                )
+                ab_producer_state.advance()
+            tile_sched.advance_to_next_work()
+            work_tile = tile_sched.get_current_work()
+        # Do not exit while peers may still signal this CTA's barriers.
+        ab_pipeline.producer_tail(ab_producer_state)
+
+    # =========================================================================================
+    # MMA warp: scale factors SMEM -> TMEM, block-scaled MMAs into the TMEM accumulator
+    # =========================================================================================
+    @cute.jit
+    def _mma_warp(
+        self,
+        tiled_mma: cute.TiledMma,
+        ab_pipeline: pipeline.PipelineTmaUmma,
+        acc_pipeline: pipeline.PipelineUmmaAsync,
+        tmem: cutlass.memory.TmemAllocator,
+        tile_sched_params: utils.PersistentTileSchedulerParams,
+        k_tile_cnt: cutlass.Int32,
+        is_leader_cta: cutlass.Boolean,
+        tCtAcc_fake: cute.Tensor,
+        sA: cute.Tensor,
+        sB: cute.Tensor,
+        sSFA: cute.Tensor,
+        sSFB: cute.Tensor,
+        sfa_smem_layout_staged: cute.Layout,
+        sfb_smem_layout_staged: cute.Layout,
+    ):
+        tmem.wait_for_alloc()
+        acc_tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
+        # (MMA, MMA_M, MMA_N, ACC_STAGE)
+        tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
+
+        # The scale factors live in TMEM right after the accumulators.
+        sfa_tmem_col = self.num_acc_tmem_cols
+        sfb_tmem_col = self.num_acc_tmem_cols + self.num_sfa_tmem_cols
+        # (MMA, MMA_M, MMA_K)
+        tCtSFA_layout = blockscaled_utils.make_tmem_layout_sfa(
+            tiled_mma,
+            self.mma_tiler,
+            self.sf_vec_size,
+            cute.slice_(sfa_smem_layout_staged, (None, None, None, 0)),
+        )
+        tCtSFA = cute.make_tensor(
+            cute.recast_ptr(acc_tmem_ptr + sfa_tmem_col, dtype=self.sf_dtype), tCtSFA_layout
+        )
+        # (MMA, MMA_N, MMA_K)
+        tCtSFB_layout = blockscaled_utils.make_tmem_layout_sfb(
+            tiled_mma,
+            self.mma_tiler,
+            self.sf_vec_size,
+            cute.slice_(sfb_smem_layout_staged, (None, None, None, 0)),
+        )
+        tCtSFB = cute.make_tensor(
+            cute.recast_ptr(acc_tmem_ptr + sfb_tmem_col, dtype=self.sf_dtype), tCtSFB_layout
+        )
+        copy_s2t_sfa, tCsSFA_s2t, tCtSFA_s2t = self._s2t_copy_and_partition(sSFA, tCtSFA)
+        copy_s2t_sfb, tCsSFB_s2t, tCtSFB_s2t = self._s2t_copy_and_partition(sSFB, tCtSFB)
+
+        # (MMA, MMA_M, MMA_K, AB_STAGE)
+        tCrA = tiled_mma.make_fragment_A(sA)
+        # (MMA, MMA_N, MMA_K, AB_STAGE)
+        tCrB = tiled_mma.make_fragment_B(sB)
+        num_k_blocks = cute.size(tCrA, mode=[2])
+
+        tile_sched = utils.StaticPersistentTileScheduler.create(
+            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work_tile = tile_sched.initial_work_tile_info()
+        ab_consumer_state = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Consumer, self.num_ab_stage
+        )
+        acc_producer_state = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Producer, self.num_acc_stage
+        )
+        while work_tile.is_valid_tile:
+            tile_n = work_tile.tile_idx[1]
+            # (MMA, MMA_M, MMA_N)
+            tCtAcc = tCtAcc_base[(None, None, None, acc_producer_state.index)]
+            # Tiles of N 64 and 192 start half-way into a 128-row scale atom on odd tiles:
+            # rows 64..127 of an atom sit two TMEM columns further on.
+            tCtSFB_mma = tCtSFB
+            if cutlass.const_expr(self.cta_tile_shape_mnk[1] in (64, 192)):
+                shifted = acc_tmem_ptr + sfb_tmem_col + (tile_n % 2) * 2
+                tCtSFB_mma = cute.make_tensor(
+                    cute.recast_ptr(shifted, dtype=self.sf_dtype), tCtSFB_layout
+                )
+
+            if is_leader_cta:
+                acc_pipeline.producer_acquire(acc_producer_state)
+            ab_consumer_state.reset_count()
+            tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
+            for _k_tile in cutlass.range(k_tile_cnt, unroll=1):
+                if is_leader_cta:
+                    ab_pipeline.consumer_wait(ab_consumer_state)
+                    stage = ab_consumer_state.index
+                    # NOTE: tcgen05.cp and tcgen05.mma issued by the same thread execute in
+                    # order, so the MMAs below see the scales copied here.
+                    cute.copy(
+                        copy_s2t_sfa, tCsSFA_s2t[(None, None, None, None, stage)], tCtSFA_s2t
+                    )
+                    cute.copy(
+                        copy_s2t_sfb, tCsSFB_s2t[(None, None, None, None, stage)], tCtSFB_s2t
+                    )
+                    for k_block in cutlass.range(num_k_blocks, unroll_full=True):
+                        k_coord = (None, None, k_block, stage)
+                        sf_coord = (None, None, k_block)
+                        cute.gemm(
+                            tiled_mma,
+                            tCtAcc,
+                            [tCrA[k_coord], tCtSFA[sf_coord]],
+                            [tCrB[k_coord], tCtSFB_mma[sf_coord]],
+                            tCtAcc,
+                        )
+                        tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
+                    # The stage is free once these MMAs complete (tcgen05.commit).
+                    ab_pipeline.consumer_release(ab_consumer_state)
+                ab_consumer_state.advance()
+            if is_leader_cta:
+                acc_pipeline.producer_commit(acc_producer_state)
+            acc_producer_state.advance()
+            tile_sched.advance_to_next_work()
+            work_tile = tile_sched.get_current_work()
+        acc_pipeline.producer_tail(acc_producer_state)
+
+    def _s2t_copy_and_partition(self, sSF: cute.Tensor, tSF: cute.Tensor):
+        """tcgen05.cp (4 x 32 lanes x 128 bits) of one stage of scale factors into TMEM."""
+        # (MMA, MMA_MN, MMA_K, AB_STAGE) without the K-broadcast modes
+        sSF_compact = cute.filter_zeros(sSF)
+        # (MMA, MMA_MN, MMA_K)
+        tSF_compact = cute.filter_zeros(tSF)
+        copy_atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(self.cta_group), self.sf_dtype)
+        tiled_copy_s2t = tcgen05.make_s2t_copy(copy_atom, tSF_compact)
+        thr_copy_s2t = tiled_copy_s2t.get_slice(0)
+        # ((ATOM_V, REST_V), Rest_Tiler, MMA_MN, MMA_K, AB_STAGE), as SMEM descriptors
+        tCsSF_s2t = tcgen05.get_s2t_smem_desc_tensor(
+            tiled_copy_s2t, thr_copy_s2t.partition_S(sSF_compact)
+        )
+        # ((ATOM_V, REST_V), Rest_Tiler, MMA_MN, MMA_K)
+        tCtSF_s2t = thr_copy_s2t.partition_D(tSF_compact)
+        return tiled_copy_s2t, tCsSF_s2t, tCtSF_s2t
+
+    # =========================================================================================
+    # Epilogue warps: TMEM -> registers -> * alpha -> SMEM -> TMA store
+    # =========================================================================================
+    @cute.jit
+    def _epilogue_warps(
+        self,
+        tidx: cutlass.Int32,
+        warp_idx: cutlass.Int32,
+        alpha: cutlass.Float32,
+        acc_pipeline: pipeline.PipelineUmmaAsync,
+        tmem: cutlass.memory.TmemAllocator,
+        tile_sched_params: utils.PersistentTileSchedulerParams,
+        tCtAcc_fake: cute.Tensor,
+        tCgC: cute.Tensor,
+        sC: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        epi_tile: cute.Tile,
+        use_2cta_instrs: cutlass.Constexpr,
+    ):
+        epilogue_barrier = pipeline.NamedBarrier(
+            barrier_id=int(NamedBarrierId.EPILOGUE),
+            num_threads=THREADS_PER_WARP * NUM_EPILOGUE_WARPS,
+        )
+        tmem.allocate(self.num_tmem_alloc_cols)
+        tmem.wait_for_alloc()
+        acc_tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
+        # (MMA, MMA_M, MMA_N, ACC_STAGE)
+        tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
+
+        # TMEM -> registers, one epilogue subtile at a time.
+        copy_atom_t2r = sm100_utils.get_tmem_load_op(
+            self.cta_tile_shape_mnk,
+            self.c_layout,
+            self.c_dtype,
+            self.acc_dtype,
+            epi_tile,
+            use_2cta_instrs,
+        )
+        # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, ACC_STAGE)
+        tAcc_epi = cute.flat_divide(tCtAcc_base[((None, None), 0, 0, None)], epi_tile)
+        tiled_copy_t2r = tcgen05.make_tmem_copy(copy_atom_t2r, tAcc_epi[(None, None, 0, 0, 0)])
+        thr_copy_t2r = tiled_copy_t2r.get_slice(tidx)
+        # (T2R, T2R_M, T2R_N, EPI_M, EPI_N, ACC_STAGE)
+        tTR_tAcc_base = thr_copy_t2r.partition_S(tAcc_epi)
+        # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, RestM, RestN, RestL)
+        gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)], epi_tile)
+        # (T2R, T2R_M, T2R_N)
+        tTR_rAcc = cute.make_rmem_tensor(
+            thr_copy_t2r.partition_D(gC_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape,
+            self.acc_dtype,
+        )
+        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
+
+        # registers -> SMEM
+        copy_atom_r2s = sm100_utils.get_smem_store_op(
+            self.c_layout, self.c_dtype, self.acc_dtype, tiled_copy_t2r
+        )
+        tiled_copy_r2s = cute.make_tiled_copy_D(copy_atom_r2s, tiled_copy_t2r)
+        thr_copy_r2s = tiled_copy_r2s.get_slice(tidx)
+        # (R2S, R2S_M, R2S_N, C_STAGE)
+        tRS_sC = thr_copy_r2s.partition_D(sC)
+        # (R2S, R2S_M, R2S_N)
+        tRS_rC = tiled_copy_r2s.retile(tTR_rC)
+
+        # SMEM -> GMEM (TMA store)
+        # ((ATOM_V, REST_V), C_STAGE), ((ATOM_V, REST_V), EPI_M, EPI_N, RestM, RestN, RestL)
+        bSG_sC, bSG_gC_all = cpasync.tma_partition(
+            tma_atom_c,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(sC, 0, 2),
+            cute.group_modes(gC_epi, 0, 2),
+        )
+        c_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=self.num_c_stage,
+            producer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, THREADS_PER_WARP * NUM_EPILOGUE_WARPS
+            ),
+        )
+
+        tile_sched = utils.StaticPersistentTileScheduler.create(
+            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work_tile = tile_sched.initial_work_tile_info()
+        acc_consumer_state = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Consumer, self.num_acc_stage
+        )
+        cta_pair = cute.size(self.tiled_mma.thr_id.shape)
+        while work_tile.is_valid_tile:
+            tile_mnl = (
+                work_tile.tile_idx[0] // cta_pair,
+                work_tile.tile_idx[1],
+                work_tile.tile_idx[2],
+            )
+            # ((ATOM_V, REST_V), EPI_M * EPI_N)
+            bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, *tile_mnl)], 1, 3)
+            # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
+            tTR_tAcc = tTR_tAcc_base[(None, None, None, None, None, acc_consumer_state.index)]
+            tTR_tAcc = cute.group_modes(tTR_tAcc, 3, cute.rank(tTR_tAcc))
+
+            acc_pipeline.consumer_wait(acc_consumer_state)
+            num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
+            subtiles_before = tile_sched.num_tiles_executed * num_subtiles
+            for subtile in cutlass.range(num_subtiles):
+                cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, subtile)], tTR_rAcc)
+                acc = tiled_copy_r2s.retile(tTR_rAcc).load()
+                tRS_rC.store((acc * alpha).to(self.c_dtype))
+                c_stage = (subtiles_before + subtile) % self.num_c_stage
+                cute.copy(tiled_copy_r2s, tRS_rC, tRS_sC[(None, None, None, c_stage)])
+                # NOTE: generic-proxy SMEM writes must be fenced before the async-proxy TMA
+                # store reads them, and all four warps must have written their part.
+                cute.arch.fence_proxy("async.shared", space="cta")
+                epilogue_barrier.arrive_and_wait()
+                if warp_idx == WarpRole.EPILOGUE_FIRST:
+                    cute.copy(tma_atom_c, bSG_sC[(None, c_stage)], bSG_gC[(None, subtile)])
+                    c_pipeline.producer_commit()
+                    c_pipeline.producer_acquire()
+                epilogue_barrier.arrive_and_wait()
+            # All TMEM reads of this accumulator stage are done: the MMA warp may reuse it.
+            acc_pipeline.consumer_release(acc_consumer_state)
+            acc_consumer_state.advance()
+            tile_sched.advance_to_next_work()
+            work_tile = tile_sched.get_current_work()
+
+        tmem.relinquish_alloc_permit()
+        epilogue_barrier.arrive_and_wait()
+        tmem.free(acc_tmem_ptr)
+        c_pipeline.producer_tail()
+
+    # =========================================================================================
+    # Static helpers
+    # =========================================================================================
+    @staticmethod
+    def _compute_stages(
+        tiled_mma, mma_tiler, epi_tile, c_dtype, c_layout, sf_vec_size, smem_capacity
+    ) -> tuple[int, int, int]:
+        """(accumulator stages, A/B/SF stages, epilogue stages) from the real SMEM layouts.
+
+        Accumulators are double-buffered unless two of them and the scale factors do not fit
+        into the 512 TMEM columns (tile N 256).  The mainloop gets all SMEM that is left after
+        two epilogue buffers; SMEM still left after that goes to more epilogue buffers.
+        """
+        cta_pair = cute.size(tiled_mma.thr_id.shape)
+        sf_cols = (mma_tiler[0] // cta_pair // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE + (
+            cute.round_up(mma_tiler[1], SF_ATOM_ROWS) // SF_ATOM_LANES
+        ) * MMA_INSTS_PER_K_TILE
+        num_acc_stage = 2 if 2 * mma_tiler[1] + sf_cols <= SM100_TMEM_COLUMNS else 1
+
+        one = 1
+        ab_stage_bytes = (
+            cute.size_in_bytes(
+                cutlass.Float4E2M1FN,
+                sm100_utils.make_smem_layout_a(tiled_mma, mma_tiler, cutlass.Float4E2M1FN, one),
+            )
+            + cute.size_in_bytes(
+                cutlass.Float4E2M1FN,
+                sm100_utils.make_smem_layout_b(tiled_mma, mma_tiler, cutlass.Float4E2M1FN, one),
+            )
+            + cute.size_in_bytes(
+                cutlass.Float8E4M3FN,
+                blockscaled_utils.make_smem_layout_sfa(tiled_mma, mma_tiler, sf_vec_size, one),
+            )
+            + cute.size_in_bytes(
+                cutlass.Float8E4M3FN,
+                blockscaled_utils.make_smem_layout_sfb(tiled_mma, mma_tiler, sf_vec_size, one),
+            )
+        )
+        c_stage_bytes = cute.size_in_bytes(
+            c_dtype, sm100_utils.make_smem_layout_epi(c_dtype, c_layout, epi_tile, one)
+        )
+        reserved_bytes = 1024
+        num_c_stage = 2
+        num_ab_stage = (
+            smem_capacity - reserved_bytes - num_c_stage * c_stage_bytes
+        ) // ab_stage_bytes
+        num_c_stage += (
+            smem_capacity - reserved_bytes - num_ab_stage * ab_stage_bytes
+        ) // c_stage_bytes - num_c_stage
+        return num_acc_stage, num_ab_stage, num_c_stage
+
+    @staticmethod
+    def _compute_grid(mC_mnl, cta_tile_shape_mnk, cluster_shape_mn, max_active_clusters):
+        """Persistent grid: at most ``max_active_clusters`` clusters, looping over the tiles."""
+        c_tile = cute.slice_(cta_tile_shape_mnk, (None, None, 0))
+        num_ctas_mnl = cute.zipped_divide(mC_mnl, tiler=c_tile)[(0, (None, None, None))].shape
+        tile_sched_params = utils.PersistentTileSchedulerParams(
+            num_ctas_mnl, (*cluster_shape_mn, 1)
+        )
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(
+            tile_sched_params, max_active_clusters
+        )
+        return tile_sched_params, grid
+
+    @staticmethod
+    def can_implement(
+        mnkl: tuple[int, int, int, int],
+        sf_vec_size: int,
+        sf_dtype: str,
+        c_dtype: str,
+        mma_tiler_mn: tuple[int, int],
+        cluster_shape_mn: tuple[int, int],
+    ) -> tuple[bool, list[str]]:
+        """(ok, reasons): ``check_fp4_gemm_config`` in the CUTLASS-example shape."""
+        reasons = check_fp4_gemm_config(
+            mnkl, sf_vec_size, sf_dtype, c_dtype, mma_tiler_mn, cluster_shape_mn
+        )
+        return not reasons, reasons
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation and the command line
+# ---------------------------------------------------------------------------------------------
+def compile_gemm(
+    sf_vec_size: int,
+    sf_dtype: str,
+    c_dtype: str,
+    mma_tiler_mn: tuple[int, int],
+    cluster_shape_mn: tuple[int, int],
+    max_active_clusters: int,
+    options: str = "",
+):
+    """Compile the kernel for any M, N, K, L (they are runtime values); returns the executor.
+
+    With ``options="--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir=DIR"`` this
+    cross-compiles on a machine without a GPU; the executor's ``__ptx__`` and ``__cubin__``
+    then hold the PTX and the cubin.
+    """
+    from cutlass.cute.runtime import make_ptr
+
+    gemm = BlockwiseGemmFp4Sm100(sf_vec_size, mma_tiler_mn, cluster_shape_mn)
+    gmem = cute.AddressSpace.gmem
+    # Placeholder addresses: only the types and alignments matter for compilation.
+    a_ptr = make_ptr(cutlass.Float4E2M1FN, 0, gmem, assumed_align=32)
+    b_ptr = make_ptr(cutlass.Float4E2M1FN, 0, gmem, assumed_align=32)
+    sfa_ptr = make_ptr(SF_DTYPES[sf_dtype], 0, gmem, assumed_align=16)
+    sfb_ptr = make_ptr(SF_DTYPES[sf_dtype], 0, gmem, assumed_align=16)
+    c_ptr = make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16)
+    problem = tuple(cutlass.Int32(1) for _ in range(4))
+    stream = _default_stream_placeholder()
+    compiled = cute.compile(
+        gemm,
+        a_ptr,
+        b_ptr,
+        sfa_ptr,
+        sfb_ptr,
+        c_ptr,
+        problem,
+        cutlass.Float32(1.0),
+        max_active_clusters,
+        stream,
+        options=options,
+    )
+    return gemm, compiled
+
+
+def _default_stream_placeholder():
+    import cuda.bindings.driver as cuda_driver
+
+    return cuda_driver.CUstream(0)
