@@ -75,6 +75,7 @@ import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.tensor_utils import LayoutEnum
 
 # NOTE: sm_100 limits.  232448 bytes of dynamic SMEM per CTA, 512 TMEM columns per SM.
 SM100_SMEM_CAPACITY = 232448
@@ -166,8 +167,7 @@ def check_fp4_gemm_config(
     tile_m, tile_n = mma_tiler_mn
     if tile_m not in (128, 256):
         reasons.append(
-            f"MMA tile M={tile_m} is not supported: 128 (one CTA) or 256 (a CTA pair, "
-            "cta_group::2)"
+            f"MMA tile M={tile_m} is not supported: 128 (one CTA) or 256 (a CTA pair, cta_group::2)"
         )
     if tile_n not in (64, 128, 192, 256):
         reasons.append(f"MMA tile N={tile_n} is not supported: use 64, 128, 192 or 256")
@@ -199,6 +199,21 @@ def check_fp4_gemm_config(
                 f"{SM100_TMEM_COLUMNS} of an SM"
             )
     return reasons
+
+
+def assert_block_scaled_fp4_mma(tiled_mma: cute.TiledMma, sf_vec_size: int) -> None:
+    """Raise TypeError unless ``tiled_mma`` is a block-scaled FP4 tcgen05 MMA with ``sf_vec_size``.
+
+    A plain (non-scaled) MMA over FP4 data compiles and runs, and silently ignores every scale
+    factor: this check turns that mistake into an error at trace time.
+    """
+    op = tiled_mma.op
+    fp4_ops = (tcgen05.MmaMXF4Op, tcgen05.MmaMXF4NVF4Op)
+    if not isinstance(op, fp4_ops) or op.sf_vec_size != sf_vec_size:
+        raise TypeError(
+            f"expected a block-scaled FP4 MMA (tcgen05.MmaMXF4Op / MmaMXF4NVF4Op) with "
+            f"sf_vec_size={sf_vec_size}, got {type(op).__name__}: {op}"
+        )
 
 
 @dataclass(frozen=True)
@@ -288,7 +303,7 @@ class BlockwiseGemmFp4Sm100:
         self.acc_dtype = cutlass.Float32
         self.a_major = OperandMajorMode.K
         self.b_major = OperandMajorMode.K
-        self.c_layout = utils.LayoutEnum.ROW_MAJOR
+        self.c_layout = LayoutEnum.ROW_MAJOR
         self.threads_per_cta = THREADS_PER_WARP * (NUM_EPILOGUE_WARPS + 2)
         self.smem_capacity = SM100_SMEM_CAPACITY
         self.num_tmem_alloc_cols = SM100_TMEM_COLUMNS
@@ -359,9 +374,7 @@ class BlockwiseGemmFp4Sm100:
         # TMEM columns: [accumulators x num_acc_stage | SFA | SFB].  One scale-factor column
         # holds 4 scales for each of 32 lanes, so a 128-row atom x 4 scale columns is 4 columns.
         sf_cols_per_k_tile = MMA_INSTS_PER_K_TILE
-        self.num_sfa_tmem_cols = (
-            self.cta_tile_shape_mnk[0] // SF_ATOM_LANES
-        ) * sf_cols_per_k_tile
+        self.num_sfa_tmem_cols = (self.cta_tile_shape_mnk[0] // SF_ATOM_LANES) * sf_cols_per_k_tile
         self.num_sfb_tmem_cols = (self.mma_tiler_sfb[1] // SF_ATOM_LANES) * sf_cols_per_k_tile
         self.num_acc_tmem_cols = self.cta_tile_shape_mnk[1] * self.num_acc_stage
         tmem_cols = self.num_acc_tmem_cols + self.num_sfa_tmem_cols + self.num_sfb_tmem_cols
@@ -384,10 +397,7 @@ class BlockwiseGemmFp4Sm100:
             cta_group,
             mma_tiler_mn,
         )
-        if not isinstance(tiled_mma.op, tcgen05.MmaMXF4NVF4Op):
-            raise TypeError(
-                f"expected a block-scaled FP4 MMA (tcgen05.MmaMXF4NVF4Op), got {tiled_mma.op}"
-            )
+        assert_block_scaled_fp4_mma(tiled_mma, self.sf_vec_size)
         return tiled_mma
 
     @cute.jit
@@ -409,7 +419,7 @@ class BlockwiseGemmFp4Sm100:
         self.sf_dtype = sfa_ptr.value_type
         self.c_dtype = c_ptr.value_type
         self._setup_attributes()
-        m, n, k, l = problem_mnkl
+        m, n, k, l = problem_mnkl  # noqa: E741 (CUTLASS names the batch extent l)
 
         # K-major packed FP4: (M, K, L) with K contiguous.  K % 32 == 0 keeps rows 16B-aligned.
         mA_mkl = cute.make_tensor(
@@ -434,9 +444,7 @@ class BlockwiseGemmFp4Sm100:
         # TMA loads.  A and SFA are multicast along the cluster's N mode, B and SFB along M.
         a_smem_layout = cute.slice_(self.a_smem_layout_staged, (None, None, None, 0))
         tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(
-            sm100_utils.cluster_shape_to_tma_atom_A(
-                self.cluster_shape_mn, self.tiled_mma.thr_id
-            ),
+            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, self.tiled_mma.thr_id),
             mA_mkl,
             a_smem_layout,
             self.mma_tiler,
@@ -445,9 +453,7 @@ class BlockwiseGemmFp4Sm100:
         )
         b_smem_layout = cute.slice_(self.b_smem_layout_staged, (None, None, None, 0))
         tma_atom_b, tma_tensor_b = cute.nvgpu.make_tiled_tma_atom_B(
-            sm100_utils.cluster_shape_to_tma_atom_B(
-                self.cluster_shape_mn, self.tiled_mma.thr_id
-            ),
+            sm100_utils.cluster_shape_to_tma_atom_B(self.cluster_shape_mn, self.tiled_mma.thr_id),
             mB_nkl,
             b_smem_layout,
             self.mma_tiler,
@@ -458,9 +464,7 @@ class BlockwiseGemmFp4Sm100:
         # the box's inner extent too small for the 16-byte TMA minimum on narrow tiles.
         sfa_smem_layout = cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0))
         tma_atom_sfa, tma_tensor_sfa = cute.nvgpu.make_tiled_tma_atom_A(
-            sm100_utils.cluster_shape_to_tma_atom_A(
-                self.cluster_shape_mn, self.tiled_mma.thr_id
-            ),
+            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, self.tiled_mma.thr_id),
             mSFA_mkl,
             sfa_smem_layout,
             self.mma_tiler,
@@ -470,9 +474,7 @@ class BlockwiseGemmFp4Sm100:
         )
         sfb_smem_layout = cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0))
         tma_atom_sfb, tma_tensor_sfb = cute.nvgpu.make_tiled_tma_atom_B(
-            sm100_utils.cluster_shape_to_tma_atom_SFB(
-                self.cluster_shape_mn, self.tiled_mma.thr_id
-            ),
+            sm100_utils.cluster_shape_to_tma_atom_SFB(self.cluster_shape_mn, self.tiled_mma.thr_id),
             mSFB_nkl,
             sfb_smem_layout,
             self.mma_tiler_sfb,
@@ -637,7 +639,7 @@ class BlockwiseGemmFp4Sm100:
         cta_coord_vmnk = cluster_layout_vmnk.get_flat_coord(cta_rank_in_cluster)
         cta_coord_sfb_vmnk = cluster_layout_sfb_vmnk.get_flat_coord(cta_rank_in_cluster)
 
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
 
         # ab_pipeline: TMA warp -> MMA warp.  The MMA warp of the leader CTA releases a stage for
@@ -1026,12 +1028,8 @@ class BlockwiseGemmFp4Sm100:
                     stage = ab_consumer_state.index
                     # NOTE: tcgen05.cp and tcgen05.mma issued by the same thread execute in
                     # order, so the MMAs below see the scales copied here.
-                    cute.copy(
-                        copy_s2t_sfa, tCsSFA_s2t[(None, None, None, None, stage)], tCtSFA_s2t
-                    )
-                    cute.copy(
-                        copy_s2t_sfb, tCsSFB_s2t[(None, None, None, None, stage)], tCtSFB_s2t
-                    )
+                    cute.copy(copy_s2t_sfa, tCsSFA_s2t[(None, None, None, None, stage)], tCtSFA_s2t)
+                    cute.copy(copy_s2t_sfb, tCsSFB_s2t[(None, None, None, None, stage)], tCtSFB_s2t)
                     for k_block in cutlass.range(num_k_blocks, unroll_full=True):
                         k_coord = (None, None, k_block, stage)
                         sf_coord = (None, None, k_block)
@@ -1280,7 +1278,7 @@ class BlockwiseGemmFp4Sm100:
 
 
 # ---------------------------------------------------------------------------------------------
-# Compilation and the command line
+# Compilation, running, and the command line
 # ---------------------------------------------------------------------------------------------
 def compile_gemm(
     sf_vec_size: int,
@@ -1291,41 +1289,364 @@ def compile_gemm(
     max_active_clusters: int,
     options: str = "",
 ):
-    """Compile the kernel for any M, N, K, L (they are runtime values); returns the executor.
+    """Compile the kernel for any M, N, K, L (runtime values); returns (kernel object, executor).
 
     With ``options="--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir=DIR"`` this
-    cross-compiles on a machine without a GPU; the executor's ``__ptx__`` and ``__cubin__``
-    then hold the PTX and the cubin.
+    cross-compiles on a machine without a GPU; the executor's ``__ptx__`` holds the PTX and DIR
+    the cubin.
     """
+    import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
     gemm = BlockwiseGemmFp4Sm100(sf_vec_size, mma_tiler_mn, cluster_shape_mn)
     gmem = cute.AddressSpace.gmem
-    # Placeholder addresses: only the types and alignments matter for compilation.
-    a_ptr = make_ptr(cutlass.Float4E2M1FN, 0, gmem, assumed_align=32)
-    b_ptr = make_ptr(cutlass.Float4E2M1FN, 0, gmem, assumed_align=32)
-    sfa_ptr = make_ptr(SF_DTYPES[sf_dtype], 0, gmem, assumed_align=16)
-    sfb_ptr = make_ptr(SF_DTYPES[sf_dtype], 0, gmem, assumed_align=16)
-    c_ptr = make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16)
-    problem = tuple(cutlass.Int32(1) for _ in range(4))
-    stream = _default_stream_placeholder()
+    # Placeholder addresses: compilation only needs the element types and alignments.
     compiled = cute.compile(
         gemm,
-        a_ptr,
-        b_ptr,
-        sfa_ptr,
-        sfb_ptr,
-        c_ptr,
-        problem,
+        make_ptr(cutlass.Float4E2M1FN, 0, gmem, assumed_align=32),
+        make_ptr(cutlass.Float4E2M1FN, 0, gmem, assumed_align=32),
+        make_ptr(SF_DTYPES[sf_dtype], 0, gmem, assumed_align=16),
+        make_ptr(SF_DTYPES[sf_dtype], 0, gmem, assumed_align=16),
+        make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16),
+        (cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1)),
         cutlass.Float32(1.0),
         max_active_clusters,
-        stream,
+        cuda_driver.CUstream(0),
         options=options,
     )
     return gemm, compiled
 
 
-def _default_stream_placeholder():
-    import cuda.bindings.driver as cuda_driver
+def find_cuobjdump() -> str | None:
+    """cuobjdump from PATH, or from the ``nvidia-cuda-cuobjdump`` wheel."""
+    import glob
+    import shutil
+    import sysconfig
 
-    return cuda_driver.CUstream(0)
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    pattern = os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "*", "bin", "cuobjdump")
+    matches = sorted(glob.glob(pattern))
+    return matches[0] if matches else None
+
+
+def cubin_resource_usage(cubin_path: str) -> dict[str, int]:
+    """REG, STACK, SHARED, LOCAL of the kernel in a cubin, read with ``cuobjdump -res-usage``."""
+    import re
+    import subprocess
+
+    tool = find_cuobjdump()
+    if tool is None:
+        raise FileNotFoundError("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+    text = subprocess.run(
+        [tool, "-res-usage", cubin_path], capture_output=True, text=True, check=True
+    ).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+    if found is None:
+        raise RuntimeError(f"no resource usage in cuobjdump output:\n{text}")
+    return dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, found.groups()), strict=True))
+
+
+def _parse_ints(text: str, count: int, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{flag} expects {count} comma-separated integers"
+        ) from None
+    if len(values) != count:
+        raise argparse.ArgumentTypeError(f"{flag} expects {count} integers, got {text!r}")
+    return values
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="NVFP4/MXFP4 block-scaled GEMM with TMA for Blackwell (sm_100a), CuTe DSL."
+    )
+    parser.add_argument(
+        "--mnkl", type=lambda s: _parse_ints(s, 4, "--mnkl"), default=(8192, 8192, 8192, 1)
+    )
+    parser.add_argument(
+        "--mma_tiler_mn", type=lambda s: _parse_ints(s, 2, "--mma_tiler_mn"), default=(128, 128)
+    )
+    parser.add_argument(
+        "--cluster_shape_mn",
+        type=lambda s: _parse_ints(s, 2, "--cluster_shape_mn"),
+        default=(1, 1),
+    )
+    parser.add_argument("--sf_vec_size", type=int, choices=(16, 32), default=16)
+    parser.add_argument(
+        "--sf_dtype",
+        choices=tuple(SF_DTYPES),
+        default=None,
+        help="default: Float8E4M3FN for sf_vec_size 16, Float8E8M0FNU for 32",
+    )
+    parser.add_argument("--c_dtype", choices=tuple(C_DTYPES), default="BFloat16")
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="epilogue scale; default: the product of the NVFP4 global scales",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=1.0,
+        help="multiplier on the derived elementwise tolerance (reference.py)",
+    )
+    parser.add_argument("--warmup_iterations", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--skip_ref_check", action="store_true")
+    parser.add_argument(
+        "--use_cold_l2", action="store_true", help="flush L2 before every timed iteration"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--compile_only",
+        action="store_true",
+        help="cross-compile for sm_100a (no GPU needed) and print a summary",
+    )
+    parser.add_argument(
+        "--dump_dir", default="./dump", help="where --compile_only writes the PTX and cubin"
+    )
+    return parser
+
+
+class UsageError(Exception):
+    """A bad command line or an unsupported configuration: printed, exit code 2."""
+
+
+def _validated(args: argparse.Namespace) -> argparse.Namespace:
+    if args.sf_dtype is None:
+        args.sf_dtype = SF_FORMATS[args.sf_vec_size][0]
+    if args.iterations < 1 or args.warmup_iterations < 0:
+        raise UsageError("--iterations must be >= 1 and --warmup_iterations >= 0")
+    if args.tolerance <= 0:
+        raise UsageError("--tolerance must be > 0")
+    if args.alpha is not None and not math.isfinite(args.alpha):
+        raise UsageError("--alpha must be a finite number")
+    reasons = check_fp4_gemm_config(
+        args.mnkl,
+        args.sf_vec_size,
+        args.sf_dtype,
+        args.c_dtype,
+        args.mma_tiler_mn,
+        args.cluster_shape_mn,
+    )
+    if reasons:
+        raise UsageError("this configuration cannot run:\n  - " + "\n  - ".join(reasons))
+    return args
+
+
+def _print_config(args: argparse.Namespace) -> None:
+    fmt = SF_FORMATS[args.sf_vec_size][1]
+    print(f"Running Blackwell {fmt} block-scaled GEMM (blockwise_gemm_fp4.py):")
+    print(f"  mnkl: {args.mnkl}")
+    print(f"  AB dtype: Float4E2M1FN, SF dtype: {args.sf_dtype}, SF vec size: {args.sf_vec_size}")
+    print(f"  C dtype: {args.c_dtype}, acc dtype: Float32")
+    print(f"  MMA tiler (M, N): {args.mma_tiler_mn}, cluster shape (M, N): {args.cluster_shape_mn}")
+
+
+def run_compile_only(args: argparse.Namespace) -> int:
+    os.makedirs(args.dump_dir, exist_ok=True)
+    cluster_size = args.cluster_shape_mn[0] * args.cluster_shape_mn[1]
+    options = f"--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
+    gemm, compiled = compile_gemm(
+        args.sf_vec_size,
+        args.sf_dtype,
+        args.c_dtype,
+        args.mma_tiler_mn,
+        args.cluster_shape_mn,
+        B200_SM_COUNT // cluster_size,
+        options,
+    )
+    cubins = sorted(
+        (os.path.join(args.dump_dir, f) for f in os.listdir(args.dump_dir) if f.endswith(".cubin")),
+        key=os.path.getmtime,
+    )
+    ptx_files = [c[: -len("sm_100a.cubin")] + "sm_100a.ptx" for c in cubins[-1:]]
+    print("Compile only: sm_100a, no GPU used")
+    print(f"  PTX:   {ptx_files[0] if ptx_files else 'not written'}")
+    print(f"  cubin: {cubins[-1] if cubins else 'not written'}")
+    if cubins and find_cuobjdump():
+        usage = cubin_resource_usage(cubins[-1])
+        print(f"  registers per thread: {usage['REG']}")
+        print(f"  local memory per thread: {usage['LOCAL']} bytes (stack {usage['STACK']})")
+    else:
+        print("  registers / local memory: not read (cuobjdump not found)")
+    smem = gemm.shared_storage.size_in_bytes()
+    print(f"  shared memory per CTA: {smem} bytes of {SM100_SMEM_CAPACITY}")
+    print(
+        f"  pipeline stages: A/B/SF {gemm.num_ab_stage}, accumulator {gemm.num_acc_stage}, "
+        f"epilogue {gemm.num_c_stage}"
+    )
+    print(
+        f"  TMEM columns: accumulators {gemm.num_acc_tmem_cols} + SFA {gemm.num_sfa_tmem_cols} "
+        f"+ SFB {gemm.num_sfb_tmem_cols} of {SM100_TMEM_COLUMNS}"
+    )
+    print(f"  threads per CTA: {gemm.threads_per_cta}, MMA tile {gemm.mma_tiler}")
+    return 0
+
+
+def _blackwell_gpu() -> tuple[bool, str]:
+    """(is an sm_100 GPU present, its description)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    return (major, minor) == (10, 0), f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
+
+
+def time_cuda_us(fn, warmup_iterations: int, iterations: int, use_cold_l2: bool) -> float:
+    """Mean time of ``fn`` in microseconds, from CUDA events around each call.
+
+    With ``use_cold_l2`` a buffer twice the size of L2 is overwritten before each call, outside
+    the timed region, so every call starts with operands out of L2.
+    """
+    import torch
+
+    for _ in range(warmup_iterations):
+        fn()
+    flush = None
+    if use_cold_l2:
+        l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device="cuda")
+    events = []
+    for _ in range(iterations):
+        if flush is not None:
+            flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return 1e3 * sum(s.elapsed_time(e) for s, e in events) / iterations
+
+
+def run_on_gpu(args: argparse.Namespace) -> int:
+    """Quantize random data, run the kernel, check it against reference.py, time it and cuBLASLt."""
+    is_blackwell, gpu = _blackwell_gpu()
+    if not is_blackwell:
+        raise UsageError(
+            f"this kernel needs a Blackwell B200/GB200 (sm_100) GPU; found {gpu}.\n"
+            "  Cross-compile and inspect it on any machine with --compile_only.\n"
+            "  On H100/H200 run the Hopper sibling: python hopper/blockwise_gemm_fp4_sm90.py"
+        )
+    import cuda.bindings.driver as cuda_driver
+    import torch
+    from cutlass.cute.runtime import make_ptr
+
+    import reference
+
+    # NOTE: the reference must accumulate in true fp32, not TF32.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    m, n, k, l = args.mnkl  # noqa: E741
+    torch_c = {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}[
+        args.c_dtype
+    ]
+    ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", seed=args.seed)
+    alpha = float(ops.alpha) if args.alpha is None else args.alpha
+    sfa_blocked = reference.to_blocked(ops.sfa)
+    sfb_blocked = reference.to_blocked(ops.sfb)
+    d_padded = torch.zeros(l, m, c_row_pitch(n, args.c_dtype), dtype=torch_c, device="cuda")
+    d = d_padded[..., :n]
+
+    cluster_size = args.cluster_shape_mn[0] * args.cluster_shape_mn[1]
+    max_active_clusters = utils.HardwareInfo().get_max_active_clusters(cluster_size)
+    _, compiled = compile_gemm(
+        args.sf_vec_size,
+        args.sf_dtype,
+        args.c_dtype,
+        args.mma_tiler_mn,
+        args.cluster_shape_mn,
+        max_active_clusters,
+    )
+    gmem = cute.AddressSpace.gmem
+    kernel_args = (
+        make_ptr(cutlass.Float4E2M1FN, ops.a.data_ptr(), gmem, assumed_align=32),
+        make_ptr(cutlass.Float4E2M1FN, ops.b.data_ptr(), gmem, assumed_align=32),
+        make_ptr(SF_DTYPES[args.sf_dtype], sfa_blocked.data_ptr(), gmem, assumed_align=16),
+        make_ptr(SF_DTYPES[args.sf_dtype], sfb_blocked.data_ptr(), gmem, assumed_align=16),
+        make_ptr(C_DTYPES[args.c_dtype], d_padded.data_ptr(), gmem, assumed_align=16),
+        tuple(cutlass.Int32(v) for v in (m, n, k, l)),
+        cutlass.Float32(alpha),
+        cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream),
+    )
+
+    def launch():
+        compiled(*kernel_args)
+
+    launch()
+    torch.cuda.synchronize()
+    passed = True
+    if not args.skip_ref_check:
+        passed, info = reference.check_gemm(
+            d,
+            ops.a,
+            ops.b,
+            ops.sfa,
+            ops.sfb,
+            args.sf_vec_size,
+            alpha,
+            unit_roundoff=reference.FP32_UNIT_ROUNDOFF * args.tolerance,
+        )
+        print(f"Reference check (reference.reference_gemm, derived tolerance): {info}")
+
+    mean_us = time_cuda_us(launch, args.warmup_iterations, args.iterations, args.use_cold_l2)
+    tflops = 2.0 * m * n * k * l / (mean_us * 1e-6) / 1e12
+    print(f"Mean time: {mean_us:.2f} us")
+    print(
+        f"Throughput: {tflops:.1f} TFLOP/s "
+        f"({100 * tflops / B200_FP4_PEAK_TFLOPS:.1f}% of the B200's 9 PFLOP/s dense FP4 peak)"
+    )
+    _compare_with_cublaslt(args, ops, sfa_blocked, sfb_blocked, alpha, d, mean_us)
+    print("PASS" if passed else "FAIL")
+    return 0 if passed else 1
+
+
+def _compare_with_cublaslt(args, ops, sfa_blocked, sfb_blocked, alpha, d, mean_us) -> None:
+    """Time cuBLASLt's block-scaled FP4 GEMM (torch._scaled_mm) on the same data, if it can."""
+    import torch
+
+    if args.mnkl[3] != 1:
+        print("cuBLASLt (torch._scaled_mm): not measured (it takes no batch mode; L > 1)")
+        return
+    a = ops.a[0].view(torch.float4_e2m1fn_x2)
+    b = ops.b[0].view(torch.float4_e2m1fn_x2)
+
+    def cublaslt():
+        return torch._scaled_mm(
+            a, b.t(), scale_a=sfa_blocked[0], scale_b=sfb_blocked[0], out_dtype=torch.bfloat16
+        )
+
+    try:
+        d_cublas = cublaslt()
+    except (RuntimeError, TypeError, ValueError) as err:
+        print(f"cuBLASLt (torch._scaled_mm): not measured ({str(err).splitlines()[0]})")
+        return
+    us = time_cuda_us(cublaslt, args.warmup_iterations, args.iterations, args.use_cold_l2)
+    diff = (d_cublas.float() * alpha - d[0].float()).abs().max().item()
+    print(
+        f"cuBLASLt (torch._scaled_mm, bf16 out, alpha not fused): {us:.2f} us; "
+        f"ours / cuBLASLt time ratio: {mean_us / us:.3f}; max |ours - cuBLASLt*alpha|: {diff:.3e}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        args = _validated(args)
+        _print_config(args)
+        if args.compile_only:
+            return run_compile_only(args)
+        return run_on_gpu(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
