@@ -160,8 +160,6 @@ def check_fp4_gemm_config(
                 f"sf_dtype={sf_dtype} does not pair with sf_vec_size={sf_vec_size}: {fmt} uses "
                 f"{want_sf} scales (NVFP4 = Float8E4M3FN x 16, MXFP4 = Float8E8M0FNU x 32)"
             )
-        elif k >= 1 and k % sf_vec_size != 0:
-            reasons.append(f"K={k} is not a multiple of sf_vec_size={sf_vec_size}")
     if c_dtype not in C_DTYPES:
         reasons.append(f"c_dtype={c_dtype} is not supported: use one of {list(C_DTYPES)}")
     tile_m, tile_n = mma_tiler_mn
@@ -1526,6 +1524,98 @@ def time_cuda_us(fn, warmup_iterations: int, iterations: int, use_cold_l2: bool)
     return 1e3 * sum(s.elapsed_time(e) for s, e in events) / iterations
 
 
+_COMPILED_CACHE: dict[tuple, object] = {}
+
+
+def prepare_gemm(
+    a,
+    b,
+    sfa_blocked,
+    sfb_blocked,
+    sf_vec_size: int,
+    alpha: float = 1.0,
+    c_dtype: str = "BFloat16",
+    mma_tiler_mn: tuple[int, int] = (128, 128),
+    cluster_shape_mn: tuple[int, int] = (1, 1),
+):
+    """D = alpha * (A x SFA)(B x SFB)^T on a B200, from torch tensors on the GPU.
+
+    a [L, M, K/2] and b [L, N, K/2]: packed FP4 (uint8 or torch.float4_e2m1fn_x2), K-major and
+    contiguous; sfa_blocked / sfb_blocked: ``reference.to_blocked`` of the [L, rows, K/V]
+    scales (float8_e4m3fn for V 16, float8_e8m0fnu for V 32).  Returns D [L, M, N], a view
+    of a buffer whose rows are ``c_row_pitch(N)`` long.  Compiles once per configuration.
+
+    Returns ``(launch, d)``: ``launch()`` enqueues the kernel (nothing else) on the current
+    stream and writes ``d``; validation, compilation and pointer set-up happen here, once.
+    """
+    import cuda.bindings.driver as cuda_driver
+    import torch
+    from cutlass.cute.runtime import make_ptr
+
+    if a.dim() != 3 or b.dim() != 3:
+        raise ValueError(
+            f"a and b must be [L, rows, K/2], got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    l, m, half_k = a.shape  # noqa: E741
+    n = b.shape[1]
+    if b.shape[0] != l or b.shape[2] != half_k:
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} disagree on L or K")
+    sf_torch = {16: torch.float8_e4m3fn, 32: torch.float8_e8m0fnu}.get(sf_vec_size)
+    for name, sf in (("sfa_blocked", sfa_blocked), ("sfb_blocked", sfb_blocked)):
+        if sf.dtype != sf_torch:
+            raise ValueError(
+                f"{name} must be {sf_torch} for sf_vec_size {sf_vec_size}, got {sf.dtype}"
+            )
+    for name, t in (("a", a), ("b", b), ("sfa_blocked", sfa_blocked), ("sfb_blocked", sfb_blocked)):
+        if not t.is_cuda or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous CUDA tensor")
+    sf_dtype = SF_FORMATS.get(sf_vec_size, ("?",))[0]
+    reasons = check_fp4_gemm_config(
+        (m, n, 2 * half_k, l), sf_vec_size, sf_dtype, c_dtype, mma_tiler_mn, cluster_shape_mn
+    )
+    if reasons:
+        raise ValueError("; ".join(reasons))
+    k = 2 * half_k
+    for name, sf, rows in (("sfa_blocked", sfa_blocked, m), ("sfb_blocked", sfb_blocked, n)):
+        want = l * -(-rows // 128) * 128 * -(-(k // sf_vec_size) // 4) * 4
+        if sf.numel() != want:
+            raise ValueError(f"{name} has {sf.numel()} scales; the 128x4 layout needs {want}")
+
+    key = (sf_vec_size, c_dtype, tuple(mma_tiler_mn), tuple(cluster_shape_mn), a.device.index)
+    if key not in _COMPILED_CACHE:
+        cluster_size = cluster_shape_mn[0] * cluster_shape_mn[1]
+        max_active_clusters = utils.HardwareInfo().get_max_active_clusters(cluster_size)
+        _COMPILED_CACHE[key] = compile_gemm(
+            sf_vec_size, sf_dtype, c_dtype, mma_tiler_mn, cluster_shape_mn, max_active_clusters
+        )[1]
+    torch_c = {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}
+    d_padded = torch.empty(l, m, c_row_pitch(n, c_dtype), dtype=torch_c[c_dtype], device=a.device)
+    gmem = cute.AddressSpace.gmem
+    kernel_args = (
+        make_ptr(cutlass.Float4E2M1FN, a.data_ptr(), gmem, assumed_align=32),
+        make_ptr(cutlass.Float4E2M1FN, b.data_ptr(), gmem, assumed_align=32),
+        make_ptr(SF_DTYPES[sf_dtype], sfa_blocked.data_ptr(), gmem, assumed_align=16),
+        make_ptr(SF_DTYPES[sf_dtype], sfb_blocked.data_ptr(), gmem, assumed_align=16),
+        make_ptr(C_DTYPES[c_dtype], d_padded.data_ptr(), gmem, assumed_align=16),
+        (cutlass.Int32(m), cutlass.Int32(n), cutlass.Int32(k), cutlass.Int32(l)),
+        cutlass.Float32(alpha),
+        cuda_driver.CUstream(torch.cuda.current_stream(a.device).cuda_stream),
+    )
+    compiled = _COMPILED_CACHE[key]
+
+    def launch():
+        compiled(*kernel_args)
+
+    return launch, d_padded[..., :n]
+
+
+def blockwise_gemm_fp4(a, b, sfa_blocked, sfb_blocked, sf_vec_size: int, **config):
+    """One call of the kernel: ``prepare_gemm``'s arguments, returns D [L, M, N]."""
+    launch, d = prepare_gemm(a, b, sfa_blocked, sfb_blocked, sf_vec_size, **config)
+    launch()
+    return d
+
+
 def run_on_gpu(args: argparse.Namespace) -> int:
     """Quantize random data, run the kernel, check it against reference.py, time it and cuBLASLt."""
     is_blackwell, gpu = _blackwell_gpu()
@@ -1535,50 +1625,26 @@ def run_on_gpu(args: argparse.Namespace) -> int:
             "  Cross-compile and inspect it on any machine with --compile_only.\n"
             "  On H100/H200 run the Hopper sibling: python hopper/blockwise_gemm_fp4_sm90.py"
         )
-    import cuda.bindings.driver as cuda_driver
     import torch
-    from cutlass.cute.runtime import make_ptr
 
     import reference
 
     # NOTE: the reference must accumulate in true fp32, not TF32.
     torch.backends.cuda.matmul.allow_tf32 = False
     m, n, k, l = args.mnkl  # noqa: E741
-    torch_c = {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}[
-        args.c_dtype
-    ]
     ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", seed=args.seed)
     alpha = float(ops.alpha) if args.alpha is None else args.alpha
     sfa_blocked = reference.to_blocked(ops.sfa)
     sfb_blocked = reference.to_blocked(ops.sfb)
-    d_padded = torch.zeros(l, m, c_row_pitch(n, args.c_dtype), dtype=torch_c, device="cuda")
-    d = d_padded[..., :n]
-
-    cluster_size = args.cluster_shape_mn[0] * args.cluster_shape_mn[1]
-    max_active_clusters = utils.HardwareInfo().get_max_active_clusters(cluster_size)
-    _, compiled = compile_gemm(
-        args.sf_vec_size,
-        args.sf_dtype,
-        args.c_dtype,
-        args.mma_tiler_mn,
-        args.cluster_shape_mn,
-        max_active_clusters,
-    )
-    gmem = cute.AddressSpace.gmem
-    kernel_args = (
-        make_ptr(cutlass.Float4E2M1FN, ops.a.data_ptr(), gmem, assumed_align=32),
-        make_ptr(cutlass.Float4E2M1FN, ops.b.data_ptr(), gmem, assumed_align=32),
-        make_ptr(SF_DTYPES[args.sf_dtype], sfa_blocked.data_ptr(), gmem, assumed_align=16),
-        make_ptr(SF_DTYPES[args.sf_dtype], sfb_blocked.data_ptr(), gmem, assumed_align=16),
-        make_ptr(C_DTYPES[args.c_dtype], d_padded.data_ptr(), gmem, assumed_align=16),
-        tuple(cutlass.Int32(v) for v in (m, n, k, l)),
-        cutlass.Float32(alpha),
-        cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream),
+    config = dict(
+        sf_vec_size=args.sf_vec_size,
+        alpha=alpha,
+        c_dtype=args.c_dtype,
+        mma_tiler_mn=args.mma_tiler_mn,
+        cluster_shape_mn=args.cluster_shape_mn,
     )
 
-    def launch():
-        compiled(*kernel_args)
-
+    launch, d = prepare_gemm(ops.a, ops.b, sfa_blocked, sfb_blocked, **config)
     launch()
     torch.cuda.synchronize()
     passed = True

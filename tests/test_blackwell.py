@@ -1,0 +1,399 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Tests of blockwise_gemm_fp4.py (the Blackwell kernel).
+
+CPU (every machine, CI included): cross-compilation for sm_100a of a matrix of configurations
+with checks on the PTX, the SASS and the resource usage; the scale-factor layout the kernel hands
+to TMA against reference.to_blocked; every can_implement refusal; the CLI's exits.
+GPU (a B200, sm_100): the kernel's output against reference.reference_gemm.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.blackwell_helpers as sm100_utils
+import cutlass.utils.blockscaled_layout as blockscaled_utils
+import pytest
+import torch
+from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
+
+import blockwise_gemm_fp4 as bw
+import reference
+
+ROOT = Path(__file__).resolve().parent.parent
+
+NVFP4 = (16, "Float8E4M3FN")
+MXFP4 = (32, "Float8E8M0FNU")
+
+# (format, c_dtype, mma_tiler_mn, cluster_shape_mn): 1-CTA and 2-CTA, N tiles 64..256, clusters
+# 1x1 .. 4x4, both formats and all three output types.
+COMPILE_MATRIX = [
+    (NVFP4, "BFloat16", (128, 128), (1, 1)),
+    (NVFP4, "BFloat16", (256, 128), (2, 1)),
+    (MXFP4, "Float16", (128, 64), (1, 2)),
+    (NVFP4, "Float32", (128, 192), (1, 1)),
+    (NVFP4, "BFloat16", (256, 256), (2, 2)),
+    (MXFP4, "Float32", (128, 256), (4, 1)),
+    (NVFP4, "Float16", (256, 192), (2, 1)),
+    (MXFP4, "BFloat16", (256, 64), (4, 1)),
+    (NVFP4, "BFloat16", (128, 128), (4, 4)),
+    (MXFP4, "BFloat16", (256, 128), (2, 2)),
+]
+
+
+def _config_id(cfg) -> str:
+    (vec, _), c_dtype, tile, cluster = cfg
+    fmt = "nvfp4" if vec == 16 else "mxfp4"
+    return f"{fmt}-{c_dtype}-{tile[0]}x{tile[1]}-cl{cluster[0]}x{cluster[1]}"
+
+
+def _tool(name: str) -> str | None:
+    found = bw.find_cuobjdump()
+    if found is None:
+        return None
+    path = Path(found).with_name(name)
+    return str(path) if path.exists() else None
+
+
+@pytest.fixture(scope="module")
+def compiled_matrix(tmp_path_factory):
+    """Compile every configuration once: {id: (kernel object, ptx, cubin path)}."""
+    out = {}
+    for cfg in COMPILE_MATRIX:
+        (vec, sf_dtype), c_dtype, tile, cluster = cfg
+        dump = tmp_path_factory.mktemp(_config_id(cfg))
+        gemm, compiled = bw.compile_gemm(
+            vec,
+            sf_dtype,
+            c_dtype,
+            tile,
+            cluster,
+            bw.B200_SM_COUNT // (cluster[0] * cluster[1]),
+            f"--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir={dump}",
+        )
+        cubins = list(dump.glob("*.cubin"))
+        assert len(cubins) == 1, f"expected one cubin in {dump}, found {cubins}"
+        out[_config_id(cfg)] = (gemm, compiled.__ptx__, cubins[0])
+    return out
+
+
+@pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
+def test_ptx_block_scaled_fp4_mma(cfg, compiled_matrix):
+    (vec, _), _, tile, cluster = cfg
+    _, ptx, _ = compiled_matrix[_config_id(cfg)]
+    cta_group = 2 if tile[0] == 256 else 1
+    mmas = set(re.findall(r"tcgen05\.mma\.[a-z0-9_.:]+", ptx))
+    want = f"tcgen05.mma.cta_group::{cta_group}.kind::mxf4nvf4.block_scale.block{vec}"
+    assert mmas, "no tcgen05.mma in the PTX"
+    assert all(mma.startswith(want) for mma in mmas), mmas
+    # Four K=64 MMAs per 256-wide k-tile, unrolled.
+    assert len(re.findall(r"tcgen05\.mma\.", ptx)) == bw.MMA_INSTS_PER_K_TILE
+    # Scale factors reach TMEM through tcgen05.cp of the same CTA group.
+    assert re.search(rf"tcgen05\.cp\.cta_group::{cta_group}\.32x128b\.warpx4", ptx)
+    assert f"tcgen05.alloc.cta_group::{cta_group}" in ptx
+
+
+@pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
+def test_ptx_tma_loads_multicast_and_store(cfg, compiled_matrix):
+    _, _, tile, cluster = cfg
+    _, ptx, _ = compiled_matrix[_config_id(cfg)]
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::[a-z]+\.global[a-z0-9_.:]*", ptx)
+    # A and B are 3-D (rows, K, L) boxes, SFA and SFB 4-D: one TMA load instruction each.
+    assert sorted(loads) == ["3", "3", "4", "4"], loads
+    multicast = "multicast::cluster" in ptx
+    needs_multicast = cluster != (1, 1)
+    assert multicast == needs_multicast, f"multicast in PTX: {multicast}, cluster {cluster}"
+    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta", ptx), "no TMA store"
+
+
+@pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
+def test_no_local_memory_and_sass(cfg, compiled_matrix):
+    _, _, cubin = compiled_matrix[_config_id(cfg)]
+    if bw.find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    usage = bw.cubin_resource_usage(str(cubin))
+    assert usage["LOCAL"] == 0 and usage["STACK"] == 0, usage
+    if _tool("nvdisasm") is None:
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm): SASS not checked")
+    env = dict(os.environ, PATH=f"{Path(_tool('nvdisasm')).parent}{os.pathsep}{os.environ['PATH']}")
+    sass = subprocess.run(
+        [bw.find_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, env=env
+    ).stdout
+    assert "UTCOMMA" in sass or "UTCQMMA" in sass, "no block-scaled UTC*MMA in SASS"
+    assert "UTCCP" in sass and "UTMALDG" in sass and "UTMASTG" in sass
+    assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory loads/stores in SASS"
+
+
+@pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
+def test_budget_matches_compiled_kernel(cfg, compiled_matrix):
+    """check_fp4_gemm_config's byte arithmetic agrees with the kernel's real layouts."""
+    (vec, _), c_dtype, tile, _ = cfg
+    gemm, _, _ = compiled_matrix[_config_id(cfg)]
+    budget = bw.tile_budget(tile, vec, c_dtype)
+    assert budget.num_ab_stage == gemm.num_ab_stage
+    assert budget.num_acc_stage == gemm.num_acc_stage
+    assert budget.tmem_columns == (
+        gemm.num_acc_tmem_cols + gemm.num_sfa_tmem_cols + gemm.num_sfb_tmem_cols
+    )
+    assert gemm.num_ab_stage >= 2
+    assert gemm.shared_storage.size_in_bytes() <= bw.SM100_SMEM_CAPACITY
+
+
+# ------------------------------------------------------------------------------------------
+# The scale-factor layout handed to TMA, against reference.to_blocked (host-side, no GPU)
+# ------------------------------------------------------------------------------------------
+def _kernel_sf_offsets(rows: int, k: int, batches: int, vec: int) -> list[int]:
+    result: dict[str, list[int]] = {}
+
+    @cute.jit
+    def probe(
+        rows: cutlass.Constexpr,
+        k: cutlass.Constexpr,
+        batches: cutlass.Constexpr,
+        vec: cutlass.Constexpr,
+    ):
+        # The same call as BlockwiseGemmFp4Sm100.__call__ makes for mSFA_mkl / mSFB_nkl.
+        layout = blockscaled_utils.tile_atom_to_shape_SF((rows, k, batches), vec)
+        offsets = []
+        for b in cutlass.range_constexpr(batches):
+            for r in cutlass.range_constexpr(rows):
+                for c in cutlass.range_constexpr(k // vec):
+                    # Every element of a scale block maps to the same scale.
+                    first = cute.crd2idx((r, c * vec, b), layout)
+                    last = cute.crd2idx((r, c * vec + vec - 1, b), layout)
+                    assert first == last
+                    offsets.append(first)
+        result["offsets"] = offsets
+
+    probe(rows, k, batches, vec)
+    return result["offsets"]
+
+
+@pytest.mark.parametrize(
+    "rows,k,batches,vec",
+    [(128, 256, 1, 16), (200, 320, 2, 16), (1, 32, 1, 32), (129, 96, 3, 32), (300, 160, 1, 16)],
+)
+def test_sf_layout_matches_to_blocked(rows, k, batches, vec):
+    cols = k // vec
+    # Distinct value for every scale: its position in the unswizzled [L, rows, cols] tensor.
+    values = torch.arange(1, batches * rows * cols + 1, dtype=torch.int32).reshape(
+        batches, rows, cols
+    )
+    blocked = reference.to_blocked(values.to(torch.float32)).flatten()
+    kernel_view = blocked[torch.tensor(_kernel_sf_offsets(rows, k, batches, vec))]
+    assert torch.equal(kernel_view.to(torch.int32), values.flatten())
+    # The padded size the kernel addresses equals what to_blocked allocates.
+    assert blocked.numel() == batches * (-(-rows // 128) * 128) * (-(-cols // 4) * 4)
+
+
+@pytest.mark.parametrize(
+    "n,c_dtype,pitch",
+    [(1, "BFloat16", 8), (8, "Float16", 8), (13, "Float32", 16), (4096, "BFloat16", 4096)],
+)
+def test_c_row_pitch(n, c_dtype, pitch):
+    assert bw.c_row_pitch(n, c_dtype) == pitch
+
+
+# ------------------------------------------------------------------------------------------
+# The MMA guard and can_implement
+# ------------------------------------------------------------------------------------------
+def test_mma_guard_accepts_block_scaled_and_rejects_dense():
+    outcome = {}
+
+    @cute.jit
+    def probe():
+        k_major = OperandMajorMode.K
+        scaled = sm100_utils.make_blockscaled_trivial_tiled_mma(
+            cutlass.Float4E2M1FN,
+            cutlass.Float4E2M1FN,
+            k_major,
+            k_major,
+            cutlass.Float8E4M3FN,
+            16,
+            tcgen05.CtaGroup.ONE,
+            (128, 128),
+        )
+        bw.assert_block_scaled_fp4_mma(scaled, 16)
+        outcome["scaled"] = "accepted"
+        try:
+            bw.assert_block_scaled_fp4_mma(scaled, 32)
+        except TypeError as err:
+            outcome["wrong_vec"] = str(err)
+        dense = sm100_utils.make_trivial_tiled_mma(
+            cutlass.Float8E4M3FN,
+            cutlass.Float8E4M3FN,
+            k_major,
+            k_major,
+            cutlass.Float32,
+            tcgen05.CtaGroup.ONE,
+            (128, 128),
+        )
+        try:
+            bw.assert_block_scaled_fp4_mma(dense, 16)
+        except TypeError as err:
+            outcome["dense"] = str(err)
+
+    probe()
+    assert outcome["scaled"] == "accepted"
+    assert "sf_vec_size=32" in outcome["wrong_vec"]
+    assert "expected a block-scaled FP4 MMA" in outcome["dense"]
+
+
+GOOD = dict(
+    mnkl=(8192, 8192, 8192, 1),
+    sf_vec_size=16,
+    sf_dtype="Float8E4M3FN",
+    c_dtype="BFloat16",
+    mma_tiler_mn=(128, 128),
+    cluster_shape_mn=(1, 1),
+)
+
+
+@pytest.mark.parametrize(
+    "change,reason",
+    [
+        (dict(mnkl=(128, 128, 100, 1)), "K=100 is not a multiple of 32"),
+        (dict(mnkl=(0, 128, 256, 1)), "M must be >= 1"),
+        (dict(mnkl=(128, 128, 256, 0)), "L must be >= 1"),
+        (dict(mnkl=(128, 128)), "mnkl must be four integers"),
+        (dict(sf_vec_size=8), "sf_vec_size=8 is not supported"),
+        (dict(sf_dtype="Float8E8M0FNU"), "does not pair with sf_vec_size=16"),
+        (dict(sf_vec_size=32), "does not pair with sf_vec_size=32"),
+        (dict(sf_dtype="Float16"), "is not a scale-factor type"),
+        (dict(c_dtype="Float8E4M3FN"), "c_dtype=Float8E4M3FN is not supported"),
+        (dict(mma_tiler_mn=(64, 128)), "MMA tile M=64 is not supported"),
+        (dict(mma_tiler_mn=(128, 96)), "MMA tile N=96 is not supported"),
+        (dict(cluster_shape_mn=(3, 1)), "cluster shape M=3 must be a power of two"),
+        (dict(cluster_shape_mn=(1, 8)), "cluster shape N=8 exceeds 4"),
+        (dict(mma_tiler_mn=(256, 128)), "cluster shape M must be even"),
+    ],
+)
+def test_can_implement_refusals(change, reason):
+    config = {**GOOD, **change}
+    ok, reasons = bw.BlockwiseGemmFp4Sm100.can_implement(**config)
+    assert not ok
+    assert any(reason in r for r in reasons), reasons
+
+
+def test_can_implement_accepts_the_matrix():
+    for (vec, sf_dtype), c_dtype, tile, cluster in COMPILE_MATRIX:
+        for mnkl in [(8192, 8192, 8192, 1), (1, 1, 32, 1), (333, 77, 32 * 7, 3)]:
+            assert bw.check_fp4_gemm_config(mnkl, vec, sf_dtype, c_dtype, tile, cluster) == []
+
+
+# ------------------------------------------------------------------------------------------
+# The command line
+# ------------------------------------------------------------------------------------------
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "blockwise_gemm_fp4.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--mnkl", "1,2,3"], "--mnkl expects 4 integers"),
+        (["--mnkl", "128,128,100,1"], "K=100 is not a multiple of 32"),
+        (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "does not pair"),
+        (["--mma_tiler_mn", "256,128"], "cluster shape M must be even"),
+        (["--iterations", "0"], "--iterations must be >= 1"),
+    ],
+)
+def test_cli_bad_input_exits_2_without_traceback(args, message):
+    proc = _cli(*args, "--compile_only")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_compile_only_summary(tmp_path):
+    proc = _cli("--compile_only", "--dump_dir", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "mnkl: (8192, 8192, 8192, 1)" in out
+    assert re.search(r"pipeline stages: A/B/SF \d+, accumulator 2, epilogue \d+", out)
+    assert re.search(r"TMEM columns: accumulators 256 \+ SFA 16 \+ SFB 16 of 512", out)
+    if bw.find_cuobjdump():
+        assert "local memory per thread: 0 bytes" in out
+    assert list(tmp_path.glob("*.ptx")) and list(tmp_path.glob("*.cubin"))
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0),
+    reason="a B200 is present: the CLI runs the kernel instead of refusing",
+)
+def test_cli_without_blackwell_refuses_clearly():
+    proc = _cli("--mnkl", "256,256,256,1")
+    assert proc.returncode == 2
+    assert "needs a Blackwell B200/GB200 (sm_100) GPU; found" in proc.stderr
+    assert "--compile_only" in proc.stderr and "hopper/blockwise_gemm_fp4_sm90.py" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# On a B200: values against reference.reference_gemm
+# ------------------------------------------------------------------------------------------
+ON_B200 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
+needs_b200 = pytest.mark.skipif(
+    not ON_B200,
+    reason="needs a B200 (sm_100) GPU; "
+    + (
+        f"found {torch.cuda.get_device_name()}"
+        if torch.cuda.is_available()
+        else "no CUDA device here"
+    ),
+)
+
+GPU_CASES = [
+    # (mnkl, format, c_dtype, tile, cluster, alpha)
+    ((256, 256, 512, 1), NVFP4, "BFloat16", (128, 128), (1, 1), None),
+    ((300, 200, 32 * 9, 2), NVFP4, "Float32", (128, 128), (1, 1), 0.37),
+    ((1000, 1030, 32 * 33, 1), MXFP4, "Float16", (128, 64), (1, 2), None),
+    ((513, 700, 2048, 3), NVFP4, "BFloat16", (256, 192), (2, 1), -2.5),
+    ((777, 333, 32 * 15, 1), MXFP4, "Float32", (256, 256), (2, 2), 1.0),
+    ((1, 4096, 7168, 1), NVFP4, "BFloat16", (128, 256), (1, 1), None),
+    ((4096, 7168, 2048, 1), NVFP4, "BFloat16", (256, 128), (4, 4), None),
+    ((640, 384, 1024, 2), MXFP4, "BFloat16", (128, 192), (1, 1), 3.0),
+]
+
+
+@needs_b200
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"{c[0]}-{c[2]}-{c[3]}-{c[4]}")
+def test_gpu_matches_reference(case):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    mnkl, (vec, _), c_dtype, tile, cluster, alpha = case
+    ops = reference.make_fp4_operands(*mnkl, vec, device="cuda", seed=7, dist="wide")
+    alpha = float(ops.alpha) if alpha is None else alpha
+    d = bw.blockwise_gemm_fp4(
+        ops.a,
+        ops.b,
+        reference.to_blocked(ops.sfa),
+        reference.to_blocked(ops.sfb),
+        vec,
+        alpha=alpha,
+        c_dtype=c_dtype,
+        mma_tiler_mn=tile,
+        cluster_shape_mn=cluster,
+    )
+    torch.cuda.synchronize()
+    ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, alpha)
+    assert ok, str(info)
+
+
+@needs_b200
+def test_gpu_cli_defaults():
+    proc = _cli("--iterations", "5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Mean time:" in proc.stdout and "Throughput:" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "PASS"
