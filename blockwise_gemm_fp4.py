@@ -1366,12 +1366,16 @@ def make_parser() -> argparse.ArgumentParser:
         "--mnkl", type=lambda s: _parse_ints(s, 4, "--mnkl"), default=(8192, 8192, 8192, 1)
     )
     parser.add_argument(
-        "--mma_tiler_mn", type=lambda s: _parse_ints(s, 2, "--mma_tiler_mn"), default=(128, 128)
+        "--mma_tiler_mn",
+        type=lambda s: _parse_ints(s, 2, "--mma_tiler_mn"),
+        default=(256, 128),
+        help="MMA tile M,N; M 256 runs on a CTA pair (default 256,128)",
     )
     parser.add_argument(
         "--cluster_shape_mn",
         type=lambda s: _parse_ints(s, 2, "--cluster_shape_mn"),
-        default=(1, 1),
+        default=(2, 1),
+        help="CTAs per cluster along M,N (default 2,1)",
     )
     parser.add_argument("--sf_vec_size", type=int, choices=(16, 32), default=16)
     parser.add_argument(
