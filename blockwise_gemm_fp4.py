@@ -1570,9 +1570,6 @@ def prepare_gemm(
             raise ValueError(
                 f"{name} must be {sf_torch} for sf_vec_size {sf_vec_size}, got {sf.dtype}"
             )
-    for name, t in (("a", a), ("b", b), ("sfa_blocked", sfa_blocked), ("sfb_blocked", sfb_blocked)):
-        if not t.is_cuda or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous CUDA tensor")
     sf_dtype = SF_FORMATS.get(sf_vec_size, ("?",))[0]
     reasons = check_fp4_gemm_config(
         (m, n, 2 * half_k, l), sf_vec_size, sf_dtype, c_dtype, mma_tiler_mn, cluster_shape_mn
@@ -1584,6 +1581,14 @@ def prepare_gemm(
         want = l * -(-rows // 128) * 128 * -(-(k // sf_vec_size) // 4) * 4
         if sf.numel() != want:
             raise ValueError(f"{name} has {sf.numel()} scales; the 128x4 layout needs {want}")
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype not in (torch.uint8, torch.float4_e2m1fn_x2):
+            raise ValueError(
+                f"{name} must be packed FP4 (uint8 or float4_e2m1fn_x2), got {t.dtype}"
+            )
+    for name, t in (("a", a), ("b", b), ("sfa_blocked", sfa_blocked), ("sfb_blocked", sfb_blocked)):
+        if not t.is_cuda or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous CUDA tensor")
 
     key = (sf_vec_size, c_dtype, tuple(mma_tiler_mn), tuple(cluster_shape_mn), a.device.index)
     if key not in _COMPILED_CACHE:

@@ -397,3 +397,36 @@ def test_gpu_cli_defaults():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Mean time:" in proc.stdout and "Throughput:" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == "PASS"
+
+
+# ------------------------------------------------------------------------------------------
+# prepare_gemm's input validation (runs before anything touches a GPU)
+# ------------------------------------------------------------------------------------------
+def _operands(m=256, n=128, k=512, l=1, vec=16):  # noqa: E741
+    ops = reference.make_fp4_operands(m, n, k, l, vec, seed=3)
+    return ops.a, ops.b, reference.to_blocked(ops.sfa), reference.to_blocked(ops.sfb)
+
+
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda a, b, sa, sb: (a[0], b, sa, sb, 16), "must be \\[L, rows, K/2\\]"),
+        (lambda a, b, sa, sb: (a, b[:, :, :128], sa, sb, 16), "disagree on L or K"),
+        (lambda a, b, sa, sb: (a, b, sa.view(torch.uint8), sb, 16), "sfa_blocked must be"),
+        (
+            lambda a, b, sa, sb: (a, b, sa, sb.view(torch.float8_e8m0fnu), 16),
+            "sfb_blocked must be torch.float8_e4m3fn",
+        ),
+        (lambda a, b, sa, sb: (a, b, sa, sb, 16), "must be a contiguous CUDA tensor"),
+    ],
+)
+def test_prepare_gemm_rejects_bad_input(mutate, message):
+    args = mutate(*_operands())
+    with pytest.raises(ValueError, match=message):
+        bw.prepare_gemm(*args)
+
+
+def test_prepare_gemm_rejects_unsupported_config():
+    a, b, sa, sb = _operands()
+    with pytest.raises(ValueError, match="MMA tile N=96 is not supported"):
+        bw.prepare_gemm(a, b, sa, sb, 16, mma_tiler_mn=(128, 96))
