@@ -1,0 +1,1273 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Persistent, warp-specialized NVFP4 / MXFP4 (W4A4) GEMM for Hopper (sm_90a, H100 / H200).
+
+What it computes
+----------------
+    D[m, n, l] = alpha * sum_k (A[m, k, l] * SFA[m, k // V, l]) * (B[n, k, l] * SFB[n, k // V, l])
+
+with the operands of the Blackwell kernel (``blockwise_gemm_fp4.py``): A [M, K/2, L] and
+B [N, K/2, L] packed FP4 bytes, K-major, element 2i in the low nibble; SFA / SFB in the 128x4
+blocked layout of ``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 =
+Float8E8M0FNU scales per 32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major
+[M, N] per batch with row pitch N (no padding: M and N are arbitrary).
+
+Hopper has no FP4 tensor cores, so each consumer thread dequantizes FP4 to BF16 in registers and
+the tensor cores run BF16 ``wgmma`` with FP32 accumulation.  Every e2m1 * scale product is exact
+in BF16 (see ``Exactness``), so D equals ``reference.reference_gemm`` up to the order of the fp32
+summation.
+
+Operand roles ("kernel A" / "kernel B")
+--------------------------------------
+The kernel computes a tile of rows x cols where the *row* operand ("kernel A") is dequantized
+straight into the wgmma A register fragment (RS wgmma, never touching SMEM as BF16) and the
+*column* operand ("kernel B") is dequantized once per k-block into a swizzled BF16 SMEM buffer
+shared by the consumer warpgroups.
+    prefill path (M > 128):  kernel A = A (tokens),  kernel B = B (weights); D tile rows = M.
+    decode path  (M <= 128): kernel A = B (weights), kernel B = A (tokens);  D^T = B A^T, so the
+                             token count is the wgmma N (8..128 in powers of two) and the large
+                             weight matrix never goes through SMEM as BF16.
+The path and tile are chosen by ``default_config`` (documented there); ``--path`` overrides.
+
+Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, one CTA per SM)
+---------------------------------------------------------------------------------
+    ==========  ============  =================================================================
+    warps       role          work
+    ==========  ============  =================================================================
+    0           TMA producer  packed A, packed B, SFA, SFB: GMEM -> SMEM ring (one mbarrier
+                              transaction per stage); warps 1-3 only give their registers back
+    4 .. 4W+3   consumers     per 64-wide k-block: FP4 -> BF16 of their 64 kernel-A rows into
+                              registers and of a share of kernel B into SMEM, then 4 RS wgmma
+                              (m64 x tile_cols x k16); epilogue: * alpha, convert, predicated
+                              stores (or split-K partials + fix-up)
+    ==========  ============  =================================================================
+
+Pipelines and barriers (producer -> consumer)
+---------------------------------------------
+    ab_pipeline (PipelineTmaAsync, ``num_stages`` deep, one k-tile of 128 = two k-blocks per
+                 stage): TMA producer -> consumer warpgroups (released once both k-blocks of the
+                 stage are dequantized, i.e. before the wgmma that use them run)
+    NamedBarrierId.B_READY: all consumer threads, once per k-block, after writing the BF16
+                 kernel-B block (three SMEM buffers rotate so that one barrier per k-block is
+                 enough; see ``_consumer``)
+Every role walks the same static persistent tile schedule (StaticPersistentTileScheduler over
+row tiles x col tiles x (L * split_k)), so they agree on the order without talking.
+
+Dequantization (``_fp4x4_pair_to_bf16x2`` and friends)
+-----------------------------------------------------
+One 32-bit word holds 8 e2m1 nibbles.  For nibble pair (p, p + 4) the BF16x2 pattern
+``sign << 15 | (exp, mant) << 6`` is built by one shift, one AND, one IMAD (x * 0x1040 places
+the 3 magnitude bits at 6..8 and the sign at 15 in one go) and one AND; as BF16 that is the
+e2m1 value * 2^-126 (subnormal for 0.5, which BF16 keeps), so a ``mul.rn.bf16x2`` by 2^126 and
+one by the scale finish it.  The pairing (p, p + 4) instead of (2i, 2i + 1) is a permutation of
+K inside each 16-element group; A and B use the same permutation, so the dot products are
+unchanged, and it makes each consumer thread's 16 consecutive K values of a row exactly one
+NVFP4 scale block read with one 8-byte SMEM load.
+
+Exactness
+---------
+e2m1 significands have 2 bits, E4M3 ones 4 bits: a product has at most 6 significant bits and
+lies in [2^-10, 2688] (E4M3 subnormal scales included), well inside BF16 (8 significant bits,
+exponents down to 2^-133).  An E8M0 scale is a power of two, so the product is the e2m1 value
+with a shifted exponent (exact unless it leaves BF16's range, which FP32 shares).  The scale
+itself converts exactly: E4M3 bits << 4 read as BF16 are scale * 2^-120 (subnormals included),
+times 2^120; E8M0 bits << 7 are the BF16 power of two (bits 0 -> 2^-127, a BF16 subnormal).
+
+Constraints (``can_implement`` explains each refusal)
+----------------------------------------------------
+* K % 32 == 0 (16-byte TMA rows of packed FP4); M, N >= 1 arbitrary; L >= 1.
+* kernel tile rows 64 or 128 (one or two consumer warpgroups); kernel tile cols 8, 16, 32, 64,
+  128 or 256 (a divisor or multiple of the 128-row scale atom).
+* cluster shape (1, 1): no TMA multicast in this kernel.
+
+Run
+---
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 8192,8192,8192,1                 # H100/H200
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32 \\
+        --sf_dtype Float8E8M0FNU --c_dtype Float32
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 4096,4096,4096,1 --compile_only   # any host
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import math
+import os
+import sys
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.nvgpu.warpgroup import OperandSource
+from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
+
+# NOTE: sm_90 allows 227 KiB (232448 bytes) of dynamic SMEM per CTA.
+SM90_SMEM_CAPACITY = 232448
+SF_DTYPES = {"Float8E4M3FN": cutlass.Float8E4M3FN, "Float8E8M0FNU": cutlass.Float8E8M0FNU}
+SF_VEC_OF_DTYPE = {"Float8E4M3FN": 16, "Float8E8M0FNU": 32}
+C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
+VALID_TILE_COLS = (8, 16, 32, 64, 128, 256)
+VALID_TILE_ROWS = (64, 128)
+# K elements per pipeline stage (64 packed bytes per row) and per wgmma k-block (4 x k16).
+K_TILE = 128
+K_BLOCK = 64
+# One 128x4 scale atom: 128 rows x 4 scale columns = 512 bytes.
+SF_ATOM_ROWS = 128
+SF_ATOM_COLS = 4
+SF_ATOM_BYTES = 512
+NUM_BDQ_BUFFERS = 3
+MAX_STAGES = 12
+# BF16 bit patterns: 2^126 and 2^120.
+BF16X2_2POW126 = 0x7E807E80
+BF16X2_2POW120 = 0x7B807B80
+
+
+class NamedBarrierId(enum.IntEnum):
+    """Hardware named barriers (id 0 is __syncthreads)."""
+
+    B_READY = 1  # consumers: the BF16 kernel-B block of this k-block is in SMEM
+    SPLITK_FIXUP = 2  # consumers: split-K partial tile written / counter read
+
+
+# ---------------------------------------------------------------------------------------------
+# PTX helpers (sm_90 has no FP4 conversion instruction; these are plain integer / bf16x2 ops)
+# ---------------------------------------------------------------------------------------------
+@dsl_user_op
+def _ld_shared_b64(addr: Int32, *, loc=None, ip=None) -> Uint64:
+    # NOTE: side effects keep the load after the mbarrier wait that guards the stage.
+    return Uint64(
+        llvm.inline_asm(
+            Uint64.mlir_type,
+            [Int32(addr).ir_value(loc=loc, ip=ip)],
+            "ld.shared.b64 $0, [$1];",
+            "=l,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def _ld_shared_u8(addr: Int32, *, loc=None, ip=None) -> Uint32:
+    return Uint32(
+        llvm.inline_asm(
+            Uint32.mlir_type,
+            [Int32(addr).ir_value(loc=loc, ip=ip)],
+            "ld.shared.u8 $0, [$1];",
+            "=r,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def _st_shared_b32(addr: Int32, value: Uint32, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(
+        None,
+        [Int32(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)],
+        "st.shared.b32 [$0], $1;",
+        "r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def _mul_bf16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
+    return Uint32(
+        llvm.inline_asm(
+            Uint32.mlir_type,
+            [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)],
+            "mul.rn.bf16x2 $0, $1, $2;",
+            "=r,r,r",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def _st_global_f32(addr: Int64, value: cutlass.Float32, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(
+        None,
+        [Int64(addr).ir_value(loc=loc, ip=ip), cutlass.Float32(value).ir_value(loc=loc, ip=ip)],
+        "st.global.f32 [$0], $1;",
+        "l,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def _ld_global_cg_f32(addr: Int64, *, loc=None, ip=None) -> cutlass.Float32:
+    # NOTE: .cg (L2 only): the partials come from other SMs, whose writes L1 does not see.
+    return cutlass.Float32(
+        llvm.inline_asm(
+            cutlass.Float32.mlir_type,
+            [Int64(addr).ir_value(loc=loc, ip=ip)],
+            "ld.global.cg.f32 $0, [$1];",
+            "=f,l",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def _atomic_add_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> Uint32:
+    return Uint32(
+        llvm.inline_asm(
+            Uint32.mlir_type,
+            [Int64(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)],
+            "atom.global.acq_rel.gpu.add.u32 $0, [$1], $2;",
+            "=r,l,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def _st_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(
+        None,
+        [Int64(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)],
+        "st.relaxed.gpu.global.u32 [$0], $1;",
+        "l,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def _st_shared_u32(addr: Int32, value: Uint32, *, loc=None, ip=None) -> None:
+    _st_shared_b32(addr, value, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _ld_shared_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
+    return Uint32(
+        llvm.inline_asm(
+            Uint32.mlir_type,
+            [Int32(addr).ir_value(loc=loc, ip=ip)],
+            "ld.shared.u32 $0, [$1];",
+            "=r,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+def _fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
+    """Nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * scale."""
+    x = (word >> (4 * p)) & Uint32(0x000F000F) if p else word & Uint32(0x000F000F)
+    # x * 0x1040 = x << 6 | x << 12 (disjoint bits): magnitude bits to 6..8, sign bit to 15.
+    raw = (x * Uint32(0x1040)) & Uint32(0x81C081C0)
+    return _mul_bf16x2(_mul_bf16x2(raw, Uint32(BF16X2_2POW126)), factor)
+
+
+def _scale_to_bf16x2(sf_byte: Uint32, sf_vec_size: int) -> Uint32:
+    """One scale byte -> the same exact BF16 value in both halves."""
+    if sf_vec_size == 16:
+        # E4M3: (bits & 0x7f) << 4 as BF16 is scale * 2^-120, also for E4M3 subnormals.
+        bits = ((sf_byte & Uint32(0x7F)) << 4) | ((sf_byte & Uint32(0x80)) << 8)
+        return _mul_bf16x2(bits | (bits << 16), Uint32(BF16X2_2POW120))
+    # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
+    bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)
+    return bits | (bits << 16)
+
+
+def _fp4x16_to_bf16x2(packed: Uint64, factor: Uint32) -> list:
+    """16 e2m1 values (8 bytes) -> 8 BF16x2 words P_0..P_7 (P_i = nibbles (i%4, i%4+4) of
+    32-bit word i // 4), each times ``factor``."""
+    lo = Uint32(packed & Uint64(0xFFFFFFFF))
+    hi = Uint32(packed >> 32)
+    return [_fp4_pair_to_bf16x2(lo if i < 4 else hi, i % 4, factor) for i in range(8)]
+
+
+def _swizzle64(offset):
+    # NOTE: TMA / wgmma 64B swizzle on byte offsets from a 512B-aligned base.
+    return offset ^ ((offset >> 3) & 0x30)
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration helpers
+# ---------------------------------------------------------------------------------------------
+def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa: E741
+    """(path, mma_tiler_mn, split_k) for a problem.
+
+    Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
+    the register operand (decode path, kernel tile 128 weight rows x the next power of two >= M
+    tokens) and K is split until the output tiles fill the SMs (at most 8 splits, each split at
+    least 8 k-tiles of 128).  Larger M uses the prefill path with 128 x 256 tiles (two consumer
+    warpgroups share each dequantized 256-row weight block).
+    """
+    if m <= 128:
+        cols = max(8, 1 << (m - 1).bit_length())
+        tiles = math.ceil(n / 128) * l
+        k_tiles = math.ceil(k / K_TILE)
+        split = 1
+        while split < 8 and tiles * split * 2 <= num_sms * 1.2 and k_tiles // (split * 2) >= 8:
+            split *= 2
+        return "decode", (cols, 128), split
+    return "prefill", (128, 256), 1
+
+
+def kernel_tile(path: str, mma_tiler_mn: tuple[int, int]) -> tuple[int, int]:
+    """(rows, cols) of the kernel tile: rows = register operand, cols = SMEM operand."""
+    tm, tn = mma_tiler_mn
+    return (tn, tm) if path == "decode" else (tm, tn)
+
+
+def check_config(
+    mnkl: tuple[int, int, int, int],
+    sf_vec_size: int,
+    sf_dtype: str,
+    c_dtype: str,
+    path: str,
+    mma_tiler_mn: tuple[int, int],
+    cluster_shape_mn: tuple[int, int],
+    split_k: int,
+) -> list[str]:
+    """Reasons why this configuration cannot run (empty when it can)."""
+    reasons = []
+    m, n, k, l = mnkl  # noqa: E741
+    for name, v in (("M", m), ("N", n), ("K", k), ("L", l)):
+        if v < 1:
+            reasons.append(f"{name} = {v}: every extent must be >= 1")
+    if k % 32:
+        reasons.append(f"K = {k} is not a multiple of 32 (TMA needs 16-byte rows of packed FP4)")
+    if sf_vec_size not in (16, 32):
+        reasons.append(f"sf_vec_size = {sf_vec_size}: only 16 (NVFP4) and 32 (MXFP4) exist")
+    if sf_dtype not in SF_DTYPES:
+        reasons.append(f"sf_dtype = {sf_dtype}: expected one of {sorted(SF_DTYPES)}")
+    elif sf_vec_size in (16, 32) and SF_VEC_OF_DTYPE[sf_dtype] != sf_vec_size:
+        reasons.append(
+            f"sf_dtype {sf_dtype} goes with sf_vec_size {SF_VEC_OF_DTYPE[sf_dtype]}, "
+            f"not {sf_vec_size} (NVFP4 = E4M3 / 16, MXFP4 = E8M0 / 32)"
+        )
+    if c_dtype not in C_DTYPES:
+        reasons.append(f"c_dtype = {c_dtype}: expected one of {sorted(C_DTYPES)}")
+    if path not in ("prefill", "decode"):
+        reasons.append(f"path = {path}: expected prefill or decode")
+    else:
+        rows, cols = kernel_tile(path, mma_tiler_mn)
+        if rows not in VALID_TILE_ROWS:
+            what = "N (weight rows)" if path == "decode" else "M"
+            reasons.append(
+                f"tile {what} = {rows}: the register operand takes 64 or 128 rows "
+                "(one or two consumer warpgroups of wgmma m64)"
+            )
+        if cols not in VALID_TILE_COLS:
+            what = "M (tokens)" if path == "decode" else "N"
+            reasons.append(
+                f"tile {what} = {cols}: the SMEM operand takes {VALID_TILE_COLS} rows "
+                "(wgmma N, and a divisor or multiple of the 128-row scale atom)"
+            )
+    if tuple(cluster_shape_mn) != (1, 1):
+        reasons.append(
+            f"cluster_shape_mn = {tuple(cluster_shape_mn)}: this Hopper kernel has no TMA "
+            "multicast, only (1, 1)"
+        )
+    if split_k < 1 or split_k > 16:
+        reasons.append(f"split_k = {split_k}: expected 1..16")
+    return reasons
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------
+class BlockwiseGemmFp4Sm90:
+    """NVFP4 / MXFP4 GEMM on sm_90a: TMA ring of packed FP4 + scales, in-register dequant,
+    RS wgmma BF16 -> FP32.  See the module docstring for roles, pipelines and the math."""
+
+    def __init__(
+        self,
+        sf_vec_size: int,
+        path: str,
+        mma_tiler_mn: tuple[int, int],
+        cluster_shape_mn: tuple[int, int] = (1, 1),
+        split_k: int = 1,
+    ):
+        self.sf_vec_size = sf_vec_size
+        self.path = path
+        self.swap_ab = path == "decode"
+        self.mma_tiler_mn = tuple(mma_tiler_mn)
+        self.cluster_shape_mn = tuple(cluster_shape_mn)
+        self.split_k = split_k
+        self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
+        self.num_mma_wg = self.tile_rows // 64
+        self.threads_per_wg = 128
+        self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
+        self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
+        self.producer_warp = 0
+        self.producer_regs = 40
+        self.mma_regs = 232 if self.num_mma_wg == 2 else 240
+        self.acc_dtype = cutlass.Float32
+        self.mma_dtype = cutlass.BFloat16
+
+    def _setup_attributes(self):
+        """Tiled MMA, SMEM layouts, stage count: everything fixed by the configuration."""
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.mma_dtype,
+            self.mma_dtype,
+            OperandMajorMode.K,
+            OperandMajorMode.K,
+            self.acc_dtype,
+            (self.num_mma_wg, 1, 1),
+            tiler_mn=(64, self.tile_cols),
+            a_source=OperandSource.RMEM,
+        )
+        # Scale atoms per stage along K, and 128-row atom blocks per tile (rows <= 128 -> 1).
+        self.sf_cols_per_stage = K_TILE // self.sf_vec_size
+        self.sf_atoms_k = self.sf_cols_per_stage // SF_ATOM_COLS
+        self.sfa_row_blocks = max(1, self.tile_rows // SF_ATOM_ROWS)
+        self.sfb_row_blocks = max(1, self.tile_cols // SF_ATOM_ROWS)
+
+        packed_atom = warpgroup.make_smem_layout_atom(
+            warpgroup.SmemLayoutAtomKind.K_SW64, cutlass.Uint8
+        )
+        self.num_stages = self._compute_stages(
+            self.tile_rows, self.tile_cols, self.sf_atoms_k, self.sfa_row_blocks,
+            self.sfb_row_blocks,
+        )
+        # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks.
+        self.a_smem_layout_staged = cute.tile_to_shape(
+            packed_atom, (self.tile_rows, K_TILE // 2, self.num_stages), order=(0, 1, 2)
+        )
+        self.b_smem_layout_staged = cute.tile_to_shape(
+            packed_atom, (self.tile_cols, K_TILE // 2, self.num_stages), order=(0, 1, 2)
+        )
+        # Scale stage: (256 bytes, 2 * atoms_k, row blocks, stage) = whole 512-byte atoms.
+        self.sfa_smem_layout_staged = cute.make_ordered_layout(
+            (256, 2 * self.sf_atoms_k, self.sfa_row_blocks, self.num_stages), order=(0, 1, 2, 3)
+        )
+        self.sfb_smem_layout_staged = cute.make_ordered_layout(
+            (256, 2 * self.sf_atoms_k, self.sfb_row_blocks, self.num_stages), order=(0, 1, 2, 3)
+        )
+        # BF16 kernel-B blocks for wgmma: (cols, 64, buffer), K-major SW128.
+        bdq_atom = warpgroup.make_smem_layout_atom(
+            warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype
+        )
+        self.bdq_smem_layout_staged = cute.tile_to_shape(
+            bdq_atom, (self.tile_cols, K_BLOCK, NUM_BDQ_BUFFERS), order=(0, 1, 2)
+        )
+        self.a_stage_bytes = self.tile_rows * K_TILE // 2
+        self.b_stage_bytes = self.tile_cols * K_TILE // 2
+        self.sfa_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfa_row_blocks
+        self.sfb_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfb_row_blocks
+        self.bdq_buffer_bytes = self.tile_cols * K_BLOCK * 2
+        self.tx_bytes = (
+            self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes
+        )
+
+    @cute.jit
+    def __call__(
+        self,
+        a_ptr: cute.Pointer,
+        b_ptr: cute.Pointer,
+        sfa_ptr: cute.Pointer,
+        sfb_ptr: cute.Pointer,
+        c_ptr: cute.Pointer,
+        workspace_ptr: cute.Pointer,
+        problem_mnkl: tuple[Int32, Int32, Int32, Int32],
+        alpha: cutlass.Float32,
+        max_active_clusters: cutlass.Constexpr,
+        stream,
+    ):
+        """Host side: global layouts, TMA descriptors, grid, shared storage, launch."""
+        self.c_dtype = c_ptr.value_type
+        self._setup_attributes()
+        m, n, k, l = problem_mnkl  # noqa: E741
+        # The kernel's row / col operands (decode path: weights are the rows).
+        rows_a, rows_b = (n, m) if cutlass.const_expr(self.swap_ab) else (m, n)
+        ptr_ka, ptr_kb = (b_ptr, a_ptr) if cutlass.const_expr(self.swap_ab) else (a_ptr, b_ptr)
+        ptr_sfka, ptr_sfkb = (
+            (sfb_ptr, sfa_ptr) if cutlass.const_expr(self.swap_ab) else (sfa_ptr, sfb_ptr)
+        )
+        kb = cute.assume(k // 2, 16)
+        # Packed FP4 bytes, K-major: (rows, K/2, L).
+        mKA = cute.make_tensor(
+            ptr_ka, cute.make_layout((rows_a, kb, l), stride=(kb, 1, rows_a * kb))
+        )
+        mKB = cute.make_tensor(
+            ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
+        )
+        # Scales, blocked: (256, 2 * atoms along K, 128-row blocks, L); an atom is 2 x 256 bytes.
+        sf_atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
+        mSFKA = self._blocked_sf_tensor(ptr_sfka, rows_a, sf_atoms_k, l)
+        mSFKB = self._blocked_sf_tensor(ptr_sfkb, rows_b, sf_atoms_k, l)
+        # D in kernel coordinates (rows, cols, L): the decode path writes D^T, i.e. D's columns.
+        if cutlass.const_expr(self.swap_ab):
+            mD = cute.make_tensor(c_ptr, cute.make_layout((n, m, l), stride=(1, n, m * n)))
+        else:
+            mD = cute.make_tensor(c_ptr, cute.make_layout((m, n, l), stride=(n, 1, m * n)))
+        # Split-K partials (fp32) and per-tile arrival counters (int32) share one workspace.
+        mWork = cute.make_tensor(workspace_ptr, cute.make_layout(1))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
+            g2s, mKA, cute.slice_(self.a_smem_layout_staged, (None, None, 0)),
+            (self.tile_rows, K_TILE // 2),
+        )
+        tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
+            g2s, mKB, cute.slice_(self.b_smem_layout_staged, (None, None, 0)),
+            (self.tile_cols, K_TILE // 2),
+        )
+        sf_tile_a = (256, 2 * self.sf_atoms_k, self.sfa_row_blocks)
+        sf_tile_b = (256, 2 * self.sf_atoms_k, self.sfb_row_blocks)
+        tma_atom_sfa, tma_tensor_sfa = cpasync.make_tiled_tma_atom(
+            g2s, mSFKA, cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
+            sf_tile_a,
+        )
+        tma_atom_sfb, tma_tensor_sfb = cpasync.make_tiled_tma_atom(
+            g2s, mSFKB, cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0)),
+            sf_tile_b,
+        )
+
+        tile_sched_params, grid = self._compute_grid(
+            rows_a, rows_b, l, self.tile_rows, self.tile_cols, self.split_k, max_active_clusters
+        )
+
+        @cute.struct
+        class SharedStorage:
+            ab_mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            splitk_flag: cute.struct.MemRange[cutlass.Int32, 4]
+            sA: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Uint8, cute.cosize(self.a_smem_layout_staged)],
+                1024,
+            ]
+            sB: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Uint8, cute.cosize(self.b_smem_layout_staged)],
+                1024,
+            ]
+            sBdq: cute.struct.Align[
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(self.bdq_smem_layout_staged)],
+                1024,
+            ]
+            sSFA: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Uint8, cute.cosize(self.sfa_smem_layout_staged)],
+                128,
+            ]
+            sSFB: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Uint8, cute.cosize(self.sfb_smem_layout_staged)],
+                128,
+            ]
+
+        self.shared_storage = SharedStorage
+
+        self.kernel(
+            tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b,
+            tma_atom_sfa, tma_tensor_sfa, tma_atom_sfb, tma_tensor_sfb,
+            mD, mWork, alpha, k, self.tiled_mma, tile_sched_params,
+            self.a_smem_layout_staged, self.b_smem_layout_staged, self.sfa_smem_layout_staged,
+            self.sfb_smem_layout_staged, self.bdq_smem_layout_staged,
+        ).launch(
+            grid=grid,
+            block=[self.threads_per_cta, 1, 1],
+            cluster=(1, 1, 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    @staticmethod
+    def _blocked_sf_tensor(ptr, rows, sf_atoms_k, l):  # noqa: E741
+        # NOTE: the 128x4 atoms are stored row-block-major, so the atoms of one row block are
+        # contiguous along K; two 256-byte halves keep every TMA box extent <= 256.
+        row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
+        atom_stride = cute.assume(SF_ATOM_BYTES * sf_atoms_k, SF_ATOM_BYTES)
+        return cute.make_tensor(
+            ptr,
+            cute.make_layout(
+                (256, 2 * sf_atoms_k, row_blocks, l),
+                stride=(1, 256, atom_stride, atom_stride * row_blocks),
+            ),
+        )
+
+    # -----------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA_mkl: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB_nkl: cute.Tensor,
+        tma_atom_sfa: cute.CopyAtom,
+        mSFA_mkl: cute.Tensor,
+        tma_atom_sfb: cute.CopyAtom,
+        mSFB_nkl: cute.Tensor,
+        mD_mnl: cute.Tensor,
+        mWork: cute.Tensor,
+        alpha: cutlass.Float32,
+        k: Int32,
+        tiled_mma: cute.TiledMma,
+        tile_sched_params: utils.PersistentTileSchedulerParams,
+        a_smem_layout_staged: cute.ComposedLayout,
+        b_smem_layout_staged: cute.ComposedLayout,
+        sfa_smem_layout_staged: cute.Layout,
+        sfb_smem_layout_staged: cute.Layout,
+        bdq_smem_layout_staged: cute.ComposedLayout,
+    ):
+        """Dispatcher: shared storage and the pipeline, then one branch per warp role."""
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == self.producer_warp:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_sfa)
+            cpasync.prefetch_descriptor(tma_atom_sfb)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        ab_pipeline = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.ab_mbar.data_ptr(),
+            num_stages=self.num_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            # one arrive per consumer warp (lane 0 signals in PipelineTmaAsync)
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.num_mma_threads // 32
+            ),
+            tx_count=self.tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+        k_tiles = (k + K_TILE - 1) // K_TILE
+
+        if warp_idx < 4:
+            cute.arch.warpgroup_reg_dealloc(self.producer_regs)
+            if warp_idx == self.producer_warp:
+                self._producer(
+                    storage, ab_pipeline, k_tiles, a_smem_layout_staged, b_smem_layout_staged,
+                    sfa_smem_layout_staged, sfb_smem_layout_staged,
+                    tma_atom_a, mA_mkl, tma_atom_b, mB_nkl,
+                    tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl, tile_sched_params,
+                )
+        else:
+            cute.arch.warpgroup_reg_alloc(self.mma_regs)
+            self._consumer(
+                storage, ab_pipeline, k_tiles, bdq_smem_layout_staged, mD_mnl, mWork, alpha,
+                tiled_mma, tile_sched_params,
+            )
+
+    # ======================================= TMA producer ======================================
+    @cute.jit
+    def _producer(
+        self, storage, ab_pipeline, k_tiles, a_smem_layout_staged, b_smem_layout_staged,
+        sfa_smem_layout_staged, sfb_smem_layout_staged,
+        tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl,
+        tile_sched_params,
+    ):
+        sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
+        sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
+        sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
+        # (rows, 64, RestRows, RestK, L)
+        gA = cute.local_tile(mA_mkl, (self.tile_rows, K_TILE // 2), (None, None, None))
+        # (cols, 64, RestCols, RestK, L)
+        gB = cute.local_tile(mB_nkl, (self.tile_cols, K_TILE // 2), (None, None, None))
+        # (256, 2 * atoms_k, row_blocks, RestK, RestRowBlocks, L)
+        gSFA = cute.local_tile(
+            mSFA_mkl, (256, 2 * self.sf_atoms_k, self.sfa_row_blocks), (0, None, None, None)
+        )
+        gSFB = cute.local_tile(
+            mSFB_nkl, (256, 2 * self.sf_atoms_k, self.sfb_row_blocks), (0, None, None, None)
+        )
+        # (TMA, stage) / (TMA, RestRows, RestK, L)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
+            cute.group_modes(gA, 0, 2),
+        )
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
+            cute.group_modes(gB, 0, 2),
+        )
+        # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
+        tSsSFA, tSgSFA = cpasync.tma_partition(
+            tma_atom_sfa, 0, cute.make_layout(1), cute.group_modes(sSFA, 0, 3),
+            cute.group_modes(gSFA, 0, 3),
+        )
+        tSsSFB, tSgSFB = cpasync.tma_partition(
+            tma_atom_sfb, 0, cute.make_layout(1), cute.group_modes(sSFB, 0, 3),
+            cute.group_modes(gSFB, 0, 3),
+        )
+
+        tile_sched = utils.StaticPersistentTileScheduler.create(
+            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work_tile = tile_sched.initial_work_tile_info()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        while work_tile.is_valid_tile:
+            row_tile, col_tile, lk = work_tile.tile_idx
+            batch = lk // self.split_k
+            kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
+            # Scale row block of this tile (tiles narrower than an atom share one).
+            sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
+            sfb_rb = col_tile * self.tile_cols // (SF_ATOM_ROWS * self.sfb_row_blocks)
+            for kt in cutlass.range(kt_begin, kt_end, unroll=1):
+                ab_pipeline.producer_acquire(state)
+                bar = ab_pipeline.producer_get_barrier(state)
+                cute.copy(tma_atom_a, tAgA[(None, row_tile, kt, batch)],
+                          tAsA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_atom_b, tBgB[(None, col_tile, kt, batch)],
+                          tBsB[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_atom_sfa, tSgSFA[(None, kt, sfa_rb, batch)],
+                          tSsSFA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_atom_sfb, tSgSFB[(None, kt, sfb_rb, batch)],
+                          tSsSFB[(None, state.index)], tma_bar_ptr=bar)
+                ab_pipeline.producer_commit(state)
+                state.advance()
+            tile_sched.advance_to_next_work()
+            work_tile = tile_sched.get_current_work()
+        ab_pipeline.producer_tail(state)
+
+    @cute.jit
+    def _split_range(self, split, k_tiles):
+        """K-tiles [begin, end) of one split: the first k_tiles % split_k splits get one more."""
+        if cutlass.const_expr(self.split_k == 1):
+            return Int32(0), k_tiles
+        base = k_tiles // self.split_k
+        extra = k_tiles % self.split_k
+        begin = split * base + cutlass.min(split, extra)
+        end = begin + base + (split < extra)
+        return begin, end
+
+    # ======================================= consumers =========================================
+    @cute.jit
+    def _consumer(
+        self, storage, ab_pipeline, k_tiles, bdq_smem_layout_staged, mD_mnl, mWork, alpha,
+        tiled_mma, tile_sched_params,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        tidx = tidx - self.threads_per_wg  # 0 .. num_mma_threads - 1
+        wg = tidx // self.threads_per_wg
+        warp_in_wg = (tidx // 32) % 4
+        lane = tidx % 32
+        q = lane % 4  # 16-element group of the 64-wide k-block this thread dequantizes
+
+        sBdq = storage.sBdq.get_tensor(
+            bdq_smem_layout_staged.outer, swizzle=bdq_smem_layout_staged.inner
+        )
+        thr_mma = tiled_mma.get_slice(tidx)
+        # (MMA, MMA_N, MMA_K, buffer): wgmma descriptors of the BF16 kernel-B blocks
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sBdq))
+        # (MMA, MMA_M, MMA_K): the RS A fragments, double-buffered across k-blocks
+        a_frag_shape = thr_mma.partition_shape_A((self.tile_rows, K_BLOCK))
+        tCrA0 = tiled_mma.make_fragment_A(a_frag_shape)
+        tCrA1 = tiled_mma.make_fragment_A(a_frag_shape)
+        # (MMA, MMA_M, MMA_N)
+        acc = cute.make_rmem_tensor(
+            thr_mma.partition_shape_C((self.tile_rows, self.tile_cols)), self.acc_dtype
+        )
+
+        base_a = storage.sA.data_ptr().toint()
+        base_b = storage.sB.data_ptr().toint()
+        base_sfa = storage.sSFA.data_ptr().toint()
+        base_sfb = storage.sSFB.data_ptr().toint()
+        base_bdq = storage.sBdq.data_ptr().toint()
+        # This thread's two kernel-A rows in the tile: wgmma A fragment rows g and g + 8.
+        a_row0 = wg * 64 + warp_in_wg * 16 + lane // 4
+
+        tile_sched = utils.StaticPersistentTileScheduler.create(
+            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work_tile = tile_sched.initial_work_tile_info()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        kblock = Int32(0)  # running k-block count: picks the BF16 kernel-B buffer
+        while work_tile.is_valid_tile:
+            row_tile, col_tile, lk = work_tile.tile_idx
+            kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
+            # Row offset of this tile inside its 128-row scale atom.
+            sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS
+            sfb_row_off = col_tile * self.tile_cols % SF_ATOM_ROWS
+            acc.fill(0.0)
+            for _kt in cutlass.range(kt_begin, kt_end, unroll=1):
+                ab_pipeline.consumer_wait(state)
+                for j in cutlass.range_constexpr(K_TILE // K_BLOCK):
+                    tCrA = tCrA0 if j == 0 else tCrA1
+                    buf = kblock % NUM_BDQ_BUFFERS
+                    # ---- kernel A: 2 rows x 16 K values -> 16 BF16x2 registers (RS operand)
+                    self._dequant_a(tCrA, base_a, base_sfa, state.index, j, a_row0,
+                                    sfa_row_off, q)
+                    # ---- kernel B: this thread's share -> BF16 SMEM buffer ``buf``
+                    self._dequant_b(base_b, base_sfb, base_bdq, state.index, j, buf,
+                                    sfb_row_off, tidx)
+                    if cutlass.const_expr(j == K_TILE // K_BLOCK - 1):
+                        ab_pipeline.consumer_release(state)
+                    # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a proxy
+                    # fence in every writing thread before the barrier.
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(
+                        barrier_id=int(NamedBarrierId.B_READY),
+                        number_of_threads=self.num_mma_threads,
+                    )
+                    warpgroup.fence()
+                    for s in cutlass.range_constexpr(K_BLOCK // 16):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, s)],
+                                  tCrB[(None, None, s, buf)], acc)
+                    warpgroup.commit_group()
+                    # NOTE: k-block t - 1 done => its A registers and, with the barrier above,
+                    # the kernel-B buffer of t - 2 (read by both warpgroups) are free again.
+                    warpgroup.wait_group(1)
+                    kblock += 1
+                state.advance()
+            warpgroup.wait_group(0)
+            self._epilogue(acc, mD_mnl, mWork, alpha, row_tile, col_tile, lk, thr_mma, tidx,
+                           storage.splitk_flag.data_ptr().toint())
+            tile_sched.advance_to_next_work()
+            work_tile = tile_sched.get_current_work()
+
+    @cute.jit
+    def _dequant_a(self, tCrA, base_a, base_sfa, stage, j, a_row0, sfa_row_off, q):
+        """FP4 rows a_row0 and a_row0 + 8, K values 16q..16q+15 of k-block j -> A fragment."""
+        # Uint32 view of the BF16 fragment: word r + 2c + 4s = row r, K half c, k16 step s.
+        rA = cute.recast_tensor(tCrA, Uint32)
+        for r in cutlass.range_constexpr(2):
+            row = a_row0 + 8 * r
+            byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
+            packed = _ld_shared_b64(base_a + stage * self.a_stage_bytes + _swizzle64(byte))
+            factor = self._load_scale(base_sfa, stage, self.sfa_stage_bytes, row + sfa_row_off,
+                                      j, q)
+            pairs = _fp4x16_to_bf16x2(packed, factor)
+            for i in cutlass.range_constexpr(8):
+                rA[r + 2 * (i % 2) + 4 * (i // 2)] = pairs[i]
+
+    @cute.jit
+    def _dequant_b(self, base_b, base_sfb, base_bdq, stage, j, buf, sfb_row_off, tidx):
+        """This thread's (row, 16-group) items of kernel B's k-block j -> BF16 SMEM ``buf``.
+
+        Pair P_i of a group q goes to logical K 16 (i // 2) + 8 (i % 2) + 2q, +1: the same
+        slots the A fragment gives it, i.e. 16-byte chunk i of the 128-byte row, word q."""
+        items = self.tile_cols * 4
+        for it in cutlass.range_constexpr((items + self.num_mma_threads - 1)
+                                          // self.num_mma_threads):
+            item = tidx + it * self.num_mma_threads
+            if item < items:
+                row = item // 4
+                qb = item % 4
+                byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + qb * 8
+                packed = _ld_shared_b64(base_b + stage * self.b_stage_bytes + _swizzle64(byte))
+                factor = self._load_scale(base_sfb, stage, self.sfb_stage_bytes,
+                                          row + sfb_row_off, j, qb)
+                pairs = _fp4x16_to_bf16x2(packed, factor)
+                row_addr = base_bdq + buf * self.bdq_buffer_bytes + row * 128 + qb * 4
+                for i in cutlass.range_constexpr(8):
+                    # NOTE: 128B swizzle: 16-byte chunk index XOR (row % 8).
+                    _st_shared_b32(row_addr + ((i ^ (row % 8)) * 16), pairs[i])
+
+    @cute.jit
+    def _load_scale(self, base_sf, stage, stage_bytes, row, j, q):
+        """Scale of (tile row ``row`` counted from its atom's first row, group q of k-block j)
+        as BF16x2.  Atom byte of (r, c): (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4."""
+        if cutlass.const_expr(self.sf_vec_size == 16):
+            col = j * 4 + q
+        else:
+            col = j * 2 + q // 2
+        atom = (row // SF_ATOM_ROWS) * self.sf_atoms_k + col // SF_ATOM_COLS
+        r = row % SF_ATOM_ROWS
+        byte = atom * SF_ATOM_BYTES + (r % 32) * 16 + (r // 32) * 4 + col % SF_ATOM_COLS
+        sf = _ld_shared_u8(base_sf + stage * stage_bytes + byte)
+        return _scale_to_bf16x2(sf, self.sf_vec_size)
+
+    # ======================================= epilogue ==========================================
+    @cute.jit
+    def _epilogue(self, acc, mD_mnl, mWork, alpha, row_tile, col_tile, lk, thr_mma, tidx,
+                  flag_addr):
+        """acc * alpha -> D (predicated: ragged rows / cols are simply not written).
+
+        With split-K, every split first parks its fp32 fragment in the workspace; the split
+        that arrives last at the tile's counter sums all of them in split order (so the result
+        does not depend on the arrival order), resets the counter and stores D."""
+        batch = lk // self.split_k
+        # (rows, cols)
+        gD = cute.local_tile(mD_mnl, (self.tile_rows, self.tile_cols),
+                             (row_tile, col_tile, batch))
+        cD = cute.local_tile(cute.make_identity_tensor(mD_mnl.shape),
+                             (self.tile_rows, self.tile_cols), (row_tile, col_tile, batch))
+        # (MMA, MMA_M, MMA_N)
+        tCgD = thr_mma.partition_C(gD)
+        tCcD = thr_mma.partition_C(cD)
+        rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
+        is_last = True
+        if cutlass.const_expr(self.split_k > 1):
+            nacc = cute.size(acc)
+            row_tiles = (rows + self.tile_rows - 1) // self.tile_rows
+            col_tiles = (cols + self.tile_cols - 1) // self.tile_cols
+            num_tiles = row_tiles * col_tiles * mD_mnl.shape[2]
+            tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile
+            split = lk % self.split_k
+            work = mWork.iterator.toint()
+            frag_stride = Int64(self.num_mma_threads * nacc * 4)
+            my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride
+                              + Int64(tidx * nacc * 4))
+            counter = work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(
+                tile_id * 4
+            )
+            for i in cutlass.range_constexpr(nacc):
+                _st_global_f32(my_frag + i * 4, acc[i])
+            # NOTE: release this thread's partial at GPU scope before the tile counter moves.
+            cute.arch.fence_acq_rel_gpu()
+            self._splitk_barrier()
+            if tidx == 0:
+                old = _atomic_add_global_u32(counter, Uint32(1))
+                last = old == Uint32(self.split_k - 1)
+                if last:
+                    _st_global_u32(counter, Uint32(0))
+                _st_shared_u32(flag_addr, Uint32(last))
+            self._splitk_barrier()
+            is_last = _ld_shared_u32(flag_addr) != Uint32(0)
+            if is_last:
+                cute.arch.fence_acq_rel_gpu()
+                own = acc.load()
+                acc.fill(0.0)
+                for sp in cutlass.range(self.split_k, unroll=1):
+                    if sp == split:
+                        acc.store(acc.load() + own)
+                    else:
+                        frag = work + (Int64(tile_id * self.split_k + sp) * frag_stride
+                                       + Int64(tidx * nacc * 4))
+                        for i in cutlass.range_constexpr(nacc):
+                            acc[i] = acc[i] + _ld_global_cg_f32(frag + i * 4)
+        if is_last:
+            rD = cute.make_rmem_tensor_like(acc, mD_mnl.element_type)
+            rD.store((acc.load() * alpha).to(mD_mnl.element_type))
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                crd = tCcD[i]
+                if crd[0] < rows and crd[1] < cols:
+                    tCgD[i] = rD[i]
+
+    def _splitk_barrier(self):
+        cute.arch.barrier(
+            barrier_id=int(NamedBarrierId.SPLITK_FIXUP), number_of_threads=self.num_mma_threads
+        )
+
+    # ======================================= static helpers ====================================
+    @staticmethod
+    def _compute_stages(tile_rows, tile_cols, sf_atoms_k, sfa_rb, sfb_rb) -> int:
+        stage_bytes = (tile_rows + tile_cols) * K_TILE // 2 + SF_ATOM_BYTES * sf_atoms_k * (
+            sfa_rb + sfb_rb
+        )
+        bdq_bytes = NUM_BDQ_BUFFERS * tile_cols * K_BLOCK * 2
+        reserved = 2048  # mbarriers + alignment padding
+        stages = (SM90_SMEM_CAPACITY - bdq_bytes - reserved) // stage_bytes
+        return min(stages, MAX_STAGES)
+
+    @staticmethod
+    def _compute_grid(rows, cols, l, tile_rows, tile_cols, split_k, max_active_clusters):  # noqa: E741
+        num_tiles = (
+            (rows + tile_rows - 1) // tile_rows,
+            (cols + tile_cols - 1) // tile_cols,
+            l * split_k,
+        )
+        params = utils.PersistentTileSchedulerParams(num_tiles, (1, 1, 1))
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(params, max_active_clusters)
+        return params, grid
+
+    @staticmethod
+    def can_implement(
+        mnkl: tuple[int, int, int, int],
+        sf_vec_size: int,
+        sf_dtype: str,
+        c_dtype: str,
+        path: str,
+        mma_tiler_mn: tuple[int, int],
+        cluster_shape_mn: tuple[int, int] = (1, 1),
+        split_k: int = 1,
+    ) -> tuple[bool, list[str]]:
+        """(ok, reasons): ``check_config`` in the CUTLASS-example shape."""
+        reasons = check_config(mnkl, sf_vec_size, sf_dtype, c_dtype, path, mma_tiler_mn,
+                               cluster_shape_mn, split_k)
+        return not reasons, reasons
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation and the command line
+# ---------------------------------------------------------------------------------------------
+def workspace_elems(m, n, l, path, mma_tiler_mn, split_k):  # noqa: E741
+    """fp32 elements of the split-K workspace (partials + one counter per output tile)."""
+    rows, cols = (n, m) if path == "decode" else (m, n)
+    tr, tc = kernel_tile(path, mma_tiler_mn)
+    tiles = math.ceil(rows / tr) * math.ceil(cols / tc) * l
+    return tiles * split_k * tr * tc + tiles if split_k > 1 else 1
+
+
+def smem_bytes(gemm: BlockwiseGemmFp4Sm90) -> int:
+    """Dynamic SMEM of one CTA (after ``_setup_attributes``), the sum of the storage fields."""
+    stage = gemm.a_stage_bytes + gemm.b_stage_bytes + gemm.sfa_stage_bytes + gemm.sfb_stage_bytes
+    bdq = NUM_BDQ_BUFFERS * gemm.bdq_buffer_bytes
+    return gemm.num_stages * (stage + 16) + bdq + 16
+
+
+def compile_gemm(
+    sf_vec_size: int,
+    c_dtype: str,
+    path: str,
+    mma_tiler_mn: tuple[int, int],
+    split_k: int = 1,
+    max_active_clusters: int = 132,
+    options: str = "",
+):
+    """Compile for any M, N, K, L (runtime values); returns (kernel object, executor).
+
+    ``options="--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir=DIR"`` cross-compiles on a
+    machine without a GPU; the executor's ``__ptx__`` / ``__cubin__`` then hold PTX and cubin.
+    """
+    import cuda.bindings.driver as cuda_driver
+    from cutlass.cute.runtime import make_ptr
+
+    gemm = BlockwiseGemmFp4Sm90(sf_vec_size, path, mma_tiler_mn, (1, 1), split_k)
+    gmem = cute.AddressSpace.gmem
+    # Placeholder addresses: only types and alignments matter for compilation.
+    ptrs = [make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16) for _ in range(4)]
+    ptrs.append(make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16))
+    ptrs.append(make_ptr(cutlass.Float32, 0, gmem, assumed_align=16))
+    problem = tuple(Int32(1) for _ in range(4))
+    compiled = cute.compile(
+        gemm, *ptrs, problem, cutlass.Float32(1.0), max_active_clusters,
+        cuda_driver.CUstream(0), options=options,
+    )
+    return gemm, compiled
+
+
+class Fp4GemmSm90Runner:
+    """Compiled kernel + workspace for one configuration; ``__call__`` launches on torch data."""
+
+    def __init__(self, sf_vec_size, c_dtype, path, mma_tiler_mn, split_k=1, options=""):
+        import torch
+
+        self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
+        self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
+        num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.gemm, self.compiled = compile_gemm(
+            sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, num_sms, options
+        )
+        self._workspace = {}
+
+    def workspace(self, m, n, l):  # noqa: E741
+        import torch
+
+        key = (m, n, l)
+        if key not in self._workspace:
+            # zeros once: the split-K counters reset themselves after every tile
+            elems = workspace_elems(m, n, l, self.path, self.mma_tiler_mn, self.split_k)
+            self._workspace[key] = torch.zeros(elems, dtype=torch.float32, device="cuda")
+        return self._workspace[key]
+
+    def __call__(self, a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha, stream=None):  # noqa: E741
+        import cuda.bindings.driver as cuda_driver
+        import torch
+        from cutlass.cute.runtime import make_ptr
+
+        gmem = cute.AddressSpace.gmem
+        work = self.workspace(m, n, l)
+        ptrs = [make_ptr(cutlass.Uint8, t.data_ptr(), gmem, assumed_align=16)
+                for t in (a, b, sfa_blocked, sfb_blocked)]
+        ptrs.append(make_ptr(C_DTYPES[self.c_dtype], d.data_ptr(), gmem, assumed_align=16))
+        ptrs.append(make_ptr(cutlass.Float32, work.data_ptr(), gmem, assumed_align=16))
+        if stream is None:
+            stream = cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream)
+        self.compiled(*ptrs, (Int32(m), Int32(n), Int32(k), Int32(l)), cutlass.Float32(alpha),
+                      stream)
+
+
+def _torch_dtype(c_dtype: str):
+    import torch
+
+    return {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}[c_dtype]
+
+
+def blocked_scales(scales):
+    """[L, R, K/V] unswizzled scales -> contiguous uint8 [L, bytes] in the 128x4 layout."""
+    import reference
+
+    return reference.to_blocked(scales).view(__import__("torch").uint8).contiguous()
+
+
+def _resource_usage(dump_dir: str) -> dict:
+    """Registers / local / shared of the kernel in the dumped cubin (cuobjdump -res-usage)."""
+    import glob
+    import re
+    import shutil
+    import subprocess
+
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        try:
+            import nvidia.cu13 as cu13
+
+            tool = os.path.join(list(cu13.__path__)[0], "bin", "cuobjdump")
+        except ImportError:
+            return {}
+    cubins = sorted(glob.glob(os.path.join(dump_dir, "*.cubin")), key=os.path.getmtime)
+    if not cubins or not os.path.exists(tool):
+        return {}
+    out = subprocess.run([tool, "-res-usage", cubins[-1]], capture_output=True, text=True).stdout
+    info = {"cubin": cubins[-1]}
+    name = re.search(r"Function (\S+):", out)
+    usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
+    if name:
+        info["kernel"] = name.group(1)
+    if usage:
+        info.update(reg=int(usage.group(1)), stack=int(usage.group(2)),
+                    static_shared=int(usage.group(3)), local=int(usage.group(4)))
+    return info
+
+
+def _parse_pair(text: str) -> tuple[int, int]:
+    vals = tuple(int(x) for x in text.split(","))
+    if len(vals) != 2:
+        raise argparse.ArgumentTypeError(f"expected two comma-separated ints, got {text!r}")
+    return vals
+
+
+def _parse_mnkl(text: str) -> tuple[int, int, int, int]:
+    vals = tuple(int(x) for x in text.split(","))
+    if len(vals) != 4:
+        raise argparse.ArgumentTypeError(f"expected M,N,K,L, got {text!r}")
+    return vals
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        description="NVFP4 / MXFP4 W4A4 GEMM on Hopper (BF16 wgmma on in-kernel dequantized FP4)."
+    )
+    ap.add_argument("--mnkl", type=_parse_mnkl, default=(8192, 8192, 8192, 1))
+    ap.add_argument("--mma_tiler_mn", "--tile_shape_mn", dest="mma_tiler_mn", type=_parse_pair,
+                    default=None, help="output tile (M, N); default: see default_config")
+    ap.add_argument("--cluster_shape_mn", type=_parse_pair, default=(1, 1))
+    ap.add_argument("--path", choices=("auto", "prefill", "decode"), default="auto")
+    ap.add_argument("--split_k", type=int, default=None, help="default: see default_config")
+    ap.add_argument("--sf_vec_size", type=int, default=16)
+    ap.add_argument("--sf_dtype", default=None, help="Float8E4M3FN (16) / Float8E8M0FNU (32)")
+    ap.add_argument("--c_dtype", default="BFloat16")
+    ap.add_argument("--alpha", type=float, default=None, help="default: the NVFP4 global scales")
+    ap.add_argument("--tolerance", type=float, default=1.0,
+                    help="multiplier of reference.gemm_tolerance's derived bound")
+    ap.add_argument("--warmup_iterations", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--skip_ref_check", action="store_true")
+    ap.add_argument("--use_cold_l2", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile_only", action="store_true")
+    ap.add_argument("--dump_dir", default=None)
+    return ap.parse_args(argv)
+
+
+def resolve_config(args):
+    """(path, mma_tiler_mn, split_k, sf_dtype) after applying the defaults."""
+    m, n, k, l = args.mnkl  # noqa: E741
+    path, tiler, split = default_config(m, n, k, l)
+    if args.path != "auto":
+        if args.path != path:
+            tiler, split = ((16, 128), 1) if args.path == "decode" else ((128, 256), 1)
+        path = args.path
+    if args.mma_tiler_mn is not None:
+        tiler = args.mma_tiler_mn
+    if args.split_k is not None:
+        split = args.split_k
+    sf_dtype = args.sf_dtype or ("Float8E4M3FN" if args.sf_vec_size == 16 else "Float8E8M0FNU")
+    return path, tuple(tiler), split, sf_dtype
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    path, tiler, split, sf_dtype = resolve_config(args)
+    ok, reasons = BlockwiseGemmFp4Sm90.can_implement(
+        args.mnkl, args.sf_vec_size, sf_dtype, args.c_dtype, path, tiler, args.cluster_shape_mn,
+        split,
+    )
+    print(f"Hopper FP4 GEMM: mnkl={args.mnkl} sf_vec_size={args.sf_vec_size} sf_dtype={sf_dtype} "
+          f"c_dtype={args.c_dtype} path={path} mma_tiler_mn={tiler} "
+          f"cluster_shape_mn={tuple(args.cluster_shape_mn)} split_k={split}")
+    if not ok:
+        for r in reasons:
+            print(f"error: {r}", file=sys.stderr)
+        return 2
+
+    if args.compile_only:
+        import tempfile
+
+        dump = args.dump_dir or tempfile.mkdtemp(prefix="fp4_sm90_")
+        os.makedirs(dump, exist_ok=True)
+        opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
+        gemm, _ = compile_gemm(args.sf_vec_size, args.c_dtype, path, tiler, split, 132, opts)
+        info = _resource_usage(dump)
+        print(f"kernel: {info.get('kernel', '?')}")
+        print(f"registers: {info.get('reg', '?')} (setmaxnreg: producer {gemm.producer_regs}, "
+              f"consumers {gemm.mma_regs})")
+        print(f"local memory: {info.get('local', '?')} bytes, stack {info.get('stack', '?')}")
+        print(f"shared memory: {smem_bytes(gemm)} bytes dynamic + "
+              f"{info.get('static_shared', '?')} static")
+        print(f"stages: {gemm.num_stages} (k-tile {K_TILE}), BF16 kernel-B buffers: "
+              f"{NUM_BDQ_BUFFERS}, threads: {gemm.threads_per_cta}")
+        print(f"dump: {dump}")
+        return 0
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU found; this kernel needs an sm_90 GPU (H100 / H200). "
+              "Use --compile_only to cross-compile on this machine.", file=sys.stderr)
+        return 2
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        print(f"error: found {torch.cuda.get_device_name()} (sm_{major}{minor}); this kernel "
+              "needs sm_90 (H100 / H200). Use --compile_only to cross-compile.",
+              file=sys.stderr)
+        return 2
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import reference
+
+    m, n, k, l = args.mnkl  # noqa: E741
+    ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", args.seed)
+    alpha = float(ops.alpha) if args.alpha is None else args.alpha
+    sfa, sfb = blocked_scales(ops.sfa), blocked_scales(ops.sfb)
+    d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
+    runner = Fp4GemmSm90Runner(args.sf_vec_size, args.c_dtype, path, tiler, split)
+    runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
+    torch.cuda.synchronize()
+
+    sets = [(ops.a, ops.b, sfa, sfb, d)]
+    if args.use_cold_l2:
+        one = sum(t.numel() * t.element_size() for t in sets[0])
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        for _ in range(max(1, math.ceil(2 * l2 / one))):
+            sets.append(tuple(t.clone() for t in sets[0]))
+    for i in range(args.warmup_iterations):
+        a_, b_, sa_, sb_, d_ = sets[i % len(sets)]
+        runner(a_, b_, sa_, sb_, d_, m, n, k, l, alpha)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(args.iterations):
+        a_, b_, sa_, sb_, d_ = sets[i % len(sets)]
+        runner(a_, b_, sa_, sb_, d_, m, n, k, l, alpha)
+    end.record()
+    torch.cuda.synchronize()
+    us = start.elapsed_time(end) * 1e3 / max(1, args.iterations)
+    print(f"Mean time: {us:.2f} us")
+    print(f"Throughput: {2.0 * m * n * k * l / us / 1e6:.2f} TFLOP/s")
+    if args.skip_ref_check:
+        return 0
+    ok, info = reference.check_gemm(
+        d, ops.a, ops.b, ops.sfa, ops.sfb, args.sf_vec_size, alpha,
+        unit_roundoff=reference.FP32_UNIT_ROUNDOFF * args.tolerance,
+    )
+    print(info)
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

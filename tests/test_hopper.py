@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Tests of the Hopper (sm_90a) NVFP4 / MXFP4 GEMM, hopper/blockwise_gemm_fp4_sm90.py.
+
+CPU (any machine, CI): cross-compile several configurations for sm_90a and check the PTX and
+SASS (TMA loads, BF16 wgmma with FP32 accumulation, no local memory); every can_implement
+refusal; the command line's error exits.
+GPU (H100 / H200 only, skipped elsewhere): results against reference.check_gemm over ragged
+shapes, both formats, every output dtype, alpha != 1, L > 1, decode and prefill paths, split-K.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOPPER = os.path.join(ROOT, "hopper")
+SCRIPT = os.path.join(HOPPER, "blockwise_gemm_fp4_sm90.py")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HOPPER)
+
+import blockwise_gemm_fp4_sm90 as k90  # noqa: E402
+
+
+def _cuobjdump() -> str | None:
+    tool = shutil.which("cuobjdump")
+    if tool:
+        return tool
+    try:
+        import nvidia.cu13 as cu13
+    except ImportError:
+        return None
+    path = os.path.join(list(cu13.__path__)[0], "bin", "cuobjdump")
+    return path if os.path.exists(path) else None
+
+
+def _has_sm90() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+# ------------------------------------------------------------------------------ CPU: compile
+COMPILE_CONFIGS = [
+    # (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k)
+    (16, "BFloat16", "prefill", (128, 256), 1),
+    (32, "Float16", "prefill", (64, 128), 1),
+    (16, "Float32", "decode", (16, 128), 2),
+    (32, "BFloat16", "decode", (8, 64), 1),
+]
+
+
+@pytest.mark.parametrize("cfg", COMPILE_CONFIGS, ids=lambda c: "-".join(str(x) for x in c))
+def test_cross_compile_sm90a(cfg, tmp_path):
+    vec, c_dtype, path, tiler, split = cfg
+    dump = str(tmp_path)
+    opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
+    gemm, _ = k90.compile_gemm(vec, c_dtype, path, tiler, split, 132, opts)
+    ptx_files = [f for f in os.listdir(dump) if f.endswith(".ptx")]
+    cubins = [f for f in os.listdir(dump) if f.endswith(".cubin")]
+    assert ptx_files and cubins, os.listdir(dump)
+    ptx = open(os.path.join(dump, ptx_files[0])).read()
+    # TMA loads of the packed FP4 and the scales
+    assert "cp.async.bulk.tensor" in ptx
+    # BF16 wgmma, A from registers, FP32 accumulation, N = the SMEM operand's tile
+    tile_cols = k90.kernel_tile(path, tiler)[1]
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_cols}k16\.f32\.bf16\.bf16", ptx)
+    assert "mul.rn.bf16x2" in ptx
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    cubin = os.path.join(dump, cubins[0])
+    usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
+    assert m, usage
+    assert int(m.group(2)) == 0 and int(m.group(4)) == 0, usage
+    sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+    assert re.search(rf"HGMMA\.64x{tile_cols}x16\.F32\.BF16", sass)
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+    assert "UTMALDG" in sass
+    assert k90.smem_bytes(gemm) <= k90.SM90_SMEM_CAPACITY
+
+
+# ------------------------------------------------------------------------------ CPU: refusals
+GOOD = dict(
+    mnkl=(256, 512, 1024, 1), sf_vec_size=16, sf_dtype="Float8E4M3FN", c_dtype="BFloat16",
+    path="prefill", mma_tiler_mn=(128, 256), cluster_shape_mn=(1, 1), split_k=1,
+)
+REFUSALS = [
+    (dict(mnkl=(256, 512, 1000, 1)), "multiple of 32"),
+    (dict(mnkl=(0, 512, 1024, 1)), "M = 0"),
+    (dict(mnkl=(256, 512, 1024, 0)), "L = 0"),
+    (dict(sf_vec_size=8), "sf_vec_size = 8"),
+    (dict(sf_dtype="Float8E8M0FNU"), "goes with sf_vec_size 32"),
+    (dict(sf_dtype="Float8E5M2"), "sf_dtype = Float8E5M2"),
+    (dict(c_dtype="Float8E4M3FN"), "c_dtype = Float8E4M3FN"),
+    (dict(path="sideways"), "path = sideways"),
+    (dict(mma_tiler_mn=(256, 256)), "tile M = 256"),
+    (dict(mma_tiler_mn=(128, 96)), "tile N = 96"),
+    (dict(path="decode", mma_tiler_mn=(16, 256)), "tile N (weight rows) = 256"),
+    (dict(path="decode", mma_tiler_mn=(24, 128)), "tile M (tokens) = 24"),
+    (dict(cluster_shape_mn=(2, 1)), "no TMA multicast"),
+    (dict(split_k=0), "split_k = 0"),
+]
+
+
+def test_can_implement_accepts_good_config():
+    ok, reasons = k90.BlockwiseGemmFp4Sm90.can_implement(**GOOD)
+    assert ok and not reasons
+
+
+@pytest.mark.parametrize("change,needle", REFUSALS, ids=[r[1] for r in REFUSALS])
+def test_can_implement_refuses(change, needle):
+    ok, reasons = k90.BlockwiseGemmFp4Sm90.can_implement(**{**GOOD, **change})
+    assert not ok
+    assert any(needle in r for r in reasons), reasons
+
+
+def test_default_config_paths():
+    assert k90.default_config(1, 8192, 8192, 1)[0] == "decode"
+    assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
+    assert k90.default_config(128, 8192, 8192, 1)[1] == (128, 128)
+    assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1)
+    for m in (1, 16, 100, 128, 129, 4096):
+        path, tiler, split = k90.default_config(m, 7168, 2048, 1)
+        assert k90.check_config((m, 7168, 2048, 1), 16, "Float8E4M3FN", "BFloat16", path,
+                                tiler, (1, 1), split) == []
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+
+
+def test_cli_bad_input_exits_2_without_traceback():
+    r = _cli("--mnkl", "128,128,100,1", "--compile_only")
+    assert r.returncode == 2
+    assert "multiple of 32" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_compile_only(tmp_path):
+    r = _cli("--mnkl", "16,4096,4096,1", "--compile_only", "--dump_dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    for needle in ("kernel:", "registers:", "local memory: 0", "shared memory:", "stages:"):
+        assert needle in r.stdout, r.stdout
+
+
+@pytest.mark.skipif(_has_sm90(), reason="this machine has an sm_90 GPU")
+def test_cli_without_sm90_exits_2():
+    r = _cli("--mnkl", "128,128,128,1")
+    assert r.returncode == 2
+    assert "--compile_only" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------ GPU
+gpu = pytest.mark.skipif(not _has_sm90(), reason="needs an sm_90 GPU (H100 / H200)")
+
+GPU_CASES = [
+    # (m, n, k, l, sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, alpha, dist)
+    (300, 520, 224, 2, 16, "BFloat16", "prefill", (128, 256), 1, 0.7, "wide"),
+    (257, 129, 1056, 1, 32, "Float16", "prefill", (128, 256), 1, 1.0, "normal"),
+    (200, 300, 544, 3, 16, "Float32", "prefill", (64, 128), 1, -1.5, "wide"),
+    (1024, 1024, 2048, 1, 16, "BFloat16", "prefill", (128, 256), 1, 1.0, "normal"),
+    (1, 1000, 2080, 1, 16, "BFloat16", "decode", (8, 128), 1, 2.0, "wide"),
+    (1, 1000, 2080, 1, 16, "BFloat16", "decode", (8, 128), 4, 2.0, "wide"),
+    (16, 4096, 4096, 1, 32, "BFloat16", "decode", (16, 128), 2, 1.0, "wide"),
+    (16, 777, 1056, 2, 16, "Float32", "decode", (16, 64), 3, 0.25, "normal"),
+    (100, 300, 800, 1, 32, "Float16", "decode", (128, 128), 1, 1.0, "wide"),
+    (16, 1024, 4096, 1, 16, "Float16", "decode", (16, 128), 8, 1.0, "normal"),
+]
+
+
+@gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(str(x) for x in c))
+def test_gpu_matches_reference(case):
+    import torch
+
+    import reference
+
+    m, n, k, l, vec, c_dtype, path, tiler, split, alpha, dist = case  # noqa: E741
+    ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=m + n + k, dist=dist)
+    alpha = float(ops.alpha) * alpha
+    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split)
+    sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
+    d = torch.full((l, m, n), float("nan"), dtype=k90._torch_dtype(c_dtype), device="cuda")
+    for _ in range(2):  # twice: the split-K counters must reset themselves
+        d.fill_(float("nan"))
+        runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
+        torch.cuda.synchronize()
+        ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, alpha)
+        assert ok, str(info)
+
+
+@gpu
+def test_gpu_cli_small():
+    r = _cli("--mnkl", "200,384,1056,2", "--iterations", "2", "--warmup_iterations", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Mean time:" in r.stdout and "TFLOP/s" in r.stdout and "PASS" in r.stdout
