@@ -306,7 +306,7 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
         (["--mnkl", "1,2,3"], "--mnkl expects 4 integers"),
         (["--mnkl", "128,128,100,1"], "K=100 is not a multiple of 32"),
         (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "does not pair"),
-        (["--mma_tiler_mn", "256,128"], "cluster shape M must be even"),
+        (["--cluster_shape_mn", "1,1"], "cluster shape M must be even"),
         (["--iterations", "0"], "--iterations must be >= 1"),
     ],
 )
