@@ -792,6 +792,8 @@ class BlockwiseGemmFp4Sm90:
             sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS
             sfb_row_off = col_tile * self.tile_cols % SF_ATOM_ROWS
             acc.fill(0.0)
+            # NOTE: wgmma's scale-d operand: without ACCUMULATE every k16 step overwrites D.
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             for _kt in cutlass.range(kt_begin, kt_end, unroll=1):
                 ab_pipeline.consumer_wait(state)
                 for j in cutlass.range_constexpr(K_TILE // K_BLOCK):
