@@ -1,0 +1,703 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Reproduce, on a CPU-only machine, what an FP8 -> FP4 port of a Blackwell CuTe DSL GEMM meets.
+
+Every finding quoted in docs/fp8_to_fp4.md comes from a function here, and tests/test_docs.py
+asserts that each one still behaves as documented with the pinned DSL (nvidia-cutlass-dsl 4.8.1),
+so the guide fails loudly instead of rotting when the DSL changes.
+
+    python docs/repro_fp8_to_fp4_errors.py          # prints every finding (seconds, no GPU)
+
+Nothing here needs a GPU: host-side ``@cute.jit`` code is traced (and run) on the CPU, and the
+kernels are only cross-compiled for sm_100a (``CUTE_DSL_ARCH``, set below unless already set).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_100a")
+
+import re  # noqa: E402
+import tempfile  # noqa: E402
+import warnings  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+import cutlass.utils.blackwell_helpers as sm100_utils  # noqa: E402
+import cutlass.utils.blockscaled_layout as blockscaled_utils  # noqa: E402
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05  # noqa: E402
+
+F4 = cutlass.Float4E2M1FN
+E4M3 = cutlass.Float8E4M3FN
+E8M0 = cutlass.Float8E8M0FNU
+KMAJ = OperandMajorMode.K
+MNMAJ = OperandMajorMode.MN
+ONE = tcgen05.CtaGroup.ONE
+TWO = tcgen05.CtaGroup.TWO
+TILE_MN = (128, 128)
+
+
+@dataclass
+class Finding:
+    """One observed behaviour: an exception (``raised`` names its class) or a silent result."""
+
+    key: str
+    summary: str
+    raised: str | None = None
+    message: str = ""
+    details: dict = field(default_factory=dict)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_line(exc: BaseException) -> str:
+    """The readable core of a DSL exception: the ``error: ...`` line, without colours."""
+    text = _ANSI.sub("", str(exc))
+    for line in text.splitlines():
+        m = re.search(r"\berror(?:\[[A-Z_]+\])?:\s*(.+)", line)
+        if m:
+            return m.group(1).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _run_jit(body) -> BaseException | None:
+    """Trace and run ``body`` inside a host ``@cute.jit`` function; return what it raised."""
+
+    @cute.jit
+    def host():
+        body()
+
+    try:
+        host()
+    except Exception as exc:  # noqa: BLE001 - the exception is the finding
+        return exc
+    return None
+
+
+def _compile_kernel(body, keep_ptx: bool = False) -> tuple[BaseException | None, str]:
+    """Cross-compile a one-CTA kernel whose body is ``body``; return (exception, PTX)."""
+
+    @cute.kernel
+    def kernel():
+        body()
+
+    @cute.jit
+    def host():
+        kernel().launch(grid=(1, 1, 1), block=(128, 1, 1))
+
+    with tempfile.TemporaryDirectory() as dump_dir:
+        options = f"--keep-ptx --dump-dir={dump_dir}" if keep_ptx else ""
+        try:
+            compiled = cute.compile(host, options=options)
+        except Exception as exc:  # noqa: BLE001 - the exception is the finding
+            return exc, ""
+    return None, (compiled.__ptx__ or "") if keep_ptx else ""
+
+
+def _blockscaled_mma(sf_dtype=E4M3, sf_vec_size=16, cta_group=ONE, tile_mn=TILE_MN, a=F4, b=F4):
+    return sm100_utils.make_blockscaled_trivial_tiled_mma(
+        a, b, KMAJ, KMAJ, sf_dtype, sf_vec_size, cta_group, tile_mn
+    )
+
+
+def _plain_mma(cta_group=ONE, tile_mn=TILE_MN):
+    return sm100_utils.make_trivial_tiled_mma(
+        F4, F4, KMAJ, KMAJ, cutlass.Float32, cta_group, tile_mn
+    )
+
+
+def _op_info(tiled_mma) -> dict:
+    op = tiled_mma.op
+    return {
+        "op": type(op).__name__,
+        "module": type(op).__module__,
+        "shape_mnk": tuple(op.shape_mnk),
+        "block_scaled": isinstance(op, tcgen05.mma.BlockScaledMmaOp),
+        "sf_dtype": getattr(getattr(op, "sf_dtype", None), "__name__", None),
+        "sf_vec_size": getattr(op, "sf_vec_size", None),
+        "a_major": str(op.a_major_mode),
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# 1a. Which MMA do the two builders return for FP4?
+# ------------------------------------------------------------------------------------------
+def plain_builder_with_fp4() -> Finding:
+    """``make_trivial_tiled_mma`` with Float4E2M1FN: raises, or silently builds a plain MMA?"""
+    out: dict = {}
+
+    def body():
+        out["new_api"] = _op_info(_plain_mma())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            legacy = sm100_utils.make_trivial_tiled_mma(
+                F4, KMAJ, KMAJ, cutlass.Float32, ONE, TILE_MN
+            )
+        out["legacy_api"] = _op_info(legacy)
+        out["legacy_warnings"] = [str(w.message) for w in caught]
+
+    exc = _run_jit(body)
+    info = out.get("new_api", {})
+    return Finding(
+        key="plain_builder_with_fp4",
+        summary=(
+            "make_trivial_tiled_mma(Float4E2M1FN, ...) does not raise: it silently returns "
+            f"{info.get('op')} (kind::f8f6f4, K={info.get('shape_mnk', (0, 0, 0))[2]}), a "
+            "non-scaled MMA with no scale-factor operands"
+        ),
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+        details=out,
+    )
+
+
+def blockscaled_builder_ops() -> Finding:
+    """What ``make_blockscaled_trivial_tiled_mma`` returns for the FP4 (and one mixed) cases."""
+    cases = {
+        "nvfp4 (F4 x F4, E4M3, 16)": dict(sf_dtype=E4M3, sf_vec_size=16),
+        "mxfp4 (F4 x F4, E8M0, 32)": dict(sf_dtype=E8M0, sf_vec_size=32),
+        "F4 x F4, E8M0, 16": dict(sf_dtype=E8M0, sf_vec_size=16),
+        "F4 x F4, E4M3, 32 (E4M3 dropped)": dict(sf_dtype=E4M3, sf_vec_size=32),
+        "E4M3 x F4, E4M3, 16 (mixed)": dict(sf_dtype=E4M3, sf_vec_size=16, a=E4M3),
+    }
+    out: dict = {}
+
+    def body():
+        for name, kw in cases.items():
+            out[name] = _op_info(_blockscaled_mma(**kw))
+        mn = sm100_utils.make_blockscaled_trivial_tiled_mma(
+            F4, F4, MNMAJ, MNMAJ, E4M3, 16, ONE, TILE_MN
+        )
+        out["F4 x F4 requested MN-major"] = _op_info(mn)
+
+    exc = _run_jit(body)
+    return Finding(
+        key="blockscaled_builder_ops",
+        summary=(
+            "make_blockscaled_trivial_tiled_mma: FP4 x FP4 gives MmaMXF4NVF4Op (sf_vec_size 16) "
+            "or MmaMXF4Op (sf_vec_size 32), K = 64, always K-major; a mixed FP8 x FP4 pair "
+            "gives MmaMXF8F6F4Op with K = 32, sf_vec_size 32 and E8M0 whatever was asked"
+        ),
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+        details=out,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# 1a (PTX). What instruction does each choice become?
+# ------------------------------------------------------------------------------------------
+MMA_VARIANTS = ("plain_builder", "blockscaled_with_scales", "blockscaled_without_scales")
+
+
+def _mma_kernel_body(variant: str, want_scales_on_plain: bool = False, sf_vec_size: int = 16):
+    tiler = (*TILE_MN, 256)
+    sf_dtype = E4M3 if sf_vec_size == 16 else E8M0
+    vec = sf_vec_size
+
+    def body():
+        if cutlass.const_expr(variant == "plain_builder"):
+            tiled_mma = _plain_mma()
+        else:
+            tiled_mma = _blockscaled_mma(sf_dtype=sf_dtype, sf_vec_size=vec)
+        layout_a = sm100_utils.make_smem_layout_a(tiled_mma, tiler, F4, 1)
+        layout_b = sm100_utils.make_smem_layout_b(tiled_mma, tiler, F4, 1)
+        ptr_a = cute.make_ptr(F4, 0, cute.AddressSpace.smem, assumed_align=1024)
+        ptr_b = cute.make_ptr(F4, 65536, cute.AddressSpace.smem, assumed_align=1024)
+        s_a = cute.make_tensor(cute.recast_ptr(ptr_a, layout_a.inner, dtype=F4), layout_a.outer)
+        s_b = cute.make_tensor(cute.recast_ptr(ptr_b, layout_b.inner, dtype=F4), layout_b.outer)
+        frag_a = tiled_mma.make_fragment_A(s_a)
+        frag_b = tiled_mma.make_fragment_B(s_b)
+        acc = tiled_mma.make_fragment_C(tiled_mma.partition_shape_C(TILE_MN))
+        tmem_acc = cute.make_ptr(cutlass.Float32, 256, cute.AddressSpace.tmem, assumed_align=16)
+        t_acc = cute.make_tensor(tmem_acc, acc.layout)
+        # TMEM: the accumulator at 256, SFA at 128 and SFB at 144, so that the addresses in the
+        # PTX tell the operands apart.
+        s_sfa = blockscaled_utils.make_smem_layout_sfa(tiled_mma, tiler, vec, 1)
+        s_sfb = blockscaled_utils.make_smem_layout_sfb(tiled_mma, tiler, vec, 1)
+        t_sfa_layout = blockscaled_utils.make_tmem_layout_sfa(
+            tiled_mma, tiler, vec, cute.slice_(s_sfa, (None, None, None, 0))
+        )
+        t_sfb_layout = blockscaled_utils.make_tmem_layout_sfb(
+            tiled_mma, tiler, vec, cute.slice_(s_sfb, (None, None, None, 0))
+        )
+        t_sfa = cute.make_tensor(
+            cute.make_ptr(sf_dtype, 128, cute.AddressSpace.tmem, assumed_align=16), t_sfa_layout
+        )
+        t_sfb = cute.make_tensor(
+            cute.make_ptr(sf_dtype, 144, cute.AddressSpace.tmem, assumed_align=16), t_sfb_layout
+        )
+        a0 = frag_a[(None, None, 0, 0)]
+        b0 = frag_b[(None, None, 0, 0)]
+        if cutlass.const_expr(variant == "blockscaled_with_scales" or want_scales_on_plain):
+            sfa0 = t_sfa[(None, None, 0)]
+            sfb0 = t_sfb[(None, None, 0)]
+            cute.gemm(tiled_mma, t_acc, [a0, sfa0], [b0, sfb0], t_acc)
+        else:
+            cute.gemm(tiled_mma, t_acc, a0, b0, t_acc)
+
+    return body
+
+
+def mma_ptx(variant: str, sf_vec_size: int = 16) -> Finding:
+    """Cross-compile one MMA of ``variant`` and return its ``tcgen05.mma`` PTX lines.
+
+    ``sf_vec_size`` 16 is NVFP4 (E4M3 scales), 32 is MXFP4 (E8M0 scales).
+    """
+    if variant not in MMA_VARIANTS:
+        raise ValueError(f"variant must be one of {MMA_VARIANTS}")
+    body = _mma_kernel_body(variant, sf_vec_size=sf_vec_size)
+    exc, ptx = _compile_kernel(body, keep_ptx=True)
+    lines = [ln.strip() for ln in ptx.splitlines() if "tcgen05.mma" in ln]
+    operands = [mma_operands(ln) for ln in lines]
+    # Constant registers (mov.b32 %rN, value;) so that TMEM addresses can be read off the PTX.
+    consts = dict(re.findall(r"mov\.b32\s+(%r\d+),\s*(-?\d+);", ptx))
+    tmem_addresses = [
+        {
+            name: int(consts.get(operand.strip("[]"), -1))
+            for name, operand in zip(("d", "sfa", "sfb"), (ops[0], ops[4], ops[5]), strict=True)
+        }
+        for ops in operands
+        if len(ops) >= 7
+    ]
+    summaries = {
+        "plain_builder": "plain builder: the PTX is a non-scaled tcgen05.mma ... kind::f8f6f4",
+        "blockscaled_with_scales": (
+            "block-scaled MMA with [a, sfa], [b, sfb]: kind::mxf4nvf4.block_scale.block16 "
+            "(NVFP4) or .block32 (MXFP4), scale-factor TMEM addresses distinct from the "
+            "accumulator"
+        ),
+        "blockscaled_without_scales": (
+            "block-scaled MMA called as cute.gemm(mma, d, a, b, c): compiles without a "
+            "word, and both scale-factor operands are TMEM address 0 (the atom's default)"
+        ),
+    }
+    return Finding(
+        key=f"mma_ptx[{variant}, sf_vec_size={sf_vec_size}]",
+        summary=summaries[variant],
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+        details={"mma_lines": lines, "operands": operands, "tmem_addresses": tmem_addresses},
+    )
+
+
+def mma_operands(line: str) -> list[str]:
+    """Operands of one ``tcgen05.mma`` PTX line: [d_tmem, a_desc, b_desc, idesc, ...]."""
+    body = line.split(None, 1)[1].rstrip(";").strip()
+    parts, depth, cur = [], 0, ""
+    for ch in body:
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur.strip())
+    return parts
+
+
+def gemm_with_scales_on_plain_mma() -> Finding:
+    """Passing ``[a, sfa]`` to the plain (non-scaled) MMA that the plain builder returned."""
+    exc, _ = _compile_kernel(_mma_kernel_body("plain_builder", want_scales_on_plain=True))
+    return Finding(
+        key="gemm_with_scales_on_plain_mma",
+        summary="cute.gemm(plain_mma, d, [a, sfa], [b, sfb], c) fails MLIR verification",
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+    )
+
+
+def set_scale_field_on_plain_mma() -> Finding:
+    """``tiled_mma.set(tcgen05.Field.SFA, ptr)`` on the plain MMA (the FP8 atom has no SF)."""
+
+    def body():
+        tmem = cute.make_ptr(E4M3, 0, cute.AddressSpace.tmem, assumed_align=16)
+        _plain_mma().set(tcgen05.Field.SFA, tmem)
+
+    exc = _run_jit(body)
+    return Finding(
+        key="set_scale_field_on_plain_mma",
+        summary="Field.SFA / Field.SFB do not exist on a non-scaled tcgen05 MMA",
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# The guard recommended in docs/fp8_to_fp4.md, section 7 (the guide quotes this source verbatim)
+# ------------------------------------------------------------------------------------------
+def assert_block_scaled_fp4_mma(tiled_mma, sf_vec_size, sf_dtype):
+    op = tiled_mma.op
+    want = tcgen05.MmaMXF4NVF4Op if sf_vec_size == 16 else tcgen05.MmaMXF4Op
+    if not (
+        isinstance(op, want)
+        and op.sf_vec_size == sf_vec_size
+        and op.sf_dtype is sf_dtype
+        and op.shape_mnk[2] == 64
+    ):
+        raise TypeError(
+            f"expected a block-scaled FP4 MMA ({want.__name__}, sf_vec_size={sf_vec_size}, "
+            f"{sf_dtype.__name__}), got {type(op).__name__}: {op}"
+        )
+
+
+GUARD_CASES = {
+    # name: (builder, requested sf_vec_size, requested sf_dtype)
+    "nvfp4 op": (lambda: _blockscaled_mma(sf_dtype=E4M3, sf_vec_size=16), 16, E4M3),
+    "mxfp4 op": (lambda: _blockscaled_mma(sf_dtype=E8M0, sf_vec_size=32), 32, E8M0),
+    "plain F8F6F4 op": (lambda: _plain_mma(), 16, E4M3),
+    "E8M0 x 16 asked as NVFP4": (lambda: _blockscaled_mma(sf_dtype=E8M0, sf_vec_size=16), 16, E4M3),
+    "E4M3 x 32 (became E8M0)": (lambda: _blockscaled_mma(sf_dtype=E4M3, sf_vec_size=32), 32, E4M3),
+    "mixed FP8 x FP4 (MXF8F6F4)": (
+        lambda: _blockscaled_mma(sf_dtype=E8M0, sf_vec_size=32, a=E4M3),
+        32,
+        E8M0,
+    ),
+}
+
+
+def guard_verdicts() -> Finding:
+    """Which tiled MMAs the recommended guard accepts (True) or rejects (False)."""
+    out: dict = {}
+
+    def body():
+        for name, (build, vec, sf_dtype) in GUARD_CASES.items():
+            try:
+                assert_block_scaled_fp4_mma(build(), vec, sf_dtype)
+                out[name] = True
+            except TypeError:
+                out[name] = False
+
+    exc = _run_jit(body)
+    return Finding(
+        key="guard_verdicts",
+        summary="the recommended guard accepts exactly the NVFP4 and MXFP4 ops",
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+        details=out,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# 1b. "profile of input tuples doesn't match: (32, (16, 2))"
+# ------------------------------------------------------------------------------------------
+def software_scaling_profile(scale_granularity_n: int, view_as_acc: bool = False) -> Finding:
+    """The FP8 blockwise epilogue ``acc * (sfa * sfb)`` ported with a 16-wide scale block.
+
+    The FP8 blockwise example views the SFB tile "as C": an (M, (granularity_n, n_per_tile))
+    layout with zero strides, partitions it with the same TMEM-load copy as the accumulator
+    (tcgen05.ld 32x32b.x32 over a 128 x 32 epilogue subtile), and multiplies the two register
+    fragments as TensorSSA values.  With granularity 128 both fragments are flat; with 16 the
+    scale fragment keeps a (16, 2) sub-mode where the accumulator has a flat 32.
+    ``view_as_acc`` re-views the (compact) scale registers with the accumulator's layout first.
+    """
+    out: dict = {}
+
+    def body():
+        tiled_mma = _blockscaled_mma()
+        acc = tiled_mma.make_fragment_C(tiled_mma.partition_shape_C(TILE_MN))
+        tmem = cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.tmem, assumed_align=16)
+        t_acc = cute.make_tensor(tmem, acc.layout)
+        epi_tile = (128, 32)
+        t_acc_epi = cute.flat_divide(t_acc[((None, None), 0, 0)], epi_tile)
+        load_atom = cute.make_copy_atom(
+            tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), cutlass.Float32
+        )
+        thr_t2r = tcgen05.make_tmem_copy(load_atom, t_acc_epi[(None, None, 0, 0)]).get_slice(0)
+        smem = cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.smem, assumed_align=16)
+        n_per_tile = TILE_MN[1] // scale_granularity_n
+        sfb_as_c = cute.make_tensor(
+            smem,
+            cute.make_layout((TILE_MN[0], (scale_granularity_n, n_per_tile)), stride=(0, (0, 1))),
+        )
+        c_tile = cute.make_tensor(smem, cute.make_layout(TILE_MN))
+        t_sfb = thr_t2r.partition_D(cute.flat_divide(sfb_as_c, epi_tile))
+        t_c = thr_t2r.partition_D(cute.flat_divide(c_tile, epi_tile))
+        r_acc = cute.make_rmem_tensor(t_c[(None, None, None, 0, 0)].shape, cutlass.Float32)
+        r_sfb = cute.make_rmem_tensor(t_sfb[(None, None, None, 0, 0)].shape, cutlass.Float32)
+        if cutlass.const_expr(view_as_acc):
+            r_sfb = cute.make_tensor(r_sfb.iterator, r_acc.layout)
+        out["acc_fragment_shape"] = str(r_acc.shape)
+        out["scale_fragment_shape"] = str(r_sfb.shape)
+        r_acc.store(r_acc.load() * r_sfb.load())
+
+    exc = _run_jit(body)
+    return Finding(
+        key=f"software_scaling_profile[{scale_granularity_n}, view_as_acc={view_as_acc}]",
+        summary=(
+            f"FP8-blockwise epilogue acc * scale with scale_granularity_n={scale_granularity_n}"
+        ),
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+        details=out,
+    )
+
+
+def sf_layouts_from_plain_mma() -> Finding:
+    """SF SMEM/TMEM layouts built from the plain MMA (K 32) instead of the FP4 one (K 64)."""
+    out: dict = {}
+    tiler = (*TILE_MN, 256)
+
+    def body():
+        for name, tiled_mma in (("blockscaled", _blockscaled_mma()), ("plain", _plain_mma())):
+            s_sfa = blockscaled_utils.make_smem_layout_sfa(tiled_mma, tiler, 16, 1)
+            t_sfa = blockscaled_utils.make_tmem_layout_sfa(
+                tiled_mma, tiler, 16, cute.slice_(s_sfa, (None, None, None, 0))
+            )
+            out[name] = {
+                "mma_k": tiled_mma.shape_mnk[2],
+                "smem_sfa": str(s_sfa),
+                "tmem_sfa": str(t_sfa),
+                "per_mma_k_mode": str(cute.get(s_sfa.shape, mode=[0, 1])),
+            }
+
+    exc = _run_jit(body)
+    return Finding(
+        key="sf_layouts_from_plain_mma",
+        summary=(
+            "make_smem_layout_sfa / make_tmem_layout_sfa accept the plain K=32 MMA without "
+            "complaint: the per-MMA scale K-mode becomes (16, 2) (two scales) instead of "
+            "(16, 4) (four scales per K=64 instruction)"
+        ),
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+        details=out,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# 1c. Other things an FP8 -> FP4 port meets
+# ------------------------------------------------------------------------------------------
+def fp8_k_tile_on_fp4_mma() -> Finding:
+    """Keeping FP8's K tiles (32 = one FP8 MMA, 128 = four) with the K=64 FP4 MMA."""
+    out: dict = {}
+
+    def body():
+        tiled_mma = _blockscaled_mma()
+        for k_tile in (128, 256):
+            layout_a = sm100_utils.make_smem_layout_a(tiled_mma, (*TILE_MN, k_tile), F4, 1)
+            out[f"smem_a_k{k_tile}"] = str(layout_a)
+            out[f"swizzle_k{k_tile}"] = str(layout_a.inner)
+        try:
+            blockscaled_utils.make_smem_layout_sfa(tiled_mma, (*TILE_MN, 32), 16, 1)
+            out["sfa_k32"] = "no error"
+        except Exception as exc:  # noqa: BLE001 - the exception is the finding
+            out["sfa_k32_raised"] = type(exc).__name__
+            out["sfa_k32"] = error_line(exc)
+
+    exc = _run_jit(body)
+    return Finding(
+        key="fp8_k_tile_on_fp4_mma",
+        summary=(
+            "K tile 32 (one FP8 MMA) breaks the SFA layout; K tile 128 silently gets a 64-byte "
+            "swizzle (S<2,4,3>), K tile 256 the 128-byte one (S<3,4,3>)"
+        ),
+        raised=out.get("sfa_k32_raised") or (type(exc).__name__ if exc else None),
+        message=out.get("sfa_k32", error_line(exc) if exc else ""),
+        details=out,
+    )
+
+
+def smem_layout_atoms() -> Finding:
+    """The 128-byte-swizzle K-major SMEM atom in elements, for FP4 and FP8."""
+    out: dict = {}
+
+    def body():
+        kinds = (
+            tcgen05.SmemLayoutAtomKind.K_SW128,
+            tcgen05.SmemLayoutAtomKind.K_SW64,
+            tcgen05.SmemLayoutAtomKind.K_SW32,
+        )
+        for kind in kinds:
+            for dtype in (F4, E4M3):
+                atom = tcgen05.make_smem_layout_atom(kind, dtype)
+                out[f"{kind.name} {dtype.__name__}"] = str(atom.outer)
+
+    exc = _run_jit(body)
+    return Finding(
+        key="smem_layout_atoms",
+        summary="a 128-byte swizzle row holds 256 FP4 elements (128 FP8 elements)",
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+        details=out,
+    )
+
+
+MMA_SHAPE_CASES = {
+    "tile M 64 on one CTA (allowed for FP8)": dict(tile_mn=(64, 128)),
+    "tile N 8 on a CTA pair": dict(cta_group=TWO, tile_mn=(256, 8)),
+    "sf_vec_size 64": dict(sf_vec_size=64),
+    "scale dtype Float8E5M2": dict(sf_dtype=cutlass.Float8E5M2),
+}
+
+
+def blockscaled_mma_errors() -> Finding:
+    """Messages of the block-scaled FP4 MMA for shapes / scale settings it does not support."""
+    out: dict = {}
+    for name, kw in MMA_SHAPE_CASES.items():
+
+        def body(kw=kw):
+            _blockscaled_mma(**kw)
+
+        exc = _run_jit(body)
+        out[name] = (type(exc).__name__, error_line(exc)) if exc else (None, "no error")
+    return Finding(
+        key="blockscaled_mma_errors",
+        summary="shape / scale-factor errors of make_blockscaled_trivial_tiled_mma",
+        details=out,
+    )
+
+
+def two_cta_cluster_error() -> Finding:
+    """Tile M 256 (a CTA pair) with a cluster of M = 1."""
+
+    def body():
+        tiled_mma = _blockscaled_mma(cta_group=TWO, tile_mn=(256, 128))
+        sm100_utils.cluster_shape_to_tma_atom_A((1, 1, 1), tiled_mma.thr_id)
+
+    exc = _run_jit(body)
+    return Finding(
+        key="two_cta_cluster_error",
+        summary="a 256-row MMA tile runs on 2 CTAs: the cluster's M must be even",
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+    )
+
+
+def tma_with_k_not_multiple_of_32(k: int = 48) -> Finding:
+    """TMA for a K-major FP4 A with K = 48 (24-byte rows): does the compiler object?"""
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    @cute.jit
+    def host(a: cute.Tensor):
+        tiled_mma = _blockscaled_mma()
+        tiler = (*TILE_MN, 256)
+        layout_a = sm100_utils.make_smem_layout_a(tiled_mma, tiler, F4, 2)
+        cute.nvgpu.make_tiled_tma_atom_A(
+            cpasync.CopyBulkTensorTileG2SOp(ONE),
+            a,
+            cute.slice_(layout_a, (None, None, None, 0)),
+            tiler,
+            tiled_mma,
+            (1, 1, 1, 1),
+        )
+
+    a = make_fake_compact_tensor(F4, (256, k, 1), stride_order=(1, 0, 2), assumed_align=16)
+    with tempfile.TemporaryDirectory() as dump_dir:
+        try:
+            cute.compile(host, a, options=f"--dump-dir={dump_dir}")
+            exc = None
+        except Exception as e:  # noqa: BLE001 - the exception is the finding
+            exc = e
+    return Finding(
+        key="tma_with_k_not_multiple_of_32",
+        summary=(
+            f"K={k} FP4 ({k // 2}-byte rows) compiles: the 16-byte TMA row rule is only "
+            "enforced when the driver encodes the tensor map at launch"
+        ),
+        raised=type(exc).__name__ if exc else None,
+        message=error_line(exc) if exc else "",
+        details={"k": k, "row_bytes": k // 2},
+    )
+
+
+def hardware_budgets() -> Finding:
+    """The DSL's own numbers for SMEM per CTA and TMEM columns on sm_100."""
+    import cutlass.memory
+
+    return Finding(
+        key="hardware_budgets",
+        summary="sm_100: dynamic SMEM per CTA and TMEM columns per SM, as the DSL reports them",
+        details={
+            "smem_bytes": cutlass.memory.get_smem_capacity_in_bytes("sm_100"),
+            "tmem_columns": cute.arch.get_max_tmem_alloc_cols("sm_100"),
+        },
+    )
+
+
+def _flatten(t) -> list[int]:
+    return [x for s in t for x in _flatten(s)] if isinstance(t, tuple) else [t]
+
+
+def _crd2idx(i: int, shape, stride) -> int:
+    """Offset of the 1-D (colexicographic) coordinate ``i`` in a static (shape, stride) mode."""
+    idx = 0
+    for s, d in zip(_flatten(shape), _flatten(stride), strict=True):
+        idx += (i % s) * d
+        i //= s
+    return idx
+
+
+def dsl_sf_offsets(rows: int, k: int, sf_vec_size: int) -> list[list[int]]:
+    """Offsets of scale (r, c) in the DSL's own global SF layout (``tile_atom_to_shape_SF``).
+
+    Row r, scale column c (the c-th group of ``sf_vec_size`` K elements); rows and columns are
+    padded to the 128 x 4 atom.  Computed from the layout's static shape and stride.
+    """
+    out: dict = {}
+
+    def body():
+        layout = blockscaled_utils.tile_atom_to_shape_SF((rows, k, 1), sf_vec_size)
+        out["shape"] = layout.shape
+        out["stride"] = layout.stride
+
+    exc = _run_jit(body)
+    if exc:
+        raise exc
+    shape, stride = out["shape"], out["stride"]
+    n_rows = 1
+    for s in _flatten(shape[0]):
+        n_rows *= s
+    n_k = 1
+    for s in _flatten(shape[1]):
+        n_k *= s
+    return [
+        [
+            _crd2idx(r, shape[0], stride[0]) + _crd2idx(c * sf_vec_size, shape[1], stride[1])
+            for c in range(n_k // sf_vec_size)
+        ]
+        for r in range(n_rows)
+    ]
+
+
+def all_findings() -> list[Finding]:
+    findings = [plain_builder_with_fp4(), blockscaled_builder_ops()]
+    findings += [mma_ptx(v) for v in MMA_VARIANTS]
+    findings.append(mma_ptx("blockscaled_with_scales", sf_vec_size=32))
+    findings += [
+        gemm_with_scales_on_plain_mma(),
+        set_scale_field_on_plain_mma(),
+        software_scaling_profile(128),
+        software_scaling_profile(16),
+        sf_layouts_from_plain_mma(),
+        fp8_k_tile_on_fp4_mma(),
+        smem_layout_atoms(),
+        blockscaled_mma_errors(),
+        two_cta_cluster_error(),
+        tma_with_k_not_multiple_of_32(),
+        hardware_budgets(),
+        guard_verdicts(),
+    ]
+    return findings
+
+
+def main() -> None:
+    print(f"nvidia-cutlass-dsl {cutlass.__version__}, CUTE_DSL_ARCH={os.environ['CUTE_DSL_ARCH']}")
+    for f in all_findings():
+        print(f"\n== {f.key}\n   {f.summary}")
+        if f.raised:
+            print(f"   raises {f.raised}: {f.message}")
+        elif f.message:
+            print(f"   {f.message}")
+        for name, value in f.details.items():
+            print(f"   {name}: {value}")
+
+
+if __name__ == "__main__":
+    main()

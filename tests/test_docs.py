@@ -1,0 +1,294 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Keep docs/fp8_to_fp4.md honest: every behaviour it quotes must still happen with the pinned DSL.
+
+The findings come from docs/repro_fp8_to_fp4_errors.py (CPU only: host tracing and sm_100a
+cross-compilation).  If one of these tests fails after a DSL upgrade, update the guide's section
+named in the test's docstring together with the expectation here.  The last tests check that the
+byte offsets drawn in docs/sf_layout.png (docs/draw_sf_layout.py) are the ones
+``reference.to_blocked`` and the DSL's ``tile_atom_to_shape_SF`` produce.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PINNED_DSL = "4.8.1"
+
+
+def _load(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _restore_dsl_arch_env():
+    """The repro script sets CUTE_DSL_ARCH=sm_100a if unset; do not leak it to other test files."""
+    saved = os.environ.get("CUTE_DSL_ARCH")
+    yield
+    if saved is None:
+        os.environ.pop("CUTE_DSL_ARCH", None)
+    else:
+        os.environ["CUTE_DSL_ARCH"] = saved
+
+
+@pytest.fixture(scope="module")
+def repro():
+    return _load("repro_fp8_to_fp4_errors")
+
+
+@pytest.fixture(scope="module")
+def draw():
+    return _load("draw_sf_layout")
+
+
+def test_guide_is_about_the_installed_and_pinned_dsl(repro):
+    """Header of the guide: all findings are for nvidia-cutlass-dsl 4.8.1."""
+    import cutlass
+
+    pins = re.findall(r"nvidia-cutlass-dsl==([\w.]+)", (ROOT / "requirements.txt").read_text())
+    assert pins == [PINNED_DSL], f"requirements.txt pins {pins}; the guide documents {PINNED_DSL}"
+    assert cutlass.__version__ == PINNED_DSL
+
+
+# --- Section "Error 1": the plain builder and FP4 ---------------------------------------------
+def test_plain_builder_silently_builds_an_unscaled_fp4_mma(repro):
+    f = repro.plain_builder_with_fp4()
+    assert f.raised is None, f"make_trivial_tiled_mma now raises: {f.message}"
+    for api in ("new_api", "legacy_api"):
+        info = f.details[api]
+        assert info["op"] == "MmaF8F6F4Op"
+        assert info["shape_mnk"][2] == 32
+        assert info["block_scaled"] is False
+    assert any("deprecated" in w for w in f.details["legacy_warnings"])
+
+
+def test_blockscaled_builder_picks_the_fp4_ops(repro):
+    d = repro.blockscaled_builder_ops().details
+    nv, mx = d["nvfp4 (F4 x F4, E4M3, 16)"], d["mxfp4 (F4 x F4, E8M0, 32)"]
+    assert (nv["op"], nv["shape_mnk"][2], nv["sf_vec_size"], nv["sf_dtype"]) == (
+        "MmaMXF4NVF4Op",
+        64,
+        16,
+        "Float8E4M3FN",
+    )
+    assert (mx["op"], mx["shape_mnk"][2], mx["sf_vec_size"], mx["sf_dtype"]) == (
+        "MmaMXF4Op",
+        64,
+        32,
+        "Float8E8M0FNU",
+    )
+    assert nv["module"] == "cutlass.cute.nvgpu.tcgen05.mma"
+    # E4M3 scales with sf_vec_size 32 are silently replaced by E8M0 (kind::mxf4).
+    assert d["F4 x F4, E4M3, 32 (E4M3 dropped)"]["sf_dtype"] == "Float8E8M0FNU"
+    # A mixed FP8 x FP4 pair silently becomes kind::mxf8f6f4: K 32, 32-element E8M0 scales.
+    mixed = d["E4M3 x F4, E4M3, 16 (mixed)"]
+    assert (mixed["op"], mixed["shape_mnk"][2], mixed["sf_vec_size"], mixed["sf_dtype"]) == (
+        "MmaMXF8F6F4Op",
+        32,
+        32,
+        "Float8E8M0FNU",
+    )
+    # The requested MN-major mode is ignored: the FP4 ops are K-major only.
+    assert d["F4 x F4 requested MN-major"]["a_major"].endswith(".K")
+
+
+# --- Section "What the PTX says" ---------------------------------------------------------------
+def test_ptx_of_the_plain_builder_is_kind_f8f6f4(repro):
+    f = repro.mma_ptx("plain_builder")
+    assert f.raised is None, f.message
+    assert len(f.details["mma_lines"]) == 1
+    line = f.details["mma_lines"][0]
+    assert ".kind::f8f6f4" in line and "block_scale" not in line
+
+
+@pytest.mark.parametrize("sf_vec_size", [16, 32])
+def test_ptx_of_the_blockscaled_mma_reads_scales_from_tmem(repro, sf_vec_size):
+    f = repro.mma_ptx("blockscaled_with_scales", sf_vec_size=sf_vec_size)
+    assert f.raised is None, f.message
+    line = f.details["mma_lines"][0]
+    # MXFP4 (MmaMXF4Op) is emitted as kind::mxf4nvf4 with 32-element blocks, too.
+    assert f".kind::mxf4nvf4.block_scale.block{sf_vec_size}" in line
+    # The repro puts the accumulator at TMEM 256, SFA at 128 and SFB at 144.
+    assert f.details["tmem_addresses"] == [{"d": 256, "sfa": 128, "sfb": 144}]
+
+
+def test_blockscaled_mma_without_scales_reads_the_accumulator_as_scales(repro):
+    """Section "Error 3": cute.gemm(mma, d, a, b, c) on a block-scaled MMA compiles silently."""
+    f = repro.mma_ptx("blockscaled_without_scales")
+    assert f.raised is None, f"now rejected: {f.message}"
+    line = f.details["mma_lines"][0]
+    assert ".kind::mxf4nvf4.block_scale" in line
+    # Both scale operands fall back to TMEM address 0, the atom's default scale pointers.
+    assert f.details["tmem_addresses"] == [{"d": 256, "sfa": 0, "sfb": 0}]
+
+
+def test_scales_passed_to_the_plain_mma_fail_verification(repro):
+    f = repro.gemm_with_scales_on_plain_mma()
+    assert f.raised == "DSLOperationBuildError"
+    assert "'cute.gemm' op expects 1 operands for A and 1 operands for B, but got 2 and 2" in (
+        f.message
+    )
+
+
+def test_scale_field_on_the_plain_mma(repro):
+    f = repro.set_scale_field_on_plain_mma()
+    assert f.raised == "ValueError"
+    assert f.message == (
+        "invalid field, must be one of ['accum_c', 'neg_a', 'neg_b', 'disable_output_lane'] "
+        "or their enum counterparts, but got Field.SFA"
+    )
+
+
+# --- Section "Error 2": profile of input tuples doesn't match -----------------------------------
+def test_fp8_blockwise_scaling_with_128_wide_blocks_is_fine(repro):
+    f = repro.software_scaling_profile(128)
+    assert f.raised is None, f.message
+    assert f.details["acc_fragment_shape"] == f.details["scale_fragment_shape"]
+
+
+def test_fp8_blockwise_scaling_with_16_wide_blocks_gives_the_profile_error(repro):
+    f = repro.software_scaling_profile(16)
+    assert f.raised == "TypeError"
+    assert f.message == "profile of input tuples doesn't match: (32, (16, 2))"
+    assert f.details["acc_fragment_shape"] == "((32, 1), 1, 1)"
+    assert f.details["scale_fragment_shape"] == "(((16, 2), 1), 1, 1)"
+
+
+def test_profile_error_goes_away_when_the_scales_are_viewed_with_the_acc_layout(repro):
+    f = repro.software_scaling_profile(16, view_as_acc=True)
+    assert f.raised is None, f.message
+    assert f.details["scale_fragment_shape"] == f.details["acc_fragment_shape"]
+
+
+@pytest.mark.parametrize(
+    "granularity,expected",
+    [(1, None), (2, "(32, (2, 16))"), (8, "(32, (8, 4))"), (32, None), (64, None)],
+)
+def test_profile_error_needs_a_block_narrower_than_the_epilogue_subtile(
+    repro, granularity, expected
+):
+    """The mismatch appears exactly when 1 < granularity < 32 (the subtile's 32 columns)."""
+    f = repro.software_scaling_profile(granularity)
+    if expected is None:
+        assert f.raised is None, f.message
+    else:
+        assert f.message == f"profile of input tuples doesn't match: {expected}"
+
+
+def test_sf_layouts_accept_the_plain_mma_with_a_k32_mode(repro):
+    f = repro.sf_layouts_from_plain_mma()
+    assert f.raised is None, f.message
+    assert f.details["blockscaled"]["per_mma_k_mode"] == "(16, 4)"
+    assert f.details["plain"]["per_mma_k_mode"] == "(16, 2)"
+
+
+# --- Section "Other things an FP8 port meets" ---------------------------------------------------
+def test_fp8_k_tiles_on_the_fp4_mma(repro):
+    f = repro.fp8_k_tile_on_fp4_mma()
+    assert f.raised == "ValueError"
+    assert f.message == "Expected size in shape to be strictly positive, but got 0"
+    assert f.details["swizzle_k128"] == "S<2,4,3>"
+    assert f.details["swizzle_k256"] == "S<3,4,3>"
+
+
+def test_fp4_swizzle_atoms(repro):
+    d = repro.smem_layout_atoms().details
+    assert d["K_SW128 Float4E2M1FN"] == "(8,256):(256,1)"
+    assert d["K_SW128 Float8E4M3FN"] == "(8,128):(128,1)"
+
+
+def test_blockscaled_mma_shape_and_scale_errors(repro):
+    d = repro.blockscaled_mma_errors().details
+    assert d["tile M 64 on one CTA (allowed for FP8)"] == (
+        "DSLUserCodeError",
+        "expects the M-mode to be 128, but got 64",
+    )
+    assert d["tile N 8 on a CTA pair"] == (
+        "DSLUserCodeError",
+        "expects the N-mode to satisfy 16 <= N <= 256 and N % 16 == 0, but got 8",
+    )
+    assert d["sf_vec_size 64"] == ("ValueError", "unsupported sf_vec_size, got 64")
+    assert d["scale dtype Float8E5M2"] == (
+        "DSLUserCodeError",
+        "expects the 'sf_dtype' Op parameter to be one of Float8E8M0FNU",
+    )
+
+
+def test_two_cta_tile_needs_an_even_cluster(repro):
+    f = repro.two_cta_cluster_error()
+    assert f.raised == "ValueError"
+    assert f.message == "Cluster shape not divisible by MMA size: (1, 1, 1) and 2:1"
+
+
+def test_tma_k_rule_is_not_checked_at_compile_time(repro):
+    f = repro.tma_with_k_not_multiple_of_32(48)
+    assert f.raised is None, f"the DSL now checks it at compile time: {f.message}"
+
+
+def test_recommended_guard(repro):
+    """Section 7: the guard, quoted verbatim in the guide, accepts exactly the FP4 ops."""
+    import inspect
+
+    f = repro.guard_verdicts()
+    assert f.raised is None, f.message
+    assert f.details == {
+        "nvfp4 op": True,
+        "mxfp4 op": True,
+        "plain F8F6F4 op": False,
+        "E8M0 x 16 asked as NVFP4": False,
+        "E4M3 x 32 (became E8M0)": False,
+        "mixed FP8 x FP4 (MXF8F6F4)": False,
+    }
+    source = inspect.getsource(repro.assert_block_scaled_fp4_mma)
+    assert source in (DOCS / "fp8_to_fp4.md").read_text(), "guide's guard differs from the repro"
+
+
+def test_hardware_budgets(repro):
+    d = repro.hardware_budgets().details
+    assert d == {"smem_bytes": 232448, "tmem_columns": 512}
+
+
+# --- Section "The 128x4 scale-factor layout" and the figure -------------------------------------
+@pytest.mark.parametrize("rows,n_cols", [(200, 20), (128, 4), (1, 1), (300, 22), (129, 7)])
+def test_figure_offsets_equal_reference_to_blocked(draw, rows, n_cols):
+    import torch
+
+    import reference
+
+    ids = torch.arange(1, rows * n_cols + 1, dtype=torch.int64).reshape(rows, n_cols)
+    blocked = reference.to_blocked(ids)
+    assert blocked.ndim == 1 and blocked.numel() == draw.blocked_size(rows, n_cols)
+    table = draw.offset_table(rows, n_cols)
+    seen = set()
+    for r, row in enumerate(table):
+        for c, off in enumerate(row):
+            expected = int(ids[r, c]) if r < rows and c < n_cols else 0  # padding is zero
+            assert int(blocked[off]) == expected, (r, c, off)
+            seen.add(off)
+    assert seen == set(range(blocked.numel())), "offsets must cover the blocked tensor once"
+
+
+@pytest.mark.parametrize("sf_vec_size", [16, 32])
+def test_figure_offsets_equal_the_dsl_sf_layout(repro, draw, sf_vec_size):
+    rows, n_cols = 200, 20
+    dsl = repro.dsl_sf_offsets(rows, n_cols * sf_vec_size, sf_vec_size)
+    assert dsl == draw.offset_table(rows, n_cols)
+
+
+def test_figure_script_draws(draw, tmp_path):
+    pytest.importorskip("matplotlib", reason="doc tool only: pip install matplotlib")
+    out = draw.draw(tmp_path / "sf_layout.png")
+    assert out.stat().st_size > 10_000
