@@ -34,12 +34,13 @@ Pipelines (producer -> consumer)
 Every role walks the same static persistent tile schedule, so the three agree on the tile order
 without talking to each other.
 
-Budgets of the default configuration (NVFP4, 128x128 tile, 1x1 cluster, BFloat16 D)
-----------------------------------------------------------------------------------
-    SMEM per k-tile stage: A 16 KiB + B 16 KiB + SFA 2 KiB + SFB 2 KiB = 36 KiB; the stage
-    count is whatever fits into the 228 KiB of an sm_100 CTA after the epilogue buffers
-    (``--compile_only`` prints it).  TMEM: 2 x 128 accumulator columns (double-buffered, so the
-    epilogue of tile i overlaps the mainloop of tile i+1) + 4 SFA + 4 SFB columns of 512.
+Budgets of the default configuration (NVFP4, 256x128 MMA tile on a 2x1 cluster, BFloat16 D)
+------------------------------------------------------------------------------------------
+    The 256x128 MMA runs on a CTA pair; each CTA holds 128 rows of A and 64 rows of B.
+    SMEM per CTA and k-tile stage: A 16 KiB + B 8 KiB + SFA 2 KiB + SFB 2 KiB = 28 KiB; 7 stages
+    fit into the 227 KiB of an sm_100 CTA beside 3 epilogue buffers of 128x32 outputs.  TMEM per
+    CTA: 2 x 128 accumulator columns (double-buffered, so the epilogue of tile i overlaps the
+    mainloop of tile i+1) + 16 SFA + 16 SFB columns of 512.  ``--compile_only`` prints these.
 
 FP4-specific constraints (``check_fp4_gemm_config`` explains each refusal)
 -------------------------------------------------------------------------
@@ -199,18 +200,24 @@ def check_fp4_gemm_config(
     return reasons
 
 
-def assert_block_scaled_fp4_mma(tiled_mma: cute.TiledMma, sf_vec_size: int) -> None:
-    """Raise TypeError unless ``tiled_mma`` is a block-scaled FP4 tcgen05 MMA with ``sf_vec_size``.
+def assert_block_scaled_fp4_mma(tiled_mma: cute.TiledMma, sf_vec_size: int, sf_dtype) -> None:
+    """Raise TypeError unless ``tiled_mma`` is the block-scaled FP4 tcgen05 MMA asked for.
 
-    A plain (non-scaled) MMA over FP4 data compiles and runs, and silently ignores every scale
-    factor: this check turns that mistake into an error at trace time.
+    A plain MMA over FP4 data (what ``make_trivial_tiled_mma`` builds for Float4E2M1FN: kind
+    f8f6f4, K 32) compiles and runs, and silently ignores every scale factor; so does a block-
+    scaled MMA of another kind or scale type.  This turns those mistakes into errors at trace time.
     """
     op = tiled_mma.op
-    fp4_ops = (tcgen05.MmaMXF4Op, tcgen05.MmaMXF4NVF4Op)
-    if not isinstance(op, fp4_ops) or op.sf_vec_size != sf_vec_size:
+    want = tcgen05.MmaMXF4NVF4Op if sf_vec_size == 16 else tcgen05.MmaMXF4Op
+    if (
+        not isinstance(op, want)
+        or op.sf_vec_size != sf_vec_size
+        or op.sf_dtype is not sf_dtype
+        or op.shape_mnk[2] != MMA_INST_K
+    ):
         raise TypeError(
-            f"expected a block-scaled FP4 MMA (tcgen05.MmaMXF4Op / MmaMXF4NVF4Op) with "
-            f"sf_vec_size={sf_vec_size}, got {type(op).__name__}: {op}"
+            f"expected a block-scaled FP4 MMA ({want.__name__}, sf_vec_size={sf_vec_size}, "
+            f"sf_dtype={sf_dtype.__name__}, K={MMA_INST_K}), got {type(op).__name__}: {op}"
         )
 
 
@@ -395,7 +402,7 @@ class BlockwiseGemmFp4Sm100:
             cta_group,
             mma_tiler_mn,
         )
-        assert_block_scaled_fp4_mma(tiled_mma, self.sf_vec_size)
+        assert_block_scaled_fp4_mma(tiled_mma, self.sf_vec_size, self.sf_dtype)
         return tiled_mma
 
     @cute.jit
@@ -1059,8 +1066,12 @@ class BlockwiseGemmFp4Sm100:
         tiled_copy_s2t = tcgen05.make_s2t_copy(copy_atom, tSF_compact)
         thr_copy_s2t = tiled_copy_s2t.get_slice(0)
         # ((ATOM_V, REST_V), Rest_Tiler, MMA_MN, MMA_K, AB_STAGE), as SMEM descriptors
+        # NOTE: the .warpx4 copy writes each SMEM core matrix to all four TMEM lane quadrants;
+        # that broadcast mode exists only on the TMEM side, so it is made explicit on the SMEM
+        # side before partitioning (the PTX is the same without it for these layouts).
+        sSF_bcast = tcgen05.append_s2t_broadcast_mode(copy_atom.op, sSF_compact)
         tCsSF_s2t = tcgen05.get_s2t_smem_desc_tensor(
-            tiled_copy_s2t, thr_copy_s2t.partition_S(sSF_compact)
+            tiled_copy_s2t, thr_copy_s2t.partition_S(sSF_bcast)
         )
         # ((ATOM_V, REST_V), Rest_Tiler, MMA_MN, MMA_K)
         tCtSF_s2t = thr_copy_s2t.partition_D(tSF_compact)

@@ -219,15 +219,16 @@ def test_mma_guard_accepts_block_scaled_and_rejects_dense():
             tcgen05.CtaGroup.ONE,
             (128, 128),
         )
-        bw.assert_block_scaled_fp4_mma(scaled, 16)
+        bw.assert_block_scaled_fp4_mma(scaled, 16, cutlass.Float8E4M3FN)
         outcome["scaled"] = "accepted"
         try:
-            bw.assert_block_scaled_fp4_mma(scaled, 32)
+            bw.assert_block_scaled_fp4_mma(scaled, 32, cutlass.Float8E8M0FNU)
         except TypeError as err:
             outcome["wrong_vec"] = str(err)
+        # The FP8 habit: on FP4 data this builds a plain kind::f8f6f4 MMA (K 32, no scales).
         dense = sm100_utils.make_trivial_tiled_mma(
-            cutlass.Float8E4M3FN,
-            cutlass.Float8E4M3FN,
+            cutlass.Float4E2M1FN,
+            cutlass.Float4E2M1FN,
             k_major,
             k_major,
             cutlass.Float32,
@@ -235,14 +236,19 @@ def test_mma_guard_accepts_block_scaled_and_rejects_dense():
             (128, 128),
         )
         try:
-            bw.assert_block_scaled_fp4_mma(dense, 16)
+            bw.assert_block_scaled_fp4_mma(dense, 16, cutlass.Float8E4M3FN)
         except TypeError as err:
             outcome["dense"] = str(err)
+        try:
+            bw.assert_block_scaled_fp4_mma(scaled, 16, cutlass.Float8E8M0FNU)
+        except TypeError as err:
+            outcome["wrong_sf_dtype"] = str(err)
 
     probe()
     assert outcome["scaled"] == "accepted"
     assert "sf_vec_size=32" in outcome["wrong_vec"]
-    assert "expected a block-scaled FP4 MMA" in outcome["dense"]
+    assert "got MmaF8F6F4Op" in outcome["dense"]
+    assert "sf_dtype=Float8E8M0FNU" in outcome["wrong_sf_dtype"]
 
 
 GOOD = dict(
