@@ -292,3 +292,42 @@ def test_figure_script_draws(draw, tmp_path):
     pytest.importorskip("matplotlib", reason="doc tool only: pip install matplotlib")
     out = draw.draw(tmp_path / "sf_layout.png")
     assert out.stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------------------------------
+# Links into the kernel and the stage table (sections 3-12)
+# ------------------------------------------------------------------------------------------
+def test_guide_line_references_point_at_their_code():
+    """Every blockwise_gemm_fp4.py#L link names the line of its anchor (docs/kernel_refs.py)."""
+    refs = _load("kernel_refs")
+    guide = (DOCS / "fp8_to_fp4.md").read_text()
+    assert len(refs.LINK.findall(guide)) >= 20
+    assert refs.stale_references(guide, (ROOT / "blockwise_gemm_fp4.py").read_text()) == []
+
+
+def test_guide_stage_table_matches_the_kernel_budget():
+    """Section 10: each row equals tile_budget, which test_blackwell checks on compiled kernels."""
+    import blockwise_gemm_fp4 as bw
+
+    guide = (DOCS / "fp8_to_fp4.md").read_text()
+    section = guide[guide.index("## 10. Stage counts") : guide.index("## 11.")]
+    row = re.compile(
+        r"^\| (NVFP4|MXFP4) \| (\d+) x (\d+) \| \d+ x \d+ \| (\w+) \| (\d+) \| (\d+) \| (\d+) \| "
+        r"(\d+) \+ (\d+) \+ (\d+) = (\d+) \|$",
+        re.M,
+    )
+    rows = row.findall(section)
+    assert len(rows) == 8
+    for fmt, tm, tn, c_dtype, stage_bytes, ab, acc, acc_cols, sfa, sfb, total in rows:
+        budget = bw.tile_budget((int(tm), int(tn)), 16 if fmt == "NVFP4" else 32, c_dtype)
+        assert (budget.ab_stage_bytes, budget.num_ab_stage, budget.num_acc_stage) == (
+            int(stage_bytes),
+            int(ab),
+            int(acc),
+        )
+        assert budget.acc_columns * budget.num_acc_stage == int(acc_cols)
+        assert (budget.sfa_columns, budget.sfb_columns, budget.tmem_columns) == (
+            int(sfa),
+            int(sfb),
+            int(total),
+        )
