@@ -903,8 +903,13 @@ class BlockwiseGemmFp4Sm100:
             tBgSFB_tile = tBgSFB[(None, tile_n_sf, None, tile_l)]
 
             ab_producer_state.reset_count()
+            # Peek at the next stage's empty barrier one step ahead (try_wait does not block),
+            # so the blocking wait below usually finds it already passed.
+            empty_peek = cutlass.Boolean(True)
+            if ab_producer_state.count < k_tile_cnt:
+                empty_peek = ab_pipeline.producer_try_acquire(ab_producer_state)
             for _k_tile in cutlass.range(k_tile_cnt, unroll=1):
-                ab_pipeline.producer_acquire(ab_producer_state)
+                ab_pipeline.producer_acquire(ab_producer_state, empty_peek)
                 k_idx = ab_producer_state.count
                 stage = ab_producer_state.index
                 full_bar = ab_pipeline.producer_get_barrier(ab_producer_state)
@@ -937,6 +942,9 @@ class BlockwiseGemmFp4Sm100:
                     mcast_mask=mcast_sfb,
                 )
                 ab_producer_state.advance()
+                empty_peek = cutlass.Boolean(True)
+                if ab_producer_state.count < k_tile_cnt:
+                    empty_peek = ab_pipeline.producer_try_acquire(ab_producer_state)
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
         # Do not exit while peers may still signal this CTA's barriers.
@@ -1023,13 +1031,17 @@ class BlockwiseGemmFp4Sm100:
                     cute.recast_ptr(shifted, dtype=self.sf_dtype), tCtSFB_layout
                 )
 
+            ab_consumer_state.reset_count()
+            # Peek at the first stage before blocking on the accumulator buffer.
+            full_peek = cutlass.Boolean(True)
+            if ab_consumer_state.count < k_tile_cnt and is_leader_cta:
+                full_peek = ab_pipeline.consumer_try_wait(ab_consumer_state)
             if is_leader_cta:
                 acc_pipeline.producer_acquire(acc_producer_state)
-            ab_consumer_state.reset_count()
             tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
             for _k_tile in cutlass.range(k_tile_cnt, unroll=1):
                 if is_leader_cta:
-                    ab_pipeline.consumer_wait(ab_consumer_state)
+                    ab_pipeline.consumer_wait(ab_consumer_state, full_peek)
                     stage = ab_consumer_state.index
                     # NOTE: tcgen05.cp and tcgen05.mma issued by the same thread execute in
                     # order, so the MMAs below see the scales copied here.
@@ -1049,6 +1061,9 @@ class BlockwiseGemmFp4Sm100:
                     # The stage is free once these MMAs complete (tcgen05.commit).
                     ab_pipeline.consumer_release(ab_consumer_state)
                 ab_consumer_state.advance()
+                full_peek = cutlass.Boolean(True)
+                if ab_consumer_state.count < k_tile_cnt and is_leader_cta:
+                    full_peek = ab_pipeline.consumer_try_wait(ab_consumer_state)
             if is_leader_cta:
                 acc_pipeline.producer_commit(acc_producer_state)
             acc_producer_state.advance()

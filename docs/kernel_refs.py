@@ -39,7 +39,7 @@ ANCHORS = {
     "tma_ab": "tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(",
     "tma_sf": "tma_atom_sfa, tma_tensor_sfa = cute.nvgpu.make_tiled_tma_atom_A(",
     "tx_bytes": "self.num_tma_load_bytes = ",
-    "tma_loop": "ab_pipeline.producer_acquire(ab_producer_state)",
+    "tma_loop": "ab_pipeline.producer_acquire(ab_producer_state, empty_peek)",
     "tmem_sf_layout": "tCtSFA_layout = blockscaled_utils.make_tmem_layout_sfa(",
     "s2t_partition": "def _s2t_copy_and_partition(",
     "s2t_copy": "cute.copy(copy_s2t_sfa,",
