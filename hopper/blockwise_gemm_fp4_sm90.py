@@ -107,6 +107,7 @@ from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
 
 # NOTE: sm_90 allows 227 KiB (232448 bytes) of dynamic SMEM per CTA.
 SM90_SMEM_CAPACITY = 232448
+SM90_SMEM_PER_SM = 233472
 SF_DTYPES = {"Float8E4M3FN": cutlass.Float8E4M3FN, "Float8E8M0FNU": cutlass.Float8E8M0FNU}
 SF_VEC_OF_DTYPE = {"Float8E4M3FN": 16, "Float8E8M0FNU": 32}
 C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
@@ -129,8 +130,9 @@ BF16X2_2POW120 = 0x7B807B80
 class NamedBarrierId(enum.IntEnum):
     """Hardware named barriers (id 0 is __syncthreads)."""
 
-    B_READY = 1  # consumers: the BF16 kernel-B block of this k-block is in SMEM
-    SPLITK_FIXUP = 2  # consumers: split-K partial tile written / counter read
+    B_READY = 1  # consumers: the BF16 kernel-B block of this k-block is in SMEM (+ wg when
+    # each warpgroup converts its own copy of kernel B, ids 1 and 2)
+    SPLITK_FIXUP = 3  # consumers: split-K partial tile written / counter read
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,10 +275,15 @@ def _ld_shared_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
 
 
 def _fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
-    """Nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * scale."""
-    x = (word >> (4 * p)) & Uint32(0x000F000F) if p else word & Uint32(0x000F000F)
-    # x * 0x1040 = x << 6 | x << 12 (disjoint bits): magnitude bits to 6..8, sign bit to 15.
-    raw = (x * Uint32(0x1040)) & Uint32(0x81C081C0)
+    """Nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * scale.
+
+    ``word`` is already shifted right by 8 for p = 2, 3 (one shift serves two pairs)."""
+    if p % 2 == 0:
+        # x * 0x1040 = x << 6 | x << 12 (disjoint bits): magnitude bits to 6..8, sign to 15.
+        raw = ((word & Uint32(0x000F000F)) * Uint32(0x1040)) & Uint32(0x81C081C0)
+    else:
+        # the nibble sits 4 bits higher: x << 2 | x << 8 lands on the same bits.
+        raw = ((word & Uint32(0x00F000F0)) * Uint32(0x0104)) & Uint32(0x81C081C0)
     return _mul_bf16x2(_mul_bf16x2(raw, Uint32(BF16X2_2POW126)), factor)
 
 
@@ -294,9 +301,10 @@ def _scale_to_bf16x2(sf_byte: Uint32, sf_vec_size: int) -> Uint32:
 def _fp4x16_to_bf16x2(packed: Uint64, factor: Uint32) -> list:
     """16 e2m1 values (8 bytes) -> 8 BF16x2 words P_0..P_7 (P_i = nibbles (i%4, i%4+4) of
     32-bit word i // 4), each times ``factor``."""
-    lo = Uint32(packed & Uint64(0xFFFFFFFF))
-    hi = Uint32(packed >> 32)
-    return [_fp4_pair_to_bf16x2(lo if i < 4 else hi, i % 4, factor) for i in range(8)]
+    words = []
+    for w in (Uint32(packed & Uint64(0xFFFFFFFF)), Uint32(packed >> 32)):
+        words += [w, w, w >> 8, w >> 8]
+    return [_fp4_pair_to_bf16x2(words[i], i % 4, factor) for i in range(8)]
 
 
 def _swizzle64(offset):
@@ -318,13 +326,21 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
     """
     if m <= 128:
         cols = max(8, 1 << (m - 1).bit_length())
+        slots = num_sms * occupancy("decode", (cols, 128))
         tiles = math.ceil(n / 128) * l
         k_tiles = math.ceil(k / K_TILE)
         split = 1
-        while split < 8 and tiles * split * 2 <= num_sms * 1.2 and k_tiles // (split * 2) >= 8:
+        while split < 8 and tiles * split * 2 <= slots * 1.2 and k_tiles // (split * 2) >= 8:
             split *= 2
         return "decode", (cols, 128), split
     return "prefill", (128, 256), 1
+
+
+def occupancy(path: str, mma_tiler_mn: tuple[int, int]) -> int:
+    """CTAs per SM: 2 for decode tiles of <= 32 tokens, whose consumers fit in 112 registers
+    (64 tokens would spill), so that two CTAs hide each other's per-k-block latency (SMEM load
+    -> convert -> barrier -> wgmma); 1 otherwise."""
+    return 2 if path == "decode" and kernel_tile(path, mma_tiler_mn)[1] <= 32 else 1
 
 
 def kernel_tile(path: str, mma_tiler_mn: tuple[int, int]) -> tuple[int, int]:
@@ -414,9 +430,19 @@ class BlockwiseGemmFp4Sm90:
         self.threads_per_wg = 128
         self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
+        self.occupancy = occupancy(path, mma_tiler_mn)
+        # Small kernel B (decode tokens): each warpgroup converts its own copy, so the two
+        # warpgroups never wait for each other (barrier of 128 threads instead of 256).
+        self.private_b = self.swap_ab and self.tile_cols <= 64 and self.num_mma_wg > 1
+        self.b_groups = self.num_mma_wg if self.private_b else 1
+        self.b_group_threads = self.num_mma_threads // self.b_groups
         self.producer_warp = 0
-        self.producer_regs = 40
-        self.mma_regs = 232 if self.num_mma_wg == 2 else 240
+        # setmaxnreg budgets: the CTA's share of the 64K-register file, producer first.
+        self.producer_regs = 40 if self.occupancy == 1 else 24
+        regs_per_cta = 65536 // self.occupancy
+        self.mma_regs = min(
+            240, (regs_per_cta - 128 * self.producer_regs) // self.num_mma_threads // 8 * 8
+        )
         self.acc_dtype = cutlass.Float32
         self.mma_dtype = cutlass.BFloat16
 
@@ -443,7 +469,7 @@ class BlockwiseGemmFp4Sm90:
         )
         self.num_stages = self._compute_stages(
             self.tile_rows, self.tile_cols, self.sf_atoms_k, self.sfa_row_blocks,
-            self.sfb_row_blocks,
+            self.sfb_row_blocks, self.occupancy, self.b_groups,
         )
         # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks.
         self.a_smem_layout_staged = cute.tile_to_shape(
@@ -464,7 +490,7 @@ class BlockwiseGemmFp4Sm90:
             warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype
         )
         self.bdq_smem_layout_staged = cute.tile_to_shape(
-            bdq_atom, (self.tile_cols, K_BLOCK, NUM_BDQ_BUFFERS), order=(0, 1, 2)
+            bdq_atom, (self.tile_cols, K_BLOCK, NUM_BDQ_BUFFERS * self.b_groups), order=(0, 1, 2)
         )
         self.a_stage_bytes = self.tile_rows * K_TILE // 2
         self.b_stage_bytes = self.tile_cols * K_TILE // 2
@@ -540,7 +566,8 @@ class BlockwiseGemmFp4Sm90:
         )
 
         tile_sched_params, grid = self._compute_grid(
-            rows_a, rows_b, l, self.tile_rows, self.tile_cols, self.split_k, max_active_clusters
+            rows_a, rows_b, l, self.tile_rows, self.tile_cols, self.split_k,
+            max_active_clusters * self.occupancy,
         )
 
         @cute.struct
@@ -580,7 +607,9 @@ class BlockwiseGemmFp4Sm90:
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
             cluster=(1, 1, 1),
-            min_blocks_per_mp=1,
+            min_blocks_per_mp=self.occupancy,
+            # all of the SM's 228 KiB as SMEM (percent), so that `occupancy` CTAs fit
+            preferred_smem_carveout=100,
             stream=stream,
         )
 
@@ -785,6 +814,8 @@ class BlockwiseGemmFp4Sm90:
         work_tile = tile_sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         kblock = Int32(0)  # running k-block count: picks the BF16 kernel-B buffer
+        b_group = wg if cutlass.const_expr(self.private_b) else 0
+        b_tid = tidx - b_group * self.b_group_threads
         while work_tile.is_valid_tile:
             row_tile, col_tile, lk = work_tile.tile_idx
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
@@ -798,21 +829,22 @@ class BlockwiseGemmFp4Sm90:
                 ab_pipeline.consumer_wait(state)
                 for j in cutlass.range_constexpr(K_TILE // K_BLOCK):
                     tCrA = tCrA0 if j == 0 else tCrA1
-                    buf = kblock % NUM_BDQ_BUFFERS
+                    buf = kblock % NUM_BDQ_BUFFERS + b_group * NUM_BDQ_BUFFERS
                     # ---- kernel A: 2 rows x 16 K values -> 16 BF16x2 registers (RS operand)
                     self._dequant_a(tCrA, base_a, base_sfa, state.index, j, a_row0,
                                     sfa_row_off, q)
                     # ---- kernel B: this thread's share -> BF16 SMEM buffer ``buf``
                     self._dequant_b(base_b, base_sfb, base_bdq, state.index, j, buf,
-                                    sfb_row_off, tidx)
+                                    sfb_row_off, b_tid)
                     if cutlass.const_expr(j == K_TILE // K_BLOCK - 1):
                         ab_pipeline.consumer_release(state)
                     # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a proxy
                     # fence in every writing thread before the barrier.
-                    cute.arch.fence_proxy("async.shared", space="cta")
+                    if b_tid < self.tile_cols * 4:
+                        cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.barrier(
-                        barrier_id=int(NamedBarrierId.B_READY),
-                        number_of_threads=self.num_mma_threads,
+                        barrier_id=int(NamedBarrierId.B_READY) + b_group,
+                        number_of_threads=self.b_group_threads,
                     )
                     warpgroup.fence()
                     for s in cutlass.range_constexpr(K_BLOCK // 16):
@@ -820,7 +852,8 @@ class BlockwiseGemmFp4Sm90:
                                   tCrB[(None, None, s, buf)], acc)
                     warpgroup.commit_group()
                     # NOTE: k-block t - 1 done => its A registers and, with the barrier above,
-                    # the kernel-B buffer of t - 2 (read by both warpgroups) are free again.
+                    # the kernel-B buffer of t - 2 (read by every warpgroup of the barrier)
+                    # are free again.
                     warpgroup.wait_group(1)
                     kblock += 1
                 state.advance()
@@ -847,14 +880,15 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _dequant_b(self, base_b, base_sfb, base_bdq, stage, j, buf, sfb_row_off, tidx):
-        """This thread's (row, 16-group) items of kernel B's k-block j -> BF16 SMEM ``buf``.
+        """This thread's (row, 16-group) items of kernel B's k-block j -> BF16 SMEM ``buf``
+        (``tidx`` counts the threads that share the work, ``b_group_threads`` of them).
 
         Pair P_i of a group q goes to logical K 16 (i // 2) + 8 (i % 2) + 2q, +1: the same
         slots the A fragment gives it, i.e. 16-byte chunk i of the 128-byte row, word q."""
         items = self.tile_cols * 4
-        for it in cutlass.range_constexpr((items + self.num_mma_threads - 1)
-                                          // self.num_mma_threads):
-            item = tidx + it * self.num_mma_threads
+        for it in cutlass.range_constexpr((items + self.b_group_threads - 1)
+                                          // self.b_group_threads):
+            item = tidx + it * self.b_group_threads
             if item < items:
                 row = item // 4
                 qb = item % 4
@@ -956,13 +990,16 @@ class BlockwiseGemmFp4Sm90:
 
     # ======================================= static helpers ====================================
     @staticmethod
-    def _compute_stages(tile_rows, tile_cols, sf_atoms_k, sfa_rb, sfb_rb) -> int:
+    def _compute_stages(tile_rows, tile_cols, sf_atoms_k, sfa_rb, sfb_rb, occupancy,
+                        b_groups) -> int:
         stage_bytes = (tile_rows + tile_cols) * K_TILE // 2 + SF_ATOM_BYTES * sf_atoms_k * (
             sfa_rb + sfb_rb
         )
-        bdq_bytes = NUM_BDQ_BUFFERS * tile_cols * K_BLOCK * 2
+        bdq_bytes = NUM_BDQ_BUFFERS * b_groups * tile_cols * K_BLOCK * 2
         reserved = 2048  # mbarriers + alignment padding
-        stages = (SM90_SMEM_CAPACITY - bdq_bytes - reserved) // stage_bytes
+        # NOTE: 228 KiB per SM in all, of which 1 KiB per CTA is reserved by the hardware.
+        per_cta = min(SM90_SMEM_CAPACITY, SM90_SMEM_PER_SM // occupancy - 1024)
+        stages = (per_cta - bdq_bytes - reserved) // stage_bytes
         return min(stages, MAX_STAGES)
 
     @staticmethod
@@ -1007,7 +1044,7 @@ def workspace_elems(m, n, l, path, mma_tiler_mn, split_k):  # noqa: E741
 def smem_bytes(gemm: BlockwiseGemmFp4Sm90) -> int:
     """Dynamic SMEM of one CTA (after ``_setup_attributes``), the sum of the storage fields."""
     stage = gemm.a_stage_bytes + gemm.b_stage_bytes + gemm.sfa_stage_bytes + gemm.sfb_stage_bytes
-    bdq = NUM_BDQ_BUFFERS * gemm.bdq_buffer_bytes
+    bdq = NUM_BDQ_BUFFERS * gemm.b_groups * gemm.bdq_buffer_bytes
     return gemm.num_stages * (stage + 16) + bdq + 16
 
 
