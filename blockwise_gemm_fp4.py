@@ -221,6 +221,31 @@ def assert_block_scaled_fp4_mma(tiled_mma: cute.TiledMma, sf_vec_size: int, sf_d
         )
 
 
+def sfb_layout_for_tile_n_192(sfb_layout: cute.Layout) -> cute.Layout:
+    """Re-index an SFB layout (((32, 4), atoms), K, L) for 192-wide N tiles loaded 256 rows at once.
+
+    The N tiles of 192 rows start at rows 192 t, i.e. inside scale atom floor(1.5 t).  Splitting
+    the atom index as ((a, b), c) with strides (x, x, 3x) (x: one atom) puts a inside the 256-row
+    (two-atom) load and makes tile t = b + 2c start at atom b + 3c = floor(1.5 t); odd tiles then
+    begin 64 rows into their first atom, which the MMA warp skips with a 2-column TMEM offset.
+    Works on the TMA coordinate layout (ScaledBasis strides) and on plain integer layouts alike.
+    """
+    atom_stride = sfb_layout.stride[0][1]
+    num_atom_pairs = cute.ceil_div(sfb_layout.shape[0][1], 4)
+    shape = (
+        (sfb_layout.shape[0][0], ((2, 2), num_atom_pairs)),
+        sfb_layout.shape[1],
+        sfb_layout.shape[2],
+    )
+    # NOTE: a ScaledBasis stride must be scaled as 3 * x, not x * 3.
+    stride = (
+        (sfb_layout.stride[0][0], ((atom_stride, atom_stride), 3 * atom_stride)),
+        sfb_layout.stride[1],
+        sfb_layout.stride[2],
+    )
+    return cute.make_layout(shape, stride=stride)
+
+
 @dataclass(frozen=True)
 class TileBudget:
     """SMEM and TMEM use of one CTA, computed from the tile alone (see ``tile_budget``)."""
@@ -488,7 +513,9 @@ class BlockwiseGemmFp4Sm100:
             internal_type=cutlass.Int16,
         )
         if cutlass.const_expr(self.cta_tile_shape_mnk[1] == 192):
-            tma_tensor_sfb = self._sfb_tiles_of_192(tma_tensor_sfb)
+            tma_tensor_sfb = cute.make_tensor(
+                tma_tensor_sfb.iterator, sfb_layout_for_tile_n_192(tma_tensor_sfb.layout)
+            )
 
         cta_pair = cute.size(self.tiled_mma.thr_id.shape)
         self.num_tma_load_bytes = cta_pair * (
@@ -574,29 +601,6 @@ class BlockwiseGemmFp4Sm100:
             stream=stream,
             min_blocks_per_mp=1,
         )
-
-    def _sfb_tiles_of_192(self, tma_tensor_sfb: cute.Tensor) -> cute.Tensor:
-        """Re-index SFB so that the n-th 192-wide tile starts at scale atom floor(1.5 n).
-
-        SFB is loaded 256 rows (two 128-row atoms) at a time.  Splitting the atom index of the
-        N mode as ((a, b), c) with strides (x, x, 3x) maps tile t = b + 2c (a picks the atom
-        inside the 256-row load) to atom b + 3c = floor(1.5 t); odd tiles then start 64 rows
-        into their first atom, which the MMA warp handles with a 2-column TMEM offset.
-        """
-        atom_stride = tma_tensor_sfb.stride[0][1]
-        num_atom_pairs = cute.ceil_div(tma_tensor_sfb.shape[0][1], 4)
-        shape = (
-            (tma_tensor_sfb.shape[0][0], ((2, 2), num_atom_pairs)),
-            tma_tensor_sfb.shape[1],
-            tma_tensor_sfb.shape[2],
-        )
-        # NOTE: the stride is a TMA coordinate basis; it must be scaled as 3 * x, not x * 3.
-        stride = (
-            (tma_tensor_sfb.stride[0][0], ((atom_stride, atom_stride), 3 * atom_stride)),
-            tma_tensor_sfb.stride[1],
-            tma_tensor_sfb.stride[2],
-        )
-        return cute.make_tensor(tma_tensor_sfb.iterator, cute.make_layout(shape, stride=stride))
 
     @cute.kernel
     def kernel(

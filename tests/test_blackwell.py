@@ -435,3 +435,31 @@ def test_prepare_gemm_rejects_unsupported_config():
     a, b, sa, sb = _operands()
     with pytest.raises(ValueError, match="MMA tile N=96 is not supported"):
         bw.prepare_gemm(a, b, sa, sb, 16, mma_tiler_mn=(128, 96))
+
+
+@pytest.mark.parametrize("n", [192, 384, 1000, 1344, 1536, 2000])
+def test_sfb_reindexing_for_192_wide_tiles(n):
+    """Tile t of a 192-wide N tiling must load the 256 scale rows from atom floor(1.5 t) on."""
+    checked = {}
+
+    @cute.jit
+    def probe(n: cutlass.Constexpr):
+        plain = blockscaled_utils.tile_atom_to_shape_SF((n, 256, 1), 16)
+        tiled = bw.sfb_layout_for_tile_n_192(plain)
+        num_tiles = -(-n // 192)
+        pairs = []
+        for t in cutlass.range_constexpr(num_tiles):
+            first_atom = (3 * t) // 2
+            for r in cutlass.range_constexpr(0, 256, 7):
+                # Row r of tile t's 256-row load: ((r % 32, r // 32 % 4), ((r // 128, b), c)).
+                crd = (((r % 32, (r // 32) % 4), ((r // 128, t % 2), t // 2)), 0, 0)
+                want = cute.crd2idx((first_atom * 128 + r, 0, 0), plain)
+                pairs.append((t, r, cute.crd2idx(crd, tiled), want))
+        checked["tiles"] = num_tiles
+        checked["pairs"] = pairs
+
+    probe(n)
+    assert checked["tiles"] == -(-n // 192)
+    assert len(checked["pairs"]) == checked["tiles"] * len(range(0, 256, 7))
+    mismatches = [p for p in checked["pairs"] if p[2] != p[3]]
+    assert mismatches == []
