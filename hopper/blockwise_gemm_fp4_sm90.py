@@ -437,11 +437,15 @@ class BlockwiseGemmFp4Sm90:
         self.b_groups = self.num_mma_wg if self.private_b else 1
         self.b_group_threads = self.num_mma_threads // self.b_groups
         self.producer_warp = 0
-        # setmaxnreg budgets: the CTA's share of the 64K-register file, producer first.
+        # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
+        # CTA gave back, so the total must stay within what the CTA got at launch: the
+        # per-thread count ptxas picks under the minctasm cap (a multiple of 8, at most 248).
         self.producer_regs = 40 if self.occupancy == 1 else 24
-        regs_per_cta = 65536 // self.occupancy
+        launch_regs = min(248, 65536 // (self.occupancy * self.threads_per_cta) // 8 * 8)
         self.mma_regs = min(
-            240, (regs_per_cta - 128 * self.producer_regs) // self.num_mma_threads // 8 * 8
+            240,
+            (self.threads_per_cta * launch_regs - self.threads_per_wg * self.producer_regs)
+            // self.num_mma_threads // 8 * 8,
         )
         self.acc_dtype = cutlass.Float32
         self.mma_dtype = cutlass.BFloat16

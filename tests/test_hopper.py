@@ -54,6 +54,7 @@ COMPILE_CONFIGS = [
     (32, "Float16", "prefill", (64, 128), 1),
     (16, "Float32", "decode", (16, 128), 2),
     (32, "BFloat16", "decode", (8, 64), 1),
+    (16, "BFloat16", "decode", (32, 128), 4),
 ]
 
 
@@ -81,6 +82,9 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
     assert m, usage
     assert int(m.group(2)) == 0 and int(m.group(4)) == 0, usage
+    # setmaxnreg.inc can only hand out what the CTA got at launch: more would hang the kernel.
+    budget = gemm.threads_per_wg * gemm.producer_regs + gemm.num_mma_threads * gemm.mma_regs
+    assert int(m.group(1)) * gemm.threads_per_cta >= budget, (m.group(1), budget)
     sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
     assert re.search(rf"HGMMA\.64x{tile_cols}x16\.F32\.BF16", sass)
     assert not re.search(r"\b(LDL|STL)\b", sass)
