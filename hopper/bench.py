@@ -18,7 +18,7 @@ Columns for ours: us, TFLOP/s, GB/s and % of the HBM roof, where the roof is the
 are packed A and B, their scales and D, each moved once.
 
     python hopper/bench.py                       # all shapes -> table, bench.json, bench.png
-    python hopper/bench.py --quick               # three shapes
+    python hopper/bench.py --quick               # four shapes
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ SHAPES = [(m, 8192, 8192) for m in (1, 16, 128, 1024, 4096, 8192)] + [
     for m in (16, 4096)
     for n, k in ((7168, 2048), (4096, 7168), (18432, 7168), (7168, 16384))
 ]
-QUICK = [(16, 8192, 8192), (4096, 8192, 8192), (16, 7168, 2048)]
+QUICK = [(1, 8192, 8192), (16, 8192, 8192), (4096, 8192, 8192), (16, 7168, 2048)]
 METHODS = ("ours-nvfp4", "ours-mxfp4", "cublas-bf16", "triton-dq+cublas", "torch-dq+cublas",
            "cublas-fp8", "triton-dot_scaled")
 

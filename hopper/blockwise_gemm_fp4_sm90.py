@@ -155,6 +155,21 @@ def _ld_shared_b64(addr: Int32, *, loc=None, ip=None) -> Uint64:
 
 
 @dsl_user_op
+def _ld_shared_b32(addr: Int32, *, loc=None, ip=None) -> Uint32:
+    return Uint32(
+        llvm.inline_asm(
+            Uint32.mlir_type,
+            [Int32(addr).ir_value(loc=loc, ip=ip)],
+            "ld.shared.b32 $0, [$1];",
+            "=r,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
 def _ld_shared_u8(addr: Int32, *, loc=None, ip=None) -> Uint32:
     return Uint32(
         llvm.inline_asm(
@@ -298,13 +313,19 @@ def _scale_to_bf16x2(sf_byte: Uint32, sf_vec_size: int) -> Uint32:
     return bits | (bits << 16)
 
 
+def _fp4x8_to_bf16x2(word: Uint32, factor: Uint32) -> list:
+    """8 e2m1 values (one 32-bit word) -> 4 BF16x2 words (nibbles (p, p + 4), p = 0..3),
+    each times ``factor``."""
+    shifted = word >> 8
+    return [_fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factor) for p in range(4)]
+
+
 def _fp4x16_to_bf16x2(packed: Uint64, factor: Uint32) -> list:
     """16 e2m1 values (8 bytes) -> 8 BF16x2 words P_0..P_7 (P_i = nibbles (i%4, i%4+4) of
     32-bit word i // 4), each times ``factor``."""
-    words = []
-    for w in (Uint32(packed & Uint64(0xFFFFFFFF)), Uint32(packed >> 32)):
-        words += [w, w, w >> 8, w >> 8]
-    return [_fp4_pair_to_bf16x2(words[i], i % 4, factor) for i in range(8)]
+    return _fp4x8_to_bf16x2(Uint32(packed & Uint64(0xFFFFFFFF)), factor) + _fp4x8_to_bf16x2(
+        Uint32(packed >> 32), factor
+    )
 
 
 def _swizzle64(offset):
@@ -321,7 +342,7 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
     Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
     the register operand (decode path, kernel tile 128 weight rows x the next power of two >= M
     tokens) and K is split until the output tiles fill the SMs (at most 8 splits, each split at
-    least 8 k-tiles of 128).  Larger M uses the prefill path with 128 x 256 tiles (two consumer
+    least 4 k-tiles of 128).  Larger M uses the prefill path with 128 x 256 tiles (two consumer
     warpgroups share each dequantized 256-row weight block).
     """
     if m <= 128:
@@ -330,7 +351,7 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
         tiles = math.ceil(n / 128) * l
         k_tiles = math.ceil(k / K_TILE)
         split = 1
-        while split < 8 and tiles * split * 2 <= slots * 1.2 and k_tiles // (split * 2) >= 8:
+        while split < 8 and tiles * split * 2 <= slots * 1.2 and k_tiles // (split * 2) >= 4:
             split *= 2
         return "decode", (cols, 128), split
     return "prefill", (128, 256), 1
@@ -436,6 +457,10 @@ class BlockwiseGemmFp4Sm90:
         self.private_b = self.swap_ab and self.tile_cols <= 64 and self.num_mma_wg > 1
         self.b_groups = self.num_mma_wg if self.private_b else 1
         self.b_group_threads = self.num_mma_threads // self.b_groups
+        # Kernel-B work items: a 16-value group (8 bytes), or half of one when there are fewer
+        # groups than threads, so that every warp of the barrier does the same work.
+        self.b_parts = 2 if self.tile_cols * 4 < self.b_group_threads else 1
+        self.b_items = self.tile_cols * 4 * self.b_parts
         self.producer_warp = 0
         # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
         # CTA gave back, so the total must stay within what the CTA got at launch: the
@@ -844,7 +869,7 @@ class BlockwiseGemmFp4Sm90:
                         ab_pipeline.consumer_release(state)
                     # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a proxy
                     # fence in every writing thread before the barrier.
-                    if b_tid < self.tile_cols * 4:
+                    if b_tid < self.b_items:
                         cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.barrier(
                         barrier_id=int(NamedBarrierId.B_READY) + b_group,
@@ -889,22 +914,28 @@ class BlockwiseGemmFp4Sm90:
 
         Pair P_i of a group q goes to logical K 16 (i // 2) + 8 (i % 2) + 2q, +1: the same
         slots the A fragment gives it, i.e. 16-byte chunk i of the 128-byte row, word q."""
-        items = self.tile_cols * 4
-        for it in cutlass.range_constexpr((items + self.b_group_threads - 1)
+        parts = self.b_parts
+        for it in cutlass.range_constexpr((self.b_items + self.b_group_threads - 1)
                                           // self.b_group_threads):
             item = tidx + it * self.b_group_threads
-            if item < items:
-                row = item // 4
-                qb = item % 4
+            if item < self.b_items:
+                row = item // (4 * parts)
+                qb = item // parts % 4
                 byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + qb * 8
-                packed = _ld_shared_b64(base_b + stage * self.b_stage_bytes + _swizzle64(byte))
+                addr = base_b + stage * self.b_stage_bytes + _swizzle64(byte)
                 factor = self._load_scale(base_sfb, stage, self.sfb_stage_bytes,
                                           row + sfb_row_off, j, qb)
-                pairs = _fp4x16_to_bf16x2(packed, factor)
+                if cutlass.const_expr(parts == 1):
+                    first = 0
+                    pairs = _fp4x16_to_bf16x2(_ld_shared_b64(addr), factor)
+                else:
+                    # half h of the group: its 32-bit word h, pairs P_4h .. P_4h+3
+                    first = item % 2 * 4
+                    pairs = _fp4x8_to_bf16x2(_ld_shared_b32(addr + first), factor)
                 row_addr = base_bdq + buf * self.bdq_buffer_bytes + row * 128 + qb * 4
-                for i in cutlass.range_constexpr(8):
+                for i in cutlass.range_constexpr(len(pairs)):
                     # NOTE: 128B swizzle: 16-byte chunk index XOR (row % 8).
-                    _st_shared_b32(row_addr + ((i ^ (row % 8)) * 16), pairs[i])
+                    _st_shared_b32(row_addr + (((first + i) ^ (row % 8)) * 16), pairs[i])
 
     @cute.jit
     def _load_scale(self, base_sf, stage, stage_bytes, row, j, q):
