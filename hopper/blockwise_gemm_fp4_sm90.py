@@ -20,43 +20,51 @@ Operand roles ("kernel A" / "kernel B")
 --------------------------------------
 The kernel computes a tile of rows x cols where the *row* operand ("kernel A") is dequantized
 straight into the wgmma A register fragment (RS wgmma, never touching SMEM as BF16) and the
-*column* operand ("kernel B") is dequantized once per k-block into a swizzled BF16 SMEM buffer
-shared by the consumer warpgroups.
+*column* operand ("kernel B") reaches the wgmma as swizzled BF16 in SMEM.
     prefill path (M > 128):  kernel A = A (tokens),  kernel B = B (weights); D tile rows = M.
+                             The consumers convert each packed weight k-block into one of three
+                             rotating BF16 SMEM buffers shared by both warpgroups.
     decode path  (M <= 128): kernel A = B (weights), kernel B = A (tokens);  D^T = B A^T, so the
                              token count is the wgmma N (8..128 in powers of two) and the large
-                             weight matrix never goes through SMEM as BF16.
+                             weight matrix never goes through SMEM as BF16.  A prologue kernel
+                             (``convert_tokens``, same launch sequence) converts the few tokens
+                             once into a BF16 copy in the permuted K order below; TMA brings it
+                             straight into the wgmma B layout, so the mainloop has no SMEM
+                             stores, proxy fences or named barriers at all.
 The path and tile are chosen by ``default_config`` (documented there); ``--path`` overrides.
 
-Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, one CTA per SM)
----------------------------------------------------------------------------------
+Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs per SM)
+--------------------------------------------------------------------------------------
     ==========  ============  =================================================================
     warps       role          work
     ==========  ============  =================================================================
-    0           TMA producer  packed A, packed B, SFA, SFB: GMEM -> SMEM ring (one mbarrier
-                              transaction per stage); warps 1-3 only give their registers back
+    0           TMA producer  packed A, SFA and (prefill) packed B + SFB or (decode) BF16 tokens:
+                              GMEM -> SMEM ring, one mbarrier transaction per stage; warps 1-3
+                              only give their registers back
     4 .. 4W+3   consumers     per 64-wide k-block: FP4 -> BF16 of their 64 kernel-A rows into
-                              registers and of a share of kernel B into SMEM, then 4 RS wgmma
-                              (m64 x tile_cols x k16); epilogue: * alpha, convert, predicated
-                              stores (or split-K partials + fix-up)
+                              registers (prefill: and of a share of kernel B into SMEM), then 4
+                              RS wgmma (m64 x tile_cols x k16); epilogue: * alpha, convert,
+                              predicated stores (or split-K partials + fix-up)
     ==========  ============  =================================================================
 
 Pipelines and barriers (producer -> consumer)
 ---------------------------------------------
     ab_pipeline (PipelineTmaAsync, ``num_stages`` deep, one k-tile of 128 = two k-blocks per
-                 stage): TMA producer -> consumer warpgroups (released once both k-blocks of the
-                 stage are dequantized, i.e. before the wgmma that use them run)
-    NamedBarrierId.B_READY: all consumer threads, once per k-block, after writing the BF16
-                 kernel-B block (three SMEM buffers rotate so that one barrier per k-block is
-                 enough; see ``_consumer``)
+                 stage): TMA producer -> consumer warpgroups.  Prefill releases a stage once
+                 both k-blocks are converted (before their wgmma run); decode one step later,
+                 once the wgmma that read its BF16 tokens completed.
+    NamedBarrierId.B_READY (prefill): all consumer threads, once per k-block, after writing
+                 the BF16 kernel-B block (three SMEM buffers rotate so that one barrier per
+                 k-block is enough; see ``_consumer``)
 Every role walks the same static persistent tile schedule (StaticPersistentTileScheduler over
 row tiles x col tiles x (L * split_k)), so they agree on the order without talking.
 
-Dequantization (``_fp4x4_pair_to_bf16x2`` and friends)
------------------------------------------------------
+Dequantization (``_fp4_pair_to_bf16x2`` and friends)
+----------------------------------------------------
 One 32-bit word holds 8 e2m1 nibbles.  For nibble pair (p, p + 4) the BF16x2 pattern
-``sign << 15 | (exp, mant) << 6`` is built by one shift, one AND, one IMAD (x * 0x1040 places
-the 3 magnitude bits at 6..8 and the sign at 15 in one go) and one AND; as BF16 that is the
+``sign << 15 | (exp, mant) << 6`` is built by one AND, one IMAD (x * 0x1040 places the 3
+magnitude bits at 6..8 and the sign at 15 in one go) and one AND (plus one shift shared by two
+pairs); as BF16 that is the
 e2m1 value * 2^-126 (subnormal for 0.5, which BF16 keeps), so a ``mul.rn.bf16x2`` by 2^126 and
 one by the scale finish it.  The pairing (p, p + 4) instead of (2i, 2i + 1) is a permutation of
 K inside each 16-element group; A and B use the same permutation, so the dot products are
@@ -155,21 +163,6 @@ def _ld_shared_b64(addr: Int32, *, loc=None, ip=None) -> Uint64:
 
 
 @dsl_user_op
-def _ld_shared_b32(addr: Int32, *, loc=None, ip=None) -> Uint32:
-    return Uint32(
-        llvm.inline_asm(
-            Uint32.mlir_type,
-            [Int32(addr).ir_value(loc=loc, ip=ip)],
-            "ld.shared.b32 $0, [$1];",
-            "=r,r",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
-
-
-@dsl_user_op
 def _ld_shared_u8(addr: Int32, *, loc=None, ip=None) -> Uint32:
     return Uint32(
         llvm.inline_asm(
@@ -253,6 +246,49 @@ def _atomic_add_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> 
             is_align_stack=False,
             asm_dialect=llvm.AsmDialect.AD_ATT,
         )
+    )
+
+
+@dsl_user_op
+def _ld_global_nc_b64(addr: Int64, *, loc=None, ip=None) -> Uint64:
+    return Uint64(
+        llvm.inline_asm(
+            Uint64.mlir_type,
+            [Int64(addr).ir_value(loc=loc, ip=ip)],
+            "ld.global.nc.b64 $0, [$1];",
+            "=l,l",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def _ld_global_nc_u8(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    return Uint32(
+        llvm.inline_asm(
+            Uint32.mlir_type,
+            [Int64(addr).ir_value(loc=loc, ip=ip)],
+            "ld.global.nc.u8 $0, [$1];",
+            "=r,l",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def _st_global_b32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(
+        None,
+        [Int64(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)],
+        "st.global.b32 [$0], $1;",
+        "l,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
     )
 
 
@@ -452,15 +488,10 @@ class BlockwiseGemmFp4Sm90:
         self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
         self.occupancy = occupancy(path, mma_tiler_mn)
-        # Small kernel B (decode tokens): each warpgroup converts its own copy, so the two
-        # warpgroups never wait for each other (barrier of 128 threads instead of 256).
-        self.private_b = self.swap_ab and self.tile_cols <= 64 and self.num_mma_wg > 1
-        self.b_groups = self.num_mma_wg if self.private_b else 1
-        self.b_group_threads = self.num_mma_threads // self.b_groups
-        # Kernel-B work items: a 16-value group (8 bytes), or half of one when there are fewer
-        # groups than threads, so that every warp of the barrier does the same work.
-        self.b_parts = 2 if self.tile_cols * 4 < self.b_group_threads else 1
-        self.b_items = self.tile_cols * 4 * self.b_parts
+        # Decode: the tokens (kernel B, M x K, small) are converted once per launch by
+        # ``convert_tokens`` into a BF16 copy in the wgmma's permuted K order, which TMA then
+        # brings straight into the wgmma B layout: the mainloop converts only the weights.
+        self.tokens_bf16 = self.swap_ab
         self.producer_warp = 0
         # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
         # CTA gave back, so the total must stay within what the CTA got at launch: the
@@ -496,17 +527,40 @@ class BlockwiseGemmFp4Sm90:
         packed_atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW64, cutlass.Uint8
         )
+        self.a_stage_bytes = self.tile_rows * K_TILE // 2
+        self.sfa_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfa_row_blocks
+        if self.tokens_bf16:
+            self.b_stage_bytes = self.tile_cols * K_TILE * 2
+            self.sfb_stage_bytes = 0
+            self.num_bdq_buffers = 0
+        else:
+            self.b_stage_bytes = self.tile_cols * K_TILE // 2
+            self.sfb_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfb_row_blocks
+            self.num_bdq_buffers = NUM_BDQ_BUFFERS
+        self.bdq_buffer_bytes = self.tile_cols * K_BLOCK * 2
+        self.tx_bytes = (
+            self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes
+        )
         self.num_stages = self._compute_stages(
-            self.tile_rows, self.tile_cols, self.sf_atoms_k, self.sfa_row_blocks,
-            self.sfb_row_blocks, self.occupancy, self.b_groups,
+            self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes,
+            self.num_bdq_buffers * self.bdq_buffer_bytes, self.occupancy,
         )
         # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks.
         self.a_smem_layout_staged = cute.tile_to_shape(
             packed_atom, (self.tile_rows, K_TILE // 2, self.num_stages), order=(0, 1, 2)
         )
-        self.b_smem_layout_staged = cute.tile_to_shape(
-            packed_atom, (self.tile_cols, K_TILE // 2, self.num_stages), order=(0, 1, 2)
+        bdq_atom = warpgroup.make_smem_layout_atom(
+            warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype
         )
+        if self.tokens_bf16:
+            # (cols, 64, 2 k-blocks x stage): BF16 tokens as wgmma reads them (K-major SW128).
+            self.b_smem_layout_staged = cute.tile_to_shape(
+                bdq_atom, (self.tile_cols, K_BLOCK, 2 * self.num_stages), order=(0, 1, 2)
+            )
+        else:
+            self.b_smem_layout_staged = cute.tile_to_shape(
+                packed_atom, (self.tile_cols, K_TILE // 2, self.num_stages), order=(0, 1, 2)
+            )
         # Scale stage: (256 bytes, 2 * atoms_k, row blocks, stage) = whole 512-byte atoms.
         self.sfa_smem_layout_staged = cute.make_ordered_layout(
             (256, 2 * self.sf_atoms_k, self.sfa_row_blocks, self.num_stages), order=(0, 1, 2, 3)
@@ -514,20 +568,9 @@ class BlockwiseGemmFp4Sm90:
         self.sfb_smem_layout_staged = cute.make_ordered_layout(
             (256, 2 * self.sf_atoms_k, self.sfb_row_blocks, self.num_stages), order=(0, 1, 2, 3)
         )
-        # BF16 kernel-B blocks for wgmma: (cols, 64, buffer), K-major SW128.
-        bdq_atom = warpgroup.make_smem_layout_atom(
-            warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype
-        )
+        # BF16 kernel-B blocks the consumers convert (prefill): (cols, 64, buffer), K-major SW128.
         self.bdq_smem_layout_staged = cute.tile_to_shape(
-            bdq_atom, (self.tile_cols, K_BLOCK, NUM_BDQ_BUFFERS * self.b_groups), order=(0, 1, 2)
-        )
-        self.a_stage_bytes = self.tile_rows * K_TILE // 2
-        self.b_stage_bytes = self.tile_cols * K_TILE // 2
-        self.sfa_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfa_row_blocks
-        self.sfb_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfb_row_blocks
-        self.bdq_buffer_bytes = self.tile_cols * K_BLOCK * 2
-        self.tx_bytes = (
-            self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes
+            bdq_atom, (self.tile_cols, K_BLOCK, max(1, self.num_bdq_buffers)), order=(0, 1, 2)
         )
 
     @cute.jit
@@ -539,6 +582,7 @@ class BlockwiseGemmFp4Sm90:
         sfb_ptr: cute.Pointer,
         c_ptr: cute.Pointer,
         workspace_ptr: cute.Pointer,
+        tokens_ptr: cute.Pointer,
         problem_mnkl: tuple[Int32, Int32, Int32, Int32],
         alpha: cutlass.Float32,
         max_active_clusters: cutlass.Constexpr,
@@ -559,9 +603,19 @@ class BlockwiseGemmFp4Sm90:
         mKA = cute.make_tensor(
             ptr_ka, cute.make_layout((rows_a, kb, l), stride=(kb, 1, rows_a * kb))
         )
-        mKB = cute.make_tensor(
-            ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
-        )
+        if cutlass.const_expr(self.tokens_bf16):
+            # BF16 tokens (M, K rounded up to 64, L), written by convert_tokens.
+            k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
+            mKB = cute.make_tensor(
+                tokens_ptr, cute.make_layout((rows_b, k_pad, l), stride=(k_pad, 1, rows_b * k_pad))
+            )
+            mKBpacked = cute.make_tensor(
+                ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
+            )
+        else:
+            mKB = cute.make_tensor(
+                ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
+            )
         # Scales, blocked: (256, 2 * atoms along K, 128-row blocks, L); an atom is 2 x 256 bytes.
         sf_atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
         mSFKA = self._blocked_sf_tensor(ptr_sfka, rows_a, sf_atoms_k, l)
@@ -579,9 +633,9 @@ class BlockwiseGemmFp4Sm90:
             g2s, mKA, cute.slice_(self.a_smem_layout_staged, (None, None, 0)),
             (self.tile_rows, K_TILE // 2),
         )
+        b_tile = (self.tile_cols, K_BLOCK if self.tokens_bf16 else K_TILE // 2)
         tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
-            g2s, mKB, cute.slice_(self.b_smem_layout_staged, (None, None, 0)),
-            (self.tile_cols, K_TILE // 2),
+            g2s, mKB, cute.slice_(self.b_smem_layout_staged, (None, None, 0)), b_tile
         )
         sf_tile_a = (256, 2 * self.sf_atoms_k, self.sfa_row_blocks)
         sf_tile_b = (256, 2 * self.sf_atoms_k, self.sfb_row_blocks)
@@ -589,15 +643,24 @@ class BlockwiseGemmFp4Sm90:
             g2s, mSFKA, cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
             sf_tile_a,
         )
-        tma_atom_sfb, tma_tensor_sfb = cpasync.make_tiled_tma_atom(
-            g2s, mSFKB, cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0)),
-            sf_tile_b,
-        )
+        if cutlass.const_expr(self.tokens_bf16):
+            # no kernel-B scales in the mainloop: the SFA pair stands in for the unused argument
+            tma_atom_sfb, tma_tensor_sfb = tma_atom_sfa, tma_tensor_sfa
+        else:
+            tma_atom_sfb, tma_tensor_sfb = cpasync.make_tiled_tma_atom(
+                g2s, mSFKB, cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0)),
+                sf_tile_b,
+            )
 
         tile_sched_params, grid = self._compute_grid(
             rows_a, rows_b, l, self.tile_rows, self.tile_cols, self.split_k,
             max_active_clusters * self.occupancy,
         )
+
+        b_smem_dtype = self.mma_dtype if self.tokens_bf16 else cutlass.Uint8
+        # prefill only: the kernel-B scales and the BF16 buffers the consumers convert into
+        bdq_elems = cute.cosize(self.bdq_smem_layout_staged) if self.num_bdq_buffers else 8
+        sfb_bytes = cute.cosize(self.sfb_smem_layout_staged) if self.sfb_stage_bytes else 16
 
         @cute.struct
         class SharedStorage:
@@ -608,24 +671,23 @@ class BlockwiseGemmFp4Sm90:
                 1024,
             ]
             sB: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Uint8, cute.cosize(self.b_smem_layout_staged)],
+                cute.struct.MemRange[b_smem_dtype, cute.cosize(self.b_smem_layout_staged)],
                 1024,
             ]
-            sBdq: cute.struct.Align[
-                cute.struct.MemRange[self.mma_dtype, cute.cosize(self.bdq_smem_layout_staged)],
-                1024,
-            ]
+            sBdq: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, bdq_elems], 1024]
             sSFA: cute.struct.Align[
                 cute.struct.MemRange[cutlass.Uint8, cute.cosize(self.sfa_smem_layout_staged)],
                 128,
             ]
-            sSFB: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Uint8, cute.cosize(self.sfb_smem_layout_staged)],
-                128,
-            ]
+            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfb_bytes], 128]
 
         self.shared_storage = SharedStorage
 
+        if cutlass.const_expr(self.tokens_bf16):
+            groups = l * rows_b * (k // 16)
+            self.convert_tokens(mKBpacked, mSFKB, mKB, k, k_pad).launch(
+                grid=[(groups + 255) // 256, 1, 1], block=[256, 1, 1], stream=stream
+            )
         self.kernel(
             tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b,
             tma_atom_sfa, tma_tensor_sfa, tma_atom_sfb, tma_tensor_sfb,
@@ -655,6 +717,43 @@ class BlockwiseGemmFp4Sm90:
                 stride=(1, 256, atom_stride, atom_stride * row_blocks),
             ),
         )
+
+    # -----------------------------------------------------------------------------------------
+    @cute.kernel
+    def convert_tokens(self, mA: cute.Tensor, mSFA: cute.Tensor, mTok: cute.Tensor, k: Int32,
+                       k_pad: Int32):
+        """Decode prologue: packed FP4 tokens (M, K/2, L) + blocked scales -> BF16 (M, K_pad, L)
+        in the mainloop's permuted K order (pair P_i of 16-group q of a 64-block goes to
+        16 (i // 2) + 8 (i % 2) + 2q, exactly where the weights' A fragment expects it).
+        One thread per 16-value group; the pad columns of a K = 32 x odd tail stay zero."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        rows, _, batches = mA.shape
+        groups_per_row = k // 16
+        g = bidx * 256 + tidx
+        if g < batches * rows * groups_per_row:
+            c16 = g % groups_per_row
+            row = g // groups_per_row % rows
+            batch = g // (groups_per_row * rows)
+            row_id = Int64(batch * rows + row)
+            src = mA.iterator.toint() + row_id * Int64(k // 2) + Int64(c16 * 8)
+            col = c16 if cutlass.const_expr(self.sf_vec_size == 16) else c16 // 2
+            atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
+            row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
+            r = row % SF_ATOM_ROWS
+            sf_byte = (
+                ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col // SF_ATOM_COLS)
+                * SF_ATOM_BYTES + (r % 32) * 16 + (r // 32) * 4 + col % SF_ATOM_COLS
+            )
+            factor = _scale_to_bf16x2(
+                _ld_global_nc_u8(mSFA.iterator.toint() + Int64(sf_byte)), self.sf_vec_size
+            )
+            pairs = _fp4x16_to_bf16x2(_ld_global_nc_b64(src), factor)
+            dst = mTok.iterator.toint() + (
+                row_id * Int64(k_pad) + Int64(c16 // 4 * K_BLOCK + c16 % 4 * 2)
+            ) * 2
+            for i in cutlass.range_constexpr(8):
+                _st_global_b32(dst + (16 * (i // 2) + 8 * (i % 2)) * 2, pairs[i])
 
     # -----------------------------------------------------------------------------------------
     @cute.kernel
@@ -715,8 +814,8 @@ class BlockwiseGemmFp4Sm90:
         else:
             cute.arch.warpgroup_reg_alloc(self.mma_regs)
             self._consumer(
-                storage, ab_pipeline, k_tiles, bdq_smem_layout_staged, mD_mnl, mWork, alpha,
-                tiled_mma, tile_sched_params,
+                storage, ab_pipeline, k_tiles, b_smem_layout_staged, bdq_smem_layout_staged,
+                mD_mnl, mWork, alpha, tiled_mma, tile_sched_params,
             )
 
     # ======================================= TMA producer ======================================
@@ -730,17 +829,15 @@ class BlockwiseGemmFp4Sm90:
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
         sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
         sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
-        sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
         # (rows, 64, RestRows, RestK, L)
         gA = cute.local_tile(mA_mkl, (self.tile_rows, K_TILE // 2), (None, None, None))
-        # (cols, 64, RestCols, RestK, L)
-        gB = cute.local_tile(mB_nkl, (self.tile_cols, K_TILE // 2), (None, None, None))
+        # prefill: packed (cols, 64 bytes, RestCols, RestK, L);
+        # decode: BF16 tokens (cols, 64, RestCols, RestK64, L), two k-blocks per stage
+        b_tile_k = K_BLOCK if self.tokens_bf16 else K_TILE // 2
+        gB = cute.local_tile(mB_nkl, (self.tile_cols, b_tile_k), (None, None, None))
         # (256, 2 * atoms_k, row_blocks, RestK, RestRowBlocks, L)
         gSFA = cute.local_tile(
             mSFA_mkl, (256, 2 * self.sf_atoms_k, self.sfa_row_blocks), (0, None, None, None)
-        )
-        gSFB = cute.local_tile(
-            mSFB_nkl, (256, 2 * self.sf_atoms_k, self.sfb_row_blocks), (0, None, None, None)
         )
         # (TMA, stage) / (TMA, RestRows, RestK, L)
         tAsA, tAgA = cpasync.tma_partition(
@@ -756,10 +853,15 @@ class BlockwiseGemmFp4Sm90:
             tma_atom_sfa, 0, cute.make_layout(1), cute.group_modes(sSFA, 0, 3),
             cute.group_modes(gSFA, 0, 3),
         )
-        tSsSFB, tSgSFB = cpasync.tma_partition(
-            tma_atom_sfb, 0, cute.make_layout(1), cute.group_modes(sSFB, 0, 3),
-            cute.group_modes(gSFB, 0, 3),
-        )
+        if cutlass.const_expr(not self.tokens_bf16):
+            sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
+            gSFB = cute.local_tile(
+                mSFB_nkl, (256, 2 * self.sf_atoms_k, self.sfb_row_blocks), (0, None, None, None)
+            )
+            tSsSFB, tSgSFB = cpasync.tma_partition(
+                tma_atom_sfb, 0, cute.make_layout(1), cute.group_modes(sSFB, 0, 3),
+                cute.group_modes(gSFB, 0, 3),
+            )
 
         tile_sched = utils.StaticPersistentTileScheduler.create(
             tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
@@ -778,12 +880,17 @@ class BlockwiseGemmFp4Sm90:
                 bar = ab_pipeline.producer_get_barrier(state)
                 cute.copy(tma_atom_a, tAgA[(None, row_tile, kt, batch)],
                           tAsA[(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_atom_b, tBgB[(None, col_tile, kt, batch)],
-                          tBsB[(None, state.index)], tma_bar_ptr=bar)
                 cute.copy(tma_atom_sfa, tSgSFA[(None, kt, sfa_rb, batch)],
                           tSsSFA[(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_atom_sfb, tSgSFB[(None, kt, sfb_rb, batch)],
-                          tSsSFB[(None, state.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(self.tokens_bf16):
+                    for j in cutlass.range_constexpr(K_TILE // K_BLOCK):
+                        cute.copy(tma_atom_b, tBgB[(None, col_tile, 2 * kt + j, batch)],
+                                  tBsB[(None, 2 * state.index + j)], tma_bar_ptr=bar)
+                else:
+                    cute.copy(tma_atom_b, tBgB[(None, col_tile, kt, batch)],
+                              tBsB[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_atom_sfb, tSgSFB[(None, kt, sfb_rb, batch)],
+                              tSsSFB[(None, state.index)], tma_bar_ptr=bar)
                 ab_pipeline.producer_commit(state)
                 state.advance()
             tile_sched.advance_to_next_work()
@@ -804,8 +911,8 @@ class BlockwiseGemmFp4Sm90:
     # ======================================= consumers =========================================
     @cute.jit
     def _consumer(
-        self, storage, ab_pipeline, k_tiles, bdq_smem_layout_staged, mD_mnl, mWork, alpha,
-        tiled_mma, tile_sched_params,
+        self, storage, ab_pipeline, k_tiles, b_smem_layout_staged, bdq_smem_layout_staged,
+        mD_mnl, mWork, alpha, tiled_mma, tile_sched_params,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         tidx = tidx - self.threads_per_wg  # 0 .. num_mma_threads - 1
@@ -814,12 +921,22 @@ class BlockwiseGemmFp4Sm90:
         lane = tidx % 32
         q = lane % 4  # 16-element group of the 64-wide k-block this thread dequantizes
 
-        sBdq = storage.sBdq.get_tensor(
-            bdq_smem_layout_staged.outer, swizzle=bdq_smem_layout_staged.inner
-        )
         thr_mma = tiled_mma.get_slice(tidx)
-        # (MMA, MMA_N, MMA_K, buffer): wgmma descriptors of the BF16 kernel-B blocks
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sBdq))
+        if cutlass.const_expr(self.tokens_bf16):
+            sB = storage.sB.get_tensor(
+                b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner
+            )
+            # (MMA, MMA_N, MMA_K, 2 k-blocks x stage): descriptors of the TMA'd BF16 tokens
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        else:
+            sBdq = storage.sBdq.get_tensor(
+                bdq_smem_layout_staged.outer, swizzle=bdq_smem_layout_staged.inner
+            )
+            # (MMA, MMA_N, MMA_K, buffer): descriptors of the converted BF16 kernel-B blocks
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sBdq))
+            base_b = storage.sB.data_ptr().toint()
+            base_sfb = storage.sSFB.data_ptr().toint()
+            base_bdq = storage.sBdq.data_ptr().toint()
         # (MMA, MMA_M, MMA_K): the RS A fragments, double-buffered across k-blocks
         a_frag_shape = thr_mma.partition_shape_A((self.tile_rows, K_BLOCK))
         tCrA0 = tiled_mma.make_fragment_A(a_frag_shape)
@@ -828,12 +945,8 @@ class BlockwiseGemmFp4Sm90:
         acc = cute.make_rmem_tensor(
             thr_mma.partition_shape_C((self.tile_rows, self.tile_cols)), self.acc_dtype
         )
-
         base_a = storage.sA.data_ptr().toint()
-        base_b = storage.sB.data_ptr().toint()
         base_sfa = storage.sSFA.data_ptr().toint()
-        base_sfb = storage.sSFB.data_ptr().toint()
-        base_bdq = storage.sBdq.data_ptr().toint()
         # This thread's two kernel-A rows in the tile: wgmma A fragment rows g and g + 8.
         a_row0 = wg * 64 + warp_in_wg * 16 + lane // 4
 
@@ -842,9 +955,11 @@ class BlockwiseGemmFp4Sm90:
         )
         work_tile = tile_sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        kblock = Int32(0)  # running k-block count: picks the BF16 kernel-B buffer
-        b_group = wg if cutlass.const_expr(self.private_b) else 0
-        b_tid = tidx - b_group * self.b_group_threads
+        # decode: stages are released one step late, once the wgmma reading them completed
+        release_state = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Consumer, self.num_stages
+        )
+        kblock = Int32(0)  # running k-block count: picks the BF16 kernel-B buffer (prefill)
         while work_tile.is_valid_tile:
             row_tile, col_tile, lk = work_tile.tile_idx
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
@@ -854,39 +969,50 @@ class BlockwiseGemmFp4Sm90:
             acc.fill(0.0)
             # NOTE: wgmma's scale-d operand: without ACCUMULATE every k16 step overwrites D.
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for _kt in cutlass.range(kt_begin, kt_end, unroll=1):
+            for kt in cutlass.range(kt_begin, kt_end, unroll=1):
                 ab_pipeline.consumer_wait(state)
                 for j in cutlass.range_constexpr(K_TILE // K_BLOCK):
                     tCrA = tCrA0 if j == 0 else tCrA1
-                    buf = kblock % NUM_BDQ_BUFFERS + b_group * NUM_BDQ_BUFFERS
                     # ---- kernel A: 2 rows x 16 K values -> 16 BF16x2 registers (RS operand)
                     self._dequant_a(tCrA, base_a, base_sfa, state.index, j, a_row0,
                                     sfa_row_off, q)
-                    # ---- kernel B: this thread's share -> BF16 SMEM buffer ``buf``
-                    self._dequant_b(base_b, base_sfb, base_bdq, state.index, j, buf,
-                                    sfb_row_off, b_tid)
-                    if cutlass.const_expr(j == K_TILE // K_BLOCK - 1):
-                        ab_pipeline.consumer_release(state)
-                    # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a proxy
-                    # fence in every writing thread before the barrier.
-                    if b_tid < self.b_items:
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier(
-                        barrier_id=int(NamedBarrierId.B_READY) + b_group,
-                        number_of_threads=self.b_group_threads,
-                    )
+                    if cutlass.const_expr(self.tokens_bf16):
+                        b_block = 2 * state.index + j
+                    else:
+                        # ---- kernel B: this thread's share -> BF16 SMEM buffer ``b_block``
+                        b_block = kblock % NUM_BDQ_BUFFERS
+                        self._dequant_b(base_b, base_sfb, base_bdq, state.index, j, b_block,
+                                        sfb_row_off, tidx)
+                        if cutlass.const_expr(j == K_TILE // K_BLOCK - 1):
+                            ab_pipeline.consumer_release(state)
+                        # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a
+                        # proxy fence in every writing thread before the barrier.
+                        if tidx < self.tile_cols * 4:
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                        cute.arch.barrier(
+                            barrier_id=int(NamedBarrierId.B_READY),
+                            number_of_threads=self.num_mma_threads,
+                        )
                     warpgroup.fence()
                     for s in cutlass.range_constexpr(K_BLOCK // 16):
                         cute.gemm(tiled_mma, acc, tCrA[(None, None, s)],
-                                  tCrB[(None, None, s, buf)], acc)
+                                  tCrB[(None, None, s, b_block)], acc)
                     warpgroup.commit_group()
                     # NOTE: k-block t - 1 done => its A registers and, with the barrier above,
-                    # the kernel-B buffer of t - 2 (read by every warpgroup of the barrier)
-                    # are free again.
+                    # the kernel-B buffer of t - 2 (read by both warpgroups) are free again.
                     warpgroup.wait_group(1)
                     kblock += 1
+                    if cutlass.const_expr(self.tokens_bf16 and j == 0):
+                        # the last wgmma of the previous stage has completed: free it
+                        if kt > kt_begin:
+                            ab_pipeline.consumer_release(release_state)
+                            release_state.advance()
                 state.advance()
             warpgroup.wait_group(0)
+            if cutlass.const_expr(self.tokens_bf16):
+                if kt_end > kt_begin:
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
             self._epilogue(acc, mD_mnl, mWork, alpha, row_tile, col_tile, lk, thr_mma, tidx,
                            storage.splitk_flag.data_ptr().toint())
             tile_sched.advance_to_next_work()
@@ -909,33 +1035,26 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _dequant_b(self, base_b, base_sfb, base_bdq, stage, j, buf, sfb_row_off, tidx):
-        """This thread's (row, 16-group) items of kernel B's k-block j -> BF16 SMEM ``buf``
-        (``tidx`` counts the threads that share the work, ``b_group_threads`` of them).
+        """This thread's (row, 16-group) items of kernel B's k-block j -> BF16 SMEM ``buf``.
 
         Pair P_i of a group q goes to logical K 16 (i // 2) + 8 (i % 2) + 2q, +1: the same
         slots the A fragment gives it, i.e. 16-byte chunk i of the 128-byte row, word q."""
-        parts = self.b_parts
-        for it in cutlass.range_constexpr((self.b_items + self.b_group_threads - 1)
-                                          // self.b_group_threads):
-            item = tidx + it * self.b_group_threads
-            if item < self.b_items:
-                row = item // (4 * parts)
-                qb = item // parts % 4
+        items = self.tile_cols * 4
+        for it in cutlass.range_constexpr((items + self.num_mma_threads - 1)
+                                          // self.num_mma_threads):
+            item = tidx + it * self.num_mma_threads
+            if item < items:
+                row = item // 4
+                qb = item % 4
                 byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + qb * 8
-                addr = base_b + stage * self.b_stage_bytes + _swizzle64(byte)
+                packed = _ld_shared_b64(base_b + stage * self.b_stage_bytes + _swizzle64(byte))
                 factor = self._load_scale(base_sfb, stage, self.sfb_stage_bytes,
                                           row + sfb_row_off, j, qb)
-                if cutlass.const_expr(parts == 1):
-                    first = 0
-                    pairs = _fp4x16_to_bf16x2(_ld_shared_b64(addr), factor)
-                else:
-                    # half h of the group: its 32-bit word h, pairs P_4h .. P_4h+3
-                    first = item % 2 * 4
-                    pairs = _fp4x8_to_bf16x2(_ld_shared_b32(addr + first), factor)
+                pairs = _fp4x16_to_bf16x2(packed, factor)
                 row_addr = base_bdq + buf * self.bdq_buffer_bytes + row * 128 + qb * 4
-                for i in cutlass.range_constexpr(len(pairs)):
+                for i in cutlass.range_constexpr(8):
                     # NOTE: 128B swizzle: 16-byte chunk index XOR (row % 8).
-                    _st_shared_b32(row_addr + (((first + i) ^ (row % 8)) * 16), pairs[i])
+                    _st_shared_b32(row_addr + ((i ^ (row % 8)) * 16), pairs[i])
 
     @cute.jit
     def _load_scale(self, base_sf, stage, stage_bytes, row, j, q):
@@ -1025,12 +1144,7 @@ class BlockwiseGemmFp4Sm90:
 
     # ======================================= static helpers ====================================
     @staticmethod
-    def _compute_stages(tile_rows, tile_cols, sf_atoms_k, sfa_rb, sfb_rb, occupancy,
-                        b_groups) -> int:
-        stage_bytes = (tile_rows + tile_cols) * K_TILE // 2 + SF_ATOM_BYTES * sf_atoms_k * (
-            sfa_rb + sfb_rb
-        )
-        bdq_bytes = NUM_BDQ_BUFFERS * b_groups * tile_cols * K_BLOCK * 2
+    def _compute_stages(stage_bytes, bdq_bytes, occupancy) -> int:
         reserved = 2048  # mbarriers + alignment padding
         # NOTE: 228 KiB per SM in all, of which 1 KiB per CTA is reserved by the hardware.
         per_cta = min(SM90_SMEM_CAPACITY, SM90_SMEM_PER_SM // occupancy - 1024)
@@ -1079,7 +1193,7 @@ def workspace_elems(m, n, l, path, mma_tiler_mn, split_k):  # noqa: E741
 def smem_bytes(gemm: BlockwiseGemmFp4Sm90) -> int:
     """Dynamic SMEM of one CTA (after ``_setup_attributes``), the sum of the storage fields."""
     stage = gemm.a_stage_bytes + gemm.b_stage_bytes + gemm.sfa_stage_bytes + gemm.sfb_stage_bytes
-    bdq = NUM_BDQ_BUFFERS * gemm.b_groups * gemm.bdq_buffer_bytes
+    bdq = gemm.num_bdq_buffers * gemm.bdq_buffer_bytes
     return gemm.num_stages * (stage + 16) + bdq + 16
 
 
@@ -1106,6 +1220,7 @@ def compile_gemm(
     ptrs = [make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16) for _ in range(4)]
     ptrs.append(make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16))
     ptrs.append(make_ptr(cutlass.Float32, 0, gmem, assumed_align=16))
+    ptrs.append(make_ptr(cutlass.BFloat16, 0, gmem, assumed_align=16))
     problem = tuple(Int32(1) for _ in range(4))
     compiled = cute.compile(
         gemm, *ptrs, problem, cutlass.Float32(1.0), max_active_clusters,
@@ -1128,14 +1243,21 @@ class Fp4GemmSm90Runner:
         )
         self._workspace = {}
 
-    def workspace(self, m, n, l):  # noqa: E741
+    def workspace(self, m, n, k, l):  # noqa: E741
+        """(split-K workspace, BF16 token buffer) for a problem shape, allocated once."""
         import torch
 
-        key = (m, n, l)
+        key = (m, n, k, l)
         if key not in self._workspace:
-            # zeros once: the split-K counters reset themselves after every tile
+            # zeros once: the split-K counters reset themselves after every tile, and the pad
+            # columns of the token buffer are never written
             elems = workspace_elems(m, n, l, self.path, self.mma_tiler_mn, self.split_k)
-            self._workspace[key] = torch.zeros(elems, dtype=torch.float32, device="cuda")
+            tok_shape = (l, m, (k + K_BLOCK - 1) // K_BLOCK * K_BLOCK) if (
+                self.path == "decode") else (8,)
+            self._workspace[key] = (
+                torch.zeros(elems, dtype=torch.float32, device="cuda"),
+                torch.zeros(tok_shape, dtype=torch.bfloat16, device="cuda"),
+            )
         return self._workspace[key]
 
     def __call__(self, a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha, stream=None):  # noqa: E741
@@ -1144,11 +1266,12 @@ class Fp4GemmSm90Runner:
         from cutlass.cute.runtime import make_ptr
 
         gmem = cute.AddressSpace.gmem
-        work = self.workspace(m, n, l)
+        work, tokens = self.workspace(m, n, k, l)
         ptrs = [make_ptr(cutlass.Uint8, t.data_ptr(), gmem, assumed_align=16)
                 for t in (a, b, sfa_blocked, sfb_blocked)]
         ptrs.append(make_ptr(C_DTYPES[self.c_dtype], d.data_ptr(), gmem, assumed_align=16))
         ptrs.append(make_ptr(cutlass.Float32, work.data_ptr(), gmem, assumed_align=16))
+        ptrs.append(make_ptr(cutlass.BFloat16, tokens.data_ptr(), gmem, assumed_align=16))
         if stream is None:
             stream = cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream)
         self.compiled(*ptrs, (Int32(m), Int32(n), Int32(k), Int32(l)), cutlass.Float32(alpha),
