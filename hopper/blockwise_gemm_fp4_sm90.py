@@ -394,10 +394,10 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
 
 
 def occupancy(path: str, mma_tiler_mn: tuple[int, int]) -> int:
-    """CTAs per SM: 2 for decode tiles of <= 32 tokens, whose consumers fit in 112 registers
-    (64 tokens would spill), so that two CTAs hide each other's per-k-block latency (SMEM load
-    -> convert -> barrier -> wgmma); 1 otherwise."""
-    return 2 if path == "decode" and kernel_tile(path, mma_tiler_mn)[1] <= 32 else 1
+    """CTAs per SM: 2 for decode tiles of <= 64 tokens, whose consumers (weights only) fit in
+    104 registers, so that two CTAs hide each other's per-k-block latency (SMEM load ->
+    convert -> wgmma); 1 otherwise."""
+    return 2 if path == "decode" and kernel_tile(path, mma_tiler_mn)[1] <= 64 else 1
 
 
 def kernel_tile(path: str, mma_tiler_mn: tuple[int, int]) -> tuple[int, int]:
