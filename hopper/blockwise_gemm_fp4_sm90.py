@@ -1291,8 +1291,9 @@ def blocked_scales(scales):
     return reference.to_blocked(scales).view(__import__("torch").uint8).contiguous()
 
 
-def _resource_usage(dump_dir: str) -> dict:
-    """Registers / local / shared of the kernel in the dumped cubin (cuobjdump -res-usage)."""
+def _resource_usage(dump_dir: str) -> list[dict]:
+    """Registers / stack / local / static shared of every kernel in the newest dumped cubin
+    (``cuobjdump -res-usage``); empty if cuobjdump or the cubin is missing."""
     import glob
     import re
     import shutil
@@ -1305,20 +1306,16 @@ def _resource_usage(dump_dir: str) -> dict:
 
             tool = os.path.join(list(cu13.__path__)[0], "bin", "cuobjdump")
         except ImportError:
-            return {}
+            return []
     cubins = sorted(glob.glob(os.path.join(dump_dir, "*.cubin")), key=os.path.getmtime)
     if not cubins or not os.path.exists(tool):
-        return {}
+        return []
     out = subprocess.run([tool, "-res-usage", cubins[-1]], capture_output=True, text=True).stdout
-    info = {"cubin": cubins[-1]}
-    name = re.search(r"Function (\S+):", out)
-    usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
-    if name:
-        info["kernel"] = name.group(1)
-    if usage:
-        info.update(reg=int(usage.group(1)), stack=int(usage.group(2)),
-                    static_shared=int(usage.group(3)), local=int(usage.group(4)))
-    return info
+    pattern = r"Function (\S+):\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)"
+    return [
+        dict(kernel=f, reg=int(r), stack=int(st), static_shared=int(sh), local=int(lo))
+        for f, r, st, sh, lo in re.findall(pattern, out)
+    ]
 
 
 def _parse_pair(text: str) -> tuple[int, int]:
@@ -1399,15 +1396,18 @@ def main(argv=None) -> int:
         os.makedirs(dump, exist_ok=True)
         opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
         gemm, _ = compile_gemm(args.sf_vec_size, args.c_dtype, path, tiler, split, 132, opts)
-        info = _resource_usage(dump)
-        print(f"kernel: {info.get('kernel', '?')}")
-        print(f"registers: {info.get('reg', '?')} (setmaxnreg: producer {gemm.producer_regs}, "
-              f"consumers {gemm.mma_regs})")
-        print(f"local memory: {info.get('local', '?')} bytes, stack {info.get('stack', '?')}")
-        print(f"shared memory: {smem_bytes(gemm)} bytes dynamic + "
-              f"{info.get('static_shared', '?')} static")
+        kernels = _resource_usage(dump)
+        if not kernels:
+            print("(cuobjdump not found: no register / local-memory report)")
+        for info in kernels:
+            print(f"kernel: {info['kernel']}")
+            print(f"  registers: {info['reg']}, local memory: {info['local']} bytes, "
+                  f"stack: {info['stack']} bytes, static shared: {info['static_shared']} bytes")
+        print(f"main kernel: setmaxnreg producer {gemm.producer_regs} / consumers "
+              f"{gemm.mma_regs}, {gemm.threads_per_cta} threads, {gemm.occupancy} CTA(s)/SM")
+        print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
         print(f"stages: {gemm.num_stages} (k-tile {K_TILE}), BF16 kernel-B buffers: "
-              f"{NUM_BDQ_BUFFERS}, threads: {gemm.threads_per_cta}")
+              f"{gemm.num_bdq_buffers}")
         print(f"dump: {dump}")
         return 0
 
