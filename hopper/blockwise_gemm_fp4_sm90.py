@@ -146,183 +146,90 @@ class NamedBarrierId(enum.IntEnum):
 # ---------------------------------------------------------------------------------------------
 # PTX helpers (sm_90 has no FP4 conversion instruction; these are plain integer / bf16x2 ops)
 # ---------------------------------------------------------------------------------------------
+def _ptx(result, operands, asm: str, constraints: str, *, side_effects=True, loc=None, ip=None):
+    """One PTX instruction as LLVM inline asm.  ``operands`` are (DSL type, value) pairs;
+    ``result`` is the DSL type of the single output, or None for an instruction without one."""
+    out = llvm.inline_asm(
+        None if result is None else result.mlir_type,
+        [dtype(value).ir_value(loc=loc, ip=ip) for dtype, value in operands],
+        asm,
+        constraints,
+        has_side_effects=side_effects,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return None if result is None else result(out)
+
+
+# NOTE: loads carry side effects so that they stay after the mbarrier wait guarding their stage.
 @dsl_user_op
 def _ld_shared_b64(addr: Int32, *, loc=None, ip=None) -> Uint64:
-    # NOTE: side effects keep the load after the mbarrier wait that guards the stage.
-    return Uint64(
-        llvm.inline_asm(
-            Uint64.mlir_type,
-            [Int32(addr).ir_value(loc=loc, ip=ip)],
-            "ld.shared.b64 $0, [$1];",
-            "=l,r",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return _ptx(Uint64, [(Int32, addr)], "ld.shared.b64 $0, [$1];", "=l,r", loc=loc, ip=ip)
 
 
 @dsl_user_op
 def _ld_shared_u8(addr: Int32, *, loc=None, ip=None) -> Uint32:
-    return Uint32(
-        llvm.inline_asm(
-            Uint32.mlir_type,
-            [Int32(addr).ir_value(loc=loc, ip=ip)],
-            "ld.shared.u8 $0, [$1];",
-            "=r,r",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return _ptx(Uint32, [(Int32, addr)], "ld.shared.u8 $0, [$1];", "=r,r", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _ld_shared_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
+    return _ptx(Uint32, [(Int32, addr)], "ld.shared.u32 $0, [$1];", "=r,r", loc=loc, ip=ip)
 
 
 @dsl_user_op
 def _st_shared_b32(addr: Int32, value: Uint32, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(
-        None,
-        [Int32(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)],
-        "st.shared.b32 [$0], $1;",
-        "r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+    operands = [(Int32, addr), (Uint32, value)]
+    _ptx(None, operands, "st.shared.b32 [$0], $1;", "r,r", loc=loc, ip=ip)
 
 
 @dsl_user_op
 def _mul_bf16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
-    return Uint32(
-        llvm.inline_asm(
-            Uint32.mlir_type,
-            [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)],
-            "mul.rn.bf16x2 $0, $1, $2;",
-            "=r,r,r",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    operands = [(Uint32, a), (Uint32, b)]
+    asm = "mul.rn.bf16x2 $0, $1, $2;"
+    return _ptx(Uint32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def _st_global_f32(addr: Int64, value: cutlass.Float32, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(
-        None,
-        [Int64(addr).ir_value(loc=loc, ip=ip), cutlass.Float32(value).ir_value(loc=loc, ip=ip)],
-        "st.global.f32 [$0], $1;",
-        "l,f",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+    operands = [(Int64, addr), (cutlass.Float32, value)]
+    _ptx(None, operands, "st.global.f32 [$0], $1;", "l,f", loc=loc, ip=ip)
 
 
 @dsl_user_op
 def _ld_global_cg_f32(addr: Int64, *, loc=None, ip=None) -> cutlass.Float32:
     # NOTE: .cg (L2 only): the partials come from other SMs, whose writes L1 does not see.
-    return cutlass.Float32(
-        llvm.inline_asm(
-            cutlass.Float32.mlir_type,
-            [Int64(addr).ir_value(loc=loc, ip=ip)],
-            "ld.global.cg.f32 $0, [$1];",
-            "=f,l",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    asm = "ld.global.cg.f32 $0, [$1];"
+    return _ptx(cutlass.Float32, [(Int64, addr)], asm, "=f,l", loc=loc, ip=ip)
 
 
 @dsl_user_op
 def _atomic_add_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> Uint32:
-    return Uint32(
-        llvm.inline_asm(
-            Uint32.mlir_type,
-            [Int64(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)],
-            "atom.global.acq_rel.gpu.add.u32 $0, [$1], $2;",
-            "=r,l,r",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    operands = [(Int64, addr), (Uint32, value)]
+    asm = "atom.global.acq_rel.gpu.add.u32 $0, [$1], $2;"
+    return _ptx(Uint32, operands, asm, "=r,l,r", loc=loc, ip=ip)
 
 
 @dsl_user_op
 def _ld_global_nc_b64(addr: Int64, *, loc=None, ip=None) -> Uint64:
-    return Uint64(
-        llvm.inline_asm(
-            Uint64.mlir_type,
-            [Int64(addr).ir_value(loc=loc, ip=ip)],
-            "ld.global.nc.b64 $0, [$1];",
-            "=l,l",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return _ptx(Uint64, [(Int64, addr)], "ld.global.nc.b64 $0, [$1];", "=l,l", loc=loc, ip=ip)
 
 
 @dsl_user_op
 def _ld_global_nc_u8(addr: Int64, *, loc=None, ip=None) -> Uint32:
-    return Uint32(
-        llvm.inline_asm(
-            Uint32.mlir_type,
-            [Int64(addr).ir_value(loc=loc, ip=ip)],
-            "ld.global.nc.u8 $0, [$1];",
-            "=r,l",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return _ptx(Uint32, [(Int64, addr)], "ld.global.nc.u8 $0, [$1];", "=r,l", loc=loc, ip=ip)
 
 
 @dsl_user_op
 def _st_global_b32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(
-        None,
-        [Int64(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)],
-        "st.global.b32 [$0], $1;",
-        "l,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+    operands = [(Int64, addr), (Uint32, value)]
+    _ptx(None, operands, "st.global.b32 [$0], $1;", "l,r", loc=loc, ip=ip)
 
 
 @dsl_user_op
 def _st_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(
-        None,
-        [Int64(addr).ir_value(loc=loc, ip=ip), Uint32(value).ir_value(loc=loc, ip=ip)],
-        "st.relaxed.gpu.global.u32 [$0], $1;",
-        "l,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-
-
-@dsl_user_op
-def _st_shared_u32(addr: Int32, value: Uint32, *, loc=None, ip=None) -> None:
-    _st_shared_b32(addr, value, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _ld_shared_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
-    return Uint32(
-        llvm.inline_asm(
-            Uint32.mlir_type,
-            [Int32(addr).ir_value(loc=loc, ip=ip)],
-            "ld.shared.u32 $0, [$1];",
-            "=r,r",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    operands = [(Int64, addr), (Uint32, value)]
+    _ptx(None, operands, "st.relaxed.gpu.global.u32 [$0], $1;", "l,r", loc=loc, ip=ip)
 
 
 def _fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
@@ -501,7 +408,9 @@ class BlockwiseGemmFp4Sm90:
         self.mma_regs = min(
             240,
             (self.threads_per_cta * launch_regs - self.threads_per_wg * self.producer_regs)
-            // self.num_mma_threads // 8 * 8,
+            // self.num_mma_threads
+            // 8
+            * 8,
         )
         self.acc_dtype = cutlass.Float32
         self.mma_dtype = cutlass.BFloat16
@@ -543,7 +452,8 @@ class BlockwiseGemmFp4Sm90:
         )
         self.num_stages = self._compute_stages(
             self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes,
-            self.num_bdq_buffers * self.bdq_buffer_bytes, self.occupancy,
+            self.num_bdq_buffers * self.bdq_buffer_bytes,
+            self.occupancy,
         )
         # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks.
         self.a_smem_layout_staged = cute.tile_to_shape(
@@ -630,7 +540,9 @@ class BlockwiseGemmFp4Sm90:
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
-            g2s, mKA, cute.slice_(self.a_smem_layout_staged, (None, None, 0)),
+            g2s,
+            mKA,
+            cute.slice_(self.a_smem_layout_staged, (None, None, 0)),
             (self.tile_rows, K_TILE // 2),
         )
         b_tile = (self.tile_cols, K_BLOCK if self.tokens_bf16 else K_TILE // 2)
@@ -640,7 +552,9 @@ class BlockwiseGemmFp4Sm90:
         sf_tile_a = (256, 2 * self.sf_atoms_k, self.sfa_row_blocks)
         sf_tile_b = (256, 2 * self.sf_atoms_k, self.sfb_row_blocks)
         tma_atom_sfa, tma_tensor_sfa = cpasync.make_tiled_tma_atom(
-            g2s, mSFKA, cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
+            g2s,
+            mSFKA,
+            cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
             sf_tile_a,
         )
         if cutlass.const_expr(self.tokens_bf16):
@@ -648,12 +562,19 @@ class BlockwiseGemmFp4Sm90:
             tma_atom_sfb, tma_tensor_sfb = tma_atom_sfa, tma_tensor_sfa
         else:
             tma_atom_sfb, tma_tensor_sfb = cpasync.make_tiled_tma_atom(
-                g2s, mSFKB, cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0)),
+                g2s,
+                mSFKB,
+                cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0)),
                 sf_tile_b,
             )
 
         tile_sched_params, grid = self._compute_grid(
-            rows_a, rows_b, l, self.tile_rows, self.tile_cols, self.split_k,
+            rows_a,
+            rows_b,
+            l,
+            self.tile_rows,
+            self.tile_cols,
+            self.split_k,
             max_active_clusters * self.occupancy,
         )
 
@@ -689,11 +610,25 @@ class BlockwiseGemmFp4Sm90:
                 grid=[(groups + 255) // 256, 1, 1], block=[256, 1, 1], stream=stream
             )
         self.kernel(
-            tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b,
-            tma_atom_sfa, tma_tensor_sfa, tma_atom_sfb, tma_tensor_sfb,
-            mD, mWork, alpha, k, self.tiled_mma, tile_sched_params,
-            self.a_smem_layout_staged, self.b_smem_layout_staged, self.sfa_smem_layout_staged,
-            self.sfb_smem_layout_staged, self.bdq_smem_layout_staged,
+            tma_atom_a,
+            tma_tensor_a,
+            tma_atom_b,
+            tma_tensor_b,
+            tma_atom_sfa,
+            tma_tensor_sfa,
+            tma_atom_sfb,
+            tma_tensor_sfb,
+            mD,
+            mWork,
+            alpha,
+            k,
+            self.tiled_mma,
+            tile_sched_params,
+            self.a_smem_layout_staged,
+            self.b_smem_layout_staged,
+            self.sfa_smem_layout_staged,
+            self.sfb_smem_layout_staged,
+            self.bdq_smem_layout_staged,
         ).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
@@ -720,8 +655,9 @@ class BlockwiseGemmFp4Sm90:
 
     # -----------------------------------------------------------------------------------------
     @cute.kernel
-    def convert_tokens(self, mA: cute.Tensor, mSFA: cute.Tensor, mTok: cute.Tensor, k: Int32,
-                       k_pad: Int32):
+    def convert_tokens(
+        self, mA: cute.Tensor, mSFA: cute.Tensor, mTok: cute.Tensor, k: Int32, k_pad: Int32
+    ):
         """Decode prologue: packed FP4 tokens (M, K/2, L) + blocked scales -> BF16 (M, K_pad, L)
         in the mainloop's permuted K order (pair P_i of 16-group q of a 64-block goes to
         16 (i // 2) + 8 (i % 2) + 2q, exactly where the weights' A fragment expects it).
@@ -743,15 +679,19 @@ class BlockwiseGemmFp4Sm90:
             r = row % SF_ATOM_ROWS
             sf_byte = (
                 ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col // SF_ATOM_COLS)
-                * SF_ATOM_BYTES + (r % 32) * 16 + (r // 32) * 4 + col % SF_ATOM_COLS
+                * SF_ATOM_BYTES
+                + (r % 32) * 16
+                + (r // 32) * 4
+                + col % SF_ATOM_COLS
             )
             factor = _scale_to_bf16x2(
                 _ld_global_nc_u8(mSFA.iterator.toint() + Int64(sf_byte)), self.sf_vec_size
             )
             pairs = _fp4x16_to_bf16x2(_ld_global_nc_b64(src), factor)
-            dst = mTok.iterator.toint() + (
-                row_id * Int64(k_pad) + Int64(c16 // 4 * K_BLOCK + c16 % 4 * 2)
-            ) * 2
+            dst = (
+                mTok.iterator.toint()
+                + (row_id * Int64(k_pad) + Int64(c16 // 4 * K_BLOCK + c16 % 4 * 2)) * 2
+            )
             for i in cutlass.range_constexpr(8):
                 _st_global_b32(dst + (16 * (i // 2) + 8 * (i % 2)) * 2, pairs[i])
 
@@ -806,24 +746,57 @@ class BlockwiseGemmFp4Sm90:
             cute.arch.warpgroup_reg_dealloc(self.producer_regs)
             if warp_idx == self.producer_warp:
                 self._producer(
-                    storage, ab_pipeline, k_tiles, a_smem_layout_staged, b_smem_layout_staged,
-                    sfa_smem_layout_staged, sfb_smem_layout_staged,
-                    tma_atom_a, mA_mkl, tma_atom_b, mB_nkl,
-                    tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl, tile_sched_params,
+                    storage,
+                    ab_pipeline,
+                    k_tiles,
+                    a_smem_layout_staged,
+                    b_smem_layout_staged,
+                    sfa_smem_layout_staged,
+                    sfb_smem_layout_staged,
+                    tma_atom_a,
+                    mA_mkl,
+                    tma_atom_b,
+                    mB_nkl,
+                    tma_atom_sfa,
+                    mSFA_mkl,
+                    tma_atom_sfb,
+                    mSFB_nkl,
+                    tile_sched_params,
                 )
         else:
             cute.arch.warpgroup_reg_alloc(self.mma_regs)
             self._consumer(
-                storage, ab_pipeline, k_tiles, b_smem_layout_staged, bdq_smem_layout_staged,
-                mD_mnl, mWork, alpha, tiled_mma, tile_sched_params,
+                storage,
+                ab_pipeline,
+                k_tiles,
+                b_smem_layout_staged,
+                bdq_smem_layout_staged,
+                mD_mnl,
+                mWork,
+                alpha,
+                tiled_mma,
+                tile_sched_params,
             )
 
     # ======================================= TMA producer ======================================
     @cute.jit
     def _producer(
-        self, storage, ab_pipeline, k_tiles, a_smem_layout_staged, b_smem_layout_staged,
-        sfa_smem_layout_staged, sfb_smem_layout_staged,
-        tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl,
+        self,
+        storage,
+        ab_pipeline,
+        k_tiles,
+        a_smem_layout_staged,
+        b_smem_layout_staged,
+        sfa_smem_layout_staged,
+        sfb_smem_layout_staged,
+        tma_atom_a,
+        mA_mkl,
+        tma_atom_b,
+        mB_nkl,
+        tma_atom_sfa,
+        mSFA_mkl,
+        tma_atom_sfb,
+        mSFB_nkl,
         tile_sched_params,
     ):
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
@@ -841,16 +814,25 @@ class BlockwiseGemmFp4Sm90:
         )
         # (TMA, stage) / (TMA, RestRows, RestK, L)
         tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
+            tma_atom_a,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(sA, 0, 2),
             cute.group_modes(gA, 0, 2),
         )
         tBsB, tBgB = cpasync.tma_partition(
-            tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
+            tma_atom_b,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(sB, 0, 2),
             cute.group_modes(gB, 0, 2),
         )
         # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
         tSsSFA, tSgSFA = cpasync.tma_partition(
-            tma_atom_sfa, 0, cute.make_layout(1), cute.group_modes(sSFA, 0, 3),
+            tma_atom_sfa,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(sSFA, 0, 3),
             cute.group_modes(gSFA, 0, 3),
         )
         if cutlass.const_expr(not self.tokens_bf16):
@@ -859,7 +841,10 @@ class BlockwiseGemmFp4Sm90:
                 mSFB_nkl, (256, 2 * self.sf_atoms_k, self.sfb_row_blocks), (0, None, None, None)
             )
             tSsSFB, tSgSFB = cpasync.tma_partition(
-                tma_atom_sfb, 0, cute.make_layout(1), cute.group_modes(sSFB, 0, 3),
+                tma_atom_sfb,
+                0,
+                cute.make_layout(1),
+                cute.group_modes(sSFB, 0, 3),
                 cute.group_modes(gSFB, 0, 3),
             )
 
@@ -878,19 +863,39 @@ class BlockwiseGemmFp4Sm90:
             for kt in cutlass.range(kt_begin, kt_end, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
-                cute.copy(tma_atom_a, tAgA[(None, row_tile, kt, batch)],
-                          tAsA[(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_atom_sfa, tSgSFA[(None, kt, sfa_rb, batch)],
-                          tSsSFA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(
+                    tma_atom_a,
+                    tAgA[(None, row_tile, kt, batch)],
+                    tAsA[(None, state.index)],
+                    tma_bar_ptr=bar,
+                )
+                cute.copy(
+                    tma_atom_sfa,
+                    tSgSFA[(None, kt, sfa_rb, batch)],
+                    tSsSFA[(None, state.index)],
+                    tma_bar_ptr=bar,
+                )
                 if cutlass.const_expr(self.tokens_bf16):
                     for j in cutlass.range_constexpr(K_TILE // K_BLOCK):
-                        cute.copy(tma_atom_b, tBgB[(None, col_tile, 2 * kt + j, batch)],
-                                  tBsB[(None, 2 * state.index + j)], tma_bar_ptr=bar)
+                        cute.copy(
+                            tma_atom_b,
+                            tBgB[(None, col_tile, 2 * kt + j, batch)],
+                            tBsB[(None, 2 * state.index + j)],
+                            tma_bar_ptr=bar,
+                        )
                 else:
-                    cute.copy(tma_atom_b, tBgB[(None, col_tile, kt, batch)],
-                              tBsB[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_atom_sfb, tSgSFB[(None, kt, sfb_rb, batch)],
-                              tSsSFB[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(
+                        tma_atom_b,
+                        tBgB[(None, col_tile, kt, batch)],
+                        tBsB[(None, state.index)],
+                        tma_bar_ptr=bar,
+                    )
+                    cute.copy(
+                        tma_atom_sfb,
+                        tSgSFB[(None, kt, sfb_rb, batch)],
+                        tSsSFB[(None, state.index)],
+                        tma_bar_ptr=bar,
+                    )
                 ab_pipeline.producer_commit(state)
                 state.advance()
             tile_sched.advance_to_next_work()
@@ -911,8 +916,17 @@ class BlockwiseGemmFp4Sm90:
     # ======================================= consumers =========================================
     @cute.jit
     def _consumer(
-        self, storage, ab_pipeline, k_tiles, b_smem_layout_staged, bdq_smem_layout_staged,
-        mD_mnl, mWork, alpha, tiled_mma, tile_sched_params,
+        self,
+        storage,
+        ab_pipeline,
+        k_tiles,
+        b_smem_layout_staged,
+        bdq_smem_layout_staged,
+        mD_mnl,
+        mWork,
+        alpha,
+        tiled_mma,
+        tile_sched_params,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         tidx = tidx - self.threads_per_wg  # 0 .. num_mma_threads - 1
@@ -974,15 +988,15 @@ class BlockwiseGemmFp4Sm90:
                 for j in cutlass.range_constexpr(K_TILE // K_BLOCK):
                     tCrA = tCrA0 if j == 0 else tCrA1
                     # ---- kernel A: 2 rows x 16 K values -> 16 BF16x2 registers (RS operand)
-                    self._dequant_a(tCrA, base_a, base_sfa, state.index, j, a_row0,
-                                    sfa_row_off, q)
+                    self._dequant_a(tCrA, base_a, base_sfa, state.index, j, a_row0, sfa_row_off, q)
                     if cutlass.const_expr(self.tokens_bf16):
                         b_block = 2 * state.index + j
                     else:
                         # ---- kernel B: this thread's share -> BF16 SMEM buffer ``b_block``
                         b_block = kblock % NUM_BDQ_BUFFERS
-                        self._dequant_b(base_b, base_sfb, base_bdq, state.index, j, b_block,
-                                        sfb_row_off, tidx)
+                        self._dequant_b(
+                            base_b, base_sfb, base_bdq, state.index, j, b_block, sfb_row_off, tidx
+                        )
                         if cutlass.const_expr(j == K_TILE // K_BLOCK - 1):
                             ab_pipeline.consumer_release(state)
                         # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a
@@ -995,8 +1009,13 @@ class BlockwiseGemmFp4Sm90:
                         )
                     warpgroup.fence()
                     for s in cutlass.range_constexpr(K_BLOCK // 16):
-                        cute.gemm(tiled_mma, acc, tCrA[(None, None, s)],
-                                  tCrB[(None, None, s, b_block)], acc)
+                        cute.gemm(
+                            tiled_mma,
+                            acc,
+                            tCrA[(None, None, s)],
+                            tCrB[(None, None, s, b_block)],
+                            acc,
+                        )
                     warpgroup.commit_group()
                     # NOTE: k-block t - 1 done => its A registers and, with the barrier above,
                     # the kernel-B buffer of t - 2 (read by both warpgroups) are free again.
@@ -1013,8 +1032,18 @@ class BlockwiseGemmFp4Sm90:
                 if kt_end > kt_begin:
                     ab_pipeline.consumer_release(release_state)
                     release_state.advance()
-            self._epilogue(acc, mD_mnl, mWork, alpha, row_tile, col_tile, lk, thr_mma, tidx,
-                           storage.splitk_flag.data_ptr().toint())
+            self._epilogue(
+                acc,
+                mD_mnl,
+                mWork,
+                alpha,
+                row_tile,
+                col_tile,
+                lk,
+                thr_mma,
+                tidx,
+                storage.splitk_flag.data_ptr().toint(),
+            )
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
 
@@ -1027,8 +1056,9 @@ class BlockwiseGemmFp4Sm90:
             row = a_row0 + 8 * r
             byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
             packed = _ld_shared_b64(base_a + stage * self.a_stage_bytes + _swizzle64(byte))
-            factor = self._load_scale(base_sfa, stage, self.sfa_stage_bytes, row + sfa_row_off,
-                                      j, q)
+            factor = self._load_scale(
+                base_sfa, stage, self.sfa_stage_bytes, row + sfa_row_off, j, q
+            )
             pairs = _fp4x16_to_bf16x2(packed, factor)
             for i in cutlass.range_constexpr(8):
                 rA[r + 2 * (i % 2) + 4 * (i // 2)] = pairs[i]
@@ -1040,16 +1070,18 @@ class BlockwiseGemmFp4Sm90:
         Pair P_i of a group q goes to logical K 16 (i // 2) + 8 (i % 2) + 2q, +1: the same
         slots the A fragment gives it, i.e. 16-byte chunk i of the 128-byte row, word q."""
         items = self.tile_cols * 4
-        for it in cutlass.range_constexpr((items + self.num_mma_threads - 1)
-                                          // self.num_mma_threads):
+        for it in cutlass.range_constexpr(
+            (items + self.num_mma_threads - 1) // self.num_mma_threads
+        ):
             item = tidx + it * self.num_mma_threads
             if item < items:
                 row = item // 4
                 qb = item % 4
                 byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + qb * 8
                 packed = _ld_shared_b64(base_b + stage * self.b_stage_bytes + _swizzle64(byte))
-                factor = self._load_scale(base_sfb, stage, self.sfb_stage_bytes,
-                                          row + sfb_row_off, j, qb)
+                factor = self._load_scale(
+                    base_sfb, stage, self.sfb_stage_bytes, row + sfb_row_off, j, qb
+                )
                 pairs = _fp4x16_to_bf16x2(packed, factor)
                 row_addr = base_bdq + buf * self.bdq_buffer_bytes + row * 128 + qb * 4
                 for i in cutlass.range_constexpr(8):
@@ -1072,8 +1104,9 @@ class BlockwiseGemmFp4Sm90:
 
     # ======================================= epilogue ==========================================
     @cute.jit
-    def _epilogue(self, acc, mD_mnl, mWork, alpha, row_tile, col_tile, lk, thr_mma, tidx,
-                  flag_addr):
+    def _epilogue(
+        self, acc, mD_mnl, mWork, alpha, row_tile, col_tile, lk, thr_mma, tidx, flag_addr
+    ):
         """acc * alpha -> D (predicated: ragged rows / cols are simply not written).
 
         With split-K, every split first parks its fp32 fragment in the workspace; the split
@@ -1081,10 +1114,12 @@ class BlockwiseGemmFp4Sm90:
         does not depend on the arrival order), resets the counter and stores D."""
         batch = lk // self.split_k
         # (rows, cols)
-        gD = cute.local_tile(mD_mnl, (self.tile_rows, self.tile_cols),
-                             (row_tile, col_tile, batch))
-        cD = cute.local_tile(cute.make_identity_tensor(mD_mnl.shape),
-                             (self.tile_rows, self.tile_cols), (row_tile, col_tile, batch))
+        gD = cute.local_tile(mD_mnl, (self.tile_rows, self.tile_cols), (row_tile, col_tile, batch))
+        cD = cute.local_tile(
+            cute.make_identity_tensor(mD_mnl.shape),
+            (self.tile_rows, self.tile_cols),
+            (row_tile, col_tile, batch),
+        )
         # (MMA, MMA_M, MMA_N)
         tCgD = thr_mma.partition_C(gD)
         tCcD = thr_mma.partition_C(cD)
@@ -1099,10 +1134,11 @@ class BlockwiseGemmFp4Sm90:
             split = lk % self.split_k
             work = mWork.iterator.toint()
             frag_stride = Int64(self.num_mma_threads * nacc * 4)
-            my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride
-                              + Int64(tidx * nacc * 4))
-            counter = work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(
-                tile_id * 4
+            my_frag = work + (
+                Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * nacc * 4)
+            )
+            counter = (
+                work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
             )
             for i in cutlass.range_constexpr(nacc):
                 _st_global_f32(my_frag + i * 4, acc[i])
@@ -1114,7 +1150,7 @@ class BlockwiseGemmFp4Sm90:
                 last = old == Uint32(self.split_k - 1)
                 if last:
                     _st_global_u32(counter, Uint32(0))
-                _st_shared_u32(flag_addr, Uint32(last))
+                _st_shared_b32(flag_addr, Uint32(last))
             self._splitk_barrier()
             is_last = _ld_shared_u32(flag_addr) != Uint32(0)
             if is_last:
@@ -1125,8 +1161,10 @@ class BlockwiseGemmFp4Sm90:
                     if sp == split:
                         acc.store(acc.load() + own)
                     else:
-                        frag = work + (Int64(tile_id * self.split_k + sp) * frag_stride
-                                       + Int64(tidx * nacc * 4))
+                        frag = work + (
+                            Int64(tile_id * self.split_k + sp) * frag_stride
+                            + Int64(tidx * nacc * 4)
+                        )
                         for i in cutlass.range_constexpr(nacc):
                             acc[i] = acc[i] + _ld_global_cg_f32(frag + i * 4)
         if is_last:
@@ -1174,8 +1212,9 @@ class BlockwiseGemmFp4Sm90:
         split_k: int = 1,
     ) -> tuple[bool, list[str]]:
         """(ok, reasons): ``check_config`` in the CUTLASS-example shape."""
-        reasons = check_config(mnkl, sf_vec_size, sf_dtype, c_dtype, path, mma_tiler_mn,
-                               cluster_shape_mn, split_k)
+        reasons = check_config(
+            mnkl, sf_vec_size, sf_dtype, c_dtype, path, mma_tiler_mn, cluster_shape_mn, split_k
+        )
         return not reasons, reasons
 
 
@@ -1223,8 +1262,13 @@ def compile_gemm(
     ptrs.append(make_ptr(cutlass.BFloat16, 0, gmem, assumed_align=16))
     problem = tuple(Int32(1) for _ in range(4))
     compiled = cute.compile(
-        gemm, *ptrs, problem, cutlass.Float32(1.0), max_active_clusters,
-        cuda_driver.CUstream(0), options=options,
+        gemm,
+        *ptrs,
+        problem,
+        cutlass.Float32(1.0),
+        max_active_clusters,
+        cuda_driver.CUstream(0),
+        options=options,
     )
     return gemm, compiled
 
@@ -1252,8 +1296,9 @@ class Fp4GemmSm90Runner:
             # zeros once: the split-K counters reset themselves after every tile, and the pad
             # columns of the token buffer are never written
             elems = workspace_elems(m, n, l, self.path, self.mma_tiler_mn, self.split_k)
-            tok_shape = (l, m, (k + K_BLOCK - 1) // K_BLOCK * K_BLOCK) if (
-                self.path == "decode") else (8,)
+            tok_shape = (
+                (l, m, (k + K_BLOCK - 1) // K_BLOCK * K_BLOCK) if (self.path == "decode") else (8,)
+            )
             self._workspace[key] = (
                 torch.zeros(elems, dtype=torch.float32, device="cuda"),
                 torch.zeros(tok_shape, dtype=torch.bfloat16, device="cuda"),
@@ -1267,15 +1312,18 @@ class Fp4GemmSm90Runner:
 
         gmem = cute.AddressSpace.gmem
         work, tokens = self.workspace(m, n, k, l)
-        ptrs = [make_ptr(cutlass.Uint8, t.data_ptr(), gmem, assumed_align=16)
-                for t in (a, b, sfa_blocked, sfb_blocked)]
+        ptrs = [
+            make_ptr(cutlass.Uint8, t.data_ptr(), gmem, assumed_align=16)
+            for t in (a, b, sfa_blocked, sfb_blocked)
+        ]
         ptrs.append(make_ptr(C_DTYPES[self.c_dtype], d.data_ptr(), gmem, assumed_align=16))
         ptrs.append(make_ptr(cutlass.Float32, work.data_ptr(), gmem, assumed_align=16))
         ptrs.append(make_ptr(cutlass.BFloat16, tokens.data_ptr(), gmem, assumed_align=16))
         if stream is None:
             stream = cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream)
-        self.compiled(*ptrs, (Int32(m), Int32(n), Int32(k), Int32(l)), cutlass.Float32(alpha),
-                      stream)
+        self.compiled(
+            *ptrs, (Int32(m), Int32(n), Int32(k), Int32(l)), cutlass.Float32(alpha), stream
+        )
 
 
 def _torch_dtype(c_dtype: str):
@@ -1337,8 +1385,14 @@ def parse_args(argv=None):
         description="NVFP4 / MXFP4 W4A4 GEMM on Hopper (BF16 wgmma on in-kernel dequantized FP4)."
     )
     ap.add_argument("--mnkl", type=_parse_mnkl, default=(8192, 8192, 8192, 1))
-    ap.add_argument("--mma_tiler_mn", "--tile_shape_mn", dest="mma_tiler_mn", type=_parse_pair,
-                    default=None, help="output tile (M, N); default: see default_config")
+    ap.add_argument(
+        "--mma_tiler_mn",
+        "--tile_shape_mn",
+        dest="mma_tiler_mn",
+        type=_parse_pair,
+        default=None,
+        help="output tile (M, N); default: see default_config",
+    )
     ap.add_argument("--cluster_shape_mn", type=_parse_pair, default=(1, 1))
     ap.add_argument("--path", choices=("auto", "prefill", "decode"), default="auto")
     ap.add_argument("--split_k", type=int, default=None, help="default: see default_config")
@@ -1346,8 +1400,12 @@ def parse_args(argv=None):
     ap.add_argument("--sf_dtype", default=None, help="Float8E4M3FN (16) / Float8E8M0FNU (32)")
     ap.add_argument("--c_dtype", default="BFloat16")
     ap.add_argument("--alpha", type=float, default=None, help="default: the NVFP4 global scales")
-    ap.add_argument("--tolerance", type=float, default=1.0,
-                    help="multiplier of reference.gemm_tolerance's derived bound")
+    ap.add_argument(
+        "--tolerance",
+        type=float,
+        default=1.0,
+        help="multiplier of reference.gemm_tolerance's derived bound",
+    )
     ap.add_argument("--warmup_iterations", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--skip_ref_check", action="store_true")
@@ -1378,12 +1436,20 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     path, tiler, split, sf_dtype = resolve_config(args)
     ok, reasons = BlockwiseGemmFp4Sm90.can_implement(
-        args.mnkl, args.sf_vec_size, sf_dtype, args.c_dtype, path, tiler, args.cluster_shape_mn,
+        args.mnkl,
+        args.sf_vec_size,
+        sf_dtype,
+        args.c_dtype,
+        path,
+        tiler,
+        args.cluster_shape_mn,
         split,
     )
-    print(f"Hopper FP4 GEMM: mnkl={args.mnkl} sf_vec_size={args.sf_vec_size} sf_dtype={sf_dtype} "
-          f"c_dtype={args.c_dtype} path={path} mma_tiler_mn={tiler} "
-          f"cluster_shape_mn={tuple(args.cluster_shape_mn)} split_k={split}")
+    print(
+        f"Hopper FP4 GEMM: mnkl={args.mnkl} sf_vec_size={args.sf_vec_size} sf_dtype={sf_dtype} "
+        f"c_dtype={args.c_dtype} path={path} mma_tiler_mn={tiler} "
+        f"cluster_shape_mn={tuple(args.cluster_shape_mn)} split_k={split}"
+    )
     if not ok:
         for r in reasons:
             print(f"error: {r}", file=sys.stderr)
@@ -1401,27 +1467,38 @@ def main(argv=None) -> int:
             print("(cuobjdump not found: no register / local-memory report)")
         for info in kernels:
             print(f"kernel: {info['kernel']}")
-            print(f"  registers: {info['reg']}, local memory: {info['local']} bytes, "
-                  f"stack: {info['stack']} bytes, static shared: {info['static_shared']} bytes")
-        print(f"main kernel: setmaxnreg producer {gemm.producer_regs} / consumers "
-              f"{gemm.mma_regs}, {gemm.threads_per_cta} threads, {gemm.occupancy} CTA(s)/SM")
+            print(
+                f"  registers: {info['reg']}, local memory: {info['local']} bytes, "
+                f"stack: {info['stack']} bytes, static shared: {info['static_shared']} bytes"
+            )
+        print(
+            f"main kernel: setmaxnreg producer {gemm.producer_regs} / consumers "
+            f"{gemm.mma_regs}, {gemm.threads_per_cta} threads, {gemm.occupancy} CTA(s)/SM"
+        )
         print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
-        print(f"stages: {gemm.num_stages} (k-tile {K_TILE}), BF16 kernel-B buffers: "
-              f"{gemm.num_bdq_buffers}")
+        print(
+            f"stages: {gemm.num_stages} (k-tile {K_TILE}), BF16 kernel-B buffers: "
+            f"{gemm.num_bdq_buffers}"
+        )
         print(f"dump: {dump}")
         return 0
 
     import torch
 
     if not torch.cuda.is_available():
-        print("error: no CUDA GPU found; this kernel needs an sm_90 GPU (H100 / H200). "
-              "Use --compile_only to cross-compile on this machine.", file=sys.stderr)
+        print(
+            "error: no CUDA GPU found; this kernel needs an sm_90 GPU (H100 / H200). "
+            "Use --compile_only to cross-compile on this machine.",
+            file=sys.stderr,
+        )
         return 2
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) != (9, 0):
-        print(f"error: found {torch.cuda.get_device_name()} (sm_{major}{minor}); this kernel "
-              "needs sm_90 (H100 / H200). Use --compile_only to cross-compile.",
-              file=sys.stderr)
+        print(
+            f"error: found {torch.cuda.get_device_name()} (sm_{major}{minor}); this kernel "
+            "needs sm_90 (H100 / H200). Use --compile_only to cross-compile.",
+            file=sys.stderr,
+        )
         return 2
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -1458,7 +1535,13 @@ def main(argv=None) -> int:
     if args.skip_ref_check:
         return 0
     ok, info = reference.check_gemm(
-        d, ops.a, ops.b, ops.sfa, ops.sfb, args.sf_vec_size, alpha,
+        d,
+        ops.a,
+        ops.b,
+        ops.sfa,
+        ops.sfb,
+        args.sf_vec_size,
+        alpha,
         unit_roundoff=reference.FP32_UNIT_ROUNDOFF * args.tolerance,
     )
     print(info)
