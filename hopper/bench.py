@@ -46,8 +46,15 @@ SHAPES = [(m, 8192, 8192) for m in (1, 16, 128, 1024, 4096, 8192)] + [
     for n, k in ((7168, 2048), (4096, 7168), (18432, 7168), (7168, 16384))
 ]
 QUICK = [(1, 8192, 8192), (16, 8192, 8192), (4096, 8192, 8192), (16, 7168, 2048)]
-METHODS = ("ours-nvfp4", "ours-mxfp4", "cublas-bf16", "triton-dq+cublas", "torch-dq+cublas",
-           "cublas-fp8", "triton-dot_scaled")
+METHODS = (
+    "ours-nvfp4",
+    "ours-mxfp4",
+    "cublas-bf16",
+    "triton-dq+cublas",
+    "torch-dq+cublas",
+    "cublas-fp8",
+    "triton-dot_scaled",
+)
 
 
 # ------------------------------------------------------------------------------------- timing
@@ -99,6 +106,7 @@ except ImportError:
     triton = None
 
 if triton is not None:
+
     @triton.jit
     def _e2m1(c):
         mag = c & 7
@@ -108,15 +116,25 @@ if triton is not None:
         return tl.where((c & 8) != 0, -v, v)
 
     @triton.jit
-    def _dequant_fp4(packed_ptr, scale_ptr, out_ptr, rows, k, VEC: tl.constexpr,
-                     E8M0: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _dequant_fp4(
+        packed_ptr,
+        scale_ptr,
+        out_ptr,
+        rows,
+        k,
+        VEC: tl.constexpr,
+        E8M0: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
         # packed [rows, k/2] uint8, scales [rows, k/VEC] (row-major), out [rows, k] bf16
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cb = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
         mask = (r[:, None] < rows) & (cb[None, :] < k // 2)
         p = tl.load(packed_ptr + r[:, None] * (k // 2) + cb[None, :], mask=mask, other=0)
-        s = tl.load(scale_ptr + r[:, None] * (k // VEC) + cb[None, :] // (VEC // 2), mask=mask,
-                    other=0)
+        s = tl.load(
+            scale_ptr + r[:, None] * (k // VEC) + cb[None, :] // (VEC // 2), mask=mask, other=0
+        )
         if E8M0:
             sf = tl.exp2(s.to(tl.float32) - 127.0)
         else:
@@ -129,8 +147,19 @@ if triton is not None:
         tl.store(out_ptr + r[:, None] * k + oc[None, :], out.to(tl.bfloat16), mask=omask)
 
     @triton.jit
-    def _mxfp4_dot_scaled(a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, m, n, k, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _mxfp4_dot_scaled(
+        a_ptr,
+        b_ptr,
+        as_ptr,
+        bs_ptr,
+        c_ptr,
+        m,
+        n,
+        k,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
         # a [m, k/2], b [n, k/2] packed e2m1; as [m, k/32], bs [n, k/32] e8m0; c [m, n] bf16
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -138,30 +167,45 @@ if triton is not None:
         ks = tl.arange(0, BLOCK_K // 32)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, k, BLOCK_K):
-            a = tl.load(a_ptr + rm[:, None] * (k // 2) + (k0 // 2 + kb)[None, :],
-                        mask=rm[:, None] < m, other=0)
-            b = tl.load(b_ptr + rn[None, :] * (k // 2) + (k0 // 2 + kb)[:, None],
-                        mask=rn[None, :] < n, other=0)
-            sa = tl.load(as_ptr + rm[:, None] * (k // 32) + (k0 // 32 + ks)[None, :],
-                         mask=rm[:, None] < m, other=0)
-            sb = tl.load(bs_ptr + rn[:, None] * (k // 32) + (k0 // 32 + ks)[None, :],
-                         mask=rn[:, None] < n, other=0)
+            a = tl.load(
+                a_ptr + rm[:, None] * (k // 2) + (k0 // 2 + kb)[None, :],
+                mask=rm[:, None] < m,
+                other=0,
+            )
+            b = tl.load(
+                b_ptr + rn[None, :] * (k // 2) + (k0 // 2 + kb)[:, None],
+                mask=rn[None, :] < n,
+                other=0,
+            )
+            sa = tl.load(
+                as_ptr + rm[:, None] * (k // 32) + (k0 // 32 + ks)[None, :],
+                mask=rm[:, None] < m,
+                other=0,
+            )
+            sb = tl.load(
+                bs_ptr + rn[:, None] * (k // 32) + (k0 // 32 + ks)[None, :],
+                mask=rn[:, None] < n,
+                other=0,
+            )
             acc = tl.dot_scaled(a, sa, "e2m1", b, sb, "e2m1", acc)
-        tl.store(c_ptr + rm[:, None] * n + rn[None, :], acc.to(tl.bfloat16),
-                 mask=(rm[:, None] < m) & (rn[None, :] < n))
-
-
+        tl.store(
+            c_ptr + rm[:, None] * n + rn[None, :],
+            acc.to(tl.bfloat16),
+            mask=(rm[:, None] < m) & (rn[None, :] < n),
+        )
 
 
 def triton_dequant(triton, kernel, packed, scales, vec, out):
     rows, kh = packed.shape
     grid = (triton.cdiv(rows, 32), triton.cdiv(2 * kh, 256))
-    kernel[grid](packed, scales, out, rows, 2 * kh, VEC=vec, E8M0=vec == 32, BLOCK_R=32,
-                 BLOCK_K=256)
+    kernel[grid](
+        packed, scales, out, rows, 2 * kh, VEC=vec, E8M0=vec == 32, BLOCK_R=32, BLOCK_K=256
+    )
 
 
-_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-                      -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+_E2M1 = torch.tensor(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+)
 
 
 def torch_dequant(packed, scales, vec, lut):
@@ -186,8 +230,9 @@ def bench_ours(ops, m, n, k, roof, runners):
     sfa, sfb = k90.blocked_scales(ops.sfa)[0], k90.blocked_scales(ops.sfb)[0]
     d = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
     one = a.numel() + b.numel() + sfa.numel() + sfb.numel() + d.numel() * 2
-    sets = [(a, b, sfa, sfb)] + [tuple(t.clone() for t in (a, b, sfa, sfb))
-                                 for _ in range(_l2_copies(one) - 1)]
+    sets = [(a, b, sfa, sfb)] + [
+        tuple(t.clone() for t in (a, b, sfa, sfb)) for _ in range(_l2_copies(one) - 1)
+    ]
     path, tiler, split = k90.default_config(m, n, k, 1)
     key = (vec, path, tiler, split)
     if key not in runners:
@@ -195,8 +240,17 @@ def bench_ours(ops, m, n, k, roof, runners):
     run, alpha = runners[key], float(ops.alpha)
     sec = time_graph([lambda s=s: run(*s, d, m, n, k, 1, alpha) for s in sets])
     ok, info = reference.check_gemm(d, a, b, ops.sfa[0], ops.sfb[0], vec, alpha)
-    res = _rate(m, n, k, sec, gbps=one / sec / 1e9, roof_pct=100 * one / roof / sec, bytes=one,
-                check=ok, config=f"{path} {tiler} split_k={split}")
+    res = _rate(
+        m,
+        n,
+        k,
+        sec,
+        gbps=one / sec / 1e9,
+        roof_pct=100 * one / roof / sec,
+        bytes=one,
+        check=ok,
+        config=f"{path} {tiler} split_k={split}",
+    )
     if not ok:
         res["check_info"] = str(info)
     return res, d
@@ -209,10 +263,12 @@ def bench_bf16_peers(ops, m, n, k, tri, lut):
     da = reference.dequantize_fp4(a, sa, 16).to(torch.bfloat16)
     db = reference.dequantize_fp4(b, sb, 16).to(torch.bfloat16)
     out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-    bf = [(da, db)] + [(da.clone(), db.clone())
-                       for _ in range(_l2_copies(2 * (da.numel() + db.numel())) - 1)]
-    rows["cublas-bf16"] = _rate(m, n, k, time_graph(
-        [lambda x=x, y=y: torch.matmul(x, y.t(), out=out) for x, y in bf]))
+    bf = [(da, db)] + [
+        (da.clone(), db.clone()) for _ in range(_l2_copies(2 * (da.numel() + db.numel())) - 1)
+    ]
+    rows["cublas-bf16"] = _rate(
+        m, n, k, time_graph([lambda x=x, y=y: torch.matmul(x, y.t(), out=out) for x, y in bf])
+    )
     del bf
 
     sa8, sb8 = sa.view(torch.uint8), sb.view(torch.uint8)
@@ -300,9 +356,12 @@ def _fmt(row, name):
 
 def print_table(rows, roof):
     print(f"\ncopy bandwidth (roof): {roof / 1e12:.2f} TB/s")
-    head = (f"{'M':>5} {'N':>6} {'K':>6} | {'ours-nv us':>10} {'TFLOP/s':>8} {'GB/s':>7} "
-            f"{'%roof':>6} | {'ours-mx us':>10} | " + " ".join(f"{n:>17}" for n in METHODS[2:])
-            + " | ours/bf16  ours/tdq")
+    head = (
+        f"{'M':>5} {'N':>6} {'K':>6} | {'ours-nv us':>10} {'TFLOP/s':>8} {'GB/s':>7} "
+        f"{'%roof':>6} | {'ours-mx us':>10} | "
+        + " ".join(f"{n:>17}" for n in METHODS[2:])
+        + " | ours/bf16  ours/tdq"
+    )
     print(head)
     print("-" * len(head))
     for row in rows:
@@ -311,13 +370,17 @@ def print_table(rows, roof):
         tdq = row.get("triton-dq+cublas", {}).get("us")
         ratio_bf = f"{bf / o['us']:.2f}x" if bf else "-"
         ratio_tdq = f"{tdq / o['us']:.2f}x" if tdq else "-"
-        print(f"{row['m']:>5} {row['n']:>6} {row['k']:>6} | {o['us']:>10.1f} {o['tflops']:>8.1f} "
-              f"{o['gbps']:>7.0f} {o['roof_pct']:>5.0f}% | {_fmt(row, 'ours-mxfp4'):>10} | "
-              + " ".join(f"{_fmt(row, n):>17}" for n in METHODS[2:])
-              + f" | {ratio_bf:>9} {ratio_tdq:>8}"
-              + ("" if o["check"] and row["ours-mxfp4"]["check"] else "  CHECK FAILED"))
-    print("(times in us; ours/bf16 and ours/tdq = speed-up of ours-nvfp4 over cublas-bf16 and "
-          "triton-dq+cublas; cublas-fp8 has different numerics)")
+        print(
+            f"{row['m']:>5} {row['n']:>6} {row['k']:>6} | {o['us']:>10.1f} {o['tflops']:>8.1f} "
+            f"{o['gbps']:>7.0f} {o['roof_pct']:>5.0f}% | {_fmt(row, 'ours-mxfp4'):>10} | "
+            + " ".join(f"{_fmt(row, n):>17}" for n in METHODS[2:])
+            + f" | {ratio_bf:>9} {ratio_tdq:>8}"
+            + ("" if o["check"] and row["ours-mxfp4"]["check"] else "  CHECK FAILED")
+        )
+    print(
+        "(times in us; ours/bf16 and ours/tdq = speed-up of ours-nvfp4 over cublas-bf16 and "
+        "triton-dq+cublas; cublas-fp8 has different numerics)"
+    )
 
 
 def plot(rows, path):
@@ -371,13 +434,23 @@ def main(argv=None) -> int:
     for m, n, k in QUICK if args.quick else SHAPES:
         row = bench_shape(m, n, k, roof, runners, tri, lut)
         rows.append(row)
-        print(f"[{time.time() - t0:6.1f}s] {m}x{n}x{k}: " + json.dumps(
-            {kk: (round(v["us"], 2) if isinstance(v, dict) and "us" in v else v)
-             for kk, v in row.items() if kk not in ("m", "n", "k")}), flush=True)
+        print(
+            f"[{time.time() - t0:6.1f}s] {m}x{n}x{k}: "
+            + json.dumps(
+                {
+                    kk: (round(v["us"], 2) if isinstance(v, dict) and "us" in v else v)
+                    for kk, v in row.items()
+                    if kk not in ("m", "n", "k")
+                }
+            ),
+            flush=True,
+        )
     meta = dict(
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-        cuda=torch.version.cuda, copy_bandwidth_Bps=roof,
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        copy_bandwidth_Bps=roof,
         triton=getattr(tri[0], "__version__", None) if tri else None,
         cutlass_dsl=_dist_version("nvidia-cutlass-dsl"),
     )

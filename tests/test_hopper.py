@@ -94,8 +94,14 @@ def test_cross_compile_sm90a(cfg, tmp_path):
 
 # ------------------------------------------------------------------------------ CPU: refusals
 GOOD = dict(
-    mnkl=(256, 512, 1024, 1), sf_vec_size=16, sf_dtype="Float8E4M3FN", c_dtype="BFloat16",
-    path="prefill", mma_tiler_mn=(128, 256), cluster_shape_mn=(1, 1), split_k=1,
+    mnkl=(256, 512, 1024, 1),
+    sf_vec_size=16,
+    sf_dtype="Float8E4M3FN",
+    c_dtype="BFloat16",
+    path="prefill",
+    mma_tiler_mn=(128, 256),
+    cluster_shape_mn=(1, 1),
+    split_k=1,
 )
 REFUSALS = [
     (dict(mnkl=(256, 512, 1000, 1)), "multiple of 32"),
@@ -134,13 +140,18 @@ def test_default_config_paths():
     assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1)
     for m in (1, 16, 100, 128, 129, 4096):
         path, tiler, split = k90.default_config(m, 7168, 2048, 1)
-        assert k90.check_config((m, 7168, 2048, 1), 16, "Float8E4M3FN", "BFloat16", path,
-                                tiler, (1, 1), split) == []
+        assert (
+            k90.check_config(
+                (m, 7168, 2048, 1), 16, "Float8E4M3FN", "BFloat16", path, tiler, (1, 1), split
+            )
+            == []
+        )
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=600)
+    return subprocess.run(
+        [sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
 
 
 def test_cli_bad_input_exits_2_without_traceback():
