@@ -1359,8 +1359,8 @@ def find_cuobjdump() -> str | None:
     return matches[0] if matches else None
 
 
-def cubin_resource_usage(cubin_path: str) -> dict[str, int]:
-    """REG, STACK, SHARED, LOCAL of the kernel in a cubin, read with ``cuobjdump -res-usage``."""
+def cubin_resource_usage(cubin_path: str) -> dict[str, int | str]:
+    """Name, REG, STACK, SHARED, LOCAL of the kernel in a cubin (``cuobjdump -res-usage``)."""
     import re
     import subprocess
 
@@ -1370,10 +1370,13 @@ def cubin_resource_usage(cubin_path: str) -> dict[str, int]:
     text = subprocess.run(
         [tool, "-res-usage", cubin_path], capture_output=True, text=True, check=True
     ).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+    found = re.search(r"Function (\S+):\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
     if found is None:
         raise RuntimeError(f"no resource usage in cuobjdump output:\n{text}")
-    return dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, found.groups()), strict=True))
+    name, *counts = found.groups()
+    usage: dict[str, int | str] = {"name": name}
+    usage.update(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, counts), strict=True))
+    return usage
 
 
 def _parse_ints(text: str, count: int, flag: str) -> tuple[int, ...]:
@@ -1503,6 +1506,7 @@ def run_compile_only(args: argparse.Namespace) -> int:
     print(f"  cubin: {cubins[-1] if cubins else 'not written'}")
     if cubins and find_cuobjdump():
         usage = cubin_resource_usage(cubins[-1])
+        print(f"  kernel: {usage['name']}")
         print(f"  registers per thread: {usage['REG']}")
         print(f"  local memory per thread: {usage['LOCAL']} bytes (stack {usage['STACK']})")
     else:
