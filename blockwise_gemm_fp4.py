@@ -1484,7 +1484,10 @@ def _print_config(args: argparse.Namespace) -> None:
 
 
 def run_compile_only(args: argparse.Namespace) -> int:
-    os.makedirs(args.dump_dir, exist_ok=True)
+    try:
+        os.makedirs(args.dump_dir, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--dump_dir {args.dump_dir}: cannot create the folder ({err})") from None
     cluster_size = args.cluster_shape_mn[0] * args.cluster_shape_mn[1]
     options = f"--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
     gemm, compiled = compile_gemm(

@@ -1435,7 +1435,7 @@ def resolve_config(args):
 def main(argv=None) -> int:
     args = parse_args(argv)
     path, tiler, split, sf_dtype = resolve_config(args)
-    ok, reasons = BlockwiseGemmFp4Sm90.can_implement(
+    _, reasons = BlockwiseGemmFp4Sm90.can_implement(
         args.mnkl,
         args.sf_vec_size,
         sf_dtype,
@@ -1450,7 +1450,14 @@ def main(argv=None) -> int:
         f"c_dtype={args.c_dtype} path={path} mma_tiler_mn={tiler} "
         f"cluster_shape_mn={tuple(args.cluster_shape_mn)} split_k={split}"
     )
-    if not ok:
+    reasons = list(reasons)
+    if args.iterations < 1 or args.warmup_iterations < 0:
+        reasons.append("--iterations must be >= 1 and --warmup_iterations >= 0")
+    if not math.isfinite(args.alpha if args.alpha is not None else 1.0):
+        reasons.append("--alpha must be a finite number")
+    if args.tolerance <= 0:
+        reasons.append("--tolerance must be > 0")
+    if reasons:
         for r in reasons:
             print(f"error: {r}", file=sys.stderr)
         return 2
@@ -1459,7 +1466,11 @@ def main(argv=None) -> int:
         import tempfile
 
         dump = args.dump_dir or tempfile.mkdtemp(prefix="fp4_sm90_")
-        os.makedirs(dump, exist_ok=True)
+        try:
+            os.makedirs(dump, exist_ok=True)
+        except OSError as err:
+            print(f"error: --dump_dir {dump}: cannot create the folder ({err})", file=sys.stderr)
+            return 2
         opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
         gemm, _ = compile_gemm(args.sf_vec_size, args.c_dtype, path, tiler, split, 132, opts)
         kernels = _resource_usage(dump)

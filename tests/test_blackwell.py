@@ -323,6 +323,15 @@ def test_cli_bad_input_exits_2_without_traceback(args, message):
     assert "Traceback" not in proc.stderr
 
 
+def test_cli_dump_dir_that_is_a_file_exits_2(tmp_path):
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    proc = _cli("--compile_only", "--dump_dir", str(blocker))
+    assert proc.returncode == 2
+    assert "--dump_dir" in proc.stderr and "cannot create the folder" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_cli_compile_only_summary(tmp_path):
     proc = _cli("--compile_only", "--dump_dir", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -154,10 +154,29 @@ def _cli(*args):
     )
 
 
-def test_cli_bad_input_exits_2_without_traceback():
-    r = _cli("--mnkl", "128,128,100,1", "--compile_only")
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--mnkl", "128,128,100,1"], "multiple of 32"),
+        (["--mnkl", "1,2,3"], "expected M,N,K,L"),
+        (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "goes with sf_vec_size 16"),
+        (["--cluster_shape_mn", "2,1"], "no TMA multicast"),
+        (["--iterations", "0"], "--iterations must be >= 1"),
+        (["--alpha", "nan"], "--alpha must be a finite number"),
+    ],
+)
+def test_cli_bad_input_exits_2_without_traceback(args, message, tmp_path):
+    r = _cli(*args, "--compile_only", "--dump_dir", str(tmp_path))
     assert r.returncode == 2
-    assert "multiple of 32" in r.stderr and "Traceback" not in r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_dump_dir_that_is_a_file_exits_2(tmp_path):
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    r = _cli("--mnkl", "16,4096,4096,1", "--compile_only", "--dump_dir", str(blocker))
+    assert r.returncode == 2
+    assert "cannot create the folder" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_cli_compile_only(tmp_path):
