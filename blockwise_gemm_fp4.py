@@ -147,6 +147,19 @@ def check_fp4_gemm_config(
             f"K={k} is not a multiple of 32: a packed FP4 row of A and B must be a whole number "
             "of 16-byte TMA units (32 FP4 values)"
         )
+    if c_dtype in C_DTYPES and min(m, n, k) >= 1:
+        # NOTE: the global layouts carry 32-bit strides; the batch strides M*K, N*K (FP4
+        # elements) and M * row pitch of D (elements) must not wrap.
+        for name, extent in (
+            ("M*K", m * k),
+            ("N*K", n * k),
+            ("M * row pitch of D", m * c_row_pitch(n, c_dtype)),
+        ):
+            if extent >= 2**31:
+                reasons.append(
+                    f"{name} = {extent} elements does not fit the kernel's 32-bit strides "
+                    "(< 2^31); split the problem along M or N"
+                )
     if sf_vec_size not in SF_FORMATS:
         reasons.append(
             f"sf_vec_size={sf_vec_size} is not supported: use 16 (NVFP4, Float8E4M3FN scales) "
@@ -1331,8 +1344,8 @@ def compile_gemm(
     # Placeholder addresses: compilation only needs the element types and alignments.
     compiled = cute.compile(
         gemm,
-        make_ptr(cutlass.Float4E2M1FN, 0, gmem, assumed_align=32),
-        make_ptr(cutlass.Float4E2M1FN, 0, gmem, assumed_align=32),
+        make_ptr(cutlass.Float4E2M1FN, 0, gmem, assumed_align=16),
+        make_ptr(cutlass.Float4E2M1FN, 0, gmem, assumed_align=16),
         make_ptr(SF_DTYPES[sf_dtype], 0, gmem, assumed_align=16),
         make_ptr(SF_DTYPES[sf_dtype], 0, gmem, assumed_align=16),
         make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16),
@@ -1586,8 +1599,9 @@ def prepare_gemm(
     scales (float8_e4m3fn for V 16, float8_e8m0fnu for V 32).  Returns D [L, M, N], a view
     of a buffer whose rows are ``c_row_pitch(N)`` long.  Compiles once per configuration.
 
-    Returns ``(launch, d)``: ``launch()`` enqueues the kernel (nothing else) on the current
-    stream and writes ``d``; validation, compilation and pointer set-up happen here, once.
+    Returns ``(launch, d)``: ``launch()`` enqueues the kernel (nothing else) on the stream
+    that is current on ``a``'s device now, and writes ``d``; validation, compilation and
+    pointer set-up happen here, once.
     """
     import cuda.bindings.driver as cuda_driver
     import torch
@@ -1624,33 +1638,46 @@ def prepare_gemm(
                 f"{name} must be packed FP4 (uint8 or float4_e2m1fn_x2), got {t.dtype}"
             )
     for name, t in (("a", a), ("b", b), ("sfa_blocked", sfa_blocked), ("sfb_blocked", sfb_blocked)):
+        # NOTE: TMA needs 16-byte aligned global base addresses.
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start on a 16-byte boundary (TMA); copy it first")
         if not t.is_cuda or not t.is_contiguous():
             raise ValueError(f"{name} must be a contiguous CUDA tensor")
+        if t.device != a.device:
+            raise ValueError(f"{name} is on {t.device}, a is on {a.device}")
 
-    key = (sf_vec_size, c_dtype, tuple(mma_tiler_mn), tuple(cluster_shape_mn), a.device.index)
+    device = a.device
+    key = (sf_vec_size, c_dtype, tuple(mma_tiler_mn), tuple(cluster_shape_mn), device.index)
     if key not in _COMPILED_CACHE:
         cluster_size = cluster_shape_mn[0] * cluster_shape_mn[1]
-        max_active_clusters = utils.HardwareInfo().get_max_active_clusters(cluster_size)
-        _COMPILED_CACHE[key] = compile_gemm(
-            sf_vec_size, sf_dtype, c_dtype, mma_tiler_mn, cluster_shape_mn, max_active_clusters
-        )[1]
+        with torch.cuda.device(device):
+            hardware = utils.HardwareInfo(torch.cuda.current_device())
+            _COMPILED_CACHE[key] = compile_gemm(
+                sf_vec_size,
+                sf_dtype,
+                c_dtype,
+                mma_tiler_mn,
+                cluster_shape_mn,
+                hardware.get_max_active_clusters(cluster_size),
+            )[1]
     torch_c = {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}
     d_padded = torch.empty(l, m, c_row_pitch(n, c_dtype), dtype=torch_c[c_dtype], device=a.device)
     gmem = cute.AddressSpace.gmem
     kernel_args = (
-        make_ptr(cutlass.Float4E2M1FN, a.data_ptr(), gmem, assumed_align=32),
-        make_ptr(cutlass.Float4E2M1FN, b.data_ptr(), gmem, assumed_align=32),
+        make_ptr(cutlass.Float4E2M1FN, a.data_ptr(), gmem, assumed_align=16),
+        make_ptr(cutlass.Float4E2M1FN, b.data_ptr(), gmem, assumed_align=16),
         make_ptr(SF_DTYPES[sf_dtype], sfa_blocked.data_ptr(), gmem, assumed_align=16),
         make_ptr(SF_DTYPES[sf_dtype], sfb_blocked.data_ptr(), gmem, assumed_align=16),
         make_ptr(C_DTYPES[c_dtype], d_padded.data_ptr(), gmem, assumed_align=16),
         (cutlass.Int32(m), cutlass.Int32(n), cutlass.Int32(k), cutlass.Int32(l)),
         cutlass.Float32(alpha),
-        cuda_driver.CUstream(torch.cuda.current_stream(a.device).cuda_stream),
+        cuda_driver.CUstream(torch.cuda.current_stream(device).cuda_stream),
     )
     compiled = _COMPILED_CACHE[key]
 
     def launch():
-        compiled(*kernel_args)
+        with torch.cuda.device(device):
+            compiled(*kernel_args)
 
     return launch, d_padded[..., :n]
 

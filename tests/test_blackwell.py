@@ -278,6 +278,9 @@ GOOD = dict(
         (dict(cluster_shape_mn=(3, 1)), "cluster shape M=3 must be a power of two"),
         (dict(cluster_shape_mn=(1, 8)), "cluster shape N=8 exceeds 4"),
         (dict(mma_tiler_mn=(256, 128)), "cluster shape M must be even"),
+        (dict(mnkl=(32768, 1024, 65536, 1)), "M*K = 2147483648 elements does not fit"),
+        (dict(mnkl=(64, 65536, 32768, 1)), "N*K = 2147483648 elements does not fit"),
+        (dict(mnkl=(32768, 131072, 256, 1)), "M * row pitch of D = 4294967296 elements"),
     ],
 )
 def test_can_implement_refusals(change, reason):
@@ -438,6 +441,15 @@ def test_prepare_gemm_rejects_bad_input(mutate, message):
     args = mutate(*_operands())
     with pytest.raises(ValueError, match=message):
         bw.prepare_gemm(*args)
+
+
+def test_prepare_gemm_rejects_misaligned_operands():
+    a, b, sa, sb = _operands()
+    # A contiguous view 8 bytes into the buffer: not 16-byte aligned.
+    a_flat = torch.empty(a.numel() + 8, dtype=torch.uint8)
+    a_off = a_flat[8:].view(a.shape)
+    with pytest.raises(ValueError, match="a must start on a 16-byte boundary"):
+        bw.prepare_gemm(a_off, b, sa, sb, 16)
 
 
 def test_prepare_gemm_rejects_unsupported_config():
