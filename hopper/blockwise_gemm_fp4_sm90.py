@@ -138,8 +138,7 @@ BF16X2_2POW120 = 0x7B807B80
 class NamedBarrierId(enum.IntEnum):
     """Hardware named barriers (id 0 is __syncthreads)."""
 
-    B_READY = 1  # consumers: the BF16 kernel-B block of this k-block is in SMEM (+ wg when
-    # each warpgroup converts its own copy of kernel B, ids 1 and 2)
+    B_READY = 1  # consumers: the BF16 kernel-B block of this k-block is in SMEM
     SPLITK_FIXUP = 3  # consumers: split-K partial tile written / counter read
 
 
@@ -331,6 +330,19 @@ def check_config(
             reasons.append(f"{name} = {v}: every extent must be >= 1")
     if k % 32:
         reasons.append(f"K = {k} is not a multiple of 32 (TMA needs 16-byte rows of packed FP4)")
+    if min(m, n, k, l) >= 1:
+        # NOTE: tensor offsets are computed in 32 bits: D, packed A and packed B must each hold
+        # fewer than 2^31 elements (bytes for A and B).
+        for name, extent in (
+            ("M*N*L", m * n * l),
+            ("M*K/2*L", m * k // 2 * l),
+            ("N*K/2*L", n * k // 2 * l),
+        ):
+            if extent >= 2**31:
+                reasons.append(
+                    f"{name} = {extent} does not fit the kernel's 32-bit offsets (< 2^31); "
+                    "split the problem along M, N or L"
+                )
     if sf_vec_size not in (16, 32):
         reasons.append(f"sf_vec_size = {sf_vec_size}: only 16 (NVFP4) and 32 (MXFP4) exist")
     if sf_dtype not in SF_DTYPES:
@@ -1274,7 +1286,14 @@ def compile_gemm(
 
 
 class Fp4GemmSm90Runner:
-    """Compiled kernel + workspace for one configuration; ``__call__`` launches on torch data."""
+    """Compiled kernel + workspace for one configuration; ``__call__`` launches on torch data.
+
+    NOTE: one runner serves one stream at a time.  All its launches of a shape share one
+    split-K workspace (partials + self-resetting tile counters) and one BF16 token buffer, which
+    are zeroed once on the stream current at the first call; launches of the same shape on two
+    streams at once would race on them (use one runner per stream).  A launch that aborts part
+    way leaves counters behind: make a new runner after a CUDA error.
+    """
 
     def __init__(self, sf_vec_size, c_dtype, path, mma_tiler_mn, split_k=1, options=""):
         import torch

@@ -118,6 +118,9 @@ REFUSALS = [
     (dict(path="decode", mma_tiler_mn=(24, 128)), "tile M (tokens) = 24"),
     (dict(cluster_shape_mn=(2, 1)), "no TMA multicast"),
     (dict(split_k=0), "split_k = 0"),
+    (dict(mnkl=(65536, 32768, 256, 1)), "M*N*L = 2147483648 does not fit"),
+    (dict(mnkl=(65536, 512, 65536, 1)), "M*K/2*L = 2147483648 does not fit"),
+    (dict(mnkl=(256, 32768, 65536, 2)), "N*K/2*L = 2147483648 does not fit"),
 ]
 
 
