@@ -30,6 +30,8 @@ Pipelines (producer -> consumer)
 --------------------------------
     ab_pipeline   (PipelineTmaUmma,  ``num_ab_stage`` deep):   TMA warp -> MMA warp
     acc_pipeline  (PipelineUmmaAsync, ``num_acc_stage`` deep): MMA warp -> epilogue warps
+                  (tile N 256: one stage over two TMEM buffers that overlap by the scale-factor
+                  columns; the epilogue reads the shared columns first and releases early)
     c_pipeline    (PipelineTmaStore, ``num_c_stage`` deep):    epilogue warps -> TMA store unit
 Every role walks the same static persistent tile schedule, so the three agree on the tile order
 without talking to each other.
@@ -273,8 +275,19 @@ class TileBudget:
     sfb_columns: int
 
     @property
+    def overlapping_accum(self) -> bool:
+        """Two accumulators that share their scale-factor-sized edge (see ``tile_budget``)."""
+        return self.num_acc_stage == 1
+
+    @property
+    def acc_tmem_columns(self) -> int:
+        if self.overlapping_accum:
+            return 2 * self.acc_columns - self.sfa_columns - self.sfb_columns
+        return self.acc_columns * self.num_acc_stage
+
+    @property
     def tmem_columns(self) -> int:
-        return self.acc_columns * self.num_acc_stage + self.sfa_columns + self.sfb_columns
+        return self.acc_tmem_columns + self.sfa_columns + self.sfb_columns
 
 
 def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -> TileBudget:
@@ -284,6 +297,10 @@ def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -
     x 128 bytes, and SFA / SFB one byte per row per ``256 / sf_vec_size`` scale columns, SFB
     rows rounded up to the 128-row scale atom.  The epilogue keeps ``num_c_stage`` subtiles of
     128 x 32 (or 64 x 32 for the CTA pair's lower half) outputs.
+
+    TMEM: two accumulators of tile N columns when they fit beside the scale factors; otherwise
+    (tile N 256) one accumulator pipeline stage over two overlapping buffers, the second one
+    starting ``sf columns`` before the end of the first (see ``BlockwiseGemmFp4Sm100``).
     """
     tile_m, tile_n = mma_tiler_mn
     cta_pair = 2 if tile_m == 256 else 1
@@ -414,12 +431,28 @@ class BlockwiseGemmFp4Sm100:
             self.c_dtype, self.c_layout, self.epi_tile, self.num_c_stage
         )
 
-        # TMEM columns: [accumulators x num_acc_stage | SFA | SFB].  One scale-factor column
-        # holds 4 scales for each of 32 lanes, so a 128-row atom x 4 scale columns is 4 columns.
+        # TMEM columns: [accumulators | SFA | SFB].  One scale-factor column holds 4 scales for
+        # each of 32 lanes, so a 128-row atom x 4 scale columns is 4 columns.
         sf_cols_per_k_tile = MMA_INSTS_PER_K_TILE
         self.num_sfa_tmem_cols = (self.cta_tile_shape_mnk[0] // SF_ATOM_LANES) * sf_cols_per_k_tile
         self.num_sfb_tmem_cols = (self.mma_tiler_sfb[1] // SF_ATOM_LANES) * sf_cols_per_k_tile
-        self.num_acc_tmem_cols = self.cta_tile_shape_mnk[1] * self.num_acc_stage
+        num_sf_tmem_cols = self.num_sfa_tmem_cols + self.num_sfb_tmem_cols
+        # Two full accumulators when they fit beside the scale factors.  Otherwise (tile N 256)
+        # the accumulator pipeline has one stage but alternates between two buffers that
+        # overlap in ``num_sf_tmem_cols`` columns: buffer 1 starts that many columns before the
+        # end of buffer 0.  The epilogue reads the shared columns first and then releases the
+        # stage, so the next tile's MMAs start while it stores the rest of the tile.
+        self.overlapping_accum = self.num_acc_stage == 1
+        tile_n = self.cta_tile_shape_mnk[1]
+        self.acc_buffer_stride_cols = (
+            tile_n - num_sf_tmem_cols if self.overlapping_accum else tile_n
+        )
+        self.num_acc_tmem_cols = (
+            2 * tile_n - num_sf_tmem_cols if self.overlapping_accum else tile_n * self.num_acc_stage
+        )
+        # The epilogue releases an overlapping buffer after reading subtiles 0..this one, which
+        # cover more than the num_sf_tmem_cols shared columns.
+        self.acc_release_subtile = num_sf_tmem_cols // cute.size(self.epi_tile[1])
         tmem_cols = self.num_acc_tmem_cols + self.num_sfa_tmem_cols + self.num_sfb_tmem_cols
         assert tmem_cols <= self.num_tmem_alloc_cols, f"TMEM overflow: {tmem_cols} columns"
 
@@ -751,9 +784,21 @@ class BlockwiseGemmFp4Sm100:
         # (MMA, MMA_M, MMA_N, RestM, RestN, RestL)
         tCgC = thr_mma.partition_C(gC_mnl)
 
-        # (MMA, MMA_M, MMA_N, ACC_STAGE): accumulator layout; its TMEM address comes later.
+        # (MMA, MMA_M, MMA_N, ACC_BUFFER): accumulator layout; its TMEM address comes later.
         acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
-        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.num_acc_stage))
+        num_acc_buffers = 2 if self.overlapping_accum else self.num_acc_stage
+        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, num_acc_buffers))
+        if cutlass.const_expr(self.overlapping_accum):
+            # Buffer 1 starts acc_buffer_stride_cols columns after buffer 0 (they overlap).
+            acc_stride = tCtAcc_fake.stride
+            buffer_stride = self.acc_buffer_stride_cols * acc_stride[0][1]
+            tCtAcc_fake = cute.make_tensor(
+                tCtAcc_fake.iterator,
+                cute.make_layout(
+                    tCtAcc_fake.shape,
+                    stride=(acc_stride[0], acc_stride[1], acc_stride[2], buffer_stride),
+                ),
+            )
 
         # Peers have initialised their barriers: from here on they may be signalled.
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
@@ -1037,8 +1082,12 @@ class BlockwiseGemmFp4Sm100:
         )
         while work_tile.is_valid_tile:
             tile_n = work_tile.tile_idx[1]
+            # With overlapping buffers the single pipeline stage's phase picks the buffer.
+            acc_buffer = acc_producer_state.index
+            if cutlass.const_expr(self.overlapping_accum):
+                acc_buffer = acc_producer_state.phase ^ 1
             # (MMA, MMA_M, MMA_N)
-            tCtAcc = tCtAcc_base[(None, None, None, acc_producer_state.index)]
+            tCtAcc = tCtAcc_base[(None, None, None, acc_buffer)]
             # Tiles of N 64 and 192 start half-way into a 128-row scale atom on odd tiles:
             # rows 64..127 of an atom sit two TMEM columns further on.
             tCtSFB_mma = tCtSFB
@@ -1205,15 +1254,30 @@ class BlockwiseGemmFp4Sm100:
             )
             # ((ATOM_V, REST_V), EPI_M * EPI_N)
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, *tile_mnl)], 1, 3)
+            acc_buffer = acc_consumer_state.index
+            if cutlass.const_expr(self.overlapping_accum):
+                acc_buffer = acc_consumer_state.phase
             # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
-            tTR_tAcc = tTR_tAcc_base[(None, None, None, None, None, acc_consumer_state.index)]
+            tTR_tAcc = tTR_tAcc_base[(None, None, None, None, None, acc_buffer)]
             tTR_tAcc = cute.group_modes(tTR_tAcc, 3, cute.rank(tTR_tAcc))
 
             acc_pipeline.consumer_wait(acc_consumer_state)
             num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
             subtiles_before = tile_sched.num_tiles_executed * num_subtiles
             for subtile in cutlass.range(num_subtiles):
-                cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, subtile)], tTR_rAcc)
+                # Buffer 0 shares its last columns with buffer 1: it is read back to front.
+                acc_subtile = subtile
+                if cutlass.const_expr(self.overlapping_accum):
+                    if acc_buffer == 0:
+                        acc_subtile = num_subtiles - 1 - subtile
+                cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, acc_subtile)], tTR_rAcc)
+                if cutlass.const_expr(self.overlapping_accum):
+                    if subtile == self.acc_release_subtile:
+                        # NOTE: the shared columns are in registers once these tcgen05.ld
+                        # complete; then the MMA warp may overwrite them.
+                        cute.arch.fence_view_async_tmem_load()
+                        acc_pipeline.consumer_release(acc_consumer_state)
+                        acc_consumer_state.advance()
                 acc = tiled_copy_r2s.retile(tTR_rAcc).load()
                 tRS_rC.store((acc * alpha).to(self.c_dtype))
                 c_stage = (subtiles_before + subtile) % self.num_c_stage
@@ -1223,13 +1287,14 @@ class BlockwiseGemmFp4Sm100:
                 cute.arch.fence_proxy("async.shared", space="cta")
                 epilogue_barrier.arrive_and_wait()
                 if warp_idx == WarpRole.EPILOGUE_FIRST:
-                    cute.copy(tma_atom_c, bSG_sC[(None, c_stage)], bSG_gC[(None, subtile)])
+                    cute.copy(tma_atom_c, bSG_sC[(None, c_stage)], bSG_gC[(None, acc_subtile)])
                     c_pipeline.producer_commit()
                     c_pipeline.producer_acquire()
                 epilogue_barrier.arrive_and_wait()
-            # All TMEM reads of this accumulator stage are done: the MMA warp may reuse it.
-            acc_pipeline.consumer_release(acc_consumer_state)
-            acc_consumer_state.advance()
+            if cutlass.const_expr(not self.overlapping_accum):
+                # All TMEM reads of this accumulator are done: the MMA warp may reuse it.
+                acc_pipeline.consumer_release(acc_consumer_state)
+                acc_consumer_state.advance()
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
 
@@ -1529,9 +1594,10 @@ def run_compile_only(args: argparse.Namespace) -> int:
         print("  registers / local memory: not read (cuobjdump not found)")
     smem = gemm.shared_storage.size_in_bytes()
     print(f"  shared memory per CTA: {smem} bytes of {SM100_SMEM_CAPACITY}")
+    overlap = " (two overlapping buffers)" if gemm.overlapping_accum else ""
     print(
-        f"  pipeline stages: A/B/SF {gemm.num_ab_stage}, accumulator {gemm.num_acc_stage}, "
-        f"epilogue {gemm.num_c_stage}"
+        f"  pipeline stages: A/B/SF {gemm.num_ab_stage}, accumulator {gemm.num_acc_stage}"
+        f"{overlap}, epilogue {gemm.num_c_stage}"
     )
     print(
         f"  TMEM columns: accumulators {gemm.num_acc_tmem_cols} + SFA {gemm.num_sfa_tmem_cols} "

@@ -47,6 +47,7 @@ ANCHORS = {
     "alpha": "(acc * alpha).to(self.c_dtype)",
     "compute_stages": "def _compute_stages(",
     "compile_only": "def run_compile_only(",
+    "overlap": "self.overlapping_accum = self.num_acc_stage == 1",
 }
 
 LINK = re.compile(

@@ -325,7 +325,7 @@ def test_guide_stage_table_matches_the_kernel_budget():
             int(ab),
             int(acc),
         )
-        assert budget.acc_columns * budget.num_acc_stage == int(acc_cols)
+        assert budget.acc_tmem_columns == int(acc_cols)
         assert (budget.sfa_columns, budget.sfb_columns, budget.tmem_columns) == (
             int(sfa),
             int(sfb),
