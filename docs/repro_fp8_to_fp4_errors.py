@@ -49,6 +49,13 @@ class Finding:
     details: dict = field(default_factory=dict)
 
 
+def _outcome(exc: BaseException | None) -> dict:
+    """``raised`` and ``message`` of a Finding for what a probe raised (None: nothing)."""
+    if exc is None:
+        return {"raised": None, "message": ""}
+    return {"raised": type(exc).__name__, "message": error_line(exc)}
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -148,8 +155,7 @@ def plain_builder_with_fp4() -> Finding:
             f"{info.get('op')} (kind::f8f6f4, K={info.get('shape_mnk', (0, 0, 0))[2]}), a "
             "non-scaled MMA with no scale-factor operands"
         ),
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
         details=out,
     )
 
@@ -181,8 +187,7 @@ def blockscaled_builder_ops() -> Finding:
             "or MmaMXF4Op (sf_vec_size 32), K = 64, always K-major; a mixed FP8 x FP4 pair "
             "gives MmaMXF8F6F4Op with K = 32, sf_vec_size 32 and E8M0 whatever was asked"
         ),
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
         details=out,
     )
 
@@ -278,8 +283,7 @@ def mma_ptx(variant: str, sf_vec_size: int = 16) -> Finding:
     return Finding(
         key=f"mma_ptx[{variant}, sf_vec_size={sf_vec_size}]",
         summary=summaries[variant],
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
         details={"mma_lines": lines, "operands": operands, "tmem_addresses": tmem_addresses},
     )
 
@@ -308,8 +312,7 @@ def gemm_with_scales_on_plain_mma() -> Finding:
     return Finding(
         key="gemm_with_scales_on_plain_mma",
         summary="cute.gemm(plain_mma, d, [a, sfa], [b, sfb], c) fails MLIR verification",
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
     )
 
 
@@ -324,8 +327,7 @@ def set_scale_field_on_plain_mma() -> Finding:
     return Finding(
         key="set_scale_field_on_plain_mma",
         summary="Field.SFA / Field.SFB do not exist on a non-scaled tcgen05 MMA",
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
     )
 
 
@@ -378,8 +380,7 @@ def guard_verdicts() -> Finding:
     return Finding(
         key="guard_verdicts",
         summary="the recommended guard accepts exactly the NVFP4 and MXFP4 ops",
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
         details=out,
     )
 
@@ -433,8 +434,7 @@ def software_scaling_profile(scale_granularity_n: int, view_as_acc: bool = False
         summary=(
             f"FP8-blockwise epilogue acc * scale with scale_granularity_n={scale_granularity_n}"
         ),
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
         details=out,
     )
 
@@ -465,8 +465,7 @@ def sf_layouts_from_plain_mma() -> Finding:
             "complaint: the per-MMA scale K-mode becomes (16, 2) (two scales) instead of "
             "(16, 4) (four scales per K=64 instruction)"
         ),
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
         details=out,
     )
 
@@ -523,8 +522,7 @@ def smem_layout_atoms() -> Finding:
     return Finding(
         key="smem_layout_atoms",
         summary="a 128-byte swizzle row holds 256 FP4 elements (128 FP8 elements)",
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
         details=out,
     )
 
@@ -565,8 +563,7 @@ def two_cta_cluster_error() -> Finding:
     return Finding(
         key="two_cta_cluster_error",
         summary="a 256-row MMA tile runs on 2 CTAs: the cluster's M must be even",
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
     )
 
 
@@ -601,8 +598,7 @@ def tma_with_k_not_multiple_of_32(k: int = 48) -> Finding:
             f"K={k} FP4 ({k // 2}-byte rows) compiles: the 16-byte TMA row rule is only "
             "enforced when the driver encodes the tensor map at launch"
         ),
-        raised=type(exc).__name__ if exc else None,
-        message=error_line(exc) if exc else "",
+        **_outcome(exc),
         details={"k": k, "row_bytes": k // 2},
     )
 
