@@ -405,6 +405,14 @@ class BlockwiseGemmFp4Sm100:
             self.cta_tile_shape_mnk, self.use_2cta_instrs, self.c_layout, self.c_dtype
         )
 
+        # TMEM columns of the scale factors: one column holds 4 scales for each of 32 lanes, so
+        # a 128-row atom x 4 scale columns is 4 columns.
+        self.num_sfa_tmem_cols = (
+            self.cta_tile_shape_mnk[0] // SF_ATOM_LANES
+        ) * MMA_INSTS_PER_K_TILE
+        self.num_sfb_tmem_cols = (self.mma_tiler_sfb[1] // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
+        num_sf_tmem_cols = self.num_sfa_tmem_cols + self.num_sfb_tmem_cols
+
         self.num_acc_stage, self.num_ab_stage, self.num_c_stage = self._compute_stages(
             self.tiled_mma,
             self.mma_tiler,
@@ -413,6 +421,7 @@ class BlockwiseGemmFp4Sm100:
             self.c_layout,
             self.sf_vec_size,
             self.smem_capacity,
+            num_sf_tmem_cols,
         )
 
         self.a_smem_layout_staged = sm100_utils.make_smem_layout_a(
@@ -431,17 +440,12 @@ class BlockwiseGemmFp4Sm100:
             self.c_dtype, self.c_layout, self.epi_tile, self.num_c_stage
         )
 
-        # TMEM columns: [accumulators | SFA | SFB].  One scale-factor column holds 4 scales for
-        # each of 32 lanes, so a 128-row atom x 4 scale columns is 4 columns.
-        sf_cols_per_k_tile = MMA_INSTS_PER_K_TILE
-        self.num_sfa_tmem_cols = (self.cta_tile_shape_mnk[0] // SF_ATOM_LANES) * sf_cols_per_k_tile
-        self.num_sfb_tmem_cols = (self.mma_tiler_sfb[1] // SF_ATOM_LANES) * sf_cols_per_k_tile
-        num_sf_tmem_cols = self.num_sfa_tmem_cols + self.num_sfb_tmem_cols
-        # Two full accumulators when they fit beside the scale factors.  Otherwise (tile N 256)
-        # the accumulator pipeline has one stage but alternates between two buffers that
-        # overlap in ``num_sf_tmem_cols`` columns: buffer 1 starts that many columns before the
-        # end of buffer 0.  The epilogue reads the shared columns first and then releases the
-        # stage, so the next tile's MMAs start while it stores the rest of the tile.
+        # TMEM columns: [accumulators | SFA | SFB].  Two full accumulators when they fit beside
+        # the scale factors.  Otherwise (tile N 256) the accumulator pipeline has one stage but
+        # alternates between two buffers that overlap in ``num_sf_tmem_cols`` columns: buffer 1
+        # starts that many columns before the end of buffer 0.  The epilogue reads the shared
+        # columns first and then releases the stage, so the next tile's MMAs start while it
+        # stores the rest of the tile.
         self.overlapping_accum = self.num_acc_stage == 1
         tile_n = self.cta_tile_shape_mnk[1]
         self.acc_buffer_stride_cols = (
@@ -1308,18 +1312,15 @@ class BlockwiseGemmFp4Sm100:
     # =========================================================================================
     @staticmethod
     def _compute_stages(
-        tiled_mma, mma_tiler, epi_tile, c_dtype, c_layout, sf_vec_size, smem_capacity
+        tiled_mma, mma_tiler, epi_tile, c_dtype, c_layout, sf_vec_size, smem_capacity, sf_cols
     ) -> tuple[int, int, int]:
         """(accumulator stages, A/B/SF stages, epilogue stages) from the real SMEM layouts.
 
         Accumulators are double-buffered unless two of them and the scale factors do not fit
         into the 512 TMEM columns (tile N 256).  The mainloop gets all SMEM that is left after
         two epilogue buffers; SMEM still left after that goes to more epilogue buffers.
+        ``sf_cols`` is the number of TMEM columns the scale factors take.
         """
-        cta_pair = cute.size(tiled_mma.thr_id.shape)
-        sf_cols = (mma_tiler[0] // cta_pair // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE + (
-            cute.round_up(mma_tiler[1], SF_ATOM_ROWS) // SF_ATOM_LANES
-        ) * MMA_INSTS_PER_K_TILE
         num_acc_stage = 2 if 2 * mma_tiler[1] + sf_cols <= SM100_TMEM_COLUMNS else 1
 
         one = 1
