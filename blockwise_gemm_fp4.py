@@ -311,7 +311,7 @@ def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -
     ab_stage_bytes = (
         cta_m * k_tile // 2 + (tile_n // cta_pair) * k_tile // 2 + cta_m * sf_per_row
     ) + sfb_rows * sf_per_row
-    c_bytes = {"BFloat16": 2, "Float16": 2, "Float32": 4}[c_dtype]
+    c_bytes = C_DTYPES[c_dtype].width // 8
     epi_bytes = cta_m * 32 * c_bytes
     num_c_stage = 2
     reserved = 1024  # mbarriers and the TMEM address slot
@@ -334,7 +334,7 @@ def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -
 
 def c_row_pitch(n: int, c_dtype: str) -> int:
     """Row pitch (elements) of D: N rounded up so that every row starts 16-byte aligned."""
-    per_16b = 16 // {"BFloat16": 2, "Float16": 2, "Float32": 4}[c_dtype]
+    per_16b = 128 // C_DTYPES[c_dtype].width
     return -(-n // per_16b) * per_16b
 
 
@@ -1674,6 +1674,8 @@ def prepare_gemm(
     import torch
     from cutlass.cute.runtime import make_ptr
 
+    import reference
+
     if a.dim() != 3 or b.dim() != 3:
         raise ValueError(
             f"a and b must be [L, rows, K/2], got {tuple(a.shape)} and {tuple(b.shape)}"
@@ -1682,7 +1684,7 @@ def prepare_gemm(
     n = b.shape[1]
     if b.shape[0] != l or b.shape[2] != half_k:
         raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} disagree on L or K")
-    sf_torch = {16: torch.float8_e4m3fn, 32: torch.float8_e8m0fnu}.get(sf_vec_size)
+    sf_torch = reference.SCALE_DTYPES.get(sf_vec_size)
     for name, sf in (("sfa_blocked", sfa_blocked), ("sfb_blocked", sfb_blocked)):
         if sf.dtype != sf_torch:
             raise ValueError(
