@@ -130,9 +130,11 @@ SF_ATOM_COLS = 4
 SF_ATOM_BYTES = 512
 NUM_BDQ_BUFFERS = 3
 MAX_STAGES = 12
-# BF16 bit patterns: 2^126 and 2^120.
+# BF16 bit pattern of 2^126 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
-BF16X2_2POW120 = 0x7B807B80
+F16X2_2POW7 = 0x58005800
+# NVFP4: each converted operand carries 2^-7 (see ``Exactness``); D = acc * 2^14 * alpha.
+NVFP4_ACC_SCALE = 2.0**14
 
 
 class NamedBarrierId(enum.IntEnum):
@@ -231,8 +233,49 @@ def _st_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
     _ptx(None, operands, "st.relaxed.gpu.global.u32 [$0], $1;", "l,r", loc=loc, ip=ip)
 
 
+@dsl_user_op
+def _mul_f16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
+    operands = [(Uint32, a), (Uint32, b)]
+    asm = "mul.rn.f16x2 $0, $1, $2;"
+    return _ptx(Uint32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _prmt_zero(a: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
+    """Bytes of ``a`` (selector digits 0..3) or zero bytes (digit 4) -> one word."""
+    asm = f"prmt.b32 $0, $1, 0, {selector:#06x};"
+    return _ptx(Uint32, [(Uint32, a)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _e4m3_to_f16x2(sf_byte: Uint32, *, loc=None, ip=None) -> Uint32:
+    """One E4M3 byte -> the same F16 value in both halves (hardware cvt, sm_89+)."""
+    asm = "{ .reg .b16 t; cvt.u16.u32 t, $1; cvt.rn.f16x2.e4m3x2 $0, t; }"
+    doubled = sf_byte * Uint32(0x0101)
+    return _ptx(Uint32, [(Uint32, doubled)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
+
+
+def _fp4x8_to_f16x2(word: Uint32, factor: Uint32) -> list:
+    """NVFP4: 8 e2m1 values (one 32-bit word) -> 4 F16x2 words (nibbles (p, p + 4), p = 0..3),
+    each times ``factor``.
+
+    The F16 bits of e2m1 * 2^-14 are one byte, ``sign << 7 | (exp, mant) << 1``, above a zero
+    byte (0.5 becomes the F16 subnormal 2^-15).  Two masked shifts build that byte for the four
+    even nibbles and two for the odd ones; one byte permute per pair places two of them."""
+    even = ((word << 4) & Uint32(0x80808080)) | ((word << 1) & Uint32(0x0E0E0E0E))
+    odd = (word & Uint32(0x80808080)) | ((word >> 3) & Uint32(0x0E0E0E0E))
+    # (nibble p, nibble p + 4) = bytes p // 2 and p // 2 + 2 of ``even`` / ``odd``.
+    bytes_ = [
+        _prmt_zero(even, 0x2404),
+        _prmt_zero(odd, 0x2404),
+        _prmt_zero(even, 0x3414),
+        _prmt_zero(odd, 0x3414),
+    ]
+    return [_mul_f16x2(b, factor) for b in bytes_]
+
+
 def _fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
-    """Nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * scale.
+    """MXFP4: nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * scale.
 
     ``word`` is already shifted right by 8 for p = 2, 3 (one shift serves two pairs)."""
     if p % 2 == 0:
@@ -244,28 +287,28 @@ def _fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
     return _mul_bf16x2(_mul_bf16x2(raw, Uint32(BF16X2_2POW126)), factor)
 
 
-def _scale_to_bf16x2(sf_byte: Uint32, sf_vec_size: int) -> Uint32:
-    """One scale byte -> the same exact BF16 value in both halves."""
+def _fp4x8_to_bf16x2(word: Uint32, factor: Uint32) -> list:
+    """MXFP4: 8 e2m1 values -> 4 BF16x2 words (nibbles (p, p + 4)), each times ``factor``."""
+    shifted = word >> 8
+    return [_fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factor) for p in range(4)]
+
+
+def _scale_factor(sf_byte: Uint32, sf_vec_size: int) -> Uint32:
+    """One scale byte -> the multiplier of ``_fp4x16_to_mma`` in both halves: NVFP4 the F16
+    value scale * 2^7, MXFP4 the BF16 value scale (both exact)."""
     if sf_vec_size == 16:
-        # E4M3: (bits & 0x7f) << 4 as BF16 is scale * 2^-120, also for E4M3 subnormals.
-        bits = ((sf_byte & Uint32(0x7F)) << 4) | ((sf_byte & Uint32(0x80)) << 8)
-        return _mul_bf16x2(bits | (bits << 16), Uint32(BF16X2_2POW120))
+        return _mul_f16x2(_e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
     # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
     bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)
     return bits | (bits << 16)
 
 
-def _fp4x8_to_bf16x2(word: Uint32, factor: Uint32) -> list:
-    """8 e2m1 values (one 32-bit word) -> 4 BF16x2 words (nibbles (p, p + 4), p = 0..3),
-    each times ``factor``."""
-    shifted = word >> 8
-    return [_fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factor) for p in range(4)]
-
-
-def _fp4x16_to_bf16x2(packed: Uint64, factor: Uint32) -> list:
-    """16 e2m1 values (8 bytes) -> 8 BF16x2 words P_0..P_7 (P_i = nibbles (i%4, i%4+4) of
-    32-bit word i // 4), each times ``factor``."""
-    return _fp4x8_to_bf16x2(Uint32(packed & Uint64(0xFFFFFFFF)), factor) + _fp4x8_to_bf16x2(
+def _fp4x16_to_mma(packed: Uint64, factor: Uint32, sf_vec_size: int) -> list:
+    """16 e2m1 values (8 bytes) -> 8 words P_0..P_7 of the MMA type (P_i = nibbles
+    (i % 4, i % 4 + 4) of 32-bit word i // 4), each times ``factor``: NVFP4 F16 values
+    e2m1 * scale * 2^-7, MXFP4 BF16 values e2m1 * scale."""
+    convert = _fp4x8_to_f16x2 if sf_vec_size == 16 else _fp4x8_to_bf16x2
+    return convert(Uint32(packed & Uint64(0xFFFFFFFF)), factor) + convert(
         Uint32(packed >> 32), factor
     )
 
@@ -425,7 +468,8 @@ class BlockwiseGemmFp4Sm90:
             * 8,
         )
         self.acc_dtype = cutlass.Float32
-        self.mma_dtype = cutlass.BFloat16
+        # NVFP4 runs F16 wgmma (cheaper exact conversion), MXFP4 BF16 (E8M0 range).
+        self.mma_dtype = cutlass.Float16 if sf_vec_size == 16 else cutlass.BFloat16
 
     def _setup_attributes(self):
         """Tiled MMA, SMEM layouts, stage count: everything fixed by the configuration."""
@@ -696,10 +740,10 @@ class BlockwiseGemmFp4Sm90:
                 + (r // 32) * 4
                 + col % SF_ATOM_COLS
             )
-            factor = _scale_to_bf16x2(
+            factor = _scale_factor(
                 _ld_global_nc_u8(mSFA.iterator.toint() + Int64(sf_byte)), self.sf_vec_size
             )
-            pairs = _fp4x16_to_bf16x2(_ld_global_nc_b64(src), factor)
+            pairs = _fp4x16_to_mma(_ld_global_nc_b64(src), factor, self.sf_vec_size)
             dst = (
                 mTok.iterator.toint()
                 + (row_id * Int64(k_pad) + Int64(c16 // 4 * K_BLOCK + c16 % 4 * 2)) * 2
@@ -753,6 +797,10 @@ class BlockwiseGemmFp4Sm90:
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
         k_tiles = (k + K_TILE - 1) // K_TILE
+        if cutlass.const_expr(self.sf_vec_size == 16):
+            # exact (``alpha_reason`` keeps it finite): undoes the 2^-7 of each F16 operand, so
+            # acc * alpha rounds once, as in the reference
+            alpha = alpha * cutlass.Float32(NVFP4_ACC_SCALE)
 
         if warp_idx < 4:
             cute.arch.warpgroup_reg_dealloc(self.producer_regs)
@@ -997,10 +1045,20 @@ class BlockwiseGemmFp4Sm90:
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             for kt in cutlass.range(kt_begin, kt_end, unroll=1):
                 ab_pipeline.consumer_wait(state)
+                # decode: both k-blocks' kernel-A bytes at once, one SMEM latency per stage
+                # (prefill has no registers to spare for it)
+                a_bytes = [
+                    self._load_a(base_a, base_sfa, state.index, j, a_row0, sfa_row_off, q)
+                    for j in range(K_TILE // K_BLOCK if self.tokens_bf16 else 0)
+                ]
                 for j in cutlass.range_constexpr(K_TILE // K_BLOCK):
                     tCrA = tCrA0 if j == 0 else tCrA1
-                    # ---- kernel A: 2 rows x 16 K values -> 16 BF16x2 registers (RS operand)
-                    self._dequant_a(tCrA, base_a, base_sfa, state.index, j, a_row0, sfa_row_off, q)
+                    # ---- kernel A: 2 rows x 16 K values -> 16 F16x2 / BF16x2 registers (RS)
+                    if cutlass.const_expr(not self.tokens_bf16):
+                        a_bytes.append(
+                            self._load_a(base_a, base_sfa, state.index, j, a_row0, sfa_row_off, q)
+                        )
+                    self._dequant_a(tCrA, a_bytes[j])
                     if cutlass.const_expr(self.tokens_bf16):
                         b_block = 2 * state.index + j
                     else:
@@ -1060,18 +1118,28 @@ class BlockwiseGemmFp4Sm90:
             work_tile = tile_sched.get_current_work()
 
     @cute.jit
-    def _dequant_a(self, tCrA, base_a, base_sfa, stage, j, a_row0, sfa_row_off, q):
-        """FP4 rows a_row0 and a_row0 + 8, K values 16q..16q+15 of k-block j -> A fragment."""
-        # Uint32 view of the BF16 fragment: word r + 2c + 4s = row r, K half c, k16 step s.
-        rA = cute.recast_tensor(tCrA, Uint32)
+    def _load_a(self, base_a, base_sfa, stage, j, a_row0, sfa_row_off, q):
+        """Packed FP4 (8 bytes) and scale byte of rows a_row0 and a_row0 + 8, K values
+        16q..16q+15 of k-block j: [(packed, scale byte)] x 2."""
+        out = []
         for r in cutlass.range_constexpr(2):
             row = a_row0 + 8 * r
             byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
             packed = _ld_shared_b64(base_a + stage * self.a_stage_bytes + _swizzle64(byte))
-            factor = self._load_scale(
+            sf = self._load_scale_byte(
                 base_sfa, stage, self.sfa_stage_bytes, row + sfa_row_off, j, q
             )
-            pairs = _fp4x16_to_bf16x2(packed, factor)
+            out.append((packed, sf))
+        return out
+
+    @cute.jit
+    def _dequant_a(self, tCrA, a_bytes):
+        """``_load_a``'s bytes -> the A fragment of one k-block."""
+        # Uint32 view of the F16 / BF16 fragment: word r + 2c + 4s = row r, K half c, k16 step s.
+        rA = cute.recast_tensor(tCrA, Uint32)
+        for r in cutlass.range_constexpr(2):
+            packed, sf = a_bytes[r]
+            pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.sf_vec_size), self.sf_vec_size)
             for i in cutlass.range_constexpr(8):
                 rA[r + 2 * (i % 2) + 4 * (i // 2)] = pairs[i]
 
@@ -1091,19 +1159,22 @@ class BlockwiseGemmFp4Sm90:
                 qb = item % 4
                 byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + qb * 8
                 packed = _ld_shared_b64(base_b + stage * self.b_stage_bytes + _swizzle64(byte))
-                factor = self._load_scale(
-                    base_sfb, stage, self.sfb_stage_bytes, row + sfb_row_off, j, qb
+                factor = _scale_factor(
+                    self._load_scale_byte(
+                        base_sfb, stage, self.sfb_stage_bytes, row + sfb_row_off, j, qb
+                    ),
+                    self.sf_vec_size,
                 )
-                pairs = _fp4x16_to_bf16x2(packed, factor)
+                pairs = _fp4x16_to_mma(packed, factor, self.sf_vec_size)
                 row_addr = base_bdq + buf * self.bdq_buffer_bytes + row * 128 + qb * 4
                 for i in cutlass.range_constexpr(8):
                     # NOTE: 128B swizzle: 16-byte chunk index XOR (row % 8).
                     _st_shared_b32(row_addr + ((i ^ (row % 8)) * 16), pairs[i])
 
     @cute.jit
-    def _load_scale(self, base_sf, stage, stage_bytes, row, j, q):
-        """Scale of (tile row ``row`` counted from its atom's first row, group q of k-block j)
-        as BF16x2.  Atom byte of (r, c): (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4."""
+    def _load_scale_byte(self, base_sf, stage, stage_bytes, row, j, q):
+        """Scale byte of (tile row ``row`` counted from its atom's first row, group q of
+        k-block j).  Atom byte of (r, c): (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4."""
         if cutlass.const_expr(self.sf_vec_size == 16):
             col = j * 4 + q
         else:
@@ -1111,8 +1182,7 @@ class BlockwiseGemmFp4Sm90:
         atom = (row // SF_ATOM_ROWS) * self.sf_atoms_k + col // SF_ATOM_COLS
         r = row % SF_ATOM_ROWS
         byte = atom * SF_ATOM_BYTES + (r % 32) * 16 + (r // 32) * 4 + col % SF_ATOM_COLS
-        sf = _ld_shared_u8(base_sf + stage * stage_bytes + byte)
-        return _scale_to_bf16x2(sf, self.sf_vec_size)
+        return _ld_shared_u8(base_sf + stage * stage_bytes + byte)
 
     # ======================================= epilogue ==========================================
     @cute.jit
@@ -1233,6 +1303,17 @@ class BlockwiseGemmFp4Sm90:
 # ---------------------------------------------------------------------------------------------
 # Compilation and the command line
 # ---------------------------------------------------------------------------------------------
+def alpha_reason(alpha: float, sf_vec_size: int) -> str | None:
+    """Why ``alpha`` cannot be used, or None: it must be finite, and for NVFP4 alpha * 2^14
+    (the kernel's exact rescaling of the F16 operands) must be finite in fp32 too."""
+    if not math.isfinite(alpha):
+        return f"alpha must be a finite number, got {alpha}"
+    if sf_vec_size == 16 and abs(alpha) * NVFP4_ACC_SCALE >= 2.0**128:
+        return f"NVFP4 needs |alpha| < 2^114 (alpha * 2^14 must stay finite), got {alpha}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
 def workspace_elems(m, n, l, path, mma_tiler_mn, split_k):  # noqa: E741
     """fp32 elements of the split-K workspace (partials + one counter per output tile)."""
     rows, cols = (n, m) if path == "decode" else (m, n)
@@ -1271,7 +1352,7 @@ def compile_gemm(
     ptrs = [make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16) for _ in range(4)]
     ptrs.append(make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16))
     ptrs.append(make_ptr(cutlass.Float32, 0, gmem, assumed_align=16))
-    ptrs.append(make_ptr(cutlass.BFloat16, 0, gmem, assumed_align=16))
+    ptrs.append(make_ptr(gemm.mma_dtype, 0, gmem, assumed_align=16))
     problem = tuple(Int32(1) for _ in range(4))
     compiled = cute.compile(
         gemm,
@@ -1320,7 +1401,7 @@ class Fp4GemmSm90Runner:
             )
             self._workspace[key] = (
                 torch.zeros(elems, dtype=torch.float32, device="cuda"),
-                torch.zeros(tok_shape, dtype=torch.bfloat16, device="cuda"),
+                torch.zeros(tok_shape, dtype=torch.float16, device="cuda"),
             )
         return self._workspace[key]
 
@@ -1329,6 +1410,9 @@ class Fp4GemmSm90Runner:
         import torch
         from cutlass.cute.runtime import make_ptr
 
+        reason = alpha_reason(float(alpha), self.sf_vec_size)
+        if reason:
+            raise ValueError(reason)
         gmem = cute.AddressSpace.gmem
         work, tokens = self.workspace(m, n, k, l)
         ptrs = [
@@ -1337,7 +1421,7 @@ class Fp4GemmSm90Runner:
         ]
         ptrs.append(make_ptr(C_DTYPES[self.c_dtype], d.data_ptr(), gmem, assumed_align=16))
         ptrs.append(make_ptr(cutlass.Float32, work.data_ptr(), gmem, assumed_align=16))
-        ptrs.append(make_ptr(cutlass.BFloat16, tokens.data_ptr(), gmem, assumed_align=16))
+        ptrs.append(make_ptr(self.gemm.mma_dtype, tokens.data_ptr(), gmem, assumed_align=16))
         if stream is None:
             stream = cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream)
         self.compiled(
@@ -1472,8 +1556,8 @@ def main(argv=None) -> int:
     reasons = list(reasons)
     if args.iterations < 1 or args.warmup_iterations < 0:
         reasons.append("--iterations must be >= 1 and --warmup_iterations >= 0")
-    if not math.isfinite(args.alpha if args.alpha is not None else 1.0):
-        reasons.append("--alpha must be a finite number")
+    if args.alpha is not None and alpha_reason(args.alpha, args.sf_vec_size):
+        reasons.append(f"--alpha: {alpha_reason(args.alpha, args.sf_vec_size)}")
     if args.tolerance <= 0:
         reasons.append("--tolerance must be > 0")
     if reasons:

@@ -70,10 +70,15 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     ptx = open(os.path.join(dump, ptx_files[0])).read()
     # TMA loads of the packed FP4 and the scales
     assert "cp.async.bulk.tensor" in ptx
-    # BF16 wgmma, A from registers, FP32 accumulation, N = the SMEM operand's tile
+    # wgmma (NVFP4: F16, MXFP4: BF16), A from registers, FP32 accumulation, N = the SMEM
+    # operand's tile
     tile_cols = k90.kernel_tile(path, tiler)[1]
-    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_cols}k16\.f32\.bf16\.bf16", ptx)
-    assert "mul.rn.bf16x2" in ptx
+    ab = "f16" if vec == 16 else "bf16"
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_cols}k16\.f32\.{ab}\.{ab}", ptx)
+    if vec == 16:
+        assert "mul.rn.f16x2" in ptx and "cvt.rn.f16x2.e4m3x2" in ptx and "prmt.b32" in ptx
+    else:
+        assert "mul.rn.bf16x2" in ptx
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
@@ -86,7 +91,9 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     budget = gemm.threads_per_wg * gemm.producer_regs + gemm.num_mma_threads * gemm.mma_regs
     assert int(m.group(1)) * gemm.threads_per_cta >= budget, (m.group(1), budget)
     sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
-    assert re.search(rf"HGMMA\.64x{tile_cols}x16\.F32\.BF16", sass)
+    # (SASS spells the F16 variant without a type suffix)
+    hgmma = re.search(rf"HGMMA\.64x{tile_cols}x16\.F32(\.BF16)?\s", sass)
+    assert hgmma and (hgmma.group(1) is None) == (vec == 16), hgmma
     assert not re.search(r"\b(LDL|STL)\b", sass)
     assert "UTMALDG" in sass
     assert k90.smem_bytes(gemm) <= k90.SM90_SMEM_CAPACITY
@@ -136,6 +143,53 @@ def test_can_implement_refuses(change, needle):
     assert any(needle in r for r in reasons), reasons
 
 
+def test_alpha_reason():
+    assert k90.alpha_reason(0.5, 16) is None and k90.alpha_reason(-3e33, 16) is None
+    assert k90.alpha_reason(1e38, 32) is None  # MXFP4 does not rescale
+    assert "2^114" in k90.alpha_reason(-(2.0**114), 16)
+    assert "finite" in k90.alpha_reason(float("inf"), 32)
+
+
+def _e2m1(nibble: int) -> float:
+    return (-1.0 if nibble & 8 else 1.0) * (0, 0.5, 1, 1.5, 2, 3, 4, 6)[nibble & 7]
+
+
+def test_nvfp4_f16_conversion_is_exact():
+    """The arithmetic of ``_fp4x8_to_f16x2`` / ``_scale_factor`` (modelled here with numpy on
+    every nibble and every finite E4M3 scale): the F16 byte pattern is e2m1 * 2^-14, the F16
+    scale factor is scale * 2^7, and their F16 product is exactly e2m1 * scale * 2^-7."""
+    import numpy as np
+
+    def prmt_zero(word, selector):
+        out = 0
+        for i in range(4):
+            digit = (selector >> (4 * i)) & 0xF
+            out |= ((word >> (8 * digit)) & 0xFF if digit < 4 else 0) << (8 * i)
+        return out
+
+    words = [0x76543210, 0xFEDCBA98, 0x08F1E92A, 0x3C5A7B9D]
+    for w in words:
+        even = ((w << 4) & 0x80808080) | ((w << 1) & 0x0E0E0E0E)
+        odd = (w & 0x80808080) | ((w >> 3) & 0x0E0E0E0E)
+        for p, (src, sel) in enumerate(
+            [(even, 0x2404), (odd, 0x2404), (even, 0x3414), (odd, 0x3414)]
+        ):
+            halves = np.array([prmt_zero(src, sel)], dtype=np.uint32).view(np.float16)
+            want = [_e2m1((w >> (4 * q)) & 0xF) for q in (p, p + 4)]
+            assert [float(h) * 2.0**14 for h in halves] == want, (hex(w), p)
+    codes = np.arange(16)
+    e2m1_f16 = np.array([_e2m1(int(c)) * 2.0**-14 for c in codes], dtype=np.float16)
+    import torch
+
+    scales = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+    for s in scales[np.isfinite(scales)]:
+        factor = np.float16(s) * np.float16(2.0**7)
+        assert float(factor) == s * 2.0**7
+        got = (e2m1_f16 * factor).astype(np.float64)
+        want = np.array([_e2m1(int(c)) for c in codes]) * float(s) * 2.0**-7
+        assert np.array_equal(got, want), s
+
+
 def test_default_config_paths():
     assert k90.default_config(1, 8192, 8192, 1)[0] == "decode"
     assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
@@ -165,7 +219,8 @@ def _cli(*args):
         (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "goes with sf_vec_size 16"),
         (["--cluster_shape_mn", "2,1"], "no TMA multicast"),
         (["--iterations", "0"], "--iterations must be >= 1"),
-        (["--alpha", "nan"], "--alpha must be a finite number"),
+        (["--alpha", "nan"], "--alpha: alpha must be a finite number"),
+        (["--alpha", "1e38"], "NVFP4 needs |alpha| < 2^114"),
     ],
 )
 def test_cli_bad_input_exits_2_without_traceback(args, message, tmp_path):
