@@ -121,6 +121,7 @@ SF_VEC_OF_DTYPE = {"Float8E4M3FN": 16, "Float8E8M0FNU": 32}
 C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 VALID_TILE_COLS = (8, 16, 32, 64, 128, 256)
 VALID_TILE_ROWS = (64, 128)
+PATHS = ("prefill", "decode", "fused")
 # K elements per pipeline stage (64 packed bytes per row) and per wgmma k-block (4 x k16).
 K_TILE = 128
 K_BLOCK = 64
@@ -397,8 +398,8 @@ def check_config(
         )
     if c_dtype not in C_DTYPES:
         reasons.append(f"c_dtype = {c_dtype}: expected one of {sorted(C_DTYPES)}")
-    if path not in ("prefill", "decode"):
-        reasons.append(f"path = {path}: expected prefill or decode")
+    if path not in PATHS:
+        reasons.append(f"path = {path}: expected one of {', '.join(PATHS)}")
     else:
         rows, cols = kernel_tile(path, mma_tiler_mn)
         if rows not in VALID_TILE_ROWS:
@@ -453,7 +454,14 @@ class BlockwiseGemmFp4Sm90:
         # Decode: the tokens (kernel B, M x K, small) are converted once per launch by
         # ``convert_tokens`` into a BF16 copy in the wgmma's permuted K order, which TMA then
         # brings straight into the wgmma B layout: the mainloop converts only the weights.
-        self.tokens_bf16 = self.swap_ab
+        self.b_converted = path in ("decode", "prefill")
+        # Prefill: both operands are converted by ``convert_tokens`` (once per launch, not once
+        # per output tile) and the mainloop is a plain SS wgmma GEMM over F16 / BF16 tiles.
+        self.a_converted = path == "prefill"
+        # 64-wide k-blocks per pipeline stage: two over packed FP4 (16-byte TMA rows), one over
+        # converted F16 / BF16 tiles (128-byte rows, and room for four stages of 128 x 256).
+        self.kblocks_per_stage = 1 if self.a_converted else K_TILE // K_BLOCK
+        self.stage_k = K_BLOCK * self.kblocks_per_stage
         self.producer_warp = 0
         # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
         # CTA gave back, so the total must stay within what the CTA got at launch: the
@@ -481,7 +489,7 @@ class BlockwiseGemmFp4Sm90:
             self.acc_dtype,
             (self.num_mma_wg, 1, 1),
             tiler_mn=(64, self.tile_cols),
-            a_source=OperandSource.RMEM,
+            a_source=OperandSource.SMEM if self.a_converted else OperandSource.RMEM,
         )
         # Scale atoms per stage along K, and 128-row atom blocks per tile (rows <= 128 -> 1).
         self.sf_cols_per_stage = K_TILE // self.sf_vec_size
@@ -492,10 +500,14 @@ class BlockwiseGemmFp4Sm90:
         packed_atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW64, cutlass.Uint8
         )
-        self.a_stage_bytes = self.tile_rows * K_TILE // 2
-        self.sfa_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfa_row_blocks
-        if self.tokens_bf16:
-            self.b_stage_bytes = self.tile_cols * K_TILE * 2
+        if self.a_converted:
+            self.a_stage_bytes = self.tile_rows * self.stage_k * 2
+            self.sfa_stage_bytes = 0
+        else:
+            self.a_stage_bytes = self.tile_rows * K_TILE // 2
+            self.sfa_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfa_row_blocks
+        if self.b_converted:
+            self.b_stage_bytes = self.tile_cols * self.stage_k * 2
             self.sfb_stage_bytes = 0
             self.num_bdq_buffers = 0
         else:
@@ -511,17 +523,24 @@ class BlockwiseGemmFp4Sm90:
             self.num_bdq_buffers * self.bdq_buffer_bytes,
             self.occupancy,
         )
-        # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks.
-        self.a_smem_layout_staged = cute.tile_to_shape(
-            packed_atom, (self.tile_rows, K_TILE // 2, self.num_stages), order=(0, 1, 2)
-        )
         bdq_atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype
         )
-        if self.tokens_bf16:
-            # (cols, 64, 2 k-blocks x stage): BF16 tokens as wgmma reads them (K-major SW128).
+        kblocks = self.kblocks_per_stage * self.num_stages
+        if self.a_converted:
+            # (rows, 64, k-blocks x stage): converted kernel A as wgmma reads it (K-major SW128)
+            self.a_smem_layout_staged = cute.tile_to_shape(
+                bdq_atom, (self.tile_rows, K_BLOCK, kblocks), order=(0, 1, 2)
+            )
+        else:
+            # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks.
+            self.a_smem_layout_staged = cute.tile_to_shape(
+                packed_atom, (self.tile_rows, K_TILE // 2, self.num_stages), order=(0, 1, 2)
+            )
+        if self.b_converted:
+            # (cols, 64, k-blocks x stage): converted kernel B as wgmma reads it (K-major SW128)
             self.b_smem_layout_staged = cute.tile_to_shape(
-                bdq_atom, (self.tile_cols, K_BLOCK, 2 * self.num_stages), order=(0, 1, 2)
+                bdq_atom, (self.tile_cols, K_BLOCK, kblocks), order=(0, 1, 2)
             )
         else:
             self.b_smem_layout_staged = cute.tile_to_shape(
@@ -548,7 +567,8 @@ class BlockwiseGemmFp4Sm90:
         sfb_ptr: cute.Pointer,
         c_ptr: cute.Pointer,
         workspace_ptr: cute.Pointer,
-        tokens_ptr: cute.Pointer,
+        conv_b_ptr: cute.Pointer,
+        conv_a_ptr: cute.Pointer,
         problem_mnkl: tuple[Int32, Int32, Int32, Int32],
         alpha: cutlass.Float32,
         max_active_clusters: cutlass.Constexpr,
@@ -565,22 +585,26 @@ class BlockwiseGemmFp4Sm90:
             (sfb_ptr, sfa_ptr) if cutlass.const_expr(self.swap_ab) else (sfa_ptr, sfb_ptr)
         )
         kb = cute.assume(k // 2, 16)
+        k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
         # Packed FP4 bytes, K-major: (rows, K/2, L).
-        mKA = cute.make_tensor(
+        mKApacked = cute.make_tensor(
             ptr_ka, cute.make_layout((rows_a, kb, l), stride=(kb, 1, rows_a * kb))
         )
-        if cutlass.const_expr(self.tokens_bf16):
-            # BF16 tokens (M, K rounded up to 64, L), written by convert_tokens.
-            k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
-            mKB = cute.make_tensor(
-                tokens_ptr, cute.make_layout((rows_b, k_pad, l), stride=(k_pad, 1, rows_b * k_pad))
+        mKBpacked = cute.make_tensor(
+            ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
+        )
+        # Converted operands (rows, K rounded up to 64, L) in F16 / BF16, written by
+        # convert_tokens in the mainloop's permuted K order.
+        mKA, mKB = mKApacked, mKBpacked
+        if cutlass.const_expr(self.a_converted):
+            mKA = cute.make_tensor(
+                conv_a_ptr,
+                cute.make_layout((rows_a, k_pad, l), stride=(k_pad, 1, rows_a * k_pad)),
             )
-            mKBpacked = cute.make_tensor(
-                ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
-            )
-        else:
+        if cutlass.const_expr(self.b_converted):
             mKB = cute.make_tensor(
-                ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
+                conv_b_ptr,
+                cute.make_layout((rows_b, k_pad, l), stride=(k_pad, 1, rows_b * k_pad)),
             )
         # Scales, blocked: (256, 2 * atoms along K, 128-row blocks, L); an atom is 2 x 256 bytes.
         sf_atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
@@ -595,25 +619,27 @@ class BlockwiseGemmFp4Sm90:
         mWork = cute.make_tensor(workspace_ptr, cute.make_layout(1))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
+        a_tile = (self.tile_rows, K_BLOCK if self.a_converted else K_TILE // 2)
         tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
-            g2s,
-            mKA,
-            cute.slice_(self.a_smem_layout_staged, (None, None, 0)),
-            (self.tile_rows, K_TILE // 2),
+            g2s, mKA, cute.slice_(self.a_smem_layout_staged, (None, None, 0)), a_tile
         )
-        b_tile = (self.tile_cols, K_BLOCK if self.tokens_bf16 else K_TILE // 2)
+        b_tile = (self.tile_cols, K_BLOCK if self.b_converted else K_TILE // 2)
         tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
             g2s, mKB, cute.slice_(self.b_smem_layout_staged, (None, None, 0)), b_tile
         )
         sf_tile_a = (256, 2 * self.sf_atoms_k, self.sfa_row_blocks)
         sf_tile_b = (256, 2 * self.sf_atoms_k, self.sfb_row_blocks)
-        tma_atom_sfa, tma_tensor_sfa = cpasync.make_tiled_tma_atom(
-            g2s,
-            mSFKA,
-            cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
-            sf_tile_a,
-        )
-        if cutlass.const_expr(self.tokens_bf16):
+        if cutlass.const_expr(self.a_converted):
+            # no scales in the mainloop: the A pair stands in for the unused arguments
+            tma_atom_sfa, tma_tensor_sfa = tma_atom_a, tma_tensor_a
+        else:
+            tma_atom_sfa, tma_tensor_sfa = cpasync.make_tiled_tma_atom(
+                g2s,
+                mSFKA,
+                cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
+                sf_tile_a,
+            )
+        if cutlass.const_expr(self.b_converted):
             # no kernel-B scales in the mainloop: the SFA pair stands in for the unused argument
             tma_atom_sfb, tma_tensor_sfb = tma_atom_sfa, tma_tensor_sfa
         else:
@@ -634,9 +660,11 @@ class BlockwiseGemmFp4Sm90:
             max_active_clusters * self.occupancy,
         )
 
-        b_smem_dtype = self.mma_dtype if self.tokens_bf16 else cutlass.Uint8
-        # prefill only: the kernel-B scales and the BF16 buffers the consumers convert into
+        a_smem_dtype = self.mma_dtype if self.a_converted else cutlass.Uint8
+        b_smem_dtype = self.mma_dtype if self.b_converted else cutlass.Uint8
+        # fused path only: the kernel-B scales and the BF16 buffers the consumers convert into
         bdq_elems = cute.cosize(self.bdq_smem_layout_staged) if self.num_bdq_buffers else 8
+        sfa_bytes = cute.cosize(self.sfa_smem_layout_staged) if self.sfa_stage_bytes else 16
         sfb_bytes = cute.cosize(self.sfb_smem_layout_staged) if self.sfb_stage_bytes else 16
 
         @cute.struct
@@ -644,7 +672,7 @@ class BlockwiseGemmFp4Sm90:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             splitk_flag: cute.struct.MemRange[cutlass.Int32, 4]
             sA: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Uint8, cute.cosize(self.a_smem_layout_staged)],
+                cute.struct.MemRange[a_smem_dtype, cute.cosize(self.a_smem_layout_staged)],
                 1024,
             ]
             sB: cute.struct.Align[
@@ -652,17 +680,19 @@ class BlockwiseGemmFp4Sm90:
                 1024,
             ]
             sBdq: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, bdq_elems], 1024]
-            sSFA: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Uint8, cute.cosize(self.sfa_smem_layout_staged)],
-                128,
-            ]
+            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfa_bytes], 128]
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfb_bytes], 128]
 
         self.shared_storage = SharedStorage
 
-        if cutlass.const_expr(self.tokens_bf16):
+        if cutlass.const_expr(self.b_converted):
             groups = l * rows_b * (k // 16)
             self.convert_tokens(mKBpacked, mSFKB, mKB, k, k_pad).launch(
+                grid=[(groups + 255) // 256, 1, 1], block=[256, 1, 1], stream=stream
+            )
+        if cutlass.const_expr(self.a_converted):
+            groups = l * rows_a * (k // 16)
+            self.convert_tokens(mKApacked, mSFKA, mKA, k, k_pad).launch(
                 grid=[(groups + 255) // 256, 1, 1], block=[256, 1, 1], stream=stream
             )
         self.kernel(
@@ -796,7 +826,7 @@ class BlockwiseGemmFp4Sm90:
             tx_count=self.tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
-        k_tiles = (k + K_TILE - 1) // K_TILE
+        k_tiles = (k + self.stage_k - 1) // self.stage_k
         if cutlass.const_expr(self.sf_vec_size == 16):
             # exact (``alpha_reason`` keeps it finite): undoes the 2^-7 of each F16 operand, so
             # acc * alpha rounds once, as in the reference
@@ -829,6 +859,7 @@ class BlockwiseGemmFp4Sm90:
                 storage,
                 ab_pipeline,
                 k_tiles,
+                a_smem_layout_staged,
                 b_smem_layout_staged,
                 bdq_smem_layout_staged,
                 mD_mnl,
@@ -861,17 +892,12 @@ class BlockwiseGemmFp4Sm90:
     ):
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
         sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
-        sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
-        # (rows, 64, RestRows, RestK, L)
-        gA = cute.local_tile(mA_mkl, (self.tile_rows, K_TILE // 2), (None, None, None))
-        # prefill: packed (cols, 64 bytes, RestCols, RestK, L);
-        # decode: BF16 tokens (cols, 64, RestCols, RestK64, L), two k-blocks per stage
-        b_tile_k = K_BLOCK if self.tokens_bf16 else K_TILE // 2
+        # packed: (rows, 64 bytes, RestRows, RestK, L); converted: (rows, 64, RestRows, RestK64, L)
+        a_tile_k = K_BLOCK if self.a_converted else K_TILE // 2
+        gA = cute.local_tile(mA_mkl, (self.tile_rows, a_tile_k), (None, None, None))
+        # packed: (cols, 64 bytes, RestCols, RestK, L); converted: (cols, 64, RestCols, RestK64, L)
+        b_tile_k = K_BLOCK if self.b_converted else K_TILE // 2
         gB = cute.local_tile(mB_nkl, (self.tile_cols, b_tile_k), (None, None, None))
-        # (256, 2 * atoms_k, row_blocks, RestK, RestRowBlocks, L)
-        gSFA = cute.local_tile(
-            mSFA_mkl, (256, 2 * self.sf_atoms_k, self.sfa_row_blocks), (0, None, None, None)
-        )
         # (TMA, stage) / (TMA, RestRows, RestK, L)
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a,
@@ -887,15 +913,21 @@ class BlockwiseGemmFp4Sm90:
             cute.group_modes(sB, 0, 2),
             cute.group_modes(gB, 0, 2),
         )
-        # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
-        tSsSFA, tSgSFA = cpasync.tma_partition(
-            tma_atom_sfa,
-            0,
-            cute.make_layout(1),
-            cute.group_modes(sSFA, 0, 3),
-            cute.group_modes(gSFA, 0, 3),
-        )
-        if cutlass.const_expr(not self.tokens_bf16):
+        if cutlass.const_expr(not self.a_converted):
+            sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
+            # (256, 2 * atoms_k, row_blocks, RestK, RestRowBlocks, L)
+            gSFA = cute.local_tile(
+                mSFA_mkl, (256, 2 * self.sf_atoms_k, self.sfa_row_blocks), (0, None, None, None)
+            )
+            # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
+            tSsSFA, tSgSFA = cpasync.tma_partition(
+                tma_atom_sfa,
+                0,
+                cute.make_layout(1),
+                cute.group_modes(sSFA, 0, 3),
+                cute.group_modes(gSFA, 0, 3),
+            )
+        if cutlass.const_expr(not self.b_converted):
             sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
             gSFB = cute.local_tile(
                 mSFB_nkl, (256, 2 * self.sf_atoms_k, self.sfb_row_blocks), (0, None, None, None)
@@ -923,24 +955,26 @@ class BlockwiseGemmFp4Sm90:
             for kt in cutlass.range(kt_begin, kt_end, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
+                kbs = self.kblocks_per_stage
                 cute.copy(
                     tma_atom_a,
                     tAgA[(None, row_tile, kt, batch)],
                     tAsA[(None, state.index)],
                     tma_bar_ptr=bar,
                 )
-                cute.copy(
-                    tma_atom_sfa,
-                    tSgSFA[(None, kt, sfa_rb, batch)],
-                    tSsSFA[(None, state.index)],
-                    tma_bar_ptr=bar,
-                )
-                if cutlass.const_expr(self.tokens_bf16):
-                    for j in cutlass.range_constexpr(K_TILE // K_BLOCK):
+                if cutlass.const_expr(not self.a_converted):
+                    cute.copy(
+                        tma_atom_sfa,
+                        tSgSFA[(None, kt, sfa_rb, batch)],
+                        tSsSFA[(None, state.index)],
+                        tma_bar_ptr=bar,
+                    )
+                if cutlass.const_expr(self.b_converted):
+                    for j in cutlass.range_constexpr(kbs):
                         cute.copy(
                             tma_atom_b,
-                            tBgB[(None, col_tile, 2 * kt + j, batch)],
-                            tBsB[(None, 2 * state.index + j)],
+                            tBgB[(None, col_tile, kbs * kt + j, batch)],
+                            tBsB[(None, kbs * state.index + j)],
                             tma_bar_ptr=bar,
                         )
                 else:
@@ -980,6 +1014,7 @@ class BlockwiseGemmFp4Sm90:
         storage,
         ab_pipeline,
         k_tiles,
+        a_smem_layout_staged,
         b_smem_layout_staged,
         bdq_smem_layout_staged,
         mD_mnl,
@@ -996,11 +1031,11 @@ class BlockwiseGemmFp4Sm90:
         q = lane % 4  # 16-element group of the 64-wide k-block this thread dequantizes
 
         thr_mma = tiled_mma.get_slice(tidx)
-        if cutlass.const_expr(self.tokens_bf16):
+        if cutlass.const_expr(self.b_converted):
             sB = storage.sB.get_tensor(
                 b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner
             )
-            # (MMA, MMA_N, MMA_K, 2 k-blocks x stage): descriptors of the TMA'd BF16 tokens
+            # (MMA, MMA_N, MMA_K, k-blocks x stage): descriptors of the converted kernel B
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         else:
             sBdq = storage.sBdq.get_tensor(
@@ -1011,10 +1046,17 @@ class BlockwiseGemmFp4Sm90:
             base_b = storage.sB.data_ptr().toint()
             base_sfb = storage.sSFB.data_ptr().toint()
             base_bdq = storage.sBdq.data_ptr().toint()
-        # (MMA, MMA_M, MMA_K): the RS A fragments, double-buffered across k-blocks
-        a_frag_shape = thr_mma.partition_shape_A((self.tile_rows, K_BLOCK))
-        tCrA0 = tiled_mma.make_fragment_A(a_frag_shape)
-        tCrA1 = tiled_mma.make_fragment_A(a_frag_shape)
+        if cutlass.const_expr(self.a_converted):
+            sA = storage.sA.get_tensor(
+                a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner
+            )
+            # (MMA, MMA_M, MMA_K, k-blocks x stage): descriptors of the converted kernel A
+            tCsA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        else:
+            # (MMA, MMA_M, MMA_K): the RS A fragments, double-buffered across k-blocks
+            a_frag_shape = thr_mma.partition_shape_A((self.tile_rows, K_BLOCK))
+            tCrA0 = tiled_mma.make_fragment_A(a_frag_shape)
+            tCrA1 = tiled_mma.make_fragment_A(a_frag_shape)
         # (MMA, MMA_M, MMA_N)
         acc = cute.make_rmem_tensor(
             thr_mma.partition_shape_C((self.tile_rows, self.tile_cols)), self.acc_dtype
@@ -1029,11 +1071,12 @@ class BlockwiseGemmFp4Sm90:
         )
         work_tile = tile_sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        # decode: stages are released one step late, once the wgmma reading them completed
+        # converted kernel B (decode, prefill): stages are released one step late, once the
+        # wgmma reading them completed
         release_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_stages
         )
-        kblock = Int32(0)  # running k-block count: picks the BF16 kernel-B buffer (prefill)
+        kblock = Int32(0)  # running k-block count: picks the BF16 kernel-B buffer (fused)
         while work_tile.is_valid_tile:
             row_tile, col_tile, lk = work_tile.tile_idx
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
@@ -1045,29 +1088,35 @@ class BlockwiseGemmFp4Sm90:
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             for kt in cutlass.range(kt_begin, kt_end, unroll=1):
                 ab_pipeline.consumer_wait(state)
+                kbs = self.kblocks_per_stage
                 # decode: both k-blocks' kernel-A bytes at once, one SMEM latency per stage
-                # (prefill has no registers to spare for it)
+                # (the fused path has no registers to spare for it)
                 a_bytes = [
                     self._load_a(base_a, base_sfa, state.index, j, a_row0, sfa_row_off, q)
-                    for j in range(K_TILE // K_BLOCK if self.tokens_bf16 else 0)
+                    for j in range(kbs if self.path == "decode" else 0)
                 ]
-                for j in cutlass.range_constexpr(K_TILE // K_BLOCK):
-                    tCrA = tCrA0 if j == 0 else tCrA1
-                    # ---- kernel A: 2 rows x 16 K values -> 16 F16x2 / BF16x2 registers (RS)
-                    if cutlass.const_expr(not self.tokens_bf16):
-                        a_bytes.append(
-                            self._load_a(base_a, base_sfa, state.index, j, a_row0, sfa_row_off, q)
-                        )
-                    self._dequant_a(tCrA, a_bytes[j])
-                    if cutlass.const_expr(self.tokens_bf16):
-                        b_block = 2 * state.index + j
+                for j in cutlass.range_constexpr(kbs):
+                    if cutlass.const_expr(self.a_converted):
+                        tCrA = tCsA[(None, None, None, kbs * state.index + j)]
+                    else:
+                        tCrA = tCrA0 if j == 0 else tCrA1
+                        # ---- kernel A: 2 rows x 16 K values -> 16 F16x2 / BF16x2 registers
+                        if cutlass.const_expr(self.path == "fused"):
+                            a_bytes.append(
+                                self._load_a(
+                                    base_a, base_sfa, state.index, j, a_row0, sfa_row_off, q
+                                )
+                            )
+                        self._dequant_a(tCrA, a_bytes[j])
+                    if cutlass.const_expr(self.b_converted):
+                        b_block = kbs * state.index + j
                     else:
                         # ---- kernel B: this thread's share -> BF16 SMEM buffer ``b_block``
                         b_block = kblock % NUM_BDQ_BUFFERS
                         self._dequant_b(
                             base_b, base_sfb, base_bdq, state.index, j, b_block, sfb_row_off, tidx
                         )
-                        if cutlass.const_expr(j == K_TILE // K_BLOCK - 1):
+                        if cutlass.const_expr(j == kbs - 1):
                             ab_pipeline.consumer_release(state)
                         # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a
                         # proxy fence in every writing thread before the barrier.
@@ -1091,14 +1140,14 @@ class BlockwiseGemmFp4Sm90:
                     # the kernel-B buffer of t - 2 (read by both warpgroups) are free again.
                     warpgroup.wait_group(1)
                     kblock += 1
-                    if cutlass.const_expr(self.tokens_bf16 and j == 0):
+                    if cutlass.const_expr(self.b_converted and j == 0):
                         # the last wgmma of the previous stage has completed: free it
                         if kt > kt_begin:
                             ab_pipeline.consumer_release(release_state)
                             release_state.advance()
                 state.advance()
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.tokens_bf16):
+            if cutlass.const_expr(self.b_converted):
                 if kt_end > kt_begin:
                     ab_pipeline.consumer_release(release_state)
                     release_state.advance()
@@ -1352,7 +1401,7 @@ def compile_gemm(
     ptrs = [make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16) for _ in range(4)]
     ptrs.append(make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16))
     ptrs.append(make_ptr(cutlass.Float32, 0, gmem, assumed_align=16))
-    ptrs.append(make_ptr(gemm.mma_dtype, 0, gmem, assumed_align=16))
+    ptrs += [make_ptr(gemm.mma_dtype, 0, gmem, assumed_align=16) for _ in range(2)]
     problem = tuple(Int32(1) for _ in range(4))
     compiled = cute.compile(
         gemm,
@@ -1370,7 +1419,7 @@ class Fp4GemmSm90Runner:
     """Compiled kernel + workspace for one configuration; ``__call__`` launches on torch data.
 
     NOTE: one runner serves one stream at a time.  All its launches of a shape share one
-    split-K workspace (partials + self-resetting tile counters) and one BF16 token buffer, which
+    split-K workspace (partials + self-resetting tile counters) and the converted operands, which
     are zeroed once on the stream current at the first call; launches of the same shape on two
     streams at once would race on them (use one runner per stream).  A launch that aborts part
     way leaves counters behind: make a new runner after a CUDA error.
@@ -1388,20 +1437,23 @@ class Fp4GemmSm90Runner:
         self._workspace = {}
 
     def workspace(self, m, n, k, l):  # noqa: E741
-        """(split-K workspace, BF16 token buffer) for a problem shape, allocated once."""
+        """(split-K workspace, converted kernel B, converted kernel A) for a problem shape,
+        allocated once (F16 / BF16 (L, rows, K rounded up to 64); 8 elements when unused)."""
         import torch
 
         key = (m, n, k, l)
         if key not in self._workspace:
             # zeros once: the split-K counters reset themselves after every tile, and the pad
-            # columns of the token buffer are never written
+            # columns of the converted operands are never written
             elems = workspace_elems(m, n, l, self.path, self.mma_tiler_mn, self.split_k)
-            tok_shape = (
-                (l, m, (k + K_BLOCK - 1) // K_BLOCK * K_BLOCK) if (self.path == "decode") else (8,)
-            )
+            k_pad = (k + K_BLOCK - 1) // K_BLOCK * K_BLOCK
+            rows_a, rows_b = (n, m) if self.path == "decode" else (m, n)
+            shape_b = (l, rows_b, k_pad) if self.gemm.b_converted else (8,)
+            shape_a = (l, rows_a, k_pad) if self.gemm.a_converted else (8,)
             self._workspace[key] = (
                 torch.zeros(elems, dtype=torch.float32, device="cuda"),
-                torch.zeros(tok_shape, dtype=torch.float16, device="cuda"),
+                torch.zeros(shape_b, dtype=torch.float16, device="cuda"),
+                torch.zeros(shape_a, dtype=torch.float16, device="cuda"),
             )
         return self._workspace[key]
 
@@ -1414,14 +1466,17 @@ class Fp4GemmSm90Runner:
         if reason:
             raise ValueError(reason)
         gmem = cute.AddressSpace.gmem
-        work, tokens = self.workspace(m, n, k, l)
+        work, conv_b, conv_a = self.workspace(m, n, k, l)
         ptrs = [
             make_ptr(cutlass.Uint8, t.data_ptr(), gmem, assumed_align=16)
             for t in (a, b, sfa_blocked, sfb_blocked)
         ]
         ptrs.append(make_ptr(C_DTYPES[self.c_dtype], d.data_ptr(), gmem, assumed_align=16))
         ptrs.append(make_ptr(cutlass.Float32, work.data_ptr(), gmem, assumed_align=16))
-        ptrs.append(make_ptr(self.gemm.mma_dtype, tokens.data_ptr(), gmem, assumed_align=16))
+        ptrs += [
+            make_ptr(self.gemm.mma_dtype, t.data_ptr(), gmem, assumed_align=16)
+            for t in (conv_b, conv_a)
+        ]
         if stream is None:
             stream = cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream)
         self.compiled(
@@ -1497,7 +1552,7 @@ def parse_args(argv=None):
         help="output tile (M, N); default: see default_config",
     )
     ap.add_argument("--cluster_shape_mn", type=_parse_pair, default=(1, 1))
-    ap.add_argument("--path", choices=("auto", "prefill", "decode"), default="auto")
+    ap.add_argument("--path", choices=("auto",) + PATHS, default="auto")
     ap.add_argument("--split_k", type=int, default=None, help="default: see default_config")
     ap.add_argument("--sf_vec_size", type=int, default=16)
     ap.add_argument("--sf_dtype", default=None, help="Float8E4M3FN (16) / Float8E8M0FNU (32)")
@@ -1591,7 +1646,7 @@ def main(argv=None) -> int:
         )
         print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
         print(
-            f"stages: {gemm.num_stages} (k-tile {K_TILE}), BF16 kernel-B buffers: "
+            f"stages: {gemm.num_stages} (k-tile {gemm.stage_k}), BF16 kernel-B buffers: "
             f"{gemm.num_bdq_buffers}"
         )
         print(f"dump: {dump}")

@@ -52,6 +52,7 @@ COMPILE_CONFIGS = [
     # (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k)
     (16, "BFloat16", "prefill", (128, 256), 1),
     (32, "Float16", "prefill", (64, 128), 1),
+    (16, "BFloat16", "fused", (128, 256), 1),
     (16, "Float32", "decode", (16, 128), 2),
     (32, "BFloat16", "decode", (8, 64), 1),
     (16, "BFloat16", "decode", (32, 128), 4),
@@ -260,6 +261,9 @@ GPU_CASES = [
     (257, 129, 1056, 1, 32, "Float16", "prefill", (128, 256), 1, 1.0, "normal"),
     (200, 300, 544, 3, 16, "Float32", "prefill", (64, 128), 1, -1.5, "wide"),
     (1024, 1024, 2048, 1, 16, "BFloat16", "prefill", (128, 256), 1, 1.0, "normal"),
+    (300, 520, 2080, 1, 16, "BFloat16", "prefill", (128, 128), 3, 1.0, "wide"),
+    (300, 520, 224, 2, 16, "BFloat16", "fused", (128, 256), 1, 0.7, "wide"),
+    (257, 129, 1056, 1, 32, "Float16", "fused", (64, 128), 1, 1.0, "normal"),
     (1, 1000, 2080, 1, 16, "BFloat16", "decode", (8, 128), 1, 2.0, "wide"),
     (1, 1000, 2080, 1, 16, "BFloat16", "decode", (8, 128), 4, 2.0, "wide"),
     (16, 4096, 4096, 1, 32, "BFloat16", "decode", (16, 128), 2, 1.0, "wide"),
