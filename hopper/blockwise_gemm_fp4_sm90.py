@@ -343,6 +343,12 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
     return "prefill", (128, 256), 1
 
 
+def default_cluster(path: str) -> tuple[int, int]:
+    """Prefill pairs two M tiles in a cluster that multicasts their common B tile (half the
+    L2 -> SMEM traffic of B); the other paths run without clusters."""
+    return (2, 1) if path == "prefill" else (1, 1)
+
+
 def occupancy(path: str, mma_tiler_mn: tuple[int, int]) -> int:
     """CTAs per SM: 2 for decode tiles of <= 64 tokens, whose consumers (weights only) fit in
     104 registers, so that two CTAs hide each other's per-k-block latency (SMEM load ->
@@ -414,10 +420,12 @@ def check_config(
                 f"tile {what} = {cols}: the SMEM operand takes {VALID_TILE_COLS} rows "
                 "(wgmma N, and a divisor or multiple of the 128-row scale atom)"
             )
-    if tuple(cluster_shape_mn) != (1, 1):
+    if tuple(cluster_shape_mn) not in ((1, 1), (2, 1)) or (
+        tuple(cluster_shape_mn) == (2, 1) and path != "prefill"
+    ):
         reasons.append(
-            f"cluster_shape_mn = {tuple(cluster_shape_mn)}: this Hopper kernel has no TMA "
-            "multicast, only (1, 1)"
+            f"cluster_shape_mn = {tuple(cluster_shape_mn)}: this Hopper kernel takes (1, 1), "
+            "or (2, 1) on the prefill path (two M tiles share one multicast B tile)"
         )
     if split_k < 1 or split_k > 16:
         reasons.append(f"split_k = {split_k}: expected 1..16")
@@ -444,6 +452,7 @@ class BlockwiseGemmFp4Sm90:
         self.swap_ab = path == "decode"
         self.mma_tiler_mn = tuple(mma_tiler_mn)
         self.cluster_shape_mn = tuple(cluster_shape_mn)
+        self.cluster_m = self.cluster_shape_mn[0]
         self.split_k = split_k
         self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
         self.num_mma_wg = self.tile_rows // 64
@@ -624,8 +633,13 @@ class BlockwiseGemmFp4Sm90:
             g2s, mKA, cute.slice_(self.a_smem_layout_staged, (None, None, 0)), a_tile
         )
         b_tile = (self.tile_cols, K_BLOCK if self.b_converted else K_TILE // 2)
+        # NOTE: with a 2x1 cluster each CTA loads half of the shared B tile and multicasts it.
         tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
-            g2s, mKB, cute.slice_(self.b_smem_layout_staged, (None, None, 0)), b_tile
+            cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_m > 1 else g2s,
+            mKB,
+            cute.slice_(self.b_smem_layout_staged, (None, None, 0)),
+            b_tile,
+            num_multicast=self.cluster_m,
         )
         sf_tile_a = (256, 2 * self.sf_atoms_k, self.sfa_row_blocks)
         sf_tile_b = (256, 2 * self.sf_atoms_k, self.sfb_row_blocks)
@@ -657,7 +671,8 @@ class BlockwiseGemmFp4Sm90:
             self.tile_rows,
             self.tile_cols,
             self.split_k,
-            max_active_clusters * self.occupancy,
+            max_active_clusters * self.occupancy // self.cluster_m,
+            self.cluster_m,
         )
 
         a_smem_dtype = self.mma_dtype if self.a_converted else cutlass.Uint8
@@ -718,7 +733,7 @@ class BlockwiseGemmFp4Sm90:
         ).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
-            cluster=(1, 1, 1),
+            cluster=(self.cluster_m, 1, 1),
             min_blocks_per_mp=self.occupancy,
             # all of the SM's 228 KiB as SMEM (percent), so that `occupancy` CTAs fit
             preferred_smem_carveout=100,
@@ -819,12 +834,13 @@ class BlockwiseGemmFp4Sm90:
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.num_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            # one arrive per consumer warp (lane 0 signals in PipelineTmaAsync)
+            # one arrive per consumer warp of every CTA whose producer writes into this one
+            # (lanes 0 .. cluster size - 1 signal in PipelineTmaAsync)
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.num_mma_threads // 32
+                pipeline.Agent.Thread, self.num_mma_threads // 32 * self.cluster_m
             ),
             tx_count=self.tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)),
         )
         k_tiles = (k + self.stage_k - 1) // self.stage_k
         if cutlass.const_expr(self.sf_vec_size == 16):
@@ -868,6 +884,11 @@ class BlockwiseGemmFp4Sm90:
                 tiled_mma,
                 tile_sched_params,
             )
+        if cutlass.const_expr(self.cluster_m > 1):
+            # NOTE: no CTA may exit while its peer can still multicast into its SMEM or
+            # signal its barriers.
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
 
     # ======================================= TMA producer ======================================
     @cute.jit
@@ -906,10 +927,18 @@ class BlockwiseGemmFp4Sm90:
             cute.group_modes(sA, 0, 2),
             cute.group_modes(gA, 0, 2),
         )
+        # 2x1 cluster: this CTA loads its half of the B tile, multicast to both CTAs
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cta_layout_vmnk = cute.make_layout((1, self.cluster_m, 1, 1))
+        b_mcast_mask = None
+        if cutlass.const_expr(self.cluster_m > 1):
+            b_mcast_mask = cpasync.create_tma_multicast_mask(
+                cta_layout_vmnk, cta_layout_vmnk.get_flat_coord(cta_rank), mcast_mode=1
+            )
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b,
-            0,
-            cute.make_layout(1),
+            cta_rank % self.cluster_m,
+            cute.make_layout(self.cluster_m),
             cute.group_modes(sB, 0, 2),
             cute.group_modes(gB, 0, 2),
         )
@@ -976,6 +1005,7 @@ class BlockwiseGemmFp4Sm90:
                             tBgB[(None, col_tile, kbs * kt + j, batch)],
                             tBsB[(None, kbs * state.index + j)],
                             tma_bar_ptr=bar,
+                            mcast_mask=b_mcast_mask,
                         )
                 else:
                     cute.copy(
@@ -1258,7 +1288,12 @@ class BlockwiseGemmFp4Sm90:
         is_last = True
         if cutlass.const_expr(self.split_k > 1):
             nacc = cute.size(acc)
-            row_tiles = (rows + self.tile_rows - 1) // self.tile_rows
+            # (a 2x1 cluster runs an even number of row tiles)
+            row_tiles = (
+                (rows + self.tile_rows * self.cluster_m - 1)
+                // (self.tile_rows * self.cluster_m)
+                * self.cluster_m
+            )
             col_tiles = (cols + self.tile_cols - 1) // self.tile_cols
             num_tiles = row_tiles * col_tiles * mD_mnl.shape[2]
             tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile
@@ -1321,13 +1356,22 @@ class BlockwiseGemmFp4Sm90:
         return min(stages, MAX_STAGES)
 
     @staticmethod
-    def _compute_grid(rows, cols, l, tile_rows, tile_cols, split_k, max_active_clusters):  # noqa: E741
+    def _compute_grid(
+        rows,
+        cols,
+        l,  # noqa: E741
+        tile_rows,
+        tile_cols,
+        split_k,
+        max_active_clusters,
+        cluster_m,
+    ):
         num_tiles = (
             (rows + tile_rows - 1) // tile_rows,
             (cols + tile_cols - 1) // tile_cols,
             l * split_k,
         )
-        params = utils.PersistentTileSchedulerParams(num_tiles, (1, 1, 1))
+        params = utils.PersistentTileSchedulerParams(num_tiles, (cluster_m, 1, 1))
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(params, max_active_clusters)
         return params, grid
 
@@ -1363,11 +1407,12 @@ def alpha_reason(alpha: float, sf_vec_size: int) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-def workspace_elems(m, n, l, path, mma_tiler_mn, split_k):  # noqa: E741
+def workspace_elems(m, n, l, path, mma_tiler_mn, split_k, cluster_m=1):  # noqa: E741
     """fp32 elements of the split-K workspace (partials + one counter per output tile)."""
     rows, cols = (n, m) if path == "decode" else (m, n)
     tr, tc = kernel_tile(path, mma_tiler_mn)
-    tiles = math.ceil(rows / tr) * math.ceil(cols / tc) * l
+    row_tiles = math.ceil(rows / (tr * cluster_m)) * cluster_m
+    tiles = row_tiles * math.ceil(cols / tc) * l
     return tiles * split_k * tr * tc + tiles if split_k > 1 else 1
 
 
@@ -1386,16 +1431,20 @@ def compile_gemm(
     split_k: int = 1,
     max_active_clusters: int = 132,
     options: str = "",
+    cluster_shape_mn: tuple[int, int] | None = None,
 ):
     """Compile for any M, N, K, L (runtime values); returns (kernel object, executor).
 
     ``options="--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir=DIR"`` cross-compiles on a
     machine without a GPU; the executor's ``__ptx__`` / ``__cubin__`` then hold PTX and cubin.
+    ``max_active_clusters`` counts SMs (the kernel divides by its cluster size);
+    ``cluster_shape_mn`` None takes ``default_cluster(path)``.
     """
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
-    gemm = BlockwiseGemmFp4Sm90(sf_vec_size, path, mma_tiler_mn, (1, 1), split_k)
+    cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
+    gemm = BlockwiseGemmFp4Sm90(sf_vec_size, path, mma_tiler_mn, cluster, split_k)
     gmem = cute.AddressSpace.gmem
     # Placeholder addresses: only types and alignments matter for compilation.
     ptrs = [make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16) for _ in range(4)]
@@ -1425,14 +1474,23 @@ class Fp4GemmSm90Runner:
     way leaves counters behind: make a new runner after a CUDA error.
     """
 
-    def __init__(self, sf_vec_size, c_dtype, path, mma_tiler_mn, split_k=1, options=""):
+    def __init__(
+        self,
+        sf_vec_size,
+        c_dtype,
+        path,
+        mma_tiler_mn,
+        split_k=1,
+        options="",
+        cluster_shape_mn=None,
+    ):
         import torch
 
         self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
         self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count
         self.gemm, self.compiled = compile_gemm(
-            sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, num_sms, options
+            sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, num_sms, options, cluster_shape_mn
         )
         self._workspace = {}
 
@@ -1445,7 +1503,9 @@ class Fp4GemmSm90Runner:
         if key not in self._workspace:
             # zeros once: the split-K counters reset themselves after every tile, and the pad
             # columns of the converted operands are never written
-            elems = workspace_elems(m, n, l, self.path, self.mma_tiler_mn, self.split_k)
+            elems = workspace_elems(
+                m, n, l, self.path, self.mma_tiler_mn, self.split_k, self.gemm.cluster_m
+            )
             k_pad = (k + K_BLOCK - 1) // K_BLOCK * K_BLOCK
             rows_a, rows_b = (n, m) if self.path == "decode" else (m, n)
             shape_b = (l, rows_b, k_pad) if self.gemm.b_converted else (8,)
@@ -1551,7 +1611,9 @@ def parse_args(argv=None):
         default=None,
         help="output tile (M, N); default: see default_config",
     )
-    ap.add_argument("--cluster_shape_mn", type=_parse_pair, default=(1, 1))
+    ap.add_argument(
+        "--cluster_shape_mn", type=_parse_pair, default=None, help="default: 2,1 on prefill"
+    )
     ap.add_argument("--path", choices=("auto",) + PATHS, default="auto")
     ap.add_argument("--split_k", type=int, default=None, help="default: see default_config")
     ap.add_argument("--sf_vec_size", type=int, default=16)
@@ -1575,7 +1637,8 @@ def parse_args(argv=None):
 
 
 def resolve_config(args):
-    """(path, mma_tiler_mn, split_k, sf_dtype) after applying the defaults."""
+    """(path, mma_tiler_mn, split_k, sf_dtype) after applying the defaults; also fills in
+    ``args.cluster_shape_mn``."""
     m, n, k, l = args.mnkl  # noqa: E741
     path, tiler, split = default_config(m, n, k, l)
     if args.path != "auto":
@@ -1586,6 +1649,8 @@ def resolve_config(args):
         tiler = args.mma_tiler_mn
     if args.split_k is not None:
         split = args.split_k
+    if args.cluster_shape_mn is None:
+        args.cluster_shape_mn = default_cluster(path)
     sf_dtype = args.sf_dtype or ("Float8E4M3FN" if args.sf_vec_size == 16 else "Float8E8M0FNU")
     return path, tuple(tiler), split, sf_dtype
 
@@ -1630,7 +1695,9 @@ def main(argv=None) -> int:
             print(f"error: --dump_dir {dump}: cannot create the folder ({err})", file=sys.stderr)
             return 2
         opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
-        gemm, _ = compile_gemm(args.sf_vec_size, args.c_dtype, path, tiler, split, 132, opts)
+        gemm, _ = compile_gemm(
+            args.sf_vec_size, args.c_dtype, path, tiler, split, 132, opts, args.cluster_shape_mn
+        )
         kernels = _resource_usage(dump)
         if not kernels:
             print("(cuobjdump not found: no register / local-memory report)")
@@ -1678,7 +1745,9 @@ def main(argv=None) -> int:
     alpha = float(ops.alpha) if args.alpha is None else args.alpha
     sfa, sfb = blocked_scales(ops.sfa), blocked_scales(ops.sfb)
     d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
-    runner = Fp4GemmSm90Runner(args.sf_vec_size, args.c_dtype, path, tiler, split)
+    runner = Fp4GemmSm90Runner(
+        args.sf_vec_size, args.c_dtype, path, tiler, split, cluster_shape_mn=args.cluster_shape_mn
+    )
     runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
     torch.cuda.synchronize()
 

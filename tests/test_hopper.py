@@ -124,7 +124,8 @@ REFUSALS = [
     (dict(mma_tiler_mn=(128, 96)), "tile N = 96"),
     (dict(path="decode", mma_tiler_mn=(16, 256)), "tile N (weight rows) = 256"),
     (dict(path="decode", mma_tiler_mn=(24, 128)), "tile M (tokens) = 24"),
-    (dict(cluster_shape_mn=(2, 1)), "no TMA multicast"),
+    (dict(cluster_shape_mn=(1, 2)), "takes (1, 1)"),
+    (dict(path="decode", mma_tiler_mn=(16, 128), cluster_shape_mn=(2, 1)), "on the prefill path"),
     (dict(split_k=0), "split_k = 0"),
     (dict(mnkl=(65536, 32768, 256, 1)), "M*N*L = 2147483648 does not fit"),
     (dict(mnkl=(65536, 512, 65536, 1)), "M*K/2*L = 2147483648 does not fit"),
@@ -218,7 +219,7 @@ def _cli(*args):
         (["--mnkl", "128,128,100,1"], "multiple of 32"),
         (["--mnkl", "1,2,3"], "expected M,N,K,L"),
         (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "goes with sf_vec_size 16"),
-        (["--cluster_shape_mn", "2,1"], "no TMA multicast"),
+        (["--cluster_shape_mn", "1,2"], "takes (1, 1)"),
         (["--iterations", "0"], "--iterations must be >= 1"),
         (["--alpha", "nan"], "--alpha: alpha must be a finite number"),
         (["--alpha", "1e38"], "NVFP4 needs |alpha| < 2^114"),
@@ -296,7 +297,11 @@ def test_gpu_matches_reference(case):
 
 
 @gpu
-def test_gpu_cli_small():
-    r = _cli("--mnkl", "200,384,1056,2", "--iterations", "2", "--warmup_iterations", "1")
+@pytest.mark.parametrize("cluster", ["2,1", "1,1"])
+def test_gpu_cli_small(cluster):
+    r = _cli(
+        *("--mnkl", "200,384,1056,2", "--cluster_shape_mn", cluster),
+        *("--iterations", "2", "--warmup_iterations", "1"),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Mean time:" in r.stdout and "TFLOP/s" in r.stdout and "PASS" in r.stdout
