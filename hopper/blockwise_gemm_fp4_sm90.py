@@ -11,81 +11,98 @@ blocked layout of ``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 e
 Float8E8M0FNU scales per 32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major
 [M, N] per batch with row pitch N (no padding: M and N are arbitrary).
 
-Hopper has no FP4 tensor cores, so each consumer thread dequantizes FP4 to BF16 in registers and
-the tensor cores run BF16 ``wgmma`` with FP32 accumulation.  Every e2m1 * scale product is exact
-in BF16 (see ``Exactness``), so D equals ``reference.reference_gemm`` up to the order of the fp32
-summation.
+Hopper has no FP4 tensor cores, so FP4 is dequantized exactly to F16 (NVFP4) or BF16 (MXFP4)
+with integer, byte-permute and packed-half multiplies, and the tensor cores run F16 / BF16
+``wgmma`` with FP32 accumulation.  Every e2m1 * scale product is exact in that type (see
+``Exactness``), so D equals ``reference.reference_gemm`` up to the order of the fp32 summation.
 
-Operand roles ("kernel A" / "kernel B")
---------------------------------------
-The kernel computes a tile of rows x cols where the *row* operand ("kernel A") is dequantized
-straight into the wgmma A register fragment (RS wgmma, never touching SMEM as BF16) and the
-*column* operand ("kernel B") reaches the wgmma as swizzled BF16 in SMEM.
-    prefill path (M > 128):  kernel A = A (tokens),  kernel B = B (weights); D tile rows = M.
-                             The consumers convert each packed weight k-block into one of three
-                             rotating BF16 SMEM buffers shared by both warpgroups.
-    decode path  (M <= 128): kernel A = B (weights), kernel B = A (tokens);  D^T = B A^T, so the
-                             token count is the wgmma N (8..128 in powers of two) and the large
-                             weight matrix never goes through SMEM as BF16.  A prologue kernel
-                             (``convert_tokens``, same launch sequence) converts the few tokens
-                             once into a BF16 copy in the permuted K order below; TMA brings it
-                             straight into the wgmma B layout, so the mainloop has no SMEM
-                             stores, proxy fences or named barriers at all.
+Operand roles ("kernel A" / "kernel B") and the three paths
+----------------------------------------------------------
+The kernel computes a tile of rows x cols of the *row* operand ("kernel A", the wgmma A
+operand) against the *column* operand ("kernel B", the wgmma B operand, always in SMEM).
+    decode  (M <= 128): kernel A = B (weights), kernel B = A (tokens); D^T = B A^T, so the token
+            count is the wgmma N (8..128) and the large weight matrix is dequantized straight
+            into the wgmma A register fragment (RS wgmma), never through SMEM.  A prologue kernel
+            (``convert_tokens``, same launch sequence) converts the few tokens once into an F16 /
+            BF16 copy in the permuted K order below, which TMA brings straight into the wgmma B
+            layout.  Two CTAs per SM for <= 64 tokens; split-K when the weight tiles cannot fill
+            the SMs (deterministic fix-up by the last split, in split order).
+    prefill (M > 128): both operands are converted once per launch by ``convert_tokens`` (not
+            once per output tile, which costs (M / 128 + N / 256) x the conversions) and the
+            mainloop is a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that
+            multicast their common B tile.
+    fused   (``--path fused``): kernel A dequantized into the A register fragment, kernel B
+            (weights) converted by the consumers into three rotating BF16 SMEM buffers; no
+            extra memory, but slower (kept for comparison and memory-tight callers).
 The path and tile are chosen by ``default_config`` (documented there); ``--path`` overrides.
+The GEMM grid is launched with programmatic dependent launch after ``convert_tokens``, so its
+prologue overlaps the conversion; its producer waits (``griddepcontrol.wait``) before TMA.
 
 Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs per SM)
 --------------------------------------------------------------------------------------
     ==========  ============  =================================================================
     warps       role          work
     ==========  ============  =================================================================
-    0           TMA producer  packed A, SFA and (prefill) packed B + SFB or (decode) BF16 tokens:
-                              GMEM -> SMEM ring, one mbarrier transaction per stage; warps 1-3
+    0           TMA producer  per stage: packed kernel A + its scales (decode, fused) or the
+                              converted A tile (prefill); converted kernel B (multicast to the
+                              2x1 cluster on prefill) or packed B + scales (fused); warps 1-3
                               only give their registers back
-    4 .. 4W+3   consumers     per 64-wide k-block: FP4 -> BF16 of their 64 kernel-A rows into
-                              registers (prefill: and of a share of kernel B into SMEM), then 4
-                              RS wgmma (m64 x tile_cols x k16); epilogue: * alpha, convert,
+    4 .. 4W+3   consumers     per 64-wide k-block: decode / fused dequantize their 64 kernel-A
+                              rows into registers (fused: and a share of kernel B into SMEM);
+                              then 4 wgmma (m64 x tile_cols x k16); epilogue: * alpha, convert,
                               predicated stores (or split-K partials + fix-up)
     ==========  ============  =================================================================
 
 Pipelines and barriers (producer -> consumer)
 ---------------------------------------------
-    ab_pipeline (PipelineTmaAsync, ``num_stages`` deep, one k-tile of 128 = two k-blocks per
-                 stage): TMA producer -> consumer warpgroups.  Prefill releases a stage once
-                 both k-blocks are converted (before their wgmma run); decode one step later,
-                 once the wgmma that read its BF16 tokens completed.
-    NamedBarrierId.B_READY (prefill): all consumer threads, once per k-block, after writing
+    ab_pipeline (PipelineTmaAsync, ``num_stages`` deep; two 64-wide k-blocks per stage over
+                 packed FP4, one over converted tiles): TMA producer -> consumer warpgroups (of
+                 both CTAs of a 2x1 cluster: a stage is refilled only when both released it).
+                 Fused releases a stage once both k-blocks are converted (before their wgmma
+                 run); decode and prefill one step later, once the wgmma that read it completed.
+    NamedBarrierId.B_READY (fused): all consumer threads, once per k-block, after writing
                  the BF16 kernel-B block (three SMEM buffers rotate so that one barrier per
                  k-block is enough; see ``_consumer``)
+    NamedBarrierId.SPLITK_FIXUP: consumer threads around the split-K tile counter
 Every role walks the same static persistent tile schedule (StaticPersistentTileScheduler over
-row tiles x col tiles x (L * split_k)), so they agree on the order without talking.
+row tiles x col tiles x (L * split_k), in clusters of 2 x 1 on prefill), so they agree on the
+order without talking.
 
-Dequantization (``_fp4_pair_to_bf16x2`` and friends)
-----------------------------------------------------
-One 32-bit word holds 8 e2m1 nibbles.  For nibble pair (p, p + 4) the BF16x2 pattern
-``sign << 15 | (exp, mant) << 6`` is built by one AND, one IMAD (x * 0x1040 places the 3
-magnitude bits at 6..8 and the sign at 15 in one go) and one AND (plus one shift shared by two
-pairs); as BF16 that is the
-e2m1 value * 2^-126 (subnormal for 0.5, which BF16 keeps), so a ``mul.rn.bf16x2`` by 2^126 and
-one by the scale finish it.  The pairing (p, p + 4) instead of (2i, 2i + 1) is a permutation of
-K inside each 16-element group; A and B use the same permutation, so the dot products are
-unchanged, and it makes each consumer thread's 16 consecutive K values of a row exactly one
-NVFP4 scale block read with one 8-byte SMEM load.
+Dequantization (``_fp4x8_to_f16x2``, ``_fp4x8_to_bf16x2``)
+----------------------------------------------------------
+One 32-bit word holds 8 e2m1 nibbles; both formats pair nibbles (p, p + 4) into one 32-bit
+register.  NVFP4: the F16 bits of e2m1 * 2^-14 are one byte, ``sign << 7 | (exp, mant) << 1``,
+above a zero byte (0.5 becomes the F16 subnormal 2^-15); two masked shifts build that byte for
+the four even nibbles, two more for the odd ones, one ``prmt`` per pair puts two bytes in
+place, and one ``mul.rn.f16x2`` by the scale * 2^7 (``cvt.rn.f16x2.e4m3x2``, then * 128) gives
+e2m1 * scale * 2^-7: about 15 instructions per 8 values.  The kernel multiplies alpha by 2^14
+(2^-7 from each operand; ``alpha_reason`` keeps that finite), so acc * alpha still rounds once.
+MXFP4: ``sign << 15 | (exp, mant) << 6`` as BF16 is e2m1 * 2^-126 (one AND, one IMAD, one AND),
+then ``mul.rn.bf16x2`` by 2^126 and by the E8M0 scale.  The pairing (p, p + 4) instead of
+(2i, 2i + 1) is a permutation of K inside each 16-element group; both operands use the same
+permutation (``convert_tokens`` writes it), so the dot products are unchanged, and each
+thread's 16 consecutive K values of a row are one NVFP4 scale block read with one 8-byte load.
 
 Exactness
 ---------
-e2m1 significands have 2 bits, E4M3 ones 4 bits: a product has at most 6 significant bits and
-lies in [2^-10, 2688] (E4M3 subnormal scales included), well inside BF16 (8 significant bits,
-exponents down to 2^-133).  An E8M0 scale is a power of two, so the product is the e2m1 value
-with a shifted exponent (exact unless it leaves BF16's range, which FP32 shares).  The scale
-itself converts exactly: E4M3 bits << 4 read as BF16 are scale * 2^-120 (subnormals included),
-times 2^120; E8M0 bits << 7 are the BF16 power of two (bits 0 -> 2^-127, a BF16 subnormal).
+e2m1 significands have 2 bits, E4M3 ones 4 bits, so e2m1 * scale = i * 2^-10 with an integer i
+of at most 6 significant bits and |value| <= 2688 (E4M3 subnormal scales included).  Times
+2^-7 that is i * 2^-17: F16 holds it exactly (11 significant bits, subnormal step 2^-24), as it
+holds e2m1 * 2^-14 and scale * 2^7 (<= 57344); ``test_nvfp4_f16_conversion_is_exact`` checks
+every nibble against every finite E4M3 scale.  An E8M0 scale is a power of two, so the MXFP4
+product is the e2m1 value with a shifted exponent, exact in BF16 unless it leaves BF16's range
+(which FP32 shares); E8M0 bits << 7 are the BF16 power of two (bits 0 -> 2^-127, a BF16
+subnormal).
 
 Constraints (``can_implement`` explains each refusal)
 ----------------------------------------------------
 * K % 32 == 0 (16-byte TMA rows of packed FP4); M, N >= 1 arbitrary; L >= 1.
 * kernel tile rows 64 or 128 (one or two consumer warpgroups); kernel tile cols 8, 16, 32, 64,
   128 or 256 (a divisor or multiple of the 128-row scale atom).
-* cluster shape (1, 1): no TMA multicast in this kernel.
+* cluster shape (1, 1), or (2, 1) on the prefill path (the default there).
+* NVFP4: |alpha| < 2^114 (alpha * 2^14 must be finite).
+* decode and prefill keep F16 / BF16 copies of the converted operands in the runner's workspace
+  ((L x rows x K rounded up to 64) x 2 bytes each).
 
 Run
 ---
@@ -142,12 +159,12 @@ NVFP4_ACC_SCALE = 2.0**14
 class NamedBarrierId(enum.IntEnum):
     """Hardware named barriers (id 0 is __syncthreads)."""
 
-    B_READY = 1  # consumers: the BF16 kernel-B block of this k-block is in SMEM
+    B_READY = 1  # consumers (fused path): the converted kernel-B block is in SMEM
     SPLITK_FIXUP = 3  # consumers: split-K partial tile written / counter read
 
 
 # ---------------------------------------------------------------------------------------------
-# PTX helpers (sm_90 has no FP4 conversion instruction; these are plain integer / bf16x2 ops)
+# PTX helpers (sm_90 has no FP4 conversion instruction: integer, prmt and f16x2 / bf16x2 ops)
 # ---------------------------------------------------------------------------------------------
 def _ptx(result, operands, asm: str, constraints: str, *, side_effects=True, loc=None, ip=None):
     """One PTX instruction as LLVM inline asm.  ``operands`` are (DSL type, value) pairs;
@@ -438,8 +455,9 @@ def check_config(
 # The kernel
 # ---------------------------------------------------------------------------------------------
 class BlockwiseGemmFp4Sm90:
-    """NVFP4 / MXFP4 GEMM on sm_90a: TMA ring of packed FP4 + scales, in-register dequant,
-    RS wgmma BF16 -> FP32.  See the module docstring for roles, pipelines and the math."""
+    """NVFP4 / MXFP4 GEMM on sm_90a: TMA ring of packed FP4 + scales or of converted tiles,
+    exact dequantization, F16 / BF16 wgmma -> FP32.  See the module docstring for the paths,
+    roles, pipelines and the math."""
 
     def __init__(
         self,
@@ -463,8 +481,8 @@ class BlockwiseGemmFp4Sm90:
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
         self.occupancy = occupancy(path, mma_tiler_mn)
         # Decode: the tokens (kernel B, M x K, small) are converted once per launch by
-        # ``convert_tokens`` into a BF16 copy in the wgmma's permuted K order, which TMA then
-        # brings straight into the wgmma B layout: the mainloop converts only the weights.
+        # ``convert_tokens`` into an F16 / BF16 copy in the wgmma's permuted K order, which TMA
+        # then brings straight into the wgmma B layout: the mainloop converts only the weights.
         self.b_converted = path in ("decode", "prefill")
         # Prefill: both operands are converted by ``convert_tokens`` (once per launch, not once
         # per output tile) and the mainloop is a plain SS wgmma GEMM over F16 / BF16 tiles.
@@ -566,7 +584,7 @@ class BlockwiseGemmFp4Sm90:
         self.sfb_smem_layout_staged = cute.make_ordered_layout(
             (256, 2 * self.sf_atoms_k, self.sfb_row_blocks, self.num_stages), order=(0, 1, 2, 3)
         )
-        # BF16 kernel-B blocks the consumers convert (prefill): (cols, 64, buffer), K-major SW128.
+        # Kernel-B blocks the consumers convert (fused): (cols, 64, buffer), K-major SW128.
         self.bdq_smem_layout_staged = cute.tile_to_shape(
             bdq_atom, (self.tile_cols, K_BLOCK, max(1, self.num_bdq_buffers)), order=(0, 1, 2)
         )
@@ -681,7 +699,7 @@ class BlockwiseGemmFp4Sm90:
 
         a_smem_dtype = self.mma_dtype if self.a_converted else cutlass.Uint8
         b_smem_dtype = self.mma_dtype if self.b_converted else cutlass.Uint8
-        # fused path only: the kernel-B scales and the BF16 buffers the consumers convert into
+        # fused path only: the kernel-B scales and the buffers the consumers convert into
         bdq_elems = cute.cosize(self.bdq_smem_layout_staged) if self.num_bdq_buffers else 8
         sfa_bytes = cute.cosize(self.sfa_smem_layout_staged) if self.sfa_stage_bytes else 16
         sfb_bytes = cute.cosize(self.sfb_smem_layout_staged) if self.sfb_stage_bytes else 16
@@ -769,7 +787,7 @@ class BlockwiseGemmFp4Sm90:
     def convert_tokens(
         self, mA: cute.Tensor, mSFA: cute.Tensor, mTok: cute.Tensor, k: Int32, k_pad: Int32
     ):
-        """Decode prologue: packed FP4 tokens (M, K/2, L) + blocked scales -> BF16 (M, K_pad, L)
+        """Prologue: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16 (rows, K_pad, L)
         in the mainloop's permuted K order (pair P_i of 16-group q of a 64-block goes to
         16 (i // 2) + 8 (i % 2) + 2q, exactly where the weights' A fragment expects it).
         One thread per 16-value group; the pad columns of a K = 32 x odd tail stay zero."""
@@ -1087,7 +1105,7 @@ class BlockwiseGemmFp4Sm90:
             sBdq = storage.sBdq.get_tensor(
                 bdq_smem_layout_staged.outer, swizzle=bdq_smem_layout_staged.inner
             )
-            # (MMA, MMA_N, MMA_K, buffer): descriptors of the converted BF16 kernel-B blocks
+            # (MMA, MMA_N, MMA_K, buffer): descriptors of the converted kernel-B blocks
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sBdq))
             base_b = storage.sB.data_ptr().toint()
             base_sfb = storage.sSFB.data_ptr().toint()
@@ -1122,7 +1140,7 @@ class BlockwiseGemmFp4Sm90:
         release_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_stages
         )
-        kblock = Int32(0)  # running k-block count: picks the BF16 kernel-B buffer (fused)
+        kblock = Int32(0)  # running k-block count: picks the converted kernel-B buffer (fused)
         while work_tile.is_valid_tile:
             row_tile, col_tile, lk = work_tile.tile_idx
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
@@ -1157,7 +1175,7 @@ class BlockwiseGemmFp4Sm90:
                     if cutlass.const_expr(self.b_converted):
                         b_block = kbs * state.index + j
                     else:
-                        # ---- kernel B: this thread's share -> BF16 SMEM buffer ``b_block``
+                        # ---- kernel B: this thread's share -> SMEM buffer ``b_block``
                         b_block = kblock % NUM_BDQ_BUFFERS
                         self._dequant_b(
                             base_b, base_sfb, base_bdq, state.index, j, b_block, sfb_row_off, tidx
@@ -1240,7 +1258,7 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _dequant_b(self, base_b, base_sfb, base_bdq, stage, j, buf, sfb_row_off, tidx):
-        """This thread's (row, 16-group) items of kernel B's k-block j -> BF16 SMEM ``buf``.
+        """This thread's (row, 16-group) items of kernel B's k-block j -> F16 / BF16 SMEM ``buf``.
 
         Pair P_i of a group q goes to logical K 16 (i // 2) + 8 (i % 2) + 2q, +1: the same
         slots the A fragment gives it, i.e. 16-byte chunk i of the 128-byte row, word q."""
@@ -1623,7 +1641,7 @@ def _parse_mnkl(text: str) -> tuple[int, int, int, int]:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
-        description="NVFP4 / MXFP4 W4A4 GEMM on Hopper (BF16 wgmma on in-kernel dequantized FP4)."
+        description="NVFP4 / MXFP4 W4A4 GEMM on Hopper (F16 / BF16 wgmma on exact dequant)."
     )
     ap.add_argument("--mnkl", type=_parse_mnkl, default=(8192, 8192, 8192, 1))
     ap.add_argument(
@@ -1736,8 +1754,8 @@ def main(argv=None) -> int:
         )
         print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
         print(
-            f"stages: {gemm.num_stages} (k-tile {gemm.stage_k}), BF16 kernel-B buffers: "
-            f"{gemm.num_bdq_buffers}"
+            f"stages: {gemm.num_stages} (k-tile {gemm.stage_k}), "
+            f"kernel-B buffers (fused path): {gemm.num_bdq_buffers}"
         )
         print(f"dump: {dump}")
         return 0

@@ -2,10 +2,11 @@
 """Tests of the Hopper (sm_90a) NVFP4 / MXFP4 GEMM, hopper/blockwise_gemm_fp4_sm90.py.
 
 CPU (any machine, CI): cross-compile several configurations for sm_90a and check the PTX and
-SASS (TMA loads, BF16 wgmma with FP32 accumulation, no local memory); every can_implement
-refusal; the command line's error exits.
+SASS (TMA loads, F16 / BF16 wgmma with FP32 accumulation, no local memory); the exactness of
+the NVFP4 F16 conversion; every can_implement refusal; the command line's error exits.
 GPU (H100 / H200 only, skipped elsewhere): results against reference.check_gemm over ragged
-shapes, both formats, every output dtype, alpha != 1, L > 1, decode and prefill paths, split-K.
+shapes, both formats, every output dtype, alpha != 1, L > 1, decode, prefill (2x1 cluster and
+1x1) and fused paths, split-K.
 """
 
 from __future__ import annotations
