@@ -23,11 +23,11 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
     decode  (M <= 128): kernel A = B (weights), kernel B = A (tokens); D^T = B A^T, so the token
             count is the wgmma N (8..128) and the large weight matrix is dequantized straight
             into the wgmma A register fragment (RS wgmma), never through SMEM.  A prologue kernel
-            (``convert_tokens``, same launch sequence) converts the few tokens once into an F16 /
+            (``convert_operands``, same launch sequence) converts the few tokens once into an F16 /
             BF16 copy in the permuted K order below, which TMA brings straight into the wgmma B
             layout.  Two CTAs per SM for <= 64 tokens; split-K when the weight tiles cannot fill
             the SMs (deterministic fix-up by the last split, in split order).
-    prefill (M > 128): both operands are converted once per launch by ``convert_tokens`` (not
+    prefill (M > 128): both operands are converted once per launch by ``convert_operands`` (not
             once per output tile, which costs (M / 128 + N / 256) x the conversions) and the
             mainloop is a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that
             multicast their common B tile.
@@ -35,7 +35,7 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
             (weights) converted by the consumers into three rotating BF16 SMEM buffers; no
             extra memory, but slower (kept for comparison and memory-tight callers).
 The path and tile are chosen by ``default_config`` (documented there); ``--path`` overrides.
-The GEMM grid is launched with programmatic dependent launch after ``convert_tokens``, so its
+The GEMM grid is launched with programmatic dependent launch after ``convert_operands``, so its
 prologue overlaps the conversion; its producer waits (``griddepcontrol.wait``) before TMA.
 
 Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs per SM)
@@ -80,7 +80,7 @@ e2m1 * scale * 2^-7: about 15 instructions per 8 values.  The kernel multiplies 
 MXFP4: ``sign << 15 | (exp, mant) << 6`` as BF16 is e2m1 * 2^-126 (one AND, one IMAD, one AND),
 then ``mul.rn.bf16x2`` by 2^126 and by the E8M0 scale.  The pairing (p, p + 4) instead of
 (2i, 2i + 1) is a permutation of K inside each 16-element group; both operands use the same
-permutation (``convert_tokens`` writes it), so the dot products are unchanged, and each
+permutation (``convert_operands`` writes it), so the dot products are unchanged, and each
 thread's 16 consecutive K values of a row are one NVFP4 scale block read with one 8-byte load.
 
 Exactness
@@ -149,8 +149,9 @@ SF_ATOM_BYTES = 512
 NUM_BDQ_BUFFERS = 3
 CONVERT_THREADS = 256
 MAX_STAGES = 12
-# BF16 bit pattern of 2^126 and F16 bit pattern of 2^7, in both halves.
+# BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
+BF16X2_2POW120 = 0x7B807B80
 F16X2_2POW7 = 0x58005800
 # NVFP4: each converted operand carries 2^-7 (see ``Exactness``); D = acc * 2^14 * alpha.
 NVFP4_ACC_SCALE = 2.0**14
@@ -312,21 +313,25 @@ def _fp4x8_to_bf16x2(word: Uint32, factor: Uint32) -> list:
     return [_fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factor) for p in range(4)]
 
 
-def _scale_factor(sf_byte: Uint32, sf_vec_size: int) -> Uint32:
-    """One scale byte -> the multiplier of ``_fp4x16_to_mma`` in both halves: NVFP4 the F16
-    value scale * 2^7, MXFP4 the BF16 value scale (both exact)."""
-    if sf_vec_size == 16:
+def _scale_factor(sf_byte: Uint32, sf_vec_size: int, f16: bool) -> Uint32:
+    """One scale byte -> the multiplier of ``_fp4x16_to_mma`` in both halves, exact: for F16
+    MMAs (NVFP4 only) the F16 value scale * 2^7, for BF16 MMAs the BF16 value scale."""
+    if f16:
         return _mul_f16x2(_e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
+    if sf_vec_size == 16:
+        # E4M3: (bits & 0x7f) << 4 as BF16 is scale * 2^-120, also for E4M3 subnormals.
+        bits = ((sf_byte & Uint32(0x7F)) << 4) | ((sf_byte & Uint32(0x80)) << 8)
+        return _mul_bf16x2(bits | (bits << 16), Uint32(BF16X2_2POW120))
     # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
     bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)
     return bits | (bits << 16)
 
 
-def _fp4x16_to_mma(packed: Uint64, factor: Uint32, sf_vec_size: int) -> list:
+def _fp4x16_to_mma(packed: Uint64, factor: Uint32, f16: bool) -> list:
     """16 e2m1 values (8 bytes) -> 8 words P_0..P_7 of the MMA type (P_i = nibbles
-    (i % 4, i % 4 + 4) of 32-bit word i // 4), each times ``factor``: NVFP4 F16 values
-    e2m1 * scale * 2^-7, MXFP4 BF16 values e2m1 * scale."""
-    convert = _fp4x8_to_f16x2 if sf_vec_size == 16 else _fp4x8_to_bf16x2
+    (i % 4, i % 4 + 4) of 32-bit word i // 4), each times ``factor``: F16 values
+    e2m1 * scale * 2^-7 or BF16 values e2m1 * scale."""
+    convert = _fp4x8_to_f16x2 if f16 else _fp4x8_to_bf16x2
     return convert(Uint32(packed & Uint64(0xFFFFFFFF)), factor) + convert(
         Uint32(packed >> 32), factor
     )
@@ -481,16 +486,16 @@ class BlockwiseGemmFp4Sm90:
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
         self.occupancy = occupancy(path, mma_tiler_mn)
         # Decode: the tokens (kernel B, M x K, small) are converted once per launch by
-        # ``convert_tokens`` into an F16 / BF16 copy in the wgmma's permuted K order, which TMA
+        # ``convert_operands`` into an F16 / BF16 copy in the wgmma's permuted K order, which TMA
         # then brings straight into the wgmma B layout: the mainloop converts only the weights.
         self.b_converted = path in ("decode", "prefill")
-        # Prefill: both operands are converted by ``convert_tokens`` (once per launch, not once
+        # Prefill: both operands are converted by ``convert_operands`` (once per launch, not once
         # per output tile) and the mainloop is a plain SS wgmma GEMM over F16 / BF16 tiles.
         self.a_converted = path == "prefill"
         # 64-wide k-blocks per pipeline stage: two over packed FP4 (16-byte TMA rows), one over
         # converted F16 / BF16 tiles (128-byte rows, and room for four stages of 128 x 256).
         self.kblocks_per_stage = 1 if self.a_converted else K_TILE // K_BLOCK
-        # programmatic dependent launch of the GEMM after convert_tokens
+        # programmatic dependent launch of the GEMM after convert_operands
         self.use_pdl = self.b_converted
         self.stage_k = K_BLOCK * self.kblocks_per_stage
         self.producer_warp = 0
@@ -508,7 +513,10 @@ class BlockwiseGemmFp4Sm90:
         )
         self.acc_dtype = cutlass.Float32
         # NVFP4 runs F16 wgmma (cheaper exact conversion), MXFP4 BF16 (E8M0 range).
-        self.mma_dtype = cutlass.Float16 if sf_vec_size == 16 else cutlass.BFloat16
+        # (prefill converts once per launch, so it takes BF16 for NVFP4 too: the same SS GEMM
+        # ran 4-7% faster on BF16 than on F16 operands on the H200)
+        self.f16 = sf_vec_size == 16 and path != "prefill"
+        self.mma_dtype = cutlass.Float16 if self.f16 else cutlass.BFloat16
 
     def _setup_attributes(self):
         """Tiled MMA, SMEM layouts, stage count: everything fixed by the configuration."""
@@ -625,7 +633,7 @@ class BlockwiseGemmFp4Sm90:
             ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
         )
         # Converted operands (rows, K rounded up to 64, L) in F16 / BF16, written by
-        # convert_tokens in the mainloop's permuted K order.
+        # convert_operands in the mainloop's permuted K order.
         mKA, mKB = mKApacked, mKBpacked
         if cutlass.const_expr(self.a_converted):
             mKA = cute.make_tensor(
@@ -723,15 +731,8 @@ class BlockwiseGemmFp4Sm90:
         self.shared_storage = SharedStorage
 
         if cutlass.const_expr(self.b_converted):
-            groups = l * rows_b * (k // 16)
-            self.convert_tokens(mKBpacked, mSFKB, mKB, k, k_pad).launch(
-                grid=[(groups + CONVERT_THREADS - 1) // CONVERT_THREADS, 1, 1],
-                block=[CONVERT_THREADS, 1, 1],
-                stream=stream,
-            )
-        if cutlass.const_expr(self.a_converted):
-            groups = l * rows_a * (k // 16)
-            self.convert_tokens(mKApacked, mSFKA, mKA, k, k_pad).launch(
+            groups = l * (rows_b + (rows_a if self.a_converted else 0)) * (k // 16)
+            self.convert_operands(mKBpacked, mSFKB, mKB, mKApacked, mSFKA, mKA, k, k_pad).launch(
                 grid=[(groups + CONVERT_THREADS - 1) // CONVERT_THREADS, 1, 1],
                 block=[CONVERT_THREADS, 1, 1],
                 stream=stream,
@@ -760,7 +761,7 @@ class BlockwiseGemmFp4Sm90:
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
             cluster=(self.cluster_m, 1, 1),
-            # programmatic dependent launch: overlaps this grid's start with convert_tokens
+            # programmatic dependent launch: overlaps this grid's start with convert_operands
             use_pdl=self.use_pdl,
             min_blocks_per_mp=self.occupancy,
             # all of the SM's 228 KiB as SMEM (percent), so that `occupancy` CTAs fit
@@ -784,48 +785,69 @@ class BlockwiseGemmFp4Sm90:
 
     # -----------------------------------------------------------------------------------------
     @cute.kernel
-    def convert_tokens(
-        self, mA: cute.Tensor, mSFA: cute.Tensor, mTok: cute.Tensor, k: Int32, k_pad: Int32
+    def convert_operands(
+        self,
+        mB: cute.Tensor,
+        mSFB: cute.Tensor,
+        mConvB: cute.Tensor,
+        mA: cute.Tensor,
+        mSFA: cute.Tensor,
+        mConvA: cute.Tensor,
+        k: Int32,
+        k_pad: Int32,
     ):
-        """Prologue: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16 (rows, K_pad, L)
-        in the mainloop's permuted K order (pair P_i of 16-group q of a 64-block goes to
-        16 (i // 2) + 8 (i % 2) + 2q, exactly where the weights' A fragment expects it).
-        One thread per 16-value group; the pad columns of a K = 32 x odd tail stay zero."""
+        """Prologue, one grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16
+        (rows, K_pad, L) in the mainloop's permuted K order (pair P_i of 16-group q of a 64-block
+        goes to 16 (i // 2) + 8 (i % 2) + 2q, exactly where the A fragment expects it), for
+        kernel B (decode, prefill) and kernel A (prefill).  One thread per 16-value group, kernel
+        B's groups first; the pad columns of a K = 32 x odd tail stay zero."""
         # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
         # grid's writes before the first TMA load of them
         cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        g = bidx * CONVERT_THREADS + tidx
+        groups_b = cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * (k // 16)
+        if g < groups_b:
+            self._convert_group(mB, mSFB, mConvB, g, k, k_pad)
+        elif cutlass.const_expr(self.a_converted):
+            groups_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * (k // 16)
+            if g - groups_b < groups_a:
+                self._convert_group(mA, mSFA, mConvA, g - groups_b, k, k_pad)
+
+    @cute.jit
+    def _convert_group(self, mA, mSFA, mTok, g, k, k_pad):
+        """16-value group ``g`` (row-major over (L, rows, K / 16)) of one operand."""
         rows, _, batches = mA.shape
         groups_per_row = k // 16
-        g = bidx * CONVERT_THREADS + tidx
-        if g < batches * rows * groups_per_row:
-            c16 = g % groups_per_row
-            row = g // groups_per_row % rows
-            batch = g // (groups_per_row * rows)
-            row_id = Int64(batch * rows + row)
-            src = mA.iterator.toint() + row_id * Int64(k // 2) + Int64(c16 * 8)
-            col = c16 if cutlass.const_expr(self.sf_vec_size == 16) else c16 // 2
-            atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
-            row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
-            r = row % SF_ATOM_ROWS
-            sf_byte = (
-                ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col // SF_ATOM_COLS)
-                * SF_ATOM_BYTES
-                + (r % 32) * 16
-                + (r // 32) * 4
-                + col % SF_ATOM_COLS
-            )
-            factor = _scale_factor(
-                _ld_global_nc_u8(mSFA.iterator.toint() + Int64(sf_byte)), self.sf_vec_size
-            )
-            pairs = _fp4x16_to_mma(_ld_global_nc_b64(src), factor, self.sf_vec_size)
-            dst = (
-                mTok.iterator.toint()
-                + (row_id * Int64(k_pad) + Int64(c16 // 4 * K_BLOCK + c16 % 4 * 2)) * 2
-            )
-            for i in cutlass.range_constexpr(8):
-                _st_global_b32(dst + (16 * (i // 2) + 8 * (i % 2)) * 2, pairs[i])
+        c16 = g % groups_per_row
+        row = g // groups_per_row % rows
+        batch = g // (groups_per_row * rows)
+        row_id = Int64(batch * rows + row)
+        src = mA.iterator.toint() + row_id * Int64(k // 2) + Int64(c16 * 8)
+        col = c16 if cutlass.const_expr(self.sf_vec_size == 16) else c16 // 2
+        atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
+        row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
+        r = row % SF_ATOM_ROWS
+        sf_byte = (
+            ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col // SF_ATOM_COLS)
+            * SF_ATOM_BYTES
+            + (r % 32) * 16
+            + (r // 32) * 4
+            + col % SF_ATOM_COLS
+        )
+        factor = _scale_factor(
+            _ld_global_nc_u8(mSFA.iterator.toint() + Int64(sf_byte)),
+            self.sf_vec_size,
+            self.f16,
+        )
+        pairs = _fp4x16_to_mma(_ld_global_nc_b64(src), factor, self.f16)
+        dst = (
+            mTok.iterator.toint()
+            + (row_id * Int64(k_pad) + Int64(c16 // 4 * K_BLOCK + c16 % 4 * 2)) * 2
+        )
+        for i in cutlass.range_constexpr(8):
+            _st_global_b32(dst + (16 * (i // 2) + 8 * (i % 2)) * 2, pairs[i])
 
     # -----------------------------------------------------------------------------------------
     @cute.kernel
@@ -874,7 +896,7 @@ class BlockwiseGemmFp4Sm90:
             cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)),
         )
         k_tiles = (k + self.stage_k - 1) // self.stage_k
-        if cutlass.const_expr(self.sf_vec_size == 16):
+        if cutlass.const_expr(self.f16):
             # exact (``alpha_reason`` keeps it finite): undoes the 2^-7 of each F16 operand, so
             # acc * alpha rounds once, as in the reference
             alpha = alpha * cutlass.Float32(NVFP4_ACC_SCALE)
@@ -1252,7 +1274,7 @@ class BlockwiseGemmFp4Sm90:
         rA = cute.recast_tensor(tCrA, Uint32)
         for r in cutlass.range_constexpr(2):
             packed, sf = a_bytes[r]
-            pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.sf_vec_size), self.sf_vec_size)
+            pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.sf_vec_size, self.f16), self.f16)
             for i in cutlass.range_constexpr(8):
                 rA[r + 2 * (i % 2) + 4 * (i // 2)] = pairs[i]
 
@@ -1277,8 +1299,9 @@ class BlockwiseGemmFp4Sm90:
                         base_sfb, stage, self.sfb_stage_bytes, row + sfb_row_off, j, qb
                     ),
                     self.sf_vec_size,
+                    self.f16,
                 )
-                pairs = _fp4x16_to_mma(packed, factor, self.sf_vec_size)
+                pairs = _fp4x16_to_mma(packed, factor, self.f16)
                 row_addr = base_bdq + buf * self.bdq_buffer_bytes + row * 128 + qb * 4
                 for i in cutlass.range_constexpr(8):
                     # NOTE: 128B swizzle: 16-byte chunk index XOR (row % 8).
