@@ -237,14 +237,15 @@ def _ld_global_nc_b64(addr: Int64, *, loc=None, ip=None) -> Uint64:
 
 
 @dsl_user_op
-def _ld_global_nc_u8(addr: Int64, *, loc=None, ip=None) -> Uint32:
-    return _ptx(Uint32, [(Int64, addr)], "ld.global.nc.u8 $0, [$1];", "=r,l", loc=loc, ip=ip)
+def _ld_global_nc_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    return _ptx(Uint32, [(Int64, addr)], "ld.global.nc.u32 $0, [$1];", "=r,l", loc=loc, ip=ip)
 
 
 @dsl_user_op
-def _st_global_b32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
-    operands = [(Int64, addr), (Uint32, value)]
-    _ptx(None, operands, "st.global.b32 [$0], $1;", "l,r", loc=loc, ip=ip)
+def _st_global_v4_b32(addr: Int64, values: list, *, loc=None, ip=None) -> None:
+    operands = [(Int64, addr)] + [(Uint32, v) for v in values]
+    asm = "st.global.v4.b32 [$0], {$1, $2, $3, $4};"
+    _ptx(None, operands, asm, "l,r,r,r,r", loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -311,6 +312,16 @@ def _fp4x8_to_bf16x2(word: Uint32, factor: Uint32) -> list:
     """MXFP4: 8 e2m1 values -> 4 BF16x2 words (nibbles (p, p + 4)), each times ``factor``."""
     shifted = word >> 8
     return [_fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factor) for p in range(4)]
+
+
+def _fp4_pair_lo_to_mma(x: Uint32, factor: Uint32, f16: bool) -> Uint32:
+    """The nibbles at bits 0..3 (low half) and 16..19 (high half) of ``x`` -> F16x2 / BF16x2 of
+    e2m1 * ``factor``: the same bit patterns as ``_fp4x8_to_f16x2`` / ``_fp4x8_to_bf16x2`` build
+    (F16: sign to 15, magnitude to 9..11; BF16: to 15 and 6..8), for a pair chosen at run time."""
+    if f16:
+        bits = ((x & Uint32(0x00080008)) << 12) | ((x & Uint32(0x00070007)) << 9)
+        return _mul_f16x2(bits, factor)
+    return _fp4_pair_to_bf16x2(x, 0, factor)
 
 
 def _scale_factor(sf_byte: Uint32, sf_vec_size: int, f16: bool) -> Uint32:
@@ -731,9 +742,9 @@ class BlockwiseGemmFp4Sm90:
         self.shared_storage = SharedStorage
 
         if cutlass.const_expr(self.b_converted):
-            groups = l * (rows_b + (rows_a if self.a_converted else 0)) * (k // 16)
+            chunks = l * (rows_b + (rows_a if self.a_converted else 0)) * (k_pad // K_BLOCK) * 8
             self.convert_operands(mKBpacked, mSFKB, mKB, mKApacked, mSFKA, mKA, k, k_pad).launch(
-                grid=[(groups + CONVERT_THREADS - 1) // CONVERT_THREADS, 1, 1],
+                grid=[(chunks + CONVERT_THREADS - 1) // CONVERT_THREADS, 1, 1],
                 block=[CONVERT_THREADS, 1, 1],
                 stream=stream,
             )
@@ -797,57 +808,78 @@ class BlockwiseGemmFp4Sm90:
         k_pad: Int32,
     ):
         """Prologue, one grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16
-        (rows, K_pad, L) in the mainloop's permuted K order (pair P_i of 16-group q of a 64-block
-        goes to 16 (i // 2) + 8 (i % 2) + 2q, exactly where the A fragment expects it), for
-        kernel B (decode, prefill) and kernel A (prefill).  One thread per 16-value group, kernel
-        B's groups first; the pad columns of a K = 32 x odd tail stay zero."""
+        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (decode, prefill) and
+        kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes to elements
+        16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
+        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk: eight threads per
+        64-block, and a warp stores 512 contiguous bytes.  Kernel B's chunks come first; a
+        K = 32 x odd tail block gets zeros in its second half."""
         # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
         # grid's writes before the first TMA load of them
         cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        g = bidx * CONVERT_THREADS + tidx
-        groups_b = cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * (k // 16)
-        if g < groups_b:
-            self._convert_group(mB, mSFB, mConvB, g, k, k_pad)
+        t = bidx * CONVERT_THREADS + tidx
+        blocks_per_row = k_pad // K_BLOCK
+        chunks_b = cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * blocks_per_row * 8
+        if t < chunks_b:
+            self._convert_chunk(mB, mSFB, mConvB, t, k, k_pad)
         elif cutlass.const_expr(self.a_converted):
-            groups_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * (k // 16)
-            if g - groups_b < groups_a:
-                self._convert_group(mA, mSFA, mConvA, g - groups_b, k, k_pad)
+            chunks_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * blocks_per_row * 8
+            if t - chunks_b < chunks_a:
+                self._convert_chunk(mA, mSFA, mConvA, t - chunks_b, k, k_pad)
 
     @cute.jit
-    def _convert_group(self, mA, mSFA, mTok, g, k, k_pad):
-        """16-value group ``g`` (row-major over (L, rows, K / 16)) of one operand."""
+    def _convert_chunk(self, mA, mSFA, mConv, t, k, k_pad):
+        """16-byte output chunk ``t`` (row-major over (L, rows, K_pad / 64, 8)) of one operand:
+        pair p = chunk % 4 of 32-bit word chunk // 4 of the block's four 16-groups."""
         rows, _, batches = mA.shape
-        groups_per_row = k // 16
-        c16 = g % groups_per_row
-        row = g // groups_per_row % rows
-        batch = g // (groups_per_row * rows)
+        blocks_per_row = k_pad // K_BLOCK
+        chunk = t % 8
+        blk = t // 8
+        kb = blk % blocks_per_row
+        row = blk // blocks_per_row % rows
+        batch = blk // (blocks_per_row * rows)
         row_id = Int64(batch * rows + row)
-        src = mA.iterator.toint() + row_id * Int64(k // 2) + Int64(c16 * 8)
-        col = c16 if cutlass.const_expr(self.sf_vec_size == 16) else c16 // 2
+        # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
+        keep = Uint32(0) - Uint32(cutlass.min((k - kb * K_BLOCK) // K_BLOCK, 1))
+        src = mA.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
+        src = src + Int64(4 * (chunk // 4))
+        # The block's scale columns lie in one atom's 4 bytes (NVFP4: columns 4kb .. 4kb+3,
+        # MXFP4: 2kb, 2kb+1): one aligned 32-bit load.
+        col0 = kb * (K_BLOCK // self.sf_vec_size)
         atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
         row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
         r = row % SF_ATOM_ROWS
-        sf_byte = (
-            ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col // SF_ATOM_COLS)
+        sf_word = (
+            ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col0 // SF_ATOM_COLS)
             * SF_ATOM_BYTES
             + (r % 32) * 16
             + (r // 32) * 4
-            + col % SF_ATOM_COLS
         )
-        factor = _scale_factor(
-            _ld_global_nc_u8(mSFA.iterator.toint() + Int64(sf_byte)),
-            self.sf_vec_size,
-            self.f16,
-        )
-        pairs = _fp4x16_to_mma(_ld_global_nc_b64(src), factor, self.f16)
-        dst = (
-            mTok.iterator.toint()
-            + (row_id * Int64(k_pad) + Int64(c16 // 4 * K_BLOCK + c16 % 4 * 2)) * 2
-        )
-        for i in cutlass.range_constexpr(8):
-            _st_global_b32(dst + (16 * (i // 2) + 8 * (i % 2)) * 2, pairs[i])
+        sf4 = _ld_global_nc_u32(mSFA.iterator.toint() + Int64(sf_word))
+        shift = Uint32(4 * (chunk % 4))
+        words = []
+        for q in cutlass.range_constexpr(4):
+            if cutlass.const_expr(self.sf_vec_size == 16):
+                sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
+            else:
+                sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
+            if cutlass.const_expr(q < 2):
+                word = _ld_global_nc_u32(src + Int64(8 * q))
+            else:
+                # the tail's missing groups 2, 3 re-read groups 0, 1 and are zeroed, scale too
+                word = (
+                    _ld_global_nc_u32(
+                        src + Int64(8 * (q - 2)) + Int64(16) * Int64(keep & Uint32(1))
+                    )
+                    & keep
+                )
+                sf = sf & keep
+            factor = _scale_factor(sf, self.sf_vec_size, self.f16)
+            words.append(_fp4_pair_lo_to_mma(word >> shift, factor, self.f16))
+        dst = mConv.iterator.toint() + (row_id * Int64(k_pad) + Int64(kb * K_BLOCK)) * 2
+        _st_global_v4_b32(dst + Int64(16 * chunk), words)
 
     # -----------------------------------------------------------------------------------------
     @cute.kernel

@@ -158,9 +158,10 @@ def _e2m1(nibble: int) -> float:
 
 
 def test_nvfp4_f16_conversion_is_exact():
-    """The arithmetic of ``_fp4x8_to_f16x2`` / ``_scale_factor`` (modelled here with numpy on
-    every nibble and every finite E4M3 scale): the F16 byte pattern is e2m1 * 2^-14, the F16
-    scale factor is scale * 2^7, and their F16 product is exactly e2m1 * scale * 2^-7."""
+    """The arithmetic of ``_fp4x8_to_f16x2``, ``_fp4_pair_lo_to_mma`` and ``_scale_factor``
+    (modelled here with numpy on every nibble and every finite E4M3 scale): the F16 byte
+    pattern is e2m1 * 2^-14, the F16 scale factor is scale * 2^7, and their F16 product is
+    exactly e2m1 * scale * 2^-7."""
     import numpy as np
 
     def prmt_zero(word, selector):
@@ -180,6 +181,10 @@ def test_nvfp4_f16_conversion_is_exact():
             halves = np.array([prmt_zero(src, sel)], dtype=np.uint32).view(np.float16)
             want = [_e2m1((w >> (4 * q)) & 0xF) for q in (p, p + 4)]
             assert [float(h) * 2.0**14 for h in halves] == want, (hex(w), p)
+            # _fp4_pair_lo_to_mma (convert_operands, pair chosen at run time): same bits
+            x = w >> (4 * p)
+            lo = ((x & 0x00080008) << 12) | ((x & 0x00070007) << 9)
+            assert lo & 0xFFFFFFFF == prmt_zero(src, sel), (hex(w), p)
     codes = np.arange(16)
     e2m1_f16 = np.array([_e2m1(int(c)) * 2.0**-14 for c in codes], dtype=np.float16)
     import torch
