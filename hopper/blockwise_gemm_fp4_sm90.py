@@ -148,6 +148,7 @@ SF_ATOM_COLS = 4
 SF_ATOM_BYTES = 512
 NUM_BDQ_BUFFERS = 3
 CONVERT_THREADS = 256
+CONVERT_UNROLL = 4
 MAX_STAGES = 12
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
@@ -742,9 +743,14 @@ class BlockwiseGemmFp4Sm90:
         self.shared_storage = SharedStorage
 
         if cutlass.const_expr(self.b_converted):
-            chunks = l * (rows_b + (rows_a if self.a_converted else 0)) * (k_pad // K_BLOCK) * 8
+            # one CTA covers CONVERT_THREADS * CONVERT_UNROLL chunks of one operand
+            per_cta = CONVERT_THREADS * CONVERT_UNROLL
+            chunks_b = l * rows_b * (k_pad // K_BLOCK) * 8
+            ctas = (chunks_b + per_cta - 1) // per_cta
+            if cutlass.const_expr(self.a_converted):
+                ctas += (l * rows_a * (k_pad // K_BLOCK) * 8 + per_cta - 1) // per_cta
             self.convert_operands(mKBpacked, mSFKB, mKB, mKApacked, mSFKA, mKA, k, k_pad).launch(
-                grid=[(chunks + CONVERT_THREADS - 1) // CONVERT_THREADS, 1, 1],
+                grid=[ctas, 1, 1],
                 block=[CONVERT_THREADS, 1, 1],
                 stream=stream,
             )
@@ -811,75 +817,87 @@ class BlockwiseGemmFp4Sm90:
         (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (decode, prefill) and
         kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes to elements
         16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
-        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk: eight threads per
-        64-block, and a warp stores 512 contiguous bytes.  Kernel B's chunks come first; a
-        K = 32 x odd tail block gets zeros in its second half."""
+        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per 64-block),
+        ``CONVERT_UNROLL`` chunks per thread with all their loads issued first (the bytes in
+        flight hide DRAM latency); each CTA step stores 4 KiB contiguous.  Kernel B's CTAs come
+        first; a K = 32 x odd tail block gets zeros in its second half."""
         # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
         # grid's writes before the first TMA load of them
         cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        t = bidx * CONVERT_THREADS + tidx
+        per_cta = CONVERT_THREADS * CONVERT_UNROLL
         blocks_per_row = k_pad // K_BLOCK
         chunks_b = cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * blocks_per_row * 8
-        if t < chunks_b:
-            self._convert_chunk(mB, mSFB, mConvB, t, k, k_pad)
+        ctas_b = (chunks_b + per_cta - 1) // per_cta
+        if bidx < ctas_b:
+            self._convert_chunks(mB, mSFB, mConvB, bidx * per_cta + tidx, chunks_b, k, k_pad)
         elif cutlass.const_expr(self.a_converted):
             chunks_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * blocks_per_row * 8
-            if t - chunks_b < chunks_a:
-                self._convert_chunk(mA, mSFA, mConvA, t - chunks_b, k, k_pad)
+            first = (bidx - ctas_b) * per_cta + tidx
+            self._convert_chunks(mA, mSFA, mConvA, first, chunks_a, k, k_pad)
 
     @cute.jit
-    def _convert_chunk(self, mA, mSFA, mConv, t, k, k_pad):
-        """16-byte output chunk ``t`` (row-major over (L, rows, K_pad / 64, 8)) of one operand:
-        pair p = chunk % 4 of 32-bit word chunk // 4 of the block's four 16-groups."""
+    def _convert_chunks(self, mA, mSFA, mConv, first, chunks, k, k_pad):
+        """16-byte output chunks first + j * CONVERT_THREADS, j < CONVERT_UNROLL, of one operand
+        (chunks row-major over (L, rows, K_pad / 64, 8)); chunk c is pair p = c % 4 of 32-bit
+        word c % 8 // 4 of its block's four 16-groups."""
         rows, _, batches = mA.shape
         blocks_per_row = k_pad // K_BLOCK
-        chunk = t % 8
-        blk = t // 8
-        kb = blk % blocks_per_row
-        row = blk // blocks_per_row % rows
-        batch = blk // (blocks_per_row * rows)
-        row_id = Int64(batch * rows + row)
-        # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
-        keep = Uint32(0) - Uint32(cutlass.min((k - kb * K_BLOCK) // K_BLOCK, 1))
-        src = mA.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
-        src = src + Int64(4 * (chunk // 4))
-        # The block's scale columns lie in one atom's 4 bytes (NVFP4: columns 4kb .. 4kb+3,
-        # MXFP4: 2kb, 2kb+1): one aligned 32-bit load.
-        col0 = kb * (K_BLOCK // self.sf_vec_size)
         atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
         row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
-        r = row % SF_ATOM_ROWS
-        sf_word = (
-            ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col0 // SF_ATOM_COLS)
-            * SF_ATOM_BYTES
-            + (r % 32) * 16
-            + (r // 32) * 4
-        )
-        sf4 = _ld_global_nc_u32(mSFA.iterator.toint() + Int64(sf_word))
-        shift = Uint32(4 * (chunk % 4))
-        words = []
-        for q in cutlass.range_constexpr(4):
-            if cutlass.const_expr(self.sf_vec_size == 16):
-                sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
-            else:
-                sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
-            if cutlass.const_expr(q < 2):
-                word = _ld_global_nc_u32(src + Int64(8 * q))
-            else:
-                # the tail's missing groups 2, 3 re-read groups 0, 1 and are zeroed, scale too
-                word = (
-                    _ld_global_nc_u32(
-                        src + Int64(8 * (q - 2)) + Int64(16) * Int64(keep & Uint32(1))
-                    )
-                    & keep
-                )
-                sf = sf & keep
-            factor = _scale_factor(sf, self.sf_vec_size, self.f16)
-            words.append(_fp4_pair_lo_to_mma(word >> shift, factor, self.f16))
-        dst = mConv.iterator.toint() + (row_id * Int64(k_pad) + Int64(kb * K_BLOCK)) * 2
-        _st_global_v4_b32(dst + Int64(16 * chunk), words)
+        loaded = []
+        for j in cutlass.range_constexpr(CONVERT_UNROLL):
+            # loads at a clamped (valid) chunk; only valid chunks are stored below
+            c = cutlass.min(first + j * CONVERT_THREADS, chunks - 1)
+            chunk = c % 8
+            blk = c // 8
+            kb = blk % blocks_per_row
+            row = blk // blocks_per_row % rows
+            batch = blk // (blocks_per_row * rows)
+            row_id = Int64(batch * rows + row)
+            # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
+            keep = Uint32(0) - Uint32(cutlass.min((k - kb * K_BLOCK) // K_BLOCK, 1))
+            src = mA.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
+            src = src + Int64(4 * (chunk // 4))
+            # The block's scale columns lie in one atom's 4 bytes (NVFP4: columns 4kb .. 4kb+3,
+            # MXFP4: 2kb, 2kb+1): one aligned 32-bit load.
+            col0 = kb * (K_BLOCK // self.sf_vec_size)
+            r = row % SF_ATOM_ROWS
+            sf_word = (
+                ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col0 // SF_ATOM_COLS)
+                * SF_ATOM_BYTES
+                + (r % 32) * 16
+                + (r // 32) * 4
+            )
+            sf4 = _ld_global_nc_u32(mSFA.iterator.toint() + Int64(sf_word))
+            words = []
+            for q in cutlass.range_constexpr(4):
+                if cutlass.const_expr(q < 2):
+                    words.append(_ld_global_nc_u32(src + Int64(8 * q)))
+                else:
+                    # the tail's missing groups 2, 3 re-read groups 0, 1; zeroed below
+                    off = Int64(8 * (q - 2)) + Int64(16) * Int64(keep & Uint32(1))
+                    words.append(_ld_global_nc_u32(src + off))
+            dst = mConv.iterator.toint() + (row_id * Int64(k_pad) + Int64(kb * K_BLOCK)) * 2
+            loaded.append((words, sf4, keep, col0, chunk, dst + Int64(16 * chunk)))
+        for j in cutlass.range_constexpr(CONVERT_UNROLL):
+            words, sf4, keep, col0, chunk, dst = loaded[j]
+            shift = Uint32(4 * (chunk % 4))
+            out = []
+            for q in cutlass.range_constexpr(4):
+                if cutlass.const_expr(self.sf_vec_size == 16):
+                    sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
+                else:
+                    sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
+                word = words[q]
+                if cutlass.const_expr(q >= 2):
+                    word = word & keep
+                    sf = sf & keep
+                factor = _scale_factor(sf, self.sf_vec_size, self.f16)
+                out.append(_fp4_pair_lo_to_mma(word >> shift, factor, self.f16))
+            if first + j * CONVERT_THREADS < chunks:
+                _st_global_v4_b32(dst, out)
 
     # -----------------------------------------------------------------------------------------
     @cute.kernel
