@@ -11,8 +11,9 @@ blocked layout of ``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 e
 Float8E8M0FNU scales per 32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major
 [M, N] per batch with row pitch N (no padding: M and N are arbitrary).
 
-Hopper has no FP4 tensor cores, so FP4 is dequantized exactly to F16 (NVFP4) or BF16 (MXFP4)
-with integer, byte-permute and packed-half multiplies, and the tensor cores run F16 / BF16
+Hopper has no FP4 tensor cores, so FP4 is dequantized exactly to F16 (NVFP4 on the decode and
+fused paths) or BF16 (MXFP4; NVFP4 on prefill) with integer, byte-permute and packed-half
+multiplies, and the tensor cores run F16 / BF16
 ``wgmma`` with FP32 accumulation.  Every e2m1 * scale product is exact in that type (see
 ``Exactness``), so D equals ``reference.reference_gemm`` up to the order of the fp32 summation.
 
@@ -77,8 +78,9 @@ the four even nibbles, two more for the odd ones, one ``prmt`` per pair puts two
 place, and one ``mul.rn.f16x2`` by the scale * 2^7 (``cvt.rn.f16x2.e4m3x2``, then * 128) gives
 e2m1 * scale * 2^-7: about 15 instructions per 8 values.  The kernel multiplies alpha by 2^14
 (2^-7 from each operand; ``alpha_reason`` keeps that finite), so acc * alpha still rounds once.
-MXFP4: ``sign << 15 | (exp, mant) << 6`` as BF16 is e2m1 * 2^-126 (one AND, one IMAD, one AND),
-then ``mul.rn.bf16x2`` by 2^126 and by the E8M0 scale.  The pairing (p, p + 4) instead of
+BF16 (MXFP4, and NVFP4 on prefill, converted once per launch): ``sign << 15 | (exp, mant) << 6``
+as BF16 is e2m1 * 2^-126 (one AND, one IMAD, one AND), then ``mul.rn.bf16x2`` by 2^126 and by
+the scale (E4M3 bits << 4 read as BF16 are scale * 2^-120, subnormals included, times 2^120).  The pairing (p, p + 4) instead of
 (2i, 2i + 1) is a permutation of K inside each 16-element group; both operands use the same
 permutation (``convert_operands`` writes it), so the dot products are unchanged, and each
 thread's 16 consecutive K values of a row are one NVFP4 scale block read with one 8-byte load.
@@ -89,7 +91,8 @@ e2m1 significands have 2 bits, E4M3 ones 4 bits, so e2m1 * scale = i * 2^-10 wit
 of at most 6 significant bits and |value| <= 2688 (E4M3 subnormal scales included).  Times
 2^-7 that is i * 2^-17: F16 holds it exactly (11 significant bits, subnormal step 2^-24), as it
 holds e2m1 * 2^-14 and scale * 2^7 (<= 57344); ``test_nvfp4_f16_conversion_is_exact`` checks
-every nibble against every finite E4M3 scale.  An E8M0 scale is a power of two, so the MXFP4
+every nibble against every finite E4M3 scale.  BF16 (8 significant bits, exponents down to
+2^-133) holds i * 2^-10 too.  An E8M0 scale is a power of two, so the MXFP4
 product is the e2m1 value with a shifted exponent, exact in BF16 unless it leaves BF16's range
 (which FP32 shares); E8M0 bits << 7 are the BF16 power of two (bits 0 -> 2^-127, a BF16
 subnormal).
