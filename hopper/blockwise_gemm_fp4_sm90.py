@@ -80,10 +80,11 @@ e2m1 * scale * 2^-7: about 15 instructions per 8 values.  The kernel multiplies 
 (2^-7 from each operand; ``alpha_reason`` keeps that finite), so acc * alpha still rounds once.
 BF16 (MXFP4, and NVFP4 on prefill, converted once per launch): ``sign << 15 | (exp, mant) << 6``
 as BF16 is e2m1 * 2^-126 (one AND, one IMAD, one AND), then ``mul.rn.bf16x2`` by 2^126 and by
-the scale (E4M3 bits << 4 read as BF16 are scale * 2^-120, subnormals included, times 2^120).  The pairing (p, p + 4) instead of
-(2i, 2i + 1) is a permutation of K inside each 16-element group; both operands use the same
-permutation (``convert_operands`` writes it), so the dot products are unchanged, and each
-thread's 16 consecutive K values of a row are one NVFP4 scale block read with one 8-byte load.
+the scale (E4M3 bits << 4 read as BF16 are scale * 2^-120, subnormals included, times 2^120).
+The pairing (p, p + 4) instead of (2i, 2i + 1) is a permutation of K inside each 16-element
+group; both operands use the same permutation (``convert_operands`` writes it), so the dot
+products are unchanged, and each thread's 16 consecutive K values of a row are one NVFP4 scale
+block read with one 8-byte load.
 
 Exactness
 ---------
