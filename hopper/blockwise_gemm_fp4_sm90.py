@@ -237,11 +237,6 @@ def _atomic_add_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> 
 
 
 @dsl_user_op
-def _ld_global_nc_b64(addr: Int64, *, loc=None, ip=None) -> Uint64:
-    return _ptx(Uint64, [(Int64, addr)], "ld.global.nc.b64 $0, [$1];", "=l,l", loc=loc, ip=ip)
-
-
-@dsl_user_op
 def _ld_global_nc_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
     return _ptx(Uint32, [(Int64, addr)], "ld.global.nc.u32 $0, [$1];", "=r,l", loc=loc, ip=ip)
 
