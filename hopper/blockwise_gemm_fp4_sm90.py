@@ -33,7 +33,7 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
             mainloop is a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that
             multicast their common B tile.
     fused   (``--path fused``): kernel A dequantized into the A register fragment, kernel B
-            (weights) converted by the consumers into three rotating BF16 SMEM buffers; no
+            (weights) converted by the consumers into three rotating SMEM buffers; no
             extra memory, but slower (kept for comparison and memory-tight callers).
 The path and tile are chosen by ``default_config`` (documented there); ``--path`` overrides.
 The GEMM grid is launched with programmatic dependent launch after ``convert_operands``, so its
@@ -62,7 +62,7 @@ Pipelines and barriers (producer -> consumer)
                  Fused releases a stage once both k-blocks are converted (before their wgmma
                  run); decode and prefill one step later, once the wgmma that read it completed.
     NamedBarrierId.B_READY (fused): all consumer threads, once per k-block, after writing
-                 the BF16 kernel-B block (three SMEM buffers rotate so that one barrier per
+                 the converted kernel-B block (three SMEM buffers rotate so that one barrier per
                  k-block is enough; see ``_consumer``)
     NamedBarrierId.SPLITK_FIXUP: consumer threads around the split-K tile counter
 Every role walks the same static persistent tile schedule (StaticPersistentTileScheduler over
@@ -81,10 +81,10 @@ e2m1 * scale * 2^-7: about 15 instructions per 8 values.  The kernel multiplies 
 BF16 (MXFP4, and NVFP4 on prefill, converted once per launch): ``sign << 15 | (exp, mant) << 6``
 as BF16 is e2m1 * 2^-126 (one AND, one IMAD, one AND), then ``mul.rn.bf16x2`` by 2^126 and by
 the scale (E4M3 bits << 4 read as BF16 are scale * 2^-120, subnormals included, times 2^120).
-The pairing (p, p + 4) instead of (2i, 2i + 1) is a permutation of K inside each 16-element
-group; both operands use the same permutation (``convert_operands`` writes it), so the dot
-products are unchanged, and each thread's 16 consecutive K values of a row are one NVFP4 scale
-block read with one 8-byte load.
+The pairing (p, p + 4) instead of (2i, 2i + 1) is a permutation of K inside each 64-wide
+k-block (a thread's 16 consecutive K values, one NVFP4 scale block read with one 8-byte load,
+land in wgmma K slots 16 (i // 2) + 8 (i % 2) + 2q, +1); both operands use the same permutation
+(``convert_operands`` writes it), so the dot products are unchanged.
 
 Exactness
 ---------
@@ -122,6 +122,7 @@ import argparse
 import enum
 import math
 import os
+import struct
 import sys
 
 import cutlass
@@ -153,6 +154,8 @@ SF_ATOM_BYTES = 512
 NUM_BDQ_BUFFERS = 3
 CONVERT_THREADS = 256
 CONVERT_UNROLL = 4
+# 16-byte chunks in one converted 64-wide k-block row (64 x 2 bytes)
+CHUNKS_PER_KBLOCK = 8
 MAX_STAGES = 12
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
@@ -160,6 +163,7 @@ BF16X2_2POW120 = 0x7B807B80
 F16X2_2POW7 = 0x58005800
 # NVFP4: each converted operand carries 2^-7 (see ``Exactness``); D = acc * 2^14 * alpha.
 NVFP4_ACC_SCALE = 2.0**14
+FP32_MAX = (2.0 - 2.0**-23) * 2.0**127
 
 
 class NamedBarrierId(enum.IntEnum):
@@ -362,8 +366,8 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
     Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
     the register operand (decode path, kernel tile 128 weight rows x the next power of two >= M
     tokens) and K is split until the output tiles fill the SMs (at most 8 splits, each split at
-    least 4 k-tiles of 128).  Larger M uses the prefill path with 128 x 256 tiles (two consumer
-    warpgroups share each dequantized 256-row weight block).
+    least 4 k-tiles of 128).  Larger M uses the prefill path: both operands converted once,
+    then 128 x 256 tiles in 2x1 clusters.
     """
     if m <= 128:
         cols = max(8, 1 << (m - 1).bit_length())
@@ -387,7 +391,7 @@ def occupancy(path: str, mma_tiler_mn: tuple[int, int]) -> int:
     """CTAs per SM: 2 for decode tiles of <= 64 tokens, whose consumers (weights only) fit in
     104 registers, so that two CTAs hide each other's per-k-block latency (SMEM load ->
     convert -> wgmma); 1 otherwise.  (3 CTAs of <= 16 tokens, 72 registers each, measured
-    slower on the H200: 28.6 against 23.2 us at 16 x 8192 x 8192.)"""
+    slower on the H200: hopper/README.md.)"""
     return 2 if path == "decode" and kernel_tile(path, mma_tiler_mn)[1] <= 64 else 1
 
 
@@ -417,12 +421,15 @@ def check_config(
         reasons.append(f"K = {k} is not a multiple of 32 (TMA needs 16-byte rows of packed FP4)")
     if min(m, n, k, l) >= 1:
         # NOTE: tensor offsets are computed in 32 bits: D, packed A and packed B must each hold
-        # fewer than 2^31 elements (bytes for A and B).
-        for name, extent in (
-            ("M*N*L", m * n * l),
-            ("M*K/2*L", m * k // 2 * l),
-            ("N*K/2*L", n * k // 2 * l),
-        ):
+        # fewer than 2^31 elements (bytes for A and B), and so must the F16 / BF16 copies the
+        # decode (tokens) and prefill (A and B) paths convert, whose K is rounded up to 64.
+        k_pad = -(-k // 64) * 64
+        extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
+        if path in ("decode", "prefill"):
+            extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
+        if path == "prefill":
+            extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
+        for name, extent in extents:
             if extent >= 2**31:
                 reasons.append(
                     f"{name} = {extent} does not fit the kernel's 32-bit offsets (< 2^31); "
@@ -523,9 +530,9 @@ class BlockwiseGemmFp4Sm90:
             * 8,
         )
         self.acc_dtype = cutlass.Float32
-        # NVFP4 runs F16 wgmma (cheaper exact conversion), MXFP4 BF16 (E8M0 range).
-        # (prefill converts once per launch, so it takes BF16 for NVFP4 too: the same SS GEMM
-        # ran 4-7% faster on BF16 than on F16 operands on the H200)
+        # NVFP4 runs F16 wgmma (cheaper exact conversion in the mainloop), MXFP4 BF16 (E8M0
+        # range).  Prefill converts once per launch, so it takes BF16 for NVFP4 too: the same
+        # SS GEMM measured faster on BF16 operands on the H200 (hopper/README.md).
         self.f16 = sf_vec_size == 16 and path != "prefill"
         self.mma_dtype = cutlass.Float16 if self.f16 else cutlass.BFloat16
 
@@ -744,10 +751,11 @@ class BlockwiseGemmFp4Sm90:
         if cutlass.const_expr(self.b_converted):
             # one CTA covers CONVERT_THREADS * CONVERT_UNROLL chunks of one operand
             per_cta = CONVERT_THREADS * CONVERT_UNROLL
-            chunks_b = l * rows_b * (k_pad // K_BLOCK) * 8
+            chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
             ctas = (chunks_b + per_cta - 1) // per_cta
             if cutlass.const_expr(self.a_converted):
-                ctas += (l * rows_a * (k_pad // K_BLOCK) * 8 + per_cta - 1) // per_cta
+                chunks_a = l * rows_a * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
+                ctas += (chunks_a + per_cta - 1) // per_cta
             self.convert_operands(mKBpacked, mSFKB, mKB, mKApacked, mSFKA, mKA, k, k_pad).launch(
                 grid=[ctas, 1, 1],
                 block=[CONVERT_THREADS, 1, 1],
@@ -819,7 +827,7 @@ class BlockwiseGemmFp4Sm90:
         16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per 64-block),
         ``CONVERT_UNROLL`` chunks per thread with all their loads issued first (the bytes in
         flight hide DRAM latency); each CTA step stores 4 KiB contiguous.  Kernel B's CTAs come
-        first; a K = 32 x odd tail block gets zeros in its second half."""
+        first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
         # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
         # grid's writes before the first TMA load of them
         cute.arch.griddepcontrol_launch_dependents()
@@ -827,12 +835,16 @@ class BlockwiseGemmFp4Sm90:
         bidx, _, _ = cute.arch.block_idx()
         per_cta = CONVERT_THREADS * CONVERT_UNROLL
         blocks_per_row = k_pad // K_BLOCK
-        chunks_b = cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * blocks_per_row * 8
+        chunks_b = (
+            cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * blocks_per_row * CHUNKS_PER_KBLOCK
+        )
         ctas_b = (chunks_b + per_cta - 1) // per_cta
         if bidx < ctas_b:
             self._convert_chunks(mB, mSFB, mConvB, bidx * per_cta + tidx, chunks_b, k, k_pad)
         elif cutlass.const_expr(self.a_converted):
-            chunks_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * blocks_per_row * 8
+            chunks_a = (
+                cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * blocks_per_row * CHUNKS_PER_KBLOCK
+            )
             first = (bidx - ctas_b) * per_cta + tidx
             self._convert_chunks(mA, mSFA, mConvA, first, chunks_a, k, k_pad)
 
@@ -849,8 +861,8 @@ class BlockwiseGemmFp4Sm90:
         for j in cutlass.range_constexpr(CONVERT_UNROLL):
             # loads at a clamped (valid) chunk; only valid chunks are stored below
             c = cutlass.min(first + j * CONVERT_THREADS, chunks - 1)
-            chunk = c % 8
-            blk = c // 8
+            chunk = c % CHUNKS_PER_KBLOCK
+            blk = c // CHUNKS_PER_KBLOCK
             kb = blk % blocks_per_row
             row = blk // blocks_per_row % rows
             batch = blk // (blocks_per_row * rows)
@@ -927,8 +939,11 @@ class BlockwiseGemmFp4Sm90:
         if warp_idx == self.producer_warp:
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
-            cpasync.prefetch_descriptor(tma_atom_sfa)
-            cpasync.prefetch_descriptor(tma_atom_sfb)
+            # (the scale atoms are stand-ins for A's when the operand is converted)
+            if cutlass.const_expr(not self.a_converted):
+                cpasync.prefetch_descriptor(tma_atom_sfa)
+            if cutlass.const_expr(not self.b_converted):
+                cpasync.prefetch_descriptor(tma_atom_sfb)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -1502,13 +1517,15 @@ class BlockwiseGemmFp4Sm90:
 # ---------------------------------------------------------------------------------------------
 # Compilation and the command line
 # ---------------------------------------------------------------------------------------------
-def alpha_reason(alpha: float, sf_vec_size: int) -> str | None:
-    """Why ``alpha`` cannot be used, or None: it must be finite, and for NVFP4 alpha * 2^14
-    (the kernel's exact rescaling of the F16 operands) must be finite in fp32 too."""
-    if not math.isfinite(alpha):
-        return f"alpha must be a finite number, got {alpha}"
-    if sf_vec_size == 16 and abs(alpha) * NVFP4_ACC_SCALE >= 2.0**128:
-        return f"NVFP4 needs |alpha| < 2^114 (alpha * 2^14 must stay finite), got {alpha}"
+def alpha_reason(alpha: float, sf_vec_size: int, path: str = "decode") -> str | None:
+    """Why ``alpha`` cannot be used, or None: it must be a finite fp32 number, and where the
+    kernel runs F16 operands (NVFP4 off the prefill path) its fp32 value * 2^14 (the exact
+    rescaling of those operands) must be finite too."""
+    if not math.isfinite(alpha) or abs(alpha) > FP32_MAX:
+        return f"alpha must be a finite fp32 number, got {alpha}"
+    alpha32 = struct.unpack("f", struct.pack("f", alpha))[0]
+    if sf_vec_size == 16 and path != "prefill" and abs(alpha32) * NVFP4_ACC_SCALE > FP32_MAX:
+        return f"NVFP4 here needs |alpha| < 2^114 (alpha * 2^14 must stay finite), got {alpha}"
     return None
 
 
@@ -1614,8 +1631,8 @@ class Fp4GemmSm90Runner:
 
         key = (m, n, k, l)
         if key not in self._workspace:
-            # zeros once: the split-K counters reset themselves after every tile, and the pad
-            # columns of the converted operands are never written
+            # zeros once: the split-K counters reset themselves after every tile (the converted
+            # operands are rewritten whole, K padding included, by every launch)
             elems = workspace_elems(
                 m, n, l, self.path, self.mma_tiler_mn, self.split_k, self.gemm.cluster_m
             )
@@ -1635,7 +1652,7 @@ class Fp4GemmSm90Runner:
         import torch
         from cutlass.cute.runtime import make_ptr
 
-        reason = alpha_reason(float(alpha), self.sf_vec_size)
+        reason = alpha_reason(float(alpha), self.sf_vec_size, self.path)
         if reason:
             raise ValueError(reason)
         gmem = cute.AddressSpace.gmem
@@ -1789,8 +1806,8 @@ def main(argv=None) -> int:
     reasons = list(reasons)
     if args.iterations < 1 or args.warmup_iterations < 0:
         reasons.append("--iterations must be >= 1 and --warmup_iterations >= 0")
-    if args.alpha is not None and alpha_reason(args.alpha, args.sf_vec_size):
-        reasons.append(f"--alpha: {alpha_reason(args.alpha, args.sf_vec_size)}")
+    if args.alpha is not None and alpha_reason(args.alpha, args.sf_vec_size, path):
+        reasons.append(f"--alpha: {alpha_reason(args.alpha, args.sf_vec_size, path)}")
     if args.tolerance <= 0:
         reasons.append("--tolerance must be > 0")
     if reasons:

@@ -131,6 +131,8 @@ REFUSALS = [
     (dict(mnkl=(65536, 32768, 256, 1)), "M*N*L = 2147483648 does not fit"),
     (dict(mnkl=(65536, 512, 65536, 1)), "M*K/2*L = 2147483648 does not fit"),
     (dict(mnkl=(256, 32768, 65536, 2)), "N*K/2*L = 2147483648 does not fit"),
+    (dict(mnkl=(32768, 8192, 65536, 1)), "M*K_pad*L (converted A) = 2147483648 does not fit"),
+    (dict(mnkl=(256, 65536, 32736, 1)), "N*K_pad*L (converted B) = 2147483648 does not fit"),
 ]
 
 
@@ -148,9 +150,13 @@ def test_can_implement_refuses(change, needle):
 
 def test_alpha_reason():
     assert k90.alpha_reason(0.5, 16) is None and k90.alpha_reason(-3e33, 16) is None
-    assert k90.alpha_reason(1e38, 32) is None  # MXFP4 does not rescale
+    # MXFP4, and NVFP4 on prefill (BF16 operands), do not rescale alpha
+    assert k90.alpha_reason(1e38, 32) is None and k90.alpha_reason(1e38, 16, "prefill") is None
     assert "2^114" in k90.alpha_reason(-(2.0**114), 16)
-    assert "finite" in k90.alpha_reason(float("inf"), 32)
+    # 2^114 - 2^80 rounds to 2^114 in fp32, whose * 2^14 overflows
+    assert "2^114" in k90.alpha_reason(2.0**114 - 2.0**80, 16, "decode")
+    assert "finite fp32" in k90.alpha_reason(float("inf"), 32)
+    assert "finite fp32" in k90.alpha_reason(1e39, 32)
 
 
 def _e2m1(nibble: int) -> float:
@@ -227,8 +233,8 @@ def _cli(*args):
         (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "goes with sf_vec_size 16"),
         (["--cluster_shape_mn", "1,2"], "takes (1, 1)"),
         (["--iterations", "0"], "--iterations must be >= 1"),
-        (["--alpha", "nan"], "--alpha: alpha must be a finite number"),
-        (["--alpha", "1e38"], "NVFP4 needs |alpha| < 2^114"),
+        (["--alpha", "nan"], "--alpha: alpha must be a finite fp32 number"),
+        (["--mnkl", "16,4096,4096,1", "--alpha", "1e38"], "NVFP4 here needs |alpha| < 2^114"),
     ],
 )
 def test_cli_bad_input_exits_2_without_traceback(args, message, tmp_path):
