@@ -423,7 +423,7 @@ def check_config(
         # NOTE: tensor offsets are computed in 32 bits: D, packed A and packed B must each hold
         # fewer than 2^31 elements (bytes for A and B), and so must the F16 / BF16 copies the
         # decode (tokens) and prefill (A and B) paths convert, whose K is rounded up to 64.
-        k_pad = -(-k // 64) * 64
+        k_pad = -(-k // K_BLOCK) * K_BLOCK
         extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
         if path in ("decode", "prefill"):
             extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
@@ -471,6 +471,12 @@ def check_config(
         )
     if split_k < 1 or split_k > 16:
         reasons.append(f"split_k = {split_k}: expected 1..16")
+    elif split_k > 1 and path in PATHS and kernel_tile(path, mma_tiler_mn)[1] > 128:
+        # NOTE: 128 fp32 accumulators per thread plus the fix-up's loads spill to local memory.
+        reasons.append(
+            f"split_k = {split_k} with a {kernel_tile(path, mma_tiler_mn)[1]}-wide SMEM-operand "
+            "tile: split-K needs tiles of at most 128 x 128"
+        )
     return reasons
 
 
@@ -849,11 +855,11 @@ class BlockwiseGemmFp4Sm90:
             self._convert_chunks(mA, mSFA, mConvA, first, chunks_a, k, k_pad)
 
     @cute.jit
-    def _convert_chunks(self, mA, mSFA, mConv, first, chunks, k, k_pad):
-        """16-byte output chunks first + j * CONVERT_THREADS, j < CONVERT_UNROLL, of one operand
-        (chunks row-major over (L, rows, K_pad / 64, 8)); chunk c is pair p = c % 4 of 32-bit
-        word c % 8 // 4 of its block's four 16-groups."""
-        rows, _, batches = mA.shape
+    def _convert_chunks(self, mPacked, mSF, mConv, first, chunks, k, k_pad):
+        """16-byte output chunks first + j * CONVERT_THREADS, j < CONVERT_UNROLL, of one packed
+        operand and its blocked scales (chunks row-major over (L, rows, K_pad / 64, 8)); chunk
+        c is pair p = c % 4 of 32-bit word c % 8 // 4 of its block's four 16-groups."""
+        rows, _, batches = mPacked.shape
         blocks_per_row = k_pad // K_BLOCK
         atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
         row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
@@ -869,7 +875,7 @@ class BlockwiseGemmFp4Sm90:
             row_id = Int64(batch * rows + row)
             # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
             keep = Uint32(0) - Uint32(cutlass.min((k - kb * K_BLOCK) // K_BLOCK, 1))
-            src = mA.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
+            src = mPacked.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
             src = src + Int64(4 * (chunk // 4))
             # The block's scale columns lie in one atom's 4 bytes (NVFP4: columns 4kb .. 4kb+3,
             # MXFP4: 2kb, 2kb+1): one aligned 32-bit load.
@@ -881,7 +887,7 @@ class BlockwiseGemmFp4Sm90:
                 + (r % 32) * 16
                 + (r // 32) * 4
             )
-            sf4 = _ld_global_nc_u32(mSFA.iterator.toint() + Int64(sf_word))
+            sf4 = _ld_global_nc_u32(mSF.iterator.toint() + Int64(sf_word))
             words = []
             for q in cutlass.range_constexpr(4):
                 if cutlass.const_expr(q < 2):

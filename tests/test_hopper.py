@@ -128,6 +128,7 @@ REFUSALS = [
     (dict(cluster_shape_mn=(1, 2)), "takes (1, 1)"),
     (dict(path="decode", mma_tiler_mn=(16, 128), cluster_shape_mn=(2, 1)), "on the prefill path"),
     (dict(split_k=0), "split_k = 0"),
+    (dict(split_k=3), "split-K needs tiles of at most 128 x 128"),
     (dict(mnkl=(65536, 32768, 256, 1)), "M*N*L = 2147483648 does not fit"),
     (dict(mnkl=(65536, 512, 65536, 1)), "M*K/2*L = 2147483648 does not fit"),
     (dict(mnkl=(256, 32768, 65536, 2)), "N*K/2*L = 2147483648 does not fit"),
