@@ -134,6 +134,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.nvgpu.warpgroup import OperandSource
 from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
+from cutlass.utils import LayoutEnum
 
 # NOTE: sm_90 allows 227 KiB (232448 bytes) of dynamic SMEM per CTA.
 SM90_SMEM_CAPACITY = 232448
@@ -157,6 +158,9 @@ CONVERT_UNROLL = 4
 # 16-byte chunks in one converted 64-wide k-block row (64 x 2 bytes)
 CHUNKS_PER_KBLOCK = 8
 MAX_STAGES = 12
+# TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
+EPI_COLS = 32
+EPI_STAGES = 2
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
@@ -170,6 +174,7 @@ class NamedBarrierId(enum.IntEnum):
     """Hardware named barriers (id 0 is __syncthreads)."""
 
     B_READY = 1  # consumers (fused path): the converted kernel-B block is in SMEM
+    EPILOGUE = 2  # consumers: a D subtile is in SMEM (TMA store) / its buffer is free again
     SPLITK_FIXUP = 3  # consumers: split-K partial tile written / counter read
 
 
@@ -495,6 +500,7 @@ class BlockwiseGemmFp4Sm90:
         mma_tiler_mn: tuple[int, int],
         cluster_shape_mn: tuple[int, int] = (1, 1),
         split_k: int = 1,
+        tma_store: bool = True,
     ):
         self.sf_vec_size = sf_vec_size
         self.path = path
@@ -503,6 +509,11 @@ class BlockwiseGemmFp4Sm90:
         self.cluster_shape_mn = tuple(cluster_shape_mn)
         self.cluster_m = self.cluster_shape_mn[0]
         self.split_k = split_k
+        # D leaves through SMEM and TMA stores when its row pitch (N elements) is a multiple of
+        # 16 bytes (a TMA stride rule); otherwise each thread stores its fragment directly.
+        # NOTE: not on the fused path, whose 128 x 256 consumers (accumulators, A fragments and
+        # hoisted SMEM addresses of the in-loop conversion) would spill the subtile staging.
+        self.tma_store = tma_store and path != "fused"
         self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
         self.num_mma_wg = self.tile_rows // 64
         self.threads_per_wg = 128
@@ -581,9 +592,21 @@ class BlockwiseGemmFp4Sm90:
         self.tx_bytes = (
             self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes
         )
+        # TMA-store epilogue: D in kernel coordinates, (rows, EPI_COLS) subtiles; the decode
+        # path's tile is a tile of D^T, whose rows (D's columns) are the contiguous dimension.
+        self.epi_tile = (self.tile_rows, min(self.tile_cols, EPI_COLS))
+        self.epi_subtiles = self.tile_cols // self.epi_tile[1]
+        # a static buffer per subtile (subtile % stages) when the count divides the subtiles
+        self.epi_stages = min(EPI_STAGES, self.epi_subtiles)
+        self.d_layout = LayoutEnum.COL_MAJOR if self.swap_ab else LayoutEnum.ROW_MAJOR
+        self.epi_bytes = 0
+        if self.tma_store:
+            self.epi_bytes = (
+                self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * self.c_dtype.width // 8
+            )
         self.num_stages = self._compute_stages(
             self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes,
-            self.num_bdq_buffers * self.bdq_buffer_bytes,
+            self.num_bdq_buffers * self.bdq_buffer_bytes + self.epi_bytes,
             self.occupancy,
         )
         bdq_atom = warpgroup.make_smem_layout_atom(
@@ -619,6 +642,23 @@ class BlockwiseGemmFp4Sm90:
         # Kernel-B blocks the consumers convert (fused): (cols, 64, buffer), K-major SW128.
         self.bdq_smem_layout_staged = cute.tile_to_shape(
             bdq_atom, (self.tile_cols, K_BLOCK, max(1, self.num_bdq_buffers)), order=(0, 1, 2)
+        )
+        # (rows, epi cols, epi stage): D subtiles on their way to the TMA store
+        self.d_smem_layout_staged = sm90_utils.make_smem_layout_epi(
+            self.c_dtype, self.d_layout, self.epi_tile, self.epi_stages
+        )
+        # The wgmma's accumulator partition restricted to one subtile: the values of subtile s
+        # are the accumulator's values s * V .. s * V + V - 1 (V = the subtile's size per thread;
+        # the wgmma C fragment walks 8-column blocks slowest).
+        self.epi_mma = sm90_utils.make_trivial_tiled_mma(
+            self.mma_dtype,
+            self.mma_dtype,
+            OperandMajorMode.K,
+            OperandMajorMode.K,
+            self.acc_dtype,
+            (self.num_mma_wg, 1, 1),
+            tiler_mn=(64, self.epi_tile[1]),
+            a_source=OperandSource.SMEM if self.a_converted else OperandSource.RMEM,
         )
 
     @cute.jit
@@ -674,10 +714,15 @@ class BlockwiseGemmFp4Sm90:
         mSFKA = self._blocked_sf_tensor(ptr_sfka, rows_a, sf_atoms_k, l)
         mSFKB = self._blocked_sf_tensor(ptr_sfkb, rows_b, sf_atoms_k, l)
         # D in kernel coordinates (rows, cols, L): the decode path writes D^T, i.e. D's columns.
+        pitch = n
+        if cutlass.const_expr(self.tma_store):
+            # NOTE: TMA strides are multiples of 16 bytes; the runner takes this variant only
+            # when N * sizeof(D) is one.
+            pitch = cute.assume(n, 128 // self.c_dtype.width)
         if cutlass.const_expr(self.swap_ab):
-            mD = cute.make_tensor(c_ptr, cute.make_layout((n, m, l), stride=(1, n, m * n)))
+            mD = cute.make_tensor(c_ptr, cute.make_layout((n, m, l), stride=(1, pitch, m * pitch)))
         else:
-            mD = cute.make_tensor(c_ptr, cute.make_layout((m, n, l), stride=(n, 1, m * n)))
+            mD = cute.make_tensor(c_ptr, cute.make_layout((m, n, l), stride=(pitch, 1, m * pitch)))
         # Split-K partials (fp32) and per-tile arrival counters (int32) share one workspace.
         mWork = cute.make_tensor(workspace_ptr, cute.make_layout(1))
 
@@ -718,6 +763,17 @@ class BlockwiseGemmFp4Sm90:
                 sf_tile_b,
             )
 
+        if cutlass.const_expr(self.tma_store):
+            tma_atom_d, tma_tensor_d = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(),
+                mD,
+                cute.slice_(self.d_smem_layout_staged, (None, None, 0)),
+                self.epi_tile,
+            )
+        else:
+            # direct stores: the A pair stands in for the unused arguments
+            tma_atom_d, tma_tensor_d = tma_atom_a, tma_tensor_a
+
         tile_sched_params, grid = self._compute_grid(
             rows_a,
             rows_b,
@@ -735,6 +791,7 @@ class BlockwiseGemmFp4Sm90:
         bdq_elems = cute.cosize(self.bdq_smem_layout_staged) if self.num_bdq_buffers else 8
         sfa_bytes = cute.cosize(self.sfa_smem_layout_staged) if self.sfa_stage_bytes else 16
         sfb_bytes = cute.cosize(self.sfb_smem_layout_staged) if self.sfb_stage_bytes else 16
+        d_elems = cute.cosize(self.d_smem_layout_staged) if self.tma_store else 16
 
         @cute.struct
         class SharedStorage:
@@ -751,6 +808,7 @@ class BlockwiseGemmFp4Sm90:
             sBdq: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, bdq_elems], 1024]
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfa_bytes], 128]
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfb_bytes], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, d_elems], 1024]
 
         self.shared_storage = SharedStorage
 
@@ -777,16 +835,20 @@ class BlockwiseGemmFp4Sm90:
             tma_atom_sfb,
             tma_tensor_sfb,
             mD,
+            tma_atom_d,
+            tma_tensor_d,
             mWork,
             alpha,
             k,
             self.tiled_mma,
+            self.epi_mma,
             tile_sched_params,
             self.a_smem_layout_staged,
             self.b_smem_layout_staged,
             self.sfa_smem_layout_staged,
             self.sfb_smem_layout_staged,
             self.bdq_smem_layout_staged,
+            self.d_smem_layout_staged,
         ).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
@@ -929,16 +991,20 @@ class BlockwiseGemmFp4Sm90:
         tma_atom_sfb: cute.CopyAtom,
         mSFB_nkl: cute.Tensor,
         mD_mnl: cute.Tensor,
+        tma_atom_d: cute.CopyAtom,
+        mD_tma: cute.Tensor,
         mWork: cute.Tensor,
         alpha: cutlass.Float32,
         k: Int32,
         tiled_mma: cute.TiledMma,
+        epi_mma: cute.TiledMma,
         tile_sched_params: utils.PersistentTileSchedulerParams,
         a_smem_layout_staged: cute.ComposedLayout,
         b_smem_layout_staged: cute.ComposedLayout,
         sfa_smem_layout_staged: cute.Layout,
         sfb_smem_layout_staged: cute.Layout,
         bdq_smem_layout_staged: cute.ComposedLayout,
+        d_smem_layout_staged: cute.ComposedLayout,
     ):
         """Dispatcher: shared storage and the pipeline, then one branch per warp role."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -950,6 +1016,8 @@ class BlockwiseGemmFp4Sm90:
                 cpasync.prefetch_descriptor(tma_atom_sfa)
             if cutlass.const_expr(not self.b_converted):
                 cpasync.prefetch_descriptor(tma_atom_sfb)
+            if cutlass.const_expr(self.tma_store):
+                cpasync.prefetch_descriptor(tma_atom_d)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -1001,10 +1069,14 @@ class BlockwiseGemmFp4Sm90:
                 a_smem_layout_staged,
                 b_smem_layout_staged,
                 bdq_smem_layout_staged,
+                d_smem_layout_staged,
                 mD_mnl,
+                tma_atom_d,
+                mD_tma,
                 mWork,
                 alpha,
                 tiled_mma,
+                epi_mma,
                 tile_sched_params,
             )
         if cutlass.const_expr(self.cluster_m > 1):
@@ -1065,6 +1137,7 @@ class BlockwiseGemmFp4Sm90:
             cute.group_modes(sB, 0, 2),
             cute.group_modes(gB, 0, 2),
         )
+        tSsSFA, tSgSFA, tSsSFB, tSgSFB = None, None, None, None
         if cutlass.const_expr(not self.a_converted):
             sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
             # (256, 2 * atoms_k, row_blocks, RestK, RestRowBlocks, L)
@@ -1092,14 +1165,58 @@ class BlockwiseGemmFp4Sm90:
                 cute.group_modes(gSFB, 0, 3),
             )
 
+        # the TMA atoms and partitions of each operand, for ``_copy_a`` / ``_copy_b``
+        a_copies = (tma_atom_a, tAgA, tAsA, tma_atom_sfa, tSgSFA, tSsSFA)
+        b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask, tma_atom_sfb, tSgSFB, tSsSFB)
         tile_sched = utils.StaticPersistentTileScheduler.create(
             tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
         work_tile = tile_sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        # k-tiles of the first work tile whose stages were filled before the PDL wait
+        kt_early = Int32(0)
         if cutlass.const_expr(self.use_pdl):
-            # NOTE: PDL launch: the converted operands are complete only after this wait.
-            cute.arch.griddepcontrol_wait()
+            if cutlass.const_expr(not self.a_converted):
+                # Decode: the weights (kernel A) do not depend on the prologue grid, so the first
+                # stages' weights are requested before the wait and their tokens after it (one
+                # stage barrier counts the bytes of both).
+                if work_tile.is_valid_tile:
+                    row_tile, col_tile, lk = work_tile.tile_idx
+                    batch = lk // self.split_k
+                    kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
+                    sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
+                    sfb_rb = col_tile * self.tile_cols // (SF_ATOM_ROWS * self.sfb_row_blocks)
+                    kt_early = cutlass.min(kt_end - kt_begin, self.num_stages)
+                    b_state = state.clone()
+                    for kt in cutlass.range(kt_begin, kt_begin + kt_early, unroll=1):
+                        ab_pipeline.producer_acquire(state)
+                        self._copy_a(
+                            a_copies,
+                            kt,
+                            state.index,
+                            ab_pipeline.producer_get_barrier(state),
+                            row_tile,
+                            sfa_rb,
+                            batch,
+                        )
+                        state.advance()
+                    # NOTE: PDL launch: the converted tokens are complete only after this wait.
+                    cute.arch.griddepcontrol_wait()
+                    for kt in cutlass.range(kt_begin, kt_begin + kt_early, unroll=1):
+                        self._copy_b(
+                            b_copies,
+                            kt,
+                            b_state.index,
+                            ab_pipeline.producer_get_barrier(b_state),
+                            col_tile,
+                            sfb_rb,
+                            batch,
+                        )
+                        ab_pipeline.producer_commit(b_state)
+                        b_state.advance()
+            else:
+                # NOTE: PDL launch: the converted operands are complete only after this wait.
+                cute.arch.griddepcontrol_wait()
         while work_tile.is_valid_tile:
             row_tile, col_tile, lk = work_tile.tile_idx
             batch = lk // self.split_k
@@ -1107,50 +1224,58 @@ class BlockwiseGemmFp4Sm90:
             # Scale row block of this tile (tiles narrower than an atom share one).
             sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
             sfb_rb = col_tile * self.tile_cols // (SF_ATOM_ROWS * self.sfb_row_blocks)
-            for kt in cutlass.range(kt_begin, kt_end, unroll=1):
+            for kt in cutlass.range(kt_begin + kt_early, kt_end, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
-                kbs = self.kblocks_per_stage
-                cute.copy(
-                    tma_atom_a,
-                    tAgA[(None, row_tile, kt, batch)],
-                    tAsA[(None, state.index)],
-                    tma_bar_ptr=bar,
-                )
-                if cutlass.const_expr(not self.a_converted):
-                    cute.copy(
-                        tma_atom_sfa,
-                        tSgSFA[(None, kt, sfa_rb, batch)],
-                        tSsSFA[(None, state.index)],
-                        tma_bar_ptr=bar,
-                    )
-                if cutlass.const_expr(self.b_converted):
-                    for j in cutlass.range_constexpr(kbs):
-                        cute.copy(
-                            tma_atom_b,
-                            tBgB[(None, col_tile, kbs * kt + j, batch)],
-                            tBsB[(None, kbs * state.index + j)],
-                            tma_bar_ptr=bar,
-                            mcast_mask=b_mcast_mask,
-                        )
-                else:
-                    cute.copy(
-                        tma_atom_b,
-                        tBgB[(None, col_tile, kt, batch)],
-                        tBsB[(None, state.index)],
-                        tma_bar_ptr=bar,
-                    )
-                    cute.copy(
-                        tma_atom_sfb,
-                        tSgSFB[(None, kt, sfb_rb, batch)],
-                        tSsSFB[(None, state.index)],
-                        tma_bar_ptr=bar,
-                    )
+                self._copy_a(a_copies, kt, state.index, bar, row_tile, sfa_rb, batch)
+                self._copy_b(b_copies, kt, state.index, bar, col_tile, sfb_rb, batch)
                 ab_pipeline.producer_commit(state)
                 state.advance()
+            kt_early = Int32(0)
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
         ab_pipeline.producer_tail(state)
+
+    @cute.jit
+    def _copy_a(self, a_copies, kt, stage, bar, row_tile, sfa_rb, batch):
+        """Kernel A (and, packed, its scales) of k-tile ``kt`` into ``stage``."""
+        tma_atom_a, tAgA, tAsA, tma_atom_sfa, tSgSFA, tSsSFA = a_copies
+        cute.copy(
+            tma_atom_a, tAgA[(None, row_tile, kt, batch)], tAsA[(None, stage)], tma_bar_ptr=bar
+        )
+        if cutlass.const_expr(not self.a_converted):
+            cute.copy(
+                tma_atom_sfa,
+                tSgSFA[(None, kt, sfa_rb, batch)],
+                tSsSFA[(None, stage)],
+                tma_bar_ptr=bar,
+            )
+
+    @cute.jit
+    def _copy_b(self, b_copies, kt, stage, bar, col_tile, sfb_rb, batch):
+        """Kernel B of k-tile ``kt`` into ``stage``: converted, its k-blocks (multicast on a 2x1
+        cluster); packed, its bytes and scales."""
+        tma_atom_b, tBgB, tBsB, b_mcast_mask, tma_atom_sfb, tSgSFB, tSsSFB = b_copies
+        kbs = self.kblocks_per_stage
+        if cutlass.const_expr(self.b_converted):
+            for j in cutlass.range_constexpr(kbs):
+                cute.copy(
+                    tma_atom_b,
+                    tBgB[(None, col_tile, kbs * kt + j, batch)],
+                    tBsB[(None, kbs * stage + j)],
+                    tma_bar_ptr=bar,
+                    mcast_mask=b_mcast_mask,
+                )
+        else:
+            cute.copy(
+                tma_atom_b, tBgB[(None, col_tile, kt, batch)], tBsB[(None, stage)], tma_bar_ptr=bar
+            )
+            cute.copy(
+                tma_atom_sfb,
+                tSgSFB[(None, kt, sfb_rb, batch)],
+                tSsSFB[(None, stage)],
+                tma_bar_ptr=bar,
+            )
 
     @cute.jit
     def _split_range(self, split, k_tiles):
@@ -1173,10 +1298,14 @@ class BlockwiseGemmFp4Sm90:
         a_smem_layout_staged,
         b_smem_layout_staged,
         bdq_smem_layout_staged,
+        d_smem_layout_staged,
         mD_mnl,
+        tma_atom_d,
+        mD_tma,
         mWork,
         alpha,
         tiled_mma,
+        epi_mma,
         tile_sched_params,
     ):
         tidx, _, _ = cute.arch.thread_idx()
@@ -1219,6 +1348,18 @@ class BlockwiseGemmFp4Sm90:
         )
         base_a = storage.sA.data_ptr().toint()
         base_sfa = storage.sSFA.data_ptr().toint()
+        sD, d_pipeline = None, None
+        if cutlass.const_expr(self.tma_store):
+            # (rows, epi cols, epi stage)
+            sD = storage.sD.get_tensor(
+                d_smem_layout_staged.outer, swizzle=d_smem_layout_staged.inner
+            )
+            d_pipeline = pipeline.PipelineTmaStore.create(
+                num_stages=self.epi_stages,
+                producer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, self.num_mma_threads
+                ),
+            )
         # This thread's two kernel-A rows in the tile: wgmma A fragment rows g and g + 8.
         a_row0 = wg * 64 + warp_in_wg * 16 + lane // 4
 
@@ -1318,9 +1459,18 @@ class BlockwiseGemmFp4Sm90:
                 thr_mma,
                 tidx,
                 storage.splitk_flag.data_ptr().toint(),
+                tma_atom_d,
+                mD_tma,
+                sD,
+                epi_mma,
+                d_pipeline,
             )
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
+        if cutlass.const_expr(self.tma_store):
+            if tidx // 32 == 0:
+                # NOTE: the CTA must not exit before its TMA stores have read their SMEM.
+                d_pipeline.producer_tail()
 
     @cute.jit
     def _load_a(self, base_a, base_sfa, stage, j, a_row0, sfa_row_off, q):
@@ -1393,9 +1543,25 @@ class BlockwiseGemmFp4Sm90:
     # ======================================= epilogue ==========================================
     @cute.jit
     def _epilogue(
-        self, acc, mD_mnl, mWork, alpha, row_tile, col_tile, lk, thr_mma, tidx, flag_addr
+        self,
+        acc,
+        mD_mnl,
+        mWork,
+        alpha,
+        row_tile,
+        col_tile,
+        lk,
+        thr_mma,
+        tidx,
+        flag_addr,
+        tma_atom_d,
+        mD_tma,
+        sD,
+        epi_mma,
+        d_pipeline,
     ):
-        """acc * alpha -> D (predicated: ragged rows / cols are simply not written).
+        """acc * alpha -> D, through SMEM and TMA stores of (rows, 32)-column subtiles, or
+        (``tma_store`` False) with predicated direct stores; TMA clips ragged rows / cols.
 
         With split-K, every split first parks its fp32 fragment in the workspace; the split
         that arrives last at the tile's counter sums all of them in split order (so the result
@@ -1461,12 +1627,86 @@ class BlockwiseGemmFp4Sm90:
                         for i in cutlass.range_constexpr(nacc):
                             acc[i] = acc[i] + _ld_global_cg_f32(frag + i * 4)
         if is_last:
-            rD = cute.make_rmem_tensor_like(acc, mD_mnl.element_type)
-            rD.store((acc.load() * alpha).to(mD_mnl.element_type))
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                crd = tCcD[i]
-                if crd[0] < rows and crd[1] < cols:
-                    tCgD[i] = rD[i]
+            if cutlass.const_expr(self.tma_store):
+                self._store_tile_tma(
+                    acc,
+                    alpha,
+                    mD_tma,
+                    tma_atom_d,
+                    sD,
+                    epi_mma,
+                    d_pipeline,
+                    row_tile,
+                    col_tile,
+                    batch,
+                    tidx,
+                )
+            else:
+                rD = cute.make_rmem_tensor_like(acc, mD_mnl.element_type)
+                rD.store((acc.load() * alpha).to(mD_mnl.element_type))
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    crd = tCcD[i]
+                    if crd[0] < rows and crd[1] < cols:
+                        tCgD[i] = rD[i]
+
+    @cute.jit
+    def _store_tile_tma(
+        self,
+        acc,
+        alpha,
+        mD_tma,
+        tma_atom_d,
+        sD,
+        epi_mma,
+        d_pipeline,
+        row_tile,
+        col_tile,
+        batch,
+        tidx,
+    ):
+        """One subtile at a time: this thread's values * alpha -> SMEM buffer, then the first
+        consumer warp issues its TMA store; the stores drain while the next tile's mainloop
+        runs."""
+        # (rows, epi cols, 1, subtiles)
+        gD_epi = cute.flat_divide(
+            cute.local_tile(mD_tma, (self.tile_rows, self.tile_cols), (row_tile, col_tile, batch)),
+            self.epi_tile,
+        )
+        # (TMA, epi stage) / (TMA, 1, subtiles)
+        bSG_sD, bSG_gD = cpasync.tma_partition(
+            tma_atom_d,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(sD, 0, 2),
+            cute.group_modes(gD_epi, 0, 2),
+        )
+        # (MMA, MMA_M, MMA_N, epi stage): this thread's accumulator positions in a subtile
+        tCsD = epi_mma.get_slice(tidx).partition_C(sD)
+        # (MMA, MMA_M, MMA_N) of one subtile
+        rAcc = cute.make_rmem_tensor(tCsD[(None, None, None, 0)].shape, self.acc_dtype)
+        rD = cute.make_rmem_tensor(rAcc.shape, self.c_dtype)
+        per_subtile = cute.size(rAcc)
+        for sub in cutlass.range_constexpr(self.epi_subtiles):
+            buf = sub % self.epi_stages
+            for i in cutlass.range_constexpr(per_subtile):
+                rAcc[i] = acc[sub * per_subtile + i]
+            rD.store((rAcc.load() * alpha).to(self.c_dtype))
+            cute.autovec_copy(rD, tCsD[(None, None, None, buf)])
+            # NOTE: generic-proxy SMEM writes must be fenced before the async-proxy TMA store
+            # reads them, and every consumer thread must have written its part.
+            cute.arch.fence_proxy("async.shared", space="cta")
+            self._epilogue_barrier()
+            if tidx // 32 == 0:
+                cute.copy(tma_atom_d, bSG_sD[(None, buf)], bSG_gD[(None, 0, sub)])
+                d_pipeline.producer_commit()
+                # the store of the subtile that used the next buffer has read it
+                d_pipeline.producer_acquire()
+            self._epilogue_barrier()
+
+    def _epilogue_barrier(self):
+        cute.arch.barrier(
+            barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads
+        )
 
     def _splitk_barrier(self):
         cute.arch.barrier(
@@ -1549,7 +1789,13 @@ def smem_bytes(gemm: BlockwiseGemmFp4Sm90) -> int:
     """Dynamic SMEM of one CTA (after ``_setup_attributes``), the sum of the storage fields."""
     stage = gemm.a_stage_bytes + gemm.b_stage_bytes + gemm.sfa_stage_bytes + gemm.sfb_stage_bytes
     bdq = gemm.num_bdq_buffers * gemm.bdq_buffer_bytes
-    return gemm.num_stages * (stage + 16) + bdq + 16
+    return gemm.num_stages * (stage + 16) + bdq + gemm.epi_bytes + 16
+
+
+def tma_store_fits(n: int, c_dtype: str) -> bool:
+    """Whether D (row pitch N elements) can leave through TMA stores: TMA strides are
+    multiples of 16 bytes.  Otherwise the kernel variant with direct stores runs."""
+    return n * C_DTYPES[c_dtype].width // 8 % 16 == 0
 
 
 def compile_gemm(
@@ -1561,19 +1807,21 @@ def compile_gemm(
     max_active_clusters: int = 132,
     options: str = "",
     cluster_shape_mn: tuple[int, int] | None = None,
+    tma_store: bool = True,
 ):
     """Compile for any M, N, K, L (runtime values); returns (kernel object, executor).
 
     ``options="--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir=DIR"`` cross-compiles on a
     machine without a GPU; the executor's ``__ptx__`` / ``__cubin__`` then hold PTX and cubin.
     ``max_active_clusters`` counts SMs (the kernel divides by its cluster size);
-    ``cluster_shape_mn`` None takes ``default_cluster(path)``.
+    ``cluster_shape_mn`` None takes ``default_cluster(path)``; ``tma_store`` False compiles the
+    direct-store epilogue (for N * sizeof(D) not a multiple of 16 bytes, see ``tma_store_fits``).
     """
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
-    gemm = BlockwiseGemmFp4Sm90(sf_vec_size, path, mma_tiler_mn, cluster, split_k)
+    gemm = BlockwiseGemmFp4Sm90(sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store)
     gmem = cute.AddressSpace.gmem
     # Placeholder addresses: only types and alignments matter for compilation.
     ptrs = [make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16) for _ in range(4)]
@@ -1617,18 +1865,27 @@ class Fp4GemmSm90Runner:
 
         self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
         self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
-        num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-        self.gemm, self.compiled = compile_gemm(
+        self._args = (
             sf_vec_size,
             c_dtype,
             path,
             mma_tiler_mn,
             split_k,
-            num_sms,
+            torch.cuda.get_device_properties(0).multi_processor_count,
             options,
             cluster_shape_mn,
         )
+        # the TMA-store variant now; the direct-store one when an N first needs it
+        self.gemm, compiled = compile_gemm(*self._args, tma_store=True)
+        self._compiled = {True: compiled}
         self._workspace = {}
+
+    def executor(self, n: int):
+        """The compiled kernel for output width N (see ``tma_store_fits``)."""
+        tma_store = tma_store_fits(n, self.c_dtype)
+        if tma_store not in self._compiled:
+            self._compiled[tma_store] = compile_gemm(*self._args, tma_store=tma_store)[1]
+        return self._compiled[tma_store]
 
     def workspace(self, m, n, k, l):  # noqa: E741
         """(split-K workspace, converted kernel B, converted kernel A) for a problem shape,
@@ -1675,7 +1932,7 @@ class Fp4GemmSm90Runner:
         ]
         if stream is None:
             stream = cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream)
-        self.compiled(
+        self.executor(n)(
             *ptrs, (Int32(m), Int32(n), Int32(k), Int32(l)), cutlass.Float32(alpha), stream
         )
 
@@ -1831,8 +2088,17 @@ def main(argv=None) -> int:
             print(f"error: --dump_dir {dump}: cannot create the folder ({err})", file=sys.stderr)
             return 2
         opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
+        tma_store = tma_store_fits(args.mnkl[1], args.c_dtype)
         gemm, _ = compile_gemm(
-            args.sf_vec_size, args.c_dtype, path, tiler, split, 132, opts, args.cluster_shape_mn
+            args.sf_vec_size,
+            args.c_dtype,
+            path,
+            tiler,
+            split,
+            132,
+            opts,
+            args.cluster_shape_mn,
+            tma_store,
         )
         kernels = _resource_usage(dump)
         if not kernels:
@@ -1847,6 +2113,7 @@ def main(argv=None) -> int:
             f"main kernel: setmaxnreg producer {gemm.producer_regs} / consumers "
             f"{gemm.mma_regs}, {gemm.threads_per_cta} threads, {gemm.occupancy} CTA(s)/SM"
         )
+        print("epilogue: " + ("TMA store" if gemm.tma_store else "direct stores"))
         print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
         print(
             f"stages: {gemm.num_stages} (k-tile {gemm.stage_k}), "

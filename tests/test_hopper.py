@@ -50,22 +50,26 @@ def _has_sm90() -> bool:
 
 # ------------------------------------------------------------------------------ CPU: compile
 COMPILE_CONFIGS = [
-    # (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k)
+    # (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k[, tma_store])
     (16, "BFloat16", "prefill", (128, 256), 1),
     (32, "Float16", "prefill", (64, 128), 1),
     (16, "BFloat16", "fused", (128, 256), 1),
     (16, "Float32", "decode", (16, 128), 2),
     (32, "BFloat16", "decode", (8, 64), 1),
     (16, "BFloat16", "decode", (32, 128), 4),
+    # direct stores (N * sizeof(D) not a multiple of 16 bytes)
+    (16, "Float16", "decode", (16, 64), 3, False),
+    (32, "Float32", "prefill", (128, 128), 1, False),
 ]
 
 
 @pytest.mark.parametrize("cfg", COMPILE_CONFIGS, ids=lambda c: "-".join(str(x) for x in c))
 def test_cross_compile_sm90a(cfg, tmp_path):
-    vec, c_dtype, path, tiler, split = cfg
+    vec, c_dtype, path, tiler, split = cfg[:5]
+    tma_store = cfg[5] if len(cfg) > 5 else True
     dump = str(tmp_path)
     opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
-    gemm, _ = k90.compile_gemm(vec, c_dtype, path, tiler, split, 132, opts)
+    gemm, _ = k90.compile_gemm(vec, c_dtype, path, tiler, split, 132, opts, tma_store=tma_store)
     ptx_files = [f for f in os.listdir(dump) if f.endswith(".ptx")]
     cubins = [f for f in os.listdir(dump) if f.endswith(".cubin")]
     assert ptx_files and cubins, os.listdir(dump)
@@ -98,7 +102,26 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     assert hgmma and (hgmma.group(1) is None) == (ab == "f16"), hgmma
     assert not re.search(r"\b(LDL|STL)\b", sass)
     assert "UTMALDG" in sass
+    # the epilogue: TMA stores of D subtiles (not on the fused path), or direct stores
+    assert gemm.tma_store == (tma_store and path != "fused")
+    assert ("UTMASTG" in sass) == gemm.tma_store
+    assert ("cp.async.bulk.tensor.3d.global.shared::cta" in ptx) == gemm.tma_store
     assert k90.smem_bytes(gemm) <= k90.SM90_SMEM_CAPACITY
+
+
+@pytest.mark.parametrize(
+    "n, c_dtype, fits",
+    [
+        (520, "BFloat16", True),
+        (129, "Float16", False),
+        (300, "Float32", True),
+        (777, "Float32", False),
+        (8, "BFloat16", True),
+        (300, "Float16", False),
+    ],
+)
+def test_tma_store_needs_16_byte_row_pitch(n, c_dtype, fits):
+    assert k90.tma_store_fits(n, c_dtype) == fits
 
 
 # ------------------------------------------------------------------------------ CPU: refusals
