@@ -820,7 +820,23 @@ class BlockwiseGemmFp4Sm90:
             if cutlass.const_expr(self.a_converted):
                 chunks_a = l * rows_a * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
                 ctas += (chunks_a + per_cta - 1) // per_cta
-            self.convert_operands(mKBpacked, mSFKB, mKB, mKApacked, mSFKA, mKA, k, k_pad).launch(
+            # (runtime divisors of the chunk index: precomputed multiply-shift, no IDIV sequence)
+            blocks_per_row = cute.fast_divmod_create_divisor_v2(k_pad // K_BLOCK)
+            rows_div_b = cute.fast_divmod_create_divisor_v2(rows_b)
+            rows_div_a = cute.fast_divmod_create_divisor_v2(rows_a)
+            self.convert_operands(
+                mKBpacked,
+                mSFKB,
+                mKB,
+                mKApacked,
+                mSFKA,
+                mKA,
+                k,
+                k_pad,
+                blocks_per_row,
+                rows_div_b,
+                rows_div_a,
+            ).launch(
                 grid=[ctas, 1, 1],
                 block=[CONVERT_THREADS, 1, 1],
                 stream=stream,
@@ -887,6 +903,9 @@ class BlockwiseGemmFp4Sm90:
         mConvA: cute.Tensor,
         k: Int32,
         k_pad: Int32,
+        blocks_per_row: cute.FastDivmodDivisorV2,
+        rows_div_b: cute.FastDivmodDivisorV2,
+        rows_div_a: cute.FastDivmodDivisorV2,
     ):
         """Prologue, one grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16
         (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (decode, prefill) and
@@ -902,41 +921,44 @@ class BlockwiseGemmFp4Sm90:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         per_cta = CONVERT_THREADS * CONVERT_UNROLL
-        blocks_per_row = k_pad // K_BLOCK
-        chunks_b = (
-            cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * blocks_per_row * CHUNKS_PER_KBLOCK
-        )
+        chunks_per_row = k_pad // K_BLOCK * CHUNKS_PER_KBLOCK
+        chunks_b = cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * chunks_per_row
         ctas_b = (chunks_b + per_cta - 1) // per_cta
         if bidx < ctas_b:
-            self._convert_chunks(mB, mSFB, mConvB, bidx * per_cta + tidx, chunks_b, k, k_pad)
-        elif cutlass.const_expr(self.a_converted):
-            chunks_a = (
-                cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * blocks_per_row * CHUNKS_PER_KBLOCK
+            first = bidx * per_cta + tidx
+            self._convert_chunks(
+                mB, mSFB, mConvB, first, chunks_b, k, k_pad, blocks_per_row, rows_div_b
             )
+        elif cutlass.const_expr(self.a_converted):
+            chunks_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * chunks_per_row
             first = (bidx - ctas_b) * per_cta + tidx
-            self._convert_chunks(mA, mSFA, mConvA, first, chunks_a, k, k_pad)
+            self._convert_chunks(
+                mA, mSFA, mConvA, first, chunks_a, k, k_pad, blocks_per_row, rows_div_a
+            )
 
     @cute.jit
-    def _convert_chunks(self, mPacked, mSF, mConv, first, chunks, k, k_pad):
+    def _convert_chunks(
+        self, mPacked, mSF, mConv, first, chunks, k, k_pad, blocks_per_row, rows_div
+    ):
         """16-byte output chunks first + j * CONVERT_THREADS, j < CONVERT_UNROLL, of one packed
         operand and its blocked scales (chunks row-major over (L, rows, K_pad / 64, 8)); chunk
         c is pair p = c % 4 of 32-bit word c % 8 // 4 of its block's four 16-groups."""
-        rows, _, batches = mPacked.shape
-        blocks_per_row = k_pad // K_BLOCK
-        atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
+        # NOTE: unsigned index arithmetic: % and // by powers of two are single AND / shift
+        # instructions (signed ones need sign fix-ups), and every index here is >= 0.
+        rows = Uint32(mPacked.shape[0])
+        atoms_k = Uint32((k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS)
         row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
         loaded = []
         for j in cutlass.range_constexpr(CONVERT_UNROLL):
             # loads at a clamped (valid) chunk; only valid chunks are stored below
-            c = cutlass.min(first + j * CONVERT_THREADS, chunks - 1)
+            c = Uint32(cutlass.min(first + j * CONVERT_THREADS, chunks - 1))
             chunk = c % CHUNKS_PER_KBLOCK
-            blk = c // CHUNKS_PER_KBLOCK
-            kb = blk % blocks_per_row
-            row = blk // blocks_per_row % rows
-            batch = blk // (blocks_per_row * rows)
-            row_id = Int64(batch * rows + row)
+            row_id, kb = divmod(Int32(c // CHUNKS_PER_KBLOCK), blocks_per_row)
+            batch, row = divmod(row_id, rows_div)
+            kb, batch, row = Uint32(kb), Uint32(batch), Uint32(row)
+            row_id = Int64(row_id)
             # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
-            keep = Uint32(0) - Uint32(cutlass.min((k - kb * K_BLOCK) // K_BLOCK, 1))
+            keep = Uint32(0) - Uint32(kb * K_BLOCK + K_BLOCK <= Uint32(k))
             src = mPacked.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
             src = src + Int64(4 * (chunk // 4))
             # The block's scale columns lie in one atom's 4 bytes (NVFP4: columns 4kb .. 4kb+3,
