@@ -347,6 +347,19 @@ def _scale_factor(sf_byte: Uint32, sf_vec_size: int, f16: bool) -> Uint32:
     return bits | (bits << 16)
 
 
+def _e4m3_byte_to_bf16x2(mags: Uint32, signs: Uint32, q: int, keep=None) -> Uint32:
+    """Scale byte q of a word of four E4M3 scales, given as its magnitude bytes (& 0x7f..)
+    and sign bytes (& 0x80..), -> the BF16 scale in both halves: the bits of
+    ``_scale_factor`` (magnitude << 4, sign << 8) with two byte permutes and one IMAD;
+    ``keep`` (all ones or zero) zeroes it."""
+    bits = _prmt_zero(mags, 0x4040 | q << 8 | q) * Uint32(16) + _prmt_zero(
+        signs, 0x0404 | q << 12 | q << 4
+    )
+    if keep is not None:
+        bits = bits & keep
+    return _mul_bf16x2(bits, Uint32(BF16X2_2POW120))
+
+
 def _fp4x16_to_mma(packed: Uint64, factor: Uint32, f16: bool) -> list:
     """16 e2m1 values (8 bytes) -> 8 words P_0..P_7 of the MMA type (P_i = nibbles
     (i % 4, i % 4 + 4) of 32-bit word i // 4), each times ``factor``: F16 values
@@ -982,20 +995,28 @@ class BlockwiseGemmFp4Sm90:
                     words.append(_ld_global_nc_u32(src + off))
             dst = mConv.iterator.toint() + (row_id * Int64(k_pad) + Int64(kb * K_BLOCK)) * 2
             loaded.append((words, sf4, keep, col0, chunk, dst + Int64(16 * chunk)))
+        # NVFP4 to BF16: the four E4M3 scales of a block, magnitude and sign bytes apart
+        e4m3_bf16 = self.sf_vec_size == 16 and not self.f16
         for j in cutlass.range_constexpr(CONVERT_UNROLL):
             words, sf4, keep, col0, chunk, dst = loaded[j]
             shift = Uint32(4 * (chunk % 4))
+            if cutlass.const_expr(e4m3_bf16):
+                mags, signs = sf4 & Uint32(0x7F7F7F7F), sf4 & Uint32(0x80808080)
             out = []
             for q in cutlass.range_constexpr(4):
-                if cutlass.const_expr(self.sf_vec_size == 16):
-                    sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
-                else:
-                    sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
                 word = words[q]
+                if cutlass.const_expr(e4m3_bf16):
+                    factor = _e4m3_byte_to_bf16x2(mags, signs, q, keep if q >= 2 else None)
+                else:
+                    if cutlass.const_expr(self.sf_vec_size == 16):
+                        sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
+                    else:
+                        sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
+                    if cutlass.const_expr(q >= 2):
+                        sf = sf & keep
+                    factor = _scale_factor(sf, self.sf_vec_size, self.f16)
                 if cutlass.const_expr(q >= 2):
                     word = word & keep
-                    sf = sf & keep
-                factor = _scale_factor(sf, self.sf_vec_size, self.f16)
                 out.append(_fp4_pair_lo_to_mma(word >> shift, factor, self.f16))
             if first + j * CONVERT_THREADS < chunks:
                 _st_global_v4_b32(dst, out)

@@ -187,6 +187,15 @@ def _e2m1(nibble: int) -> float:
     return (-1.0 if nibble & 8 else 1.0) * (0, 0.5, 1, 1.5, 2, 3, 4, 6)[nibble & 7]
 
 
+def _prmt_zero(word, selector):
+    """Model of ``prmt.b32 d, word, 0, selector``: digit i < 4 picks byte i, 4 a zero byte."""
+    out = 0
+    for i in range(4):
+        digit = (selector >> (4 * i)) & 0xF
+        out |= ((word >> (8 * digit)) & 0xFF if digit < 4 else 0) << (8 * i)
+    return out
+
+
 def test_nvfp4_f16_conversion_is_exact():
     """The arithmetic of ``_fp4x8_to_f16x2``, ``_fp4_pair_lo_to_mma`` and ``_scale_factor``
     (modelled here with numpy on every nibble and every finite E4M3 scale): the F16 byte
@@ -194,13 +203,7 @@ def test_nvfp4_f16_conversion_is_exact():
     exactly e2m1 * scale * 2^-7."""
     import numpy as np
 
-    def prmt_zero(word, selector):
-        out = 0
-        for i in range(4):
-            digit = (selector >> (4 * i)) & 0xF
-            out |= ((word >> (8 * digit)) & 0xFF if digit < 4 else 0) << (8 * i)
-        return out
-
+    prmt_zero = _prmt_zero
     words = [0x76543210, 0xFEDCBA98, 0x08F1E92A, 0x3C5A7B9D]
     for w in words:
         even = ((w << 4) & 0x80808080) | ((w << 1) & 0x0E0E0E0E)
@@ -226,6 +229,27 @@ def test_nvfp4_f16_conversion_is_exact():
         got = (e2m1_f16 * factor).astype(np.float64)
         want = np.array([_e2m1(int(c)) for c in codes]) * float(s) * 2.0**-7
         assert np.array_equal(got, want), s
+
+
+def test_e4m3_scale_bytes_to_bf16_bits():
+    """``_e4m3_byte_to_bf16x2`` (the prologue's NVFP4 -> BF16 scales, modelled here): byte q of
+    four packed E4M3 scales becomes ``(magnitude << 4) | (sign << 8)`` in both halves, the BF16
+    value scale * 2^-120 (subnormal scales included), for every byte in every position."""
+    import torch
+
+    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    for b in range(256):
+        for q in range(4):
+            sf4 = (0x5A3C91E7 & ~(0xFF << (8 * q))) | (b << (8 * q))
+            mags, signs = sf4 & 0x7F7F7F7F, sf4 & 0x80808080
+            bits = _prmt_zero(mags, 0x4040 | q << 8 | q) * 16 + _prmt_zero(
+                signs, 0x0404 | q << 12 | q << 4
+            )
+            half = ((b & 0x7F) << 4) | ((b & 0x80) << 8)
+            assert bits == half | half << 16, (b, q)
+            if torch.isfinite(values[b]):
+                bf16 = torch.tensor([half], dtype=torch.int32).to(torch.uint16).view(torch.bfloat16)
+                assert float(bf16.float()) * 2.0**120 == float(values[b]), b
 
 
 def test_default_config_paths():
