@@ -1596,18 +1596,22 @@ class BlockwiseGemmFp4Sm90:
             split = lk % self.split_k
             work = mWork.iterator.toint()
             frag_stride = Int64(self.num_mma_threads * nacc * 4)
-            my_frag = work + (
-                Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * nacc * 4)
-            )
+            # A partial is stored value-major (value i of thread t at 4 * (i * threads + t)), so
+            # that every warp access is one contiguous 128-byte line.
+            value_stride = self.num_mma_threads * 4
+            my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * 4))
             counter = (
                 work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
             )
             for i in cutlass.range_constexpr(nacc):
-                _st_global_f32(my_frag + i * 4, acc[i])
-            # NOTE: release this thread's partial at GPU scope before the tile counter moves.
-            cute.arch.fence_acq_rel_gpu()
+                _st_global_f32(my_frag + i * value_stride, acc[i])
             self._splitk_barrier()
             if tidx == 0:
+                # NOTE: the barrier orders the whole CTA's partial stores before this thread's
+                # gpu-scope release (fences are cumulative): one fence publishes all of them, and
+                # the acq_rel atomic of the last split acquires all earlier splits' partials for
+                # its CTA through the barrier below.
+                cute.arch.fence_acq_rel_gpu()
                 old = _atomic_add_global_u32(counter, Uint32(1))
                 last = old == Uint32(self.split_k - 1)
                 if last:
@@ -1616,7 +1620,6 @@ class BlockwiseGemmFp4Sm90:
             self._splitk_barrier()
             is_last = _ld_shared_u32(flag_addr) != Uint32(0)
             if is_last:
-                cute.arch.fence_acq_rel_gpu()
                 own = acc.load()
                 acc.fill(0.0)
                 for sp in cutlass.range(self.split_k, unroll=1):
@@ -1624,11 +1627,10 @@ class BlockwiseGemmFp4Sm90:
                         acc.store(acc.load() + own)
                     else:
                         frag = work + (
-                            Int64(tile_id * self.split_k + sp) * frag_stride
-                            + Int64(tidx * nacc * 4)
+                            Int64(tile_id * self.split_k + sp) * frag_stride + Int64(tidx * 4)
                         )
                         for i in cutlass.range_constexpr(nacc):
-                            acc[i] = acc[i] + _ld_global_cg_f32(frag + i * 4)
+                            acc[i] = acc[i] + _ld_global_cg_f32(frag + i * value_stride)
         if is_last:
             if cutlass.const_expr(self.tma_store):
                 self._store_tile_tma(
