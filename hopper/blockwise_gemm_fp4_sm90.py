@@ -382,20 +382,27 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
     """(path, mma_tiler_mn, split_k) for a problem.
 
     Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
-    the register operand (decode path, kernel tile 128 weight rows x the next power of two >= M
-    tokens) and K is split until the output tiles fill the SMs (at most 8 splits, each split at
-    least 4 k-tiles of 128).  Larger M uses the prefill path: both operands converted once,
-    then 128 x 256 tiles in 2x1 clusters.
+    the register operand (decode path, kernel tile of 128 or 64 weight rows x the next power of
+    two >= M tokens).  The grid should be one full wave of work units (tiles x K splits): the
+    kernel tile and split are those with the most units up to 1.2x the CTA slots, each split
+    keeping at least 8 k-tiles of 128 (shorter ones cost more in pipeline fill and fix-up than
+    they gain), at most 8 splits, 128 rows on a tie (measured on the H200, hopper/README.md).
+    Larger M uses the prefill path: both operands converted once, then 128 x 256 tiles in 2x1
+    clusters.
     """
     if m <= 128:
         cols = max(8, 1 << (m - 1).bit_length())
-        slots = num_sms * occupancy("decode", (cols, 128))
-        tiles = math.ceil(n / 128) * l
+        slots = num_sms * occupancy("decode", (cols, 128)) * 1.2
         k_tiles = math.ceil(k / K_TILE)
-        split = 1
-        while split < 8 and tiles * split * 2 <= slots * 1.2 and k_tiles // (split * 2) >= 4:
-            split *= 2
-        return "decode", (cols, 128), split
+        best = None
+        for rows in VALID_TILE_ROWS[::-1]:
+            tiles = math.ceil(n / rows) * l
+            split = 1
+            while split < 8 and tiles * split * 2 <= slots and k_tiles // (split * 2) >= 8:
+                split *= 2
+            if best is None or tiles * split > best[0]:
+                best = (tiles * split, (cols, rows), split)
+        return "decode", best[1], best[2]
     return "prefill", (128, 256), 1
 
 
