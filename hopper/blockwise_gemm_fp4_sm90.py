@@ -386,9 +386,10 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
     two >= M tokens).  The grid should be one full wave of work units (tiles x K splits): the
     kernel tile and split are those with the most units up to 1.2x the CTA slots, each split
     keeping at least 8 k-tiles of 128 (shorter ones cost more in pipeline fill and fix-up than
-    they gain), at most 8 splits, 128 rows on a tie (measured on the H200, hopper/README.md).
-    Larger M uses the prefill path: both operands converted once, then 128 x 256 tiles in 2x1
-    clusters.
+    they gain), at most 8 splits.  On a tie, 128 rows, except for 64-token tiles, whose larger
+    split-K partials favour 64 rows and half the splits (H200: 64 x 8192 x 8192 took 23 us with
+    64 rows and 2 splits, 27 us with 128 rows and 4; 32 tokens were 20 us either way).  Larger M
+    uses the prefill path: both operands converted once, then 128 x 256 tiles in 2x1 clusters.
     """
     if m <= 128:
         cols = max(8, 1 << (m - 1).bit_length())
@@ -400,8 +401,9 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
             split = 1
             while split < 8 and tiles * split * 2 <= slots and k_tiles // (split * 2) >= 8:
                 split *= 2
-            if best is None or tiles * split > best[0]:
-                best = (tiles * split, (cols, rows), split)
+            prefer = rows == (64 if cols == 64 else 128)
+            if best is None or (tiles * split, prefer) > best[0]:
+                best = ((tiles * split, prefer), (cols, rows), split)
         return "decode", best[1], best[2]
     return "prefill", (128, 256), 1
 

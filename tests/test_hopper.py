@@ -256,6 +256,8 @@ def test_default_config_paths():
     assert k90.default_config(1, 8192, 8192, 1)[0] == "decode"
     assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
     assert k90.default_config(128, 8192, 8192, 1)[1] == (128, 128)
+    assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2)
+    assert k90.default_config(16, 4096, 7168, 1)[1:] == ((16, 64), 4)
     assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1)
     for m in (1, 16, 100, 128, 129, 4096):
         path, tiler, split = k90.default_config(m, 7168, 2048, 1)
