@@ -26,8 +26,9 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
             into the wgmma A register fragment (RS wgmma), never through SMEM.  A prologue kernel
             (``convert_operands``, same launch sequence) converts the few tokens once into an F16 /
             BF16 copy in the permuted K order below, which TMA brings straight into the wgmma B
-            layout.  Two CTAs per SM for <= 64 tokens; split-K when the weight tiles cannot fill
-            the SMs (deterministic fix-up by the last split, in split order).
+            layout.  Two CTAs per SM for <= 64 tokens; kernel tiles of 128 or 64 weight rows and
+            split-K chosen to fill one wave (deterministic fix-up by the last split, in split
+            order, over value-major fp32 partials).
     prefill (M > 128): both operands are converted once per launch by ``convert_operands`` (not
             once per output tile, which costs (M / 128 + N / 256) x the conversions) and the
             mainloop is a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that
@@ -50,8 +51,10 @@ Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs p
                               only give their registers back
     4 .. 4W+3   consumers     per 64-wide k-block: decode / fused dequantize their 64 kernel-A
                               rows into registers (fused: and a share of kernel B into SMEM);
-                              then 4 wgmma (m64 x tile_cols x k16); epilogue: * alpha, convert,
-                              predicated stores (or split-K partials + fix-up)
+                              then 4 wgmma (m64 x tile_cols x k16); epilogue (after the split-K
+                              fix-up): * alpha, convert, (rows x 32)-column subtiles through SMEM,
+                              TMA stores issued by warp 4 (direct stores where D's row pitch is
+                              not a multiple of 16 bytes, and on the fused path)
     ==========  ============  =================================================================
 
 Pipelines and barriers (producer -> consumer)
@@ -61,9 +64,13 @@ Pipelines and barriers (producer -> consumer)
                  both CTAs of a 2x1 cluster: a stage is refilled only when both released it).
                  Fused releases a stage once both k-blocks are converted (before their wgmma
                  run); decode and prefill one step later, once the wgmma that read it completed.
+    d_pipeline  (PipelineTmaStore, 2 deep; 1 when a tile is one subtile): consumer warpgroups
+                 -> TMA store unit; a subtile buffer is rewritten once its store has read it.
     NamedBarrierId.B_READY (fused): all consumer threads, once per k-block, after writing
                  the converted kernel-B block (three SMEM buffers rotate so that one barrier per
                  k-block is enough; see ``_consumer``)
+    NamedBarrierId.EPILOGUE: consumer threads, twice per D subtile (written to SMEM / its
+                 buffer free again)
     NamedBarrierId.SPLITK_FIXUP: consumer threads around the split-K tile counter
 Every role walks the same static persistent tile schedule (StaticPersistentTileScheduler over
 row tiles x col tiles x (L * split_k), in clusters of 2 x 1 on prefill), so they agree on the
@@ -107,6 +114,9 @@ Constraints (``can_implement`` explains each refusal)
 * NVFP4: |alpha| < 2^114 (alpha * 2^14 must be finite).
 * decode and prefill keep F16 / BF16 copies of the converted operands in the runner's workspace
   ((L x rows x K rounded up to 64) x 2 bytes each).
+* D leaves through TMA stores when N * sizeof(D) is a multiple of 16 bytes (a TMA stride rule);
+  otherwise the runner takes the variant compiled with direct, predicated stores
+  (``tma_store_fits``).
 
 Run
 ---
