@@ -114,6 +114,9 @@ Constraints (``can_implement`` explains each refusal)
 * NVFP4: |alpha| < 2^114 (alpha * 2^14 must be finite).
 * decode and prefill keep F16 / BF16 copies of the converted operands in the runner's workspace
   ((L x rows x K rounded up to 64) x 2 bytes each).
+* every operand (packed A and B, blocked scales, D) starts on a 16-byte boundary and is
+  contiguous (TMA); ``Fp4GemmSm90Runner`` checks it (``operand_reasons``), and the blocked scales
+  must hold fewer than 2^31 bytes (32-bit offsets in the prologue).
 * D leaves through TMA stores when N * sizeof(D) is a multiple of 16 bytes (a TMA stride rule);
   otherwise the runner takes the variant compiled with direct, predicated stores
   (``tma_store_fits``).
@@ -144,7 +147,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.nvgpu.warpgroup import OperandSource
 from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 # NOTE: sm_90 allows 227 KiB (232448 bytes) of dynamic SMEM per CTA.
 SM90_SMEM_CAPACITY = 232448
@@ -411,9 +414,12 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
             split = 1
             while split < 8 and tiles * split * 2 <= slots and k_tiles // (split * 2) >= 8:
                 split *= 2
-            prefer = rows == (64 if cols == 64 else 128)
-            if best is None or (tiles * split, prefer) > best[0]:
-                best = ((tiles * split, prefer), (cols, rows), split)
+            units = tiles * split
+            # within the cap the most units win; over it (tiles alone exceed it) the fewest
+            key = (units <= slots, units if units <= slots else -units)
+            key += (rows == (64 if cols == 64 else 128),)
+            if best is None or key > best[0]:
+                best = (key, (cols, rows), split)
         return "decode", best[1], best[2]
     return "prefill", (128, 256), 1
 
@@ -462,6 +468,12 @@ def check_config(
         # decode (tokens) and prefill (A and B) paths convert, whose K is rounded up to 64.
         k_pad = -(-k // K_BLOCK) * K_BLOCK
         extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
+        if path in ("decode", "prefill") and sf_vec_size in (16, 32):
+            # blocked scales: rows padded to 128, scale columns to 4
+            sf_cols = -(-(k // sf_vec_size) // SF_ATOM_COLS) * SF_ATOM_COLS
+            for name, rows in (("SFA", m), ("SFB", n)):
+                sf_bytes = -(-rows // SF_ATOM_ROWS) * SF_ATOM_ROWS * sf_cols * l
+                extents.append((f"{name} blocked bytes", sf_bytes))
         if path in ("decode", "prefill"):
             extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
         if path == "prefill":
@@ -1596,7 +1608,7 @@ class BlockwiseGemmFp4Sm90:
             (self.tile_rows, self.tile_cols),
             (row_tile, col_tile, batch),
         )
-        # (MMA, MMA_M, MMA_N)
+        # (MMA, MMA_M, MMA_N) (direct stores)
         tCgD = thr_mma.partition_C(gD)
         tCcD = thr_mma.partition_C(cD)
         rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
@@ -1810,10 +1822,9 @@ def workspace_elems(m, n, l, path, mma_tiler_mn, split_k, cluster_m=1):  # noqa:
 
 
 def smem_bytes(gemm: BlockwiseGemmFp4Sm90) -> int:
-    """Dynamic SMEM of one CTA (after ``_setup_attributes``), the sum of the storage fields."""
-    stage = gemm.a_stage_bytes + gemm.b_stage_bytes + gemm.sfa_stage_bytes + gemm.sfb_stage_bytes
-    bdq = gemm.num_bdq_buffers * gemm.bdq_buffer_bytes
-    return gemm.num_stages * (stage + 16) + bdq + gemm.epi_bytes + 16
+    """Dynamic SMEM of one CTA (after compilation): the shared storage struct, alignment padding
+    included."""
+    return gemm.shared_storage.size_in_bytes()
 
 
 def tma_store_fits(n: int, c_dtype: str) -> bool:
@@ -1906,7 +1917,7 @@ class Fp4GemmSm90Runner:
 
     def executor(self, n: int):
         """The compiled kernel for output width N (see ``tma_store_fits``)."""
-        tma_store = tma_store_fits(n, self.c_dtype)
+        tma_store = tma_store_fits(n, self.c_dtype) and self.gemm.tma_store
         if tma_store not in self._compiled:
             self._compiled[tma_store] = compile_gemm(*self._args, tma_store=tma_store)[1]
         return self._compiled[tma_store]
@@ -1939,9 +1950,12 @@ class Fp4GemmSm90Runner:
         import torch
         from cutlass.cute.runtime import make_ptr
 
+        reasons = operand_reasons(a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, self.sf_vec_size)
         reason = alpha_reason(float(alpha), self.sf_vec_size, self.path)
         if reason:
-            raise ValueError(reason)
+            reasons.append(reason)
+        if reasons:
+            raise ValueError("; ".join(reasons))
         gmem = cute.AddressSpace.gmem
         work, conv_b, conv_a = self.workspace(m, n, k, l)
         ptrs = [
@@ -1959,6 +1973,33 @@ class Fp4GemmSm90Runner:
         self.executor(n)(
             *ptrs, (Int32(m), Int32(n), Int32(k), Int32(l)), cutlass.Float32(alpha), stream
         )
+
+
+def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, sf_vec_size) -> list[str]:  # noqa: E741
+    """Why these torch tensors cannot be the kernel's operands (empty when they can): sizes,
+    16-byte aligned bases (TMA loads and stores), contiguity, one CUDA device."""
+    sf_cols = -(-(k // sf_vec_size) // SF_ATOM_COLS) * SF_ATOM_COLS
+    want = {
+        "a": l * m * (k // 2),
+        "b": l * n * (k // 2),
+        "sfa_blocked": l * -(-m // SF_ATOM_ROWS) * SF_ATOM_ROWS * sf_cols,
+        "sfb_blocked": l * -(-n // SF_ATOM_ROWS) * SF_ATOM_ROWS * sf_cols,
+        "d": l * m * n,
+    }
+    tensors = {"a": a, "b": b, "sfa_blocked": sfa_blocked, "sfb_blocked": sfb_blocked, "d": d}
+    reasons = []
+    for name, t in tensors.items():
+        unit = "elements" if name == "d" else "bytes"
+        if t.numel() * (1 if name == "d" else t.element_size()) != want[name]:
+            reasons.append(f"{name} has {t.numel()} {unit}; (M, N, K, L) needs {want[name]}")
+        # NOTE: TMA needs 16-byte aligned global base addresses.
+        if t.data_ptr() % 16:
+            reasons.append(f"{name} must start on a 16-byte boundary (TMA); copy it first")
+        if not t.is_cuda or not t.is_contiguous():
+            reasons.append(f"{name} must be a contiguous CUDA tensor")
+        elif t.device != a.device:
+            reasons.append(f"{name} is on {t.device}, a is on {a.device}")
+    return reasons
 
 
 def _torch_dtype(c_dtype: str):

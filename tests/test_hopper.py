@@ -106,7 +106,32 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     assert gemm.tma_store == (tma_store and path != "fused")
     assert ("UTMASTG" in sass) == gemm.tma_store
     assert ("cp.async.bulk.tensor.3d.global.shared::cta" in ptx) == gemm.tma_store
+    # NOTE: each CTA also costs 1 KiB of SMEM reserved by the hardware.
     assert k90.smem_bytes(gemm) <= k90.SM90_SMEM_CAPACITY
+    assert gemm.occupancy * (k90.smem_bytes(gemm) + 1024) <= k90.SM90_SMEM_PER_SM
+
+
+def test_operand_reasons_name_each_problem():
+    import torch
+
+    m, n, k, l = 16, 64, 256, 1  # noqa: E741
+    sf = l * 128 * (k // 16 // 4 * 4)
+    good = dict(
+        a=torch.zeros(m * k // 2, dtype=torch.uint8),
+        b=torch.zeros(n * k // 2, dtype=torch.uint8),
+        sfa_blocked=torch.zeros(sf, dtype=torch.uint8),
+        sfb_blocked=torch.zeros(sf, dtype=torch.uint8),
+        d=torch.zeros(m * n, dtype=torch.bfloat16),
+    )
+    reasons = k90.operand_reasons(**good, m=m, n=n, k=k, l=l, sf_vec_size=16)
+    # CPU tensors: only the device rule fails
+    assert reasons and all("contiguous CUDA tensor" in r for r in reasons), reasons
+    shifted = dict(good, a=torch.zeros(m * k // 2 + 1, dtype=torch.uint8)[1:])
+    reasons = k90.operand_reasons(**shifted, m=m, n=n, k=k, l=l, sf_vec_size=16)
+    assert any("a must start on a 16-byte boundary" in r for r in reasons), reasons
+    short = dict(good, sfb_blocked=torch.zeros(sf - 16, dtype=torch.uint8))
+    reasons = k90.operand_reasons(**short, m=m, n=n, k=k, l=l, sf_vec_size=16)
+    assert any(f"sfb_blocked has {sf - 16} bytes" in r for r in reasons), reasons
 
 
 @pytest.mark.parametrize(
@@ -157,6 +182,7 @@ REFUSALS = [
     (dict(mnkl=(256, 32768, 65536, 2)), "N*K/2*L = 2147483648 does not fit"),
     (dict(mnkl=(32768, 8192, 65536, 1)), "M*K_pad*L (converted A) = 2147483648 does not fit"),
     (dict(mnkl=(256, 65536, 32736, 1)), "N*K_pad*L (converted B) = 2147483648 does not fit"),
+    (dict(mnkl=(1, 64, 65536, 4096), path="decode", mma_tiler_mn=(8, 64)), "SFA blocked bytes"),
 ]
 
 
@@ -257,6 +283,8 @@ def test_default_config_paths():
     assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
     assert k90.default_config(128, 8192, 8192, 1)[1] == (128, 128)
     assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2)
+    # when even one split exceeds 1.2x the CTA slots, the fewest work units
+    assert k90.default_config(1, 28672, 4096, 1)[1:] == ((8, 128), 1)
     assert k90.default_config(16, 4096, 7168, 1)[1:] == ((16, 64), 4)
     assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1)
     for m in (1, 16, 100, 128, 129, 4096):
@@ -334,6 +362,7 @@ GPU_CASES = [
     (100, 300, 800, 1, 32, "Float16", "decode", (128, 128), 1, 1.0, "wide"),
     (16, 1024, 4096, 1, 16, "Float16", "decode", (16, 128), 8, 1.0, "normal"),
     (30, 520, 1056, 2, 32, "BFloat16", "decode", (32, 128), 2, 1.0, "wide"),
+    (64, 520, 1056, 1, 16, "BFloat16", "decode", (64, 64), 2, 1.0, "wide"),
 ]
 
 
