@@ -54,7 +54,8 @@ Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs p
                               then 4 wgmma (m64 x tile_cols x k16); epilogue (after the split-K
                               fix-up): * alpha, convert, (rows x 32)-column subtiles through SMEM,
                               TMA stores issued by warp 4 (direct stores where D's row pitch is
-                              not a multiple of 16 bytes, and on the fused path)
+                              not a multiple of 16 bytes, on the fused path and for split-K
+                              decode tiles of 128 rows x 64 tokens: registers)
     ==========  ============  =================================================================
 
 Pipelines and barriers (producer -> consumer)
@@ -555,10 +556,18 @@ class BlockwiseGemmFp4Sm90:
         self.split_k = split_k
         # D leaves through SMEM and TMA stores when its row pitch (N elements) is a multiple of
         # 16 bytes (a TMA stride rule); otherwise each thread stores its fragment directly.
-        # NOTE: not on the fused path, whose 128 x 256 consumers (accumulators, A fragments and
-        # hoisted SMEM addresses of the in-loop conversion) would spill the subtile staging.
-        self.tma_store = tma_store and path != "fused"
         self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
+        # NOTE: not on the fused path, whose 128 x 256 consumers (accumulators, A fragments and
+        # hoisted SMEM addresses of the in-loop conversion) would spill the subtile staging, nor
+        # for split-K decode tiles of 128 weight rows x 64 tokens, whose consumers (104 registers
+        # at two CTAs per SM) would spill it next to the fix-up (a compile sweep: 32-40 bytes).
+        self.tma_store = (
+            tma_store
+            and path != "fused"
+            and not (
+                path == "decode" and self.tile_cols == 64 and self.tile_rows == 128 and split_k > 1
+            )
+        )
         self.num_mma_wg = self.tile_rows // 64
         self.threads_per_wg = 128
         self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
