@@ -445,6 +445,13 @@ def kernel_tile(path: str, mma_tiler_mn: tuple[int, int]) -> tuple[int, int]:
     return (tn, tm) if path == "decode" else (tm, tn)
 
 
+def blocked_sf_bytes(rows: int, k: int, l: int, sf_vec_size: int) -> int:  # noqa: E741
+    """Bytes of one operand's scales in the 128x4 blocked layout: rows padded to 128, scale
+    columns (K / sf_vec_size) to 4, per batch."""
+    sf_cols = -(-(k // sf_vec_size) // SF_ATOM_COLS) * SF_ATOM_COLS
+    return l * -(-rows // SF_ATOM_ROWS) * SF_ATOM_ROWS * sf_cols
+
+
 def check_config(
     mnkl: tuple[int, int, int, int],
     sf_vec_size: int,
@@ -470,11 +477,8 @@ def check_config(
         k_pad = -(-k // K_BLOCK) * K_BLOCK
         extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
         if path in ("decode", "prefill") and sf_vec_size in (16, 32):
-            # blocked scales: rows padded to 128, scale columns to 4
-            sf_cols = -(-(k // sf_vec_size) // SF_ATOM_COLS) * SF_ATOM_COLS
             for name, rows in (("SFA", m), ("SFB", n)):
-                sf_bytes = -(-rows // SF_ATOM_ROWS) * SF_ATOM_ROWS * sf_cols * l
-                extents.append((f"{name} blocked bytes", sf_bytes))
+                extents.append((f"{name} blocked bytes", blocked_sf_bytes(rows, k, l, sf_vec_size)))
         if path in ("decode", "prefill"):
             extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
         if path == "prefill":
@@ -1987,12 +1991,11 @@ class Fp4GemmSm90Runner:
 def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, sf_vec_size) -> list[str]:  # noqa: E741
     """Why these torch tensors cannot be the kernel's operands (empty when they can): sizes,
     16-byte aligned bases (TMA loads and stores), contiguity, one CUDA device."""
-    sf_cols = -(-(k // sf_vec_size) // SF_ATOM_COLS) * SF_ATOM_COLS
     want = {
         "a": l * m * (k // 2),
         "b": l * n * (k // 2),
-        "sfa_blocked": l * -(-m // SF_ATOM_ROWS) * SF_ATOM_ROWS * sf_cols,
-        "sfb_blocked": l * -(-n // SF_ATOM_ROWS) * SF_ATOM_ROWS * sf_cols,
+        "sfa_blocked": blocked_sf_bytes(m, k, l, sf_vec_size),
+        "sfb_blocked": blocked_sf_bytes(n, k, l, sf_vec_size),
         "d": l * m * n,
     }
     tensors = {"a": a, "b": b, "sfa_blocked": sfa_blocked, "sfb_blocked": sfb_blocked, "d": d}
