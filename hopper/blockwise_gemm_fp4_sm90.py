@@ -175,6 +175,8 @@ MAX_STAGES = 12
 # TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
 EPI_COLS = 32
 EPI_STAGES = 2
+# Split-K fix-up: partial values loaded at once (registers) before they are summed.
+FIXUP_LOADS = 64
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
@@ -1652,10 +1654,9 @@ class BlockwiseGemmFp4Sm90:
             self._splitk_barrier()
             if tidx == 0:
                 # NOTE: the barrier orders the whole CTA's partial stores before this thread's
-                # gpu-scope release (fences are cumulative): one fence publishes all of them, and
-                # the acq_rel atomic of the last split acquires all earlier splits' partials for
-                # its CTA through the barrier below.
-                cute.arch.fence_acq_rel_gpu()
+                # acq_rel atomic, whose gpu-scope release is cumulative: it publishes all of
+                # them, and the atomic of the last split acquires all earlier splits' partials
+                # for its CTA through the barrier below.
                 old = _atomic_add_global_u32(counter, Uint32(1))
                 last = old == Uint32(self.split_k - 1)
                 if last:
@@ -1664,17 +1665,41 @@ class BlockwiseGemmFp4Sm90:
             self._splitk_barrier()
             is_last = _ld_shared_u32(flag_addr) != Uint32(0)
             if is_last:
-                own = acc.load()
-                acc.fill(0.0)
-                for sp in cutlass.range(self.split_k, unroll=1):
-                    if sp == split:
-                        acc.store(acc.load() + own)
-                    else:
-                        frag = work + (
-                            Int64(tile_id * self.split_k + sp) * frag_stride + Int64(tidx * 4)
-                        )
-                        for i in cutlass.range_constexpr(nacc):
-                            acc[i] = acc[i] + _ld_global_cg_f32(frag + i * value_stride)
+                # The other splits' partials are all loaded before any is added (one memory
+                # round trip per chunk of values, not one per split), then summed in split order
+                # from 0 with this split's own values, still in registers, in their place.
+                others = self.split_k - 1
+                tile_frags = work + (Int64(tile_id * self.split_k) * frag_stride + Int64(tidx * 4))
+                # the j-th other split is split j, or j + 1 from this split on
+                other_frags = [
+                    tile_frags
+                    + Int64(j) * frag_stride
+                    + Int64(cutlass.select_(split <= j, frag_stride, Int64(0)))
+                    for j in range(others)
+                ]
+                chunk = max(1, min(nacc, FIXUP_LOADS // others))
+                for c0 in cutlass.range_constexpr(0, nacc, chunk):
+                    width = min(chunk, nacc - c0)
+                    loaded = [
+                        [_ld_global_cg_f32(frags + (c0 + v) * value_stride) for v in range(width)]
+                        for frags in other_frags
+                    ]
+                    for v in cutlass.range_constexpr(width):
+                        own = acc[c0 + v]
+                        total = cutlass.Float32(0.0)
+                        for sp in cutlass.range_constexpr(self.split_k):
+                            if cutlass.const_expr(sp == 0):
+                                part = cutlass.select_(split == 0, own, loaded[0][v])
+                            elif cutlass.const_expr(sp == others):
+                                part = cutlass.select_(split == sp, own, loaded[sp - 1][v])
+                            else:
+                                part = cutlass.select_(
+                                    split < sp,
+                                    loaded[sp - 1][v],
+                                    cutlass.select_(split == sp, own, loaded[sp][v]),
+                                )
+                            total = total + cutlass.Float32(part)
+                        acc[c0 + v] = total
         if is_last:
             if cutlass.const_expr(self.tma_store):
                 self._store_tile_tma(
