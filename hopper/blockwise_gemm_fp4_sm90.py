@@ -175,8 +175,11 @@ MAX_STAGES = 12
 # TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
 EPI_COLS = 32
 EPI_STAGES = 2
-# Split-K fix-up: partial values loaded at once (registers) before they are summed.
-FIXUP_LOADS = 64
+# Split-K fix-up: partial values loaded at once (registers) before they are summed, at most
+# FIXUP_LOADS, and fewer where the consumers' registers would not hold them next to the
+# accumulators (FIXUP_RESERVED for addresses and the rest of the epilogue).
+FIXUP_LOADS = 128
+FIXUP_RESERVED = 24
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
@@ -1665,40 +1668,28 @@ class BlockwiseGemmFp4Sm90:
             self._splitk_barrier()
             is_last = _ld_shared_u32(flag_addr) != Uint32(0)
             if is_last:
-                # The other splits' partials are all loaded before any is added (one memory
-                # round trip per chunk of values, not one per split), then summed in split order
-                # from 0 with this split's own values, still in registers, in their place.
-                others = self.split_k - 1
+                # Every split's partial (this split's too: the same bits, read back) is loaded
+                # before any is added, so the fix-up waits for one memory round trip per chunk
+                # of values (the chunk as large as the registers next to the accumulators
+                # allow) instead of one per split; the sum runs in split order from 0.
                 tile_frags = work + (Int64(tile_id * self.split_k) * frag_stride + Int64(tidx * 4))
-                # the j-th other split is split j, or j + 1 from this split on
-                other_frags = [
-                    tile_frags
-                    + Int64(j) * frag_stride
-                    + Int64(cutlass.select_(split <= j, frag_stride, Int64(0)))
-                    for j in range(others)
-                ]
-                chunk = max(1, min(nacc, FIXUP_LOADS // others))
+                loads = min(FIXUP_LOADS, self.mma_regs - nacc - FIXUP_RESERVED)
+                chunk = max(1, min(nacc, loads // self.split_k))
                 for c0 in cutlass.range_constexpr(0, nacc, chunk):
                     width = min(chunk, nacc - c0)
-                    loaded = [
-                        [_ld_global_cg_f32(frags + (c0 + v) * value_stride) for v in range(width)]
-                        for frags in other_frags
+                    parts = [
+                        [
+                            _ld_global_cg_f32(
+                                tile_frags + sp * frag_stride + (c0 + v) * value_stride
+                            )
+                            for v in range(width)
+                        ]
+                        for sp in range(self.split_k)
                     ]
                     for v in cutlass.range_constexpr(width):
-                        own = acc[c0 + v]
                         total = cutlass.Float32(0.0)
                         for sp in cutlass.range_constexpr(self.split_k):
-                            if cutlass.const_expr(sp == 0):
-                                part = cutlass.select_(split == 0, own, loaded[0][v])
-                            elif cutlass.const_expr(sp == others):
-                                part = cutlass.select_(split == sp, own, loaded[sp - 1][v])
-                            else:
-                                part = cutlass.select_(
-                                    split < sp,
-                                    loaded[sp - 1][v],
-                                    cutlass.select_(split == sp, own, loaded[sp][v]),
-                                )
-                            total = total + cutlass.Float32(part)
+                            total = total + parts[sp][v]
                         acc[c0 + v] = total
         if is_last:
             if cutlass.const_expr(self.tma_store):

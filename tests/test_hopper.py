@@ -60,8 +60,10 @@ COMPILE_CONFIGS = [
     # direct stores: requested (N * sizeof(D) not a multiple of 16 bytes), or where the
     # consumers' registers cannot hold the subtile staging (64 tokens x 128 rows, split-K)
     (16, "Float16", "decode", (16, 64), 3, False),
-    (16, "BFloat16", "decode", (64, 128), 2),
+    (16, "BFloat16", "decode", (64, 128), 8),
     (32, "Float32", "prefill", (128, 128), 1, False),
+    # the largest split: the fix-up's loads must still fit next to the accumulators
+    (16, "BFloat16", "decode", (128, 128), 16),
 ]
 
 
