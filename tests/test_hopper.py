@@ -56,6 +56,7 @@ COMPILE_CONFIGS = [
     (16, "BFloat16", "fused", (128, 256), 1),
     (16, "Float32", "decode", (16, 128), 2),
     (32, "BFloat16", "decode", (8, 64), 1),
+    (16, "BFloat16", "decode", (8, 128), 4),
     (16, "BFloat16", "decode", (32, 128), 4),
     # direct stores: requested (N * sizeof(D) not a multiple of 16 bytes), or where the
     # consumers' registers cannot hold the subtile staging (64 tokens x 128 rows, split-K)
@@ -80,6 +81,10 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     ptx = open(os.path.join(dump, ptx_files[0])).read()
     # TMA loads of the packed FP4 and the scales
     assert "cp.async.bulk.tensor" in ptx
+    # decode tiles of 8 tokens: the token warps convert the tokens inside the GEMM (one
+    # kernel); wider decode tiles and prefill: the convert_operands grid first
+    assert gemm.token_warps == (path == "decode" and k90.kernel_tile(path, tiler)[1] == 8)
+    assert ("convert_operands" in ptx) == (path in ("decode", "prefill") and not gemm.token_warps)
     # wgmma (NVFP4: F16, MXFP4: BF16), A from registers, FP32 accumulation, N = the SMEM
     # operand's tile
     tile_cols = k90.kernel_tile(path, tiler)[1]
@@ -368,6 +373,9 @@ GPU_CASES = [
     (16, 1024, 4096, 1, 16, "Float16", "decode", (16, 128), 8, 1.0, "normal"),
     (30, 520, 1056, 2, 32, "BFloat16", "decode", (32, 128), 2, 1.0, "wide"),
     (64, 520, 1056, 1, 16, "BFloat16", "decode", (64, 64), 2, 1.0, "wide"),
+    # token warps: fewer tokens than the tile's 8, L > 1, K = 32 x odd, both formats
+    (5, 1000, 4000, 2, 32, "Float32", "decode", (8, 64), 3, 1.0, "wide"),
+    (3, 520, 1056, 2, 16, "Float16", "decode", (8, 128), 2, 0.5, "normal"),
 ]
 
 
