@@ -890,8 +890,8 @@ class BlockwiseGemmFp4Sm90:
         @cute.struct
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-            tok_mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages]
             splitk_flag: cute.struct.MemRange[cutlass.Int32, 4]
+            tok_mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages]
             sA: cute.struct.Align[
                 cute.struct.MemRange[a_smem_dtype, cute.cosize(self.a_smem_layout_staged)],
                 1024,
