@@ -29,9 +29,9 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
             buffers: one kernel.  Wider tiles: a prologue kernel (``convert_operands``, same
             launch sequence) converts the tokens once into an F16 / BF16 copy in the permuted K
             order below, which TMA brings straight into the wgmma B layout.  Two CTAs per SM for
-            <= 64 tokens; kernel tiles of 128 or 64 weight rows and
-            split-K chosen to fill one wave (deterministic fix-up by the last split, in split
-            order, over value-major fp32 partials).
+            <= 64 tokens; kernel tiles of 128 or 64 weight rows and split-K chosen by the
+            busiest CTA's work (deterministic fix-up by the last split, in split order, over
+            value-major fp32 partials).
     prefill (M > 128): both operands are converted once per launch by ``convert_operands`` (not
             once per output tile, which costs (M / 128 + N / 256) x the conversions) and the
             mainloop is a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that
@@ -187,6 +187,8 @@ CONVERT_UNROLL = 4
 # 16-byte chunks in one converted 64-wide k-block row (64 x 2 bytes)
 CHUNKS_PER_KBLOCK = 8
 MAX_STAGES = 12
+# default_config: the fixed cost of one decode work unit, in weight rows x k-tiles of 128
+UNIT_COST = 256
 # TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
 EPI_COLS = 32
 EPI_STAGES = 2
@@ -417,30 +419,34 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
 
     Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
     the register operand (decode path, kernel tile of 128 or 64 weight rows x the next power of
-    two >= M tokens).  The grid should be one full wave of work units (tiles x K splits): the
-    kernel tile and split are those with the most units up to 1.2x the CTA slots, each split
-    keeping at least 8 k-tiles of 128 (shorter ones cost more in pipeline fill and fix-up than
-    they gain), at most 8 splits.  On a tie, 128 rows, except for 64-token tiles, whose larger
-    split-K partials favour 64 rows and half the splits (H200: 64 x 8192 x 8192 took 23 us with
-    64 rows and 2 splits, 27 us with 128 rows and 4; 32 tokens were 20 us either way).  Larger M
-    uses the prefill path: both operands converted once, then 128 x 256 tiles in 2x1 clusters.
+    two >= M tokens).  Work units (tiles x K splits) are dealt statically to the persistent CTAs,
+    so the kernel lasts about as long as its busiest CTA.  The tile rows and split (1, 2, 3, 4,
+    6 or 8, each split keeping at least 8 k-tiles of 128, since shorter ones cost more in
+    pipeline fill and fix-up than they gain) minimize the busiest CTA's work in weight rows x
+    k-tiles, ceil(units / CTA slots) x (rows x ceil(k-tiles / split) + UNIT_COST): a unit's
+    epilogue (split-K fix-up and store, about 1 us on the H200) costs about as much as
+    streaming two k-tiles of 128 rows.  Ties go to the fewest units (fewer split-K partials),
+    then to 128 rows, except for 64-token tiles, whose larger partials favour 64 rows.  On the
+    H200 this picks the fastest configuration measured, or one within 0.3 us of it, at ten
+    decode shapes from 1 x 8192 x 8192 to 16 x 28672 x 4096 (UNIT_COST from 128 to 512 picks
+    the same; hopper/README.md).  Larger M uses the prefill path: both operands converted once,
+    then 128 x 256 tiles in 2x1 clusters.
     """
     if m <= 128:
         cols = max(8, 1 << (m - 1).bit_length())
-        slots = num_sms * occupancy("decode", (cols, 128)) * 1.2
+        slots = num_sms * occupancy("decode", (cols, 128))
         k_tiles = math.ceil(k / K_TILE)
         best = None
         for rows in VALID_TILE_ROWS[::-1]:
             tiles = math.ceil(n / rows) * l
-            split = 1
-            while split < 8 and tiles * split * 2 <= slots and k_tiles // (split * 2) >= 8:
-                split *= 2
-            units = tiles * split
-            # within the cap the most units win; over it (tiles alone exceed it) the fewest
-            key = (units <= slots, units if units <= slots else -units)
-            key += (rows == (64 if cols == 64 else 128),)
-            if best is None or key > best[0]:
-                best = (key, (cols, rows), split)
+            for split in (1, 2, 3, 4, 6, 8):
+                if split > 1 and k_tiles // split < 8:
+                    continue
+                units = tiles * split
+                busiest = math.ceil(units / slots) * (rows * math.ceil(k_tiles / split) + UNIT_COST)
+                key = (busiest, units, rows != (64 if cols == 64 else 128))
+                if best is None or key < best[0]:
+                    best = (key, (cols, rows), split)
         return "decode", best[1], best[2]
     return "prefill", (128, 256), 1
 

@@ -293,8 +293,11 @@ def test_default_config_paths():
     assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
     assert k90.default_config(128, 8192, 8192, 1)[1] == (128, 128)
     assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2)
-    # when even one split exceeds 1.2x the CTA slots, the fewest work units
+    # the busiest CTA's work decides: 224 tiles of 128 rows fit the 264 CTA slots unsplit ...
     assert k90.default_config(1, 28672, 4096, 1)[1:] == ((8, 128), 1)
+    # ... while 144 tiles split 3 (432 units, at most two per CTA) beat split 2 (288 units,
+    # 24 CTAs with two units of twice the length)
+    assert k90.default_config(16, 18432, 7168, 1)[1:] == ((16, 128), 3)
     assert k90.default_config(16, 4096, 7168, 1)[1:] == ((16, 64), 4)
     assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1)
     for m in (1, 16, 100, 128, 129, 4096):
