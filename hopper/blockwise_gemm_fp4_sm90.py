@@ -24,8 +24,8 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
     decode  (M <= 128): kernel A = B (weights), kernel B = A (tokens); D^T = B A^T, so the token
             count is the wgmma N (8..128) and the large weight matrix is dequantized straight
             into the wgmma A register fragment (RS wgmma), never through SMEM.  Tiles of 8
-            tokens (M <= 8): TMA brings the packed tokens with the weights and the producer
-            warpgroup's three idle warps ("token warps") convert them into each stage's B
+            tokens (M <= 8): TMA brings the packed tokens with the weights and two of the
+            producer warpgroup's idle warps ("token warps") convert them into each stage's B
             buffers: one kernel.  Wider tiles: a prologue kernel (``convert_operands``, same
             launch sequence) converts the tokens once into an F16 / BF16 copy in the permuted K
             order below, which TMA brings straight into the wgmma B layout.  Two CTAs per SM for
@@ -52,9 +52,9 @@ Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs p
                               converted A tile (prefill); converted kernel B (multicast to the
                               2x1 cluster on prefill) or packed B + scales (fused, and decode
                               tiles of 8 tokens)
-    1 .. 3      token warps   decode tiles of 8 tokens: per stage, convert the real token rows
+    1 .. 2      token warps   decode tiles of 8 tokens: per stage, convert the real token rows
                               into the stage's B buffers, arrive on tok_mbar[stage]; otherwise
-                              they only give their registers back
+                              (and warp 3 always) they only give their registers back
     4 .. 4W+3   consumers     per 64-wide k-block: decode / fused dequantize their 64 kernel-A
                               rows into registers (fused: and a share of kernel B into SMEM);
                               then 4 wgmma (m64 x tile_cols x k16); epilogue (after the split-K
@@ -124,11 +124,14 @@ Constraints (``can_implement`` explains each refusal)
   128 or 256 (a divisor or multiple of the 128-row scale atom).
 * cluster shape (1, 1), or (2, 1) on the prefill path (the default there).
 * NVFP4: |alpha| < 2^114 (alpha * 2^14 must be finite).
-* decode and prefill keep F16 / BF16 copies of the converted operands in the runner's workspace
-  ((L x rows x K rounded up to 64) x 2 bytes each).
+* prefill, and decode tiles wider than 8 tokens, keep F16 / BF16 copies of the converted
+  operands in the runner's workspace ((L x rows x K rounded up to 64) x 2 bytes each).
 * every operand (packed A and B, blocked scales, D) starts on a 16-byte boundary and is
   contiguous (TMA); ``Fp4GemmSm90Runner`` checks it (``operand_reasons``), and the blocked scales
   must hold fewer than 2^31 bytes (32-bit offsets in the prologue).
+* the blocked scales' padding (rows past M or N, scale columns past K / sf_vec_size) holds zero
+  bytes, as ``reference.to_blocked`` writes it: where K is 32 x odd, the mainloop's last 64-wide
+  block multiplies TMA's zero fill by the padding scale (0 x NaN would be NaN).
 * D leaves through TMA stores when N * sizeof(D) is a multiple of 16 bytes (a TMA stride rule);
   otherwise the runner takes the variant compiled with direct, predicated stores
   (``tma_store_fits``).
@@ -180,7 +183,8 @@ SF_ATOM_BYTES = 512
 NUM_BDQ_BUFFERS = 3
 # Decode tiles of at most TOKEN_WARPS_MAX_COLS tokens: the producer warpgroup's other warps
 # convert the tokens of every stage (see ``_token_warps``).
-TOKEN_WARPS = 3
+# (the items of a stage: 2 k-blocks x 8 token rows x 4 16-groups = 64, one per thread of 2 warps)
+TOKEN_WARPS = 2
 TOKEN_WARPS_MAX_COLS = 8
 CONVERT_THREADS = 256
 CONVERT_UNROLL = 4
@@ -419,18 +423,20 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
 
     Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
     the register operand (decode path, kernel tile of 128 or 64 weight rows x the next power of
-    two >= M tokens).  Work units (tiles x K splits) are dealt statically to the persistent CTAs,
-    so the kernel lasts about as long as its busiest CTA.  The tile rows and split (1, 2, 3, 4,
-    6 or 8, each split keeping at least 8 k-tiles of 128, since shorter ones cost more in
-    pipeline fill and fix-up than they gain) minimize the busiest CTA's work in weight rows x
-    k-tiles, ceil(units / CTA slots) x (rows x ceil(k-tiles / split) + UNIT_COST): a unit's
-    epilogue (split-K fix-up and store, about 1 us on the H200) costs about as much as
+    two >= M tokens, at least 8).  Work units (tiles x K splits) are dealt statically to the
+    persistent CTAs, so the kernel lasts about as long as its busiest CTA.  The tile rows and
+    split (1, 2, 3, 4, 6 or 8, each split keeping at least 8 k-tiles of 128, since shorter ones
+    cost more in pipeline fill and fix-up than they gain) minimize the busiest CTA's work in
+    weight rows x k-tiles, ceil(units / CTA slots) x (rows x ceil(k-tiles / split) + UNIT_COST):
+    a unit's epilogue (split-K fix-up and store, about 1 us on the H200) costs about as much as
     streaming two k-tiles of 128 rows.  Ties go to the fewest units (fewer split-K partials),
-    then to 128 rows, except for 64-token tiles, whose larger partials favour 64 rows.  On the
-    H200 this picks the fastest configuration measured, or one within 0.3 us of it, at ten
-    decode shapes from 1 x 8192 x 8192 to 16 x 28672 x 4096 (UNIT_COST from 128 to 512 picks
-    the same; hopper/README.md).  Larger M uses the prefill path: both operands converted once,
-    then 128 x 256 tiles in 2x1 clusters.
+    then to 128 rows, except for 64-token tiles, whose larger partials favour 64 rows (and
+    which split only with 64 rows: split-K tiles of 64 x 128 lose the TMA-store epilogue).  On the
+    H200 this picks the fastest configuration of a one-timing sweep, or one within 0.3 us of
+    it, at ten decode shapes from 1 x 8192 x 8192 to 16 x 28672 x 4096 (UNIT_COST from 128 to
+    512 picks the same; in a three-timing A/B at 1 x 18432 x 7168 its split 3 was 0.3-0.6 us
+    behind split 4; hopper/README.md).  Larger M uses the prefill path: both operands
+    converted once, then 128 x 256 tiles in 2x1 clusters.
     """
     if m <= 128:
         cols = max(8, 1 << (m - 1).bit_length())
@@ -441,6 +447,10 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
             tiles = math.ceil(n / rows) * l
             for split in (1, 2, 3, 4, 6, 8):
                 if split > 1 and k_tiles // split < 8:
+                    continue
+                if split > 1 and (cols, rows) == (64, 128):
+                    # split-K tiles of 64 tokens x 128 rows lose the TMA-store epilogue (see
+                    # ``BlockwiseGemmFp4Sm90.__init__``) and measured slower than 64 rows
                     continue
                 units = tiles * split
                 busiest = math.ceil(units / slots) * (rows * math.ceil(k_tiles / split) + UNIT_COST)
@@ -576,7 +586,6 @@ class BlockwiseGemmFp4Sm90:
         cluster_shape_mn: tuple[int, int] = (1, 1),
         split_k: int = 1,
         tma_store: bool = True,
-        token_warps: bool = True,
     ):
         self.sf_vec_size = sf_vec_size
         self.path = path
@@ -604,13 +613,12 @@ class BlockwiseGemmFp4Sm90:
         self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
         self.occupancy = occupancy(path, mma_tiler_mn)
-        # Decode, tiles of <= 32 tokens: TMA brings the packed tokens (kernel B) and their scales
-        # into every stage next to the weights, and the producer warpgroup's three idle warps
-        # convert them into the stage's F16 / BF16 B slot ("token warps"): one launch, and the
-        # ring covers the tokens' memory latency as it covers the weights'.
-        self.token_warps = (
-            token_warps and path == "decode" and self.tile_cols <= TOKEN_WARPS_MAX_COLS
-        )
+        # Decode, tiles of 8 tokens: TMA brings the packed tokens (kernel B) and their scales
+        # into every stage next to the weights, and two of the producer warpgroup's idle warps
+        # convert them into the stage's F16 / BF16 B buffers ("token warps"): one launch, and
+        # the ring covers the tokens' memory latency as it covers the weights'.  (Wider tiles
+        # measured slower this way: the conversion runs once per CTA instead of once per launch.)
+        self.token_warps = path == "decode" and self.tile_cols <= TOKEN_WARPS_MAX_COLS
         # Decode, wider tiles: the tokens are converted once per launch by ``convert_operands``
         # into an F16 / BF16 copy in the wgmma's permuted K order, which TMA then brings straight
         # into the wgmma B layout.  Either way the consumers convert only the weights.
@@ -625,13 +633,17 @@ class BlockwiseGemmFp4Sm90:
         self.use_pdl = self.b_converted
         # Decode and prefill release a stage once the wgmma that read its kernel B completed
         # (one k-block late); fused once its kernel B is converted into a rotating buffer.
+        # NOTE: with token warps this release also guards the token warps' reads of the stage's
+        # packed tokens: the empty barrier counts only consumer warps, and they release a stage
+        # only after waiting on its tok_mbar, which the token warps arrive on after their reads.
         self.late_release = self.b_converted or self.token_warps
         self.stage_k = K_BLOCK * self.kblocks_per_stage
         self.producer_warp = 0
         # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
         # CTA gave back, so the total must stay within what the CTA got at launch: the
         # per-thread count ptxas picks under the minctasm cap (a multiple of 8, at most 248).
-        # (the token warps need 32; at two CTAs per SM that leaves the consumers' 104 as is)
+        # (the token warps need 32; with two CTAs of 128 weight rows per SM the consumers keep
+        # 104, with 64 rows 224 instead of 232, far more than 8-token tiles use)
         self.producer_regs = 40 if self.occupancy == 1 else (32 if self.token_warps else 24)
         launch_regs = min(248, 65536 // (self.occupancy * self.threads_per_cta) // 8 * 8)
         self.mma_regs = min(
@@ -685,7 +697,10 @@ class BlockwiseGemmFp4Sm90:
             self.num_bdq_buffers = NUM_BDQ_BUFFERS
         self.bdq_buffer_bytes = self.tile_cols * K_BLOCK * 2
         # token warps: one converted B buffer per k-block of every stage (fused: 3 in all)
-        bdq_per_stage = self.kblocks_per_stage * self.bdq_buffer_bytes if self.token_warps else 0
+        bdq_per_stage = 0
+        if self.token_warps:
+            bdq_per_stage = self.kblocks_per_stage * self.bdq_buffer_bytes
+            self.num_bdq_buffers = 0  # counted per stage; set once the stage count is known
         self.tx_bytes = (
             self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes
         )
@@ -887,7 +902,7 @@ class BlockwiseGemmFp4Sm90:
 
         a_smem_dtype = self.mma_dtype if self.a_converted else cutlass.Uint8
         b_smem_dtype = self.mma_dtype if self.b_converted else cutlass.Uint8
-        # fused path only: the kernel-B scales and the buffers the consumers convert into
+        # fused path and token warps: the kernel-B scales and the converted kernel-B buffers
         bdq_elems = cute.cosize(self.bdq_smem_layout_staged) if self.num_bdq_buffers else 8
         sfa_bytes = cute.cosize(self.sfa_smem_layout_staged) if self.sfa_stage_bytes else 16
         sfb_bytes = cute.cosize(self.sfb_smem_layout_staged) if self.sfb_stage_bytes else 16
@@ -1009,10 +1024,11 @@ class BlockwiseGemmFp4Sm90:
         rows_div_a: cute.FastDivmodDivisorV2,
     ):
         """Prologue, one grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16
-        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (decode, prefill) and
-        kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes to elements
-        16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
-        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per 64-block),
+        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (prefill, decode tiles
+        wider than 8 tokens) and kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes
+        to elements 16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the
+        block's 16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per
+        64-block),
         ``CONVERT_UNROLL`` chunks per thread with all their loads issued first (the bytes in
         flight hide DRAM latency); each CTA step stores 4 KiB contiguous.  Kernel B's CTAs come
         first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
@@ -1199,7 +1215,10 @@ class BlockwiseGemmFp4Sm90:
                     tile_sched_params,
                 )
             elif cutlass.const_expr(self.token_warps):
-                self._token_warps(storage, ab_pipeline, k_tiles, mD_mnl.shape[1], tile_sched_params)
+                if warp_idx <= TOKEN_WARPS:
+                    self._token_warps(
+                        storage, ab_pipeline, k_tiles, mD_mnl.shape[1], tile_sched_params
+                    )
         else:
             cute.arch.warpgroup_reg_alloc(self.mma_regs)
             self._consumer(
@@ -1391,7 +1410,7 @@ class BlockwiseGemmFp4Sm90:
     # ======================================= token warps =======================================
     @cute.jit
     def _token_warps(self, storage, ab_pipeline, k_tiles, tokens, tile_sched_params):
-        """Decode with token warps, warps 1-3: every stage's packed tokens and scales (brought by
+        """Decode with token warps, warps 1-2: every stage's packed tokens and scales (brought by
         TMA with the weights) -> the stage's converted B buffers, then one arrive per warp on
         ``tok_mbar[stage]``.
 
@@ -1525,7 +1544,7 @@ class BlockwiseGemmFp4Sm90:
         )
         work_tile = tile_sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        # converted kernel B (decode, prefill): stages are released one step late, once the
+        # ``late_release`` (decode, prefill): stages are released one step late, once the
         # wgmma reading them completed
         release_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_stages

@@ -5,8 +5,9 @@ CPU (any machine, CI): cross-compile several configurations for sm_90a and check
 SASS (TMA loads, F16 / BF16 wgmma with FP32 accumulation, no local memory); the exactness of
 the NVFP4 F16 conversion; every can_implement refusal; the command line's error exits.
 GPU (H100 / H200 only, skipped elsewhere): results against reference.check_gemm over ragged
-shapes, both formats, every output dtype, alpha != 1, L > 1, decode, prefill (2x1 cluster and
-1x1) and fused paths, split-K.
+shapes, both formats, every output dtype, alpha != 1, L > 1, decode (with the token warps on
+tiles of 8 tokens, and the prologue grid on wider ones), prefill (2x1 cluster and 1x1) and
+fused paths, split-K, CTAs with several work units.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ COMPILE_CONFIGS = [
     (16, "Float32", "decode", (16, 128), 2),
     (32, "BFloat16", "decode", (8, 64), 1),
     (16, "BFloat16", "decode", (8, 128), 4),
+    (16, "Float32", "decode", (8, 128), 3, False),
     (16, "BFloat16", "decode", (32, 128), 4),
     # direct stores: requested (N * sizeof(D) not a multiple of 16 bytes), or where the
     # consumers' registers cannot hold the subtile staging (64 tokens x 128 rows, split-K)
@@ -83,7 +85,9 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     assert "cp.async.bulk.tensor" in ptx
     # decode tiles of 8 tokens: the token warps convert the tokens inside the GEMM (one
     # kernel); wider decode tiles and prefill: the convert_operands grid first
-    assert gemm.token_warps == (path == "decode" and k90.kernel_tile(path, tiler)[1] == 8)
+    assert gemm.token_warps == (
+        path == "decode" and k90.kernel_tile(path, tiler)[1] <= k90.TOKEN_WARPS_MAX_COLS
+    )
     assert ("convert_operands" in ptx) == (path in ("decode", "prefill") and not gemm.token_warps)
     # wgmma (NVFP4: F16, MXFP4: BF16), A from registers, FP32 accumulation, N = the SMEM
     # operand's tile
@@ -295,8 +299,8 @@ def test_default_config_paths():
     assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2)
     # the busiest CTA's work decides: 224 tiles of 128 rows fit the 264 CTA slots unsplit ...
     assert k90.default_config(1, 28672, 4096, 1)[1:] == ((8, 128), 1)
-    # ... while 144 tiles split 3 (432 units, at most two per CTA) beat split 2 (288 units,
-    # 24 CTAs with two units of twice the length)
+    # ... while 144 tiles split 3 (432 units: at most two units of 19 k-tiles per CTA) beat
+    # split 2 (288 units: 24 CTAs run two units of 28 k-tiles, the others one)
     assert k90.default_config(16, 18432, 7168, 1)[1:] == ((16, 128), 3)
     assert k90.default_config(16, 4096, 7168, 1)[1:] == ((16, 64), 4)
     assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1)
@@ -379,6 +383,12 @@ GPU_CASES = [
     # token warps: fewer tokens than the tile's 8, L > 1, K = 32 x odd, both formats
     (5, 1000, 4000, 2, 32, "Float32", "decode", (8, 64), 3, 1.0, "wide"),
     (3, 520, 1056, 2, 16, "Float16", "decode", (8, 128), 2, 0.5, "normal"),
+    # 297 units on 264 CTA slots (CTAs with two units; the second starts mid-ring)
+    (7, 4224, 1056, 9, 16, "BFloat16", "decode", (8, 128), 1, 1.0, "wide"),
+    # M > 8 on 8-token tiles: col tiles 0..2, scale rows 0 / 8 / 16 of the atom; K = 64 mod 128
+    (20, 520, 1088, 2, 32, "BFloat16", "decode", (8, 64), 2, 1.0, "normal"),
+    # every token row real, direct stores (N x 2 bytes not a multiple of 16), K = 0 mod 128
+    (8, 1001, 1024, 1, 16, "BFloat16", "decode", (8, 128), 1, 1.0, "wide"),
 ]
 
 
