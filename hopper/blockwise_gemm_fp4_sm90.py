@@ -656,7 +656,7 @@ class BlockwiseGemmFp4Sm90:
         self.acc_dtype = cutlass.Float32
         # NVFP4 runs F16 wgmma (cheaper exact conversion in the mainloop), MXFP4 BF16 (E8M0
         # range).  Prefill converts once per launch, so it takes BF16 for NVFP4 too: the same
-        # SS GEMM measured faster on BF16 operands on the H200 (hopper/README.md).
+        # SS GEMM measured faster on BF16 operands on the H200 (hopper/NOTES.md).
         self.f16 = sf_vec_size == 16 and path != "prefill"
         self.mma_dtype = cutlass.Float16 if self.f16 else cutlass.BFloat16
 
@@ -1335,7 +1335,7 @@ class BlockwiseGemmFp4Sm90:
         if cutlass.const_expr(self.use_pdl):
             # NOTE: PDL launch: the converted operands are complete only after this wait.  (The
             # weights do not depend on it, but requesting them first delayed the tiny token
-            # prologue on the H200: 20.6 against 18.6 us at 1 x 8192 x 8192, hopper/README.md.)
+            # prologue on the H200: 20.6 against 18.6 us at 1 x 8192 x 8192, hopper/NOTES.md.)
             cute.arch.griddepcontrol_wait()
         while work_tile.is_valid_tile:
             row_tile, col_tile, lk = work_tile.tile_idx
