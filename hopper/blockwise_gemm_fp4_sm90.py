@@ -191,6 +191,11 @@ CONVERT_UNROLL = 4
 # 16-byte chunks in one converted 64-wide k-block row (64 x 2 bytes)
 CHUNKS_PER_KBLOCK = 8
 MAX_STAGES = 12
+# Decode: at most 6 stages in flight per CTA.  With 264 CTAs each requesting its whole ring at
+# once, deeper rings measured slower on the H200 (16 x 18432 x 7168: 32.3 us against 33.9 with
+# 8 stages; 1 x 8192 x 8192: 16.0-16.1 against 16.3-16.6 with 9), 3 stages slower still
+# (hopper/README.md).
+DECODE_MAX_STAGES = 6
 # default_config: the fixed cost of one decode work unit, in weight rows x k-tiles of 128
 UNIT_COST = 256
 # TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
@@ -720,6 +725,7 @@ class BlockwiseGemmFp4Sm90:
             self.tx_bytes + bdq_per_stage,
             self.num_bdq_buffers * self.bdq_buffer_bytes + self.epi_bytes,
             self.occupancy,
+            DECODE_MAX_STAGES if self.path == "decode" else MAX_STAGES,
         )
         if self.token_warps:
             self.num_bdq_buffers = self.kblocks_per_stage * self.num_stages
@@ -1919,12 +1925,12 @@ class BlockwiseGemmFp4Sm90:
 
     # ======================================= static helpers ====================================
     @staticmethod
-    def _compute_stages(stage_bytes, bdq_bytes, occupancy) -> int:
+    def _compute_stages(stage_bytes, bdq_bytes, occupancy, max_stages) -> int:
         reserved = 2048  # mbarriers + alignment padding
         # NOTE: 228 KiB per SM in all, of which 1 KiB per CTA is reserved by the hardware.
         per_cta = min(SM90_SMEM_CAPACITY, SM90_SMEM_PER_SM // occupancy - 1024)
         stages = (per_cta - bdq_bytes - reserved) // stage_bytes
-        return min(stages, MAX_STAGES)
+        return min(stages, max_stages)
 
     @staticmethod
     def _compute_grid(
