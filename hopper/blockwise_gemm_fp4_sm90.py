@@ -193,7 +193,7 @@ CHUNKS_PER_KBLOCK = 8
 MAX_STAGES = 12
 # Decode: at most 6 stages in flight per CTA.  With 264 CTAs each requesting its whole ring at
 # once, deeper rings measured slower on the H200 (16 x 18432 x 7168: 32.3 us against 33.9 with
-# 8 stages; 1 x 8192 x 8192: 16.0-16.1 against 16.3-16.6 with 9), 3 stages slower still
+# 8 stages; 1 x 8192 x 8192: 16.0-16.1 against 16.3-16.6 with 8), 3 stages slower still
 # (hopper/README.md).
 DECODE_MAX_STAGES = 6
 # default_config: the fixed cost of one decode work unit, in weight rows x k-tiles of 128
