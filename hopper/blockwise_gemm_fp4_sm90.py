@@ -453,9 +453,8 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
             for split in (1, 2, 3, 4, 6, 8):
                 if split > 1 and k_tiles // split < 8:
                     continue
-                if split > 1 and (cols, rows) == (64, 128):
-                    # split-K tiles of 64 tokens x 128 rows lose the TMA-store epilogue (see
-                    # ``BlockwiseGemmFp4Sm90.__init__``) and measured slower than 64 rows
+                if not epilogue_staging_fits("decode", (cols, rows), split):
+                    # (and those tiles measured slower than 64 rows)
                     continue
                 units = tiles * split
                 busiest = math.ceil(units / slots) * (rows * math.ceil(k_tiles / split) + UNIT_COST)
@@ -484,6 +483,18 @@ def kernel_tile(path: str, mma_tiler_mn: tuple[int, int]) -> tuple[int, int]:
     """(rows, cols) of the kernel tile: rows = register operand, cols = SMEM operand."""
     tm, tn = mma_tiler_mn
     return (tn, tm) if path == "decode" else (tm, tn)
+
+
+def epilogue_staging_fits(path: str, mma_tiler_mn: tuple[int, int], split_k: int) -> bool:
+    """Whether the consumers have the registers to stage D subtiles in SMEM for TMA stores.
+
+    NOTE: not on the fused path, whose 128 x 256 consumers (accumulators, A fragments and
+    hoisted SMEM addresses of the in-loop conversion) would spill the subtile staging, nor for
+    split-K decode tiles of 128 weight rows x 64 tokens, whose consumers (104 registers at two
+    CTAs per SM) would spill it next to the fix-up (a compile sweep: 32-40 bytes)."""
+    if path == "fused":
+        return False
+    return not (path == "decode" and kernel_tile(path, mma_tiler_mn) == (128, 64) and split_k > 1)
 
 
 def blocked_sf_bytes(rows: int, k: int, l: int, sf_vec_size: int) -> int:  # noqa: E741
@@ -602,17 +613,7 @@ class BlockwiseGemmFp4Sm90:
         # D leaves through SMEM and TMA stores when its row pitch (N elements) is a multiple of
         # 16 bytes (a TMA stride rule); otherwise each thread stores its fragment directly.
         self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
-        # NOTE: not on the fused path, whose 128 x 256 consumers (accumulators, A fragments and
-        # hoisted SMEM addresses of the in-loop conversion) would spill the subtile staging, nor
-        # for split-K decode tiles of 128 weight rows x 64 tokens, whose consumers (104 registers
-        # at two CTAs per SM) would spill it next to the fix-up (a compile sweep: 32-40 bytes).
-        self.tma_store = (
-            tma_store
-            and path != "fused"
-            and not (
-                path == "decode" and self.tile_cols == 64 and self.tile_rows == 128 and split_k > 1
-            )
-        )
+        self.tma_store = tma_store and epilogue_staging_fits(path, mma_tiler_mn, split_k)
         self.num_mma_wg = self.tile_rows // 64
         self.threads_per_wg = 128
         self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
