@@ -125,7 +125,8 @@ Constraints (``can_implement`` explains each refusal)
 * cluster shape (1, 1), or (2, 1) on the prefill path (the default there).
 * NVFP4: |alpha| < 2^114 (alpha * 2^14 must be finite).
 * prefill, and decode tiles wider than 8 tokens, keep F16 / BF16 copies of the converted
-  operands in the runner's workspace ((L x rows x K rounded up to 64) x 2 bytes each).
+  operands in the runner's workspace ((L x rows x K rounded up to 64) x 2 bytes each; on decode
+  the token rows are rounded up to whole token tiles: ``converted_shapes``).
 * every operand (packed A and B, blocked scales, D) starts on a 16-byte boundary and is
   contiguous (TMA); ``Fp4GemmSm90Runner`` checks it (``operand_reasons``), and the blocked scales
   must hold fewer than 2^31 bytes (32-bit offsets in the prologue).
@@ -413,6 +414,10 @@ def _fp4x16_to_mma(packed: Uint64, factor: Uint32, f16: bool) -> list:
     return convert(Uint32(packed & Uint64(0xFFFFFFFF)), factor) + convert(
         Uint32(packed >> 32), factor
     )
+
+
+def _round_up(x, multiple):
+    return (x + multiple - 1) // multiple * multiple
 
 
 def _swizzle64(offset):
@@ -827,9 +832,16 @@ class BlockwiseGemmFp4Sm90:
                 cute.make_layout((rows_a, k_pad, l), stride=(k_pad, 1, rows_a * k_pad)),
             )
         if cutlass.const_expr(self.b_converted):
+            conv_rows_b = rows_b
+            if cutlass.const_expr(self.swap_ab):
+                # NOTE: decode: the tokens' copy holds whole tiles of rows.  TMA boxes of 64 or
+                # 128 rows that ran past the last token measured slow on the H200 (72 x 8192 x
+                # 8192: 37.3-38.0 against 30.4-30.8 us padded).  The padding rows are never
+                # written and reach only columns of D^T past M, which are not stored.
+                conv_rows_b = _round_up(rows_b, self.tile_cols)
             mKB = cute.make_tensor(
                 conv_b_ptr,
-                cute.make_layout((rows_b, k_pad, l), stride=(k_pad, 1, rows_b * k_pad)),
+                cute.make_layout((conv_rows_b, k_pad, l), stride=(k_pad, 1, conv_rows_b * k_pad)),
             )
         # Scales, blocked: (256, 2 * atoms along K, 128-row blocks, L); an atom is 2 x 256 bytes.
         sf_atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
@@ -1104,6 +1116,9 @@ class BlockwiseGemmFp4Sm90:
                     # the tail's missing groups 2, 3 re-read groups 0, 1; zeroed below
                     off = Int64(8 * (q - 2)) + Int64(16) * Int64(keep & Uint32(1))
                     words.append(_ld_global_nc_u32(src + off))
+            if cutlass.const_expr(self.swap_ab):
+                # decode: the tokens' copy has whole tiles of rows (mConv.shape[0] >= rows)
+                row_id = Int64(batch) * Int64(mConv.shape[0]) + Int64(row)
             dst = mConv.iterator.toint() + (row_id * Int64(k_pad) + Int64(kb * K_BLOCK)) * 2
             loaded.append((words, sf4, keep, col0, chunk, dst + Int64(16 * chunk)))
         # NVFP4 to BF16: the four E4M3 scales of a block, magnitude and sign bytes apart
@@ -1996,6 +2011,20 @@ def workspace_elems(m, n, l, path, mma_tiler_mn, split_k, cluster_m=1):  # noqa:
     return tiles * split_k * tr * tc + tiles if split_k > 1 else 1
 
 
+def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
+    """Shapes of the F16 / BF16 copies of kernel A and kernel B that ``convert_operands`` writes
+    for a problem: (L, rows, K rounded up to 64), rows rounded up to whole tiles for the tokens
+    of the decode path; (8,) for an operand the configuration does not convert."""
+    rows_a, rows_b = (n, m) if gemm.swap_ab else (m, n)
+    k_pad = _round_up(k, K_BLOCK)
+    shape_a, shape_b = (8,), (8,)
+    if gemm.a_converted:
+        shape_a = (l, rows_a, k_pad)
+    if gemm.b_converted:
+        shape_b = (l, _round_up(rows_b, gemm.tile_cols) if gemm.swap_ab else rows_b, k_pad)
+    return shape_a, shape_b
+
+
 def smem_bytes(gemm: BlockwiseGemmFp4Sm90) -> int:
     """Dynamic SMEM of one CTA (after compilation): the shared storage struct, alignment padding
     included."""
@@ -2099,20 +2128,18 @@ class Fp4GemmSm90Runner:
 
     def workspace(self, m, n, k, l):  # noqa: E741
         """(split-K workspace, converted kernel B, converted kernel A) for a problem shape,
-        allocated once (F16 / BF16 (L, rows, K rounded up to 64); 8 elements when unused)."""
+        allocated once (F16 / BF16 ``converted_shapes``; 8 elements when unused)."""
         import torch
 
         key = (m, n, k, l)
         if key not in self._workspace:
-            # zeros once: the split-K counters reset themselves after every tile (the converted
-            # operands are rewritten whole, K padding included, by every launch)
+            # zeros once: the split-K counters reset themselves after every tile (every launch
+            # rewrites the converted operands' rows, K padding included; the decode tokens'
+            # padding rows are never written)
             elems = workspace_elems(
                 m, n, l, self.path, self.mma_tiler_mn, self.split_k, self.gemm.cluster_m
             )
-            k_pad = (k + K_BLOCK - 1) // K_BLOCK * K_BLOCK
-            rows_a, rows_b = (n, m) if self.path == "decode" else (m, n)
-            shape_b = (l, rows_b, k_pad) if self.gemm.b_converted else (8,)
-            shape_a = (l, rows_a, k_pad) if self.gemm.a_converted else (8,)
+            shape_a, shape_b = converted_shapes(self.gemm, m, n, k, l)
             self._workspace[key] = (
                 torch.zeros(elems, dtype=torch.float32, device="cuda"),
                 torch.zeros(shape_b, dtype=torch.float16, device="cuda"),

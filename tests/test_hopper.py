@@ -292,6 +292,21 @@ def test_e4m3_scale_bytes_to_bf16_bits():
                 assert float(bf16.float()) * 2.0**120 == float(values[b]), b
 
 
+def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
+    # decode: the tokens' copy is padded to the token tile (TMA boxes stay inside it)
+    decode = k90.BlockwiseGemmFp4Sm90(16, "decode", (128, 64), (1, 1), 1)
+    assert k90.converted_shapes(decode, 72, 8192, 8000, 2) == ((8,), (2, 128, 8000))
+    assert k90.converted_shapes(decode, 128, 8192, 8000, 1) == ((8,), (1, 128, 8000))
+    wide = k90.BlockwiseGemmFp4Sm90(32, "decode", (32, 128), (1, 1), 2)
+    assert k90.converted_shapes(wide, 30, 520, 1056, 2) == ((8,), (2, 32, 1088))
+    # tiles of 8 tokens convert in the GEMM (token warps): no copy
+    token_warps = k90.BlockwiseGemmFp4Sm90(16, "decode", (8, 128), (1, 1), 4)
+    assert k90.converted_shapes(token_warps, 3, 8192, 8192, 1) == ((8,), (8,))
+    # prefill: both copies, rows as they are
+    prefill = k90.BlockwiseGemmFp4Sm90(16, "prefill", (128, 256), (2, 1), 1)
+    assert k90.converted_shapes(prefill, 1000, 8190, 8032, 2) == ((2, 1000, 8064), (2, 8190, 8064))
+
+
 def test_default_config_paths():
     assert k90.default_config(1, 8192, 8192, 1)[0] == "decode"
     assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
