@@ -536,8 +536,12 @@ def check_config(
         if path in ("decode", "prefill") and sf_vec_size in (16, 32):
             for name, rows in (("SFA", m), ("SFB", n)):
                 extents.append((f"{name} blocked bytes", blocked_sf_bytes(rows, k, l, sf_vec_size)))
-        if path in ("decode", "prefill"):
+        if path == "prefill":
             extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
+        elif path == "decode":
+            # the tokens' copy has whole token tiles (``converted_shapes``)
+            m_pad = _round_up(m, max(8, kernel_tile(path, mma_tiler_mn)[1]))
+            extents.append((f"M_pad*K_pad*L (converted A, M_pad = {m_pad})", m_pad * k_pad * l))
         if path == "prefill":
             extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
         for name, extent in extents:
