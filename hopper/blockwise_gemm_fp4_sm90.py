@@ -836,13 +836,7 @@ class BlockwiseGemmFp4Sm90:
                 cute.make_layout((rows_a, k_pad, l), stride=(k_pad, 1, rows_a * k_pad)),
             )
         if cutlass.const_expr(self.b_converted):
-            conv_rows_b = rows_b
-            if cutlass.const_expr(self.swap_ab):
-                # NOTE: decode: the tokens' copy holds whole tiles of rows.  TMA boxes of 64 or
-                # 128 rows that ran past the last token measured slow on the H200 (72 x 8192 x
-                # 8192: 37.3-38.0 against 30.4-30.8 us padded).  The padding rows are never
-                # written and reach only columns of D^T past M, which are not stored.
-                conv_rows_b = _round_up(rows_b, self.tile_cols)
+            conv_rows_b = self.converted_rows_b(rows_b)
             mKB = cute.make_tensor(
                 conv_b_ptr,
                 cute.make_layout((conv_rows_b, k_pad, l), stride=(k_pad, 1, conv_rows_b * k_pad)),
@@ -1972,6 +1966,15 @@ class BlockwiseGemmFp4Sm90:
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(params, max_active_clusters)
         return params, grid
 
+    def converted_rows_b(self, rows_b):
+        """Rows of the converted kernel-B copy (Python or DSL integers): on decode the tokens
+        rounded up to whole token tiles, else ``rows_b``.
+
+        NOTE: TMA boxes of 64 or 128 token rows that ran past the copy's last row measured slow
+        on the H200 (72 x 8192 x 8192: 37.3-38.0 against 30.4-30.8 us padded).  The padding rows
+        are never written and reach only columns of D^T past M, which are not stored."""
+        return _round_up(rows_b, self.tile_cols) if self.swap_ab else rows_b
+
     @staticmethod
     def can_implement(
         mnkl: tuple[int, int, int, int],
@@ -2025,7 +2028,7 @@ def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
     if gemm.a_converted:
         shape_a = (l, rows_a, k_pad)
     if gemm.b_converted:
-        shape_b = (l, _round_up(rows_b, gemm.tile_cols) if gemm.swap_ab else rows_b, k_pad)
+        shape_b = (l, gemm.converted_rows_b(rows_b), k_pad)
     return shape_a, shape_b
 
 
