@@ -197,8 +197,10 @@ MAX_STAGES = 12
 # 8 stages; 1 x 8192 x 8192: 16.0-16.1 against 16.3-16.6 with 8), 3 stages slower still
 # (hopper/README.md).
 DECODE_MAX_STAGES = 6
-# default_config: the fixed cost of one decode work unit, in weight rows x k-tiles of 128
-UNIT_COST = 256
+# default_config: the fixed cost of one decode work unit (its split-K fix-up and store, about
+# 1 us on the H200, the time a CTA streams about three k-tiles of 128 weight rows), in weight
+# rows x k-tiles of 128
+UNIT_COST = 384
 # TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
 EPI_COLS = 32
 EPI_STAGES = 2
@@ -438,15 +440,16 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
     split (1, 2, 3, 4, 6 or 8, each split keeping at least 8 k-tiles of 128, since shorter ones
     cost more in pipeline fill and fix-up than they gain) minimize the busiest CTA's work in
     weight rows x k-tiles, ceil(units / CTA slots) x (rows x ceil(k-tiles / split) + UNIT_COST):
-    a unit's epilogue (split-K fix-up and store, about 1 us on the H200) costs about as much as
-    streaming two k-tiles of 128 rows.  Ties go to the fewest units (fewer split-K partials),
-    then to 128 rows, except for 64-token tiles, whose larger partials favour 64 rows (and
-    which split only with 64 rows: split-K tiles of 64 x 128 lose the TMA-store epilogue).  On the
-    H200 this picks the fastest configuration of a one-timing sweep, or one within 0.3 us of
-    it, at ten decode shapes from 1 x 8192 x 8192 to 16 x 28672 x 4096 (UNIT_COST from 128 to
-    512 picks the same; in a three-timing A/B at 1 x 18432 x 7168 its split 3 was 0.3-0.6 us
-    behind split 4; hopper/README.md).  Larger M uses the prefill path: both operands
-    converted once, then 128 x 256 tiles in 2x1 clusters.
+    a unit's epilogue (split-K fix-up and store) costs about as much as streaming three k-tiles
+    of 128 rows.  Ties go to the fewest units (fewer split-K partials), then to 128 rows for
+    tiles of up to 32 tokens (two consumer warpgroups per CTA) and to 64 rows for wider ones,
+    where 64-row tiles unsplit beat 128-row tiles split in two (no partials of 128 x 64 or 128
+    x 128 fp32); tiles of 64 tokens split only with 64 rows (split-K tiles of 64 x 128 lose the
+    TMA-store epilogue).  On the H200 this picks the fastest measured configuration, or one
+    within 0.4 us of it, at 21 of 25 decode shapes from 1 x 8192 x 8192 to 128 x 18432 x 7168;
+    the largest misses are 64 x 7168 x 2048 (11.3 us against 10.3 unsplit, one timing) and
+    128 x 7168 x 16384 (53.7 against 50.5 for 128 rows split 2; hopper/README.md).  Larger M
+    uses the prefill path: both operands converted once, then 128 x 256 tiles in 2x1 clusters.
     """
     if m <= 128:
         cols = max(8, 1 << (m - 1).bit_length())
@@ -463,7 +466,7 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
                     continue
                 units = tiles * split
                 busiest = math.ceil(units / slots) * (rows * math.ceil(k_tiles / split) + UNIT_COST)
-                key = (busiest, units, rows != (64 if cols == 64 else 128))
+                key = (busiest, units, rows != (64 if cols >= 64 else 128))
                 if best is None or key < best[0]:
                     best = (key, (cols, rows), split)
         return "decode", best[1], best[2]

@@ -315,8 +315,13 @@ def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
 def test_default_config_paths():
     assert k90.default_config(1, 8192, 8192, 1)[0] == "decode"
     assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
-    assert k90.default_config(128, 8192, 8192, 1)[1] == (128, 128)
     assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2)
+    # tiles of > 64 tokens: on a tie, 64 weight rows unsplit rather than 128 rows split in two
+    # (no 128 x 128 fp32 partials; H200: 11.3-11.7 against 14.7-15.1 us at 128 x 7168 x 2048)
+    assert k90.default_config(128, 7168, 2048, 1)[1:] == ((128, 64), 1)
+    assert k90.default_config(128, 8192, 8192, 1)[1:] == ((128, 64), 1)
+    # UNIT_COST: 64 x 18432 x 7168 takes split 3 (47.9-48.2 us), not split 4 (53.3-53.7)
+    assert k90.default_config(64, 18432, 7168, 1)[1:] == ((64, 64), 3)
     # the busiest CTA's work decides: 224 tiles of 128 rows fit the 264 CTA slots unsplit ...
     assert k90.default_config(1, 28672, 4096, 1)[1:] == ((8, 128), 1)
     # ... while 144 tiles split 3 (432 units: at most two units of 19 k-tiles per CTA) beat
