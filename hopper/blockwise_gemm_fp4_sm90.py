@@ -1355,10 +1355,14 @@ class BlockwiseGemmFp4Sm90:
         )
         work_tile = tile_sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        if cutlass.const_expr(self.use_pdl):
-            # NOTE: PDL launch: the converted operands are complete only after this wait.  (The
-            # weights do not depend on it, but requesting them first delayed the tiny token
-            # prologue on the H200: 20.6 against 18.6 us at 1 x 8192 x 8192, hopper/NOTES.md.)
+        # k-tiles of the first work tile already requested (decode: its first stage)
+        issued = Int32(0)
+        if cutlass.const_expr(self.use_pdl and not self.a_converted):
+            issued, state = self._first_stage_across_pdl_wait(
+                ab_pipeline, state, a_copies, b_copies, work_tile, k_tiles
+            )
+        elif cutlass.const_expr(self.use_pdl):
+            # NOTE: PDL launch: the converted operands are complete only after this wait.
             cute.arch.griddepcontrol_wait()
         while work_tile.is_valid_tile:
             row_tile, col_tile, lk = work_tile.tile_idx
@@ -1367,7 +1371,9 @@ class BlockwiseGemmFp4Sm90:
             # Scale row block of this tile (tiles narrower than an atom share one).
             sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
             sfb_rb = col_tile * self.tile_cols // (SF_ATOM_ROWS * self.sfb_row_blocks)
-            for kt in cutlass.range(kt_begin, kt_end, unroll=1):
+            kt_first = kt_begin + issued
+            issued = Int32(0)
+            for kt in cutlass.range(kt_first, kt_end, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 self._copy_a(a_copies, kt, state.index, bar, row_tile, sfa_rb, batch)
@@ -1377,6 +1383,44 @@ class BlockwiseGemmFp4Sm90:
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
         ab_pipeline.producer_tail(state)
+
+    @cute.jit
+    def _first_stage_across_pdl_wait(
+        self, ab_pipeline, state, a_copies, b_copies, work_tile, k_tiles
+    ):
+        """Decode with a token prologue: request the weights of the first stage, wait for the
+        prologue grid (``griddepcontrol.wait``), then its tokens.  Returns the k-tiles issued
+        (1, or 0 for a CTA without work) and the advanced pipeline state.
+
+        NOTE: the state must be returned: the loop below rebinds the name ``state`` to the
+        loop's results, so the caller's object does not see the advance.
+
+        NOTE: PDL launch: the converted tokens are complete only after the wait; the weights and
+        their scales do not depend on it.  Requesting the first stage's weights early overlaps
+        their DRAM latency with the prologue (H200: 16.7-17.1 against 17.7-18.0 us at 16 x 8192
+        x 8192); requesting the whole ring first delayed the prologue itself (1 x 8192 x 8192:
+        20.6 against 18.6 us, hopper/NOTES.md), and two stages gained no more than one.
+        """
+        row_tile, col_tile, lk = work_tile.tile_idx
+        batch = lk // self.split_k
+        kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
+        sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
+        sfb_rb = col_tile * self.tile_cols // (SF_ATOM_ROWS * self.sfb_row_blocks)
+        issued = cutlass.min(Int32(1), kt_end - kt_begin)
+        if not work_tile.is_valid_tile:
+            issued = Int32(0)
+        # (loops of 0 or 1 trips: the pipeline state is carried through them)
+        for _ in cutlass.range(issued, unroll=1):
+            ab_pipeline.producer_acquire(state)
+            bar = ab_pipeline.producer_get_barrier(state)
+            self._copy_a(a_copies, kt_begin, state.index, bar, row_tile, sfa_rb, batch)
+        cute.arch.griddepcontrol_wait()
+        for _ in cutlass.range(issued, unroll=1):
+            bar = ab_pipeline.producer_get_barrier(state)
+            self._copy_b(b_copies, kt_begin, state.index, bar, col_tile, sfb_rb, batch)
+            ab_pipeline.producer_commit(state)
+            state.advance()
+        return issued, state
 
     @cute.jit
     def _copy_a(self, a_copies, kt, stage, bar, row_tile, sfa_rb, batch):
