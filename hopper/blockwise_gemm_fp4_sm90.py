@@ -23,12 +23,11 @@ The kernel computes a tile of rows x cols of the *row* operand ("kernel A", the 
 operand) against the *column* operand ("kernel B", the wgmma B operand, always in SMEM).
     decode  (M <= 128): kernel A = B (weights), kernel B = A (tokens); D^T = B A^T, so the token
             count is the wgmma N (8..128) and the large weight matrix is dequantized straight
-            into the wgmma A register fragment (RS wgmma), never through SMEM.  Tiles of 8
-            tokens (M <= 8): TMA brings the packed tokens with the weights and two of the
-            producer warpgroup's idle warps ("token warps") convert them into each stage's B
-            buffers: one kernel.  Wider tiles: a prologue kernel (``convert_operands``, same
-            launch sequence) converts the tokens once into an F16 / BF16 copy in the permuted K
-            order below, which TMA brings straight into the wgmma B layout.  Two CTAs per SM for
+            into the wgmma A register fragment (RS wgmma), never through SMEM.  A prologue
+            kernel (``convert_operands``, same launch sequence) converts the tokens once into
+            an F16 / BF16 copy in the permuted K order below, which TMA brings straight into the
+            wgmma B layout; the GEMM's producer requests its first stage of weights before it
+            waits for the prologue (programmatic dependent launch).  Two CTAs per SM for
             <= 64 tokens; kernel tiles of 128 or 64 weight rows and split-K chosen by the
             busiest CTA's work (deterministic fix-up by the last split, in split order, over
             value-major fp32 partials).
@@ -50,11 +49,8 @@ Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs p
     ==========  ============  =================================================================
     0           TMA producer  per stage: packed kernel A + its scales (decode, fused) or the
                               converted A tile (prefill); converted kernel B (multicast to the
-                              2x1 cluster on prefill) or packed B + scales (fused, and decode
-                              tiles of 8 tokens)
-    1 .. 2      token warps   decode tiles of 8 tokens: per stage, convert the real token rows
-                              into the stage's B buffers, arrive on tok_mbar[stage]; otherwise
-                              (and warp 3 always) they only give their registers back
+                              2x1 cluster on prefill) or packed B + scales (fused)
+    1 .. 3      (idle)        give their registers back to the consumers
     4 .. 4W+3   consumers     per 64-wide k-block: decode / fused dequantize their 64 kernel-A
                               rows into registers (fused: and a share of kernel B into SMEM);
                               then 4 wgmma (m64 x tile_cols x k16); epilogue (after the split-K
@@ -71,11 +67,6 @@ Pipelines and barriers (producer -> consumer)
                  both CTAs of a 2x1 cluster: a stage is refilled only when both released it).
                  Fused releases a stage once both k-blocks are converted (before their wgmma
                  run); decode and prefill one step later, once the wgmma that read it completed.
-    tok_mbar    (one mbarrier per stage, decode tiles of 8 tokens): token warps -> consumer
-                 warpgroups, "the stage's tokens are converted"; waited with the stage's phase.
-                 The B buffers need no empty barrier of their own: the token warps rewrite a
-                 stage's buffers only after TMA refilled the stage, which the consumers allowed
-                 once the wgmma reading those buffers completed.
     d_pipeline  (PipelineTmaStore, 2 deep; 1 when a tile is one subtile): consumer warpgroups
                  -> TMA store unit; a subtile buffer is rewritten once its store has read it.
     NamedBarrierId.B_READY (fused): all consumer threads, once per k-block, after writing
@@ -182,11 +173,6 @@ SF_ATOM_ROWS = 128
 SF_ATOM_COLS = 4
 SF_ATOM_BYTES = 512
 NUM_BDQ_BUFFERS = 3
-# Decode tiles of at most TOKEN_WARPS_MAX_COLS tokens: the producer warpgroup's other warps
-# convert the tokens of every stage (see ``_token_warps``).
-# (the items of a stage: 2 k-blocks x 8 token rows x 4 16-groups = 64, one per thread of 2 warps)
-TOKEN_WARPS = 2
-TOKEN_WARPS_MAX_COLS = 8
 CONVERT_THREADS = 256
 CONVERT_UNROLL = 4
 # 16-byte chunks in one converted 64-wide k-block row (64 x 2 bytes)
@@ -631,16 +617,12 @@ class BlockwiseGemmFp4Sm90:
         self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
         self.occupancy = occupancy(path, mma_tiler_mn)
-        # Decode, tiles of 8 tokens: TMA brings the packed tokens (kernel B) and their scales
-        # into every stage next to the weights, and two of the producer warpgroup's idle warps
-        # convert them into the stage's F16 / BF16 B buffers ("token warps"): one launch, and
-        # the ring covers the tokens' memory latency as it covers the weights'.  (Wider tiles
-        # measured slower this way: the conversion runs once per CTA instead of once per launch.)
-        self.token_warps = path == "decode" and self.tile_cols <= TOKEN_WARPS_MAX_COLS
-        # Decode, wider tiles: the tokens are converted once per launch by ``convert_operands``
-        # into an F16 / BF16 copy in the wgmma's permuted K order, which TMA then brings straight
-        # into the wgmma B layout.  Either way the consumers convert only the weights.
-        self.b_converted = path == "prefill" or (path == "decode" and not self.token_warps)
+        # Decode: the tokens are converted once per launch by ``convert_operands`` into an F16 /
+        # BF16 copy in the wgmma's permuted K order, which TMA then brings straight into the
+        # wgmma B layout, so the consumers convert only the weights.  (Two other schemes measured
+        # slower on the H200: the consumers, or idle producer warps, converting each stage's
+        # packed tokens next to the weights; hopper/README.md.)
+        self.b_converted = path in ("prefill", "decode")
         # Prefill: both operands are converted by ``convert_operands`` (once per launch, not once
         # per output tile) and the mainloop is a plain SS wgmma GEMM over F16 / BF16 tiles.
         self.a_converted = path == "prefill"
@@ -651,18 +633,15 @@ class BlockwiseGemmFp4Sm90:
         self.use_pdl = self.b_converted
         # Decode and prefill release a stage once the wgmma that read its kernel B completed
         # (one k-block late); fused once its kernel B is converted into a rotating buffer.
-        # NOTE: with token warps this release also guards the token warps' reads of the stage's
-        # packed tokens: the empty barrier counts only consumer warps, and they release a stage
-        # only after waiting on its tok_mbar, which the token warps arrive on after their reads.
-        self.late_release = self.b_converted or self.token_warps
+        self.late_release = self.b_converted
         self.stage_k = K_BLOCK * self.kblocks_per_stage
         self.producer_warp = 0
         # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
         # CTA gave back, so the total must stay within what the CTA got at launch: the
         # per-thread count ptxas picks under the minctasm cap (a multiple of 8, at most 248).
-        # (the token warps need 32; with two CTAs of 128 weight rows per SM the consumers keep
-        # 104, with 64 rows 224 instead of 232, far more than 8-token tiles use)
-        self.producer_regs = 40 if self.occupancy == 1 else (32 if self.token_warps else 24)
+        # (with two CTAs per SM the producer warpgroup keeps 24: consumers of 128 weight rows
+        # get 104, of 64 rows 232)
+        self.producer_regs = 40 if self.occupancy == 1 else 24
         launch_regs = min(248, 65536 // (self.occupancy * self.threads_per_cta) // 8 * 8)
         self.mma_regs = min(
             240,
@@ -714,11 +693,6 @@ class BlockwiseGemmFp4Sm90:
             self.sfb_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfb_row_blocks
             self.num_bdq_buffers = NUM_BDQ_BUFFERS
         self.bdq_buffer_bytes = self.tile_cols * K_BLOCK * 2
-        # token warps: one converted B buffer per k-block of every stage (fused: 3 in all)
-        bdq_per_stage = 0
-        if self.token_warps:
-            bdq_per_stage = self.kblocks_per_stage * self.bdq_buffer_bytes
-            self.num_bdq_buffers = 0  # counted per stage; set once the stage count is known
         self.tx_bytes = (
             self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes
         )
@@ -735,13 +709,11 @@ class BlockwiseGemmFp4Sm90:
                 self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * self.c_dtype.width // 8
             )
         self.num_stages = self._compute_stages(
-            self.tx_bytes + bdq_per_stage,
+            self.tx_bytes,
             self.num_bdq_buffers * self.bdq_buffer_bytes + self.epi_bytes,
             self.occupancy,
             DECODE_MAX_STAGES if self.path == "decode" else MAX_STAGES,
         )
-        if self.token_warps:
-            self.num_bdq_buffers = self.kblocks_per_stage * self.num_stages
         bdq_atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype
         )
@@ -772,8 +744,8 @@ class BlockwiseGemmFp4Sm90:
         self.sfb_smem_layout_staged = cute.make_ordered_layout(
             (256, 2 * self.sf_atoms_k, self.sfb_row_blocks, self.num_stages), order=(0, 1, 2, 3)
         )
-        # Converted kernel-B blocks (fused: by the consumers, 3 rotating; decode with token warps:
-        # by those, one per k-block of each stage): (cols, 64, buffer), K-major SW128.
+        # Converted kernel-B blocks (fused: by the consumers, 3 rotating): (cols, 64, buffer),
+        # K-major SW128.
         self.bdq_smem_layout_staged = cute.tile_to_shape(
             bdq_atom, (self.tile_cols, K_BLOCK, max(1, self.num_bdq_buffers)), order=(0, 1, 2)
         )
@@ -922,7 +894,7 @@ class BlockwiseGemmFp4Sm90:
 
         a_smem_dtype = self.mma_dtype if self.a_converted else cutlass.Uint8
         b_smem_dtype = self.mma_dtype if self.b_converted else cutlass.Uint8
-        # fused path and token warps: the kernel-B scales and the converted kernel-B buffers
+        # fused path: the kernel-B scales and the converted kernel-B buffers
         bdq_elems = cute.cosize(self.bdq_smem_layout_staged) if self.num_bdq_buffers else 8
         sfa_bytes = cute.cosize(self.sfa_smem_layout_staged) if self.sfa_stage_bytes else 16
         sfb_bytes = cute.cosize(self.sfb_smem_layout_staged) if self.sfb_stage_bytes else 16
@@ -932,7 +904,6 @@ class BlockwiseGemmFp4Sm90:
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             splitk_flag: cute.struct.MemRange[cutlass.Int32, 4]
-            tok_mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages]
             sA: cute.struct.Align[
                 cute.struct.MemRange[a_smem_dtype, cute.cosize(self.a_smem_layout_staged)],
                 1024,
@@ -1191,13 +1162,6 @@ class BlockwiseGemmFp4Sm90:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        if cutlass.const_expr(self.token_warps):
-            # tok_mbar[stage]: the stage's tokens are converted (one arrive per token warp);
-            # initialized before the pipeline's init fence and CTA barrier, which cover it
-            if warp_idx == self.producer_warp:
-                with cute.arch.elect_one():
-                    for s in cutlass.range_constexpr(self.num_stages):
-                        cute.arch.mbarrier_init(storage.tok_mbar.data_ptr() + s, TOKEN_WARPS)
         ab_pipeline = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.num_stages,
@@ -1237,11 +1201,6 @@ class BlockwiseGemmFp4Sm90:
                     mSFB_nkl,
                     tile_sched_params,
                 )
-            elif cutlass.const_expr(self.token_warps):
-                if warp_idx <= TOKEN_WARPS:
-                    self._token_warps(
-                        storage, ab_pipeline, k_tiles, mD_mnl.shape[1], tile_sched_params
-                    )
         else:
             cute.arch.warpgroup_reg_alloc(self.mma_regs)
             self._consumer(
@@ -1474,63 +1433,6 @@ class BlockwiseGemmFp4Sm90:
         end = begin + base + (split < extra)
         return begin, end
 
-    # ======================================= token warps =======================================
-    @cute.jit
-    def _token_warps(self, storage, ab_pipeline, k_tiles, tokens, tile_sched_params):
-        """Decode with token warps, warps 1-2: every stage's packed tokens and scales (brought by
-        TMA with the weights) -> the stage's converted B buffers, then one arrive per warp on
-        ``tok_mbar[stage]``.
-
-        The buffers of a stage are rewritten only after the stage is full again, i.e. after the
-        consumers released it, which they do once the wgmma that read those buffers completed.
-        Only the ``tokens`` real token rows are converted: a row past M reaches only D^T's
-        columns past M, which are never stored, so its buffer rows may hold anything.  K past
-        its end is TMA's zero fill with the blocked scales' zero padding: zeros."""
-        tidx, _, _ = cute.arch.thread_idx()
-        tidx = tidx - 32  # 0 .. 32 * TOKEN_WARPS - 1
-        base_b = storage.sB.data_ptr().toint()
-        base_sfb = storage.sSFB.data_ptr().toint()
-        base_bdq = storage.sBdq.data_ptr().toint()
-        kbs = self.kblocks_per_stage
-        # (k-block, row, 16-group) items of a stage, dealt round-robin over the token warps
-        block_items = self.tile_cols * 4
-        threads = 32 * TOKEN_WARPS
-        tile_sched = utils.StaticPersistentTileScheduler.create(
-            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work_tile = tile_sched.initial_work_tile_info()
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        while work_tile.is_valid_tile:
-            _, col_tile, lk = work_tile.tile_idx
-            kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
-            sfb_row_off = col_tile * self.tile_cols % SF_ATOM_ROWS
-            for _kt in cutlass.range(kt_begin, kt_end, unroll=1):
-                ab_pipeline.consumer_wait(state)
-                for it in cutlass.range_constexpr((kbs * block_items + threads - 1) // threads):
-                    item = tidx + it * threads
-                    token = col_tile * self.tile_cols + item % block_items // 4
-                    if item < kbs * block_items and token < tokens:
-                        j = item // block_items
-                        self._dequant_b(
-                            base_b,
-                            base_sfb,
-                            base_bdq,
-                            state.index,
-                            j,
-                            kbs * state.index + j,
-                            sfb_row_off,
-                            item % block_items,
-                        )
-                # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a proxy fence
-                # in every writing thread before the arrive that publishes them.
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.sync_warp()
-                if tidx % 32 == 0:
-                    cute.arch.mbarrier_arrive(storage.tok_mbar.data_ptr() + state.index)
-                state.advance()
-            tile_sched.advance_to_next_work()
-            work_tile = tile_sched.get_current_work()
-
     # ======================================= consumers =========================================
     @cute.jit
     def _consumer(
@@ -1650,14 +1552,6 @@ class BlockwiseGemmFp4Sm90:
                         self._dequant_a(tCrA, a_bytes[j])
                     if cutlass.const_expr(self.b_converted):
                         b_block = kbs * state.index + j
-                    elif cutlass.const_expr(self.token_warps):
-                        b_block = kbs * state.index + j
-                        if cutlass.const_expr(j == 0):
-                            # the stage's tokens are converted (the weights' k-block 0 above
-                            # was converted meanwhile)
-                            cute.arch.mbarrier_wait(
-                                storage.tok_mbar.data_ptr() + state.index, state.phase
-                            )
                     else:
                         # ---- kernel B: this thread's share -> SMEM buffer ``b_block``
                         b_block = kblock % NUM_BDQ_BUFFERS
@@ -2437,7 +2331,7 @@ def main(argv=None) -> int:
         print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
         print(
             f"stages: {gemm.num_stages} (k-tile {gemm.stage_k}), "
-            f"converted kernel-B buffers (fused path; decode with token warps): "
+            f"converted kernel-B buffers (fused path): "
             f"{gemm.num_bdq_buffers}"
         )
         print(f"dump: {dump}")

@@ -5,9 +5,9 @@ CPU (any machine, CI): cross-compile several configurations for sm_90a and check
 SASS (TMA loads, F16 / BF16 wgmma with FP32 accumulation, no local memory); the exactness of
 the NVFP4 F16 conversion; every can_implement refusal; the command line's error exits.
 GPU (H100 / H200 only, skipped elsewhere): results against reference.check_gemm over ragged
-shapes, both formats, every output dtype, alpha != 1, L > 1, decode (with the token warps on
-tiles of 8 tokens, and the prologue grid on wider ones), prefill (2x1 cluster and 1x1) and
-fused paths, split-K, CTAs with several work units.
+shapes, both formats, every output dtype, alpha != 1, L > 1, decode (tiles of 8 to 128 tokens,
+the tokens converted by the prologue grid), prefill (2x1 cluster and 1x1) and fused paths,
+split-K, CTAs with several work units.
 """
 
 from __future__ import annotations
@@ -83,12 +83,10 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     ptx = open(os.path.join(dump, ptx_files[0])).read()
     # TMA loads of the packed FP4 and the scales
     assert "cp.async.bulk.tensor" in ptx
-    # decode tiles of 8 tokens: the token warps convert the tokens inside the GEMM (one
-    # kernel); wider decode tiles and prefill: the convert_operands grid first
-    assert gemm.token_warps == (
-        path == "decode" and k90.kernel_tile(path, tiler)[1] <= k90.TOKEN_WARPS_MAX_COLS
-    )
-    assert ("convert_operands" in ptx) == (path in ("decode", "prefill") and not gemm.token_warps)
+    # decode and prefill: the convert_operands grid first, then the GEMM, which waits for it
+    # (programmatic dependent launch); fused: one kernel
+    assert ("convert_operands" in ptx) == (path in ("decode", "prefill"))
+    assert ("griddepcontrol.wait" in ptx) == (path in ("decode", "prefill"))
     # wgmma (NVFP4: F16, MXFP4: BF16), A from registers, FP32 accumulation, N = the SMEM
     # operand's tile
     tile_cols = k90.kernel_tile(path, tiler)[1]
@@ -304,9 +302,8 @@ def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
     assert k90.converted_shapes(decode, 128, 8192, 8000, 1) == ((8,), (1, 128, 8000))
     wide = k90.BlockwiseGemmFp4Sm90(32, "decode", (32, 128), (1, 1), 2)
     assert k90.converted_shapes(wide, 30, 520, 1056, 2) == ((8,), (2, 32, 1088))
-    # tiles of 8 tokens convert in the GEMM (token warps): no copy
-    token_warps = k90.BlockwiseGemmFp4Sm90(16, "decode", (8, 128), (1, 1), 4)
-    assert k90.converted_shapes(token_warps, 3, 8192, 8192, 1) == ((8,), (8,))
+    narrow = k90.BlockwiseGemmFp4Sm90(16, "decode", (8, 128), (1, 1), 4)
+    assert k90.converted_shapes(narrow, 3, 8192, 8192, 1) == ((8,), (1, 8, 8192))
     # prefill: both copies, rows as they are
     prefill = k90.BlockwiseGemmFp4Sm90(16, "prefill", (128, 256), (2, 1), 1)
     assert k90.converted_shapes(prefill, 1000, 8190, 8032, 2) == ((2, 1000, 8064), (2, 8190, 8064))
@@ -405,7 +402,7 @@ GPU_CASES = [
     (16, 1024, 4096, 1, 16, "Float16", "decode", (16, 128), 8, 1.0, "normal"),
     (30, 520, 1056, 2, 32, "BFloat16", "decode", (32, 128), 2, 1.0, "wide"),
     (64, 520, 1056, 1, 16, "BFloat16", "decode", (64, 64), 2, 1.0, "wide"),
-    # token warps: fewer tokens than the tile's 8, L > 1, K = 32 x odd, both formats
+    # fewer tokens than the tile's 8, L > 1, K = 32 x odd, both formats
     (5, 1000, 4000, 2, 32, "Float32", "decode", (8, 64), 3, 1.0, "wide"),
     (3, 520, 1056, 2, 16, "Float16", "decode", (8, 128), 2, 0.5, "normal"),
     # 297 units on 264 CTA slots (CTAs with two units; the second starts mid-ring)
