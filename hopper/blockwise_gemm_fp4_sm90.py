@@ -40,7 +40,8 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
             extra memory, but slower (kept for comparison and memory-tight callers).
 The path and tile are chosen by ``default_config`` (documented there); ``--path`` overrides.
 After ``convert_operands`` the GEMM grid is launched with programmatic dependent launch, so its
-prologue overlaps the conversion; its producer waits (``griddepcontrol.wait``) before TMA.
+prologue overlaps the conversion; its producer waits (``griddepcontrol.wait``) before it loads a
+converted operand (on decode it requests the first stage's weights before the wait).
 
 Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs per SM)
 --------------------------------------------------------------------------------------
@@ -115,8 +116,8 @@ Constraints (``can_implement`` explains each refusal)
   128 or 256 (a divisor or multiple of the 128-row scale atom).
 * cluster shape (1, 1), or (2, 1) on the prefill path (the default there).
 * NVFP4: |alpha| < 2^114 (alpha * 2^14 must be finite).
-* prefill, and decode tiles wider than 8 tokens, keep F16 / BF16 copies of the converted
-  operands in the runner's workspace ((L x rows x K rounded up to 64) x 2 bytes each; on decode
+* prefill and decode keep F16 / BF16 copies of the converted operands in the runner's
+  workspace ((L x rows x K rounded up to 64) x 2 bytes each; on decode
   the token rows are rounded up to whole token tiles: ``converted_shapes``).
 * every operand (packed A and B, blocked scales, D) starts on a 16-byte boundary and is
   contiguous (TMA); ``Fp4GemmSm90Runner`` checks it (``operand_reasons``), and the blocked scales
@@ -429,9 +430,9 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
     a unit's epilogue (split-K fix-up and store) costs about as much as streaming three k-tiles
     of 128 rows.  Ties go to the fewest units (fewer split-K partials), then to 128 rows for
     tiles of up to 32 tokens (two consumer warpgroups per CTA) and to 64 rows for wider ones,
-    where 64-row tiles unsplit beat 128-row tiles split in two (no partials of 128 x 64 or 128
-    x 128 fp32); tiles of 64 tokens split only with 64 rows (split-K tiles of 64 x 128 lose the
-    TMA-store epilogue).  On the H200 this picks the fastest measured configuration, or one
+    where 64-row tiles unsplit beat 128-row tiles split in two (no 128 x 128 fp32 partials);
+    tiles of 64 tokens split only with 64 rows (split-K tiles of 64 x 128 lose the TMA-store
+    epilogue).  On the H200 this picks the fastest measured configuration, or one
     within 0.4 us of it, at 21 of 25 decode shapes from 1 x 8192 x 8192 to 128 x 18432 x 7168;
     the largest misses are 64 x 7168 x 2048 (11.3 us against 10.3 unsplit, one timing) and
     128 x 7168 x 16384 (53.7 against 50.5 for 128 rows split 2; hopper/README.md).  Larger M
@@ -1015,8 +1016,8 @@ class BlockwiseGemmFp4Sm90:
         rows_div_a: cute.FastDivmodDivisorV2,
     ):
         """Prologue, one grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16
-        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (prefill, decode tiles
-        wider than 8 tokens) and kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes
+        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (prefill, decode) and
+        kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes
         to elements 16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the
         block's 16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per
         64-block),
@@ -1324,12 +1325,9 @@ class BlockwiseGemmFp4Sm90:
             # NOTE: PDL launch: the converted operands are complete only after this wait.
             cute.arch.griddepcontrol_wait()
         while work_tile.is_valid_tile:
-            row_tile, col_tile, lk = work_tile.tile_idx
-            batch = lk // self.split_k
-            kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
-            # Scale row block of this tile (tiles narrower than an atom share one).
-            sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
-            sfb_rb = col_tile * self.tile_cols // (SF_ATOM_ROWS * self.sfb_row_blocks)
+            row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb = self._producer_unit(
+                work_tile, k_tiles
+            )
             kt_first = kt_begin + issued
             issued = Int32(0)
             for kt in cutlass.range(kt_first, kt_end, unroll=1):
@@ -1349,10 +1347,9 @@ class BlockwiseGemmFp4Sm90:
     ):
         """Decode with a token prologue: request the weights of the first stage, wait for the
         prologue grid (``griddepcontrol.wait``), then its tokens.  Returns the k-tiles issued
-        (1, or 0 for a CTA without work) and the advanced pipeline state.
-
-        NOTE: the state must be returned: the loop below rebinds the name ``state`` to the
-        loop's results, so the caller's object does not see the advance.
+        (1; 0 for a CTA without work or a first unit without k-tiles) and the advanced pipeline
+        state (returned because the loops below rebind the name ``state`` to their results, so
+        the caller's object does not see the advance).
 
         NOTE: PDL launch: the converted tokens are complete only after the wait; the weights and
         their scales do not depend on it.  Requesting the first stage's weights early overlaps
@@ -1360,11 +1357,9 @@ class BlockwiseGemmFp4Sm90:
         x 8192); requesting the whole ring first delayed the prologue itself (1 x 8192 x 8192:
         20.6 against 18.6 us, hopper/NOTES.md), and two stages gained no more than one.
         """
-        row_tile, col_tile, lk = work_tile.tile_idx
-        batch = lk // self.split_k
-        kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
-        sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
-        sfb_rb = col_tile * self.tile_cols // (SF_ATOM_ROWS * self.sfb_row_blocks)
+        row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb = self._producer_unit(
+            work_tile, k_tiles
+        )
         issued = cutlass.min(Int32(1), kt_end - kt_begin)
         if not work_tile.is_valid_tile:
             issued = Int32(0)
@@ -1380,6 +1375,18 @@ class BlockwiseGemmFp4Sm90:
             ab_pipeline.producer_commit(state)
             state.advance()
         return issued, state
+
+    @cute.jit
+    def _producer_unit(self, work_tile, k_tiles):
+        """A work unit's coordinates for the TMA copies: row tile, col tile, batch, its k-tiles
+        [begin, end) and the scale row blocks of both operands."""
+        row_tile, col_tile, lk = work_tile.tile_idx
+        batch = lk // self.split_k
+        kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
+        # Scale row block of this tile (tiles narrower than an atom share one).
+        sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
+        sfb_rb = col_tile * self.tile_cols // (SF_ATOM_ROWS * self.sfb_row_blocks)
+        return row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb
 
     @cute.jit
     def _copy_a(self, a_copies, kt, stage, bar, row_tile, sfa_rb, batch):
@@ -2331,8 +2338,7 @@ def main(argv=None) -> int:
         print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
         print(
             f"stages: {gemm.num_stages} (k-tile {gemm.stage_k}), "
-            f"converted kernel-B buffers (fused path): "
-            f"{gemm.num_bdq_buffers}"
+            f"converted kernel-B buffers (fused path): {gemm.num_bdq_buffers}"
         )
         print(f"dump: {dump}")
         return 0

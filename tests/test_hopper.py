@@ -87,6 +87,14 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     # (programmatic dependent launch); fused: one kernel
     assert ("convert_operands" in ptx) == (path in ("decode", "prefill"))
     assert ("griddepcontrol.wait" in ptx) == (path in ("decode", "prefill"))
+    if path in ("decode", "prefill"):
+        # TMA loads the GEMM issues before that wait: decode, the first stage's weights and
+        # their scales (inputs the prologue does not write); prefill, none (both operands are
+        # converted copies)
+        gemm_ptx = ptx[ptx.index(".entry kernel_cutlass_kernel") :]
+        early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
+        loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
+        assert len(loads) == (2 if path == "decode" else 0), loads
     # wgmma (NVFP4: F16, MXFP4: BF16), A from registers, FP32 accumulation, N = the SMEM
     # operand's tile
     tile_cols = k90.kernel_tile(path, tiler)[1]
@@ -313,7 +321,7 @@ def test_default_config_paths():
     assert k90.default_config(1, 8192, 8192, 1)[0] == "decode"
     assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
     assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2)
-    # tiles of > 64 tokens: on a tie, 64 weight rows unsplit rather than 128 rows split in two
+    # tiles of > 32 tokens: on a tie, 64 weight rows unsplit rather than 128 rows split in two
     # (no 128 x 128 fp32 partials; H200: 11.3-11.7 against 14.7-15.1 us at 128 x 7168 x 2048)
     assert k90.default_config(128, 7168, 2048, 1)[1:] == ((128, 64), 1)
     assert k90.default_config(128, 8192, 8192, 1)[1:] == ((128, 64), 1)
@@ -411,6 +419,8 @@ GPU_CASES = [
     (20, 520, 1088, 2, 32, "BFloat16", "decode", (8, 64), 2, 1.0, "normal"),
     # every token row real, direct stores (N x 2 bytes not a multiple of 16), K = 0 mod 128
     (8, 1001, 1024, 1, 16, "BFloat16", "decode", (8, 128), 1, 1.0, "wide"),
+    # one k-tile, split 2: every second unit has no k-tiles (its first stage is never requested)
+    (20, 520, 64, 1, 16, "BFloat16", "decode", (32, 64), 2, 1.0, "normal"),
 ]
 
 
