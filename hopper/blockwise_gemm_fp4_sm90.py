@@ -116,9 +116,9 @@ Constraints (``can_implement`` explains each refusal)
   128 or 256 (a divisor or multiple of the 128-row scale atom).
 * cluster shape (1, 1), or (2, 1) on the prefill path (the default there).
 * NVFP4: |alpha| < 2^114 (alpha * 2^14 must be finite).
-* prefill and decode keep F16 / BF16 copies of the converted operands in the runner's
-  workspace ((L x rows x K rounded up to 64) x 2 bytes each; on decode
-  the token rows are rounded up to whole token tiles: ``converted_shapes``).
+* decode and prefill keep F16 / BF16 copies of the converted operands in the runner's workspace
+  ((L x rows x K rounded up to 64) x 2 bytes each; on decode the token rows are rounded up to
+  whole token tiles: ``converted_shapes``).
 * every operand (packed A and B, blocked scales, D) starts on a 16-byte boundary and is
   contiguous (TMA); ``Fp4GemmSm90Runner`` checks it (``operand_reasons``), and the blocked scales
   must hold fewer than 2^31 bytes (32-bit offsets in the prologue).
@@ -409,6 +409,15 @@ def _round_up(x, multiple):
     return (x + multiple - 1) // multiple * multiple
 
 
+def decode_token_rows(m, tile_cols):
+    """Rows of decode's converted token copy: the M tokens rounded up to whole token tiles.
+
+    NOTE: TMA boxes of 64 or 128 token rows that ran past the copy's last row measured slow
+    on the H200 (72 x 8192 x 8192: 37.3-38.0 against 30.4-30.8 us padded).  The padding rows
+    are never written and reach only columns of D^T past M, which are not stored."""
+    return _round_up(m, tile_cols)
+
+
 def _swizzle64(offset):
     # NOTE: TMA / wgmma 64B swizzle on byte offsets from a 512B-aligned base.
     return offset ^ ((offset >> 3) & 0x30)
@@ -530,7 +539,7 @@ def check_config(
             extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
         elif path == "decode":
             # the tokens' copy has whole token tiles (``converted_shapes``)
-            m_pad = _round_up(m, max(8, kernel_tile(path, mma_tiler_mn)[1]))
+            m_pad = decode_token_rows(m, max(8, kernel_tile(path, mma_tiler_mn)[1]))
             extents.append((f"M_pad*K_pad*L (converted A, M_pad = {m_pad})", m_pad * k_pad * l))
         if path == "prefill":
             extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
@@ -623,7 +632,7 @@ class BlockwiseGemmFp4Sm90:
         # wgmma B layout, so the consumers convert only the weights.  (Two other schemes measured
         # slower on the H200: the consumers, or idle producer warps, converting each stage's
         # packed tokens next to the weights; hopper/README.md.)
-        self.b_converted = path in ("prefill", "decode")
+        self.b_converted = path in ("decode", "prefill")
         # Prefill: both operands are converted by ``convert_operands`` (once per launch, not once
         # per output tile) and the mainloop is a plain SS wgmma GEMM over F16 / BF16 tiles.
         self.a_converted = path == "prefill"
@@ -632,9 +641,6 @@ class BlockwiseGemmFp4Sm90:
         self.kblocks_per_stage = 1 if self.a_converted else K_TILE // K_BLOCK
         # programmatic dependent launch of the GEMM after convert_operands
         self.use_pdl = self.b_converted
-        # Decode and prefill release a stage once the wgmma that read its kernel B completed
-        # (one k-block late); fused once its kernel B is converted into a rotating buffer.
-        self.late_release = self.b_converted
         self.stage_k = K_BLOCK * self.kblocks_per_stage
         self.producer_warp = 0
         # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
@@ -1016,11 +1022,10 @@ class BlockwiseGemmFp4Sm90:
         rows_div_a: cute.FastDivmodDivisorV2,
     ):
         """Prologue, one grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16
-        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (prefill, decode) and
-        kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes
-        to elements 16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the
-        block's 16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per
-        64-block),
+        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (decode, prefill) and
+        kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes to elements
+        16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
+        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per 64-block),
         ``CONVERT_UNROLL`` chunks per thread with all their loads issued first (the bytes in
         flight hide DRAM latency); each CTA step stores 4 KiB contiguous.  Kernel B's CTAs come
         first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
@@ -1520,7 +1525,7 @@ class BlockwiseGemmFp4Sm90:
         )
         work_tile = tile_sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        # ``late_release`` (decode, prefill): stages are released one step late, once the
+        # converted kernel B (decode, prefill): stages are released one step late, once the
         # wgmma reading them completed
         release_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_stages
@@ -1562,23 +1567,9 @@ class BlockwiseGemmFp4Sm90:
                     else:
                         # ---- kernel B: this thread's share -> SMEM buffer ``b_block``
                         b_block = kblock % NUM_BDQ_BUFFERS
-                        # this thread's (row, 16-group) items, dealt round-robin
-                        items = self.tile_cols * 4
-                        for it in cutlass.range_constexpr(
-                            (items + self.num_mma_threads - 1) // self.num_mma_threads
-                        ):
-                            item = tidx + it * self.num_mma_threads
-                            if item < items:
-                                self._dequant_b(
-                                    base_b,
-                                    base_sfb,
-                                    base_bdq,
-                                    state.index,
-                                    j,
-                                    b_block,
-                                    sfb_row_off,
-                                    item,
-                                )
+                        self._dequant_b(
+                            base_b, base_sfb, base_bdq, state.index, j, b_block, sfb_row_off, tidx
+                        )
                         if cutlass.const_expr(j == kbs - 1):
                             ab_pipeline.consumer_release(state)
                         # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a
@@ -1603,14 +1594,14 @@ class BlockwiseGemmFp4Sm90:
                     # the kernel-B buffer of t - 2 (read by both warpgroups) are free again.
                     warpgroup.wait_group(1)
                     kblock += 1
-                    if cutlass.const_expr(self.late_release and j == 0):
+                    if cutlass.const_expr(self.b_converted and j == 0):
                         # the last wgmma of the previous stage has completed: free it
                         if kt > kt_begin:
                             ab_pipeline.consumer_release(release_state)
                             release_state.advance()
                 state.advance()
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.late_release):
+            if cutlass.const_expr(self.b_converted):
                 if kt_end > kt_begin:
                     ab_pipeline.consumer_release(release_state)
                     release_state.advance()
@@ -1665,26 +1656,33 @@ class BlockwiseGemmFp4Sm90:
                 rA[r + 2 * (i % 2) + 4 * (i // 2)] = pairs[i]
 
     @cute.jit
-    def _dequant_b(self, base_b, base_sfb, base_bdq, stage, j, buf, sfb_row_off, item):
-        """Item ``item`` (row item // 4, 16-group item % 4) of kernel B's k-block j in ``stage``
-        -> F16 / BF16 SMEM buffer ``buf``.
+    def _dequant_b(self, base_b, base_sfb, base_bdq, stage, j, buf, sfb_row_off, tidx):
+        """This thread's (row, 16-group) items of kernel B's k-block j -> F16 / BF16 SMEM ``buf``.
 
         Pair P_i of a group q goes to logical K 16 (i // 2) + 8 (i % 2) + 2q, +1: the same
         slots the A fragment gives it, i.e. 16-byte chunk i of the 128-byte row, word q."""
-        row = item // 4
-        qb = item % 4
-        byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + qb * 8
-        packed = _ld_shared_b64(base_b + stage * self.b_stage_bytes + _swizzle64(byte))
-        factor = _scale_factor(
-            self._load_scale_byte(base_sfb, stage, self.sfb_stage_bytes, row + sfb_row_off, j, qb),
-            self.sf_vec_size,
-            self.f16,
-        )
-        pairs = _fp4x16_to_mma(packed, factor, self.f16)
-        row_addr = base_bdq + buf * self.bdq_buffer_bytes + row * 128 + qb * 4
-        for i in cutlass.range_constexpr(8):
-            # NOTE: 128B swizzle: 16-byte chunk index XOR (row % 8).
-            _st_shared_b32(row_addr + ((i ^ (row % 8)) * 16), pairs[i])
+        items = self.tile_cols * 4
+        for it in cutlass.range_constexpr(
+            (items + self.num_mma_threads - 1) // self.num_mma_threads
+        ):
+            item = tidx + it * self.num_mma_threads
+            if item < items:
+                row = item // 4
+                qb = item % 4
+                byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + qb * 8
+                packed = _ld_shared_b64(base_b + stage * self.b_stage_bytes + _swizzle64(byte))
+                factor = _scale_factor(
+                    self._load_scale_byte(
+                        base_sfb, stage, self.sfb_stage_bytes, row + sfb_row_off, j, qb
+                    ),
+                    self.sf_vec_size,
+                    self.f16,
+                )
+                pairs = _fp4x16_to_mma(packed, factor, self.f16)
+                row_addr = base_bdq + buf * self.bdq_buffer_bytes + row * 128 + qb * 4
+                for i in cutlass.range_constexpr(8):
+                    # NOTE: 128B swizzle: 16-byte chunk index XOR (row % 8).
+                    _st_shared_b32(row_addr + ((i ^ (row % 8)) * 16), pairs[i])
 
     @cute.jit
     def _load_scale_byte(self, base_sf, stage, stage_bytes, row, j, q):
@@ -1915,13 +1913,9 @@ class BlockwiseGemmFp4Sm90:
         return params, grid
 
     def converted_rows_b(self, rows_b):
-        """Rows of the converted kernel-B copy (Python or DSL integers): on decode the tokens
-        rounded up to whole token tiles, else ``rows_b``.
-
-        NOTE: TMA boxes of 64 or 128 token rows that ran past the copy's last row measured slow
-        on the H200 (72 x 8192 x 8192: 37.3-38.0 against 30.4-30.8 us padded).  The padding rows
-        are never written and reach only columns of D^T past M, which are not stored."""
-        return _round_up(rows_b, self.tile_cols) if self.swap_ab else rows_b
+        """Rows of the converted kernel-B copy (Python or DSL integers): on decode
+        ``decode_token_rows``, else ``rows_b``."""
+        return decode_token_rows(rows_b, self.tile_cols) if self.swap_ab else rows_b
 
     @staticmethod
     def can_implement(
