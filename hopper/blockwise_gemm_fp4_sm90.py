@@ -21,9 +21,10 @@ Operand roles ("kernel A" / "kernel B") and the three paths
 ----------------------------------------------------------
 The kernel computes a tile of rows x cols of the *row* operand ("kernel A", the wgmma A
 operand) against the *column* operand ("kernel B", the wgmma B operand, always in SMEM).
-    decode  (M <= 128): kernel A = B (weights), kernel B = A (tokens); D^T = B A^T, so the token
-            count is the wgmma N (8..128) and the large weight matrix is dequantized straight
-            into the wgmma A register fragment (RS wgmma), never through SMEM.  A prologue
+    decode  (M <= 2048): kernel A = B (weights), kernel B = A (tokens); D^T = B A^T, so the
+            token count is the wgmma N (tiles of 8..128 tokens) and the large weight matrix is
+            dequantized straight into the wgmma A register fragment (RS wgmma), never through
+            SMEM (once per token tile: up to 2048 tokens cheaper than converting it).  A prologue
             kernel (``convert_operands``, same launch sequence) converts the tokens once into
             an F16 / BF16 copy in the permuted K order below, which TMA brings straight into the
             wgmma B layout; the GEMM's producer requests its first stage of weights before it
@@ -31,7 +32,7 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
             <= 64 tokens; kernel tiles of 128 or 64 weight rows and split-K chosen by the
             busiest CTA's work (deterministic fix-up by the last split, in split order, over
             value-major fp32 partials).
-    prefill (M > 128): both operands are converted once per launch by ``convert_operands`` (not
+    prefill (M > 2048): both operands are converted once per launch by ``convert_operands`` (not
             once per output tile, which costs (M / 128 + N / 256) x the conversions) and the
             mainloop is a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that
             multicast their common B tile.
@@ -188,6 +189,9 @@ DECODE_MAX_STAGES = 6
 # 1 us on the H200, the time a CTA streams about three k-tiles of 128 weight rows), in weight
 # rows x k-tiles of 128
 UNIT_COST = 384
+# default_config: the decode path (weights dequantized in registers for every 128-token tile)
+# up to this M; the prefill path (both operands converted once) beyond it
+DECODE_MAX_M = 2048
 # TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
 EPI_COLS = 32
 EPI_STAGES = 2
@@ -444,18 +448,28 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
     epilogue).  On the H200 this picks the fastest measured configuration, or one
     within 0.4 us of it, at 21 of 25 decode shapes from 1 x 8192 x 8192 to 128 x 18432 x 7168;
     the largest misses are 64 x 7168 x 2048 (11.3 us against 10.3 unsplit, one timing) and
-    128 x 7168 x 16384 (53.7 against 50.5 for 128 rows split 2; hopper/README.md).  Larger M
-    uses the prefill path: both operands converted once, then 128 x 256 tiles in 2x1 clusters.
+    128 x 7168 x 16384 (53.7 against 50.5 for 128 rows split 2; hopper/README.md).
+
+    From 129 to DECODE_MAX_M tokens the decode path still wins: tiles of 128 tokens x 128
+    weight rows dequantize every weight once per token tile, which costs less than the prefill
+    path's conversion of the whole weight matrix up to about 2048 tokens (H200: 47 against
+    128 us at 192 x 8192 x 8192, 373-408 against 386-419 at 2048 x 8192 x 8192, a tie at 3072).
+    These tiles are compute-bound: 64-row tiles (one consumer warpgroup) measured slower, and
+    the K loop is split only while the tiles alone leave CTA slots idle.  Larger M uses the
+    prefill path: both operands converted once, then 128 x 256 tiles in 2x1 clusters.
     """
-    if m <= 128:
-        cols = max(8, 1 << (m - 1).bit_length())
+    if m <= DECODE_MAX_M:
+        cols = min(128, max(8, 1 << (m - 1).bit_length()))
         slots = num_sms * occupancy("decode", (cols, 128))
         k_tiles = math.ceil(k / K_TILE)
         best = None
         for rows in VALID_TILE_ROWS[::-1]:
-            tiles = math.ceil(n / rows) * l
+            if m > cols and rows != 128:
+                # several token tiles: compute-bound, both consumer warpgroups needed
+                continue
+            tiles = math.ceil(m / cols) * math.ceil(n / rows) * l
             for split in (1, 2, 3, 4, 6, 8):
-                if split > 1 and k_tiles // split < 8:
+                if split > 1 and (k_tiles // split < 8 or (m > cols and tiles >= slots)):
                     continue
                 if not epilogue_staging_fits("decode", (cols, rows), split):
                     # (and those tiles measured slower than 64 rows)
