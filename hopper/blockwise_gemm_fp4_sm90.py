@@ -430,8 +430,15 @@ def _swizzle64(offset):
 # ---------------------------------------------------------------------------------------------
 # Configuration helpers
 # ---------------------------------------------------------------------------------------------
-def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa: E741
-    """(path, mma_tiler_mn, split_k) for a problem.
+def default_config(
+    m: int,
+    n: int,
+    k: int,
+    l: int,  # noqa: E741
+    num_sms: int = 132,
+    path: str | None = None,
+):
+    """(path, mma_tiler_mn, split_k) for a problem; ``path`` given: that path's tile and split.
 
     Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
     the register operand (decode path, kernel tile of 128 or 64 weight rows x the next power of
@@ -458,7 +465,9 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
     the K loop is split only while the tiles alone leave CTA slots idle.  Larger M uses the
     prefill path: both operands converted once, then 128 x 256 tiles in 2x1 clusters.
     """
-    if m <= DECODE_MAX_M:
+    if path is None:
+        path = "decode" if m <= DECODE_MAX_M else "prefill"
+    if path == "decode":
         cols = min(128, max(8, 1 << (m - 1).bit_length()))
         slots = num_sms * occupancy("decode", (cols, 128))
         k_tiles = math.ceil(k / K_TILE)
@@ -480,7 +489,7 @@ def default_config(m: int, n: int, k: int, l: int, num_sms: int = 132):  # noqa:
                 if best is None or key < best[0]:
                     best = (key, (cols, rows), split)
         return "decode", best[1], best[2]
-    return "prefill", (128, 256), 1
+    return path, (128, 256), 1
 
 
 def default_cluster(path: str) -> tuple[int, int]:
@@ -2262,11 +2271,7 @@ def resolve_config(args):
     """(path, mma_tiler_mn, split_k, sf_dtype) after applying the defaults; also fills in
     ``args.cluster_shape_mn``."""
     m, n, k, l = args.mnkl  # noqa: E741
-    path, tiler, split = default_config(m, n, k, l)
-    if args.path != "auto":
-        if args.path != path:
-            tiler, split = ((16, 128), 1) if args.path == "decode" else ((128, 256), 1)
-        path = args.path
+    path, tiler, split = default_config(m, n, k, l, path=None if args.path == "auto" else args.path)
     if args.mma_tiler_mn is not None:
         tiler = args.mma_tiler_mn
     if args.split_k is not None:

@@ -342,6 +342,10 @@ def test_default_config_paths():
     assert k90.default_config(2048, 8192, 8192, 1) == ("decode", (128, 128), 1)
     assert k90.default_config(2049, 8192, 8192, 1) == ("prefill", (128, 256), 1)
     assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1)
+    # a path asked for (the CLI's --path): that path's tile and split at any M
+    assert k90.default_config(4096, 8192, 8192, 1, path="decode") == ("decode", (128, 128), 1)
+    assert k90.default_config(1, 8192, 8192, 1, path="fused") == ("fused", (128, 256), 1)
+    assert k90.default_config(1024, 8192, 8192, 1, path="prefill") == ("prefill", (128, 256), 1)
     for m in (1, 16, 100, 128, 129, 2048, 4096):
         path, tiler, split = k90.default_config(m, 7168, 2048, 1)
         assert (
