@@ -1513,7 +1513,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--skip_ref_check", action="store_true")
     parser.add_argument(
-        "--use_cold_l2", action="store_true", help="flush L2 before every timed iteration"
+        "--use_cold_l2",
+        action="store_true",
+        help="time calls that rotate through copies of the operands (> 2x L2), read from DRAM",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -1618,31 +1620,46 @@ def _blackwell_gpu() -> tuple[bool, str]:
     return (major, minor) == (10, 0), f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
 
 
-def time_cuda_us(fn, warmup_iterations: int, iterations: int, use_cold_l2: bool) -> float:
-    """Mean time of ``fn`` in microseconds, from CUDA events around each call.
+def time_cuda_us(calls, stream, warmup_iterations: int, iterations: int) -> float:
+    """Mean time of one call in microseconds: ``iterations`` calls (cycling over ``calls``)
+    captured in one CUDA graph on ``stream``, timed over one replay with CUDA events.
 
-    With ``use_cold_l2`` a buffer twice the size of L2 is overwritten before each call, outside
-    the timed region, so every call starts with operands out of L2.
+    NOTE: a graph replay takes no Python time per call: timing each call from Python would time
+    the host's launch overhead wherever it exceeds the kernel.  Every call must enqueue its work
+    on ``stream`` (``prepare_gemm`` binds the stream current when it is called; torch ops use
+    the current stream, which capture makes ``stream``).
     """
     import torch
 
-    for _ in range(warmup_iterations):
-        fn()
-    flush = None
-    if use_cold_l2:
-        l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-        flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device="cuda")
-    events = []
-    for _ in range(iterations):
-        if flush is not None:
-            flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        events.append((start, end))
+    with torch.cuda.stream(stream):
+        for i in range(warmup_iterations):
+            calls[i % len(calls)]()
     torch.cuda.synchronize()
-    return 1e3 * sum(s.elapsed_time(e) for s, e in events) / iterations
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(iterations):
+            calls[i % len(calls)]()
+    graph.replay()  # (the first replay uploads the graph)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / iterations
+
+
+def operand_copies(tensors, use_cold_l2: bool) -> list[tuple]:
+    """``[tensors]``, plus copies until they hold more than twice the L2 (``--use_cold_l2``):
+    rotating through them, every call reads its operands from DRAM."""
+    import torch
+
+    sets = [tuple(tensors)]
+    if use_cold_l2:
+        one = sum(t.numel() * t.element_size() for t in tensors)
+        l2_bytes = torch.cuda.get_device_properties(tensors[0].device).L2_cache_size
+        sets += [tuple(t.clone() for t in tensors) for _ in range(2 * l2_bytes // one + 1)]
+    return sets
 
 
 _COMPILED_CACHE: dict[tuple, object] = {}
@@ -1784,7 +1801,13 @@ def run_on_gpu(args: argparse.Namespace) -> int:
         cluster_shape_mn=args.cluster_shape_mn,
     )
 
-    launch, d = prepare_gemm(ops.a, ops.b, sfa_blocked, sfb_blocked, **config)
+    # The calls run on a side stream that the timing graph captures; prepare_gemm binds the
+    # stream current when it is called.  With --use_cold_l2 they rotate through operand copies.
+    stream = torch.cuda.Stream()
+    sets = operand_copies((ops.a, ops.b, sfa_blocked, sfb_blocked), args.use_cold_l2)
+    with torch.cuda.stream(stream):
+        launches = [prepare_gemm(*operands, **config) for operands in sets]
+    launch, d = launches[0]
     launch()
     torch.cuda.synchronize()
     passed = True
@@ -1801,39 +1824,44 @@ def run_on_gpu(args: argparse.Namespace) -> int:
         )
         print(f"Reference check (reference.reference_gemm, derived tolerance): {info}")
 
-    mean_us = time_cuda_us(launch, args.warmup_iterations, args.iterations, args.use_cold_l2)
+    calls = [call for call, _ in launches]
+    mean_us = time_cuda_us(calls, stream, args.warmup_iterations, args.iterations)
     tflops = 2.0 * m * n * k * l / (mean_us * 1e-6) / 1e12
     print(f"Mean time: {mean_us:.2f} us")
     print(
         f"Throughput: {tflops:.1f} TFLOP/s "
         f"({100 * tflops / B200_FP4_PEAK_TFLOPS:.1f}% of the B200's 9 PFLOP/s dense FP4 peak)"
     )
-    _compare_with_cublaslt(args, ops, sfa_blocked, sfb_blocked, alpha, d, mean_us)
+    _compare_with_cublaslt(args, sets, stream, alpha, d, mean_us)
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1
 
 
-def _compare_with_cublaslt(args, ops, sfa_blocked, sfb_blocked, alpha, d, mean_us) -> None:
-    """Time cuBLASLt's block-scaled FP4 GEMM (torch._scaled_mm) on the same data, if it can."""
+def _compare_with_cublaslt(args, sets, stream, alpha, d, mean_us) -> None:
+    """Time cuBLASLt's block-scaled FP4 GEMM (torch._scaled_mm) on the same operand sets, if it
+    can, the way ours was timed."""
     import torch
 
     if args.mnkl[3] != 1:
         print("cuBLASLt (torch._scaled_mm): not measured (it takes no batch mode; L > 1)")
         return
-    a = ops.a[0].view(torch.float4_e2m1fn_x2)
-    b = ops.b[0].view(torch.float4_e2m1fn_x2)
 
-    def cublaslt():
+    def cublaslt(a, b, sfa_blocked, sfb_blocked):
         return torch._scaled_mm(
-            a, b.t(), scale_a=sfa_blocked[0], scale_b=sfb_blocked[0], out_dtype=torch.bfloat16
+            a[0].view(torch.float4_e2m1fn_x2),
+            b[0].view(torch.float4_e2m1fn_x2).t(),
+            scale_a=sfa_blocked[0],
+            scale_b=sfb_blocked[0],
+            out_dtype=torch.bfloat16,
         )
 
     try:
-        d_cublas = cublaslt()
+        d_cublas = cublaslt(*sets[0])
     except (RuntimeError, TypeError, ValueError) as err:
         print(f"cuBLASLt (torch._scaled_mm): not measured ({str(err).splitlines()[0]})")
         return
-    us = time_cuda_us(cublaslt, args.warmup_iterations, args.iterations, args.use_cold_l2)
+    calls = [lambda operands=operands: cublaslt(*operands) for operands in sets]
+    us = time_cuda_us(calls, stream, args.warmup_iterations, args.iterations)
     diff = (d_cublas.float() * alpha - d[0].float()).abs().max().item()
     print(
         f"cuBLASLt (torch._scaled_mm, bf16 out, alpha not fused): {us:.2f} us; "

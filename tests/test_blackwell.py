@@ -418,6 +418,32 @@ def test_gpu_cli_defaults():
 
 
 # ------------------------------------------------------------------------------------------
+# The CLI's timing helpers (any CUDA GPU: they time torch work here, the kernel on a B200)
+# ------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
+def test_time_cuda_us_replays_every_call_on_the_stream():
+    stream = torch.cuda.Stream()
+    counters = [torch.zeros(1, device="cuda") for _ in range(3)]
+    calls = [lambda c=c: c.add_(1.0) for c in counters]
+    us = bw.time_cuda_us(calls, stream, warmup_iterations=2, iterations=7)
+    torch.cuda.synchronize()
+    assert 0.0 < us < 1e6
+    # warm-up: calls 0, 1; the graph holds calls 0, 1, 2, 0, 1, 2, 0 and is replayed twice
+    # (once to upload it, once timed)
+    assert [int(c.item()) for c in counters] == [1 + 2 * 3, 1 + 2 * 2, 0 + 2 * 2]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
+def test_operand_copies_exceed_twice_l2_with_equal_values():
+    a = torch.arange(1 << 20, dtype=torch.int32, device="cuda")
+    assert len(bw.operand_copies((a,), False)) == 1
+    sets = bw.operand_copies((a,), True)
+    l2_bytes = torch.cuda.get_device_properties(a.device).L2_cache_size
+    assert len(sets) * a.numel() * a.element_size() > 2 * l2_bytes
+    assert all(torch.equal(s[0], a) and s[0].data_ptr() != a.data_ptr() for s in sets[1:])
+
+
+# ------------------------------------------------------------------------------------------
 # prepare_gemm's input validation (runs before anything touches a GPU)
 # ------------------------------------------------------------------------------------------
 def _operands(m=256, n=128, k=512, l=1, vec=16):  # noqa: E741
