@@ -443,6 +443,42 @@ def test_operand_copies_exceed_twice_l2_with_equal_values():
     assert all(torch.equal(s[0], a) and s[0].data_ptr() != a.data_ptr() for s in sets[1:])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
+def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
+    """The CLI's host flow on a GPU (operand copies, the stream prepare_gemm binds, graph timing,
+    the reference check, the output lines) with prepare_gemm replaced by a stand-in that writes
+    the reference result from the stream current at preparation, as the real launch does.  The
+    kernel itself needs a B200."""
+    launches = []
+
+    def stand_in(a, b, sfa_blocked, sfb_blocked, sf_vec_size, alpha=1.0, c_dtype="BFloat16", **_):
+        l, m, half_k = a.shape  # noqa: E741
+        n, cols = b.shape[1], 2 * half_k // sf_vec_size
+        sfa = reference.from_blocked(sfa_blocked, m, cols)
+        sfb = reference.from_blocked(sfb_blocked, n, cols)
+        d = reference.reference_gemm(a, b, sfa, sfb, sf_vec_size, alpha, torch.bfloat16)
+        bound = torch.cuda.current_stream()
+        out = torch.empty_like(d)
+
+        def launch():
+            launches.append(bound)
+            with torch.cuda.stream(bound):
+                out.copy_(d)
+
+        return launch, out
+
+    monkeypatch.setattr(bw, "_blackwell_gpu", lambda: (True, "a stand-in"))
+    monkeypatch.setattr(bw, "prepare_gemm", stand_in)
+    rc = bw.main(["--mnkl", "200,136,512,1", "--iterations", "4", "--use_cold_l2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "Mean time:" in out and "Throughput:" in out and "cuBLASLt" in out
+    assert out.strip().splitlines()[-1] == "PASS"
+    # every launch ran on the side stream that the timing graph captured
+    assert launches and all(s == launches[0] for s in launches)
+    assert launches[0] != torch.cuda.default_stream()
+
+
 # ------------------------------------------------------------------------------------------
 # prepare_gemm's input validation (runs before anything touches a GPU)
 # ------------------------------------------------------------------------------------------
