@@ -1621,8 +1621,9 @@ def _blackwell_gpu() -> tuple[bool, str]:
 
 
 def time_cuda_us(calls, stream, warmup_iterations: int, iterations: int) -> float:
-    """Mean time of one call in microseconds: ``iterations`` calls (cycling over ``calls``)
-    captured in one CUDA graph on ``stream``, timed over one replay with CUDA events.
+    """Mean time of one call in microseconds: ``max(iterations, len(calls))`` calls (cycling over
+    ``calls``, so every operand copy is used) captured in one CUDA graph on ``stream``, timed
+    over one replay with CUDA events.
 
     NOTE: a graph replay takes no Python time per call: timing each call from Python would time
     the host's launch overhead wherever it exceeds the kernel.  Every call must enqueue its work
@@ -1635,18 +1636,20 @@ def time_cuda_us(calls, stream, warmup_iterations: int, iterations: int) -> floa
         for i in range(warmup_iterations):
             calls[i % len(calls)]()
     torch.cuda.synchronize()
+    captured = max(iterations, len(calls))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        for i in range(iterations):
+        for i in range(captured):
             calls[i % len(calls)]()
-    graph.replay()  # (the first replay uploads the graph)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stream):
-        start.record()
-        graph.replay()
-        end.record()
+    # The first replay uploads the graph; the timed one starts after it has finished.
+    graph.replay()
     torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / iterations
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / captured
 
 
 def operand_copies(tensors, use_cold_l2: bool) -> list[tuple]:
@@ -1805,6 +1808,8 @@ def run_on_gpu(args: argparse.Namespace) -> int:
     # stream current when it is called.  With --use_cold_l2 they rotate through operand copies.
     stream = torch.cuda.Stream()
     sets = operand_copies((ops.a, ops.b, sfa_blocked, sfb_blocked), args.use_cold_l2)
+    # (the operands and their copies were written on the current stream)
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         launches = [prepare_gemm(*operands, **config) for operands in sets]
     launch, d = launches[0]

@@ -460,15 +460,19 @@ def default_config(
     From 129 to DECODE_MAX_M tokens the decode path still wins: tiles of 128 tokens x 128
     weight rows dequantize every weight once per token tile, which costs less than the prefill
     path's conversion of the whole weight matrix up to about 2048 tokens (H200: 47 against
-    128 us at 192 x 8192 x 8192, 373-408 against 386-419 at 2048 x 8192 x 8192, a tie at 3072).
+    128 us at 192 x 8192 x 8192, 360-408 against 377-445 at 2048 x 8192 x 8192, a tie at 3072).
     These tiles are compute-bound: 64-row tiles (one consumer warpgroup) measured slower, and
-    the K loop is split only while the tiles alone leave CTA slots idle.  Larger M uses the
-    prefill path: both operands converted once, then 128 x 256 tiles in 2x1 clusters.
+    the K loop is split only while the tiles alone leave CTA slots idle.  Larger M (or a
+    padded token copy past the 32-bit offsets) uses the prefill path: both operands converted
+    once, then 128 x 256 tiles in 2x1 clusters.
     """
+    cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
-        path = "decode" if m <= DECODE_MAX_M else "prefill"
+        # (the decode path's token copy, padded to whole token tiles, must stay within the
+        # kernel's 32-bit offsets; the prefill path's copy is not padded)
+        token_copy = decode_token_rows(m, cols) * _round_up(k, K_BLOCK) * l
+        path = "decode" if m <= DECODE_MAX_M and token_copy < 2**31 else "prefill"
     if path == "decode":
-        cols = min(128, max(8, 1 << (m - 1).bit_length()))
         slots = num_sms * occupancy("decode", (cols, 128))
         k_tiles = math.ceil(k / K_TILE)
         best = None
@@ -2404,14 +2408,18 @@ def main(argv=None) -> int:
         runner(a_, b_, sa_, sb_, d_, m, n, k, l, alpha)
     # NOTE: the timed launches are replays of a CUDA graph: a launch from Python (operand checks,
     # pointer wrapping) takes longer than a small decode GEMM, and timing it would time the host.
-    iterations = args.iterations  # (>= 1: checked with the other arguments)
+    # At least one launch per operand set, so that with --use_cold_l2 every copy is read.
+    iterations = max(args.iterations, len(sets))  # (--iterations >= 1: checked with the others)
     stream = torch.cuda.Stream()
+    # (the operands and their copies were written on the current stream)
+    stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         for i in range(iterations):
             a_, b_, sa_, sb_, d_ = sets[i % len(sets)]
             runner(a_, b_, sa_, sb_, d_, m, n, k, l, alpha)
     graph.replay()
+    torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     graph.replay()

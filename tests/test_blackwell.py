@@ -431,6 +431,32 @@ def test_time_cuda_us_replays_every_call_on_the_stream():
     # warm-up: calls 0, 1; the graph holds calls 0, 1, 2, 0, 1, 2, 0 and is replayed twice
     # (once to upload it, once timed)
     assert [int(c.item()) for c in counters] == [1 + 2 * 3, 1 + 2 * 2, 0 + 2 * 2]
+    # fewer iterations than calls: one full round of the calls is captured
+    bw.time_cuda_us(calls, stream, warmup_iterations=0, iterations=1)
+    torch.cuda.synchronize()
+    assert [int(c.item()) for c in counters] == [7 + 2, 5 + 2, 4 + 2]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
+def test_time_cuda_us_times_one_call():
+    """A call that spins the GPU for a fixed number of cycles: the mean equals one call's time
+    measured alone (the upload replay must not be inside the timed one)."""
+    stream = torch.cuda.Stream()
+    cycles = 2_000_000  # about 1 ms at the H200's / B200's clocks
+
+    def spin():
+        torch.cuda._sleep(cycles)
+
+    with torch.cuda.stream(stream):
+        spin()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        spin()
+        end.record()
+    torch.cuda.synchronize()
+    alone_us = 1e3 * start.elapsed_time(end)
+    us = bw.time_cuda_us([spin], stream, warmup_iterations=1, iterations=4)
+    assert 0.8 * alone_us < us < 1.25 * alone_us, (us, alone_us)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
@@ -449,9 +475,10 @@ def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
     the reference check, the output lines) with prepare_gemm replaced by a stand-in that writes
     the reference result from the stream current at preparation, as the real launch does.  The
     kernel itself needs a B200."""
-    launches = []
+    launches, prepared = [], []
 
-    def stand_in(a, b, sfa_blocked, sfb_blocked, sf_vec_size, alpha=1.0, c_dtype="BFloat16", **_):
+    def stand_in(a, b, sfa_blocked, sfb_blocked, sf_vec_size, alpha=1.0, **_):
+        prepared.append(a)
         l, m, half_k = a.shape  # noqa: E741
         n, cols = b.shape[1], 2 * half_k // sf_vec_size
         sfa = reference.from_blocked(sfa_blocked, m, cols)
@@ -461,22 +488,30 @@ def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
         out = torch.empty_like(d)
 
         def launch():
-            launches.append(bound)
             with torch.cuda.stream(bound):
+                launches.append((bound, torch.cuda.is_current_stream_capturing()))
                 out.copy_(d)
 
         return launch, out
 
+    def stand_in_scaled_mm(a, b, scale_a, scale_b, out_dtype):
+        # (cuBLASLt's FP4 GEMM needs an sm_100 GPU; its timing path is what is tested here)
+        return torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype, device=a.device)
+
     monkeypatch.setattr(bw, "_blackwell_gpu", lambda: (True, "a stand-in"))
     monkeypatch.setattr(bw, "prepare_gemm", stand_in)
+    monkeypatch.setattr(torch, "_scaled_mm", stand_in_scaled_mm)
     rc = bw.main(["--mnkl", "200,136,512,1", "--iterations", "4", "--use_cold_l2"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "Mean time:" in out and "Throughput:" in out and "cuBLASLt" in out
+    assert "Mean time:" in out and "Throughput:" in out and "ours / cuBLASLt time ratio" in out
     assert out.strip().splitlines()[-1] == "PASS"
-    # every launch ran on the side stream that the timing graph captured
-    assert launches and all(s == launches[0] for s in launches)
-    assert launches[0] != torch.cuda.default_stream()
+    # every launch ran on one side stream, and the timing graph captured it there, once per
+    # operand copy at least
+    streams = {s for s, _ in launches}
+    assert len(streams) == 1 and torch.cuda.default_stream() not in streams
+    assert len(prepared) > 1  # (--use_cold_l2: operand copies)
+    assert sum(capturing for _, capturing in launches) >= len(prepared)
 
 
 # ------------------------------------------------------------------------------------------

@@ -341,6 +341,9 @@ def test_default_config_paths():
     assert k90.default_config(256, 18432, 7168, 1) == ("decode", (128, 128), 1)
     assert k90.default_config(2048, 8192, 8192, 1) == ("decode", (128, 128), 1)
     assert k90.default_config(2049, 8192, 8192, 1) == ("prefill", (128, 256), 1)
+    # ... unless the token copy, padded to 128-token tiles, would pass the 32-bit offsets
+    # (410 tokens pad to 512: 512 x 1160000 x 4 >= 2^31; prefill's copy is 410 rows)
+    assert k90.default_config(410, 1, 1160000, 4) == ("prefill", (128, 256), 1)
     assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1)
     # a path asked for (the CLI's --path): that path's tile and split at any M
     assert k90.default_config(4096, 8192, 8192, 1, path="decode") == ("decode", (128, 128), 1)
