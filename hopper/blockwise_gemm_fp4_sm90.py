@@ -183,7 +183,7 @@ MAX_STAGES = 12
 # Decode: at most 6 stages in flight per CTA.  With 264 CTAs each requesting its whole ring at
 # once, deeper rings measured slower on the H200 (16 x 18432 x 7168: 32.3 us against 33.9 with
 # 8 stages; 1 x 8192 x 8192: 16.0-16.1 against 16.3-16.6 with 8), 3 stages slower still
-# (hopper/README.md).
+# (hopper/NOTES.md, fifth session).
 DECODE_MAX_STAGES = 6
 # default_config: the fixed cost of one decode work unit (its split-K fix-up and store, about
 # 1 us on the H200, the time a CTA streams about three k-tiles of 128 weight rows), in weight
@@ -455,7 +455,7 @@ def default_config(
     epilogue).  On the H200 this picks the fastest measured configuration, or one
     within 0.4 us of it, at 21 of 25 decode shapes from 1 x 8192 x 8192 to 128 x 18432 x 7168;
     the largest misses are 64 x 7168 x 2048 (11.3 us against 10.3 unsplit, one timing) and
-    128 x 7168 x 16384 (53.7 against 50.5 for 128 rows split 2; hopper/README.md).
+    128 x 7168 x 16384 (53.7 against 50.5 for 128 rows split 2; hopper/NOTES.md).
 
     From 129 to DECODE_MAX_M tokens the decode path still wins: tiles of 128 tokens x 128
     weight rows dequantize every weight once per token tile, which costs less than the prefill
