@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Persistent, warp-specialized NVFP4 / MXFP4 (W4A4) GEMM for Hopper (sm_90a, H100 / H200).
+"""Persistent, warp-specialized NVFP4 / MXFP4 (W4A4) GEMM for Hopper (sm_90a; run on an H200).
 
 What it computes
 ----------------
@@ -32,10 +32,11 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
             <= 64 tokens; kernel tiles of 128 or 64 weight rows and split-K chosen by the
             busiest CTA's work (deterministic fix-up by the last split, in split order, over
             value-major fp32 partials).
-    prefill (M > 2048): both operands are converted once per launch by ``convert_operands`` (not
-            once per output tile, which costs (M / 128 + N / 256) x the conversions) and the
-            mainloop is a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that
-            multicast their common B tile.
+    prefill (M > 2048, or where decode's padded token copy would pass 2^31 elements): both
+            operands are converted once per launch by ``convert_operands`` (not once per
+            output tile, which costs (M / 128 + N / 256) x the conversions) and the mainloop is
+            a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that multicast their
+            common B tile.
     fused   (``--path fused``): kernel A dequantized into the A register fragment, kernel B
             (weights) converted by the consumers into three rotating SMEM buffers; no
             extra memory, but slower (kept for comparison and memory-tight callers).
@@ -116,13 +117,17 @@ Constraints (``can_implement`` explains each refusal)
 * kernel tile rows 64 or 128 (one or two consumer warpgroups); kernel tile cols 8, 16, 32, 64,
   128 or 256 (a divisor or multiple of the 128-row scale atom).
 * cluster shape (1, 1), or (2, 1) on the prefill path (the default there).
-* NVFP4: |alpha| < 2^114 (alpha * 2^14 must be finite).
+* NVFP4 on the decode and fused paths (F16 operands): |alpha| < 2^114 (alpha * 2^14 must be
+  finite); prefill (BF16) takes any finite fp32 alpha.
+* 32-bit offsets: D (M*N*L), packed A and B (M*K/2*L, N*K/2*L bytes), the converted copies
+  (rows x K rounded up to 64 x L; decode pads the token rows) and, on decode and prefill, the
+  blocked scales (bytes) each stay below 2^31.
+* split_k 1..16, and split-K only with kernel tiles at most 128 wide.
 * decode and prefill keep F16 / BF16 copies of the converted operands in the runner's workspace
   ((L x rows x K rounded up to 64) x 2 bytes each; on decode the token rows are rounded up to
   whole token tiles: ``converted_shapes``).
 * every operand (packed A and B, blocked scales, D) starts on a 16-byte boundary and is
-  contiguous (TMA); ``Fp4GemmSm90Runner`` checks it (``operand_reasons``), and the blocked scales
-  must hold fewer than 2^31 bytes (32-bit offsets in the prologue).
+  contiguous (TMA); ``Fp4GemmSm90Runner`` checks it (``operand_reasons``).
 * the blocked scales' padding (rows past M or N, scale columns past K / sf_vec_size) holds zero
   bytes, as ``reference.to_blocked`` writes it: where K is 32 x odd, the mainloop's last 64-wide
   block multiplies TMA's zero fill by the padding scale (0 x NaN would be NaN).
@@ -132,7 +137,7 @@ Constraints (``can_implement`` explains each refusal)
 
 Run
 ---
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 8192,8192,8192,1                 # H100/H200
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 8192,8192,8192,1     # H200 (H100: untested)
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32 \\
         --sf_dtype Float8E8M0FNU --c_dtype Float32
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 4096,4096,4096,1 --compile_only   # any host
@@ -161,7 +166,7 @@ from cutlass.tensor_utils import LayoutEnum
 # NOTE: sm_90 allows 227 KiB (232448 bytes) of dynamic SMEM per CTA.
 SM90_SMEM_CAPACITY = 232448
 SM90_SMEM_PER_SM = 233472
-SF_DTYPES = {"Float8E4M3FN": cutlass.Float8E4M3FN, "Float8E8M0FNU": cutlass.Float8E8M0FNU}
+# scale-factor dtype -> the block size it goes with
 SF_VEC_OF_DTYPE = {"Float8E4M3FN": 16, "Float8E8M0FNU": 32}
 C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 VALID_TILE_COLS = (8, 16, 32, 64, 128, 256)
@@ -556,7 +561,8 @@ def check_config(
     if min(m, n, k, l) >= 1:
         # NOTE: tensor offsets are computed in 32 bits: D, packed A and packed B must each hold
         # fewer than 2^31 elements (bytes for A and B), and so must the F16 / BF16 copies the
-        # decode (tokens) and prefill (A and B) paths convert, whose K is rounded up to 64.
+        # decode (tokens) and prefill (A and B) paths convert, whose K is rounded up to 64, and
+        # the blocked scales (bytes) that the prologue reads.
         k_pad = -(-k // K_BLOCK) * K_BLOCK
         extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
         if path in ("decode", "prefill") and sf_vec_size in (16, 32):
@@ -564,12 +570,11 @@ def check_config(
                 extents.append((f"{name} blocked bytes", blocked_sf_bytes(rows, k, l, sf_vec_size)))
         if path == "prefill":
             extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
+            extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
         elif path == "decode":
             # the tokens' copy has whole token tiles (``converted_shapes``)
             m_pad = decode_token_rows(m, max(8, kernel_tile(path, mma_tiler_mn)[1]))
             extents.append((f"M_pad*K_pad*L (converted A, M_pad = {m_pad})", m_pad * k_pad * l))
-        if path == "prefill":
-            extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
         for name, extent in extents:
             if extent >= 2**31:
                 reasons.append(
@@ -578,8 +583,8 @@ def check_config(
                 )
     if sf_vec_size not in (16, 32):
         reasons.append(f"sf_vec_size = {sf_vec_size}: only 16 (NVFP4) and 32 (MXFP4) exist")
-    if sf_dtype not in SF_DTYPES:
-        reasons.append(f"sf_dtype = {sf_dtype}: expected one of {sorted(SF_DTYPES)}")
+    if sf_dtype not in SF_VEC_OF_DTYPE:
+        reasons.append(f"sf_dtype = {sf_dtype}: expected one of {sorted(SF_VEC_OF_DTYPE)}")
     elif sf_vec_size in (16, 32) and SF_VEC_OF_DTYPE[sf_dtype] != sf_vec_size:
         reasons.append(
             f"sf_dtype {sf_dtype} goes with sf_vec_size {SF_VEC_OF_DTYPE[sf_dtype]}, "
@@ -645,9 +650,10 @@ class BlockwiseGemmFp4Sm90:
         self.cluster_shape_mn = tuple(cluster_shape_mn)
         self.cluster_m = self.cluster_shape_mn[0]
         self.split_k = split_k
-        # D leaves through SMEM and TMA stores when its row pitch (N elements) is a multiple of
-        # 16 bytes (a TMA stride rule); otherwise each thread stores its fragment directly.
         self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
+        # D leaves through SMEM and TMA stores unless the caller compiles direct stores (D's row
+        # pitch N * sizeof(D) not a multiple of 16 bytes, a TMA stride rule) or the consumers
+        # have no registers for the staging (``epilogue_staging_fits``).
         self.tma_store = tma_store and epilogue_staging_fits(path, mma_tiler_mn, split_k)
         self.num_mma_wg = self.tile_rows // 64
         self.threads_per_wg = 128
@@ -814,7 +820,7 @@ class BlockwiseGemmFp4Sm90:
         conv_a_ptr: cute.Pointer,
         problem_mnkl: tuple[Int32, Int32, Int32, Int32],
         alpha: cutlass.Float32,
-        max_active_clusters: cutlass.Constexpr,
+        num_sms: cutlass.Constexpr,
         stream,
     ):
         """Host side: global layouts, TMA descriptors, grid, shared storage, launch."""
@@ -922,13 +928,14 @@ class BlockwiseGemmFp4Sm90:
             self.tile_rows,
             self.tile_cols,
             self.split_k,
-            max_active_clusters * self.occupancy // self.cluster_m,
+            num_sms * self.occupancy // self.cluster_m,
             self.cluster_m,
         )
 
         a_smem_dtype = self.mma_dtype if self.a_converted else cutlass.Uint8
         b_smem_dtype = self.mma_dtype if self.b_converted else cutlass.Uint8
-        # fused path: the kernel-B scales and the converted kernel-B buffers
+        # (8 / 16-element placeholders for the buffers this configuration does not use: sBdq off
+        # the fused path, sSFA on prefill, sSFB on decode and prefill, sD with direct stores)
         bdq_elems = cute.cosize(self.bdq_smem_layout_staged) if self.num_bdq_buffers else 8
         sfa_bytes = cute.cosize(self.sfa_smem_layout_staged) if self.sfa_stage_bytes else 16
         sfb_bytes = cute.cosize(self.sfb_smem_layout_staged) if self.sfb_stage_bytes else 16
@@ -1280,7 +1287,9 @@ class BlockwiseGemmFp4Sm90:
         mSFB_nkl,
         tile_sched_params,
     ):
+        # packed: (rows, 64 bytes, stage); converted: (rows, 64, k-blocks x stage)
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
+        # packed: (cols, 64 bytes, stage); converted: (cols, 64, k-blocks x stage)
         sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
         # packed: (rows, 64 bytes, RestRows, RestK, L); converted: (rows, 64, RestRows, RestK64, L)
         a_tile_k = K_BLOCK if self.a_converted else K_TILE // 2
@@ -1304,6 +1313,7 @@ class BlockwiseGemmFp4Sm90:
             b_mcast_mask = cpasync.create_tma_multicast_mask(
                 cta_layout_vmnk, cta_layout_vmnk.get_flat_coord(cta_rank), mcast_mode=1
             )
+        # (TMA, stage) / (TMA, RestCols, RestK, L)
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b,
             cta_rank % self.cluster_m,
@@ -1311,15 +1321,16 @@ class BlockwiseGemmFp4Sm90:
             cute.group_modes(sB, 0, 2),
             cute.group_modes(gB, 0, 2),
         )
-        tSsSFA, tSgSFA, tSsSFB, tSgSFB = None, None, None, None
+        tAsSFA, tAgSFA, tBsSFB, tBgSFB = None, None, None, None
         if cutlass.const_expr(not self.a_converted):
+            # (256, 2 * atoms_k, row_blocks, stage)
             sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
             # (256, 2 * atoms_k, row_blocks, RestK, RestRowBlocks, L)
             gSFA = cute.local_tile(
                 mSFA_mkl, (256, 2 * self.sf_atoms_k, self.sfa_row_blocks), (0, None, None, None)
             )
             # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
-            tSsSFA, tSgSFA = cpasync.tma_partition(
+            tAsSFA, tAgSFA = cpasync.tma_partition(
                 tma_atom_sfa,
                 0,
                 cute.make_layout(1),
@@ -1327,11 +1338,14 @@ class BlockwiseGemmFp4Sm90:
                 cute.group_modes(gSFA, 0, 3),
             )
         if cutlass.const_expr(not self.b_converted):
+            # (256, 2 * atoms_k, row_blocks, stage)
             sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
+            # (256, 2 * atoms_k, row_blocks, RestK, RestRowBlocks, L)
             gSFB = cute.local_tile(
                 mSFB_nkl, (256, 2 * self.sf_atoms_k, self.sfb_row_blocks), (0, None, None, None)
             )
-            tSsSFB, tSgSFB = cpasync.tma_partition(
+            # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
+            tBsSFB, tBgSFB = cpasync.tma_partition(
                 tma_atom_sfb,
                 0,
                 cute.make_layout(1),
@@ -1340,8 +1354,8 @@ class BlockwiseGemmFp4Sm90:
             )
 
         # the TMA atoms and partitions of each operand, for ``_copy_a`` / ``_copy_b``
-        a_copies = (tma_atom_a, tAgA, tAsA, tma_atom_sfa, tSgSFA, tSsSFA)
-        b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask, tma_atom_sfb, tSgSFB, tSsSFB)
+        a_copies = (tma_atom_a, tAgA, tAsA, tma_atom_sfa, tAgSFA, tAsSFA)
+        b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask, tma_atom_sfb, tBgSFB, tBsSFB)
         tile_sched = utils.StaticPersistentTileScheduler.create(
             tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
@@ -1423,15 +1437,15 @@ class BlockwiseGemmFp4Sm90:
     @cute.jit
     def _copy_a(self, a_copies, kt, stage, bar, row_tile, sfa_rb, batch):
         """Kernel A (and, packed, its scales) of k-tile ``kt`` into ``stage``."""
-        tma_atom_a, tAgA, tAsA, tma_atom_sfa, tSgSFA, tSsSFA = a_copies
+        tma_atom_a, tAgA, tAsA, tma_atom_sfa, tAgSFA, tAsSFA = a_copies
         cute.copy(
             tma_atom_a, tAgA[(None, row_tile, kt, batch)], tAsA[(None, stage)], tma_bar_ptr=bar
         )
         if cutlass.const_expr(not self.a_converted):
             cute.copy(
                 tma_atom_sfa,
-                tSgSFA[(None, kt, sfa_rb, batch)],
-                tSsSFA[(None, stage)],
+                tAgSFA[(None, kt, sfa_rb, batch)],
+                tAsSFA[(None, stage)],
                 tma_bar_ptr=bar,
             )
 
@@ -1439,7 +1453,7 @@ class BlockwiseGemmFp4Sm90:
     def _copy_b(self, b_copies, kt, stage, bar, col_tile, sfb_rb, batch):
         """Kernel B of k-tile ``kt`` into ``stage``: converted, its k-blocks (multicast on a 2x1
         cluster); packed, its bytes and scales."""
-        tma_atom_b, tBgB, tBsB, b_mcast_mask, tma_atom_sfb, tSgSFB, tSsSFB = b_copies
+        tma_atom_b, tBgB, tBsB, b_mcast_mask, tma_atom_sfb, tBgSFB, tBsSFB = b_copies
         kbs = self.kblocks_per_stage
         if cutlass.const_expr(self.b_converted):
             for j in cutlass.range_constexpr(kbs):
@@ -1456,8 +1470,8 @@ class BlockwiseGemmFp4Sm90:
             )
             cute.copy(
                 tma_atom_sfb,
-                tSgSFB[(None, kt, sfb_rb, batch)],
-                tSsSFB[(None, stage)],
+                tBgSFB[(None, kt, sfb_rb, batch)],
+                tBsSFB[(None, stage)],
                 tma_bar_ptr=bar,
             )
 
@@ -1501,12 +1515,14 @@ class BlockwiseGemmFp4Sm90:
 
         thr_mma = tiled_mma.get_slice(tidx)
         if cutlass.const_expr(self.b_converted):
+            # (cols, 64, k-blocks x stage)
             sB = storage.sB.get_tensor(
                 b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner
             )
             # (MMA, MMA_N, MMA_K, k-blocks x stage): descriptors of the converted kernel B
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         else:
+            # (cols, 64, buffer)
             sBdq = storage.sBdq.get_tensor(
                 bdq_smem_layout_staged.outer, swizzle=bdq_smem_layout_staged.inner
             )
@@ -1516,6 +1532,7 @@ class BlockwiseGemmFp4Sm90:
             base_sfb = storage.sSFB.data_ptr().toint()
             base_bdq = storage.sBdq.data_ptr().toint()
         if cutlass.const_expr(self.a_converted):
+            # (rows, 64, k-blocks x stage)
             sA = storage.sA.get_tensor(
                 a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner
             )
@@ -1527,7 +1544,7 @@ class BlockwiseGemmFp4Sm90:
             tCrA0 = tiled_mma.make_fragment_A(a_frag_shape)
             tCrA1 = tiled_mma.make_fragment_A(a_frag_shape)
         # (MMA, MMA_M, MMA_N)
-        acc = cute.make_rmem_tensor(
+        tCrAcc = cute.make_rmem_tensor(
             thr_mma.partition_shape_C((self.tile_rows, self.tile_cols)), self.acc_dtype
         )
         base_a = storage.sA.data_ptr().toint()
@@ -1564,7 +1581,7 @@ class BlockwiseGemmFp4Sm90:
             # Row offset of this tile inside its 128-row scale atom.
             sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS
             sfb_row_off = col_tile * self.tile_cols % SF_ATOM_ROWS
-            acc.fill(0.0)
+            tCrAcc.fill(0.0)
             # NOTE: wgmma's scale-d operand: without ACCUMULATE every k16 step overwrites D.
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             for kt in cutlass.range(kt_begin, kt_end, unroll=1):
@@ -1611,10 +1628,10 @@ class BlockwiseGemmFp4Sm90:
                     for s in cutlass.range_constexpr(K_BLOCK // 16):
                         cute.gemm(
                             tiled_mma,
-                            acc,
+                            tCrAcc,
                             tCrA[(None, None, s)],
                             tCrB[(None, None, s, b_block)],
-                            acc,
+                            tCrAcc,
                         )
                     warpgroup.commit_group()
                     # NOTE: k-block t - 1 done => its A registers and, with the barrier above,
@@ -1633,7 +1650,7 @@ class BlockwiseGemmFp4Sm90:
                     ab_pipeline.consumer_release(release_state)
                     release_state.advance()
             self._epilogue(
-                acc,
+                tCrAcc,
                 mD_mnl,
                 mWork,
                 alpha,
@@ -1728,7 +1745,7 @@ class BlockwiseGemmFp4Sm90:
     @cute.jit
     def _epilogue(
         self,
-        acc,
+        tCrAcc,
         mD_mnl,
         mWork,
         alpha,
@@ -1764,7 +1781,7 @@ class BlockwiseGemmFp4Sm90:
         rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
         is_last = True
         if cutlass.const_expr(self.split_k > 1):
-            nacc = cute.size(acc)
+            nacc = cute.size(tCrAcc)
             # (a 2x1 cluster runs an even number of row tiles)
             row_tiles = (
                 (rows + self.tile_rows * self.cluster_m - 1)
@@ -1785,7 +1802,7 @@ class BlockwiseGemmFp4Sm90:
                 work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
             )
             for i in cutlass.range_constexpr(nacc):
-                _st_global_f32(my_frag + i * value_stride, acc[i])
+                _st_global_f32(my_frag + i * value_stride, tCrAcc[i])
             self._splitk_barrier()
             if tidx == 0:
                 # NOTE: the barrier orders the whole CTA's partial stores before this thread's
@@ -1822,11 +1839,11 @@ class BlockwiseGemmFp4Sm90:
                         total = cutlass.Float32(0.0)
                         for sp in cutlass.range_constexpr(self.split_k):
                             total = total + parts[sp][v]
-                        acc[c0 + v] = total
+                        tCrAcc[c0 + v] = total
         if is_last:
             if cutlass.const_expr(self.tma_store):
                 self._store_tile_tma(
-                    acc,
+                    tCrAcc,
                     alpha,
                     mD_tma,
                     tma_atom_d,
@@ -1839,17 +1856,18 @@ class BlockwiseGemmFp4Sm90:
                     tidx,
                 )
             else:
-                rD = cute.make_rmem_tensor_like(acc, mD_mnl.element_type)
-                rD.store((acc.load() * alpha).to(mD_mnl.element_type))
-                for i in cutlass.range_constexpr(cute.size(acc)):
+                # (MMA, MMA_M, MMA_N)
+                tCrD = cute.make_rmem_tensor_like(tCrAcc, mD_mnl.element_type)
+                tCrD.store((tCrAcc.load() * alpha).to(mD_mnl.element_type))
+                for i in cutlass.range_constexpr(cute.size(tCrAcc)):
                     crd = tCcD[i]
                     if crd[0] < rows and crd[1] < cols:
-                        tCgD[i] = rD[i]
+                        tCgD[i] = tCrD[i]
 
     @cute.jit
     def _store_tile_tma(
         self,
-        acc,
+        tCrAcc,
         alpha,
         mD_tma,
         tma_atom_d,
@@ -1880,15 +1898,15 @@ class BlockwiseGemmFp4Sm90:
         # (MMA, MMA_M, MMA_N, epi stage): this thread's accumulator positions in a subtile
         tCsD = epi_mma.get_slice(tidx).partition_C(sD)
         # (MMA, MMA_M, MMA_N) of one subtile
-        rAcc = cute.make_rmem_tensor(tCsD[(None, None, None, 0)].shape, self.acc_dtype)
-        rD = cute.make_rmem_tensor(rAcc.shape, self.c_dtype)
-        per_subtile = cute.size(rAcc)
+        tRS_rAcc = cute.make_rmem_tensor(tCsD[(None, None, None, 0)].shape, self.acc_dtype)
+        tRS_rD = cute.make_rmem_tensor(tRS_rAcc.shape, self.c_dtype)
+        per_subtile = cute.size(tRS_rAcc)
         for sub in cutlass.range_constexpr(self.epi_subtiles):
             buf = sub % self.epi_stages
             for i in cutlass.range_constexpr(per_subtile):
-                rAcc[i] = acc[sub * per_subtile + i]
-            rD.store((rAcc.load() * alpha).to(self.c_dtype))
-            cute.autovec_copy(rD, tCsD[(None, None, None, buf)])
+                tRS_rAcc[i] = tCrAcc[sub * per_subtile + i]
+            tRS_rD.store((tRS_rAcc.load() * alpha).to(self.c_dtype))
+            cute.autovec_copy(tRS_rD, tCsD[(None, None, None, buf)])
             # NOTE: generic-proxy SMEM writes must be fenced before the async-proxy TMA store
             # reads them, and every consumer thread must have written its part.
             cute.arch.fence_proxy("async.shared", space="cta")
@@ -1912,11 +1930,13 @@ class BlockwiseGemmFp4Sm90:
 
     # ======================================= static helpers ====================================
     @staticmethod
-    def _compute_stages(stage_bytes, bdq_bytes, occupancy, max_stages) -> int:
+    def _compute_stages(stage_bytes, fixed_bytes, occupancy, max_stages) -> int:
+        """Ring stages of ``stage_bytes`` that fit next to ``fixed_bytes`` (converted kernel-B
+        buffers, D subtiles) at ``occupancy`` CTAs per SM, at most ``max_stages``."""
         reserved = 2048  # mbarriers + alignment padding
         # NOTE: 228 KiB per SM in all, of which 1 KiB per CTA is reserved by the hardware.
         per_cta = min(SM90_SMEM_CAPACITY, SM90_SMEM_PER_SM // occupancy - 1024)
-        stages = (per_cta - bdq_bytes - reserved) // stage_bytes
+        stages = (per_cta - fixed_bytes - reserved) // stage_bytes
         return min(stages, max_stages)
 
     @staticmethod
@@ -2019,7 +2039,7 @@ def compile_gemm(
     path: str,
     mma_tiler_mn: tuple[int, int],
     split_k: int = 1,
-    max_active_clusters: int = 132,
+    num_sms: int = 132,
     options: str = "",
     cluster_shape_mn: tuple[int, int] | None = None,
     tma_store: bool = True,
@@ -2028,7 +2048,7 @@ def compile_gemm(
 
     ``options="--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir=DIR"`` cross-compiles on a
     machine without a GPU; the executor's ``__ptx__`` / ``__cubin__`` then hold PTX and cubin.
-    ``max_active_clusters`` counts SMs (the kernel divides by its cluster size);
+    ``num_sms``: the GPU's SMs (the persistent grid holds occupancy x num_sms CTAs);
     ``cluster_shape_mn`` None takes ``default_cluster(path)``; ``tma_store`` False compiles the
     direct-store epilogue (for N * sizeof(D) not a multiple of 16 bytes, see ``tma_store_fits``).
     """
@@ -2049,7 +2069,7 @@ def compile_gemm(
         *ptrs,
         problem,
         cutlass.Float32(1.0),
-        max_active_clusters,
+        num_sms,
         cuda_driver.CUstream(0),
         options=options,
     )
@@ -2187,9 +2207,11 @@ def _torch_dtype(c_dtype: str):
 
 def blocked_scales(scales):
     """[L, R, K/V] unswizzled scales -> contiguous uint8 [L, bytes] in the 128x4 layout."""
+    import torch
+
     import reference
 
-    return reference.to_blocked(scales).view(__import__("torch").uint8).contiguous()
+    return reference.to_blocked(scales).view(torch.uint8).contiguous()
 
 
 def _resource_usage(dump_dir: str) -> list[dict]:
@@ -2271,11 +2293,25 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+def _num_sms() -> int:
+    """SMs of the current GPU (the heuristic's CTA slots), or an H200's 132 without one (e.g.
+    for ``--compile_only``)."""
+    try:
+        import torch
+    except ImportError:
+        return 132
+    if not torch.cuda.is_available():
+        return 132
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
 def resolve_config(args):
     """(path, mma_tiler_mn, split_k, sf_dtype) after applying the defaults; also fills in
     ``args.cluster_shape_mn``."""
     m, n, k, l = args.mnkl  # noqa: E741
-    path, tiler, split = default_config(m, n, k, l, path=None if args.path == "auto" else args.path)
+    path, tiler, split = default_config(
+        m, n, k, l, _num_sms(), path=None if args.path == "auto" else args.path
+    )
     if args.mma_tiler_mn is not None:
         tiler = args.mma_tiler_mn
     if args.split_k is not None:
@@ -2307,8 +2343,9 @@ def main(argv=None) -> int:
     reasons = list(reasons)
     if args.iterations < 1 or args.warmup_iterations < 0:
         reasons.append("--iterations must be >= 1 and --warmup_iterations >= 0")
-    if args.alpha is not None and alpha_reason(args.alpha, args.sf_vec_size, path):
-        reasons.append(f"--alpha: {alpha_reason(args.alpha, args.sf_vec_size, path)}")
+    reason = None if args.alpha is None else alpha_reason(args.alpha, args.sf_vec_size, path)
+    if reason:
+        reasons.append(f"--alpha: {reason}")
     if args.tolerance <= 0:
         reasons.append("--tolerance must be > 0")
     if reasons:
