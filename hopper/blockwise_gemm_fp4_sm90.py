@@ -1025,140 +1025,6 @@ class BlockwiseGemmFp4Sm90:
             stream=stream,
         )
 
-    @staticmethod
-    def _blocked_sf_tensor(ptr, rows, sf_atoms_k, l):  # noqa: E741
-        # NOTE: the 128x4 atoms are stored row-block-major, so the atoms of one row block are
-        # contiguous along K; two 256-byte halves keep every TMA box extent <= 256.
-        row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
-        atom_stride = cute.assume(SF_ATOM_BYTES * sf_atoms_k, SF_ATOM_BYTES)
-        return cute.make_tensor(
-            ptr,
-            cute.make_layout(
-                (256, 2 * sf_atoms_k, row_blocks, l),
-                stride=(1, 256, atom_stride, atom_stride * row_blocks),
-            ),
-        )
-
-    # -----------------------------------------------------------------------------------------
-    @cute.kernel
-    def convert_operands(
-        self,
-        mB: cute.Tensor,
-        mSFB: cute.Tensor,
-        mConvB: cute.Tensor,
-        mA: cute.Tensor,
-        mSFA: cute.Tensor,
-        mConvA: cute.Tensor,
-        k: Int32,
-        k_pad: Int32,
-        blocks_per_row: cute.FastDivmodDivisorV2,
-        rows_div_b: cute.FastDivmodDivisorV2,
-        rows_div_a: cute.FastDivmodDivisorV2,
-    ):
-        """Prologue, one grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16
-        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (decode, prefill) and
-        kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes to elements
-        16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
-        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per 64-block),
-        ``CONVERT_UNROLL`` chunks per thread with all their loads issued first (the bytes in
-        flight hide DRAM latency); each CTA step stores 4 KiB contiguous.  Kernel B's CTAs come
-        first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
-        # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
-        # grid's writes before the first TMA load of them
-        cute.arch.griddepcontrol_launch_dependents()
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        per_cta = CONVERT_THREADS * CONVERT_UNROLL
-        chunks_per_row = k_pad // K_BLOCK * CHUNKS_PER_KBLOCK
-        chunks_b = cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * chunks_per_row
-        ctas_b = (chunks_b + per_cta - 1) // per_cta
-        if bidx < ctas_b:
-            first = bidx * per_cta + tidx
-            self._convert_chunks(
-                mB, mSFB, mConvB, first, chunks_b, k, k_pad, blocks_per_row, rows_div_b
-            )
-        elif cutlass.const_expr(self.a_converted):
-            chunks_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * chunks_per_row
-            first = (bidx - ctas_b) * per_cta + tidx
-            self._convert_chunks(
-                mA, mSFA, mConvA, first, chunks_a, k, k_pad, blocks_per_row, rows_div_a
-            )
-
-    @cute.jit
-    def _convert_chunks(
-        self, mPacked, mSF, mConv, first, chunks, k, k_pad, blocks_per_row, rows_div
-    ):
-        """16-byte output chunks first + j * CONVERT_THREADS, j < CONVERT_UNROLL, of one packed
-        operand and its blocked scales (chunks row-major over (L, rows, K_pad / 64, 8)); chunk
-        c is pair p = c % 4 of 32-bit word c % 8 // 4 of its block's four 16-groups."""
-        # NOTE: unsigned index arithmetic: % and // by powers of two are single AND / shift
-        # instructions (signed ones need sign fix-ups), and every index here is >= 0.
-        rows = Uint32(mPacked.shape[0])
-        atoms_k = Uint32((k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS)
-        row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
-        loaded = []
-        for j in cutlass.range_constexpr(CONVERT_UNROLL):
-            # loads at a clamped (valid) chunk; only valid chunks are stored below
-            c = Uint32(cutlass.min(first + j * CONVERT_THREADS, chunks - 1))
-            chunk = c % CHUNKS_PER_KBLOCK
-            row_id, kb = divmod(Int32(c // CHUNKS_PER_KBLOCK), blocks_per_row)
-            batch, row = divmod(row_id, rows_div)
-            kb, batch, row = Uint32(kb), Uint32(batch), Uint32(row)
-            row_id = Int64(row_id)
-            # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
-            keep = Uint32(0) - Uint32(kb * K_BLOCK + K_BLOCK <= Uint32(k))
-            src = mPacked.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
-            src = src + Int64(4 * (chunk // 4))
-            # The block's scale columns lie in one atom's 4 bytes (NVFP4: columns 4kb .. 4kb+3,
-            # MXFP4: 2kb, 2kb+1): one aligned 32-bit load.
-            col0 = kb * (K_BLOCK // self.sf_vec_size)
-            r = row % SF_ATOM_ROWS
-            sf_word = (
-                ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col0 // SF_ATOM_COLS)
-                * SF_ATOM_BYTES
-                + (r % 32) * 16
-                + (r // 32) * 4
-            )
-            sf4 = _ld_global_nc_u32(mSF.iterator.toint() + Int64(sf_word))
-            words = []
-            for q in cutlass.range_constexpr(4):
-                if cutlass.const_expr(q < 2):
-                    words.append(_ld_global_nc_u32(src + Int64(8 * q)))
-                else:
-                    # the tail's missing groups 2, 3 re-read groups 0, 1; zeroed below
-                    off = Int64(8 * (q - 2)) + Int64(16) * Int64(keep & Uint32(1))
-                    words.append(_ld_global_nc_u32(src + off))
-            if cutlass.const_expr(self.swap_ab):
-                # decode: the tokens' copy has whole tiles of rows (mConv.shape[0] >= rows)
-                row_id = Int64(batch) * Int64(mConv.shape[0]) + Int64(row)
-            dst = mConv.iterator.toint() + (row_id * Int64(k_pad) + Int64(kb * K_BLOCK)) * 2
-            loaded.append((words, sf4, keep, col0, chunk, dst + Int64(16 * chunk)))
-        # NVFP4 to BF16: the four E4M3 scales of a block, magnitude and sign bytes apart
-        e4m3_bf16 = self.sf_vec_size == 16 and not self.f16
-        for j in cutlass.range_constexpr(CONVERT_UNROLL):
-            words, sf4, keep, col0, chunk, dst = loaded[j]
-            shift = Uint32(4 * (chunk % 4))
-            if cutlass.const_expr(e4m3_bf16):
-                mags, signs = sf4 & Uint32(0x7F7F7F7F), sf4 & Uint32(0x80808080)
-            out = []
-            for q in cutlass.range_constexpr(4):
-                word = words[q]
-                if cutlass.const_expr(e4m3_bf16):
-                    factor = _e4m3_byte_to_bf16x2(mags, signs, q, keep if q >= 2 else None)
-                else:
-                    if cutlass.const_expr(self.sf_vec_size == 16):
-                        sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
-                    else:
-                        sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
-                    if cutlass.const_expr(q >= 2):
-                        sf = sf & keep
-                    factor = _scale_factor(sf, self.sf_vec_size, self.f16)
-                if cutlass.const_expr(q >= 2):
-                    word = word & keep
-                out.append(_fp4_pair_lo_to_mma(word >> shift, factor, self.f16))
-            if first + j * CONVERT_THREADS < chunks:
-                _st_global_v4_b32(dst, out)
-
     # -----------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(
@@ -1928,6 +1794,126 @@ class BlockwiseGemmFp4Sm90:
             barrier_id=int(NamedBarrierId.SPLITK_FIXUP), number_of_threads=self.num_mma_threads
         )
 
+    # ======================================= prologue grid =====================================
+    @cute.kernel
+    def convert_operands(
+        self,
+        mB: cute.Tensor,
+        mSFB: cute.Tensor,
+        mConvB: cute.Tensor,
+        mA: cute.Tensor,
+        mSFA: cute.Tensor,
+        mConvA: cute.Tensor,
+        k: Int32,
+        k_pad: Int32,
+        blocks_per_row: cute.FastDivmodDivisorV2,
+        rows_div_b: cute.FastDivmodDivisorV2,
+        rows_div_a: cute.FastDivmodDivisorV2,
+    ):
+        """Prologue, one grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16
+        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (decode, prefill) and
+        kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes to elements
+        16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
+        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per 64-block),
+        ``CONVERT_UNROLL`` chunks per thread with all their loads issued first (the bytes in
+        flight hide DRAM latency); each CTA step stores 4 KiB contiguous.  Kernel B's CTAs come
+        first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
+        # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
+        # grid's writes before the first TMA load of them
+        cute.arch.griddepcontrol_launch_dependents()
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        per_cta = CONVERT_THREADS * CONVERT_UNROLL
+        chunks_per_row = k_pad // K_BLOCK * CHUNKS_PER_KBLOCK
+        chunks_b = cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * chunks_per_row
+        ctas_b = (chunks_b + per_cta - 1) // per_cta
+        if bidx < ctas_b:
+            first = bidx * per_cta + tidx
+            self._convert_chunks(
+                mB, mSFB, mConvB, first, chunks_b, k, k_pad, blocks_per_row, rows_div_b
+            )
+        elif cutlass.const_expr(self.a_converted):
+            chunks_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * chunks_per_row
+            first = (bidx - ctas_b) * per_cta + tidx
+            self._convert_chunks(
+                mA, mSFA, mConvA, first, chunks_a, k, k_pad, blocks_per_row, rows_div_a
+            )
+
+    @cute.jit
+    def _convert_chunks(
+        self, mPacked, mSF, mConv, first, chunks, k, k_pad, blocks_per_row, rows_div
+    ):
+        """16-byte output chunks first + j * CONVERT_THREADS, j < CONVERT_UNROLL, of one packed
+        operand and its blocked scales (chunks row-major over (L, rows, K_pad / 64, 8)); chunk
+        c is pair p = c % 4 of 32-bit word c % 8 // 4 of its block's four 16-groups."""
+        # NOTE: unsigned index arithmetic: % and // by powers of two are single AND / shift
+        # instructions (signed ones need sign fix-ups), and every index here is >= 0.
+        rows = Uint32(mPacked.shape[0])
+        atoms_k = Uint32((k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS)
+        row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
+        loaded = []
+        for j in cutlass.range_constexpr(CONVERT_UNROLL):
+            # loads at a clamped (valid) chunk; only valid chunks are stored below
+            c = Uint32(cutlass.min(first + j * CONVERT_THREADS, chunks - 1))
+            chunk = c % CHUNKS_PER_KBLOCK
+            row_id, kb = divmod(Int32(c // CHUNKS_PER_KBLOCK), blocks_per_row)
+            batch, row = divmod(row_id, rows_div)
+            kb, batch, row = Uint32(kb), Uint32(batch), Uint32(row)
+            row_id = Int64(row_id)
+            # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
+            keep = Uint32(0) - Uint32(kb * K_BLOCK + K_BLOCK <= Uint32(k))
+            src = mPacked.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
+            src = src + Int64(4 * (chunk // 4))
+            # The block's scale columns lie in one atom's 4 bytes (NVFP4: columns 4kb .. 4kb+3,
+            # MXFP4: 2kb, 2kb+1): one aligned 32-bit load.
+            col0 = kb * (K_BLOCK // self.sf_vec_size)
+            r = row % SF_ATOM_ROWS
+            sf_word = (
+                ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col0 // SF_ATOM_COLS)
+                * SF_ATOM_BYTES
+                + (r % 32) * 16
+                + (r // 32) * 4
+            )
+            sf4 = _ld_global_nc_u32(mSF.iterator.toint() + Int64(sf_word))
+            words = []
+            for q in cutlass.range_constexpr(4):
+                if cutlass.const_expr(q < 2):
+                    words.append(_ld_global_nc_u32(src + Int64(8 * q)))
+                else:
+                    # the tail's missing groups 2, 3 re-read groups 0, 1; zeroed below
+                    off = Int64(8 * (q - 2)) + Int64(16) * Int64(keep & Uint32(1))
+                    words.append(_ld_global_nc_u32(src + off))
+            if cutlass.const_expr(self.swap_ab):
+                # decode: the tokens' copy has whole tiles of rows (mConv.shape[0] >= rows)
+                row_id = Int64(batch) * Int64(mConv.shape[0]) + Int64(row)
+            dst = mConv.iterator.toint() + (row_id * Int64(k_pad) + Int64(kb * K_BLOCK)) * 2
+            loaded.append((words, sf4, keep, col0, chunk, dst + Int64(16 * chunk)))
+        # NVFP4 to BF16: the four E4M3 scales of a block, magnitude and sign bytes apart
+        e4m3_bf16 = self.sf_vec_size == 16 and not self.f16
+        for j in cutlass.range_constexpr(CONVERT_UNROLL):
+            words, sf4, keep, col0, chunk, dst = loaded[j]
+            shift = Uint32(4 * (chunk % 4))
+            if cutlass.const_expr(e4m3_bf16):
+                mags, signs = sf4 & Uint32(0x7F7F7F7F), sf4 & Uint32(0x80808080)
+            out = []
+            for q in cutlass.range_constexpr(4):
+                word = words[q]
+                if cutlass.const_expr(e4m3_bf16):
+                    factor = _e4m3_byte_to_bf16x2(mags, signs, q, keep if q >= 2 else None)
+                else:
+                    if cutlass.const_expr(self.sf_vec_size == 16):
+                        sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
+                    else:
+                        sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
+                    if cutlass.const_expr(q >= 2):
+                        sf = sf & keep
+                    factor = _scale_factor(sf, self.sf_vec_size, self.f16)
+                if cutlass.const_expr(q >= 2):
+                    word = word & keep
+                out.append(_fp4_pair_lo_to_mma(word >> shift, factor, self.f16))
+            if first + j * CONVERT_THREADS < chunks:
+                _st_global_v4_b32(dst, out)
+
     # ======================================= static helpers ====================================
     @staticmethod
     def _compute_stages(stage_bytes, fixed_bytes, occupancy, max_stages) -> int:
@@ -1958,6 +1944,20 @@ class BlockwiseGemmFp4Sm90:
         params = utils.PersistentTileSchedulerParams(num_tiles, (cluster_m, 1, 1))
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(params, max_active_clusters)
         return params, grid
+
+    @staticmethod
+    def _blocked_sf_tensor(ptr, rows, sf_atoms_k, l):  # noqa: E741
+        # NOTE: the 128x4 atoms are stored row-block-major, so the atoms of one row block are
+        # contiguous along K; two 256-byte halves keep every TMA box extent <= 256.
+        row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
+        atom_stride = cute.assume(SF_ATOM_BYTES * sf_atoms_k, SF_ATOM_BYTES)
+        return cute.make_tensor(
+            ptr,
+            cute.make_layout(
+                (256, 2 * sf_atoms_k, row_blocks, l),
+                stride=(1, 256, atom_stride, atom_stride * row_blocks),
+            ),
+        )
 
     def converted_rows_b(self, rows_b):
         """Rows of the converted kernel-B copy (Python or DSL integers): on decode
