@@ -1648,14 +1648,9 @@ class BlockwiseGemmFp4Sm90:
         is_last = True
         if cutlass.const_expr(self.split_k > 1):
             nacc = cute.size(tCrAcc)
-            # (a 2x1 cluster runs an even number of row tiles)
-            row_tiles = (
-                (rows + self.tile_rows * self.cluster_m - 1)
-                // (self.tile_rows * self.cluster_m)
-                * self.cluster_m
+            row_tiles, col_tiles, num_tiles = output_tiles(
+                rows, cols, mD_mnl.shape[2], self.tile_rows, self.tile_cols, self.cluster_m
             )
-            col_tiles = (cols + self.tile_cols - 1) // self.tile_cols
-            num_tiles = row_tiles * col_tiles * mD_mnl.shape[2]
             tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile
             split = lk % self.split_k
             work = mWork.iterator.toint()
@@ -1998,12 +1993,20 @@ def alpha_reason(alpha: float, sf_vec_size: int, path: str = "decode") -> str | 
 
 
 # ---------------------------------------------------------------------------------------------
+def output_tiles(rows, cols, l, tile_rows, tile_cols, cluster_m):  # noqa: E741
+    """(row tiles, col tiles, tiles) of the kernel's output, on the host (``workspace_elems``)
+    and in the kernel (the split-K fix-up's addresses): Python or DSL integers.  A 2x1 cluster
+    runs an even number of row tiles."""
+    row_tiles = (rows + tile_rows * cluster_m - 1) // (tile_rows * cluster_m) * cluster_m
+    col_tiles = (cols + tile_cols - 1) // tile_cols
+    return row_tiles, col_tiles, row_tiles * col_tiles * l
+
+
 def workspace_elems(m, n, l, path, mma_tiler_mn, split_k, cluster_m=1):  # noqa: E741
     """fp32 elements of the split-K workspace (partials + one counter per output tile)."""
     rows, cols = (n, m) if path == "decode" else (m, n)
     tr, tc = kernel_tile(path, mma_tiler_mn)
-    row_tiles = math.ceil(rows / (tr * cluster_m)) * cluster_m
-    tiles = row_tiles * math.ceil(cols / tc) * l
+    tiles = output_tiles(rows, cols, l, tr, tc, cluster_m)[2]
     return tiles * split_k * tr * tc + tiles if split_k > 1 else 1
 
 
