@@ -1546,8 +1546,7 @@ class BlockwiseGemmFp4Sm90:
         out = []
         for r in cutlass.range_constexpr(2):
             row = a_row0 + 8 * r
-            byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
-            packed = _ld_shared_b64(base_a + stage * self.a_stage_bytes + _swizzle64(byte))
+            packed = self._load_packed(base_a, stage, self.a_stage_bytes, row, j, q)
             sf = self._load_scale_byte(
                 base_sfa, stage, self.sfa_stage_bytes, row + sfa_row_off, j, q
             )
@@ -1579,8 +1578,7 @@ class BlockwiseGemmFp4Sm90:
             if item < items:
                 row = item // 4
                 qb = item % 4
-                byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + qb * 8
-                packed = _ld_shared_b64(base_b + stage * self.b_stage_bytes + _swizzle64(byte))
+                packed = self._load_packed(base_b, stage, self.b_stage_bytes, row, j, qb)
                 factor = _scale_factor(
                     self._load_scale_byte(
                         base_sfb, stage, self.sfb_stage_bytes, row + sfb_row_off, j, qb
@@ -1593,6 +1591,12 @@ class BlockwiseGemmFp4Sm90:
                 for i in cutlass.range_constexpr(8):
                     # NOTE: 128B swizzle: 16-byte chunk index XOR (row % 8).
                     _st_shared_b32(row_addr + ((i ^ (row % 8)) * 16), pairs[i])
+
+    @cute.jit
+    def _load_packed(self, base, stage, stage_bytes, row, j, q):
+        """The 8 packed bytes of tile row ``row``, K values 16q..16q+15 of k-block j (SW64)."""
+        byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
+        return _ld_shared_b64(base + stage * stage_bytes + _swizzle64(byte))
 
     @cute.jit
     def _load_scale_byte(self, base_sf, stage, stage_bytes, row, j, q):
