@@ -233,8 +233,7 @@ def bench_ours(ops, m, n, k, roof, runners):
     sets = [(a, b, sfa, sfb)] + [
         tuple(t.clone() for t in (a, b, sfa, sfb)) for _ in range(_l2_copies(one) - 1)
     ]
-    num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    path, tiler, split = k90.default_config(m, n, k, 1, num_sms)
+    path, tiler, split = k90.default_config(m, n, k, 1, k90.gpu_sm_count())
     key = (vec, path, tiler, split)
     if key not in runners:
         runners[key] = k90.Fp4GemmSm90Runner(vec, "BFloat16", path, tiler, split)

@@ -563,7 +563,7 @@ def check_config(
         # fewer than 2^31 elements (bytes for A and B), and so must the F16 / BF16 copies the
         # decode (tokens) and prefill (A and B) paths convert, whose K is rounded up to 64, and
         # the blocked scales (bytes) that the prologue reads.
-        k_pad = -(-k // K_BLOCK) * K_BLOCK
+        k_pad = _round_up(k, K_BLOCK)
         extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
         if path in ("decode", "prefill") and sf_vec_size in (16, 32):
             for name, rows in (("SFA", m), ("SFB", n)):
@@ -2300,9 +2300,9 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def _num_sms() -> int:
-    """SMs of the current GPU (the heuristic's CTA slots), or an H200's 132 without one (e.g.
-    for ``--compile_only``)."""
+def gpu_sm_count() -> int:
+    """SMs of the current GPU (``default_config``'s CTA slots), or an H200's 132 without one
+    (e.g. for ``--compile_only``)."""
     try:
         import torch
     except ImportError:
@@ -2317,7 +2317,7 @@ def resolve_config(args):
     ``args.cluster_shape_mn``."""
     m, n, k, l = args.mnkl  # noqa: E741
     path, tiler, split = default_config(
-        m, n, k, l, _num_sms(), path=None if args.path == "auto" else args.path
+        m, n, k, l, gpu_sm_count(), path=None if args.path == "auto" else args.path
     )
     if args.mma_tiler_mn is not None:
         tiler = args.mma_tiler_mn
