@@ -439,6 +439,8 @@ GPU_CASES = [
     # several 128-token tiles (M > 128, default_config's decode range), the last one ragged
     (300, 520, 2080, 2, 16, "BFloat16", "decode", (128, 128), 1, 0.7, "wide"),
     (260, 1000, 4000, 1, 32, "Float32", "decode", (128, 128), 2, 1.0, "normal"),
+    # 864 split-K units on 264 CTA slots: CTAs run splits of several tiles in turn
+    (16, 18432, 2048, 2, 16, "BFloat16", "decode", (16, 128), 3, 1.0, "wide"),
 ]
 
 
@@ -449,13 +451,15 @@ def test_gpu_matches_reference(case):
 
     import reference
 
-    m, n, k, l, vec, c_dtype, path, tiler, split, alpha, dist = case  # noqa: E741
-    ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=m + n + k, dist=dist)
-    alpha = float(ops.alpha) * alpha
+    m, n, k, l, vec, c_dtype, path, tiler, split, alpha_factor, dist = case  # noqa: E741
     runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split)
-    sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
     d = torch.full((l, m, n), float("nan"), dtype=k90._torch_dtype(c_dtype), device="cuda")
-    for _ in range(2):  # twice: the split-K counters must reset themselves
+    # twice, on different operands: the split-K tile counters must reset themselves, or the
+    # next launch would sum a tile before all of its new partials are in
+    for seed in (m + n + k, m + n + k + 1):
+        ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist=dist)
+        alpha = float(ops.alpha) * alpha_factor
+        sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
         d.fill_(float("nan"))
         runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
         torch.cuda.synchronize()
