@@ -43,7 +43,10 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
 The path and tile are chosen by ``default_config`` (documented there); ``--path`` overrides.
 After ``convert_operands`` the GEMM grid is launched with programmatic dependent launch, so its
 prologue overlaps the conversion; its producer waits (``griddepcontrol.wait``) before it loads a
-converted operand (on decode it requests the first stage's weights before the wait).
+converted operand (on decode it requests the first stage's weights before the wait).  The GEMM
+releases its dependents once every CTA has issued its last load; on decode with 8-token tiles
+``convert_operands`` is launched with PDL as well, waits for the kernel ahead of it before it
+touches memory, and so starts within the previous launch's tail (``prologue_pdl``).
 
 Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs per SM)
 --------------------------------------------------------------------------------------
@@ -674,6 +677,11 @@ class BlockwiseGemmFp4Sm90:
         self.kblocks_per_stage = 1 if self.a_converted else K_TILE // K_BLOCK
         # programmatic dependent launch of the GEMM after convert_operands
         self.use_pdl = self.b_converted
+        # ... and of convert_operands itself, so that its launch overlaps the tail of the kernel
+        # before it (the previous GEMM releases it once all its loads are issued): only for
+        # token tiles of 8, whose prologue has a few CTAs.  With 16 to 128 tokens it measured
+        # mixed, up to 2 us slower at 128 x 8192 x 8192 (H200, hopper/NOTES.md, ninth session).
+        self.prologue_pdl = path == "decode" and self.tile_cols == 8
         self.stage_k = K_BLOCK * self.kblocks_per_stage
         self.producer_warp = 0
         # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
@@ -988,6 +996,7 @@ class BlockwiseGemmFp4Sm90:
                 grid=[ctas, 1, 1],
                 block=[CONVERT_THREADS, 1, 1],
                 stream=stream,
+                use_pdl=self.prologue_pdl,
             )
         self.kernel(
             tma_atom_a,
@@ -1251,6 +1260,10 @@ class BlockwiseGemmFp4Sm90:
                 state.advance()
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
+        # Every load of this CTA is issued: the next launch's prologue grid (PDL) may be
+        # scheduled once all CTAs are here; it waits for this grid to complete before it
+        # touches memory, and its launch overlaps this grid's last stages.
+        cute.arch.griddepcontrol_launch_dependents()
         ab_pipeline.producer_tail(state)
 
     @cute.jit
@@ -1817,6 +1830,12 @@ class BlockwiseGemmFp4Sm90:
         ``CONVERT_UNROLL`` chunks per thread with all their loads issued first (the bytes in
         flight hide DRAM latency); each CTA step stores 4 KiB contiguous.  Kernel B's CTAs come
         first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
+        # NOTE: with ``prologue_pdl`` this grid may start before the kernel ahead of it ends
+        # (the previous GEMM releases it early): nothing here may read the operands or write the
+        # converted copies (which that GEMM may still read) before the wait, and the GEMM is
+        # released only after it, so its early weight loads never run ahead of a kernel that
+        # wrote the weights.  Without PDL the wait returns at once.
+        cute.arch.griddepcontrol_wait()
         # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
         # grid's writes before the first TMA load of them
         cute.arch.griddepcontrol_launch_dependents()

@@ -95,6 +95,14 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
         loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
         assert len(loads) == (2 if path == "decode" else 0), loads
+        # the GEMM releases the next launch's prologue after its producer's loop, not at entry
+        assert gemm_ptx.index("griddepcontrol.launch_dependents") > len(early)
+        # the prologue (launched with PDL on 8-token decode tiles) waits for the kernel ahead
+        # of it before its first global memory access
+        prologue_ptx = ptx[ptx.index(".entry kernel_cutlass_convert_operands") :]
+        first_access = re.search(r"\b(ld|st)\.global", prologue_ptx).start()
+        assert prologue_ptx.index("griddepcontrol.wait") < first_access
+        assert gemm.prologue_pdl == (path == "decode" and tiler[0] == 8)
     # wgmma (NVFP4: F16, MXFP4: BF16), A from registers, FP32 accumulation, N = the SMEM
     # operand's tile
     tile_cols = k90.kernel_tile(path, tiler)[1]
@@ -453,16 +461,23 @@ def test_gpu_matches_reference(case):
 
     m, n, k, l, vec, c_dtype, path, tiler, split, alpha_factor, dist = case  # noqa: E741
     runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split)
-    d = torch.full((l, m, n), float("nan"), dtype=k90._torch_dtype(c_dtype), device="cuda")
-    # twice, on different operands: the split-K tile counters must reset themselves, or the
-    # next launch would sum a tile before all of its new partials are in
+    # twice, on different operands and back to back on one stream: the split-K tile counters
+    # must reset themselves, and the second launch's prologue (with PDL on 8-token tiles,
+    # started within the first GEMM's tail) must not overwrite the converted tokens before
+    # the first GEMM is done with them
+    runs = []
     for seed in (m + n + k, m + n + k + 1):
         ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist=dist)
         alpha = float(ops.alpha) * alpha_factor
         sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
-        d.fill_(float("nan"))
+        d = torch.full((l, m, n), float("nan"), dtype=k90._torch_dtype(c_dtype), device="cuda")
+        runs.append((ops, alpha, sfa, sfb, d))
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000)  # about 1 ms on the GPU: both launches queue up behind it
+    for ops, alpha, sfa, sfb, d in runs:
         runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    for ops, alpha, _, _, d in runs:
         ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, alpha)
         assert ok, str(info)
 
