@@ -1260,9 +1260,10 @@ class BlockwiseGemmFp4Sm90:
                 state.advance()
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
-        # Every load of this CTA is issued: the next launch's prologue grid (PDL) may be
-        # scheduled once all CTAs are here; it waits for this grid to complete before it
-        # touches memory, and its launch overlaps this grid's last stages.
+        # Every load of this CTA is issued: a PDL-launched successor (the next launch's
+        # prologue grid) may be scheduled once all CTAs are here; it must wait for this grid to
+        # complete before it touches memory (``convert_operands`` does), and its launch
+        # overlaps this grid's last stages.
         cute.arch.griddepcontrol_launch_dependents()
         ab_pipeline.producer_tail(state)
 
@@ -1832,9 +1833,12 @@ class BlockwiseGemmFp4Sm90:
         first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
         # NOTE: with ``prologue_pdl`` this grid may start before the kernel ahead of it ends
         # (the previous GEMM releases it early): nothing here may read the operands or write the
-        # converted copies (which that GEMM may still read) before the wait, and the GEMM is
-        # released only after it, so its early weight loads never run ahead of a kernel that
-        # wrote the weights.  Without PDL the wait returns at once.
+        # converted copies (which that GEMM may still read) before the wait.  The release below
+        # must stay after the wait: the GEMM relies on it for everything it does before or
+        # without its own wait (the first stage's weight loads, and the epilogue of split-K
+        # units without k-tiles, which writes the workspace and D), since it can only start
+        # once the kernel ahead of this grid has completed.  Without PDL the wait returns at
+        # once.
         cute.arch.griddepcontrol_wait()
         # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
         # grid's writes before the first TMA load of them
@@ -2109,7 +2113,10 @@ class Fp4GemmSm90Runner:
     split-K workspace (partials + self-resetting tile counters) and the converted operands, which
     are zeroed once on the stream current at the first call; launches of the same shape on two
     streams at once would race on them (use one runner per stream).  A launch that aborts part
-    way leaves counters behind: make a new runner after a CUDA error.
+    way leaves counters behind: make a new runner after a CUDA error.  The GEMM grid releases a
+    PDL-launched successor once all its loads are issued (``griddepcontrol.launch_dependents``):
+    a kernel that follows it with programmatic dependent launch must ``griddepcontrol.wait``
+    before it reads D.
     """
 
     def __init__(
