@@ -70,6 +70,13 @@ COMPILE_CONFIGS = [
 ]
 
 
+def _entry_ptx(ptx: str, name: str) -> str:
+    """The PTX of one kernel: from its ``.entry`` line to the next kernel's (or the end)."""
+    start = ptx.index(f".entry {name}")
+    end = ptx.find(".entry", start + 1)
+    return ptx[start:] if end < 0 else ptx[start:end]
+
+
 @pytest.mark.parametrize("cfg", COMPILE_CONFIGS, ids=lambda c: "-".join(str(x) for x in c))
 def test_cross_compile_sm90a(cfg, tmp_path):
     vec, c_dtype, path, tiler, split = cfg[:5]
@@ -91,9 +98,7 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         # TMA loads the GEMM issues before that wait: decode, the first stage's weights and
         # their scales (inputs the prologue does not write); prefill, none (both operands are
         # converted copies)
-        start = ptx.index(".entry kernel_cutlass_kernel")
-        end = ptx.find(".entry", start + 1)
-        gemm_ptx = ptx[start : end if end > start else len(ptx)]
+        gemm_ptx = _entry_ptx(ptx, "kernel_cutlass_kernel")
         early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
         loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
         assert len(loads) == (2 if path == "decode" else 0), loads
@@ -103,9 +108,7 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         assert gemm_ptx.index("griddepcontrol.launch_dependents") > len(early)
         # the prologue (launched with PDL on 8-token decode tiles) waits for the kernel ahead
         # of it before its first global memory access, and releases the GEMM only after that
-        start = ptx.index(".entry kernel_cutlass_convert_operands")
-        end = ptx.find(".entry", start + 1)
-        prologue_ptx = ptx[start : end if end > start else len(ptx)]
+        prologue_ptx = _entry_ptx(ptx, "kernel_cutlass_convert_operands")
         first_access = re.search(r"\b(ld|st|atom|red)\.[\w:.]*global", prologue_ptx).start()
         wait = prologue_ptx.index("griddepcontrol.wait")
         assert wait < first_access
