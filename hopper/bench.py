@@ -221,7 +221,8 @@ def _rate(m, n, k, sec, **extra):
 
 def _l2_copies(one_set_bytes: int) -> int:
     """Copies of the inputs whose total exceeds 3x the L2 (cold-cache timing)."""
-    return max(1, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / one_set_bytes))
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(1, math.ceil(3 * l2 / one_set_bytes))
 
 
 def bench_ours(ops, m, n, k, roof, runners):

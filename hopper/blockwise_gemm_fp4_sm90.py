@@ -430,6 +430,12 @@ def decode_token_rows(m, tile_cols):
     return _round_up(m, tile_cols)
 
 
+def decode_token_copy_elems(m, k, l, tile_cols):  # noqa: E741
+    """Elements of decode's converted token copy (whole token tiles x K rounded up to 64 x L):
+    ``default_config`` and ``check_config`` keep it below the kernel's 32-bit offsets."""
+    return decode_token_rows(m, max(8, tile_cols)) * _round_up(k, K_BLOCK) * l
+
+
 def _swizzle64(offset):
     # NOTE: TMA / wgmma 64B swizzle on byte offsets from a 512B-aligned base.
     return offset ^ ((offset >> 3) & 0x30)
@@ -478,7 +484,7 @@ def default_config(
     if path is None:
         # (the decode path's token copy, padded to whole token tiles, must stay within the
         # kernel's 32-bit offsets; the prefill path's copy is not padded)
-        token_copy = decode_token_rows(m, cols) * _round_up(k, K_BLOCK) * l
+        token_copy = decode_token_copy_elems(m, k, l, cols)
         path = "decode" if m <= DECODE_MAX_M and token_copy < 2**31 else "prefill"
     if path == "decode":
         slots = num_sms * occupancy("decode", (cols, 128))
@@ -576,8 +582,14 @@ def check_config(
             extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
         elif path == "decode":
             # the tokens' copy has whole token tiles (``converted_shapes``)
-            m_pad = decode_token_rows(m, max(8, kernel_tile(path, mma_tiler_mn)[1]))
-            extents.append((f"M_pad*K_pad*L (converted A, M_pad = {m_pad})", m_pad * k_pad * l))
+            tile_cols = kernel_tile(path, mma_tiler_mn)[1]
+            m_pad = decode_token_rows(m, max(8, tile_cols))
+            extents.append(
+                (
+                    f"M_pad*K_pad*L (converted A, M_pad = {m_pad})",
+                    decode_token_copy_elems(m, k, l, tile_cols),
+                )
+            )
         for name, extent in extents:
             if extent >= 2**31:
                 reasons.append(
@@ -2129,8 +2141,6 @@ class Fp4GemmSm90Runner:
         options="",
         cluster_shape_mn=None,
     ):
-        import torch
-
         self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
         self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
         self._args = (
@@ -2139,7 +2149,7 @@ class Fp4GemmSm90Runner:
             path,
             mma_tiler_mn,
             split_k,
-            torch.cuda.get_device_properties(0).multi_processor_count,
+            gpu_sm_count(),
             options,
             cluster_shape_mn,
         )
@@ -2470,7 +2480,7 @@ def main(argv=None) -> int:
     sets = [(ops.a, ops.b, sfa, sfb, d)]
     if args.use_cold_l2:
         one = sum(t.numel() * t.element_size() for t in sets[0])
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
         for _ in range(max(1, math.ceil(2 * l2 / one))):
             sets.append(tuple(t.clone() for t in sets[0]))
     for i in range(args.warmup_iterations):
