@@ -44,9 +44,10 @@ The path and tile are chosen by ``default_config`` (documented there); ``--path`
 After ``convert_operands`` the GEMM grid is launched with programmatic dependent launch, so its
 prologue overlaps the conversion; its producer waits (``griddepcontrol.wait``) before it loads a
 converted operand (on decode it requests the first stage's weights before the wait).  The GEMM
-releases its dependents once every CTA has issued its last load; on decode with 8-token tiles
-``convert_operands`` is launched with PDL as well, waits for the kernel ahead of it before it
-touches memory, and so starts within the previous launch's tail (``prologue_pdl``).
+releases its dependents once every CTA has issued its last load; on decode tiles of up to 16
+or 32 tokens (``prologue_pdl``) ``convert_operands`` is launched with PDL as well, waits for the
+kernel ahead of it before it touches memory, and so starts within the previous launch's tail;
+its CTAs are small enough (128 threads, <= 32 registers) to share an SM with two GEMM CTAs.
 
 Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs per SM)
 --------------------------------------------------------------------------------------
@@ -169,6 +170,7 @@ from cutlass.tensor_utils import LayoutEnum
 # NOTE: sm_90 allows 227 KiB (232448 bytes) of dynamic SMEM per CTA.
 SM90_SMEM_CAPACITY = 232448
 SM90_SMEM_PER_SM = 233472
+SM90_REGS_PER_SM = 65536
 # scale-factor dtype -> the block size it goes with
 SF_VEC_OF_DTYPE = {"Float8E4M3FN": 16, "Float8E8M0FNU": 32}
 C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
@@ -183,8 +185,18 @@ SF_ATOM_ROWS = 128
 SF_ATOM_COLS = 4
 SF_ATOM_BYTES = 512
 NUM_BDQ_BUFFERS = 3
+# convert_operands: threads per CTA and 16-byte chunks per thread.  Prefill converts whole
+# operands (many bytes in flight per thread); decode converts the tokens with small CTAs that
+# fit next to two GEMM CTAs on an SM (``DECODE_CONVERT_MAX_REGS``).
 CONVERT_THREADS = 256
 CONVERT_UNROLL = 4
+DECODE_CONVERT_THREADS = 128
+DECODE_CONVERT_UNROLL = 2
+# NOTE: two decode GEMM CTAs of 128 weight rows hold 2 x 384 threads x 80 registers = 61440 of
+# the SM's 65536, so a prologue CTA of 128 threads fits beside them (and can overlap their
+# tail, see ``prologue_pdl``) only at <= 32 registers per thread; the launch caps it through
+# min_blocks_per_mp.
+DECODE_CONVERT_MAX_REGS = 32
 # 16-byte chunks in one converted 64-wide k-block row (64 x 2 bytes)
 CHUNKS_PER_KBLOCK = 8
 MAX_STAGES = 12
@@ -690,10 +702,28 @@ class BlockwiseGemmFp4Sm90:
         # programmatic dependent launch of the GEMM after convert_operands
         self.use_pdl = self.b_converted
         # ... and of convert_operands itself, so that its launch overlaps the tail of the kernel
-        # before it (the previous GEMM releases it once all its loads are issued): only for
-        # token tiles of 8, whose prologue has a few CTAs.  With 16 to 128 tokens it measured
-        # mixed, up to 2 us slower at 128 x 8192 x 8192 (H200, hopper/NOTES.md, ninth session).
-        self.prologue_pdl = path == "decode" and self.tile_cols == 8
+        # before it (the previous GEMM releases it once all its loads are issued).  Decode only,
+        # two GEMM CTAs per SM, and (H200, hopper/NOTES.md, tenth session):
+        # - tiles of 128 weight rows x up to 32 tokens, where the prologue's small CTAs fit
+        #   beside two GEMM CTAs: 16 x 8192 x 8192 16.3 against 16.9 us, 32 x 28672 x 4096 26.3
+        #   against 27.4;
+        # - tiles of 64 rows x up to 16 tokens: two such CTAs fill the SM's registers, yet the
+        #   chain measured faster (16 x 7168 x 2048 7.6 against 8.5 us); with 32 tokens it was
+        #   mixed (32 x 4096 x 7168 12.5 against 11.9), with 64 slower (64 x 18432 x 7168 47.4
+        #   against 45.5), and so on 128-token tiles, one GEMM CTA per SM (up to 2 us, ninth
+        #   session).
+        self.prologue_pdl = (
+            path == "decode"
+            and occupancy(path, mma_tiler_mn) == 2
+            and self.tile_cols <= (32 if self.tile_rows == 128 else 16)
+        )
+        if path == "decode":
+            self.convert_threads, self.convert_unroll = (
+                DECODE_CONVERT_THREADS,
+                DECODE_CONVERT_UNROLL,
+            )
+        else:
+            self.convert_threads, self.convert_unroll = CONVERT_THREADS, CONVERT_UNROLL
         self.stage_k = K_BLOCK * self.kblocks_per_stage
         self.producer_warp = 0
         # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
@@ -981,8 +1011,8 @@ class BlockwiseGemmFp4Sm90:
         self.shared_storage = SharedStorage
 
         if cutlass.const_expr(self.b_converted):
-            # one CTA covers CONVERT_THREADS * CONVERT_UNROLL chunks of one operand
-            per_cta = CONVERT_THREADS * CONVERT_UNROLL
+            # one CTA covers convert_threads * convert_unroll chunks of one operand
+            per_cta = self.convert_threads * self.convert_unroll
             chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
             ctas = (chunks_b + per_cta - 1) // per_cta
             if cutlass.const_expr(self.a_converted):
@@ -992,6 +1022,7 @@ class BlockwiseGemmFp4Sm90:
             blocks_per_row = cute.fast_divmod_create_divisor_v2(k_pad // K_BLOCK)
             rows_div_b = cute.fast_divmod_create_divisor_v2(rows_b)
             rows_div_a = cute.fast_divmod_create_divisor_v2(rows_a)
+            decode = self.path == "decode"
             self.convert_operands(
                 mKBpacked,
                 mSFKB,
@@ -1006,9 +1037,17 @@ class BlockwiseGemmFp4Sm90:
                 rows_div_a,
             ).launch(
                 grid=[ctas, 1, 1],
-                block=[CONVERT_THREADS, 1, 1],
+                block=[self.convert_threads, 1, 1],
                 stream=stream,
                 use_pdl=self.prologue_pdl,
+                # decode: the register cap of DECODE_CONVERT_MAX_REGS, and the GEMM's SMEM
+                # carveout, so that these CTAs can share an SM with two GEMM CTAs
+                min_blocks_per_mp=(
+                    SM90_REGS_PER_SM // (self.convert_threads * DECODE_CONVERT_MAX_REGS)
+                    if decode
+                    else 0
+                ),
+                preferred_smem_carveout=100 if decode else None,
             )
         self.kernel(
             tma_atom_a,
@@ -1840,7 +1879,7 @@ class BlockwiseGemmFp4Sm90:
         kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes to elements
         16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
         16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per 64-block),
-        ``CONVERT_UNROLL`` chunks per thread with all their loads issued first (the bytes in
+        ``convert_unroll`` chunks per thread with all their loads issued first (the bytes in
         flight hide DRAM latency); each CTA step stores 4 KiB contiguous.  Kernel B's CTAs come
         first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
         # NOTE: with ``prologue_pdl`` this grid may start before the kernel ahead of it ends
@@ -1857,7 +1896,7 @@ class BlockwiseGemmFp4Sm90:
         cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        per_cta = CONVERT_THREADS * CONVERT_UNROLL
+        per_cta = self.convert_threads * self.convert_unroll
         chunks_per_row = k_pad // K_BLOCK * CHUNKS_PER_KBLOCK
         chunks_b = cute.size(mB.shape[0]) * cute.size(mB.shape[2]) * chunks_per_row
         ctas_b = (chunks_b + per_cta - 1) // per_cta
@@ -1877,7 +1916,7 @@ class BlockwiseGemmFp4Sm90:
     def _convert_chunks(
         self, mPacked, mSF, mConv, first, chunks, k, k_pad, blocks_per_row, rows_div
     ):
-        """16-byte output chunks first + j * CONVERT_THREADS, j < CONVERT_UNROLL, of one packed
+        """16-byte output chunks first + j * convert_threads, j < convert_unroll, of one packed
         operand and its blocked scales (chunks row-major over (L, rows, K_pad / 64, 8)); chunk
         c is pair p = c % 4 of 32-bit word c % 8 // 4 of its block's four 16-groups."""
         # NOTE: unsigned index arithmetic: % and // by powers of two are single AND / shift
@@ -1886,9 +1925,9 @@ class BlockwiseGemmFp4Sm90:
         atoms_k = Uint32((k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS)
         row_blocks = (rows + SF_ATOM_ROWS - 1) // SF_ATOM_ROWS
         loaded = []
-        for j in cutlass.range_constexpr(CONVERT_UNROLL):
+        for j in cutlass.range_constexpr(self.convert_unroll):
             # loads at a clamped (valid) chunk; only valid chunks are stored below
-            c = Uint32(cutlass.min(first + j * CONVERT_THREADS, chunks - 1))
+            c = Uint32(cutlass.min(first + j * self.convert_threads, chunks - 1))
             chunk = c % CHUNKS_PER_KBLOCK
             row_id, kb = divmod(Int32(c // CHUNKS_PER_KBLOCK), blocks_per_row)
             batch, row = divmod(row_id, rows_div)
@@ -1924,7 +1963,7 @@ class BlockwiseGemmFp4Sm90:
             loaded.append((words, sf4, keep, col0, chunk, dst + Int64(16 * chunk)))
         # NVFP4 to BF16: the four E4M3 scales of a block, magnitude and sign bytes apart
         e4m3_bf16 = self.sf_vec_size == 16 and not self.f16
-        for j in cutlass.range_constexpr(CONVERT_UNROLL):
+        for j in cutlass.range_constexpr(self.convert_unroll):
             words, sf4, keep, col0, chunk, dst = loaded[j]
             shift = Uint32(4 * (chunk % 4))
             if cutlass.const_expr(e4m3_bf16):
@@ -1945,7 +1984,7 @@ class BlockwiseGemmFp4Sm90:
                 if cutlass.const_expr(q >= 2):
                     word = word & keep
                 out.append(_fp4_pair_lo_to_mma(word >> shift, factor, self.f16))
-            if first + j * CONVERT_THREADS < chunks:
+            if first + j * self.convert_threads < chunks:
                 _st_global_v4_b32(dst, out)
 
     # ======================================= static helpers ====================================

@@ -106,8 +106,9 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         # guard against a release at entry, not a proof of the position after the loop)
         assert gemm_ptx.count("griddepcontrol.launch_dependents") == 1
         assert gemm_ptx.index("griddepcontrol.launch_dependents") > len(early)
-        # the prologue (launched with PDL on 8-token decode tiles) waits for the kernel ahead
-        # of it before its first global memory access, and releases the GEMM only after that
+        # the prologue (launched with PDL on decode tiles of up to 32 tokens) waits for the
+        # kernel ahead of it before its first global memory access, and releases the GEMM only
+        # after that
         prologue_ptx = _entry_ptx(ptx, "kernel_cutlass_convert_operands")
         first_access = re.search(r"\b(ld|st|atom|red)\.[\w:.]*global", prologue_ptx).start()
         wait = prologue_ptx.index("griddepcontrol.wait")
@@ -147,6 +148,17 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     # NOTE: each CTA also costs 1 KiB of SMEM reserved by the hardware.
     assert k90.smem_bytes(gemm) <= k90.SM90_SMEM_CAPACITY
     assert gemm.occupancy * (k90.smem_bytes(gemm) + 1024) <= k90.SM90_SMEM_PER_SM
+    if path == "decode" and gemm.occupancy == 2 and gemm.tile_rows == 128:
+        # the prologue's CTAs fit on an SM beside two GEMM CTAs of 128 weight rows (registers,
+        # and SMEM for their reserved KiB), so that the PDL chain of small token tiles does not
+        # hold back a GEMM CTA (two 64-row CTAs, 2 x 256 threads x 128 registers, fill the SM)
+        regs = {name: int(r) for name, r in re.findall(r"Function (\w+):\s*REG:(\d+)", usage)}
+        gemm_regs = next(r for name, r in regs.items() if "convert_operands" not in name)
+        prologue_regs = next(r for name, r in regs.items() if "convert_operands" in name)
+        assert prologue_regs <= k90.DECODE_CONVERT_MAX_REGS, prologue_regs
+        used = 2 * gemm.threads_per_cta * gemm_regs + gemm.convert_threads * prologue_regs
+        assert used <= k90.SM90_REGS_PER_SM, (gemm_regs, prologue_regs)
+        assert 2 * (k90.smem_bytes(gemm) + 1024) + 1024 <= k90.SM90_SMEM_PER_SM
 
 
 def test_operand_reasons_name_each_problem():
