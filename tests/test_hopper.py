@@ -128,12 +128,20 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     cubin = os.path.join(dump, cubins[0])
     usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
-    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
-    assert m, usage
-    assert int(m.group(2)) == 0 and int(m.group(4)) == 0, usage
+    # per kernel of the module (the GEMM, and the prologue grid on decode and prefill):
+    # (registers, stack bytes, local bytes)
+    res = {
+        name: tuple(int(x) for x in vals)
+        for name, *vals in re.findall(
+            r"Function (\w+):\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage
+        )
+    }
+    assert len(res) == (2 if path in ("decode", "prefill") else 1), usage
+    assert all(stack == 0 and local == 0 for _, stack, local in res.values()), usage
+    gemm_regs = next(r for name, (r, _, _) in res.items() if "convert_operands" not in name)
     # setmaxnreg.inc can only hand out what the CTA got at launch: more would hang the kernel.
     budget = gemm.threads_per_wg * gemm.producer_regs + gemm.num_mma_threads * gemm.mma_regs
-    assert int(m.group(1)) * gemm.threads_per_cta >= budget, (m.group(1), budget)
+    assert gemm_regs * gemm.threads_per_cta >= budget, (gemm_regs, budget)
     sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
     # (SASS spells the F16 variant without a type suffix)
     hgmma = re.search(rf"HGMMA\.64x{tile_cols}x16\.F32(\.BF16)?\s", sass)
@@ -152,9 +160,7 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         # the prologue's CTAs fit on an SM beside two GEMM CTAs of 128 weight rows (registers,
         # and SMEM for their reserved KiB), so that the PDL chain of small token tiles does not
         # hold back a GEMM CTA (two 64-row CTAs, 2 x 256 threads x 128 registers, fill the SM)
-        regs = {name: int(r) for name, r in re.findall(r"Function (\w+):\s*REG:(\d+)", usage)}
-        gemm_regs = next(r for name, r in regs.items() if "convert_operands" not in name)
-        prologue_regs = next(r for name, r in regs.items() if "convert_operands" in name)
+        prologue_regs = next(r for name, (r, _, _) in res.items() if "convert_operands" in name)
         assert prologue_regs <= k90.DECODE_CONVERT_MAX_REGS, prologue_regs
         used = 2 * gemm.threads_per_cta * gemm_regs + gemm.convert_threads * prologue_regs
         assert used <= k90.SM90_REGS_PER_SM, (gemm_regs, prologue_regs)
