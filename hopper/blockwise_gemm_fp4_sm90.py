@@ -1880,7 +1880,8 @@ class BlockwiseGemmFp4Sm90:
         16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
         16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per 64-block),
         ``convert_unroll`` chunks per thread with all their loads issued first (the bytes in
-        flight hide DRAM latency); each CTA step stores 4 KiB contiguous.  Kernel B's CTAs come
+        flight hide DRAM latency); each CTA step stores convert_threads x 16 bytes contiguous
+        (4 KiB on prefill, 2 KiB on decode).  Kernel B's CTAs come
         first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
         # NOTE: with ``prologue_pdl`` this grid may start before the kernel ahead of it ends
         # (the previous GEMM releases it early): nothing here may read the operands or write the
