@@ -2,7 +2,7 @@
 """Benchmark of the Hopper FP4 GEMM (blockwise_gemm_fp4_sm90.py) against its peers, same run,
 same data, on an H100 / H200.
 
-Methods (time per GEMM, inputs rotated through enough copies to exceed 2x the L2, CUDA-graph
+Methods (time per GEMM, inputs rotated through enough copies to exceed 3x the L2, CUDA-graph
 replays so launch gaps do not count):
     ours-nvfp4       this kernel on NVFP4 operands (packed A, B + 128x4 blocked E4M3 scales)
     ours-mxfp4       this kernel on MXFP4 operands (E8M0 scales)
