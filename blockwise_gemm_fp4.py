@@ -296,7 +296,8 @@ def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -
     Per CTA and per k-tile (K 256): A is (tile_m / cta_pair) x 128 bytes, B (tile_n / cta_pair)
     x 128 bytes, and SFA / SFB one byte per row per ``256 / sf_vec_size`` scale columns, SFB
     rows rounded up to the 128-row scale atom.  The epilogue keeps ``num_c_stage`` subtiles of
-    128 x 32 (or 64 x 32 for the CTA pair's lower half) outputs.
+    128 x 32 outputs: two while the mainloop stages are counted, then as many more as the SMEM
+    left after those stages holds (as ``BlockwiseGemmFp4Sm100._compute_stages`` does).
 
     TMEM: two accumulators of tile N columns when they fit beside the scale factors; otherwise
     (tile N 256) one accumulator pipeline stage over two overlapping buffers, the second one
@@ -316,6 +317,7 @@ def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -
     num_c_stage = 2
     reserved = 1024  # mbarriers and the TMEM address slot
     num_ab_stage = (SM100_SMEM_CAPACITY - reserved - num_c_stage * epi_bytes) // ab_stage_bytes
+    num_c_stage = (SM100_SMEM_CAPACITY - reserved - num_ab_stage * ab_stage_bytes) // epi_bytes
     sfa_columns = (cta_m // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
     sfb_columns = (sfb_rows // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
     acc_columns = tile_n

@@ -138,6 +138,7 @@ def test_budget_matches_compiled_kernel(cfg, compiled_matrix):
     budget = bw.tile_budget(tile, vec, c_dtype)
     assert budget.num_ab_stage == gemm.num_ab_stage
     assert budget.num_acc_stage == gemm.num_acc_stage
+    assert budget.num_c_stage == gemm.num_c_stage
     assert budget.overlapping_accum == gemm.overlapping_accum == (tile[1] == 256)
     assert budget.tmem_columns == (
         gemm.num_acc_tmem_cols + gemm.num_sfa_tmem_cols + gemm.num_sfb_tmem_cols
