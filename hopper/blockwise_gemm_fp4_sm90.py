@@ -47,7 +47,8 @@ converted operand (on decode it requests the first stage's weights before the wa
 releases its dependents once every CTA has issued its last load; on decode tiles of up to 16
 or 32 tokens (``prologue_pdl``) ``convert_operands`` is launched with PDL as well, waits for the
 kernel ahead of it before it touches memory, and so starts within the previous launch's tail;
-its CTAs are small enough (128 threads, <= 32 registers) to share an SM with two GEMM CTAs.
+its CTAs are small enough (128 threads, <= 32 registers) to share an SM with two GEMM CTAs of
+128 weight rows.
 
 Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs per SM)
 --------------------------------------------------------------------------------------
@@ -133,8 +134,11 @@ Constraints (``can_implement`` explains each refusal)
 * every operand (packed A and B, blocked scales, D) starts on a 16-byte boundary and is
   contiguous (TMA); ``Fp4GemmSm90Runner`` checks it (``operand_reasons``).
 * the blocked scales' padding (rows past M or N, scale columns past K / sf_vec_size) holds zero
-  bytes, as ``reference.to_blocked`` writes it: where K is 32 x odd, the mainloop's last 64-wide
-  block multiplies TMA's zero fill by the padding scale (0 x NaN would be NaN).
+  bytes, as ``reference.to_blocked`` writes it: where K is not a multiple of 128, the mainloop's
+  last k-tile multiplies TMA's zero fill (K past the end) by the scales of those K, which are
+  padding bytes where their atom holds them (0 x NaN would be NaN).
+* NaN scales: an E4M3 NaN makes D NaN where the reference does; an E8M0 NaN (byte 255) is read
+  as +inf, so D is inf or NaN there.
 * D leaves through TMA stores when N * sizeof(D) is a multiple of 16 bytes (a TMA stride rule);
   otherwise the runner takes the variant compiled with direct, predicated stores
   (``tma_store_fits``).
@@ -393,27 +397,32 @@ def _fp4_pair_lo_to_mma(x: Uint32, factor: Uint32, f16: bool) -> Uint32:
 
 
 def _scale_factor(sf_byte: Uint32, sf_vec_size: int, f16: bool) -> Uint32:
-    """One scale byte -> the multiplier of ``_fp4x16_to_mma`` in both halves, exact: for F16
-    MMAs (NVFP4 only) the F16 value scale * 2^7, for BF16 MMAs the BF16 value scale."""
+    """One scale byte -> the multiplier of ``_fp4x16_to_mma`` in both halves, exact: NVFP4
+    (F16 MMAs) the F16 value scale * 2^7 (NaN stays NaN), MXFP4 (BF16 MMAs) the BF16 value
+    scale.  (NVFP4 with BF16 MMAs converts its scales in ``convert_operands``:
+    ``_e4m3_byte_to_bf16x2``.)"""
     if f16:
         return _mul_f16x2(_e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
-    if sf_vec_size == 16:
-        # E4M3: (bits & 0x7f) << 4 as BF16 is scale * 2^-120, also for E4M3 subnormals.
-        bits = ((sf_byte & Uint32(0x7F)) << 4) | ((sf_byte & Uint32(0x80)) << 8)
-        return _mul_bf16x2(bits | (bits << 16), Uint32(BF16X2_2POW120))
     # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
+    # NOTE: the NaN byte 255 becomes +inf (0x7F80), so D is inf or NaN wherever the reference
+    # has NaN; mapping it to NaN took three more instructions per scale here and measured 3%
+    # slower at 16 x 18432 x 7168 on the H200 (hopper/NOTES.md, eleventh session).
     bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)
     return bits | (bits << 16)
 
 
 def _e4m3_byte_to_bf16x2(mags: Uint32, signs: Uint32, q: int, keep=None) -> Uint32:
     """Scale byte q of a word of four E4M3 scales, given as its magnitude bytes (& 0x7f..)
-    and sign bytes (& 0x80..), -> the BF16 scale in both halves: the bits of
-    ``_scale_factor`` (magnitude << 4, sign << 8) with two byte permutes and one IMAD;
-    ``keep`` (all ones or zero) zeroes it."""
+    and sign bytes (& 0x80..), -> the BF16 scale in both halves: magnitude << 4, sign << 8 (the
+    BF16 value scale * 2^-120, E4M3 subnormals included) with two byte permutes and one IMAD,
+    then times 2^120; the NaN magnitude 0x7f becomes a BF16 NaN.  ``keep`` (all ones or zero)
+    zeroes it."""
     bits = _prmt_zero(mags, 0x4040 | q << 8 | q) * Uint32(16) + _prmt_zero(
         signs, 0x0404 | q << 12 | q << 4
     )
+    # (magnitude 0x7f: bits 0x07f0 | 0x7fc0 has the BF16 exponent all ones, a mantissa != 0)
+    is_nan = ((mags >> Uint32(8 * q)) & Uint32(0xFF)) == Uint32(0x7F)
+    bits = bits | ((Uint32(0) - Uint32(is_nan)) & Uint32(0x7FC07FC0))
     if keep is not None:
         bits = bits & keep
     return _mul_bf16x2(bits, Uint32(BF16X2_2POW120))
@@ -714,7 +723,7 @@ class BlockwiseGemmFp4Sm90:
         #   session).
         self.prologue_pdl = (
             path == "decode"
-            and occupancy(path, mma_tiler_mn) == 2
+            and self.occupancy == 2
             and self.tile_cols <= (32 if self.tile_rows == 128 else 16)
         )
         if path == "decode":
@@ -1703,16 +1712,6 @@ class BlockwiseGemmFp4Sm90:
         that arrives last at the tile's counter sums all of them in split order (so the result
         does not depend on the arrival order), resets the counter and stores D."""
         batch = lk // self.split_k
-        # (rows, cols)
-        gD = cute.local_tile(mD_mnl, (self.tile_rows, self.tile_cols), (row_tile, col_tile, batch))
-        cD = cute.local_tile(
-            cute.make_identity_tensor(mD_mnl.shape),
-            (self.tile_rows, self.tile_cols),
-            (row_tile, col_tile, batch),
-        )
-        # (MMA, MMA_M, MMA_N) (direct stores)
-        tCgD = thr_mma.partition_C(gD)
-        tCcD = thr_mma.partition_C(cD)
         rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
         is_last = True
         if cutlass.const_expr(self.split_k > 1):
@@ -1786,7 +1785,15 @@ class BlockwiseGemmFp4Sm90:
                     tidx,
                 )
             else:
+                tile = (self.tile_rows, self.tile_cols)
+                # (rows, cols)
+                gD = cute.local_tile(mD_mnl, tile, (row_tile, col_tile, batch))
+                cD = cute.local_tile(
+                    cute.make_identity_tensor(mD_mnl.shape), tile, (row_tile, col_tile, batch)
+                )
                 # (MMA, MMA_M, MMA_N)
+                tCgD = thr_mma.partition_C(gD)
+                tCcD = thr_mma.partition_C(cD)
                 tCrD = cute.make_rmem_tensor_like(tCrAcc, mD_mnl.element_type)
                 tCrD.store((tCrAcc.load() * alpha).to(mD_mnl.element_type))
                 for i in cutlass.range_constexpr(cute.size(tCrAcc)):
@@ -2224,6 +2231,9 @@ class Fp4GemmSm90Runner:
                 torch.zeros(shape_b, dtype=torch.float16, device="cuda"),
                 torch.zeros(shape_a, dtype=torch.float16, device="cuda"),
             )
+            # NOTE: the zeros are written on the current stream; a launch on another stream
+            # (``__call__``'s ``stream``) must not read the counters before they land.
+            torch.cuda.current_stream().synchronize()
         return self._workspace[key]
 
     def __call__(self, a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha, stream=None):  # noqa: E741
@@ -2231,7 +2241,9 @@ class Fp4GemmSm90Runner:
         import torch
         from cutlass.cute.runtime import make_ptr
 
-        reasons = operand_reasons(a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, self.sf_vec_size)
+        reasons = operand_reasons(
+            a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, self.sf_vec_size, self.c_dtype
+        )
         reason = alpha_reason(float(alpha), self.sf_vec_size, self.path)
         if reason:
             reasons.append(reason)
@@ -2256,9 +2268,22 @@ class Fp4GemmSm90Runner:
         )
 
 
-def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, sf_vec_size) -> list[str]:  # noqa: E741
+def operand_reasons(
+    a,
+    b,
+    sfa_blocked,
+    sfb_blocked,
+    d,
+    m,
+    n,
+    k,
+    l,  # noqa: E741
+    sf_vec_size,
+    c_dtype="BFloat16",
+) -> list[str]:
     """Why these torch tensors cannot be the kernel's operands (empty when they can): sizes,
-    16-byte aligned bases (TMA loads and stores), contiguity, one CUDA device."""
+    D's dtype (``c_dtype``), 16-byte aligned bases (TMA loads and stores), contiguity, one CUDA
+    device."""
     want = {
         "a": l * m * (k // 2),
         "b": l * n * (k // 2),
@@ -2268,10 +2293,13 @@ def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, sf_vec_size) 
     }
     tensors = {"a": a, "b": b, "sfa_blocked": sfa_blocked, "sfb_blocked": sfb_blocked, "d": d}
     reasons = []
+    if d.dtype != _torch_dtype(c_dtype):
+        reasons.append(f"d is {d.dtype}; this kernel writes {c_dtype} (c_dtype)")
     for name, t in tensors.items():
         unit = "elements" if name == "d" else "bytes"
         if t.numel() * (1 if name == "d" else t.element_size()) != want[name]:
-            reasons.append(f"{name} has {t.numel()} {unit}; (M, N, K, L) needs {want[name]}")
+            have = t.numel() * (1 if name == "d" else t.element_size())
+            reasons.append(f"{name} has {have} {unit}; (M, N, K, L) needs {want[name]}")
         # NOTE: TMA needs 16-byte aligned global base addresses.
         if t.data_ptr() % 16:
             reasons.append(f"{name} must start on a 16-byte boundary (TMA); copy it first")

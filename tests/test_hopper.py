@@ -12,6 +12,7 @@ split-K, CTAs with several work units.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -188,6 +189,17 @@ def test_operand_reasons_name_each_problem():
     short = dict(good, sfb_blocked=torch.zeros(sf - 16, dtype=torch.uint8))
     reasons = k90.operand_reasons(**short, m=m, n=n, k=k, l=l, sf_vec_size=16)
     assert any(f"sfb_blocked has {sf - 16} bytes" in r for r in reasons), reasons
+    # packed operands are counted in bytes whatever their dtype
+    wide = dict(good, a=torch.zeros(m * k // 4 + 1, dtype=torch.int16))
+    reasons = k90.operand_reasons(**wide, m=m, n=n, k=k, l=l, sf_vec_size=16)
+    assert any(f"a has {2 * (m * k // 4 + 1)} bytes" in r for r in reasons), reasons
+    # D must have the dtype the kernel writes: same size in elements is not enough
+    for c_dtype, other in (("BFloat16", torch.float32), ("Float32", torch.bfloat16)):
+        wrong = dict(good, d=torch.zeros(m * n, dtype=other))
+        reasons = k90.operand_reasons(**wrong, m=m, n=n, k=k, l=l, sf_vec_size=16, c_dtype=c_dtype)
+        assert any(f"d is {other}; this kernel writes {c_dtype}" in r for r in reasons), reasons
+    reasons = k90.operand_reasons(**good, m=m, n=n, k=k, l=l, sf_vec_size=16, c_dtype="BFloat16")
+    assert not any(r.startswith("d is") for r in reasons), reasons
 
 
 @pytest.mark.parametrize(
@@ -318,10 +330,17 @@ def test_nvfp4_f16_conversion_is_exact():
         assert np.array_equal(got, want), s
 
 
+def _bf16(bits: int) -> float:
+    import torch
+
+    return float(torch.tensor([bits], dtype=torch.int32).to(torch.uint16).view(torch.bfloat16))
+
+
 def test_e4m3_scale_bytes_to_bf16_bits():
     """``_e4m3_byte_to_bf16x2`` (the prologue's NVFP4 -> BF16 scales, modelled here): byte q of
     four packed E4M3 scales becomes ``(magnitude << 4) | (sign << 8)`` in both halves, the BF16
-    value scale * 2^-120 (subnormal scales included), for every byte in every position."""
+    value scale * 2^-120 (subnormal scales included), for every byte in every position; the
+    two NaN bytes become a BF16 NaN, as the reference reads them."""
     import torch
 
     values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
@@ -334,9 +353,27 @@ def test_e4m3_scale_bytes_to_bf16_bits():
             )
             half = ((b & 0x7F) << 4) | ((b & 0x80) << 8)
             assert bits == half | half << 16, (b, q)
-            if torch.isfinite(values[b]):
-                bf16 = torch.tensor([half], dtype=torch.int32).to(torch.uint16).view(torch.bfloat16)
-                assert float(bf16.float()) * 2.0**120 == float(values[b]), b
+            if (mags >> (8 * q)) & 0xFF == 0x7F:
+                bits |= 0x7FC07FC0
+            for h in (bits & 0xFFFF, bits >> 16):
+                if torch.isfinite(values[b]):
+                    assert _bf16(h) * 2.0**120 == float(values[b]), b
+                else:
+                    assert math.isnan(_bf16(h) * 2.0**120), b
+
+
+def test_e8m0_scale_bytes_to_bf16_bits():
+    """``_scale_factor`` for MXFP4 (modelled here): every finite E8M0 byte becomes its BF16
+    value, 2^-127 as a BF16 subnormal; the NaN byte 255 becomes +inf (documented)."""
+    import torch
+
+    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e8m0fnu).float()
+    for b in range(256):
+        bits = (b << 7) | ((((b - 1) & 0xFFFFFFFF) >> 31) << 6)
+        if b == 255:
+            assert _bf16(bits) == math.inf and math.isnan(float(values[b]))
+        else:
+            assert _bf16(bits) == float(values[b]), b
 
 
 def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
@@ -513,6 +550,49 @@ def test_gpu_matches_reference(case):
     for ops, alpha, _, _, d in runs:
         ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, alpha)
         assert ok, str(info)
+
+
+@gpu
+@pytest.mark.parametrize(
+    "vec, path, tiler, split",
+    [
+        (16, "decode", (8, 128), 2),  # F16 operands, E4M3 scales by cvt
+        (32, "decode", (16, 64), 1),  # BF16 operands, E8M0 scales by bit arithmetic
+        (16, "prefill", (128, 256), 1),  # the prologue's E4M3 -> BF16 scales
+        (32, "prefill", (128, 256), 1),
+        (16, "fused", (128, 256), 1),
+    ],
+)
+def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
+    """A NaN scale makes its row of D NaN (token scale) or its column (weight scale), as in the
+    reference, and changes no other value.  (MXFP4: the E8M0 NaN reads as +inf, so those
+    values are inf or NaN.)"""
+    import torch
+
+    import reference
+
+    m, n, k, l = 20, 300, 256, 1  # noqa: E741
+    ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=7, dist="wide")
+    runner = k90.Fp4GemmSm90Runner(vec, "BFloat16", path, tiler, split)
+    nan_byte = 0x7F if vec == 16 else 0xFF  # E4M3 / E8M0 NaN
+    sfa_nan, sfb_nan = ops.sfa.clone(), ops.sfb.clone()
+    sfa_nan.view(torch.uint8)[0, 3, 1] = nan_byte
+    sfb_nan.view(torch.uint8)[0, 7, k // vec - 1] = nan_byte
+    ref = reference.reference_gemm(ops.a, ops.b, sfa_nan, sfb_nan, vec, 1.0)
+    assert ref[0, 3].isnan().all() and ref[0, :, 7].isnan().all()
+    outs = []
+    for sfa, sfb in ((ops.sfa, ops.sfb), (sfa_nan, sfb_nan)):
+        d = torch.zeros((l, m, n), dtype=torch.bfloat16, device="cuda")
+        runner(ops.a, ops.b, k90.blocked_scales(sfa), k90.blocked_scales(sfb), d, m, n, k, l, 1.0)
+        outs.append(d)
+    torch.cuda.synchronize()
+    clean, with_nan = outs
+    ok, info = reference.check_gemm(clean, ops.a, ops.b, ops.sfa, ops.sfb, vec, 1.0)
+    assert ok, str(info)
+    bad = with_nan.isnan() if vec == 16 else ~with_nan.isfinite()
+    assert torch.equal(bad, ref.isnan())
+    keep = ~ref.isnan()
+    assert torch.equal(with_nan[keep], clean[keep])
 
 
 @gpu
