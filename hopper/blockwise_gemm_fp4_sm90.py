@@ -592,10 +592,10 @@ def check_config(
         # NOTE: tensor offsets are computed in 32 bits: D, packed A and packed B must each hold
         # fewer than 2^31 elements (bytes for A and B), and so must the F16 / BF16 copies the
         # decode (tokens) and prefill (A and B) paths convert, whose K is rounded up to 64, and
-        # the blocked scales (bytes) that the prologue reads.
+        # the blocked scales (bytes: TMA strides and the prologue's reads).
         k_pad = _round_up(k, K_BLOCK)
         extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
-        if path in ("decode", "prefill") and sf_vec_size in (16, 32):
+        if sf_vec_size in (16, 32):
             for name, rows in (("SFA", m), ("SFB", n)):
                 extents.append((f"{name} blocked bytes", blocked_sf_bytes(rows, k, l, sf_vec_size)))
         if path == "prefill":

@@ -251,6 +251,8 @@ REFUSALS = [
     (dict(mnkl=(32768, 8192, 65536, 1)), "M*K_pad*L (converted A) = 2147483648 does not fit"),
     (dict(mnkl=(256, 65536, 32736, 1)), "N*K_pad*L (converted B) = 2147483648 does not fit"),
     (dict(mnkl=(1, 64, 65536, 4096), path="decode", mma_tiler_mn=(8, 64)), "SFA blocked bytes"),
+    # fused: its TMA reads the blocked scales too (packed A and B fit here, 2^27 and 2^30 bytes)
+    (dict(mnkl=(1, 8, 65536, 4096), path="fused", mma_tiler_mn=(128, 256)), "SFA blocked bytes"),
     # decode: the tokens' copy is padded to whole token tiles (100 x 2^20 x 16 alone would fit)
     (
         dict(mnkl=(100, 64, 2**20, 16), path="decode", mma_tiler_mn=(128, 128)),
