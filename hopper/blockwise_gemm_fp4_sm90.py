@@ -396,7 +396,7 @@ def _fp4_pair_lo_to_mma(x: Uint32, factor: Uint32, f16: bool) -> Uint32:
     return _fp4_pair_to_bf16x2(x, 0, factor)
 
 
-def _scale_factor(sf_byte: Uint32, sf_vec_size: int, f16: bool) -> Uint32:
+def _scale_factor(sf_byte: Uint32, f16: bool) -> Uint32:
     """One scale byte -> the multiplier of ``_fp4x16_to_mma`` in both halves, exact: NVFP4
     (F16 MMAs) the F16 value scale * 2^7 (NaN stays NaN), MXFP4 (BF16 MMAs) the BF16 value
     scale.  (NVFP4 with BF16 MMAs converts its scales in ``convert_operands``:
@@ -1634,7 +1634,7 @@ class BlockwiseGemmFp4Sm90:
         rA = cute.recast_tensor(tCrA, Uint32)
         for r in cutlass.range_constexpr(2):
             packed, sf = a_bytes[r]
-            pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.sf_vec_size, self.f16), self.f16)
+            pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.f16), self.f16)
             for i in cutlass.range_constexpr(8):
                 rA[r + 2 * (i % 2) + 4 * (i // 2)] = pairs[i]
 
@@ -1657,7 +1657,6 @@ class BlockwiseGemmFp4Sm90:
                     self._load_scale_byte(
                         base_sfb, stage, self.sfb_stage_bytes, row + sfb_row_off, j, qb
                     ),
-                    self.sf_vec_size,
                     self.f16,
                 )
                 pairs = _fp4x16_to_mma(packed, factor, self.f16)
@@ -1988,7 +1987,7 @@ class BlockwiseGemmFp4Sm90:
                         sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
                     if cutlass.const_expr(q >= 2):
                         sf = sf & keep
-                    factor = _scale_factor(sf, self.sf_vec_size, self.f16)
+                    factor = _scale_factor(sf, self.f16)
                 if cutlass.const_expr(q >= 2):
                     word = word & keep
                 out.append(_fp4_pair_lo_to_mma(word >> shift, factor, self.f16))
@@ -2279,7 +2278,7 @@ def operand_reasons(
     k,
     l,  # noqa: E741
     sf_vec_size,
-    c_dtype="BFloat16",
+    c_dtype,
 ) -> list[str]:
     """Why these torch tensors cannot be the kernel's operands (empty when they can): sizes,
     D's dtype (``c_dtype``), 16-byte aligned bases (TMA loads and stores), contiguity, one CUDA
@@ -2297,8 +2296,8 @@ def operand_reasons(
         reasons.append(f"d is {d.dtype}; this kernel writes {c_dtype} (c_dtype)")
     for name, t in tensors.items():
         unit = "elements" if name == "d" else "bytes"
-        if t.numel() * (1 if name == "d" else t.element_size()) != want[name]:
-            have = t.numel() * (1 if name == "d" else t.element_size())
+        have = t.numel() * (1 if name == "d" else t.element_size())
+        if have != want[name]:
             reasons.append(f"{name} has {have} {unit}; (M, N, K, L) needs {want[name]}")
         # NOTE: TMA needs 16-byte aligned global base addresses.
         if t.data_ptr() % 16:
