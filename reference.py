@@ -16,10 +16,16 @@ E2M1 (FP4)
 NVFP4
     Blocks of 16 consecutive K elements share one ``float8_e4m3fn`` scale, and the whole tensor
     has one fp32 global scale: ``x ~= e2m1 * block_scale * global_scale``. The default global
-    scale ``amax / (448 * 6)`` lets the largest block scale use the top of E4M3's range.
+    scale ``amax / (448 * 6)`` lets the largest block scale use the top of E4M3's range. This
+    global scale is the decoding one (a GEMM's alpha is the product of both operands'); some
+    libraries (FlashInfer, TensorRT-LLM) pass its reciprocal, ``448 * 6 / amax``, instead. Block
+    scales are unsigned (PTX ``ue4m3``): a scale with its sign bit set is refused.
 MXFP4 (OCP microscaling)
     Blocks of 32 share one ``float8_e8m0fnu`` scale, a bare power of two ``2^(bits - 127)``
-    (bits 0..254; 255 is NaN). The scale is ``2^ceil(log2(amax_block / 6))``, so it never clips.
+    (bits 0..254; 255 is NaN). The scale is ``2^ceil(log2(amax_block / 6))``, so it never clips
+    (the round-up rule of cuBLAS-style quantizers; the OCP v1.0 example rule
+    ``2^(floor(log2(amax_block)) - 2)`` gives half that scale for some blocks and clips their
+    largest elements).
 128x4 scale layout
     What tcgen05 block-scaled MMA, cuBLASLt and ``torch._scaled_mm`` read. The [rows, K/vec]
     scale matrix is zero-padded to multiples of 128 rows and 4 columns and cut into 512-byte atoms
@@ -155,6 +161,13 @@ def _fp4_operand(
             f"{sname} has dtype {sc.dtype}, but sf_vec_size {sf_vec_size} needs {want} scales "
             f"(NVFP4: float8_e4m3fn with 16, MXFP4: float8_e8m0fnu with 32)"
         )
+    if want == torch.float8_e4m3fn:
+        signed = int((sc.view(torch.uint8) & 0x80).ne(0).sum())
+        if signed:
+            raise ValueError(
+                f"{sname} has {signed} E4M3 scale(s) with the sign bit set; NVFP4 block scales "
+                "are unsigned (PTX ue4m3)"
+            )
     k = 2 * data.shape[-1]
     if k == 0 or k % sf_vec_size:
         raise ValueError(
@@ -361,8 +374,9 @@ def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     t = _require_tensor(blocked, "blocked")
     if t.ndim not in (1, 2):
         raise ValueError(f"blocked must be 1-D [n] or 2-D [L, n], got shape {tuple(t.shape)}")
-    if rows < 0 or cols < 0:
-        raise ValueError(f"rows and cols must be non-negative, got {rows} and {cols}")
+    for name, v in (("rows", rows), ("cols", cols)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {v!r}")
     batched = t.ndim == 2
     raw = t if batched else t.unsqueeze(0)
     if raw.element_size() == 1:
@@ -401,7 +415,8 @@ def reference_gemm(
 
     Each dequantized value has at most 6 significant bits, so it is exact in fp32 and in TF32,
     and every product a_i * b_i is exact in fp32 (barring MXFP4 scales so extreme that it
-    underflows): an fp32 result differs from the exact one only by the summation's rounding.
+    underflows, or that a dequantized value overflows fp32, which makes the result inf or NaN):
+    an fp32 result differs from the exact one only by the summation's rounding.
     ``accum_dtype=torch.float64`` (with ``out_dtype=torch.float64``) gives a nearly exact result
     for tests.
     """
@@ -480,6 +495,8 @@ def gemm_tolerance(
         raise ValueError(
             f"ref has shape {tuple(ref.shape)} but abs_sum has shape {tuple(abs_sum.shape)}"
         )
+    if bool((abs_sum < 0).any()):
+        raise ValueError("abs_sum must be >= 0 (a sum of absolute products)")
     if k * unit_roundoff >= 0.5:
         raise ValueError(
             f"k = {k} is too large for a rounding-error bound with u = {unit_roundoff}"
@@ -531,7 +548,9 @@ def check_gemm(
 ) -> tuple[bool, GemmCheck]:
     """Compare a kernel's output with :func:`reference_gemm` elementwise under
     :func:`gemm_tolerance`. The output dtype is ``d_kernel.dtype``; an infinity passes where the
-    reference rounded to that dtype is the same infinity. NaN fails.
+    reference rounded to that dtype is the same infinity. NaN fails. Where the bound itself is
+    not finite (the reference or its sum of absolute products overflowed fp32), only the
+    reference's own value rounded to the output dtype passes.
     Returns ``(ok, GemmCheck)``.
     """
     d = _require_tensor(d_kernel, "d_kernel")
@@ -551,8 +570,12 @@ def check_gemm(
     # An infinity that matches the reference's own overflow in out_dtype counts as no error.
     same_inf = torch.isinf(d) & (d == ref.to(d.dtype))
     err = torch.where(same_inf, 0.0, err).nan_to_num(nan=math.inf)
+    unbounded = ~torch.isfinite(tol)
+    exact = d == ref.to(d.dtype)
+    err = torch.where(unbounded & ~exact, math.inf, err)
     ratio = torch.where(err == 0, 0.0, err / tol)
-    bad = ~(err <= tol)
+    ratio = torch.where(unbounded & ~exact, math.inf, ratio)
+    bad = ~(err <= tol) | (unbounded & ~exact)
     flat = int(ratio.flatten().argmax())
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(d.shape)))
     info = GemmCheck(
@@ -636,6 +659,8 @@ def make_fp4_operands(
         raise ValueError(f"k = {k} is not a multiple of sf_vec_size {vec}")
     if dist not in _DISTS:
         raise ValueError(f"dist must be one of {_DISTS}, got {dist!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
     gen = torch.Generator().manual_seed(seed)
     xa = _random_real((l, m, k), vec, dist, gen).to(device)
     xb = _random_real((l, n, k), vec, dist, gen).to(device)

@@ -579,6 +579,21 @@ def test_check_gemm_matching_infinity_passes() -> None:
     assert not ok
 
 
+def test_check_gemm_without_a_finite_bound_takes_only_the_reference() -> None:
+    # MXFP4 scales of 2^63 on both operands: every product (36 x 2^126) overflows fp32, so the
+    # reference and its bound are infinite; no finite value may pass, the reference's own may.
+    codes = torch.full((1, 32), 0x7, dtype=torch.uint8)  # all 6
+    sf = torch.full((1, 1), 127 + 63, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    a = R.pack_fp4(codes)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        ref = R.reference_gemm(a, a, sf, sf, 32, 1.0, out_dtype)
+        assert ref.tolist() == [[math.inf]]
+        assert R.check_gemm(ref, a, a, sf, sf, 32)[0]
+        for wrong in (0.0, 1e30, -math.inf):
+            ok, info = R.check_gemm(torch.full((1, 1), wrong, dtype=out_dtype), a, a, sf, sf, 32)
+            assert not ok and info.worst_ratio == math.inf, (out_dtype, wrong)
+
+
 # ----------------------------------------------------------------------------- make_fp4_operands
 
 
@@ -777,6 +792,25 @@ BAD_INPUTS = {
     ),
     "make_vec": (lambda: R.make_fp4_operands(4, 4, 64, 1, 64), "sf_vec_size must be"),
     "make_dims": (lambda: R.make_fp4_operands(0, 4, 64, 1, 16), "m must be a positive int"),
+    "make_seed": (lambda: R.make_fp4_operands(4, 4, 64, 1, 16, seed=1.5), "seed must be an int"),
+    "unblocked_rows": (
+        lambda: R.from_blocked(torch.zeros(512, dtype=torch.uint8), 5.0, 3),
+        "rows must be a non-negative int",
+    ),
+    "unblocked_cols_bool": (
+        lambda: R.from_blocked(torch.zeros(512, dtype=torch.uint8), 5, True),
+        "cols must be a non-negative int",
+    ),
+    "tol_negative_abs_sum": (
+        lambda: R.gemm_tolerance(16, torch.float32, torch.ones(1), -torch.ones(1)),
+        "abs_sum must be >= 0",
+    ),
+    "gemm_signed_e4m3_scale": (
+        lambda: R.reference_gemm(
+            _ops().a, _ops().b, (-_ops().sfa.float().abs()).to(torch.float8_e4m3fn), _ops().sfb, 16
+        ),
+        "sfa has .* E4M3 scale\\(s\\) with the sign bit set",
+    ),
 }
 
 
