@@ -567,15 +567,14 @@ def check_gemm(
     abs_sum = abs_product_sum(a, b, sfa, sfb, sf_vec_size)
     tol = gemm_tolerance(k, d.dtype, ref, abs_sum, alpha, unit_roundoff=unit_roundoff)
     err = (d.double() - ref.double()).abs()
-    # An infinity that matches the reference's own overflow in out_dtype counts as no error.
-    same_inf = torch.isinf(d) & (d == ref.to(d.dtype))
-    err = torch.where(same_inf, 0.0, err).nan_to_num(nan=math.inf)
-    unbounded = ~torch.isfinite(tol)
     exact = d == ref.to(d.dtype)
-    err = torch.where(unbounded & ~exact, math.inf, err)
+    # An infinity that matches the reference's own overflow in out_dtype counts as no error.
+    err = torch.where(torch.isinf(d) & exact, 0.0, err).nan_to_num(nan=math.inf)
+    # Without a finite bound only the reference's own value passes.
+    unbounded_miss = ~torch.isfinite(tol) & ~exact
     ratio = torch.where(err == 0, 0.0, err / tol)
-    ratio = torch.where(unbounded & ~exact, math.inf, ratio)
-    bad = ~(err <= tol) | (unbounded & ~exact)
+    ratio = torch.where(unbounded_miss, math.inf, ratio)
+    bad = ~(err <= tol) | unbounded_miss
     flat = int(ratio.flatten().argmax())
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(d.shape)))
     info = GemmCheck(
