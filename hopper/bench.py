@@ -234,10 +234,10 @@ def bench_ours(ops, m, n, k, roof, runners):
     sets = [(a, b, sfa, sfb)] + [
         tuple(t.clone() for t in (a, b, sfa, sfb)) for _ in range(_l2_copies(one) - 1)
     ]
-    path, tiler, split = k90.default_config(m, n, k, 1, k90.gpu_sm_count())
-    key = (vec, path, tiler, split)
+    path, tiler, split, k_groups = k90.default_config(m, n, k, 1, k90.gpu_sm_count())
+    key = (vec, path, tiler, split, k_groups)
     if key not in runners:
-        runners[key] = k90.Fp4GemmSm90Runner(vec, "BFloat16", path, tiler, split)
+        runners[key] = k90.Fp4GemmSm90Runner(vec, "BFloat16", path, tiler, split, k_groups=k_groups)
     run, alpha = runners[key], float(ops.alpha)
     sec = time_graph([lambda s=s: run(*s, d, m, n, k, 1, alpha) for s in sets])
     ok, info = reference.check_gemm(d, a, b, ops.sfa[0], ops.sfb[0], vec, alpha)
@@ -250,7 +250,7 @@ def bench_ours(ops, m, n, k, roof, runners):
         roof_pct=100 * one / roof / sec,
         bytes=one,
         check=ok,
-        config=f"{path} {tiler} split_k={split}",
+        config=f"{path} {tiler} split_k={split} k_groups={k_groups}",
     )
     if not ok:
         res["check_info"] = str(info)

@@ -31,7 +31,10 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
             waits for the prologue (programmatic dependent launch).  Two CTAs per SM for
             <= 64 tokens; kernel tiles of 128 or 64 weight rows and split-K chosen by the
             busiest CTA's work (deterministic fix-up by the last split, in split order, over
-            value-major fp32 partials).
+            value-major fp32 partials).  Where split-K units would be short and one CTA per 64
+            weight rows fills the GPU in one wave, ``k_groups`` = 4 groups of consumer
+            warpgroups split each unit's k-tiles inside one CTA per SM and sum their
+            accumulators through SMEM, in group order, instead.
     prefill (M > 2048, or where decode's padded token copy would pass 2^31 elements): both
             operands are converted once per launch by ``convert_operands`` (not once per
             output tile, which costs (M / 128 + N / 256) x the conversions) and the mainloop is
@@ -50,8 +53,8 @@ kernel ahead of it before it touches memory, and so starts within the previous l
 its CTAs are small enough (128 threads, <= 32 registers) to share an SM with two GEMM CTAs of
 128 weight rows.
 
-Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs per SM)
---------------------------------------------------------------------------------------
+Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups x k_groups, 1 or 2 CTAs per SM)
+-----------------------------------------------------------------------------------------------
     ==========  ============  =================================================================
     warps       role          work
     ==========  ============  =================================================================
@@ -65,7 +68,10 @@ Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups, 1 or 2 CTAs p
                               fix-up): * alpha, convert, (rows x 32)-column subtiles through SMEM,
                               TMA stores issued by warp 4 (direct stores where D's row pitch is
                               not a multiple of 16 bytes, on the fused path and for split-K
-                              decode tiles of 128 rows x 64 tokens: registers)
+                              decode tiles of 128 rows x 64 tokens: registers).
+                              k_groups > 1: group g (warpgroups g x W ...) takes the unit's
+                              k-tiles in stages s with s % k_groups == g; groups 1.. park their
+                              accumulators in SMEM, group 0 adds them and runs the epilogue
     ==========  ============  =================================================================
 
 Pipelines and barriers (producer -> consumer)
@@ -74,15 +80,19 @@ Pipelines and barriers (producer -> consumer)
                  packed FP4, one over converted tiles): TMA producer -> consumer warpgroups (of
                  both CTAs of a 2x1 cluster: a stage is refilled only when both released it).
                  Fused releases a stage once both k-blocks are converted (before their wgmma
-                 run); decode and prefill one step later, once the wgmma that read it completed.
+                 run); decode and prefill one step later, once the wgmma that read it completed
+                 (k_groups > 1: each group waits for that wgmma and frees the stage at once, so
+                 that a group holds one stage, and one group's consumer warps release it).
     d_pipeline  (PipelineTmaStore, 2 deep; 1 when a tile is one subtile): consumer warpgroups
                  -> TMA store unit; a subtile buffer is rewritten once its store has read it.
     NamedBarrierId.B_READY (fused): all consumer threads, once per k-block, after writing
                  the converted kernel-B block (three SMEM buffers rotate so that one barrier per
                  k-block is enough; see ``_consumer``)
-    NamedBarrierId.EPILOGUE: consumer threads, twice per D subtile (written to SMEM / its
-                 buffer free again)
-    NamedBarrierId.SPLITK_FIXUP: consumer threads around the split-K tile counter
+    NamedBarrierId.EPILOGUE: consumer threads (of group 0), twice per D subtile (written to
+                 SMEM / its buffer free again)
+    NamedBarrierId.SPLITK_FIXUP: consumer threads (of group 0) around the split-K tile counter
+    NamedBarrierId.K_GROUP_REDUCE (k_groups > 1): all consumer threads, twice per work unit
+                 (accumulators parked / read back)
 Every role walks the same static persistent tile schedule (StaticPersistentTileScheduler over
 row tiles x col tiles x (L * split_k), in clusters of 2 x 1 on prefill), so they agree on the
 order without talking.
@@ -209,6 +219,11 @@ MAX_STAGES = 12
 # 8 stages; 1 x 8192 x 8192: 16.0-16.1 against 16.3-16.6 with 8), 3 stages slower still
 # (hopper/NOTES.md, fifth session).
 DECODE_MAX_STAGES = 6
+# Decode with k_groups > 1 (one CTA per SM): at most this many stages per CTA (H200, 8 or 12
+# measured best, 6 starved the groups; hopper/NOTES.md, twelfth session).
+DECODE_K_GROUP_MAX_STAGES = 8
+# default_config: K groups of the one-wave decode configuration (see there)
+DECODE_K_GROUPS = 4
 # default_config: the fixed cost of one decode work unit (its split-K fix-up and store, about
 # 1 us on the H200, the time a CTA streams about three k-tiles of 128 weight rows), in weight
 # rows x k-tiles of 128
@@ -239,6 +254,7 @@ class NamedBarrierId(enum.IntEnum):
     B_READY = 1  # consumers (fused path): the converted kernel-B block is in SMEM
     EPILOGUE = 2  # consumers: a D subtile is in SMEM (TMA store) / its buffer is free again
     SPLITK_FIXUP = 3  # consumers: split-K partial tile written / counter read
+    K_GROUP_REDUCE = 4  # consumers (k_groups > 1): partials parked in SMEM / read back
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,6 +295,17 @@ def _ld_shared_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
 def _st_shared_b32(addr: Int32, value: Uint32, *, loc=None, ip=None) -> None:
     operands = [(Int32, addr), (Uint32, value)]
     _ptx(None, operands, "st.shared.b32 [$0], $1;", "r,r", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _st_shared_f32(addr: Int32, value: cutlass.Float32, *, loc=None, ip=None) -> None:
+    operands = [(Int32, addr), (cutlass.Float32, value)]
+    _ptx(None, operands, "st.shared.f32 [$0], $1;", "r,f", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _ld_shared_f32(addr: Int32, *, loc=None, ip=None) -> cutlass.Float32:
+    return _ptx(cutlass.Float32, [(Int32, addr)], "ld.shared.f32 $0, [$1];", "=f,r", loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -473,7 +500,8 @@ def default_config(
     num_sms: int = 132,
     path: str | None = None,
 ):
-    """(path, mma_tiler_mn, split_k) for a problem; ``path`` given: that path's tile and split.
+    """(path, mma_tiler_mn, split_k, k_groups) for a problem; ``path`` given: that path's
+    tile, split and K groups.
 
     Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
     the register operand (decode path, kernel tile of 128 or 64 weight rows x the next power of
@@ -491,6 +519,15 @@ def default_config(
     within 0.4 us of it, at 21 of 25 decode shapes from 1 x 8192 x 8192 to 128 x 18432 x 7168;
     the largest misses are 64 x 7168 x 2048 (11.3 us against 10.3 unsplit, one timing) and
     128 x 7168 x 16384 (53.7 against 50.5 for 128 rows split 2; hopper/NOTES.md).
+
+    One wave of K groups: where that pick's units are short (at most 8 k-tiles) and one CTA
+    per 64 weight rows (x a K split that keeps >= 8 k-tiles per unit) fills between 3/4 of the
+    SMs and all of them, one token tile of <= 32 tokens runs as 64-row tiles with
+    DECODE_K_GROUPS groups of consumer warpgroups splitting K inside the CTA, summed through
+    SMEM instead of a split-K fix-up.  H200 (hopper/NOTES.md, twelfth session): 1, 8, 16 and
+    32 x 7168 x 2048 5.9-6.4 / 6.4-6.6 / 6.6 / 6.9 us against 6.8-7.3 / 7.5 / 7.6-7.7 / 9.0.
+    Not taken for longer units, where it measured slower at 8 of 14 shapes (1 x 7168 x 16384
+    27.0 against 24.2 us) and faster at 4 (32 x 8192 x 8192 17.9 against 18.8).
 
     From 129 to DECODE_MAX_M tokens the decode path still wins: tiles of 128 tokens x 128
     weight rows dequantize every weight once per token tile, which costs less than the prefill
@@ -527,8 +564,16 @@ def default_config(
                 key = (busiest, units, rows != (64 if cols >= 64 else 128))
                 if best is None or key < best[0]:
                     best = (key, (cols, rows), split)
-        return "decode", best[1], best[2]
-    return path, (128, 256), 1
+        _, tiler, split = best
+        if cols <= 32 and m <= cols and math.ceil(k_tiles / split) <= 8:
+            tiles = math.ceil(n / 64) * l
+            for kg_split in (1, 2, 3, 4, 6, 8):
+                if kg_split > 1 and k_tiles // kg_split < 8:
+                    break
+                if 4 * tiles * kg_split >= 3 * num_sms and tiles * kg_split <= num_sms:
+                    return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
+        return "decode", tiler, split, 1
+    return path, (128, 256), 1, 1
 
 
 def default_cluster(path: str) -> tuple[int, int]:
@@ -537,12 +582,14 @@ def default_cluster(path: str) -> tuple[int, int]:
     return (2, 1) if path == "prefill" else (1, 1)
 
 
-def occupancy(path: str, mma_tiler_mn: tuple[int, int]) -> int:
-    """CTAs per SM: 2 for decode tiles of <= 64 tokens, whose consumers (weights only) fit in
-    104 registers, so that two CTAs hide each other's per-k-block latency (SMEM load ->
-    convert -> wgmma); 1 otherwise.  (3 CTAs of <= 16 tokens, 72 registers each, measured
+def occupancy(path: str, mma_tiler_mn: tuple[int, int], k_groups: int = 1) -> int:
+    """CTAs per SM: 2 for decode tiles of <= 64 tokens with up to two consumer warpgroups,
+    whose consumers (weights only) fit in 104 registers, so that two CTAs hide each other's
+    per-k-block latency (SMEM load -> convert -> wgmma); 1 otherwise (and for ``k_groups``
+    CTAs of more consumer warpgroups).  (3 CTAs of <= 16 tokens, 72 registers each, measured
     slower on the H200: hopper/README.md.)"""
-    return 2 if path == "decode" and kernel_tile(path, mma_tiler_mn)[1] <= 64 else 1
+    rows, cols = kernel_tile(path, mma_tiler_mn)
+    return 2 if path == "decode" and cols <= 64 and rows // 64 * k_groups <= 2 else 1
 
 
 def kernel_tile(path: str, mma_tiler_mn: tuple[int, int]) -> tuple[int, int]:
@@ -579,6 +626,7 @@ def check_config(
     mma_tiler_mn: tuple[int, int],
     cluster_shape_mn: tuple[int, int],
     split_k: int,
+    k_groups: int = 1,
 ) -> list[str]:
     """Reasons why this configuration cannot run (empty when it can)."""
     reasons = []
@@ -659,6 +707,16 @@ def check_config(
             f"split_k = {split_k} with a {kernel_tile(path, mma_tiler_mn)[1]}-wide SMEM-operand "
             "tile: split-K needs tiles of at most 128 x 128"
         )
+    if k_groups != 1 and path in PATHS:
+        rows, cols = kernel_tile(path, mma_tiler_mn)
+        if path != "decode" or k_groups not in (2, 3, 4) or rows // 64 * k_groups > 4 or cols > 32:
+            # NOTE: 640 threads per CTA at most (setmaxnreg budgets), and the ring must hold at
+            # least two stages per group next to the groups' parked accumulators.
+            reasons.append(
+                f"k_groups = {k_groups} on the {path} path with a {rows} x {cols} kernel tile: "
+                "K groups (2..4) run on the decode path, with tiles of at most 32 tokens and "
+                "at most 4 consumer warpgroups (tile rows / 64 x k_groups)"
+            )
     return reasons
 
 
@@ -678,6 +736,7 @@ class BlockwiseGemmFp4Sm90:
         cluster_shape_mn: tuple[int, int] = (1, 1),
         split_k: int = 1,
         tma_store: bool = True,
+        k_groups: int = 1,
     ):
         self.sf_vec_size = sf_vec_size
         self.path = path
@@ -691,11 +750,22 @@ class BlockwiseGemmFp4Sm90:
         # pitch N * sizeof(D) not a multiple of 16 bytes, a TMA stride rule) or the consumers
         # have no registers for the staging (``epilogue_staging_fits``).
         self.tma_store = tma_store and epilogue_staging_fits(path, mma_tiler_mn, split_k)
-        self.num_mma_wg = self.tile_rows // 64
+        # Decode: ``k_groups`` groups of consumer warpgroups share each work unit's k-tiles
+        # (group g takes those in the ring stages s with s % k_groups == g) and sum their
+        # accumulators through SMEM before the epilogue: one CTA per SM covers a tile over all
+        # of K without a split-K fix-up through global memory.
+        self.k_groups = k_groups
         self.threads_per_wg = 128
+        # consumer warpgroups along the tile rows (one K group), and in all
+        self.row_wgs = self.tile_rows // 64
+        self.num_mma_wg = self.row_wgs * k_groups
+        self.group_threads = self.row_wgs * self.threads_per_wg
         self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
-        self.occupancy = occupancy(path, mma_tiler_mn)
+        self.occupancy = occupancy(path, mma_tiler_mn, k_groups)
+        # k_groups > 1: each group frees its stage once the stage's wgmma completed, not one
+        # k-tile later (a group would hold two stages of the ring)
+        self.release_early = k_groups > 1
         # Decode: the tokens are converted once per launch by ``convert_operands`` into an F16 /
         # BF16 copy in the wgmma's permuted K order, which TMA then brings straight into the
         # wgmma B layout, so the consumers convert only the weights.  (Two other schemes measured
@@ -721,10 +791,11 @@ class BlockwiseGemmFp4Sm90:
         #   mixed (32 x 4096 x 7168 12.5 against 11.9), with 64 slower (64 x 18432 x 7168 47.4
         #   against 45.5), and so on 128-token tiles, one GEMM CTA per SM (up to 2 us, ninth
         #   session).
-        self.prologue_pdl = (
-            path == "decode"
-            and self.occupancy == 2
-            and self.tile_cols <= (32 if self.tile_rows == 128 else 16)
+        # K groups (one CTA of 640 threads x 96 registers, whose prologue CTA fits beside it):
+        # on for up to 32 tokens, as measured (hopper/NOTES.md, twelfth session).
+        self.prologue_pdl = path == "decode" and (
+            (self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16))
+            or (k_groups > 1 and self.tile_cols <= 32)
         )
         if path == "decode":
             self.convert_threads, self.convert_unroll = (
@@ -764,7 +835,7 @@ class BlockwiseGemmFp4Sm90:
             OperandMajorMode.K,
             OperandMajorMode.K,
             self.acc_dtype,
-            (self.num_mma_wg, 1, 1),
+            (self.row_wgs, 1, 1),
             tiler_mn=(64, self.tile_cols),
             a_source=OperandSource.SMEM if self.a_converted else OperandSource.RMEM,
         )
@@ -807,12 +878,29 @@ class BlockwiseGemmFp4Sm90:
             self.epi_bytes = (
                 self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * self.c_dtype.width // 8
             )
+        # k_groups > 1: the fp32 accumulators of groups 1 .. k_groups - 1, parked for group 0
+        self.reduce_bytes = (self.k_groups - 1) * self.tile_rows * self.tile_cols * 4
+        max_stages = MAX_STAGES
+        if self.path == "decode":
+            max_stages = DECODE_K_GROUP_MAX_STAGES if self.k_groups > 1 else DECODE_MAX_STAGES
         self.num_stages = self._compute_stages(
             self.tx_bytes,
-            self.num_bdq_buffers * self.bdq_buffer_bytes + self.epi_bytes,
+            self.num_bdq_buffers * self.bdq_buffer_bytes + self.epi_bytes + self.reduce_bytes,
             self.occupancy,
-            DECODE_MAX_STAGES if self.path == "decode" else MAX_STAGES,
+            max_stages,
         )
+        if self.k_groups > 1:
+            # NOTE: mbarrier waits test a phase's parity, so a consumer must have seen fill
+            # n - 1 of a stage before it waits for fill n.  A group that skips the other
+            # groups' k-tiles sees that only if every fill of the stage is its own: a ring of
+            # a multiple of k_groups stages, stage s owned by group s % k_groups (``_consumer``
+            # keeps that across work units).
+            self.num_stages = self.num_stages // self.k_groups * self.k_groups
+            if self.num_stages < 2 * self.k_groups:
+                raise ValueError(
+                    f"k_groups = {self.k_groups}: {self.num_stages} stages of "
+                    f"{self.tx_bytes} bytes fit, fewer than two per group"
+                )
         bdq_atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype
         )
@@ -861,7 +949,7 @@ class BlockwiseGemmFp4Sm90:
             OperandMajorMode.K,
             OperandMajorMode.K,
             self.acc_dtype,
-            (self.num_mma_wg, 1, 1),
+            (self.row_wgs, 1, 1),
             tiler_mn=(64, self.epi_tile[1]),
             a_source=OperandSource.SMEM if self.a_converted else OperandSource.RMEM,
         )
@@ -1016,6 +1104,11 @@ class BlockwiseGemmFp4Sm90:
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfa_bytes], 128]
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfb_bytes], 128]
             sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, d_elems], 1024]
+            if cutlass.const_expr(self.reduce_bytes > 0):
+                # k_groups > 1: the groups' parked accumulators
+                sRed: cute.struct.Align[
+                    cute.struct.MemRange[cutlass.Float32, self.reduce_bytes // 4], 128
+                ]
 
         self.shared_storage = SharedStorage
 
@@ -1141,10 +1234,11 @@ class BlockwiseGemmFp4Sm90:
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.num_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            # one arrive per consumer warp of every CTA whose producer writes into this one
-            # (lanes 0 .. cluster size - 1 signal in PipelineTmaAsync)
+            # one arrive per consumer warp of the K group that reads the stage, in every CTA
+            # whose producer writes into this one (lanes 0 .. cluster size - 1 signal in
+            # PipelineTmaAsync)
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.num_mma_threads // 32 * self.cluster_m
+                pipeline.Agent.Thread, self.group_threads // 32 * self.cluster_m
             ),
             tx_count=self.tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)),
@@ -1448,6 +1542,11 @@ class BlockwiseGemmFp4Sm90:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         tidx = tidx - self.threads_per_wg  # 0 .. num_mma_threads - 1
+        # K group of this thread (``k_groups``), then its index inside the group
+        kgroup = 0
+        if cutlass.const_expr(self.k_groups > 1):
+            kgroup = cute.arch.make_warp_uniform(tidx // self.group_threads)
+            tidx = tidx % self.group_threads
         wg = tidx // self.threads_per_wg
         warp_in_wg = (tidx // 32) % 4
         lane = tidx % 32
@@ -1497,9 +1596,7 @@ class BlockwiseGemmFp4Sm90:
             )
             d_pipeline = pipeline.PipelineTmaStore.create(
                 num_stages=self.epi_stages,
-                producer_group=pipeline.CooperativeGroup(
-                    pipeline.Agent.Thread, self.num_mma_threads
-                ),
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.group_threads),
             )
         # This thread's two kernel-A rows in the tile: wgmma A fragment rows g and g + 8.
         a_row0 = wg * 64 + warp_in_wg * 16 + lane // 4
@@ -1508,54 +1605,80 @@ class BlockwiseGemmFp4Sm90:
             tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
         work_tile = tile_sched.initial_work_tile_info()
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        # converted kernel B (decode, prefill): stages are released one step late, once the
-        # wgmma reading them completed
-        release_state = pipeline.make_pipeline_state(
+        # the stage of this thread's next k-tile
+        read_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_stages
         )
+        # converted kernel B (decode, prefill): stages are released one step late, once the
+        # wgmma reading them completed
+        free_state = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Consumer, self.num_stages
+        )
+        # k_groups > 1: the CTA's first k-tile of the current unit (every group's count)
+        unit_state = None
+        if cutlass.const_expr(self.k_groups > 1):
+            unit_state = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Consumer, self.num_stages
+            )
         kblock = Int32(0)  # running k-block count: picks the converted kernel-B buffer (fused)
         while work_tile.is_valid_tile:
             row_tile, col_tile, lk = work_tile.tile_idx
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
+            # This thread's k-tiles: kt_first, kt_first + k_groups, ... < kt_end.
+            kt_first = kt_begin
+            if cutlass.const_expr(self.k_groups > 1):
+                # the unit's k-tiles whose stages this group owns (stage % k_groups == group)
+                owned = unit_state.count % self.k_groups
+                offset = (kgroup - owned + self.k_groups) % self.k_groups
+                kt_first = kt_begin + offset
+                read_state = unit_state.clone()
+                read_state.advance(offset)
+                free_state = read_state.clone()
             # Row offset of this tile inside its 128-row scale atom.
             sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS
             sfb_row_off = col_tile * self.tile_cols % SF_ATOM_ROWS
             tCrAcc.fill(0.0)
             # NOTE: wgmma's scale-d operand: without ACCUMULATE every k16 step overwrites D.
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kt in cutlass.range(kt_begin, kt_end, unroll=1):
-                ab_pipeline.consumer_wait(state)
+            for kt in cutlass.range(kt_first, kt_end, self.k_groups, unroll=1):
+                ab_pipeline.consumer_wait(read_state)
                 kbs = self.kblocks_per_stage
                 # decode: both k-blocks' kernel-A bytes at once, one SMEM latency per stage
                 # (the fused path has no registers to spare for it)
                 a_bytes = [
-                    self._load_a(base_a, base_sfa, state.index, j, a_row0, sfa_row_off, q)
+                    self._load_a(base_a, base_sfa, read_state.index, j, a_row0, sfa_row_off, q)
                     for j in range(kbs if self.path == "decode" else 0)
                 ]
                 for j in cutlass.range_constexpr(kbs):
                     if cutlass.const_expr(self.a_converted):
-                        tCrA = tCsA[(None, None, None, kbs * state.index + j)]
+                        tCrA = tCsA[(None, None, None, kbs * read_state.index + j)]
                     else:
                         tCrA = tCrA0 if j == 0 else tCrA1
                         # ---- kernel A: 2 rows x 16 K values -> 16 F16x2 / BF16x2 registers
                         if cutlass.const_expr(self.path == "fused"):
                             a_bytes.append(
                                 self._load_a(
-                                    base_a, base_sfa, state.index, j, a_row0, sfa_row_off, q
+                                    base_a, base_sfa, read_state.index, j, a_row0, sfa_row_off, q
                                 )
                             )
                         self._dequant_a(tCrA, a_bytes[j])
                     if cutlass.const_expr(self.b_converted):
-                        b_block = kbs * state.index + j
+                        b_block = kbs * read_state.index + j
                     else:
                         # ---- kernel B: this thread's share -> SMEM buffer ``b_block``
                         b_block = kblock % NUM_BDQ_BUFFERS
                         self._dequant_b(
-                            base_b, base_sfb, base_bdq, state.index, j, b_block, sfb_row_off, tidx
+                            base_b,
+                            base_sfb,
+                            base_bdq,
+                            read_state.index,
+                            j,
+                            b_block,
+                            sfb_row_off,
+                            tidx,
                         )
                         if cutlass.const_expr(j == kbs - 1):
-                            ab_pipeline.consumer_release(state)
+                            ab_pipeline.consumer_release(read_state)
                         # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a
                         # proxy fence in every writing thread before the barrier.
                         if tidx < self.tile_cols * 4:
@@ -1574,42 +1697,54 @@ class BlockwiseGemmFp4Sm90:
                             tCrAcc,
                         )
                     warpgroup.commit_group()
-                    # NOTE: k-block t - 1 done => its A registers and, with the barrier above,
-                    # the kernel-B buffer of t - 2 (read by both warpgroups) are free again.
-                    warpgroup.wait_group(1)
+                    if cutlass.const_expr(self.release_early and j == kbs - 1):
+                        # the stage's last wgmma has completed: free it now
+                        warpgroup.wait_group(0)
+                        ab_pipeline.consumer_release(read_state)
+                    else:
+                        # NOTE: k-block t - 1 done => its A registers and, with the barrier
+                        # above, the kernel-B buffer of t - 2 (read by both warpgroups) are
+                        # free again.
+                        warpgroup.wait_group(1)
                     kblock += 1
-                    if cutlass.const_expr(self.b_converted and j == 0):
+                    if cutlass.const_expr(self.b_converted and j == 0 and not self.release_early):
                         # the last wgmma of the previous stage has completed: free it
-                        if kt > kt_begin:
-                            ab_pipeline.consumer_release(release_state)
-                            release_state.advance()
-                state.advance()
+                        if kt > kt_first:
+                            ab_pipeline.consumer_release(free_state)
+                            free_state.advance(self.k_groups)
+                read_state.advance(self.k_groups)
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.b_converted):
-                if kt_end > kt_begin:
-                    ab_pipeline.consumer_release(release_state)
-                    release_state.advance()
-            self._epilogue(
-                tCrAcc,
-                mD_mnl,
-                mWork,
-                alpha,
-                row_tile,
-                col_tile,
-                lk,
-                thr_mma,
-                tidx,
-                storage.splitk_flag.data_ptr().toint(),
-                tma_atom_d,
-                mD_tma,
-                sD,
-                epi_mma,
-                d_pipeline,
-            )
+            if cutlass.const_expr(self.b_converted and not self.release_early):
+                if kt_end > kt_first:
+                    ab_pipeline.consumer_release(free_state)
+                    free_state.advance(self.k_groups)
+            if cutlass.const_expr(self.k_groups > 1):
+                unit_state.advance(kt_end - kt_begin)
+                self._reduce_k_groups(tCrAcc, kgroup, tidx, storage.sRed.data_ptr().toint())
+            # (k_groups > 1: group 0 holds the sum)
+            if kgroup == 0:
+                self._epilogue(
+                    tCrAcc,
+                    mD_mnl,
+                    mWork,
+                    alpha,
+                    row_tile,
+                    col_tile,
+                    lk,
+                    thr_mma,
+                    tidx,
+                    storage.splitk_flag.data_ptr().toint(),
+                    tma_atom_d,
+                    mD_tma,
+                    sD,
+                    epi_mma,
+                    d_pipeline,
+                )
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
         if cutlass.const_expr(self.tma_store):
-            if tidx // 32 == 0:
+            # (k_groups > 1: the first warp of group 0, which issued them)
+            if tidx // 32 + kgroup == 0:
                 # NOTE: the CTA must not exit before its TMA stores have read their SMEM.
                 d_pipeline.producer_tail()
 
@@ -1684,6 +1819,32 @@ class BlockwiseGemmFp4Sm90:
         byte = atom * SF_ATOM_BYTES + (r % 32) * 16 + (r // 32) * 4 + col % SF_ATOM_COLS
         return _ld_shared_u8(base_sf + stage * stage_bytes + byte)
 
+    @cute.jit
+    def _reduce_k_groups(self, tCrAcc, kgroup, tidx, base_red):
+        """k_groups > 1: sum every K group's accumulators into group 0's, in group order.
+        Groups 1 .. k_groups - 1 park theirs in SMEM, value-major (value i of thread t of group
+        g at word ((g - 1) * values + i) * group_threads + t: a warp writes one 128-byte line),
+        and group 0 adds them."""
+        nacc = cute.size(tCrAcc)
+        words = self.group_threads * 4
+        if kgroup > 0:
+            mine = base_red + ((kgroup - 1) * nacc * self.group_threads + tidx) * 4
+            for i in cutlass.range_constexpr(nacc):
+                _st_shared_f32(mine + i * words, tCrAcc[i])
+        self._k_group_barrier()
+        if kgroup == 0:
+            for g in cutlass.range_constexpr(1, self.k_groups):
+                theirs = base_red + ((g - 1) * nacc * self.group_threads + tidx) * 4
+                for i in cutlass.range_constexpr(nacc):
+                    tCrAcc[i] = tCrAcc[i] + _ld_shared_f32(theirs + i * words)
+        # NOTE: group 0 has read every parked value before any group parks its next unit's.
+        self._k_group_barrier()
+
+    def _k_group_barrier(self):
+        cute.arch.barrier(
+            barrier_id=int(NamedBarrierId.K_GROUP_REDUCE), number_of_threads=self.num_mma_threads
+        )
+
     # ======================================= epilogue ==========================================
     @cute.jit
     def _epilogue(
@@ -1721,10 +1882,10 @@ class BlockwiseGemmFp4Sm90:
             tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile
             split = lk % self.split_k
             work = mWork.iterator.toint()
-            frag_stride = Int64(self.num_mma_threads * nacc * 4)
+            frag_stride = Int64(self.group_threads * nacc * 4)
             # A partial is stored value-major (value i of thread t at 4 * (i * threads + t)), so
             # that every warp access is one contiguous 128-byte line.
-            value_stride = self.num_mma_threads * 4
+            value_stride = self.group_threads * 4
             my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * 4))
             counter = (
                 work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
@@ -1856,12 +2017,12 @@ class BlockwiseGemmFp4Sm90:
 
     def _epilogue_barrier(self):
         cute.arch.barrier(
-            barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.num_mma_threads
+            barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.group_threads
         )
 
     def _splitk_barrier(self):
         cute.arch.barrier(
-            barrier_id=int(NamedBarrierId.SPLITK_FIXUP), number_of_threads=self.num_mma_threads
+            barrier_id=int(NamedBarrierId.SPLITK_FIXUP), number_of_threads=self.group_threads
         )
 
     # ======================================= prologue grid =====================================
@@ -2054,10 +2215,19 @@ class BlockwiseGemmFp4Sm90:
         mma_tiler_mn: tuple[int, int],
         cluster_shape_mn: tuple[int, int] = (1, 1),
         split_k: int = 1,
+        k_groups: int = 1,
     ) -> tuple[bool, list[str]]:
         """(ok, reasons): ``check_config`` in the CUTLASS-example shape."""
         reasons = check_config(
-            mnkl, sf_vec_size, sf_dtype, c_dtype, path, mma_tiler_mn, cluster_shape_mn, split_k
+            mnkl,
+            sf_vec_size,
+            sf_dtype,
+            c_dtype,
+            path,
+            mma_tiler_mn,
+            cluster_shape_mn,
+            split_k,
+            k_groups,
         )
         return not reasons, reasons
 
@@ -2131,6 +2301,7 @@ def compile_gemm(
     options: str = "",
     cluster_shape_mn: tuple[int, int] | None = None,
     tma_store: bool = True,
+    k_groups: int = 1,
 ):
     """Compile for any M, N, K, L (runtime values); returns (kernel object, executor).
 
@@ -2144,7 +2315,9 @@ def compile_gemm(
     from cutlass.cute.runtime import make_ptr
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
-    gemm = BlockwiseGemmFp4Sm90(sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store)
+    gemm = BlockwiseGemmFp4Sm90(
+        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups
+    )
     gmem = cute.AddressSpace.gmem
     # Placeholder addresses: only types and alignments matter for compilation.
     ptrs = [make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16) for _ in range(4)]
@@ -2186,6 +2359,7 @@ class Fp4GemmSm90Runner:
         split_k=1,
         options="",
         cluster_shape_mn=None,
+        k_groups=1,
     ):
         self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
         self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
@@ -2199,8 +2373,9 @@ class Fp4GemmSm90Runner:
             options,
             cluster_shape_mn,
         )
+        self._k_groups = k_groups
         # the TMA-store variant now; the direct-store one when an N first needs it
-        self.gemm, compiled = compile_gemm(*self._args, tma_store=True)
+        self.gemm, compiled = compile_gemm(*self._args, tma_store=True, k_groups=k_groups)
         self._compiled = {True: compiled}
         self._workspace = {}
 
@@ -2208,7 +2383,9 @@ class Fp4GemmSm90Runner:
         """The compiled kernel for output width N (see ``tma_store_fits``)."""
         tma_store = tma_store_fits(n, self.c_dtype) and self.gemm.tma_store
         if tma_store not in self._compiled:
-            self._compiled[tma_store] = compile_gemm(*self._args, tma_store=tma_store)[1]
+            self._compiled[tma_store] = compile_gemm(
+                *self._args, tma_store=tma_store, k_groups=self._k_groups
+            )[1]
         return self._compiled[tma_store]
 
     def workspace(self, m, n, k, l):  # noqa: E741
@@ -2383,6 +2560,12 @@ def parse_args(argv=None):
     )
     ap.add_argument("--path", choices=("auto",) + PATHS, default="auto")
     ap.add_argument("--split_k", type=int, default=None, help="default: see default_config")
+    ap.add_argument(
+        "--k_groups",
+        type=int,
+        default=None,
+        help="decode: consumer warpgroup groups splitting K in a CTA; default: see default_config",
+    )
     ap.add_argument("--sf_vec_size", type=int, default=16)
     ap.add_argument("--sf_dtype", default=None, help="Float8E4M3FN (16) / Float8E8M0FNU (32)")
     ap.add_argument("--c_dtype", default="BFloat16")
@@ -2416,25 +2599,30 @@ def gpu_sm_count() -> int:
 
 
 def resolve_config(args):
-    """(path, mma_tiler_mn, split_k, sf_dtype) after applying the defaults; also fills in
-    ``args.cluster_shape_mn``."""
+    """(path, mma_tiler_mn, split_k, k_groups, sf_dtype) after applying the defaults; also
+    fills in ``args.cluster_shape_mn``."""
     m, n, k, l = args.mnkl  # noqa: E741
-    path, tiler, split = default_config(
+    path, tiler, split, k_groups = default_config(
         m, n, k, l, gpu_sm_count(), path=None if args.path == "auto" else args.path
     )
+    if args.mma_tiler_mn is not None or args.split_k is not None:
+        # (the default K groups go with the default tile and split only)
+        k_groups = 1
     if args.mma_tiler_mn is not None:
         tiler = args.mma_tiler_mn
     if args.split_k is not None:
         split = args.split_k
+    if args.k_groups is not None:
+        k_groups = args.k_groups
     if args.cluster_shape_mn is None:
         args.cluster_shape_mn = default_cluster(path)
     sf_dtype = args.sf_dtype or ("Float8E4M3FN" if args.sf_vec_size == 16 else "Float8E8M0FNU")
-    return path, tuple(tiler), split, sf_dtype
+    return path, tuple(tiler), split, k_groups, sf_dtype
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    path, tiler, split, sf_dtype = resolve_config(args)
+    path, tiler, split, k_groups, sf_dtype = resolve_config(args)
     _, reasons = BlockwiseGemmFp4Sm90.can_implement(
         args.mnkl,
         args.sf_vec_size,
@@ -2444,11 +2632,12 @@ def main(argv=None) -> int:
         tiler,
         args.cluster_shape_mn,
         split,
+        k_groups,
     )
     print(
         f"Hopper FP4 GEMM: mnkl={args.mnkl} sf_vec_size={args.sf_vec_size} sf_dtype={sf_dtype} "
         f"c_dtype={args.c_dtype} path={path} mma_tiler_mn={tiler} "
-        f"cluster_shape_mn={tuple(args.cluster_shape_mn)} split_k={split}"
+        f"cluster_shape_mn={tuple(args.cluster_shape_mn)} split_k={split} k_groups={k_groups}"
     )
     reasons = list(reasons)
     if args.iterations < 1 or args.warmup_iterations < 0:
@@ -2484,6 +2673,7 @@ def main(argv=None) -> int:
             opts,
             args.cluster_shape_mn,
             tma_store,
+            k_groups,
         )
         kernels = _resource_usage(dump)
         if not kernels:
@@ -2496,7 +2686,8 @@ def main(argv=None) -> int:
             )
         print(
             f"main kernel: setmaxnreg producer {gemm.producer_regs} / consumers "
-            f"{gemm.mma_regs}, {gemm.threads_per_cta} threads, {gemm.occupancy} CTA(s)/SM"
+            f"{gemm.mma_regs}, {gemm.threads_per_cta} threads, {gemm.occupancy} CTA(s)/SM, "
+            f"{gemm.k_groups} K group(s)"
         )
         print("epilogue: " + ("TMA store" if gemm.tma_store else "direct stores"))
         print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
@@ -2540,6 +2731,7 @@ def main(argv=None) -> int:
         tiler,
         split,
         cluster_shape_mn=args.cluster_shape_mn,
+        k_groups=k_groups,
     )
     runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
     torch.cuda.synchronize()

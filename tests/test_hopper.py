@@ -68,6 +68,10 @@ COMPILE_CONFIGS = [
     (32, "Float32", "prefill", (128, 128), 1, False),
     # the largest split: the fix-up's loads must still fit next to the accumulators
     (16, "BFloat16", "decode", (128, 128), 16),
+    # K groups (7th field): 4 x 64 rows, with split-K and F32 D; 2 x 128 rows, direct stores
+    (16, "BFloat16", "decode", (8, 64), 1, True, 4),
+    (32, "Float32", "decode", (32, 64), 2, True, 4),
+    (16, "Float16", "decode", (16, 128), 1, False, 2),
 ]
 
 
@@ -82,9 +86,12 @@ def _entry_ptx(ptx: str, name: str) -> str:
 def test_cross_compile_sm90a(cfg, tmp_path):
     vec, c_dtype, path, tiler, split = cfg[:5]
     tma_store = cfg[5] if len(cfg) > 5 else True
+    k_groups = cfg[6] if len(cfg) > 6 else 1
     dump = str(tmp_path)
     opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
-    gemm, _ = k90.compile_gemm(vec, c_dtype, path, tiler, split, 132, opts, tma_store=tma_store)
+    gemm, _ = k90.compile_gemm(
+        vec, c_dtype, path, tiler, split, 132, opts, tma_store=tma_store, k_groups=k_groups
+    )
     ptx_files = [f for f in os.listdir(dump) if f.endswith(".ptx")]
     cubins = [f for f in os.listdir(dump) if f.endswith(".cubin")]
     assert ptx_files and cubins, os.listdir(dump)
@@ -157,15 +164,22 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     # NOTE: each CTA also costs 1 KiB of SMEM reserved by the hardware.
     assert k90.smem_bytes(gemm) <= k90.SM90_SMEM_CAPACITY
     assert gemm.occupancy * (k90.smem_bytes(gemm) + 1024) <= k90.SM90_SMEM_PER_SM
-    if path == "decode" and gemm.occupancy == 2 and gemm.tile_rows == 128:
-        # the prologue's CTAs fit on an SM beside two GEMM CTAs of 128 weight rows (registers,
-        # and SMEM for their reserved KiB), so that the PDL chain of small token tiles does not
-        # hold back a GEMM CTA (two 64-row CTAs, 2 x 256 threads x 128 registers, fill the SM)
+    if path == "decode" and (gemm.occupancy == 2 and gemm.tile_rows == 128 or k_groups > 1):
+        # the prologue's CTAs fit on an SM beside two GEMM CTAs of 128 weight rows, or one of K
+        # groups (registers, and SMEM for their reserved KiB), so that the PDL chain of small
+        # token tiles does not hold back a GEMM CTA (two 64-row CTAs, 2 x 256 threads x 128
+        # registers, fill the SM)
+        assert gemm.prologue_pdl == (gemm.tile_cols <= 32)
         prologue_regs = next(r for name, (r, _, _) in res.items() if "convert_operands" in name)
         assert prologue_regs <= k90.DECODE_CONVERT_MAX_REGS, prologue_regs
-        used = 2 * gemm.threads_per_cta * gemm_regs + gemm.convert_threads * prologue_regs
-        assert used <= k90.SM90_REGS_PER_SM, (gemm_regs, prologue_regs)
-        assert 2 * (k90.smem_bytes(gemm) + 1024) + 1024 <= k90.SM90_SMEM_PER_SM
+        gemms = gemm.occupancy * gemm.threads_per_cta * gemm_regs
+        assert gemms + gemm.convert_threads * prologue_regs <= k90.SM90_REGS_PER_SM
+        smem = gemm.occupancy * (k90.smem_bytes(gemm) + 1024) + 1024
+        assert smem <= k90.SM90_SMEM_PER_SM
+    if k_groups > 1:
+        # two stages or more per group, each stage owned by one group (phase parity waits)
+        assert gemm.num_stages % k_groups == 0 and gemm.num_stages >= 2 * k_groups
+        assert "ld.shared.f32" in ptx and "st.shared.f32" in ptx
 
 
 def test_operand_reasons_name_each_problem():
@@ -245,6 +259,10 @@ REFUSALS = [
     (dict(path="decode", mma_tiler_mn=(16, 128), cluster_shape_mn=(2, 1)), "on the prefill path"),
     (dict(split_k=0), "split_k = 0"),
     (dict(split_k=3), "split-K needs tiles of at most 128 x 128"),
+    (dict(k_groups=2), "K groups (2..4) run on the decode path"),
+    (dict(path="decode", mma_tiler_mn=(64, 64), k_groups=4), "with tiles of at most 32 tokens"),
+    (dict(path="decode", mma_tiler_mn=(8, 128), k_groups=3), "at most 4 consumer warpgroups"),
+    (dict(path="decode", mma_tiler_mn=(8, 64), k_groups=5), "K groups (2..4)"),
     (dict(mnkl=(65536, 32768, 256, 1)), "M*N*L = 2147483648 does not fit"),
     (dict(mnkl=(65536, 512, 65536, 1)), "M*K/2*L = 2147483648 does not fit"),
     (dict(mnkl=(256, 32768, 65536, 2)), "N*K/2*L = 2147483648 does not fit"),
@@ -395,43 +413,52 @@ def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
 def test_default_config_paths():
     assert k90.default_config(1, 8192, 8192, 1)[0] == "decode"
     assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
-    assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2)
+    assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2, 1)
     # tiles of > 32 tokens: on a tie, 64 weight rows unsplit rather than 128 rows split in two
     # (no 128 x 128 fp32 partials; H200: 11.3-11.7 against 14.7-15.1 us at 128 x 7168 x 2048)
-    assert k90.default_config(128, 7168, 2048, 1)[1:] == ((128, 64), 1)
-    assert k90.default_config(128, 8192, 8192, 1)[1:] == ((128, 64), 1)
+    assert k90.default_config(128, 7168, 2048, 1)[1:] == ((128, 64), 1, 1)
+    assert k90.default_config(128, 8192, 8192, 1)[1:] == ((128, 64), 1, 1)
     # UNIT_COST: 64 x 18432 x 7168 takes split 3 (47.9-48.2 us), not split 4 (53.3-53.7)
-    assert k90.default_config(64, 18432, 7168, 1)[1:] == ((64, 64), 3)
+    assert k90.default_config(64, 18432, 7168, 1)[1:] == ((64, 64), 3, 1)
     # the busiest CTA's work decides: 224 tiles of 128 rows fit the 264 CTA slots unsplit ...
-    assert k90.default_config(1, 28672, 4096, 1)[1:] == ((8, 128), 1)
+    assert k90.default_config(1, 28672, 4096, 1)[1:] == ((8, 128), 1, 1)
     # ... while 144 tiles split 3 (432 units: at most two units of 19 k-tiles per CTA) beat
     # split 2 (288 units: 24 CTAs run two units of 28 k-tiles, the others one)
-    assert k90.default_config(16, 18432, 7168, 1)[1:] == ((16, 128), 3)
-    assert k90.default_config(16, 4096, 7168, 1)[1:] == ((16, 64), 4)
+    assert k90.default_config(16, 18432, 7168, 1)[1:] == ((16, 128), 3, 1)
+    assert k90.default_config(16, 4096, 7168, 1)[1:] == ((16, 64), 4, 1)
     # several token tiles (M > 128): 128 x 128 tiles, split only while tiles leave CTAs idle
     # (H200: 47 us against 128 for prefill at 192 x 8192 x 8192; 29 against 41 unsplit at
     # 256 x 4096 x 7168; 122 unsplit against 133 for 64 rows split 2 at 256 x 18432 x 7168)
-    assert k90.default_config(192, 8192, 8192, 1) == ("decode", (128, 128), 1)
-    assert k90.default_config(256, 4096, 7168, 1) == ("decode", (128, 128), 2)
-    assert k90.default_config(256, 18432, 7168, 1) == ("decode", (128, 128), 1)
-    assert k90.default_config(2048, 8192, 8192, 1) == ("decode", (128, 128), 1)
-    assert k90.default_config(2049, 8192, 8192, 1) == ("prefill", (128, 256), 1)
+    assert k90.default_config(192, 8192, 8192, 1) == ("decode", (128, 128), 1, 1)
+    assert k90.default_config(256, 4096, 7168, 1) == ("decode", (128, 128), 2, 1)
+    assert k90.default_config(256, 18432, 7168, 1) == ("decode", (128, 128), 1, 1)
+    assert k90.default_config(2048, 8192, 8192, 1) == ("decode", (128, 128), 1, 1)
+    assert k90.default_config(2049, 8192, 8192, 1) == ("prefill", (128, 256), 1, 1)
     # ... unless the token copy, padded to 128-token tiles, would pass the 32-bit offsets
     # (410 tokens pad to 512: 512 x 1160000 x 4 >= 2^31; prefill's copy is 410 rows)
-    assert k90.default_config(410, 1, 1160000, 4) == ("prefill", (128, 256), 1)
-    assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1)
+    assert k90.default_config(410, 1, 1160000, 4) == ("prefill", (128, 256), 1, 1)
+    assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1, 1)
     # a path asked for (the CLI's --path): that path's tile and split at any M
-    assert k90.default_config(4096, 8192, 8192, 1, path="decode") == ("decode", (128, 128), 1)
-    assert k90.default_config(1, 8192, 8192, 1, path="fused") == ("fused", (128, 256), 1)
-    assert k90.default_config(1024, 8192, 8192, 1, path="prefill") == ("prefill", (128, 256), 1)
-    for m in (1, 16, 100, 128, 129, 2048, 4096):
-        path, tiler, split = k90.default_config(m, 7168, 2048, 1)
-        assert (
-            k90.check_config(
-                (m, 7168, 2048, 1), 16, "Float8E4M3FN", "BFloat16", path, tiler, (1, 1), split
-            )
-            == []
+    assert k90.default_config(4096, 8192, 8192, 1, path="decode") == ("decode", (128, 128), 1, 1)
+    assert k90.default_config(1, 8192, 8192, 1, path="fused") == ("fused", (128, 256), 1, 1)
+    assert k90.default_config(1024, 8192, 8192, 1, path="prefill") == ("prefill", (128, 256), 1, 1)
+    # one wave of K groups where the split-K units would be short (<= 8 k-tiles) and one CTA
+    # per 64 weight rows fills 3/4 of the SMs or more (H200: 6.6 against 7.6-7.7 us at
+    # 16 x 7168 x 2048, 6.9 against 9.0 at 32 x 7168 x 2048) ...
+    assert k90.default_config(1, 7168, 2048, 1) == ("decode", (8, 64), 1, 4)
+    assert k90.default_config(32, 7168, 2048, 1) == ("decode", (32, 64), 1, 4)
+    # ... not for longer units (1 x 7168 x 16384: 27.0 against 24.2), fewer rows (1 x 1000 x
+    # 2080: 16 CTAs), more than one wave (N = 18432) or more than one token tile
+    assert k90.default_config(1, 7168, 16384, 1)[3] == 1
+    assert k90.default_config(1, 1000, 2080, 1)[3] == 1
+    assert k90.default_config(16, 18432, 2048, 1)[3] == 1
+    assert k90.default_config(64, 7168, 2048, 1)[3] == 1
+    for m in (1, 16, 32, 100, 128, 129, 2048, 4096):
+        path, tiler, split, k_groups = k90.default_config(m, 7168, 2048, 1)
+        reasons = k90.check_config(
+            (m, 7168, 2048, 1), 16, "Float8E4M3FN", "BFloat16", path, tiler, (1, 1), split, k_groups
         )
+        assert reasons == []
 
 
 def _cli(*args):
@@ -516,6 +543,17 @@ GPU_CASES = [
     (260, 1000, 4000, 1, 32, "Float32", "decode", (128, 128), 2, 1.0, "normal"),
     # 864 split-K units on 264 CTA slots: CTAs run splits of several tiles in turn
     (16, 18432, 2048, 2, 16, "BFloat16", "decode", (16, 128), 3, 1.0, "wide"),
+    # k_groups (12th field): K groups of consumer warpgroups summed through SMEM.  17 k-tiles
+    # over 4 groups (5, 4, 4, 4); with split-K, L > 1, K = 32 x odd; 3 groups and direct
+    # stores; one k-tile (groups and whole units without k-tiles); 297 units on 132 CTAs of
+    # 128 rows x 2 groups (the next unit's partials parked while group 0 stores); a full-size
+    # decode shape
+    (1, 1000, 2080, 1, 16, "BFloat16", "decode", (8, 64), 1, 2.0, "wide", 4),
+    (5, 1000, 4000, 2, 32, "Float32", "decode", (8, 64), 3, 1.0, "wide", 4),
+    (16, 777, 1056, 2, 16, "Float16", "decode", (16, 64), 1, 0.25, "normal", 3),
+    (20, 520, 64, 1, 16, "BFloat16", "decode", (32, 64), 2, 1.0, "normal", 4),
+    (7, 4224, 1056, 9, 16, "BFloat16", "decode", (8, 128), 1, 1.0, "wide", 2),
+    (16, 8192, 8192, 1, 16, "BFloat16", "decode", (16, 64), 1, 1.0, "wide", 4),
 ]
 
 
@@ -526,8 +564,9 @@ def test_gpu_matches_reference(case):
 
     import reference
 
-    m, n, k, l, vec, c_dtype, path, tiler, split, alpha_factor, dist = case  # noqa: E741
-    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split)
+    m, n, k, l, vec, c_dtype, path, tiler, split, alpha_factor, dist = case[:11]  # noqa: E741
+    k_groups = case[11] if len(case) > 11 else 1
+    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
     # twice, on different operands and back to back on one stream: the split-K tile counters
     # must reset themselves, and the second launch's prologue (with PDL on 8-token tiles,
     # started within the first GEMM's tail) must not overwrite the converted tokens before
