@@ -373,7 +373,7 @@ def print_table(rows, roof):
         ratio_tdq = f"{tdq / o['us']:.2f}x" if tdq else "-"
         print(
             f"{row['m']:>5} {row['n']:>6} {row['k']:>6} | {o['us']:>10.1f} {o['tflops']:>8.1f} "
-            f"{o['gbps']:>7.0f} {o['roof_pct']:>5.0f}% | {_fmt(row, 'ours-mxfp4'):>10} | "
+            f"{o['gbps']:>7.0f} {o['roof_pct']:>5.1f}% | {_fmt(row, 'ours-mxfp4'):>10} | "
             + " ".join(f"{_fmt(row, n):>17}" for n in METHODS[2:])
             + f" | {ratio_bf:>9} {ratio_tdq:>8}"
             + ("" if o["check"] and row["ours-mxfp4"]["check"] else "  CHECK FAILED")

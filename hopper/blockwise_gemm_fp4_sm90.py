@@ -525,9 +525,10 @@ def default_config(
     SMs and all of them, one token tile of <= 32 tokens runs as 64-row tiles with
     DECODE_K_GROUPS groups of consumer warpgroups splitting K inside the CTA, summed through
     SMEM instead of a split-K fix-up.  H200 (hopper/NOTES.md, twelfth session): 1, 8, 16 and
-    32 x 7168 x 2048 5.9-6.4 / 6.4-6.6 / 6.6 / 6.9 us against 6.8-7.3 / 7.5 / 7.6-7.7 / 9.0.
-    Not taken for longer units, where it measured slower at 8 of 14 shapes (1 x 7168 x 16384
-    27.0 against 24.2 us) and faster at 4 (32 x 8192 x 8192 17.9 against 18.8).
+    32 x 7168 x 2048 5.9-6.4 / 6.4-6.6 / 6.6 / 6.9 us against 6.8-7.3 / 7.5-7.6 / 7.6-7.7 /
+    9.0.  Not taken for longer units: of 16 such shapes it measured slower at 8 (1 x 7168 x
+    16384 27.0 against 24.2 us), the same at 4 and faster at 4 (32 x 8192 x 8192 17.9 against
+    18.8).
 
     From 129 to DECODE_MAX_M tokens the decode path still wins: tiles of 128 tokens x 128
     weight rows dequantize every weight once per token tile, which costs less than the prefill
