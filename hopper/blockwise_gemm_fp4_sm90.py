@@ -51,10 +51,10 @@ releases its dependents once every CTA has issued its last load; on decode tiles
 or 32 tokens (``prologue_pdl``) ``convert_operands`` is launched with PDL as well, waits for the
 kernel ahead of it before it touches memory, and so starts within the previous launch's tail;
 its CTAs are small enough (128 threads, <= 32 registers) to share an SM with two GEMM CTAs of
-128 weight rows.
+128 weight rows, or with one CTA of 4 K groups.
 
-Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups x k_groups, 1 or 2 CTAs per SM)
------------------------------------------------------------------------------------------------
+Warp roles (128 * (1 + G * k_groups) threads, G = 1 or 2 row warpgroups, 1 or 2 CTAs per SM)
+------------------------------------------------------------------------------------------
     ==========  ============  =================================================================
     warps       role          work
     ==========  ============  =================================================================
@@ -62,14 +62,14 @@ Warp roles (128 * (1 + W) threads, W = 1 or 2 consumer warpgroups x k_groups, 1 
                               converted A tile (prefill); converted kernel B (multicast to the
                               2x1 cluster on prefill) or packed B + scales (fused)
     1 .. 3      (idle)        give their registers back to the consumers
-    4 .. 4W+3   consumers     per 64-wide k-block: decode / fused dequantize their 64 kernel-A
+    4 .. 4Gk+3  consumers     per 64-wide k-block: decode / fused dequantize their 64 kernel-A
                               rows into registers (fused: and a share of kernel B into SMEM);
                               then 4 wgmma (m64 x tile_cols x k16); epilogue (after the split-K
                               fix-up): * alpha, convert, (rows x 32)-column subtiles through SMEM,
                               TMA stores issued by warp 4 (direct stores where D's row pitch is
                               not a multiple of 16 bytes, on the fused path and for split-K
                               decode tiles of 128 rows x 64 tokens: registers).
-                              k_groups > 1: group g (warpgroups g x W ...) takes the unit's
+                              k_groups > 1: group g (warpgroups g x G ...) takes the unit's
                               k-tiles in stages s with s % k_groups == g; groups 1.. park their
                               accumulators in SMEM, group 0 adds them and runs the epilogue
     ==========  ============  =================================================================
@@ -219,8 +219,9 @@ MAX_STAGES = 12
 # 8 stages; 1 x 8192 x 8192: 16.0-16.1 against 16.3-16.6 with 8), 3 stages slower still
 # (hopper/NOTES.md, fifth session).
 DECODE_MAX_STAGES = 6
-# Decode with k_groups > 1 (one CTA per SM): at most this many stages per CTA (H200, 8 or 12
-# measured best, 6 starved the groups; hopper/NOTES.md, twelfth session).
+# Decode with k_groups > 1: at most this many stages per CTA, rounded down to a multiple of
+# k_groups (H200, 4 groups: 8 or 12 measured best, 6 starved the groups; hopper/NOTES.md,
+# twelfth session).
 DECODE_K_GROUP_MAX_STAGES = 8
 # default_config: K groups of the one-wave decode configuration (see there)
 DECODE_K_GROUPS = 4
@@ -499,9 +500,11 @@ def default_config(
     l: int,  # noqa: E741
     num_sms: int = 132,
     path: str | None = None,
+    allow_k_groups: bool = True,
 ):
     """(path, mma_tiler_mn, split_k, k_groups) for a problem; ``path`` given: that path's
-    tile, split and K groups.
+    tile, split and K groups; ``allow_k_groups`` False: the pick without K groups (the CLI's
+    base when the tile or the split is given).
 
     Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
     the register operand (decode path, kernel tile of 128 or 64 weight rows x the next power of
@@ -521,8 +524,9 @@ def default_config(
     128 x 7168 x 16384 (53.7 against 50.5 for 128 rows split 2; hopper/NOTES.md).
 
     One wave of K groups: where that pick's units are short (at most 8 k-tiles) and one CTA
-    per 64 weight rows (x a K split that keeps >= 8 k-tiles per unit) fills between 3/4 of the
-    SMs and all of them, one token tile of <= 32 tokens runs as 64-row tiles with
+    per 64 weight rows (x a K split that keeps >= 8 k-tiles per unit, two per group) fills
+    between 3/4 of the SMs and all of them, one token tile of <= 32 tokens runs as 64-row tiles
+    with
     DECODE_K_GROUPS groups of consumer warpgroups splitting K inside the CTA, summed through
     SMEM instead of a split-K fix-up.  H200 (hopper/NOTES.md, twelfth session): 1, 8, 16 and
     32 x 7168 x 2048 5.9-6.4 / 6.4-6.6 / 6.6 / 6.9 us against 6.8-7.3 / 7.5-7.6 / 7.6-7.7 /
@@ -566,10 +570,10 @@ def default_config(
                 if best is None or key < best[0]:
                     best = (key, (cols, rows), split)
         _, tiler, split = best
-        if cols <= 32 and m <= cols and math.ceil(k_tiles / split) <= 8:
+        if allow_k_groups and cols <= 32 and math.ceil(k_tiles / split) <= 8:
             tiles = math.ceil(n / 64) * l
             for kg_split in (1, 2, 3, 4, 6, 8):
-                if kg_split > 1 and k_tiles // kg_split < 8:
+                if k_tiles // kg_split < 2 * DECODE_K_GROUPS:
                     break
                 if 4 * tiles * kg_split >= 3 * num_sms and tiles * kg_split <= num_sms:
                     return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
@@ -764,9 +768,6 @@ class BlockwiseGemmFp4Sm90:
         self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
         self.occupancy = occupancy(path, mma_tiler_mn, k_groups)
-        # k_groups > 1: each group frees its stage once the stage's wgmma completed, not one
-        # k-tile later (a group would hold two stages of the ring)
-        self.release_early = k_groups > 1
         # Decode: the tokens are converted once per launch by ``convert_operands`` into an F16 /
         # BF16 copy in the wgmma's permuted K order, which TMA then brings straight into the
         # wgmma B layout, so the consumers convert only the weights.  (Two other schemes measured
@@ -792,11 +793,20 @@ class BlockwiseGemmFp4Sm90:
         #   mixed (32 x 4096 x 7168 12.5 against 11.9), with 64 slower (64 x 18432 x 7168 47.4
         #   against 45.5), and so on 128-token tiles, one GEMM CTA per SM (up to 2 us, ninth
         #   session).
-        # K groups (one CTA of 640 threads x 96 registers, whose prologue CTA fits beside it):
-        # on for up to 32 tokens, as measured (hopper/NOTES.md, twelfth session).
+        # K groups: on for up to 32 tokens where a prologue CTA fits beside the GEMM CTAs (4
+        # groups: one CTA of 640 threads x 96 registers; not 3 groups of 64 rows, 512 x 128),
+        # as measured (hopper/NOTES.md, twelfth session).
+        # (registers per thread at launch: what ptxas picks under the minctasm cap, a multiple
+        # of 8, at most 248)
+        launch_regs = min(248, 65536 // (self.occupancy * self.threads_per_cta) // 8 * 8)
+        prologue_fits = (
+            self.occupancy * self.threads_per_cta * launch_regs
+            + DECODE_CONVERT_THREADS * DECODE_CONVERT_MAX_REGS
+            <= SM90_REGS_PER_SM
+        )
         self.prologue_pdl = path == "decode" and (
             (self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16))
-            or (k_groups > 1 and self.tile_cols <= 32)
+            or (k_groups > 1 and self.tile_cols <= 32 and prologue_fits)
         )
         if path == "decode":
             self.convert_threads, self.convert_unroll = (
@@ -813,7 +823,6 @@ class BlockwiseGemmFp4Sm90:
         # (with two CTAs per SM the producer warpgroup keeps 24: consumers of 128 weight rows
         # get 104, of 64 rows 232)
         self.producer_regs = 40 if self.occupancy == 1 else 24
-        launch_regs = min(248, 65536 // (self.occupancy * self.threads_per_cta) // 8 * 8)
         self.mma_regs = min(
             240,
             (self.threads_per_cta * launch_regs - self.threads_per_wg * self.producer_regs)
@@ -1106,7 +1115,8 @@ class BlockwiseGemmFp4Sm90:
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfb_bytes], 128]
             sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, d_elems], 1024]
             if cutlass.const_expr(self.reduce_bytes > 0):
-                # k_groups > 1: the groups' parked accumulators
+                # k_groups > 1: the groups' parked accumulators (no placeholder otherwise: its
+                # alignment would cost up to 128 bytes that two CTAs of 32 x 128 do not have)
                 sRed: cute.struct.Align[
                     cute.struct.MemRange[cutlass.Float32, self.reduce_bytes // 4], 128
                 ]
@@ -1543,7 +1553,8 @@ class BlockwiseGemmFp4Sm90:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         tidx = tidx - self.threads_per_wg  # 0 .. num_mma_threads - 1
-        # K group of this thread (``k_groups``), then its index inside the group
+        # K group of this thread (``k_groups``), then tidx = its index inside the group
+        # (0 .. group_threads - 1), the only index the rest of this function uses
         kgroup = 0
         if cutlass.const_expr(self.k_groups > 1):
             kgroup = cute.arch.make_warp_uniform(tidx // self.group_threads)
@@ -1610,8 +1621,8 @@ class BlockwiseGemmFp4Sm90:
         read_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_stages
         )
-        # converted kernel B (decode, prefill): stages are released one step late, once the
-        # wgmma reading them completed
+        # converted kernel B (decode, prefill; k_groups == 1): stages are released one step
+        # late, once the wgmma reading them completed
         free_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_stages
         )
@@ -1634,7 +1645,6 @@ class BlockwiseGemmFp4Sm90:
                 kt_first = kt_begin + offset
                 read_state = unit_state.clone()
                 read_state.advance(offset)
-                free_state = read_state.clone()
             # Row offset of this tile inside its 128-row scale atom.
             sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS
             sfb_row_off = col_tile * self.tile_cols % SF_ATOM_ROWS
@@ -1698,8 +1708,9 @@ class BlockwiseGemmFp4Sm90:
                             tCrAcc,
                         )
                     warpgroup.commit_group()
-                    if cutlass.const_expr(self.release_early and j == kbs - 1):
-                        # the stage's last wgmma has completed: free it now
+                    if cutlass.const_expr(self.k_groups > 1 and j == kbs - 1):
+                        # K groups free a stage once its last wgmma has completed, not one
+                        # k-tile later (each group would hold two stages of the ring)
                         warpgroup.wait_group(0)
                         ab_pipeline.consumer_release(read_state)
                     else:
@@ -1708,17 +1719,17 @@ class BlockwiseGemmFp4Sm90:
                         # free again.
                         warpgroup.wait_group(1)
                     kblock += 1
-                    if cutlass.const_expr(self.b_converted and j == 0 and not self.release_early):
+                    if cutlass.const_expr(self.b_converted and j == 0 and self.k_groups == 1):
                         # the last wgmma of the previous stage has completed: free it
                         if kt > kt_first:
                             ab_pipeline.consumer_release(free_state)
-                            free_state.advance(self.k_groups)
+                            free_state.advance()
                 read_state.advance(self.k_groups)
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.b_converted and not self.release_early):
+            if cutlass.const_expr(self.b_converted and self.k_groups == 1):
                 if kt_end > kt_first:
                     ab_pipeline.consumer_release(free_state)
-                    free_state.advance(self.k_groups)
+                    free_state.advance()
             if cutlass.const_expr(self.k_groups > 1):
                 unit_state.advance(kt_end - kt_begin)
                 self._reduce_k_groups(tCrAcc, kgroup, tidx, storage.sRed.data_ptr().toint())
@@ -1744,7 +1755,7 @@ class BlockwiseGemmFp4Sm90:
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
         if cutlass.const_expr(self.tma_store):
-            # (k_groups > 1: the first warp of group 0, which issued them)
+            # warp 0 of group 0, which issued them (both terms >= 0; kgroup is 0 without groups)
             if tidx // 32 + kgroup == 0:
                 # NOTE: the CTA must not exit before its TMA stores have read their SMEM.
                 d_pipeline.producer_tail()
@@ -1895,7 +1906,7 @@ class BlockwiseGemmFp4Sm90:
                 _st_global_f32(my_frag + i * value_stride, tCrAcc[i])
             self._splitk_barrier()
             if tidx == 0:
-                # NOTE: the barrier orders the whole CTA's partial stores before this thread's
+                # NOTE: the barrier orders the epilogue group's partial stores before this thread's
                 # acq_rel atomic, whose gpu-scope release is cumulative: it publishes all of
                 # them, and the atomic of the last split acquires all earlier splits' partials
                 # for its CTA through the barrier below.
@@ -2160,7 +2171,8 @@ class BlockwiseGemmFp4Sm90:
     @staticmethod
     def _compute_stages(stage_bytes, fixed_bytes, occupancy, max_stages) -> int:
         """Ring stages of ``stage_bytes`` that fit next to ``fixed_bytes`` (converted kernel-B
-        buffers, D subtiles) at ``occupancy`` CTAs per SM, at most ``max_stages``."""
+        buffers, D subtiles, K groups' parked accumulators) at ``occupancy`` CTAs per SM, at
+        most ``max_stages``."""
         reserved = 2048  # mbarriers + alignment padding
         # NOTE: 228 KiB per SM in all, of which 1 KiB per CTA is reserved by the hardware.
         per_cta = min(SM90_SMEM_CAPACITY, SM90_SMEM_PER_SM // occupancy - 1024)
@@ -2603,12 +2615,17 @@ def resolve_config(args):
     """(path, mma_tiler_mn, split_k, k_groups, sf_dtype) after applying the defaults; also
     fills in ``args.cluster_shape_mn``."""
     m, n, k, l = args.mnkl  # noqa: E741
+    # (the default K groups go with the default tile and split only: a tile or a split given
+    # completes the pick without them)
     path, tiler, split, k_groups = default_config(
-        m, n, k, l, gpu_sm_count(), path=None if args.path == "auto" else args.path
+        m,
+        n,
+        k,
+        l,
+        gpu_sm_count(),
+        path=None if args.path == "auto" else args.path,
+        allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
     )
-    if args.mma_tiler_mn is not None or args.split_k is not None:
-        # (the default K groups go with the default tile and split only)
-        k_groups = 1
     if args.mma_tiler_mn is not None:
         tiler = args.mma_tiler_mn
     if args.split_k is not None:

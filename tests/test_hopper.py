@@ -68,10 +68,14 @@ COMPILE_CONFIGS = [
     (32, "Float32", "prefill", (128, 128), 1, False),
     # the largest split: the fix-up's loads must still fit next to the accumulators
     (16, "BFloat16", "decode", (128, 128), 16),
-    # K groups (7th field): 4 x 64 rows, with split-K and F32 D; 2 x 128 rows, direct stores
+    # K groups (7th field): 4 x 64 rows, with split-K and F32 D; 2 x 128 rows, direct stores;
+    # 3 x 64 rows (512 threads x 128 registers: no room for a prologue CTA); 2 x 64 rows (two
+    # CTAs per SM)
     (16, "BFloat16", "decode", (8, 64), 1, True, 4),
     (32, "Float32", "decode", (32, 64), 2, True, 4),
     (16, "Float16", "decode", (16, 128), 1, False, 2),
+    (16, "BFloat16", "decode", (16, 64), 1, True, 3),
+    (32, "BFloat16", "decode", (32, 64), 2, True, 2),
 ]
 
 
@@ -164,16 +168,21 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     # NOTE: each CTA also costs 1 KiB of SMEM reserved by the hardware.
     assert k90.smem_bytes(gemm) <= k90.SM90_SMEM_CAPACITY
     assert gemm.occupancy * (k90.smem_bytes(gemm) + 1024) <= k90.SM90_SMEM_PER_SM
-    if path == "decode" and (gemm.occupancy == 2 and gemm.tile_rows == 128 or k_groups > 1):
-        # the prologue's CTAs fit on an SM beside two GEMM CTAs of 128 weight rows, or one of K
-        # groups (registers, and SMEM for their reserved KiB), so that the PDL chain of small
-        # token tiles does not hold back a GEMM CTA (two 64-row CTAs, 2 x 256 threads x 128
-        # registers, fill the SM)
-        assert gemm.prologue_pdl == (gemm.tile_cols <= 32)
-        prologue_regs = next(r for name, (r, _, _) in res.items() if "convert_operands" in name)
+    prologue_regs = next((r for name, (r, _, _) in res.items() if "convert_operands" in name), 0)
+    gemms_regs = gemm.occupancy * gemm.threads_per_cta * gemm_regs
+    if k_groups > 1:
+        # the PDL chain is on exactly where a prologue CTA fits beside the K groups' CTAs
+        fits = gemms_regs + gemm.convert_threads * prologue_regs <= k90.SM90_REGS_PER_SM
+        assert gemm.prologue_pdl == (gemm.tile_cols <= 32 and fits)
+    if path == "decode" and (
+        gemm.occupancy == 2 and gemm.tile_rows == 128 or k_groups > 1 and gemm.prologue_pdl
+    ):
+        # the prologue's CTAs fit on an SM beside two GEMM CTAs of 128 weight rows, or beside
+        # K groups on the chain (registers, and SMEM for their reserved KiB), so that the PDL
+        # chain of small token tiles does not hold back a GEMM CTA (two 64-row CTAs, 2 x 256
+        # threads x 128 registers, fill the SM)
         assert prologue_regs <= k90.DECODE_CONVERT_MAX_REGS, prologue_regs
-        gemms = gemm.occupancy * gemm.threads_per_cta * gemm_regs
-        assert gemms + gemm.convert_threads * prologue_regs <= k90.SM90_REGS_PER_SM
+        assert gemms_regs + gemm.convert_threads * prologue_regs <= k90.SM90_REGS_PER_SM
         smem = gemm.occupancy * (k90.smem_bytes(gemm) + 1024) + 1024
         assert smem <= k90.SM90_SMEM_PER_SM
     if k_groups > 1:
@@ -453,6 +462,14 @@ def test_default_config_paths():
     assert k90.default_config(1, 1000, 2080, 1)[3] == 1
     assert k90.default_config(16, 18432, 2048, 1)[3] == 1
     assert k90.default_config(64, 7168, 2048, 1)[3] == 1
+    # ... nor where units would have fewer than two k-tiles per group (K = 896: 7 k-tiles)
+    assert k90.default_config(1, 7168, 896, 1)[3] == 1
+    # the CLI: a tile or a split given completes the pick without K groups
+    assert k90.default_config(1, 7168, 2048, 1, allow_k_groups=False) == ("decode", (8, 64), 2, 1)
+    args = k90.parse_args(["--mnkl", "1,7168,2048,1", "--split_k", "3"])
+    assert k90.resolve_config(args)[:4] == ("decode", (8, 64), 3, 1)
+    args = k90.parse_args(["--mnkl", "1,7168,2048,1", "--k_groups", "2"])
+    assert k90.resolve_config(args)[:4] == ("decode", (8, 64), 1, 2)
     for m in (1, 16, 32, 100, 128, 129, 2048, 4096):
         path, tiler, split, k_groups = k90.default_config(m, 7168, 2048, 1)
         reasons = k90.check_config(
