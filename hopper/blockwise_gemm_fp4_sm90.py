@@ -712,17 +712,26 @@ def check_config(
             f"split_k = {split_k} with a {kernel_tile(path, mma_tiler_mn)[1]}-wide SMEM-operand "
             "tile: split-K needs tiles of at most 128 x 128"
         )
-    if k_groups != 1 and path in PATHS:
-        rows, cols = kernel_tile(path, mma_tiler_mn)
-        if path != "decode" or k_groups not in (2, 3, 4) or rows // 64 * k_groups > 4 or cols > 32:
-            # NOTE: 640 threads per CTA at most (setmaxnreg budgets), and the ring must hold at
-            # least two stages per group next to the groups' parked accumulators.
-            reasons.append(
-                f"k_groups = {k_groups} on the {path} path with a {rows} x {cols} kernel tile: "
-                "K groups (2..4) run on the decode path, with tiles of at most 32 tokens and "
-                "at most 4 consumer warpgroups (tile rows / 64 x k_groups)"
-            )
+    reason = k_groups_reason(path, mma_tiler_mn, k_groups) if path in PATHS else None
+    if reason:
+        reasons.append(reason)
     return reasons
+
+
+def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> str | None:
+    """Why ``k_groups`` cannot run with this path and tile, or None."""
+    if k_groups == 1:
+        return None
+    rows, cols = kernel_tile(path, mma_tiler_mn)
+    # NOTE: 640 threads per CTA at most (setmaxnreg budgets), and the ring must hold at least
+    # two stages per group next to the groups' parked accumulators.
+    if path != "decode" or k_groups not in (2, 3, 4) or rows // 64 * k_groups > 4 or cols > 32:
+        return (
+            f"k_groups = {k_groups} on the {path} path with a {rows} x {cols} kernel tile: "
+            "K groups (2..4) run on the decode path, with tiles of at most 32 tokens and "
+            "at most 4 consumer warpgroups (tile rows / 64 x k_groups)"
+        )
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -759,6 +768,9 @@ class BlockwiseGemmFp4Sm90:
         # (group g takes those in the ring stages s with s % k_groups == g) and sum their
         # accumulators through SMEM before the epilogue: one CTA per SM covers a tile over all
         # of K without a split-K fix-up through global memory.
+        reason = k_groups_reason(path, mma_tiler_mn, k_groups)
+        if reason:
+            raise ValueError(reason)
         self.k_groups = k_groups
         self.threads_per_wg = 128
         # consumer warpgroups along the tile rows (one K group), and in all

@@ -288,6 +288,15 @@ REFUSALS = [
 ]
 
 
+def test_kernel_refuses_bad_k_groups():
+    # (the runner and compile_gemm build the kernel object first: a clear error, not a failed
+    # compile or launch)
+    with pytest.raises(ValueError, match="at most 4 consumer warpgroups"):
+        k90.BlockwiseGemmFp4Sm90(16, "decode", (8, 128), k_groups=4)
+    with pytest.raises(ValueError, match="run on the decode path"):
+        k90.BlockwiseGemmFp4Sm90(16, "prefill", (128, 256), k_groups=2)
+
+
 def test_can_implement_accepts_good_config():
     ok, reasons = k90.BlockwiseGemmFp4Sm90.can_implement(**GOOD)
     assert ok and not reasons
