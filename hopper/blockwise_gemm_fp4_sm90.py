@@ -2398,7 +2398,6 @@ class Fp4GemmSm90Runner:
             options,
             cluster_shape_mn,
         )
-        self._k_groups = k_groups
         # the TMA-store variant now; the direct-store one when an N first needs it
         self.gemm, compiled = compile_gemm(*self._args, tma_store=True, k_groups=k_groups)
         self._compiled = {True: compiled}
@@ -2409,7 +2408,7 @@ class Fp4GemmSm90Runner:
         tma_store = tma_store_fits(n, self.c_dtype) and self.gemm.tma_store
         if tma_store not in self._compiled:
             self._compiled[tma_store] = compile_gemm(
-                *self._args, tma_store=tma_store, k_groups=self._k_groups
+                *self._args, tma_store=tma_store, k_groups=self.gemm.k_groups
             )[1]
         return self._compiled[tma_store]
 
