@@ -225,6 +225,11 @@ DECODE_MAX_STAGES = 6
 DECODE_K_GROUP_MAX_STAGES = 8
 # default_config: K groups of the one-wave decode configuration (see there)
 DECODE_K_GROUPS = 4
+# Decode with ``static_weights``: stages of weights the GEMM requests before its PDL wait (one
+# without it).  H200, 8-token and K-group tiles: 1 x 8192 x 8192 14.2-15.0 us with 3 stages,
+# 14.4-14.6 with 1, 15.1-15.7 with 6 (a full ring), against 15.1-15.4 without the option
+# (hopper/NOTES.md, thirteenth session).
+STATIC_WEIGHT_STAGES = 3
 # default_config: the fixed cost of one decode work unit (its split-K fix-up and store, about
 # 1 us on the H200, the time a CTA streams about three k-tiles of 128 weight rows), in weight
 # rows x k-tiles of 128
@@ -751,6 +756,7 @@ class BlockwiseGemmFp4Sm90:
         split_k: int = 1,
         tma_store: bool = True,
         k_groups: int = 1,
+        static_weights: bool = False,
     ):
         self.sf_vec_size = sf_vec_size
         self.path = path
@@ -820,6 +826,21 @@ class BlockwiseGemmFp4Sm90:
             (self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16))
             or (k_groups > 1 and self.tile_cols <= 32 and prologue_fits)
         )
+        # ``static_weights``: the caller guarantees that the kernel launched ahead of this
+        # launch's prologue writes neither the weights nor their scales, only (at most) the
+        # tokens (CUTLASS's example 63 makes the same assumption for its L2 weight prefetch).
+        # The prologue then releases its GEMM at entry, before its own wait, so the GEMM's CTAs
+        # become resident within the previous kernel's tail and request STATIC_WEIGHT_STAGES
+        # stages of weights before their wait.  Used where it measured faster on the H200: the
+        # PDL chain with 8-token tiles or K groups (1 x 8192 x 8192 14.2-15.0 against 15.1-15.4
+        # us, 16 x 7168 x 2048 5.9 against 6.5); with 16- and 32-token tiles of 128 rows it was
+        # slower (16 x 8192 x 8192 17.0-17.2 against 16.4-16.6) and is not used
+        # (hopper/NOTES.md, thirteenth session).
+        self.static_weights = static_weights
+        self.early_release = (
+            static_weights and self.prologue_pdl and (self.tile_cols == 8 or k_groups > 1)
+        )
+        self.stages_before_wait = STATIC_WEIGHT_STAGES if self.early_release else 1
         if path == "decode":
             self.convert_threads, self.convert_unroll = (
                 DECODE_CONVERT_THREADS,
@@ -1413,10 +1434,10 @@ class BlockwiseGemmFp4Sm90:
         )
         work_tile = tile_sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        # k-tiles of the first work tile already requested (decode: its first stage)
+        # k-tiles of the first work tile already requested (decode: its first stages)
         issued = Int32(0)
         if cutlass.const_expr(self.use_pdl and not self.a_converted):
-            issued, state = self._first_stage_across_pdl_wait(
+            issued, state = self._first_stages_across_pdl_wait(
                 ab_pipeline, state, a_copies, b_copies, work_tile, k_tiles
             )
         elif cutlass.const_expr(self.use_pdl):
@@ -1445,38 +1466,45 @@ class BlockwiseGemmFp4Sm90:
         ab_pipeline.producer_tail(state)
 
     @cute.jit
-    def _first_stage_across_pdl_wait(
+    def _first_stages_across_pdl_wait(
         self, ab_pipeline, state, a_copies, b_copies, work_tile, k_tiles
     ):
-        """Decode with a token prologue: request the weights of the first stage, wait for the
-        prologue grid (``griddepcontrol.wait``), then its tokens.  Returns the k-tiles issued
-        (1; 0 for a CTA without work or a first unit without k-tiles) and the advanced pipeline
-        state (returned because the loops below rebind the name ``state`` to their results, so
-        the caller's object does not see the advance).
+        """Decode with a token prologue: request the weights of the first
+        ``stages_before_wait`` stages, wait for the prologue grid (``griddepcontrol.wait``),
+        then their tokens.  Returns the k-tiles issued (0 for a CTA without work or a first
+        unit without k-tiles) and the advanced pipeline state (returned because the loops
+        below rebind the name ``state`` to their results, so the caller's object does not see
+        the advance).
 
         NOTE: PDL launch: the converted tokens are complete only after the wait; the weights and
         their scales do not depend on it.  Requesting the first stage's weights early overlaps
         their DRAM latency with the prologue (H200: 16.7-17.1 against 17.7-18.0 us at 16 x 8192
         x 8192); requesting the whole ring first delayed the prologue itself (1 x 8192 x 8192:
-        20.6 against 18.6 us, hopper/NOTES.md), and two stages gained no more than one.
+        20.6 against 18.6 us, hopper/NOTES.md), and two stages gained no more than one.  With
+        ``early_release`` (``static_weights``) the GEMM starts before the kernel ahead of the
+        prologue has completed, and a few more stages pay.
         """
         row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb = self._producer_unit(
             work_tile, k_tiles
         )
-        issued = cutlass.min(Int32(1), kt_end - kt_begin)
+        # (NOTE: at most the ring: a stage is freed only after its tokens have arrived)
+        issued = cutlass.min(
+            Int32(min(self.stages_before_wait, self.num_stages)), kt_end - kt_begin
+        )
         if not work_tile.is_valid_tile:
             issued = Int32(0)
-        # (loops of 0 or 1 trips: the pipeline state is carried through them)
-        for _ in cutlass.range(issued, unroll=1):
+        token_state = state.clone()
+        for i in cutlass.range(issued, unroll=1):
             ab_pipeline.producer_acquire(state)
             bar = ab_pipeline.producer_get_barrier(state)
-            self._copy_a(a_copies, kt_begin, state.index, bar, row_tile, sfa_rb, batch)
-        cute.arch.griddepcontrol_wait()
-        for _ in cutlass.range(issued, unroll=1):
-            bar = ab_pipeline.producer_get_barrier(state)
-            self._copy_b(b_copies, kt_begin, state.index, bar, col_tile, sfb_rb, batch)
-            ab_pipeline.producer_commit(state)
+            self._copy_a(a_copies, kt_begin + i, state.index, bar, row_tile, sfa_rb, batch)
             state.advance()
+        cute.arch.griddepcontrol_wait()
+        for i in cutlass.range(issued, unroll=1):
+            bar = ab_pipeline.producer_get_barrier(token_state)
+            self._copy_b(b_copies, kt_begin + i, token_state.index, bar, col_tile, sfb_rb, batch)
+            ab_pipeline.producer_commit(token_state)
+            token_state.advance()
         return issued, state
 
     @cute.jit
@@ -1745,6 +1773,13 @@ class BlockwiseGemmFp4Sm90:
             if cutlass.const_expr(self.k_groups > 1):
                 unit_state.advance(kt_end - kt_begin)
                 self._reduce_k_groups(tCrAcc, kgroup, tidx, storage.sRed.data_ptr().toint())
+            if cutlass.const_expr(self.early_release):
+                # NOTE: this grid may start before the kernel ahead of the prologue has
+                # completed (``early_release``).  A unit with k-tiles writes D and the split-K
+                # workspace only after reading a stage, whose tokens the producer loaded after
+                # its PDL wait; a unit without k-tiles reads none, so its epilogue waits here.
+                if kt_end == kt_begin:
+                    cute.arch.griddepcontrol_wait()
             # (k_groups > 1: group 0 holds the sum)
             if kgroup == 0:
                 self._epilogue(
@@ -2076,16 +2111,20 @@ class BlockwiseGemmFp4Sm90:
         first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
         # NOTE: with ``prologue_pdl`` this grid may start before the kernel ahead of it ends
         # (the previous GEMM releases it early): nothing here may read the operands or write the
-        # converted copies (which that GEMM may still read) before the wait.  The release below
-        # must stay after the wait: the GEMM relies on it for everything it does before or
-        # without its own wait (the first stage's weight loads, and the epilogue of split-K
-        # units without k-tiles, which writes the workspace and D), since it can only start
-        # once the kernel ahead of this grid has completed.  Without PDL the wait returns at
-        # once.
+        # converted copies (which that GEMM may still read) before the wait.  The release
+        # must stay after the wait, unless ``early_release``: the GEMM relies on it for
+        # everything it does before or without its own wait (the first stage's weight loads,
+        # and the epilogue of split-K units without k-tiles, which writes the workspace and D),
+        # since it can only start once the kernel ahead of this grid has completed.  With
+        # ``early_release`` the caller vouches for the weights (``static_weights``) and the
+        # GEMM's consumers wait before they write.  Without PDL the wait returns at once.
+        if cutlass.const_expr(self.early_release):
+            cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()
-        # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
-        # grid's writes before the first TMA load of them
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(not self.early_release):
+            # the GEMM (launched with PDL) may start its prologue now; its producer waits for
+            # this grid's writes before the first TMA load of them
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         per_cta = self.convert_threads * self.convert_unroll
@@ -2327,6 +2366,7 @@ def compile_gemm(
     cluster_shape_mn: tuple[int, int] | None = None,
     tma_store: bool = True,
     k_groups: int = 1,
+    static_weights: bool = False,
 ):
     """Compile for any M, N, K, L (runtime values); returns (kernel object, executor).
 
@@ -2334,14 +2374,15 @@ def compile_gemm(
     machine without a GPU; the executor's ``__ptx__`` / ``__cubin__`` then hold PTX and cubin.
     ``num_sms``: the GPU's SMs (the persistent grid holds occupancy x num_sms CTAs);
     ``cluster_shape_mn`` None takes ``default_cluster(path)``; ``tma_store`` False compiles the
-    direct-store epilogue (for N * sizeof(D) not a multiple of 16 bytes, see ``tma_store_fits``).
+    direct-store epilogue (for N * sizeof(D) not a multiple of 16 bytes, see ``tma_store_fits``);
+    ``static_weights``: see ``Fp4GemmSm90Runner``.
     """
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
     gemm = BlockwiseGemmFp4Sm90(
-        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups
+        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, static_weights
     )
     gmem = cute.AddressSpace.gmem
     # Placeholder addresses: only types and alignments matter for compilation.
@@ -2373,6 +2414,13 @@ class Fp4GemmSm90Runner:
     PDL-launched successor once all its loads are issued (``griddepcontrol.launch_dependents``):
     a kernel that follows it with programmatic dependent launch must ``griddepcontrol.wait``
     before it reads D.
+
+    ``static_weights=True`` (decode) is the caller's promise that the kernel launched ahead of
+    this GEMM on the stream never writes the weights (``b``) or their scales (``sfb_blocked``):
+    they are read before this launch waits for that kernel where it pays (tiles of 8 tokens and
+    K groups with the PDL chain; elsewhere the option changes nothing).  Quantized model weights
+    written once before serving keep it; a weight operand produced by the kernel ahead, e.g. a
+    quantized activation or KV cache used as B, breaks it and may give silently wrong results.
     """
 
     def __init__(
@@ -2385,6 +2433,7 @@ class Fp4GemmSm90Runner:
         options="",
         cluster_shape_mn=None,
         k_groups=1,
+        static_weights=False,
     ):
         self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
         self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
@@ -2399,7 +2448,9 @@ class Fp4GemmSm90Runner:
             cluster_shape_mn,
         )
         # the TMA-store variant now; the direct-store one when an N first needs it
-        self.gemm, compiled = compile_gemm(*self._args, tma_store=True, k_groups=k_groups)
+        self.gemm, compiled = compile_gemm(
+            *self._args, tma_store=True, k_groups=k_groups, static_weights=static_weights
+        )
         self._compiled = {True: compiled}
         self._workspace = {}
 
@@ -2408,7 +2459,10 @@ class Fp4GemmSm90Runner:
         tma_store = tma_store_fits(n, self.c_dtype) and self.gemm.tma_store
         if tma_store not in self._compiled:
             self._compiled[tma_store] = compile_gemm(
-                *self._args, tma_store=tma_store, k_groups=self.gemm.k_groups
+                *self._args,
+                tma_store=tma_store,
+                k_groups=self.gemm.k_groups,
+                static_weights=self.gemm.static_weights,
             )[1]
         return self._compiled[tma_store]
 
@@ -2590,6 +2644,11 @@ def parse_args(argv=None):
         default=None,
         help="decode: consumer warpgroup groups splitting K in a CTA; default: see default_config",
     )
+    ap.add_argument(
+        "--static_weights",
+        action="store_true",
+        help="decode: the kernel ahead never writes the weights; read them before the PDL wait",
+    )
     ap.add_argument("--sf_vec_size", type=int, default=16)
     ap.add_argument("--sf_dtype", default=None, help="Float8E4M3FN (16) / Float8E8M0FNU (32)")
     ap.add_argument("--c_dtype", default="BFloat16")
@@ -2667,6 +2726,7 @@ def main(argv=None) -> int:
         f"Hopper FP4 GEMM: mnkl={args.mnkl} sf_vec_size={args.sf_vec_size} sf_dtype={sf_dtype} "
         f"c_dtype={args.c_dtype} path={path} mma_tiler_mn={tiler} "
         f"cluster_shape_mn={tuple(args.cluster_shape_mn)} split_k={split} k_groups={k_groups}"
+        f" static_weights={args.static_weights}"
     )
     reasons = list(reasons)
     if args.iterations < 1 or args.warmup_iterations < 0:
@@ -2703,6 +2763,7 @@ def main(argv=None) -> int:
             args.cluster_shape_mn,
             tma_store,
             k_groups,
+            args.static_weights,
         )
         kernels = _resource_usage(dump)
         if not kernels:
@@ -2719,6 +2780,12 @@ def main(argv=None) -> int:
             f"{gemm.k_groups} K group(s)"
         )
         print("epilogue: " + ("TMA store" if gemm.tma_store else "direct stores"))
+        if gemm.use_pdl and not gemm.a_converted:
+            print(
+                f"PDL: prologue launched with PDL: {gemm.prologue_pdl}, releases the GEMM at "
+                f"entry: {gemm.early_release}, weight stages before the GEMM's wait: "
+                f"{gemm.stages_before_wait}"
+            )
         print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
         print(
             f"stages: {gemm.num_stages} (k-tile {gemm.stage_k}), "
@@ -2761,6 +2828,7 @@ def main(argv=None) -> int:
         split,
         cluster_shape_mn=args.cluster_shape_mn,
         k_groups=k_groups,
+        static_weights=args.static_weights,
     )
     runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
     torch.cuda.synchronize()

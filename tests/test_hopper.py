@@ -76,6 +76,11 @@ COMPILE_CONFIGS = [
     (16, "Float16", "decode", (16, 128), 1, False, 2),
     (16, "BFloat16", "decode", (16, 64), 1, True, 3),
     (32, "BFloat16", "decode", (32, 64), 2, True, 2),
+    # static_weights (8th field): used on 8-token tiles and with K groups; ignored on 16-token
+    # tiles of 128 rows
+    (16, "BFloat16", "decode", (8, 128), 4, True, 1, True),
+    (16, "BFloat16", "decode", (16, 64), 1, True, 4, True),
+    (16, "BFloat16", "decode", (16, 128), 4, True, 1, True),
 ]
 
 
@@ -91,10 +96,20 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     vec, c_dtype, path, tiler, split = cfg[:5]
     tma_store = cfg[5] if len(cfg) > 5 else True
     k_groups = cfg[6] if len(cfg) > 6 else 1
+    static_weights = cfg[7] if len(cfg) > 7 else False
     dump = str(tmp_path)
     opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
     gemm, _ = k90.compile_gemm(
-        vec, c_dtype, path, tiler, split, 132, opts, tma_store=tma_store, k_groups=k_groups
+        vec,
+        c_dtype,
+        path,
+        tiler,
+        split,
+        132,
+        opts,
+        tma_store=tma_store,
+        k_groups=k_groups,
+        static_weights=static_weights,
     )
     ptx_files = [f for f in os.listdir(dump) if f.endswith(".ptx")]
     cubins = [f for f in os.listdir(dump) if f.endswith(".cubin")]
@@ -106,26 +121,36 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     # (programmatic dependent launch); fused: one kernel
     assert ("convert_operands" in ptx) == (path in ("decode", "prefill"))
     assert ("griddepcontrol.wait" in ptx) == (path in ("decode", "prefill"))
+    # static_weights: the prologue releases its GEMM at entry where it measured faster (the PDL
+    # chain with 8-token tiles or K groups), and the GEMM then requests more weight stages
+    # before its wait
+    early_release = static_weights and gemm.prologue_pdl and (tiler[0] == 8 or k_groups > 1)
+    assert gemm.early_release == early_release
+    assert gemm.stages_before_wait == (k90.STATIC_WEIGHT_STAGES if early_release else 1)
     if path in ("decode", "prefill"):
-        # TMA loads the GEMM issues before that wait: decode, the first stage's weights and
-        # their scales (inputs the prologue does not write); prefill, none (both operands are
-        # converted copies)
+        # TMA loads the GEMM issues before that wait: decode, the first stages' weights and
+        # their scales (inputs the prologue does not write; one loop body in the PTX);
+        # prefill, none (both operands are converted copies)
         gemm_ptx = _entry_ptx(ptx, "kernel_cutlass_kernel")
         early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
         loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
         assert len(loads) == (2 if path == "decode" else 0), loads
+        # with the early release the consumers wait too, before the epilogue of a unit without
+        # k-tiles (which writes D and the workspace without reading a stage)
+        assert gemm_ptx.count("griddepcontrol.wait") == (2 if early_release else 1)
         # the GEMM releases a PDL successor once, after its PDL wait (in PTX text order: a
         # guard against a release at entry, not a proof of the position after the loop)
         assert gemm_ptx.count("griddepcontrol.launch_dependents") == 1
         assert gemm_ptx.index("griddepcontrol.launch_dependents") > len(early)
         # the prologue (launched with PDL on decode tiles of up to 32 tokens) waits for the
         # kernel ahead of it before its first global memory access, and releases the GEMM only
-        # after that
+        # after that (with the early release: before it)
         prologue_ptx = _entry_ptx(ptx, "kernel_cutlass_convert_operands")
         first_access = re.search(r"\b(ld|st|atom|red)\.[\w:.]*global", prologue_ptx).start()
         wait = prologue_ptx.index("griddepcontrol.wait")
         assert wait < first_access
-        assert wait < prologue_ptx.index("griddepcontrol.launch_dependents")
+        release = prologue_ptx.index("griddepcontrol.launch_dependents")
+        assert (release < wait) == early_release
     # wgmma (NVFP4: F16, MXFP4: BF16), A from registers, FP32 accumulation, N = the SMEM
     # operand's tile
     tile_cols = k90.kernel_tile(path, tiler)[1]
@@ -580,6 +605,12 @@ GPU_CASES = [
     (20, 520, 64, 1, 16, "BFloat16", "decode", (32, 64), 2, 1.0, "normal", 4),
     (7, 4224, 1056, 9, 16, "BFloat16", "decode", (8, 128), 1, 1.0, "wide", 2),
     (16, 8192, 8192, 1, 16, "BFloat16", "decode", (16, 64), 1, 1.0, "wide", 4),
+    # static_weights (13th field), where the prologue releases its GEMM at entry: 8-token tiles
+    # with split-K; K groups with split-K, L > 1, MXFP4 and F32 D; units and groups without
+    # k-tiles (their consumers write D after the PDL wait)
+    (1, 1000, 2080, 1, 16, "BFloat16", "decode", (8, 128), 4, 2.0, "wide", 1, True),
+    (5, 1000, 4000, 2, 32, "Float32", "decode", (8, 64), 3, 1.0, "wide", 4, True),
+    (20, 520, 64, 1, 16, "BFloat16", "decode", (32, 64), 2, 1.0, "normal", 4, True),
 ]
 
 
@@ -592,7 +623,11 @@ def test_gpu_matches_reference(case):
 
     m, n, k, l, vec, c_dtype, path, tiler, split, alpha_factor, dist = case[:11]  # noqa: E741
     k_groups = case[11] if len(case) > 11 else 1
-    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
+    static_weights = case[12] if len(case) > 12 else False
+    runner = k90.Fp4GemmSm90Runner(
+        vec, c_dtype, path, tiler, split, k_groups=k_groups, static_weights=static_weights
+    )
+    assert runner.gemm.early_release == static_weights
     # twice, on different operands and back to back on one stream: the split-K tile counters
     # must reset themselves, and the second launch's prologue (with PDL on 8-token tiles,
     # started within the first GEMM's tail) must not overwrite the converted tokens before
@@ -616,6 +651,54 @@ def test_gpu_matches_reference(case):
     torch.cuda.synchronize()
     for ops, alpha, _, _, d in runs:
         ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, alpha)
+        assert ok, str(info)
+
+
+@gpu
+@pytest.mark.parametrize("static_weights", [False, True])
+def test_gpu_tokens_written_by_an_early_releasing_kernel(static_weights):
+    """The tokens of a launch are the D of the GEMM launched just ahead of it, which releases
+    its PDL dependents before it stores D: the next prologue (launched with PDL) must wait for
+    it, with and without ``static_weights`` (which vouches only for the weights).  Five pairs
+    queued back to back; each second GEMM checked against the reference on the bytes the first
+    one wrote."""
+    import torch
+
+    import reference
+
+    # writer: 1 x 4096 x 2048, BF16 D of 8 KiB = the packed tokens of 8 x 7168 x 2048 (reader:
+    # 8-token tiles of 64 rows in 4 K groups, where static_weights releases the GEMM at entry)
+    m1, n1, k1 = 1, 4096, 2048
+    m2, n2, k2 = 8, 7168, 2048
+    writer = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4)
+    reader = k90.Fp4GemmSm90Runner(
+        16, "BFloat16", "decode", (8, 64), 1, k_groups=4, static_weights=static_weights
+    )
+    assert reader.gemm.early_release == static_weights
+    ops1 = reference.make_fp4_operands(m1, n1, k1, 1, 16, "cuda", seed=3)
+    ops2 = reference.make_fp4_operands(m2, n2, k2, 1, 16, "cuda", seed=4)
+    sfa1, sfb1 = k90.blocked_scales(ops1.sfa), k90.blocked_scales(ops1.sfb)
+    sfa2, sfb2 = k90.blocked_scales(ops2.sfa), k90.blocked_scales(ops2.sfb)
+    pairs = []
+    for i in range(5):
+        d1 = torch.full((1, m1, n1), float("nan"), dtype=torch.bfloat16, device="cuda")
+        d2 = torch.full((1, m2, n2), float("nan"), dtype=torch.bfloat16, device="cuda")
+        pairs.append((float(ops1.alpha) * (1 + i), d1, d2))
+    for runner, m, n, k in ((writer, m1, n1, k1), (reader, m2, n2, k2)):
+        runner.executor(n)
+        runner.workspace(m, n, k, 1)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000)  # about 1 ms on the GPU: all launches queue up behind it
+    for alpha1, d1, d2 in pairs:
+        writer(ops1.a, ops1.b, sfa1, sfb1, d1, m1, n1, k1, 1, alpha1)
+        tokens = d1.view(torch.uint8).view(1, m2, k2 // 2)
+        reader(tokens, ops2.b, sfa2, sfb2, d2, m2, n2, k2, 1, float(ops2.alpha))
+    torch.cuda.synchronize()
+    for alpha1, d1, d2 in pairs:
+        ok, info = reference.check_gemm(d1, ops1.a, ops1.b, ops1.sfa, ops1.sfb, 16, alpha1)
+        assert ok, str(info)
+        tokens = d1.view(torch.uint8).view(1, m2, k2 // 2)
+        ok, info = reference.check_gemm(d2, tokens, ops2.b, ops2.sfa, ops2.sfb, 16, ops2.alpha)
         assert ok, str(info)
 
 
