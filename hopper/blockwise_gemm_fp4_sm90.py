@@ -832,10 +832,10 @@ class BlockwiseGemmFp4Sm90:
         # The prologue then releases its GEMM at entry, before its own wait, so the GEMM's CTAs
         # become resident within the previous kernel's tail and request STATIC_WEIGHT_STAGES
         # stages of weights before their wait.  Used where it measured faster on the H200: the
-        # PDL chain with 8-token tiles or K groups (1 x 8192 x 8192 14.2-15.0 against 15.1-15.4
-        # us, 16 x 7168 x 2048 5.9 against 6.5); with 16- and 32-token tiles of 128 rows it was
-        # slower (16 x 8192 x 8192 17.0-17.2 against 16.4-16.6) and is not used
-        # (hopper/NOTES.md, thirteenth session).
+        # PDL chain with 8-token tiles or K groups (back-to-back calls: 1 x 8192 x 8192 14.2-14.4
+        # against 15.0-15.2 us, 16 x 7168 x 2048 5.8-6.0 against 6.4-6.6, 1 x 4096 x 4096 6.9
+        # against 7.8); with 16-token tiles of 128 rows it was slower (16 x 8192 x 8192 17.0-17.2
+        # against 16.4-16.6) and is not used (hopper/NOTES.md, thirteenth session).
         self.static_weights = static_weights
         self.early_release = (
             static_weights and self.prologue_pdl and (self.tile_cols == 8 or k_groups > 1)
@@ -1778,6 +1778,8 @@ class BlockwiseGemmFp4Sm90:
                 # completed (``early_release``).  A unit with k-tiles writes D and the split-K
                 # workspace only after reading a stage, whose tokens the producer loaded after
                 # its PDL wait; a unit without k-tiles reads none, so its epilogue waits here.
+                # (Every consumer waiting at its start measured slower, as slow as without
+                # ``static_weights``: 16 x 7168 x 2048 6.3-6.4 against 5.8-6.0 us.)
                 if kt_end == kt_begin:
                     cute.arch.griddepcontrol_wait()
             # (k_groups > 1: group 0 holds the sum)
