@@ -51,7 +51,10 @@ releases its dependents once every CTA has issued its last load; on decode tiles
 or 32 tokens (``prologue_pdl``) ``convert_operands`` is launched with PDL as well, waits for the
 kernel ahead of it before it touches memory, and so starts within the previous launch's tail;
 its CTAs are small enough (128 threads, <= 32 registers) to share an SM with two GEMM CTAs of
-128 weight rows, or with one CTA of 4 K groups.
+128 weight rows, or with one CTA of 4 K groups.  With ``static_weights`` (the caller's promise
+that the kernel ahead never writes the weights or their scales) the prologue of 8-token and
+K-group tiles releases its GEMM at entry instead, and the GEMM requests three stages of weights
+before its wait, so that its weight stream starts within the previous kernel's tail.
 
 Warp roles (128 * (1 + G * k_groups) threads, G = 1 or 2 row warpgroups, 1 or 2 CTAs per SM)
 ------------------------------------------------------------------------------------------
@@ -152,6 +155,8 @@ Constraints (``can_implement`` explains each refusal)
 * D leaves through TMA stores when N * sizeof(D) is a multiple of 16 bytes (a TMA stride rule);
   otherwise the runner takes the variant compiled with direct, predicated stores
   (``tma_store_fits``).
+* ``static_weights`` is a promise, not checked: if the kernel ahead of the launch writes the
+  weights or their scales (after releasing its PDL dependents early), D may be silently wrong.
 
 Run
 ---
@@ -159,6 +164,7 @@ Run
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32 \\
         --sf_dtype Float8E8M0FNU --c_dtype Float32
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 4096,4096,4096,1 --compile_only   # any host
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 1,8192,8192,1 --static_weights    # decode
 """
 
 from __future__ import annotations
