@@ -6,8 +6,9 @@ Methods (time per GEMM, inputs rotated through enough copies to exceed 3x the L2
 replays so launch gaps do not count):
     ours-nvfp4       this kernel on NVFP4 operands (packed A, B + 128x4 blocked E4M3 scales)
     ours-nvfp4-sw    the same with ``static_weights`` (the weights are read before the PDL wait
-                     on the kernel ahead: the caller promises that kernel never writes them),
-                     on the decode rows where that changes the kernel ("-" elsewhere)
+                     on the kernel ahead: the caller promises that kernel never writes them) and
+                     default_config's pick for it, on the decode rows where that changes the
+                     kernel ("-" elsewhere)
     ours-mxfp4       this kernel on MXFP4 operands (E8M0 scales)
     cublas-bf16      torch.matmul on BF16 operands dequantized beforehand (not timed)
     triton-dq+cublas a fused Triton dequant kernel (packed FP4 + row-major scales -> BF16, both
@@ -240,7 +241,9 @@ def bench_ours(ops, m, n, k, roof, runners, static_weights=False):
     sets = [(a, b, sfa, sfb)] + [
         tuple(t.clone() for t in (a, b, sfa, sfb)) for _ in range(_l2_copies(one) - 1)
     ]
-    path, tiler, split, k_groups = k90.default_config(m, n, k, 1, k90.gpu_sm_count())
+    path, tiler, split, k_groups = k90.default_config(
+        m, n, k, 1, k90.gpu_sm_count(), static_weights=static_weights
+    )
     key = (vec, path, tiler, split, k_groups, static_weights)
     if key not in runners:
         runners[key] = k90.Fp4GemmSm90Runner(

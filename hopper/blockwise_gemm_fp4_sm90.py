@@ -236,6 +236,8 @@ DECODE_K_GROUPS = 4
 # 14.4-14.6 with 1, 15.1-15.7 with 6 (a full ring), against 15.1-15.4 without the option
 # (hopper/NOTES.md, thirteenth session).
 STATIC_WEIGHT_STAGES = 3
+# default_config with static_weights: the longest K-group units it takes (in k-tiles of 128)
+STATIC_K_GROUP_MAX_K_TILES = 64
 # default_config: the fixed cost of one decode work unit (its split-K fix-up and store, about
 # 1 us on the H200, the time a CTA streams about three k-tiles of 128 weight rows), in weight
 # rows x k-tiles of 128
@@ -512,10 +514,12 @@ def default_config(
     num_sms: int = 132,
     path: str | None = None,
     allow_k_groups: bool = True,
+    static_weights: bool = False,
 ):
     """(path, mma_tiler_mn, split_k, k_groups) for a problem; ``path`` given: that path's
     tile, split and K groups; ``allow_k_groups`` False: the pick without K groups (the CLI's
-    base when the tile or the split is given).
+    base when the tile or the split is given); ``static_weights``: the pick for a runner
+    compiled with it (see ``Fp4GemmSm90Runner``).
 
     Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
     the register operand (decode path, kernel tile of 128 or 64 weight rows x the next power of
@@ -544,6 +548,20 @@ def default_config(
     9.0.  Not taken for longer units: of 16 such shapes it measured slower at 8 (1 x 7168 x
     16384 27.0 against 24.2 us), the same at 4 and faster at 4 (32 x 8192 x 8192 17.9 against
     18.8).
+
+    With ``static_weights`` K groups start their weight stream within the previous kernel's
+    tail and the 128-row split-K tiles of 16 and 32 tokens do not (``early_release``), so one
+    wave of K groups is taken for 9 to 32 tokens also where the units are longer, up to
+    STATIC_K_GROUP_MAX_K_TILES k-tiles (half as many when K is split), if it fills at least
+    15/16 of the SMs.  H200, both with ``static_weights`` (hopper/NOTES.md, thirteenth
+    session): 12 / 16 / 20 / 32 x 8192 x 8192 15.8-15.9 / 16.0-16.1 / 16.8-17.0 / 17.1 us
+    against 16.0-16.1 / 16.3-16.4 / 18.5-18.6 / 18.7-18.8, 16 x 8192 x 6144 12.6-12.9 against
+    14.1-14.3, 16 x 4096 x 7168 (split 2) 10.2-11.1 against 11.1-11.4, MXFP4 16 x 8192 x 8192
+    17.1 against 17.9; slower at 16 x 8448 x 8192 (132 CTAs: 16.2-16.3 against 15.9-16.1) and
+    32 x 4096 x 7168 (split 2: 11.9-12.1 against 11.9); not taken at 16 x 4096 x 16384 (split
+    units of 64 k-tiles: 17.6 against 17.1), 32 x 8192 x 16384 (128 k-tiles: 31.6 against
+    29.5) and 16 x 7168 x 16384 (112 CTAs: 28.9 against 25.6).  At 1 and 8 tokens K groups
+    tied or lost.
 
     From 129 to DECODE_MAX_M tokens the decode path still wins: tiles of 128 tokens x 128
     weight rows dequantize every weight once per token tile, which costs less than the prefill
@@ -587,6 +605,19 @@ def default_config(
                 if k_tiles // kg_split < 2 * DECODE_K_GROUPS:
                     break
                 if 4 * tiles * kg_split >= 3 * num_sms and tiles * kg_split <= num_sms:
+                    return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
+        if allow_k_groups and static_weights and 16 <= cols <= 32:
+            tiles = math.ceil(n / 64) * l
+            for kg_split in (1, 2, 3, 4, 6, 8):
+                if k_tiles // kg_split < 2 * DECODE_K_GROUPS:
+                    break
+                # (split units: at most half as long)
+                longest = STATIC_K_GROUP_MAX_K_TILES // (1 if kg_split == 1 else 2)
+                if (
+                    16 * tiles * kg_split >= 15 * num_sms
+                    and tiles * kg_split <= num_sms
+                    and math.ceil(k_tiles / kg_split) <= longest
+                ):
                     return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
         return "decode", tiler, split, 1
     return path, (128, 256), 1, 1
@@ -2426,7 +2457,8 @@ class Fp4GemmSm90Runner:
     ``static_weights=True`` (decode) is the caller's promise that the kernel launched ahead of
     this GEMM on the stream never writes the weights (``b``) or their scales (``sfb_blocked``):
     they are read before this launch waits for that kernel where it pays (tiles of 8 tokens and
-    K groups with the PDL chain; elsewhere the option changes nothing).  Quantized model weights
+    K groups with the PDL chain; elsewhere the option changes nothing; ``default_config(...,
+    static_weights=True)`` picks K groups more often for it).  Quantized model weights
     written once before serving keep it; a weight operand produced by the kernel ahead, e.g. a
     quantized activation or KV cache used as B, breaks it and may give silently wrong results.
     """
@@ -2703,6 +2735,7 @@ def resolve_config(args):
         gpu_sm_count(),
         path=None if args.path == "auto" else args.path,
         allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
+        static_weights=args.static_weights,
     )
     if args.mma_tiler_mn is not None:
         tiler = args.mma_tiler_mn

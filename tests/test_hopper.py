@@ -504,6 +504,27 @@ def test_default_config_paths():
     assert k90.resolve_config(args)[:4] == ("decode", (8, 64), 3, 1)
     args = k90.parse_args(["--mnkl", "1,7168,2048,1", "--k_groups", "2"])
     assert k90.resolve_config(args)[:4] == ("decode", (8, 64), 1, 2)
+    # static_weights: one wave of K groups for 9 to 32 tokens also for longer units (up to 64
+    # k-tiles, 32 when split) that fill >= 15/16 of the SMs (H200: 17.1 against 18.7-18.8 us at
+    # 32 x 8192 x 8192, 16.0-16.1 against 16.3-16.4 at 16 x 8192 x 8192) ...
+    sw = dict(static_weights=True)
+    assert k90.default_config(16, 8192, 8192, 1, **sw) == ("decode", (16, 64), 1, 4)
+    assert k90.default_config(32, 8192, 8192, 1, **sw) == ("decode", (32, 64), 1, 4)
+    assert k90.default_config(16, 4096, 7168, 1, **sw) == ("decode", (16, 64), 2, 4)
+    # ... not at 1 or 8 tokens (tied or slower), for units of 128 k-tiles (32 x 8192 x 16384:
+    # 31.6 against 29.5), split units of 64 (16 x 4096 x 16384: 17.6 against 17.1), 112 CTAs
+    # (16 x 7168 x 16384) or several waves (N = 18432)
+    for m, n, k in (
+        (1, 8192, 8192),
+        (8, 8192, 8192),
+        (32, 8192, 16384),
+        (16, 4096, 16384),
+        (16, 7168, 16384),
+        (16, 18432, 7168),
+    ):
+        assert k90.default_config(m, n, k, 1, **sw) == k90.default_config(m, n, k, 1)
+    args = k90.parse_args(["--mnkl", "16,8192,8192,1", "--static_weights"])
+    assert k90.resolve_config(args)[:4] == ("decode", (16, 64), 1, 4)
     for m in (1, 16, 32, 100, 128, 129, 2048, 4096):
         path, tiler, split, k_groups = k90.default_config(m, 7168, 2048, 1)
         reasons = k90.check_config(
