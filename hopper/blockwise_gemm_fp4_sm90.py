@@ -52,9 +52,10 @@ or 32 tokens (``prologue_pdl``) ``convert_operands`` is launched with PDL as wel
 kernel ahead of it before it touches memory, and so starts within the previous launch's tail;
 its CTAs are small enough (128 threads, <= 32 registers) to share an SM with two GEMM CTAs of
 128 weight rows, or with one CTA of 4 K groups.  With ``static_weights`` (the caller's promise
-that the kernel ahead never writes the weights or their scales) the prologue of 8-token and
-K-group tiles releases its GEMM at entry instead, and the GEMM requests three stages of weights
-before its wait, so that its weight stream starts within the previous kernel's tail.
+that no kernel still running when the launch starts writes the weights or their scales) the
+prologue of 8-token and K-group tiles on this PDL chain releases its GEMM at entry instead, and
+the GEMM requests three stages of weights before its wait, so that its weight stream starts
+within the previous kernel's tail.
 
 Warp roles (128 * (1 + G * k_groups) threads, G = 1 or 2 row warpgroups, 1 or 2 CTAs per SM)
 ------------------------------------------------------------------------------------------
@@ -155,8 +156,9 @@ Constraints (``can_implement`` explains each refusal)
 * D leaves through TMA stores when N * sizeof(D) is a multiple of 16 bytes (a TMA stride rule);
   otherwise the runner takes the variant compiled with direct, predicated stores
   (``tma_store_fits``).
-* ``static_weights`` is a promise, not checked: if the kernel ahead of the launch writes the
-  weights or their scales (after releasing its PDL dependents early), D may be silently wrong.
+* ``static_weights`` is a promise, not checked: if a kernel that may still be running when the
+  launch starts (with PDL, the one just ahead and those it was released early by) writes the
+  weights or their scales, D may be silently wrong.
 
 Run
 ---
@@ -863,9 +865,10 @@ class BlockwiseGemmFp4Sm90:
             (self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16))
             or (k_groups > 1 and self.tile_cols <= 32 and prologue_fits)
         )
-        # ``static_weights``: the caller guarantees that the kernel launched ahead of this
-        # launch's prologue writes neither the weights nor their scales, only (at most) the
-        # tokens (CUTLASS's example 63 makes the same assumption for its L2 weight prefetch).
+        # ``static_weights``: the caller guarantees that no kernel that may still be running when
+        # this launch starts writes the weights or their scales (CUTLASS's example 63 makes the
+        # same assumption for its L2 weight prefetch); the tokens, D and the workspace are still
+        # ordered by the PDL waits.
         # The prologue then releases its GEMM at entry, before its own wait, so the GEMM's CTAs
         # become resident within the previous kernel's tail and request STATIC_WEIGHT_STAGES
         # stages of weights before their wait.  Used where it measured faster on the H200: the
@@ -1519,7 +1522,9 @@ class BlockwiseGemmFp4Sm90:
         x 8192); requesting the whole ring first delayed the prologue itself (1 x 8192 x 8192:
         20.6 against 18.6 us, hopper/NOTES.md), and two stages gained no more than one.  With
         ``early_release`` (``static_weights``) the GEMM starts before the kernel ahead of the
-        prologue has completed, and a few more stages pay.
+        prologue has completed; three stages then beat one on K-group tiles (16 x 7168 x 2048
+        5.9 against 6.0-6.1 us, 1 x 18432 x 7168 28.5-28.6 against 28.9) and overlapped it at
+        1 x 8192 x 8192 (14.2-15.0 against 14.4-14.6; MXFP4 16.6 against 16.3).
         """
         row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb = self._producer_unit(
             work_tile, k_tiles
@@ -1813,8 +1818,10 @@ class BlockwiseGemmFp4Sm90:
             if cutlass.const_expr(self.early_release):
                 # NOTE: this grid may start before the kernel ahead of the prologue has
                 # completed (``early_release``).  A unit with k-tiles writes D and the split-K
-                # workspace only after reading a stage, whose tokens the producer loaded after
-                # its PDL wait; a unit without k-tiles reads none, so its epilogue waits here.
+                # workspace only after a stage was read, whose tokens the producer loaded after
+                # its PDL wait (with K groups group 0 may own no stage of the unit: it writes
+                # after the reduce barrier, behind the groups that read one); a unit without
+                # k-tiles reads none, so its epilogue waits here.
                 # (Every consumer waiting at its start measured slower, as slow as without
                 # ``static_weights``: 16 x 7168 x 2048 6.3-6.4 against 5.8-6.0 us.)
                 if kt_end == kt_begin:
@@ -2156,7 +2163,8 @@ class BlockwiseGemmFp4Sm90:
         # and the epilogue of split-K units without k-tiles, which writes the workspace and D),
         # since it can only start once the kernel ahead of this grid has completed.  With
         # ``early_release`` the caller vouches for the weights (``static_weights``) and the
-        # GEMM's consumers wait before they write.  Without PDL the wait returns at once.
+        # GEMM's consumers wait before the epilogue of a unit without k-tiles (the others write
+        # after tokens loaded behind the producer's wait).  Without PDL the wait returns at once.
         if cutlass.const_expr(self.early_release):
             cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()
@@ -2454,13 +2462,16 @@ class Fp4GemmSm90Runner:
     a kernel that follows it with programmatic dependent launch must ``griddepcontrol.wait``
     before it reads D.
 
-    ``static_weights=True`` (decode) is the caller's promise that the kernel launched ahead of
-    this GEMM on the stream never writes the weights (``b``) or their scales (``sfb_blocked``):
-    they are read before this launch waits for that kernel where it pays (tiles of 8 tokens and
-    K groups with the PDL chain; elsewhere the option changes nothing; ``default_config(...,
-    static_weights=True)`` picks K groups more often for it).  Quantized model weights
-    written once before serving keep it; a weight operand produced by the kernel ahead, e.g. a
-    quantized activation or KV cache used as B, breaks it and may give silently wrong results.
+    ``static_weights=True`` (decode) is the caller's promise that no kernel that may still be
+    running when this launch starts writes the weights (``b``) or their scales
+    (``sfb_blocked``).  With programmatic dependent launch the kernel just ahead on the stream
+    can still be running (and those before it, when they released their dependents early);
+    the launch reads the weights before it waits for them where that pays (tiles of 8 tokens
+    and K groups on the PDL chain; elsewhere the option changes nothing;
+    ``default_config(..., static_weights=True)`` picks K groups more often for it).  Model
+    weights quantized once before serving keep the promise; a B operand written on the same
+    stream just before the call (a quantized activation or KV cache) may break it, and D may
+    then be silently wrong.
     """
 
     def __init__(
@@ -2646,6 +2657,16 @@ def _resource_usage(dump_dir: str) -> list[dict]:
     ]
 
 
+def _print_pdl(gemm: BlockwiseGemmFp4Sm90) -> None:
+    """The decode PDL chain's settings (whether ``static_weights`` changes this kernel)."""
+    if gemm.use_pdl and not gemm.a_converted:
+        print(
+            f"PDL: prologue launched with PDL: {gemm.prologue_pdl}, releases the GEMM at "
+            f"entry: {gemm.early_release}, weight stages before the GEMM's wait: "
+            f"{gemm.stages_before_wait}"
+        )
+
+
 def _parse_pair(text: str) -> tuple[int, int]:
     vals = tuple(int(x) for x in text.split(","))
     if len(vals) != 2:
@@ -2821,12 +2842,7 @@ def main(argv=None) -> int:
             f"{gemm.k_groups} K group(s)"
         )
         print("epilogue: " + ("TMA store" if gemm.tma_store else "direct stores"))
-        if gemm.use_pdl and not gemm.a_converted:
-            print(
-                f"PDL: prologue launched with PDL: {gemm.prologue_pdl}, releases the GEMM at "
-                f"entry: {gemm.early_release}, weight stages before the GEMM's wait: "
-                f"{gemm.stages_before_wait}"
-            )
+        _print_pdl(gemm)
         print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
         print(
             f"stages: {gemm.num_stages} (k-tile {gemm.stage_k}), "
@@ -2871,6 +2887,7 @@ def main(argv=None) -> int:
         k_groups=k_groups,
         static_weights=args.static_weights,
     )
+    _print_pdl(runner.gemm)
     runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
     torch.cuda.synchronize()
 

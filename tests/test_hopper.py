@@ -76,11 +76,13 @@ COMPILE_CONFIGS = [
     (16, "Float16", "decode", (16, 128), 1, False, 2),
     (16, "BFloat16", "decode", (16, 64), 1, True, 3),
     (32, "BFloat16", "decode", (32, 64), 2, True, 2),
-    # static_weights (8th field): used on 8-token tiles and with K groups; ignored on 16-token
-    # tiles of 128 rows
-    (16, "BFloat16", "decode", (8, 128), 4, True, 1, True),
-    (16, "BFloat16", "decode", (16, 64), 1, True, 4, True),
-    (16, "BFloat16", "decode", (16, 128), 4, True, 1, True),
+    # static_weights (8th field) and whether the prologue then releases its GEMM at entry (9th):
+    # on 8-token tiles and with K groups on the PDL chain; not on 16-token tiles of 128 rows,
+    # nor for 3 groups of 64 rows (no prologue CTA fits beside them: no PDL chain)
+    (16, "BFloat16", "decode", (8, 128), 4, True, 1, True, True),
+    (16, "BFloat16", "decode", (16, 64), 1, True, 4, True, True),
+    (16, "BFloat16", "decode", (16, 128), 4, True, 1, True, False),
+    (16, "BFloat16", "decode", (16, 64), 1, True, 3, True, False),
 ]
 
 
@@ -97,6 +99,7 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     tma_store = cfg[5] if len(cfg) > 5 else True
     k_groups = cfg[6] if len(cfg) > 6 else 1
     static_weights = cfg[7] if len(cfg) > 7 else False
+    early_release = cfg[8] if len(cfg) > 8 else False
     dump = str(tmp_path)
     opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
     gemm, _ = k90.compile_gemm(
@@ -124,7 +127,6 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     # static_weights: the prologue releases its GEMM at entry where it measured faster (the PDL
     # chain with 8-token tiles or K groups), and the GEMM then requests more weight stages
     # before its wait
-    early_release = static_weights and gemm.prologue_pdl and (tiler[0] == 8 or k_groups > 1)
     assert gemm.early_release == early_release
     assert gemm.stages_before_wait == (k90.STATIC_WEIGHT_STAGES if early_release else 1)
     if path in ("decode", "prefill"):
@@ -136,8 +138,17 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
         assert len(loads) == (2 if path == "decode" else 0), loads
         # with the early release the consumers wait too, before the epilogue of a unit without
-        # k-tiles (which writes D and the workspace without reading a stage)
-        assert gemm_ptx.count("griddepcontrol.wait") == (2 if early_release else 1)
+        # k-tiles (which writes D and the workspace without reading a stage): in PTX text order
+        # (as above, a guard, not a proof), every global store, atomic and TMA store of the
+        # GEMM comes after that second wait
+        waits = [w.start() for w in re.finditer(r"griddepcontrol\.wait", gemm_ptx)]
+        assert len(waits) == (2 if early_release else 1)
+        writes = re.search(
+            r"\b(st|atom|red)\.[\w:.]*global|cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta",
+            gemm_ptx,
+        )
+        if early_release:
+            assert writes and writes.start() > waits[1]
         # the GEMM releases a PDL successor once, after its PDL wait (in PTX text order: a
         # guard against a release at entry, not a proof of the position after the loop)
         assert gemm_ptx.count("griddepcontrol.launch_dependents") == 1
@@ -677,25 +688,35 @@ def test_gpu_matches_reference(case):
 
 @gpu
 @pytest.mark.parametrize("static_weights", [False, True])
-def test_gpu_tokens_written_by_an_early_releasing_kernel(static_weights):
-    """The tokens of a launch are the D of the GEMM launched just ahead of it, which releases
-    its PDL dependents before it stores D: the next prologue (launched with PDL) must wait for
-    it, with and without ``static_weights`` (which vouches only for the weights).  Five pairs
-    queued back to back; each second GEMM checked against the reference on the bytes the first
-    one wrote."""
+@pytest.mark.parametrize("shared", ["tokens", "d"])
+def test_gpu_after_an_early_releasing_kernel(shared, static_weights):
+    """Each launch follows a GEMM that releases its PDL dependents before it stores D, and that
+    D is the launch's packed FP4 tokens (``tokens``: the prologue must wait for it) or the
+    memory of the launch's own D (``d``: the launch must store after it, including the
+    epilogues of its units and groups without k-tiles; with ``static_weights`` the launch
+    starts before the kernel ahead has completed).  Five pairs queued back to back, with and
+    without ``static_weights`` (which vouches only for the weights); each second GEMM checked
+    against the reference."""
     import torch
 
     import reference
 
-    # writer: 1 x 4096 x 2048, BF16 D of 8 KiB = the packed tokens of 8 x 7168 x 2048 (reader:
-    # 8-token tiles of 64 rows in 4 K groups, where static_weights releases the GEMM at entry)
-    m1, n1, k1 = 1, 4096, 2048
-    m2, n2, k2 = 8, 7168, 2048
-    writer = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4)
-    reader = k90.Fp4GemmSm90Runner(
-        16, "BFloat16", "decode", (8, 64), 1, k_groups=4, static_weights=static_weights
-    )
+    if shared == "tokens":
+        # writer: BF16 D of 8 KiB = the packed tokens of 8 x 7168 x 2048 (8-token tiles of 64
+        # rows in 4 K groups, where static_weights releases the GEMM at entry)
+        (m1, n1, k1), (m2, n2, k2) = (1, 4096, 2048), (8, 7168, 2048)
+        reader = k90.Fp4GemmSm90Runner(
+            16, "BFloat16", "decode", (8, 64), 1, k_groups=4, static_weights=static_weights
+        )
+    else:
+        # writer: BF16 D of 20800 bytes = the BF16 D of 20 x 520 x 64 (one k-tile, split 2 in
+        # 4 K groups: units and groups without k-tiles)
+        (m1, n1, k1), (m2, n2, k2) = (1, 10400, 2048), (20, 520, 64)
+        reader = k90.Fp4GemmSm90Runner(
+            16, "BFloat16", "decode", (32, 64), 2, k_groups=4, static_weights=static_weights
+        )
     assert reader.gemm.early_release == static_weights
+    writer = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4)
     ops1 = reference.make_fp4_operands(m1, n1, k1, 1, 16, "cuda", seed=3)
     ops2 = reference.make_fp4_operands(m2, n2, k2, 1, 16, "cuda", seed=4)
     sfa1, sfb1 = k90.blocked_scales(ops1.sfa), k90.blocked_scales(ops1.sfb)
@@ -703,22 +724,26 @@ def test_gpu_tokens_written_by_an_early_releasing_kernel(static_weights):
     pairs = []
     for i in range(5):
         d1 = torch.full((1, m1, n1), float("nan"), dtype=torch.bfloat16, device="cuda")
-        d2 = torch.full((1, m2, n2), float("nan"), dtype=torch.bfloat16, device="cuda")
-        pairs.append((float(ops1.alpha) * (1 + i), d1, d2))
+        if shared == "tokens":
+            tokens = d1.view(torch.uint8).view(1, m2, k2 // 2)
+            d2 = torch.full((1, m2, n2), float("nan"), dtype=torch.bfloat16, device="cuda")
+        else:
+            tokens = ops2.a
+            d2 = d1.view(1, m2, n2)
+        pairs.append((float(ops1.alpha) * (1 + i), d1, tokens, d2))
     for runner, m, n, k in ((writer, m1, n1, k1), (reader, m2, n2, k2)):
         runner.executor(n)
         runner.workspace(m, n, k, 1)
     torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000)  # about 1 ms on the GPU: all launches queue up behind it
-    for alpha1, d1, d2 in pairs:
+    torch.cuda._sleep(50_000_000)  # tens of ms on the GPU: all ten launches queue up behind it
+    for alpha1, d1, tokens, d2 in pairs:
         writer(ops1.a, ops1.b, sfa1, sfb1, d1, m1, n1, k1, 1, alpha1)
-        tokens = d1.view(torch.uint8).view(1, m2, k2 // 2)
         reader(tokens, ops2.b, sfa2, sfb2, d2, m2, n2, k2, 1, float(ops2.alpha))
     torch.cuda.synchronize()
-    for alpha1, d1, d2 in pairs:
-        ok, info = reference.check_gemm(d1, ops1.a, ops1.b, ops1.sfa, ops1.sfb, 16, alpha1)
-        assert ok, str(info)
-        tokens = d1.view(torch.uint8).view(1, m2, k2 // 2)
+    for alpha1, d1, tokens, d2 in pairs:
+        if shared == "tokens":
+            ok, info = reference.check_gemm(d1, ops1.a, ops1.b, ops1.sfa, ops1.sfb, 16, alpha1)
+            assert ok, str(info)
         ok, info = reference.check_gemm(d2, tokens, ops2.b, ops2.sfa, ops2.sfb, 16, ops2.alpha)
         assert ok, str(info)
 
