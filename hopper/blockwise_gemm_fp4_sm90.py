@@ -2708,7 +2708,7 @@ def parse_args(argv=None):
     ap.add_argument(
         "--static_weights",
         action="store_true",
-        help="decode: the kernel ahead never writes the weights; read them before the PDL wait",
+        help="decode: no kernel still running writes the weights; read them before the PDL wait",
     )
     ap.add_argument("--sf_vec_size", type=int, default=16)
     ap.add_argument("--sf_dtype", default=None, help="Float8E4M3FN (16) / Float8E8M0FNU (32)")
