@@ -544,6 +544,29 @@ def test_default_config_paths():
         assert reasons == []
 
 
+@pytest.mark.parametrize("static_weights", [False, True])
+def test_default_config_picks_pass_check_config(static_weights):
+    """Every pick of ``default_config`` over a sweep of shapes (ragged, L = 2, both formats)
+    is a configuration that ``check_config`` accepts and the kernel object builds."""
+    import itertools
+
+    ms = (1, 5, 8, 9, 12, 16, 20, 24, 32, 33, 64, 128, 200, 2049)
+    ns = (1, 520, 1000, 4096, 7168, 8192, 8448, 18432)
+    ks = (32, 64, 96, 1024, 2080, 7168, 16384)
+    for m, n, k, l, vec in itertools.product(ms, ns, ks, (1, 2), (16, 32)):  # noqa: E741
+        path, tiler, split, k_groups = k90.default_config(m, n, k, l, static_weights=static_weights)
+        sf_dtype = "Float8E4M3FN" if vec == 16 else "Float8E8M0FNU"
+        cluster = k90.default_cluster(path)
+        reasons = k90.check_config(
+            (m, n, k, l), vec, sf_dtype, "BFloat16", path, tiler, cluster, split, k_groups
+        )
+        assert reasons == [], (m, n, k, l, vec, path, tiler, split, k_groups, reasons)
+        gemm = k90.BlockwiseGemmFp4Sm90(
+            vec, path, tiler, cluster, split, k_groups=k_groups, static_weights=static_weights
+        )
+        assert gemm.early_release <= static_weights
+
+
 def _cli(*args):
     return subprocess.run(
         [sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, timeout=600
