@@ -563,7 +563,8 @@ def default_config(
     32 x 4096 x 7168 (split 2: 11.9-12.1 against 11.9); not taken at 16 x 4096 x 16384 (split
     units of 64 k-tiles: 17.6 against 17.1), 32 x 8192 x 16384 (128 k-tiles: 31.6 against
     29.5) and 16 x 7168 x 16384 (112 CTAs: 28.9 against 25.6).  At 1 and 8 tokens K groups
-    tied or lost.
+    tied or lost.  All in back-to-back calls; after a plain kernel ahead the K-group pick was
+    slower (16 x 8192 x 8192 19.2-19.3 against 18.5-18.8 us).
 
     From 129 to DECODE_MAX_M tokens the decode path still wins: tiles of 128 tokens x 128
     weight rows dequantize every weight once per token tile, which costs less than the prefill
@@ -875,7 +876,9 @@ class BlockwiseGemmFp4Sm90:
         # PDL chain with 8-token tiles or K groups (back-to-back calls: 1 x 8192 x 8192 14.2-14.4
         # against 15.0-15.2 us, 16 x 7168 x 2048 5.8-6.0 against 6.4-6.6, 1 x 4096 x 4096 6.9
         # against 7.8); with 16-token tiles of 128 rows it was slower (16 x 8192 x 8192 17.0-17.2
-        # against 16.4-16.6) and is not used (hopper/NOTES.md, thirteenth session).
+        # against 16.4-16.6) and is not used (hopper/NOTES.md, thirteenth session).  After a
+        # kernel that does not release its dependents early nothing overlaps, and it measured
+        # slightly slower (1 x 8192 x 8192 16.6-17.8 against 16.5-17.6 us).
         self.static_weights = static_weights
         self.early_release = (
             static_weights and self.prologue_pdl and (self.tile_cols == 8 or k_groups > 1)
@@ -2471,7 +2474,10 @@ class Fp4GemmSm90Runner:
     ``default_config(..., static_weights=True)`` picks K groups more often for it).  Model
     weights quantized once before serving keep the promise; a B operand written on the same
     stream just before the call (a quantized activation or KV cache) may break it, and D may
-    then be silently wrong.
+    then be silently wrong.  It pays only after a kernel that releases its PDL dependents early
+    (back-to-back calls of this GEMM on the H200: 1 x 8192 x 8192 14.2-14.8 against 14.6-15.1
+    us); after a plain launch it measured 0.1-0.7 us slower (hopper/NOTES.md, thirteenth
+    session, run 9).
     """
 
     def __init__(
