@@ -602,28 +602,35 @@ def default_config(
                 if best is None or key < best[0]:
                     best = (key, (cols, rows), split)
         _, tiler, split = best
+        kg_split = None
         if allow_k_groups and cols <= 32 and math.ceil(k_tiles / split) <= 8:
-            tiles = math.ceil(n / 64) * l
-            for kg_split in (1, 2, 3, 4, 6, 8):
-                if k_tiles // kg_split < 2 * DECODE_K_GROUPS:
-                    break
-                if 4 * tiles * kg_split >= 3 * num_sms and tiles * kg_split <= num_sms:
-                    return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
-        if allow_k_groups and static_weights and 16 <= cols <= 32:
-            tiles = math.ceil(n / 64) * l
-            for kg_split in (1, 2, 3, 4, 6, 8):
-                if k_tiles // kg_split < 2 * DECODE_K_GROUPS:
-                    break
-                # (split units: at most half as long)
-                longest = STATIC_K_GROUP_MAX_K_TILES // (1 if kg_split == 1 else 2)
-                if (
-                    16 * tiles * kg_split >= 15 * num_sms
-                    and tiles * kg_split <= num_sms
-                    and math.ceil(k_tiles / kg_split) <= longest
-                ):
-                    return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
+            kg_split = _one_wave_k_group_split(n, l, k_tiles, num_sms, 0.75)
+        if kg_split is None and allow_k_groups and static_weights and 16 <= cols <= 32:
+            kg_split = _one_wave_k_group_split(
+                n, l, k_tiles, num_sms, 15 / 16, STATIC_K_GROUP_MAX_K_TILES
+            )
+        if kg_split is not None:
+            return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
         return "decode", tiler, split, 1
     return path, (128, 256), 1, 1
+
+
+def _one_wave_k_group_split(n, l, k_tiles, num_sms, min_fill, max_unit_k_tiles=None):  # noqa: E741
+    """``default_config``'s K groups: the first K split (1, 2, 3, 4, 6, 8) at which one CTA per
+    64 weight rows and split fills between ``min_fill`` of the SMs and all of them, with at
+    least two k-tiles per group and, if given, units of at most ``max_unit_k_tiles`` k-tiles
+    (half as many when split); None if there is none."""
+    tiles = math.ceil(n / 64) * l
+    for kg_split in (1, 2, 3, 4, 6, 8):
+        if k_tiles // kg_split < 2 * DECODE_K_GROUPS:
+            return None
+        ctas = tiles * kg_split
+        unit = math.ceil(k_tiles / kg_split)
+        if max_unit_k_tiles is not None and unit > max_unit_k_tiles // (1 if kg_split == 1 else 2):
+            continue
+        if min_fill * num_sms <= ctas <= num_sms:
+            return kg_split
+    return None
 
 
 def default_cluster(path: str) -> tuple[int, int]:
