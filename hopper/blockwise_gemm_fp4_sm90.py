@@ -685,7 +685,17 @@ def check_config(
     split_k: int,
     k_groups: int = 1,
 ) -> list[str]:
-    """Reasons why this configuration cannot run (empty when it can)."""
+    """Reasons why this configuration cannot run this problem (empty when it can)."""
+    return problem_reasons(mnkl, sf_vec_size, path, mma_tiler_mn) + config_reasons(
+        sf_vec_size, sf_dtype, c_dtype, path, mma_tiler_mn, cluster_shape_mn, split_k, k_groups
+    )
+
+
+def problem_reasons(
+    mnkl: tuple[int, int, int, int], sf_vec_size: int, path: str, mma_tiler_mn: tuple[int, int]
+) -> list[str]:
+    """Reasons why a problem (M, N, K, L) cannot run on a configuration: extents, K, and the
+    kernel's 32-bit offsets (empty when it can)."""
     reasons = []
     m, n, k, l = mnkl  # noqa: E741
     for name, v in (("M", m), ("N", n), ("K", k), ("L", l)):
@@ -722,6 +732,21 @@ def check_config(
                     f"{name} = {extent} does not fit the kernel's 32-bit offsets (< 2^31); "
                     "split the problem along M, N or L"
                 )
+    return reasons
+
+
+def config_reasons(
+    sf_vec_size: int,
+    sf_dtype: str,
+    c_dtype: str,
+    path: str,
+    mma_tiler_mn: tuple[int, int],
+    cluster_shape_mn: tuple[int, int],
+    split_k: int,
+    k_groups: int = 1,
+) -> list[str]:
+    """Reasons why a configuration cannot be built, whatever the problem (empty when it can)."""
+    reasons = []
     if sf_vec_size not in (16, 32):
         reasons.append(f"sf_vec_size = {sf_vec_size}: only 16 (NVFP4) and 32 (MXFP4) exist")
     if sf_dtype not in SF_VEC_OF_DTYPE:
@@ -2462,6 +2487,8 @@ def compile_gemm(
 
 class Fp4GemmSm90Runner:
     """Compiled kernel + workspace for one configuration; ``__call__`` launches on torch data.
+    A configuration ``check_config`` refuses raises ValueError at construction, and a problem or
+    operands it refuses (and ``operand_reasons``, ``alpha_reason``) at the call, with the reasons.
 
     NOTE: one runner serves one stream at a time.  All its launches of a shape share one
     split-K workspace (partials + self-resetting tile counters) and the converted operands, which
@@ -2499,6 +2526,22 @@ class Fp4GemmSm90Runner:
         k_groups=1,
         static_weights=False,
     ):
+        # a configuration the kernel cannot be built for is refused here, before compiling, and
+        # a problem it cannot run at each call (``__call__``): ValueError naming each reason
+        cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
+        sf_dtype = {vec: name for name, vec in SF_VEC_OF_DTYPE.items()}.get(sf_vec_size)
+        reasons = config_reasons(
+            sf_vec_size,
+            sf_dtype or "Float8E4M3FN",
+            c_dtype,
+            path,
+            mma_tiler_mn,
+            cluster,
+            split_k,
+            k_groups,
+        )
+        if reasons:
+            raise ValueError("; ".join(reasons))
         self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
         self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
         self._args = (
@@ -2562,6 +2605,7 @@ class Fp4GemmSm90Runner:
         reasons = operand_reasons(
             a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, self.sf_vec_size, self.c_dtype
         )
+        reasons += problem_reasons((m, n, k, l), self.sf_vec_size, self.path, self.mma_tiler_mn)
         reason = alpha_reason(float(alpha), self.sf_vec_size, self.path)
         if reason:
             reasons.append(reason)

@@ -261,6 +261,40 @@ def test_operand_reasons_name_each_problem():
     assert not any(r.startswith("d is") for r in reasons), reasons
 
 
+RUNNER_REFUSALS = [
+    # (runner arguments, a reason it must name): refused before anything is compiled
+    ((16, "BFloat16", "decode", (24, 128), 4), "tile M (tokens) = 24"),
+    ((8, "BFloat16", "prefill", (128, 256)), "sf_vec_size = 8"),
+    ((16, "Float64", "prefill", (128, 256)), "c_dtype = Float64"),
+    ((16, "BFloat16", "decode", (16, 128), 2, "", (2, 1)), "on the prefill path"),
+    ((16, "BFloat16", "decode", (16, 128), 0), "split_k = 0"),
+    ((16, "BFloat16", "sideways", (16, 128)), "path = sideways"),
+]
+
+
+@pytest.mark.parametrize("args, needle", RUNNER_REFUSALS, ids=[r[1] for r in RUNNER_REFUSALS])
+def test_runner_refuses_bad_config(args, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        k90.Fp4GemmSm90Runner(*args)
+
+
+def test_runner_refuses_bad_problem(tmp_path):
+    """A built runner checks each call's problem (``problem_reasons``) with its operands."""
+    import torch
+
+    runner = k90.Fp4GemmSm90Runner(
+        16, "BFloat16", "decode", (8, 64), 1, options=f"--gpu-arch sm_90a --dump-dir={tmp_path}"
+    )
+    m, n, k, l = 1, 64, 48, 1  # noqa: E741
+    sf = k90.blocked_sf_bytes(m, k, l, 16)
+    ops = [torch.zeros(x, dtype=torch.uint8) for x in (m * k // 2, n * k // 2, sf, sf)]
+    d = torch.zeros(m * n, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="K = 48 is not a multiple of 32"):
+        runner(*ops, d, m, n, k, l, 1.0)
+    with pytest.raises(ValueError, match="M = 0: every extent must be >= 1"):
+        runner(*ops, d, 0, n, k, l, 1.0)
+
+
 @pytest.mark.parametrize(
     "n, c_dtype, fits",
     [
