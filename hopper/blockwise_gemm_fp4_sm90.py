@@ -508,6 +508,11 @@ def _swizzle64(offset):
 # ---------------------------------------------------------------------------------------------
 # Configuration helpers
 # ---------------------------------------------------------------------------------------------
+def default_sf_dtype(sf_vec_size: int) -> str:
+    """The scale dtype of a format: E4M3 for NVFP4 (16), E8M0 otherwise (MXFP4, 32)."""
+    return "Float8E4M3FN" if sf_vec_size == 16 else "Float8E8M0FNU"
+
+
 def default_config(
     m: int,
     n: int,
@@ -2529,10 +2534,9 @@ class Fp4GemmSm90Runner:
         # a configuration the kernel cannot be built for is refused here, before compiling, and
         # a problem it cannot run at each call (``__call__``): ValueError naming each reason
         cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
-        sf_dtype = {vec: name for name, vec in SF_VEC_OF_DTYPE.items()}.get(sf_vec_size)
         reasons = config_reasons(
             sf_vec_size,
-            sf_dtype or "Float8E4M3FN",
+            default_sf_dtype(sf_vec_size),
             c_dtype,
             path,
             mma_tiler_mn,
@@ -2823,7 +2827,7 @@ def resolve_config(args):
         k_groups = args.k_groups
     if args.cluster_shape_mn is None:
         args.cluster_shape_mn = default_cluster(path)
-    sf_dtype = args.sf_dtype or ("Float8E4M3FN" if args.sf_vec_size == 16 else "Float8E8M0FNU")
+    sf_dtype = args.sf_dtype or default_sf_dtype(args.sf_vec_size)
     return path, tuple(tiler), split, k_groups, sf_dtype
 
 
