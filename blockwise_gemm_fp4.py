@@ -340,6 +340,61 @@ def c_row_pitch(n: int, c_dtype: str) -> int:
     return -(-n // per_16b) * per_16b
 
 
+@dataclass
+class TileSchedule:
+    """The static persistent tile schedule that every warp role walks.
+
+    Cluster tiles (one cluster's worth of CTA tiles) are numbered M fastest, then N, then L.  The
+    grid is ``(cluster M, cluster N, G)`` with G persistent clusters; cluster ``z`` of the grid
+    works on cluster tiles z, z + G, z + 2G, ...  Built on the host and passed to the kernel; the
+    divisions by the cluster counts use precomputed fast-divmod divisors.
+    """
+
+    num_cluster_tiles: cutlass.Int32
+    clusters_m: cute.FastDivmodDivisorV2
+    clusters_n: cute.FastDivmodDivisorV2
+
+    @staticmethod
+    def create(num_ctas_mnl: tuple, cluster_shape_mn: tuple[int, int]) -> TileSchedule:
+        """Host side: the schedule of a (CTA tiles M, N, L) problem on clusters of this shape."""
+        clusters_m = cute.ceil_div(num_ctas_mnl[0], cluster_shape_mn[0])
+        clusters_n = cute.ceil_div(num_ctas_mnl[1], cluster_shape_mn[1])
+        return TileSchedule(
+            num_cluster_tiles=cutlass.Int32(clusters_m * clusters_n * num_ctas_mnl[2]),
+            clusters_m=cute.fast_divmod_create_divisor_v2(clusters_m),
+            clusters_n=cute.fast_divmod_create_divisor_v2(clusters_n),
+        )
+
+    def grid(self, cluster_shape_mn: tuple[int, int], max_active_clusters: int) -> tuple:
+        """Host side: one persistent cluster per cluster tile, at most ``max_active_clusters``."""
+        return (*cluster_shape_mn, cutlass.min(self.num_cluster_tiles, max_active_clusters))
+
+    def first_work(self) -> cutlass.Int32:
+        """Device side: this CTA's first cluster tile."""
+        return cutlass.Int32(cute.arch.block_idx()[2])
+
+    def next_work(self, work: cutlass.Int32) -> cutlass.Int32:
+        """Device side: the cluster tile after ``work`` for this CTA."""
+        return work + cute.arch.grid_dim()[2]
+
+    def is_valid(self, work: cutlass.Int32) -> cutlass.Boolean:
+        return work < self.num_cluster_tiles
+
+    def cta_tile(self, work: cutlass.Int32, cluster_shape_mn: tuple[int, int]) -> tuple:
+        """Device side: (M, N, L) CTA-tile coordinates of this CTA in cluster tile ``work``."""
+        rest, cluster_m = divmod(work, self.clusters_m)
+        tile_l, cluster_n = divmod(rest, self.clusters_n)
+        # The grid's x and y extents are the cluster shape: block x, y is the place in the cluster.
+        bidx, bidy, _ = cute.arch.block_idx()
+        cm, cn = cluster_shape_mn
+        uniform = cute.arch.make_warp_uniform
+        return (
+            uniform(cluster_m * cm + bidx % cm),
+            uniform(cluster_n * cn + bidy % cn),
+            uniform(tile_l),
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------------------------
@@ -583,7 +638,7 @@ class BlockwiseGemmFp4Sm100:
             cpasync.CopyBulkTensorTileS2GOp(), mC_mnl, epi_smem_layout, self.epi_tile
         )
 
-        tile_sched_params, grid = self._compute_grid(
+        tile_schedule, grid = self._compute_grid(
             mC_mnl, self.cta_tile_shape_mnk, self.cluster_shape_mn, max_active_clusters
         )
 
@@ -645,7 +700,7 @@ class BlockwiseGemmFp4Sm100:
             self.sfb_smem_layout_staged,
             self.c_smem_layout_staged,
             self.epi_tile,
-            tile_sched_params,
+            tile_schedule,
         ).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
@@ -678,7 +733,7 @@ class BlockwiseGemmFp4Sm100:
         sfb_smem_layout_staged: cute.Layout,
         c_smem_layout_staged: cute.ComposedLayout,
         epi_tile: cute.Tile,
-        tile_sched_params: utils.PersistentTileSchedulerParams,
+        tile_schedule: TileSchedule,
     ):
         """Device side: shared set-up, then one branch per warp role."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -812,7 +867,7 @@ class BlockwiseGemmFp4Sm100:
         if warp_idx == WarpRole.TMA:
             self._tma_warp(
                 ab_pipeline,
-                tile_sched_params,
+                tile_schedule,
                 k_tile_cnt,
                 cta_coord_vmnk,
                 cta_coord_sfb_vmnk,
@@ -837,7 +892,7 @@ class BlockwiseGemmFp4Sm100:
                 ab_pipeline,
                 acc_pipeline,
                 tmem,
-                tile_sched_params,
+                tile_schedule,
                 k_tile_cnt,
                 is_leader_cta,
                 tCtAcc_fake,
@@ -855,7 +910,7 @@ class BlockwiseGemmFp4Sm100:
                 alpha,
                 acc_pipeline,
                 tmem,
-                tile_sched_params,
+                tile_schedule,
                 tCtAcc_fake,
                 tCgC,
                 sC,
@@ -871,7 +926,7 @@ class BlockwiseGemmFp4Sm100:
     def _tma_warp(
         self,
         ab_pipeline: pipeline.PipelineTmaUmma,
-        tile_sched_params: utils.PersistentTileSchedulerParams,
+        tile_schedule: TileSchedule,
         k_tile_cnt: cutlass.Int32,
         cta_coord_vmnk: tuple,
         cta_coord_sfb_vmnk: tuple,
@@ -948,18 +1003,14 @@ class BlockwiseGemmFp4Sm100:
                 cluster_layout_sfb_vmnk, cta_coord_sfb_vmnk, mcast_mode=1
             )
 
-        tile_sched = utils.StaticPersistentTileScheduler.create(
-            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work_tile = tile_sched.initial_work_tile_info()
         ab_producer_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Producer, self.num_ab_stage
         )
         cta_pair = cute.size(self.tiled_mma.thr_id.shape)
-        while work_tile.is_valid_tile:
-            tile_m = work_tile.tile_idx[0] // cta_pair
-            tile_n = work_tile.tile_idx[1]
-            tile_l = work_tile.tile_idx[2]
+        work = tile_schedule.first_work()
+        while tile_schedule.is_valid(work):
+            tile_m, tile_n, tile_l = tile_schedule.cta_tile(work, self.cluster_shape_mn)
+            tile_m = tile_m // cta_pair
             # ((ATOM_V, REST_V), RestK)
             tAgA_tile = tAgA[(None, tile_m, None, tile_l)]
             tBgB_tile = tBgB[(None, tile_n, None, tile_l)]
@@ -1013,8 +1064,7 @@ class BlockwiseGemmFp4Sm100:
                 empty_peek = cutlass.Boolean(True)
                 if ab_producer_state.count < k_tile_cnt:
                     empty_peek = ab_pipeline.producer_try_acquire(ab_producer_state)
-            tile_sched.advance_to_next_work()
-            work_tile = tile_sched.get_current_work()
+            work = tile_schedule.next_work(work)
         # Do not exit while peers may still signal this CTA's barriers.
         ab_pipeline.producer_tail(ab_producer_state)
 
@@ -1028,7 +1078,7 @@ class BlockwiseGemmFp4Sm100:
         ab_pipeline: pipeline.PipelineTmaUmma,
         acc_pipeline: pipeline.PipelineUmmaAsync,
         tmem: cutlass.memory.TmemAllocator,
-        tile_sched_params: utils.PersistentTileSchedulerParams,
+        tile_schedule: TileSchedule,
         k_tile_cnt: cutlass.Int32,
         is_leader_cta: cutlass.Boolean,
         tCtAcc_fake: cute.Tensor,
@@ -1076,18 +1126,15 @@ class BlockwiseGemmFp4Sm100:
         tCrB = tiled_mma.make_fragment_B(sB)
         num_k_blocks = cute.size(tCrA, mode=[2])
 
-        tile_sched = utils.StaticPersistentTileScheduler.create(
-            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work_tile = tile_sched.initial_work_tile_info()
         ab_consumer_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_ab_stage
         )
         acc_producer_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Producer, self.num_acc_stage
         )
-        while work_tile.is_valid_tile:
-            tile_n = work_tile.tile_idx[1]
+        work = tile_schedule.first_work()
+        while tile_schedule.is_valid(work):
+            _, tile_n, _ = tile_schedule.cta_tile(work, self.cluster_shape_mn)
             # With overlapping buffers the single pipeline stage's phase picks the buffer.
             acc_buffer = acc_producer_state.index
             if cutlass.const_expr(self.overlapping_accum):
@@ -1139,8 +1186,7 @@ class BlockwiseGemmFp4Sm100:
             if is_leader_cta:
                 acc_pipeline.producer_commit(acc_producer_state)
             acc_producer_state.advance()
-            tile_sched.advance_to_next_work()
-            work_tile = tile_sched.get_current_work()
+            work = tile_schedule.next_work(work)
         acc_pipeline.producer_tail(acc_producer_state)
 
     def _s2t_copy_and_partition(self, sSF: cute.Tensor, tSF: cute.Tensor):
@@ -1175,7 +1221,7 @@ class BlockwiseGemmFp4Sm100:
         alpha: cutlass.Float32,
         acc_pipeline: pipeline.PipelineUmmaAsync,
         tmem: cutlass.memory.TmemAllocator,
-        tile_sched_params: utils.PersistentTileSchedulerParams,
+        tile_schedule: TileSchedule,
         tCtAcc_fake: cute.Tensor,
         tCgC: cute.Tensor,
         sC: cute.Tensor,
@@ -1244,20 +1290,15 @@ class BlockwiseGemmFp4Sm100:
             ),
         )
 
-        tile_sched = utils.StaticPersistentTileScheduler.create(
-            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work_tile = tile_sched.initial_work_tile_info()
         acc_consumer_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_acc_stage
         )
         cta_pair = cute.size(self.tiled_mma.thr_id.shape)
-        while work_tile.is_valid_tile:
-            tile_mnl = (
-                work_tile.tile_idx[0] // cta_pair,
-                work_tile.tile_idx[1],
-                work_tile.tile_idx[2],
-            )
+        work = tile_schedule.first_work()
+        tiles_done = cutlass.Int32(0)
+        while tile_schedule.is_valid(work):
+            tile_m, tile_n, tile_l = tile_schedule.cta_tile(work, self.cluster_shape_mn)
+            tile_mnl = (tile_m // cta_pair, tile_n, tile_l)
             # ((ATOM_V, REST_V), EPI_M * EPI_N)
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, *tile_mnl)], 1, 3)
             acc_buffer = acc_consumer_state.index
@@ -1269,7 +1310,7 @@ class BlockwiseGemmFp4Sm100:
 
             acc_pipeline.consumer_wait(acc_consumer_state)
             num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
-            subtiles_before = tile_sched.num_tiles_executed * num_subtiles
+            subtiles_before = tiles_done * num_subtiles
             for subtile in cutlass.range(num_subtiles):
                 # Buffer 0 shares its last columns with buffer 1: it is read back to front.
                 acc_subtile = subtile
@@ -1301,8 +1342,8 @@ class BlockwiseGemmFp4Sm100:
                 # All TMEM reads of this accumulator are done: the MMA warp may reuse it.
                 acc_pipeline.consumer_release(acc_consumer_state)
                 acc_consumer_state.advance()
-            tile_sched.advance_to_next_work()
-            work_tile = tile_sched.get_current_work()
+            tiles_done += 1
+            work = tile_schedule.next_work(work)
 
         tmem.relinquish_alloc_permit()
         epilogue_barrier.arrive_and_wait()
@@ -1362,13 +1403,8 @@ class BlockwiseGemmFp4Sm100:
         """Persistent grid: at most ``max_active_clusters`` clusters, looping over the tiles."""
         c_tile = cute.slice_(cta_tile_shape_mnk, (None, None, 0))
         num_ctas_mnl = cute.zipped_divide(mC_mnl, tiler=c_tile)[(0, (None, None, None))].shape
-        tile_sched_params = utils.PersistentTileSchedulerParams(
-            num_ctas_mnl, (*cluster_shape_mn, 1)
-        )
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(
-            tile_sched_params, max_active_clusters
-        )
-        return tile_sched_params, grid
+        tile_schedule = TileSchedule.create(num_ctas_mnl, cluster_shape_mn)
+        return tile_schedule, tile_schedule.grid(cluster_shape_mn, max_active_clusters)
 
     @staticmethod
     def can_implement(

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import cutlass
@@ -68,25 +69,36 @@ def compiled_matrix(tmp_path_factory):
     for cfg in COMPILE_MATRIX:
         (vec, sf_dtype), c_dtype, tile, cluster = cfg
         dump = tmp_path_factory.mktemp(_config_id(cfg))
-        gemm, compiled = bw.compile_gemm(
-            vec,
-            sf_dtype,
-            c_dtype,
-            tile,
-            cluster,
-            bw.B200_SM_COUNT // (cluster[0] * cluster[1]),
-            f"--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir={dump}",
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gemm, compiled = bw.compile_gemm(
+                vec,
+                sf_dtype,
+                c_dtype,
+                tile,
+                cluster,
+                bw.B200_SM_COUNT // (cluster[0] * cluster[1]),
+                f"--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir={dump}",
+            )
+        deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
         cubins = list(dump.glob("*.cubin"))
         assert len(cubins) == 1, f"expected one cubin in {dump}, found {cubins}"
-        out[_config_id(cfg)] = (gemm, compiled.__ptx__, cubins[0])
+        out[_config_id(cfg)] = (gemm, compiled.__ptx__, cubins[0], deprecations)
     return out
+
+
+@pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
+def test_compile_uses_no_deprecated_dsl_api(cfg, compiled_matrix):
+    """No DeprecationWarning while tracing and compiling, wherever the DSL attributes it (the
+    DSL's own modules too: pytest.ini's filter sees only warnings attributed to our files)."""
+    deprecations = compiled_matrix[_config_id(cfg)][3]
+    assert [f"{w.filename}:{w.lineno}: {w.message}" for w in deprecations] == []
 
 
 @pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
 def test_ptx_block_scaled_fp4_mma(cfg, compiled_matrix):
     (vec, _), _, tile, cluster = cfg
-    _, ptx, _ = compiled_matrix[_config_id(cfg)]
+    _, ptx, _, _ = compiled_matrix[_config_id(cfg)]
     cta_group = 2 if tile[0] == 256 else 1
     mmas = set(re.findall(r"tcgen05\.mma\.[a-z0-9_.:]+", ptx))
     want = f"tcgen05.mma.cta_group::{cta_group}.kind::mxf4nvf4.block_scale.block{vec}"
@@ -102,7 +114,7 @@ def test_ptx_block_scaled_fp4_mma(cfg, compiled_matrix):
 @pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
 def test_ptx_tma_loads_multicast_and_store(cfg, compiled_matrix):
     _, _, tile, cluster = cfg
-    _, ptx, _ = compiled_matrix[_config_id(cfg)]
+    _, ptx, _, _ = compiled_matrix[_config_id(cfg)]
     loads = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::[a-z]+\.global[a-z0-9_.:]*", ptx)
     # A and B are 3-D (rows, K, L) boxes, SFA and SFB 4-D: one TMA load instruction each.
     assert sorted(loads) == ["3", "3", "4", "4"], loads
@@ -114,7 +126,7 @@ def test_ptx_tma_loads_multicast_and_store(cfg, compiled_matrix):
 
 @pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
 def test_no_local_memory_and_sass(cfg, compiled_matrix):
-    _, _, cubin = compiled_matrix[_config_id(cfg)]
+    _, _, cubin, _ = compiled_matrix[_config_id(cfg)]
     if bw.find_cuobjdump() is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     usage = bw.cubin_resource_usage(str(cubin))
@@ -134,7 +146,7 @@ def test_no_local_memory_and_sass(cfg, compiled_matrix):
 def test_budget_matches_compiled_kernel(cfg, compiled_matrix):
     """check_fp4_gemm_config's byte arithmetic agrees with the kernel's real layouts."""
     (vec, _), c_dtype, tile, _ = cfg
-    gemm, _, _ = compiled_matrix[_config_id(cfg)]
+    gemm, _, _, _ = compiled_matrix[_config_id(cfg)]
     budget = bw.tile_budget(tile, vec, c_dtype)
     assert budget.num_ab_stage == gemm.num_ab_stage
     assert budget.num_acc_stage == gemm.num_acc_stage
