@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Persistent, warp-specialized NVFP4 / MXFP4 block-scaled GEMM with TMA for Blackwell (sm_100a).
+"""Persistent, warp-specialized NVFP4 / MXFP4 block-scaled GEMM with TMA for datacenter Blackwell.
 
 What it computes
 ----------------
@@ -83,6 +83,11 @@ from cutlass.tensor_utils import LayoutEnum
 # NOTE: sm_100 limits.  232448 bytes of dynamic SMEM per CTA, 512 TMEM columns per SM.
 SM100_SMEM_CAPACITY = 232448
 SM100_TMEM_COLUMNS = 512
+# Compile targets, and the GPUs (compute capabilities) each one runs on.  sm_100f is the family
+# target: one cubin for B200/GB200 (sm_100) and B300/GB300 (sm_103).
+GPU_ARCHS = {"sm_100f": ((10, 0), (10, 3)), "sm_100a": ((10, 0),), "sm_103a": ((10, 3),)}
+DEFAULT_GPU_ARCH = "sm_100f"
+BLACKWELL_CAPABILITIES = GPU_ARCHS[DEFAULT_GPU_ARCH]
 # B200: 148 SMs; used only to size the persistent grid when cross-compiling without a GPU.
 B200_SM_COUNT = 148
 # Dense FP4 tensor-core peak of a B200, for the "% of peak" line.
@@ -399,7 +404,7 @@ class TileSchedule:
 # The kernel
 # ---------------------------------------------------------------------------------------------
 class BlockwiseGemmFp4Sm100:
-    """NVFP4 / MXFP4 block-scaled GEMM, persistent and warp-specialized, for sm_100a.
+    """NVFP4 / MXFP4 block-scaled GEMM, persistent and warp-specialized, for sm_100 / sm_103.
 
     :param sf_vec_size: 16 (NVFP4) or 32 (MXFP4).
     :param mma_tiler_mn: MMA tile (M, N); M 256 uses a CTA pair (cta_group::2).
@@ -1311,7 +1316,9 @@ class BlockwiseGemmFp4Sm100:
             acc_pipeline.consumer_wait(acc_consumer_state)
             num_subtiles = cute.size(tTR_tAcc.shape, mode=[3])
             subtiles_before = tiles_done * num_subtiles
-            for subtile in cutlass.range(num_subtiles):
+            # NOTE: unrolled fully, ptxas keeps every subtile's TMEM load and TMA store in flight;
+            # left rolled (the alpha multiplies tip its heuristic) it serializes them.
+            for subtile in cutlass.range(num_subtiles, unroll_full=True):
                 # Buffer 0 shares its last columns with buffer 1: it is read back to front.
                 acc_subtile = subtile
                 if cutlass.const_expr(self.overlapping_accum):
@@ -1432,14 +1439,20 @@ def compile_gemm(
     mma_tiler_mn: tuple[int, int],
     cluster_shape_mn: tuple[int, int],
     max_active_clusters: int,
-    options: str = "",
+    gpu_arch: str = DEFAULT_GPU_ARCH,
+    dump_dir: str | None = None,
 ):
     """Compile the kernel for any M, N, K, L (runtime values); returns (kernel object, executor).
 
-    With ``options="--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir=DIR"`` this
-    cross-compiles on a machine without a GPU; the executor's ``__ptx__`` holds the PTX and DIR
-    the cubin.
+    ``gpu_arch`` is a key of ``GPU_ARCHS``; no GPU is needed (cross-compilation).  With
+    ``dump_dir`` (an existing folder) the PTX and the cubin are written there too; the
+    executor's ``__ptx__`` holds the PTX either way.
     """
+    if gpu_arch not in GPU_ARCHS:
+        raise ValueError(f"gpu_arch={gpu_arch!r} is not one of {list(GPU_ARCHS)}")
+    options = f"--gpu-arch {gpu_arch}"
+    if dump_dir is not None:
+        options += f" --keep-ptx --keep-cubin --dump-dir={dump_dir}"
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
@@ -1510,7 +1523,7 @@ def _parse_ints(text: str, count: int, flag: str) -> tuple[int, ...]:
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="NVFP4/MXFP4 block-scaled GEMM with TMA for Blackwell (sm_100a), CuTe DSL."
+        description="NVFP4/MXFP4 block-scaled GEMM with TMA for datacenter Blackwell, CuTe DSL."
     )
     parser.add_argument(
         "--mnkl", type=lambda s: _parse_ints(s, 4, "--mnkl"), default=(8192, 8192, 8192, 1)
@@ -1559,7 +1572,14 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compile_only",
         action="store_true",
-        help="cross-compile for sm_100a (no GPU needed) and print a summary",
+        help="cross-compile for --gpu_arch (no GPU needed) and print a summary",
+    )
+    parser.add_argument(
+        "--gpu_arch",
+        choices=tuple(GPU_ARCHS),
+        default=DEFAULT_GPU_ARCH,
+        help="compile target: sm_100f (default) runs on sm_100 and sm_103 GPUs (B200/GB200, "
+        "B300/GB300); sm_100a only on sm_100, sm_103a only on sm_103",
     )
     parser.add_argument(
         "--dump_dir", default="./dump", help="where --compile_only writes the PTX and cubin"
@@ -1608,7 +1628,6 @@ def run_compile_only(args: argparse.Namespace) -> int:
     except OSError as err:
         raise UsageError(f"--dump_dir {args.dump_dir}: cannot create the folder ({err})") from None
     cluster_size = args.cluster_shape_mn[0] * args.cluster_shape_mn[1]
-    options = f"--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
     gemm, compiled = compile_gemm(
         args.sf_vec_size,
         args.sf_dtype,
@@ -1616,14 +1635,15 @@ def run_compile_only(args: argparse.Namespace) -> int:
         args.mma_tiler_mn,
         args.cluster_shape_mn,
         B200_SM_COUNT // cluster_size,
-        options,
+        args.gpu_arch,
+        args.dump_dir,
     )
     cubins = sorted(
         (os.path.join(args.dump_dir, f) for f in os.listdir(args.dump_dir) if f.endswith(".cubin")),
         key=os.path.getmtime,
     )
-    ptx_files = [c[: -len("sm_100a.cubin")] + "sm_100a.ptx" for c in cubins[-1:]]
-    print("Compile only: sm_100a, no GPU used")
+    ptx_files = [c[: -len(".cubin")] + ".ptx" for c in cubins[-1:]]
+    print(f"Compile only: {args.gpu_arch}, no GPU used")
     print(f"  PTX:   {ptx_files[0] if ptx_files else 'not written'}")
     print(f"  cubin: {cubins[-1] if cubins else 'not written'}")
     if cubins and find_cuobjdump():
@@ -1648,14 +1668,15 @@ def run_compile_only(args: argparse.Namespace) -> int:
     return 0
 
 
-def _blackwell_gpu() -> tuple[bool, str]:
-    """(is an sm_100 GPU present, its description)."""
+def _blackwell_gpu(gpu_arch: str = DEFAULT_GPU_ARCH, device=None) -> tuple[bool, str]:
+    """(can a ``gpu_arch`` cubin run on ``device`` (default: the current GPU), its description)."""
     import torch
 
     if not torch.cuda.is_available():
         return False, "no CUDA GPU"
-    major, minor = torch.cuda.get_device_capability()
-    return (major, minor) == (10, 0), f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
+    major, minor = torch.cuda.get_device_capability(device)
+    runs = (major, minor) in GPU_ARCHS[gpu_arch]
+    return runs, f"{torch.cuda.get_device_name(device)} (sm_{major}{minor})"
 
 
 def time_cuda_us(calls, stream, warmup_iterations: int, iterations: int) -> float:
@@ -1774,6 +1795,9 @@ def prepare_gemm(
             raise ValueError(f"{name} is on {t.device}, a is on {a.device}")
 
     device = a.device
+    runs, gpu = _blackwell_gpu(DEFAULT_GPU_ARCH, device)
+    if not runs:
+        raise ValueError(f"this kernel needs a datacenter Blackwell GPU (sm_100, sm_103); {gpu}")
     key = (sf_vec_size, c_dtype, tuple(mma_tiler_mn), tuple(cluster_shape_mn), device.index)
     if key not in _COMPILED_CACHE:
         cluster_size = cluster_shape_mn[0] * cluster_shape_mn[1]
@@ -1818,10 +1842,12 @@ def blockwise_gemm_fp4(a, b, sfa_blocked, sfb_blocked, sf_vec_size: int, **confi
 
 def run_on_gpu(args: argparse.Namespace) -> int:
     """Quantize random data, run the kernel, check it against reference.py, time it and cuBLASLt."""
-    is_blackwell, gpu = _blackwell_gpu()
+    is_blackwell, gpu = _blackwell_gpu(args.gpu_arch)
     if not is_blackwell:
+        targets = " or ".join(f"sm_{ma}{mi}" for ma, mi in GPU_ARCHS[args.gpu_arch])
         raise UsageError(
-            f"this kernel needs a Blackwell B200/GB200 (sm_100) GPU; found {gpu}.\n"
+            f"a {args.gpu_arch} build of this kernel needs a datacenter Blackwell GPU "
+            f"({targets}: B200/GB200 is sm_100, B300/GB300 sm_103); found {gpu}.\n"
             "  Cross-compile and inspect it on any machine with --compile_only.\n"
             "  On H100/H200 run the Hopper sibling: python hopper/blockwise_gemm_fp4_sm90.py"
         )
@@ -1871,10 +1897,12 @@ def run_on_gpu(args: argparse.Namespace) -> int:
     mean_us = time_cuda_us(calls, stream, args.warmup_iterations, args.iterations)
     tflops = 2.0 * m * n * k * l / (mean_us * 1e-6) / 1e12
     print(f"Mean time: {mean_us:.2f} us")
-    print(
-        f"Throughput: {tflops:.1f} TFLOP/s "
-        f"({100 * tflops / B200_FP4_PEAK_TFLOPS:.1f}% of the B200's 9 PFLOP/s dense FP4 peak)"
-    )
+    # (the peak is a B200's: on other GPUs no percentage is printed)
+    of_peak = ""
+    if torch.cuda.get_device_capability() == (10, 0):
+        percent = 100 * tflops / B200_FP4_PEAK_TFLOPS
+        of_peak = f" ({percent:.1f}% of a B200's 9 PFLOP/s dense FP4 peak)"
+    print(f"Throughput: {tflops:.1f} TFLOP/s{of_peak}")
     _compare_with_cublaslt(args, sets, stream, alpha, d, mean_us)
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1

@@ -5,8 +5,10 @@
 #   ./run_tests.sh -k nvfp4   # extra arguments go to pytest
 #
 # Without a GPU it runs the CPU suite: reference numerics, scale-factor layouts, can_implement,
-# and cross-compilation of every kernel configuration for sm_100a / sm_90a with PTX and SASS checks.
-# On a B200 (sm_100) it adds the Blackwell GPU suite; on an H100/H200 (sm_90) the Hopper GPU suite.
+# and cross-compilation of every kernel configuration for sm_100f / sm_100a / sm_90a with PTX and
+# SASS checks.
+# On a B200/GB200 or B300/GB300 (sm_100, sm_103) it adds the Blackwell GPU suite; on an H100/H200
+# (sm_90) the Hopper GPU suite.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -23,20 +25,24 @@ fi
 # The rest of requirements.txt (a no-op when everything is there already).
 "$PY" -m pip install -q -r requirements.txt
 
-gpu=$("$PY" - <<'PYEOF'
+# Which GPU suite runs: the Blackwell GPUs are the kernel's own list (the same one its CLI and the
+# tests' skip conditions use); the Hopper one is sm_90.
+read -r family gpu < <("$PY" - <<'PYEOF'
 import torch
-if torch.cuda.is_available():
-    major, minor = torch.cuda.get_device_capability()
-    print(f"{torch.cuda.get_device_name()} (sm_{major}{minor})")
+if not torch.cuda.is_available():
+    print("none none")
 else:
-    print("none")
+    from blockwise_gemm_fp4 import BLACKWELL_CAPABILITIES
+    cap = torch.cuda.get_device_capability()
+    family = "blackwell" if cap in BLACKWELL_CAPABILITIES else "hopper" if cap == (9, 0) else "other"
+    print(family, f"{torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]})")
 PYEOF
 )
-case "$gpu" in
-  *"(sm_100)"*|*"(sm_103)"*) suite="CPU suite + Blackwell GPU suite" ;;
-  *"(sm_90)"*) suite="CPU suite + Hopper GPU suite" ;;
+case "$family" in
+  blackwell) suite="CPU suite + Blackwell GPU suite" ;;
+  hopper) suite="CPU suite + Hopper GPU suite" ;;
   none) suite="CPU suite only (the GPU tests skip: no CUDA device)" ;;
-  *) suite="CPU suite only (the GPU tests skip: $gpu is neither sm_100 nor sm_90)" ;;
+  *) suite="CPU suite only (the GPU tests skip: $gpu is neither datacenter Blackwell nor sm_90)" ;;
 esac
 echo "run_tests.sh: GPU: $gpu -> running the $suite"
 exec "$PY" -m pytest tests -ra "$@"

@@ -4,7 +4,8 @@
 CPU (every machine, CI included): cross-compilation for sm_100a of a matrix of configurations
 with checks on the PTX, the SASS and the resource usage; the scale-factor layout the kernel hands
 to TMA against reference.to_blocked; every can_implement refusal; the CLI's exits.
-GPU (a B200, sm_100): the kernel's output against reference.reference_gemm.
+GPU (datacenter Blackwell: sm_100 or sm_103, bw.BLACKWELL_CAPABILITIES, as run_tests.sh says):
+the kernel's output against reference.reference_gemm.
 """
 
 from __future__ import annotations
@@ -62,43 +63,76 @@ def _tool(name: str) -> str | None:
     return str(path) if path.exists() else None
 
 
+# Every configuration for the default family target and for sm_100a; two for sm_103a.
+ARCH_MATRIX = [
+    *((bw.DEFAULT_GPU_ARCH, cfg) for cfg in COMPILE_MATRIX),
+    *(("sm_100a", cfg) for cfg in COMPILE_MATRIX),
+    *(("sm_103a", cfg) for cfg in COMPILE_MATRIX[:2]),
+]
+
+
+def _arch_config_id(arch_cfg) -> str:
+    arch, cfg = arch_cfg
+    return f"{arch}-{_config_id(cfg)}"
+
+
+def _compile(arch, cfg, dump):
+    """(kernel object, PTX, cubin path, DeprecationWarnings raised while compiling)."""
+    (vec, sf_dtype), c_dtype, tile, cluster = cfg
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gemm, compiled = bw.compile_gemm(
+            vec,
+            sf_dtype,
+            c_dtype,
+            tile,
+            cluster,
+            bw.B200_SM_COUNT // (cluster[0] * cluster[1]),
+            arch,
+            str(dump),
+        )
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    cubins = list(dump.glob("*.cubin"))
+    assert len(cubins) == 1, f"expected one cubin in {dump}, found {cubins}"
+    assert cubins[0].name.endswith(f".{arch}.cubin"), cubins[0].name
+    return gemm, compiled.__ptx__, cubins[0], deprecations
+
+
+def _sass(cubin: Path) -> str:
+    if bw.find_cuobjdump() is None or _tool("nvdisasm") is None:
+        pytest.skip("cuobjdump/nvdisasm not found (pip install nvidia-cuda-cuobjdump/-nvdisasm)")
+    env = dict(os.environ, PATH=f"{Path(_tool('nvdisasm')).parent}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(
+        [bw.find_cuobjdump(), "-sass", str(cubin)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+
+
 @pytest.fixture(scope="module")
 def compiled_matrix(tmp_path_factory):
-    """Compile every configuration once: {id: (kernel object, ptx, cubin path)}."""
-    out = {}
-    for cfg in COMPILE_MATRIX:
-        (vec, sf_dtype), c_dtype, tile, cluster = cfg
-        dump = tmp_path_factory.mktemp(_config_id(cfg))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            gemm, compiled = bw.compile_gemm(
-                vec,
-                sf_dtype,
-                c_dtype,
-                tile,
-                cluster,
-                bw.B200_SM_COUNT // (cluster[0] * cluster[1]),
-                f"--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir={dump}",
-            )
-        deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
-        cubins = list(dump.glob("*.cubin"))
-        assert len(cubins) == 1, f"expected one cubin in {dump}, found {cubins}"
-        out[_config_id(cfg)] = (gemm, compiled.__ptx__, cubins[0], deprecations)
-    return out
+    """Compile every (arch, configuration) once, keyed by _arch_config_id."""
+    return {
+        _arch_config_id(ac): _compile(*ac, tmp_path_factory.mktemp(_arch_config_id(ac)))
+        for ac in ARCH_MATRIX
+    }
 
 
-@pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
-def test_compile_uses_no_deprecated_dsl_api(cfg, compiled_matrix):
+@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
+def test_compile_uses_no_deprecated_dsl_api(arch_cfg, compiled_matrix):
     """No DeprecationWarning while tracing and compiling, wherever the DSL attributes it (the
     DSL's own modules too: pytest.ini's filter sees only warnings attributed to our files)."""
-    deprecations = compiled_matrix[_config_id(cfg)][3]
+    deprecations = compiled_matrix[_arch_config_id(arch_cfg)][3]
     assert [f"{w.filename}:{w.lineno}: {w.message}" for w in deprecations] == []
 
 
-@pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
-def test_ptx_block_scaled_fp4_mma(cfg, compiled_matrix):
-    (vec, _), _, tile, cluster = cfg
-    _, ptx, _, _ = compiled_matrix[_config_id(cfg)]
+@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
+def test_ptx_block_scaled_fp4_mma(arch_cfg, compiled_matrix):
+    arch, ((vec, _), _, tile, _) = arch_cfg
+    _, ptx, _, _ = compiled_matrix[_arch_config_id(arch_cfg)]
+    assert re.search(rf"^\.target {arch}$", ptx, re.M), "PTX for another target"
     cta_group = 2 if tile[0] == 256 else 1
     mmas = set(re.findall(r"tcgen05\.mma\.[a-z0-9_.:]+", ptx))
     want = f"tcgen05.mma.cta_group::{cta_group}.kind::mxf4nvf4.block_scale.block{vec}"
@@ -111,10 +145,10 @@ def test_ptx_block_scaled_fp4_mma(cfg, compiled_matrix):
     assert f"tcgen05.alloc.cta_group::{cta_group}" in ptx
 
 
-@pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
-def test_ptx_tma_loads_multicast_and_store(cfg, compiled_matrix):
-    _, _, tile, cluster = cfg
-    _, ptx, _, _ = compiled_matrix[_config_id(cfg)]
+@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
+def test_ptx_tma_loads_multicast_and_store(arch_cfg, compiled_matrix):
+    _, (_, _, _, cluster) = arch_cfg
+    _, ptx, _, _ = compiled_matrix[_arch_config_id(arch_cfg)]
     loads = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::[a-z]+\.global[a-z0-9_.:]*", ptx)
     # A and B are 3-D (rows, K, L) boxes, SFA and SFB 4-D: one TMA load instruction each.
     assert sorted(loads) == ["3", "3", "4", "4"], loads
@@ -124,29 +158,43 @@ def test_ptx_tma_loads_multicast_and_store(cfg, compiled_matrix):
     assert re.search(r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta", ptx), "no TMA store"
 
 
-@pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
-def test_no_local_memory_and_sass(cfg, compiled_matrix):
-    _, _, cubin, _ = compiled_matrix[_config_id(cfg)]
+@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
+def test_no_local_memory_and_sass(arch_cfg, compiled_matrix):
+    _, (_, _, tile, _) = arch_cfg
+    _, _, cubin, _ = compiled_matrix[_arch_config_id(arch_cfg)]
     if bw.find_cuobjdump() is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     usage = bw.cubin_resource_usage(str(cubin))
     assert usage["LOCAL"] == 0 and usage["STACK"] == 0, usage
-    if _tool("nvdisasm") is None:
-        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm): SASS not checked")
-    env = dict(os.environ, PATH=f"{Path(_tool('nvdisasm')).parent}{os.pathsep}{os.environ['PATH']}")
-    sass = subprocess.run(
-        [bw.find_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, env=env
-    ).stdout
+    sass = _sass(cubin)
     assert "UTCOMMA" in sass or "UTCQMMA" in sass, "no block-scaled UTC*MMA in SASS"
     assert "UTCCP" in sass and "UTMALDG" in sass and "UTMASTG" in sass
     assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory loads/stores in SASS"
+    # The epilogue's subtile loop is unrolled: one TMEM load (LDTM) and one TMA store (UTMASTG)
+    # per 32-column subtile of the CTA tile, all in the SASS.
+    subtiles = tile[1] // 32
+    assert len(re.findall(r"\bLDTM\b", sass)) == subtiles
+    assert len(re.findall(r"\bUTMASTG\b", sass)) == subtiles
 
 
-@pytest.mark.parametrize("cfg", COMPILE_MATRIX, ids=_config_id)
-def test_budget_matches_compiled_kernel(cfg, compiled_matrix):
+@pytest.mark.parametrize(
+    "arch_cfg",
+    [a for a in ARCH_MATRIX if a[1][2:] in (((256, 128), (2, 1)), ((128, 128), (4, 4)))],
+    ids=_arch_config_id,
+)
+def test_sass_epilogue_four_tmem_loads_and_tma_stores(arch_cfg, compiled_matrix):
+    """The default configuration and 128x128 on 4x4: 4 TMEM loads + 4 TMA stores per tile."""
+    _, _, cubin, _ = compiled_matrix[_arch_config_id(arch_cfg)]
+    sass = _sass(cubin)
+    assert len(re.findall(r"\bLDTM\b", sass)) == 4
+    assert len(re.findall(r"\bUTMASTG\b", sass)) == 4
+
+
+@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
+def test_budget_matches_compiled_kernel(arch_cfg, compiled_matrix):
     """check_fp4_gemm_config's byte arithmetic agrees with the kernel's real layouts."""
-    (vec, _), c_dtype, tile, _ = cfg
-    gemm, _, _, _ = compiled_matrix[_config_id(cfg)]
+    _, ((vec, _), c_dtype, tile, _) = arch_cfg
+    gemm, _, _, _ = compiled_matrix[_arch_config_id(arch_cfg)]
     budget = bw.tile_budget(tile, vec, c_dtype)
     assert budget.num_ab_stage == gemm.num_ab_stage
     assert budget.num_acc_stage == gemm.num_acc_stage
@@ -353,6 +401,8 @@ def test_cli_compile_only_summary(tmp_path):
     proc = _cli("--compile_only", "--dump_dir", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    assert "Compile only: sm_100f, no GPU used" in out
+    assert re.search(r"cubin: .*\.sm_100f\.cubin", out)
     assert "mnkl: (8192, 8192, 8192, 1)" in out
     assert re.search(r"pipeline stages: A/B/SF \d+, accumulator 2, epilogue \d+", out)
     assert re.search(r"TMEM columns: accumulators 256 \+ SFA 16 \+ SFB 16 of 512", out)
@@ -361,25 +411,59 @@ def test_cli_compile_only_summary(tmp_path):
     assert list(tmp_path.glob("*.ptx")) and list(tmp_path.glob("*.cubin"))
 
 
+@pytest.mark.parametrize(
+    "arch,capability,runs",
+    [
+        ("sm_100f", (10, 0), True),
+        ("sm_100f", (10, 3), True),
+        ("sm_100a", (10, 0), True),
+        ("sm_100a", (10, 3), False),
+        ("sm_103a", (10, 3), True),
+        ("sm_103a", (10, 0), False),
+        ("sm_100f", (9, 0), False),
+        ("sm_100f", (12, 0), False),
+        ("sm_100f", (11, 0), False),
+    ],
+)
+def test_cli_gpu_check_per_target(monkeypatch, arch, capability, runs):
+    """The CLI runs a build only on the GPUs its target covers (the family target: both)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a stand-in GPU")
+    ok, description = bw._blackwell_gpu(arch)
+    assert ok == runs
+    assert description == f"a stand-in GPU (sm_{capability[0]}{capability[1]})"
+
+
+def test_default_target_is_the_family_target():
+    assert bw.DEFAULT_GPU_ARCH == "sm_100f"
+    assert set(bw.BLACKWELL_CAPABILITIES) == {(10, 0), (10, 3)}
+    assert bw.make_parser().parse_args([]).gpu_arch == "sm_100f"
+
+
+ON_BLACKWELL = (
+    torch.cuda.is_available() and torch.cuda.get_device_capability() in bw.BLACKWELL_CAPABILITIES
+)
+
+
 @pytest.mark.skipif(
-    torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0),
-    reason="a B200 is present: the CLI runs the kernel instead of refusing",
+    ON_BLACKWELL, reason="a Blackwell GPU is present: the CLI runs the kernel instead of refusing"
 )
 def test_cli_without_blackwell_refuses_clearly():
     proc = _cli("--mnkl", "256,256,256,1")
     assert proc.returncode == 2
-    assert "needs a Blackwell B200/GB200 (sm_100) GPU; found" in proc.stderr
+    want = "a sm_100f build of this kernel needs a datacenter Blackwell GPU (sm_100 or sm_103"
+    assert want in proc.stderr and "found" in proc.stderr
     assert "--compile_only" in proc.stderr and "hopper/blockwise_gemm_fp4_sm90.py" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 # ------------------------------------------------------------------------------------------
-# On a B200: values against reference.reference_gemm
+# On a datacenter Blackwell GPU: values against reference.reference_gemm
 # ------------------------------------------------------------------------------------------
-ON_B200 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
-needs_b200 = pytest.mark.skipif(
-    not ON_B200,
-    reason="needs a B200 (sm_100) GPU; "
+needs_blackwell = pytest.mark.skipif(
+    not ON_BLACKWELL,
+    reason="needs a datacenter Blackwell GPU (sm_100 or sm_103); "
     + (
         f"found {torch.cuda.get_device_name()}"
         if torch.cuda.is_available()
@@ -400,7 +484,7 @@ GPU_CASES = [
 ]
 
 
-@needs_b200
+@needs_blackwell
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"{c[0]}-{c[2]}-{c[3]}-{c[4]}")
 def test_gpu_matches_reference(case):
     mnkl, (vec, _), c_dtype, tile, cluster, alpha = case
@@ -422,7 +506,7 @@ def test_gpu_matches_reference(case):
     assert ok, str(info)
 
 
-@needs_b200
+@needs_blackwell
 def test_gpu_cli_defaults():
     proc = _cli("--iterations", "5")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -511,7 +595,7 @@ def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
         # (cuBLASLt's FP4 GEMM needs an sm_100 GPU; its timing path is what is tested here)
         return torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype, device=a.device)
 
-    monkeypatch.setattr(bw, "_blackwell_gpu", lambda: (True, "a stand-in"))
+    monkeypatch.setattr(bw, "_blackwell_gpu", lambda *_: (True, "a stand-in"))
     monkeypatch.setattr(bw, "prepare_gemm", stand_in)
     monkeypatch.setattr(torch, "_scaled_mm", stand_in_scaled_mm)
     rc = bw.main(["--mnkl", "200,136,512,1", "--iterations", "4", "--use_cold_l2"])
