@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import enum
 import math
+import operator
 import os
 import sys
 from dataclasses import dataclass
@@ -143,12 +144,18 @@ def check_fp4_gemm_config(
     Python: it needs neither a GPU nor a compile, so other kernels can call it too.
     """
     reasons: list[str] = []
-    if len(mnkl) != 4 or any(not isinstance(v, int) for v in mnkl):
+    try:
+        # Any integer type (numpy's too), but not bool and not float.
+        if isinstance(mnkl, str) or any(isinstance(v, bool) for v in mnkl):
+            raise TypeError
+        m, n, k, l_ = (operator.index(v) for v in mnkl)
+    except (TypeError, ValueError):
         return [f"mnkl must be four integers M,N,K,L, got {mnkl!r}"]
-    m, n, k, l_ = mnkl
     for name, value in (("M", m), ("N", n), ("K", k), ("L", l_)):
         if value < 1:
             reasons.append(f"{name} must be >= 1, got {value}")
+        elif value >= 2**31:
+            reasons.append(f"{name}={value} does not fit the kernel's 32-bit extents (< 2^31)")
     if k >= 1 and k % 32 != 0:
         reasons.append(
             f"K={k} is not a multiple of 32: a packed FP4 row of A and B must be a whole number "
@@ -206,6 +213,15 @@ def check_fp4_gemm_config(
             "MMA tile M=256 runs on a pair of CTAs (cta_group::2): cluster shape M must be even"
         )
     if not reasons:
+        # The tile schedule numbers the CTA tiles with 32-bit integers.
+        cta_m = tile_m // (2 if tile_m == 256 else 1)
+        num_cta_tiles = -(-m // cta_m) * -(-n // tile_n) * l_
+        if num_cta_tiles >= 2**31:
+            reasons.append(
+                f"{num_cta_tiles} CTA tiles of {cta_m}x{tile_n} do not fit the tile schedule's "
+                "32-bit tile numbers (< 2^31); split the batch"
+            )
+    if not reasons:
         budget = tile_budget(mma_tiler_mn, sf_vec_size, c_dtype)
         if budget.num_ab_stage < 2:
             reasons.append(
@@ -218,6 +234,27 @@ def check_fp4_gemm_config(
                 f"{SM100_TMEM_COLUMNS} of an SM"
             )
     return reasons
+
+
+def pick_tile_and_cluster(
+    mnkl: tuple[int, int, int, int],
+    mma_tiler_mn: tuple[int, int] | None = None,
+    cluster_shape_mn: tuple[int, int] | None = None,
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The MMA tile and cluster for a problem: what the caller left as None is chosen here.
+
+    Tile M: 256 on a CTA pair when M is larger than one 128-row CTA tile (the pair shares each
+    B tile, halving B's SMEM and TMA traffic per CTA), else 128 on one CTA (a 256-row tile would
+    be at least half padding).  Tile N: 64 when N fits into 64 columns, else 128.  Cluster: a
+    CTA pair (2, 1) for tile M 256, a single CTA otherwise.  The CLI and the Python API both
+    use this rule.
+    """
+    m, n = mnkl[0], mnkl[1]
+    if mma_tiler_mn is None:
+        mma_tiler_mn = (256 if m > 128 else 128, 64 if n <= 64 else 128)
+    if cluster_shape_mn is None:
+        cluster_shape_mn = (2, 1) if mma_tiler_mn[0] == 256 else (1, 1)
+    return tuple(mma_tiler_mn), tuple(cluster_shape_mn)
 
 
 def assert_block_scaled_fp4_mma(tiled_mma: cute.TiledMma, sf_vec_size: int, sf_dtype) -> None:
@@ -1531,14 +1568,16 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--mma_tiler_mn",
         type=lambda s: _parse_ints(s, 2, "--mma_tiler_mn"),
-        default=(256, 128),
-        help="MMA tile M,N; M 256 runs on a CTA pair (default 256,128)",
+        default=None,
+        help="MMA tile M,N; M 256 runs on a CTA pair (default: pick_tile_and_cluster's rule, "
+        "256,128 for the default problem)",
     )
     parser.add_argument(
         "--cluster_shape_mn",
         type=lambda s: _parse_ints(s, 2, "--cluster_shape_mn"),
-        default=(2, 1),
-        help="CTAs per cluster along M,N (default 2,1)",
+        default=None,
+        help="CTAs per cluster along M,N (default: pick_tile_and_cluster's rule, 2,1 for tile "
+        "M 256)",
     )
     parser.add_argument("--sf_vec_size", type=int, choices=(16, 32), default=16)
     parser.add_argument(
@@ -1596,10 +1635,16 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
         args.sf_dtype = SF_FORMATS[args.sf_vec_size][0]
     if args.iterations < 1 or args.warmup_iterations < 0:
         raise UsageError("--iterations must be >= 1 and --warmup_iterations >= 0")
-    if args.tolerance <= 0:
-        raise UsageError("--tolerance must be > 0")
-    if args.alpha is not None and not math.isfinite(args.alpha):
-        raise UsageError("--alpha must be a finite number")
+    if not (math.isfinite(args.tolerance) and args.tolerance > 0):
+        raise UsageError(f"--tolerance must be a finite number > 0, got {args.tolerance}")
+    if args.alpha is not None:
+        try:
+            args.alpha = checked_alpha(args.alpha)
+        except ValueError as err:
+            raise UsageError(f"--alpha: {err}") from None
+    args.mma_tiler_mn, args.cluster_shape_mn = pick_tile_and_cluster(
+        args.mnkl, args.mma_tiler_mn, args.cluster_shape_mn
+    )
     reasons = check_fp4_gemm_config(
         args.mnkl,
         args.sf_vec_size,
@@ -1610,6 +1655,13 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
     )
     if reasons:
         raise UsageError("this configuration cannot run:\n  - " + "\n  - ".join(reasons))
+    # NOTE: the derived bound needs K * unit roundoff < 1/2 (reference.gemm_tolerance).
+    k_limit = 0.5 / (args.mnkl[2] * 2.0**-24)
+    if not args.compile_only and args.tolerance >= k_limit:
+        raise UsageError(
+            f"--tolerance {args.tolerance:g} is too large for K={args.mnkl[2]}: the derived "
+            f"bound needs --tolerance < {k_limit:g}"
+        )
     return args
 
 
@@ -1622,11 +1674,36 @@ def _print_config(args: argparse.Namespace) -> None:
     print(f"  MMA tiler (M, N): {args.mma_tiler_mn}, cluster shape (M, N): {args.cluster_shape_mn}")
 
 
-def run_compile_only(args: argparse.Namespace) -> int:
+def _writable_folder(path: str) -> None:
+    """Create ``path`` if needed; UsageError naming it unless a file can be written there."""
+    import tempfile
+
     try:
-        os.makedirs(args.dump_dir, exist_ok=True)
+        os.makedirs(path, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"--dump_dir {args.dump_dir}: cannot create the folder ({err})") from None
+        raise UsageError(f"--dump_dir {path}: cannot create the folder ({err})") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise UsageError(f"--dump_dir {path}: cannot write into the folder ({err})") from None
+
+
+def _files_written(folder: str, before: dict[str, int], suffix: str) -> list[str]:
+    """Files ending in ``suffix`` that are new or changed since ``before`` (name -> mtime_ns)."""
+    return sorted(
+        os.path.join(folder, f)
+        for f in os.listdir(folder)
+        if f.endswith(suffix) and before.get(f) != os.stat(os.path.join(folder, f)).st_mtime_ns
+    )
+
+
+def run_compile_only(args: argparse.Namespace) -> int:
+    _writable_folder(args.dump_dir)
+    # Only what this compile writes is reported: the folder may hold older cubins.
+    before = {
+        f: os.stat(os.path.join(args.dump_dir, f)).st_mtime_ns for f in os.listdir(args.dump_dir)
+    }
     cluster_size = args.cluster_shape_mn[0] * args.cluster_shape_mn[1]
     gemm, compiled = compile_gemm(
         args.sf_vec_size,
@@ -1638,16 +1715,20 @@ def run_compile_only(args: argparse.Namespace) -> int:
         args.gpu_arch,
         args.dump_dir,
     )
-    cubins = sorted(
-        (os.path.join(args.dump_dir, f) for f in os.listdir(args.dump_dir) if f.endswith(".cubin")),
-        key=os.path.getmtime,
-    )
-    ptx_files = [c[: -len(".cubin")] + ".ptx" for c in cubins[-1:]]
+    cubins = _files_written(args.dump_dir, before, f".{args.gpu_arch}.cubin")
+    ptx_files = _files_written(args.dump_dir, before, f".{args.gpu_arch}.ptx")
     print(f"Compile only: {args.gpu_arch}, no GPU used")
-    print(f"  PTX:   {ptx_files[0] if ptx_files else 'not written'}")
-    print(f"  cubin: {cubins[-1] if cubins else 'not written'}")
-    if cubins and find_cuobjdump():
-        usage = cubin_resource_usage(cubins[-1])
+    if len(cubins) != 1 or len(ptx_files) != 1:
+        print(
+            f"error: the compile wrote {len(cubins)} cubin(s) and {len(ptx_files)} PTX file(s) "
+            f"into {args.dump_dir}, not one of each",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"  PTX:   {ptx_files[0]}")
+    print(f"  cubin: {cubins[0]}")
+    if find_cuobjdump():
+        usage = cubin_resource_usage(cubins[0])
         print(f"  kernel: {usage['name']}")
         print(f"  registers per thread: {usage['REG']}")
         print(f"  local memory per thread: {usage['LOCAL']} bytes (stack {usage['STACK']})")
@@ -1679,52 +1760,116 @@ def _blackwell_gpu(gpu_arch: str = DEFAULT_GPU_ARCH, device=None) -> tuple[bool,
     return runs, f"{torch.cuda.get_device_name(device)} (sm_{major}{minor})"
 
 
-def time_cuda_us(calls, stream, warmup_iterations: int, iterations: int) -> float:
-    """Mean time of one call in microseconds: ``max(iterations, len(calls))`` calls (cycling over
-    ``calls``, so every operand copy is used) captured in one CUDA graph on ``stream``, timed
-    over one replay with CUDA events.
-
-    NOTE: a graph replay takes no Python time per call: timing each call from Python would time
-    the host's launch overhead wherever it exceeds the kernel.  Every call must enqueue its work
-    on ``stream`` (``prepare_gemm`` binds the stream current when it is called; torch ops use
-    the current stream, which capture makes ``stream``).
-    """
-    import torch
-
-    with torch.cuda.stream(stream):
-        for i in range(warmup_iterations):
-            calls[i % len(calls)]()
-    torch.cuda.synchronize()
-    captured = max(iterations, len(calls))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for i in range(captured):
-            calls[i % len(calls)]()
-    # The first replay uploads the graph; the timed one starts after it has finished.
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / captured
-
-
-def operand_copies(tensors, use_cold_l2: bool) -> list[tuple]:
-    """``[tensors]``, plus copies until they hold more than twice the L2 (``--use_cold_l2``):
-    rotating through them, every call reads its operands from DRAM."""
-    import torch
-
-    sets = [tuple(tensors)]
-    if use_cold_l2:
-        one = sum(t.numel() * t.element_size() for t in tensors)
-        l2_bytes = torch.cuda.get_device_properties(tensors[0].device).L2_cache_size
-        sets += [tuple(t.clone() for t in tensors) for _ in range(2 * l2_bytes // one + 1)]
-    return sets
-
-
 _COMPILED_CACHE: dict[tuple, object] = {}
+
+
+def checked_alpha(alpha) -> float:
+    """``alpha`` as the float the kernel receives; ValueError unless it is a real number whose
+    fp32 rounding is finite (1e39 is a finite double but inf in fp32)."""
+    import numbers
+    import struct
+
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise ValueError(f"alpha must be a real number, got {alpha!r}")
+    value = float(alpha)
+    try:
+        finite = math.isfinite(struct.unpack("<f", struct.pack("<f", value))[0])
+    except OverflowError:  # (rounds past the largest fp32)
+        finite = False
+    if not finite:
+        raise ValueError(f"alpha={value!r} is not a finite fp32 number")
+    return value
+
+
+class PreparedGemm:
+    """One configured kernel call, from ``prepare_gemm``: calling it enqueues the kernel.
+
+    It owns its operands and D (``operands``, ``d_padded``): the kernel reads and writes raw
+    addresses, so whatever the caller drops stays allocated for as long as this object lives.
+    The kernel is called with keyword arguments, named as ``BlockwiseGemmFp4Sm100.__call__``
+    names its parameters.
+    """
+
+    def __init__(
+        self,
+        compiled,
+        *,
+        a,
+        b,
+        sfa_blocked,
+        sfb_blocked,
+        d_padded,
+        mnkl: tuple[int, int, int, int],
+        sf_dtype: str,
+        c_dtype: str,
+        alpha: float,
+        stream,
+    ):
+        import cuda.bindings.driver as cuda_driver
+        from cutlass.cute.runtime import make_ptr
+
+        gmem = cute.AddressSpace.gmem
+
+        def ptr(dtype, tensor):
+            return make_ptr(dtype, tensor.data_ptr(), gmem, assumed_align=16)
+
+        self.compiled = compiled
+        self.operands = (a, b, sfa_blocked, sfb_blocked)
+        self.d_padded = d_padded
+        self.device = a.device
+        self.kernel_args = dict(
+            a_ptr=ptr(cutlass.Float4E2M1FN, a),
+            b_ptr=ptr(cutlass.Float4E2M1FN, b),
+            sfa_ptr=ptr(SF_DTYPES[sf_dtype], sfa_blocked),
+            sfb_ptr=ptr(SF_DTYPES[sf_dtype], sfb_blocked),
+            c_ptr=ptr(C_DTYPES[c_dtype], d_padded),
+            problem_mnkl=tuple(cutlass.Int32(v) for v in mnkl),
+            alpha=cutlass.Float32(alpha),
+            stream=cuda_driver.CUstream(stream.cuda_stream),
+        )
+
+    def __call__(self) -> None:
+        import torch
+
+        with torch.cuda.device(self.device.index):
+            self.compiled(**self.kernel_args)
+
+
+def _check_cuda_operands(**tensors) -> None:
+    """The placement rules of TMA and of this kernel: ValueError naming the first operand that
+    breaks one (CUDA, contiguous, 16-byte aligned, one Blackwell GPU)."""
+    device = next(iter(tensors.values())).device
+    for name, t in tensors.items():
+        # NOTE: TMA needs 16-byte aligned global base addresses.
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start on a 16-byte boundary (TMA); copy it first")
+        if not t.is_cuda or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous CUDA tensor")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, a is on {device}")
+    runs, gpu = _blackwell_gpu(DEFAULT_GPU_ARCH, device)
+    if not runs:
+        raise ValueError(f"this kernel needs a datacenter Blackwell GPU (sm_100, sm_103); {gpu}")
+
+
+def _compiled_kernel(sf_vec_size, c_dtype, mma_tiler_mn, cluster_shape_mn, device):
+    """The executor for a configuration on ``device``, compiled once per process."""
+    import torch
+
+    key = (sf_vec_size, c_dtype, mma_tiler_mn, cluster_shape_mn, device.index)
+    if key not in _COMPILED_CACHE:
+        cluster_size = cluster_shape_mn[0] * cluster_shape_mn[1]
+        with torch.cuda.device(device):
+            hardware = utils.HardwareInfo(torch.cuda.current_device())
+            _COMPILED_CACHE[key] = compile_gemm(
+                sf_vec_size,
+                SF_FORMATS[sf_vec_size][0],
+                c_dtype,
+                mma_tiler_mn,
+                cluster_shape_mn,
+                hardware.get_max_active_clusters(cluster_size),
+            )[1]
+    return _COMPILED_CACHE[key]
 
 
 def prepare_gemm(
@@ -1735,101 +1880,85 @@ def prepare_gemm(
     sf_vec_size: int,
     alpha: float = 1.0,
     c_dtype: str = "BFloat16",
-    mma_tiler_mn: tuple[int, int] = (128, 128),
-    cluster_shape_mn: tuple[int, int] = (1, 1),
+    mma_tiler_mn: tuple[int, int] | None = None,
+    cluster_shape_mn: tuple[int, int] | None = None,
 ):
-    """D = alpha * (A x SFA)(B x SFB)^T on a B200, from torch tensors on the GPU.
+    """D = alpha * (A x SFA)(B x SFB)^T on a datacenter Blackwell GPU, from torch tensors.
 
     a [L, M, K/2] and b [L, N, K/2]: packed FP4 (uint8 or torch.float4_e2m1fn_x2), K-major and
     contiguous; sfa_blocked / sfb_blocked: ``reference.to_blocked`` of the [L, rows, K/V]
-    scales (float8_e4m3fn for V 16, float8_e8m0fnu for V 32).  Returns D [L, M, N], a view
-    of a buffer whose rows are ``c_row_pitch(N)`` long.  Compiles once per configuration.
+    scales (float8_e4m3fn for V 16, float8_e8m0fnu for V 32).  The tile and cluster default to
+    ``pick_tile_and_cluster``'s choice for the shape.  Compiles once per configuration.
 
-    Returns ``(launch, d)``: ``launch()`` enqueues the kernel (nothing else) on the stream
-    that is current on ``a``'s device now, and writes ``d``; validation, compilation and
-    pointer set-up happen here, once.
+    Returns ``(launch, d)``: ``launch()`` (a ``PreparedGemm``) enqueues the kernel (nothing
+    else) on the stream that is current on ``a``'s device now and writes ``d`` [L, M, N], a
+    view of a buffer whose rows are ``c_row_pitch(N)`` long.  ``launch`` holds references to
+    the operands and to D.  Validation, compilation and pointer set-up happen here, once.
+
+    Scale bytes are not read on the host (that would cost a synchronisation per call).  The
+    MMA's scale types are unsigned (ue4m3, ue8m0): an E4M3 scale with its sign bit set, or a
+    NaN encoding (E4M3 0x7F, E8M0 0xFF), makes every output whose K blocks use it undefined;
+    ``reference.py`` refuses such scales.
     """
-    import cuda.bindings.driver as cuda_driver
     import torch
-    from cutlass.cute.runtime import make_ptr
 
     import reference
 
+    if sf_vec_size not in SF_FORMATS:
+        raise ValueError(
+            f"sf_vec_size={sf_vec_size!r} is not supported: use 16 (NVFP4, float8_e4m3fn scales) "
+            "or 32 (MXFP4, float8_e8m0fnu scales)"
+        )
+    alpha = checked_alpha(alpha)
     if a.dim() != 3 or b.dim() != 3:
         raise ValueError(
             f"a and b must be [L, rows, K/2], got {tuple(a.shape)} and {tuple(b.shape)}"
         )
     l, m, half_k = a.shape  # noqa: E741
-    n = b.shape[1]
+    n, k = b.shape[1], 2 * half_k
     if b.shape[0] != l or b.shape[2] != half_k:
         raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} disagree on L or K")
-    sf_torch = reference.SCALE_DTYPES.get(sf_vec_size)
-    for name, sf in (("sfa_blocked", sfa_blocked), ("sfb_blocked", sfb_blocked)):
-        if sf.dtype != sf_torch:
-            raise ValueError(
-                f"{name} must be {sf_torch} for sf_vec_size {sf_vec_size}, got {sf.dtype}"
-            )
-    sf_dtype = SF_FORMATS.get(sf_vec_size, ("?",))[0]
-    reasons = check_fp4_gemm_config(
-        (m, n, 2 * half_k, l), sf_vec_size, sf_dtype, c_dtype, mma_tiler_mn, cluster_shape_mn
-    )
-    if reasons:
-        raise ValueError("; ".join(reasons))
-    k = 2 * half_k
-    for name, sf, rows in (("sfa_blocked", sfa_blocked, m), ("sfb_blocked", sfb_blocked, n)):
-        want = l * -(-rows // 128) * 128 * -(-(k // sf_vec_size) // 4) * 4
-        if sf.numel() != want:
-            raise ValueError(f"{name} has {sf.numel()} scales; the 128x4 layout needs {want}")
     for name, t in (("a", a), ("b", b)):
         if t.dtype not in (torch.uint8, torch.float4_e2m1fn_x2):
             raise ValueError(
                 f"{name} must be packed FP4 (uint8 or float4_e2m1fn_x2), got {t.dtype}"
             )
-    for name, t in (("a", a), ("b", b), ("sfa_blocked", sfa_blocked), ("sfb_blocked", sfb_blocked)):
-        # NOTE: TMA needs 16-byte aligned global base addresses.
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name} must start on a 16-byte boundary (TMA); copy it first")
-        if not t.is_cuda or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous CUDA tensor")
-        if t.device != a.device:
-            raise ValueError(f"{name} is on {t.device}, a is on {a.device}")
+    sf_torch = reference.SCALE_DTYPES[sf_vec_size]
+    for name, sf, rows in (("sfa_blocked", sfa_blocked, m), ("sfb_blocked", sfb_blocked, n)):
+        if sf.dtype != sf_torch:
+            raise ValueError(
+                f"{name} must be {sf_torch} for sf_vec_size {sf_vec_size}, got {sf.dtype}"
+            )
+        want = l * -(-rows // 128) * 128 * -(-(k // sf_vec_size) // 4) * 4
+        if sf.numel() != want:
+            raise ValueError(f"{name} has {sf.numel()} scales; the 128x4 layout needs {want}")
+    mma_tiler_mn, cluster_shape_mn = pick_tile_and_cluster(
+        (m, n, k, l), mma_tiler_mn, cluster_shape_mn
+    )
+    sf_dtype = SF_FORMATS[sf_vec_size][0]
+    reasons = check_fp4_gemm_config(
+        (m, n, k, l), sf_vec_size, sf_dtype, c_dtype, mma_tiler_mn, cluster_shape_mn
+    )
+    if reasons:
+        raise ValueError("; ".join(reasons))
+    _check_cuda_operands(a=a, b=b, sfa_blocked=sfa_blocked, sfb_blocked=sfb_blocked)
 
-    device = a.device
-    runs, gpu = _blackwell_gpu(DEFAULT_GPU_ARCH, device)
-    if not runs:
-        raise ValueError(f"this kernel needs a datacenter Blackwell GPU (sm_100, sm_103); {gpu}")
-    key = (sf_vec_size, c_dtype, tuple(mma_tiler_mn), tuple(cluster_shape_mn), device.index)
-    if key not in _COMPILED_CACHE:
-        cluster_size = cluster_shape_mn[0] * cluster_shape_mn[1]
-        with torch.cuda.device(device):
-            hardware = utils.HardwareInfo(torch.cuda.current_device())
-            _COMPILED_CACHE[key] = compile_gemm(
-                sf_vec_size,
-                sf_dtype,
-                c_dtype,
-                mma_tiler_mn,
-                cluster_shape_mn,
-                hardware.get_max_active_clusters(cluster_size),
-            )[1]
+    compiled = _compiled_kernel(sf_vec_size, c_dtype, mma_tiler_mn, cluster_shape_mn, a.device)
     torch_c = {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}
     d_padded = torch.empty(l, m, c_row_pitch(n, c_dtype), dtype=torch_c[c_dtype], device=a.device)
-    gmem = cute.AddressSpace.gmem
-    kernel_args = (
-        make_ptr(cutlass.Float4E2M1FN, a.data_ptr(), gmem, assumed_align=16),
-        make_ptr(cutlass.Float4E2M1FN, b.data_ptr(), gmem, assumed_align=16),
-        make_ptr(SF_DTYPES[sf_dtype], sfa_blocked.data_ptr(), gmem, assumed_align=16),
-        make_ptr(SF_DTYPES[sf_dtype], sfb_blocked.data_ptr(), gmem, assumed_align=16),
-        make_ptr(C_DTYPES[c_dtype], d_padded.data_ptr(), gmem, assumed_align=16),
-        (cutlass.Int32(m), cutlass.Int32(n), cutlass.Int32(k), cutlass.Int32(l)),
-        cutlass.Float32(alpha),
-        cuda_driver.CUstream(torch.cuda.current_stream(device).cuda_stream),
+    launch = PreparedGemm(
+        compiled,
+        a=a,
+        b=b,
+        sfa_blocked=sfa_blocked,
+        sfb_blocked=sfb_blocked,
+        d_padded=d_padded,
+        mnkl=(m, n, k, l),
+        sf_dtype=sf_dtype,
+        c_dtype=c_dtype,
+        alpha=alpha,
+        stream=torch.cuda.current_stream(a.device),
     )
-    compiled = _COMPILED_CACHE[key]
-
-    def launch():
-        with torch.cuda.device(device):
-            compiled(*kernel_args)
-
     return launch, d_padded[..., :n]
 
 
@@ -1840,8 +1969,80 @@ def blockwise_gemm_fp4(a, b, sfa_blocked, sfb_blocked, sf_vec_size: int, **confi
     return d
 
 
+def time_us(calls, stream, warmup_iterations: int, iterations: int) -> float:
+    """Mean time of one call in microseconds, from ``cutlass.testing.benchmark`` with CUDA
+    graphs: warm-up and timed calls each captured into a graph on ``stream``, rotating through
+    ``calls`` (one per operand set).
+
+    NOTE: every call must enqueue its work on ``stream`` (``prepare_gemm`` binds the stream
+    current when it is called; torch ops run on the current stream, so wrap them).
+    """
+    import cuda.bindings.driver as cuda_driver
+    from cutlass.testing import JitArguments, benchmark
+
+    workspaces = iter([JitArguments(call) for call in calls])
+    return benchmark(
+        _call,
+        workspace_generator=lambda: next(workspaces),
+        workspace_count=len(calls),
+        warmup_iterations=warmup_iterations,
+        iterations=iterations,
+        stream=cuda_driver.CUstream(stream.cuda_stream),
+        use_cuda_graphs=True,
+    )
+
+
+def _call(launch) -> None:
+    launch()
+
+
+def operand_sets(tensors, use_cold_l2: bool, warmup_iterations: int, iterations: int):
+    """``[tensors]``, plus copies (``--use_cold_l2``) so that rotating through them reads the
+    operands from DRAM: as many sets as ``cutlass.testing.get_workspace_count`` asks for."""
+    from cutlass.testing import get_workspace_count
+
+    sets = [tuple(tensors)]
+    if use_cold_l2:
+        one = sum(t.numel() * t.element_size() for t in tensors)
+        count = get_workspace_count(one, warmup_iterations, iterations)
+        sets += [tuple(t.clone() for t in tensors) for _ in range(count - 1)]
+    return sets
+
+
+def _cublaslt(a, b, sfa_blocked, sfb_blocked, out):
+    """cuBLASLt's block-scaled FP4 GEMM (torch._scaled_mm) of batch 0, into ``out``."""
+    import torch
+
+    return torch._scaled_mm(
+        a[0].view(torch.float4_e2m1fn_x2),
+        b[0].view(torch.float4_e2m1fn_x2).t(),
+        scale_a=sfa_blocked[0],
+        scale_b=sfb_blocked[0],
+        out_dtype=torch.bfloat16,
+        out=out,
+    )
+
+
+def cublaslt_result(a, b, sfa_blocked, sfb_blocked, alpha: float):
+    """(cuBLASLt's D * alpha in fp32, or None, and why not): the second oracle of the check.
+
+    cuBLASLt takes no batch mode: only L = 1 is compared.
+    """
+    import torch
+
+    if a.shape[0] != 1:
+        return None, "it takes no batch mode; L > 1"
+    out = torch.empty(a.shape[1], b.shape[1], dtype=torch.bfloat16, device=a.device)
+    try:
+        _cublaslt(a, b, sfa_blocked, sfb_blocked, out)
+    except (RuntimeError, TypeError, ValueError) as err:
+        return None, str(err).splitlines()[0]
+    return (out.float() * alpha)[None], ""
+
+
 def run_on_gpu(args: argparse.Namespace) -> int:
-    """Quantize random data, run the kernel, check it against reference.py, time it and cuBLASLt."""
+    """Quantize random data, run the kernel, check it against reference.py (and cuBLASLt as a
+    second oracle), time it and cuBLASLt."""
     is_blackwell, gpu = _blackwell_gpu(args.gpu_arch)
     if not is_blackwell:
         targets = " or ".join(f"sm_{ma}{mi}" for ma, mi in GPU_ARCHS[args.gpu_arch])
@@ -1858,8 +2059,8 @@ def run_on_gpu(args: argparse.Namespace) -> int:
     m, n, k, l = args.mnkl  # noqa: E741
     ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", seed=args.seed)
     alpha = float(ops.alpha) if args.alpha is None else args.alpha
-    sfa_blocked = reference.to_blocked(ops.sfa)
-    sfb_blocked = reference.to_blocked(ops.sfb)
+    operands = (ops.a, ops.b, reference.to_blocked(ops.sfa), reference.to_blocked(ops.sfb))
+    sets = operand_sets(operands, args.use_cold_l2, args.warmup_iterations, args.iterations)
     config = dict(
         sf_vec_size=args.sf_vec_size,
         alpha=alpha,
@@ -1867,34 +2068,34 @@ def run_on_gpu(args: argparse.Namespace) -> int:
         mma_tiler_mn=args.mma_tiler_mn,
         cluster_shape_mn=args.cluster_shape_mn,
     )
-
-    # The calls run on a side stream that the timing graph captures; prepare_gemm binds the
-    # stream current when it is called.  With --use_cold_l2 they rotate through operand copies.
+    # The calls run on a side stream, which the timing graphs capture; prepare_gemm binds the
+    # stream current when it is called.  (The operands were written on the current stream.)
     stream = torch.cuda.Stream()
-    sets = operand_copies((ops.a, ops.b, sfa_blocked, sfb_blocked), args.use_cold_l2)
-    # (the operands and their copies were written on the current stream)
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        launches = [prepare_gemm(*operands, **config) for operands in sets]
+        launches = [prepare_gemm(*operand_set, **config) for operand_set in sets]
     launch, d = launches[0]
     launch()
     torch.cuda.synchronize()
+    d_cublas, why_not = cublaslt_result(*operands, alpha)
     passed = True
     if not args.skip_ref_check:
-        passed, info = reference.check_gemm(
+        passed, info = reference.check_gemm_or_library(
             d,
-            ops.a,
-            ops.b,
-            ops.sfa,
-            ops.sfb,
-            args.sf_vec_size,
+            d_cublas,
+            *ops.gemm_args[:5],
             alpha,
             unit_roundoff=reference.FP32_UNIT_ROUNDOFF * args.tolerance,
         )
-        print(f"Reference check (reference.reference_gemm, derived tolerance): {info}")
+        print("Reference check (reference.check_gemm_or_library):")
+        print(f"  ours against reference_gemm: {info.ours}")
+        if d_cublas is None:
+            print(f"  cuBLASLt against reference_gemm: not available ({why_not})")
+        else:
+            print(f"  cuBLASLt against reference_gemm: max |err| {info.library_max_abs_err:.3e}")
+        print(f"  rule that held: {info.rule if passed else 'none (FAIL)'}")
 
-    calls = [call for call, _ in launches]
-    mean_us = time_cuda_us(calls, stream, args.warmup_iterations, args.iterations)
+    mean_us = time_us([c for c, _ in launches], stream, args.warmup_iterations, args.iterations)
     tflops = 2.0 * m * n * k * l / (mean_us * 1e-6) / 1e12
     print(f"Mean time: {mean_us:.2f} us")
     # (the peak is a B200's: on other GPUs no percentage is printed)
@@ -1903,41 +2104,43 @@ def run_on_gpu(args: argparse.Namespace) -> int:
         percent = 100 * tflops / B200_FP4_PEAK_TFLOPS
         of_peak = f" ({percent:.1f}% of a B200's 9 PFLOP/s dense FP4 peak)"
     print(f"Throughput: {tflops:.1f} TFLOP/s{of_peak}")
-    _compare_with_cublaslt(args, sets, stream, alpha, d, mean_us)
+    if d_cublas is None:
+        print(f"cuBLASLt (torch._scaled_mm): not measured ({why_not})")
+    else:
+        us = _time_cublaslt(sets, stream, args)
+        print(
+            f"cuBLASLt (torch._scaled_mm, bf16 out, alpha not fused): {us:.2f} us; "
+            f"ours / cuBLASLt time ratio: {mean_us / us:.3f}"
+        )
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1
 
 
-def _compare_with_cublaslt(args, sets, stream, alpha, d, mean_us) -> None:
-    """Time cuBLASLt's block-scaled FP4 GEMM (torch._scaled_mm) on the same operand sets, if it
-    can, the way ours was timed."""
+def _time_cublaslt(sets, stream, args) -> float:
+    """cuBLASLt timed as ours is: same operand sets, same stream, same benchmark."""
+    import functools
+
     import torch
 
-    if args.mnkl[3] != 1:
-        print("cuBLASLt (torch._scaled_mm): not measured (it takes no batch mode; L > 1)")
-        return
+    calls = []
+    for a, b, sfa_blocked, sfb_blocked in sets:
+        # (outputs allocated up front: no allocation inside the captured graph)
+        out = torch.empty(a.shape[1], b.shape[1], dtype=torch.bfloat16, device=a.device)
+        calls.append(functools.partial(_cublaslt, a, b, sfa_blocked, sfb_blocked, out))
 
-    def cublaslt(a, b, sfa_blocked, sfb_blocked):
-        return torch._scaled_mm(
-            a[0].view(torch.float4_e2m1fn_x2),
-            b[0].view(torch.float4_e2m1fn_x2).t(),
-            scale_a=sfa_blocked[0],
-            scale_b=sfb_blocked[0],
-            out_dtype=torch.bfloat16,
-        )
+    def on_stream(call):
+        def run():
+            with torch.cuda.stream(stream):
+                call()
 
-    try:
-        d_cublas = cublaslt(*sets[0])
-    except (RuntimeError, TypeError, ValueError) as err:
-        print(f"cuBLASLt (torch._scaled_mm): not measured ({str(err).splitlines()[0]})")
-        return
-    calls = [lambda operands=operands: cublaslt(*operands) for operands in sets]
-    us = time_cuda_us(calls, stream, args.warmup_iterations, args.iterations)
-    diff = (d_cublas.float() * alpha - d[0].float()).abs().max().item()
-    print(
-        f"cuBLASLt (torch._scaled_mm, bf16 out, alpha not fused): {us:.2f} us; "
-        f"ours / cuBLASLt time ratio: {mean_us / us:.3f}; max |ours - cuBLASLt*alpha|: {diff:.3e}"
-    )
+        return run
+
+    calls = [on_stream(c) for c in calls]
+    # One eager call on the stream first: cuBLASLt's workspace for a stream is allocated on its
+    # first call there, which must not happen inside a graph capture.
+    stream.wait_stream(torch.cuda.current_stream())
+    calls[0]()
+    return time_us(calls, stream, args.warmup_iterations, args.iterations)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,17 +10,25 @@ the kernel's output against reference.reference_gemm.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import importlib.util
+import inspect
+import math
 import os
 import re
 import subprocess
 import sys
 import warnings
+import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled_utils
+import numpy as np
 import pytest
 import torch
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
@@ -459,7 +467,7 @@ def test_cli_without_blackwell_refuses_clearly():
 
 
 # ------------------------------------------------------------------------------------------
-# On a datacenter Blackwell GPU: values against reference.reference_gemm
+# On a datacenter Blackwell GPU: values against reference.reference_gemm (and cuBLASLt)
 # ------------------------------------------------------------------------------------------
 needs_blackwell = pytest.mark.skipif(
     not ON_BLACKWELL,
@@ -470,6 +478,14 @@ needs_blackwell = pytest.mark.skipif(
         else "no CUDA device here"
     ),
 )
+# A multicast or pipeline bug hangs a GPU test: with pytest-timeout installed it fails instead.
+if importlib.util.find_spec("pytest_timeout") is not None:
+    gpu_timeout = pytest.mark.timeout(600)
+else:
+
+    def gpu_timeout(test):
+        return test
+
 
 GPU_CASES = [
     # (mnkl, format, c_dtype, tile, cluster, alpha)
@@ -481,97 +497,132 @@ GPU_CASES = [
     ((1, 4096, 7168, 1), NVFP4, "BFloat16", (128, 256), (1, 1), None),
     ((4096, 7168, 2048, 1), NVFP4, "BFloat16", (256, 128), (4, 4), None),
     ((640, 384, 1024, 2), MXFP4, "BFloat16", (128, 192), (1, 1), 3.0),
+    ((700, 900, 1024, 1), NVFP4, "BFloat16", None, None, None),  # pick_tile_and_cluster
 ]
 
 
+def _check_on_gpu(d, ops, operands, alpha):
+    """reference.check_gemm_or_library, cuBLASLt as the second oracle where it runs."""
+    d_cublas, _ = bw.cublaslt_result(*operands, alpha)
+    return reference.check_gemm_or_library(d, d_cublas, *ops.gemm_args[:5], alpha)
+
+
 @needs_blackwell
+@gpu_timeout
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"{c[0]}-{c[2]}-{c[3]}-{c[4]}")
 def test_gpu_matches_reference(case):
     mnkl, (vec, _), c_dtype, tile, cluster, alpha = case
     ops = reference.make_fp4_operands(*mnkl, vec, device="cuda", seed=7, dist="wide")
     alpha = float(ops.alpha) if alpha is None else alpha
-    d = bw.blockwise_gemm_fp4(
-        ops.a,
-        ops.b,
-        reference.to_blocked(ops.sfa),
-        reference.to_blocked(ops.sfb),
-        vec,
-        alpha=alpha,
-        c_dtype=c_dtype,
-        mma_tiler_mn=tile,
-        cluster_shape_mn=cluster,
+    operands = (ops.a, ops.b, reference.to_blocked(ops.sfa), reference.to_blocked(ops.sfb))
+    launch, d = bw.prepare_gemm(
+        *operands, vec, alpha=alpha, c_dtype=c_dtype, mma_tiler_mn=tile, cluster_shape_mn=cluster
     )
+    # D starts as NaN: every element must be written, the row padding never.
+    launch.d_padded.fill_(math.nan)
+    launch()
     torch.cuda.synchronize()
-    ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, alpha)
+    ok, info = _check_on_gpu(d, ops, operands, alpha)
     assert ok, str(info)
+    assert bool(launch.d_padded[..., mnkl[1] :].isnan().all())
 
 
 @needs_blackwell
+@gpu_timeout
+def test_gpu_launch_keeps_operands_alive():
+    """Every caller reference dropped, memory allocated over what was freed: launch() still
+    reads its own operands and writes its own D."""
+    ops = reference.make_fp4_operands(512, 384, 1024, 1, 16, device="cuda", seed=11)
+    alpha = float(ops.alpha)
+    operands = (ops.a, ops.b, reference.to_blocked(ops.sfa), reference.to_blocked(ops.sfb))
+    launch, d = bw.prepare_gemm(*[t.clone() for t in operands], 16, alpha=alpha)
+    del d
+    gc.collect()
+    torch.cuda.synchronize()
+    # Whatever the caching allocator hands out now would reuse freed operands' memory.
+    junk = [torch.full((1 << 20,), 0x77, dtype=torch.uint8, device="cuda") for _ in range(64)]
+    launch()
+    torch.cuda.synchronize()
+    ok, info = _check_on_gpu(launch.d_padded[..., :384], ops, operands, alpha)
+    assert ok, str(info)
+    del junk
+
+
+@needs_blackwell
+@gpu_timeout
 def test_gpu_cli_defaults():
     proc = _cli("--iterations", "5")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Mean time:" in proc.stdout and "Throughput:" in proc.stdout
+    assert "ours against reference_gemm:" in proc.stdout
+    assert "cuBLASLt against reference_gemm:" in proc.stdout
+    assert "rule that held: " in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == "PASS"
 
 
 # ------------------------------------------------------------------------------------------
-# The CLI's timing helpers (any CUDA GPU: they time torch work here, the kernel on a B200)
+# The CLI's timing helpers (any CUDA GPU: they time torch work here, the kernel on Blackwell)
 # ------------------------------------------------------------------------------------------
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
-def test_time_cuda_us_replays_every_call_on_the_stream():
+def test_time_us_runs_every_call_on_the_stream():
     stream = torch.cuda.Stream()
     counters = [torch.zeros(1, device="cuda") for _ in range(3)]
-    calls = [lambda c=c: c.add_(1.0) for c in counters]
-    us = bw.time_cuda_us(calls, stream, warmup_iterations=2, iterations=7)
+
+    def adder(c):
+        def call():
+            with torch.cuda.stream(stream):
+                c.add_(1.0)
+
+        return call
+
+    us = bw.time_us([adder(c) for c in counters], stream, warmup_iterations=2, iterations=7)
     torch.cuda.synchronize()
     assert 0.0 < us < 1e6
-    # warm-up: calls 0, 1; the graph holds calls 0, 1, 2, 0, 1, 2, 0 and is replayed twice
-    # (once to upload it, once timed)
-    assert [int(c.item()) for c in counters] == [1 + 2 * 3, 1 + 2 * 2, 0 + 2 * 2]
-    # fewer iterations than calls: one full round of the calls is captured
-    bw.time_cuda_us(calls, stream, warmup_iterations=0, iterations=1)
-    torch.cuda.synchronize()
-    assert [int(c.item()) for c in counters] == [7 + 2, 5 + 2, 4 + 2]
+    # 2 warm-up + 7 timed calls, rotating through the three calls: three each
+    assert [int(c.item()) for c in counters] == [3, 3, 3]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
-def test_time_cuda_us_times_one_call():
+def test_time_us_times_one_call():
     """A call that spins the GPU for a fixed number of cycles: the mean equals one call's time
-    measured alone (the upload replay must not be inside the timed one)."""
+    measured alone."""
     stream = torch.cuda.Stream()
     cycles = 2_000_000  # about 1 ms at the H200's / B200's clocks
 
     def spin():
-        torch.cuda._sleep(cycles)
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)
 
+    spin()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(stream):
-        spin()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        spin()
+        torch.cuda._sleep(cycles)
         end.record()
     torch.cuda.synchronize()
     alone_us = 1e3 * start.elapsed_time(end)
-    us = bw.time_cuda_us([spin], stream, warmup_iterations=1, iterations=4)
+    us = bw.time_us([spin], stream, warmup_iterations=1, iterations=4)
     assert 0.8 * alone_us < us < 1.25 * alone_us, (us, alone_us)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
-def test_operand_copies_exceed_twice_l2_with_equal_values():
+def test_operand_sets_cold_l2_copies():
+    from cutlass.testing import get_workspace_count
+
     a = torch.arange(1 << 20, dtype=torch.int32, device="cuda")
-    assert len(bw.operand_copies((a,), False)) == 1
-    sets = bw.operand_copies((a,), True)
-    l2_bytes = torch.cuda.get_device_properties(a.device).L2_cache_size
-    assert len(sets) * a.numel() * a.element_size() > 2 * l2_bytes
+    assert len(bw.operand_sets((a,), False, 3, 20)) == 1
+    sets = bw.operand_sets((a,), True, 3, 20)
+    assert len(sets) == get_workspace_count(a.numel() * a.element_size(), 3, 20) > 1
     assert all(torch.equal(s[0], a) and s[0].data_ptr() != a.data_ptr() for s in sets[1:])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
 def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
     """The CLI's host flow on a GPU (operand copies, the stream prepare_gemm binds, graph timing,
-    the reference check, the output lines) with prepare_gemm replaced by a stand-in that writes
-    the reference result from the stream current at preparation, as the real launch does.  The
-    kernel itself needs a B200."""
+    the checks, the output lines) with prepare_gemm replaced by a stand-in that writes the
+    reference result from the stream current at preparation, as the real launch does, and
+    torch._scaled_mm by one that returns the reference result too.  The kernel and cuBLASLt's
+    FP4 GEMM need a Blackwell GPU."""
     launches, prepared = [], []
 
     def stand_in(a, b, sfa_blocked, sfb_blocked, sf_vec_size, alpha=1.0, **_):
@@ -591,9 +642,11 @@ def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
 
         return launch, out
 
-    def stand_in_scaled_mm(a, b, scale_a, scale_b, out_dtype):
-        # (cuBLASLt's FP4 GEMM needs an sm_100 GPU; its timing path is what is tested here)
-        return torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype, device=a.device)
+    scaled_mm_calls = []
+
+    def stand_in_scaled_mm(a, b, scale_a, scale_b, out_dtype, out):
+        scaled_mm_calls.append(torch.cuda.current_stream())
+        return out.zero_()
 
     monkeypatch.setattr(bw, "_blackwell_gpu", lambda *_: (True, "a stand-in"))
     monkeypatch.setattr(bw, "prepare_gemm", stand_in)
@@ -602,13 +655,15 @@ def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "Mean time:" in out and "Throughput:" in out and "ours / cuBLASLt time ratio" in out
+    assert "rule that held: derived bound" in out
     assert out.strip().splitlines()[-1] == "PASS"
-    # every launch ran on one side stream, and the timing graph captured it there, once per
+    # every launch ran on one side stream, and the timing graphs captured it there, once per
     # operand copy at least
     streams = {s for s, _ in launches}
     assert len(streams) == 1 and torch.cuda.default_stream() not in streams
     assert len(prepared) > 1  # (--use_cold_l2: operand copies)
     assert sum(capturing for _, capturing in launches) >= len(prepared)
+    assert streams <= set(scaled_mm_calls[1:])
 
 
 # ------------------------------------------------------------------------------------------
@@ -679,3 +734,277 @@ def test_sfb_reindexing_for_192_wide_tiles(n):
     assert len(checked["pairs"]) == checked["tiles"] * len(range(0, 256, 7))
     mismatches = [p for p in checked["pairs"] if p[2] != p[3]]
     assert mismatches == []
+
+
+@pytest.mark.parametrize("alpha", [math.nan, math.inf, -math.inf, 1e39, -3.5e38, "2", True, None])
+def test_prepare_gemm_rejects_alpha_that_is_not_a_finite_fp32(alpha):
+    with pytest.raises(ValueError, match="alpha"):
+        bw.prepare_gemm(*_operands(), 16, alpha=alpha)
+
+
+@pytest.mark.parametrize("alpha", [3.4028234663852886e38, -1e-45, 0.0, 7, np.float32(0.5)])
+def test_checked_alpha_accepts_finite_fp32(alpha):
+    assert bw.checked_alpha(alpha) == float(alpha)
+
+
+@pytest.mark.parametrize("vec", [8, 0, 64, None])
+def test_prepare_gemm_names_an_unsupported_sf_vec_size(vec):
+    with pytest.raises(ValueError, match=f"sf_vec_size={vec!r} is not supported: use 16"):
+        bw.prepare_gemm(*_operands(), vec)
+
+
+class _RecordingExecutor:
+    """Stands in for the compiled kernel: records the keyword arguments of every call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, **kwargs):
+        self.calls.append(kwargs)
+
+
+def _prepare_on_cpu(monkeypatch, executor, *args, **config):
+    """prepare_gemm on CPU tensors: the CUDA-only checks, the compile and the stream are
+    replaced; everything else (validation, the tile pick, D, the launch object) is the real
+    code path."""
+    monkeypatch.setattr(bw, "_check_cuda_operands", lambda **_: None)
+    monkeypatch.setattr(bw, "_compiled_kernel", lambda *_: executor)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=77))
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    return bw.prepare_gemm(*args, **config)
+
+
+def _address(ptr) -> int:
+    return int(ptr.__tvm_ffi_opaque_ptr__())
+
+
+@pytest.mark.parametrize("vec,c_dtype", [(16, "BFloat16"), (32, "Float32")])
+def test_prepare_gemm_launch_arguments_reach_the_kernel_parameters(monkeypatch, vec, c_dtype):
+    """What prepare_gemm binds reaches the kernel's parameters by name: each pointer on its own
+    operand, the problem shape, alpha as fp32, the stream; nothing else."""
+    executor = _RecordingExecutor()
+    a, b, sa, sb = _operands(m=200, n=136, k=512, l=2, vec=vec)
+    launch, d = _prepare_on_cpu(
+        monkeypatch, executor, a, b, sa, sb, vec, alpha=-0.375, c_dtype=c_dtype
+    )
+    launch()
+    launch()
+    assert len(executor.calls) == 2
+    args = executor.calls[0]
+    # The names are the parameters of the kernel's __call__, minus the compile-time one.
+    params = list(inspect.signature(bw.BlockwiseGemmFp4Sm100.__call__).parameters)
+    assert list(args) == [p for p in params if p not in ("self", "max_active_clusters")]
+    for name, tensor in (
+        ("a_ptr", a),
+        ("b_ptr", b),
+        ("sfa_ptr", sa),
+        ("sfb_ptr", sb),
+        ("c_ptr", launch.d_padded),
+    ):
+        assert _address(args[name]) == tensor.data_ptr(), name
+    sf_dtype = bw.SF_DTYPES[bw.SF_FORMATS[vec][0]]
+    assert args["sfa_ptr"].dtype is sf_dtype and args["sfb_ptr"].dtype is sf_dtype
+    assert args["c_ptr"].dtype is bw.C_DTYPES[c_dtype]
+    assert args["a_ptr"].dtype is cutlass.Float4E2M1FN is args["b_ptr"].dtype
+    assert [v.value for v in args["problem_mnkl"]] == [200, 136, 512, 2]
+    assert isinstance(args["alpha"], cutlass.Float32) and args["alpha"].value == -0.375
+    assert int(args["stream"]) == 77
+    # D is a view of the padded buffer the kernel writes
+    assert d.data_ptr() == launch.d_padded.data_ptr() and tuple(d.shape) == (2, 200, 136)
+    assert launch.d_padded.shape[-1] == bw.c_row_pitch(136, c_dtype)
+
+
+def test_prepare_gemm_launch_holds_every_operand_and_d(monkeypatch):
+    """The launch object keeps the operands and D alive after the caller drops them (the kernel
+    only has their addresses), and releases them with itself."""
+    tensors = list(_operands())
+    refs = [weakref.ref(t) for t in tensors]
+    launch, d = _prepare_on_cpu(monkeypatch, _RecordingExecutor(), *tensors, 16)
+    refs.append(weakref.ref(launch.d_padded))
+    del tensors, d
+    gc.collect()
+    assert all(r() is not None for r in refs)
+    del launch
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+@pytest.mark.parametrize(
+    "mnkl,tile,cluster",
+    [
+        ((8192, 8192, 8192, 1), (256, 128), (2, 1)),
+        ((129, 65, 256, 1), (256, 128), (2, 1)),
+        ((128, 4096, 7168, 1), (128, 128), (1, 1)),
+        ((1, 64, 256, 4), (128, 64), (1, 1)),
+        ((4096, 1, 256, 1), (256, 64), (2, 1)),
+    ],
+)
+def test_pick_tile_and_cluster_rule(mnkl, tile, cluster):
+    assert bw.pick_tile_and_cluster(mnkl) == (tile, cluster)
+    assert bw.check_fp4_gemm_config(mnkl, 16, "Float8E4M3FN", "BFloat16", tile, cluster) == []
+
+
+def test_pick_tile_and_cluster_fills_in_what_is_missing():
+    assert bw.pick_tile_and_cluster((64, 64, 64, 1), (256, 192)) == ((256, 192), (2, 1))
+    assert bw.pick_tile_and_cluster((8192, 8192, 64, 1), None, (4, 1)) == ((256, 128), (4, 1))
+    assert bw.pick_tile_and_cluster((1, 1, 32, 1), (128, 256), (1, 4)) == ((128, 256), (1, 4))
+
+
+def test_cli_and_python_api_use_the_same_pick(monkeypatch):
+    """No tile or cluster given: the CLI's configuration and prepare_gemm's are the rule's."""
+    for mnkl in [(8192, 8192, 8192, 1), (100, 40, 64, 1)]:
+        args = bw._validated(bw.make_parser().parse_args(["--mnkl", ",".join(map(str, mnkl))]))
+        assert (args.mma_tiler_mn, args.cluster_shape_mn) == bw.pick_tile_and_cluster(mnkl)
+    picked = []
+    monkeypatch.setattr(bw, "_compiled_kernel", lambda *cfg: picked.append(cfg[2:4]))
+    monkeypatch.setattr(bw, "_check_cuda_operands", lambda **_: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(bw, "PreparedGemm", lambda *_, **__: None)
+    bw.prepare_gemm(*_operands(m=100, n=40, k=64), 16)
+    assert picked == [bw.pick_tile_and_cluster((100, 40, 64, 1))]
+
+
+@pytest.mark.parametrize(
+    "mnkl,message",
+    [
+        ((np.int64(256), np.int32(128), np.int64(512), np.int16(1)), None),
+        ((256.0, 128, 512, 1), "mnkl must be four integers"),
+        ((256, True, 512, 1), "mnkl must be four integers"),
+        ("1234", "mnkl must be four integers"),
+        ((128, 128, 256, 2**31), "L=2147483648 does not fit the kernel's 32-bit extents"),
+        ((2**31, 1, 32, 1), "M=2147483648 does not fit"),
+        ((256, 64, 32, 2**31 - 1), "CTA tiles of 128x128 do not fit"),
+    ],
+)
+def test_check_config_integer_types_and_32_bit_limits(mnkl, message):
+    reasons = bw.check_fp4_gemm_config(mnkl)
+    if message is None:
+        assert reasons == []
+    else:
+        assert any(message in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--tolerance", "nan"], "--tolerance must be a finite number > 0, got nan"),
+        (["--tolerance", "inf"], "--tolerance must be a finite number > 0, got inf"),
+        (["--tolerance", "0"], "--tolerance must be a finite number > 0"),
+        (["--tolerance", "1e6", "--mnkl", "256,256,8192,1"], "--tolerance 1e+06 is too large"),
+        (["--alpha", "1e39"], "--alpha: alpha=1e+39 is not a finite fp32 number"),
+        (["--alpha", "nan"], "--alpha: alpha=nan is not a finite fp32 number"),
+    ],
+)
+def test_cli_rejects_bad_numbers_before_running(args, message):
+    """Refused before anything runs: exit 2, the reason, no traceback (no GPU needed)."""
+    parsed = bw.make_parser().parse_args(args)
+    with pytest.raises(bw.UsageError, match=re.escape(message)):
+        bw._validated(parsed)
+
+
+def test_cli_tolerance_limit_is_the_bound_s_limit():
+    """The largest accepted --tolerance is one reference.gemm_tolerance accepts."""
+    k = 8192
+    parsed = bw.make_parser().parse_args(["--mnkl", f"256,256,{k},1", "--tolerance", "1000"])
+    tol = bw._validated(parsed).tolerance
+    ref = torch.zeros(1)
+    reference.gemm_tolerance(
+        k, torch.float32, ref, ref, unit_roundoff=reference.FP32_UNIT_ROUNDOFF * tol
+    )
+    too_big = 0.5 / (k * reference.FP32_UNIT_ROUNDOFF)
+    with pytest.raises(ValueError):
+        reference.gemm_tolerance(
+            k, torch.float32, ref, ref, unit_roundoff=reference.FP32_UNIT_ROUNDOFF * too_big
+        )
+
+
+def _unwritable_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK):
+        # (root ignores permissions: a folder of a virtual file system no one can write into)
+        return Path("/proc")
+    return folder
+
+
+def test_cli_dump_dir_not_writable_exits_2_naming_it(tmp_path):
+    folder = _unwritable_folder(tmp_path)
+    proc = _cli("--compile_only", "--dump_dir", str(folder), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"--dump_dir {folder}: cannot write into the folder" in proc.stderr
+    assert "Traceback" not in proc.stderr and "cubin:" not in proc.stdout
+
+
+def test_cli_never_reports_a_stale_cubin(tmp_path):
+    """An older, newer-dated cubin of another configuration in the folder is not reported."""
+    stale = tmp_path / "stale_kernel.sm_100f.cubin"
+    stale.write_bytes(b"not a cubin")
+    os.utime(stale, (2**32, 2**32))
+    (tmp_path / "stale_kernel.sm_100f.ptx").write_text("stale")
+    proc = _cli(
+        "--compile_only",
+        "--dump_dir",
+        str(tmp_path),
+        "--mma_tiler_mn",
+        "128,64",
+        "--cluster_shape_mn",
+        "1,1",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    cubin = re.search(r"cubin: (\S+)", proc.stdout).group(1)
+    assert Path(cubin).exists() and Path(cubin) != stale and "stale_kernel" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "dtype,byte,message",
+    [
+        (torch.float8_e4m3fn, 0x7F, "NaN scale"),
+        (torch.float8_e4m3fn, 0xFF, "sign bit set"),
+        (torch.float8_e4m3fn, 0x81, "sign bit set"),
+        (torch.float8_e8m0fnu, 0xFF, "NaN scale"),
+    ],
+)
+def test_reference_refuses_nan_and_sign_bit_scales_alike(dtype, byte, message):
+    vec = 16 if dtype == torch.float8_e4m3fn else 32
+    ops = reference.make_fp4_operands(4, 4, 64, 1, vec, seed=1)
+    for which in ("sfa", "sfb"):
+        sf = {"sfa": ops.sfa.clone(), "sfb": ops.sfb.clone()}
+        sf[which].view(torch.uint8)[0, 1, 0] = byte
+        with pytest.raises(ValueError, match=f"{which} has 1 .*{message}"):
+            reference.reference_gemm(ops.a, ops.b, sf["sfa"], sf["sfb"], vec)
+
+
+def _library_case(perturb_ours: float, perturb_library: float | None):
+    ops = reference.make_fp4_operands(64, 48, 512, 1, 16, seed=5)
+    ref = reference.reference_gemm(*ops.gemm_args, out_dtype=torch.float32)
+    tol = reference.gemm_tolerance(
+        512,
+        torch.float32,
+        ref,
+        reference.abs_product_sum(*ops.gemm_args[:5]),
+        ops.alpha,
+    )
+    d = (ref.double() + perturb_ours * tol).float()
+    lib = None if perturb_library is None else (ref.double() + perturb_library * tol).float()
+    return reference.check_gemm_or_library(d, lib, *ops.gemm_args)
+
+
+@pytest.mark.parametrize(
+    "ours,library,passed,rule",
+    [
+        (0.5, None, True, "derived bound"),
+        (0.5, 100.0, True, "derived bound"),
+        (3.0, None, False, "neither rule held"),
+        (3.0, 2.0, True, "within 2x the library's error"),
+        (3.0, 1.0, False, "neither rule held"),
+        (3.0, math.nan, False, "neither rule held"),
+        (math.nan, 5.0, False, "neither rule held"),
+    ],
+)
+def test_second_oracle_rule(ours, library, passed, rule):
+    ok, info = _library_case(ours, library)
+    assert ok == passed == info.passed and info.rule == rule, str(info)
+    if library is not None and math.isfinite(library):
+        assert info.library_max_abs_err > 0
