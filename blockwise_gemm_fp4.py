@@ -221,18 +221,6 @@ def check_fp4_gemm_config(
                 f"{num_cta_tiles} CTA tiles of {cta_m}x{tile_n} do not fit the tile schedule's "
                 "32-bit tile numbers (< 2^31); split the batch"
             )
-    if not reasons:
-        budget = tile_budget(mma_tiler_mn, sf_vec_size, c_dtype)
-        if budget.num_ab_stage < 2:
-            reasons.append(
-                f"only {budget.num_ab_stage} mainloop stage fits into {SM100_SMEM_CAPACITY} "
-                f"bytes of SMEM ({budget.ab_stage_bytes} bytes per stage); use a smaller tile"
-            )
-        if budget.tmem_columns > SM100_TMEM_COLUMNS:
-            reasons.append(
-                f"the tile needs {budget.tmem_columns} TMEM columns, more than the "
-                f"{SM100_TMEM_COLUMNS} of an SM"
-            )
     return reasons
 
 
@@ -339,7 +327,9 @@ def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -
     x 128 bytes, and SFA / SFB one byte per row per ``256 / sf_vec_size`` scale columns, SFB
     rows rounded up to the 128-row scale atom.  The epilogue keeps ``num_c_stage`` subtiles of
     128 x 32 outputs: two while the mainloop stages are counted, then as many more as the SMEM
-    left after those stages holds (as ``BlockwiseGemmFp4Sm100._compute_stages`` does).
+    left after those stages holds.  The kernel takes its stage counts and TMEM columns from
+    here; every tile ``check_fp4_gemm_config`` accepts fits (two or more stages, <= 512 TMEM
+    columns: a test sweeps them) and the kernel asserts that its real SMEM layouts fit.
 
     TMEM: two accumulators of tile N columns when they fit beside the scale factors; otherwise
     (tile N 256) one accumulator pipeline stage over two overlapping buffers, the second one
@@ -360,6 +350,8 @@ def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -
     reserved = 1024  # mbarriers and the TMEM address slot
     num_ab_stage = (SM100_SMEM_CAPACITY - reserved - num_c_stage * epi_bytes) // ab_stage_bytes
     num_c_stage = (SM100_SMEM_CAPACITY - reserved - num_ab_stage * ab_stage_bytes) // epi_bytes
+    # One TMEM column holds 4 scales for each of 32 lanes: a 128-row atom x 4 scale columns
+    # (one per MMA of the k-tile) takes 4 columns.
     sfa_columns = (cta_m // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
     sfb_columns = (sfb_rows // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
     acc_columns = tile_n
@@ -504,24 +496,16 @@ class BlockwiseGemmFp4Sm100:
             self.cta_tile_shape_mnk, self.use_2cta_instrs, self.c_layout, self.c_dtype
         )
 
-        # TMEM columns of the scale factors: one column holds 4 scales for each of 32 lanes, so
-        # a 128-row atom x 4 scale columns is 4 columns.
-        self.num_sfa_tmem_cols = (
-            self.cta_tile_shape_mnk[0] // SF_ATOM_LANES
-        ) * MMA_INSTS_PER_K_TILE
-        self.num_sfb_tmem_cols = (self.mma_tiler_sfb[1] // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
+        # Stage counts and TMEM columns: tile_budget is their one source (byte arithmetic);
+        # __call__ checks that the real SMEM layouts fit.
+        c_dtype_name = next(name for name, t in C_DTYPES.items() if t is self.c_dtype)
+        budget = tile_budget(self.mma_tiler_mn, self.sf_vec_size, c_dtype_name)
+        self.num_acc_stage = budget.num_acc_stage
+        self.num_ab_stage = budget.num_ab_stage
+        self.num_c_stage = budget.num_c_stage
+        self.num_sfa_tmem_cols = budget.sfa_columns
+        self.num_sfb_tmem_cols = budget.sfb_columns
         num_sf_tmem_cols = self.num_sfa_tmem_cols + self.num_sfb_tmem_cols
-
-        self.num_acc_stage, self.num_ab_stage, self.num_c_stage = self._compute_stages(
-            self.tiled_mma,
-            self.mma_tiler,
-            self.epi_tile,
-            self.c_dtype,
-            self.c_layout,
-            self.sf_vec_size,
-            self.smem_capacity,
-            num_sf_tmem_cols,
-        )
 
         self.a_smem_layout_staged = sm100_utils.make_smem_layout_a(
             self.tiled_mma, self.mma_tiler, self.a_dtype, self.num_ab_stage
@@ -545,19 +529,16 @@ class BlockwiseGemmFp4Sm100:
         # starts that many columns before the end of buffer 0.  The epilogue reads the shared
         # columns first and then releases the stage, so the next tile's MMAs start while it
         # stores the rest of the tile.
-        self.overlapping_accum = self.num_acc_stage == 1
+        self.overlapping_accum = budget.overlapping_accum
         tile_n = self.cta_tile_shape_mnk[1]
         self.acc_buffer_stride_cols = (
             tile_n - num_sf_tmem_cols if self.overlapping_accum else tile_n
         )
-        self.num_acc_tmem_cols = (
-            2 * tile_n - num_sf_tmem_cols if self.overlapping_accum else tile_n * self.num_acc_stage
-        )
+        self.num_acc_tmem_cols = budget.acc_tmem_columns
         # The epilogue releases an overlapping buffer after reading subtiles 0..this one, which
         # cover more than the num_sf_tmem_cols shared columns.
         self.acc_release_subtile = num_sf_tmem_cols // cute.size(self.epi_tile[1])
-        tmem_cols = self.num_acc_tmem_cols + self.num_sfa_tmem_cols + self.num_sfb_tmem_cols
-        assert tmem_cols <= self.num_tmem_alloc_cols, f"TMEM overflow: {tmem_cols} columns"
+        assert budget.tmem_columns <= self.num_tmem_alloc_cols, "TMEM overflow"
 
     def _make_tiled_mma(self, mma_tiler_mn, cta_group) -> cute.TiledMma:
         """The block-scaled FP4 MMA, and a guard that it really is one.
@@ -719,6 +700,8 @@ class BlockwiseGemmFp4Sm100:
             ]
 
         self.shared_storage = SharedStorage
+        # NOTE: tile_budget counted the stages from byte arithmetic; the real layouts must fit.
+        assert SharedStorage.size_in_bytes() <= self.smem_capacity, "SMEM overflow"
 
         self.kernel(
             self.tiled_mma,
@@ -1397,51 +1380,6 @@ class BlockwiseGemmFp4Sm100:
     # =========================================================================================
     # Static helpers
     # =========================================================================================
-    @staticmethod
-    def _compute_stages(
-        tiled_mma, mma_tiler, epi_tile, c_dtype, c_layout, sf_vec_size, smem_capacity, sf_cols
-    ) -> tuple[int, int, int]:
-        """(accumulator stages, A/B/SF stages, epilogue stages) from the real SMEM layouts.
-
-        Accumulators are double-buffered unless two of them and the scale factors do not fit
-        into the 512 TMEM columns (tile N 256).  The mainloop gets all SMEM that is left after
-        two epilogue buffers; SMEM still left after that goes to more epilogue buffers.
-        ``sf_cols`` is the number of TMEM columns the scale factors take.
-        """
-        num_acc_stage = 2 if 2 * mma_tiler[1] + sf_cols <= SM100_TMEM_COLUMNS else 1
-
-        one = 1
-        ab_stage_bytes = (
-            cute.size_in_bytes(
-                cutlass.Float4E2M1FN,
-                sm100_utils.make_smem_layout_a(tiled_mma, mma_tiler, cutlass.Float4E2M1FN, one),
-            )
-            + cute.size_in_bytes(
-                cutlass.Float4E2M1FN,
-                sm100_utils.make_smem_layout_b(tiled_mma, mma_tiler, cutlass.Float4E2M1FN, one),
-            )
-            + cute.size_in_bytes(
-                cutlass.Float8E4M3FN,
-                blockscaled_utils.make_smem_layout_sfa(tiled_mma, mma_tiler, sf_vec_size, one),
-            )
-            + cute.size_in_bytes(
-                cutlass.Float8E4M3FN,
-                blockscaled_utils.make_smem_layout_sfb(tiled_mma, mma_tiler, sf_vec_size, one),
-            )
-        )
-        c_stage_bytes = cute.size_in_bytes(
-            c_dtype, sm100_utils.make_smem_layout_epi(c_dtype, c_layout, epi_tile, one)
-        )
-        reserved_bytes = 1024
-        num_c_stage = 2
-        num_ab_stage = (
-            smem_capacity - reserved_bytes - num_c_stage * c_stage_bytes
-        ) // ab_stage_bytes
-        num_c_stage += (
-            smem_capacity - reserved_bytes - num_ab_stage * ab_stage_bytes
-        ) // c_stage_bytes - num_c_stage
-        return num_acc_stage, num_ab_stage, num_c_stage
-
     @staticmethod
     def _compute_grid(mC_mnl, cta_tile_shape_mnk, cluster_shape_mn, max_active_clusters):
         """Persistent grid: at most ``max_active_clusters`` clusters, looping over the tiles."""

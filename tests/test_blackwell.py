@@ -200,19 +200,41 @@ def test_sass_epilogue_four_tmem_loads_and_tma_stores(arch_cfg, compiled_matrix)
 
 @pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
 def test_budget_matches_compiled_kernel(arch_cfg, compiled_matrix):
-    """check_fp4_gemm_config's byte arithmetic agrees with the kernel's real layouts."""
+    """tile_budget's byte arithmetic is what the kernel runs with, and it agrees with the
+    kernel's real SMEM layouts (the TMA transaction bytes per stage are counted from them)."""
     _, ((vec, _), c_dtype, tile, _) = arch_cfg
     gemm, _, _, _ = compiled_matrix[_arch_config_id(arch_cfg)]
     budget = bw.tile_budget(tile, vec, c_dtype)
-    assert budget.num_ab_stage == gemm.num_ab_stage
-    assert budget.num_acc_stage == gemm.num_acc_stage
-    assert budget.num_c_stage == gemm.num_c_stage
+    cta_pair = 2 if tile[0] == 256 else 1
+    assert gemm.num_tma_load_bytes == cta_pair * budget.ab_stage_bytes
+    assert (gemm.num_ab_stage, gemm.num_acc_stage, gemm.num_c_stage) == (
+        budget.num_ab_stage,
+        budget.num_acc_stage,
+        budget.num_c_stage,
+    )
     assert budget.overlapping_accum == gemm.overlapping_accum == (tile[1] == 256)
     assert budget.tmem_columns == (
         gemm.num_acc_tmem_cols + gemm.num_sfa_tmem_cols + gemm.num_sfb_tmem_cols
     )
-    assert gemm.num_ab_stage >= 2
+    epi_bytes = gemm.shared_storage.size_in_bytes() - budget.num_ab_stage * budget.ab_stage_bytes
+    assert epi_bytes >= budget.num_c_stage * budget.epi_bytes_per_stage
     assert gemm.shared_storage.size_in_bytes() <= bw.SM100_SMEM_CAPACITY
+
+
+@pytest.mark.parametrize("vec", [16, 32])
+@pytest.mark.parametrize("c_dtype", list(bw.C_DTYPES))
+def test_every_accepted_tile_fits(vec, c_dtype):
+    """Every tile check_fp4_gemm_config accepts has two or more mainloop stages and fits into
+    the TMEM (why check_fp4_gemm_config has no stage or TMEM refusal)."""
+    for tile in [(m, n) for m in (128, 256) for n in (64, 128, 192, 256)]:
+        budget = bw.tile_budget(tile, vec, c_dtype)
+        assert budget.num_ab_stage >= 2 and budget.num_c_stage >= 2, (tile, budget)
+        assert budget.tmem_columns <= bw.SM100_TMEM_COLUMNS, (tile, budget)
+        smem = (
+            budget.num_ab_stage * budget.ab_stage_bytes
+            + budget.num_c_stage * budget.epi_bytes_per_stage
+        )
+        assert smem <= bw.SM100_SMEM_CAPACITY - 1024, (tile, budget)
 
 
 # ------------------------------------------------------------------------------------------
