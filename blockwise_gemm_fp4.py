@@ -54,9 +54,12 @@ FP4-specific constraints (``check_fp4_gemm_config`` explains each refusal)
 * MMA tile M 128 (1 CTA) or 256 (2 CTAs, cluster M even); tile N 64, 128, 192 or 256;
   cluster M, N powers of two, at most 16 CTAs, each at most 4 (scale-factor multicast).
 
+Targets: ``sm_100f`` (default) builds one cubin for B200/GB200 (sm_100) and B300/GB300
+(sm_103); ``--gpu_arch sm_100a`` / ``sm_103a`` build for one of them.
+
 Run
 ---
-    python blockwise_gemm_fp4.py --mnkl 8192,8192,8192,1                 # B200: check + time
+    python blockwise_gemm_fp4.py --mnkl 8192,8192,8192,1                 # Blackwell: check + time
     python blockwise_gemm_fp4.py --mnkl 8192,8192,8192,1 --compile_only  # any machine
     python blockwise_gemm_fp4.py --sf_vec_size 32 --sf_dtype Float8E8M0FNU \\
         --mma_tiler_mn 256,256 --cluster_shape_mn 2,1 --c_dtype Float32
