@@ -294,6 +294,42 @@ def sfb_layout_for_tile_n_192(sfb_layout: cute.Layout) -> cute.Layout:
     return cute.make_layout(shape, stride=stride)
 
 
+def sf_layout(shape_rows_k_l: tuple, sf_vec_size: int) -> cute.Layout:
+    """The layout of one operand's scales over its (rows, K, L) coordinates: the 128x4 blocked
+    layout ``reference.to_blocked`` writes, with a stride-0 mode over the V elements of a block.
+
+    (((32, 4), RestRows), ((V, 4), RestK), L): row r sits in lane r % 32 of the 32-lane group
+    r // 32 % 4 of atom r // 128.
+    """
+    return blockscaled_utils.tile_atom_to_shape_SF(shape_rows_k_l, sf_vec_size)
+
+
+def sfb_load_rows(cta_tile_n: int) -> int:
+    """Rows of SFB loaded (and copied to TMEM) per N tile: whole 128-row scale atoms."""
+    return -(-cta_tile_n // SF_ATOM_ROWS) * SF_ATOM_ROWS
+
+
+def sfb_tile_layout(sfb_layout: cute.Layout, cta_tile_n: int) -> cute.Layout:
+    """The SFB layout the N tiles of ``cta_tile_n`` rows are cut from (``sfb_load_rows`` at a
+    time): 192-wide tiles need the re-index of ``sfb_layout_for_tile_n_192``, others none."""
+    if cta_tile_n == 192:
+        return sfb_layout_for_tile_n_192(sfb_layout)
+    return sfb_layout
+
+
+def sfb_tile_index(tile_n, cta_tile_n: int):
+    """Index of the SFB tile that holds N tile ``tile_n``'s scales: a 64-wide tile shares its
+    128-row scale atom with its neighbour."""
+    return tile_n // 2 if cta_tile_n == 64 else tile_n
+
+
+def sfb_tmem_column_shift(tile_n, cta_tile_n: int):
+    """TMEM columns between an SFB tile's first row and N tile ``tile_n``'s: tiles of N 64 and
+    192 start half-way into a 128-row scale atom on odd tiles, and rows 64..127 of an atom sit
+    two columns (of 32 lanes each) further on."""
+    return (tile_n % 2) * 2 if cta_tile_n in (64, 192) else 0
+
+
 @dataclass(frozen=True)
 class TileBudget:
     """SMEM and TMEM use of one CTA, computed from the tile alone (see ``tile_budget``)."""
@@ -470,7 +506,7 @@ class BlockwiseGemmFp4Sm100:
         cta_pair = cute.size(self.tiled_mma.thr_id.shape)
         self.mma_tiler_mn_sfb = (
             self.mma_tiler_mn[0] // cta_pair,
-            cute.round_up(self.mma_tiler_mn[1], SF_ATOM_ROWS),
+            sfb_load_rows(self.mma_tiler_mn[1]),
         )
         self.tiled_mma_sfb = self._make_tiled_mma(self.mma_tiler_mn_sfb, tcgen05.CtaGroup.ONE)
 
@@ -543,6 +579,25 @@ class BlockwiseGemmFp4Sm100:
         self.acc_release_subtile = num_sf_tmem_cols // cute.size(self.epi_tile[1])
         assert budget.tmem_columns <= self.num_tmem_alloc_cols, "TMEM overflow"
 
+    def _global_tensors(self, a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, problem_mnkl):
+        """(mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl): the operands over their coordinates."""
+        m, n, k, l = problem_mnkl  # noqa: E741 (CUTLASS names the batch extent l)
+        # K-major packed FP4: (M, K, L) with K contiguous.  K % 32 == 0 keeps rows 16B-aligned.
+        mA_mkl = cute.make_tensor(
+            a_ptr, cute.make_ordered_layout((m, cute.assume(k, 32), l), order=(1, 0, 2))
+        )
+        mB_nkl = cute.make_tensor(
+            b_ptr, cute.make_ordered_layout((n, cute.assume(k, 32), l), order=(1, 0, 2))
+        )
+        # D is N-major with a row pitch rounded up to 16 bytes (the TMA stride rule).
+        c_align = 128 // self.c_dtype.width
+        ldc = cute.assume((n + c_align - 1) // c_align * c_align, c_align)
+        mC_mnl = cute.make_tensor(c_ptr, cute.make_layout((m, n, l), stride=(ldc, 1, m * ldc)))
+        # Scale factors in the 128x4 blocked layout (sf_layout).
+        mSFA_mkl = cute.make_tensor(sfa_ptr, sf_layout(mA_mkl.shape, self.sf_vec_size))
+        mSFB_nkl = cute.make_tensor(sfb_ptr, sf_layout(mB_nkl.shape, self.sf_vec_size))
+        return mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl
+
     def _make_tiled_mma(self, mma_tiler_mn, cta_group) -> cute.TiledMma:
         """The block-scaled FP4 MMA, and a guard that it really is one.
 
@@ -582,26 +637,8 @@ class BlockwiseGemmFp4Sm100:
         self.sf_dtype = sfa_ptr.value_type
         self.c_dtype = c_ptr.value_type
         self._setup_attributes()
-        m, n, k, l = problem_mnkl  # noqa: E741 (CUTLASS names the batch extent l)
-
-        # K-major packed FP4: (M, K, L) with K contiguous.  K % 32 == 0 keeps rows 16B-aligned.
-        mA_mkl = cute.make_tensor(
-            a_ptr, cute.make_ordered_layout((m, cute.assume(k, 32), l), order=(1, 0, 2))
-        )
-        mB_nkl = cute.make_tensor(
-            b_ptr, cute.make_ordered_layout((n, cute.assume(k, 32), l), order=(1, 0, 2))
-        )
-        # D is N-major with a row pitch rounded up to 16 bytes (the TMA stride rule).
-        c_align = 128 // self.c_dtype.width
-        ldc = cute.assume((n + c_align - 1) // c_align * c_align, c_align)
-        mC_mnl = cute.make_tensor(c_ptr, cute.make_layout((m, n, l), stride=(ldc, 1, m * ldc)))
-        # Scale factors in the 128x4 blocked layout:
-        # (((32, 4), RestM), ((V, 4), RestK), L), the V-wide K mode has stride 0 (broadcast).
-        mSFA_mkl = cute.make_tensor(
-            sfa_ptr, blockscaled_utils.tile_atom_to_shape_SF(mA_mkl.shape, self.sf_vec_size)
-        )
-        mSFB_nkl = cute.make_tensor(
-            sfb_ptr, blockscaled_utils.tile_atom_to_shape_SF(mB_nkl.shape, self.sf_vec_size)
+        mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl = self._global_tensors(
+            a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, problem_mnkl
         )
 
         # TMA loads.  A and SFA are multicast along the cluster's N mode, B and SFB along M.
@@ -645,10 +682,10 @@ class BlockwiseGemmFp4Sm100:
             self.cluster_layout_sfb_vmnk.shape,
             internal_type=cutlass.Int16,
         )
-        if cutlass.const_expr(self.cta_tile_shape_mnk[1] == 192):
-            tma_tensor_sfb = cute.make_tensor(
-                tma_tensor_sfb.iterator, sfb_layout_for_tile_n_192(tma_tensor_sfb.layout)
-            )
+        tma_tensor_sfb = cute.make_tensor(
+            tma_tensor_sfb.iterator,
+            sfb_tile_layout(tma_tensor_sfb.layout, self.cta_tile_shape_mnk[1]),
+        )
 
         cta_pair = cute.size(self.tiled_mma.thr_id.shape)
         self.num_tma_load_bytes = cta_pair * (
@@ -1043,10 +1080,7 @@ class BlockwiseGemmFp4Sm100:
             tAgA_tile = tAgA[(None, tile_m, None, tile_l)]
             tBgB_tile = tBgB[(None, tile_n, None, tile_l)]
             tAgSFA_tile = tAgSFA[(None, tile_m, None, tile_l)]
-            # A 64-wide tile shares its 128-row scale atom with its neighbour.
-            tile_n_sf = tile_n
-            if cutlass.const_expr(self.cta_tile_shape_mnk[1] == 64):
-                tile_n_sf = tile_n // 2
+            tile_n_sf = sfb_tile_index(tile_n, self.cta_tile_shape_mnk[1])
             tBgSFB_tile = tBgSFB[(None, tile_n_sf, None, tile_l)]
 
             ab_producer_state.reset_count()
@@ -1169,11 +1203,11 @@ class BlockwiseGemmFp4Sm100:
                 acc_buffer = acc_producer_state.phase ^ 1
             # (MMA, MMA_M, MMA_N)
             tCtAcc = tCtAcc_base[(None, None, None, acc_buffer)]
-            # Tiles of N 64 and 192 start half-way into a 128-row scale atom on odd tiles:
-            # rows 64..127 of an atom sit two TMEM columns further on.
+            # Odd N tiles of 64 and 192 rows start half-way into their first scale atom.
             tCtSFB_mma = tCtSFB
             if cutlass.const_expr(self.cta_tile_shape_mnk[1] in (64, 192)):
-                shifted = acc_tmem_ptr + sfb_tmem_col + (tile_n % 2) * 2
+                shift = sfb_tmem_column_shift(tile_n, self.cta_tile_shape_mnk[1])
+                shifted = acc_tmem_ptr + sfb_tmem_col + shift
                 tCtSFB_mma = cute.make_tensor(
                     cute.recast_ptr(shifted, dtype=self.sf_dtype), tCtSFB_layout
                 )

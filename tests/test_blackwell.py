@@ -28,11 +28,11 @@ from types import SimpleNamespace
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
-import cutlass.utils.blockscaled_layout as blockscaled_utils
 import numpy as np
 import pytest
 import torch
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
+from cutlass.cute.runtime import make_ptr
 
 import blockwise_gemm_fp4 as bw
 import reference
@@ -253,8 +253,8 @@ def _kernel_sf_offsets(rows: int, k: int, batches: int, vec: int) -> list[int]:
         batches: cutlass.Constexpr,
         vec: cutlass.Constexpr,
     ):
-        # The same call as BlockwiseGemmFp4Sm100.__call__ makes for mSFA_mkl / mSFB_nkl.
-        layout = blockscaled_utils.tile_atom_to_shape_SF((rows, k, batches), vec)
+        # The layout the kernel builds mSFA_mkl / mSFB_nkl with.
+        layout = bw.sf_layout((rows, k, batches), vec)
         offsets = []
         for b in cutlass.range_constexpr(batches):
             for r in cutlass.range_constexpr(rows):
@@ -285,6 +285,164 @@ def test_sf_layout_matches_to_blocked(rows, k, batches, vec):
     assert torch.equal(kernel_view.to(torch.int32), values.flatten())
     # The padded size the kernel addresses equals what to_blocked allocates.
     assert blocked.numel() == batches * (-(-rows // 128) * 128) * (-(-cols // 4) * 4)
+
+
+def _scale_values(rows: int, cols: int, batches: int) -> torch.Tensor:
+    """A distinct value for every scale: its position in the unswizzled [L, rows, cols] tensor."""
+    return torch.arange(1, batches * rows * cols + 1, dtype=torch.int32).reshape(
+        batches, rows, cols
+    )
+
+
+SFB_TILE_CASES = [
+    # (N, K, L, sf_vec_size, CTA tile N)
+    (1000, 512, 2, 16, 64),
+    (1000, 512, 1, 32, 192),
+    (700, 768, 1, 16, 192),
+    (520, 256, 1, 16, 128),
+    (600, 256, 1, 32, 256),
+]
+
+
+@pytest.mark.parametrize("n,k,batches,vec,tile_n", SFB_TILE_CASES)
+def test_sfb_tiles_the_kernel_loads_match_to_blocked(n, k, batches, vec, tile_n):
+    """SFB as the kernel addresses it, per N tile and k-tile: the kernel's layout
+    (sf_layout, sfb_tile_layout: the 192 re-index), cut into sfb_load_rows-row tiles, tile
+    sfb_tile_index(t), rows from sfb_tmem_column_shift(t) TMEM columns (32 rows each) on.
+    Row r of N tile t must be the scale to_blocked stores for row t * tile_n + r."""
+    found: dict[str, list] = {}
+
+    @cute.jit
+    def probe(
+        n: cutlass.Constexpr,
+        k: cutlass.Constexpr,
+        batches: cutlass.Constexpr,
+        vec: cutlass.Constexpr,
+        tile_n: cutlass.Constexpr,
+    ):
+        layout = bw.sfb_tile_layout(bw.sf_layout((n, k, batches), vec), tile_n)
+        load_rows = bw.sfb_load_rows(tile_n)
+        triples = []
+        for b in cutlass.range_constexpr(batches):
+            for t in cutlass.range_constexpr(-(-n // tile_n)):
+                first = bw.sfb_tile_index(t, tile_n) * load_rows
+                first += bw.sfb_tmem_column_shift(t, tile_n) * bw.SF_ATOM_LANES
+                for kk in cutlass.range_constexpr(k // 256 if k >= 256 else 1):
+                    for r in cutlass.range_constexpr(0, min(tile_n, n - t * tile_n), 5):
+                        for c in (0, min(256, k) // vec - 1):
+                            crd = (first + r, kk * 256 + c * vec, b)
+                            want = (b, t * tile_n + r, kk * 256 // vec + c)
+                            triples.append((want, cute.crd2idx(crd, layout)))
+        found["triples"] = triples
+
+    probe(n, k, batches, vec, tile_n)
+    values = _scale_values(n, k // vec, batches)
+    blocked = reference.to_blocked(values.to(torch.float32)).flatten().to(torch.int32)
+    wrong = [(w, int(blocked[off])) for w, off in found["triples"] if blocked[off] != values[w]]
+    assert found["triples"] and wrong == []
+
+
+@pytest.mark.parametrize(
+    "m,k,batches,vec,tile_m",
+    [(300, 512, 2, 16, 128), (600, 256, 1, 32, 256), (129, 768, 1, 16, 256)],
+)
+def test_sfa_tiles_the_kernel_loads_match_to_blocked(m, k, batches, vec, tile_m):
+    """SFA as the kernel addresses it: sf_layout over A's rows, cut into MMA tiles of tile_m
+    rows; row r of M tile t must be the scale to_blocked stores for row t * tile_m + r."""
+    found: dict[str, list] = {}
+
+    @cute.jit
+    def probe(
+        m: cutlass.Constexpr,
+        k: cutlass.Constexpr,
+        batches: cutlass.Constexpr,
+        vec: cutlass.Constexpr,
+        tile_m: cutlass.Constexpr,
+    ):
+        layout = bw.sf_layout((m, k, batches), vec)
+        triples = []
+        for b in cutlass.range_constexpr(batches):
+            for t in cutlass.range_constexpr(-(-m // tile_m)):
+                for kk in cutlass.range_constexpr(k // 256):
+                    for r in cutlass.range_constexpr(0, min(tile_m, m - t * tile_m), 7):
+                        for c in (0, 256 // vec - 1):
+                            crd = (t * tile_m + r, kk * 256 + c * vec, b)
+                            triples.append(
+                                (
+                                    (b, t * tile_m + r, kk * 256 // vec + c),
+                                    cute.crd2idx(crd, layout),
+                                )
+                            )
+        found["triples"] = triples
+
+    probe(m, k, batches, vec, tile_m)
+    values = _scale_values(m, k // vec, batches)
+    blocked = reference.to_blocked(values.to(torch.float32)).flatten().to(torch.int32)
+    wrong = [(w, int(blocked[off])) for w, off in found["triples"] if blocked[off] != values[w]]
+    assert found["triples"] and wrong == []
+
+
+@pytest.mark.parametrize("vec", [16, 32])
+def test_global_tensors_each_on_its_own_pointer_and_shape(vec):
+    """The kernel's global tensors: each built on its own pointer (told apart by alignment),
+    A and SFA over M rows, B and SFB over N rows, SF layouts as sf_layout gives them."""
+    found: dict[str, object] = {}
+    m, n, k, batches = 300, 200, 512, 2
+
+    @cute.jit
+    def probe(
+        a: cute.Pointer, b: cute.Pointer, sfa: cute.Pointer, sfb: cute.Pointer, c: cute.Pointer
+    ):
+        gemm = bw.BlockwiseGemmFp4Sm100(vec, (128, 128), (1, 1))
+        gemm.c_dtype = c.value_type
+        tensors = gemm._global_tensors(a, b, sfa, sfb, c, (m, n, k, batches))
+        found["align"] = [t.iterator.alignment for t in tensors]
+        found["shapes"] = [tuple(cute.size(t, mode=[i]) for i in range(3)) for t in tensors]
+        checks = []
+        for tensor, rows in ((tensors[2], m), (tensors[3], n)):
+            plain = bw.sf_layout((rows, k, batches), vec)
+            for crd in ((0, 0, 0), (rows - 1, k - 1, batches - 1), (rows // 2, k // 3, 1)):
+                checks.append(cute.crd2idx(crd, tensor.layout) == cute.crd2idx(crd, plain))
+        found["sf_layouts"] = checks
+
+    gmem = cute.AddressSpace.gmem
+    sf = bw.SF_DTYPES[bw.SF_FORMATS[vec][0]]
+    pointers = [
+        make_ptr(dtype, 1 << 20, gmem, assumed_align=align)
+        for dtype, align in (
+            (cutlass.Float4E2M1FN, 16),
+            (cutlass.Float4E2M1FN, 32),
+            (sf, 64),
+            (sf, 128),
+            (cutlass.BFloat16, 256),
+        )
+    ]
+    probe(*pointers)
+    assert found["align"] == [16, 32, 64, 128, 256]
+    # (the scale tensors cover whole 128-row atoms)
+    assert found["shapes"] == [
+        (m, k, batches),
+        (n, k, batches),
+        (384, k, batches),
+        (256, k, batches),
+        (m, n, batches),
+    ]
+    assert found["sf_layouts"] == [True] * 6
+
+
+@pytest.mark.parametrize(
+    "tile_n,index,shift",
+    [
+        (64, [0, 0, 1, 1, 2], [0, 2, 0, 2, 0]),
+        (128, [0, 1, 2, 3, 4], [0] * 5),
+        (192, [0, 1, 2, 3, 4], [0, 2, 0, 2, 0]),
+        (256, [0, 1, 2, 3, 4], [0] * 5),
+    ],
+)
+def test_sfb_tile_index_and_tmem_shift(tile_n, index, shift):
+    assert [bw.sfb_tile_index(t, tile_n) for t in range(5)] == index
+    assert [bw.sfb_tmem_column_shift(t, tile_n) for t in range(5)] == shift
+    assert bw.sfb_load_rows(tile_n) == (128 if tile_n <= 128 else 256)
 
 
 @pytest.mark.parametrize(
@@ -740,7 +898,7 @@ def test_sfb_reindexing_for_192_wide_tiles(n):
 
     @cute.jit
     def probe(n: cutlass.Constexpr):
-        plain = blockscaled_utils.tile_atom_to_shape_SF((n, 256, 1), 16)
+        plain = bw.sf_layout((n, 256, 1), 16)
         tiled = bw.sfb_layout_for_tile_n_192(plain)
         num_tiles = -(-n // 192)
         pairs = []
