@@ -24,6 +24,7 @@ import warnings
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -86,8 +87,15 @@ def _arch_config_id(arch_cfg) -> str:
     return f"{arch}-{_config_id(cfg)}"
 
 
-def _compile(arch, cfg, dump):
-    """(kernel object, PTX, cubin path, DeprecationWarnings raised while compiling)."""
+class Compiled(NamedTuple):
+    gemm: bw.BlockwiseGemmFp4Sm100
+    ptx: str
+    cubin: Path
+    deprecations: list  # the DeprecationWarnings raised while compiling
+    host_ir: str  # the LLVM-dialect host function that builds the descriptors and launches
+
+
+def _compile(arch, cfg, dump) -> Compiled:
     (vec, sf_dtype), c_dtype, tile, cluster = cfg
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -105,7 +113,9 @@ def _compile(arch, cfg, dump):
     cubins = list(dump.glob("*.cubin"))
     assert len(cubins) == 1, f"expected one cubin in {dump}, found {cubins}"
     assert cubins[0].name.endswith(f".{arch}.cubin"), cubins[0].name
-    return gemm, compiled.__ptx__, cubins[0], deprecations
+    host = re.search(r"llvm\.func @cutlass___call__\w*\(.*?\n  \}\n", str(compiled.ir_module), re.S)
+    assert host, "no host function in the compiled module"
+    return Compiled(gemm, compiled.__ptx__, cubins[0], deprecations, host.group(0))
 
 
 @functools.cache
@@ -135,14 +145,14 @@ def compiled_matrix(tmp_path_factory):
 def test_compile_uses_no_deprecated_dsl_api(arch_cfg, compiled_matrix):
     """No DeprecationWarning while tracing and compiling, wherever the DSL attributes it (the
     DSL's own modules too: pytest.ini's filter sees only warnings attributed to our files)."""
-    deprecations = compiled_matrix[_arch_config_id(arch_cfg)][3]
+    deprecations = compiled_matrix[_arch_config_id(arch_cfg)].deprecations
     assert [f"{w.filename}:{w.lineno}: {w.message}" for w in deprecations] == []
 
 
 @pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
 def test_ptx_block_scaled_fp4_mma(arch_cfg, compiled_matrix):
     arch, ((vec, _), _, tile, _) = arch_cfg
-    _, ptx, _, _ = compiled_matrix[_arch_config_id(arch_cfg)]
+    ptx = compiled_matrix[_arch_config_id(arch_cfg)].ptx
     assert re.search(rf"^\.target {arch}$", ptx, re.M), "PTX for another target"
     cta_group = 2 if tile[0] == 256 else 1
     mmas = set(re.findall(r"tcgen05\.mma\.[a-z0-9_.:]+", ptx))
@@ -159,7 +169,7 @@ def test_ptx_block_scaled_fp4_mma(arch_cfg, compiled_matrix):
 @pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
 def test_ptx_tma_loads_multicast_and_store(arch_cfg, compiled_matrix):
     _, (_, _, _, cluster) = arch_cfg
-    _, ptx, _, _ = compiled_matrix[_arch_config_id(arch_cfg)]
+    ptx = compiled_matrix[_arch_config_id(arch_cfg)].ptx
     loads = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::[a-z]+\.global[a-z0-9_.:]*", ptx)
     # A and B are 3-D (rows, K, L) boxes, SFA and SFB 4-D: one TMA load instruction each.
     assert sorted(loads) == ["3", "3", "4", "4"], loads
@@ -172,7 +182,7 @@ def test_ptx_tma_loads_multicast_and_store(arch_cfg, compiled_matrix):
 @pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
 def test_no_local_memory_and_sass(arch_cfg, compiled_matrix):
     _, (_, _, tile, _) = arch_cfg
-    _, _, cubin, _ = compiled_matrix[_arch_config_id(arch_cfg)]
+    cubin = compiled_matrix[_arch_config_id(arch_cfg)].cubin
     if bw.find_cuobjdump() is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     usage = bw.cubin_resource_usage(str(cubin))
@@ -195,7 +205,7 @@ def test_no_local_memory_and_sass(arch_cfg, compiled_matrix):
 )
 def test_sass_epilogue_four_tmem_loads_and_tma_stores(arch_cfg, compiled_matrix):
     """The default configuration and 128x128 on 4x4: 4 TMEM loads + 4 TMA stores per tile."""
-    _, _, cubin, _ = compiled_matrix[_arch_config_id(arch_cfg)]
+    cubin = compiled_matrix[_arch_config_id(arch_cfg)].cubin
     sass = _sass(cubin)
     assert len(re.findall(r"\bLDTM\b", sass)) == 4
     assert len(re.findall(r"\bUTMASTG\b", sass)) == 4
@@ -206,7 +216,7 @@ def test_budget_matches_compiled_kernel(arch_cfg, compiled_matrix):
     """tile_budget's byte arithmetic is what the kernel runs with, and it agrees with the
     kernel's real SMEM layouts (the TMA transaction bytes per stage are counted from them)."""
     _, ((vec, _), c_dtype, tile, _) = arch_cfg
-    gemm, _, _, _ = compiled_matrix[_arch_config_id(arch_cfg)]
+    gemm = compiled_matrix[_arch_config_id(arch_cfg)].gemm
     budget = bw.tile_budget(tile, vec, c_dtype)
     cta_pair = 2 if tile[0] == 256 else 1
     assert gemm.num_tma_load_bytes == cta_pair * budget.ab_stage_bytes
@@ -238,6 +248,201 @@ def test_every_accepted_tile_fits(vec, c_dtype):
             + budget.num_c_stage * budget.epi_bytes_per_stage
         )
         assert smem <= bw.SM100_SMEM_CAPACITY - 1024, (tile, budget)
+
+
+# ------------------------------------------------------------------------------------------
+# Per-operand facts in the PTX: TMEM columns of the scales, multicast masks, alpha, and the
+# host function's descriptors
+# ------------------------------------------------------------------------------------------
+_PTX_INSTRUCTION = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)\s+(.*?);\s*$")
+
+
+class _Ptx:
+    """The instructions of a kernel's PTX, and the value of a 32-bit register as
+    (symbolic part, constant part), followed through adds, xors and shifts."""
+
+    def __init__(self, ptx: str):
+        self.instructions = []
+        self.defs: dict[str, list] = {}
+        for line in ptx.splitlines():
+            found = _PTX_INSTRUCTION.match(line)
+            if not found:
+                continue
+            op, rest = found.groups()
+            operands = [o.strip() for o in re.split(r",(?![^\[]*\])(?![^{]*\})", rest)]
+            self.instructions.append((op, operands))
+            if re.fullmatch(r"%\w+", operands[0]) and not op.startswith(
+                ("st.", "tcgen05", "cp.", "mbarrier", "prefetch", "bar", "fence")
+            ):
+                self.defs.setdefault(operands[0], []).append((op, operands[1:]))
+
+    def definition(self, reg: str) -> tuple[str, list]:
+        (single,) = self.defs[reg]
+        return single
+
+    def value(self, x: str) -> tuple[str | None, int]:
+        x = x.strip("[]")
+        if re.fullmatch(r"-?\d+", x):
+            return None, int(x) & 0xFFFFFFFF
+        if len(self.defs.get(x, ())) != 1:
+            return f"?{x}", 0
+        op, args = self.definition(x)
+        if op in ("mov.b32", "mov.u32", "mov.b16", "cvt.u16.u32") and len(args) == 1:
+            return self.value(args[0])
+        if op in ("add.s32", "xor.b32", "shl.b32"):
+            (sa, ca), (sb, cb) = self.value(args[0]), self.value(args[1])
+            if op == "add.s32":
+                return "+".join(sorted(s for s in (sa, sb) if s)) or None, (ca + cb) & 0xFFFFFFFF
+            if op == "xor.b32" and sb is None and cb == 0x80000000:
+                return sa, ca ^ cb
+            if op == "shl.b32" and sb is None and sa is None:
+                return None, (ca << cb) & 0xFFFFFFFF
+            if op == "shl.b32":
+                return f"shl({sa if sa else ca},{sb if sb else cb})", 0
+        if op.startswith("ld.shared"):
+            return f"ld{args[0]}", 0
+        return f"{op.split('.')[0]}:{x}", 0
+
+    def param_of(self, reg: str) -> int:
+        """The kernel parameter a cvta.param'd descriptor address comes from."""
+        op, args = self.definition(reg)
+        assert op == "cvta.param.u64", (reg, op)
+        op, args = self.definition(args[0])
+        return int(re.search(r"_param_(\d+)$", args[0]).group(1))
+
+
+def _kernel_param(name: str) -> int:
+    """PTX parameter index of a kernel argument (the PTX numbers them in order, self excluded)."""
+    params = list(inspect.signature(bw.BlockwiseGemmFp4Sm100.kernel).parameters)
+    return params.index(name) - 1
+
+
+FAMILY_MATRIX = [(bw.DEFAULT_GPU_ARCH, cfg) for cfg in COMPILE_MATRIX]
+
+
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+def test_ptx_scale_factors_tmem_columns(arch_cfg, compiled_matrix):
+    """tcgen05.cp writes SFA at the columns right after the accumulators and SFB right after
+    SFA; each MMA reads the scale columns of its K block, and on N tiles of 64 and 192 the SFB
+    columns move by (tile % 2) * 2."""
+    _, ((vec, _), _, tile, _) = arch_cfg
+    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    tile_n = tile[1]
+    # Accumulators: two of tile N columns; for N 256 two that share the 16 + 32 scale columns.
+    sfa_col = 2 * tile_n if tile_n < 256 else 2 * tile_n - 16 - 32
+    sfb_col = sfa_col + 16  # SFA: 128 rows of a CTA = 4 x 32 lanes, 4 columns per MMA
+    sfb_atoms = 1 if tile_n <= 128 else 2
+    cps_per_atom = 256 // vec // 4  # scale groups of 4 per 128-row atom and k-tile
+    k_blocks_per_group = 4 // cps_per_atom  # MMAs (K 64) per group of 4 scales
+
+    copies = [ptx.value(ops[0]) for op, ops in ptx.instructions if op.startswith("tcgen05.cp")]
+    (base,) = {symbol for symbol, _ in copies}
+    assert base.startswith("ld[")  # the TMEM address the allocator published, nothing added
+    want = [sfa_col + 4 * i for i in range(cps_per_atom)]
+    want += [sfb_col + 4 * i for i in range(cps_per_atom * sfb_atoms)]
+    assert [column for _, column in copies] == want
+
+    mmas = [ops for op, ops in ptx.instructions if op.startswith("tcgen05.mma")]
+    assert len(mmas) == 4
+    for j, ops in enumerate(mmas):
+        (sym_a, sfa), (sym_b, sfb) = ptx.value(ops[4]), ptx.value(ops[5])
+        group, scale_id = divmod(j, k_blocks_per_group)
+        hi = scale_id << 31  # (MXFP4: the second K 64 block of a group reads scales 2, 3)
+        assert (sym_a, sfa) == (base, sfa_col + 4 * group + hi), j
+        assert sfb == sfb_col + 4 * sfb_atoms * group + hi, j
+        if tile_n in (64, 192):
+            shift = re.fullmatch(re.escape(base) + r"\+shl\(sub:(%r\d+),1\)", sym_b or "")
+            assert shift, sym_b
+            # the shift is 2 * (tile % 2): t - (t & ~1), shifted left by one
+            op, (_, masked) = ptx.definition(shift.group(1))
+            assert op == "sub.s32" and ptx.definition(masked)[0] == "and.b32"
+            assert ptx.definition(masked)[1][1] == str(0x7FFFFFFE)
+        else:
+            assert sym_b == base, sym_b
+
+
+def _expected_masks(tile_m: int, cluster: tuple[int, int]) -> dict[str, int | None]:
+    """Multicast bit pattern (before the shift to this CTA's place) of each TMA load; None for
+    a load without multicast. CTA rank = v + pair * m + cluster_m * n (V: half of a CTA pair)."""
+    cm, cn = cluster
+    pair = 2 if tile_m == 256 else 1
+
+    def pattern(ranks):
+        ranks = list(ranks)
+        return sum(1 << r for r in ranks) if len(ranks) > 1 else None
+
+    along_n = pattern(cm * n for n in range(cn))  # same (v, m), every n
+    return {
+        "tma_atom_a": along_n,
+        "tma_atom_sfa": along_n,
+        "tma_atom_b": pattern(pair * m for m in range(cm // pair)),  # same (v, n)
+        "tma_atom_sfb": pattern(range(cm)),  # SFB's 1-CTA view: every CTA of the column
+    }
+
+
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+def test_ptx_tma_multicast_mask_of_each_load(arch_cfg, compiled_matrix):
+    """Which of the four TMA loads multicast, with which mask: A and SFA to the CTAs of their
+    cluster row, B to the CTAs of its column (pairs of CTAs for tile M 256), SFB to every CTA of
+    its column."""
+    _, (_, _, tile, cluster) = arch_cfg
+    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    loads = {}
+    for op, ops in ptx.instructions:
+        if op.startswith("cp.async.bulk.tensor") and ".global" in op.split("shared")[-1]:
+            descriptor = re.match(r"\[(%rd\d+),", ops[1]).group(1)
+            param = ptx.param_of(descriptor)
+            loads[param] = ptx.value(ops[3]) if "multicast::cluster" in op else None
+    expected = _expected_masks(tile[0], cluster)
+    assert sorted(loads) == sorted(_kernel_param(name) for name in expected)
+    for name, pattern in expected.items():
+        mask = loads[_kernel_param(name)]
+        if pattern is None:
+            assert mask is None, (name, mask)
+            continue
+        assert mask is not None, name
+        symbol, constant = mask
+        # a constant (this CTA's shift folded to 0) or the pattern shifted by a coordinate
+        assert (symbol is None and constant == pattern) or (
+            symbol is not None and symbol.startswith(f"shl({pattern},")
+        ), (name, mask, pattern)
+    a, sfa = loads[_kernel_param("tma_atom_a")], loads[_kernel_param("tma_atom_sfa")]
+    assert a == sfa  # the same mask, shifted by the same coordinate
+
+
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+def test_ptx_epilogue_scales_every_value_by_alpha(arch_cfg, compiled_matrix):
+    """The kernel's alpha parameter multiplies every accumulator value the epilogue stores:
+    32 values per thread and 32-column subtile, two per mul.f32x2."""
+    _, (_, _, tile, _) = arch_cfg
+    ptx = compiled_matrix[_arch_config_id(arch_cfg)].ptx
+    param = _kernel_param("alpha")
+    (alpha,) = re.findall(rf"ld\.param\.b32\s+(%r\d+), \[\w+_param_{param}\];", ptx)
+    (pair,) = re.findall(rf"mov\.b64\s+(%rd\d+), \{{{alpha}, {alpha}\}};", ptx)
+    muls = re.findall(rf"mul\.f32x2\s+%rd\d+, (?:%rd\d+, {pair}|{pair}, %rd\d+);", ptx)
+    assert len(muls) == tile[1] // 32 * 16
+
+
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX[:4], ids=_arch_config_id)
+def test_host_builds_each_descriptor_from_its_own_pointer(arch_cfg, compiled_matrix):
+    """The host function turns its pointer arguments (A, B, SFA, SFB, D) into TMA descriptors
+    in that order, each once, and passes alpha on to the kernel launch."""
+    host = compiled_matrix[_arch_config_id(arch_cfg)].host_ir
+    signature = host[: host.index(") -> ")]
+    args = re.findall(r"(%arg\d+): ", signature)
+    params = list(inspect.signature(bw.BlockwiseGemmFp4Sm100.__call__).parameters)[1:]
+    # pointers, M, N, K, L, alpha, stream (max_active_clusters is a compile-time constant)
+    assert len(args) == 5 + 4 + 1 + 1 and params[:5] == [
+        "a_ptr",
+        "b_ptr",
+        "sfa_ptr",
+        "sfb_ptr",
+        "c_ptr",
+    ]
+    body = host[host.index(") -> ") :]
+    assert re.findall(r"llvm\.ptrtoint (%arg\d+) ", body) == args[:5]
+    alpha = args[9]
+    assert re.search(rf"{alpha}: f32", signature) and re.search(rf"{alpha}(?!\d)", body)
 
 
 # ------------------------------------------------------------------------------------------
