@@ -598,6 +598,15 @@ class BlockwiseGemmFp4Sm100:
         mSFB_nkl = cute.make_tensor(sfb_ptr, sf_layout(mB_nkl.shape, self.sf_vec_size))
         return mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl
 
+    def _sfb_tma_layout(self, sfb_layout: cute.Layout) -> cute.Layout:
+        """The SFB layout this kernel's N tiles are loaded through (``sfb_tile_layout``)."""
+        return sfb_tile_layout(sfb_layout, self.mma_tiler_mn[1])
+
+    def _sfb_coords(self, tile_n):
+        """(SFB tile index, SFB TMEM column shift) of N tile ``tile_n`` for this kernel's tile."""
+        tile_size_n = self.mma_tiler_mn[1]
+        return sfb_tile_index(tile_n, tile_size_n), sfb_tmem_column_shift(tile_n, tile_size_n)
+
     def _make_tiled_mma(self, mma_tiler_mn, cta_group) -> cute.TiledMma:
         """The block-scaled FP4 MMA, and a guard that it really is one.
 
@@ -683,8 +692,7 @@ class BlockwiseGemmFp4Sm100:
             internal_type=cutlass.Int16,
         )
         tma_tensor_sfb = cute.make_tensor(
-            tma_tensor_sfb.iterator,
-            sfb_tile_layout(tma_tensor_sfb.layout, self.cta_tile_shape_mnk[1]),
+            tma_tensor_sfb.iterator, self._sfb_tma_layout(tma_tensor_sfb.layout)
         )
 
         cta_pair = cute.size(self.tiled_mma.thr_id.shape)
@@ -1080,7 +1088,7 @@ class BlockwiseGemmFp4Sm100:
             tAgA_tile = tAgA[(None, tile_m, None, tile_l)]
             tBgB_tile = tBgB[(None, tile_n, None, tile_l)]
             tAgSFA_tile = tAgSFA[(None, tile_m, None, tile_l)]
-            tile_n_sf = sfb_tile_index(tile_n, self.cta_tile_shape_mnk[1])
+            tile_n_sf, _ = self._sfb_coords(tile_n)
             tBgSFB_tile = tBgSFB[(None, tile_n_sf, None, tile_l)]
 
             ab_producer_state.reset_count()
@@ -1206,7 +1214,7 @@ class BlockwiseGemmFp4Sm100:
             # Odd N tiles of 64 and 192 rows start half-way into their first scale atom.
             tCtSFB_mma = tCtSFB
             if cutlass.const_expr(self.cta_tile_shape_mnk[1] in (64, 192)):
-                shift = sfb_tmem_column_shift(tile_n, self.cta_tile_shape_mnk[1])
+                _, shift = self._sfb_coords(tile_n)
                 shifted = acc_tmem_ptr + sfb_tmem_col + shift
                 tCtSFB_mma = cute.make_tensor(
                     cute.recast_ptr(shifted, dtype=self.sf_dtype), tCtSFB_layout

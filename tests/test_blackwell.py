@@ -132,13 +132,23 @@ def _sass(cubin: Path) -> str:
     ).stdout
 
 
+class _CompiledMatrix(dict):
+    """(arch, configuration) id -> Compiled, each compiled on first use (so that a -k selection
+    compiles only what it needs)."""
+
+    def __init__(self, tmp_path_factory):
+        super().__init__()
+        self._tmp = tmp_path_factory
+        self._by_id = {_arch_config_id(ac): ac for ac in ARCH_MATRIX}
+
+    def __missing__(self, key: str) -> Compiled:
+        self[key] = _compile(*self._by_id[key], self._tmp.mktemp(key))
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def compiled_matrix(tmp_path_factory):
-    """Compile every (arch, configuration) once, keyed by _arch_config_id."""
-    return {
-        _arch_config_id(ac): _compile(*ac, tmp_path_factory.mktemp(_arch_config_id(ac)))
-        for ac in ARCH_MATRIX
-    }
+    return _CompiledMatrix(tmp_path_factory)
 
 
 @pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
@@ -303,6 +313,33 @@ class _Ptx:
             return f"ld{args[0]}", 0
         return f"{op.split('.')[0]}:{x}", 0
 
+    def grid_sources(self, reg: str) -> set[str]:
+        """The grid and cluster coordinates (%ctaid.x, %cluster_ctarank, ...) ``reg`` is
+        computed from, through every definition of every register on the way."""
+        found, seen, stack = set(), set(), [reg]
+        while stack:
+            r = stack.pop()
+            if r in seen:
+                continue
+            seen.add(r)
+            for _, args in self.defs.get(r, ()):
+                for arg in args:
+                    found.update(re.findall(r"%n?ctaid\.[xyz]|%cluster_\w+", arg))
+                    stack.extend(re.findall(r"%(?:r|rd|rs)\d+", arg))
+        return found
+
+    def tma_loads(self) -> dict[int, tuple[str, list[str], str | None]]:
+        """Descriptor parameter -> (instruction, coordinate registers, mask register) of each
+        TMA load (global -> shared)."""
+        loads = {}
+        for op, ops in self.instructions:
+            if op.startswith("cp.async.bulk.tensor") and ".global" in op.split("shared")[-1]:
+                descriptor = re.match(r"\[(%rd\d+),", ops[1]).group(1)
+                coords = re.search(r"\{(.*?)\}", ops[1]).group(1).split(", ")
+                mask = ops[3] if "multicast::cluster" in op else None
+                loads[self.param_of(descriptor)] = (op, coords, mask)
+        return loads
+
     def param_of(self, reg: str) -> int:
         """The kernel parameter a cvta.param'd descriptor address comes from."""
         op, args = self.definition(reg)
@@ -387,12 +424,10 @@ def test_ptx_tma_multicast_mask_of_each_load(arch_cfg, compiled_matrix):
     its column."""
     _, (_, _, tile, cluster) = arch_cfg
     ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
-    loads = {}
-    for op, ops in ptx.instructions:
-        if op.startswith("cp.async.bulk.tensor") and ".global" in op.split("shared")[-1]:
-            descriptor = re.match(r"\[(%rd\d+),", ops[1]).group(1)
-            param = ptx.param_of(descriptor)
-            loads[param] = ptx.value(ops[3]) if "multicast::cluster" in op else None
+    loads = {
+        param: None if mask is None else ptx.value(mask)
+        for param, (_, _, mask) in ptx.tma_loads().items()
+    }
     expected = _expected_masks(tile[0], cluster)
     assert sorted(loads) == sorted(_kernel_param(name) for name in expected)
     for name, pattern in expected.items():
@@ -408,6 +443,33 @@ def test_ptx_tma_multicast_mask_of_each_load(arch_cfg, compiled_matrix):
         ), (name, mask, pattern)
     a, sfa = loads[_kernel_param("tma_atom_a")], loads[_kernel_param("tma_atom_sfa")]
     assert a == sfa  # the same mask, shifted by the same coordinate
+
+
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+def test_ptx_tile_coordinates_come_from_their_own_grid_axis(arch_cfg, compiled_matrix):
+    """The grid's x extent is the cluster's M, y its N: A and SFA tiles are picked without
+    %ctaid.y, SFB tiles and the MMA's SFB column shift without %ctaid.x (B too, unless a CTA
+    pair splits it along x)."""
+    _, (_, _, tile, cluster) = arch_cfg
+    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    loads = ptx.tma_loads()
+
+    def sources(name):
+        return set().union(*(ptx.grid_sources(c) for c in loads[_kernel_param(name)][1]))
+
+    assert "%ctaid.y" not in sources("tma_atom_a") | sources("tma_atom_sfa")
+    assert "%ctaid.x" not in sources("tma_atom_sfb")
+    if tile[0] == 128:
+        assert "%ctaid.x" not in sources("tma_atom_b")
+    if cluster[0] > 1:
+        assert "%ctaid.x" in sources("tma_atom_a")
+    if cluster[1] > 1:
+        assert "%ctaid.y" in sources("tma_atom_b") and "%ctaid.y" in sources("tma_atom_sfb")
+    (first_mma,) = [ops for op, ops in ptx.instructions if op.startswith("tcgen05.mma")][:1]
+    shift_sources = ptx.grid_sources(first_mma[5].strip("[]"))
+    assert "%ctaid.x" not in shift_sources
+    if tile[1] in (64, 192) and cluster[1] > 1:
+        assert "%ctaid.y" in shift_sources
 
 
 @pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
@@ -511,11 +573,12 @@ SFB_TILE_CASES = [
 
 @pytest.mark.parametrize("n,k,batches,vec,tile_n", SFB_TILE_CASES)
 def test_sfb_tiles_the_kernel_loads_match_to_blocked(n, k, batches, vec, tile_n):
-    """SFB as the kernel addresses it, per N tile and k-tile: the kernel's layout
-    (sf_layout, sfb_tile_layout: the 192 re-index), cut into sfb_load_rows-row tiles, tile
-    sfb_tile_index(t), rows from sfb_tmem_column_shift(t) TMEM columns (32 rows each) on.
+    """SFB as the kernel addresses it, per N tile and k-tile: the kernel's layout (sf_layout,
+    then _sfb_tma_layout: the 192 re-index), cut into sfb_load_rows-row tiles; N tile t reads
+    SFB tile _sfb_coords(t)[0] from _sfb_coords(t)[1] TMEM columns (32 rows each) on.
     Row r of N tile t must be the scale to_blocked stores for row t * tile_n + r."""
     found: dict[str, list] = {}
+    gemm = bw.BlockwiseGemmFp4Sm100(vec, (128, tile_n), (1, 1))
 
     @cute.jit
     def probe(
@@ -525,13 +588,13 @@ def test_sfb_tiles_the_kernel_loads_match_to_blocked(n, k, batches, vec, tile_n)
         vec: cutlass.Constexpr,
         tile_n: cutlass.Constexpr,
     ):
-        layout = bw.sfb_tile_layout(bw.sf_layout((n, k, batches), vec), tile_n)
+        layout = gemm._sfb_tma_layout(bw.sf_layout((n, k, batches), vec))
         load_rows = bw.sfb_load_rows(tile_n)
         triples = []
         for b in cutlass.range_constexpr(batches):
             for t in cutlass.range_constexpr(-(-n // tile_n)):
-                first = bw.sfb_tile_index(t, tile_n) * load_rows
-                first += bw.sfb_tmem_column_shift(t, tile_n) * bw.SF_ATOM_LANES
+                tile_index, shift = gemm._sfb_coords(t)
+                first = tile_index * load_rows + shift * bw.SF_ATOM_LANES
                 for kk in cutlass.range_constexpr(k // 256 if k >= 256 else 1):
                     for r in cutlass.range_constexpr(0, min(tile_n, n - t * tile_n), 5):
                         for c in (0, min(256, k) // vec - 1):
@@ -647,6 +710,9 @@ def test_global_tensors_each_on_its_own_pointer_and_shape(vec):
 def test_sfb_tile_index_and_tmem_shift(tile_n, index, shift):
     assert [bw.sfb_tile_index(t, tile_n) for t in range(5)] == index
     assert [bw.sfb_tmem_column_shift(t, tile_n) for t in range(5)] == shift
+    for tile_m in (128, 256):
+        gemm = bw.BlockwiseGemmFp4Sm100(16, (tile_m, tile_n), (2, 1))
+        assert [gemm._sfb_coords(t) for t in range(5)] == list(zip(index, shift, strict=True))
     assert bw.sfb_load_rows(tile_n) == (128 if tile_n <= 128 else 256)
 
 
