@@ -1465,8 +1465,8 @@ def compile_gemm(
     """Compile the kernel for any M, N, K, L (runtime values); returns (kernel object, executor).
 
     ``gpu_arch`` is a key of ``GPU_ARCHS``; no GPU is needed (cross-compilation).  With
-    ``dump_dir`` (an existing folder) the PTX and the cubin are written there too; the
-    executor's ``__ptx__`` holds the PTX either way.
+    ``dump_dir`` (an existing folder) the PTX and the cubin are written there, and the
+    executor's ``__ptx__`` holds the PTX.
     """
     if gpu_arch not in GPU_ARCHS:
         raise ValueError(f"gpu_arch={gpu_arch!r} is not one of {list(GPU_ARCHS)}")
