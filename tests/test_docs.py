@@ -152,40 +152,45 @@ def test_scale_field_on_the_plain_mma(repro):
     )
 
 
-# --- Section "Error 2": profile of input tuples doesn't match -----------------------------------
-def test_fp8_blockwise_scaling_with_128_wide_blocks_is_fine(repro):
-    f = repro.software_scaling_profile(128)
-    assert f.raised is None, f.message
-    assert f.details["acc_fragment_shape"] == f.details["scale_fragment_shape"]
-
-
-def test_fp8_blockwise_scaling_with_16_wide_blocks_gives_the_profile_error(repro):
-    f = repro.software_scaling_profile(16)
-    assert f.raised == "TypeError"
-    assert f.message == "profile of input tuples doesn't match: (32, (16, 2))"
-    assert f.details["acc_fragment_shape"] == "((32, 1), 1, 1)"
-    assert f.details["scale_fragment_shape"] == "(((16, 2), 1), 1, 1)"
-
-
-def test_profile_error_goes_away_when_the_scales_are_viewed_with_the_acc_layout(repro):
-    f = repro.software_scaling_profile(16, view_as_acc=True)
-    assert f.raised is None, f.message
-    assert f.details["scale_fragment_shape"] == f.details["acc_fragment_shape"]
+# --- Error 2 and the FP8 example's scale checks, on the FP8 example's own code path ------------
+@pytest.mark.parametrize(
+    "mma,granularity_n,granularity_k,message",
+    [
+        ("fp8", 128, 128, ""),
+        # The example's single-dtype call builds the unscaled K 32 MMA for FP4: no error (Error 1).
+        ("fp4 plain (the example's call)", 128, 128, ""),
+        # The block-scaled MMA is K 64, so the K tile becomes 256: two 128-wide K blocks per tile.
+        ("fp4 block-scaled", 128, 128, "scale_k_per_tile must be 1"),
+        ("fp8", 128, 16, "scale_k_per_tile must be 1"),
+        ("fp8", 16, 128, "scale_n_per_tile must be 1"),
+    ],
+)
+def test_fp8_example_scale_checks(repro, mma, granularity_n, granularity_k, message):
+    f = repro.fp8_example_scale_checks(mma, granularity_n, granularity_k)
+    assert f.message == message, f.details
+    assert f.raised == ("ValueError" if message else None)
 
 
 @pytest.mark.parametrize(
     "granularity,expected",
-    [(1, None), (2, "(32, (2, 16))"), (8, "(32, (8, 4))"), (32, None), (64, None)],
+    [(128, None), (16, "(32, (16, 2))"), (8, "(32, (8, 4))"), (32, None), (64, None), (1, None)],
 )
-def test_profile_error_needs_a_block_narrower_than_the_epilogue_subtile(
-    repro, granularity, expected
-):
-    """The mismatch appears exactly when 1 < granularity < 32 (the subtile's 32 columns)."""
-    f = repro.software_scaling_profile(granularity)
+def test_fp8_example_scale_product_profile_error(repro, granularity, expected):
+    """scale_a * scale_b fails exactly when 1 < granularity_n < 32 (the subtile's 32 columns)."""
+    f = repro.fp8_example_scale_product(granularity)
     if expected is None:
         assert f.raised is None, f.message
+        assert f.details["scale_a_shape"] == f.details["scale_b_shape"] == "((32, 1), 1, 1)"
     else:
+        assert f.raised == "TypeError"
         assert f.message == f"profile of input tuples doesn't match: {expected}"
+        assert f.details["scale_b_shape"] == f"(({expected[5:-1]}, 1), 1, 1)"
+
+
+def test_fp8_example_scale_product_fails_the_same_with_fp4_data(repro):
+    f8 = repro.fp8_example_scale_product(16)
+    f4 = repro.fp8_example_scale_product(16, repro.F4)
+    assert (f4.raised, f4.message) == (f8.raised, f8.message)
 
 
 def test_sf_layouts_accept_the_plain_mma_with_a_k32_mode(repro):
