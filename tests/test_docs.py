@@ -293,6 +293,14 @@ def test_figure_offsets_equal_the_dsl_sf_layout(repro, draw, sf_vec_size):
     assert dsl == draw.offset_table(rows, n_cols)
 
 
+@pytest.mark.parametrize("sf_vec_size", [16, 32])
+def test_figure_tmem_panel_equals_the_dsl_tmem_layout(repro, draw, sf_vec_size):
+    """Panel 3: where tcgen05.cp puts each scale is where make_tmem_layout_sfa reads it."""
+    dsl = repro.dsl_tmem_sf_positions(sf_vec_size)
+    for (r, c), copies in dsl.items():
+        assert copies == draw.tmem_positions(r, c), (r, c)
+
+
 def test_figure_script_draws(draw, tmp_path):
     pytest.importorskip("matplotlib", reason="doc tool only: pip install matplotlib")
     out = draw.draw(tmp_path / "sf_layout.png")
