@@ -77,6 +77,22 @@ def test_plain_builder_silently_builds_an_unscaled_fp4_mma(repro):
     assert any("deprecated" in w for w in f.details["legacy_warnings"])
 
 
+def test_the_deprecation_warning_is_hidden_by_default(repro):
+    """The guide: the single-dtype call's only sign is a DeprecationWarning Python hides.
+
+    Python's default filters show a DeprecationWarning only when it is attributed to __main__;
+    this one is attributed to a file inside the DSL, whoever calls the builder.
+    """
+    import cutlass
+
+    f = repro.plain_builder_with_fp4()
+    assert f.details["legacy_warning_categories"] == ["DeprecationWarning"]
+    dsl_dir = str(Path(cutlass.__file__).resolve().parent)
+    for filename in f.details["legacy_warning_files"]:
+        assert str(Path(filename).resolve()).startswith(dsl_dir), filename
+    assert "is a `DeprecationWarning` that Python hides" in GUIDE
+
+
 def test_blockscaled_builder_picks_the_fp4_ops(repro):
     d = repro.blockscaled_builder_ops().details
     nv, mx = d["nvfp4 (F4 x F4, E4M3, 16)"], d["mxfp4 (F4 x F4, E8M0, 32)"]
