@@ -341,6 +341,72 @@ def test_every_reproduced_message_is_quoted_in_the_guide(repro):
         assert message and " ".join(message.split()) in flat, f"not quoted in the guide: {message}"
 
 
+def test_every_reproduced_value_is_quoted_in_the_guide(repro):
+    """Op names, PTX kinds and swizzles the guide quotes are the ones the pinned DSL produces."""
+    builder = repro.blockscaled_builder_ops().details
+    k_tiles = repro.fp8_k_tile_on_fp4_mma().details
+    plain_ptx = repro.mma_ptx("plain_builder").details["mma_lines"][0]
+    nvfp4_ptx = repro.mma_ptx("blockscaled_with_scales").details["mma_lines"][0]
+    values = [
+        repro.plain_builder_with_fp4().details["new_api"]["op"],
+        re.match(r"tcgen05\.mma\.cta_group::1\.kind::\w+", plain_ptx).group(0),
+        builder["nvfp4 (F4 x F4, E4M3, 16)"]["op"],
+        builder["mxfp4 (F4 x F4, E8M0, 32)"]["op"],
+        builder["E4M3 x F4, E4M3, 16 (mixed)"]["op"],
+        re.search(r"kind::mxf4nvf4\.block_scale\.block16", nvfp4_ptx).group(0),
+        k_tiles["swizzle_k128"],
+        k_tiles["swizzle_k256"],
+    ]
+    for value in values:
+        assert f"`{value}`" in GUIDE, f"not quoted in the guide: {value}"
+    # ... and the guide quotes no other op or swizzle.
+    for pattern in (r"`(Mma\w+Op)`", r"`(S<\d,\d,\d>)`"):
+        for quoted in re.findall(pattern, GUIDE):
+            assert quoted in values, f"the guide quotes {quoted}, which the repro never saw"
+
+
+def _known_messages(repro) -> list[str]:
+    """Every message the guide may quote, with its exception class where one is raised."""
+    known = [
+        repro.DSL_44_PLAIN_BUILDER_ERROR,
+        repro.FP8_EXAMPLE_UNSUPPORTED.format(ab_dtype="Float4E2M1FN"),
+        *[f"ValueError: {message}" for _, message in repro.FP8_EXAMPLE_CHECKS],
+    ]
+    for f in (
+        repro.set_scale_field_on_plain_mma(),
+        repro.gemm_with_scales_on_plain_mma(),
+        repro.fp8_example_scale_product(16),
+        repro.fp8_k_tile_on_fp4_mma(),
+        repro.two_cta_cluster_error(),
+    ):
+        known.append(f"{f.raised}: {f.message.removeprefix('unknown: ')}")
+    known += [f"{cls}: {msg}" for cls, msg in repro.blockscaled_mma_errors().details.values()]
+    return known
+
+
+def test_error_index_quotes_only_real_messages(repro):
+    """Each quoted message in the error index is (up to "...") one the DSL or example raises."""
+    known = _known_messages(repro)
+    index = GUIDE[GUIDE.index("## Error index") : GUIDE.index("## Checklist")]
+    rows = [line for line in index.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 10
+    for row in rows:
+        quote = re.match(r"\| `([^`]+)`", row).group(1)
+        fragments = [part.strip(" ,") for part in quote.split("...")]
+        assert any(fragments), row
+        for fragment in filter(None, fragments):
+            assert any(fragment in message for message in known), row
+
+
+def test_shape_error_table_matches_the_dsl(repro):
+    """The "builder's shape errors" table: exception class and message of each row."""
+    known = _known_messages(repro)
+    rows = re.findall(r"^\| [^|]+ \| `(\w+)`: `([^`]+)` \|$", GUIDE, re.M)
+    assert len(rows) == 5
+    for cls, message in rows:
+        assert f"{cls}: {message}" in known, (cls, message)
+
+
 def test_messages_quoted_from_other_sources(repro):
     """Messages the pinned DSL cannot raise: DSL <= 4.4's builder, the FP8 example's own checks."""
     assert repro.DSL_44_PLAIN_BUILDER_ERROR in GUIDE
