@@ -183,6 +183,13 @@ def blockscaled_builder_ops() -> Finding:
             F4, F4, MNMAJ, MNMAJ, E4M3, 16, ONE, TILE_MN
         )
         out["F4 x F4 requested MN-major"] = _op_info(mn)
+        # The DSL <= 4.4 signature (one ab_dtype) still builds on 4.8.1, with a deprecation.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            legacy = sm100_utils.make_blockscaled_trivial_tiled_mma(
+                F4, KMAJ, KMAJ, E4M3, 16, ONE, TILE_MN
+            )
+        out["nvfp4, one-dtype (DSL <= 4.4) signature"] = _op_info(legacy)
 
     exc = _run_jit(body)
     return Finding(

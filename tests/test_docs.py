@@ -121,6 +121,8 @@ def test_blockscaled_builder_picks_the_fp4_ops(repro):
     )
     # The requested MN-major mode is ignored: the FP4 ops are K-major only.
     assert d["F4 x F4 requested MN-major"]["a_major"].endswith(".K")
+    # "the one-dtype block-scaled form still works on 4.8.1"
+    assert d["nvfp4, one-dtype (DSL <= 4.4) signature"] == nv
 
 
 # --- What the PTX says -------------------------------------------------------------------------
