@@ -11,13 +11,13 @@ blocked layout of ``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 e
 Float8E8M0FNU scales per 32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major
 [M, N] per batch with row pitch N (no padding: M and N are arbitrary).
 
-Hopper has no FP4 tensor cores, so FP4 is dequantized exactly to F16 (NVFP4 on the decode and
-fused paths) or BF16 (MXFP4; NVFP4 on prefill) with integer, byte-permute and packed-half
+Hopper has no FP4 tensor cores, so FP4 is dequantized exactly to F16 (NVFP4 on the decode
+path) or BF16 (MXFP4; NVFP4 on prefill) with integer, byte-permute and packed-half
 multiplies, and the tensor cores run F16 / BF16
 ``wgmma`` with FP32 accumulation.  Every e2m1 * scale product is exact in that type (see
 ``Exactness``), so D equals ``reference.reference_gemm`` up to the order of the fp32 summation.
 
-Operand roles ("kernel A" / "kernel B") and the three paths
+Operand roles ("kernel A" / "kernel B") and the two paths
 ----------------------------------------------------------
 The kernel computes a tile of rows x cols of the *row* operand ("kernel A", the wgmma A
 operand) against the *column* operand ("kernel B", the wgmma B operand, always in SMEM).
@@ -40,9 +40,6 @@ operand) against the *column* operand ("kernel B", the wgmma B operand, always i
             output tile, which costs (M / 128 + N / 256) x the conversions) and the mainloop is
             a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that multicast their
             common B tile.
-    fused   (``--path fused``): kernel A dequantized into the A register fragment, kernel B
-            (weights) converted by the consumers into three rotating SMEM buffers; no
-            extra memory, but slower (kept for comparison and memory-tight callers).
 The path and tile are chosen by ``default_config`` (documented there); ``--path`` overrides.
 After ``convert_operands`` the GEMM grid is launched with programmatic dependent launch, so its
 prologue overlaps the conversion; its producer waits (``griddepcontrol.wait``) before it loads a
@@ -51,28 +48,23 @@ releases its dependents once every CTA has issued its last load; on decode tiles
 or 32 tokens (``prologue_pdl``) ``convert_operands`` is launched with PDL as well, waits for the
 kernel ahead of it before it touches memory, and so starts within the previous launch's tail;
 its CTAs are small enough (128 threads, <= 32 registers) to share an SM with two GEMM CTAs of
-128 weight rows, or with one CTA of 4 K groups.  With ``static_weights`` (the caller's promise
-that no kernel still running when the launch starts writes the weights or their scales) the
-prologue of 8-token and K-group tiles on this PDL chain releases its GEMM at entry instead, and
-the GEMM requests three stages of weights before its wait, so that its weight stream starts
-within the previous kernel's tail.
+128 weight rows, or with one CTA of 4 K groups.
 
 Warp roles (128 * (1 + G * k_groups) threads, G = 1 or 2 row warpgroups, 1 or 2 CTAs per SM)
 ------------------------------------------------------------------------------------------
     ==========  ============  =================================================================
     warps       role          work
     ==========  ============  =================================================================
-    0           TMA producer  per stage: packed kernel A + its scales (decode, fused) or the
+    0           TMA producer  per stage: packed kernel A + its scales (decode) or the
                               converted A tile (prefill); converted kernel B (multicast to the
-                              2x1 cluster on prefill) or packed B + scales (fused)
+                              2x1 cluster on prefill)
     1 .. 3      (idle)        give their registers back to the consumers
-    4 .. 4Gk+3  consumers     per 64-wide k-block: decode / fused dequantize their 64 kernel-A
-                              rows into registers (fused: and a share of kernel B into SMEM);
-                              then 4 wgmma (m64 x tile_cols x k16); epilogue (after the split-K
-                              fix-up): * alpha, convert, (rows x 32)-column subtiles through SMEM,
-                              TMA stores issued by warp 4 (direct stores where D's row pitch is
-                              not a multiple of 16 bytes, on the fused path and for split-K
-                              decode tiles of 128 rows x 64 tokens: registers).
+    4 .. 4Gk+3  consumers     per 64-wide k-block: decode dequantizes its 64 kernel-A
+                              rows into registers; then 4 wgmma (m64 x tile_cols x k16);
+                              epilogue (after the split-K fix-up): * alpha, convert,
+                              (rows x 32)-column subtiles through SMEM, TMA stores issued by
+                              warp 4 (direct stores where D's row pitch is not a multiple of 16
+                              bytes, and for split-K decode tiles of 128 rows x 64 tokens).
                               k_groups > 1: group g (warpgroups g x G ...) takes the unit's
                               k-tiles in stages s with s % k_groups == g; groups 1.. park their
                               accumulators in SMEM, group 0 adds them and runs the epilogue
@@ -83,15 +75,11 @@ Pipelines and barriers (producer -> consumer)
     ab_pipeline (PipelineTmaAsync, ``num_stages`` deep; two 64-wide k-blocks per stage over
                  packed FP4, one over converted tiles): TMA producer -> consumer warpgroups (of
                  both CTAs of a 2x1 cluster: a stage is refilled only when both released it).
-                 Fused releases a stage once both k-blocks are converted (before their wgmma
-                 run); decode and prefill one step later, once the wgmma that read it completed
+                 A stage is released one step later, once the wgmma that read it completed
                  (k_groups > 1: each group waits for that wgmma and frees the stage at once, so
                  that a group holds one stage, and one group's consumer warps release it).
     d_pipeline  (PipelineTmaStore, 2 deep; 1 when a tile is one subtile): consumer warpgroups
                  -> TMA store unit; a subtile buffer is rewritten once its store has read it.
-    NamedBarrierId.B_READY (fused): all consumer threads, once per k-block, after writing
-                 the converted kernel-B block (three SMEM buffers rotate so that one barrier per
-                 k-block is enough; see ``_consumer``)
     NamedBarrierId.EPILOGUE: consumer threads (of group 0), twice per D subtile (written to
                  SMEM / its buffer free again)
     NamedBarrierId.SPLITK_FIXUP: consumer threads (of group 0) around the split-K tile counter
@@ -136,7 +124,7 @@ Constraints (``can_implement`` explains each refusal)
 * kernel tile rows 64 or 128 (one or two consumer warpgroups); kernel tile cols 8, 16, 32, 64,
   128 or 256 (a divisor or multiple of the 128-row scale atom).
 * cluster shape (1, 1), or (2, 1) on the prefill path (the default there).
-* NVFP4 on the decode and fused paths (F16 operands): |alpha| < 2^114 (alpha * 2^14 must be
+* NVFP4 on the decode path (F16 operands): |alpha| < 2^114 (alpha * 2^14 must be
   finite); prefill (BF16) takes any finite fp32 alpha.
 * 32-bit offsets: D (M*N*L), packed A and B (M*K/2*L, N*K/2*L bytes), the converted copies
   (rows x K rounded up to 64 x L; decode pads the token rows) and, on decode and prefill, the
@@ -156,9 +144,6 @@ Constraints (``can_implement`` explains each refusal)
 * D leaves through TMA stores when N * sizeof(D) is a multiple of 16 bytes (a TMA stride rule);
   otherwise the runner takes the variant compiled with direct, predicated stores
   (``tma_store_fits``).
-* ``static_weights`` is a promise, not checked: if a kernel that may still be running when the
-  launch starts (with PDL, the one just ahead and those it was released early by) writes the
-  weights or their scales, D may be silently wrong.
 
 Run
 ---
@@ -166,7 +151,6 @@ Run
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32 \\
         --sf_dtype Float8E8M0FNU --c_dtype Float32
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 4096,4096,4096,1 --compile_only   # any host
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 1,8192,8192,1 --static_weights    # decode
 """
 
 from __future__ import annotations
@@ -198,7 +182,7 @@ SF_VEC_OF_DTYPE = {"Float8E4M3FN": 16, "Float8E8M0FNU": 32}
 C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 VALID_TILE_COLS = (8, 16, 32, 64, 128, 256)
 VALID_TILE_ROWS = (64, 128)
-PATHS = ("prefill", "decode", "fused")
+PATHS = ("prefill", "decode")
 # K elements per pipeline stage (64 packed bytes per row) and per wgmma k-block (4 x k16).
 K_TILE = 128
 K_BLOCK = 64
@@ -206,7 +190,6 @@ K_BLOCK = 64
 SF_ATOM_ROWS = 128
 SF_ATOM_COLS = 4
 SF_ATOM_BYTES = 512
-NUM_BDQ_BUFFERS = 3
 # convert_operands: threads per CTA and 16-byte chunks per thread.  Prefill converts whole
 # operands (many bytes in flight per thread); decode converts the tokens with small CTAs that
 # fit next to two GEMM CTAs on an SM (``DECODE_CONVERT_MAX_REGS``).
@@ -233,13 +216,6 @@ DECODE_MAX_STAGES = 6
 DECODE_K_GROUP_MAX_STAGES = 8
 # default_config: K groups of the one-wave decode configuration (see there)
 DECODE_K_GROUPS = 4
-# Decode with ``static_weights``: stages of weights the GEMM requests before its PDL wait (one
-# without it).  H200, 8-token and K-group tiles: 1 x 8192 x 8192 14.2-15.0 us with 3 stages,
-# 14.4-14.6 with 1, 15.1-15.7 with 6 (a full ring), against 15.1-15.4 without the option
-# (hopper/NOTES.md, thirteenth session).
-STATIC_WEIGHT_STAGES = 3
-# default_config with static_weights: the longest K-group units it takes (in k-tiles of 128)
-STATIC_K_GROUP_MAX_K_TILES = 64
 # default_config: the fixed cost of one decode work unit (its split-K fix-up and store, about
 # 1 us on the H200, the time a CTA streams about three k-tiles of 128 weight rows), in weight
 # rows x k-tiles of 128
@@ -267,10 +243,9 @@ FP32_MAX = (2.0 - 2.0**-23) * 2.0**127
 class NamedBarrierId(enum.IntEnum):
     """Hardware named barriers (id 0 is __syncthreads)."""
 
-    B_READY = 1  # consumers (fused path): the converted kernel-B block is in SMEM
-    EPILOGUE = 2  # consumers: a D subtile is in SMEM (TMA store) / its buffer is free again
-    SPLITK_FIXUP = 3  # consumers: split-K partial tile written / counter read
-    K_GROUP_REDUCE = 4  # consumers (k_groups > 1): partials parked in SMEM / read back
+    EPILOGUE = 1  # consumers: a D subtile is in SMEM (TMA store) / its buffer is free again
+    SPLITK_FIXUP = 2  # consumers: split-K partial tile written / counter read
+    K_GROUP_REDUCE = 3  # consumers (k_groups > 1): partials parked in SMEM / read back
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,12 +496,10 @@ def default_config(
     num_sms: int = 132,
     path: str | None = None,
     allow_k_groups: bool = True,
-    static_weights: bool = False,
 ):
     """(path, mma_tiler_mn, split_k, k_groups) for a problem; ``path`` given: that path's
     tile, split and K groups; ``allow_k_groups`` False: the pick without K groups (the CLI's
-    base when the tile or the split is given); ``static_weights``: the pick for a runner
-    compiled with it (see ``Fp4GemmSm90Runner``).
+    base when the tile or the split is given).
 
     Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
     the register operand (decode path, kernel tile of 128 or 64 weight rows x the next power of
@@ -555,21 +528,6 @@ def default_config(
     9.0.  Not taken for longer units: of 16 such shapes it measured slower at 8 (1 x 7168 x
     16384 27.0 against 24.2 us), the same at 4 and faster at 4 (32 x 8192 x 8192 17.9 against
     18.8).
-
-    With ``static_weights`` K groups start their weight stream within the previous kernel's
-    tail and the 128-row split-K tiles of 16 and 32 tokens do not (``early_release``), so one
-    wave of K groups is taken for 9 to 32 tokens also where the units are longer, up to
-    STATIC_K_GROUP_MAX_K_TILES k-tiles (half as many when K is split), if it fills at least
-    15/16 of the SMs.  H200, both with ``static_weights`` (hopper/NOTES.md, thirteenth
-    session): 12 / 16 / 20 / 32 x 8192 x 8192 15.8-15.9 / 16.0-16.1 / 16.8-17.0 / 17.1 us
-    against 16.0-16.1 / 16.3-16.4 / 18.5-18.6 / 18.7-18.8, 16 x 8192 x 6144 12.6-12.9 against
-    14.1-14.3, 16 x 4096 x 7168 (split 2) 10.2-11.1 against 11.1-11.4, MXFP4 16 x 8192 x 8192
-    17.1 against 17.9; slower at 16 x 8448 x 8192 (132 CTAs: 16.2-16.3 against 15.9-16.1) and
-    32 x 4096 x 7168 (split 2: 11.9-12.1 against 11.9); not taken at 16 x 4096 x 16384 (split
-    units of 64 k-tiles: 17.6 against 17.1), 32 x 8192 x 16384 (128 k-tiles: 31.6 against
-    29.5) and 16 x 7168 x 16384 (112 CTAs: 28.9 against 25.6).  At 1 and 8 tokens K groups
-    tied or lost.  All in back-to-back calls; after a plain kernel ahead the K-group pick was
-    slower (16 x 8192 x 8192 19.2-19.3 against 18.5-18.8 us).
 
     From 129 to DECODE_MAX_M tokens the decode path still wins: tiles of 128 tokens x 128
     weight rows dequantize every weight once per token tile, which costs less than the prefill
@@ -609,31 +567,23 @@ def default_config(
         _, tiler, split = best
         kg_split = None
         if allow_k_groups and cols <= 32 and math.ceil(k_tiles / split) <= 8:
-            kg_split = _one_wave_k_group_split(n, l, k_tiles, num_sms, 0.75)
-        if kg_split is None and allow_k_groups and static_weights and 16 <= cols <= 32:
-            kg_split = _one_wave_k_group_split(
-                n, l, k_tiles, num_sms, 15 / 16, STATIC_K_GROUP_MAX_K_TILES
-            )
+            kg_split = _one_wave_k_group_split(n, l, k_tiles, num_sms)
         if kg_split is not None:
             return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
         return "decode", tiler, split, 1
     return path, (128, 256), 1, 1
 
 
-def _one_wave_k_group_split(n, l, k_tiles, num_sms, min_fill, max_unit_k_tiles=None):  # noqa: E741
+def _one_wave_k_group_split(n, l, k_tiles, num_sms):  # noqa: E741
     """``default_config``'s K groups: the first K split (1, 2, 3, 4, 6, 8) at which one CTA per
-    64 weight rows and split fills between ``min_fill`` of the SMs and all of them, with at
-    least two k-tiles per group and, if given, units of at most ``max_unit_k_tiles`` k-tiles
-    (half as many when split); None if there is none."""
+    64 weight rows and split fills between 3/4 of the SMs and all of them, with at least two
+    k-tiles per group; None if there is none."""
     tiles = math.ceil(n / 64) * l
     for kg_split in (1, 2, 3, 4, 6, 8):
         if k_tiles // kg_split < 2 * DECODE_K_GROUPS:
             return None
         ctas = tiles * kg_split
-        unit = math.ceil(k_tiles / kg_split)
-        if max_unit_k_tiles is not None and unit > max_unit_k_tiles // (1 if kg_split == 1 else 2):
-            continue
-        if min_fill * num_sms <= ctas <= num_sms:
+        if 0.75 * num_sms <= ctas <= num_sms:
             return kg_split
     return None
 
@@ -663,12 +613,8 @@ def kernel_tile(path: str, mma_tiler_mn: tuple[int, int]) -> tuple[int, int]:
 def epilogue_staging_fits(path: str, mma_tiler_mn: tuple[int, int], split_k: int) -> bool:
     """Whether the consumers have the registers to stage D subtiles in SMEM for TMA stores.
 
-    NOTE: not on the fused path, whose 128 x 256 consumers (accumulators, A fragments and
-    hoisted SMEM addresses of the in-loop conversion) would spill the subtile staging, nor for
-    split-K decode tiles of 128 weight rows x 64 tokens, whose consumers (104 registers at two
-    CTAs per SM) would spill it next to the fix-up (a compile sweep: 32-40 bytes)."""
-    if path == "fused":
-        return False
+    NOTE: not for split-K decode tiles of 128 weight rows x 64 tokens, whose consumers (104
+    registers at two CTAs per SM) would spill the subtile staging next to the fix-up."""
     return not (path == "decode" and kernel_tile(path, mma_tiler_mn) == (128, 64) and split_k > 1)
 
 
@@ -833,7 +779,6 @@ class BlockwiseGemmFp4Sm90:
         split_k: int = 1,
         tma_store: bool = True,
         k_groups: int = 1,
-        static_weights: bool = False,
     ):
         self.sf_vec_size = sf_vec_size
         self.path = path
@@ -868,18 +813,15 @@ class BlockwiseGemmFp4Sm90:
         # wgmma B layout, so the consumers convert only the weights.  (Two other schemes measured
         # slower on the H200: the consumers, or idle producer warps, converting each stage's
         # packed tokens next to the weights; hopper/README.md.)
-        self.b_converted = path in ("decode", "prefill")
         # Prefill: both operands are converted by ``convert_operands`` (once per launch, not once
         # per output tile) and the mainloop is a plain SS wgmma GEMM over F16 / BF16 tiles.
         self.a_converted = path == "prefill"
         # 64-wide k-blocks per pipeline stage: two over packed FP4 (16-byte TMA rows), one over
         # converted F16 / BF16 tiles (128-byte rows, and room for four stages of 128 x 256).
         self.kblocks_per_stage = 1 if self.a_converted else K_TILE // K_BLOCK
-        # programmatic dependent launch of the GEMM after convert_operands
-        self.use_pdl = self.b_converted
-        # ... and of convert_operands itself, so that its launch overlaps the tail of the kernel
-        # before it (the previous GEMM releases it once all its loads are issued).  Decode only,
-        # two GEMM CTAs per SM, and (H200, hopper/NOTES.md, tenth session):
+        # Programmatic dependent launch of convert_operands, so that its launch overlaps the
+        # tail of the kernel before it (the previous GEMM releases it once all its loads are
+        # issued).  Decode only, two GEMM CTAs per SM, and (H200, hopper/NOTES.md, tenth session):
         # - tiles of 128 weight rows x up to 32 tokens, where the prologue's small CTAs fit
         #   beside two GEMM CTAs: 16 x 8192 x 8192 16.3 against 16.9 us, 32 x 28672 x 4096 26.3
         #   against 27.4;
@@ -903,24 +845,6 @@ class BlockwiseGemmFp4Sm90:
             (self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16))
             or (k_groups > 1 and self.tile_cols <= 32 and prologue_fits)
         )
-        # ``static_weights``: the caller guarantees that no kernel that may still be running when
-        # this launch starts writes the weights or their scales (CUTLASS's example 63 makes the
-        # same assumption for its L2 weight prefetch); the tokens, D and the workspace are still
-        # ordered by the PDL waits.
-        # The prologue then releases its GEMM at entry, before its own wait, so the GEMM's CTAs
-        # become resident within the previous kernel's tail and request STATIC_WEIGHT_STAGES
-        # stages of weights before their wait.  Used where it measured faster on the H200: the
-        # PDL chain with 8-token tiles or K groups (back-to-back calls: 1 x 8192 x 8192 14.2-14.4
-        # against 15.0-15.2 us, 16 x 7168 x 2048 5.8-6.0 against 6.4-6.6, 1 x 4096 x 4096 6.9
-        # against 7.8); with 16-token tiles of 128 rows it was slower (16 x 8192 x 8192 17.0-17.2
-        # against 16.4-16.6) and is not used (hopper/NOTES.md, thirteenth session).  After a
-        # kernel that does not release its dependents early nothing overlaps, and it measured
-        # slightly slower (1 x 8192 x 8192 16.6-17.8 against 16.5-17.6 us).
-        self.static_weights = static_weights
-        self.early_release = (
-            static_weights and self.prologue_pdl and (self.tile_cols == 8 or k_groups > 1)
-        )
-        self.stages_before_wait = STATIC_WEIGHT_STAGES if self.early_release else 1
         if path == "decode":
             self.convert_threads, self.convert_unroll = (
                 DECODE_CONVERT_THREADS,
@@ -966,7 +890,6 @@ class BlockwiseGemmFp4Sm90:
         self.sf_cols_per_stage = K_TILE // self.sf_vec_size
         self.sf_atoms_k = self.sf_cols_per_stage // SF_ATOM_COLS
         self.sfa_row_blocks = max(1, self.tile_rows // SF_ATOM_ROWS)
-        self.sfb_row_blocks = max(1, self.tile_cols // SF_ATOM_ROWS)
 
         packed_atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW64, cutlass.Uint8
@@ -977,18 +900,8 @@ class BlockwiseGemmFp4Sm90:
         else:
             self.a_stage_bytes = self.tile_rows * K_TILE // 2
             self.sfa_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfa_row_blocks
-        if self.b_converted:
-            self.b_stage_bytes = self.tile_cols * self.stage_k * 2
-            self.sfb_stage_bytes = 0
-            self.num_bdq_buffers = 0
-        else:
-            self.b_stage_bytes = self.tile_cols * K_TILE // 2
-            self.sfb_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfb_row_blocks
-            self.num_bdq_buffers = NUM_BDQ_BUFFERS
-        self.bdq_buffer_bytes = self.tile_cols * K_BLOCK * 2
-        self.tx_bytes = (
-            self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes
-        )
+        self.b_stage_bytes = self.tile_cols * self.stage_k * 2
+        self.tx_bytes = self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes
         # TMA-store epilogue: D in kernel coordinates, (rows, EPI_COLS) subtiles; the decode
         # path's tile is a tile of D^T, whose rows (D's columns) are the contiguous dimension.
         self.epi_tile = (self.tile_rows, min(self.tile_cols, EPI_COLS))
@@ -1008,7 +921,7 @@ class BlockwiseGemmFp4Sm90:
             max_stages = DECODE_K_GROUP_MAX_STAGES if self.k_groups > 1 else DECODE_MAX_STAGES
         self.num_stages = self._compute_stages(
             self.tx_bytes,
-            self.num_bdq_buffers * self.bdq_buffer_bytes + self.epi_bytes + self.reduce_bytes,
+            self.epi_bytes + self.reduce_bytes,
             self.occupancy,
             max_stages,
         )
@@ -1024,40 +937,27 @@ class BlockwiseGemmFp4Sm90:
                     f"k_groups = {self.k_groups}: {self.num_stages} stages of "
                     f"{self.tx_bytes} bytes fit, fewer than two per group"
                 )
-        bdq_atom = warpgroup.make_smem_layout_atom(
+        converted_atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype
         )
         kblocks = self.kblocks_per_stage * self.num_stages
         if self.a_converted:
             # (rows, 64, k-blocks x stage): converted kernel A as wgmma reads it (K-major SW128)
             self.a_smem_layout_staged = cute.tile_to_shape(
-                bdq_atom, (self.tile_rows, K_BLOCK, kblocks), order=(0, 1, 2)
+                converted_atom, (self.tile_rows, K_BLOCK, kblocks), order=(0, 1, 2)
             )
         else:
             # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks.
             self.a_smem_layout_staged = cute.tile_to_shape(
                 packed_atom, (self.tile_rows, K_TILE // 2, self.num_stages), order=(0, 1, 2)
             )
-        if self.b_converted:
-            # (cols, 64, k-blocks x stage): converted kernel B as wgmma reads it (K-major SW128)
-            self.b_smem_layout_staged = cute.tile_to_shape(
-                bdq_atom, (self.tile_cols, K_BLOCK, kblocks), order=(0, 1, 2)
-            )
-        else:
-            self.b_smem_layout_staged = cute.tile_to_shape(
-                packed_atom, (self.tile_cols, K_TILE // 2, self.num_stages), order=(0, 1, 2)
-            )
+        # (cols, 64, k-blocks x stage): converted kernel B as wgmma reads it (K-major SW128)
+        self.b_smem_layout_staged = cute.tile_to_shape(
+            converted_atom, (self.tile_cols, K_BLOCK, kblocks), order=(0, 1, 2)
+        )
         # Scale stage: (256 bytes, 2 * atoms_k, row blocks, stage) = whole 512-byte atoms.
         self.sfa_smem_layout_staged = cute.make_ordered_layout(
             (256, 2 * self.sf_atoms_k, self.sfa_row_blocks, self.num_stages), order=(0, 1, 2, 3)
-        )
-        self.sfb_smem_layout_staged = cute.make_ordered_layout(
-            (256, 2 * self.sf_atoms_k, self.sfb_row_blocks, self.num_stages), order=(0, 1, 2, 3)
-        )
-        # Converted kernel-B blocks (fused: by the consumers, 3 rotating): (cols, 64, buffer),
-        # K-major SW128.
-        self.bdq_smem_layout_staged = cute.tile_to_shape(
-            bdq_atom, (self.tile_cols, K_BLOCK, max(1, self.num_bdq_buffers)), order=(0, 1, 2)
         )
         # (rows, epi cols, epi stage): D subtiles on their way to the TMA store
         self.d_smem_layout_staged = sm90_utils.make_smem_layout_epi(
@@ -1120,12 +1020,11 @@ class BlockwiseGemmFp4Sm90:
                 conv_a_ptr,
                 cute.make_layout((rows_a, k_pad, l), stride=(k_pad, 1, rows_a * k_pad)),
             )
-        if cutlass.const_expr(self.b_converted):
-            conv_rows_b = self.converted_rows_b(rows_b)
-            mKB = cute.make_tensor(
-                conv_b_ptr,
-                cute.make_layout((conv_rows_b, k_pad, l), stride=(k_pad, 1, conv_rows_b * k_pad)),
-            )
+        conv_rows_b = self.converted_rows_b(rows_b)
+        mKB = cute.make_tensor(
+            conv_b_ptr,
+            cute.make_layout((conv_rows_b, k_pad, l), stride=(k_pad, 1, conv_rows_b * k_pad)),
+        )
         # Scales, blocked: (256, 2 * atoms along K, 128-row blocks, L); an atom is 2 x 256 bytes.
         sf_atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
         mSFKA = self._blocked_sf_tensor(ptr_sfka, rows_a, sf_atoms_k, l)
@@ -1148,7 +1047,7 @@ class BlockwiseGemmFp4Sm90:
         tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
             g2s, mKA, cute.slice_(self.a_smem_layout_staged, (None, None, 0)), a_tile
         )
-        b_tile = (self.tile_cols, K_BLOCK if self.b_converted else K_TILE // 2)
+        b_tile = (self.tile_cols, K_BLOCK)
         # NOTE: with a 2x1 cluster each CTA loads half of the shared B tile and multicasts it.
         tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_m > 1 else g2s,
@@ -1158,7 +1057,6 @@ class BlockwiseGemmFp4Sm90:
             num_multicast=self.cluster_m,
         )
         sf_tile_a = (256, 2 * self.sf_atoms_k, self.sfa_row_blocks)
-        sf_tile_b = (256, 2 * self.sf_atoms_k, self.sfb_row_blocks)
         if cutlass.const_expr(self.a_converted):
             # no scales in the mainloop: the A pair stands in for the unused arguments
             tma_atom_sfa, tma_tensor_sfa = tma_atom_a, tma_tensor_a
@@ -1168,16 +1066,6 @@ class BlockwiseGemmFp4Sm90:
                 mSFKA,
                 cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
                 sf_tile_a,
-            )
-        if cutlass.const_expr(self.b_converted):
-            # no kernel-B scales in the mainloop: the SFA pair stands in for the unused argument
-            tma_atom_sfb, tma_tensor_sfb = tma_atom_sfa, tma_tensor_sfa
-        else:
-            tma_atom_sfb, tma_tensor_sfb = cpasync.make_tiled_tma_atom(
-                g2s,
-                mSFKB,
-                cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0)),
-                sf_tile_b,
             )
 
         if cutlass.const_expr(self.tma_store):
@@ -1203,12 +1091,9 @@ class BlockwiseGemmFp4Sm90:
         )
 
         a_smem_dtype = self.mma_dtype if self.a_converted else cutlass.Uint8
-        b_smem_dtype = self.mma_dtype if self.b_converted else cutlass.Uint8
-        # (8 / 16-element placeholders for the buffers this configuration does not use: sBdq off
-        # the fused path, sSFA on prefill, sSFB on decode and prefill, sD with direct stores)
-        bdq_elems = cute.cosize(self.bdq_smem_layout_staged) if self.num_bdq_buffers else 8
+        # (16-element placeholders for the buffers this configuration does not use: sSFA on
+        # prefill, sD with direct stores)
         sfa_bytes = cute.cosize(self.sfa_smem_layout_staged) if self.sfa_stage_bytes else 16
-        sfb_bytes = cute.cosize(self.sfb_smem_layout_staged) if self.sfb_stage_bytes else 16
         d_elems = cute.cosize(self.d_smem_layout_staged) if self.tma_store else 16
 
         @cute.struct
@@ -1220,12 +1105,10 @@ class BlockwiseGemmFp4Sm90:
                 1024,
             ]
             sB: cute.struct.Align[
-                cute.struct.MemRange[b_smem_dtype, cute.cosize(self.b_smem_layout_staged)],
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(self.b_smem_layout_staged)],
                 1024,
             ]
-            sBdq: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, bdq_elems], 1024]
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfa_bytes], 128]
-            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfb_bytes], 128]
             sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, d_elems], 1024]
             if cutlass.const_expr(self.reduce_bytes > 0):
                 # k_groups > 1: the groups' parked accumulators (no placeholder otherwise: its
@@ -1236,45 +1119,44 @@ class BlockwiseGemmFp4Sm90:
 
         self.shared_storage = SharedStorage
 
-        if cutlass.const_expr(self.b_converted):
-            # one CTA covers convert_threads * convert_unroll chunks of one operand
-            per_cta = self.convert_threads * self.convert_unroll
-            chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
-            ctas = (chunks_b + per_cta - 1) // per_cta
-            if cutlass.const_expr(self.a_converted):
-                chunks_a = l * rows_a * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
-                ctas += (chunks_a + per_cta - 1) // per_cta
-            # (runtime divisors of the chunk index: precomputed multiply-shift, no IDIV sequence)
-            blocks_per_row = cute.fast_divmod_create_divisor_v2(k_pad // K_BLOCK)
-            rows_div_b = cute.fast_divmod_create_divisor_v2(rows_b)
-            rows_div_a = cute.fast_divmod_create_divisor_v2(rows_a)
-            decode = self.path == "decode"
-            self.convert_operands(
-                mKBpacked,
-                mSFKB,
-                mKB,
-                mKApacked,
-                mSFKA,
-                mKA,
-                k,
-                k_pad,
-                blocks_per_row,
-                rows_div_b,
-                rows_div_a,
-            ).launch(
-                grid=[ctas, 1, 1],
-                block=[self.convert_threads, 1, 1],
-                stream=stream,
-                use_pdl=self.prologue_pdl,
-                # decode: the register cap of DECODE_CONVERT_MAX_REGS, and the GEMM's SMEM
-                # carveout, so that these CTAs can share an SM with two GEMM CTAs
-                min_blocks_per_mp=(
-                    SM90_REGS_PER_SM // (self.convert_threads * DECODE_CONVERT_MAX_REGS)
-                    if decode
-                    else 0
-                ),
-                preferred_smem_carveout=100 if decode else None,
-            )
+        # one CTA covers convert_threads * convert_unroll chunks of one operand
+        per_cta = self.convert_threads * self.convert_unroll
+        chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
+        ctas = (chunks_b + per_cta - 1) // per_cta
+        if cutlass.const_expr(self.a_converted):
+            chunks_a = l * rows_a * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
+            ctas += (chunks_a + per_cta - 1) // per_cta
+        # (runtime divisors of the chunk index: precomputed multiply-shift, no IDIV sequence)
+        blocks_per_row = cute.fast_divmod_create_divisor_v2(k_pad // K_BLOCK)
+        rows_div_b = cute.fast_divmod_create_divisor_v2(rows_b)
+        rows_div_a = cute.fast_divmod_create_divisor_v2(rows_a)
+        decode = self.path == "decode"
+        self.convert_operands(
+            mKBpacked,
+            mSFKB,
+            mKB,
+            mKApacked,
+            mSFKA,
+            mKA,
+            k,
+            k_pad,
+            blocks_per_row,
+            rows_div_b,
+            rows_div_a,
+        ).launch(
+            grid=[ctas, 1, 1],
+            block=[self.convert_threads, 1, 1],
+            stream=stream,
+            use_pdl=self.prologue_pdl,
+            # decode: the register cap of DECODE_CONVERT_MAX_REGS, and the GEMM's SMEM
+            # carveout, so that these CTAs can share an SM with two GEMM CTAs
+            min_blocks_per_mp=(
+                SM90_REGS_PER_SM // (self.convert_threads * DECODE_CONVERT_MAX_REGS)
+                if decode
+                else 0
+            ),
+            preferred_smem_carveout=100 if decode else None,
+        )
         self.kernel(
             tma_atom_a,
             tma_tensor_a,
@@ -1282,8 +1164,6 @@ class BlockwiseGemmFp4Sm90:
             tma_tensor_b,
             tma_atom_sfa,
             tma_tensor_sfa,
-            tma_atom_sfb,
-            tma_tensor_sfb,
             mD,
             tma_atom_d,
             tma_tensor_d,
@@ -1296,15 +1176,13 @@ class BlockwiseGemmFp4Sm90:
             self.a_smem_layout_staged,
             self.b_smem_layout_staged,
             self.sfa_smem_layout_staged,
-            self.sfb_smem_layout_staged,
-            self.bdq_smem_layout_staged,
             self.d_smem_layout_staged,
         ).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
             cluster=(self.cluster_m, 1, 1),
             # programmatic dependent launch: overlaps this grid's start with convert_operands
-            use_pdl=self.use_pdl,
+            use_pdl=True,
             min_blocks_per_mp=self.occupancy,
             # all of the SM's 228 KiB as SMEM (percent), so that `occupancy` CTAs fit
             preferred_smem_carveout=100,
@@ -1321,8 +1199,6 @@ class BlockwiseGemmFp4Sm90:
         mB_nkl: cute.Tensor,
         tma_atom_sfa: cute.CopyAtom,
         mSFA_mkl: cute.Tensor,
-        tma_atom_sfb: cute.CopyAtom,
-        mSFB_nkl: cute.Tensor,
         mD_mnl: cute.Tensor,
         tma_atom_d: cute.CopyAtom,
         mD_tma: cute.Tensor,
@@ -1335,8 +1211,6 @@ class BlockwiseGemmFp4Sm90:
         a_smem_layout_staged: cute.ComposedLayout,
         b_smem_layout_staged: cute.ComposedLayout,
         sfa_smem_layout_staged: cute.Layout,
-        sfb_smem_layout_staged: cute.Layout,
-        bdq_smem_layout_staged: cute.ComposedLayout,
         d_smem_layout_staged: cute.ComposedLayout,
     ):
         """Dispatcher: shared storage and the pipeline, then one branch per warp role."""
@@ -1347,8 +1221,6 @@ class BlockwiseGemmFp4Sm90:
             # (the scale atoms are stand-ins for A's when the operand is converted)
             if cutlass.const_expr(not self.a_converted):
                 cpasync.prefetch_descriptor(tma_atom_sfa)
-            if cutlass.const_expr(not self.b_converted):
-                cpasync.prefetch_descriptor(tma_atom_sfb)
             if cutlass.const_expr(self.tma_store):
                 cpasync.prefetch_descriptor(tma_atom_d)
 
@@ -1383,15 +1255,12 @@ class BlockwiseGemmFp4Sm90:
                     a_smem_layout_staged,
                     b_smem_layout_staged,
                     sfa_smem_layout_staged,
-                    sfb_smem_layout_staged,
                     tma_atom_a,
                     mA_mkl,
                     tma_atom_b,
                     mB_nkl,
                     tma_atom_sfa,
                     mSFA_mkl,
-                    tma_atom_sfb,
-                    mSFB_nkl,
                     tile_sched_params,
                 )
         else:
@@ -1402,7 +1271,6 @@ class BlockwiseGemmFp4Sm90:
                 k_tiles,
                 a_smem_layout_staged,
                 b_smem_layout_staged,
-                bdq_smem_layout_staged,
                 d_smem_layout_staged,
                 mD_mnl,
                 tma_atom_d,
@@ -1429,15 +1297,12 @@ class BlockwiseGemmFp4Sm90:
         a_smem_layout_staged,
         b_smem_layout_staged,
         sfa_smem_layout_staged,
-        sfb_smem_layout_staged,
         tma_atom_a,
         mA_mkl,
         tma_atom_b,
         mB_nkl,
         tma_atom_sfa,
         mSFA_mkl,
-        tma_atom_sfb,
-        mSFB_nkl,
         tile_sched_params,
     ):
         # packed: (rows, 64 bytes, stage); converted: (rows, 64, k-blocks x stage)
@@ -1448,8 +1313,7 @@ class BlockwiseGemmFp4Sm90:
         a_tile_k = K_BLOCK if self.a_converted else K_TILE // 2
         gA = cute.local_tile(mA_mkl, (self.tile_rows, a_tile_k), (None, None, None))
         # packed: (cols, 64 bytes, RestCols, RestK, L); converted: (cols, 64, RestCols, RestK64, L)
-        b_tile_k = K_BLOCK if self.b_converted else K_TILE // 2
-        gB = cute.local_tile(mB_nkl, (self.tile_cols, b_tile_k), (None, None, None))
+        gB = cute.local_tile(mB_nkl, (self.tile_cols, K_BLOCK), (None, None, None))
         # (TMA, stage) / (TMA, RestRows, RestK, L)
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a,
@@ -1474,7 +1338,7 @@ class BlockwiseGemmFp4Sm90:
             cute.group_modes(sB, 0, 2),
             cute.group_modes(gB, 0, 2),
         )
-        tAsSFA, tAgSFA, tBsSFB, tBgSFB = None, None, None, None
+        tAsSFA, tAgSFA = None, None
         if cutlass.const_expr(not self.a_converted):
             # (256, 2 * atoms_k, row_blocks, stage)
             sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
@@ -1490,25 +1354,10 @@ class BlockwiseGemmFp4Sm90:
                 cute.group_modes(sSFA, 0, 3),
                 cute.group_modes(gSFA, 0, 3),
             )
-        if cutlass.const_expr(not self.b_converted):
-            # (256, 2 * atoms_k, row_blocks, stage)
-            sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
-            # (256, 2 * atoms_k, row_blocks, RestK, RestRowBlocks, L)
-            gSFB = cute.local_tile(
-                mSFB_nkl, (256, 2 * self.sf_atoms_k, self.sfb_row_blocks), (0, None, None, None)
-            )
-            # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
-            tBsSFB, tBgSFB = cpasync.tma_partition(
-                tma_atom_sfb,
-                0,
-                cute.make_layout(1),
-                cute.group_modes(sSFB, 0, 3),
-                cute.group_modes(gSFB, 0, 3),
-            )
 
         # the TMA atoms and partitions of each operand, for ``_copy_a`` / ``_copy_b``
         a_copies = (tma_atom_a, tAgA, tAsA, tma_atom_sfa, tAgSFA, tAsSFA)
-        b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask, tma_atom_sfb, tBgSFB, tBsSFB)
+        b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask)
         tile_sched = utils.StaticPersistentTileScheduler.create(
             tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
@@ -1516,15 +1365,15 @@ class BlockwiseGemmFp4Sm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         # k-tiles of the first work tile already requested (decode: its first stages)
         issued = Int32(0)
-        if cutlass.const_expr(self.use_pdl and not self.a_converted):
+        if cutlass.const_expr(not self.a_converted):
             issued, state = self._first_stages_across_pdl_wait(
                 ab_pipeline, state, a_copies, b_copies, work_tile, k_tiles
             )
-        elif cutlass.const_expr(self.use_pdl):
+        else:
             # NOTE: PDL launch: the converted operands are complete only after this wait.
             cute.arch.griddepcontrol_wait()
         while work_tile.is_valid_tile:
-            row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb = self._producer_unit(
+            row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
                 work_tile, k_tiles
             )
             kt_first = kt_begin + issued
@@ -1533,7 +1382,7 @@ class BlockwiseGemmFp4Sm90:
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 self._copy_a(a_copies, kt, state.index, bar, row_tile, sfa_rb, batch)
-                self._copy_b(b_copies, kt, state.index, bar, col_tile, sfb_rb, batch)
+                self._copy_b(b_copies, kt, state.index, bar, col_tile, batch)
                 ab_pipeline.producer_commit(state)
                 state.advance()
             tile_sched.advance_to_next_work()
@@ -1549,30 +1398,20 @@ class BlockwiseGemmFp4Sm90:
     def _first_stages_across_pdl_wait(
         self, ab_pipeline, state, a_copies, b_copies, work_tile, k_tiles
     ):
-        """Decode with a token prologue: request the weights of the first
-        ``stages_before_wait`` stages, wait for the prologue grid (``griddepcontrol.wait``),
-        then their tokens.  Returns the k-tiles issued (0 for a CTA without work or a first
-        unit without k-tiles) and the advanced pipeline state (returned because the loops
-        below rebind the name ``state`` to their results, so the caller's object does not see
-        the advance).
+        """Decode with a token prologue: request the weights of the first stage, wait for the
+        prologue grid (``griddepcontrol.wait``), then its tokens.  Returns the k-tiles issued
+        (0 for a CTA without work or a first unit without k-tiles) and the advanced pipeline
+        state (returned because the loops below rebind the name ``state`` to their results,
+        so the caller's object does not see the advance).
 
         NOTE: PDL launch: the converted tokens are complete only after the wait; the weights and
         their scales do not depend on it.  Requesting the first stage's weights early overlaps
-        their DRAM latency with the prologue (H200: 16.7-17.1 against 17.7-18.0 us at 16 x 8192
-        x 8192); requesting the whole ring first delayed the prologue itself (1 x 8192 x 8192:
-        20.6 against 18.6 us, hopper/NOTES.md), and two stages gained no more than one.  With
-        ``early_release`` (``static_weights``) the GEMM starts before the kernel ahead of the
-        prologue has completed; three stages then beat one on K-group tiles (16 x 7168 x 2048
-        5.9 against 6.0-6.1 us, 1 x 18432 x 7168 28.5-28.6 against 28.9) and overlapped it at
-        1 x 8192 x 8192 (14.2-15.0 against 14.4-14.6; MXFP4 16.6 against 16.3).
+        their DRAM latency with the prologue (hopper/DESIGN.md).
         """
-        row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb = self._producer_unit(
+        row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
             work_tile, k_tiles
         )
-        # (NOTE: at most the ring: a stage is freed only after its tokens have arrived)
-        issued = cutlass.min(
-            Int32(min(self.stages_before_wait, self.num_stages)), kt_end - kt_begin
-        )
+        issued = cutlass.min(Int32(1), kt_end - kt_begin)
         if not work_tile.is_valid_tile:
             issued = Int32(0)
         token_state = state.clone()
@@ -1584,7 +1423,7 @@ class BlockwiseGemmFp4Sm90:
         cute.arch.griddepcontrol_wait()
         for i in cutlass.range(issued, unroll=1):
             bar = ab_pipeline.producer_get_barrier(token_state)
-            self._copy_b(b_copies, kt_begin + i, token_state.index, bar, col_tile, sfb_rb, batch)
+            self._copy_b(b_copies, kt_begin + i, token_state.index, bar, col_tile, batch)
             ab_pipeline.producer_commit(token_state)
             token_state.advance()
         return issued, state
@@ -1592,14 +1431,13 @@ class BlockwiseGemmFp4Sm90:
     @cute.jit
     def _producer_unit(self, work_tile, k_tiles):
         """A work unit's coordinates for the TMA copies: row tile, col tile, batch, its k-tiles
-        [begin, end) and the scale row blocks of both operands."""
+        [begin, end) and kernel A's scale row block."""
         row_tile, col_tile, lk = work_tile.tile_idx
         batch = lk // self.split_k
         kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
         # Scale row block of this tile (tiles narrower than an atom share one).
         sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
-        sfb_rb = col_tile * self.tile_cols // (SF_ATOM_ROWS * self.sfb_row_blocks)
-        return row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb
+        return row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb
 
     @cute.jit
     def _copy_a(self, a_copies, kt, stage, bar, row_tile, sfa_rb, batch):
@@ -1617,29 +1455,18 @@ class BlockwiseGemmFp4Sm90:
             )
 
     @cute.jit
-    def _copy_b(self, b_copies, kt, stage, bar, col_tile, sfb_rb, batch):
-        """Kernel B of k-tile ``kt`` into ``stage``: converted, its k-blocks (multicast on a 2x1
-        cluster); packed, its bytes and scales."""
-        tma_atom_b, tBgB, tBsB, b_mcast_mask, tma_atom_sfb, tBgSFB, tBsSFB = b_copies
+    def _copy_b(self, b_copies, kt, stage, bar, col_tile, batch):
+        """Converted kernel B of k-tile ``kt`` into ``stage``, one TMA copy per k-block
+        (multicast on a 2x1 cluster)."""
+        tma_atom_b, tBgB, tBsB, b_mcast_mask = b_copies
         kbs = self.kblocks_per_stage
-        if cutlass.const_expr(self.b_converted):
-            for j in cutlass.range_constexpr(kbs):
-                cute.copy(
-                    tma_atom_b,
-                    tBgB[(None, col_tile, kbs * kt + j, batch)],
-                    tBsB[(None, kbs * stage + j)],
-                    tma_bar_ptr=bar,
-                    mcast_mask=b_mcast_mask,
-                )
-        else:
+        for j in cutlass.range_constexpr(kbs):
             cute.copy(
-                tma_atom_b, tBgB[(None, col_tile, kt, batch)], tBsB[(None, stage)], tma_bar_ptr=bar
-            )
-            cute.copy(
-                tma_atom_sfb,
-                tBgSFB[(None, kt, sfb_rb, batch)],
-                tBsSFB[(None, stage)],
+                tma_atom_b,
+                tBgB[(None, col_tile, kbs * kt + j, batch)],
+                tBsB[(None, kbs * stage + j)],
                 tma_bar_ptr=bar,
+                mcast_mask=b_mcast_mask,
             )
 
     @cute.jit
@@ -1662,7 +1489,6 @@ class BlockwiseGemmFp4Sm90:
         k_tiles,
         a_smem_layout_staged,
         b_smem_layout_staged,
-        bdq_smem_layout_staged,
         d_smem_layout_staged,
         mD_mnl,
         tma_atom_d,
@@ -1687,23 +1513,10 @@ class BlockwiseGemmFp4Sm90:
         q = lane % 4  # 16-element group of the 64-wide k-block this thread dequantizes
 
         thr_mma = tiled_mma.get_slice(tidx)
-        if cutlass.const_expr(self.b_converted):
-            # (cols, 64, k-blocks x stage)
-            sB = storage.sB.get_tensor(
-                b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner
-            )
-            # (MMA, MMA_N, MMA_K, k-blocks x stage): descriptors of the converted kernel B
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        else:
-            # (cols, 64, buffer)
-            sBdq = storage.sBdq.get_tensor(
-                bdq_smem_layout_staged.outer, swizzle=bdq_smem_layout_staged.inner
-            )
-            # (MMA, MMA_N, MMA_K, buffer): descriptors of the converted kernel-B blocks
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sBdq))
-            base_b = storage.sB.data_ptr().toint()
-            base_sfb = storage.sSFB.data_ptr().toint()
-            base_bdq = storage.sBdq.data_ptr().toint()
+        # (cols, 64, k-blocks x stage)
+        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
+        # (MMA, MMA_N, MMA_K, k-blocks x stage): descriptors of the converted kernel B
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         if cutlass.const_expr(self.a_converted):
             # (rows, 64, k-blocks x stage)
             sA = storage.sA.get_tensor(
@@ -1743,8 +1556,8 @@ class BlockwiseGemmFp4Sm90:
         read_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_stages
         )
-        # converted kernel B (decode, prefill; k_groups == 1): stages are released one step
-        # late, once the wgmma reading them completed
+        # k_groups == 1: stages are released one step late, once the wgmma reading them
+        # completed
         free_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.num_stages
         )
@@ -1754,7 +1567,6 @@ class BlockwiseGemmFp4Sm90:
             unit_state = pipeline.make_pipeline_state(
                 pipeline.PipelineUserType.Consumer, self.num_stages
             )
-        kblock = Int32(0)  # running k-block count: picks the converted kernel-B buffer (fused)
         while work_tile.is_valid_tile:
             row_tile, col_tile, lk = work_tile.tile_idx
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
@@ -1769,7 +1581,6 @@ class BlockwiseGemmFp4Sm90:
                 read_state.advance(offset)
             # Row offset of this tile inside its 128-row scale atom.
             sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS
-            sfb_row_off = col_tile * self.tile_cols % SF_ATOM_ROWS
             tCrAcc.fill(0.0)
             # NOTE: wgmma's scale-d operand: without ACCUMULATE every k16 step overwrites D.
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -1777,7 +1588,6 @@ class BlockwiseGemmFp4Sm90:
                 ab_pipeline.consumer_wait(read_state)
                 kbs = self.kblocks_per_stage
                 # decode: both k-blocks' kernel-A bytes at once, one SMEM latency per stage
-                # (the fused path has no registers to spare for it)
                 a_bytes = [
                     self._load_a(base_a, base_sfa, read_state.index, j, a_row0, sfa_row_off, q)
                     for j in range(kbs if self.path == "decode" else 0)
@@ -1788,38 +1598,8 @@ class BlockwiseGemmFp4Sm90:
                     else:
                         tCrA = tCrA0 if j == 0 else tCrA1
                         # ---- kernel A: 2 rows x 16 K values -> 16 F16x2 / BF16x2 registers
-                        if cutlass.const_expr(self.path == "fused"):
-                            a_bytes.append(
-                                self._load_a(
-                                    base_a, base_sfa, read_state.index, j, a_row0, sfa_row_off, q
-                                )
-                            )
                         self._dequant_a(tCrA, a_bytes[j])
-                    if cutlass.const_expr(self.b_converted):
-                        b_block = kbs * read_state.index + j
-                    else:
-                        # ---- kernel B: this thread's share -> SMEM buffer ``b_block``
-                        b_block = kblock % NUM_BDQ_BUFFERS
-                        self._dequant_b(
-                            base_b,
-                            base_sfb,
-                            base_bdq,
-                            read_state.index,
-                            j,
-                            b_block,
-                            sfb_row_off,
-                            tidx,
-                        )
-                        if cutlass.const_expr(j == kbs - 1):
-                            ab_pipeline.consumer_release(read_state)
-                        # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a
-                        # proxy fence in every writing thread before the barrier.
-                        if tidx < self.tile_cols * 4:
-                            cute.arch.fence_proxy("async.shared", space="cta")
-                        cute.arch.barrier(
-                            barrier_id=int(NamedBarrierId.B_READY),
-                            number_of_threads=self.num_mma_threads,
-                        )
+                    b_block = kbs * read_state.index + j
                     warpgroup.fence()
                     for s in cutlass.range_constexpr(K_BLOCK // 16):
                         cute.gemm(
@@ -1836,36 +1616,22 @@ class BlockwiseGemmFp4Sm90:
                         warpgroup.wait_group(0)
                         ab_pipeline.consumer_release(read_state)
                     else:
-                        # NOTE: k-block t - 1 done => its A registers and, with the barrier
-                        # above, the kernel-B buffer of t - 2 (read by both warpgroups) are
-                        # free again.
+                        # NOTE: k-block t - 1 done => its A registers are free again.
                         warpgroup.wait_group(1)
-                    kblock += 1
-                    if cutlass.const_expr(self.b_converted and j == 0 and self.k_groups == 1):
+                    if cutlass.const_expr(j == 0 and self.k_groups == 1):
                         # the last wgmma of the previous stage has completed: free it
                         if kt > kt_first:
                             ab_pipeline.consumer_release(free_state)
                             free_state.advance()
                 read_state.advance(self.k_groups)
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.b_converted and self.k_groups == 1):
+            if cutlass.const_expr(self.k_groups == 1):
                 if kt_end > kt_first:
                     ab_pipeline.consumer_release(free_state)
                     free_state.advance()
             if cutlass.const_expr(self.k_groups > 1):
                 unit_state.advance(kt_end - kt_begin)
                 self._reduce_k_groups(tCrAcc, kgroup, tidx, storage.sRed.data_ptr().toint())
-            if cutlass.const_expr(self.early_release):
-                # NOTE: this grid may start before the kernel ahead of the prologue has
-                # completed (``early_release``).  A unit with k-tiles writes D and the split-K
-                # workspace only after a stage was read, whose tokens the producer loaded after
-                # its PDL wait (with K groups group 0 may own no stage of the unit: it writes
-                # after the reduce barrier, behind the groups that read one); a unit without
-                # k-tiles reads none, so its epilogue waits here.
-                # (Every consumer waiting at its start measured slower, as slow as without
-                # ``static_weights``: 16 x 7168 x 2048 6.3-6.4 against 5.8-6.0 us.)
-                if kt_end == kt_begin:
-                    cute.arch.griddepcontrol_wait()
             # (k_groups > 1: group 0 holds the sum)
             if kgroup == 0:
                 self._epilogue(
@@ -1917,33 +1683,6 @@ class BlockwiseGemmFp4Sm90:
             pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.f16), self.f16)
             for i in cutlass.range_constexpr(8):
                 rA[r + 2 * (i % 2) + 4 * (i // 2)] = pairs[i]
-
-    @cute.jit
-    def _dequant_b(self, base_b, base_sfb, base_bdq, stage, j, buf, sfb_row_off, tidx):
-        """This thread's (row, 16-group) items of kernel B's k-block j -> F16 / BF16 SMEM ``buf``.
-
-        Pair P_i of a group q goes to logical K 16 (i // 2) + 8 (i % 2) + 2q, +1: the same
-        slots the A fragment gives it, i.e. 16-byte chunk i of the 128-byte row, word q."""
-        items = self.tile_cols * 4
-        for it in cutlass.range_constexpr(
-            (items + self.num_mma_threads - 1) // self.num_mma_threads
-        ):
-            item = tidx + it * self.num_mma_threads
-            if item < items:
-                row = item // 4
-                qb = item % 4
-                packed = self._load_packed(base_b, stage, self.b_stage_bytes, row, j, qb)
-                factor = _scale_factor(
-                    self._load_scale_byte(
-                        base_sfb, stage, self.sfb_stage_bytes, row + sfb_row_off, j, qb
-                    ),
-                    self.f16,
-                )
-                pairs = _fp4x16_to_mma(packed, factor, self.f16)
-                row_addr = base_bdq + buf * self.bdq_buffer_bytes + row * 128 + qb * 4
-                for i in cutlass.range_constexpr(8):
-                    # NOTE: 128B swizzle: 16-byte chunk index XOR (row % 8).
-                    _st_shared_b32(row_addr + ((i ^ (row % 8)) * 16), pairs[i])
 
     @cute.jit
     def _load_packed(self, base, stage, stage_bytes, row, j, q):
@@ -2198,20 +1937,13 @@ class BlockwiseGemmFp4Sm90:
         # NOTE: with ``prologue_pdl`` this grid may start before the kernel ahead of it ends
         # (the previous GEMM releases it early): nothing here may read the operands or write the
         # converted copies (which that GEMM may still read) before the wait.  The release
-        # must stay after the wait, unless ``early_release``: the GEMM relies on it for
-        # everything it does before or without its own wait (the first stage's weight loads,
-        # and the epilogue of split-K units without k-tiles, which writes the workspace and D),
-        # since it can only start once the kernel ahead of this grid has completed.  With
-        # ``early_release`` the caller vouches for the weights (``static_weights``) and the
-        # GEMM's consumers wait before the epilogue of a unit without k-tiles (the others write
-        # after tokens loaded behind the producer's wait).  Without PDL the wait returns at once.
-        if cutlass.const_expr(self.early_release):
-            cute.arch.griddepcontrol_launch_dependents()
+        # must stay after the wait: the GEMM relies on it for everything it does before or
+        # without its own wait (the first stage's weight loads, and the epilogue of split-K
+        # units without k-tiles, which writes the workspace and D).
         cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(not self.early_release):
-            # the GEMM (launched with PDL) may start its prologue now; its producer waits for
-            # this grid's writes before the first TMA load of them
-            cute.arch.griddepcontrol_launch_dependents()
+        # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
+        # grid's writes before the first TMA load of them
+        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         per_cta = self.convert_threads * self.convert_unroll
@@ -2419,15 +2151,11 @@ def workspace_elems(m, n, l, path, mma_tiler_mn, split_k, cluster_m=1):  # noqa:
 def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
     """Shapes of the F16 / BF16 copies of kernel A and kernel B that ``convert_operands`` writes
     for a problem: (L, rows, K rounded up to 64), rows rounded up to whole tiles for the tokens
-    of the decode path; (8,) for an operand the configuration does not convert."""
+    of the decode path; (8,) for kernel A on decode, which is not converted."""
     rows_a, rows_b = (n, m) if gemm.swap_ab else (m, n)
     k_pad = _round_up(k, K_BLOCK)
-    shape_a, shape_b = (8,), (8,)
-    if gemm.a_converted:
-        shape_a = (l, rows_a, k_pad)
-    if gemm.b_converted:
-        shape_b = (l, gemm.converted_rows_b(rows_b), k_pad)
-    return shape_a, shape_b
+    shape_a = (l, rows_a, k_pad) if gemm.a_converted else (8,)
+    return shape_a, (l, gemm.converted_rows_b(rows_b), k_pad)
 
 
 def smem_bytes(gemm: BlockwiseGemmFp4Sm90) -> int:
@@ -2453,7 +2181,6 @@ def compile_gemm(
     cluster_shape_mn: tuple[int, int] | None = None,
     tma_store: bool = True,
     k_groups: int = 1,
-    static_weights: bool = False,
 ):
     """Compile for any M, N, K, L (runtime values); returns (kernel object, executor).
 
@@ -2462,14 +2189,13 @@ def compile_gemm(
     ``num_sms``: the GPU's SMs (the persistent grid holds occupancy x num_sms CTAs);
     ``cluster_shape_mn`` None takes ``default_cluster(path)``; ``tma_store`` False compiles the
     direct-store epilogue (for N * sizeof(D) not a multiple of 16 bytes, see ``tma_store_fits``);
-    ``static_weights``: see ``Fp4GemmSm90Runner``.
     """
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
     gemm = BlockwiseGemmFp4Sm90(
-        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, static_weights
+        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups
     )
     gmem = cute.AddressSpace.gmem
     # Placeholder addresses: only types and alignments matter for compilation.
@@ -2503,20 +2229,6 @@ class Fp4GemmSm90Runner:
     PDL-launched successor once all its loads are issued (``griddepcontrol.launch_dependents``):
     a kernel that follows it with programmatic dependent launch must ``griddepcontrol.wait``
     before it reads D.
-
-    ``static_weights=True`` (decode) is the caller's promise that no kernel that may still be
-    running when this launch starts writes the weights (``b``) or their scales
-    (``sfb_blocked``).  With programmatic dependent launch the kernel just ahead on the stream
-    can still be running (and those before it, when they released their dependents early);
-    the launch reads the weights before it waits for them where that pays (tiles of 8 tokens
-    and K groups on the PDL chain; elsewhere the option changes nothing;
-    ``default_config(..., static_weights=True)`` picks K groups more often for it).  Model
-    weights quantized once before serving keep the promise; a B operand written on the same
-    stream just before the call (a quantized activation or KV cache) may break it, and D may
-    then be silently wrong.  It pays only after a kernel that releases its PDL dependents early
-    (back-to-back calls of this GEMM on the H200: 1 x 8192 x 8192 14.2-14.8 against 14.6-15.1
-    us); after a plain launch it measured 0.1-0.7 us slower (hopper/NOTES.md, thirteenth
-    session, run 9).
     """
 
     def __init__(
@@ -2529,7 +2241,6 @@ class Fp4GemmSm90Runner:
         options="",
         cluster_shape_mn=None,
         k_groups=1,
-        static_weights=False,
     ):
         # a configuration the kernel cannot be built for is refused here, before compiling, and
         # a problem it cannot run at each call (``__call__``): ValueError naming each reason
@@ -2559,9 +2270,7 @@ class Fp4GemmSm90Runner:
             cluster_shape_mn,
         )
         # the TMA-store variant now; the direct-store one when an N first needs it
-        self.gemm, compiled = compile_gemm(
-            *self._args, tma_store=True, k_groups=k_groups, static_weights=static_weights
-        )
+        self.gemm, compiled = compile_gemm(*self._args, tma_store=True, k_groups=k_groups)
         self._compiled = {True: compiled}
         self._workspace = {}
 
@@ -2573,7 +2282,6 @@ class Fp4GemmSm90Runner:
                 *self._args,
                 tma_store=tma_store,
                 k_groups=self.gemm.k_groups,
-                static_weights=self.gemm.static_weights,
             )[1]
         return self._compiled[tma_store]
 
@@ -2718,16 +2426,6 @@ def _resource_usage(dump_dir: str) -> list[dict]:
     ]
 
 
-def _print_pdl(gemm: BlockwiseGemmFp4Sm90) -> None:
-    """The decode PDL chain's settings (whether ``static_weights`` changes this kernel)."""
-    if gemm.use_pdl and not gemm.a_converted:
-        print(
-            f"PDL: prologue launched with PDL: {gemm.prologue_pdl}, releases the GEMM at "
-            f"entry: {gemm.early_release}, weight stages before the GEMM's wait: "
-            f"{gemm.stages_before_wait}"
-        )
-
-
 def _parse_pair(text: str) -> tuple[int, int]:
     vals = tuple(int(x) for x in text.split(","))
     if len(vals) != 2:
@@ -2765,11 +2463,6 @@ def parse_args(argv=None):
         type=int,
         default=None,
         help="decode: consumer warpgroup groups splitting K in a CTA; default: see default_config",
-    )
-    ap.add_argument(
-        "--static_weights",
-        action="store_true",
-        help="decode: no kernel still running writes the weights; read them before the PDL wait",
     )
     ap.add_argument("--sf_vec_size", type=int, default=16)
     ap.add_argument("--sf_dtype", default=None, help="Float8E4M3FN (16) / Float8E8M0FNU (32)")
@@ -2817,7 +2510,6 @@ def resolve_config(args):
         gpu_sm_count(),
         path=None if args.path == "auto" else args.path,
         allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
-        static_weights=args.static_weights,
     )
     if args.mma_tiler_mn is not None:
         tiler = args.mma_tiler_mn
@@ -2849,7 +2541,6 @@ def main(argv=None) -> int:
         f"Hopper FP4 GEMM: mnkl={args.mnkl} sf_vec_size={args.sf_vec_size} sf_dtype={sf_dtype} "
         f"c_dtype={args.c_dtype} path={path} mma_tiler_mn={tiler} "
         f"cluster_shape_mn={tuple(args.cluster_shape_mn)} split_k={split} k_groups={k_groups}"
-        f" static_weights={args.static_weights}"
     )
     reasons = list(reasons)
     if args.iterations < 1 or args.warmup_iterations < 0:
@@ -2886,7 +2577,6 @@ def main(argv=None) -> int:
             args.cluster_shape_mn,
             tma_store,
             k_groups,
-            args.static_weights,
         )
         kernels = _resource_usage(dump)
         if not kernels:
@@ -2903,12 +2593,8 @@ def main(argv=None) -> int:
             f"{gemm.k_groups} K group(s)"
         )
         print("epilogue: " + ("TMA store" if gemm.tma_store else "direct stores"))
-        _print_pdl(gemm)
         print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
-        print(
-            f"stages: {gemm.num_stages} (k-tile {gemm.stage_k}), "
-            f"converted kernel-B buffers (fused path): {gemm.num_bdq_buffers}"
-        )
+        print(f"stages: {gemm.num_stages} (k-tile {gemm.stage_k})")
         print(f"dump: {dump}")
         return 0
 
@@ -2946,9 +2632,7 @@ def main(argv=None) -> int:
         split,
         cluster_shape_mn=args.cluster_shape_mn,
         k_groups=k_groups,
-        static_weights=args.static_weights,
     )
-    _print_pdl(runner.gemm)
     runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
     torch.cuda.synchronize()
 

@@ -6,8 +6,8 @@ SASS (TMA loads, F16 / BF16 wgmma with FP32 accumulation, no local memory); the 
 the NVFP4 F16 conversion; every can_implement refusal; the command line's error exits.
 GPU (H100 / H200 only, skipped elsewhere): results against reference.check_gemm over ragged
 shapes, both formats, every output dtype, alpha != 1, L > 1, decode (tiles of 8 to 128 tokens,
-the tokens converted by the prologue grid), prefill (2x1 cluster and 1x1) and fused paths,
-split-K, CTAs with several work units.
+the tokens converted by the prologue grid) and prefill (2x1 cluster and 1x1) paths, split-K,
+CTAs with several work units.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ COMPILE_CONFIGS = [
     # (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k[, tma_store])
     (16, "BFloat16", "prefill", (128, 256), 1),
     (32, "Float16", "prefill", (64, 128), 1),
-    (16, "BFloat16", "fused", (128, 256), 1),
     (16, "Float32", "decode", (16, 128), 2),
     (32, "BFloat16", "decode", (8, 64), 1),
     (16, "BFloat16", "decode", (8, 128), 4),
@@ -76,13 +75,6 @@ COMPILE_CONFIGS = [
     (16, "Float16", "decode", (16, 128), 1, False, 2),
     (16, "BFloat16", "decode", (16, 64), 1, True, 3),
     (32, "BFloat16", "decode", (32, 64), 2, True, 2),
-    # static_weights (8th field) and whether the prologue then releases its GEMM at entry (9th):
-    # on 8-token tiles and with K groups on the PDL chain; not on 16-token tiles of 128 rows,
-    # nor for 3 groups of 64 rows (no prologue CTA fits beside them: no PDL chain)
-    (16, "BFloat16", "decode", (8, 128), 4, True, 1, True, True),
-    (16, "BFloat16", "decode", (16, 64), 1, True, 4, True, True),
-    (16, "BFloat16", "decode", (16, 128), 4, True, 1, True, False),
-    (16, "BFloat16", "decode", (16, 64), 1, True, 3, True, False),
 ]
 
 
@@ -98,8 +90,6 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     vec, c_dtype, path, tiler, split = cfg[:5]
     tma_store = cfg[5] if len(cfg) > 5 else True
     k_groups = cfg[6] if len(cfg) > 6 else 1
-    static_weights = cfg[7] if len(cfg) > 7 else False
-    early_release = cfg[8] if len(cfg) > 8 else False
     dump = str(tmp_path)
     opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
     gemm, _ = k90.compile_gemm(
@@ -112,7 +102,6 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         opts,
         tma_store=tma_store,
         k_groups=k_groups,
-        static_weights=static_weights,
     )
     ptx_files = [f for f in os.listdir(dump) if f.endswith(".ptx")]
     cubins = [f for f in os.listdir(dump) if f.endswith(".cubin")]
@@ -120,48 +109,30 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     ptx = open(os.path.join(dump, ptx_files[0])).read()
     # TMA loads of the packed FP4 and the scales
     assert "cp.async.bulk.tensor" in ptx
-    # decode and prefill: the convert_operands grid first, then the GEMM, which waits for it
-    # (programmatic dependent launch); fused: one kernel
-    assert ("convert_operands" in ptx) == (path in ("decode", "prefill"))
-    assert ("griddepcontrol.wait" in ptx) == (path in ("decode", "prefill"))
-    # static_weights: the prologue releases its GEMM at entry where it measured faster (the PDL
-    # chain with 8-token tiles or K groups), and the GEMM then requests more weight stages
-    # before its wait
-    assert gemm.early_release == early_release
-    assert gemm.stages_before_wait == (k90.STATIC_WEIGHT_STAGES if early_release else 1)
-    if path in ("decode", "prefill"):
-        # TMA loads the GEMM issues before that wait: decode, the first stages' weights and
-        # their scales (inputs the prologue does not write; one loop body in the PTX);
-        # prefill, none (both operands are converted copies)
-        gemm_ptx = _entry_ptx(ptx, "kernel_cutlass_kernel")
-        early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
-        loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
-        assert len(loads) == (2 if path == "decode" else 0), loads
-        # with the early release the consumers wait too, before the epilogue of a unit without
-        # k-tiles (which writes D and the workspace without reading a stage): in PTX text order
-        # (as above, a guard, not a proof), every global store, atomic and TMA store of the
-        # GEMM comes after that second wait
-        waits = [w.start() for w in re.finditer(r"griddepcontrol\.wait", gemm_ptx)]
-        assert len(waits) == (2 if early_release else 1)
-        writes = re.search(
-            r"\b(st|atom|red)\.[\w:.]*global|cp\.async\.bulk\.tensor\.\w+\.global\.shared::cta",
-            gemm_ptx,
-        )
-        if early_release:
-            assert writes and writes.start() > waits[1]
-        # the GEMM releases a PDL successor once, after its PDL wait (in PTX text order: a
-        # guard against a release at entry, not a proof of the position after the loop)
-        assert gemm_ptx.count("griddepcontrol.launch_dependents") == 1
-        assert gemm_ptx.index("griddepcontrol.launch_dependents") > len(early)
-        # the prologue (launched with PDL on decode tiles of up to 32 tokens) waits for the
-        # kernel ahead of it before its first global memory access, and releases the GEMM only
-        # after that (with the early release: before it)
-        prologue_ptx = _entry_ptx(ptx, "kernel_cutlass_convert_operands")
-        first_access = re.search(r"\b(ld|st|atom|red)\.[\w:.]*global", prologue_ptx).start()
-        wait = prologue_ptx.index("griddepcontrol.wait")
-        assert wait < first_access
-        release = prologue_ptx.index("griddepcontrol.launch_dependents")
-        assert (release < wait) == early_release
+    # the convert_operands grid first, then the GEMM, which waits for it (programmatic
+    # dependent launch)
+    assert "convert_operands" in ptx and "griddepcontrol.wait" in ptx
+    # TMA loads the GEMM issues before that wait: decode, the first stages' weights and
+    # their scales (inputs the prologue does not write; one loop body in the PTX);
+    # prefill, none (both operands are converted copies)
+    gemm_ptx = _entry_ptx(ptx, "kernel_cutlass_kernel")
+    early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
+    assert len(loads) == (2 if path == "decode" else 0), loads
+    assert gemm_ptx.count("griddepcontrol.wait") == 1
+    # the GEMM releases a PDL successor once, after its PDL wait (in PTX text order: a
+    # guard against a release at entry, not a proof of the position after the loop)
+    assert gemm_ptx.count("griddepcontrol.launch_dependents") == 1
+    assert gemm_ptx.index("griddepcontrol.launch_dependents") > len(early)
+    # the prologue (launched with PDL on decode tiles of up to 32 tokens) waits for the
+    # kernel ahead of it before its first global memory access, and releases the GEMM only
+    # after that
+    prologue_ptx = _entry_ptx(ptx, "kernel_cutlass_convert_operands")
+    first_access = re.search(r"\b(ld|st|atom|red)\.[\w:.]*global", prologue_ptx).start()
+    wait = prologue_ptx.index("griddepcontrol.wait")
+    assert wait < first_access
+    release = prologue_ptx.index("griddepcontrol.launch_dependents")
+    assert release > wait
     # wgmma (NVFP4: F16, MXFP4: BF16), A from registers, FP32 accumulation, N = the SMEM
     # operand's tile
     tile_cols = k90.kernel_tile(path, tiler)[1]
@@ -184,7 +155,7 @@ def test_cross_compile_sm90a(cfg, tmp_path):
             r"Function (\w+):\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage
         )
     }
-    assert len(res) == (2 if path in ("decode", "prefill") else 1), usage
+    assert len(res) == 2, usage
     assert all(stack == 0 and local == 0 for _, stack, local in res.values()), usage
     gemm_regs = next(r for name, (r, _, _) in res.items() if "convert_operands" not in name)
     # setmaxnreg.inc can only hand out what the CTA got at launch: more would hang the kernel.
@@ -196,8 +167,8 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     assert hgmma and (hgmma.group(1) is None) == (ab == "f16"), hgmma
     assert not re.search(r"\b(LDL|STL)\b", sass)
     assert "UTMALDG" in sass
-    # the epilogue: TMA stores of D subtiles (not on the fused path), or direct stores
-    spill_guard = path == "fused" or (tiler == (64, 128) and path == "decode" and split > 1)
+    # the epilogue: TMA stores of D subtiles, or direct stores
+    spill_guard = tiler == (64, 128) and path == "decode" and split > 1
     assert gemm.tma_store == (tma_store and not spill_guard)
     assert ("UTMASTG" in sass) == gemm.tma_store
     assert ("cp.async.bulk.tensor.3d.global.shared::cta" in ptx) == gemm.tma_store
@@ -348,8 +319,6 @@ REFUSALS = [
     (dict(mnkl=(32768, 8192, 65536, 1)), "M*K_pad*L (converted A) = 2147483648 does not fit"),
     (dict(mnkl=(256, 65536, 32736, 1)), "N*K_pad*L (converted B) = 2147483648 does not fit"),
     (dict(mnkl=(1, 64, 65536, 4096), path="decode", mma_tiler_mn=(8, 64)), "SFA blocked bytes"),
-    # fused: its TMA reads the blocked scales too (packed A and B fit here, 2^27 and 2^30 bytes)
-    (dict(mnkl=(1, 8, 65536, 4096), path="fused", mma_tiler_mn=(128, 256)), "SFA blocked bytes"),
     # decode: the tokens' copy is padded to whole token tiles (100 x 2^20 x 16 alone would fit)
     (
         dict(mnkl=(100, 64, 2**20, 16), path="decode", mma_tiler_mn=(128, 128)),
@@ -528,7 +497,6 @@ def test_default_config_paths():
     assert k90.default_config(4096, 8192, 8192, 1) == ("prefill", (128, 256), 1, 1)
     # a path asked for (the CLI's --path): that path's tile and split at any M
     assert k90.default_config(4096, 8192, 8192, 1, path="decode") == ("decode", (128, 128), 1, 1)
-    assert k90.default_config(1, 8192, 8192, 1, path="fused") == ("fused", (128, 256), 1, 1)
     assert k90.default_config(1024, 8192, 8192, 1, path="prefill") == ("prefill", (128, 256), 1, 1)
     # one wave of K groups where the split-K units would be short (<= 8 k-tiles) and one CTA
     # per 64 weight rows fills 3/4 of the SMs or more (H200: 6.6 against 7.6-7.7 us at
@@ -549,27 +517,6 @@ def test_default_config_paths():
     assert k90.resolve_config(args)[:4] == ("decode", (8, 64), 3, 1)
     args = k90.parse_args(["--mnkl", "1,7168,2048,1", "--k_groups", "2"])
     assert k90.resolve_config(args)[:4] == ("decode", (8, 64), 1, 2)
-    # static_weights: one wave of K groups for 9 to 32 tokens also for longer units (up to 64
-    # k-tiles, 32 when split) that fill >= 15/16 of the SMs (H200: 17.1 against 18.7-18.8 us at
-    # 32 x 8192 x 8192, 16.0-16.1 against 16.3-16.4 at 16 x 8192 x 8192) ...
-    sw = dict(static_weights=True)
-    assert k90.default_config(16, 8192, 8192, 1, **sw) == ("decode", (16, 64), 1, 4)
-    assert k90.default_config(32, 8192, 8192, 1, **sw) == ("decode", (32, 64), 1, 4)
-    assert k90.default_config(16, 4096, 7168, 1, **sw) == ("decode", (16, 64), 2, 4)
-    # ... not at 1 or 8 tokens (tied or slower), for units of 128 k-tiles (32 x 8192 x 16384:
-    # 31.6 against 29.5), split units of 64 (16 x 4096 x 16384: 17.6 against 17.1), 112 CTAs
-    # (16 x 7168 x 16384) or several waves (N = 18432)
-    for m, n, k in (
-        (1, 8192, 8192),
-        (8, 8192, 8192),
-        (32, 8192, 16384),
-        (16, 4096, 16384),
-        (16, 7168, 16384),
-        (16, 18432, 7168),
-    ):
-        assert k90.default_config(m, n, k, 1, **sw) == k90.default_config(m, n, k, 1)
-    args = k90.parse_args(["--mnkl", "16,8192,8192,1", "--static_weights"])
-    assert k90.resolve_config(args)[:4] == ("decode", (16, 64), 1, 4)
     for m in (1, 16, 32, 100, 128, 129, 2048, 4096):
         path, tiler, split, k_groups = k90.default_config(m, 7168, 2048, 1)
         reasons = k90.check_config(
@@ -578,8 +525,7 @@ def test_default_config_paths():
         assert reasons == []
 
 
-@pytest.mark.parametrize("static_weights", [False, True])
-def test_default_config_picks_pass_check_config(static_weights):
+def test_default_config_picks_pass_check_config():
     """Every pick of ``default_config`` over a sweep of shapes (ragged, L = 2, both formats)
     is a configuration that ``check_config`` accepts and the kernel object builds."""
     import itertools
@@ -588,17 +534,14 @@ def test_default_config_picks_pass_check_config(static_weights):
     ns = (1, 520, 1000, 4096, 7168, 8192, 8448, 18432)
     ks = (32, 64, 96, 1024, 2080, 7168, 16384)
     for m, n, k, l, vec in itertools.product(ms, ns, ks, (1, 2), (16, 32)):  # noqa: E741
-        path, tiler, split, k_groups = k90.default_config(m, n, k, l, static_weights=static_weights)
+        path, tiler, split, k_groups = k90.default_config(m, n, k, l)
         sf_dtype = "Float8E4M3FN" if vec == 16 else "Float8E8M0FNU"
         cluster = k90.default_cluster(path)
         reasons = k90.check_config(
             (m, n, k, l), vec, sf_dtype, "BFloat16", path, tiler, cluster, split, k_groups
         )
         assert reasons == [], (m, n, k, l, vec, path, tiler, split, k_groups, reasons)
-        gemm = k90.BlockwiseGemmFp4Sm90(
-            vec, path, tiler, cluster, split, k_groups=k_groups, static_weights=static_weights
-        )
-        assert gemm.early_release <= static_weights
+        k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, k_groups=k_groups)
 
 
 def _cli(*args):
@@ -657,8 +600,6 @@ GPU_CASES = [
     (200, 300, 544, 3, 16, "Float32", "prefill", (64, 128), 1, -1.5, "wide"),
     (1024, 1024, 2048, 1, 16, "BFloat16", "prefill", (128, 256), 1, 1.0, "normal"),
     (300, 520, 2080, 1, 16, "BFloat16", "prefill", (128, 128), 3, 1.0, "wide"),
-    (300, 520, 224, 2, 16, "BFloat16", "fused", (128, 256), 1, 0.7, "wide"),
-    (257, 129, 1056, 1, 32, "Float16", "fused", (64, 128), 1, 1.0, "normal"),
     (1, 1000, 2080, 1, 16, "BFloat16", "decode", (8, 128), 1, 2.0, "wide"),
     (1, 1000, 2080, 1, 16, "BFloat16", "decode", (8, 128), 4, 2.0, "wide"),
     (16, 4096, 4096, 1, 32, "BFloat16", "decode", (16, 128), 2, 1.0, "wide"),
@@ -694,12 +635,6 @@ GPU_CASES = [
     (20, 520, 64, 1, 16, "BFloat16", "decode", (32, 64), 2, 1.0, "normal", 4),
     (7, 4224, 1056, 9, 16, "BFloat16", "decode", (8, 128), 1, 1.0, "wide", 2),
     (16, 8192, 8192, 1, 16, "BFloat16", "decode", (16, 64), 1, 1.0, "wide", 4),
-    # static_weights (13th field), where the prologue releases its GEMM at entry: 8-token tiles
-    # with split-K; K groups with split-K, L > 1, MXFP4 and F32 D; units and groups without
-    # k-tiles (their consumers write D after the PDL wait)
-    (1, 1000, 2080, 1, 16, "BFloat16", "decode", (8, 128), 4, 2.0, "wide", 1, True),
-    (5, 1000, 4000, 2, 32, "Float32", "decode", (8, 64), 3, 1.0, "wide", 4, True),
-    (20, 520, 64, 1, 16, "BFloat16", "decode", (32, 64), 2, 1.0, "normal", 4, True),
 ]
 
 
@@ -712,11 +647,7 @@ def test_gpu_matches_reference(case):
 
     m, n, k, l, vec, c_dtype, path, tiler, split, alpha_factor, dist = case[:11]  # noqa: E741
     k_groups = case[11] if len(case) > 11 else 1
-    static_weights = case[12] if len(case) > 12 else False
-    runner = k90.Fp4GemmSm90Runner(
-        vec, c_dtype, path, tiler, split, k_groups=k_groups, static_weights=static_weights
-    )
-    assert runner.gemm.early_release == static_weights
+    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
     # twice, on different operands and back to back on one stream: the split-K tile counters
     # must reset themselves, and the second launch's prologue (with PDL on 8-token tiles,
     # started within the first GEMM's tail) must not overwrite the converted tokens before
@@ -744,35 +675,28 @@ def test_gpu_matches_reference(case):
 
 
 @gpu
-@pytest.mark.parametrize("static_weights", [False, True])
 @pytest.mark.parametrize("shared", ["tokens", "d"])
-def test_gpu_after_an_early_releasing_kernel(shared, static_weights):
+def test_gpu_after_an_early_releasing_kernel(shared):
     """Each launch follows a GEMM that releases its PDL dependents before it stores D, and that
     D is the launch's packed FP4 tokens (``tokens``: the prologue must wait for it) or the
     memory of the launch's own D (``d``: the launch must store after it, including the
-    epilogues of its units and groups without k-tiles; with ``static_weights`` the launch
-    starts before the kernel ahead has completed).  Five pairs queued back to back, with and
-    without ``static_weights`` (which vouches only for the weights); each second GEMM checked
-    against the reference."""
+    epilogues of its units and groups without k-tiles).  Five pairs queued back to back; each
+    second GEMM checked against the reference."""
     import torch
 
     import reference
 
     if shared == "tokens":
         # writer: BF16 D of 8 KiB = the packed tokens of 8 x 7168 x 2048 (8-token tiles of 64
-        # rows in 4 K groups, where static_weights releases the GEMM at entry)
+        # rows in 4 K groups, on the prologue's PDL chain)
         (m1, n1, k1), (m2, n2, k2) = (1, 4096, 2048), (8, 7168, 2048)
-        reader = k90.Fp4GemmSm90Runner(
-            16, "BFloat16", "decode", (8, 64), 1, k_groups=4, static_weights=static_weights
-        )
+        reader = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 64), 1, k_groups=4)
     else:
         # writer: BF16 D of 20800 bytes = the BF16 D of 20 x 520 x 64 (one k-tile, split 2 in
         # 4 K groups: units and groups without k-tiles)
         (m1, n1, k1), (m2, n2, k2) = (1, 10400, 2048), (20, 520, 64)
-        reader = k90.Fp4GemmSm90Runner(
-            16, "BFloat16", "decode", (32, 64), 2, k_groups=4, static_weights=static_weights
-        )
-    assert reader.gemm.early_release == static_weights
+        reader = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (32, 64), 2, k_groups=4)
+    assert reader.gemm.prologue_pdl
     writer = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4)
     ops1 = reference.make_fp4_operands(m1, n1, k1, 1, 16, "cuda", seed=3)
     ops2 = reference.make_fp4_operands(m2, n2, k2, 1, 16, "cuda", seed=4)
@@ -813,7 +737,6 @@ def test_gpu_after_an_early_releasing_kernel(shared, static_weights):
         (32, "decode", (16, 64), 1),  # BF16 operands, E8M0 scales by bit arithmetic
         (16, "prefill", (128, 256), 1),  # the prologue's E4M3 -> BF16 scales
         (32, "prefill", (128, 256), 1),
-        (16, "fused", (128, 256), 1),
     ],
 )
 def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
