@@ -32,13 +32,10 @@ import time
 
 import torch
 
+import reference
+from hopper import blockwise_gemm_fp4_sm90 as k90
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import blockwise_gemm_fp4_sm90 as k90  # noqa: E402
-
-import reference  # noqa: E402
 
 SHAPES = [(m, 8192, 8192) for m in (1, 16, 128, 1024, 4096, 8192)] + [
     (m, n, k)

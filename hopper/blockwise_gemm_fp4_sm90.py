@@ -6,151 +6,67 @@ What it computes
     D[m, n, l] = alpha * sum_k (A[m, k, l] * SFA[m, k // V, l]) * (B[n, k, l] * SFB[n, k // V, l])
 
 with the operands of the Blackwell kernel (``blockwise_gemm_fp4.py``): A [M, K/2, L] and
-B [N, K/2, L] packed FP4 bytes, K-major, element 2i in the low nibble; SFA / SFB in the 128x4
-blocked layout of ``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 =
-Float8E8M0FNU scales per 32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major
-[M, N] per batch with row pitch N (no padding: M and N are arbitrary).
+B [N, K/2, L] packed FP4 bytes, K-major; SFA / SFB in the 128x4 blocked layout of
+``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 = Float8E8M0FNU per
+32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major [M, N] per batch (row pitch
+N). Hopper has no FP4 tensor cores: FP4 is dequantized exactly to F16 or BF16 (every e2m1 x
+scale product is representable) and the tensor cores run F16 / BF16 ``wgmma`` with FP32
+accumulation, so D equals ``reference.reference_gemm`` up to the order of the fp32 sums.
 
-Hopper has no FP4 tensor cores, so FP4 is dequantized exactly to F16 (NVFP4 on the decode
-path) or BF16 (MXFP4; NVFP4 on prefill) with integer, byte-permute and packed-half
-multiplies, and the tensor cores run F16 / BF16
-``wgmma`` with FP32 accumulation.  Every e2m1 * scale product is exact in that type (see
-``Exactness``), so D equals ``reference.reference_gemm`` up to the order of the fp32 summation.
+The two paths (picked by ``default_config``; hopper/DESIGN.md has the evidence)
+-----------------------------------------------------------------------------
+    =======  =========  ===================================  ====================================
+    path     M          kernel A (wgmma A) / kernel B (SMEM)  mainloop
+    =======  =========  ===================================  ====================================
+    decode   <= 2048    weights (B) / tokens (A): D^T = B A^T  RS wgmma: the weights dequantized
+                                                             from SMEM into the A registers;
+                                                             split-K or K groups; 1-2 CTAs/SM
+    prefill  > 2048     A / B, both converted once            SS wgmma, 128 x 256 tiles, 2x1
+                                                             clusters multicasting the B tile
+    =======  =========  ===================================  ====================================
+A prologue grid, ``convert_operands``, converts the SMEM operand(s) once per launch into F16 /
+BF16 copies in the wgmma's permuted K order. The GEMM is launched with programmatic dependent
+launch (PDL: a grid may start before the one ahead of it ends, and ``griddepcontrol.wait``
+waits for it): its producer requests the first stage's weights, then waits for the prologue.
+On decode tiles of up to 32 tokens the prologue is PDL-launched too (``prologue_pdl``).
 
-Operand roles ("kernel A" / "kernel B") and the two paths
+Warp roles (128 x (1 + row warpgroups x k_groups) threads)
 ----------------------------------------------------------
-The kernel computes a tile of rows x cols of the *row* operand ("kernel A", the wgmma A
-operand) against the *column* operand ("kernel B", the wgmma B operand, always in SMEM).
-    decode  (M <= 2048): kernel A = B (weights), kernel B = A (tokens); D^T = B A^T, so the
-            token count is the wgmma N (tiles of 8..128 tokens) and the large weight matrix is
-            dequantized straight into the wgmma A register fragment (RS wgmma), never through
-            SMEM (once per token tile: up to 2048 tokens cheaper than converting it).  A prologue
-            kernel (``convert_operands``, same launch sequence) converts the tokens once into
-            an F16 / BF16 copy in the permuted K order below, which TMA brings straight into the
-            wgmma B layout; the GEMM's producer requests its first stage of weights before it
-            waits for the prologue (programmatic dependent launch).  Two CTAs per SM for
-            <= 64 tokens; kernel tiles of 128 or 64 weight rows and split-K chosen by the
-            busiest CTA's work (deterministic fix-up by the last split, in split order, over
-            value-major fp32 partials).  Where split-K units would be short and one CTA per 64
-            weight rows fills the GPU in one wave, ``k_groups`` = 4 groups of consumer
-            warpgroups split each unit's k-tiles inside one CTA per SM and sum their
-            accumulators through SMEM, in group order, instead.
-    prefill (M > 2048, or where decode's padded token copy would pass 2^31 elements): both
-            operands are converted once per launch by ``convert_operands`` (not once per
-            output tile, which costs (M / 128 + N / 256) x the conversions) and the mainloop is
-            a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that multicast their
-            common B tile.
-The path and tile are chosen by ``default_config`` (documented there); ``--path`` overrides.
-After ``convert_operands`` the GEMM grid is launched with programmatic dependent launch, so its
-prologue overlaps the conversion; its producer waits (``griddepcontrol.wait``) before it loads a
-converted operand (on decode it requests the first stage's weights before the wait).  The GEMM
-releases its dependents once every CTA has issued its last load; on decode tiles of up to 16
-or 32 tokens (``prologue_pdl``) ``convert_operands`` is launched with PDL as well, waits for the
-kernel ahead of it before it touches memory, and so starts within the previous launch's tail;
-its CTAs are small enough (128 threads, <= 32 registers) to share an SM with two GEMM CTAs of
-128 weight rows, or with one CTA of 4 K groups.
+    warp 0       TMA producer: per stage, packed kernel A + scales (decode) or converted
+                 kernel A (prefill), and converted kernel B (multicast on a 2x1 cluster)
+    warps 1-3    idle: give their registers back to the consumers (``setmaxregister``)
+    warps 4-     consumers, one or two warpgroups of 64 rows per K group: ``_mainloop_decode``
+                 or ``_mainloop_prefill``, then (K group 0) ``_epilogue``: split-K fix-up,
+                 * alpha, TMA store of (rows x 32) subtiles (direct stores when D's row pitch
+                 is not a multiple of 16 bytes)
 
-Warp roles (128 * (1 + G * k_groups) threads, G = 1 or 2 row warpgroups, 1 or 2 CTAs per SM)
-------------------------------------------------------------------------------------------
-    ==========  ============  =================================================================
-    warps       role          work
-    ==========  ============  =================================================================
-    0           TMA producer  per stage: packed kernel A + its scales (decode) or the
-                              converted A tile (prefill); converted kernel B (multicast to the
-                              2x1 cluster on prefill)
-    1 .. 3      (idle)        give their registers back to the consumers
-    4 .. 4Gk+3  consumers     per 64-wide k-block: decode dequantizes its 64 kernel-A
-                              rows into registers; then 4 wgmma (m64 x tile_cols x k16);
-                              epilogue (after the split-K fix-up): * alpha, convert,
-                              (rows x 32)-column subtiles through SMEM, TMA stores issued by
-                              warp 4 (direct stores where D's row pitch is not a multiple of 16
-                              bytes, and for split-K decode tiles of 128 rows x 64 tokens).
-                              k_groups > 1: group g (warpgroups g x G ...) takes the unit's
-                              k-tiles in stages s with s % k_groups == g; groups 1.. park their
-                              accumulators in SMEM, group 0 adds them and runs the epilogue
-    ==========  ============  =================================================================
+Pipelines and barriers
+----------------------
+    ab_pipeline  PipelineTmaAsync, ``num_stages`` deep: producer -> consumers (of both CTAs of a
+                 cluster); a stage is freed once the wgmma that read it has completed.
+                 K groups: group g reads the stages s with s % k_groups == g.
+    d_pipeline   PipelineTmaStore: consumers -> TMA store unit, one buffer per subtile in flight
+    NamedBarrierId.EPILOGUE / SPLITK_FIXUP / K_GROUP_REDUCE: consumer threads only
+Every role walks the same static persistent schedule (``StaticTileScheduler``), so they agree
+on the order of the work units (tile x K split) without talking.
 
-Pipelines and barriers (producer -> consumer)
----------------------------------------------
-    ab_pipeline (PipelineTmaAsync, ``num_stages`` deep; two 64-wide k-blocks per stage over
-                 packed FP4, one over converted tiles): TMA producer -> consumer warpgroups (of
-                 both CTAs of a 2x1 cluster: a stage is refilled only when both released it).
-                 A stage is released one step later, once the wgmma that read it completed
-                 (k_groups > 1: each group waits for that wgmma and frees the stage at once, so
-                 that a group holds one stage, and one group's consumer warps release it).
-    d_pipeline  (PipelineTmaStore, 2 deep; 1 when a tile is one subtile): consumer warpgroups
-                 -> TMA store unit; a subtile buffer is rewritten once its store has read it.
-    NamedBarrierId.EPILOGUE: consumer threads (of group 0), twice per D subtile (written to
-                 SMEM / its buffer free again)
-    NamedBarrierId.SPLITK_FIXUP: consumer threads (of group 0) around the split-K tile counter
-    NamedBarrierId.K_GROUP_REDUCE (k_groups > 1): all consumer threads, twice per work unit
-                 (accumulators parked / read back)
-Every role walks the same static persistent tile schedule (StaticPersistentTileScheduler over
-row tiles x col tiles x (L * split_k), in clusters of 2 x 1 on prefill), so they agree on the
-order without talking.
-
-Dequantization (``_fp4x8_to_f16x2``, ``_fp4x8_to_bf16x2``)
-----------------------------------------------------------
-One 32-bit word holds 8 e2m1 nibbles; both formats pair nibbles (p, p + 4) into one 32-bit
-register.  NVFP4: the F16 bits of e2m1 * 2^-14 are one byte, ``sign << 7 | (exp, mant) << 1``,
-above a zero byte (0.5 becomes the F16 subnormal 2^-15); two masked shifts build that byte for
-the four even nibbles, two more for the odd ones, one ``prmt`` per pair puts two bytes in
-place, and one ``mul.rn.f16x2`` by the scale * 2^7 (``cvt.rn.f16x2.e4m3x2``, then * 128) gives
-e2m1 * scale * 2^-7: about 15 instructions per 8 values.  The kernel multiplies alpha by 2^14
-(2^-7 from each operand; ``alpha_reason`` keeps that finite), so acc * alpha still rounds once.
-BF16 (MXFP4, and NVFP4 on prefill, converted once per launch): ``sign << 15 | (exp, mant) << 6``
-as BF16 is e2m1 * 2^-126 (one AND, one IMAD, one AND), then ``mul.rn.bf16x2`` by 2^126 and by
-the scale (E4M3 bits << 4 read as BF16 are scale * 2^-120, subnormals included, times 2^120).
-The pairing (p, p + 4) instead of (2i, 2i + 1) is a permutation of K inside each 64-wide
-k-block (a thread's 16 consecutive K values, one NVFP4 scale block read with one 8-byte load,
-land in wgmma K slots 16 (i // 2) + 8 (i % 2) + 2q, +1); both operands use the same permutation
-(``convert_operands`` writes it), so the dot products are unchanged.
-
-Exactness
----------
-e2m1 significands have 2 bits, E4M3 ones 4 bits, so e2m1 * scale = i * 2^-10 with an integer i
-of at most 6 significant bits and |value| <= 2688 (E4M3 subnormal scales included).  Times
-2^-7 that is i * 2^-17: F16 holds it exactly (11 significant bits, subnormal step 2^-24), as it
-holds e2m1 * 2^-14 and scale * 2^7 (<= 57344); ``test_nvfp4_f16_conversion_is_exact`` checks
-every nibble against every finite E4M3 scale.  BF16 (8 significant bits, exponents down to
-2^-133) holds i * 2^-10 too.  An E8M0 scale is a power of two, so the MXFP4
-product is the e2m1 value with a shifted exponent, exact in BF16 unless it leaves BF16's range
-(which FP32 shares); E8M0 bits << 7 are the BF16 power of two (bits 0 -> 2^-127, a BF16
-subnormal).
-
-Constraints (``can_implement`` explains each refusal)
-----------------------------------------------------
-* K % 32 == 0 (16-byte TMA rows of packed FP4); M, N >= 1 arbitrary; L >= 1.
-* kernel tile rows 64 or 128 (one or two consumer warpgroups); kernel tile cols 8, 16, 32, 64,
-  128 or 256 (a divisor or multiple of the 128-row scale atom).
-* cluster shape (1, 1), or (2, 1) on the prefill path (the default there).
-* NVFP4 on the decode path (F16 operands): |alpha| < 2^114 (alpha * 2^14 must be
-  finite); prefill (BF16) takes any finite fp32 alpha.
-* 32-bit offsets: D (M*N*L), packed A and B (M*K/2*L, N*K/2*L bytes), the converted copies
-  (rows x K rounded up to 64 x L; decode pads the token rows) and, on decode and prefill, the
-  blocked scales (bytes) each stay below 2^31.
-* split_k 1..16, and split-K only with kernel tiles at most 128 wide.
-* decode and prefill keep F16 / BF16 copies of the converted operands in the runner's workspace
-  ((L x rows x K rounded up to 64) x 2 bytes each; on decode the token rows are rounded up to
-  whole token tiles: ``converted_shapes``).
-* every operand (packed A and B, blocked scales, D) starts on a 16-byte boundary and is
-  contiguous (TMA); ``Fp4GemmSm90Runner`` checks it (``operand_reasons``).
-* the blocked scales' padding (rows past M or N, scale columns past K / sf_vec_size) holds zero
-  bytes, as ``reference.to_blocked`` writes it: where K is not a multiple of 128, the mainloop's
-  last k-tile multiplies TMA's zero fill (K past the end) by the scales of those K, which are
-  padding bytes where their atom holds them (0 x NaN would be NaN).
-* NaN scales: an E4M3 NaN makes D NaN where the reference does; an E8M0 NaN (byte 255) is read
-  as +inf, so D is inf or NaN there.
-* D leaves through TMA stores when N * sizeof(D) is a multiple of 16 bytes (a TMA stride rule);
-  otherwise the runner takes the variant compiled with direct, predicated stores
-  (``tma_store_fits``).
+Constraints (``check_fp4_gemm_config`` explains each refusal)
+------------------------------------------------------------
+* K % 32 == 0 (16-byte TMA rows of packed FP4); M, N, L >= 1, ragged M and N welcome.
+* kernel tile rows 64 or 128, cols 8..256 (powers of two); cluster (1, 1), or (2, 1) on prefill;
+  split_k 1..16 on tiles at most 128 wide; K groups 2..4 on decode tiles of <= 32 tokens.
+* NVFP4 on decode (F16 operands carry 2^-7 each): |alpha| < 2^114; 32-bit offsets: every
+  tensor, converted copy and scale array below 2^31 elements.
+* Operands contiguous and 16-byte aligned (TMA); the blocked scales' padding holds zeros, as
+  ``reference.to_blocked`` writes it. An E8M0 NaN scale (255) reads as +inf.
+* The runner keeps a workspace per shape (split-K partials, converted copies): one runner per
+  stream.
 
 Run
 ---
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 8192,8192,8192,1     # H200 (H100: untested)
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32 \\
-        --sf_dtype Float8E8M0FNU --c_dtype Float32
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 4096,4096,4096,1 --compile_only   # any host
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 8192,8192,8192,1             # H100 / H200
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 1,8192,8192,1 --compile_only  # any machine
 """
 
 from __future__ import annotations
@@ -165,7 +81,6 @@ import sys
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
@@ -173,69 +88,64 @@ from cutlass.cute.nvgpu.warpgroup import OperandSource
 from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-# NOTE: sm_90 allows 227 KiB (232448 bytes) of dynamic SMEM per CTA.
+# NOTE: sm_90 limits: 227 KiB of dynamic SMEM per CTA, 228 KiB and 64K registers per SM.
 SM90_SMEM_CAPACITY = 232448
 SM90_SMEM_PER_SM = 233472
 SM90_REGS_PER_SM = 65536
-# scale-factor dtype -> the block size it goes with
-SF_VEC_OF_DTYPE = {"Float8E4M3FN": 16, "Float8E8M0FNU": 32}
+# H200 (and H100 SXM): 132 SMs; sizes the persistent grid when compiling without a GPU.
+H200_SM_COUNT = 132
+
+SF_FORMATS = {
+    # sf_vec_size: (scale dtype name, format name)
+    16: ("Float8E4M3FN", "NVFP4"),
+    32: ("Float8E8M0FNU", "MXFP4"),
+}
 C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
-VALID_TILE_COLS = (8, 16, 32, 64, 128, 256)
-VALID_TILE_ROWS = (64, 128)
+SF_DTYPES = {"Float8E4M3FN": cutlass.Float8E4M3FN, "Float8E8M0FNU": cutlass.Float8E8M0FNU}
 PATHS = ("prefill", "decode")
-# K elements per pipeline stage (64 packed bytes per row) and per wgmma k-block (4 x k16).
+VALID_TILE_ROWS = (64, 128)
+VALID_TILE_COLS = (8, 16, 32, 64, 128, 256)
+# K elements per pipeline stage over packed FP4 (64 bytes per row) and per wgmma k-block.
 K_TILE = 128
 K_BLOCK = 64
 # One 128x4 scale atom: 128 rows x 4 scale columns = 512 bytes.
 SF_ATOM_ROWS = 128
 SF_ATOM_COLS = 4
 SF_ATOM_BYTES = 512
-# convert_operands: threads per CTA and 16-byte chunks per thread.  Prefill converts whole
-# operands (many bytes in flight per thread); decode converts the tokens with small CTAs that
-# fit next to two GEMM CTAs on an SM (``DECODE_CONVERT_MAX_REGS``).
+# convert_operands: threads per CTA and 16-byte chunks per thread (prefill: whole operands,
+# many bytes in flight; decode: small CTAs that fit beside the GEMM's CTAs on an SM).
 CONVERT_THREADS = 256
 CONVERT_UNROLL = 4
 DECODE_CONVERT_THREADS = 128
 DECODE_CONVERT_UNROLL = 2
-# NOTE: two decode GEMM CTAs of 128 weight rows hold 2 x 384 threads x 80 registers = 61440 of
-# the SM's 65536, so a prologue CTA of 128 threads fits beside them (and can overlap their
-# tail, see ``prologue_pdl``) only at <= 32 registers per thread; the launch caps it through
-# min_blocks_per_mp.
+# NOTE: two decode CTAs of 128 weight rows hold 2 x 384 threads x 80 registers of the SM's
+# 65536: a prologue CTA of 128 threads fits beside them only at <= 32 registers per thread.
 DECODE_CONVERT_MAX_REGS = 32
 # 16-byte chunks in one converted 64-wide k-block row (64 x 2 bytes)
 CHUNKS_PER_KBLOCK = 8
+# Ring depth caps (hopper/DESIGN.md): decode at most 6 stages, 8 with K groups.
 MAX_STAGES = 12
-# Decode: at most 6 stages in flight per CTA.  With 264 CTAs each requesting its whole ring at
-# once, deeper rings measured slower on the H200 (16 x 18432 x 7168: 32.3 us against 33.9 with
-# 8 stages; 1 x 8192 x 8192: 16.0-16.1 against 16.3-16.6 with 8), 3 stages slower still
-# (hopper/NOTES.md, fifth session).
 DECODE_MAX_STAGES = 6
-# Decode with k_groups > 1: at most this many stages per CTA, rounded down to a multiple of
-# k_groups (H200, 4 groups: 8 or 12 measured best, 6 starved the groups; hopper/NOTES.md,
-# twelfth session).
 DECODE_K_GROUP_MAX_STAGES = 8
-# default_config: K groups of the one-wave decode configuration (see there)
+# default_config: consumer warpgroup groups of the one-wave K-group configuration
 DECODE_K_GROUPS = 4
-# default_config: the fixed cost of one decode work unit (its split-K fix-up and store, about
-# 1 us on the H200, the time a CTA streams about three k-tiles of 128 weight rows), in weight
-# rows x k-tiles of 128
+# default_config: the fixed cost of a decode work unit (fix-up and store), in weight rows x
+# k-tiles of 128 (hopper/DESIGN.md)
 UNIT_COST = 384
-# default_config: the decode path (weights dequantized in registers for every 128-token tile)
-# up to this M; the prefill path (both operands converted once) beyond it
+# default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
 # TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
 EPI_COLS = 32
 EPI_STAGES = 2
-# Split-K fix-up: partial values loaded at once (registers) before they are summed, at most
-# FIXUP_LOADS, and fewer where the consumers' registers would not hold them next to the
-# accumulators (FIXUP_RESERVED for addresses and the rest of the epilogue).
+# Split-K fix-up: partials loaded at once (registers) before they are summed, fewer where the
+# registers next to the accumulators would not hold them (FIXUP_RESERVED for the rest).
 FIXUP_LOADS = 128
 FIXUP_RESERVED = 24
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
 F16X2_2POW7 = 0x58005800
-# NVFP4: each converted operand carries 2^-7 (see ``Exactness``); D = acc * 2^14 * alpha.
+# NVFP4 on F16: each converted operand carries 2^-7, so D = acc * 2^14 * alpha.
 NVFP4_ACC_SCALE = 2.0**14
 FP32_MAX = (2.0 - 2.0**-23) * 2.0**127
 
@@ -422,9 +332,8 @@ def _scale_factor(sf_byte: Uint32, f16: bool) -> Uint32:
     if f16:
         return _mul_f16x2(_e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
     # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
-    # NOTE: the NaN byte 255 becomes +inf (0x7F80), so D is inf or NaN wherever the reference
-    # has NaN; mapping it to NaN took three more instructions per scale here and measured 3%
-    # slower at 16 x 18432 x 7168 on the H200 (hopper/NOTES.md, eleventh session).
+    # NOTE: the NaN byte 255 becomes +inf (0x7F80): D is inf or NaN wherever the reference has
+    # NaN (a NaN mapping costs three instructions per scale: hopper/DESIGN.md).
     bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)
     return bits | (bits << 16)
 
@@ -460,118 +369,70 @@ def _round_up(x, multiple):
     return (x + multiple - 1) // multiple * multiple
 
 
-def decode_token_rows(m, tile_cols):
-    """Rows of decode's converted token copy: the M tokens rounded up to whole token tiles.
-
-    NOTE: TMA boxes of 64 or 128 token rows that ran past the copy's last row measured slow
-    on the H200 (72 x 8192 x 8192: 37.3-38.0 against 30.4-30.8 us padded).  The padding rows
-    are never written and reach only columns of D^T past M, which are not stored."""
-    return _round_up(m, tile_cols)
-
-
-def decode_token_copy_elems(m, k, l, tile_cols):  # noqa: E741
-    """Elements of decode's converted token copy (whole token tiles x K rounded up to 64 x L):
-    ``default_config`` and ``check_config`` keep it below the kernel's 32-bit offsets."""
-    return decode_token_rows(m, max(8, tile_cols)) * _round_up(k, K_BLOCK) * l
-
-
 def _swizzle64(offset):
     # NOTE: TMA / wgmma 64B swizzle on byte offsets from a 512B-aligned base.
     return offset ^ ((offset >> 3) & 0x30)
 
 
 # ---------------------------------------------------------------------------------------------
-# Configuration helpers
+# Configuration: the path, tile, split and K groups for a problem
 # ---------------------------------------------------------------------------------------------
-def default_sf_dtype(sf_vec_size: int) -> str:
-    """The scale dtype of a format: E4M3 for NVFP4 (16), E8M0 otherwise (MXFP4, 32)."""
-    return "Float8E4M3FN" if sf_vec_size == 16 else "Float8E8M0FNU"
-
-
 def default_config(
     m: int,
     n: int,
     k: int,
     l: int,  # noqa: E741
-    num_sms: int = 132,
+    num_sms: int = H200_SM_COUNT,
     path: str | None = None,
     allow_k_groups: bool = True,
 ):
     """(path, mma_tiler_mn, split_k, k_groups) for a problem; ``path`` given: that path's
     tile, split and K groups; ``allow_k_groups`` False: the pick without K groups (the CLI's
-    base when the tile or the split is given).
+    base when the tile or the split is given).  The evidence for each rule: hopper/DESIGN.md.
 
-    Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
-    the register operand (decode path, kernel tile of 128 or 64 weight rows x the next power of
-    two >= M tokens, at least 8).  Work units (tiles x K splits) are dealt statically to the
-    persistent CTAs, so the kernel lasts about as long as its busiest CTA.  The tile rows and
-    split (1, 2, 3, 4, 6 or 8, each split keeping at least 8 k-tiles of 128, since shorter ones
-    cost more in pipeline fill and fix-up than they gain) minimize the busiest CTA's work in
-    weight rows x k-tiles, ceil(units / CTA slots) x (rows x ceil(k-tiles / split) + UNIT_COST):
-    a unit's epilogue (split-K fix-up and store) costs about as much as streaming three k-tiles
-    of 128 rows.  Ties go to the fewest units (fewer split-K partials), then to 128 rows for
-    tiles of up to 32 tokens (two consumer warpgroups per CTA) and to 64 rows for wider ones,
-    where 64-row tiles unsplit beat 128-row tiles split in two (no 128 x 128 fp32 partials);
-    tiles of 64 tokens split only with 64 rows (split-K tiles of 64 x 128 lose the TMA-store
-    epilogue).  On the H200 this picks the fastest measured configuration, or one
-    within 0.4 us of it, at 21 of 25 decode shapes from 1 x 8192 x 8192 to 128 x 18432 x 7168;
-    the largest misses are 64 x 7168 x 2048 (11.3 us against 10.3 unsplit, one timing) and
-    128 x 7168 x 16384 (53.7 against 50.5 for 128 rows split 2; hopper/NOTES.md).
-
-    One wave of K groups: where that pick's units are short (at most 8 k-tiles) and one CTA
-    per 64 weight rows (x a K split that keeps >= 8 k-tiles per unit, two per group) fills
-    between 3/4 of the SMs and all of them, one token tile of <= 32 tokens runs as 64-row tiles
-    with
-    DECODE_K_GROUPS groups of consumer warpgroups splitting K inside the CTA, summed through
-    SMEM instead of a split-K fix-up.  H200 (hopper/NOTES.md, twelfth session): 1, 8, 16 and
-    32 x 7168 x 2048 5.9-6.4 / 6.4-6.6 / 6.6 / 6.9 us against 6.8-7.3 / 7.5-7.6 / 7.6-7.7 /
-    9.0.  Not taken for longer units: of 16 such shapes it measured slower at 8 (1 x 7168 x
-    16384 27.0 against 24.2 us), the same at 4 and faster at 4 (32 x 8192 x 8192 17.9 against
-    18.8).
-
-    From 129 to DECODE_MAX_M tokens the decode path still wins: tiles of 128 tokens x 128
-    weight rows dequantize every weight once per token tile, which costs less than the prefill
-    path's conversion of the whole weight matrix up to about 2048 tokens (H200: 47 against
-    128 us at 192 x 8192 x 8192, 360-408 against 377-445 at 2048 x 8192 x 8192, a tie at 3072).
-    These tiles are compute-bound: 64-row tiles (one consumer warpgroup) measured slower, and
-    the K loop is split only while the tiles alone leave CTA slots idle.  Larger M (or a
-    padded token copy past the 32-bit offsets) uses the prefill path: both operands converted
-    once, then 128 x 256 tiles in 2x1 clusters.
+    * M <= DECODE_MAX_M (and a padded token copy within the 32-bit offsets): decode, token tile
+      the next power of two >= M in 8..128.  Work units (tiles x K splits) are dealt statically
+      to the persistent CTAs, so the tile rows (128 or 64 weight rows) and split (1, 2, 3, 4,
+      6 or 8, keeping >= 8 k-tiles of 128 per unit) minimize the busiest CTA's work,
+      ceil(units / CTA slots) x (rows x ceil(k-tiles / split) + UNIT_COST).  Ties go to fewer
+      units, then to 128 rows for tiles of <= 32 tokens and 64 rows for wider ones.  Several
+      token tiles (M > 128) take 128 rows, split only while the tiles leave CTA slots idle.
+    * One wave of K groups: where the units of that pick have <= 8 k-tiles and one CTA per 64
+      weight rows (x a K split) fills 3/4 of the SMs or more, at most all of them, a token tile
+      of <= 32 tokens runs as 64-row tiles with DECODE_K_GROUPS groups of consumer warpgroups
+      splitting K inside the CTA.
+    * Larger M: prefill, 128 x 256 tiles on 2x1 clusters.
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
-        # (the decode path's token copy, padded to whole token tiles, must stay within the
-        # kernel's 32-bit offsets; the prefill path's copy is not padded)
         token_copy = decode_token_copy_elems(m, k, l, cols)
         path = "decode" if m <= DECODE_MAX_M and token_copy < 2**31 else "prefill"
-    if path == "decode":
-        slots = num_sms * occupancy("decode", (cols, 128))
-        k_tiles = math.ceil(k / K_TILE)
-        best = None
-        for rows in VALID_TILE_ROWS[::-1]:
-            if m > cols and rows != 128:
-                # several token tiles: compute-bound, both consumer warpgroups needed
+    if path != "decode":
+        return path, (128, 256), 1, 1
+    slots = num_sms * occupancy("decode", (cols, 128))
+    k_tiles = math.ceil(k / K_TILE)
+    best = None
+    for rows in VALID_TILE_ROWS[::-1]:
+        if m > cols and rows != 128:
+            # several token tiles: compute-bound, both consumer warpgroups needed
+            continue
+        tiles = math.ceil(m / cols) * math.ceil(n / rows) * l
+        for split in (1, 2, 3, 4, 6, 8):
+            if split > 1 and (k_tiles // split < 8 or (m > cols and tiles >= slots)):
                 continue
-            tiles = math.ceil(m / cols) * math.ceil(n / rows) * l
-            for split in (1, 2, 3, 4, 6, 8):
-                if split > 1 and (k_tiles // split < 8 or (m > cols and tiles >= slots)):
-                    continue
-                if not epilogue_staging_fits("decode", (cols, rows), split):
-                    # (and those tiles measured slower than 64 rows)
-                    continue
-                units = tiles * split
-                busiest = math.ceil(units / slots) * (rows * math.ceil(k_tiles / split) + UNIT_COST)
-                key = (busiest, units, rows != (64 if cols >= 64 else 128))
-                if best is None or key < best[0]:
-                    best = (key, (cols, rows), split)
-        _, tiler, split = best
-        kg_split = None
-        if allow_k_groups and cols <= 32 and math.ceil(k_tiles / split) <= 8:
-            kg_split = _one_wave_k_group_split(n, l, k_tiles, num_sms)
+            if not epilogue_staging_fits("decode", (cols, rows), split):
+                continue
+            units = tiles * split
+            busiest = math.ceil(units / slots) * (rows * math.ceil(k_tiles / split) + UNIT_COST)
+            key = (busiest, units, rows != (64 if cols >= 64 else 128))
+            if best is None or key < best[0]:
+                best = (key, (cols, rows), split)
+    _, tiler, split = best
+    if allow_k_groups and cols <= 32 and math.ceil(k_tiles / split) <= 8:
+        kg_split = _one_wave_k_group_split(n, l, k_tiles, num_sms)
         if kg_split is not None:
             return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
-        return "decode", tiler, split, 1
-    return path, (128, 256), 1, 1
+    return "decode", tiler, split, 1
 
 
 def _one_wave_k_group_split(n, l, k_tiles, num_sms):  # noqa: E741
@@ -582,24 +443,21 @@ def _one_wave_k_group_split(n, l, k_tiles, num_sms):  # noqa: E741
     for kg_split in (1, 2, 3, 4, 6, 8):
         if k_tiles // kg_split < 2 * DECODE_K_GROUPS:
             return None
-        ctas = tiles * kg_split
-        if 0.75 * num_sms <= ctas <= num_sms:
+        if 0.75 * num_sms <= tiles * kg_split <= num_sms:
             return kg_split
     return None
 
 
 def default_cluster(path: str) -> tuple[int, int]:
     """Prefill pairs two M tiles in a cluster that multicasts their common B tile (half the
-    L2 -> SMEM traffic of B); the other paths run without clusters."""
+    L2 -> SMEM traffic of B); decode runs without clusters."""
     return (2, 1) if path == "prefill" else (1, 1)
 
 
 def occupancy(path: str, mma_tiler_mn: tuple[int, int], k_groups: int = 1) -> int:
-    """CTAs per SM: 2 for decode tiles of <= 64 tokens with up to two consumer warpgroups,
-    whose consumers (weights only) fit in 104 registers, so that two CTAs hide each other's
-    per-k-block latency (SMEM load -> convert -> wgmma); 1 otherwise (and for ``k_groups``
-    CTAs of more consumer warpgroups).  (3 CTAs of <= 16 tokens, 72 registers each, measured
-    slower on the H200: hopper/README.md.)"""
+    """CTAs per SM: 2 for decode tiles of <= 64 tokens with up to two consumer warpgroups (their
+    consumers fit in 104 registers), so that two CTAs hide each other's per-k-block latency
+    (SMEM load -> convert -> wgmma); 1 otherwise (hopper/DESIGN.md)."""
     rows, cols = kernel_tile(path, mma_tiler_mn)
     return 2 if path == "decode" and cols <= 64 and rows // 64 * k_groups <= 2 else 1
 
@@ -618,6 +476,19 @@ def epilogue_staging_fits(path: str, mma_tiler_mn: tuple[int, int], split_k: int
     return not (path == "decode" and kernel_tile(path, mma_tiler_mn) == (128, 64) and split_k > 1)
 
 
+def decode_token_rows(m, tile_cols):
+    """Rows of decode's converted token copy: the M tokens rounded up to whole token tiles.
+
+    NOTE: TMA boxes running past a tensor's last row are slow (hopper/DESIGN.md); the padding
+    rows are never written and reach only columns of D^T past M, which are not stored."""
+    return _round_up(m, tile_cols)
+
+
+def decode_token_copy_elems(m, k, l, tile_cols):  # noqa: E741
+    """Elements of decode's converted token copy (whole token tiles x K rounded up to 64 x L)."""
+    return decode_token_rows(m, max(8, tile_cols)) * _round_up(k, K_BLOCK) * l
+
+
 def blocked_sf_bytes(rows: int, k: int, l: int, sf_vec_size: int) -> int:  # noqa: E741
     """Bytes of one operand's scales in the 128x4 blocked layout: rows padded to 128, scale
     columns (K / sf_vec_size) to 4, per batch."""
@@ -625,18 +496,24 @@ def blocked_sf_bytes(rows: int, k: int, l: int, sf_vec_size: int) -> int:  # noq
     return l * -(-rows // SF_ATOM_ROWS) * SF_ATOM_ROWS * sf_cols
 
 
-def check_config(
+# ---------------------------------------------------------------------------------------------
+# Configuration checks (readable reasons; an empty list means the configuration can run)
+# ---------------------------------------------------------------------------------------------
+def check_fp4_gemm_config(
     mnkl: tuple[int, int, int, int],
-    sf_vec_size: int,
-    sf_dtype: str,
-    c_dtype: str,
-    path: str,
-    mma_tiler_mn: tuple[int, int],
-    cluster_shape_mn: tuple[int, int],
-    split_k: int,
+    sf_vec_size: int = 16,
+    sf_dtype: str = "Float8E4M3FN",
+    c_dtype: str = "BFloat16",
+    path: str = "prefill",
+    mma_tiler_mn: tuple[int, int] = (128, 256),
+    cluster_shape_mn: tuple[int, int] = (2, 1),
+    split_k: int = 1,
     k_groups: int = 1,
 ) -> list[str]:
-    """Reasons why this configuration cannot run this problem (empty when it can)."""
+    """Check a configuration and a problem against this kernel's rules.
+
+    Returns a list of readable reasons why it cannot run; an empty list means it can.  Pure
+    Python: it needs neither a GPU nor a compile."""
     return problem_reasons(mnkl, sf_vec_size, path, mma_tiler_mn) + config_reasons(
         sf_vec_size, sf_dtype, c_dtype, path, mma_tiler_mn, cluster_shape_mn, split_k, k_groups
     )
@@ -645,44 +522,46 @@ def check_config(
 def problem_reasons(
     mnkl: tuple[int, int, int, int], sf_vec_size: int, path: str, mma_tiler_mn: tuple[int, int]
 ) -> list[str]:
-    """Reasons why a problem (M, N, K, L) cannot run on a configuration: extents, K, and the
-    kernel's 32-bit offsets (empty when it can)."""
+    """The problem (M, N, K, L) part of ``check_fp4_gemm_config``: extents, K, 32-bit offsets."""
+    if len(mnkl) != 4 or any(not isinstance(v, int) for v in mnkl):
+        return [f"mnkl must be four integers M,N,K,L, got {mnkl!r}"]
     reasons = []
     m, n, k, l = mnkl  # noqa: E741
-    for name, v in (("M", m), ("N", n), ("K", k), ("L", l)):
-        if v < 1:
-            reasons.append(f"{name} = {v}: every extent must be >= 1")
-    if k % 32:
-        reasons.append(f"K = {k} is not a multiple of 32 (TMA needs 16-byte rows of packed FP4)")
-    if min(m, n, k, l) >= 1:
-        # NOTE: tensor offsets are computed in 32 bits: D, packed A and packed B must each hold
-        # fewer than 2^31 elements (bytes for A and B), and so must the F16 / BF16 copies the
-        # decode (tokens) and prefill (A and B) paths convert, whose K is rounded up to 64, and
-        # the blocked scales (bytes: TMA strides and the prologue's reads).
-        k_pad = _round_up(k, K_BLOCK)
-        extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
-        if sf_vec_size in (16, 32):
-            for name, rows in (("SFA", m), ("SFB", n)):
-                extents.append((f"{name} blocked bytes", blocked_sf_bytes(rows, k, l, sf_vec_size)))
-        if path == "prefill":
-            extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
-            extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
-        elif path == "decode":
-            # the tokens' copy has whole token tiles (``converted_shapes``)
-            tile_cols = kernel_tile(path, mma_tiler_mn)[1]
-            m_pad = decode_token_rows(m, max(8, tile_cols))
-            extents.append(
-                (
-                    f"M_pad*K_pad*L (converted A, M_pad = {m_pad})",
-                    decode_token_copy_elems(m, k, l, tile_cols),
-                )
+    for name, value in (("M", m), ("N", n), ("K", k), ("L", l)):
+        if value < 1:
+            reasons.append(f"{name} must be >= 1, got {value}")
+    if k >= 1 and k % 32 != 0:
+        reasons.append(
+            f"K={k} is not a multiple of 32: a packed FP4 row of A and B must be a whole number "
+            "of 16-byte TMA units (32 FP4 values)"
+        )
+    if min(m, n, k, l) < 1:
+        return reasons
+    # NOTE: tensor offsets are 32-bit: D, packed A and B, the blocked scales and the F16 / BF16
+    # copies (K rounded up to 64; decode pads the token rows) each hold fewer than 2^31 elements.
+    k_pad = _round_up(k, K_BLOCK)
+    extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
+    if sf_vec_size in SF_FORMATS:
+        for name, rows in (("SFA", m), ("SFB", n)):
+            extents.append((f"{name} blocked bytes", blocked_sf_bytes(rows, k, l, sf_vec_size)))
+    if path == "prefill":
+        extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
+        extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
+    elif path == "decode":
+        tile_cols = kernel_tile(path, mma_tiler_mn)[1]
+        m_pad = decode_token_rows(m, max(8, tile_cols))
+        extents.append(
+            (
+                f"M_pad*K_pad*L (converted A, M_pad = {m_pad})",
+                decode_token_copy_elems(m, k, l, tile_cols),
             )
-        for name, extent in extents:
-            if extent >= 2**31:
-                reasons.append(
-                    f"{name} = {extent} does not fit the kernel's 32-bit offsets (< 2^31); "
-                    "split the problem along M, N or L"
-                )
+        )
+    for name, extent in extents:
+        if extent >= 2**31:
+            reasons.append(
+                f"{name} = {extent} elements does not fit the kernel's 32-bit offsets "
+                "(< 2^31); split the problem along M, N or L"
+            )
     return reasons
 
 
@@ -696,51 +575,56 @@ def config_reasons(
     split_k: int,
     k_groups: int = 1,
 ) -> list[str]:
-    """Reasons why a configuration cannot be built, whatever the problem (empty when it can)."""
+    """The configuration part of ``check_fp4_gemm_config`` (whatever the problem)."""
     reasons = []
-    if sf_vec_size not in (16, 32):
-        reasons.append(f"sf_vec_size = {sf_vec_size}: only 16 (NVFP4) and 32 (MXFP4) exist")
-    if sf_dtype not in SF_VEC_OF_DTYPE:
-        reasons.append(f"sf_dtype = {sf_dtype}: expected one of {sorted(SF_VEC_OF_DTYPE)}")
-    elif sf_vec_size in (16, 32) and SF_VEC_OF_DTYPE[sf_dtype] != sf_vec_size:
+    if sf_vec_size not in SF_FORMATS:
         reasons.append(
-            f"sf_dtype {sf_dtype} goes with sf_vec_size {SF_VEC_OF_DTYPE[sf_dtype]}, "
-            f"not {sf_vec_size} (NVFP4 = E4M3 / 16, MXFP4 = E8M0 / 32)"
+            f"sf_vec_size={sf_vec_size} is not supported: use 16 (NVFP4, Float8E4M3FN scales) "
+            "or 32 (MXFP4, Float8E8M0FNU scales)"
         )
-    if c_dtype not in C_DTYPES:
-        reasons.append(f"c_dtype = {c_dtype}: expected one of {sorted(C_DTYPES)}")
-    if path not in PATHS:
-        reasons.append(f"path = {path}: expected one of {', '.join(PATHS)}")
     else:
-        rows, cols = kernel_tile(path, mma_tiler_mn)
-        if rows not in VALID_TILE_ROWS:
-            what = "N (weight rows)" if path == "decode" else "M"
+        want_sf, fmt = SF_FORMATS[sf_vec_size]
+        if sf_dtype not in SF_DTYPES:
+            reasons.append(f"sf_dtype={sf_dtype} is not a scale-factor type ({list(SF_DTYPES)})")
+        elif sf_dtype != want_sf:
             reasons.append(
-                f"tile {what} = {rows}: the register operand takes 64 or 128 rows "
-                "(one or two consumer warpgroups of wgmma m64)"
+                f"sf_dtype={sf_dtype} does not pair with sf_vec_size={sf_vec_size}: {fmt} uses "
+                f"{want_sf} scales (NVFP4 = Float8E4M3FN x 16, MXFP4 = Float8E8M0FNU x 32)"
             )
-        if cols not in VALID_TILE_COLS:
-            what = "M (tokens)" if path == "decode" else "N"
-            reasons.append(
-                f"tile {what} = {cols}: the SMEM operand takes {VALID_TILE_COLS} rows "
-                "(wgmma N, and a divisor or multiple of the 128-row scale atom)"
-            )
-    if tuple(cluster_shape_mn) not in ((1, 1), (2, 1)) or (
-        tuple(cluster_shape_mn) == (2, 1) and path != "prefill"
-    ):
+    if c_dtype not in C_DTYPES:
+        reasons.append(f"c_dtype={c_dtype} is not supported: use one of {list(C_DTYPES)}")
+    if path not in PATHS:
+        reasons.append(f"path={path} is not supported: use one of {list(PATHS)}")
+        return reasons
+    rows, cols = kernel_tile(path, mma_tiler_mn)
+    if rows not in VALID_TILE_ROWS:
+        what = "N (weight rows)" if path == "decode" else "M"
         reasons.append(
-            f"cluster_shape_mn = {tuple(cluster_shape_mn)}: this Hopper kernel takes (1, 1), "
-            "or (2, 1) on the prefill path (two M tiles share one multicast B tile)"
+            f"MMA tile {what}={rows} is not supported: the register operand takes 64 or 128 "
+            "rows (one or two consumer warpgroups of wgmma m64)"
+        )
+    if cols not in VALID_TILE_COLS:
+        what = "M (tokens)" if path == "decode" else "N"
+        reasons.append(
+            f"MMA tile {what}={cols} is not supported: the SMEM operand takes "
+            f"{list(VALID_TILE_COLS)} rows (wgmma N, and a divisor or multiple of the 128-row "
+            "scale atom)"
+        )
+    cluster = tuple(cluster_shape_mn)
+    if cluster not in ((1, 1), (2, 1)) or (cluster == (2, 1) and path != "prefill"):
+        reasons.append(
+            f"cluster shape {cluster} is not supported: this Hopper kernel takes (1, 1), or "
+            "(2, 1) on the prefill path (two M tiles share one multicast B tile)"
         )
     if split_k < 1 or split_k > 16:
-        reasons.append(f"split_k = {split_k}: expected 1..16")
-    elif split_k > 1 and path in PATHS and kernel_tile(path, mma_tiler_mn)[1] > 128:
+        reasons.append(f"split_k={split_k} is not supported: use 1..16")
+    elif split_k > 1 and cols > 128:
         # NOTE: 128 fp32 accumulators per thread plus the fix-up's loads spill to local memory.
         reasons.append(
-            f"split_k = {split_k} with a {kernel_tile(path, mma_tiler_mn)[1]}-wide SMEM-operand "
-            "tile: split-K needs tiles of at most 128 x 128"
+            f"split_k={split_k} with a {cols}-wide SMEM-operand tile: split-K needs tiles of "
+            "at most 128 x 128"
         )
-    reason = k_groups_reason(path, mma_tiler_mn, k_groups) if path in PATHS else None
+    reason = k_groups_reason(path, mma_tiler_mn, k_groups)
     if reason:
         reasons.append(reason)
     return reasons
@@ -751,15 +635,96 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
     if k_groups == 1:
         return None
     rows, cols = kernel_tile(path, mma_tiler_mn)
-    # NOTE: 640 threads per CTA at most (setmaxnreg budgets), and the ring must hold at least
-    # two stages per group next to the groups' parked accumulators.
+    # NOTE: 640 threads per CTA at most (setmaxregister budgets), and the ring must hold at
+    # least two stages per group next to the groups' parked accumulators.
     if path != "decode" or k_groups not in (2, 3, 4) or rows // 64 * k_groups > 4 or cols > 32:
         return (
-            f"k_groups = {k_groups} on the {path} path with a {rows} x {cols} kernel tile: "
+            f"k_groups={k_groups} on the {path} path with a {rows} x {cols} kernel tile: "
             "K groups (2..4) run on the decode path, with tiles of at most 32 tokens and "
             "at most 4 consumer warpgroups (tile rows / 64 x k_groups)"
         )
     return None
+
+
+def alpha_reason(alpha: float, sf_vec_size: int, path: str = "decode") -> str | None:
+    """Why ``alpha`` cannot be used, or None: it must be a finite fp32 number, and where the
+    kernel runs F16 operands (NVFP4 on decode) its fp32 value * 2^14 must be finite too."""
+    if not math.isfinite(alpha) or abs(alpha) > FP32_MAX:
+        return f"alpha must be a finite fp32 number, got {alpha}"
+    alpha32 = struct.unpack("f", struct.pack("f", alpha))[0]
+    if sf_vec_size == 16 and path != "prefill" and abs(alpha32) * NVFP4_ACC_SCALE > FP32_MAX:
+        return f"NVFP4 here needs |alpha| < 2^114 (alpha * 2^14 must stay finite), got {alpha}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Static persistent tile scheduler
+# ---------------------------------------------------------------------------------------------
+class StaticTileScheduler:
+    """Work units (row tile, col tile, L x split_k) dealt statically to persistent clusters.
+
+    Unit u (row clusters fastest, then col tiles, then L x split_k) runs on cluster u mod the
+    grid's clusters; every role of a CTA walks the same units, so they agree without talking.
+    Built on the host (``create``), passed to the kernel as an argument."""
+
+    def __init__(self, num_units, row_clusters, col_tiles, cluster_m: int):
+        self.num_units = num_units  # Int32: units (of clusters) in the problem
+        self.row_clusters = row_clusters  # FastDivmodDivisorV2
+        self.col_tiles = col_tiles  # FastDivmodDivisorV2
+        self.cluster_m = cluster_m
+
+    @staticmethod
+    def create(num_tiles, cluster_m: int, max_active_clusters: int):
+        """(scheduler, grid) for (row tiles, col tiles, L x split_k) tiles on at most
+        ``max_active_clusters`` clusters of ``cluster_m`` x 1 CTAs (host side)."""
+        row_tiles, col_tiles, batches = num_tiles
+        row_clusters = (row_tiles + cluster_m - 1) // cluster_m
+        num_units = row_clusters * col_tiles * batches
+        persistent = cutlass.min(num_units * cluster_m, max_active_clusters * cluster_m)
+        grid = (cluster_m, 1, persistent // cluster_m)
+        scheduler = StaticTileScheduler(
+            num_units,
+            cute.fast_divmod_create_divisor_v2(row_clusters),
+            cute.fast_divmod_create_divisor_v2(col_tiles),
+            cluster_m,
+        )
+        return scheduler, grid
+
+    def __extract_mlir_values__(self):
+        values, self._sizes = [], []
+        for obj in (self.num_units, self.row_clusters, self.col_tiles):
+            obj_values = cutlass.extract_mlir_values(obj)
+            values += obj_values
+            self._sizes.append(len(obj_values))
+        return values
+
+    def __new_from_mlir_values__(self, values):
+        fields = []
+        for obj, size in zip(
+            (self.num_units, self.row_clusters, self.col_tiles), self._sizes, strict=True
+        ):
+            fields.append(cutlass.new_from_mlir_values(obj, values[:size]))
+            values = values[size:]
+        return StaticTileScheduler(*fields, self.cluster_m)
+
+    def first_unit(self):
+        """This CTA's first unit (device side): its cluster's index in the grid."""
+        return Int32(cute.arch.block_idx()[2])
+
+    def next_unit(self, unit):
+        return unit + Int32(cute.arch.grid_dim()[2])
+
+    def is_valid(self, unit):
+        return cutlass.Boolean(cute.arch.make_warp_uniform(unit < self.num_units))
+
+    def coords(self, unit):
+        """(row tile, col tile, L x split_k index) of ``unit`` for this CTA of its cluster."""
+        rest, row_cluster = divmod(unit, self.row_clusters)
+        lk, col_tile = divmod(rest, self.col_tiles)
+        cta = Int32(cute.arch.block_idx()[0] % self.cluster_m)
+        row_tile = row_cluster * Int32(self.cluster_m) + cta
+        uniform = cute.arch.make_warp_uniform
+        return uniform(row_tile), uniform(Int32(col_tile)), uniform(Int32(lk))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -767,8 +732,16 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
 # ---------------------------------------------------------------------------------------------
 class BlockwiseGemmFp4Sm90:
     """NVFP4 / MXFP4 GEMM on sm_90a: TMA ring of packed FP4 + scales or of converted tiles,
-    exact dequantization, F16 / BF16 wgmma -> FP32.  See the module docstring for the paths,
-    roles, pipelines and the math."""
+    exact dequantization, F16 / BF16 wgmma -> FP32.
+
+    :param sf_vec_size: 16 (NVFP4) or 32 (MXFP4).
+    :param path: "decode" (weights dequantized into the wgmma A registers) or "prefill".
+    :param mma_tiler_mn: output tile (M, N); on decode M is the token tile, N the weight rows.
+    :param cluster_shape_mn: (1, 1), or (2, 1) on prefill.
+    :param split_k: K splits summed by a deterministic fix-up through global memory.
+    :param tma_store: False compiles direct stores (D's row pitch not a multiple of 16 bytes).
+    :param k_groups: decode: groups of consumer warpgroups splitting K inside a CTA.
+    """
 
     def __init__(
         self,
@@ -780,26 +753,22 @@ class BlockwiseGemmFp4Sm90:
         tma_store: bool = True,
         k_groups: int = 1,
     ):
+        reason = k_groups_reason(path, mma_tiler_mn, k_groups)
+        if reason:
+            raise ValueError(reason)
         self.sf_vec_size = sf_vec_size
         self.path = path
+        # decode: the weights are the row operand (kernel A), so the kernel computes D^T
         self.swap_ab = path == "decode"
+        # prefill: both operands converted, a plain SS-wgmma mainloop
+        self.a_converted = path == "prefill"
         self.mma_tiler_mn = tuple(mma_tiler_mn)
         self.cluster_shape_mn = tuple(cluster_shape_mn)
         self.cluster_m = self.cluster_shape_mn[0]
         self.split_k = split_k
-        self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
-        # D leaves through SMEM and TMA stores unless the caller compiles direct stores (D's row
-        # pitch N * sizeof(D) not a multiple of 16 bytes, a TMA stride rule) or the consumers
-        # have no registers for the staging (``epilogue_staging_fits``).
-        self.tma_store = tma_store and epilogue_staging_fits(path, mma_tiler_mn, split_k)
-        # Decode: ``k_groups`` groups of consumer warpgroups share each work unit's k-tiles
-        # (group g takes those in the ring stages s with s % k_groups == g) and sum their
-        # accumulators through SMEM before the epilogue: one CTA per SM covers a tile over all
-        # of K without a split-K fix-up through global memory.
-        reason = k_groups_reason(path, mma_tiler_mn, k_groups)
-        if reason:
-            raise ValueError(reason)
         self.k_groups = k_groups
+        self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
+        self.tma_store = tma_store and epilogue_staging_fits(path, mma_tiler_mn, split_k)
         self.threads_per_wg = 128
         # consumer warpgroups along the tile rows (one K group), and in all
         self.row_wgs = self.tile_rows // 64
@@ -808,57 +777,14 @@ class BlockwiseGemmFp4Sm90:
         self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
         self.occupancy = occupancy(path, mma_tiler_mn, k_groups)
-        # Decode: the tokens are converted once per launch by ``convert_operands`` into an F16 /
-        # BF16 copy in the wgmma's permuted K order, which TMA then brings straight into the
-        # wgmma B layout, so the consumers convert only the weights.  (Two other schemes measured
-        # slower on the H200: the consumers, or idle producer warps, converting each stage's
-        # packed tokens next to the weights; hopper/README.md.)
-        # Prefill: both operands are converted by ``convert_operands`` (once per launch, not once
-        # per output tile) and the mainloop is a plain SS wgmma GEMM over F16 / BF16 tiles.
-        self.a_converted = path == "prefill"
-        # 64-wide k-blocks per pipeline stage: two over packed FP4 (16-byte TMA rows), one over
-        # converted F16 / BF16 tiles (128-byte rows, and room for four stages of 128 x 256).
+        # 64-wide k-blocks per stage: two over packed FP4 (16-byte TMA rows), one over converted
+        # F16 / BF16 tiles (128-byte rows)
         self.kblocks_per_stage = 1 if self.a_converted else K_TILE // K_BLOCK
-        # Programmatic dependent launch of convert_operands, so that its launch overlaps the
-        # tail of the kernel before it (the previous GEMM releases it once all its loads are
-        # issued).  Decode only, two GEMM CTAs per SM, and (H200, hopper/NOTES.md, tenth session):
-        # - tiles of 128 weight rows x up to 32 tokens, where the prologue's small CTAs fit
-        #   beside two GEMM CTAs: 16 x 8192 x 8192 16.3 against 16.9 us, 32 x 28672 x 4096 26.3
-        #   against 27.4;
-        # - tiles of 64 rows x up to 16 tokens: two such CTAs fill the SM's registers, yet the
-        #   chain measured faster (16 x 7168 x 2048 7.6 against 8.5 us); with 32 tokens it was
-        #   mixed (32 x 4096 x 7168 12.5 against 11.9), with 64 slower (64 x 18432 x 7168 47.4
-        #   against 45.5), and so on 128-token tiles, one GEMM CTA per SM (up to 2 us, ninth
-        #   session).
-        # K groups: on for up to 32 tokens where a prologue CTA fits beside the GEMM CTAs (4
-        # groups: one CTA of 640 threads x 96 registers; not 3 groups of 64 rows, 512 x 128),
-        # as measured (hopper/NOTES.md, twelfth session).
-        # (registers per thread at launch: what ptxas picks under the minctasm cap, a multiple
-        # of 8, at most 248)
-        launch_regs = min(248, 65536 // (self.occupancy * self.threads_per_cta) // 8 * 8)
-        prologue_fits = (
-            self.occupancy * self.threads_per_cta * launch_regs
-            + DECODE_CONVERT_THREADS * DECODE_CONVERT_MAX_REGS
-            <= SM90_REGS_PER_SM
-        )
-        self.prologue_pdl = path == "decode" and (
-            (self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16))
-            or (k_groups > 1 and self.tile_cols <= 32 and prologue_fits)
-        )
-        if path == "decode":
-            self.convert_threads, self.convert_unroll = (
-                DECODE_CONVERT_THREADS,
-                DECODE_CONVERT_UNROLL,
-            )
-        else:
-            self.convert_threads, self.convert_unroll = CONVERT_THREADS, CONVERT_UNROLL
         self.stage_k = K_BLOCK * self.kblocks_per_stage
         self.producer_warp = 0
-        # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
-        # CTA gave back, so the total must stay within what the CTA got at launch: the
-        # per-thread count ptxas picks under the minctasm cap (a multiple of 8, at most 248).
-        # (with two CTAs per SM the producer warpgroup keeps 24: consumers of 128 weight rows
-        # get 104, of 64 rows 232)
+        # NOTE: setmaxregister_increase only takes registers that other warps gave back: the
+        # budgets stay within what ptxas gives a thread under the minctasm cap (<= 248, 8 | r).
+        launch_regs = min(248, SM90_REGS_PER_SM // (self.occupancy * self.threads_per_cta) // 8 * 8)
         self.producer_regs = 40 if self.occupancy == 1 else 24
         self.mma_regs = min(
             240,
@@ -867,15 +793,37 @@ class BlockwiseGemmFp4Sm90:
             // 8
             * 8,
         )
+        self.prologue_pdl = self._prologue_pdl(launch_regs)
+        if path == "decode":
+            self.convert_threads, self.convert_unroll = (
+                DECODE_CONVERT_THREADS,
+                DECODE_CONVERT_UNROLL,
+            )
+        else:
+            self.convert_threads, self.convert_unroll = CONVERT_THREADS, CONVERT_UNROLL
         self.acc_dtype = cutlass.Float32
-        # NVFP4 runs F16 wgmma (cheaper exact conversion in the mainloop), MXFP4 BF16 (E8M0
-        # range).  Prefill converts once per launch, so it takes BF16 for NVFP4 too: the same
-        # SS GEMM measured faster on BF16 operands on the H200 (hopper/NOTES.md).
-        self.f16 = sf_vec_size == 16 and path != "prefill"
+        # NVFP4 on decode runs F16 wgmma (a cheaper exact conversion in the mainloop); MXFP4,
+        # and prefill (converted once per launch), BF16 (hopper/DESIGN.md)
+        self.f16 = sf_vec_size == 16 and path == "decode"
         self.mma_dtype = cutlass.Float16 if self.f16 else cutlass.BFloat16
+
+    def _prologue_pdl(self, launch_regs: int) -> bool:
+        """Whether ``convert_operands`` is PDL-launched too, so that it starts within the tail
+        of the GEMM ahead of it: decode tiles of <= 32 tokens x 128 rows or <= 16 x 64 rows at
+        two CTAs per SM, and K groups of <= 32 tokens where a prologue CTA fits beside the
+        GEMM's CTA (hopper/DESIGN.md)."""
+        if self.path != "decode":
+            return False
+        if self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16):
+            return True
+        gemm_regs = self.occupancy * self.threads_per_cta * launch_regs
+        prologue_regs = DECODE_CONVERT_THREADS * DECODE_CONVERT_MAX_REGS
+        fits = gemm_regs + prologue_regs <= SM90_REGS_PER_SM
+        return self.k_groups > 1 and self.tile_cols <= 32 and fits
 
     def _setup_attributes(self):
         """Tiled MMA, SMEM layouts, stage count: everything fixed by the configuration."""
+        a_source = OperandSource.SMEM if self.a_converted else OperandSource.RMEM
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.mma_dtype,
             self.mma_dtype,
@@ -884,16 +832,11 @@ class BlockwiseGemmFp4Sm90:
             self.acc_dtype,
             (self.row_wgs, 1, 1),
             tiler_mn=(64, self.tile_cols),
-            a_source=OperandSource.SMEM if self.a_converted else OperandSource.RMEM,
+            a_source=a_source,
         )
-        # Scale atoms per stage along K, and 128-row atom blocks per tile (rows <= 128 -> 1).
-        self.sf_cols_per_stage = K_TILE // self.sf_vec_size
-        self.sf_atoms_k = self.sf_cols_per_stage // SF_ATOM_COLS
+        # scale atoms per stage along K, and 128-row atom blocks per tile (rows <= 128 -> 1)
+        self.sf_atoms_k = K_TILE // self.sf_vec_size // SF_ATOM_COLS
         self.sfa_row_blocks = max(1, self.tile_rows // SF_ATOM_ROWS)
-
-        packed_atom = warpgroup.make_smem_layout_atom(
-            warpgroup.SmemLayoutAtomKind.K_SW64, cutlass.Uint8
-        )
         if self.a_converted:
             self.a_stage_bytes = self.tile_rows * self.stage_k * 2
             self.sfa_stage_bytes = 0
@@ -902,41 +845,19 @@ class BlockwiseGemmFp4Sm90:
             self.sfa_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfa_row_blocks
         self.b_stage_bytes = self.tile_cols * self.stage_k * 2
         self.tx_bytes = self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes
-        # TMA-store epilogue: D in kernel coordinates, (rows, EPI_COLS) subtiles; the decode
-        # path's tile is a tile of D^T, whose rows (D's columns) are the contiguous dimension.
+        # TMA-store epilogue: (rows, EPI_COLS) subtiles of D in kernel coordinates; the decode
+        # tile is a tile of D^T, whose rows (D's columns) are the contiguous dimension.
         self.epi_tile = (self.tile_rows, min(self.tile_cols, EPI_COLS))
         self.epi_subtiles = self.tile_cols // self.epi_tile[1]
-        # a static buffer per subtile (subtile % stages) when the count divides the subtiles
         self.epi_stages = min(EPI_STAGES, self.epi_subtiles)
         self.d_layout = LayoutEnum.COL_MAJOR if self.swap_ab else LayoutEnum.ROW_MAJOR
         self.epi_bytes = 0
         if self.tma_store:
-            self.epi_bytes = (
-                self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * self.c_dtype.width // 8
-            )
+            self.epi_bytes = self.epi_stages * self.epi_tile[0] * self.epi_tile[1]
+            self.epi_bytes = self.epi_bytes * self.c_dtype.width // 8
         # k_groups > 1: the fp32 accumulators of groups 1 .. k_groups - 1, parked for group 0
         self.reduce_bytes = (self.k_groups - 1) * self.tile_rows * self.tile_cols * 4
-        max_stages = MAX_STAGES
-        if self.path == "decode":
-            max_stages = DECODE_K_GROUP_MAX_STAGES if self.k_groups > 1 else DECODE_MAX_STAGES
-        self.num_stages = self._compute_stages(
-            self.tx_bytes,
-            self.epi_bytes + self.reduce_bytes,
-            self.occupancy,
-            max_stages,
-        )
-        if self.k_groups > 1:
-            # NOTE: mbarrier waits test a phase's parity, so a consumer must have seen fill
-            # n - 1 of a stage before it waits for fill n.  A group that skips the other
-            # groups' k-tiles sees that only if every fill of the stage is its own: a ring of
-            # a multiple of k_groups stages, stage s owned by group s % k_groups (``_consumer``
-            # keeps that across work units).
-            self.num_stages = self.num_stages // self.k_groups * self.k_groups
-            if self.num_stages < 2 * self.k_groups:
-                raise ValueError(
-                    f"k_groups = {self.k_groups}: {self.num_stages} stages of "
-                    f"{self.tx_bytes} bytes fit, fewer than two per group"
-                )
+        self.num_stages = self._compute_stages()
         converted_atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype
         )
@@ -947,7 +868,10 @@ class BlockwiseGemmFp4Sm90:
                 converted_atom, (self.tile_rows, K_BLOCK, kblocks), order=(0, 1, 2)
             )
         else:
-            # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks.
+            # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks
+            packed_atom = warpgroup.make_smem_layout_atom(
+                warpgroup.SmemLayoutAtomKind.K_SW64, cutlass.Uint8
+            )
             self.a_smem_layout_staged = cute.tile_to_shape(
                 packed_atom, (self.tile_rows, K_TILE // 2, self.num_stages), order=(0, 1, 2)
             )
@@ -955,7 +879,7 @@ class BlockwiseGemmFp4Sm90:
         self.b_smem_layout_staged = cute.tile_to_shape(
             converted_atom, (self.tile_cols, K_BLOCK, kblocks), order=(0, 1, 2)
         )
-        # Scale stage: (256 bytes, 2 * atoms_k, row blocks, stage) = whole 512-byte atoms.
+        # (256 bytes, 2 x atoms_k, row blocks, stage): whole 512-byte scale atoms
         self.sfa_smem_layout_staged = cute.make_ordered_layout(
             (256, 2 * self.sf_atoms_k, self.sfa_row_blocks, self.num_stages), order=(0, 1, 2, 3)
         )
@@ -964,8 +888,7 @@ class BlockwiseGemmFp4Sm90:
             self.c_dtype, self.d_layout, self.epi_tile, self.epi_stages
         )
         # The wgmma's accumulator partition restricted to one subtile: the values of subtile s
-        # are the accumulator's values s * V .. s * V + V - 1 (V = the subtile's size per thread;
-        # the wgmma C fragment walks 8-column blocks slowest).
+        # are the accumulator's values s * V .. s * V + V - 1 (8-column blocks walk slowest).
         self.epi_mma = sm90_utils.make_trivial_tiled_mma(
             self.mma_dtype,
             self.mma_dtype,
@@ -974,9 +897,32 @@ class BlockwiseGemmFp4Sm90:
             self.acc_dtype,
             (self.row_wgs, 1, 1),
             tiler_mn=(64, self.epi_tile[1]),
-            a_source=OperandSource.SMEM if self.a_converted else OperandSource.RMEM,
+            a_source=a_source,
         )
 
+    def _compute_stages(self) -> int:
+        """Ring stages of ``tx_bytes`` that fit next to the D subtiles and the K groups' parked
+        accumulators at ``occupancy`` CTAs per SM, capped (hopper/DESIGN.md).
+
+        NOTE: with K groups the ring holds a multiple of k_groups stages, each owned by one
+        group: mbarrier waits test a phase's parity, so a group must see every fill of a stage.
+        """
+        reserved = 2048  # mbarriers + alignment padding
+        # NOTE: 228 KiB per SM in all, of which 1 KiB per CTA is reserved by the hardware.
+        per_cta = min(SM90_SMEM_CAPACITY, SM90_SMEM_PER_SM // self.occupancy - 1024)
+        stages = (per_cta - self.epi_bytes - self.reduce_bytes - reserved) // self.tx_bytes
+        max_stages = MAX_STAGES
+        if self.path == "decode":
+            max_stages = DECODE_K_GROUP_MAX_STAGES if self.k_groups > 1 else DECODE_MAX_STAGES
+        stages = min(stages, max_stages) // self.k_groups * self.k_groups
+        if stages < 2 * self.k_groups:
+            raise ValueError(
+                f"k_groups={self.k_groups}: {stages} stages of {self.tx_bytes} bytes fit, "
+                "fewer than two per group"
+            )
+        return stages
+
+    # ======================================= host side =========================================
     @cute.jit
     def __call__(
         self,
@@ -993,28 +939,74 @@ class BlockwiseGemmFp4Sm90:
         num_sms: cutlass.Constexpr,
         stream,
     ):
-        """Host side: global layouts, TMA descriptors, grid, shared storage, launch."""
+        """Host side: global tensors, TMA atoms, shared storage, then the prologue grid and the
+        GEMM grid, launched back to back (the GEMM with PDL)."""
         self.c_dtype = c_ptr.value_type
         self._setup_attributes()
         m, n, k, l = problem_mnkl  # noqa: E741
-        # The kernel's row / col operands (decode path: weights are the rows).
+        ptrs = (a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr, conv_a_ptr)
+        tensors = self._global_tensors(ptrs, m, n, k, l)
+        mKApacked, mKBpacked, mKA, mKB, mSFKA, mSFKB, mD, mWork = tensors
+        tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b = self._tma_atoms_ab(mKA, mKB)
+        tma_atom_sfa, tma_tensor_sfa, tma_atom_d, tma_tensor_d = self._tma_atoms_sfa_d(
+            mSFKA, mD, tma_atom_a, tma_tensor_a
+        )
+        self.shared_storage = self._shared_storage()
+        rows_a, rows_b = (n, m) if cutlass.const_expr(self.swap_ab) else (m, n)
+        scheduler, grid = self._compute_grid(
+            rows_a, rows_b, l, num_sms * self.occupancy // self.cluster_m
+        )
+        self._launch_prologue(mKBpacked, mSFKB, mKB, mKApacked, mSFKA, mKA, k, stream)
+        self.kernel(
+            tma_atom_a,
+            tma_tensor_a,
+            tma_atom_b,
+            tma_tensor_b,
+            tma_atom_sfa,
+            tma_tensor_sfa,
+            mD,
+            tma_atom_d,
+            tma_tensor_d,
+            mWork,
+            alpha,
+            k,
+            self.tiled_mma,
+            self.epi_mma,
+            scheduler,
+            self.a_smem_layout_staged,
+            self.b_smem_layout_staged,
+            self.sfa_smem_layout_staged,
+            self.d_smem_layout_staged,
+        ).launch(
+            grid=grid,
+            block=[self.threads_per_cta, 1, 1],
+            cluster=(self.cluster_m, 1, 1),
+            # programmatic dependent launch: this grid's start overlaps convert_operands
+            use_pdl=True,
+            min_blocks_per_mp=self.occupancy,
+            # all of the SM's 228 KiB as SMEM (percent), so that ``occupancy`` CTAs fit
+            preferred_smem_carveout=100,
+            stream=stream,
+        )
+
+    def _global_tensors(self, ptrs, m, n, k, l):  # noqa: E741
+        """Packed kernel A / B (rows, K/2, L), the converted copies (rows, K_pad, L), the blocked
+        scales, D in kernel coordinates and the split-K workspace."""
+        a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr, conv_a_ptr = ptrs
+        # the kernel's row / col operands (decode: the weights are the rows)
         rows_a, rows_b = (n, m) if cutlass.const_expr(self.swap_ab) else (m, n)
         ptr_ka, ptr_kb = (b_ptr, a_ptr) if cutlass.const_expr(self.swap_ab) else (a_ptr, b_ptr)
-        ptr_sfka, ptr_sfkb = (
-            (sfb_ptr, sfa_ptr) if cutlass.const_expr(self.swap_ab) else (sfa_ptr, sfb_ptr)
-        )
+        ptr_sfka, ptr_sfkb = (sfb_ptr, sfa_ptr) if self.swap_ab else (sfa_ptr, sfb_ptr)
         kb = cute.assume(k // 2, 16)
         k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
-        # Packed FP4 bytes, K-major: (rows, K/2, L).
         mKApacked = cute.make_tensor(
             ptr_ka, cute.make_layout((rows_a, kb, l), stride=(kb, 1, rows_a * kb))
         )
         mKBpacked = cute.make_tensor(
             ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
         )
-        # Converted operands (rows, K rounded up to 64, L) in F16 / BF16, written by
-        # convert_operands in the mainloop's permuted K order.
-        mKA, mKB = mKApacked, mKBpacked
+        # F16 / BF16 copies written by convert_operands in the mainloop's permuted K order
+        mKA = mKApacked
         if cutlass.const_expr(self.a_converted):
             mKA = cute.make_tensor(
                 conv_a_ptr,
@@ -1025,49 +1017,52 @@ class BlockwiseGemmFp4Sm90:
             conv_b_ptr,
             cute.make_layout((conv_rows_b, k_pad, l), stride=(k_pad, 1, conv_rows_b * k_pad)),
         )
-        # Scales, blocked: (256, 2 * atoms along K, 128-row blocks, L); an atom is 2 x 256 bytes.
         sf_atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
         mSFKA = self._blocked_sf_tensor(ptr_sfka, rows_a, sf_atoms_k, l)
         mSFKB = self._blocked_sf_tensor(ptr_sfkb, rows_b, sf_atoms_k, l)
-        # D in kernel coordinates (rows, cols, L): the decode path writes D^T, i.e. D's columns.
         pitch = n
         if cutlass.const_expr(self.tma_store):
             # NOTE: TMA strides are multiples of 16 bytes; the runner takes this variant only
             # when N * sizeof(D) is one.
             pitch = cute.assume(n, 128 // self.c_dtype.width)
+        # D in kernel coordinates (rows, cols, L): decode writes D^T, i.e. D's columns
         if cutlass.const_expr(self.swap_ab):
             mD = cute.make_tensor(c_ptr, cute.make_layout((n, m, l), stride=(1, pitch, m * pitch)))
         else:
             mD = cute.make_tensor(c_ptr, cute.make_layout((m, n, l), stride=(pitch, 1, m * pitch)))
-        # Split-K partials (fp32) and per-tile arrival counters (int32) share one workspace.
+        # split-K partials (fp32) and per-tile arrival counters (int32) share one workspace
         mWork = cute.make_tensor(workspace_ptr, cute.make_layout(1))
+        return mKApacked, mKBpacked, mKA, mKB, mSFKA, mSFKB, mD, mWork
 
+    def _tma_atoms_ab(self, mKA, mKB):
+        """TMA atoms of kernel A (packed or converted) and converted kernel B."""
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         a_tile = (self.tile_rows, K_BLOCK if self.a_converted else K_TILE // 2)
         tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
             g2s, mKA, cute.slice_(self.a_smem_layout_staged, (None, None, 0)), a_tile
         )
-        b_tile = (self.tile_cols, K_BLOCK)
         # NOTE: with a 2x1 cluster each CTA loads half of the shared B tile and multicasts it.
         tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_m > 1 else g2s,
             mKB,
             cute.slice_(self.b_smem_layout_staged, (None, None, 0)),
-            b_tile,
+            (self.tile_cols, K_BLOCK),
             num_multicast=self.cluster_m,
         )
-        sf_tile_a = (256, 2 * self.sf_atoms_k, self.sfa_row_blocks)
-        if cutlass.const_expr(self.a_converted):
-            # no scales in the mainloop: the A pair stands in for the unused arguments
-            tma_atom_sfa, tma_tensor_sfa = tma_atom_a, tma_tensor_a
-        else:
+        return tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b
+
+    def _tma_atoms_sfa_d(self, mSFKA, mD, tma_atom_a, tma_tensor_a):
+        """TMA atoms of kernel A's scales (decode) and of D (TMA-store epilogue); kernel A's atom
+        stands in for those a configuration does not use."""
+        tma_atom_sfa, tma_tensor_sfa = tma_atom_a, tma_tensor_a
+        if cutlass.const_expr(not self.a_converted):
             tma_atom_sfa, tma_tensor_sfa = cpasync.make_tiled_tma_atom(
-                g2s,
+                cpasync.CopyBulkTensorTileG2SOp(),
                 mSFKA,
                 cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
-                sf_tile_a,
+                (256, 2 * self.sf_atoms_k, self.sfa_row_blocks),
             )
-
+        tma_atom_d, tma_tensor_d = tma_atom_a, tma_tensor_a
         if cutlass.const_expr(self.tma_store):
             tma_atom_d, tma_tensor_d = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(),
@@ -1075,58 +1070,46 @@ class BlockwiseGemmFp4Sm90:
                 cute.slice_(self.d_smem_layout_staged, (None, None, 0)),
                 self.epi_tile,
             )
-        else:
-            # direct stores: the A pair stands in for the unused arguments
-            tma_atom_d, tma_tensor_d = tma_atom_a, tma_tensor_a
+        return tma_atom_sfa, tma_tensor_sfa, tma_atom_d, tma_tensor_d
 
-        tile_sched_params, grid = self._compute_grid(
-            rows_a,
-            rows_b,
-            l,
-            self.tile_rows,
-            self.tile_cols,
-            self.split_k,
-            num_sms * self.occupancy // self.cluster_m,
-            self.cluster_m,
-        )
-
+    @cute.jit
+    def _shared_storage(self):
+        """The CTA's shared storage: barriers, the A / B / scale ring, D subtiles, parked K-group
+        accumulators (16-element placeholders where a buffer is not used)."""
         a_smem_dtype = self.mma_dtype if self.a_converted else cutlass.Uint8
-        # (16-element placeholders for the buffers this configuration does not use: sSFA on
-        # prefill, sD with direct stores)
         sfa_bytes = cute.cosize(self.sfa_smem_layout_staged) if self.sfa_stage_bytes else 16
         d_elems = cute.cosize(self.d_smem_layout_staged) if self.tma_store else 16
+        a_elems = cute.cosize(self.a_smem_layout_staged)
+        b_elems = cute.cosize(self.b_smem_layout_staged)
 
         @cute.struct
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             splitk_flag: cute.struct.MemRange[cutlass.Int32, 4]
-            sA: cute.struct.Align[
-                cute.struct.MemRange[a_smem_dtype, cute.cosize(self.a_smem_layout_staged)],
-                1024,
-            ]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[self.mma_dtype, cute.cosize(self.b_smem_layout_staged)],
-                1024,
-            ]
+            sA: cute.struct.Align[cute.struct.MemRange[a_smem_dtype, a_elems], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, b_elems], 1024]
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfa_bytes], 128]
             sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, d_elems], 1024]
             if cutlass.const_expr(self.reduce_bytes > 0):
-                # k_groups > 1: the groups' parked accumulators (no placeholder otherwise: its
-                # alignment would cost up to 128 bytes that two CTAs of 32 x 128 do not have)
+                # (no placeholder otherwise: its alignment could cost bytes two CTAs lack)
                 sRed: cute.struct.Align[
                     cute.struct.MemRange[cutlass.Float32, self.reduce_bytes // 4], 128
                 ]
 
-        self.shared_storage = SharedStorage
+        return SharedStorage
 
-        # one CTA covers convert_threads * convert_unroll chunks of one operand
+    def _launch_prologue(self, mKBpacked, mSFKB, mKB, mKApacked, mSFKA, mKA, k, stream):
+        """Launch ``convert_operands`` over kernel B (and, on prefill, kernel A)."""
+        rows_a, rows_b = mKApacked.shape[0], mKBpacked.shape[0]
+        l = mKBpacked.shape[2]  # noqa: E741
+        k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
         per_cta = self.convert_threads * self.convert_unroll
         chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
         ctas = (chunks_b + per_cta - 1) // per_cta
         if cutlass.const_expr(self.a_converted):
             chunks_a = l * rows_a * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
             ctas += (chunks_a + per_cta - 1) // per_cta
-        # (runtime divisors of the chunk index: precomputed multiply-shift, no IDIV sequence)
+        # runtime divisors of the chunk index: a precomputed multiply-shift, no IDIV sequence
         blocks_per_row = cute.fast_divmod_create_divisor_v2(k_pad // K_BLOCK)
         rows_div_b = cute.fast_divmod_create_divisor_v2(rows_b)
         rows_div_a = cute.fast_divmod_create_divisor_v2(rows_a)
@@ -1148,8 +1131,8 @@ class BlockwiseGemmFp4Sm90:
             block=[self.convert_threads, 1, 1],
             stream=stream,
             use_pdl=self.prologue_pdl,
-            # decode: the register cap of DECODE_CONVERT_MAX_REGS, and the GEMM's SMEM
-            # carveout, so that these CTAs can share an SM with two GEMM CTAs
+            # decode: a register cap of DECODE_CONVERT_MAX_REGS and the GEMM's SMEM carveout,
+            # so that these CTAs can share an SM with the GEMM's CTAs
             min_blocks_per_mp=(
                 SM90_REGS_PER_SM // (self.convert_threads * DECODE_CONVERT_MAX_REGS)
                 if decode
@@ -1157,39 +1140,8 @@ class BlockwiseGemmFp4Sm90:
             ),
             preferred_smem_carveout=100 if decode else None,
         )
-        self.kernel(
-            tma_atom_a,
-            tma_tensor_a,
-            tma_atom_b,
-            tma_tensor_b,
-            tma_atom_sfa,
-            tma_tensor_sfa,
-            mD,
-            tma_atom_d,
-            tma_tensor_d,
-            mWork,
-            alpha,
-            k,
-            self.tiled_mma,
-            self.epi_mma,
-            tile_sched_params,
-            self.a_smem_layout_staged,
-            self.b_smem_layout_staged,
-            self.sfa_smem_layout_staged,
-            self.d_smem_layout_staged,
-        ).launch(
-            grid=grid,
-            block=[self.threads_per_cta, 1, 1],
-            cluster=(self.cluster_m, 1, 1),
-            # programmatic dependent launch: overlaps this grid's start with convert_operands
-            use_pdl=True,
-            min_blocks_per_mp=self.occupancy,
-            # all of the SM's 228 KiB as SMEM (percent), so that `occupancy` CTAs fit
-            preferred_smem_carveout=100,
-            stream=stream,
-        )
 
-    # -----------------------------------------------------------------------------------------
+    # ======================================= the GEMM grid =====================================
     @cute.kernel
     def kernel(
         self,
@@ -1207,7 +1159,7 @@ class BlockwiseGemmFp4Sm90:
         k: Int32,
         tiled_mma: cute.TiledMma,
         epi_mma: cute.TiledMma,
-        tile_sched_params: utils.PersistentTileSchedulerParams,
+        scheduler: StaticTileScheduler,
         a_smem_layout_staged: cute.ComposedLayout,
         b_smem_layout_staged: cute.ComposedLayout,
         sfa_smem_layout_staged: cute.Layout,
@@ -1218,7 +1170,7 @@ class BlockwiseGemmFp4Sm90:
         if warp_idx == self.producer_warp:
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
-            # (the scale atoms are stand-ins for A's when the operand is converted)
+            # (the scale and D atoms stand in for A's where they are not used)
             if cutlass.const_expr(not self.a_converted):
                 cpasync.prefetch_descriptor(tma_atom_sfa)
             if cutlass.const_expr(self.tma_store):
@@ -1231,8 +1183,7 @@ class BlockwiseGemmFp4Sm90:
             num_stages=self.num_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             # one arrive per consumer warp of the K group that reads the stage, in every CTA
-            # whose producer writes into this one (lanes 0 .. cluster size - 1 signal in
-            # PipelineTmaAsync)
+            # whose producer writes into this one
             consumer_group=pipeline.CooperativeGroup(
                 pipeline.Agent.Thread, self.group_threads // 32 * self.cluster_m
             ),
@@ -1246,40 +1197,28 @@ class BlockwiseGemmFp4Sm90:
             alpha = alpha * cutlass.Float32(NVFP4_ACC_SCALE)
 
         if warp_idx < 4:
-            cute.arch.warpgroup_reg_dealloc(self.producer_regs)
+            cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == self.producer_warp:
                 self._producer(
                     storage,
                     ab_pipeline,
                     k_tiles,
-                    a_smem_layout_staged,
-                    b_smem_layout_staged,
-                    sfa_smem_layout_staged,
-                    tma_atom_a,
-                    mA_mkl,
-                    tma_atom_b,
-                    mB_nkl,
-                    tma_atom_sfa,
-                    mSFA_mkl,
-                    tile_sched_params,
+                    (a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged),
+                    (tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl),
+                    scheduler,
                 )
         else:
-            cute.arch.warpgroup_reg_alloc(self.mma_regs)
+            cute.arch.setmaxregister_increase(self.mma_regs)
             self._consumer(
                 storage,
                 ab_pipeline,
                 k_tiles,
-                a_smem_layout_staged,
-                b_smem_layout_staged,
-                d_smem_layout_staged,
-                mD_mnl,
-                tma_atom_d,
-                mD_tma,
-                mWork,
+                (a_smem_layout_staged, b_smem_layout_staged, d_smem_layout_staged),
+                (mD_mnl, tma_atom_d, mD_tma, mWork),
                 alpha,
                 tiled_mma,
                 epi_mma,
-                tile_sched_params,
+                scheduler,
             )
         if cutlass.const_expr(self.cluster_m > 1):
             # NOTE: no CTA may exit while its peer can still multicast into its SMEM or
@@ -1289,30 +1228,20 @@ class BlockwiseGemmFp4Sm90:
 
     # ======================================= TMA producer ======================================
     @cute.jit
-    def _producer(
-        self,
-        storage,
-        ab_pipeline,
-        k_tiles,
-        a_smem_layout_staged,
-        b_smem_layout_staged,
-        sfa_smem_layout_staged,
-        tma_atom_a,
-        mA_mkl,
-        tma_atom_b,
-        mB_nkl,
-        tma_atom_sfa,
-        mSFA_mkl,
-        tile_sched_params,
-    ):
+    def _producer(self, storage, ab_pipeline, k_tiles, layouts, tma, scheduler):
+        """Warp 0: per work unit and k-tile, one ring stage of kernel A (and its scales on
+        decode) and converted kernel B.  On decode the first stage's weights are requested
+        before the PDL wait; every load of the prologue's output comes after it."""
+        a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged = layouts
+        tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl = tma
         # packed: (rows, 64 bytes, stage); converted: (rows, 64, k-blocks x stage)
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
-        # packed: (cols, 64 bytes, stage); converted: (cols, 64, k-blocks x stage)
+        # (cols, 64, k-blocks x stage)
         sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
         # packed: (rows, 64 bytes, RestRows, RestK, L); converted: (rows, 64, RestRows, RestK64, L)
         a_tile_k = K_BLOCK if self.a_converted else K_TILE // 2
         gA = cute.local_tile(mA_mkl, (self.tile_rows, a_tile_k), (None, None, None))
-        # packed: (cols, 64 bytes, RestCols, RestK, L); converted: (cols, 64, RestCols, RestK64, L)
+        # (cols, 64, RestCols, RestK64, L)
         gB = cute.local_tile(mB_nkl, (self.tile_cols, K_BLOCK), (None, None, None))
         # (TMA, stage) / (TMA, RestRows, RestK, L)
         tAsA, tAgA = cpasync.tma_partition(
@@ -1330,7 +1259,7 @@ class BlockwiseGemmFp4Sm90:
             b_mcast_mask = cpasync.create_tma_multicast_mask(
                 cta_layout_vmnk, cta_layout_vmnk.get_flat_coord(cta_rank), mcast_mode=1
             )
-        # (TMA, stage) / (TMA, RestCols, RestK, L)
+        # (TMA, stage) / (TMA, RestCols, RestK64, L)
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b,
             cta_rank % self.cluster_m,
@@ -1354,27 +1283,22 @@ class BlockwiseGemmFp4Sm90:
                 cute.group_modes(sSFA, 0, 3),
                 cute.group_modes(gSFA, 0, 3),
             )
-
-        # the TMA atoms and partitions of each operand, for ``_copy_a`` / ``_copy_b``
         a_copies = (tma_atom_a, tAgA, tAsA, tma_atom_sfa, tAgSFA, tAsSFA)
         b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask)
-        tile_sched = utils.StaticPersistentTileScheduler.create(
-            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work_tile = tile_sched.initial_work_tile_info()
+        unit = scheduler.first_unit()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        # k-tiles of the first work tile already requested (decode: its first stages)
+        # k-tiles of the first work unit already requested (decode: its first stage)
         issued = Int32(0)
         if cutlass.const_expr(not self.a_converted):
-            issued, state = self._first_stages_across_pdl_wait(
-                ab_pipeline, state, a_copies, b_copies, work_tile, k_tiles
+            issued, state = self._first_stage_across_pdl_wait(
+                ab_pipeline, state, a_copies, b_copies, scheduler, unit, k_tiles
             )
         else:
             # NOTE: PDL launch: the converted operands are complete only after this wait.
             cute.arch.griddepcontrol_wait()
-        while work_tile.is_valid_tile:
+        while scheduler.is_valid(unit):
             row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
-                work_tile, k_tiles
+                scheduler, unit, k_tiles
             )
             kt_first = kt_begin + issued
             issued = Int32(0)
@@ -1385,34 +1309,28 @@ class BlockwiseGemmFp4Sm90:
                 self._copy_b(b_copies, kt, state.index, bar, col_tile, batch)
                 ab_pipeline.producer_commit(state)
                 state.advance()
-            tile_sched.advance_to_next_work()
-            work_tile = tile_sched.get_current_work()
+            unit = scheduler.next_unit(unit)
         # Every load of this CTA is issued: a PDL-launched successor (the next launch's
-        # prologue grid) may be scheduled once all CTAs are here; it must wait for this grid to
-        # complete before it touches memory (``convert_operands`` does), and its launch
-        # overlaps this grid's last stages.
+        # prologue) may be scheduled once all CTAs are here; it waits for this grid to complete
+        # before it touches memory, and its launch overlaps this grid's last stages.
         cute.arch.griddepcontrol_launch_dependents()
         ab_pipeline.producer_tail(state)
 
     @cute.jit
-    def _first_stages_across_pdl_wait(
-        self, ab_pipeline, state, a_copies, b_copies, work_tile, k_tiles
+    def _first_stage_across_pdl_wait(
+        self, ab_pipeline, state, a_copies, b_copies, scheduler, unit, k_tiles
     ):
-        """Decode with a token prologue: request the weights of the first stage, wait for the
-        prologue grid (``griddepcontrol.wait``), then its tokens.  Returns the k-tiles issued
-        (0 for a CTA without work or a first unit without k-tiles) and the advanced pipeline
-        state (returned because the loops below rebind the name ``state`` to their results,
-        so the caller's object does not see the advance).
+        """Decode: request the first stage's weights, wait for the prologue grid
+        (``griddepcontrol.wait``), then request its tokens.  Returns the k-tiles issued (0 for
+        a CTA without work or a first unit without k-tiles) and the advanced pipeline state.
 
-        NOTE: PDL launch: the converted tokens are complete only after the wait; the weights and
-        their scales do not depend on it.  Requesting the first stage's weights early overlaps
-        their DRAM latency with the prologue (hopper/DESIGN.md).
-        """
+        NOTE: PDL launch: the converted tokens are complete only after the wait; the weights
+        and their scales do not depend on it, so their DRAM latency overlaps the prologue."""
         row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
-            work_tile, k_tiles
+            scheduler, unit, k_tiles
         )
         issued = cutlass.min(Int32(1), kt_end - kt_begin)
-        if not work_tile.is_valid_tile:
+        if not scheduler.is_valid(unit):
             issued = Int32(0)
         token_state = state.clone()
         for i in cutlass.range(issued, unroll=1):
@@ -1429,13 +1347,13 @@ class BlockwiseGemmFp4Sm90:
         return issued, state
 
     @cute.jit
-    def _producer_unit(self, work_tile, k_tiles):
+    def _producer_unit(self, scheduler, unit, k_tiles):
         """A work unit's coordinates for the TMA copies: row tile, col tile, batch, its k-tiles
         [begin, end) and kernel A's scale row block."""
-        row_tile, col_tile, lk = work_tile.tile_idx
+        row_tile, col_tile, lk = scheduler.coords(unit)
         batch = lk // self.split_k
         kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
-        # Scale row block of this tile (tiles narrower than an atom share one).
+        # scale row block of this tile (tiles narrower than an atom share one)
         sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
         return row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb
 
@@ -1487,31 +1405,23 @@ class BlockwiseGemmFp4Sm90:
         storage,
         ab_pipeline,
         k_tiles,
-        a_smem_layout_staged,
-        b_smem_layout_staged,
-        d_smem_layout_staged,
-        mD_mnl,
-        tma_atom_d,
-        mD_tma,
-        mWork,
+        layouts,
+        epi_tensors,
         alpha,
         tiled_mma,
         epi_mma,
-        tile_sched_params,
+        scheduler,
     ):
+        """Consumer warpgroups: per work unit, ``_mainloop_decode`` or ``_mainloop_prefill``, the
+        K groups' sum, then (K group 0) ``_epilogue``."""
+        a_smem_layout_staged, b_smem_layout_staged, d_smem_layout_staged = layouts
         tidx, _, _ = cute.arch.thread_idx()
-        tidx = tidx - self.threads_per_wg  # 0 .. num_mma_threads - 1
-        # K group of this thread (``k_groups``), then tidx = its index inside the group
-        # (0 .. group_threads - 1), the only index the rest of this function uses
+        tidx = tidx - self.threads_per_wg
+        # K group of this thread, then tidx = its index inside the group (0 .. group_threads - 1)
         kgroup = 0
         if cutlass.const_expr(self.k_groups > 1):
             kgroup = cute.arch.make_warp_uniform(tidx // self.group_threads)
             tidx = tidx % self.group_threads
-        wg = tidx // self.threads_per_wg
-        warp_in_wg = (tidx // 32) % 4
-        lane = tidx % 32
-        q = lane % 4  # 16-element group of the 64-wide k-block this thread dequantizes
-
         thr_mma = tiled_mma.get_slice(tidx)
         # (cols, 64, k-blocks x stage)
         sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
@@ -1523,18 +1433,13 @@ class BlockwiseGemmFp4Sm90:
                 a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner
             )
             # (MMA, MMA_M, MMA_K, k-blocks x stage): descriptors of the converted kernel A
-            tCsA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+            a_operands = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         else:
-            # (MMA, MMA_M, MMA_K): the RS A fragments, double-buffered across k-blocks
-            a_frag_shape = thr_mma.partition_shape_A((self.tile_rows, K_BLOCK))
-            tCrA0 = tiled_mma.make_fragment_A(a_frag_shape)
-            tCrA1 = tiled_mma.make_fragment_A(a_frag_shape)
+            a_operands = self._decode_a_operands(storage, tiled_mma, thr_mma, tidx)
         # (MMA, MMA_M, MMA_N)
         tCrAcc = cute.make_rmem_tensor(
             thr_mma.partition_shape_C((self.tile_rows, self.tile_cols)), self.acc_dtype
         )
-        base_a = storage.sA.data_ptr().toint()
-        base_sfa = storage.sSFA.data_ptr().toint()
         sD, d_pipeline = None, None
         if cutlass.const_expr(self.tma_store):
             # (rows, epi cols, epi stage)
@@ -1545,32 +1450,19 @@ class BlockwiseGemmFp4Sm90:
                 num_stages=self.epi_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.group_threads),
             )
-        # This thread's two kernel-A rows in the tile: wgmma A fragment rows g and g + 8.
-        a_row0 = wg * 64 + warp_in_wg * 16 + lane // 4
-
-        tile_sched = utils.StaticPersistentTileScheduler.create(
-            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work_tile = tile_sched.initial_work_tile_info()
-        # the stage of this thread's next k-tile
-        read_state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.num_stages
-        )
-        # k_groups == 1: stages are released one step late, once the wgmma reading them
-        # completed
-        free_state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.num_stages
-        )
+        consumer = pipeline.PipelineUserType.Consumer
+        # the stage of this thread's next k-tile, and (k_groups == 1) the next stage to free
+        read_state = pipeline.make_pipeline_state(consumer, self.num_stages)
+        free_state = pipeline.make_pipeline_state(consumer, self.num_stages)
         # k_groups > 1: the CTA's first k-tile of the current unit (every group's count)
         unit_state = None
         if cutlass.const_expr(self.k_groups > 1):
-            unit_state = pipeline.make_pipeline_state(
-                pipeline.PipelineUserType.Consumer, self.num_stages
-            )
-        while work_tile.is_valid_tile:
-            row_tile, col_tile, lk = work_tile.tile_idx
+            unit_state = pipeline.make_pipeline_state(consumer, self.num_stages)
+        unit = scheduler.first_unit()
+        while scheduler.is_valid(unit):
+            row_tile, col_tile, lk = scheduler.coords(unit)
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
-            # This thread's k-tiles: kt_first, kt_first + k_groups, ... < kt_end.
+            # this thread's k-tiles: kt_first, kt_first + k_groups, ... < kt_end
             kt_first = kt_begin
             if cutlass.const_expr(self.k_groups > 1):
                 # the unit's k-tiles whose stages this group owns (stage % k_groups == group)
@@ -1579,85 +1471,136 @@ class BlockwiseGemmFp4Sm90:
                 kt_first = kt_begin + offset
                 read_state = unit_state.clone()
                 read_state.advance(offset)
-            # Row offset of this tile inside its 128-row scale atom.
-            sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS
             tCrAcc.fill(0.0)
             # NOTE: wgmma's scale-d operand: without ACCUMULATE every k16 step overwrites D.
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kt in cutlass.range(kt_first, kt_end, self.k_groups, unroll=1):
-                ab_pipeline.consumer_wait(read_state)
-                kbs = self.kblocks_per_stage
-                # decode: both k-blocks' kernel-A bytes at once, one SMEM latency per stage
-                a_bytes = [
-                    self._load_a(base_a, base_sfa, read_state.index, j, a_row0, sfa_row_off, q)
-                    for j in range(kbs if self.path == "decode" else 0)
-                ]
-                for j in cutlass.range_constexpr(kbs):
-                    if cutlass.const_expr(self.a_converted):
-                        tCrA = tCsA[(None, None, None, kbs * read_state.index + j)]
-                    else:
-                        tCrA = tCrA0 if j == 0 else tCrA1
-                        # ---- kernel A: 2 rows x 16 K values -> 16 F16x2 / BF16x2 registers
-                        self._dequant_a(tCrA, a_bytes[j])
-                    b_block = kbs * read_state.index + j
-                    warpgroup.fence()
-                    for s in cutlass.range_constexpr(K_BLOCK // 16):
-                        cute.gemm(
-                            tiled_mma,
-                            tCrAcc,
-                            tCrA[(None, None, s)],
-                            tCrB[(None, None, s, b_block)],
-                            tCrAcc,
-                        )
-                    warpgroup.commit_group()
-                    if cutlass.const_expr(self.k_groups > 1 and j == kbs - 1):
-                        # K groups free a stage once its last wgmma has completed, not one
-                        # k-tile later (each group would hold two stages of the ring)
-                        warpgroup.wait_group(0)
-                        ab_pipeline.consumer_release(read_state)
-                    else:
-                        # NOTE: k-block t - 1 done => its A registers are free again.
-                        warpgroup.wait_group(1)
-                    if cutlass.const_expr(j == 0 and self.k_groups == 1):
-                        # the last wgmma of the previous stage has completed: free it
-                        if kt > kt_first:
-                            ab_pipeline.consumer_release(free_state)
-                            free_state.advance()
-                read_state.advance(self.k_groups)
+            mainloop = (ab_pipeline, read_state, free_state, kt_first, kt_end, tiled_mma, tCrAcc)
+            if cutlass.const_expr(self.a_converted):
+                read_state, free_state = self._mainloop_prefill(*mainloop, a_operands, tCrB)
+            else:
+                read_state, free_state = self._mainloop_decode(
+                    *mainloop, a_operands, tCrB, row_tile
+                )
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.k_groups == 1):
                 if kt_end > kt_first:
                     ab_pipeline.consumer_release(free_state)
                     free_state.advance()
-            if cutlass.const_expr(self.k_groups > 1):
+            else:
                 unit_state.advance(kt_end - kt_begin)
                 self._reduce_k_groups(tCrAcc, kgroup, tidx, storage.sRed.data_ptr().toint())
             # (k_groups > 1: group 0 holds the sum)
             if kgroup == 0:
                 self._epilogue(
                     tCrAcc,
-                    mD_mnl,
-                    mWork,
+                    epi_tensors,
                     alpha,
-                    row_tile,
-                    col_tile,
-                    lk,
+                    (row_tile, col_tile, lk),
                     thr_mma,
                     tidx,
                     storage.splitk_flag.data_ptr().toint(),
-                    tma_atom_d,
-                    mD_tma,
                     sD,
                     epi_mma,
                     d_pipeline,
                 )
-            tile_sched.advance_to_next_work()
-            work_tile = tile_sched.get_current_work()
+            unit = scheduler.next_unit(unit)
         if cutlass.const_expr(self.tma_store):
             # warp 0 of group 0, which issued them (both terms >= 0; kgroup is 0 without groups)
             if tidx // 32 + kgroup == 0:
                 # NOTE: the CTA must not exit before its TMA stores have read their SMEM.
                 d_pipeline.producer_tail()
+
+    def _decode_a_operands(self, storage, tiled_mma, thr_mma, tidx):
+        """Decode: the two A register fragments (double-buffered across k-blocks), the SMEM
+        bases of packed kernel A and its scales, this thread's first A row and 16-group."""
+        # (MMA, MMA_M, MMA_K)
+        a_frag_shape = thr_mma.partition_shape_A((self.tile_rows, K_BLOCK))
+        tCrA0 = tiled_mma.make_fragment_A(a_frag_shape)
+        tCrA1 = tiled_mma.make_fragment_A(a_frag_shape)
+        wg = tidx // self.threads_per_wg
+        warp_in_wg = (tidx // 32) % 4
+        lane = tidx % 32
+        # this thread's two kernel-A rows in the tile: wgmma A fragment rows g and g + 8
+        a_row0 = wg * 64 + warp_in_wg * 16 + lane // 4
+        # the 16-element group of each 64-wide k-block this thread dequantizes
+        q = lane % 4
+        base_a = storage.sA.data_ptr().toint()
+        base_sfa = storage.sSFA.data_ptr().toint()
+        return tCrA0, tCrA1, base_a, base_sfa, a_row0, q
+
+    @cute.jit
+    def _mainloop_decode(
+        self,
+        ab_pipeline,
+        read_state,
+        free_state,
+        kt_first,
+        kt_end,
+        tiled_mma,
+        tCrAcc,
+        a_operands,
+        tCrB,
+        row_tile,
+    ):
+        """RS wgmma: per stage, this thread's packed weights and scales of both k-blocks from
+        SMEM, dequantized into the A registers, then 4 wgmma per k-block against the converted
+        tokens.  A stage is freed once its last wgmma has completed (k_groups == 1: one stage
+        later; K groups: at once, so that a group holds one stage).  Returns the states."""
+        tCrA0, tCrA1, base_a, base_sfa, a_row0, q = a_operands
+        # row offset of this tile inside its 128-row scale atom
+        sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS
+        kbs = self.kblocks_per_stage
+        for kt in cutlass.range(kt_first, kt_end, self.k_groups, unroll=1):
+            ab_pipeline.consumer_wait(read_state)
+            # both k-blocks' kernel-A bytes at once: one SMEM latency per stage
+            a_bytes = [
+                self._load_a(base_a, base_sfa, read_state.index, j, a_row0, sfa_row_off, q)
+                for j in range(kbs)
+            ]
+            for j in cutlass.range_constexpr(kbs):
+                tCrA = tCrA0 if j == 0 else tCrA1
+                self._dequant_a(tCrA, a_bytes[j])
+                self._wgmma_kblock(tiled_mma, tCrAcc, tCrA, tCrB, kbs * read_state.index + j)
+                if cutlass.const_expr(self.k_groups > 1 and j == kbs - 1):
+                    warpgroup.wait_group(0)
+                    ab_pipeline.consumer_release(read_state)
+                else:
+                    # NOTE: k-block t - 1 done => its A registers are free again.
+                    warpgroup.wait_group(1)
+                if cutlass.const_expr(j == 0 and self.k_groups == 1):
+                    # the last wgmma of the previous stage has completed: free that stage
+                    if kt > kt_first:
+                        ab_pipeline.consumer_release(free_state)
+                        free_state.advance()
+            read_state.advance(self.k_groups)
+        return read_state, free_state
+
+    @cute.jit
+    def _mainloop_prefill(
+        self, ab_pipeline, read_state, free_state, kt_first, kt_end, tiled_mma, tCrAcc, tCsA, tCrB
+    ):
+        """SS wgmma over the converted tiles: per stage one 64-wide k-block of kernel A and B;
+        a stage is freed one stage later, once its wgmma has completed.  Returns the states."""
+        for kt in cutlass.range(kt_first, kt_end, unroll=1):
+            ab_pipeline.consumer_wait(read_state)
+            stage = read_state.index
+            self._wgmma_kblock(tiled_mma, tCrAcc, tCsA[(None, None, None, stage)], tCrB, stage)
+            warpgroup.wait_group(1)
+            if kt > kt_first:
+                ab_pipeline.consumer_release(free_state)
+                free_state.advance()
+            read_state.advance()
+        return read_state, free_state
+
+    @cute.jit
+    def _wgmma_kblock(self, tiled_mma, tCrAcc, tCrA, tCrB, b_block):
+        """4 wgmma (k16 each) of one 64-wide k-block, committed as one group."""
+        warpgroup.fence()
+        for s in cutlass.range_constexpr(K_BLOCK // 16):
+            cute.gemm(
+                tiled_mma, tCrAcc, tCrA[(None, None, s)], tCrB[(None, None, s, b_block)], tCrAcc
+            )
+        warpgroup.commit_group()
 
     @cute.jit
     def _load_a(self, base_a, base_sfa, stage, j, a_row0, sfa_row_off, q):
@@ -1715,158 +1658,126 @@ class BlockwiseGemmFp4Sm90:
             mine = base_red + ((kgroup - 1) * nacc * self.group_threads + tidx) * 4
             for i in cutlass.range_constexpr(nacc):
                 _st_shared_f32(mine + i * words, tCrAcc[i])
-        self._k_group_barrier()
+        self._barrier(NamedBarrierId.K_GROUP_REDUCE, self.num_mma_threads)
         if kgroup == 0:
             for g in cutlass.range_constexpr(1, self.k_groups):
                 theirs = base_red + ((g - 1) * nacc * self.group_threads + tidx) * 4
                 for i in cutlass.range_constexpr(nacc):
                     tCrAcc[i] = tCrAcc[i] + _ld_shared_f32(theirs + i * words)
         # NOTE: group 0 has read every parked value before any group parks its next unit's.
-        self._k_group_barrier()
+        self._barrier(NamedBarrierId.K_GROUP_REDUCE, self.num_mma_threads)
 
-    def _k_group_barrier(self):
-        cute.arch.barrier(
-            barrier_id=int(NamedBarrierId.K_GROUP_REDUCE), number_of_threads=self.num_mma_threads
-        )
+    def _barrier(self, barrier_id: NamedBarrierId, threads: int):
+        cute.arch.barrier(barrier_id=int(barrier_id), number_of_threads=threads)
 
     # ======================================= epilogue ==========================================
     @cute.jit
     def _epilogue(
-        self,
-        tCrAcc,
-        mD_mnl,
-        mWork,
-        alpha,
-        row_tile,
-        col_tile,
-        lk,
-        thr_mma,
-        tidx,
-        flag_addr,
-        tma_atom_d,
-        mD_tma,
-        sD,
-        epi_mma,
-        d_pipeline,
+        self, tCrAcc, epi_tensors, alpha, coords, thr_mma, tidx, flag_addr, sD, epi_mma, d_pipeline
     ):
-        """acc * alpha -> D, through SMEM and TMA stores of (rows, 32)-column subtiles, or
-        (``tma_store`` False) with predicated direct stores; TMA clips ragged rows / cols.
-
-        With split-K, every split first parks its fp32 fragment in the workspace; the split
-        that arrives last at the tile's counter sums all of them in split order (so the result
-        does not depend on the arrival order), resets the counter and stores D."""
+        """acc * alpha -> D: with split-K, after ``_splitk_fixup`` and by the last split only;
+        through SMEM and TMA stores (``_store_tile_tma``) or direct stores."""
+        mD_mnl, tma_atom_d, mD_tma, mWork = epi_tensors
+        row_tile, col_tile, lk = coords
         batch = lk // self.split_k
-        rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
         is_last = True
         if cutlass.const_expr(self.split_k > 1):
-            nacc = cute.size(tCrAcc)
-            row_tiles, col_tiles, num_tiles = output_tiles(
-                rows, cols, mD_mnl.shape[2], self.tile_rows, self.tile_cols, self.cluster_m
+            is_last = self._splitk_fixup(
+                tCrAcc, mD_mnl, mWork, row_tile, col_tile, lk, tidx, flag_addr
             )
-            tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile
-            split = lk % self.split_k
-            work = mWork.iterator.toint()
-            frag_stride = Int64(self.group_threads * nacc * 4)
-            # A partial is stored value-major (value i of thread t at 4 * (i * threads + t)), so
-            # that every warp access is one contiguous 128-byte line.
-            value_stride = self.group_threads * 4
-            my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * 4))
-            counter = (
-                work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
-            )
-            for i in cutlass.range_constexpr(nacc):
-                _st_global_f32(my_frag + i * value_stride, tCrAcc[i])
-            self._splitk_barrier()
-            if tidx == 0:
-                # NOTE: the barrier orders the epilogue group's partial stores before this thread's
-                # acq_rel atomic, whose gpu-scope release is cumulative: it publishes all of
-                # them, and the atomic of the last split acquires all earlier splits' partials
-                # for its CTA through the barrier below.
-                old = _atomic_add_global_u32(counter, Uint32(1))
-                last = old == Uint32(self.split_k - 1)
-                if last:
-                    _st_global_u32(counter, Uint32(0))
-                _st_shared_b32(flag_addr, Uint32(last))
-            self._splitk_barrier()
-            is_last = _ld_shared_u32(flag_addr) != Uint32(0)
-            if is_last:
-                # Every split's partial (this split's too: the same bits, read back) is loaded
-                # before any is added, so the fix-up waits for one memory round trip per chunk
-                # of values (the chunk as large as the registers next to the accumulators
-                # allow) instead of one per split; the sum runs in split order from 0.
-                tile_frags = work + (Int64(tile_id * self.split_k) * frag_stride + Int64(tidx * 4))
-                loads = min(FIXUP_LOADS, self.mma_regs - nacc - FIXUP_RESERVED)
-                chunk = max(1, min(nacc, loads // self.split_k))
-                for c0 in cutlass.range_constexpr(0, nacc, chunk):
-                    width = min(chunk, nacc - c0)
-                    parts = [
-                        [
-                            _ld_global_cg_f32(
-                                tile_frags + sp * frag_stride + (c0 + v) * value_stride
-                            )
-                            for v in range(width)
-                        ]
-                        for sp in range(self.split_k)
-                    ]
-                    for v in cutlass.range_constexpr(width):
-                        total = cutlass.Float32(0.0)
-                        for sp in cutlass.range_constexpr(self.split_k):
-                            total = total + parts[sp][v]
-                        tCrAcc[c0 + v] = total
         if is_last:
             if cutlass.const_expr(self.tma_store):
+                tile = (row_tile, col_tile, batch)
                 self._store_tile_tma(
-                    tCrAcc,
-                    alpha,
-                    mD_tma,
-                    tma_atom_d,
-                    sD,
-                    epi_mma,
-                    d_pipeline,
-                    row_tile,
-                    col_tile,
-                    batch,
-                    tidx,
+                    tCrAcc, alpha, mD_tma, tma_atom_d, sD, epi_mma, d_pipeline, tile, tidx
                 )
             else:
-                tile = (self.tile_rows, self.tile_cols)
-                # (rows, cols)
-                gD = cute.local_tile(mD_mnl, tile, (row_tile, col_tile, batch))
-                cD = cute.local_tile(
-                    cute.make_identity_tensor(mD_mnl.shape), tile, (row_tile, col_tile, batch)
-                )
-                # (MMA, MMA_M, MMA_N)
-                tCgD = thr_mma.partition_C(gD)
-                tCcD = thr_mma.partition_C(cD)
-                tCrD = cute.make_rmem_tensor_like(tCrAcc, mD_mnl.element_type)
-                tCrD.store((tCrAcc.load() * alpha).to(mD_mnl.element_type))
-                for i in cutlass.range_constexpr(cute.size(tCrAcc)):
-                    crd = tCcD[i]
-                    if crd[0] < rows and crd[1] < cols:
-                        tCgD[i] = tCrD[i]
+                self._store_tile_direct(tCrAcc, alpha, mD_mnl, thr_mma, (row_tile, col_tile, batch))
+
+    @cute.jit
+    def _splitk_fixup(self, tCrAcc, mD_mnl, mWork, row_tile, col_tile, lk, tidx, flag_addr):
+        """Split-K: park this split's fp32 fragment in the workspace; the split that arrives last
+        at the tile's counter sums all of them in split order (the result does not depend on the
+        arrival order) into ``tCrAcc`` and resets the counter.  Returns whether this is it."""
+        nacc = cute.size(tCrAcc)
+        rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
+        row_tiles, col_tiles, num_tiles = output_tiles(
+            rows, cols, mD_mnl.shape[2], self.tile_rows, self.tile_cols, self.cluster_m
+        )
+        batch = lk // self.split_k
+        tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile
+        split = lk % self.split_k
+        work = mWork.iterator.toint()
+        frag_stride = Int64(self.group_threads * nacc * 4)
+        # value-major partials (value i of thread t at 4 * (i * threads + t)): every warp access
+        # is one contiguous 128-byte line
+        value_stride = self.group_threads * 4
+        my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * 4))
+        counter = work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
+        for i in cutlass.range_constexpr(nacc):
+            _st_global_f32(my_frag + i * value_stride, tCrAcc[i])
+        self._barrier(NamedBarrierId.SPLITK_FIXUP, self.group_threads)
+        if tidx == 0:
+            # NOTE: the barrier orders the group's partial stores before this thread's acq_rel
+            # atomic, whose gpu-scope release is cumulative: it publishes all of them, and the
+            # last split's atomic acquires every earlier partial (for its CTA, via the barrier).
+            old = _atomic_add_global_u32(counter, Uint32(1))
+            last = old == Uint32(self.split_k - 1)
+            if last:
+                _st_global_u32(counter, Uint32(0))
+            _st_shared_b32(flag_addr, Uint32(last))
+        self._barrier(NamedBarrierId.SPLITK_FIXUP, self.group_threads)
+        is_last = _ld_shared_u32(flag_addr) != Uint32(0)
+        if is_last:
+            # every split's partial (this one's too: the same bits, read back) is loaded before
+            # any is added: one memory round trip per chunk of values, not one per split
+            tile_frags = work + (Int64(tile_id * self.split_k) * frag_stride + Int64(tidx * 4))
+            loads = min(FIXUP_LOADS, self.mma_regs - nacc - FIXUP_RESERVED)
+            chunk = max(1, min(nacc, loads // self.split_k))
+            for c0 in cutlass.range_constexpr(0, nacc, chunk):
+                width = min(chunk, nacc - c0)
+                parts = [
+                    [
+                        _ld_global_cg_f32(tile_frags + sp * frag_stride + (c0 + v) * value_stride)
+                        for v in range(width)
+                    ]
+                    for sp in range(self.split_k)
+                ]
+                for v in cutlass.range_constexpr(width):
+                    total = cutlass.Float32(0.0)
+                    for sp in cutlass.range_constexpr(self.split_k):
+                        total = total + parts[sp][v]
+                    tCrAcc[c0 + v] = total
+        return is_last
+
+    @cute.jit
+    def _store_tile_direct(self, tCrAcc, alpha, mD_mnl, thr_mma, tile_coord):
+        """acc * alpha -> D with predicated stores from registers (ragged rows and cols)."""
+        tile = (self.tile_rows, self.tile_cols)
+        # (rows, cols)
+        gD = cute.local_tile(mD_mnl, tile, tile_coord)
+        cD = cute.local_tile(cute.make_identity_tensor(mD_mnl.shape), tile, tile_coord)
+        # (MMA, MMA_M, MMA_N)
+        tCgD = thr_mma.partition_C(gD)
+        tCcD = thr_mma.partition_C(cD)
+        tCrD = cute.make_rmem_tensor_like(tCrAcc, mD_mnl.element_type)
+        tCrD.store((tCrAcc.load() * alpha).to(mD_mnl.element_type))
+        rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
+        for i in cutlass.range_constexpr(cute.size(tCrAcc)):
+            crd = tCcD[i]
+            if crd[0] < rows and crd[1] < cols:
+                tCgD[i] = tCrD[i]
 
     @cute.jit
     def _store_tile_tma(
-        self,
-        tCrAcc,
-        alpha,
-        mD_tma,
-        tma_atom_d,
-        sD,
-        epi_mma,
-        d_pipeline,
-        row_tile,
-        col_tile,
-        batch,
-        tidx,
+        self, tCrAcc, alpha, mD_tma, tma_atom_d, sD, epi_mma, d_pipeline, tile_coord, tidx
     ):
         """One subtile at a time: this thread's values * alpha -> SMEM buffer, then the first
-        consumer warp issues its TMA store; the stores drain while the next tile's mainloop
-        runs."""
+        consumer warp issues its TMA store (which clips ragged rows and cols); the stores drain
+        while the next unit's mainloop runs."""
         # (rows, epi cols, 1, subtiles)
         gD_epi = cute.flat_divide(
-            cute.local_tile(mD_tma, (self.tile_rows, self.tile_cols), (row_tile, col_tile, batch)),
-            self.epi_tile,
+            cute.local_tile(mD_tma, (self.tile_rows, self.tile_cols), tile_coord), self.epi_tile
         )
         # (TMA, epi stage) / (TMA, 1, subtiles)
         bSG_sD, bSG_gD = cpasync.tma_partition(
@@ -1891,23 +1802,13 @@ class BlockwiseGemmFp4Sm90:
             # NOTE: generic-proxy SMEM writes must be fenced before the async-proxy TMA store
             # reads them, and every consumer thread must have written its part.
             cute.arch.fence_proxy("async.shared", space="cta")
-            self._epilogue_barrier()
+            self._barrier(NamedBarrierId.EPILOGUE, self.group_threads)
             if tidx // 32 == 0:
                 cute.copy(tma_atom_d, bSG_sD[(None, buf)], bSG_gD[(None, 0, sub)])
                 d_pipeline.producer_commit()
                 # the store of the subtile that used the next buffer has read it
                 d_pipeline.producer_acquire()
-            self._epilogue_barrier()
-
-    def _epilogue_barrier(self):
-        cute.arch.barrier(
-            barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.group_threads
-        )
-
-    def _splitk_barrier(self):
-        cute.arch.barrier(
-            barrier_id=int(NamedBarrierId.SPLITK_FIXUP), number_of_threads=self.group_threads
-        )
+            self._barrier(NamedBarrierId.EPILOGUE, self.group_threads)
 
     # ======================================= prologue grid =====================================
     @cute.kernel
@@ -2037,37 +1938,15 @@ class BlockwiseGemmFp4Sm90:
             if first + j * self.convert_threads < chunks:
                 _st_global_v4_b32(dst, out)
 
-    # ======================================= static helpers ====================================
-    @staticmethod
-    def _compute_stages(stage_bytes, fixed_bytes, occupancy, max_stages) -> int:
-        """Ring stages of ``stage_bytes`` that fit next to ``fixed_bytes`` (converted kernel-B
-        buffers, D subtiles, K groups' parked accumulators) at ``occupancy`` CTAs per SM, at
-        most ``max_stages``."""
-        reserved = 2048  # mbarriers + alignment padding
-        # NOTE: 228 KiB per SM in all, of which 1 KiB per CTA is reserved by the hardware.
-        per_cta = min(SM90_SMEM_CAPACITY, SM90_SMEM_PER_SM // occupancy - 1024)
-        stages = (per_cta - fixed_bytes - reserved) // stage_bytes
-        return min(stages, max_stages)
-
-    @staticmethod
-    def _compute_grid(
-        rows,
-        cols,
-        l,  # noqa: E741
-        tile_rows,
-        tile_cols,
-        split_k,
-        max_active_clusters,
-        cluster_m,
-    ):
+    # ======================================= helpers ===========================================
+    def _compute_grid(self, rows, cols, l, max_active_clusters):  # noqa: E741
+        """The scheduler over (row tiles, col tiles, L x split_k) and the persistent grid."""
         num_tiles = (
-            (rows + tile_rows - 1) // tile_rows,
-            (cols + tile_cols - 1) // tile_cols,
-            l * split_k,
+            (rows + self.tile_rows - 1) // self.tile_rows,
+            (cols + self.tile_cols - 1) // self.tile_cols,
+            l * self.split_k,
         )
-        params = utils.PersistentTileSchedulerParams(num_tiles, (cluster_m, 1, 1))
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(params, max_active_clusters)
-        return params, grid
+        return StaticTileScheduler.create(num_tiles, self.cluster_m, max_active_clusters)
 
     @staticmethod
     def _blocked_sf_tensor(ptr, rows, sf_atoms_k, l):  # noqa: E741
@@ -2100,8 +1979,8 @@ class BlockwiseGemmFp4Sm90:
         split_k: int = 1,
         k_groups: int = 1,
     ) -> tuple[bool, list[str]]:
-        """(ok, reasons): ``check_config`` in the CUTLASS-example shape."""
-        reasons = check_config(
+        """(ok, reasons): ``check_fp4_gemm_config`` in the CUTLASS-example shape."""
+        reasons = check_fp4_gemm_config(
             mnkl,
             sf_vec_size,
             sf_dtype,
@@ -2116,20 +1995,7 @@ class BlockwiseGemmFp4Sm90:
 
 
 # ---------------------------------------------------------------------------------------------
-# Compilation and the command line
-# ---------------------------------------------------------------------------------------------
-def alpha_reason(alpha: float, sf_vec_size: int, path: str = "decode") -> str | None:
-    """Why ``alpha`` cannot be used, or None: it must be a finite fp32 number, and where the
-    kernel runs F16 operands (NVFP4 off the prefill path) its fp32 value * 2^14 (the exact
-    rescaling of those operands) must be finite too."""
-    if not math.isfinite(alpha) or abs(alpha) > FP32_MAX:
-        return f"alpha must be a finite fp32 number, got {alpha}"
-    alpha32 = struct.unpack("f", struct.pack("f", alpha))[0]
-    if sf_vec_size == 16 and path != "prefill" and abs(alpha32) * NVFP4_ACC_SCALE > FP32_MAX:
-        return f"NVFP4 here needs |alpha| < 2^114 (alpha * 2^14 must stay finite), got {alpha}"
-    return None
-
-
+# Compilation and running on torch tensors
 # ---------------------------------------------------------------------------------------------
 def output_tiles(rows, cols, l, tile_rows, tile_cols, cluster_m):  # noqa: E741
     """(row tiles, col tiles, tiles) of the kernel's output, on the host (``workspace_elems``)
@@ -2176,7 +2042,7 @@ def compile_gemm(
     path: str,
     mma_tiler_mn: tuple[int, int],
     split_k: int = 1,
-    num_sms: int = 132,
+    num_sms: int = H200_SM_COUNT,
     options: str = "",
     cluster_shape_mn: tuple[int, int] | None = None,
     tma_store: bool = True,
@@ -2218,8 +2084,8 @@ def compile_gemm(
 
 class Fp4GemmSm90Runner:
     """Compiled kernel + workspace for one configuration; ``__call__`` launches on torch data.
-    A configuration ``check_config`` refuses raises ValueError at construction, and a problem or
-    operands it refuses (and ``operand_reasons``, ``alpha_reason``) at the call, with the reasons.
+    A configuration ``check_fp4_gemm_config`` refuses raises ValueError at construction, and a
+    problem or operands it refuses (``operand_reasons``, ``alpha_reason``) at the call.
 
     NOTE: one runner serves one stream at a time.  All its launches of a shape share one
     split-K workspace (partials + self-resetting tile counters) and the converted operands, which
@@ -2247,7 +2113,7 @@ class Fp4GemmSm90Runner:
         cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
         reasons = config_reasons(
             sf_vec_size,
-            default_sf_dtype(sf_vec_size),
+            SF_FORMATS.get(sf_vec_size, ("?",))[0],
             c_dtype,
             path,
             mma_tiler_mn,
@@ -2399,264 +2265,286 @@ def blocked_scales(scales):
     return reference.to_blocked(scales).view(torch.uint8).contiguous()
 
 
-def _resource_usage(dump_dir: str) -> list[dict]:
-    """Registers / stack / local / static shared of every kernel in the newest dumped cubin
-    (``cuobjdump -res-usage``); empty if cuobjdump or the cubin is missing."""
+# ---------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------
+def find_cuobjdump() -> str | None:
+    """cuobjdump from PATH, or from the ``nvidia-cuda-cuobjdump`` wheel."""
     import glob
-    import re
     import shutil
+    import sysconfig
+
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    pattern = os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "*", "bin", "cuobjdump")
+    matches = sorted(glob.glob(pattern))
+    return matches[0] if matches else None
+
+
+def cubin_resource_usage(cubin_path: str) -> dict[str, int | str]:
+    """Name, REG, STACK, SHARED, LOCAL of the kernel in a cubin (``cuobjdump -res-usage``)."""
+    import re
     import subprocess
 
-    tool = shutil.which("cuobjdump")
+    tool = find_cuobjdump()
     if tool is None:
-        try:
-            import nvidia.cu13 as cu13
-
-            tool = os.path.join(list(cu13.__path__)[0], "bin", "cuobjdump")
-        except ImportError:
-            return []
-    cubins = sorted(glob.glob(os.path.join(dump_dir, "*.cubin")), key=os.path.getmtime)
-    if not cubins or not os.path.exists(tool):
-        return []
-    out = subprocess.run([tool, "-res-usage", cubins[-1]], capture_output=True, text=True).stdout
-    pattern = r"Function (\S+):\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)"
-    return [
-        dict(kernel=f, reg=int(r), stack=int(st), static_shared=int(sh), local=int(lo))
-        for f, r, st, sh, lo in re.findall(pattern, out)
-    ]
+        raise FileNotFoundError("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+    text = subprocess.run(
+        [tool, "-res-usage", cubin_path], capture_output=True, text=True, check=True
+    ).stdout
+    found = re.search(r"Function (\S+):\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+    if found is None:
+        raise RuntimeError(f"no resource usage in cuobjdump output:\n{text}")
+    name, *counts = found.groups()
+    usage: dict[str, int | str] = {"name": name}
+    usage.update(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, counts), strict=True))
+    return usage
 
 
-def _parse_pair(text: str) -> tuple[int, int]:
-    vals = tuple(int(x) for x in text.split(","))
-    if len(vals) != 2:
-        raise argparse.ArgumentTypeError(f"expected two comma-separated ints, got {text!r}")
-    return vals
+def _parse_ints(text: str, count: int, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{flag} expects {count} comma-separated integers"
+        ) from None
+    if len(values) != count:
+        raise argparse.ArgumentTypeError(f"{flag} expects {count} integers, got {text!r}")
+    return values
 
 
-def _parse_mnkl(text: str) -> tuple[int, int, int, int]:
-    vals = tuple(int(x) for x in text.split(","))
-    if len(vals) != 4:
-        raise argparse.ArgumentTypeError(f"expected M,N,K,L, got {text!r}")
-    return vals
-
-
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(
-        description="NVFP4 / MXFP4 W4A4 GEMM on Hopper (F16 / BF16 wgmma on exact dequant)."
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="NVFP4/MXFP4 GEMM for Hopper (sm_90a): exact dequantization, F16/BF16 wgmma."
     )
-    ap.add_argument("--mnkl", type=_parse_mnkl, default=(8192, 8192, 8192, 1))
-    ap.add_argument(
+    parser.add_argument(
+        "--mnkl", type=lambda s: _parse_ints(s, 4, "--mnkl"), default=(8192, 8192, 8192, 1)
+    )
+    parser.add_argument("--path", choices=("auto",) + PATHS, default="auto")
+    parser.add_argument(
         "--mma_tiler_mn",
-        "--tile_shape_mn",
-        dest="mma_tiler_mn",
-        type=_parse_pair,
+        type=lambda s: _parse_ints(s, 2, "--mma_tiler_mn"),
         default=None,
-        help="output tile (M, N); default: see default_config",
+        help="output tile M,N (decode: M = tokens, N = weight rows); default: default_config",
     )
-    ap.add_argument(
-        "--cluster_shape_mn", type=_parse_pair, default=None, help="default: 2,1 on prefill"
+    parser.add_argument(
+        "--cluster_shape_mn",
+        type=lambda s: _parse_ints(s, 2, "--cluster_shape_mn"),
+        default=None,
+        help="CTAs per cluster along M,N; default: 2,1 on prefill, 1,1 on decode",
     )
-    ap.add_argument("--path", choices=("auto",) + PATHS, default="auto")
-    ap.add_argument("--split_k", type=int, default=None, help="default: see default_config")
-    ap.add_argument(
+    parser.add_argument("--split_k", type=int, default=None, help="default: default_config")
+    parser.add_argument(
         "--k_groups",
         type=int,
         default=None,
-        help="decode: consumer warpgroup groups splitting K in a CTA; default: see default_config",
+        help="decode: groups of consumer warpgroups splitting K in a CTA; default: default_config",
     )
-    ap.add_argument("--sf_vec_size", type=int, default=16)
-    ap.add_argument("--sf_dtype", default=None, help="Float8E4M3FN (16) / Float8E8M0FNU (32)")
-    ap.add_argument("--c_dtype", default="BFloat16")
-    ap.add_argument("--alpha", type=float, default=None, help="default: the NVFP4 global scales")
-    ap.add_argument(
+    parser.add_argument("--sf_vec_size", type=int, choices=tuple(SF_FORMATS), default=16)
+    parser.add_argument(
+        "--sf_dtype",
+        choices=tuple(SF_DTYPES),
+        default=None,
+        help="default: Float8E4M3FN for sf_vec_size 16, Float8E8M0FNU for 32",
+    )
+    parser.add_argument("--c_dtype", choices=tuple(C_DTYPES), default="BFloat16")
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="epilogue scale; default: the product of the NVFP4 global scales",
+    )
+    parser.add_argument(
         "--tolerance",
         type=float,
         default=1.0,
-        help="multiplier of reference.gemm_tolerance's derived bound",
+        help="multiplier on the derived elementwise tolerance (reference.py)",
     )
-    ap.add_argument("--warmup_iterations", type=int, default=3)
-    ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--skip_ref_check", action="store_true")
-    ap.add_argument("--use_cold_l2", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compile_only", action="store_true")
-    ap.add_argument("--dump_dir", default=None)
-    return ap.parse_args(argv)
+    parser.add_argument("--warmup_iterations", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--skip_ref_check", action="store_true")
+    parser.add_argument(
+        "--use_cold_l2",
+        action="store_true",
+        help="time calls that rotate through copies of the operands (> 2x L2), read from DRAM",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--compile_only",
+        action="store_true",
+        help="cross-compile for sm_90a (no GPU needed) and print a summary",
+    )
+    parser.add_argument(
+        "--dump_dir", default="./dump", help="where --compile_only writes the PTX and cubin"
+    )
+    return parser
+
+
+class UsageError(Exception):
+    """A bad command line or an unsupported configuration: printed, exit code 2."""
+
+
+def _validated(args: argparse.Namespace) -> argparse.Namespace:
+    """Checks the command line and fills in the defaults (``default_config``)."""
+    if args.sf_dtype is None:
+        args.sf_dtype = SF_FORMATS[args.sf_vec_size][0]
+    if args.iterations < 1 or args.warmup_iterations < 0:
+        raise UsageError("--iterations must be >= 1 and --warmup_iterations >= 0")
+    if not math.isfinite(args.tolerance) or args.tolerance <= 0:
+        raise UsageError("--tolerance must be a finite number > 0")
+    m, n, k, l = args.mnkl  # noqa: E741
+    if min(args.mnkl) >= 1:
+        # a tile or a split given completes the pick without K groups
+        path, tiler, split, k_groups = default_config(
+            m,
+            n,
+            k,
+            l,
+            gpu_sm_count(),
+            path=None if args.path == "auto" else args.path,
+            allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
+        )
+        args.path = path
+        args.mma_tiler_mn = args.mma_tiler_mn or tiler
+        args.split_k = split if args.split_k is None else args.split_k
+        args.k_groups = k_groups if args.k_groups is None else args.k_groups
+    else:
+        args.path = "prefill" if args.path == "auto" else args.path
+        args.mma_tiler_mn = args.mma_tiler_mn or (128, 256)
+        args.split_k = args.split_k or 1
+        args.k_groups = args.k_groups or 1
+    args.cluster_shape_mn = args.cluster_shape_mn or default_cluster(args.path)
+    reasons = check_fp4_gemm_config(
+        args.mnkl,
+        args.sf_vec_size,
+        args.sf_dtype,
+        args.c_dtype,
+        args.path,
+        args.mma_tiler_mn,
+        args.cluster_shape_mn,
+        args.split_k,
+        args.k_groups,
+    )
+    if args.alpha is not None:
+        reason = alpha_reason(args.alpha, args.sf_vec_size, args.path)
+        if reason:
+            reasons.append(f"--alpha: {reason}")
+    if reasons:
+        raise UsageError("this configuration cannot run:\n  - " + "\n  - ".join(reasons))
+    return args
+
+
+def _print_config(args: argparse.Namespace) -> None:
+    fmt = SF_FORMATS[args.sf_vec_size][1]
+    print(f"Running Hopper {fmt} GEMM (hopper/blockwise_gemm_fp4_sm90.py):")
+    print(f"  mnkl: {args.mnkl}")
+    print(f"  AB dtype: Float4E2M1FN, SF dtype: {args.sf_dtype}, SF vec size: {args.sf_vec_size}")
+    print(f"  C dtype: {args.c_dtype}, acc dtype: Float32")
+    print(
+        f"  path: {args.path}, MMA tiler (M, N): {args.mma_tiler_mn}, cluster shape (M, N): "
+        f"{args.cluster_shape_mn}, split_k: {args.split_k}, k_groups: {args.k_groups}"
+    )
+
+
+def _files_written(folder: str, before: dict[str, float], suffix: str) -> list[str]:
+    """Files of ``folder`` ending in ``suffix`` that are new or changed since ``before``."""
+    paths = (os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(suffix))
+    return sorted(p for p in paths if before.get(p) != os.path.getmtime(p))
+
+
+def run_compile_only(args: argparse.Namespace) -> int:
+    try:
+        os.makedirs(args.dump_dir, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--dump_dir {args.dump_dir}: cannot create the folder ({err})") from None
+    if not os.access(args.dump_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"--dump_dir {args.dump_dir}: the folder is not writable")
+    before = {
+        os.path.join(args.dump_dir, f): os.path.getmtime(os.path.join(args.dump_dir, f))
+        for f in os.listdir(args.dump_dir)
+    }
+    options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
+    gemm, _ = compile_gemm(
+        args.sf_vec_size,
+        args.c_dtype,
+        args.path,
+        args.mma_tiler_mn,
+        args.split_k,
+        H200_SM_COUNT,
+        options,
+        args.cluster_shape_mn,
+        tma_store_fits(args.mnkl[1], args.c_dtype),
+        args.k_groups,
+    )
+    # (only what this compile wrote: an older cubin in the folder is never reported)
+    cubins = _files_written(args.dump_dir, before, ".cubin")
+    ptx_files = _files_written(args.dump_dir, before, ".ptx")
+    print("Compile only: sm_90a, no GPU used")
+    print(f"  PTX:   {ptx_files[-1] if ptx_files else 'not written'}")
+    print(f"  cubin: {cubins[-1] if cubins else 'not written'}")
+    if cubins and find_cuobjdump():
+        usage = cubin_resource_usage(cubins[-1])
+        print(f"  kernel: {usage['name']}")
+        print(f"  registers per thread: {usage['REG']}")
+        print(f"  local memory per thread: {usage['LOCAL']} bytes (stack {usage['STACK']})")
+    else:
+        print("  registers / local memory: not read (cuobjdump not found)")
+    print(f"  shared memory per CTA: {smem_bytes(gemm)} bytes of {SM90_SMEM_CAPACITY}")
+    print(f"  pipeline stages: {gemm.num_stages} of K {gemm.stage_k}")
+    print(
+        f"  threads per CTA: {gemm.threads_per_cta} ({gemm.k_groups} K group(s)), "
+        f"{gemm.occupancy} CTA(s) per SM, setmaxregister producer {gemm.producer_regs} / "
+        f"consumers {gemm.mma_regs}"
+    )
+    print(f"  epilogue: {'TMA store' if gemm.tma_store else 'direct stores'}")
+    print(f"  prologue launched with PDL: {gemm.prologue_pdl}")
+    return 0
 
 
 def gpu_sm_count() -> int:
-    """SMs of the current GPU (``default_config``'s CTA slots), or an H200's 132 without one
-    (e.g. for ``--compile_only``)."""
+    """SMs of the current GPU (``default_config``'s CTA slots), or an H200's without one."""
     try:
         import torch
     except ImportError:
-        return 132
+        return H200_SM_COUNT
     if not torch.cuda.is_available():
-        return 132
+        return H200_SM_COUNT
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def resolve_config(args):
-    """(path, mma_tiler_mn, split_k, k_groups, sf_dtype) after applying the defaults; also
-    fills in ``args.cluster_shape_mn``."""
-    m, n, k, l = args.mnkl  # noqa: E741
-    # (the default K groups go with the default tile and split only: a tile or a split given
-    # completes the pick without them)
-    path, tiler, split, k_groups = default_config(
-        m,
-        n,
-        k,
-        l,
-        gpu_sm_count(),
-        path=None if args.path == "auto" else args.path,
-        allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
-    )
-    if args.mma_tiler_mn is not None:
-        tiler = args.mma_tiler_mn
-    if args.split_k is not None:
-        split = args.split_k
-    if args.k_groups is not None:
-        k_groups = args.k_groups
-    if args.cluster_shape_mn is None:
-        args.cluster_shape_mn = default_cluster(path)
-    sf_dtype = args.sf_dtype or default_sf_dtype(args.sf_vec_size)
-    return path, tuple(tiler), split, k_groups, sf_dtype
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    path, tiler, split, k_groups, sf_dtype = resolve_config(args)
-    _, reasons = BlockwiseGemmFp4Sm90.can_implement(
-        args.mnkl,
-        args.sf_vec_size,
-        sf_dtype,
-        args.c_dtype,
-        path,
-        tiler,
-        args.cluster_shape_mn,
-        split,
-        k_groups,
-    )
-    print(
-        f"Hopper FP4 GEMM: mnkl={args.mnkl} sf_vec_size={args.sf_vec_size} sf_dtype={sf_dtype} "
-        f"c_dtype={args.c_dtype} path={path} mma_tiler_mn={tiler} "
-        f"cluster_shape_mn={tuple(args.cluster_shape_mn)} split_k={split} k_groups={k_groups}"
-    )
-    reasons = list(reasons)
-    if args.iterations < 1 or args.warmup_iterations < 0:
-        reasons.append("--iterations must be >= 1 and --warmup_iterations >= 0")
-    reason = None if args.alpha is None else alpha_reason(args.alpha, args.sf_vec_size, path)
-    if reason:
-        reasons.append(f"--alpha: {reason}")
-    if args.tolerance <= 0:
-        reasons.append("--tolerance must be > 0")
-    if reasons:
-        for r in reasons:
-            print(f"error: {r}", file=sys.stderr)
-        return 2
-
-    if args.compile_only:
-        import tempfile
-
-        dump = args.dump_dir or tempfile.mkdtemp(prefix="fp4_sm90_")
-        try:
-            os.makedirs(dump, exist_ok=True)
-        except OSError as err:
-            print(f"error: --dump_dir {dump}: cannot create the folder ({err})", file=sys.stderr)
-            return 2
-        opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
-        tma_store = tma_store_fits(args.mnkl[1], args.c_dtype)
-        gemm, _ = compile_gemm(
-            args.sf_vec_size,
-            args.c_dtype,
-            path,
-            tiler,
-            split,
-            132,
-            opts,
-            args.cluster_shape_mn,
-            tma_store,
-            k_groups,
-        )
-        kernels = _resource_usage(dump)
-        if not kernels:
-            print("(cuobjdump not found: no register / local-memory report)")
-        for info in kernels:
-            print(f"kernel: {info['kernel']}")
-            print(
-                f"  registers: {info['reg']}, local memory: {info['local']} bytes, "
-                f"stack: {info['stack']} bytes, static shared: {info['static_shared']} bytes"
-            )
-        print(
-            f"main kernel: setmaxnreg producer {gemm.producer_regs} / consumers "
-            f"{gemm.mma_regs}, {gemm.threads_per_cta} threads, {gemm.occupancy} CTA(s)/SM, "
-            f"{gemm.k_groups} K group(s)"
-        )
-        print("epilogue: " + ("TMA store" if gemm.tma_store else "direct stores"))
-        print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
-        print(f"stages: {gemm.num_stages} (k-tile {gemm.stage_k})")
-        print(f"dump: {dump}")
-        return 0
-
+def _hopper_gpu() -> tuple[bool, str]:
+    """(is an sm_90 GPU present, its description)."""
     import torch
 
     if not torch.cuda.is_available():
-        print(
-            "error: no CUDA GPU found; this kernel needs an sm_90 GPU (H100 / H200). "
-            "Use --compile_only to cross-compile on this machine.",
-            file=sys.stderr,
-        )
-        return 2
+        return False, "no CUDA GPU"
     major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        print(
-            f"error: found {torch.cuda.get_device_name()} (sm_{major}{minor}); this kernel "
-            "needs sm_90 (H100 / H200). Use --compile_only to cross-compile.",
-            file=sys.stderr,
-        )
-        return 2
+    return (major, minor) == (9, 0), f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    import reference
 
-    m, n, k, l = args.mnkl  # noqa: E741
-    ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", args.seed)
-    alpha = float(ops.alpha) if args.alpha is None else args.alpha
-    sfa, sfb = blocked_scales(ops.sfa), blocked_scales(ops.sfb)
-    d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
-    runner = Fp4GemmSm90Runner(
-        args.sf_vec_size,
-        args.c_dtype,
-        path,
-        tiler,
-        split,
-        cluster_shape_mn=args.cluster_shape_mn,
-        k_groups=k_groups,
-    )
-    runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
+def time_cuda_us(calls, stream, warmup_iterations: int, iterations: int) -> float:
+    """Mean time of one call in microseconds: ``max(iterations, len(calls))`` calls (cycling over
+    ``calls``, so every operand copy is used) captured in one CUDA graph on ``stream``, timed
+    over one replay with CUDA events.
+
+    NOTE: a graph replay takes no Python time per call: timing each call from Python would time
+    the host's launch overhead wherever it exceeds the kernel.  Every call must enqueue its work
+    on ``stream`` (``prepare_gemm`` binds the stream current when it is called; torch ops use
+    the current stream, which capture makes ``stream``).
+    """
+    import torch
+
+    with torch.cuda.stream(stream):
+        for i in range(warmup_iterations):
+            calls[i % len(calls)]()
     torch.cuda.synchronize()
-
-    sets = [(ops.a, ops.b, sfa, sfb, d)]
-    if args.use_cold_l2:
-        one = sum(t.numel() * t.element_size() for t in sets[0])
-        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-        for _ in range(max(1, math.ceil(2 * l2 / one))):
-            sets.append(tuple(t.clone() for t in sets[0]))
-    for i in range(args.warmup_iterations):
-        a_, b_, sa_, sb_, d_ = sets[i % len(sets)]
-        runner(a_, b_, sa_, sb_, d_, m, n, k, l, alpha)
-    # NOTE: the timed launches are replays of a CUDA graph: a launch from Python (operand checks,
-    # pointer wrapping) takes longer than a small decode GEMM, and timing it would time the host.
-    # At least one launch per operand set, so that with --use_cold_l2 every copy is read.
-    iterations = max(args.iterations, len(sets))  # (--iterations >= 1: checked with the others)
-    stream = torch.cuda.Stream()
-    # (the operands and their copies were written on the current stream)
-    stream.wait_stream(torch.cuda.current_stream())
+    captured = max(iterations, len(calls))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        for i in range(iterations):
-            a_, b_, sa_, sb_, d_ = sets[i % len(sets)]
-            runner(a_, b_, sa_, sb_, d_, m, n, k, l, alpha)
+        for i in range(captured):
+            calls[i % len(calls)]()
+    # The first replay uploads the graph; the timed one starts after it has finished.
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -2664,25 +2552,93 @@ def main(argv=None) -> int:
     graph.replay()
     end.record()
     torch.cuda.synchronize()
-    us = start.elapsed_time(end) * 1e3 / iterations
-    print(f"Mean time: {us:.2f} us")
-    print(f"Throughput: {2.0 * m * n * k * l / us / 1e6:.2f} TFLOP/s")
-    if args.skip_ref_check:
-        return 0
-    ok, info = reference.check_gemm(
-        d,
-        ops.a,
-        ops.b,
-        ops.sfa,
-        ops.sfb,
+    return 1e3 * start.elapsed_time(end) / captured
+
+
+def operand_copies(tensors, use_cold_l2: bool) -> list[tuple]:
+    """``[tensors]``, plus copies until they hold more than twice the L2 (``--use_cold_l2``):
+    rotating through them, every call reads its operands from DRAM."""
+    import torch
+
+    sets = [tuple(tensors)]
+    if use_cold_l2:
+        one = sum(t.numel() * t.element_size() for t in tensors)
+        l2_bytes = torch.cuda.get_device_properties(tensors[0].device).L2_cache_size
+        sets += [tuple(t.clone() for t in tensors) for _ in range(2 * l2_bytes // one + 1)]
+    return sets
+
+
+def run_on_gpu(args: argparse.Namespace) -> int:
+    """Quantize random data, run the kernel, check it against reference.py, time it."""
+    is_hopper, gpu = _hopper_gpu()
+    if not is_hopper:
+        raise UsageError(
+            f"this kernel needs a Hopper H100/H200 (sm_90) GPU; found {gpu}.\n"
+            "  Cross-compile and inspect it on any machine with --compile_only."
+        )
+    import torch
+
+    import reference
+
+    m, n, k, l = args.mnkl  # noqa: E741
+    ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", seed=args.seed)
+    alpha = float(ops.alpha) if args.alpha is None else args.alpha
+    sfa, sfb = blocked_scales(ops.sfa), blocked_scales(ops.sfb)
+    d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
+    runner = Fp4GemmSm90Runner(
         args.sf_vec_size,
-        alpha,
-        unit_roundoff=reference.FP32_UNIT_ROUNDOFF * args.tolerance,
+        args.c_dtype,
+        args.path,
+        args.mma_tiler_mn,
+        args.split_k,
+        cluster_shape_mn=args.cluster_shape_mn,
+        k_groups=args.k_groups,
     )
-    print(info)
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
+    torch.cuda.synchronize()
+    passed = True
+    if not args.skip_ref_check:
+        passed, info = reference.check_gemm(
+            d,
+            ops.a,
+            ops.b,
+            ops.sfa,
+            ops.sfb,
+            args.sf_vec_size,
+            alpha,
+            unit_roundoff=reference.FP32_UNIT_ROUNDOFF * args.tolerance,
+        )
+        print(f"Reference check (reference.reference_gemm, derived tolerance): {info}")
+
+    # The calls run on a side stream that the timing graph captures; with --use_cold_l2 they
+    # rotate through operand copies.
+    stream = torch.cuda.Stream()
+    sets = operand_copies((ops.a, ops.b, sfa, sfb, d), args.use_cold_l2)
+    # (the operands and their copies were written on the current stream)
+    stream.wait_stream(torch.cuda.current_stream())
+    calls = [lambda s=s: runner(*s, m, n, k, l, alpha) for s in sets]
+    mean_us = time_cuda_us(calls, stream, args.warmup_iterations, args.iterations)
+    print(f"Mean time: {mean_us:.2f} us")
+    print(f"Throughput: {2.0 * m * n * k * l / (mean_us * 1e-6) / 1e12:.1f} TFLOP/s")
+    print("PASS" if passed else "FAIL")
+    return 0 if passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        args = _validated(args)
+        _print_config(args)
+        if args.compile_only:
+            return run_compile_only(args)
+        return run_on_gpu(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
+    # NOTE: run as a script, this file imports ``reference`` from the repository root; as a
+    # module (``python -m hopper.blockwise_gemm_fp4_sm90``) the root is already on the path.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.exit(main())
