@@ -176,57 +176,53 @@ def _ptx(result, operands, asm: str, constraints: str, *, side_effects=True, loc
     return None if result is None else result(out)
 
 
-# NOTE: loads carry side effects so that they stay after the mbarrier wait guarding their stage.
-@dsl_user_op
-def _ld_shared_b64(addr: Int32, *, loc=None, ip=None) -> Uint64:
-    return _ptx(Uint64, [(Int32, addr)], "ld.shared.b64 $0, [$1];", "=l,r", loc=loc, ip=ip)
+def _load(opcode: str, result, address, constraints: str):
+    """``result = opcode [address]`` as a DSL op.  NOTE: loads carry side effects so that they
+    stay after the mbarrier wait guarding their stage."""
+
+    @dsl_user_op
+    def load(addr, *, loc=None, ip=None):
+        return _ptx(result, [(address, addr)], f"{opcode} $0, [$1];", constraints, loc=loc, ip=ip)
+
+    return load
 
 
-@dsl_user_op
-def _ld_shared_u8(addr: Int32, *, loc=None, ip=None) -> Uint32:
-    return _ptx(Uint32, [(Int32, addr)], "ld.shared.u8 $0, [$1];", "=r,r", loc=loc, ip=ip)
+def _store(opcode: str, address, value_type, constraints: str):
+    """``opcode [address], value`` as a DSL op."""
+
+    @dsl_user_op
+    def store(addr, value, *, loc=None, ip=None):
+        operands = [(address, addr), (value_type, value)]
+        _ptx(None, operands, f"{opcode} [$0], $1;", constraints, loc=loc, ip=ip)
+
+    return store
 
 
-@dsl_user_op
-def _ld_shared_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
-    return _ptx(Uint32, [(Int32, addr)], "ld.shared.u32 $0, [$1];", "=r,r", loc=loc, ip=ip)
+def _packed_mul(opcode: str):
+    """Lane-wise ``opcode`` (mul.rn.f16x2 / mul.rn.bf16x2) of two 32-bit words as a DSL op."""
+
+    @dsl_user_op
+    def mul(a, b, *, loc=None, ip=None):
+        operands = [(Uint32, a), (Uint32, b)]
+        asm = f"{opcode} $0, $1, $2;"
+        return _ptx(Uint32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
+
+    return mul
 
 
-@dsl_user_op
-def _st_shared_b32(addr: Int32, value: Uint32, *, loc=None, ip=None) -> None:
-    operands = [(Int32, addr), (Uint32, value)]
-    _ptx(None, operands, "st.shared.b32 [$0], $1;", "r,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _st_shared_f32(addr: Int32, value: cutlass.Float32, *, loc=None, ip=None) -> None:
-    operands = [(Int32, addr), (cutlass.Float32, value)]
-    _ptx(None, operands, "st.shared.f32 [$0], $1;", "r,f", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _ld_shared_f32(addr: Int32, *, loc=None, ip=None) -> cutlass.Float32:
-    return _ptx(cutlass.Float32, [(Int32, addr)], "ld.shared.f32 $0, [$1];", "=f,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _mul_bf16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
-    operands = [(Uint32, a), (Uint32, b)]
-    asm = "mul.rn.bf16x2 $0, $1, $2;"
-    return _ptx(Uint32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _st_global_f32(addr: Int64, value: cutlass.Float32, *, loc=None, ip=None) -> None:
-    operands = [(Int64, addr), (cutlass.Float32, value)]
-    _ptx(None, operands, "st.global.f32 [$0], $1;", "l,f", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _ld_global_cg_f32(addr: Int64, *, loc=None, ip=None) -> cutlass.Float32:
-    # NOTE: .cg (L2 only): the partials come from other SMs, whose writes L1 does not see.
-    asm = "ld.global.cg.f32 $0, [$1];"
-    return _ptx(cutlass.Float32, [(Int64, addr)], asm, "=f,l", loc=loc, ip=ip)
+_ld_shared_b64 = _load("ld.shared.b64", Uint64, Int32, "=l,r")
+_ld_shared_u8 = _load("ld.shared.u8", Uint32, Int32, "=r,r")
+_ld_shared_u32 = _load("ld.shared.u32", Uint32, Int32, "=r,r")
+_ld_shared_f32 = _load("ld.shared.f32", cutlass.Float32, Int32, "=f,r")
+_ld_global_nc_u32 = _load("ld.global.nc.u32", Uint32, Int64, "=r,l")
+# NOTE: .cg (L2 only): split-K partials come from other SMs, whose writes L1 does not see.
+_ld_global_cg_f32 = _load("ld.global.cg.f32", cutlass.Float32, Int64, "=f,l")
+_st_shared_b32 = _store("st.shared.b32", Int32, Uint32, "r,r")
+_st_shared_f32 = _store("st.shared.f32", Int32, cutlass.Float32, "r,f")
+_st_global_f32 = _store("st.global.f32", Int64, cutlass.Float32, "l,f")
+_st_global_u32 = _store("st.relaxed.gpu.global.u32", Int64, Uint32, "l,r")
+_mul_f16x2 = _packed_mul("mul.rn.f16x2")
+_mul_bf16x2 = _packed_mul("mul.rn.bf16x2")
 
 
 @dsl_user_op
@@ -237,28 +233,10 @@ def _atomic_add_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> 
 
 
 @dsl_user_op
-def _ld_global_nc_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
-    return _ptx(Uint32, [(Int64, addr)], "ld.global.nc.u32 $0, [$1];", "=r,l", loc=loc, ip=ip)
-
-
-@dsl_user_op
 def _st_global_v4_b32(addr: Int64, values: list, *, loc=None, ip=None) -> None:
     operands = [(Int64, addr)] + [(Uint32, v) for v in values]
     asm = "st.global.v4.b32 [$0], {$1, $2, $3, $4};"
     _ptx(None, operands, asm, "l,r,r,r,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _st_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
-    operands = [(Int64, addr), (Uint32, value)]
-    _ptx(None, operands, "st.relaxed.gpu.global.u32 [$0], $1;", "l,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _mul_f16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
-    operands = [(Uint32, a), (Uint32, b)]
-    asm = "mul.rn.f16x2 $0, $1, $2;"
-    return _ptx(Uint32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -332,8 +310,7 @@ def _scale_factor(sf_byte: Uint32, f16: bool) -> Uint32:
     if f16:
         return _mul_f16x2(_e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
     # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
-    # NOTE: the NaN byte 255 becomes +inf (0x7F80): D is inf or NaN wherever the reference has
-    # NaN (a NaN mapping costs three instructions per scale: hopper/DESIGN.md).
+    # NOTE: the NaN byte 255 becomes +inf (0x7F80): D is inf or NaN where the reference has NaN.
     bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)
     return bits | (bits << 16)
 
@@ -786,21 +763,12 @@ class BlockwiseGemmFp4Sm90:
         # budgets stay within what ptxas gives a thread under the minctasm cap (<= 248, 8 | r).
         launch_regs = min(248, SM90_REGS_PER_SM // (self.occupancy * self.threads_per_cta) // 8 * 8)
         self.producer_regs = 40 if self.occupancy == 1 else 24
-        self.mma_regs = min(
-            240,
-            (self.threads_per_cta * launch_regs - self.threads_per_wg * self.producer_regs)
-            // self.num_mma_threads
-            // 8
-            * 8,
-        )
+        budget = self.threads_per_cta * launch_regs - self.threads_per_wg * self.producer_regs
+        self.mma_regs = min(240, budget // self.num_mma_threads // 8 * 8)
         self.prologue_pdl = self._prologue_pdl(launch_regs)
-        if path == "decode":
-            self.convert_threads, self.convert_unroll = (
-                DECODE_CONVERT_THREADS,
-                DECODE_CONVERT_UNROLL,
-            )
-        else:
-            self.convert_threads, self.convert_unroll = CONVERT_THREADS, CONVERT_UNROLL
+        decode = path == "decode"
+        self.convert_threads = DECODE_CONVERT_THREADS if decode else CONVERT_THREADS
+        self.convert_unroll = DECODE_CONVERT_UNROLL if decode else CONVERT_UNROLL
         self.acc_dtype = cutlass.Float32
         # NVFP4 on decode runs F16 wgmma (a cheaper exact conversion in the mainloop); MXFP4,
         # and prefill (converted once per launch), BF16 (hopper/DESIGN.md)
@@ -823,17 +791,7 @@ class BlockwiseGemmFp4Sm90:
 
     def _setup_attributes(self):
         """Tiled MMA, SMEM layouts, stage count: everything fixed by the configuration."""
-        a_source = OperandSource.SMEM if self.a_converted else OperandSource.RMEM
-        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.mma_dtype,
-            self.mma_dtype,
-            OperandMajorMode.K,
-            OperandMajorMode.K,
-            self.acc_dtype,
-            (self.row_wgs, 1, 1),
-            tiler_mn=(64, self.tile_cols),
-            a_source=a_source,
-        )
+        self.tiled_mma = self._make_tiled_mma(self.tile_cols)
         # scale atoms per stage along K, and 128-row atom blocks per tile (rows <= 128 -> 1)
         self.sf_atoms_k = K_TILE // self.sf_vec_size // SF_ATOM_COLS
         self.sfa_row_blocks = max(1, self.tile_rows // SF_ATOM_ROWS)
@@ -887,17 +845,28 @@ class BlockwiseGemmFp4Sm90:
         self.d_smem_layout_staged = sm90_utils.make_smem_layout_epi(
             self.c_dtype, self.d_layout, self.epi_tile, self.epi_stages
         )
+        self.smem_layouts = (
+            self.a_smem_layout_staged,
+            self.b_smem_layout_staged,
+            self.sfa_smem_layout_staged,
+            self.d_smem_layout_staged,
+        )
         # The wgmma's accumulator partition restricted to one subtile: the values of subtile s
         # are the accumulator's values s * V .. s * V + V - 1 (8-column blocks walk slowest).
-        self.epi_mma = sm90_utils.make_trivial_tiled_mma(
+        self.epi_mma = self._make_tiled_mma(self.epi_tile[1])
+
+    def _make_tiled_mma(self, cols: int) -> cute.TiledMma:
+        """F16 / BF16 wgmma m64 x cols x k16 -> FP32 per row warpgroup; A from registers
+        (decode) or SMEM (prefill), B from SMEM, both K-major."""
+        return sm90_utils.make_trivial_tiled_mma(
             self.mma_dtype,
             self.mma_dtype,
             OperandMajorMode.K,
             OperandMajorMode.K,
             self.acc_dtype,
             (self.row_wgs, 1, 1),
-            tiler_mn=(64, self.epi_tile[1]),
-            a_source=a_source,
+            tiler_mn=(64, cols),
+            a_source=OperandSource.SMEM if self.a_converted else OperandSource.RMEM,
         )
 
     def _compute_stages(self) -> int:
@@ -947,37 +916,17 @@ class BlockwiseGemmFp4Sm90:
         ptrs = (a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr, conv_a_ptr)
         tensors = self._global_tensors(ptrs, m, n, k, l)
         mKApacked, mKBpacked, mKA, mKB, mSFKA, mSFKB, mD, mWork = tensors
-        tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b = self._tma_atoms_ab(mKA, mKB)
-        tma_atom_sfa, tma_tensor_sfa, tma_atom_d, tma_tensor_d = self._tma_atoms_sfa_d(
-            mSFKA, mD, tma_atom_a, tma_tensor_a
-        )
+        tma_ab = self._tma_atoms_ab(mKA, mKB, mSFKA)
+        tma_atom_d, tma_tensor_d = self._tma_atom_d(mD, tma_ab[0], tma_ab[1])
         self.shared_storage = self._shared_storage()
-        rows_a, rows_b = (n, m) if cutlass.const_expr(self.swap_ab) else (m, n)
+        rows_a, rows_b = (n, m) if self.swap_ab else (m, n)
         scheduler, grid = self._compute_grid(
             rows_a, rows_b, l, num_sms * self.occupancy // self.cluster_m
         )
-        self._launch_prologue(mKBpacked, mSFKB, mKB, mKApacked, mSFKA, mKA, k, stream)
-        self.kernel(
-            tma_atom_a,
-            tma_tensor_a,
-            tma_atom_b,
-            tma_tensor_b,
-            tma_atom_sfa,
-            tma_tensor_sfa,
-            mD,
-            tma_atom_d,
-            tma_tensor_d,
-            mWork,
-            alpha,
-            k,
-            self.tiled_mma,
-            self.epi_mma,
-            scheduler,
-            self.a_smem_layout_staged,
-            self.b_smem_layout_staged,
-            self.sfa_smem_layout_staged,
-            self.d_smem_layout_staged,
-        ).launch(
+        self._launch_prologue((mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA), k, stream)
+        epi_tensors = (mD, tma_atom_d, tma_tensor_d, mWork)
+        mmas = (self.tiled_mma, self.epi_mma)
+        self.kernel(tma_ab, epi_tensors, alpha, k, mmas, scheduler, self.smem_layouts).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
             cluster=(self.cluster_m, 1, 1),
@@ -994,39 +943,26 @@ class BlockwiseGemmFp4Sm90:
         scales, D in kernel coordinates and the split-K workspace."""
         a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr, conv_a_ptr = ptrs
         # the kernel's row / col operands (decode: the weights are the rows)
-        rows_a, rows_b = (n, m) if cutlass.const_expr(self.swap_ab) else (m, n)
-        ptr_ka, ptr_kb = (b_ptr, a_ptr) if cutlass.const_expr(self.swap_ab) else (a_ptr, b_ptr)
+        rows_a, rows_b = (n, m) if self.swap_ab else (m, n)
+        ptr_ka, ptr_kb = (b_ptr, a_ptr) if self.swap_ab else (a_ptr, b_ptr)
         ptr_sfka, ptr_sfkb = (sfb_ptr, sfa_ptr) if self.swap_ab else (sfa_ptr, sfb_ptr)
         kb = cute.assume(k // 2, 16)
         k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
-        mKApacked = cute.make_tensor(
-            ptr_ka, cute.make_layout((rows_a, kb, l), stride=(kb, 1, rows_a * kb))
-        )
-        mKBpacked = cute.make_tensor(
-            ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
-        )
+        mKApacked = self._k_major(ptr_ka, rows_a, kb, l)
+        mKBpacked = self._k_major(ptr_kb, rows_b, kb, l)
         # F16 / BF16 copies written by convert_operands in the mainloop's permuted K order
-        mKA = mKApacked
-        if cutlass.const_expr(self.a_converted):
-            mKA = cute.make_tensor(
-                conv_a_ptr,
-                cute.make_layout((rows_a, k_pad, l), stride=(k_pad, 1, rows_a * k_pad)),
-            )
-        conv_rows_b = self.converted_rows_b(rows_b)
-        mKB = cute.make_tensor(
-            conv_b_ptr,
-            cute.make_layout((conv_rows_b, k_pad, l), stride=(k_pad, 1, conv_rows_b * k_pad)),
-        )
+        mKA = self._k_major(conv_a_ptr, rows_a, k_pad, l) if self.a_converted else mKApacked
+        mKB = self._k_major(conv_b_ptr, self.converted_rows_b(rows_b), k_pad, l)
         sf_atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
         mSFKA = self._blocked_sf_tensor(ptr_sfka, rows_a, sf_atoms_k, l)
         mSFKB = self._blocked_sf_tensor(ptr_sfkb, rows_b, sf_atoms_k, l)
         pitch = n
-        if cutlass.const_expr(self.tma_store):
+        if self.tma_store:
             # NOTE: TMA strides are multiples of 16 bytes; the runner takes this variant only
             # when N * sizeof(D) is one.
             pitch = cute.assume(n, 128 // self.c_dtype.width)
         # D in kernel coordinates (rows, cols, L): decode writes D^T, i.e. D's columns
-        if cutlass.const_expr(self.swap_ab):
+        if self.swap_ab:
             mD = cute.make_tensor(c_ptr, cute.make_layout((n, m, l), stride=(1, pitch, m * pitch)))
         else:
             mD = cute.make_tensor(c_ptr, cute.make_layout((m, n, l), stride=(pitch, 1, m * pitch)))
@@ -1034,13 +970,13 @@ class BlockwiseGemmFp4Sm90:
         mWork = cute.make_tensor(workspace_ptr, cute.make_layout(1))
         return mKApacked, mKBpacked, mKA, mKB, mSFKA, mSFKB, mD, mWork
 
-    def _tma_atoms_ab(self, mKA, mKB):
-        """TMA atoms of kernel A (packed or converted) and converted kernel B."""
+    def _tma_atoms_ab(self, mKA, mKB, mSFKA):
+        """(atom, TMA tensor) of kernel A (packed or converted), converted kernel B and, on
+        decode, kernel A's scales (kernel A's pair stands in for them on prefill)."""
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         a_tile = (self.tile_rows, K_BLOCK if self.a_converted else K_TILE // 2)
-        tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
-            g2s, mKA, cute.slice_(self.a_smem_layout_staged, (None, None, 0)), a_tile
-        )
+        a_stage = cute.slice_(self.a_smem_layout_staged, (None, None, 0))
+        tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(g2s, mKA, a_stage, a_tile)
         # NOTE: with a 2x1 cluster each CTA loads half of the shared B tile and multicasts it.
         tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_m > 1 else g2s,
@@ -1049,28 +985,24 @@ class BlockwiseGemmFp4Sm90:
             (self.tile_cols, K_BLOCK),
             num_multicast=self.cluster_m,
         )
-        return tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b
-
-    def _tma_atoms_sfa_d(self, mSFKA, mD, tma_atom_a, tma_tensor_a):
-        """TMA atoms of kernel A's scales (decode) and of D (TMA-store epilogue); kernel A's atom
-        stands in for those a configuration does not use."""
         tma_atom_sfa, tma_tensor_sfa = tma_atom_a, tma_tensor_a
-        if cutlass.const_expr(not self.a_converted):
+        if not self.a_converted:
             tma_atom_sfa, tma_tensor_sfa = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileG2SOp(),
+                g2s,
                 mSFKA,
                 cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
                 (256, 2 * self.sf_atoms_k, self.sfa_row_blocks),
             )
-        tma_atom_d, tma_tensor_d = tma_atom_a, tma_tensor_a
-        if cutlass.const_expr(self.tma_store):
-            tma_atom_d, tma_tensor_d = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileS2GOp(),
-                mD,
-                cute.slice_(self.d_smem_layout_staged, (None, None, 0)),
-                self.epi_tile,
-            )
-        return tma_atom_sfa, tma_tensor_sfa, tma_atom_d, tma_tensor_d
+        return tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b, tma_atom_sfa, tma_tensor_sfa
+
+    def _tma_atom_d(self, mD, tma_atom_a, tma_tensor_a):
+        """(atom, TMA tensor) of D's subtile stores; kernel A's pair with direct stores."""
+        if not self.tma_store:
+            return tma_atom_a, tma_tensor_a
+        d_stage = cute.slice_(self.d_smem_layout_staged, (None, None, 0))
+        return cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mD, d_stage, self.epi_tile
+        )
 
     @cute.jit
     def _shared_storage(self):
@@ -1098,10 +1030,11 @@ class BlockwiseGemmFp4Sm90:
 
         return SharedStorage
 
-    def _launch_prologue(self, mKBpacked, mSFKB, mKB, mKApacked, mSFKA, mKA, k, stream):
-        """Launch ``convert_operands`` over kernel B (and, on prefill, kernel A)."""
-        rows_a, rows_b = mKApacked.shape[0], mKBpacked.shape[0]
-        l = mKBpacked.shape[2]  # noqa: E741
+    def _launch_prologue(self, kernel_b, kernel_a, k, stream):
+        """Launch ``convert_operands`` over kernel B (and, on prefill, kernel A): each given as
+        (packed, blocked scales, converted copy)."""
+        rows_b, l = kernel_b[0].shape[0], kernel_b[0].shape[2]  # noqa: E741
+        rows_a = kernel_a[0].shape[0]
         k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
         per_cta = self.convert_threads * self.convert_unroll
         chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
@@ -1114,19 +1047,8 @@ class BlockwiseGemmFp4Sm90:
         rows_div_b = cute.fast_divmod_create_divisor_v2(rows_b)
         rows_div_a = cute.fast_divmod_create_divisor_v2(rows_a)
         decode = self.path == "decode"
-        self.convert_operands(
-            mKBpacked,
-            mSFKB,
-            mKB,
-            mKApacked,
-            mSFKA,
-            mKA,
-            k,
-            k_pad,
-            blocks_per_row,
-            rows_div_b,
-            rows_div_a,
-        ).launch(
+        divisors = (blocks_per_row, rows_div_b, rows_div_a)
+        self.convert_operands(kernel_b, kernel_a, k, k_pad, divisors).launch(
             grid=[ctas, 1, 1],
             block=[self.convert_threads, 1, 1],
             stream=stream,
@@ -1145,27 +1067,17 @@ class BlockwiseGemmFp4Sm90:
     @cute.kernel
     def kernel(
         self,
-        tma_atom_a: cute.CopyAtom,
-        mA_mkl: cute.Tensor,
-        tma_atom_b: cute.CopyAtom,
-        mB_nkl: cute.Tensor,
-        tma_atom_sfa: cute.CopyAtom,
-        mSFA_mkl: cute.Tensor,
-        mD_mnl: cute.Tensor,
-        tma_atom_d: cute.CopyAtom,
-        mD_tma: cute.Tensor,
-        mWork: cute.Tensor,
+        tma_ab: tuple,
+        epi_tensors: tuple,
         alpha: cutlass.Float32,
         k: Int32,
-        tiled_mma: cute.TiledMma,
-        epi_mma: cute.TiledMma,
+        mmas: tuple,
         scheduler: StaticTileScheduler,
-        a_smem_layout_staged: cute.ComposedLayout,
-        b_smem_layout_staged: cute.ComposedLayout,
-        sfa_smem_layout_staged: cute.Layout,
-        d_smem_layout_staged: cute.ComposedLayout,
+        layouts: tuple,
     ):
         """Dispatcher: shared storage and the pipeline, then one branch per warp role."""
+        tma_atom_a, _, tma_atom_b, _, tma_atom_sfa, _ = tma_ab
+        tma_atom_d = epi_tensors[1]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == self.producer_warp:
             cpasync.prefetch_descriptor(tma_atom_a)
@@ -1199,26 +1111,11 @@ class BlockwiseGemmFp4Sm90:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == self.producer_warp:
-                self._producer(
-                    storage,
-                    ab_pipeline,
-                    k_tiles,
-                    (a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged),
-                    (tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl),
-                    scheduler,
-                )
+                self._producer(storage, ab_pipeline, k_tiles, layouts, tma_ab, scheduler)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self._consumer(
-                storage,
-                ab_pipeline,
-                k_tiles,
-                (a_smem_layout_staged, b_smem_layout_staged, d_smem_layout_staged),
-                (mD_mnl, tma_atom_d, mD_tma, mWork),
-                alpha,
-                tiled_mma,
-                epi_mma,
-                scheduler,
+                storage, ab_pipeline, k_tiles, layouts, epi_tensors, alpha, mmas, scheduler
             )
         if cutlass.const_expr(self.cluster_m > 1):
             # NOTE: no CTA may exit while its peer can still multicast into its SMEM or
@@ -1232,7 +1129,7 @@ class BlockwiseGemmFp4Sm90:
         """Warp 0: per work unit and k-tile, one ring stage of kernel A (and its scales on
         decode) and converted kernel B.  On decode the first stage's weights are requested
         before the PDL wait; every load of the prologue's output comes after it."""
-        a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged = layouts
+        a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged, _ = layouts
         tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl = tma
         # packed: (rows, 64 bytes, stage); converted: (rows, 64, k-blocks x stage)
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
@@ -1310,9 +1207,8 @@ class BlockwiseGemmFp4Sm90:
                 ab_pipeline.producer_commit(state)
                 state.advance()
             unit = scheduler.next_unit(unit)
-        # Every load of this CTA is issued: a PDL-launched successor (the next launch's
-        # prologue) may be scheduled once all CTAs are here; it waits for this grid to complete
-        # before it touches memory, and its launch overlaps this grid's last stages.
+        # every load of this CTA is issued: a PDL-launched successor (the next prologue) may
+        # start; it waits for this grid to complete before it touches memory
         cute.arch.griddepcontrol_launch_dependents()
         ab_pipeline.producer_tail(state)
 
@@ -1401,20 +1297,12 @@ class BlockwiseGemmFp4Sm90:
     # ======================================= consumers =========================================
     @cute.jit
     def _consumer(
-        self,
-        storage,
-        ab_pipeline,
-        k_tiles,
-        layouts,
-        epi_tensors,
-        alpha,
-        tiled_mma,
-        epi_mma,
-        scheduler,
+        self, storage, ab_pipeline, k_tiles, layouts, epi_tensors, alpha, mmas, scheduler
     ):
         """Consumer warpgroups: per work unit, ``_mainloop_decode`` or ``_mainloop_prefill``, the
         K groups' sum, then (K group 0) ``_epilogue``."""
-        a_smem_layout_staged, b_smem_layout_staged, d_smem_layout_staged = layouts
+        a_smem_layout_staged, b_smem_layout_staged, _, d_smem_layout_staged = layouts
+        tiled_mma, epi_mma = mmas
         tidx, _, _ = cute.arch.thread_idx()
         tidx = tidx - self.threads_per_wg
         # K group of this thread, then tidx = its index inside the group (0 .. group_threads - 1)
@@ -1440,7 +1328,7 @@ class BlockwiseGemmFp4Sm90:
         tCrAcc = cute.make_rmem_tensor(
             thr_mma.partition_shape_C((self.tile_rows, self.tile_cols)), self.acc_dtype
         )
-        sD, d_pipeline = None, None
+        d_pipeline, epi_smem = None, None
         if cutlass.const_expr(self.tma_store):
             # (rows, epi cols, epi stage)
             sD = storage.sD.get_tensor(
@@ -1450,6 +1338,8 @@ class BlockwiseGemmFp4Sm90:
                 num_stages=self.epi_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.group_threads),
             )
+            epi_smem = (sD, epi_mma, d_pipeline)
+        flag_addr = storage.splitk_flag.data_ptr().toint()
         consumer = pipeline.PipelineUserType.Consumer
         # the stage of this thread's next k-tile, and (k_groups == 1) the next stage to free
         read_state = pipeline.make_pipeline_state(consumer, self.num_stages)
@@ -1491,17 +1381,9 @@ class BlockwiseGemmFp4Sm90:
                 self._reduce_k_groups(tCrAcc, kgroup, tidx, storage.sRed.data_ptr().toint())
             # (k_groups > 1: group 0 holds the sum)
             if kgroup == 0:
+                coords = (row_tile, col_tile, lk)
                 self._epilogue(
-                    tCrAcc,
-                    epi_tensors,
-                    alpha,
-                    (row_tile, col_tile, lk),
-                    thr_mma,
-                    tidx,
-                    storage.splitk_flag.data_ptr().toint(),
-                    sD,
-                    epi_mma,
-                    d_pipeline,
+                    tCrAcc, epi_tensors, alpha, coords, thr_mma, tidx, flag_addr, epi_smem
                 )
             unit = scheduler.next_unit(unit)
         if cutlass.const_expr(self.tma_store):
@@ -1672,33 +1554,27 @@ class BlockwiseGemmFp4Sm90:
 
     # ======================================= epilogue ==========================================
     @cute.jit
-    def _epilogue(
-        self, tCrAcc, epi_tensors, alpha, coords, thr_mma, tidx, flag_addr, sD, epi_mma, d_pipeline
-    ):
+    def _epilogue(self, tCrAcc, epi_tensors, alpha, coords, thr_mma, tidx, flag_addr, epi_smem):
         """acc * alpha -> D: with split-K, after ``_splitk_fixup`` and by the last split only;
         through SMEM and TMA stores (``_store_tile_tma``) or direct stores."""
         mD_mnl, tma_atom_d, mD_tma, mWork = epi_tensors
         row_tile, col_tile, lk = coords
-        batch = lk // self.split_k
+        tile_coord = (row_tile, col_tile, lk // self.split_k)
         is_last = True
         if cutlass.const_expr(self.split_k > 1):
-            is_last = self._splitk_fixup(
-                tCrAcc, mD_mnl, mWork, row_tile, col_tile, lk, tidx, flag_addr
-            )
+            is_last = self._splitk_fixup(tCrAcc, mD_mnl, mWork, coords, tidx, flag_addr)
         if is_last:
             if cutlass.const_expr(self.tma_store):
-                tile = (row_tile, col_tile, batch)
-                self._store_tile_tma(
-                    tCrAcc, alpha, mD_tma, tma_atom_d, sD, epi_mma, d_pipeline, tile, tidx
-                )
+                self._store_tile_tma(tCrAcc, alpha, mD_tma, tma_atom_d, epi_smem, tile_coord, tidx)
             else:
-                self._store_tile_direct(tCrAcc, alpha, mD_mnl, thr_mma, (row_tile, col_tile, batch))
+                self._store_tile_direct(tCrAcc, alpha, mD_mnl, thr_mma, tile_coord)
 
     @cute.jit
-    def _splitk_fixup(self, tCrAcc, mD_mnl, mWork, row_tile, col_tile, lk, tidx, flag_addr):
+    def _splitk_fixup(self, tCrAcc, mD_mnl, mWork, coords, tidx, flag_addr):
         """Split-K: park this split's fp32 fragment in the workspace; the split that arrives last
         at the tile's counter sums all of them in split order (the result does not depend on the
         arrival order) into ``tCrAcc`` and resets the counter.  Returns whether this is it."""
+        row_tile, col_tile, lk = coords
         nacc = cute.size(tCrAcc)
         rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
         row_tiles, col_tiles, num_tiles = output_tiles(
@@ -1718,9 +1594,8 @@ class BlockwiseGemmFp4Sm90:
             _st_global_f32(my_frag + i * value_stride, tCrAcc[i])
         self._barrier(NamedBarrierId.SPLITK_FIXUP, self.group_threads)
         if tidx == 0:
-            # NOTE: the barrier orders the group's partial stores before this thread's acq_rel
-            # atomic, whose gpu-scope release is cumulative: it publishes all of them, and the
-            # last split's atomic acquires every earlier partial (for its CTA, via the barrier).
+            # NOTE: after the barrier, this acq_rel atomic's cumulative gpu-scope release publishes
+            # the group's partials; the last split's atomic acquires every earlier one.
             old = _atomic_add_global_u32(counter, Uint32(1))
             last = old == Uint32(self.split_k - 1)
             if last:
@@ -1769,12 +1644,11 @@ class BlockwiseGemmFp4Sm90:
                 tCgD[i] = tCrD[i]
 
     @cute.jit
-    def _store_tile_tma(
-        self, tCrAcc, alpha, mD_tma, tma_atom_d, sD, epi_mma, d_pipeline, tile_coord, tidx
-    ):
+    def _store_tile_tma(self, tCrAcc, alpha, mD_tma, tma_atom_d, epi_smem, tile_coord, tidx):
         """One subtile at a time: this thread's values * alpha -> SMEM buffer, then the first
         consumer warp issues its TMA store (which clips ragged rows and cols); the stores drain
         while the next unit's mainloop runs."""
+        sD, epi_mma, d_pipeline = epi_smem
         # (rows, epi cols, 1, subtiles)
         gD_epi = cute.flat_divide(
             cute.local_tile(mD_tma, (self.tile_rows, self.tile_cols), tile_coord), self.epi_tile
@@ -1813,37 +1687,25 @@ class BlockwiseGemmFp4Sm90:
     # ======================================= prologue grid =====================================
     @cute.kernel
     def convert_operands(
-        self,
-        mB: cute.Tensor,
-        mSFB: cute.Tensor,
-        mConvB: cute.Tensor,
-        mA: cute.Tensor,
-        mSFA: cute.Tensor,
-        mConvA: cute.Tensor,
-        k: Int32,
-        k_pad: Int32,
-        blocks_per_row: cute.FastDivmodDivisorV2,
-        rows_div_b: cute.FastDivmodDivisorV2,
-        rows_div_a: cute.FastDivmodDivisorV2,
+        self, kernel_b: tuple, kernel_a: tuple, k: Int32, k_pad: Int32, divisors: tuple
     ):
-        """Prologue, one grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16
-        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (decode, prefill) and
-        kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes to elements
+        """Prologue grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16 (rows, K_pad,
+        L) in the mainloop's permuted K order, for kernel B and (prefill) kernel A, each given as
+        (packed, scales, copy).  Pair P_i of 16-group q of a 64-block goes to elements
         16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
-        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per 64-block),
-        ``convert_unroll`` chunks per thread with all their loads issued first (the bytes in
-        flight hide DRAM latency); each CTA step stores convert_threads x 16 bytes contiguous
-        (4 KiB on prefill, 2 KiB on decode).  Kernel B's CTAs come
-        first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
-        # NOTE: with ``prologue_pdl`` this grid may start before the kernel ahead of it ends
-        # (the previous GEMM releases it early): nothing here may read the operands or write the
-        # converted copies (which that GEMM may still read) before the wait.  The release
-        # must stay after the wait: the GEMM relies on it for everything it does before or
-        # without its own wait (the first stage's weight loads, and the epilogue of split-K
-        # units without k-tiles, which writes the workspace and D).
+        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk, ``convert_unroll``
+        chunks per thread with all their loads issued first; kernel B's CTAs come first; a
+        K = 32 x odd tail block gets zeros for its missing K 32..63.
+
+        With ``prologue_pdl`` this grid may start before the GEMM ahead of it ends: nothing may
+        read the operands or write the copies (which that GEMM may still read) before the wait,
+        and the release stays after it, since the next GEMM requests its first weights and may
+        store the epilogue of units without k-tiles before its own wait."""
+        blocks_per_row, rows_div_b, rows_div_a = divisors
+        mB, mSFB, mConvB = kernel_b
+        mA, mSFA, mConvA = kernel_a
         cute.arch.griddepcontrol_wait()
-        # the GEMM (launched with PDL) may start its prologue now; its producer waits for this
-        # grid's writes before the first TMA load of them
+        # the GEMM (launched with PDL) may start now; it waits for this grid before it loads a copy
         cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -1949,6 +1811,13 @@ class BlockwiseGemmFp4Sm90:
         return StaticTileScheduler.create(num_tiles, self.cluster_m, max_active_clusters)
 
     @staticmethod
+    def _k_major(ptr, rows, cols, l):  # noqa: E741
+        """A (rows, cols, L) tensor, cols contiguous."""
+        return cute.make_tensor(
+            ptr, cute.make_layout((rows, cols, l), stride=(cols, 1, rows * cols))
+        )
+
+    @staticmethod
     def _blocked_sf_tensor(ptr, rows, sf_atoms_k, l):  # noqa: E741
         # NOTE: the 128x4 atoms are stored row-block-major, so the atoms of one row block are
         # contiguous along K; two 256-byte halves keep every TMA box extent <= 256.
@@ -1968,29 +1837,9 @@ class BlockwiseGemmFp4Sm90:
         return decode_token_rows(rows_b, self.tile_cols) if self.swap_ab else rows_b
 
     @staticmethod
-    def can_implement(
-        mnkl: tuple[int, int, int, int],
-        sf_vec_size: int,
-        sf_dtype: str,
-        c_dtype: str,
-        path: str,
-        mma_tiler_mn: tuple[int, int],
-        cluster_shape_mn: tuple[int, int] = (1, 1),
-        split_k: int = 1,
-        k_groups: int = 1,
-    ) -> tuple[bool, list[str]]:
-        """(ok, reasons): ``check_fp4_gemm_config`` in the CUTLASS-example shape."""
-        reasons = check_fp4_gemm_config(
-            mnkl,
-            sf_vec_size,
-            sf_dtype,
-            c_dtype,
-            path,
-            mma_tiler_mn,
-            cluster_shape_mn,
-            split_k,
-            k_groups,
-        )
+    def can_implement(*config, **kw_config) -> tuple[bool, list[str]]:
+        """(ok, reasons): ``check_fp4_gemm_config`` (same arguments) in the CUTLASS shape."""
+        reasons = check_fp4_gemm_config(*config, **kw_config)
         return not reasons, reasons
 
 
@@ -2063,22 +1912,11 @@ def compile_gemm(
     gemm = BlockwiseGemmFp4Sm90(
         sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups
     )
-    gmem = cute.AddressSpace.gmem
-    # Placeholder addresses: only types and alignments matter for compilation.
-    ptrs = [make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16) for _ in range(4)]
-    ptrs.append(make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16))
-    ptrs.append(make_ptr(cutlass.Float32, 0, gmem, assumed_align=16))
-    ptrs += [make_ptr(gemm.mma_dtype, 0, gmem, assumed_align=16) for _ in range(2)]
-    problem = tuple(Int32(1) for _ in range(4))
-    compiled = cute.compile(
-        gemm,
-        *ptrs,
-        problem,
-        cutlass.Float32(1.0),
-        num_sms,
-        cuda_driver.CUstream(0),
-        options=options,
-    )
+    # placeholder addresses: compilation only needs the element types and alignments
+    dtypes = [cutlass.Uint8] * 4 + [C_DTYPES[c_dtype], cutlass.Float32] + [gemm.mma_dtype] * 2
+    ptrs = [make_ptr(t, 0, cute.AddressSpace.gmem, assumed_align=16) for t in dtypes]
+    problem, alpha, stream = (Int32(1),) * 4, cutlass.Float32(1.0), cuda_driver.CUstream(0)
+    compiled = cute.compile(gemm, *ptrs, problem, alpha, num_sms, stream, options=options)
     return gemm, compiled
 
 
@@ -2111,32 +1949,16 @@ class Fp4GemmSm90Runner:
         # a configuration the kernel cannot be built for is refused here, before compiling, and
         # a problem it cannot run at each call (``__call__``): ValueError naming each reason
         cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
-        reasons = config_reasons(
-            sf_vec_size,
-            SF_FORMATS.get(sf_vec_size, ("?",))[0],
-            c_dtype,
-            path,
-            mma_tiler_mn,
-            cluster,
-            split_k,
-            k_groups,
-        )
+        sf_dtype = SF_FORMATS.get(sf_vec_size, ("?",))[0]
+        config = (path, mma_tiler_mn, cluster, split_k, k_groups)
+        reasons = config_reasons(sf_vec_size, sf_dtype, c_dtype, *config)
         if reasons:
             raise ValueError("; ".join(reasons))
         self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
         self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
-        self._args = (
-            sf_vec_size,
-            c_dtype,
-            path,
-            mma_tiler_mn,
-            split_k,
-            gpu_sm_count(),
-            options,
-            cluster_shape_mn,
-        )
+        self._args = (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, gpu_sm_count(), options)
         # the TMA-store variant now; the direct-store one when an N first needs it
-        self.gemm, compiled = compile_gemm(*self._args, tma_store=True, k_groups=k_groups)
+        self.gemm, compiled = compile_gemm(*self._args, cluster, True, k_groups)
         self._compiled = {True: compiled}
         self._workspace = {}
 
@@ -2144,11 +1966,8 @@ class Fp4GemmSm90Runner:
         """The compiled kernel for output width N (see ``tma_store_fits``)."""
         tma_store = tma_store_fits(n, self.c_dtype) and self.gemm.tma_store
         if tma_store not in self._compiled:
-            self._compiled[tma_store] = compile_gemm(
-                *self._args,
-                tma_store=tma_store,
-                k_groups=self.gemm.k_groups,
-            )[1]
+            cluster, k_groups = self.gemm.cluster_shape_mn, self.gemm.k_groups
+            self._compiled[tma_store] = compile_gemm(*self._args, cluster, tma_store, k_groups)[1]
         return self._compiled[tma_store]
 
     def workspace(self, m, n, k, l):  # noqa: E741
@@ -2158,9 +1977,8 @@ class Fp4GemmSm90Runner:
 
         key = (m, n, k, l)
         if key not in self._workspace:
-            # zeros once: the split-K counters reset themselves after every tile (every launch
-            # rewrites the converted operands' rows, K padding included; the decode tokens'
-            # padding rows are never written)
+            # zeros once: the split-K counters reset themselves after every tile, and every
+            # launch rewrites the converted copies (the decode tokens' padding rows stay zero)
             elems = workspace_elems(
                 m, n, l, self.path, self.mma_tiler_mn, self.split_k, self.gemm.cluster_m
             )
@@ -2180,8 +1998,9 @@ class Fp4GemmSm90Runner:
         import torch
         from cutlass.cute.runtime import make_ptr
 
+        mnkl = (m, n, k, l)
         reasons = operand_reasons(
-            a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, self.sf_vec_size, self.c_dtype
+            a, b, sfa_blocked, sfb_blocked, d, mnkl, self.sf_vec_size, self.c_dtype
         )
         reasons += problem_reasons((m, n, k, l), self.sf_vec_size, self.path, self.mma_tiler_mn)
         reason = alpha_reason(float(alpha), self.sf_vec_size, self.path)
@@ -2208,22 +2027,11 @@ class Fp4GemmSm90Runner:
         )
 
 
-def operand_reasons(
-    a,
-    b,
-    sfa_blocked,
-    sfb_blocked,
-    d,
-    m,
-    n,
-    k,
-    l,  # noqa: E741
-    sf_vec_size,
-    c_dtype,
-) -> list[str]:
+def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, mnkl, sf_vec_size, c_dtype) -> list[str]:
     """Why these torch tensors cannot be the kernel's operands (empty when they can): sizes,
     D's dtype (``c_dtype``), 16-byte aligned bases (TMA loads and stores), contiguity, one CUDA
     device."""
+    m, n, k, l = mnkl  # noqa: E741
     want = {
         "a": l * m * (k // 2),
         "b": l * n * (k // 2),
@@ -2393,27 +2201,17 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
         raise UsageError("--iterations must be >= 1 and --warmup_iterations >= 0")
     if not math.isfinite(args.tolerance) or args.tolerance <= 0:
         raise UsageError("--tolerance must be a finite number > 0")
-    m, n, k, l = args.mnkl  # noqa: E741
-    if min(args.mnkl) >= 1:
-        # a tile or a split given completes the pick without K groups
-        path, tiler, split, k_groups = default_config(
-            m,
-            n,
-            k,
-            l,
-            gpu_sm_count(),
-            path=None if args.path == "auto" else args.path,
-            allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
-        )
-        args.path = path
-        args.mma_tiler_mn = args.mma_tiler_mn or tiler
-        args.split_k = split if args.split_k is None else args.split_k
-        args.k_groups = k_groups if args.k_groups is None else args.k_groups
-    else:
-        args.path = "prefill" if args.path == "auto" else args.path
-        args.mma_tiler_mn = args.mma_tiler_mn or (128, 256)
-        args.split_k = args.split_k or 1
-        args.k_groups = args.k_groups or 1
+    # (a tile or a split given completes the pick without K groups)
+    path, tiler, split, k_groups = default_config(
+        *(max(1, v) for v in args.mnkl),
+        gpu_sm_count(),
+        path=None if args.path == "auto" else args.path,
+        allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
+    )
+    args.path = path
+    args.mma_tiler_mn = args.mma_tiler_mn or tiler
+    args.split_k = split if args.split_k is None else args.split_k
+    args.k_groups = k_groups if args.k_groups is None else args.k_groups
     args.cluster_shape_mn = args.cluster_shape_mn or default_cluster(args.path)
     reasons = check_fp4_gemm_config(
         args.mnkl,

@@ -197,25 +197,25 @@ def test_operand_reasons_name_each_problem():
         sfb_blocked=torch.zeros(sf, dtype=torch.uint8),
         d=torch.zeros(m * n, dtype=torch.bfloat16),
     )
-    reasons = k90.operand_reasons(**good, m=m, n=n, k=k, l=l, sf_vec_size=16, c_dtype="BFloat16")
+    reasons = k90.operand_reasons(**good, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     # CPU tensors: only the device rule fails
     assert reasons and all("contiguous CUDA tensor" in r for r in reasons), reasons
     shifted = dict(good, a=torch.zeros(m * k // 2 + 1, dtype=torch.uint8)[1:])
-    reasons = k90.operand_reasons(**shifted, m=m, n=n, k=k, l=l, sf_vec_size=16, c_dtype="BFloat16")
+    reasons = k90.operand_reasons(**shifted, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     assert any("a must start on a 16-byte boundary" in r for r in reasons), reasons
     short = dict(good, sfb_blocked=torch.zeros(sf - 16, dtype=torch.uint8))
-    reasons = k90.operand_reasons(**short, m=m, n=n, k=k, l=l, sf_vec_size=16, c_dtype="BFloat16")
+    reasons = k90.operand_reasons(**short, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     assert any(f"sfb_blocked has {sf - 16} bytes" in r for r in reasons), reasons
     # packed operands are counted in bytes whatever their dtype
     wide = dict(good, a=torch.zeros(m * k // 4 + 1, dtype=torch.int16))
-    reasons = k90.operand_reasons(**wide, m=m, n=n, k=k, l=l, sf_vec_size=16, c_dtype="BFloat16")
+    reasons = k90.operand_reasons(**wide, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     assert any(f"a has {2 * (m * k // 4 + 1)} bytes" in r for r in reasons), reasons
     # D must have the dtype the kernel writes: same size in elements is not enough
     for c_dtype, other in (("BFloat16", torch.float32), ("Float32", torch.bfloat16)):
         wrong = dict(good, d=torch.zeros(m * n, dtype=other))
-        reasons = k90.operand_reasons(**wrong, m=m, n=n, k=k, l=l, sf_vec_size=16, c_dtype=c_dtype)
+        reasons = k90.operand_reasons(**wrong, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype=c_dtype)
         assert any(f"d is {other}; this kernel writes {c_dtype}" in r for r in reasons), reasons
-    reasons = k90.operand_reasons(**good, m=m, n=n, k=k, l=l, sf_vec_size=16, c_dtype="BFloat16")
+    reasons = k90.operand_reasons(**good, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     assert not any(r.startswith("d is") for r in reasons), reasons
 
 
