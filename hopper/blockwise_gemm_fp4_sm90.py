@@ -15,15 +15,15 @@ accumulation, so D equals ``reference.reference_gemm`` up to the order of the fp
 
 The two paths (picked by ``default_config``; hopper/DESIGN.md has the evidence)
 -----------------------------------------------------------------------------
-    =======  =========  ===================================  ====================================
-    path     M          kernel A (wgmma A) / kernel B (SMEM)  mainloop
-    =======  =========  ===================================  ====================================
-    decode   <= 2048    weights (B) / tokens (A): D^T = B A^T  RS wgmma: the weights dequantized
-                                                             from SMEM into the A registers;
-                                                             split-K or K groups; 1-2 CTAs/SM
-    prefill  > 2048     A / B, both converted once            SS wgmma, 128 x 256 tiles, 2x1
-                                                             clusters multicasting the B tile
-    =======  =========  ===================================  ====================================
+    =======  =======  ==========================  ===========================================
+    path     M        kernel A / kernel B          mainloop
+    =======  =======  ==========================  ===========================================
+    decode   <= 2048  weights / tokens: D^T        RS wgmma (A from registers): weights
+                      = B A^T, tiles of 8..128     dequantized from SMEM into the A fragment;
+                      tokens x 64 or 128 rows      split-K or K groups; 1-2 CTAs per SM
+    prefill  > 2048   A / B, both converted once   SS wgmma over 128 x 256 tiles, 2x1 clusters
+                                                   multicasting the B tile
+    =======  =======  ==========================  ===========================================
 A prologue grid, ``convert_operands``, converts the SMEM operand(s) once per launch into F16 /
 BF16 copies in the wgmma's permuted K order. The GEMM is launched with programmatic dependent
 launch (PDL: a grid may start before the one ahead of it ends, and ``griddepcontrol.wait``
@@ -64,7 +64,7 @@ Constraints (``check_fp4_gemm_config`` explains each refusal)
 
 Run
 ---
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 8192,8192,8192,1             # H100 / H200
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 8192,8192,8192,1     # H200 (H100: untested)
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 1,8192,8192,1 --compile_only  # any machine
 """

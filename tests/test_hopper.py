@@ -53,9 +53,8 @@ COMPILE_CONFIGS = [
     (32, "Float32", "prefill", (128, 128), 1, False),
     # the largest split: the fix-up's loads must still fit next to the accumulators
     (16, "BFloat16", "decode", (128, 128), 16),
-    # K groups (7th field): 4 x 64 rows, with split-K and F32 D; 2 x 128 rows, direct stores;
-    # 3 x 64 rows (512 threads x 128 registers: no room for a prologue CTA); 2 x 64 rows (two
-    # CTAs per SM)
+    # K groups (7th field): 4 x 64 rows with split-K; 2 x 128 rows; 3 x 64 rows (no room for a
+    # prologue CTA: no PDL chain); 2 x 64 rows at two CTAs per SM
     (16, "BFloat16", "decode", (8, 64), 1, True, 4),
     (32, "Float32", "decode", (32, 64), 2, True, 4),
     (16, "Float16", "decode", (16, 128), 1, False, 2),
@@ -99,9 +98,8 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     # the convert_operands grid first, then the GEMM, which waits for it (programmatic
     # dependent launch)
     assert "convert_operands" in ptx and "griddepcontrol.wait" in ptx
-    # TMA loads the GEMM issues before that wait: decode, the first stages' weights and
-    # their scales (inputs the prologue does not write; one loop body in the PTX);
-    # prefill, none (both operands are converted copies)
+    # TMA loads before that wait: on decode the first stage's weights and scales (which the
+    # prologue does not write), on prefill none
     gemm_ptx = _entry_ptx(ptx, "kernel_cutlass_kernel")
     early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
     loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
@@ -111,9 +109,8 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     # guard against a release at entry, not a proof of the position after the loop)
     assert gemm_ptx.count("griddepcontrol.launch_dependents") == 1
     assert gemm_ptx.index("griddepcontrol.launch_dependents") > len(early)
-    # the prologue (launched with PDL on decode tiles of up to 32 tokens) waits for the
-    # kernel ahead of it before its first global memory access, and releases the GEMM only
-    # after that
+    # the prologue waits for the kernel ahead before its first global memory access, and
+    # releases its GEMM only after that wait
     prologue_ptx = _entry_ptx(ptx, "kernel_cutlass_convert_operands")
     first_access = re.search(r"\b(ld|st|atom|red)\.[\w:.]*global", prologue_ptx).start()
     wait = prologue_ptx.index("griddepcontrol.wait")
@@ -171,10 +168,8 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     if path == "decode" and (
         gemm.occupancy == 2 and gemm.tile_rows == 128 or k_groups > 1 and gemm.prologue_pdl
     ):
-        # the prologue's CTAs fit on an SM beside two GEMM CTAs of 128 weight rows, or beside
-        # K groups on the chain (registers, and SMEM for their reserved KiB), so that the PDL
-        # chain of small token tiles does not hold back a GEMM CTA (two 64-row CTAs, 2 x 256
-        # threads x 128 registers, fill the SM)
+        # on the PDL chain the prologue's CTAs fit beside the GEMM's CTAs (registers, and the
+        # SMEM of their reserved KiB), so they never hold back a GEMM CTA
         assert prologue_regs <= k90.DECODE_CONVERT_MAX_REGS, prologue_regs
         assert gemms_regs + gemm.convert_threads * prologue_regs <= k90.SM90_REGS_PER_SM
         smem = gemm.occupancy * (k90.smem_bytes(gemm) + 1024) + 1024
@@ -462,14 +457,14 @@ def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
 
 
 def test_default_config_paths():
+    """The picks that hopper/DESIGN.md measured, one rule of ``default_config`` at a time."""
     assert k90.default_config(1, 8192, 8192, 1)[0] == "decode"
     assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
     assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2, 1)
     # tiles of > 32 tokens: on a tie, 64 weight rows unsplit rather than 128 rows split in two
-    # (no 128 x 128 fp32 partials; H200: 11.3-11.7 against 14.7-15.1 us at 128 x 7168 x 2048)
     assert k90.default_config(128, 7168, 2048, 1)[1:] == ((128, 64), 1, 1)
     assert k90.default_config(128, 8192, 8192, 1)[1:] == ((128, 64), 1, 1)
-    # UNIT_COST: 64 x 18432 x 7168 takes split 3 (47.9-48.2 us), not split 4 (53.3-53.7)
+    # UNIT_COST: 64 x 18432 x 7168 takes split 3, not split 4
     assert k90.default_config(64, 18432, 7168, 1)[1:] == ((64, 64), 3, 1)
     # the busiest CTA's work decides: 224 tiles of 128 rows fit the 264 CTA slots unsplit ...
     assert k90.default_config(1, 28672, 4096, 1)[1:] == ((8, 128), 1, 1)
@@ -478,8 +473,6 @@ def test_default_config_paths():
     assert k90.default_config(16, 18432, 7168, 1)[1:] == ((16, 128), 3, 1)
     assert k90.default_config(16, 4096, 7168, 1)[1:] == ((16, 64), 4, 1)
     # several token tiles (M > 128): 128 x 128 tiles, split only while tiles leave CTAs idle
-    # (H200: 47 us against 128 for prefill at 192 x 8192 x 8192; 29 against 41 unsplit at
-    # 256 x 4096 x 7168; 122 unsplit against 133 for 64 rows split 2 at 256 x 18432 x 7168)
     assert k90.default_config(192, 8192, 8192, 1) == ("decode", (128, 128), 1, 1)
     assert k90.default_config(256, 4096, 7168, 1) == ("decode", (128, 128), 2, 1)
     assert k90.default_config(256, 18432, 7168, 1) == ("decode", (128, 128), 1, 1)
@@ -493,12 +486,11 @@ def test_default_config_paths():
     assert k90.default_config(4096, 8192, 8192, 1, path="decode") == ("decode", (128, 128), 1, 1)
     assert k90.default_config(1024, 8192, 8192, 1, path="prefill") == ("prefill", (128, 256), 1, 1)
     # one wave of K groups where the split-K units would be short (<= 8 k-tiles) and one CTA
-    # per 64 weight rows fills 3/4 of the SMs or more (H200: 6.6 against 7.6-7.7 us at
-    # 16 x 7168 x 2048, 6.9 against 9.0 at 32 x 7168 x 2048) ...
+    # per 64 weight rows fills 3/4 of the SMs or more ...
     assert k90.default_config(1, 7168, 2048, 1) == ("decode", (8, 64), 1, 4)
     assert k90.default_config(32, 7168, 2048, 1) == ("decode", (32, 64), 1, 4)
-    # ... not for longer units (1 x 7168 x 16384: 27.0 against 24.2), fewer rows (1 x 1000 x
-    # 2080: 16 CTAs), more than one wave (N = 18432) or more than one token tile
+    # ... not for longer units (K = 16384), fewer rows (1 x 1000 x 2080: 16 CTAs), more than
+    # one wave (N = 18432) or more than one token tile
     assert k90.default_config(1, 7168, 16384, 1)[3] == 1
     assert k90.default_config(1, 1000, 2080, 1)[3] == 1
     assert k90.default_config(16, 18432, 2048, 1)[3] == 1
@@ -676,11 +668,8 @@ GPU_CASES = [
     (260, 1000, 4000, 1, 32, "Float32", "decode", (128, 128), 2, 1.0, "normal"),
     # 864 split-K units on 264 CTA slots: CTAs run splits of several tiles in turn
     (16, 18432, 2048, 2, 16, "BFloat16", "decode", (16, 128), 3, 1.0, "wide"),
-    # k_groups (12th field): K groups of consumer warpgroups summed through SMEM.  17 k-tiles
-    # over 4 groups (5, 4, 4, 4); with split-K, L > 1, K = 32 x odd; 3 groups and direct
-    # stores; one k-tile (groups and whole units without k-tiles); 297 units on 132 CTAs of
-    # 128 rows x 2 groups (the next unit's partials parked while group 0 stores); a full-size
-    # decode shape
+    # k_groups (12th field): 17 k-tiles over 4 groups; split-K, L > 1, K = 32 x odd; 3 groups;
+    # one k-tile (groups without k-tiles); 297 units on 132 CTAs; a full-size shape
     (1, 1000, 2080, 1, 16, "BFloat16", "decode", (8, 64), 1, 2.0, "wide", 4),
     (5, 1000, 4000, 2, 32, "Float32", "decode", (8, 64), 3, 1.0, "wide", 4),
     (16, 777, 1056, 2, 16, "Float16", "decode", (16, 64), 1, 0.25, "normal", 3),
@@ -700,11 +689,8 @@ def test_gpu_matches_reference(case):
     m, n, k, l, vec, c_dtype, path, tiler, split, alpha_factor, dist = case[:11]  # noqa: E741
     k_groups = case[11] if len(case) > 11 else 1
     runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
-    # twice, on different operands and back to back on one stream: the split-K tile counters
-    # must reset themselves, and the second launch's prologue (with PDL on 8-token tiles,
-    # started within the first GEMM's tail) must not overwrite the converted tokens before
-    # the first GEMM is done with them (a smoke test of that ordering: the window it guards
-    # is short; the PTX test checks the order of the prologue's wait)
+    # twice, back to back on different operands: the split-K counters reset themselves, and
+    # the second prologue (PDL) must not overwrite tokens the first GEMM still reads
     runs = []
     for seed in (m + n + k, m + n + k + 1):
         ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist=dist)
