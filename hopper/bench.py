@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Benchmark of the Hopper FP4 GEMM (blockwise_gemm_fp4_sm90.py) against its peers, same run,
-same data, on an H100 / H200.
+"""Benchmark of the Hopper FP4 GEMM (blockwise_gemm_fp4_sm90.py) against its peers: same run,
+same process, same data, on an H100 / H200.
 
 Methods (time per GEMM, inputs rotated through enough copies to exceed 3x the L2, CUDA-graph
 replays so launch gaps do not count):
@@ -17,8 +17,8 @@ Columns for ours: us, TFLOP/s, GB/s and % of the HBM roof, where the roof is the
 (bytes read + written by a large device-to-device copy) measured in the same run and the bytes
 are packed A and B, their scales and D, each moved once.
 
-    python hopper/bench.py                       # all shapes -> table, bench.json, bench.png
-    python hopper/bench.py --quick               # four shapes
+    python -m hopper.bench           # all shapes -> hopper/results/h200.{txt,json,png} on an H200
+    python -m hopper.bench --quick   # four shapes
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -353,16 +354,15 @@ def _fmt(row, name):
     return f"{r['us']:.1f}"
 
 
-def print_table(rows, roof):
-    print(f"\ncopy bandwidth (roof): {roof / 1e12:.2f} TB/s")
+def format_table(rows, roof) -> str:
+    lines = [f"copy bandwidth (roof): {roof / 1e12:.2f} TB/s"]
     head = (
         f"{'M':>5} {'N':>6} {'K':>6} | {'ours-nv us':>10} {'TFLOP/s':>8} {'GB/s':>7} "
         f"{'%roof':>6} | {'ours-mx us':>10} | "
         + " ".join(f"{n:>17}" for n in METHODS[2:])
         + " | ours/bf16  ours/tdq"
     )
-    print(head)
-    print("-" * len(head))
+    lines += [head, "-" * len(head)]
     for row in rows:
         o = row["ours-nvfp4"]
         bf = row.get("cublas-bf16", {}).get("us")
@@ -370,17 +370,18 @@ def print_table(rows, roof):
         ratio_bf = f"{bf / o['us']:.2f}x" if bf else "-"
         ratio_tdq = f"{tdq / o['us']:.2f}x" if tdq else "-"
         checks = [row[name]["check"] for name in METHODS[:2] if name in row]
-        print(
+        lines.append(
             f"{row['m']:>5} {row['n']:>6} {row['k']:>6} | {o['us']:>10.1f} {o['tflops']:>8.1f} "
             f"{o['gbps']:>7.0f} {o['roof_pct']:>5.1f}% | {_fmt(row, 'ours-mxfp4'):>10} | "
             + " ".join(f"{_fmt(row, n):>17}" for n in METHODS[2:])
             + f" | {ratio_bf:>9} {ratio_tdq:>8}"
             + ("" if all(checks) else "  CHECK FAILED")
         )
-    print(
+    lines.append(
         "(times in us; ours/bf16 and ours/tdq = speed-up of ours-nvfp4 over cublas-bf16 and "
         "triton-dq+cublas; cublas-fp8 has different numerics)"
     )
+    return "\n".join(lines)
 
 
 def plot(rows, path):
@@ -415,10 +416,17 @@ def _dist_version(name: str):
         return None
 
 
+def gpu_label() -> str:
+    """ "h200" / "h100" from the device name (the results' file name), else "gpu"."""
+    found = re.search(r"\bH\d00\b", torch.cuda.get_device_name())
+    return found.group(0).lower() if found else "gpu"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out_dir", default=os.environ.get("OUT", HERE))
+    ap.add_argument("--out_dir", default=os.path.join(HERE, "results"))
+    ap.add_argument("--name", default=None, help="file name of the results; default: h200 / h100")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("bench.py needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
@@ -454,12 +462,15 @@ def main(argv=None) -> int:
         triton=getattr(tri[0], "__version__", None) if tri else None,
         cutlass_dsl=_dist_version("nvidia-cutlass-dsl"),
     )
-    print_table(rows, roof)
+    table = format_table(rows, roof) + "\n" + json.dumps(meta)
+    print(table)
+    name = os.path.join(args.out_dir, args.name or gpu_label())
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "bench.json"), "w") as f:
+    with open(name + ".txt", "w") as f:
+        f.write(table + "\n")
+    with open(name + ".json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    plot(rows, os.path.join(args.out_dir, "bench.png"))
-    print(json.dumps(meta))
+    plot(rows, name + ".png")
     return 0
 
 
