@@ -826,3 +826,20 @@ def test_gpu_cli_small(config):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Mean time:" in r.stdout and "TFLOP/s" in r.stdout and "PASS" in r.stdout
+
+
+def test_bench_table_flags_a_failed_check():
+    """``hopper.bench`` prints every measured row, the speed-up over cuBLAS BF16, and marks a
+    row whose result did not match the reference."""
+    from hopper import bench
+
+    ours = dict(us=10.0, tflops=1.0, gbps=100.0, roof_pct=50.0, check=True)
+    rows = [
+        {"m": 1, "n": 64, "k": 64, "ours-nvfp4": ours, "cublas-bf16": dict(us=25.0)},
+        {"m": 2, "n": 64, "k": 64, "ours-nvfp4": dict(ours, check=False)},
+    ]
+    lines = bench.format_table(rows, 4e12).splitlines()
+    assert lines[0] == "copy bandwidth (roof): 4.00 TB/s"
+    first, second = (line for line in lines if line.lstrip().startswith(("1 ", "2 ")))
+    assert "2.50x" in first and "CHECK FAILED" not in first
+    assert "CHECK FAILED" in second
