@@ -84,7 +84,7 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         path,
         tiler,
         split,
-        132,
+        k90.H200_SM_COUNT,
         opts,
         tma_store=tma_store,
         k_groups=k_groups,
