@@ -7,8 +7,13 @@ sits at byte ``(r % 32) * 16 + (r // 32) * 4 + c``; atoms are stored row-block-m
 of rows 0..127 left to right along K, then rows 128..255, ...), with rows padded to 128 and
 scale columns padded to 4.
 
-Every byte offset shown in the figure comes from ``sf_byte_offset`` below; tests/test_docs.py
-checks that function against ``reference.to_blocked``.
+``tcgen05.cp.32x128b.warpx4`` then copies line i (16 bytes) of an atom to TMEM lane i of each of
+the four 32-lane quadrants, 4 bytes per 32-bit column: lane L, column j holds the four scales of
+row L % 32 + 32 j, so each lane finds its own row in column L // 32.
+
+Every byte offset shown comes from ``sf_byte_offset`` and every TMEM position from
+``tmem_positions``; tests/test_docs.py checks them against ``reference.to_blocked`` and the DSL's
+``tile_atom_to_shape_SF`` and ``make_tmem_layout_sfa`` layouts.
 
 Doc tool only, not a project dependency (it is not in requirements.txt).  To run it:
 
@@ -63,15 +68,25 @@ def offset_table(rows: int, n_cols: int) -> list[list[int]]:
     return [[sf_byte_offset(r, c, n_cols) for c in range(cp)] for r in range(rp)]
 
 
+def tmem_positions(r: int, c: int) -> list[tuple[int, int, int]]:
+    """(lane, column, byte) of every TMEM copy of scale (r, c) of an atom after tcgen05.cp.
+
+    The copy moves 16-byte line r % 32 to lane r % 32 of each 32-lane quadrant (.warpx4), the
+    line's bytes 4 j .. 4 j + 3 (row r % 32 + 32 j) to column j.  Columns relative to the atom's.
+    """
+    if not (0 <= r < ATOM_ROWS and 0 <= c < ATOM_COLS):
+        raise ValueError(f"scale ({r}, {c}) is outside a 128 x 4 atom")
+    byte = sf_byte_offset(r, c, ATOM_COLS)
+    line, col_byte = divmod(byte, 16)
+    return [(q * LANES + line, col_byte // 4, col_byte % 4) for q in range(ATOM_ROWS // LANES)]
+
+
 # ------------------------------------------------------------------------------------------
 # Drawing
 # ------------------------------------------------------------------------------------------
 GROUP_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759")  # r // 32 = 0, 1, 2, 3
+LIGHT_COLORS = ("#c6d4e6", "#f9d8b8", "#cde4c8", "#f5c4c5")  # the same groups, pale
 PAD_COLOR = "#d9d9d9"
-
-
-def _text_color(face: str) -> str:
-    return "white" if face != PAD_COLOR else "black"
 
 
 def _draw_logical_atom(ax) -> None:
@@ -130,7 +145,7 @@ def _draw_logical_atom(ax) -> None:
 
 
 def _draw_atom_bytes(ax) -> None:
-    """Panel 2: the 512 bytes of one atom as 32 lines of 16 bytes, each byte labelled r,c."""
+    """Panel 2: the 512 bytes of one atom as 32 lines of 16 bytes; each 4-byte group is one row."""
     from matplotlib.patches import Rectangle
 
     owner: dict[int, tuple[int, int]] = {}
@@ -140,33 +155,81 @@ def _draw_atom_bytes(ax) -> None:
     assert sorted(owner) == list(range(ATOM_BYTES)), "offsets must cover one atom exactly once"
     for byte, (r, c) in owner.items():
         line, col = divmod(byte, 16)
-        face = GROUP_COLORS[r // LANES]
-        ax.add_patch(Rectangle((col, line), 1, 1, facecolor=face, edgecolor="white", lw=0.6))
-        ax.text(
-            col + 0.5,
-            line + 0.5,
-            f"{r},{c}",
-            ha="center",
-            va="center",
-            fontsize=6.5,
-            color=_text_color(face),
+        ax.add_patch(
+            Rectangle(
+                (col, line), 1, 1, facecolor=LIGHT_COLORS[r // LANES], edgecolor="white", lw=0.8
+            )
         )
+        if c == 0:
+            ax.text(col + 2, line + 0.5, f"row {r}", ha="center", va="center", fontsize=7.5)
     ax.set_xlim(0, 16)
     ax.set_ylim(LANES, 0)
-    ax.set_xticks([i + 0.5 for i in range(16)], [str(i) for i in range(16)], fontsize=8)
-    ax.set_yticks(
-        [i + 0.5 for i in range(LANES)], [f"{i * 16:3d}" for i in range(LANES)], fontsize=7
-    )
-    ax.set_xlabel("byte within the 16-byte line  =  (r // 32) * 4 + c")
-    ax.set_ylabel("line start byte  =  (r % 32) * 16")
+    ax.set_xticks([i + 0.5 for i in range(16)], [f"c{i % 4}" for i in range(16)], fontsize=7)
+    ax.set_yticks([i + 0.5 for i in range(0, LANES, 4)], [str(i * 16) for i in range(0, LANES, 4)])
+    ax.set_xlabel("byte in the 16-byte line = (r // 32) * 4 + c")
+    ax.set_ylabel("line i starts at byte 16 i  (i = r % 32)")
     ax.set_title(
-        "2. The same atom in memory: 512 bytes, cell = 'r,c'\n"
-        "offset(r, c) = (r % 32) * 16 + (r // 32) * 4 + c",
+        "2. The atom in memory: 512 bytes\noffset(r, c) = (r % 32) * 16 + (r // 32) * 4 + c",
         fontsize=12,
-        pad=24,
+        pad=20,
     )
     for g in range(4):
-        ax.text(g * 4 + 2, -0.6, f"r // 32 = {g}", ha="center", va="bottom", fontsize=9)
+        ax.text(g * 4 + 2, -0.5, f"r // 32 = {g}", ha="center", va="bottom", fontsize=9)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _draw_tmem(ax) -> None:
+    """Panel 3: the atom in TMEM after tcgen05.cp.32x128b.warpx4: 128 lanes x 4 columns."""
+    from matplotlib.patches import Rectangle
+
+    cell: dict[tuple[int, int], int] = {}
+    for r in range(ATOM_ROWS):
+        for lane, col, byte in tmem_positions(r, 0):
+            assert byte == 0
+            cell[(lane, col)] = r
+    assert len(cell) == ATOM_ROWS * ATOM_COLS, "every lane and column holds one row's scales"
+    for (lane, col), r in cell.items():
+        own = lane == r
+        face = GROUP_COLORS[r // LANES] if own else LIGHT_COLORS[r // LANES]
+        ax.add_patch(Rectangle((col, lane), 1, 1, facecolor=face, edgecolor="white", lw=0.3))
+    for q in range(4):
+        ax.add_patch(Rectangle((q, q * LANES), 1, LANES, fill=False, edgecolor="black", lw=1.6))
+        ax.text(
+            q + 0.5,
+            q * LANES + LANES / 2,
+            f"rows\n{q * LANES}-{q * LANES + LANES - 1}",
+            ha="center",
+            va="center",
+            color="white",
+            fontsize=8.5,
+            fontweight="bold",
+        )
+    for lane in (1, 33, 65, 97):
+        rows = ", ".join(str(cell[(lane, col)]) for col in range(ATOM_COLS))
+        ax.annotate(
+            f"lane {lane:3d}: rows {rows}",
+            xy=(ATOM_COLS, lane + 0.5),
+            xytext=(ATOM_COLS + 0.4, lane + 8),
+            va="center",
+            fontsize=8.5,
+            family="monospace",
+            arrowprops={"arrowstyle": "-", "lw": 0.7, "color": "0.25"},
+        )
+    ax.set_xlim(0, ATOM_COLS + 4.6)
+    ax.set_ylim(ATOM_ROWS, 0)
+    ax.set_xticks([c + 0.5 for c in range(ATOM_COLS)], [f"col {c}" for c in range(ATOM_COLS)])
+    ax.set_yticks([0, 32, 64, 96, 127])
+    ax.set_ylabel("TMEM lane (4 quadrants of 32)")
+    ax.set_xlabel("32-bit column = 4 scales (c = 0..3)")
+    ax.set_title(
+        "3. In TMEM after tcgen05.cp.32x128b.warpx4:\n"
+        "line i -> lane i of every quadrant (dark: lane = row)",
+        fontsize=12,
+        pad=14,
+    )
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
 
 
 def _draw_tiling(ax) -> None:
@@ -241,7 +304,7 @@ def _draw_tiling(ax) -> None:
     ax.set_ylabel("row (M of A / N of B)")
     total = blocked_size(rows, n_cols)
     ax.set_title(
-        f"3. Atoms tile the [{rows} x {n_cols}] NVFP4 scale matrix row-block-major: "
+        f"4. Atoms tile the [{rows} x {n_cols}] NVFP4 scale matrix row-block-major: "
         f"{row_blocks} x {col_blocks} atoms = {total} bytes\n"
         "(offset of (r, c) = atom * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4, "
         "atom = (r // 128) * col_blocks + c // 4)",
@@ -257,12 +320,15 @@ def draw(path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = plt.figure(figsize=(17, 17), dpi=100)
-    grid = fig.add_gridspec(2, 2, width_ratios=(1, 2.1), height_ratios=(1.05, 1), hspace=0.28)
+    fig = plt.figure(figsize=(20, 17), dpi=100)
+    grid = fig.add_gridspec(
+        2, 3, width_ratios=(1, 1.6, 1.2), height_ratios=(1.05, 1), hspace=0.3, wspace=0.32
+    )
     _draw_logical_atom(fig.add_subplot(grid[0, 0]))
     _draw_atom_bytes(fig.add_subplot(grid[0, 1]))
+    _draw_tmem(fig.add_subplot(grid[0, 2]))
     _draw_tiling(fig.add_subplot(grid[1, :]))
-    fig.subplots_adjust(top=0.92)
+    fig.subplots_adjust(top=0.91)
     fig.suptitle(
         "FP4 scale factors (SFA / SFB) in the tcgen05 128x4 blocked layout "
         "(same bytes as torch._scaled_mm / cuBLASLt / reference.to_blocked)",

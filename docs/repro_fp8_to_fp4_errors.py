@@ -27,6 +27,7 @@ import cutlass.cute as cute  # noqa: E402
 import cutlass.utils.blackwell_helpers as sm100_utils  # noqa: E402
 import cutlass.utils.blockscaled_layout as blockscaled_utils  # noqa: E402
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05  # noqa: E402
+from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 F4 = cutlass.Float4E2M1FN
 E4M3 = cutlass.Float8E4M3FN
@@ -145,6 +146,10 @@ def plain_builder_with_fp4() -> Finding:
             )
         out["legacy_api"] = _op_info(legacy)
         out["legacy_warnings"] = [str(w.message) for w in caught]
+        # Python shows a DeprecationWarning by default only when it is attributed to __main__;
+        # these are attributed to a file inside the DSL, so a plain run prints nothing.
+        out["legacy_warning_categories"] = [w.category.__name__ for w in caught]
+        out["legacy_warning_files"] = [w.filename for w in caught]
 
     exc = _run_jit(body)
     info = out.get("new_api", {})
@@ -178,6 +183,13 @@ def blockscaled_builder_ops() -> Finding:
             F4, F4, MNMAJ, MNMAJ, E4M3, 16, ONE, TILE_MN
         )
         out["F4 x F4 requested MN-major"] = _op_info(mn)
+        # The DSL <= 4.4 signature (one ab_dtype) still builds on 4.8.1, with a deprecation.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            legacy = sm100_utils.make_blockscaled_trivial_tiled_mma(
+                F4, KMAJ, KMAJ, E4M3, 16, ONE, TILE_MN
+            )
+        out["nvfp4, one-dtype (DSL <= 4.4) signature"] = _op_info(legacy)
 
     exc = _run_jit(body)
     return Finding(
@@ -332,7 +344,8 @@ def set_scale_field_on_plain_mma() -> Finding:
 
 
 # ------------------------------------------------------------------------------------------
-# The guard recommended in docs/fp8_to_fp4.md, section 7 (the guide quotes this source verbatim)
+# The trace-time guard the guide recommends (blockwise_gemm_fp4.assert_block_scaled_fp4_mma
+# does the same); guard_verdicts runs either over the same cases
 # ------------------------------------------------------------------------------------------
 def assert_block_scaled_fp4_mma(tiled_mma, sf_vec_size, sf_dtype):
     op = tiled_mma.op
@@ -364,14 +377,14 @@ GUARD_CASES = {
 }
 
 
-def guard_verdicts() -> Finding:
-    """Which tiled MMAs the recommended guard accepts (True) or rejects (False)."""
+def guard_verdicts(guard=assert_block_scaled_fp4_mma) -> Finding:
+    """Which tiled MMAs ``guard`` accepts (True) or rejects (False)."""
     out: dict = {}
 
     def body():
         for name, (build, vec, sf_dtype) in GUARD_CASES.items():
             try:
-                assert_block_scaled_fp4_mma(build(), vec, sf_dtype)
+                guard(build(), vec, sf_dtype)
                 out[name] = True
             except TypeError:
                 out[name] = False
@@ -386,84 +399,144 @@ def guard_verdicts() -> Finding:
 
 
 # ------------------------------------------------------------------------------------------
-# 1b. "profile of input tuples doesn't match: (32, (16, 2))"
+# 1b. The FP8 blockwise example's own code path: its scale checks and its accumulator update
 # ------------------------------------------------------------------------------------------
-def software_scaling_profile(scale_granularity_n: int, view_as_acc: bool = False) -> Finding:
-    """The FP8 blockwise epilogue ``acc * (sfa * sfb)`` ported with a 16-wide scale block.
+# CUTLASS v4.7.0, examples/python/CuTeDSL/cute/blackwell/kernel/blockwise_gemm/blockwise_gemm.py
+# (``BlockwiseGemmKernel``).  Its ``_setup_attributes`` derives the K tile from the MMA (4
+# instructions) and checks, in this order, these three ratios of the CTA tile to the scale
+# granularity; the messages below are the ones it raises.
+FP8_EXAMPLE_URL = (
+    "https://github.com/NVIDIA/cutlass/blob/v4.7.0/examples/python/CuTeDSL/cute/blackwell/"
+    "kernel/blockwise_gemm/blockwise_gemm.py"
+)
+FP8_EXAMPLE_CHECKS = (
+    ("scale_k_per_tile", "scale_k_per_tile must be 1"),
+    ("scale_m_per_tile", "scale_m_per_tile must be cta_tile_m"),
+    ("scale_n_per_tile", "scale_n_per_tile must be 1"),
+)
+# Its ``run`` raises this (format) when ``can_implement`` refuses the dtypes (FP8 only).
+FP8_EXAMPLE_UNSUPPORTED = "TypeError: Unsupported testcase {ab_dtype}, ..."
+# DSL <= 4.4, ``make_trivial_tiled_mma`` for any dtype it did not know (FP4 included), as in
+# python/CuTeDSL/cutlass/utils/blackwell_helpers.py at CUTLASS v4.4.2; 4.5.0 dropped it.
+DSL_44_PLAIN_BUILDER_ERROR = "TypeError: unsupported ab_dtype, got Float4E2M1FN"
+FP8_EXAMPLE_MMAS = ("fp8", "fp4 plain (the example's call)", "fp4 block-scaled")
 
-    The FP8 blockwise example views the SFB tile "as C": an (M, (granularity_n, n_per_tile))
-    layout with zero strides, partitions it with the same TMEM-load copy as the accumulator
-    (tcgen05.ld 32x32b.x32 over a 128 x 32 epilogue subtile), and multiplies the two register
-    fragments as TensorSSA values.  With granularity 128 both fragments are flat; with 16 the
-    scale fragment keeps a (16, 2) sub-mode where the accumulator has a flat 32.
-    ``view_as_acc`` re-views the (compact) scale registers with the accumulator's layout first.
+
+def _fp8_example_mma(mma: str):
+    if mma == "fp8":
+        return sm100_utils.make_trivial_tiled_mma(
+            E4M3, E4M3, KMAJ, KMAJ, cutlass.Float32, ONE, TILE_MN
+        )
+    if mma == "fp4 plain (the example's call)":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return sm100_utils.make_trivial_tiled_mma(F4, KMAJ, KMAJ, cutlass.Float32, ONE, TILE_MN)
+    return _blockscaled_mma()
+
+
+def fp8_example_scale_checks(
+    mma: str, scale_granularity_n: int = 128, scale_granularity_k: int = 128
+) -> Finding:
+    """The FP8 example's tile and scale-granularity checks, computed as it computes them.
+
+    ``mma`` picks the tiled MMA its ``_setup_attributes`` builds: its own FP8 one, what its
+    single-dtype ``make_trivial_tiled_mma(a_dtype, ...)`` call builds for Float4E2M1FN, or the
+    block-scaled FP4 MMA a port swaps in.  ``message`` is the first check that fails.
     """
+    if mma not in FP8_EXAMPLE_MMAS:
+        raise ValueError(f"mma must be one of {FP8_EXAMPLE_MMAS}")
     out: dict = {}
 
     def body():
-        tiled_mma = _blockscaled_mma()
-        acc = tiled_mma.make_fragment_C(tiled_mma.partition_shape_C(TILE_MN))
-        tmem = cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.tmem, assumed_align=16)
-        t_acc = cute.make_tensor(tmem, acc.layout)
-        epi_tile = (128, 32)
-        t_acc_epi = cute.flat_divide(t_acc[((None, None), 0, 0)], epi_tile)
-        load_atom = cute.make_copy_atom(
-            tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), cutlass.Float32
-        )
-        thr_t2r = tcgen05.make_tmem_copy(load_atom, t_acc_epi[(None, None, 0, 0)]).get_slice(0)
-        smem = cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.smem, assumed_align=16)
-        n_per_tile = TILE_MN[1] // scale_granularity_n
-        sfb_as_c = cute.make_tensor(
-            smem,
-            cute.make_layout((TILE_MN[0], (scale_granularity_n, n_per_tile)), stride=(0, (0, 1))),
-        )
-        c_tile = cute.make_tensor(smem, cute.make_layout(TILE_MN))
-        t_sfb = thr_t2r.partition_D(cute.flat_divide(sfb_as_c, epi_tile))
-        t_c = thr_t2r.partition_D(cute.flat_divide(c_tile, epi_tile))
-        r_acc = cute.make_rmem_tensor(t_c[(None, None, None, 0, 0)].shape, cutlass.Float32)
-        r_sfb = cute.make_rmem_tensor(t_sfb[(None, None, None, 0, 0)].shape, cutlass.Float32)
-        if cutlass.const_expr(view_as_acc):
-            r_sfb = cute.make_tensor(r_sfb.iterator, r_acc.layout)
-        out["acc_fragment_shape"] = str(r_acc.shape)
-        out["scale_fragment_shape"] = str(r_sfb.shape)
-        r_acc.store(r_acc.load() * r_sfb.load())
+        tiled_mma = _fp8_example_mma(mma)
+        k_tile = cute.size(tiled_mma.shape_mnk, mode=[2]) * 4
+        cta_tile = (TILE_MN[0], TILE_MN[1], k_tile)
+        out["op"] = type(tiled_mma.op).__name__
+        out["k_tile"] = k_tile
+        out["scale_m_per_tile"] = cta_tile[0] // 1
+        out["scale_n_per_tile"] = cta_tile[1] // scale_granularity_n
+        out["scale_k_per_tile"] = cta_tile[2] // scale_granularity_k
 
     exc = _run_jit(body)
+    if exc is not None:
+        return Finding(key="fp8_example_scale_checks", summary="", **_outcome(exc))
+    want = {"scale_k_per_tile": 1, "scale_m_per_tile": TILE_MN[0], "scale_n_per_tile": 1}
+    failed = [msg for name, msg in FP8_EXAMPLE_CHECKS if out[name] != want[name]]
     return Finding(
-        key=f"software_scaling_profile[{scale_granularity_n}, view_as_acc={view_as_acc}]",
-        summary=(
-            f"FP8-blockwise epilogue acc * scale with scale_granularity_n={scale_granularity_n}"
-        ),
-        **_outcome(exc),
+        key=f"fp8_example_scale_checks[{mma}, n={scale_granularity_n}, k={scale_granularity_k}]",
+        summary="BlockwiseGemmKernel._setup_attributes: K tile and scale-per-tile checks",
+        raised="ValueError" if failed else None,
+        message=failed[0] if failed else "",
         details=out,
     )
 
 
-def sf_layouts_from_plain_mma() -> Finding:
-    """SF SMEM/TMEM layouts built from the plain MMA (K 32) instead of the FP4 one (K 64)."""
+def fp8_example_scale_product(scale_granularity_n: int, ab_dtype=E4M3) -> Finding:
+    """The FP8 example's accumulator update, ``scale = scale_a * scale_b``, for one subtile.
+
+    As its ``acc_update_tmem_copy_and_partition`` and accumulator-update warps do: SFA and SFB
+    viewed "as C" ((1, M) x N and M x (granularity_n, N / granularity_n), zero strides over the
+    broadcast modes, a stage mode), divided into epilogue subtiles, partitioned by the
+    tcgen05.ld 32x32b.x32 copy of the accumulator, then one stage's registers, one subtile each,
+    multiplied as TensorSSA values.  FP8 data throughout: the N granularity alone decides.
+    """
     out: dict = {}
-    tiler = (*TILE_MN, 256)
 
     def body():
-        for name, tiled_mma in (("blockscaled", _blockscaled_mma()), ("plain", _plain_mma())):
-            s_sfa = blockscaled_utils.make_smem_layout_sfa(tiled_mma, tiler, 16, 1)
-            t_sfa = blockscaled_utils.make_tmem_layout_sfa(
-                tiled_mma, tiler, 16, cute.slice_(s_sfa, (None, None, None, 0))
+        if cutlass.const_expr(ab_dtype is F4):
+            tiled_mma = _blockscaled_mma()
+        else:
+            tiled_mma = sm100_utils.make_trivial_tiled_mma(
+                ab_dtype, ab_dtype, KMAJ, KMAJ, cutlass.Float32, ONE, TILE_MN
             )
-            out[name] = {
-                "mma_k": tiled_mma.shape_mnk[2],
-                "smem_sfa": str(s_sfa),
-                "tmem_sfa": str(t_sfa),
-                "per_mma_k_mode": str(cute.get(s_sfa.shape, mode=[0, 1])),
-            }
+        cta_tile = (*TILE_MN, cute.size(tiled_mma.shape_mnk, mode=[2]) * 4)
+        n_per_tile = cta_tile[1] // scale_granularity_n
+        num_scale_stage = 2
+        epi_tile = sm100_utils.compute_epilogue_tile_shape(
+            cta_tile, False, LayoutEnum.ROW_MAJOR, cutlass.BFloat16
+        )
+        smem = cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.smem, assumed_align=16)
+        sSFA_view_as_C = cute.make_tensor(
+            smem,
+            cute.make_layout(
+                ((1, cta_tile[0]), cta_tile[1], num_scale_stage), stride=((0, 1), 0, cta_tile[0])
+            ),
+        )
+        sSFB_view_as_C = cute.make_tensor(
+            smem,
+            cute.make_layout(
+                (cta_tile[0], (scale_granularity_n, n_per_tile), num_scale_stage),
+                stride=(0, (0, 1), n_per_tile),
+            ),
+        )
+        acc_shape = tiled_mma.partition_shape_C(TILE_MN)
+        tmem = cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.tmem, assumed_align=16)
+        tAcc = cute.make_tensor(tmem, tiled_mma.make_fragment_C(cute.append(acc_shape, 1)).layout)
+        tAcc_epi = cute.flat_divide(tAcc[((None, None), 0, 0, None)], epi_tile)
+        load_atom = cute.make_copy_atom(
+            tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), cutlass.Float32
+        )
+        thr_t2r = tcgen05.make_tmem_copy(load_atom, tAcc_epi[(None, None, 0, 0, 0)]).get_slice(0)
+        tTR_sSFA = thr_t2r.partition_D(cute.flat_divide(sSFA_view_as_C, epi_tile))
+        tTR_sSFB = thr_t2r.partition_D(cute.flat_divide(sSFB_view_as_C, epi_tile))
+        tTR_rSFA = cute.make_rmem_tensor(
+            cute.slice_(tTR_sSFA, (None, None, None, 0, None, 0)).shape, cutlass.Float32
+        )
+        tTR_rSFB = cute.make_rmem_tensor(
+            cute.slice_(tTR_sSFB, (None, None, None, 0, None, 0)).shape, cutlass.Float32
+        )
+        scale_a = tTR_rSFA[(None, None, None, 0)].load()
+        scale_b = tTR_rSFB[(None, None, None, 0)].load()
+        out["scale_a_shape"] = str(scale_a.shape)
+        out["scale_b_shape"] = str(scale_b.shape)
+        scale_a * scale_b  # noqa: B018 - the product is the probe
 
     exc = _run_jit(body)
     return Finding(
-        key="sf_layouts_from_plain_mma",
+        key=f"fp8_example_scale_product[{scale_granularity_n}, {ab_dtype.__name__}]",
         summary=(
-            "make_smem_layout_sfa / make_tmem_layout_sfa accept the plain K=32 MMA without "
-            "complaint: the per-MMA scale K-mode becomes (16, 2) (two scales) instead of "
-            "(16, 4) (four scales per K=64 instruction)"
+            "the FP8 example's scale = scale_a * scale_b with scale_granularity_n="
+            f"{scale_granularity_n} ({ab_dtype.__name__} data)"
         ),
         **_outcome(exc),
         details=out,
@@ -499,30 +572,6 @@ def fp8_k_tile_on_fp4_mma() -> Finding:
         ),
         raised=out.get("sfa_k32_raised") or (type(exc).__name__ if exc else None),
         message=out.get("sfa_k32", error_line(exc) if exc else ""),
-        details=out,
-    )
-
-
-def smem_layout_atoms() -> Finding:
-    """The 128-byte-swizzle K-major SMEM atom in elements, for FP4 and FP8."""
-    out: dict = {}
-
-    def body():
-        kinds = (
-            tcgen05.SmemLayoutAtomKind.K_SW128,
-            tcgen05.SmemLayoutAtomKind.K_SW64,
-            tcgen05.SmemLayoutAtomKind.K_SW32,
-        )
-        for kind in kinds:
-            for dtype in (F4, E4M3):
-                atom = tcgen05.make_smem_layout_atom(kind, dtype)
-                out[f"{kind.name} {dtype.__name__}"] = str(atom.outer)
-
-    exc = _run_jit(body)
-    return Finding(
-        key="smem_layout_atoms",
-        summary="a 128-byte swizzle row holds 256 FP4 elements (128 FP8 elements)",
-        **_outcome(exc),
         details=out,
     )
 
@@ -662,6 +711,55 @@ def dsl_sf_offsets(rows: int, k: int, sf_vec_size: int) -> list[list[int]]:
     ]
 
 
+TMEM_LANE_STRIDE = 65536 * 4  # one TMEM lane, in 8-bit elements (65536 columns of 4 bytes)
+
+
+def dsl_tmem_sf_positions(sf_vec_size: int) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
+    """Where ``make_tmem_layout_sfa`` puts scale (r, c) of the tile's first 128x4 atom in TMEM.
+
+    For each row r < 128 and scale column c < 4: the sorted (lane, column, byte) of every copy,
+    relative to the SFA base address, from the layout's static shape and stride (128x128 tile).
+    """
+    out: dict = {}
+    tiler = (*TILE_MN, 256)
+
+    def body():
+        tiled_mma = _blockscaled_mma(
+            sf_dtype=E4M3 if sf_vec_size == 16 else E8M0, sf_vec_size=sf_vec_size
+        )
+        s_sfa = blockscaled_utils.make_smem_layout_sfa(tiled_mma, tiler, sf_vec_size, 1)
+        layout = blockscaled_utils.make_tmem_layout_sfa(
+            tiled_mma, tiler, sf_vec_size, cute.slice_(s_sfa, (None, None, None, 0))
+        )
+        out["shape"], out["stride"] = layout.shape, layout.stride
+
+    exc = _run_jit(body)
+    if exc:
+        raise exc
+    shape, stride = out["shape"], out["stride"]
+    (rows_shape, k_shape), (rows_stride, k_stride) = shape[0], stride[0]
+    replicas = 1
+    for s in _flatten(rows_shape):
+        replicas *= s
+    replicas //= 128
+    mma_k = 64
+    positions = {}
+    for r in range(128):
+        for c in range(4):
+            k = c * sf_vec_size
+            copies = []
+            for q in range(replicas):
+                off = (
+                    _crd2idx(r + 128 * q, rows_shape, rows_stride)
+                    + _crd2idx(k % mma_k, k_shape, k_stride)
+                    + _crd2idx(k // mma_k, shape[2], stride[2])
+                )
+                lane, rest = divmod(off, TMEM_LANE_STRIDE)
+                copies.append((lane, rest // 4, rest % 4))
+            positions[(r, c)] = sorted(copies)
+    return positions
+
+
 def all_findings() -> list[Finding]:
     findings = [plain_builder_with_fp4(), blockscaled_builder_ops()]
     findings += [mma_ptx(v) for v in MMA_VARIANTS]
@@ -669,11 +767,14 @@ def all_findings() -> list[Finding]:
     findings += [
         gemm_with_scales_on_plain_mma(),
         set_scale_field_on_plain_mma(),
-        software_scaling_profile(128),
-        software_scaling_profile(16),
-        sf_layouts_from_plain_mma(),
+        fp8_example_scale_checks("fp8"),
+        fp8_example_scale_checks("fp4 plain (the example's call)"),
+        fp8_example_scale_checks("fp4 block-scaled"),
+        fp8_example_scale_checks("fp8", scale_granularity_n=16),
+        fp8_example_scale_product(128),
+        fp8_example_scale_product(16),
+        fp8_example_scale_product(16, F4),
         fp8_k_tile_on_fp4_mma(),
-        smem_layout_atoms(),
         blockscaled_mma_errors(),
         two_cta_cluster_error(),
         tma_with_k_not_multiple_of_32(),

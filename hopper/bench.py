@@ -1,14 +1,10 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Benchmark of the Hopper FP4 GEMM (blockwise_gemm_fp4_sm90.py) against its peers, same run,
-same data, on an H100 / H200.
+"""Benchmark of the Hopper FP4 GEMM (blockwise_gemm_fp4_sm90.py) against its peers: same run,
+same process, same data, on an H100 / H200.
 
 Methods (time per GEMM, inputs rotated through enough copies to exceed 3x the L2, CUDA-graph
 replays so launch gaps do not count):
     ours-nvfp4       this kernel on NVFP4 operands (packed A, B + 128x4 blocked E4M3 scales)
-    ours-nvfp4-sw    the same with ``static_weights`` (the weights are read before the PDL wait
-                     on the kernel ahead: the caller promises no running kernel writes them) and
-                     default_config's pick for it, on the decode rows where that changes the
-                     kernel ("-" elsewhere)
     ours-mxfp4       this kernel on MXFP4 operands (E8M0 scales)
     cublas-bf16      torch.matmul on BF16 operands dequantized beforehand (not timed)
     triton-dq+cublas a fused Triton dequant kernel (packed FP4 + row-major scales -> BF16, both
@@ -21,8 +17,8 @@ Columns for ours: us, TFLOP/s, GB/s and % of the HBM roof, where the roof is the
 (bytes read + written by a large device-to-device copy) measured in the same run and the bytes
 are packed A and B, their scales and D, each moved once.
 
-    python hopper/bench.py                       # all shapes -> table, bench.json, bench.png
-    python hopper/bench.py --quick               # four shapes
+    python -m hopper.bench           # all shapes -> hopper/results/h200.{txt,json,png} on an H200
+    python -m hopper.bench --quick   # four shapes
 """
 
 from __future__ import annotations
@@ -31,18 +27,16 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 
 import torch
 
+import reference
+from hopper import blockwise_gemm_fp4_sm90 as k90
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import blockwise_gemm_fp4_sm90 as k90  # noqa: E402
-
-import reference  # noqa: E402
 
 SHAPES = [(m, 8192, 8192) for m in (1, 16, 128, 1024, 4096, 8192)] + [
     (m, n, k)
@@ -52,7 +46,6 @@ SHAPES = [(m, 8192, 8192) for m in (1, 16, 128, 1024, 4096, 8192)] + [
 QUICK = [(1, 8192, 8192), (16, 8192, 8192), (4096, 8192, 8192), (16, 7168, 2048)]
 METHODS = (
     "ours-nvfp4",
-    "ours-nvfp4-sw",
     "ours-mxfp4",
     "cublas-bf16",
     "triton-dq+cublas",
@@ -230,9 +223,8 @@ def _l2_copies(one_set_bytes: int) -> int:
     return max(1, math.ceil(3 * l2 / one_set_bytes))
 
 
-def bench_ours(ops, m, n, k, roof, runners, static_weights=False):
-    """(result, D) of the default configuration; (None, None) for ``static_weights`` where
-    it does not change the kernel."""
+def bench_ours(ops, m, n, k, roof, runners):
+    """(result, D) of the default configuration."""
     a, b = ops.a[0], ops.b[0]
     vec = ops.sf_vec_size
     sfa, sfb = k90.blocked_scales(ops.sfa)[0], k90.blocked_scales(ops.sfb)[0]
@@ -241,27 +233,10 @@ def bench_ours(ops, m, n, k, roof, runners, static_weights=False):
     sets = [(a, b, sfa, sfb)] + [
         tuple(t.clone() for t in (a, b, sfa, sfb)) for _ in range(_l2_copies(one) - 1)
     ]
-    path, tiler, split, k_groups = k90.default_config(
-        m, n, k, 1, k90.gpu_sm_count(), static_weights=static_weights
-    )
-    if static_weights:
-        # (the kernel object alone, not compiled: does the option change this configuration?)
-        gemm = k90.BlockwiseGemmFp4Sm90(
-            vec,
-            path,
-            tiler,
-            k90.default_cluster(path),
-            split,
-            k_groups=k_groups,
-            static_weights=True,
-        )
-        if not gemm.early_release:
-            return None, None
-    key = (vec, path, tiler, split, k_groups, static_weights)
+    path, tiler, split, k_groups = k90.default_config(m, n, k, 1, k90.gpu_sm_count())
+    key = (vec, path, tiler, split, k_groups)
     if key not in runners:
-        runners[key] = k90.Fp4GemmSm90Runner(
-            vec, "BFloat16", path, tiler, split, k_groups=k_groups, static_weights=static_weights
-        )
+        runners[key] = k90.Fp4GemmSm90Runner(vec, "BFloat16", path, tiler, split, k_groups=k_groups)
     run, alpha = runners[key], float(ops.alpha)
     sec = time_graph([lambda s=s: run(*s, d, m, n, k, 1, alpha) for s in sets])
     ok, info = reference.check_gemm(d, a, b, ops.sfa[0], ops.sfb[0], vec, alpha)
@@ -274,8 +249,7 @@ def bench_ours(ops, m, n, k, roof, runners, static_weights=False):
         roof_pct=100 * one / roof / sec,
         bytes=one,
         check=ok,
-        config=f"{path} {tiler} split_k={split} k_groups={k_groups}"
-        + (" static_weights" if static_weights else ""),
+        config=f"{path} {tiler} split_k={split} k_groups={k_groups}",
     )
     if not ok:
         res["check_info"] = str(info)
@@ -360,9 +334,6 @@ def bench_shape(m, n, k, roof, runners, tri, lut):
     row = {"m": m, "n": n, "k": k}
     ops = reference.make_fp4_operands(m, n, k, 1, 16, "cuda", seed=1)
     row["ours-nvfp4"], _ = bench_ours(ops, m, n, k, roof, runners)
-    sw, _ = bench_ours(ops, m, n, k, roof, runners, static_weights=True)
-    if sw is not None:
-        row["ours-nvfp4-sw"] = sw
     row.update(bench_bf16_peers(ops, m, n, k, tri, lut))
     del ops
     ops = reference.make_fp4_operands(m, n, k, 1, 32, "cuda", seed=1)
@@ -383,38 +354,34 @@ def _fmt(row, name):
     return f"{r['us']:.1f}"
 
 
-def print_table(rows, roof):
-    print(f"\ncopy bandwidth (roof): {roof / 1e12:.2f} TB/s")
+def format_table(rows, roof) -> str:
+    lines = [f"copy bandwidth (roof): {roof / 1e12:.2f} TB/s"]
     head = (
         f"{'M':>5} {'N':>6} {'K':>6} | {'ours-nv us':>10} {'TFLOP/s':>8} {'GB/s':>7} "
-        f"{'%roof':>6} | {'nv-sw us':>8} {'%roof':>6} | {'ours-mx us':>10} | "
-        + " ".join(f"{n:>17}" for n in METHODS[3:])
+        f"{'%roof':>6} | {'ours-mx us':>10} | "
+        + " ".join(f"{n:>17}" for n in METHODS[2:])
         + " | ours/bf16  ours/tdq"
     )
-    print(head)
-    print("-" * len(head))
+    lines += [head, "-" * len(head)]
     for row in rows:
         o = row["ours-nvfp4"]
         bf = row.get("cublas-bf16", {}).get("us")
         tdq = row.get("triton-dq+cublas", {}).get("us")
         ratio_bf = f"{bf / o['us']:.2f}x" if bf else "-"
         ratio_tdq = f"{tdq / o['us']:.2f}x" if tdq else "-"
-        sw = row.get("ours-nvfp4-sw")
-        sw_roof = f"{sw['roof_pct']:>5.1f}%" if sw else f"{'-':>6}"
-        checks = [row[name]["check"] for name in METHODS[:3] if name in row]
-        print(
+        checks = [row[name]["check"] for name in METHODS[:2] if name in row]
+        lines.append(
             f"{row['m']:>5} {row['n']:>6} {row['k']:>6} | {o['us']:>10.1f} {o['tflops']:>8.1f} "
-            f"{o['gbps']:>7.0f} {o['roof_pct']:>5.1f}% | {_fmt(row, 'ours-nvfp4-sw'):>8} "
-            f"{sw_roof} | {_fmt(row, 'ours-mxfp4'):>10} | "
-            + " ".join(f"{_fmt(row, n):>17}" for n in METHODS[3:])
+            f"{o['gbps']:>7.0f} {o['roof_pct']:>5.1f}% | {_fmt(row, 'ours-mxfp4'):>10} | "
+            + " ".join(f"{_fmt(row, n):>17}" for n in METHODS[2:])
             + f" | {ratio_bf:>9} {ratio_tdq:>8}"
             + ("" if all(checks) else "  CHECK FAILED")
         )
-    print(
+    lines.append(
         "(times in us; ours/bf16 and ours/tdq = speed-up of ours-nvfp4 over cublas-bf16 and "
-        "triton-dq+cublas; nv-sw = ours-nvfp4 with static_weights, where it changes the kernel; "
-        "cublas-fp8 has different numerics)"
+        "triton-dq+cublas; cublas-fp8 has different numerics)"
     )
+    return "\n".join(lines)
 
 
 def plot(rows, path):
@@ -449,10 +416,17 @@ def _dist_version(name: str):
         return None
 
 
+def gpu_label() -> str:
+    """ "h200" / "h100" from the device name (the results' file name), else "gpu"."""
+    found = re.search(r"\bH\d00\b", torch.cuda.get_device_name())
+    return found.group(0).lower() if found else "gpu"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out_dir", default=os.environ.get("OUT", HERE))
+    ap.add_argument("--out_dir", default=os.path.join(HERE, "results"))
+    ap.add_argument("--name", default=None, help="file name of the results; default: h200 / h100")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("bench.py needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
@@ -488,12 +462,15 @@ def main(argv=None) -> int:
         triton=getattr(tri[0], "__version__", None) if tri else None,
         cutlass_dsl=_dist_version("nvidia-cutlass-dsl"),
     )
-    print_table(rows, roof)
+    table = format_table(rows, roof) + "\n" + json.dumps(meta)
+    print(table)
+    name = os.path.join(args.out_dir, args.name or gpu_label())
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "bench.json"), "w") as f:
+    with open(name + ".txt", "w") as f:
+        f.write(table + "\n")
+    with open(name + ".json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    plot(rows, os.path.join(args.out_dir, "bench.png"))
-    print(json.dumps(meta))
+    plot(rows, name + ".png")
     return 0
 
 

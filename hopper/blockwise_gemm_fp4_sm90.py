@@ -6,167 +6,67 @@ What it computes
     D[m, n, l] = alpha * sum_k (A[m, k, l] * SFA[m, k // V, l]) * (B[n, k, l] * SFB[n, k // V, l])
 
 with the operands of the Blackwell kernel (``blockwise_gemm_fp4.py``): A [M, K/2, L] and
-B [N, K/2, L] packed FP4 bytes, K-major, element 2i in the low nibble; SFA / SFB in the 128x4
-blocked layout of ``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 =
-Float8E8M0FNU scales per 32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major
-[M, N] per batch with row pitch N (no padding: M and N are arbitrary).
+B [N, K/2, L] packed FP4 bytes, K-major; SFA / SFB in the 128x4 blocked layout of
+``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 = Float8E8M0FNU per
+32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major [M, N] per batch (row pitch
+N). Hopper has no FP4 tensor cores: FP4 is dequantized exactly to F16 or BF16 (every e2m1 x
+scale product is representable) and the tensor cores run F16 / BF16 ``wgmma`` with FP32
+accumulation, so D equals ``reference.reference_gemm`` up to the order of the fp32 sums.
 
-Hopper has no FP4 tensor cores, so FP4 is dequantized exactly to F16 (NVFP4 on the decode and
-fused paths) or BF16 (MXFP4; NVFP4 on prefill) with integer, byte-permute and packed-half
-multiplies, and the tensor cores run F16 / BF16
-``wgmma`` with FP32 accumulation.  Every e2m1 * scale product is exact in that type (see
-``Exactness``), so D equals ``reference.reference_gemm`` up to the order of the fp32 summation.
+The two paths (picked by ``default_config``; hopper/DESIGN.md has the evidence)
+-----------------------------------------------------------------------------
+    =======  =======  ==========================  ===========================================
+    path     M        kernel A / kernel B          mainloop
+    =======  =======  ==========================  ===========================================
+    decode   <= 2048  weights / tokens: D^T        RS wgmma (A from registers): weights
+                      = B A^T, tiles of 8..128     dequantized from SMEM into the A fragment;
+                      tokens x 64 or 128 rows      split-K or K groups; 1-2 CTAs per SM
+    prefill  > 2048   A / B, both converted once   SS wgmma over 128 x 256 tiles, 2x1 clusters
+                                                   multicasting the B tile
+    =======  =======  ==========================  ===========================================
+A prologue grid, ``convert_operands``, converts the SMEM operand(s) once per launch into F16 /
+BF16 copies in the wgmma's permuted K order. The GEMM is launched with programmatic dependent
+launch (PDL: a grid may start before the one ahead of it ends, and ``griddepcontrol.wait``
+waits for it): its producer requests the first stage's weights, then waits for the prologue.
+On decode tiles of up to 32 tokens the prologue is PDL-launched too (``prologue_pdl``).
 
-Operand roles ("kernel A" / "kernel B") and the three paths
+Warp roles (128 x (1 + row warpgroups x k_groups) threads)
 ----------------------------------------------------------
-The kernel computes a tile of rows x cols of the *row* operand ("kernel A", the wgmma A
-operand) against the *column* operand ("kernel B", the wgmma B operand, always in SMEM).
-    decode  (M <= 2048): kernel A = B (weights), kernel B = A (tokens); D^T = B A^T, so the
-            token count is the wgmma N (tiles of 8..128 tokens) and the large weight matrix is
-            dequantized straight into the wgmma A register fragment (RS wgmma), never through
-            SMEM (once per token tile: up to 2048 tokens cheaper than converting it).  A prologue
-            kernel (``convert_operands``, same launch sequence) converts the tokens once into
-            an F16 / BF16 copy in the permuted K order below, which TMA brings straight into the
-            wgmma B layout; the GEMM's producer requests its first stage of weights before it
-            waits for the prologue (programmatic dependent launch).  Two CTAs per SM for
-            <= 64 tokens; kernel tiles of 128 or 64 weight rows and split-K chosen by the
-            busiest CTA's work (deterministic fix-up by the last split, in split order, over
-            value-major fp32 partials).  Where split-K units would be short and one CTA per 64
-            weight rows fills the GPU in one wave, ``k_groups`` = 4 groups of consumer
-            warpgroups split each unit's k-tiles inside one CTA per SM and sum their
-            accumulators through SMEM, in group order, instead.
-    prefill (M > 2048, or where decode's padded token copy would pass 2^31 elements): both
-            operands are converted once per launch by ``convert_operands`` (not once per
-            output tile, which costs (M / 128 + N / 256) x the conversions) and the mainloop is
-            a plain SS-wgmma GEMM over 128 x 256 tiles in 2x1 clusters that multicast their
-            common B tile.
-    fused   (``--path fused``): kernel A dequantized into the A register fragment, kernel B
-            (weights) converted by the consumers into three rotating SMEM buffers; no
-            extra memory, but slower (kept for comparison and memory-tight callers).
-The path and tile are chosen by ``default_config`` (documented there); ``--path`` overrides.
-After ``convert_operands`` the GEMM grid is launched with programmatic dependent launch, so its
-prologue overlaps the conversion; its producer waits (``griddepcontrol.wait``) before it loads a
-converted operand (on decode it requests the first stage's weights before the wait).  The GEMM
-releases its dependents once every CTA has issued its last load; on decode tiles of up to 16
-or 32 tokens (``prologue_pdl``) ``convert_operands`` is launched with PDL as well, waits for the
-kernel ahead of it before it touches memory, and so starts within the previous launch's tail;
-its CTAs are small enough (128 threads, <= 32 registers) to share an SM with two GEMM CTAs of
-128 weight rows, or with one CTA of 4 K groups.  With ``static_weights`` (the caller's promise
-that no kernel still running when the launch starts writes the weights or their scales) the
-prologue of 8-token and K-group tiles on this PDL chain releases its GEMM at entry instead, and
-the GEMM requests three stages of weights before its wait, so that its weight stream starts
-within the previous kernel's tail.
+    warp 0       TMA producer: per stage, packed kernel A + scales (decode) or converted
+                 kernel A (prefill), and converted kernel B (multicast on a 2x1 cluster)
+    warps 1-3    idle: give their registers back to the consumers (``setmaxregister``)
+    warps 4-     consumers, one or two warpgroups of 64 rows per K group: ``_mainloop_decode``
+                 or ``_mainloop_prefill``, then (K group 0) ``_epilogue``: split-K fix-up,
+                 * alpha, TMA store of (rows x 32) subtiles (direct stores when D's row pitch
+                 is not a multiple of 16 bytes)
 
-Warp roles (128 * (1 + G * k_groups) threads, G = 1 or 2 row warpgroups, 1 or 2 CTAs per SM)
-------------------------------------------------------------------------------------------
-    ==========  ============  =================================================================
-    warps       role          work
-    ==========  ============  =================================================================
-    0           TMA producer  per stage: packed kernel A + its scales (decode, fused) or the
-                              converted A tile (prefill); converted kernel B (multicast to the
-                              2x1 cluster on prefill) or packed B + scales (fused)
-    1 .. 3      (idle)        give their registers back to the consumers
-    4 .. 4Gk+3  consumers     per 64-wide k-block: decode / fused dequantize their 64 kernel-A
-                              rows into registers (fused: and a share of kernel B into SMEM);
-                              then 4 wgmma (m64 x tile_cols x k16); epilogue (after the split-K
-                              fix-up): * alpha, convert, (rows x 32)-column subtiles through SMEM,
-                              TMA stores issued by warp 4 (direct stores where D's row pitch is
-                              not a multiple of 16 bytes, on the fused path and for split-K
-                              decode tiles of 128 rows x 64 tokens: registers).
-                              k_groups > 1: group g (warpgroups g x G ...) takes the unit's
-                              k-tiles in stages s with s % k_groups == g; groups 1.. park their
-                              accumulators in SMEM, group 0 adds them and runs the epilogue
-    ==========  ============  =================================================================
+Pipelines and barriers
+----------------------
+    ab_pipeline  PipelineTmaAsync, ``num_stages`` deep: producer -> consumers (of both CTAs of a
+                 cluster); a stage is freed once the wgmma that read it has completed.
+                 K groups: group g reads the stages s with s % k_groups == g.
+    d_pipeline   PipelineTmaStore: consumers -> TMA store unit, one buffer per subtile in flight
+    NamedBarrierId.EPILOGUE / SPLITK_FIXUP / K_GROUP_REDUCE: consumer threads only
+Every role walks the same static persistent schedule (``StaticTileScheduler``), so they agree
+on the order of the work units (tile x K split) without talking.
 
-Pipelines and barriers (producer -> consumer)
----------------------------------------------
-    ab_pipeline (PipelineTmaAsync, ``num_stages`` deep; two 64-wide k-blocks per stage over
-                 packed FP4, one over converted tiles): TMA producer -> consumer warpgroups (of
-                 both CTAs of a 2x1 cluster: a stage is refilled only when both released it).
-                 Fused releases a stage once both k-blocks are converted (before their wgmma
-                 run); decode and prefill one step later, once the wgmma that read it completed
-                 (k_groups > 1: each group waits for that wgmma and frees the stage at once, so
-                 that a group holds one stage, and one group's consumer warps release it).
-    d_pipeline  (PipelineTmaStore, 2 deep; 1 when a tile is one subtile): consumer warpgroups
-                 -> TMA store unit; a subtile buffer is rewritten once its store has read it.
-    NamedBarrierId.B_READY (fused): all consumer threads, once per k-block, after writing
-                 the converted kernel-B block (three SMEM buffers rotate so that one barrier per
-                 k-block is enough; see ``_consumer``)
-    NamedBarrierId.EPILOGUE: consumer threads (of group 0), twice per D subtile (written to
-                 SMEM / its buffer free again)
-    NamedBarrierId.SPLITK_FIXUP: consumer threads (of group 0) around the split-K tile counter
-    NamedBarrierId.K_GROUP_REDUCE (k_groups > 1): all consumer threads, twice per work unit
-                 (accumulators parked / read back)
-Every role walks the same static persistent tile schedule (StaticPersistentTileScheduler over
-row tiles x col tiles x (L * split_k), in clusters of 2 x 1 on prefill), so they agree on the
-order without talking.
-
-Dequantization (``_fp4x8_to_f16x2``, ``_fp4x8_to_bf16x2``)
-----------------------------------------------------------
-One 32-bit word holds 8 e2m1 nibbles; both formats pair nibbles (p, p + 4) into one 32-bit
-register.  NVFP4: the F16 bits of e2m1 * 2^-14 are one byte, ``sign << 7 | (exp, mant) << 1``,
-above a zero byte (0.5 becomes the F16 subnormal 2^-15); two masked shifts build that byte for
-the four even nibbles, two more for the odd ones, one ``prmt`` per pair puts two bytes in
-place, and one ``mul.rn.f16x2`` by the scale * 2^7 (``cvt.rn.f16x2.e4m3x2``, then * 128) gives
-e2m1 * scale * 2^-7: about 15 instructions per 8 values.  The kernel multiplies alpha by 2^14
-(2^-7 from each operand; ``alpha_reason`` keeps that finite), so acc * alpha still rounds once.
-BF16 (MXFP4, and NVFP4 on prefill, converted once per launch): ``sign << 15 | (exp, mant) << 6``
-as BF16 is e2m1 * 2^-126 (one AND, one IMAD, one AND), then ``mul.rn.bf16x2`` by 2^126 and by
-the scale (E4M3 bits << 4 read as BF16 are scale * 2^-120, subnormals included, times 2^120).
-The pairing (p, p + 4) instead of (2i, 2i + 1) is a permutation of K inside each 64-wide
-k-block (a thread's 16 consecutive K values, one NVFP4 scale block read with one 8-byte load,
-land in wgmma K slots 16 (i // 2) + 8 (i % 2) + 2q, +1); both operands use the same permutation
-(``convert_operands`` writes it), so the dot products are unchanged.
-
-Exactness
----------
-e2m1 significands have 2 bits, E4M3 ones 4 bits, so e2m1 * scale = i * 2^-10 with an integer i
-of at most 6 significant bits and |value| <= 2688 (E4M3 subnormal scales included).  Times
-2^-7 that is i * 2^-17: F16 holds it exactly (11 significant bits, subnormal step 2^-24), as it
-holds e2m1 * 2^-14 and scale * 2^7 (<= 57344); ``test_nvfp4_f16_conversion_is_exact`` checks
-every nibble against every finite E4M3 scale.  BF16 (8 significant bits, exponents down to
-2^-133) holds i * 2^-10 too.  An E8M0 scale is a power of two, so the MXFP4
-product is the e2m1 value with a shifted exponent, exact in BF16 unless it leaves BF16's range
-(which FP32 shares); E8M0 bits << 7 are the BF16 power of two (bits 0 -> 2^-127, a BF16
-subnormal).
-
-Constraints (``can_implement`` explains each refusal)
-----------------------------------------------------
-* K % 32 == 0 (16-byte TMA rows of packed FP4); M, N >= 1 arbitrary; L >= 1.
-* kernel tile rows 64 or 128 (one or two consumer warpgroups); kernel tile cols 8, 16, 32, 64,
-  128 or 256 (a divisor or multiple of the 128-row scale atom).
-* cluster shape (1, 1), or (2, 1) on the prefill path (the default there).
-* NVFP4 on the decode and fused paths (F16 operands): |alpha| < 2^114 (alpha * 2^14 must be
-  finite); prefill (BF16) takes any finite fp32 alpha.
-* 32-bit offsets: D (M*N*L), packed A and B (M*K/2*L, N*K/2*L bytes), the converted copies
-  (rows x K rounded up to 64 x L; decode pads the token rows) and, on decode and prefill, the
-  blocked scales (bytes) each stay below 2^31.
-* split_k 1..16, and split-K only with kernel tiles at most 128 wide.
-* decode and prefill keep F16 / BF16 copies of the converted operands in the runner's workspace
-  ((L x rows x K rounded up to 64) x 2 bytes each; on decode the token rows are rounded up to
-  whole token tiles: ``converted_shapes``).
-* every operand (packed A and B, blocked scales, D) starts on a 16-byte boundary and is
-  contiguous (TMA); ``Fp4GemmSm90Runner`` checks it (``operand_reasons``).
-* the blocked scales' padding (rows past M or N, scale columns past K / sf_vec_size) holds zero
-  bytes, as ``reference.to_blocked`` writes it: where K is not a multiple of 128, the mainloop's
-  last k-tile multiplies TMA's zero fill (K past the end) by the scales of those K, which are
-  padding bytes where their atom holds them (0 x NaN would be NaN).
-* NaN scales: an E4M3 NaN makes D NaN where the reference does; an E8M0 NaN (byte 255) is read
-  as +inf, so D is inf or NaN there.
-* D leaves through TMA stores when N * sizeof(D) is a multiple of 16 bytes (a TMA stride rule);
-  otherwise the runner takes the variant compiled with direct, predicated stores
-  (``tma_store_fits``).
-* ``static_weights`` is a promise, not checked: if a kernel that may still be running when the
-  launch starts (with PDL, the one just ahead and those it was released early by) writes the
-  weights or their scales, D may be silently wrong.
+Constraints (``check_fp4_gemm_config`` explains each refusal)
+------------------------------------------------------------
+* K % 32 == 0 (16-byte TMA rows of packed FP4); M, N, L >= 1, ragged M and N welcome.
+* kernel tile rows 64 or 128, cols 8..256 (powers of two); cluster (1, 1), or (2, 1) on prefill;
+  split_k 1..16 on tiles at most 128 wide; K groups 2..4 on decode tiles of <= 32 tokens.
+* NVFP4 on decode (F16 operands carry 2^-7 each): |alpha| < 2^114; 32-bit offsets: every
+  tensor, converted copy and scale array below 2^31 elements.
+* Operands contiguous and 16-byte aligned (TMA); the blocked scales' padding holds zeros, as
+  ``reference.to_blocked`` writes it. An E8M0 NaN scale (255) reads as +inf.
+* The runner keeps a workspace per shape (split-K partials, converted copies): one runner per
+  stream.
 
 Run
 ---
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 8192,8192,8192,1     # H200 (H100: untested)
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32 \\
-        --sf_dtype Float8E8M0FNU --c_dtype Float32
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 4096,4096,4096,1 --compile_only   # any host
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 1,8192,8192,1 --static_weights    # decode
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 1,8192,8192,1 --compile_only  # any machine
 """
 
 from __future__ import annotations
@@ -181,7 +81,6 @@ import sys
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
@@ -189,77 +88,64 @@ from cutlass.cute.nvgpu.warpgroup import OperandSource
 from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-# NOTE: sm_90 allows 227 KiB (232448 bytes) of dynamic SMEM per CTA.
+# NOTE: sm_90 limits: 227 KiB of dynamic SMEM per CTA, 228 KiB and 64K registers per SM.
 SM90_SMEM_CAPACITY = 232448
 SM90_SMEM_PER_SM = 233472
 SM90_REGS_PER_SM = 65536
-# scale-factor dtype -> the block size it goes with
-SF_VEC_OF_DTYPE = {"Float8E4M3FN": 16, "Float8E8M0FNU": 32}
+# H200 (and H100 SXM): 132 SMs; sizes the persistent grid when compiling without a GPU.
+H200_SM_COUNT = 132
+
+SF_FORMATS = {
+    # sf_vec_size: (scale dtype name, format name)
+    16: ("Float8E4M3FN", "NVFP4"),
+    32: ("Float8E8M0FNU", "MXFP4"),
+}
 C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
-VALID_TILE_COLS = (8, 16, 32, 64, 128, 256)
+SF_DTYPES = {"Float8E4M3FN": cutlass.Float8E4M3FN, "Float8E8M0FNU": cutlass.Float8E8M0FNU}
+PATHS = ("prefill", "decode")
 VALID_TILE_ROWS = (64, 128)
-PATHS = ("prefill", "decode", "fused")
-# K elements per pipeline stage (64 packed bytes per row) and per wgmma k-block (4 x k16).
+VALID_TILE_COLS = (8, 16, 32, 64, 128, 256)
+# K elements per pipeline stage over packed FP4 (64 bytes per row) and per wgmma k-block.
 K_TILE = 128
 K_BLOCK = 64
 # One 128x4 scale atom: 128 rows x 4 scale columns = 512 bytes.
 SF_ATOM_ROWS = 128
 SF_ATOM_COLS = 4
 SF_ATOM_BYTES = 512
-NUM_BDQ_BUFFERS = 3
-# convert_operands: threads per CTA and 16-byte chunks per thread.  Prefill converts whole
-# operands (many bytes in flight per thread); decode converts the tokens with small CTAs that
-# fit next to two GEMM CTAs on an SM (``DECODE_CONVERT_MAX_REGS``).
+# convert_operands: threads per CTA and 16-byte chunks per thread (prefill: whole operands,
+# many bytes in flight; decode: small CTAs that fit beside the GEMM's CTAs on an SM).
 CONVERT_THREADS = 256
 CONVERT_UNROLL = 4
 DECODE_CONVERT_THREADS = 128
 DECODE_CONVERT_UNROLL = 2
-# NOTE: two decode GEMM CTAs of 128 weight rows hold 2 x 384 threads x 80 registers = 61440 of
-# the SM's 65536, so a prologue CTA of 128 threads fits beside them (and can overlap their
-# tail, see ``prologue_pdl``) only at <= 32 registers per thread; the launch caps it through
-# min_blocks_per_mp.
+# NOTE: two decode CTAs of 128 weight rows hold 2 x 384 threads x 80 registers of the SM's
+# 65536: a prologue CTA of 128 threads fits beside them only at <= 32 registers per thread.
 DECODE_CONVERT_MAX_REGS = 32
 # 16-byte chunks in one converted 64-wide k-block row (64 x 2 bytes)
 CHUNKS_PER_KBLOCK = 8
+# Ring depth caps (hopper/DESIGN.md): decode at most 6 stages, 8 with K groups.
 MAX_STAGES = 12
-# Decode: at most 6 stages in flight per CTA.  With 264 CTAs each requesting its whole ring at
-# once, deeper rings measured slower on the H200 (16 x 18432 x 7168: 32.3 us against 33.9 with
-# 8 stages; 1 x 8192 x 8192: 16.0-16.1 against 16.3-16.6 with 8), 3 stages slower still
-# (hopper/NOTES.md, fifth session).
 DECODE_MAX_STAGES = 6
-# Decode with k_groups > 1: at most this many stages per CTA, rounded down to a multiple of
-# k_groups (H200, 4 groups: 8 or 12 measured best, 6 starved the groups; hopper/NOTES.md,
-# twelfth session).
 DECODE_K_GROUP_MAX_STAGES = 8
-# default_config: K groups of the one-wave decode configuration (see there)
+# default_config: consumer warpgroup groups of the one-wave K-group configuration
 DECODE_K_GROUPS = 4
-# Decode with ``static_weights``: stages of weights the GEMM requests before its PDL wait (one
-# without it).  H200, 8-token and K-group tiles: 1 x 8192 x 8192 14.2-15.0 us with 3 stages,
-# 14.4-14.6 with 1, 15.1-15.7 with 6 (a full ring), against 15.1-15.4 without the option
-# (hopper/NOTES.md, thirteenth session).
-STATIC_WEIGHT_STAGES = 3
-# default_config with static_weights: the longest K-group units it takes (in k-tiles of 128)
-STATIC_K_GROUP_MAX_K_TILES = 64
-# default_config: the fixed cost of one decode work unit (its split-K fix-up and store, about
-# 1 us on the H200, the time a CTA streams about three k-tiles of 128 weight rows), in weight
-# rows x k-tiles of 128
+# default_config: the fixed cost of a decode work unit (fix-up and store), in weight rows x
+# k-tiles of 128 (hopper/DESIGN.md)
 UNIT_COST = 384
-# default_config: the decode path (weights dequantized in registers for every 128-token tile)
-# up to this M; the prefill path (both operands converted once) beyond it
+# default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
 # TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
 EPI_COLS = 32
 EPI_STAGES = 2
-# Split-K fix-up: partial values loaded at once (registers) before they are summed, at most
-# FIXUP_LOADS, and fewer where the consumers' registers would not hold them next to the
-# accumulators (FIXUP_RESERVED for addresses and the rest of the epilogue).
+# Split-K fix-up: partials loaded at once (registers) before they are summed, fewer where the
+# registers next to the accumulators would not hold them (FIXUP_RESERVED for the rest).
 FIXUP_LOADS = 128
 FIXUP_RESERVED = 24
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
 F16X2_2POW7 = 0x58005800
-# NVFP4: each converted operand carries 2^-7 (see ``Exactness``); D = acc * 2^14 * alpha.
+# NVFP4 on F16: each converted operand carries 2^-7, so D = acc * 2^14 * alpha.
 NVFP4_ACC_SCALE = 2.0**14
 FP32_MAX = (2.0 - 2.0**-23) * 2.0**127
 
@@ -267,10 +153,9 @@ FP32_MAX = (2.0 - 2.0**-23) * 2.0**127
 class NamedBarrierId(enum.IntEnum):
     """Hardware named barriers (id 0 is __syncthreads)."""
 
-    B_READY = 1  # consumers (fused path): the converted kernel-B block is in SMEM
-    EPILOGUE = 2  # consumers: a D subtile is in SMEM (TMA store) / its buffer is free again
-    SPLITK_FIXUP = 3  # consumers: split-K partial tile written / counter read
-    K_GROUP_REDUCE = 4  # consumers (k_groups > 1): partials parked in SMEM / read back
+    EPILOGUE = 1  # consumers: a D subtile is in SMEM (TMA store) / its buffer is free again
+    SPLITK_FIXUP = 2  # consumers: split-K partial tile written / counter read
+    K_GROUP_REDUCE = 3  # consumers (k_groups > 1): partials parked in SMEM / read back
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,57 +176,53 @@ def _ptx(result, operands, asm: str, constraints: str, *, side_effects=True, loc
     return None if result is None else result(out)
 
 
-# NOTE: loads carry side effects so that they stay after the mbarrier wait guarding their stage.
-@dsl_user_op
-def _ld_shared_b64(addr: Int32, *, loc=None, ip=None) -> Uint64:
-    return _ptx(Uint64, [(Int32, addr)], "ld.shared.b64 $0, [$1];", "=l,r", loc=loc, ip=ip)
+def _load(opcode: str, result, address, constraints: str):
+    """``result = opcode [address]`` as a DSL op.  NOTE: loads carry side effects so that they
+    stay after the mbarrier wait guarding their stage."""
+
+    @dsl_user_op
+    def load(addr, *, loc=None, ip=None):
+        return _ptx(result, [(address, addr)], f"{opcode} $0, [$1];", constraints, loc=loc, ip=ip)
+
+    return load
 
 
-@dsl_user_op
-def _ld_shared_u8(addr: Int32, *, loc=None, ip=None) -> Uint32:
-    return _ptx(Uint32, [(Int32, addr)], "ld.shared.u8 $0, [$1];", "=r,r", loc=loc, ip=ip)
+def _store(opcode: str, address, value_type, constraints: str):
+    """``opcode [address], value`` as a DSL op."""
+
+    @dsl_user_op
+    def store(addr, value, *, loc=None, ip=None):
+        operands = [(address, addr), (value_type, value)]
+        _ptx(None, operands, f"{opcode} [$0], $1;", constraints, loc=loc, ip=ip)
+
+    return store
 
 
-@dsl_user_op
-def _ld_shared_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
-    return _ptx(Uint32, [(Int32, addr)], "ld.shared.u32 $0, [$1];", "=r,r", loc=loc, ip=ip)
+def _packed_mul(opcode: str):
+    """Lane-wise ``opcode`` (mul.rn.f16x2 / mul.rn.bf16x2) of two 32-bit words as a DSL op."""
+
+    @dsl_user_op
+    def mul(a, b, *, loc=None, ip=None):
+        operands = [(Uint32, a), (Uint32, b)]
+        asm = f"{opcode} $0, $1, $2;"
+        return _ptx(Uint32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
+
+    return mul
 
 
-@dsl_user_op
-def _st_shared_b32(addr: Int32, value: Uint32, *, loc=None, ip=None) -> None:
-    operands = [(Int32, addr), (Uint32, value)]
-    _ptx(None, operands, "st.shared.b32 [$0], $1;", "r,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _st_shared_f32(addr: Int32, value: cutlass.Float32, *, loc=None, ip=None) -> None:
-    operands = [(Int32, addr), (cutlass.Float32, value)]
-    _ptx(None, operands, "st.shared.f32 [$0], $1;", "r,f", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _ld_shared_f32(addr: Int32, *, loc=None, ip=None) -> cutlass.Float32:
-    return _ptx(cutlass.Float32, [(Int32, addr)], "ld.shared.f32 $0, [$1];", "=f,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _mul_bf16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
-    operands = [(Uint32, a), (Uint32, b)]
-    asm = "mul.rn.bf16x2 $0, $1, $2;"
-    return _ptx(Uint32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _st_global_f32(addr: Int64, value: cutlass.Float32, *, loc=None, ip=None) -> None:
-    operands = [(Int64, addr), (cutlass.Float32, value)]
-    _ptx(None, operands, "st.global.f32 [$0], $1;", "l,f", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _ld_global_cg_f32(addr: Int64, *, loc=None, ip=None) -> cutlass.Float32:
-    # NOTE: .cg (L2 only): the partials come from other SMs, whose writes L1 does not see.
-    asm = "ld.global.cg.f32 $0, [$1];"
-    return _ptx(cutlass.Float32, [(Int64, addr)], asm, "=f,l", loc=loc, ip=ip)
+_ld_shared_b64 = _load("ld.shared.b64", Uint64, Int32, "=l,r")
+_ld_shared_u8 = _load("ld.shared.u8", Uint32, Int32, "=r,r")
+_ld_shared_u32 = _load("ld.shared.u32", Uint32, Int32, "=r,r")
+_ld_shared_f32 = _load("ld.shared.f32", cutlass.Float32, Int32, "=f,r")
+_ld_global_nc_u32 = _load("ld.global.nc.u32", Uint32, Int64, "=r,l")
+# NOTE: .cg (L2 only): split-K partials come from other SMs, whose writes L1 does not see.
+_ld_global_cg_f32 = _load("ld.global.cg.f32", cutlass.Float32, Int64, "=f,l")
+_st_shared_b32 = _store("st.shared.b32", Int32, Uint32, "r,r")
+_st_shared_f32 = _store("st.shared.f32", Int32, cutlass.Float32, "r,f")
+_st_global_f32 = _store("st.global.f32", Int64, cutlass.Float32, "l,f")
+_st_global_u32 = _store("st.relaxed.gpu.global.u32", Int64, Uint32, "l,r")
+_mul_f16x2 = _packed_mul("mul.rn.f16x2")
+_mul_bf16x2 = _packed_mul("mul.rn.bf16x2")
 
 
 @dsl_user_op
@@ -352,28 +233,10 @@ def _atomic_add_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> 
 
 
 @dsl_user_op
-def _ld_global_nc_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
-    return _ptx(Uint32, [(Int64, addr)], "ld.global.nc.u32 $0, [$1];", "=r,l", loc=loc, ip=ip)
-
-
-@dsl_user_op
 def _st_global_v4_b32(addr: Int64, values: list, *, loc=None, ip=None) -> None:
     operands = [(Int64, addr)] + [(Uint32, v) for v in values]
     asm = "st.global.v4.b32 [$0], {$1, $2, $3, $4};"
     _ptx(None, operands, asm, "l,r,r,r,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _st_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> None:
-    operands = [(Int64, addr), (Uint32, value)]
-    _ptx(None, operands, "st.relaxed.gpu.global.u32 [$0], $1;", "l,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _mul_f16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
-    operands = [(Uint32, a), (Uint32, b)]
-    asm = "mul.rn.f16x2 $0, $1, $2;"
-    return _ptx(Uint32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -447,9 +310,7 @@ def _scale_factor(sf_byte: Uint32, f16: bool) -> Uint32:
     if f16:
         return _mul_f16x2(_e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
     # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
-    # NOTE: the NaN byte 255 becomes +inf (0x7F80), so D is inf or NaN wherever the reference
-    # has NaN; mapping it to NaN took three more instructions per scale here and measured 3%
-    # slower at 16 x 18432 x 7168 on the H200 (hopper/NOTES.md, eleventh session).
+    # NOTE: the NaN byte 255 becomes +inf (0x7F80): D is inf or NaN where the reference has NaN.
     bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)
     return bits | (bits << 16)
 
@@ -485,171 +346,95 @@ def _round_up(x, multiple):
     return (x + multiple - 1) // multiple * multiple
 
 
-def decode_token_rows(m, tile_cols):
-    """Rows of decode's converted token copy: the M tokens rounded up to whole token tiles.
-
-    NOTE: TMA boxes of 64 or 128 token rows that ran past the copy's last row measured slow
-    on the H200 (72 x 8192 x 8192: 37.3-38.0 against 30.4-30.8 us padded).  The padding rows
-    are never written and reach only columns of D^T past M, which are not stored."""
-    return _round_up(m, tile_cols)
-
-
-def decode_token_copy_elems(m, k, l, tile_cols):  # noqa: E741
-    """Elements of decode's converted token copy (whole token tiles x K rounded up to 64 x L):
-    ``default_config`` and ``check_config`` keep it below the kernel's 32-bit offsets."""
-    return decode_token_rows(m, max(8, tile_cols)) * _round_up(k, K_BLOCK) * l
-
-
 def _swizzle64(offset):
     # NOTE: TMA / wgmma 64B swizzle on byte offsets from a 512B-aligned base.
     return offset ^ ((offset >> 3) & 0x30)
 
 
 # ---------------------------------------------------------------------------------------------
-# Configuration helpers
+# Configuration: the path, tile, split and K groups for a problem
 # ---------------------------------------------------------------------------------------------
-def default_sf_dtype(sf_vec_size: int) -> str:
-    """The scale dtype of a format: E4M3 for NVFP4 (16), E8M0 otherwise (MXFP4, 32)."""
-    return "Float8E4M3FN" if sf_vec_size == 16 else "Float8E8M0FNU"
-
-
 def default_config(
     m: int,
     n: int,
     k: int,
     l: int,  # noqa: E741
-    num_sms: int = 132,
+    num_sms: int = H200_SM_COUNT,
     path: str | None = None,
     allow_k_groups: bool = True,
-    static_weights: bool = False,
 ):
     """(path, mma_tiler_mn, split_k, k_groups) for a problem; ``path`` given: that path's
     tile, split and K groups; ``allow_k_groups`` False: the pick without K groups (the CLI's
-    base when the tile or the split is given); ``static_weights``: the pick for a runner
-    compiled with it (see ``Fp4GemmSm90Runner``).
+    base when the tile or the split is given).  The evidence for each rule: hopper/DESIGN.md.
 
-    Heuristic: with M <= 128 tokens, reading the FP4 weights is the cost, so the weights become
-    the register operand (decode path, kernel tile of 128 or 64 weight rows x the next power of
-    two >= M tokens, at least 8).  Work units (tiles x K splits) are dealt statically to the
-    persistent CTAs, so the kernel lasts about as long as its busiest CTA.  The tile rows and
-    split (1, 2, 3, 4, 6 or 8, each split keeping at least 8 k-tiles of 128, since shorter ones
-    cost more in pipeline fill and fix-up than they gain) minimize the busiest CTA's work in
-    weight rows x k-tiles, ceil(units / CTA slots) x (rows x ceil(k-tiles / split) + UNIT_COST):
-    a unit's epilogue (split-K fix-up and store) costs about as much as streaming three k-tiles
-    of 128 rows.  Ties go to the fewest units (fewer split-K partials), then to 128 rows for
-    tiles of up to 32 tokens (two consumer warpgroups per CTA) and to 64 rows for wider ones,
-    where 64-row tiles unsplit beat 128-row tiles split in two (no 128 x 128 fp32 partials);
-    tiles of 64 tokens split only with 64 rows (split-K tiles of 64 x 128 lose the TMA-store
-    epilogue).  On the H200 this picks the fastest measured configuration, or one
-    within 0.4 us of it, at 21 of 25 decode shapes from 1 x 8192 x 8192 to 128 x 18432 x 7168;
-    the largest misses are 64 x 7168 x 2048 (11.3 us against 10.3 unsplit, one timing) and
-    128 x 7168 x 16384 (53.7 against 50.5 for 128 rows split 2; hopper/NOTES.md).
-
-    One wave of K groups: where that pick's units are short (at most 8 k-tiles) and one CTA
-    per 64 weight rows (x a K split that keeps >= 8 k-tiles per unit, two per group) fills
-    between 3/4 of the SMs and all of them, one token tile of <= 32 tokens runs as 64-row tiles
-    with
-    DECODE_K_GROUPS groups of consumer warpgroups splitting K inside the CTA, summed through
-    SMEM instead of a split-K fix-up.  H200 (hopper/NOTES.md, twelfth session): 1, 8, 16 and
-    32 x 7168 x 2048 5.9-6.4 / 6.4-6.6 / 6.6 / 6.9 us against 6.8-7.3 / 7.5-7.6 / 7.6-7.7 /
-    9.0.  Not taken for longer units: of 16 such shapes it measured slower at 8 (1 x 7168 x
-    16384 27.0 against 24.2 us), the same at 4 and faster at 4 (32 x 8192 x 8192 17.9 against
-    18.8).
-
-    With ``static_weights`` K groups start their weight stream within the previous kernel's
-    tail and the 128-row split-K tiles of 16 and 32 tokens do not (``early_release``), so one
-    wave of K groups is taken for 9 to 32 tokens also where the units are longer, up to
-    STATIC_K_GROUP_MAX_K_TILES k-tiles (half as many when K is split), if it fills at least
-    15/16 of the SMs.  H200, both with ``static_weights`` (hopper/NOTES.md, thirteenth
-    session): 12 / 16 / 20 / 32 x 8192 x 8192 15.8-15.9 / 16.0-16.1 / 16.8-17.0 / 17.1 us
-    against 16.0-16.1 / 16.3-16.4 / 18.5-18.6 / 18.7-18.8, 16 x 8192 x 6144 12.6-12.9 against
-    14.1-14.3, 16 x 4096 x 7168 (split 2) 10.2-11.1 against 11.1-11.4, MXFP4 16 x 8192 x 8192
-    17.1 against 17.9; slower at 16 x 8448 x 8192 (132 CTAs: 16.2-16.3 against 15.9-16.1) and
-    32 x 4096 x 7168 (split 2: 11.9-12.1 against 11.9); not taken at 16 x 4096 x 16384 (split
-    units of 64 k-tiles: 17.6 against 17.1), 32 x 8192 x 16384 (128 k-tiles: 31.6 against
-    29.5) and 16 x 7168 x 16384 (112 CTAs: 28.9 against 25.6).  At 1 and 8 tokens K groups
-    tied or lost.  All in back-to-back calls; after a plain kernel ahead the K-group pick was
-    slower (16 x 8192 x 8192 19.2-19.3 against 18.5-18.8 us).
-
-    From 129 to DECODE_MAX_M tokens the decode path still wins: tiles of 128 tokens x 128
-    weight rows dequantize every weight once per token tile, which costs less than the prefill
-    path's conversion of the whole weight matrix up to about 2048 tokens (H200: 47 against
-    128 us at 192 x 8192 x 8192, 360-408 against 377-445 at 2048 x 8192 x 8192, a tie at 3072).
-    These tiles are compute-bound: 64-row tiles (one consumer warpgroup) measured slower, and
-    the K loop is split only while the tiles alone leave CTA slots idle.  Larger M (or a
-    padded token copy past the 32-bit offsets) uses the prefill path: both operands converted
-    once, then 128 x 256 tiles in 2x1 clusters.
+    * M <= DECODE_MAX_M (and a padded token copy within the 32-bit offsets): decode, token tile
+      the next power of two >= M in 8..128.  Work units (tiles x K splits) are dealt statically
+      to the persistent CTAs, so the tile rows (128 or 64 weight rows) and split (1, 2, 3, 4,
+      6 or 8, keeping >= 8 k-tiles of 128 per unit) minimize the busiest CTA's work,
+      ceil(units / CTA slots) x (rows x ceil(k-tiles / split) + UNIT_COST).  Ties go to fewer
+      units, then to 128 rows for tiles of <= 32 tokens and 64 rows for wider ones.  Several
+      token tiles (M > 128) take 128 rows, split only while the tiles leave CTA slots idle.
+    * One wave of K groups: where the units of that pick have <= 8 k-tiles and one CTA per 64
+      weight rows (x a K split) fills 3/4 of the SMs or more, at most all of them, a token tile
+      of <= 32 tokens runs as 64-row tiles with DECODE_K_GROUPS groups of consumer warpgroups
+      splitting K inside the CTA.
+    * Larger M: prefill, 128 x 256 tiles on 2x1 clusters.
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
-        # (the decode path's token copy, padded to whole token tiles, must stay within the
-        # kernel's 32-bit offsets; the prefill path's copy is not padded)
         token_copy = decode_token_copy_elems(m, k, l, cols)
         path = "decode" if m <= DECODE_MAX_M and token_copy < 2**31 else "prefill"
-    if path == "decode":
-        slots = num_sms * occupancy("decode", (cols, 128))
-        k_tiles = math.ceil(k / K_TILE)
-        best = None
-        for rows in VALID_TILE_ROWS[::-1]:
-            if m > cols and rows != 128:
-                # several token tiles: compute-bound, both consumer warpgroups needed
+    if path != "decode":
+        return path, (128, 256), 1, 1
+    slots = num_sms * occupancy("decode", (cols, 128))
+    k_tiles = math.ceil(k / K_TILE)
+    best = None
+    for rows in VALID_TILE_ROWS[::-1]:
+        if m > cols and rows != 128:
+            # several token tiles: compute-bound, both consumer warpgroups needed
+            continue
+        tiles = math.ceil(m / cols) * math.ceil(n / rows) * l
+        for split in (1, 2, 3, 4, 6, 8):
+            if split > 1 and (k_tiles // split < 8 or (m > cols and tiles >= slots)):
                 continue
-            tiles = math.ceil(m / cols) * math.ceil(n / rows) * l
-            for split in (1, 2, 3, 4, 6, 8):
-                if split > 1 and (k_tiles // split < 8 or (m > cols and tiles >= slots)):
-                    continue
-                if not epilogue_staging_fits("decode", (cols, rows), split):
-                    # (and those tiles measured slower than 64 rows)
-                    continue
-                units = tiles * split
-                busiest = math.ceil(units / slots) * (rows * math.ceil(k_tiles / split) + UNIT_COST)
-                key = (busiest, units, rows != (64 if cols >= 64 else 128))
-                if best is None or key < best[0]:
-                    best = (key, (cols, rows), split)
-        _, tiler, split = best
-        kg_split = None
-        if allow_k_groups and cols <= 32 and math.ceil(k_tiles / split) <= 8:
-            kg_split = _one_wave_k_group_split(n, l, k_tiles, num_sms, 0.75)
-        if kg_split is None and allow_k_groups and static_weights and 16 <= cols <= 32:
-            kg_split = _one_wave_k_group_split(
-                n, l, k_tiles, num_sms, 15 / 16, STATIC_K_GROUP_MAX_K_TILES
-            )
+            if not epilogue_staging_fits("decode", (cols, rows), split):
+                continue
+            units = tiles * split
+            busiest = math.ceil(units / slots) * (rows * math.ceil(k_tiles / split) + UNIT_COST)
+            key = (busiest, units, rows != (64 if cols >= 64 else 128))
+            if best is None or key < best[0]:
+                best = (key, (cols, rows), split)
+    _, tiler, split = best
+    if allow_k_groups and cols <= 32 and math.ceil(k_tiles / split) <= 8:
+        kg_split = _one_wave_k_group_split(n, l, k_tiles, num_sms)
         if kg_split is not None:
             return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
-        return "decode", tiler, split, 1
-    return path, (128, 256), 1, 1
+    return "decode", tiler, split, 1
 
 
-def _one_wave_k_group_split(n, l, k_tiles, num_sms, min_fill, max_unit_k_tiles=None):  # noqa: E741
+def _one_wave_k_group_split(n, l, k_tiles, num_sms):  # noqa: E741
     """``default_config``'s K groups: the first K split (1, 2, 3, 4, 6, 8) at which one CTA per
-    64 weight rows and split fills between ``min_fill`` of the SMs and all of them, with at
-    least two k-tiles per group and, if given, units of at most ``max_unit_k_tiles`` k-tiles
-    (half as many when split); None if there is none."""
+    64 weight rows and split fills between 3/4 of the SMs and all of them, with at least two
+    k-tiles per group; None if there is none."""
     tiles = math.ceil(n / 64) * l
     for kg_split in (1, 2, 3, 4, 6, 8):
         if k_tiles // kg_split < 2 * DECODE_K_GROUPS:
             return None
-        ctas = tiles * kg_split
-        unit = math.ceil(k_tiles / kg_split)
-        if max_unit_k_tiles is not None and unit > max_unit_k_tiles // (1 if kg_split == 1 else 2):
-            continue
-        if min_fill * num_sms <= ctas <= num_sms:
+        if 0.75 * num_sms <= tiles * kg_split <= num_sms:
             return kg_split
     return None
 
 
 def default_cluster(path: str) -> tuple[int, int]:
     """Prefill pairs two M tiles in a cluster that multicasts their common B tile (half the
-    L2 -> SMEM traffic of B); the other paths run without clusters."""
+    L2 -> SMEM traffic of B); decode runs without clusters."""
     return (2, 1) if path == "prefill" else (1, 1)
 
 
 def occupancy(path: str, mma_tiler_mn: tuple[int, int], k_groups: int = 1) -> int:
-    """CTAs per SM: 2 for decode tiles of <= 64 tokens with up to two consumer warpgroups,
-    whose consumers (weights only) fit in 104 registers, so that two CTAs hide each other's
-    per-k-block latency (SMEM load -> convert -> wgmma); 1 otherwise (and for ``k_groups``
-    CTAs of more consumer warpgroups).  (3 CTAs of <= 16 tokens, 72 registers each, measured
-    slower on the H200: hopper/README.md.)"""
+    """CTAs per SM: 2 for decode tiles of <= 64 tokens with up to two consumer warpgroups (their
+    consumers fit in 104 registers), so that two CTAs hide each other's per-k-block latency
+    (SMEM load -> convert -> wgmma); 1 otherwise (hopper/DESIGN.md)."""
     rows, cols = kernel_tile(path, mma_tiler_mn)
     return 2 if path == "decode" and cols <= 64 and rows // 64 * k_groups <= 2 else 1
 
@@ -663,13 +448,22 @@ def kernel_tile(path: str, mma_tiler_mn: tuple[int, int]) -> tuple[int, int]:
 def epilogue_staging_fits(path: str, mma_tiler_mn: tuple[int, int], split_k: int) -> bool:
     """Whether the consumers have the registers to stage D subtiles in SMEM for TMA stores.
 
-    NOTE: not on the fused path, whose 128 x 256 consumers (accumulators, A fragments and
-    hoisted SMEM addresses of the in-loop conversion) would spill the subtile staging, nor for
-    split-K decode tiles of 128 weight rows x 64 tokens, whose consumers (104 registers at two
-    CTAs per SM) would spill it next to the fix-up (a compile sweep: 32-40 bytes)."""
-    if path == "fused":
-        return False
+    NOTE: not for split-K decode tiles of 128 weight rows x 64 tokens, whose consumers (104
+    registers at two CTAs per SM) would spill the subtile staging next to the fix-up."""
     return not (path == "decode" and kernel_tile(path, mma_tiler_mn) == (128, 64) and split_k > 1)
+
+
+def decode_token_rows(m, tile_cols):
+    """Rows of decode's converted token copy: the M tokens rounded up to whole token tiles.
+
+    NOTE: TMA boxes running past a tensor's last row are slow (hopper/DESIGN.md); the padding
+    rows are never written and reach only columns of D^T past M, which are not stored."""
+    return _round_up(m, tile_cols)
+
+
+def decode_token_copy_elems(m, k, l, tile_cols):  # noqa: E741
+    """Elements of decode's converted token copy (whole token tiles x K rounded up to 64 x L)."""
+    return decode_token_rows(m, max(8, tile_cols)) * _round_up(k, K_BLOCK) * l
 
 
 def blocked_sf_bytes(rows: int, k: int, l: int, sf_vec_size: int) -> int:  # noqa: E741
@@ -679,18 +473,24 @@ def blocked_sf_bytes(rows: int, k: int, l: int, sf_vec_size: int) -> int:  # noq
     return l * -(-rows // SF_ATOM_ROWS) * SF_ATOM_ROWS * sf_cols
 
 
-def check_config(
+# ---------------------------------------------------------------------------------------------
+# Configuration checks (readable reasons; an empty list means the configuration can run)
+# ---------------------------------------------------------------------------------------------
+def check_fp4_gemm_config(
     mnkl: tuple[int, int, int, int],
-    sf_vec_size: int,
-    sf_dtype: str,
-    c_dtype: str,
-    path: str,
-    mma_tiler_mn: tuple[int, int],
-    cluster_shape_mn: tuple[int, int],
-    split_k: int,
+    sf_vec_size: int = 16,
+    sf_dtype: str = "Float8E4M3FN",
+    c_dtype: str = "BFloat16",
+    path: str = "prefill",
+    mma_tiler_mn: tuple[int, int] = (128, 256),
+    cluster_shape_mn: tuple[int, int] = (2, 1),
+    split_k: int = 1,
     k_groups: int = 1,
 ) -> list[str]:
-    """Reasons why this configuration cannot run this problem (empty when it can)."""
+    """Check a configuration and a problem against this kernel's rules.
+
+    Returns a list of readable reasons why it cannot run; an empty list means it can.  Pure
+    Python: it needs neither a GPU nor a compile."""
     return problem_reasons(mnkl, sf_vec_size, path, mma_tiler_mn) + config_reasons(
         sf_vec_size, sf_dtype, c_dtype, path, mma_tiler_mn, cluster_shape_mn, split_k, k_groups
     )
@@ -699,44 +499,46 @@ def check_config(
 def problem_reasons(
     mnkl: tuple[int, int, int, int], sf_vec_size: int, path: str, mma_tiler_mn: tuple[int, int]
 ) -> list[str]:
-    """Reasons why a problem (M, N, K, L) cannot run on a configuration: extents, K, and the
-    kernel's 32-bit offsets (empty when it can)."""
+    """The problem (M, N, K, L) part of ``check_fp4_gemm_config``: extents, K, 32-bit offsets."""
+    if len(mnkl) != 4 or any(not isinstance(v, int) for v in mnkl):
+        return [f"mnkl must be four integers M,N,K,L, got {mnkl!r}"]
     reasons = []
     m, n, k, l = mnkl  # noqa: E741
-    for name, v in (("M", m), ("N", n), ("K", k), ("L", l)):
-        if v < 1:
-            reasons.append(f"{name} = {v}: every extent must be >= 1")
-    if k % 32:
-        reasons.append(f"K = {k} is not a multiple of 32 (TMA needs 16-byte rows of packed FP4)")
-    if min(m, n, k, l) >= 1:
-        # NOTE: tensor offsets are computed in 32 bits: D, packed A and packed B must each hold
-        # fewer than 2^31 elements (bytes for A and B), and so must the F16 / BF16 copies the
-        # decode (tokens) and prefill (A and B) paths convert, whose K is rounded up to 64, and
-        # the blocked scales (bytes: TMA strides and the prologue's reads).
-        k_pad = _round_up(k, K_BLOCK)
-        extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
-        if sf_vec_size in (16, 32):
-            for name, rows in (("SFA", m), ("SFB", n)):
-                extents.append((f"{name} blocked bytes", blocked_sf_bytes(rows, k, l, sf_vec_size)))
-        if path == "prefill":
-            extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
-            extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
-        elif path == "decode":
-            # the tokens' copy has whole token tiles (``converted_shapes``)
-            tile_cols = kernel_tile(path, mma_tiler_mn)[1]
-            m_pad = decode_token_rows(m, max(8, tile_cols))
-            extents.append(
-                (
-                    f"M_pad*K_pad*L (converted A, M_pad = {m_pad})",
-                    decode_token_copy_elems(m, k, l, tile_cols),
-                )
+    for name, value in (("M", m), ("N", n), ("K", k), ("L", l)):
+        if value < 1:
+            reasons.append(f"{name} must be >= 1, got {value}")
+    if k >= 1 and k % 32 != 0:
+        reasons.append(
+            f"K={k} is not a multiple of 32: a packed FP4 row of A and B must be a whole number "
+            "of 16-byte TMA units (32 FP4 values)"
+        )
+    if min(m, n, k, l) < 1:
+        return reasons
+    # NOTE: tensor offsets are 32-bit: D, packed A and B, the blocked scales and the F16 / BF16
+    # copies (K rounded up to 64; decode pads the token rows) each hold fewer than 2^31 elements.
+    k_pad = _round_up(k, K_BLOCK)
+    extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
+    if sf_vec_size in SF_FORMATS:
+        for name, rows in (("SFA", m), ("SFB", n)):
+            extents.append((f"{name} blocked bytes", blocked_sf_bytes(rows, k, l, sf_vec_size)))
+    if path == "prefill":
+        extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
+        extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
+    elif path == "decode":
+        tile_cols = kernel_tile(path, mma_tiler_mn)[1]
+        m_pad = decode_token_rows(m, max(8, tile_cols))
+        extents.append(
+            (
+                f"M_pad*K_pad*L (converted A, M_pad = {m_pad})",
+                decode_token_copy_elems(m, k, l, tile_cols),
             )
-        for name, extent in extents:
-            if extent >= 2**31:
-                reasons.append(
-                    f"{name} = {extent} does not fit the kernel's 32-bit offsets (< 2^31); "
-                    "split the problem along M, N or L"
-                )
+        )
+    for name, extent in extents:
+        if extent >= 2**31:
+            reasons.append(
+                f"{name} = {extent} elements does not fit the kernel's 32-bit offsets "
+                "(< 2^31); split the problem along M, N or L"
+            )
     return reasons
 
 
@@ -750,51 +552,56 @@ def config_reasons(
     split_k: int,
     k_groups: int = 1,
 ) -> list[str]:
-    """Reasons why a configuration cannot be built, whatever the problem (empty when it can)."""
+    """The configuration part of ``check_fp4_gemm_config`` (whatever the problem)."""
     reasons = []
-    if sf_vec_size not in (16, 32):
-        reasons.append(f"sf_vec_size = {sf_vec_size}: only 16 (NVFP4) and 32 (MXFP4) exist")
-    if sf_dtype not in SF_VEC_OF_DTYPE:
-        reasons.append(f"sf_dtype = {sf_dtype}: expected one of {sorted(SF_VEC_OF_DTYPE)}")
-    elif sf_vec_size in (16, 32) and SF_VEC_OF_DTYPE[sf_dtype] != sf_vec_size:
+    if sf_vec_size not in SF_FORMATS:
         reasons.append(
-            f"sf_dtype {sf_dtype} goes with sf_vec_size {SF_VEC_OF_DTYPE[sf_dtype]}, "
-            f"not {sf_vec_size} (NVFP4 = E4M3 / 16, MXFP4 = E8M0 / 32)"
+            f"sf_vec_size={sf_vec_size} is not supported: use 16 (NVFP4, Float8E4M3FN scales) "
+            "or 32 (MXFP4, Float8E8M0FNU scales)"
         )
-    if c_dtype not in C_DTYPES:
-        reasons.append(f"c_dtype = {c_dtype}: expected one of {sorted(C_DTYPES)}")
-    if path not in PATHS:
-        reasons.append(f"path = {path}: expected one of {', '.join(PATHS)}")
     else:
-        rows, cols = kernel_tile(path, mma_tiler_mn)
-        if rows not in VALID_TILE_ROWS:
-            what = "N (weight rows)" if path == "decode" else "M"
+        want_sf, fmt = SF_FORMATS[sf_vec_size]
+        if sf_dtype not in SF_DTYPES:
+            reasons.append(f"sf_dtype={sf_dtype} is not a scale-factor type ({list(SF_DTYPES)})")
+        elif sf_dtype != want_sf:
             reasons.append(
-                f"tile {what} = {rows}: the register operand takes 64 or 128 rows "
-                "(one or two consumer warpgroups of wgmma m64)"
+                f"sf_dtype={sf_dtype} does not pair with sf_vec_size={sf_vec_size}: {fmt} uses "
+                f"{want_sf} scales (NVFP4 = Float8E4M3FN x 16, MXFP4 = Float8E8M0FNU x 32)"
             )
-        if cols not in VALID_TILE_COLS:
-            what = "M (tokens)" if path == "decode" else "N"
-            reasons.append(
-                f"tile {what} = {cols}: the SMEM operand takes {VALID_TILE_COLS} rows "
-                "(wgmma N, and a divisor or multiple of the 128-row scale atom)"
-            )
-    if tuple(cluster_shape_mn) not in ((1, 1), (2, 1)) or (
-        tuple(cluster_shape_mn) == (2, 1) and path != "prefill"
-    ):
+    if c_dtype not in C_DTYPES:
+        reasons.append(f"c_dtype={c_dtype} is not supported: use one of {list(C_DTYPES)}")
+    if path not in PATHS:
+        reasons.append(f"path={path} is not supported: use one of {list(PATHS)}")
+        return reasons
+    rows, cols = kernel_tile(path, mma_tiler_mn)
+    if rows not in VALID_TILE_ROWS:
+        what = "N (weight rows)" if path == "decode" else "M"
         reasons.append(
-            f"cluster_shape_mn = {tuple(cluster_shape_mn)}: this Hopper kernel takes (1, 1), "
-            "or (2, 1) on the prefill path (two M tiles share one multicast B tile)"
+            f"MMA tile {what}={rows} is not supported: the register operand takes 64 or 128 "
+            "rows (one or two consumer warpgroups of wgmma m64)"
+        )
+    if cols not in VALID_TILE_COLS:
+        what = "M (tokens)" if path == "decode" else "N"
+        reasons.append(
+            f"MMA tile {what}={cols} is not supported: the SMEM operand takes "
+            f"{list(VALID_TILE_COLS)} rows (wgmma N, and a divisor or multiple of the 128-row "
+            "scale atom)"
+        )
+    cluster = tuple(cluster_shape_mn)
+    if cluster not in ((1, 1), (2, 1)) or (cluster == (2, 1) and path != "prefill"):
+        reasons.append(
+            f"cluster shape {cluster} is not supported: this Hopper kernel takes (1, 1), or "
+            "(2, 1) on the prefill path (two M tiles share one multicast B tile)"
         )
     if split_k < 1 or split_k > 16:
-        reasons.append(f"split_k = {split_k}: expected 1..16")
-    elif split_k > 1 and path in PATHS and kernel_tile(path, mma_tiler_mn)[1] > 128:
+        reasons.append(f"split_k={split_k} is not supported: use 1..16")
+    elif split_k > 1 and cols > 128:
         # NOTE: 128 fp32 accumulators per thread plus the fix-up's loads spill to local memory.
         reasons.append(
-            f"split_k = {split_k} with a {kernel_tile(path, mma_tiler_mn)[1]}-wide SMEM-operand "
-            "tile: split-K needs tiles of at most 128 x 128"
+            f"split_k={split_k} with a {cols}-wide SMEM-operand tile: split-K needs tiles of "
+            "at most 128 x 128"
         )
-    reason = k_groups_reason(path, mma_tiler_mn, k_groups) if path in PATHS else None
+    reason = k_groups_reason(path, mma_tiler_mn, k_groups)
     if reason:
         reasons.append(reason)
     return reasons
@@ -805,15 +612,96 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
     if k_groups == 1:
         return None
     rows, cols = kernel_tile(path, mma_tiler_mn)
-    # NOTE: 640 threads per CTA at most (setmaxnreg budgets), and the ring must hold at least
-    # two stages per group next to the groups' parked accumulators.
+    # NOTE: 640 threads per CTA at most (setmaxregister budgets), and the ring must hold at
+    # least two stages per group next to the groups' parked accumulators.
     if path != "decode" or k_groups not in (2, 3, 4) or rows // 64 * k_groups > 4 or cols > 32:
         return (
-            f"k_groups = {k_groups} on the {path} path with a {rows} x {cols} kernel tile: "
+            f"k_groups={k_groups} on the {path} path with a {rows} x {cols} kernel tile: "
             "K groups (2..4) run on the decode path, with tiles of at most 32 tokens and "
             "at most 4 consumer warpgroups (tile rows / 64 x k_groups)"
         )
     return None
+
+
+def alpha_reason(alpha: float, sf_vec_size: int, path: str = "decode") -> str | None:
+    """Why ``alpha`` cannot be used, or None: it must be a finite fp32 number, and where the
+    kernel runs F16 operands (NVFP4 on decode) its fp32 value * 2^14 must be finite too."""
+    if not math.isfinite(alpha) or abs(alpha) > FP32_MAX:
+        return f"alpha must be a finite fp32 number, got {alpha}"
+    alpha32 = struct.unpack("f", struct.pack("f", alpha))[0]
+    if sf_vec_size == 16 and path != "prefill" and abs(alpha32) * NVFP4_ACC_SCALE > FP32_MAX:
+        return f"NVFP4 here needs |alpha| < 2^114 (alpha * 2^14 must stay finite), got {alpha}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Static persistent tile scheduler
+# ---------------------------------------------------------------------------------------------
+class StaticTileScheduler:
+    """Work units (row tile, col tile, L x split_k) dealt statically to persistent clusters.
+
+    Unit u (row clusters fastest, then col tiles, then L x split_k) runs on cluster u mod the
+    grid's clusters; every role of a CTA walks the same units, so they agree without talking.
+    Built on the host (``create``), passed to the kernel as an argument."""
+
+    def __init__(self, num_units, row_clusters, col_tiles, cluster_m: int):
+        self.num_units = num_units  # Int32: units (of clusters) in the problem
+        self.row_clusters = row_clusters  # FastDivmodDivisorV2
+        self.col_tiles = col_tiles  # FastDivmodDivisorV2
+        self.cluster_m = cluster_m
+
+    @staticmethod
+    def create(num_tiles, cluster_m: int, max_active_clusters: int):
+        """(scheduler, grid) for (row tiles, col tiles, L x split_k) tiles on at most
+        ``max_active_clusters`` clusters of ``cluster_m`` x 1 CTAs (host side)."""
+        row_tiles, col_tiles, batches = num_tiles
+        row_clusters = (row_tiles + cluster_m - 1) // cluster_m
+        num_units = row_clusters * col_tiles * batches
+        persistent = cutlass.min(num_units * cluster_m, max_active_clusters * cluster_m)
+        grid = (cluster_m, 1, persistent // cluster_m)
+        scheduler = StaticTileScheduler(
+            num_units,
+            cute.fast_divmod_create_divisor_v2(row_clusters),
+            cute.fast_divmod_create_divisor_v2(col_tiles),
+            cluster_m,
+        )
+        return scheduler, grid
+
+    def __extract_mlir_values__(self):
+        values, self._sizes = [], []
+        for obj in (self.num_units, self.row_clusters, self.col_tiles):
+            obj_values = cutlass.extract_mlir_values(obj)
+            values += obj_values
+            self._sizes.append(len(obj_values))
+        return values
+
+    def __new_from_mlir_values__(self, values):
+        fields = []
+        for obj, size in zip(
+            (self.num_units, self.row_clusters, self.col_tiles), self._sizes, strict=True
+        ):
+            fields.append(cutlass.new_from_mlir_values(obj, values[:size]))
+            values = values[size:]
+        return StaticTileScheduler(*fields, self.cluster_m)
+
+    def first_unit(self):
+        """This CTA's first unit (device side): its cluster's index in the grid."""
+        return Int32(cute.arch.block_idx()[2])
+
+    def next_unit(self, unit):
+        return unit + Int32(cute.arch.grid_dim()[2])
+
+    def is_valid(self, unit):
+        return cutlass.Boolean(cute.arch.make_warp_uniform(unit < self.num_units))
+
+    def coords(self, unit):
+        """(row tile, col tile, L x split_k index) of ``unit`` for this CTA of its cluster."""
+        rest, row_cluster = divmod(unit, self.row_clusters)
+        lk, col_tile = divmod(rest, self.col_tiles)
+        cta = Int32(cute.arch.block_idx()[0] % self.cluster_m)
+        row_tile = row_cluster * Int32(self.cluster_m) + cta
+        uniform = cute.arch.make_warp_uniform
+        return uniform(row_tile), uniform(Int32(col_tile)), uniform(Int32(lk))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -821,8 +709,16 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
 # ---------------------------------------------------------------------------------------------
 class BlockwiseGemmFp4Sm90:
     """NVFP4 / MXFP4 GEMM on sm_90a: TMA ring of packed FP4 + scales or of converted tiles,
-    exact dequantization, F16 / BF16 wgmma -> FP32.  See the module docstring for the paths,
-    roles, pipelines and the math."""
+    exact dequantization, F16 / BF16 wgmma -> FP32.
+
+    :param sf_vec_size: 16 (NVFP4) or 32 (MXFP4).
+    :param path: "decode" (weights dequantized into the wgmma A registers) or "prefill".
+    :param mma_tiler_mn: output tile (M, N); on decode M is the token tile, N the weight rows.
+    :param cluster_shape_mn: (1, 1), or (2, 1) on prefill.
+    :param split_k: K splits summed by a deterministic fix-up through global memory.
+    :param tma_store: False compiles direct stores (D's row pitch not a multiple of 16 bytes).
+    :param k_groups: decode: groups of consumer warpgroups splitting K inside a CTA.
+    """
 
     def __init__(
         self,
@@ -833,28 +729,23 @@ class BlockwiseGemmFp4Sm90:
         split_k: int = 1,
         tma_store: bool = True,
         k_groups: int = 1,
-        static_weights: bool = False,
     ):
+        reason = k_groups_reason(path, mma_tiler_mn, k_groups)
+        if reason:
+            raise ValueError(reason)
         self.sf_vec_size = sf_vec_size
         self.path = path
+        # decode: the weights are the row operand (kernel A), so the kernel computes D^T
         self.swap_ab = path == "decode"
+        # prefill: both operands converted, a plain SS-wgmma mainloop
+        self.a_converted = path == "prefill"
         self.mma_tiler_mn = tuple(mma_tiler_mn)
         self.cluster_shape_mn = tuple(cluster_shape_mn)
         self.cluster_m = self.cluster_shape_mn[0]
         self.split_k = split_k
-        self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
-        # D leaves through SMEM and TMA stores unless the caller compiles direct stores (D's row
-        # pitch N * sizeof(D) not a multiple of 16 bytes, a TMA stride rule) or the consumers
-        # have no registers for the staging (``epilogue_staging_fits``).
-        self.tma_store = tma_store and epilogue_staging_fits(path, mma_tiler_mn, split_k)
-        # Decode: ``k_groups`` groups of consumer warpgroups share each work unit's k-tiles
-        # (group g takes those in the ring stages s with s % k_groups == g) and sum their
-        # accumulators through SMEM before the epilogue: one CTA per SM covers a tile over all
-        # of K without a split-K fix-up through global memory.
-        reason = k_groups_reason(path, mma_tiler_mn, k_groups)
-        if reason:
-            raise ValueError(reason)
         self.k_groups = k_groups
+        self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
+        self.tma_store = tma_store and epilogue_staging_fits(path, mma_tiler_mn, split_k)
         self.threads_per_wg = 128
         # consumer warpgroups along the tile rows (one K group), and in all
         self.row_wgs = self.tile_rows // 64
@@ -863,220 +754,144 @@ class BlockwiseGemmFp4Sm90:
         self.num_mma_threads = self.num_mma_wg * self.threads_per_wg
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_wg
         self.occupancy = occupancy(path, mma_tiler_mn, k_groups)
-        # Decode: the tokens are converted once per launch by ``convert_operands`` into an F16 /
-        # BF16 copy in the wgmma's permuted K order, which TMA then brings straight into the
-        # wgmma B layout, so the consumers convert only the weights.  (Two other schemes measured
-        # slower on the H200: the consumers, or idle producer warps, converting each stage's
-        # packed tokens next to the weights; hopper/README.md.)
-        self.b_converted = path in ("decode", "prefill")
-        # Prefill: both operands are converted by ``convert_operands`` (once per launch, not once
-        # per output tile) and the mainloop is a plain SS wgmma GEMM over F16 / BF16 tiles.
-        self.a_converted = path == "prefill"
-        # 64-wide k-blocks per pipeline stage: two over packed FP4 (16-byte TMA rows), one over
-        # converted F16 / BF16 tiles (128-byte rows, and room for four stages of 128 x 256).
+        # 64-wide k-blocks per stage: two over packed FP4 (16-byte TMA rows), one over converted
+        # F16 / BF16 tiles (128-byte rows)
         self.kblocks_per_stage = 1 if self.a_converted else K_TILE // K_BLOCK
-        # programmatic dependent launch of the GEMM after convert_operands
-        self.use_pdl = self.b_converted
-        # ... and of convert_operands itself, so that its launch overlaps the tail of the kernel
-        # before it (the previous GEMM releases it once all its loads are issued).  Decode only,
-        # two GEMM CTAs per SM, and (H200, hopper/NOTES.md, tenth session):
-        # - tiles of 128 weight rows x up to 32 tokens, where the prologue's small CTAs fit
-        #   beside two GEMM CTAs: 16 x 8192 x 8192 16.3 against 16.9 us, 32 x 28672 x 4096 26.3
-        #   against 27.4;
-        # - tiles of 64 rows x up to 16 tokens: two such CTAs fill the SM's registers, yet the
-        #   chain measured faster (16 x 7168 x 2048 7.6 against 8.5 us); with 32 tokens it was
-        #   mixed (32 x 4096 x 7168 12.5 against 11.9), with 64 slower (64 x 18432 x 7168 47.4
-        #   against 45.5), and so on 128-token tiles, one GEMM CTA per SM (up to 2 us, ninth
-        #   session).
-        # K groups: on for up to 32 tokens where a prologue CTA fits beside the GEMM CTAs (4
-        # groups: one CTA of 640 threads x 96 registers; not 3 groups of 64 rows, 512 x 128),
-        # as measured (hopper/NOTES.md, twelfth session).
-        # (registers per thread at launch: what ptxas picks under the minctasm cap, a multiple
-        # of 8, at most 248)
-        launch_regs = min(248, 65536 // (self.occupancy * self.threads_per_cta) // 8 * 8)
-        prologue_fits = (
-            self.occupancy * self.threads_per_cta * launch_regs
-            + DECODE_CONVERT_THREADS * DECODE_CONVERT_MAX_REGS
-            <= SM90_REGS_PER_SM
-        )
-        self.prologue_pdl = path == "decode" and (
-            (self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16))
-            or (k_groups > 1 and self.tile_cols <= 32 and prologue_fits)
-        )
-        # ``static_weights``: the caller guarantees that no kernel that may still be running when
-        # this launch starts writes the weights or their scales (CUTLASS's example 63 makes the
-        # same assumption for its L2 weight prefetch); the tokens, D and the workspace are still
-        # ordered by the PDL waits.
-        # The prologue then releases its GEMM at entry, before its own wait, so the GEMM's CTAs
-        # become resident within the previous kernel's tail and request STATIC_WEIGHT_STAGES
-        # stages of weights before their wait.  Used where it measured faster on the H200: the
-        # PDL chain with 8-token tiles or K groups (back-to-back calls: 1 x 8192 x 8192 14.2-14.4
-        # against 15.0-15.2 us, 16 x 7168 x 2048 5.8-6.0 against 6.4-6.6, 1 x 4096 x 4096 6.9
-        # against 7.8); with 16-token tiles of 128 rows it was slower (16 x 8192 x 8192 17.0-17.2
-        # against 16.4-16.6) and is not used (hopper/NOTES.md, thirteenth session).  After a
-        # kernel that does not release its dependents early nothing overlaps, and it measured
-        # slightly slower (1 x 8192 x 8192 16.6-17.8 against 16.5-17.6 us).
-        self.static_weights = static_weights
-        self.early_release = (
-            static_weights and self.prologue_pdl and (self.tile_cols == 8 or k_groups > 1)
-        )
-        self.stages_before_wait = STATIC_WEIGHT_STAGES if self.early_release else 1
-        if path == "decode":
-            self.convert_threads, self.convert_unroll = (
-                DECODE_CONVERT_THREADS,
-                DECODE_CONVERT_UNROLL,
-            )
-        else:
-            self.convert_threads, self.convert_unroll = CONVERT_THREADS, CONVERT_UNROLL
         self.stage_k = K_BLOCK * self.kblocks_per_stage
         self.producer_warp = 0
-        # setmaxnreg budgets.  NOTE: setmaxnreg.inc only takes registers that other warps of the
-        # CTA gave back, so the total must stay within what the CTA got at launch: the
-        # per-thread count ptxas picks under the minctasm cap (a multiple of 8, at most 248).
-        # (with two CTAs per SM the producer warpgroup keeps 24: consumers of 128 weight rows
-        # get 104, of 64 rows 232)
+        # NOTE: setmaxregister_increase only takes registers that other warps gave back: the
+        # budgets stay within what ptxas gives a thread under the minctasm cap (<= 248, 8 | r).
+        launch_regs = min(248, SM90_REGS_PER_SM // (self.occupancy * self.threads_per_cta) // 8 * 8)
         self.producer_regs = 40 if self.occupancy == 1 else 24
-        self.mma_regs = min(
-            240,
-            (self.threads_per_cta * launch_regs - self.threads_per_wg * self.producer_regs)
-            // self.num_mma_threads
-            // 8
-            * 8,
-        )
+        budget = self.threads_per_cta * launch_regs - self.threads_per_wg * self.producer_regs
+        self.mma_regs = min(240, budget // self.num_mma_threads // 8 * 8)
+        self.prologue_pdl = self._prologue_pdl(launch_regs)
+        decode = path == "decode"
+        self.convert_threads = DECODE_CONVERT_THREADS if decode else CONVERT_THREADS
+        self.convert_unroll = DECODE_CONVERT_UNROLL if decode else CONVERT_UNROLL
         self.acc_dtype = cutlass.Float32
-        # NVFP4 runs F16 wgmma (cheaper exact conversion in the mainloop), MXFP4 BF16 (E8M0
-        # range).  Prefill converts once per launch, so it takes BF16 for NVFP4 too: the same
-        # SS GEMM measured faster on BF16 operands on the H200 (hopper/NOTES.md).
-        self.f16 = sf_vec_size == 16 and path != "prefill"
+        # NVFP4 on decode runs F16 wgmma (a cheaper exact conversion in the mainloop); MXFP4,
+        # and prefill (converted once per launch), BF16 (hopper/DESIGN.md)
+        self.f16 = sf_vec_size == 16 and path == "decode"
         self.mma_dtype = cutlass.Float16 if self.f16 else cutlass.BFloat16
+
+    def _prologue_pdl(self, launch_regs: int) -> bool:
+        """Whether ``convert_operands`` is PDL-launched too, so that it starts within the tail
+        of the GEMM ahead of it: decode tiles of <= 32 tokens x 128 rows or <= 16 x 64 rows at
+        two CTAs per SM, and K groups of <= 32 tokens where a prologue CTA fits beside the
+        GEMM's CTA (hopper/DESIGN.md)."""
+        if self.path != "decode":
+            return False
+        if self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16):
+            return True
+        gemm_regs = self.occupancy * self.threads_per_cta * launch_regs
+        prologue_regs = DECODE_CONVERT_THREADS * DECODE_CONVERT_MAX_REGS
+        fits = gemm_regs + prologue_regs <= SM90_REGS_PER_SM
+        return self.k_groups > 1 and self.tile_cols <= 32 and fits
 
     def _setup_attributes(self):
         """Tiled MMA, SMEM layouts, stage count: everything fixed by the configuration."""
-        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.mma_dtype,
-            self.mma_dtype,
-            OperandMajorMode.K,
-            OperandMajorMode.K,
-            self.acc_dtype,
-            (self.row_wgs, 1, 1),
-            tiler_mn=(64, self.tile_cols),
-            a_source=OperandSource.SMEM if self.a_converted else OperandSource.RMEM,
-        )
-        # Scale atoms per stage along K, and 128-row atom blocks per tile (rows <= 128 -> 1).
-        self.sf_cols_per_stage = K_TILE // self.sf_vec_size
-        self.sf_atoms_k = self.sf_cols_per_stage // SF_ATOM_COLS
+        self.tiled_mma = self._make_tiled_mma(self.tile_cols)
+        # scale atoms per stage along K, and 128-row atom blocks per tile (rows <= 128 -> 1)
+        self.sf_atoms_k = K_TILE // self.sf_vec_size // SF_ATOM_COLS
         self.sfa_row_blocks = max(1, self.tile_rows // SF_ATOM_ROWS)
-        self.sfb_row_blocks = max(1, self.tile_cols // SF_ATOM_ROWS)
-
-        packed_atom = warpgroup.make_smem_layout_atom(
-            warpgroup.SmemLayoutAtomKind.K_SW64, cutlass.Uint8
-        )
         if self.a_converted:
             self.a_stage_bytes = self.tile_rows * self.stage_k * 2
             self.sfa_stage_bytes = 0
         else:
             self.a_stage_bytes = self.tile_rows * K_TILE // 2
             self.sfa_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfa_row_blocks
-        if self.b_converted:
-            self.b_stage_bytes = self.tile_cols * self.stage_k * 2
-            self.sfb_stage_bytes = 0
-            self.num_bdq_buffers = 0
-        else:
-            self.b_stage_bytes = self.tile_cols * K_TILE // 2
-            self.sfb_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfb_row_blocks
-            self.num_bdq_buffers = NUM_BDQ_BUFFERS
-        self.bdq_buffer_bytes = self.tile_cols * K_BLOCK * 2
-        self.tx_bytes = (
-            self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes + self.sfb_stage_bytes
-        )
-        # TMA-store epilogue: D in kernel coordinates, (rows, EPI_COLS) subtiles; the decode
-        # path's tile is a tile of D^T, whose rows (D's columns) are the contiguous dimension.
+        self.b_stage_bytes = self.tile_cols * self.stage_k * 2
+        self.tx_bytes = self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes
+        # TMA-store epilogue: (rows, EPI_COLS) subtiles of D in kernel coordinates; the decode
+        # tile is a tile of D^T, whose rows (D's columns) are the contiguous dimension.
         self.epi_tile = (self.tile_rows, min(self.tile_cols, EPI_COLS))
         self.epi_subtiles = self.tile_cols // self.epi_tile[1]
-        # a static buffer per subtile (subtile % stages) when the count divides the subtiles
         self.epi_stages = min(EPI_STAGES, self.epi_subtiles)
         self.d_layout = LayoutEnum.COL_MAJOR if self.swap_ab else LayoutEnum.ROW_MAJOR
         self.epi_bytes = 0
         if self.tma_store:
-            self.epi_bytes = (
-                self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * self.c_dtype.width // 8
-            )
+            self.epi_bytes = self.epi_stages * self.epi_tile[0] * self.epi_tile[1]
+            self.epi_bytes = self.epi_bytes * self.c_dtype.width // 8
         # k_groups > 1: the fp32 accumulators of groups 1 .. k_groups - 1, parked for group 0
         self.reduce_bytes = (self.k_groups - 1) * self.tile_rows * self.tile_cols * 4
-        max_stages = MAX_STAGES
-        if self.path == "decode":
-            max_stages = DECODE_K_GROUP_MAX_STAGES if self.k_groups > 1 else DECODE_MAX_STAGES
-        self.num_stages = self._compute_stages(
-            self.tx_bytes,
-            self.num_bdq_buffers * self.bdq_buffer_bytes + self.epi_bytes + self.reduce_bytes,
-            self.occupancy,
-            max_stages,
-        )
-        if self.k_groups > 1:
-            # NOTE: mbarrier waits test a phase's parity, so a consumer must have seen fill
-            # n - 1 of a stage before it waits for fill n.  A group that skips the other
-            # groups' k-tiles sees that only if every fill of the stage is its own: a ring of
-            # a multiple of k_groups stages, stage s owned by group s % k_groups (``_consumer``
-            # keeps that across work units).
-            self.num_stages = self.num_stages // self.k_groups * self.k_groups
-            if self.num_stages < 2 * self.k_groups:
-                raise ValueError(
-                    f"k_groups = {self.k_groups}: {self.num_stages} stages of "
-                    f"{self.tx_bytes} bytes fit, fewer than two per group"
-                )
-        bdq_atom = warpgroup.make_smem_layout_atom(
+        self.num_stages = self._compute_stages()
+        converted_atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW128, self.mma_dtype
         )
         kblocks = self.kblocks_per_stage * self.num_stages
         if self.a_converted:
             # (rows, 64, k-blocks x stage): converted kernel A as wgmma reads it (K-major SW128)
             self.a_smem_layout_staged = cute.tile_to_shape(
-                bdq_atom, (self.tile_rows, K_BLOCK, kblocks), order=(0, 1, 2)
+                converted_atom, (self.tile_rows, K_BLOCK, kblocks), order=(0, 1, 2)
             )
         else:
-            # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks.
+            # (rows, 64 bytes, stage): SW64 so the 8-byte reads of a warp hit distinct banks
+            packed_atom = warpgroup.make_smem_layout_atom(
+                warpgroup.SmemLayoutAtomKind.K_SW64, cutlass.Uint8
+            )
             self.a_smem_layout_staged = cute.tile_to_shape(
                 packed_atom, (self.tile_rows, K_TILE // 2, self.num_stages), order=(0, 1, 2)
             )
-        if self.b_converted:
-            # (cols, 64, k-blocks x stage): converted kernel B as wgmma reads it (K-major SW128)
-            self.b_smem_layout_staged = cute.tile_to_shape(
-                bdq_atom, (self.tile_cols, K_BLOCK, kblocks), order=(0, 1, 2)
-            )
-        else:
-            self.b_smem_layout_staged = cute.tile_to_shape(
-                packed_atom, (self.tile_cols, K_TILE // 2, self.num_stages), order=(0, 1, 2)
-            )
-        # Scale stage: (256 bytes, 2 * atoms_k, row blocks, stage) = whole 512-byte atoms.
+        # (cols, 64, k-blocks x stage): converted kernel B as wgmma reads it (K-major SW128)
+        self.b_smem_layout_staged = cute.tile_to_shape(
+            converted_atom, (self.tile_cols, K_BLOCK, kblocks), order=(0, 1, 2)
+        )
+        # (256 bytes, 2 x atoms_k, row blocks, stage): whole 512-byte scale atoms
         self.sfa_smem_layout_staged = cute.make_ordered_layout(
             (256, 2 * self.sf_atoms_k, self.sfa_row_blocks, self.num_stages), order=(0, 1, 2, 3)
-        )
-        self.sfb_smem_layout_staged = cute.make_ordered_layout(
-            (256, 2 * self.sf_atoms_k, self.sfb_row_blocks, self.num_stages), order=(0, 1, 2, 3)
-        )
-        # Converted kernel-B blocks (fused: by the consumers, 3 rotating): (cols, 64, buffer),
-        # K-major SW128.
-        self.bdq_smem_layout_staged = cute.tile_to_shape(
-            bdq_atom, (self.tile_cols, K_BLOCK, max(1, self.num_bdq_buffers)), order=(0, 1, 2)
         )
         # (rows, epi cols, epi stage): D subtiles on their way to the TMA store
         self.d_smem_layout_staged = sm90_utils.make_smem_layout_epi(
             self.c_dtype, self.d_layout, self.epi_tile, self.epi_stages
         )
+        self.smem_layouts = (
+            self.a_smem_layout_staged,
+            self.b_smem_layout_staged,
+            self.sfa_smem_layout_staged,
+            self.d_smem_layout_staged,
+        )
         # The wgmma's accumulator partition restricted to one subtile: the values of subtile s
-        # are the accumulator's values s * V .. s * V + V - 1 (V = the subtile's size per thread;
-        # the wgmma C fragment walks 8-column blocks slowest).
-        self.epi_mma = sm90_utils.make_trivial_tiled_mma(
+        # are the accumulator's values s * V .. s * V + V - 1 (8-column blocks walk slowest).
+        self.epi_mma = self._make_tiled_mma(self.epi_tile[1])
+
+    def _make_tiled_mma(self, cols: int) -> cute.TiledMma:
+        """F16 / BF16 wgmma m64 x cols x k16 -> FP32 per row warpgroup; A from registers
+        (decode) or SMEM (prefill), B from SMEM, both K-major."""
+        return sm90_utils.make_trivial_tiled_mma(
             self.mma_dtype,
             self.mma_dtype,
             OperandMajorMode.K,
             OperandMajorMode.K,
             self.acc_dtype,
             (self.row_wgs, 1, 1),
-            tiler_mn=(64, self.epi_tile[1]),
+            tiler_mn=(64, cols),
             a_source=OperandSource.SMEM if self.a_converted else OperandSource.RMEM,
         )
 
+    def _compute_stages(self) -> int:
+        """Ring stages of ``tx_bytes`` that fit next to the D subtiles and the K groups' parked
+        accumulators at ``occupancy`` CTAs per SM, capped (hopper/DESIGN.md).
+
+        NOTE: with K groups the ring holds a multiple of k_groups stages, each owned by one
+        group: mbarrier waits test a phase's parity, so a group must see every fill of a stage.
+        """
+        reserved = 2048  # mbarriers + alignment padding
+        # NOTE: 228 KiB per SM in all, of which 1 KiB per CTA is reserved by the hardware.
+        per_cta = min(SM90_SMEM_CAPACITY, SM90_SMEM_PER_SM // self.occupancy - 1024)
+        stages = (per_cta - self.epi_bytes - self.reduce_bytes - reserved) // self.tx_bytes
+        max_stages = MAX_STAGES
+        if self.path == "decode":
+            max_stages = DECODE_K_GROUP_MAX_STAGES if self.k_groups > 1 else DECODE_MAX_STAGES
+        stages = min(stages, max_stages) // self.k_groups * self.k_groups
+        if stages < 2 * self.k_groups:
+            raise ValueError(
+                f"k_groups={self.k_groups}: {stages} stages of {self.tx_bytes} bytes fit, "
+                "fewer than two per group"
+            )
+        return stages
+
+    # ======================================= host side =========================================
     @cute.jit
     def __call__(
         self,
@@ -1093,262 +908,183 @@ class BlockwiseGemmFp4Sm90:
         num_sms: cutlass.Constexpr,
         stream,
     ):
-        """Host side: global layouts, TMA descriptors, grid, shared storage, launch."""
+        """Host side: global tensors, TMA atoms, shared storage, then the prologue grid and the
+        GEMM grid, launched back to back (the GEMM with PDL)."""
         self.c_dtype = c_ptr.value_type
         self._setup_attributes()
         m, n, k, l = problem_mnkl  # noqa: E741
-        # The kernel's row / col operands (decode path: weights are the rows).
-        rows_a, rows_b = (n, m) if cutlass.const_expr(self.swap_ab) else (m, n)
-        ptr_ka, ptr_kb = (b_ptr, a_ptr) if cutlass.const_expr(self.swap_ab) else (a_ptr, b_ptr)
-        ptr_sfka, ptr_sfkb = (
-            (sfb_ptr, sfa_ptr) if cutlass.const_expr(self.swap_ab) else (sfa_ptr, sfb_ptr)
+        ptrs = (a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr, conv_a_ptr)
+        tensors = self._global_tensors(ptrs, m, n, k, l)
+        mKApacked, mKBpacked, mKA, mKB, mSFKA, mSFKB, mD, mWork = tensors
+        tma_ab = self._tma_atoms_ab(mKA, mKB, mSFKA)
+        tma_atom_d, tma_tensor_d = self._tma_atom_d(mD, tma_ab[0], tma_ab[1])
+        self.shared_storage = self._shared_storage()
+        rows_a, rows_b = (n, m) if self.swap_ab else (m, n)
+        scheduler, grid = self._compute_grid(
+            rows_a, rows_b, l, num_sms * self.occupancy // self.cluster_m
         )
+        self._launch_prologue((mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA), k, stream)
+        epi_tensors = (mD, tma_atom_d, tma_tensor_d, mWork)
+        mmas = (self.tiled_mma, self.epi_mma)
+        self.kernel(tma_ab, epi_tensors, alpha, k, mmas, scheduler, self.smem_layouts).launch(
+            grid=grid,
+            block=[self.threads_per_cta, 1, 1],
+            cluster=(self.cluster_m, 1, 1),
+            # programmatic dependent launch: this grid's start overlaps convert_operands
+            use_pdl=True,
+            min_blocks_per_mp=self.occupancy,
+            # all of the SM's 228 KiB as SMEM (percent), so that ``occupancy`` CTAs fit
+            preferred_smem_carveout=100,
+            stream=stream,
+        )
+
+    def _global_tensors(self, ptrs, m, n, k, l):  # noqa: E741
+        """Packed kernel A / B (rows, K/2, L), the converted copies (rows, K_pad, L), the blocked
+        scales, D in kernel coordinates and the split-K workspace."""
+        a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr, conv_a_ptr = ptrs
+        # the kernel's row / col operands (decode: the weights are the rows)
+        rows_a, rows_b = (n, m) if self.swap_ab else (m, n)
+        ptr_ka, ptr_kb = (b_ptr, a_ptr) if self.swap_ab else (a_ptr, b_ptr)
+        ptr_sfka, ptr_sfkb = (sfb_ptr, sfa_ptr) if self.swap_ab else (sfa_ptr, sfb_ptr)
         kb = cute.assume(k // 2, 16)
         k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
-        # Packed FP4 bytes, K-major: (rows, K/2, L).
-        mKApacked = cute.make_tensor(
-            ptr_ka, cute.make_layout((rows_a, kb, l), stride=(kb, 1, rows_a * kb))
-        )
-        mKBpacked = cute.make_tensor(
-            ptr_kb, cute.make_layout((rows_b, kb, l), stride=(kb, 1, rows_b * kb))
-        )
-        # Converted operands (rows, K rounded up to 64, L) in F16 / BF16, written by
-        # convert_operands in the mainloop's permuted K order.
-        mKA, mKB = mKApacked, mKBpacked
-        if cutlass.const_expr(self.a_converted):
-            mKA = cute.make_tensor(
-                conv_a_ptr,
-                cute.make_layout((rows_a, k_pad, l), stride=(k_pad, 1, rows_a * k_pad)),
-            )
-        if cutlass.const_expr(self.b_converted):
-            conv_rows_b = self.converted_rows_b(rows_b)
-            mKB = cute.make_tensor(
-                conv_b_ptr,
-                cute.make_layout((conv_rows_b, k_pad, l), stride=(k_pad, 1, conv_rows_b * k_pad)),
-            )
-        # Scales, blocked: (256, 2 * atoms along K, 128-row blocks, L); an atom is 2 x 256 bytes.
+        mKApacked = self._k_major(ptr_ka, rows_a, kb, l)
+        mKBpacked = self._k_major(ptr_kb, rows_b, kb, l)
+        # F16 / BF16 copies written by convert_operands in the mainloop's permuted K order
+        mKA = self._k_major(conv_a_ptr, rows_a, k_pad, l) if self.a_converted else mKApacked
+        mKB = self._k_major(conv_b_ptr, self.converted_rows_b(rows_b), k_pad, l)
         sf_atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
         mSFKA = self._blocked_sf_tensor(ptr_sfka, rows_a, sf_atoms_k, l)
         mSFKB = self._blocked_sf_tensor(ptr_sfkb, rows_b, sf_atoms_k, l)
-        # D in kernel coordinates (rows, cols, L): the decode path writes D^T, i.e. D's columns.
         pitch = n
-        if cutlass.const_expr(self.tma_store):
+        if self.tma_store:
             # NOTE: TMA strides are multiples of 16 bytes; the runner takes this variant only
             # when N * sizeof(D) is one.
             pitch = cute.assume(n, 128 // self.c_dtype.width)
-        if cutlass.const_expr(self.swap_ab):
+        # D in kernel coordinates (rows, cols, L): decode writes D^T, i.e. D's columns
+        if self.swap_ab:
             mD = cute.make_tensor(c_ptr, cute.make_layout((n, m, l), stride=(1, pitch, m * pitch)))
         else:
             mD = cute.make_tensor(c_ptr, cute.make_layout((m, n, l), stride=(pitch, 1, m * pitch)))
-        # Split-K partials (fp32) and per-tile arrival counters (int32) share one workspace.
+        # split-K partials (fp32) and per-tile arrival counters (int32) share one workspace
         mWork = cute.make_tensor(workspace_ptr, cute.make_layout(1))
+        return mKApacked, mKBpacked, mKA, mKB, mSFKA, mSFKB, mD, mWork
 
+    def _tma_atoms_ab(self, mKA, mKB, mSFKA):
+        """(atom, TMA tensor) of kernel A (packed or converted), converted kernel B and, on
+        decode, kernel A's scales (kernel A's pair stands in for them on prefill)."""
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         a_tile = (self.tile_rows, K_BLOCK if self.a_converted else K_TILE // 2)
-        tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
-            g2s, mKA, cute.slice_(self.a_smem_layout_staged, (None, None, 0)), a_tile
-        )
-        b_tile = (self.tile_cols, K_BLOCK if self.b_converted else K_TILE // 2)
+        a_stage = cute.slice_(self.a_smem_layout_staged, (None, None, 0))
+        tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(g2s, mKA, a_stage, a_tile)
         # NOTE: with a 2x1 cluster each CTA loads half of the shared B tile and multicasts it.
         tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_m > 1 else g2s,
             mKB,
             cute.slice_(self.b_smem_layout_staged, (None, None, 0)),
-            b_tile,
+            (self.tile_cols, K_BLOCK),
             num_multicast=self.cluster_m,
         )
-        sf_tile_a = (256, 2 * self.sf_atoms_k, self.sfa_row_blocks)
-        sf_tile_b = (256, 2 * self.sf_atoms_k, self.sfb_row_blocks)
-        if cutlass.const_expr(self.a_converted):
-            # no scales in the mainloop: the A pair stands in for the unused arguments
-            tma_atom_sfa, tma_tensor_sfa = tma_atom_a, tma_tensor_a
-        else:
+        tma_atom_sfa, tma_tensor_sfa = tma_atom_a, tma_tensor_a
+        if not self.a_converted:
             tma_atom_sfa, tma_tensor_sfa = cpasync.make_tiled_tma_atom(
                 g2s,
                 mSFKA,
                 cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
-                sf_tile_a,
+                (256, 2 * self.sf_atoms_k, self.sfa_row_blocks),
             )
-        if cutlass.const_expr(self.b_converted):
-            # no kernel-B scales in the mainloop: the SFA pair stands in for the unused argument
-            tma_atom_sfb, tma_tensor_sfb = tma_atom_sfa, tma_tensor_sfa
-        else:
-            tma_atom_sfb, tma_tensor_sfb = cpasync.make_tiled_tma_atom(
-                g2s,
-                mSFKB,
-                cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0)),
-                sf_tile_b,
-            )
+        return tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b, tma_atom_sfa, tma_tensor_sfa
 
-        if cutlass.const_expr(self.tma_store):
-            tma_atom_d, tma_tensor_d = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileS2GOp(),
-                mD,
-                cute.slice_(self.d_smem_layout_staged, (None, None, 0)),
-                self.epi_tile,
-            )
-        else:
-            # direct stores: the A pair stands in for the unused arguments
-            tma_atom_d, tma_tensor_d = tma_atom_a, tma_tensor_a
-
-        tile_sched_params, grid = self._compute_grid(
-            rows_a,
-            rows_b,
-            l,
-            self.tile_rows,
-            self.tile_cols,
-            self.split_k,
-            num_sms * self.occupancy // self.cluster_m,
-            self.cluster_m,
+    def _tma_atom_d(self, mD, tma_atom_a, tma_tensor_a):
+        """(atom, TMA tensor) of D's subtile stores; kernel A's pair with direct stores."""
+        if not self.tma_store:
+            return tma_atom_a, tma_tensor_a
+        d_stage = cute.slice_(self.d_smem_layout_staged, (None, None, 0))
+        return cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mD, d_stage, self.epi_tile
         )
 
+    @cute.jit
+    def _shared_storage(self):
+        """The CTA's shared storage: barriers, the A / B / scale ring, D subtiles, parked K-group
+        accumulators (16-element placeholders where a buffer is not used)."""
         a_smem_dtype = self.mma_dtype if self.a_converted else cutlass.Uint8
-        b_smem_dtype = self.mma_dtype if self.b_converted else cutlass.Uint8
-        # (8 / 16-element placeholders for the buffers this configuration does not use: sBdq off
-        # the fused path, sSFA on prefill, sSFB on decode and prefill, sD with direct stores)
-        bdq_elems = cute.cosize(self.bdq_smem_layout_staged) if self.num_bdq_buffers else 8
         sfa_bytes = cute.cosize(self.sfa_smem_layout_staged) if self.sfa_stage_bytes else 16
-        sfb_bytes = cute.cosize(self.sfb_smem_layout_staged) if self.sfb_stage_bytes else 16
         d_elems = cute.cosize(self.d_smem_layout_staged) if self.tma_store else 16
+        a_elems = cute.cosize(self.a_smem_layout_staged)
+        b_elems = cute.cosize(self.b_smem_layout_staged)
 
         @cute.struct
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             splitk_flag: cute.struct.MemRange[cutlass.Int32, 4]
-            sA: cute.struct.Align[
-                cute.struct.MemRange[a_smem_dtype, cute.cosize(self.a_smem_layout_staged)],
-                1024,
-            ]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[b_smem_dtype, cute.cosize(self.b_smem_layout_staged)],
-                1024,
-            ]
-            sBdq: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, bdq_elems], 1024]
+            sA: cute.struct.Align[cute.struct.MemRange[a_smem_dtype, a_elems], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, b_elems], 1024]
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfa_bytes], 128]
-            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfb_bytes], 128]
             sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, d_elems], 1024]
             if cutlass.const_expr(self.reduce_bytes > 0):
-                # k_groups > 1: the groups' parked accumulators (no placeholder otherwise: its
-                # alignment would cost up to 128 bytes that two CTAs of 32 x 128 do not have)
+                # (no placeholder otherwise: its alignment could cost bytes two CTAs lack)
                 sRed: cute.struct.Align[
                     cute.struct.MemRange[cutlass.Float32, self.reduce_bytes // 4], 128
                 ]
 
-        self.shared_storage = SharedStorage
+        return SharedStorage
 
-        if cutlass.const_expr(self.b_converted):
-            # one CTA covers convert_threads * convert_unroll chunks of one operand
-            per_cta = self.convert_threads * self.convert_unroll
-            chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
-            ctas = (chunks_b + per_cta - 1) // per_cta
-            if cutlass.const_expr(self.a_converted):
-                chunks_a = l * rows_a * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
-                ctas += (chunks_a + per_cta - 1) // per_cta
-            # (runtime divisors of the chunk index: precomputed multiply-shift, no IDIV sequence)
-            blocks_per_row = cute.fast_divmod_create_divisor_v2(k_pad // K_BLOCK)
-            rows_div_b = cute.fast_divmod_create_divisor_v2(rows_b)
-            rows_div_a = cute.fast_divmod_create_divisor_v2(rows_a)
-            decode = self.path == "decode"
-            self.convert_operands(
-                mKBpacked,
-                mSFKB,
-                mKB,
-                mKApacked,
-                mSFKA,
-                mKA,
-                k,
-                k_pad,
-                blocks_per_row,
-                rows_div_b,
-                rows_div_a,
-            ).launch(
-                grid=[ctas, 1, 1],
-                block=[self.convert_threads, 1, 1],
-                stream=stream,
-                use_pdl=self.prologue_pdl,
-                # decode: the register cap of DECODE_CONVERT_MAX_REGS, and the GEMM's SMEM
-                # carveout, so that these CTAs can share an SM with two GEMM CTAs
-                min_blocks_per_mp=(
-                    SM90_REGS_PER_SM // (self.convert_threads * DECODE_CONVERT_MAX_REGS)
-                    if decode
-                    else 0
-                ),
-                preferred_smem_carveout=100 if decode else None,
-            )
-        self.kernel(
-            tma_atom_a,
-            tma_tensor_a,
-            tma_atom_b,
-            tma_tensor_b,
-            tma_atom_sfa,
-            tma_tensor_sfa,
-            tma_atom_sfb,
-            tma_tensor_sfb,
-            mD,
-            tma_atom_d,
-            tma_tensor_d,
-            mWork,
-            alpha,
-            k,
-            self.tiled_mma,
-            self.epi_mma,
-            tile_sched_params,
-            self.a_smem_layout_staged,
-            self.b_smem_layout_staged,
-            self.sfa_smem_layout_staged,
-            self.sfb_smem_layout_staged,
-            self.bdq_smem_layout_staged,
-            self.d_smem_layout_staged,
-        ).launch(
-            grid=grid,
-            block=[self.threads_per_cta, 1, 1],
-            cluster=(self.cluster_m, 1, 1),
-            # programmatic dependent launch: overlaps this grid's start with convert_operands
-            use_pdl=self.use_pdl,
-            min_blocks_per_mp=self.occupancy,
-            # all of the SM's 228 KiB as SMEM (percent), so that `occupancy` CTAs fit
-            preferred_smem_carveout=100,
+    def _launch_prologue(self, kernel_b, kernel_a, k, stream):
+        """Launch ``convert_operands`` over kernel B (and, on prefill, kernel A): each given as
+        (packed, blocked scales, converted copy)."""
+        rows_b, l = kernel_b[0].shape[0], kernel_b[0].shape[2]  # noqa: E741
+        rows_a = kernel_a[0].shape[0]
+        k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
+        per_cta = self.convert_threads * self.convert_unroll
+        chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
+        ctas = (chunks_b + per_cta - 1) // per_cta
+        if cutlass.const_expr(self.a_converted):
+            chunks_a = l * rows_a * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
+            ctas += (chunks_a + per_cta - 1) // per_cta
+        # runtime divisors of the chunk index: a precomputed multiply-shift, no IDIV sequence
+        blocks_per_row = cute.fast_divmod_create_divisor_v2(k_pad // K_BLOCK)
+        rows_div_b = cute.fast_divmod_create_divisor_v2(rows_b)
+        rows_div_a = cute.fast_divmod_create_divisor_v2(rows_a)
+        decode = self.path == "decode"
+        divisors = (blocks_per_row, rows_div_b, rows_div_a)
+        self.convert_operands(kernel_b, kernel_a, k, k_pad, divisors).launch(
+            grid=[ctas, 1, 1],
+            block=[self.convert_threads, 1, 1],
             stream=stream,
+            use_pdl=self.prologue_pdl,
+            # decode: a register cap of DECODE_CONVERT_MAX_REGS and the GEMM's SMEM carveout,
+            # so that these CTAs can share an SM with the GEMM's CTAs
+            min_blocks_per_mp=(
+                SM90_REGS_PER_SM // (self.convert_threads * DECODE_CONVERT_MAX_REGS)
+                if decode
+                else 0
+            ),
+            preferred_smem_carveout=100 if decode else None,
         )
 
-    # -----------------------------------------------------------------------------------------
+    # ======================================= the GEMM grid =====================================
     @cute.kernel
     def kernel(
         self,
-        tma_atom_a: cute.CopyAtom,
-        mA_mkl: cute.Tensor,
-        tma_atom_b: cute.CopyAtom,
-        mB_nkl: cute.Tensor,
-        tma_atom_sfa: cute.CopyAtom,
-        mSFA_mkl: cute.Tensor,
-        tma_atom_sfb: cute.CopyAtom,
-        mSFB_nkl: cute.Tensor,
-        mD_mnl: cute.Tensor,
-        tma_atom_d: cute.CopyAtom,
-        mD_tma: cute.Tensor,
-        mWork: cute.Tensor,
+        tma_ab: tuple,
+        epi_tensors: tuple,
         alpha: cutlass.Float32,
         k: Int32,
-        tiled_mma: cute.TiledMma,
-        epi_mma: cute.TiledMma,
-        tile_sched_params: utils.PersistentTileSchedulerParams,
-        a_smem_layout_staged: cute.ComposedLayout,
-        b_smem_layout_staged: cute.ComposedLayout,
-        sfa_smem_layout_staged: cute.Layout,
-        sfb_smem_layout_staged: cute.Layout,
-        bdq_smem_layout_staged: cute.ComposedLayout,
-        d_smem_layout_staged: cute.ComposedLayout,
+        mmas: tuple,
+        scheduler: StaticTileScheduler,
+        layouts: tuple,
     ):
         """Dispatcher: shared storage and the pipeline, then one branch per warp role."""
+        tma_atom_a, _, tma_atom_b, _, tma_atom_sfa, _ = tma_ab
+        tma_atom_d = epi_tensors[1]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == self.producer_warp:
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
-            # (the scale atoms are stand-ins for A's when the operand is converted)
+            # (the scale and D atoms stand in for A's where they are not used)
             if cutlass.const_expr(not self.a_converted):
                 cpasync.prefetch_descriptor(tma_atom_sfa)
-            if cutlass.const_expr(not self.b_converted):
-                cpasync.prefetch_descriptor(tma_atom_sfb)
             if cutlass.const_expr(self.tma_store):
                 cpasync.prefetch_descriptor(tma_atom_d)
 
@@ -1359,8 +1095,7 @@ class BlockwiseGemmFp4Sm90:
             num_stages=self.num_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             # one arrive per consumer warp of the K group that reads the stage, in every CTA
-            # whose producer writes into this one (lanes 0 .. cluster size - 1 signal in
-            # PipelineTmaAsync)
+            # whose producer writes into this one
             consumer_group=pipeline.CooperativeGroup(
                 pipeline.Agent.Thread, self.group_threads // 32 * self.cluster_m
             ),
@@ -1374,44 +1109,13 @@ class BlockwiseGemmFp4Sm90:
             alpha = alpha * cutlass.Float32(NVFP4_ACC_SCALE)
 
         if warp_idx < 4:
-            cute.arch.warpgroup_reg_dealloc(self.producer_regs)
+            cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == self.producer_warp:
-                self._producer(
-                    storage,
-                    ab_pipeline,
-                    k_tiles,
-                    a_smem_layout_staged,
-                    b_smem_layout_staged,
-                    sfa_smem_layout_staged,
-                    sfb_smem_layout_staged,
-                    tma_atom_a,
-                    mA_mkl,
-                    tma_atom_b,
-                    mB_nkl,
-                    tma_atom_sfa,
-                    mSFA_mkl,
-                    tma_atom_sfb,
-                    mSFB_nkl,
-                    tile_sched_params,
-                )
+                self._producer(storage, ab_pipeline, k_tiles, layouts, tma_ab, scheduler)
         else:
-            cute.arch.warpgroup_reg_alloc(self.mma_regs)
+            cute.arch.setmaxregister_increase(self.mma_regs)
             self._consumer(
-                storage,
-                ab_pipeline,
-                k_tiles,
-                a_smem_layout_staged,
-                b_smem_layout_staged,
-                bdq_smem_layout_staged,
-                d_smem_layout_staged,
-                mD_mnl,
-                tma_atom_d,
-                mD_tma,
-                mWork,
-                alpha,
-                tiled_mma,
-                epi_mma,
-                tile_sched_params,
+                storage, ab_pipeline, k_tiles, layouts, epi_tensors, alpha, mmas, scheduler
             )
         if cutlass.const_expr(self.cluster_m > 1):
             # NOTE: no CTA may exit while its peer can still multicast into its SMEM or
@@ -1421,35 +1125,21 @@ class BlockwiseGemmFp4Sm90:
 
     # ======================================= TMA producer ======================================
     @cute.jit
-    def _producer(
-        self,
-        storage,
-        ab_pipeline,
-        k_tiles,
-        a_smem_layout_staged,
-        b_smem_layout_staged,
-        sfa_smem_layout_staged,
-        sfb_smem_layout_staged,
-        tma_atom_a,
-        mA_mkl,
-        tma_atom_b,
-        mB_nkl,
-        tma_atom_sfa,
-        mSFA_mkl,
-        tma_atom_sfb,
-        mSFB_nkl,
-        tile_sched_params,
-    ):
+    def _producer(self, storage, ab_pipeline, k_tiles, layouts, tma, scheduler):
+        """Warp 0: per work unit and k-tile, one ring stage of kernel A (and its scales on
+        decode) and converted kernel B.  On decode the first stage's weights are requested
+        before the PDL wait; every load of the prologue's output comes after it."""
+        a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged, _ = layouts
+        tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl = tma
         # packed: (rows, 64 bytes, stage); converted: (rows, 64, k-blocks x stage)
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
-        # packed: (cols, 64 bytes, stage); converted: (cols, 64, k-blocks x stage)
+        # (cols, 64, k-blocks x stage)
         sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
         # packed: (rows, 64 bytes, RestRows, RestK, L); converted: (rows, 64, RestRows, RestK64, L)
         a_tile_k = K_BLOCK if self.a_converted else K_TILE // 2
         gA = cute.local_tile(mA_mkl, (self.tile_rows, a_tile_k), (None, None, None))
-        # packed: (cols, 64 bytes, RestCols, RestK, L); converted: (cols, 64, RestCols, RestK64, L)
-        b_tile_k = K_BLOCK if self.b_converted else K_TILE // 2
-        gB = cute.local_tile(mB_nkl, (self.tile_cols, b_tile_k), (None, None, None))
+        # (cols, 64, RestCols, RestK64, L)
+        gB = cute.local_tile(mB_nkl, (self.tile_cols, K_BLOCK), (None, None, None))
         # (TMA, stage) / (TMA, RestRows, RestK, L)
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a,
@@ -1466,7 +1156,7 @@ class BlockwiseGemmFp4Sm90:
             b_mcast_mask = cpasync.create_tma_multicast_mask(
                 cta_layout_vmnk, cta_layout_vmnk.get_flat_coord(cta_rank), mcast_mode=1
             )
-        # (TMA, stage) / (TMA, RestCols, RestK, L)
+        # (TMA, stage) / (TMA, RestCols, RestK64, L)
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b,
             cta_rank % self.cluster_m,
@@ -1474,7 +1164,7 @@ class BlockwiseGemmFp4Sm90:
             cute.group_modes(sB, 0, 2),
             cute.group_modes(gB, 0, 2),
         )
-        tAsSFA, tAgSFA, tBsSFB, tBgSFB = None, None, None, None
+        tAsSFA, tAgSFA = None, None
         if cutlass.const_expr(not self.a_converted):
             # (256, 2 * atoms_k, row_blocks, stage)
             sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
@@ -1490,42 +1180,22 @@ class BlockwiseGemmFp4Sm90:
                 cute.group_modes(sSFA, 0, 3),
                 cute.group_modes(gSFA, 0, 3),
             )
-        if cutlass.const_expr(not self.b_converted):
-            # (256, 2 * atoms_k, row_blocks, stage)
-            sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
-            # (256, 2 * atoms_k, row_blocks, RestK, RestRowBlocks, L)
-            gSFB = cute.local_tile(
-                mSFB_nkl, (256, 2 * self.sf_atoms_k, self.sfb_row_blocks), (0, None, None, None)
-            )
-            # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
-            tBsSFB, tBgSFB = cpasync.tma_partition(
-                tma_atom_sfb,
-                0,
-                cute.make_layout(1),
-                cute.group_modes(sSFB, 0, 3),
-                cute.group_modes(gSFB, 0, 3),
-            )
-
-        # the TMA atoms and partitions of each operand, for ``_copy_a`` / ``_copy_b``
         a_copies = (tma_atom_a, tAgA, tAsA, tma_atom_sfa, tAgSFA, tAsSFA)
-        b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask, tma_atom_sfb, tBgSFB, tBsSFB)
-        tile_sched = utils.StaticPersistentTileScheduler.create(
-            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work_tile = tile_sched.initial_work_tile_info()
+        b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask)
+        unit = scheduler.first_unit()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        # k-tiles of the first work tile already requested (decode: its first stages)
+        # k-tiles of the first work unit already requested (decode: its first stage)
         issued = Int32(0)
-        if cutlass.const_expr(self.use_pdl and not self.a_converted):
-            issued, state = self._first_stages_across_pdl_wait(
-                ab_pipeline, state, a_copies, b_copies, work_tile, k_tiles
+        if cutlass.const_expr(not self.a_converted):
+            issued, state = self._first_stage_across_pdl_wait(
+                ab_pipeline, state, a_copies, b_copies, scheduler, unit, k_tiles
             )
-        elif cutlass.const_expr(self.use_pdl):
+        else:
             # NOTE: PDL launch: the converted operands are complete only after this wait.
             cute.arch.griddepcontrol_wait()
-        while work_tile.is_valid_tile:
-            row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb = self._producer_unit(
-                work_tile, k_tiles
+        while scheduler.is_valid(unit):
+            row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
+                scheduler, unit, k_tiles
             )
             kt_first = kt_begin + issued
             issued = Int32(0)
@@ -1533,47 +1203,30 @@ class BlockwiseGemmFp4Sm90:
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 self._copy_a(a_copies, kt, state.index, bar, row_tile, sfa_rb, batch)
-                self._copy_b(b_copies, kt, state.index, bar, col_tile, sfb_rb, batch)
+                self._copy_b(b_copies, kt, state.index, bar, col_tile, batch)
                 ab_pipeline.producer_commit(state)
                 state.advance()
-            tile_sched.advance_to_next_work()
-            work_tile = tile_sched.get_current_work()
-        # Every load of this CTA is issued: a PDL-launched successor (the next launch's
-        # prologue grid) may be scheduled once all CTAs are here; it must wait for this grid to
-        # complete before it touches memory (``convert_operands`` does), and its launch
-        # overlaps this grid's last stages.
+            unit = scheduler.next_unit(unit)
+        # every load of this CTA is issued: a PDL-launched successor (the next prologue) may
+        # start; it waits for this grid to complete before it touches memory
         cute.arch.griddepcontrol_launch_dependents()
         ab_pipeline.producer_tail(state)
 
     @cute.jit
-    def _first_stages_across_pdl_wait(
-        self, ab_pipeline, state, a_copies, b_copies, work_tile, k_tiles
+    def _first_stage_across_pdl_wait(
+        self, ab_pipeline, state, a_copies, b_copies, scheduler, unit, k_tiles
     ):
-        """Decode with a token prologue: request the weights of the first
-        ``stages_before_wait`` stages, wait for the prologue grid (``griddepcontrol.wait``),
-        then their tokens.  Returns the k-tiles issued (0 for a CTA without work or a first
-        unit without k-tiles) and the advanced pipeline state (returned because the loops
-        below rebind the name ``state`` to their results, so the caller's object does not see
-        the advance).
+        """Decode: request the first stage's weights, wait for the prologue grid
+        (``griddepcontrol.wait``), then request its tokens.  Returns the k-tiles issued (0 for
+        a CTA without work or a first unit without k-tiles) and the advanced pipeline state.
 
-        NOTE: PDL launch: the converted tokens are complete only after the wait; the weights and
-        their scales do not depend on it.  Requesting the first stage's weights early overlaps
-        their DRAM latency with the prologue (H200: 16.7-17.1 against 17.7-18.0 us at 16 x 8192
-        x 8192); requesting the whole ring first delayed the prologue itself (1 x 8192 x 8192:
-        20.6 against 18.6 us, hopper/NOTES.md), and two stages gained no more than one.  With
-        ``early_release`` (``static_weights``) the GEMM starts before the kernel ahead of the
-        prologue has completed; three stages then beat one on K-group tiles (16 x 7168 x 2048
-        5.9 against 6.0-6.1 us, 1 x 18432 x 7168 28.5-28.6 against 28.9) and overlapped it at
-        1 x 8192 x 8192 (14.2-15.0 against 14.4-14.6; MXFP4 16.6 against 16.3).
-        """
-        row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb = self._producer_unit(
-            work_tile, k_tiles
+        NOTE: PDL launch: the converted tokens are complete only after the wait; the weights
+        and their scales do not depend on it, so their DRAM latency overlaps the prologue."""
+        row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
+            scheduler, unit, k_tiles
         )
-        # (NOTE: at most the ring: a stage is freed only after its tokens have arrived)
-        issued = cutlass.min(
-            Int32(min(self.stages_before_wait, self.num_stages)), kt_end - kt_begin
-        )
-        if not work_tile.is_valid_tile:
+        issued = cutlass.min(Int32(1), kt_end - kt_begin)
+        if not scheduler.is_valid(unit):
             issued = Int32(0)
         token_state = state.clone()
         for i in cutlass.range(issued, unroll=1):
@@ -1584,22 +1237,21 @@ class BlockwiseGemmFp4Sm90:
         cute.arch.griddepcontrol_wait()
         for i in cutlass.range(issued, unroll=1):
             bar = ab_pipeline.producer_get_barrier(token_state)
-            self._copy_b(b_copies, kt_begin + i, token_state.index, bar, col_tile, sfb_rb, batch)
+            self._copy_b(b_copies, kt_begin + i, token_state.index, bar, col_tile, batch)
             ab_pipeline.producer_commit(token_state)
             token_state.advance()
         return issued, state
 
     @cute.jit
-    def _producer_unit(self, work_tile, k_tiles):
+    def _producer_unit(self, scheduler, unit, k_tiles):
         """A work unit's coordinates for the TMA copies: row tile, col tile, batch, its k-tiles
-        [begin, end) and the scale row blocks of both operands."""
-        row_tile, col_tile, lk = work_tile.tile_idx
+        [begin, end) and kernel A's scale row block."""
+        row_tile, col_tile, lk = scheduler.coords(unit)
         batch = lk // self.split_k
         kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
-        # Scale row block of this tile (tiles narrower than an atom share one).
+        # scale row block of this tile (tiles narrower than an atom share one)
         sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)
-        sfb_rb = col_tile * self.tile_cols // (SF_ATOM_ROWS * self.sfb_row_blocks)
-        return row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb, sfb_rb
+        return row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb
 
     @cute.jit
     def _copy_a(self, a_copies, kt, stage, bar, row_tile, sfa_rb, batch):
@@ -1617,29 +1269,18 @@ class BlockwiseGemmFp4Sm90:
             )
 
     @cute.jit
-    def _copy_b(self, b_copies, kt, stage, bar, col_tile, sfb_rb, batch):
-        """Kernel B of k-tile ``kt`` into ``stage``: converted, its k-blocks (multicast on a 2x1
-        cluster); packed, its bytes and scales."""
-        tma_atom_b, tBgB, tBsB, b_mcast_mask, tma_atom_sfb, tBgSFB, tBsSFB = b_copies
+    def _copy_b(self, b_copies, kt, stage, bar, col_tile, batch):
+        """Converted kernel B of k-tile ``kt`` into ``stage``, one TMA copy per k-block
+        (multicast on a 2x1 cluster)."""
+        tma_atom_b, tBgB, tBsB, b_mcast_mask = b_copies
         kbs = self.kblocks_per_stage
-        if cutlass.const_expr(self.b_converted):
-            for j in cutlass.range_constexpr(kbs):
-                cute.copy(
-                    tma_atom_b,
-                    tBgB[(None, col_tile, kbs * kt + j, batch)],
-                    tBsB[(None, kbs * stage + j)],
-                    tma_bar_ptr=bar,
-                    mcast_mask=b_mcast_mask,
-                )
-        else:
+        for j in cutlass.range_constexpr(kbs):
             cute.copy(
-                tma_atom_b, tBgB[(None, col_tile, kt, batch)], tBsB[(None, stage)], tma_bar_ptr=bar
-            )
-            cute.copy(
-                tma_atom_sfb,
-                tBgSFB[(None, kt, sfb_rb, batch)],
-                tBsSFB[(None, stage)],
+                tma_atom_b,
+                tBgB[(None, col_tile, kbs * kt + j, batch)],
+                tBsB[(None, kbs * stage + j)],
                 tma_bar_ptr=bar,
+                mcast_mask=b_mcast_mask,
             )
 
     @cute.jit
@@ -1656,73 +1297,38 @@ class BlockwiseGemmFp4Sm90:
     # ======================================= consumers =========================================
     @cute.jit
     def _consumer(
-        self,
-        storage,
-        ab_pipeline,
-        k_tiles,
-        a_smem_layout_staged,
-        b_smem_layout_staged,
-        bdq_smem_layout_staged,
-        d_smem_layout_staged,
-        mD_mnl,
-        tma_atom_d,
-        mD_tma,
-        mWork,
-        alpha,
-        tiled_mma,
-        epi_mma,
-        tile_sched_params,
+        self, storage, ab_pipeline, k_tiles, layouts, epi_tensors, alpha, mmas, scheduler
     ):
+        """Consumer warpgroups: per work unit, ``_mainloop_decode`` or ``_mainloop_prefill``, the
+        K groups' sum, then (K group 0) ``_epilogue``."""
+        a_smem_layout_staged, b_smem_layout_staged, _, d_smem_layout_staged = layouts
+        tiled_mma, epi_mma = mmas
         tidx, _, _ = cute.arch.thread_idx()
-        tidx = tidx - self.threads_per_wg  # 0 .. num_mma_threads - 1
-        # K group of this thread (``k_groups``), then tidx = its index inside the group
-        # (0 .. group_threads - 1), the only index the rest of this function uses
+        tidx = tidx - self.threads_per_wg
+        # K group of this thread, then tidx = its index inside the group (0 .. group_threads - 1)
         kgroup = 0
         if cutlass.const_expr(self.k_groups > 1):
             kgroup = cute.arch.make_warp_uniform(tidx // self.group_threads)
             tidx = tidx % self.group_threads
-        wg = tidx // self.threads_per_wg
-        warp_in_wg = (tidx // 32) % 4
-        lane = tidx % 32
-        q = lane % 4  # 16-element group of the 64-wide k-block this thread dequantizes
-
         thr_mma = tiled_mma.get_slice(tidx)
-        if cutlass.const_expr(self.b_converted):
-            # (cols, 64, k-blocks x stage)
-            sB = storage.sB.get_tensor(
-                b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner
-            )
-            # (MMA, MMA_N, MMA_K, k-blocks x stage): descriptors of the converted kernel B
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        else:
-            # (cols, 64, buffer)
-            sBdq = storage.sBdq.get_tensor(
-                bdq_smem_layout_staged.outer, swizzle=bdq_smem_layout_staged.inner
-            )
-            # (MMA, MMA_N, MMA_K, buffer): descriptors of the converted kernel-B blocks
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sBdq))
-            base_b = storage.sB.data_ptr().toint()
-            base_sfb = storage.sSFB.data_ptr().toint()
-            base_bdq = storage.sBdq.data_ptr().toint()
+        # (cols, 64, k-blocks x stage)
+        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
+        # (MMA, MMA_N, MMA_K, k-blocks x stage): descriptors of the converted kernel B
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         if cutlass.const_expr(self.a_converted):
             # (rows, 64, k-blocks x stage)
             sA = storage.sA.get_tensor(
                 a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner
             )
             # (MMA, MMA_M, MMA_K, k-blocks x stage): descriptors of the converted kernel A
-            tCsA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+            a_operands = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         else:
-            # (MMA, MMA_M, MMA_K): the RS A fragments, double-buffered across k-blocks
-            a_frag_shape = thr_mma.partition_shape_A((self.tile_rows, K_BLOCK))
-            tCrA0 = tiled_mma.make_fragment_A(a_frag_shape)
-            tCrA1 = tiled_mma.make_fragment_A(a_frag_shape)
+            a_operands = self._decode_a_operands(storage, tiled_mma, thr_mma, tidx)
         # (MMA, MMA_M, MMA_N)
         tCrAcc = cute.make_rmem_tensor(
             thr_mma.partition_shape_C((self.tile_rows, self.tile_cols)), self.acc_dtype
         )
-        base_a = storage.sA.data_ptr().toint()
-        base_sfa = storage.sSFA.data_ptr().toint()
-        sD, d_pipeline = None, None
+        d_pipeline, epi_smem = None, None
         if cutlass.const_expr(self.tma_store):
             # (rows, epi cols, epi stage)
             sD = storage.sD.get_tensor(
@@ -1732,33 +1338,21 @@ class BlockwiseGemmFp4Sm90:
                 num_stages=self.epi_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.group_threads),
             )
-        # This thread's two kernel-A rows in the tile: wgmma A fragment rows g and g + 8.
-        a_row0 = wg * 64 + warp_in_wg * 16 + lane // 4
-
-        tile_sched = utils.StaticPersistentTileScheduler.create(
-            tile_sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work_tile = tile_sched.initial_work_tile_info()
-        # the stage of this thread's next k-tile
-        read_state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.num_stages
-        )
-        # converted kernel B (decode, prefill; k_groups == 1): stages are released one step
-        # late, once the wgmma reading them completed
-        free_state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.num_stages
-        )
+            epi_smem = (sD, epi_mma, d_pipeline)
+        flag_addr = storage.splitk_flag.data_ptr().toint()
+        consumer = pipeline.PipelineUserType.Consumer
+        # the stage of this thread's next k-tile, and (k_groups == 1) the next stage to free
+        read_state = pipeline.make_pipeline_state(consumer, self.num_stages)
+        free_state = pipeline.make_pipeline_state(consumer, self.num_stages)
         # k_groups > 1: the CTA's first k-tile of the current unit (every group's count)
         unit_state = None
         if cutlass.const_expr(self.k_groups > 1):
-            unit_state = pipeline.make_pipeline_state(
-                pipeline.PipelineUserType.Consumer, self.num_stages
-            )
-        kblock = Int32(0)  # running k-block count: picks the converted kernel-B buffer (fused)
-        while work_tile.is_valid_tile:
-            row_tile, col_tile, lk = work_tile.tile_idx
+            unit_state = pipeline.make_pipeline_state(consumer, self.num_stages)
+        unit = scheduler.first_unit()
+        while scheduler.is_valid(unit):
+            row_tile, col_tile, lk = scheduler.coords(unit)
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
-            # This thread's k-tiles: kt_first, kt_first + k_groups, ... < kt_end.
+            # this thread's k-tiles: kt_first, kt_first + k_groups, ... < kt_end
             kt_first = kt_begin
             if cutlass.const_expr(self.k_groups > 1):
                 # the unit's k-tiles whose stages this group owns (stage % k_groups == group)
@@ -1767,131 +1361,128 @@ class BlockwiseGemmFp4Sm90:
                 kt_first = kt_begin + offset
                 read_state = unit_state.clone()
                 read_state.advance(offset)
-            # Row offset of this tile inside its 128-row scale atom.
-            sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS
-            sfb_row_off = col_tile * self.tile_cols % SF_ATOM_ROWS
             tCrAcc.fill(0.0)
             # NOTE: wgmma's scale-d operand: without ACCUMULATE every k16 step overwrites D.
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kt in cutlass.range(kt_first, kt_end, self.k_groups, unroll=1):
-                ab_pipeline.consumer_wait(read_state)
-                kbs = self.kblocks_per_stage
-                # decode: both k-blocks' kernel-A bytes at once, one SMEM latency per stage
-                # (the fused path has no registers to spare for it)
-                a_bytes = [
-                    self._load_a(base_a, base_sfa, read_state.index, j, a_row0, sfa_row_off, q)
-                    for j in range(kbs if self.path == "decode" else 0)
-                ]
-                for j in cutlass.range_constexpr(kbs):
-                    if cutlass.const_expr(self.a_converted):
-                        tCrA = tCsA[(None, None, None, kbs * read_state.index + j)]
-                    else:
-                        tCrA = tCrA0 if j == 0 else tCrA1
-                        # ---- kernel A: 2 rows x 16 K values -> 16 F16x2 / BF16x2 registers
-                        if cutlass.const_expr(self.path == "fused"):
-                            a_bytes.append(
-                                self._load_a(
-                                    base_a, base_sfa, read_state.index, j, a_row0, sfa_row_off, q
-                                )
-                            )
-                        self._dequant_a(tCrA, a_bytes[j])
-                    if cutlass.const_expr(self.b_converted):
-                        b_block = kbs * read_state.index + j
-                    else:
-                        # ---- kernel B: this thread's share -> SMEM buffer ``b_block``
-                        b_block = kblock % NUM_BDQ_BUFFERS
-                        self._dequant_b(
-                            base_b,
-                            base_sfb,
-                            base_bdq,
-                            read_state.index,
-                            j,
-                            b_block,
-                            sfb_row_off,
-                            tidx,
-                        )
-                        if cutlass.const_expr(j == kbs - 1):
-                            ab_pipeline.consumer_release(read_state)
-                        # NOTE: generic-proxy SMEM writes read by wgmma (async proxy) need a
-                        # proxy fence in every writing thread before the barrier.
-                        if tidx < self.tile_cols * 4:
-                            cute.arch.fence_proxy("async.shared", space="cta")
-                        cute.arch.barrier(
-                            barrier_id=int(NamedBarrierId.B_READY),
-                            number_of_threads=self.num_mma_threads,
-                        )
-                    warpgroup.fence()
-                    for s in cutlass.range_constexpr(K_BLOCK // 16):
-                        cute.gemm(
-                            tiled_mma,
-                            tCrAcc,
-                            tCrA[(None, None, s)],
-                            tCrB[(None, None, s, b_block)],
-                            tCrAcc,
-                        )
-                    warpgroup.commit_group()
-                    if cutlass.const_expr(self.k_groups > 1 and j == kbs - 1):
-                        # K groups free a stage once its last wgmma has completed, not one
-                        # k-tile later (each group would hold two stages of the ring)
-                        warpgroup.wait_group(0)
-                        ab_pipeline.consumer_release(read_state)
-                    else:
-                        # NOTE: k-block t - 1 done => its A registers and, with the barrier
-                        # above, the kernel-B buffer of t - 2 (read by both warpgroups) are
-                        # free again.
-                        warpgroup.wait_group(1)
-                    kblock += 1
-                    if cutlass.const_expr(self.b_converted and j == 0 and self.k_groups == 1):
-                        # the last wgmma of the previous stage has completed: free it
-                        if kt > kt_first:
-                            ab_pipeline.consumer_release(free_state)
-                            free_state.advance()
-                read_state.advance(self.k_groups)
+            mainloop = (ab_pipeline, read_state, free_state, kt_first, kt_end, tiled_mma, tCrAcc)
+            if cutlass.const_expr(self.a_converted):
+                read_state, free_state = self._mainloop_prefill(*mainloop, a_operands, tCrB)
+            else:
+                read_state, free_state = self._mainloop_decode(
+                    *mainloop, a_operands, tCrB, row_tile
+                )
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.b_converted and self.k_groups == 1):
+            if cutlass.const_expr(self.k_groups == 1):
                 if kt_end > kt_first:
                     ab_pipeline.consumer_release(free_state)
                     free_state.advance()
-            if cutlass.const_expr(self.k_groups > 1):
+            else:
                 unit_state.advance(kt_end - kt_begin)
                 self._reduce_k_groups(tCrAcc, kgroup, tidx, storage.sRed.data_ptr().toint())
-            if cutlass.const_expr(self.early_release):
-                # NOTE: this grid may start before the kernel ahead of the prologue has
-                # completed (``early_release``).  A unit with k-tiles writes D and the split-K
-                # workspace only after a stage was read, whose tokens the producer loaded after
-                # its PDL wait (with K groups group 0 may own no stage of the unit: it writes
-                # after the reduce barrier, behind the groups that read one); a unit without
-                # k-tiles reads none, so its epilogue waits here.
-                # (Every consumer waiting at its start measured slower, as slow as without
-                # ``static_weights``: 16 x 7168 x 2048 6.3-6.4 against 5.8-6.0 us.)
-                if kt_end == kt_begin:
-                    cute.arch.griddepcontrol_wait()
             # (k_groups > 1: group 0 holds the sum)
             if kgroup == 0:
+                coords = (row_tile, col_tile, lk)
                 self._epilogue(
-                    tCrAcc,
-                    mD_mnl,
-                    mWork,
-                    alpha,
-                    row_tile,
-                    col_tile,
-                    lk,
-                    thr_mma,
-                    tidx,
-                    storage.splitk_flag.data_ptr().toint(),
-                    tma_atom_d,
-                    mD_tma,
-                    sD,
-                    epi_mma,
-                    d_pipeline,
+                    tCrAcc, epi_tensors, alpha, coords, thr_mma, tidx, flag_addr, epi_smem
                 )
-            tile_sched.advance_to_next_work()
-            work_tile = tile_sched.get_current_work()
+            unit = scheduler.next_unit(unit)
         if cutlass.const_expr(self.tma_store):
             # warp 0 of group 0, which issued them (both terms >= 0; kgroup is 0 without groups)
             if tidx // 32 + kgroup == 0:
                 # NOTE: the CTA must not exit before its TMA stores have read their SMEM.
                 d_pipeline.producer_tail()
+
+    def _decode_a_operands(self, storage, tiled_mma, thr_mma, tidx):
+        """Decode: the two A register fragments (double-buffered across k-blocks), the SMEM
+        bases of packed kernel A and its scales, this thread's first A row and 16-group."""
+        # (MMA, MMA_M, MMA_K)
+        a_frag_shape = thr_mma.partition_shape_A((self.tile_rows, K_BLOCK))
+        tCrA0 = tiled_mma.make_fragment_A(a_frag_shape)
+        tCrA1 = tiled_mma.make_fragment_A(a_frag_shape)
+        wg = tidx // self.threads_per_wg
+        warp_in_wg = (tidx // 32) % 4
+        lane = tidx % 32
+        # this thread's two kernel-A rows in the tile: wgmma A fragment rows g and g + 8
+        a_row0 = wg * 64 + warp_in_wg * 16 + lane // 4
+        # the 16-element group of each 64-wide k-block this thread dequantizes
+        q = lane % 4
+        base_a = storage.sA.data_ptr().toint()
+        base_sfa = storage.sSFA.data_ptr().toint()
+        return tCrA0, tCrA1, base_a, base_sfa, a_row0, q
+
+    @cute.jit
+    def _mainloop_decode(
+        self,
+        ab_pipeline,
+        read_state,
+        free_state,
+        kt_first,
+        kt_end,
+        tiled_mma,
+        tCrAcc,
+        a_operands,
+        tCrB,
+        row_tile,
+    ):
+        """RS wgmma: per stage, this thread's packed weights and scales of both k-blocks from
+        SMEM, dequantized into the A registers, then 4 wgmma per k-block against the converted
+        tokens.  A stage is freed once its last wgmma has completed (k_groups == 1: one stage
+        later; K groups: at once, so that a group holds one stage).  Returns the states."""
+        tCrA0, tCrA1, base_a, base_sfa, a_row0, q = a_operands
+        # row offset of this tile inside its 128-row scale atom
+        sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS
+        kbs = self.kblocks_per_stage
+        for kt in cutlass.range(kt_first, kt_end, self.k_groups, unroll=1):
+            ab_pipeline.consumer_wait(read_state)
+            # both k-blocks' kernel-A bytes at once: one SMEM latency per stage
+            a_bytes = [
+                self._load_a(base_a, base_sfa, read_state.index, j, a_row0, sfa_row_off, q)
+                for j in range(kbs)
+            ]
+            for j in cutlass.range_constexpr(kbs):
+                tCrA = tCrA0 if j == 0 else tCrA1
+                self._dequant_a(tCrA, a_bytes[j])
+                self._wgmma_kblock(tiled_mma, tCrAcc, tCrA, tCrB, kbs * read_state.index + j)
+                if cutlass.const_expr(self.k_groups > 1 and j == kbs - 1):
+                    warpgroup.wait_group(0)
+                    ab_pipeline.consumer_release(read_state)
+                else:
+                    # NOTE: k-block t - 1 done => its A registers are free again.
+                    warpgroup.wait_group(1)
+                if cutlass.const_expr(j == 0 and self.k_groups == 1):
+                    # the last wgmma of the previous stage has completed: free that stage
+                    if kt > kt_first:
+                        ab_pipeline.consumer_release(free_state)
+                        free_state.advance()
+            read_state.advance(self.k_groups)
+        return read_state, free_state
+
+    @cute.jit
+    def _mainloop_prefill(
+        self, ab_pipeline, read_state, free_state, kt_first, kt_end, tiled_mma, tCrAcc, tCsA, tCrB
+    ):
+        """SS wgmma over the converted tiles: per stage one 64-wide k-block of kernel A and B;
+        a stage is freed one stage later, once its wgmma has completed.  Returns the states."""
+        for kt in cutlass.range(kt_first, kt_end, unroll=1):
+            ab_pipeline.consumer_wait(read_state)
+            stage = read_state.index
+            self._wgmma_kblock(tiled_mma, tCrAcc, tCsA[(None, None, None, stage)], tCrB, stage)
+            warpgroup.wait_group(1)
+            if kt > kt_first:
+                ab_pipeline.consumer_release(free_state)
+                free_state.advance()
+            read_state.advance()
+        return read_state, free_state
+
+    @cute.jit
+    def _wgmma_kblock(self, tiled_mma, tCrAcc, tCrA, tCrB, b_block):
+        """4 wgmma (k16 each) of one 64-wide k-block, committed as one group."""
+        warpgroup.fence()
+        for s in cutlass.range_constexpr(K_BLOCK // 16):
+            cute.gemm(
+                tiled_mma, tCrAcc, tCrA[(None, None, s)], tCrB[(None, None, s, b_block)], tCrAcc
+            )
+        warpgroup.commit_group()
 
     @cute.jit
     def _load_a(self, base_a, base_sfa, stage, j, a_row0, sfa_row_off, q):
@@ -1917,33 +1508,6 @@ class BlockwiseGemmFp4Sm90:
             pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.f16), self.f16)
             for i in cutlass.range_constexpr(8):
                 rA[r + 2 * (i % 2) + 4 * (i // 2)] = pairs[i]
-
-    @cute.jit
-    def _dequant_b(self, base_b, base_sfb, base_bdq, stage, j, buf, sfb_row_off, tidx):
-        """This thread's (row, 16-group) items of kernel B's k-block j -> F16 / BF16 SMEM ``buf``.
-
-        Pair P_i of a group q goes to logical K 16 (i // 2) + 8 (i % 2) + 2q, +1: the same
-        slots the A fragment gives it, i.e. 16-byte chunk i of the 128-byte row, word q."""
-        items = self.tile_cols * 4
-        for it in cutlass.range_constexpr(
-            (items + self.num_mma_threads - 1) // self.num_mma_threads
-        ):
-            item = tidx + it * self.num_mma_threads
-            if item < items:
-                row = item // 4
-                qb = item % 4
-                packed = self._load_packed(base_b, stage, self.b_stage_bytes, row, j, qb)
-                factor = _scale_factor(
-                    self._load_scale_byte(
-                        base_sfb, stage, self.sfb_stage_bytes, row + sfb_row_off, j, qb
-                    ),
-                    self.f16,
-                )
-                pairs = _fp4x16_to_mma(packed, factor, self.f16)
-                row_addr = base_bdq + buf * self.bdq_buffer_bytes + row * 128 + qb * 4
-                for i in cutlass.range_constexpr(8):
-                    # NOTE: 128B swizzle: 16-byte chunk index XOR (row % 8).
-                    _st_shared_b32(row_addr + ((i ^ (row % 8)) * 16), pairs[i])
 
     @cute.jit
     def _load_packed(self, base, stage, stage_bytes, row, j, q):
@@ -1976,158 +1540,118 @@ class BlockwiseGemmFp4Sm90:
             mine = base_red + ((kgroup - 1) * nacc * self.group_threads + tidx) * 4
             for i in cutlass.range_constexpr(nacc):
                 _st_shared_f32(mine + i * words, tCrAcc[i])
-        self._k_group_barrier()
+        self._barrier(NamedBarrierId.K_GROUP_REDUCE, self.num_mma_threads)
         if kgroup == 0:
             for g in cutlass.range_constexpr(1, self.k_groups):
                 theirs = base_red + ((g - 1) * nacc * self.group_threads + tidx) * 4
                 for i in cutlass.range_constexpr(nacc):
                     tCrAcc[i] = tCrAcc[i] + _ld_shared_f32(theirs + i * words)
         # NOTE: group 0 has read every parked value before any group parks its next unit's.
-        self._k_group_barrier()
+        self._barrier(NamedBarrierId.K_GROUP_REDUCE, self.num_mma_threads)
 
-    def _k_group_barrier(self):
-        cute.arch.barrier(
-            barrier_id=int(NamedBarrierId.K_GROUP_REDUCE), number_of_threads=self.num_mma_threads
-        )
+    def _barrier(self, barrier_id: NamedBarrierId, threads: int):
+        cute.arch.barrier(barrier_id=int(barrier_id), number_of_threads=threads)
 
     # ======================================= epilogue ==========================================
     @cute.jit
-    def _epilogue(
-        self,
-        tCrAcc,
-        mD_mnl,
-        mWork,
-        alpha,
-        row_tile,
-        col_tile,
-        lk,
-        thr_mma,
-        tidx,
-        flag_addr,
-        tma_atom_d,
-        mD_tma,
-        sD,
-        epi_mma,
-        d_pipeline,
-    ):
-        """acc * alpha -> D, through SMEM and TMA stores of (rows, 32)-column subtiles, or
-        (``tma_store`` False) with predicated direct stores; TMA clips ragged rows / cols.
-
-        With split-K, every split first parks its fp32 fragment in the workspace; the split
-        that arrives last at the tile's counter sums all of them in split order (so the result
-        does not depend on the arrival order), resets the counter and stores D."""
-        batch = lk // self.split_k
-        rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
+    def _epilogue(self, tCrAcc, epi_tensors, alpha, coords, thr_mma, tidx, flag_addr, epi_smem):
+        """acc * alpha -> D: with split-K, after ``_splitk_fixup`` and by the last split only;
+        through SMEM and TMA stores (``_store_tile_tma``) or direct stores."""
+        mD_mnl, tma_atom_d, mD_tma, mWork = epi_tensors
+        row_tile, col_tile, lk = coords
+        tile_coord = (row_tile, col_tile, lk // self.split_k)
         is_last = True
         if cutlass.const_expr(self.split_k > 1):
-            nacc = cute.size(tCrAcc)
-            row_tiles, col_tiles, num_tiles = output_tiles(
-                rows, cols, mD_mnl.shape[2], self.tile_rows, self.tile_cols, self.cluster_m
-            )
-            tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile
-            split = lk % self.split_k
-            work = mWork.iterator.toint()
-            frag_stride = Int64(self.group_threads * nacc * 4)
-            # A partial is stored value-major (value i of thread t at 4 * (i * threads + t)), so
-            # that every warp access is one contiguous 128-byte line.
-            value_stride = self.group_threads * 4
-            my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * 4))
-            counter = (
-                work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
-            )
-            for i in cutlass.range_constexpr(nacc):
-                _st_global_f32(my_frag + i * value_stride, tCrAcc[i])
-            self._splitk_barrier()
-            if tidx == 0:
-                # NOTE: the barrier orders the epilogue group's partial stores before this thread's
-                # acq_rel atomic, whose gpu-scope release is cumulative: it publishes all of
-                # them, and the atomic of the last split acquires all earlier splits' partials
-                # for its CTA through the barrier below.
-                old = _atomic_add_global_u32(counter, Uint32(1))
-                last = old == Uint32(self.split_k - 1)
-                if last:
-                    _st_global_u32(counter, Uint32(0))
-                _st_shared_b32(flag_addr, Uint32(last))
-            self._splitk_barrier()
-            is_last = _ld_shared_u32(flag_addr) != Uint32(0)
-            if is_last:
-                # Every split's partial (this split's too: the same bits, read back) is loaded
-                # before any is added, so the fix-up waits for one memory round trip per chunk
-                # of values (the chunk as large as the registers next to the accumulators
-                # allow) instead of one per split; the sum runs in split order from 0.
-                tile_frags = work + (Int64(tile_id * self.split_k) * frag_stride + Int64(tidx * 4))
-                loads = min(FIXUP_LOADS, self.mma_regs - nacc - FIXUP_RESERVED)
-                chunk = max(1, min(nacc, loads // self.split_k))
-                for c0 in cutlass.range_constexpr(0, nacc, chunk):
-                    width = min(chunk, nacc - c0)
-                    parts = [
-                        [
-                            _ld_global_cg_f32(
-                                tile_frags + sp * frag_stride + (c0 + v) * value_stride
-                            )
-                            for v in range(width)
-                        ]
-                        for sp in range(self.split_k)
-                    ]
-                    for v in cutlass.range_constexpr(width):
-                        total = cutlass.Float32(0.0)
-                        for sp in cutlass.range_constexpr(self.split_k):
-                            total = total + parts[sp][v]
-                        tCrAcc[c0 + v] = total
+            is_last = self._splitk_fixup(tCrAcc, mD_mnl, mWork, coords, tidx, flag_addr)
         if is_last:
             if cutlass.const_expr(self.tma_store):
-                self._store_tile_tma(
-                    tCrAcc,
-                    alpha,
-                    mD_tma,
-                    tma_atom_d,
-                    sD,
-                    epi_mma,
-                    d_pipeline,
-                    row_tile,
-                    col_tile,
-                    batch,
-                    tidx,
-                )
+                self._store_tile_tma(tCrAcc, alpha, mD_tma, tma_atom_d, epi_smem, tile_coord, tidx)
             else:
-                tile = (self.tile_rows, self.tile_cols)
-                # (rows, cols)
-                gD = cute.local_tile(mD_mnl, tile, (row_tile, col_tile, batch))
-                cD = cute.local_tile(
-                    cute.make_identity_tensor(mD_mnl.shape), tile, (row_tile, col_tile, batch)
-                )
-                # (MMA, MMA_M, MMA_N)
-                tCgD = thr_mma.partition_C(gD)
-                tCcD = thr_mma.partition_C(cD)
-                tCrD = cute.make_rmem_tensor_like(tCrAcc, mD_mnl.element_type)
-                tCrD.store((tCrAcc.load() * alpha).to(mD_mnl.element_type))
-                for i in cutlass.range_constexpr(cute.size(tCrAcc)):
-                    crd = tCcD[i]
-                    if crd[0] < rows and crd[1] < cols:
-                        tCgD[i] = tCrD[i]
+                self._store_tile_direct(tCrAcc, alpha, mD_mnl, thr_mma, tile_coord)
 
     @cute.jit
-    def _store_tile_tma(
-        self,
-        tCrAcc,
-        alpha,
-        mD_tma,
-        tma_atom_d,
-        sD,
-        epi_mma,
-        d_pipeline,
-        row_tile,
-        col_tile,
-        batch,
-        tidx,
-    ):
+    def _splitk_fixup(self, tCrAcc, mD_mnl, mWork, coords, tidx, flag_addr):
+        """Split-K: park this split's fp32 fragment in the workspace; the split that arrives last
+        at the tile's counter sums all of them in split order (the result does not depend on the
+        arrival order) into ``tCrAcc`` and resets the counter.  Returns whether this is it."""
+        row_tile, col_tile, lk = coords
+        nacc = cute.size(tCrAcc)
+        rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
+        row_tiles, col_tiles, num_tiles = output_tiles(
+            rows, cols, mD_mnl.shape[2], self.tile_rows, self.tile_cols, self.cluster_m
+        )
+        batch = lk // self.split_k
+        tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile
+        split = lk % self.split_k
+        work = mWork.iterator.toint()
+        frag_stride = Int64(self.group_threads * nacc * 4)
+        # value-major partials (value i of thread t at 4 * (i * threads + t)): every warp access
+        # is one contiguous 128-byte line
+        value_stride = self.group_threads * 4
+        my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * 4))
+        counter = work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
+        for i in cutlass.range_constexpr(nacc):
+            _st_global_f32(my_frag + i * value_stride, tCrAcc[i])
+        self._barrier(NamedBarrierId.SPLITK_FIXUP, self.group_threads)
+        if tidx == 0:
+            # NOTE: after the barrier, this acq_rel atomic's cumulative gpu-scope release publishes
+            # the group's partials; the last split's atomic acquires every earlier one.
+            old = _atomic_add_global_u32(counter, Uint32(1))
+            last = old == Uint32(self.split_k - 1)
+            if last:
+                _st_global_u32(counter, Uint32(0))
+            _st_shared_b32(flag_addr, Uint32(last))
+        self._barrier(NamedBarrierId.SPLITK_FIXUP, self.group_threads)
+        is_last = _ld_shared_u32(flag_addr) != Uint32(0)
+        if is_last:
+            # every split's partial (this one's too: the same bits, read back) is loaded before
+            # any is added: one memory round trip per chunk of values, not one per split
+            tile_frags = work + (Int64(tile_id * self.split_k) * frag_stride + Int64(tidx * 4))
+            loads = min(FIXUP_LOADS, self.mma_regs - nacc - FIXUP_RESERVED)
+            chunk = max(1, min(nacc, loads // self.split_k))
+            for c0 in cutlass.range_constexpr(0, nacc, chunk):
+                width = min(chunk, nacc - c0)
+                parts = [
+                    [
+                        _ld_global_cg_f32(tile_frags + sp * frag_stride + (c0 + v) * value_stride)
+                        for v in range(width)
+                    ]
+                    for sp in range(self.split_k)
+                ]
+                for v in cutlass.range_constexpr(width):
+                    total = cutlass.Float32(0.0)
+                    for sp in cutlass.range_constexpr(self.split_k):
+                        total = total + parts[sp][v]
+                    tCrAcc[c0 + v] = total
+        return is_last
+
+    @cute.jit
+    def _store_tile_direct(self, tCrAcc, alpha, mD_mnl, thr_mma, tile_coord):
+        """acc * alpha -> D with predicated stores from registers (ragged rows and cols)."""
+        tile = (self.tile_rows, self.tile_cols)
+        # (rows, cols)
+        gD = cute.local_tile(mD_mnl, tile, tile_coord)
+        cD = cute.local_tile(cute.make_identity_tensor(mD_mnl.shape), tile, tile_coord)
+        # (MMA, MMA_M, MMA_N)
+        tCgD = thr_mma.partition_C(gD)
+        tCcD = thr_mma.partition_C(cD)
+        tCrD = cute.make_rmem_tensor_like(tCrAcc, mD_mnl.element_type)
+        tCrD.store((tCrAcc.load() * alpha).to(mD_mnl.element_type))
+        rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
+        for i in cutlass.range_constexpr(cute.size(tCrAcc)):
+            crd = tCcD[i]
+            if crd[0] < rows and crd[1] < cols:
+                tCgD[i] = tCrD[i]
+
+    @cute.jit
+    def _store_tile_tma(self, tCrAcc, alpha, mD_tma, tma_atom_d, epi_smem, tile_coord, tidx):
         """One subtile at a time: this thread's values * alpha -> SMEM buffer, then the first
-        consumer warp issues its TMA store; the stores drain while the next tile's mainloop
-        runs."""
+        consumer warp issues its TMA store (which clips ragged rows and cols); the stores drain
+        while the next unit's mainloop runs."""
+        sD, epi_mma, d_pipeline = epi_smem
         # (rows, epi cols, 1, subtiles)
         gD_epi = cute.flat_divide(
-            cute.local_tile(mD_tma, (self.tile_rows, self.tile_cols), (row_tile, col_tile, batch)),
-            self.epi_tile,
+            cute.local_tile(mD_tma, (self.tile_rows, self.tile_cols), tile_coord), self.epi_tile
         )
         # (TMA, epi stage) / (TMA, 1, subtiles)
         bSG_sD, bSG_gD = cpasync.tma_partition(
@@ -2152,66 +1676,37 @@ class BlockwiseGemmFp4Sm90:
             # NOTE: generic-proxy SMEM writes must be fenced before the async-proxy TMA store
             # reads them, and every consumer thread must have written its part.
             cute.arch.fence_proxy("async.shared", space="cta")
-            self._epilogue_barrier()
+            self._barrier(NamedBarrierId.EPILOGUE, self.group_threads)
             if tidx // 32 == 0:
                 cute.copy(tma_atom_d, bSG_sD[(None, buf)], bSG_gD[(None, 0, sub)])
                 d_pipeline.producer_commit()
                 # the store of the subtile that used the next buffer has read it
                 d_pipeline.producer_acquire()
-            self._epilogue_barrier()
-
-    def _epilogue_barrier(self):
-        cute.arch.barrier(
-            barrier_id=int(NamedBarrierId.EPILOGUE), number_of_threads=self.group_threads
-        )
-
-    def _splitk_barrier(self):
-        cute.arch.barrier(
-            barrier_id=int(NamedBarrierId.SPLITK_FIXUP), number_of_threads=self.group_threads
-        )
+            self._barrier(NamedBarrierId.EPILOGUE, self.group_threads)
 
     # ======================================= prologue grid =====================================
     @cute.kernel
     def convert_operands(
-        self,
-        mB: cute.Tensor,
-        mSFB: cute.Tensor,
-        mConvB: cute.Tensor,
-        mA: cute.Tensor,
-        mSFA: cute.Tensor,
-        mConvA: cute.Tensor,
-        k: Int32,
-        k_pad: Int32,
-        blocks_per_row: cute.FastDivmodDivisorV2,
-        rows_div_b: cute.FastDivmodDivisorV2,
-        rows_div_a: cute.FastDivmodDivisorV2,
+        self, kernel_b: tuple, kernel_a: tuple, k: Int32, k_pad: Int32, divisors: tuple
     ):
-        """Prologue, one grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16
-        (rows, K_pad, L) in the mainloop's permuted K order, for kernel B (decode, prefill) and
-        kernel A (prefill).  Pair P_i of 16-group q of a 64-block goes to elements
+        """Prologue grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16 (rows, K_pad,
+        L) in the mainloop's permuted K order, for kernel B and (prefill) kernel A, each given as
+        (packed, scales, copy).  Pair P_i of 16-group q of a 64-block goes to elements
         16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
-        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk (eight per 64-block),
-        ``convert_unroll`` chunks per thread with all their loads issued first (the bytes in
-        flight hide DRAM latency); each CTA step stores convert_threads x 16 bytes contiguous
-        (4 KiB on prefill, 2 KiB on decode).  Kernel B's CTAs come
-        first; a K = 32 x odd tail block gets zeros for its missing logical K 32..63."""
-        # NOTE: with ``prologue_pdl`` this grid may start before the kernel ahead of it ends
-        # (the previous GEMM releases it early): nothing here may read the operands or write the
-        # converted copies (which that GEMM may still read) before the wait.  The release
-        # must stay after the wait, unless ``early_release``: the GEMM relies on it for
-        # everything it does before or without its own wait (the first stage's weight loads,
-        # and the epilogue of split-K units without k-tiles, which writes the workspace and D),
-        # since it can only start once the kernel ahead of this grid has completed.  With
-        # ``early_release`` the caller vouches for the weights (``static_weights``) and the
-        # GEMM's consumers wait before the epilogue of a unit without k-tiles (the others write
-        # after tokens loaded behind the producer's wait).  Without PDL the wait returns at once.
-        if cutlass.const_expr(self.early_release):
-            cute.arch.griddepcontrol_launch_dependents()
+        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk, ``convert_unroll``
+        chunks per thread with all their loads issued first; kernel B's CTAs come first; a
+        K = 32 x odd tail block gets zeros for its missing K 32..63.
+
+        With ``prologue_pdl`` this grid may start before the GEMM ahead of it ends: nothing may
+        read the operands or write the copies (which that GEMM may still read) before the wait,
+        and the release stays after it, since the next GEMM requests its first weights and may
+        store the epilogue of units without k-tiles before its own wait."""
+        blocks_per_row, rows_div_b, rows_div_a = divisors
+        mB, mSFB, mConvB = kernel_b
+        mA, mSFA, mConvA = kernel_a
         cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(not self.early_release):
-            # the GEMM (launched with PDL) may start its prologue now; its producer waits for
-            # this grid's writes before the first TMA load of them
-            cute.arch.griddepcontrol_launch_dependents()
+        # the GEMM (launched with PDL) may start now; it waits for this grid before it loads a copy
+        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         per_cta = self.convert_threads * self.convert_unroll
@@ -2305,37 +1800,22 @@ class BlockwiseGemmFp4Sm90:
             if first + j * self.convert_threads < chunks:
                 _st_global_v4_b32(dst, out)
 
-    # ======================================= static helpers ====================================
-    @staticmethod
-    def _compute_stages(stage_bytes, fixed_bytes, occupancy, max_stages) -> int:
-        """Ring stages of ``stage_bytes`` that fit next to ``fixed_bytes`` (converted kernel-B
-        buffers, D subtiles, K groups' parked accumulators) at ``occupancy`` CTAs per SM, at
-        most ``max_stages``."""
-        reserved = 2048  # mbarriers + alignment padding
-        # NOTE: 228 KiB per SM in all, of which 1 KiB per CTA is reserved by the hardware.
-        per_cta = min(SM90_SMEM_CAPACITY, SM90_SMEM_PER_SM // occupancy - 1024)
-        stages = (per_cta - fixed_bytes - reserved) // stage_bytes
-        return min(stages, max_stages)
+    # ======================================= helpers ===========================================
+    def _compute_grid(self, rows, cols, l, max_active_clusters):  # noqa: E741
+        """The scheduler over (row tiles, col tiles, L x split_k) and the persistent grid."""
+        num_tiles = (
+            (rows + self.tile_rows - 1) // self.tile_rows,
+            (cols + self.tile_cols - 1) // self.tile_cols,
+            l * self.split_k,
+        )
+        return StaticTileScheduler.create(num_tiles, self.cluster_m, max_active_clusters)
 
     @staticmethod
-    def _compute_grid(
-        rows,
-        cols,
-        l,  # noqa: E741
-        tile_rows,
-        tile_cols,
-        split_k,
-        max_active_clusters,
-        cluster_m,
-    ):
-        num_tiles = (
-            (rows + tile_rows - 1) // tile_rows,
-            (cols + tile_cols - 1) // tile_cols,
-            l * split_k,
+    def _k_major(ptr, rows, cols, l):  # noqa: E741
+        """A (rows, cols, L) tensor, cols contiguous."""
+        return cute.make_tensor(
+            ptr, cute.make_layout((rows, cols, l), stride=(cols, 1, rows * cols))
         )
-        params = utils.PersistentTileSchedulerParams(num_tiles, (cluster_m, 1, 1))
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(params, max_active_clusters)
-        return params, grid
 
     @staticmethod
     def _blocked_sf_tensor(ptr, rows, sf_atoms_k, l):  # noqa: E741
@@ -2357,47 +1837,14 @@ class BlockwiseGemmFp4Sm90:
         return decode_token_rows(rows_b, self.tile_cols) if self.swap_ab else rows_b
 
     @staticmethod
-    def can_implement(
-        mnkl: tuple[int, int, int, int],
-        sf_vec_size: int,
-        sf_dtype: str,
-        c_dtype: str,
-        path: str,
-        mma_tiler_mn: tuple[int, int],
-        cluster_shape_mn: tuple[int, int] = (1, 1),
-        split_k: int = 1,
-        k_groups: int = 1,
-    ) -> tuple[bool, list[str]]:
-        """(ok, reasons): ``check_config`` in the CUTLASS-example shape."""
-        reasons = check_config(
-            mnkl,
-            sf_vec_size,
-            sf_dtype,
-            c_dtype,
-            path,
-            mma_tiler_mn,
-            cluster_shape_mn,
-            split_k,
-            k_groups,
-        )
+    def can_implement(*config, **kw_config) -> tuple[bool, list[str]]:
+        """(ok, reasons): ``check_fp4_gemm_config`` (same arguments) in the CUTLASS shape."""
+        reasons = check_fp4_gemm_config(*config, **kw_config)
         return not reasons, reasons
 
 
 # ---------------------------------------------------------------------------------------------
-# Compilation and the command line
-# ---------------------------------------------------------------------------------------------
-def alpha_reason(alpha: float, sf_vec_size: int, path: str = "decode") -> str | None:
-    """Why ``alpha`` cannot be used, or None: it must be a finite fp32 number, and where the
-    kernel runs F16 operands (NVFP4 off the prefill path) its fp32 value * 2^14 (the exact
-    rescaling of those operands) must be finite too."""
-    if not math.isfinite(alpha) or abs(alpha) > FP32_MAX:
-        return f"alpha must be a finite fp32 number, got {alpha}"
-    alpha32 = struct.unpack("f", struct.pack("f", alpha))[0]
-    if sf_vec_size == 16 and path != "prefill" and abs(alpha32) * NVFP4_ACC_SCALE > FP32_MAX:
-        return f"NVFP4 here needs |alpha| < 2^114 (alpha * 2^14 must stay finite), got {alpha}"
-    return None
-
-
+# Compilation and running on torch tensors
 # ---------------------------------------------------------------------------------------------
 def output_tiles(rows, cols, l, tile_rows, tile_cols, cluster_m):  # noqa: E741
     """(row tiles, col tiles, tiles) of the kernel's output, on the host (``workspace_elems``)
@@ -2419,15 +1866,11 @@ def workspace_elems(m, n, l, path, mma_tiler_mn, split_k, cluster_m=1):  # noqa:
 def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
     """Shapes of the F16 / BF16 copies of kernel A and kernel B that ``convert_operands`` writes
     for a problem: (L, rows, K rounded up to 64), rows rounded up to whole tiles for the tokens
-    of the decode path; (8,) for an operand the configuration does not convert."""
+    of the decode path; (8,) for kernel A on decode, which is not converted."""
     rows_a, rows_b = (n, m) if gemm.swap_ab else (m, n)
     k_pad = _round_up(k, K_BLOCK)
-    shape_a, shape_b = (8,), (8,)
-    if gemm.a_converted:
-        shape_a = (l, rows_a, k_pad)
-    if gemm.b_converted:
-        shape_b = (l, gemm.converted_rows_b(rows_b), k_pad)
-    return shape_a, shape_b
+    shape_a = (l, rows_a, k_pad) if gemm.a_converted else (8,)
+    return shape_a, (l, gemm.converted_rows_b(rows_b), k_pad)
 
 
 def smem_bytes(gemm: BlockwiseGemmFp4Sm90) -> int:
@@ -2448,12 +1891,11 @@ def compile_gemm(
     path: str,
     mma_tiler_mn: tuple[int, int],
     split_k: int = 1,
-    num_sms: int = 132,
+    num_sms: int = H200_SM_COUNT,
     options: str = "",
     cluster_shape_mn: tuple[int, int] | None = None,
     tma_store: bool = True,
     k_groups: int = 1,
-    static_weights: bool = False,
 ):
     """Compile for any M, N, K, L (runtime values); returns (kernel object, executor).
 
@@ -2462,38 +1904,26 @@ def compile_gemm(
     ``num_sms``: the GPU's SMs (the persistent grid holds occupancy x num_sms CTAs);
     ``cluster_shape_mn`` None takes ``default_cluster(path)``; ``tma_store`` False compiles the
     direct-store epilogue (for N * sizeof(D) not a multiple of 16 bytes, see ``tma_store_fits``);
-    ``static_weights``: see ``Fp4GemmSm90Runner``.
     """
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
     gemm = BlockwiseGemmFp4Sm90(
-        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, static_weights
+        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups
     )
-    gmem = cute.AddressSpace.gmem
-    # Placeholder addresses: only types and alignments matter for compilation.
-    ptrs = [make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16) for _ in range(4)]
-    ptrs.append(make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16))
-    ptrs.append(make_ptr(cutlass.Float32, 0, gmem, assumed_align=16))
-    ptrs += [make_ptr(gemm.mma_dtype, 0, gmem, assumed_align=16) for _ in range(2)]
-    problem = tuple(Int32(1) for _ in range(4))
-    compiled = cute.compile(
-        gemm,
-        *ptrs,
-        problem,
-        cutlass.Float32(1.0),
-        num_sms,
-        cuda_driver.CUstream(0),
-        options=options,
-    )
+    # placeholder addresses: compilation only needs the element types and alignments
+    dtypes = [cutlass.Uint8] * 4 + [C_DTYPES[c_dtype], cutlass.Float32] + [gemm.mma_dtype] * 2
+    ptrs = [make_ptr(t, 0, cute.AddressSpace.gmem, assumed_align=16) for t in dtypes]
+    problem, alpha, stream = (Int32(1),) * 4, cutlass.Float32(1.0), cuda_driver.CUstream(0)
+    compiled = cute.compile(gemm, *ptrs, problem, alpha, num_sms, stream, options=options)
     return gemm, compiled
 
 
 class Fp4GemmSm90Runner:
     """Compiled kernel + workspace for one configuration; ``__call__`` launches on torch data.
-    A configuration ``check_config`` refuses raises ValueError at construction, and a problem or
-    operands it refuses (and ``operand_reasons``, ``alpha_reason``) at the call, with the reasons.
+    A configuration ``check_fp4_gemm_config`` refuses raises ValueError at construction, and a
+    problem or operands it refuses (``operand_reasons``, ``alpha_reason``) at the call.
 
     NOTE: one runner serves one stream at a time.  All its launches of a shape share one
     split-K workspace (partials + self-resetting tile counters) and the converted operands, which
@@ -2503,20 +1933,6 @@ class Fp4GemmSm90Runner:
     PDL-launched successor once all its loads are issued (``griddepcontrol.launch_dependents``):
     a kernel that follows it with programmatic dependent launch must ``griddepcontrol.wait``
     before it reads D.
-
-    ``static_weights=True`` (decode) is the caller's promise that no kernel that may still be
-    running when this launch starts writes the weights (``b``) or their scales
-    (``sfb_blocked``).  With programmatic dependent launch the kernel just ahead on the stream
-    can still be running (and those before it, when they released their dependents early);
-    the launch reads the weights before it waits for them where that pays (tiles of 8 tokens
-    and K groups on the PDL chain; elsewhere the option changes nothing;
-    ``default_config(..., static_weights=True)`` picks K groups more often for it).  Model
-    weights quantized once before serving keep the promise; a B operand written on the same
-    stream just before the call (a quantized activation or KV cache) may break it, and D may
-    then be silently wrong.  It pays only after a kernel that releases its PDL dependents early
-    (back-to-back calls of this GEMM on the H200: 1 x 8192 x 8192 14.2-14.8 against 14.6-15.1
-    us); after a plain launch it measured 0.1-0.7 us slower (hopper/NOTES.md, thirteenth
-    session, run 9).
     """
 
     def __init__(
@@ -2529,39 +1945,20 @@ class Fp4GemmSm90Runner:
         options="",
         cluster_shape_mn=None,
         k_groups=1,
-        static_weights=False,
     ):
         # a configuration the kernel cannot be built for is refused here, before compiling, and
         # a problem it cannot run at each call (``__call__``): ValueError naming each reason
         cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
-        reasons = config_reasons(
-            sf_vec_size,
-            default_sf_dtype(sf_vec_size),
-            c_dtype,
-            path,
-            mma_tiler_mn,
-            cluster,
-            split_k,
-            k_groups,
-        )
+        sf_dtype = SF_FORMATS.get(sf_vec_size, ("?",))[0]
+        config = (path, mma_tiler_mn, cluster, split_k, k_groups)
+        reasons = config_reasons(sf_vec_size, sf_dtype, c_dtype, *config)
         if reasons:
             raise ValueError("; ".join(reasons))
         self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
         self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
-        self._args = (
-            sf_vec_size,
-            c_dtype,
-            path,
-            mma_tiler_mn,
-            split_k,
-            gpu_sm_count(),
-            options,
-            cluster_shape_mn,
-        )
+        self._args = (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, gpu_sm_count(), options)
         # the TMA-store variant now; the direct-store one when an N first needs it
-        self.gemm, compiled = compile_gemm(
-            *self._args, tma_store=True, k_groups=k_groups, static_weights=static_weights
-        )
+        self.gemm, compiled = compile_gemm(*self._args, cluster, True, k_groups)
         self._compiled = {True: compiled}
         self._workspace = {}
 
@@ -2569,12 +1966,8 @@ class Fp4GemmSm90Runner:
         """The compiled kernel for output width N (see ``tma_store_fits``)."""
         tma_store = tma_store_fits(n, self.c_dtype) and self.gemm.tma_store
         if tma_store not in self._compiled:
-            self._compiled[tma_store] = compile_gemm(
-                *self._args,
-                tma_store=tma_store,
-                k_groups=self.gemm.k_groups,
-                static_weights=self.gemm.static_weights,
-            )[1]
+            cluster, k_groups = self.gemm.cluster_shape_mn, self.gemm.k_groups
+            self._compiled[tma_store] = compile_gemm(*self._args, cluster, tma_store, k_groups)[1]
         return self._compiled[tma_store]
 
     def workspace(self, m, n, k, l):  # noqa: E741
@@ -2584,9 +1977,8 @@ class Fp4GemmSm90Runner:
 
         key = (m, n, k, l)
         if key not in self._workspace:
-            # zeros once: the split-K counters reset themselves after every tile (every launch
-            # rewrites the converted operands' rows, K padding included; the decode tokens'
-            # padding rows are never written)
+            # zeros once: the split-K counters reset themselves after every tile, and every
+            # launch rewrites the converted copies (the decode tokens' padding rows stay zero)
             elems = workspace_elems(
                 m, n, l, self.path, self.mma_tiler_mn, self.split_k, self.gemm.cluster_m
             )
@@ -2606,8 +1998,9 @@ class Fp4GemmSm90Runner:
         import torch
         from cutlass.cute.runtime import make_ptr
 
+        mnkl = (m, n, k, l)
         reasons = operand_reasons(
-            a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, self.sf_vec_size, self.c_dtype
+            a, b, sfa_blocked, sfb_blocked, d, mnkl, self.sf_vec_size, self.c_dtype
         )
         reasons += problem_reasons((m, n, k, l), self.sf_vec_size, self.path, self.mma_tiler_mn)
         reason = alpha_reason(float(alpha), self.sf_vec_size, self.path)
@@ -2634,22 +2027,11 @@ class Fp4GemmSm90Runner:
         )
 
 
-def operand_reasons(
-    a,
-    b,
-    sfa_blocked,
-    sfb_blocked,
-    d,
-    m,
-    n,
-    k,
-    l,  # noqa: E741
-    sf_vec_size,
-    c_dtype,
-) -> list[str]:
+def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, mnkl, sf_vec_size, c_dtype) -> list[str]:
     """Why these torch tensors cannot be the kernel's operands (empty when they can): sizes,
     D's dtype (``c_dtype``), 16-byte aligned bases (TMA loads and stores), contiguity, one CUDA
     device."""
+    m, n, k, l = mnkl  # noqa: E741
     want = {
         "a": l * m * (k // 2),
         "b": l * n * (k // 2),
@@ -2691,288 +2073,276 @@ def blocked_scales(scales):
     return reference.to_blocked(scales).view(torch.uint8).contiguous()
 
 
-def _resource_usage(dump_dir: str) -> list[dict]:
-    """Registers / stack / local / static shared of every kernel in the newest dumped cubin
-    (``cuobjdump -res-usage``); empty if cuobjdump or the cubin is missing."""
+# ---------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------
+def find_cuobjdump() -> str | None:
+    """cuobjdump from PATH, or from the ``nvidia-cuda-cuobjdump`` wheel."""
     import glob
-    import re
     import shutil
+    import sysconfig
+
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    pattern = os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "*", "bin", "cuobjdump")
+    matches = sorted(glob.glob(pattern))
+    return matches[0] if matches else None
+
+
+def cubin_resource_usage(cubin_path: str) -> dict[str, int | str]:
+    """Name, REG, STACK, SHARED, LOCAL of the kernel in a cubin (``cuobjdump -res-usage``)."""
+    import re
     import subprocess
 
-    tool = shutil.which("cuobjdump")
+    tool = find_cuobjdump()
     if tool is None:
-        try:
-            import nvidia.cu13 as cu13
-
-            tool = os.path.join(list(cu13.__path__)[0], "bin", "cuobjdump")
-        except ImportError:
-            return []
-    cubins = sorted(glob.glob(os.path.join(dump_dir, "*.cubin")), key=os.path.getmtime)
-    if not cubins or not os.path.exists(tool):
-        return []
-    out = subprocess.run([tool, "-res-usage", cubins[-1]], capture_output=True, text=True).stdout
-    pattern = r"Function (\S+):\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)"
-    return [
-        dict(kernel=f, reg=int(r), stack=int(st), static_shared=int(sh), local=int(lo))
-        for f, r, st, sh, lo in re.findall(pattern, out)
-    ]
+        raise FileNotFoundError("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+    text = subprocess.run(
+        [tool, "-res-usage", cubin_path], capture_output=True, text=True, check=True
+    ).stdout
+    found = re.search(r"Function (\S+):\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+    if found is None:
+        raise RuntimeError(f"no resource usage in cuobjdump output:\n{text}")
+    name, *counts = found.groups()
+    usage: dict[str, int | str] = {"name": name}
+    usage.update(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, counts), strict=True))
+    return usage
 
 
-def _print_pdl(gemm: BlockwiseGemmFp4Sm90) -> None:
-    """The decode PDL chain's settings (whether ``static_weights`` changes this kernel)."""
-    if gemm.use_pdl and not gemm.a_converted:
-        print(
-            f"PDL: prologue launched with PDL: {gemm.prologue_pdl}, releases the GEMM at "
-            f"entry: {gemm.early_release}, weight stages before the GEMM's wait: "
-            f"{gemm.stages_before_wait}"
-        )
+def _parse_ints(text: str, count: int, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{flag} expects {count} comma-separated integers"
+        ) from None
+    if len(values) != count:
+        raise argparse.ArgumentTypeError(f"{flag} expects {count} integers, got {text!r}")
+    return values
 
 
-def _parse_pair(text: str) -> tuple[int, int]:
-    vals = tuple(int(x) for x in text.split(","))
-    if len(vals) != 2:
-        raise argparse.ArgumentTypeError(f"expected two comma-separated ints, got {text!r}")
-    return vals
-
-
-def _parse_mnkl(text: str) -> tuple[int, int, int, int]:
-    vals = tuple(int(x) for x in text.split(","))
-    if len(vals) != 4:
-        raise argparse.ArgumentTypeError(f"expected M,N,K,L, got {text!r}")
-    return vals
-
-
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(
-        description="NVFP4 / MXFP4 W4A4 GEMM on Hopper (F16 / BF16 wgmma on exact dequant)."
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="NVFP4/MXFP4 GEMM for Hopper (sm_90a): exact dequantization, F16/BF16 wgmma."
     )
-    ap.add_argument("--mnkl", type=_parse_mnkl, default=(8192, 8192, 8192, 1))
-    ap.add_argument(
+    parser.add_argument(
+        "--mnkl", type=lambda s: _parse_ints(s, 4, "--mnkl"), default=(8192, 8192, 8192, 1)
+    )
+    parser.add_argument("--path", choices=("auto",) + PATHS, default="auto")
+    parser.add_argument(
         "--mma_tiler_mn",
-        "--tile_shape_mn",
-        dest="mma_tiler_mn",
-        type=_parse_pair,
+        type=lambda s: _parse_ints(s, 2, "--mma_tiler_mn"),
         default=None,
-        help="output tile (M, N); default: see default_config",
+        help="output tile M,N (decode: M = tokens, N = weight rows); default: default_config",
     )
-    ap.add_argument(
-        "--cluster_shape_mn", type=_parse_pair, default=None, help="default: 2,1 on prefill"
+    parser.add_argument(
+        "--cluster_shape_mn",
+        type=lambda s: _parse_ints(s, 2, "--cluster_shape_mn"),
+        default=None,
+        help="CTAs per cluster along M,N; default: 2,1 on prefill, 1,1 on decode",
     )
-    ap.add_argument("--path", choices=("auto",) + PATHS, default="auto")
-    ap.add_argument("--split_k", type=int, default=None, help="default: see default_config")
-    ap.add_argument(
+    parser.add_argument("--split_k", type=int, default=None, help="default: default_config")
+    parser.add_argument(
         "--k_groups",
         type=int,
         default=None,
-        help="decode: consumer warpgroup groups splitting K in a CTA; default: see default_config",
+        help="decode: groups of consumer warpgroups splitting K in a CTA; default: default_config",
     )
-    ap.add_argument(
-        "--static_weights",
-        action="store_true",
-        help="decode: no kernel still running writes the weights; read them before the PDL wait",
+    parser.add_argument("--sf_vec_size", type=int, choices=tuple(SF_FORMATS), default=16)
+    parser.add_argument(
+        "--sf_dtype",
+        choices=tuple(SF_DTYPES),
+        default=None,
+        help="default: Float8E4M3FN for sf_vec_size 16, Float8E8M0FNU for 32",
     )
-    ap.add_argument("--sf_vec_size", type=int, default=16)
-    ap.add_argument("--sf_dtype", default=None, help="Float8E4M3FN (16) / Float8E8M0FNU (32)")
-    ap.add_argument("--c_dtype", default="BFloat16")
-    ap.add_argument("--alpha", type=float, default=None, help="default: the NVFP4 global scales")
-    ap.add_argument(
+    parser.add_argument("--c_dtype", choices=tuple(C_DTYPES), default="BFloat16")
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="epilogue scale; default: the product of the NVFP4 global scales",
+    )
+    parser.add_argument(
         "--tolerance",
         type=float,
         default=1.0,
-        help="multiplier of reference.gemm_tolerance's derived bound",
+        help="multiplier on the derived elementwise tolerance (reference.py)",
     )
-    ap.add_argument("--warmup_iterations", type=int, default=3)
-    ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--skip_ref_check", action="store_true")
-    ap.add_argument("--use_cold_l2", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compile_only", action="store_true")
-    ap.add_argument("--dump_dir", default=None)
-    return ap.parse_args(argv)
+    parser.add_argument("--warmup_iterations", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--skip_ref_check", action="store_true")
+    parser.add_argument(
+        "--use_cold_l2",
+        action="store_true",
+        help="time calls that rotate through copies of the operands (> 2x L2), read from DRAM",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--compile_only",
+        action="store_true",
+        help="cross-compile for sm_90a (no GPU needed) and print a summary",
+    )
+    parser.add_argument(
+        "--dump_dir", default="./dump", help="where --compile_only writes the PTX and cubin"
+    )
+    return parser
 
 
-def gpu_sm_count() -> int:
-    """SMs of the current GPU (``default_config``'s CTA slots), or an H200's 132 without one
-    (e.g. for ``--compile_only``)."""
-    try:
-        import torch
-    except ImportError:
-        return 132
-    if not torch.cuda.is_available():
-        return 132
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+class UsageError(Exception):
+    """A bad command line or an unsupported configuration: printed, exit code 2."""
 
 
-def resolve_config(args):
-    """(path, mma_tiler_mn, split_k, k_groups, sf_dtype) after applying the defaults; also
-    fills in ``args.cluster_shape_mn``."""
-    m, n, k, l = args.mnkl  # noqa: E741
-    # (the default K groups go with the default tile and split only: a tile or a split given
-    # completes the pick without them)
+def _validated(args: argparse.Namespace) -> argparse.Namespace:
+    """Checks the command line and fills in the defaults (``default_config``)."""
+    if args.sf_dtype is None:
+        args.sf_dtype = SF_FORMATS[args.sf_vec_size][0]
+    if args.iterations < 1 or args.warmup_iterations < 0:
+        raise UsageError("--iterations must be >= 1 and --warmup_iterations >= 0")
+    if not math.isfinite(args.tolerance) or args.tolerance <= 0:
+        raise UsageError("--tolerance must be a finite number > 0")
+    # (a tile or a split given completes the pick without K groups)
     path, tiler, split, k_groups = default_config(
-        m,
-        n,
-        k,
-        l,
+        *(max(1, v) for v in args.mnkl),
         gpu_sm_count(),
         path=None if args.path == "auto" else args.path,
         allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
-        static_weights=args.static_weights,
     )
-    if args.mma_tiler_mn is not None:
-        tiler = args.mma_tiler_mn
-    if args.split_k is not None:
-        split = args.split_k
-    if args.k_groups is not None:
-        k_groups = args.k_groups
-    if args.cluster_shape_mn is None:
-        args.cluster_shape_mn = default_cluster(path)
-    sf_dtype = args.sf_dtype or default_sf_dtype(args.sf_vec_size)
-    return path, tuple(tiler), split, k_groups, sf_dtype
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    path, tiler, split, k_groups, sf_dtype = resolve_config(args)
-    _, reasons = BlockwiseGemmFp4Sm90.can_implement(
+    args.path = path
+    args.mma_tiler_mn = args.mma_tiler_mn or tiler
+    args.split_k = split if args.split_k is None else args.split_k
+    args.k_groups = k_groups if args.k_groups is None else args.k_groups
+    args.cluster_shape_mn = args.cluster_shape_mn or default_cluster(args.path)
+    reasons = check_fp4_gemm_config(
         args.mnkl,
         args.sf_vec_size,
-        sf_dtype,
+        args.sf_dtype,
         args.c_dtype,
-        path,
-        tiler,
+        args.path,
+        args.mma_tiler_mn,
         args.cluster_shape_mn,
-        split,
-        k_groups,
+        args.split_k,
+        args.k_groups,
     )
-    print(
-        f"Hopper FP4 GEMM: mnkl={args.mnkl} sf_vec_size={args.sf_vec_size} sf_dtype={sf_dtype} "
-        f"c_dtype={args.c_dtype} path={path} mma_tiler_mn={tiler} "
-        f"cluster_shape_mn={tuple(args.cluster_shape_mn)} split_k={split} k_groups={k_groups}"
-        f" static_weights={args.static_weights}"
-    )
-    reasons = list(reasons)
-    if args.iterations < 1 or args.warmup_iterations < 0:
-        reasons.append("--iterations must be >= 1 and --warmup_iterations >= 0")
-    reason = None if args.alpha is None else alpha_reason(args.alpha, args.sf_vec_size, path)
-    if reason:
-        reasons.append(f"--alpha: {reason}")
-    if args.tolerance <= 0:
-        reasons.append("--tolerance must be > 0")
+    if args.alpha is not None:
+        reason = alpha_reason(args.alpha, args.sf_vec_size, args.path)
+        if reason:
+            reasons.append(f"--alpha: {reason}")
     if reasons:
-        for r in reasons:
-            print(f"error: {r}", file=sys.stderr)
-        return 2
+        raise UsageError("this configuration cannot run:\n  - " + "\n  - ".join(reasons))
+    return args
 
-    if args.compile_only:
-        import tempfile
 
-        dump = args.dump_dir or tempfile.mkdtemp(prefix="fp4_sm90_")
-        try:
-            os.makedirs(dump, exist_ok=True)
-        except OSError as err:
-            print(f"error: --dump_dir {dump}: cannot create the folder ({err})", file=sys.stderr)
-            return 2
-        opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
-        tma_store = tma_store_fits(args.mnkl[1], args.c_dtype)
-        gemm, _ = compile_gemm(
-            args.sf_vec_size,
-            args.c_dtype,
-            path,
-            tiler,
-            split,
-            132,
-            opts,
-            args.cluster_shape_mn,
-            tma_store,
-            k_groups,
-            args.static_weights,
-        )
-        kernels = _resource_usage(dump)
-        if not kernels:
-            print("(cuobjdump not found: no register / local-memory report)")
-        for info in kernels:
-            print(f"kernel: {info['kernel']}")
-            print(
-                f"  registers: {info['reg']}, local memory: {info['local']} bytes, "
-                f"stack: {info['stack']} bytes, static shared: {info['static_shared']} bytes"
-            )
-        print(
-            f"main kernel: setmaxnreg producer {gemm.producer_regs} / consumers "
-            f"{gemm.mma_regs}, {gemm.threads_per_cta} threads, {gemm.occupancy} CTA(s)/SM, "
-            f"{gemm.k_groups} K group(s)"
-        )
-        print("epilogue: " + ("TMA store" if gemm.tma_store else "direct stores"))
-        _print_pdl(gemm)
-        print(f"shared memory: {smem_bytes(gemm)} bytes dynamic")
-        print(
-            f"stages: {gemm.num_stages} (k-tile {gemm.stage_k}), "
-            f"converted kernel-B buffers (fused path): {gemm.num_bdq_buffers}"
-        )
-        print(f"dump: {dump}")
-        return 0
+def _print_config(args: argparse.Namespace) -> None:
+    fmt = SF_FORMATS[args.sf_vec_size][1]
+    print(f"Running Hopper {fmt} GEMM (hopper/blockwise_gemm_fp4_sm90.py):")
+    print(f"  mnkl: {args.mnkl}")
+    print(f"  AB dtype: Float4E2M1FN, SF dtype: {args.sf_dtype}, SF vec size: {args.sf_vec_size}")
+    print(f"  C dtype: {args.c_dtype}, acc dtype: Float32")
+    print(
+        f"  path: {args.path}, MMA tiler (M, N): {args.mma_tiler_mn}, cluster shape (M, N): "
+        f"{args.cluster_shape_mn}, split_k: {args.split_k}, k_groups: {args.k_groups}"
+    )
 
+
+def _files_written(folder: str, before: dict[str, float], suffix: str) -> list[str]:
+    """Files of ``folder`` ending in ``suffix`` that are new or changed since ``before``."""
+    paths = (os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(suffix))
+    return sorted(p for p in paths if before.get(p) != os.path.getmtime(p))
+
+
+def run_compile_only(args: argparse.Namespace) -> int:
+    try:
+        os.makedirs(args.dump_dir, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--dump_dir {args.dump_dir}: cannot create the folder ({err})") from None
+    if not os.access(args.dump_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"--dump_dir {args.dump_dir}: the folder is not writable")
+    before = {
+        os.path.join(args.dump_dir, f): os.path.getmtime(os.path.join(args.dump_dir, f))
+        for f in os.listdir(args.dump_dir)
+    }
+    options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
+    gemm, _ = compile_gemm(
+        args.sf_vec_size,
+        args.c_dtype,
+        args.path,
+        args.mma_tiler_mn,
+        args.split_k,
+        H200_SM_COUNT,
+        options,
+        args.cluster_shape_mn,
+        tma_store_fits(args.mnkl[1], args.c_dtype),
+        args.k_groups,
+    )
+    # (only what this compile wrote: an older cubin in the folder is never reported)
+    cubins = _files_written(args.dump_dir, before, ".cubin")
+    ptx_files = _files_written(args.dump_dir, before, ".ptx")
+    print("Compile only: sm_90a, no GPU used")
+    print(f"  PTX:   {ptx_files[-1] if ptx_files else 'not written'}")
+    print(f"  cubin: {cubins[-1] if cubins else 'not written'}")
+    if cubins and find_cuobjdump():
+        usage = cubin_resource_usage(cubins[-1])
+        print(f"  kernel: {usage['name']}")
+        print(f"  registers per thread: {usage['REG']}")
+        print(f"  local memory per thread: {usage['LOCAL']} bytes (stack {usage['STACK']})")
+    else:
+        print("  registers / local memory: not read (cuobjdump not found)")
+    print(f"  shared memory per CTA: {smem_bytes(gemm)} bytes of {SM90_SMEM_CAPACITY}")
+    print(f"  pipeline stages: {gemm.num_stages} of K {gemm.stage_k}")
+    print(
+        f"  threads per CTA: {gemm.threads_per_cta} ({gemm.k_groups} K group(s)), "
+        f"{gemm.occupancy} CTA(s) per SM, setmaxregister producer {gemm.producer_regs} / "
+        f"consumers {gemm.mma_regs}"
+    )
+    print(f"  epilogue: {'TMA store' if gemm.tma_store else 'direct stores'}")
+    print(f"  prologue launched with PDL: {gemm.prologue_pdl}")
+    return 0
+
+
+def gpu_sm_count() -> int:
+    """SMs of the current GPU (``default_config``'s CTA slots), or an H200's without one."""
+    try:
+        import torch
+    except ImportError:
+        return H200_SM_COUNT
+    if not torch.cuda.is_available():
+        return H200_SM_COUNT
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def _hopper_gpu() -> tuple[bool, str]:
+    """(is an sm_90 GPU present, its description)."""
     import torch
 
     if not torch.cuda.is_available():
-        print(
-            "error: no CUDA GPU found; this kernel needs an sm_90 GPU (H100 / H200). "
-            "Use --compile_only to cross-compile on this machine.",
-            file=sys.stderr,
-        )
-        return 2
+        return False, "no CUDA GPU"
     major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        print(
-            f"error: found {torch.cuda.get_device_name()} (sm_{major}{minor}); this kernel "
-            "needs sm_90 (H100 / H200). Use --compile_only to cross-compile.",
-            file=sys.stderr,
-        )
-        return 2
+    return (major, minor) == (9, 0), f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    import reference
 
-    m, n, k, l = args.mnkl  # noqa: E741
-    ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", args.seed)
-    alpha = float(ops.alpha) if args.alpha is None else args.alpha
-    sfa, sfb = blocked_scales(ops.sfa), blocked_scales(ops.sfb)
-    d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
-    runner = Fp4GemmSm90Runner(
-        args.sf_vec_size,
-        args.c_dtype,
-        path,
-        tiler,
-        split,
-        cluster_shape_mn=args.cluster_shape_mn,
-        k_groups=k_groups,
-        static_weights=args.static_weights,
-    )
-    _print_pdl(runner.gemm)
-    runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
+def time_cuda_us(calls, stream, warmup_iterations: int, iterations: int) -> float:
+    """Mean time of one call in microseconds: ``max(iterations, len(calls))`` calls (cycling over
+    ``calls``, so every operand copy is used) captured in one CUDA graph on ``stream``, timed
+    over one replay with CUDA events.
+
+    NOTE: a graph replay takes no Python time per call: timing each call from Python would time
+    the host's launch overhead wherever it exceeds the kernel.  Every call must enqueue its work
+    on ``stream`` (``prepare_gemm`` binds the stream current when it is called; torch ops use
+    the current stream, which capture makes ``stream``).
+    """
+    import torch
+
+    with torch.cuda.stream(stream):
+        for i in range(warmup_iterations):
+            calls[i % len(calls)]()
     torch.cuda.synchronize()
-
-    sets = [(ops.a, ops.b, sfa, sfb, d)]
-    if args.use_cold_l2:
-        one = sum(t.numel() * t.element_size() for t in sets[0])
-        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-        for _ in range(max(1, math.ceil(2 * l2 / one))):
-            sets.append(tuple(t.clone() for t in sets[0]))
-    for i in range(args.warmup_iterations):
-        a_, b_, sa_, sb_, d_ = sets[i % len(sets)]
-        runner(a_, b_, sa_, sb_, d_, m, n, k, l, alpha)
-    # NOTE: the timed launches are replays of a CUDA graph: a launch from Python (operand checks,
-    # pointer wrapping) takes longer than a small decode GEMM, and timing it would time the host.
-    # At least one launch per operand set, so that with --use_cold_l2 every copy is read.
-    iterations = max(args.iterations, len(sets))  # (--iterations >= 1: checked with the others)
-    stream = torch.cuda.Stream()
-    # (the operands and their copies were written on the current stream)
-    stream.wait_stream(torch.cuda.current_stream())
+    captured = max(iterations, len(calls))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        for i in range(iterations):
-            a_, b_, sa_, sb_, d_ = sets[i % len(sets)]
-            runner(a_, b_, sa_, sb_, d_, m, n, k, l, alpha)
+        for i in range(captured):
+            calls[i % len(calls)]()
+    # The first replay uploads the graph; the timed one starts after it has finished.
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -2980,25 +2350,93 @@ def main(argv=None) -> int:
     graph.replay()
     end.record()
     torch.cuda.synchronize()
-    us = start.elapsed_time(end) * 1e3 / iterations
-    print(f"Mean time: {us:.2f} us")
-    print(f"Throughput: {2.0 * m * n * k * l / us / 1e6:.2f} TFLOP/s")
-    if args.skip_ref_check:
-        return 0
-    ok, info = reference.check_gemm(
-        d,
-        ops.a,
-        ops.b,
-        ops.sfa,
-        ops.sfb,
+    return 1e3 * start.elapsed_time(end) / captured
+
+
+def operand_copies(tensors, use_cold_l2: bool) -> list[tuple]:
+    """``[tensors]``, plus copies until they hold more than twice the L2 (``--use_cold_l2``):
+    rotating through them, every call reads its operands from DRAM."""
+    import torch
+
+    sets = [tuple(tensors)]
+    if use_cold_l2:
+        one = sum(t.numel() * t.element_size() for t in tensors)
+        l2_bytes = torch.cuda.get_device_properties(tensors[0].device).L2_cache_size
+        sets += [tuple(t.clone() for t in tensors) for _ in range(2 * l2_bytes // one + 1)]
+    return sets
+
+
+def run_on_gpu(args: argparse.Namespace) -> int:
+    """Quantize random data, run the kernel, check it against reference.py, time it."""
+    is_hopper, gpu = _hopper_gpu()
+    if not is_hopper:
+        raise UsageError(
+            f"this kernel needs a Hopper H100/H200 (sm_90) GPU; found {gpu}.\n"
+            "  Cross-compile and inspect it on any machine with --compile_only."
+        )
+    import torch
+
+    import reference
+
+    m, n, k, l = args.mnkl  # noqa: E741
+    ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", seed=args.seed)
+    alpha = float(ops.alpha) if args.alpha is None else args.alpha
+    sfa, sfb = blocked_scales(ops.sfa), blocked_scales(ops.sfb)
+    d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
+    runner = Fp4GemmSm90Runner(
         args.sf_vec_size,
-        alpha,
-        unit_roundoff=reference.FP32_UNIT_ROUNDOFF * args.tolerance,
+        args.c_dtype,
+        args.path,
+        args.mma_tiler_mn,
+        args.split_k,
+        cluster_shape_mn=args.cluster_shape_mn,
+        k_groups=args.k_groups,
     )
-    print(info)
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
+    torch.cuda.synchronize()
+    passed = True
+    if not args.skip_ref_check:
+        passed, info = reference.check_gemm(
+            d,
+            ops.a,
+            ops.b,
+            ops.sfa,
+            ops.sfb,
+            args.sf_vec_size,
+            alpha,
+            unit_roundoff=reference.FP32_UNIT_ROUNDOFF * args.tolerance,
+        )
+        print(f"Reference check (reference.reference_gemm, derived tolerance): {info}")
+
+    # The calls run on a side stream that the timing graph captures; with --use_cold_l2 they
+    # rotate through operand copies.
+    stream = torch.cuda.Stream()
+    sets = operand_copies((ops.a, ops.b, sfa, sfb, d), args.use_cold_l2)
+    # (the operands and their copies were written on the current stream)
+    stream.wait_stream(torch.cuda.current_stream())
+    calls = [lambda s=s: runner(*s, m, n, k, l, alpha) for s in sets]
+    mean_us = time_cuda_us(calls, stream, args.warmup_iterations, args.iterations)
+    print(f"Mean time: {mean_us:.2f} us")
+    print(f"Throughput: {2.0 * m * n * k * l / (mean_us * 1e-6) / 1e12:.1f} TFLOP/s")
+    print("PASS" if passed else "FAIL")
+    return 0 if passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        args = _validated(args)
+        _print_config(args)
+        if args.compile_only:
+            return run_compile_only(args)
+        return run_on_gpu(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
+    # NOTE: run as a script, this file imports ``reference`` from the repository root; as a
+    # module (``python -m hopper.blockwise_gemm_fp4_sm90``) the root is already on the path.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.exit(main())
