@@ -479,8 +479,11 @@ def test_ptx_epilogue_scales_every_value_by_alpha(arch_cfg, compiled_matrix):
     _, (_, _, tile, _) = arch_cfg
     ptx = compiled_matrix[_arch_config_id(arch_cfg)].ptx
     param = _kernel_param("alpha")
-    (alpha,) = re.findall(rf"ld\.param\.b32\s+(%r\d+), \[\w+_param_{param}\];", ptx)
-    (pair,) = re.findall(rf"mov\.b64\s+(%rd\d+), \{{{alpha}, {alpha}\}};", ptx)
+    loaded = re.findall(rf"ld\.param\.b32\s+(%r\d+), \[\w+_param_{param}\];", ptx)
+    assert len(loaded) == 1, "the kernel never reads its alpha parameter"
+    pairs = re.findall(rf"mov\.b64\s+(%rd\d+), \{{{loaded[0]}, {loaded[0]}\}};", ptx)
+    assert len(pairs) == 1, "alpha is not paired for mul.f32x2"
+    pair = pairs[0]
     muls = re.findall(rf"mul\.f32x2\s+%rd\d+, (?:%rd\d+, {pair}|{pair}, %rd\d+);", ptx)
     assert len(muls) == tile[1] // 32 * 16
 
