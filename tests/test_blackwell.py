@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Tests of blockwise_gemm_fp4.py (the Blackwell kernel).
 
-CPU (every machine, CI included): cross-compilation for sm_100a of a matrix of configurations
-with checks on the PTX, the SASS and the resource usage; the scale-factor layout the kernel hands
-to TMA against reference.to_blocked; every can_implement refusal; the CLI's exits.
+CPU (every machine, CI included): cross-compilation (sm_100f, sm_100a, sm_103a) of a matrix of
+configurations with checks on the PTX (per operand: scale-factor TMEM columns, multicast masks,
+tile coordinates, alpha), the SASS, the resource usage and the host function; the scale-factor
+layouts and tile coordinates the kernel uses against reference.to_blocked; what prepare_gemm
+hands the kernel; every refusal of bad input; the CLI's exits.
 GPU (datacenter Blackwell: sm_100 or sm_103, bw.BLACKWELL_CAPABILITIES, as run_tests.sh says):
 the kernel's output against reference.reference_gemm.
 """
@@ -844,6 +846,8 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
         (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "does not pair"),
         (["--cluster_shape_mn", "1,1"], "cluster shape M must be even"),
         (["--iterations", "0"], "--iterations must be >= 1"),
+        (["--tolerance", "nan"], "--tolerance must be a finite number > 0, got nan"),
+        (["--alpha", "1e39"], "--alpha: alpha=1e+39 is not a finite fp32 number"),
     ],
 )
 def test_cli_bad_input_exits_2_without_traceback(args, message):
