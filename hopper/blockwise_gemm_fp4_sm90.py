@@ -94,6 +94,9 @@ SM90_SMEM_PER_SM = 233472
 SM90_REGS_PER_SM = 65536
 # H200 (and H100 SXM): 132 SMs; sizes the persistent grid when compiling without a GPU.
 H200_SM_COUNT = 132
+# The compile target and the GPUs (compute capabilities) its cubin runs on.
+GPU_ARCHS = {"sm_90a": ((9, 0),)}
+DEFAULT_GPU_ARCH = "sm_90a"
 
 SF_FORMATS = {
     # sf_vec_size: (scale dtype name, format name)
@@ -2311,58 +2314,54 @@ def gpu_sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def _hopper_gpu() -> tuple[bool, str]:
-    """(is an sm_90 GPU present, its description)."""
+def _hopper_gpu(gpu_arch: str = DEFAULT_GPU_ARCH, device=None) -> tuple[bool, str]:
+    """(can a ``gpu_arch`` cubin run on ``device`` (default: the current GPU), its description)."""
     import torch
 
     if not torch.cuda.is_available():
         return False, "no CUDA GPU"
-    major, minor = torch.cuda.get_device_capability()
-    return (major, minor) == (9, 0), f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
+    major, minor = torch.cuda.get_device_capability(device)
+    runs = (major, minor) in GPU_ARCHS[gpu_arch]
+    return runs, f"{torch.cuda.get_device_name(device)} (sm_{major}{minor})"
 
 
-def time_cuda_us(calls, stream, warmup_iterations: int, iterations: int) -> float:
-    """Mean time of one call in microseconds: ``max(iterations, len(calls))`` calls (cycling over
-    ``calls``, so every operand copy is used) captured in one CUDA graph on ``stream``, timed
-    over one replay with CUDA events.
+def time_us(calls, stream, warmup_iterations: int, iterations: int) -> float:
+    """Mean time of one call in microseconds, from ``cutlass.testing.benchmark`` with CUDA
+    graphs: warm-up and timed calls each captured into a graph on ``stream``, rotating through
+    ``calls`` (one per operand set).
 
-    NOTE: a graph replay takes no Python time per call: timing each call from Python would time
-    the host's launch overhead wherever it exceeds the kernel.  Every call must enqueue its work
-    on ``stream`` (``prepare_gemm`` binds the stream current when it is called; torch ops use
-    the current stream, which capture makes ``stream``).
+    NOTE: every call must enqueue its work on ``stream`` (``prepare_gemm`` binds the stream
+    current when it is called; torch ops run on the current stream, so wrap them).
     """
-    import torch
+    import cuda.bindings.driver as cuda_driver
+    from cutlass.testing import JitArguments, benchmark
 
-    with torch.cuda.stream(stream):
-        for i in range(warmup_iterations):
-            calls[i % len(calls)]()
-    torch.cuda.synchronize()
-    captured = max(iterations, len(calls))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for i in range(captured):
-            calls[i % len(calls)]()
-    # The first replay uploads the graph; the timed one starts after it has finished.
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / captured
+    workspaces = iter([JitArguments(call) for call in calls])
+    return benchmark(
+        _call,
+        workspace_generator=lambda: next(workspaces),
+        workspace_count=len(calls),
+        warmup_iterations=warmup_iterations,
+        iterations=iterations,
+        stream=cuda_driver.CUstream(stream.cuda_stream),
+        use_cuda_graphs=True,
+    )
 
 
-def operand_copies(tensors, use_cold_l2: bool) -> list[tuple]:
-    """``[tensors]``, plus copies until they hold more than twice the L2 (``--use_cold_l2``):
-    rotating through them, every call reads its operands from DRAM."""
-    import torch
+def _call(launch) -> None:
+    launch()
+
+
+def operand_sets(tensors, use_cold_l2: bool, warmup_iterations: int, iterations: int):
+    """``[tensors]``, plus copies (``--use_cold_l2``) so that rotating through them reads the
+    operands from DRAM: as many sets as ``cutlass.testing.get_workspace_count`` asks for."""
+    from cutlass.testing import get_workspace_count
 
     sets = [tuple(tensors)]
     if use_cold_l2:
         one = sum(t.numel() * t.element_size() for t in tensors)
-        l2_bytes = torch.cuda.get_device_properties(tensors[0].device).L2_cache_size
-        sets += [tuple(t.clone() for t in tensors) for _ in range(2 * l2_bytes // one + 1)]
+        count = get_workspace_count(one, warmup_iterations, iterations)
+        sets += [tuple(t.clone() for t in tensors) for _ in range(count - 1)]
     return sets
 
 
@@ -2374,6 +2373,7 @@ def run_on_gpu(args: argparse.Namespace) -> int:
             f"this kernel needs a Hopper H100/H200 (sm_90) GPU; found {gpu}.\n"
             "  Cross-compile and inspect it on any machine with --compile_only."
         )
+    import cuda.bindings.driver as cuda_driver
     import torch
 
     import reference
@@ -2408,14 +2408,17 @@ def run_on_gpu(args: argparse.Namespace) -> int:
         )
         print(f"Reference check (reference.reference_gemm, derived tolerance): {info}")
 
-    # The calls run on a side stream that the timing graph captures; with --use_cold_l2 they
+    # The calls run on a side stream that the timing graphs capture; with --use_cold_l2 they
     # rotate through operand copies.
     stream = torch.cuda.Stream()
-    sets = operand_copies((ops.a, ops.b, sfa, sfb, d), args.use_cold_l2)
+    sets = operand_sets(
+        (ops.a, ops.b, sfa, sfb, d), args.use_cold_l2, args.warmup_iterations, args.iterations
+    )
     # (the operands and their copies were written on the current stream)
     stream.wait_stream(torch.cuda.current_stream())
-    calls = [lambda s=s: runner(*s, m, n, k, l, alpha) for s in sets]
-    mean_us = time_cuda_us(calls, stream, args.warmup_iterations, args.iterations)
+    cu_stream = cuda_driver.CUstream(stream.cuda_stream)
+    calls = [lambda s=s: runner(*s, m, n, k, l, alpha, cu_stream) for s in sets]
+    mean_us = time_us(calls, stream, args.warmup_iterations, args.iterations)
     print(f"Mean time: {mean_us:.2f} us")
     print(f"Throughput: {2.0 * m * n * k * l / (mean_us * 1e-6) / 1e12:.1f} TFLOP/s")
     print("PASS" if passed else "FAIL")
