@@ -32,14 +32,47 @@ def nearest_e2m1_code(v: float) -> int:
     return index | (8 if math.copysign(1.0, v) < 0 else 0)
 
 
+# Decoders written from the format definitions (sign, exponent and mantissa bit fields), sharing
+# nothing with reference.py or torch's float8 casts.
+
+
+def e2m1_value(code: int) -> float:
+    """E2M1: bit 3 sign, bits 2-1 exponent (bias 1), bit 0 mantissa; exponent 0 is subnormal."""
+    exp, man = (code >> 1) & 0x3, code & 0x1
+    mag = man * 0.5 if exp == 0 else (1 + man / 2) * 2.0 ** (exp - 1)
+    return -mag if code & 0x8 else mag
+
+
+def e4m3_value(bits: int) -> float:
+    """E4M3 (fn): bit 7 sign, bits 6-3 exponent (bias 7), bits 2-0 mantissa; no Inf, S.1111.111
+    is NaN; exponent 0 is subnormal (man / 8 * 2^-6)."""
+    exp, man = (bits >> 3) & 0xF, bits & 0x7
+    if exp == 0xF and man == 0x7:
+        return math.nan
+    mag = man / 8 * 2.0**-6 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7)
+    return -mag if bits & 0x80 else mag
+
+
+def e8m0_value(bits: int) -> float:
+    """E8M0: an unsigned biased exponent, 2^(bits - 127); 0xFF is NaN."""
+    return math.nan if bits == 0xFF else 2.0 ** (bits - 127)
+
+
+E2M1_TABLE = torch.tensor([e2m1_value(c) for c in range(16)], dtype=torch.float64)
+SCALE_TABLES = {
+    16: torch.tensor([e4m3_value(b) for b in range(256)], dtype=torch.float64),
+    32: torch.tensor([e8m0_value(b) for b in range(256)], dtype=torch.float64),
+}
+
+
 def decode64(packed: torch.Tensor, scales: torch.Tensor, vec: int) -> torch.Tensor:
-    """float64 e2m1 * scale from packed bytes, written without reference.py's helpers."""
-    table = torch.tensor(E2M1_GRID + tuple(-g for g in E2M1_GRID), dtype=torch.float64)
+    """float64 e2m1 * scale from packed bytes (element 2i in the low nibble) and raw scale bits."""
     p = packed.view(torch.uint8).cpu().long()
     codes = torch.empty((*p.shape[:-1], 2 * p.shape[-1]), dtype=torch.long)
     codes[..., 0::2] = p % 16
     codes[..., 1::2] = p // 16
-    return table[codes] * scales.cpu().float().double().repeat_interleave(vec, dim=-1)
+    scale = SCALE_TABLES[vec][scales.view(torch.uint8).cpu().long()]
+    return E2M1_TABLE[codes] * scale.repeat_interleave(vec, dim=-1)
 
 
 def quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -184,6 +217,19 @@ def test_e2m1_decode_table_and_round_trip() -> None:
     assert torch.equal(R.fp32_to_e2m1(values), codes)
 
 
+def test_independent_decoders_agree_with_the_grid_and_torch() -> None:
+    # The bit-field decoders that the GEMM tests use as their oracle: E2M1 against the value list,
+    # E4M3 / E8M0 against torch's float8 casts (a second, independent implementation).
+    assert E2M1_TABLE.tolist() == list(E2M1_GRID) + [-g for g in E2M1_GRID]
+    assert torch.equal(R.e2m1_to_fp32(torch.arange(16, dtype=torch.uint8)).double(), E2M1_TABLE)
+    bits = torch.arange(256, dtype=torch.uint8)
+    for vec, dtype in ((16, torch.float8_e4m3fn), (32, torch.float8_e8m0fnu)):
+        torch_values = bits.view(dtype).double()
+        torch.testing.assert_close(SCALE_TABLES[vec], torch_values, rtol=0, atol=0, equal_nan=True)
+    assert e4m3_value(0x7E) == 448.0 and e4m3_value(0x01) == 2.0**-9
+    assert e8m0_value(0) == 2.0**-127 and e8m0_value(254) == 2.0**127
+
+
 # ----------------------------------------------------------------------------- packing
 
 
@@ -206,15 +252,23 @@ def test_pack_unpack_round_trip(shape: tuple[int, ...]) -> None:
 
 
 def test_float4_e2m1fn_x2_agrees_with_torch() -> None:
-    codes = torch.arange(16, dtype=torch.uint8).reshape(2, 8)
-    fp4 = R.pack_fp4(codes).view(torch.float4_e2m1fn_x2)
+    """torch.float4_e2m1fn_x2 is a shell dtype (no casts; pytorch issue 146414): a byte of two
+    E2M1 codes. torch writes its nibble order and shape down in its ONNX exporter (FLOAT4E2M1);
+    the values it means are checked by test_torch_scaled_mm_agrees on a B200."""
     try:
-        values = fp4.to(torch.float32)
-    except (RuntimeError, NotImplementedError, TypeError) as exc:
-        pytest.skip(f"this torch cannot convert float4_e2m1fn_x2 to float32: {exc}")
-    if values.shape != codes.shape:
-        pytest.skip(f"torch converts float4_e2m1fn_x2 {tuple(fp4.shape)} to {values.shape}")
-    assert torch.equal(values, R.e2m1_to_fp32(codes))
+        from torch.onnx._internal.exporter._type_casting import (
+            get_float4_shape,
+            unpack_float4x2_as_uint8,
+        )
+    except ImportError as exc:
+        pytest.skip(f"torch {torch.__version__} has no float4_e2m1fn_x2 unpacking helper: {exc}")
+    gen = torch.Generator().manual_seed(18)
+    codes = torch.randint(0, 16, (3, 5, 40), generator=gen, dtype=torch.uint8)
+    fp4 = R.pack_fp4(codes).view(torch.float4_e2m1fn_x2)
+    assert fp4.element_size() == 1 and fp4.shape == (3, 5, 20)
+    assert get_float4_shape(fp4) == codes.shape
+    assert unpack_float4x2_as_uint8(fp4).tolist() == codes.tolist()
+    assert torch.equal(R.unpack_fp4(fp4), codes)
 
 
 def test_float4_views_accepted_everywhere() -> None:
@@ -525,17 +579,106 @@ def test_check_gemm_accepts_other_summation_order(fmt: str, out_dtype: torch.dty
     assert info.num_elements == 2 * 24 * 20
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(None, 9, 7, 96), (2, 16, 12, 2048)], ids=str)
+def test_abs_product_sum_matches_float64(fmt: str, shape: tuple) -> None:
+    # sum_i |a_i b_i| from the bit-field decoders in float64. Signs vary, so |A| |B|^T differs
+    # from |A B^T|, and (sum |a|)(sum |b|) is K times too large. Each product is exact in fp32 and
+    # the terms are non-negative, so fp32 summation errs by at most gamma_{K-1} relative.
+    batch, m, n, k = shape
+    vec = FORMATS[fmt]
+    ops = R.make_fp4_operands(m, n, k, batch or 1, vec, seed=19, dist="wide")
+    a, b, sfa, sfb = ops.a, ops.b, ops.sfa, ops.sfb
+    if batch is None:
+        a, b, sfa, sfb = a[0], b[0], sfa[0], sfb[0]
+    got = R.abs_product_sum(a, b, sfa, sfb, vec)
+    assert got.dtype == torch.float32
+    assert got.shape == ((m, n) if batch is None else (batch, m, n))
+    exact = decode64(a, sfa, vec).abs() @ decode64(b, sfb, vec).abs().transpose(-1, -2)
+    u = (k - 1) * 2.0**-24
+    assert bool(((got.double() - exact).abs() <= u / (1 - u) * exact).all())
+
+
+def out_ulp(v: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of out_dtype's numbers at |v| (float64): 2^(e - p + 1) in v's binade 2^e, with p
+    the precision (8 bfloat16, 11 float16, 24 float32) and e no lower than the normal minimum."""
+    p, e_min = {torch.bfloat16: (8, -126), torch.float16: (11, -14), torch.float32: (24, -126)}[
+        out_dtype
+    ]
+    _, e = torch.frexp(v.abs())
+    return torch.exp2((e - 1).clamp(min=e_min) - p + 1).double()
+
+
+def must_be_rejected(d: torch.Tensor, exact: torch.Tensor, s: torch.Tensor, k: int) -> torch.Tensor:
+    """Elements of d that no fp32-accumulating kernel can legitimately produce, whatever the
+    exact form of check_gemm's window.
+
+    With u = 2^-24 and S = sum |a_i b_i|, an fp32 sum of K exact products errs by at most
+    K u S (to first order), for the kernel and for the fp32 reference alike, so the window
+    around the reference is at most 2 K u S wide plus half an output ulp, and the reference is
+    at most K u S from the exact value: an error beyond B = 3 K u S + ulp / 2 (1% spare) from the
+    exact value is outside any sound window.
+    """
+    spread = 3.03 * k * 2.0**-24 * s
+    bound = spread + out_ulp(exact.abs() + spread, d.dtype) / 2
+    return (d.double() - exact).abs() > bound
+
+
+def gemm64(ops: R.FP4Operands) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(A, B, alpha * A B^T, |alpha| |A| |B|^T) in float64 from the bit-field decoders."""
+    a = decode64(ops.a, ops.sfa, ops.sf_vec_size)
+    b = decode64(ops.b, ops.sfb, ops.sf_vec_size)
+    alpha = float(ops.alpha)
+    exact = alpha * (a @ b.transpose(-1, -2))
+    return a, b, exact, abs(alpha) * (a.abs() @ b.abs().transpose(-1, -2))
+
+
+def assert_rejects_exactly(ops: R.FP4Operands, exact, wrong, s, out_dtype, min_fraction) -> None:
+    """Write ``wrong`` where it is out of any sound window, the exact value elsewhere: check_gemm
+    must flag exactly the wrong elements, and they must be at least ``min_fraction`` of all."""
+    k = 2 * ops.a.shape[-1]
+    wrong = wrong.to(out_dtype)
+    bad = must_be_rejected(wrong, exact, s, k)
+    assert float(bad.double().mean()) >= min_fraction, "the planted error is too small to test"
+    d = torch.where(bad, wrong, exact.to(out_dtype))
+    ok, info = R.check_gemm(d, *ops.gemm_args)
+    assert not ok
+    assert info.num_bad == int(bad.sum()), str(info)
+    ok, info = R.check_gemm(exact.to(out_dtype), *ops.gemm_args)
+    assert ok, str(info)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
-def test_check_gemm_rejects_perturbed_result(out_dtype: torch.dtype) -> None:
+def test_check_gemm_rejects_half_a_percent_at_k256(fmt: str, out_dtype: torch.dtype) -> None:
+    # D = 1.005 x the exact result at K = 256. (bfloat16's half ulp, up to 0.4%, hides it in
+    # a third of the elements.)
+    ops = R.make_fp4_operands(32, 24, 256, 2, FORMATS[fmt], seed=12)
+    _, _, exact, s = gemm64(ops)
+    frac = 0.6 if out_dtype == torch.bfloat16 else 0.9
+    assert_rejects_exactly(ops, exact, exact * 1.005, s, out_dtype, min_fraction=frac)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_check_gemm_rejects_a_missing_k_block_at_k7168(fmt: str, out_dtype: torch.dtype) -> None:
+    # A kernel that skips one 16-element K block (of 448) of every output at K = 7168.
+    ops = R.make_fp4_operands(64, 48, 7168, 1, FORMATS[fmt], seed=20)
+    a, b, exact, s = gemm64(ops)
+    j = slice(224 * 16, 225 * 16)
+    missing = float(ops.alpha) * (a[..., j] @ b[..., j].transpose(-1, -2))
+    assert_rejects_exactly(ops, exact, exact - missing, s, out_dtype, min_fraction=0.1)
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_check_gemm_rejects_one_wrong_element(out_dtype: torch.dtype) -> None:
     ops = R.make_fp4_operands(16, 12, 256, 2, 16, seed=12)
-    ref = R.reference_gemm(*ops.gemm_args, out_dtype=torch.float32)
-    abs_sum = R.abs_product_sum(*ops.gemm_args[:5])
-    tol = R.gemm_tolerance(256, out_dtype, ref, abs_sum, ops.alpha)
-    d = ref.to(out_dtype)
+    _, _, exact, s = gemm64(ops)
+    d = exact.to(out_dtype)
     assert R.check_gemm(d, *ops.gemm_args)[0]
     where = (1, 5, 7)
-    # 4 tol: rounding to out_dtype moves it by <= half an ulp <= 2 tol, so it stays > tol away
-    d[where] = (ref[where].double() + 4 * tol[where]).to(out_dtype)
+    d[where] = (exact[where] * 1.02).to(out_dtype)  # 2%: twice bfloat16's ulp and more
+    assert bool(must_be_rejected(d, exact, s, 256)[where])
     ok, info = R.check_gemm(d, *ops.gemm_args)
     assert not ok
     assert info.num_bad == 1 and info.worst_index == where and info.worst_ratio > 1
@@ -862,25 +1005,37 @@ def test_cuda_matches_cpu(fmt: str) -> None:
     assert ok, str(info)
 
 
-def _is_sm100() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10
+def _scaled_mm_fp4_skip_reason() -> str | None:
+    """Why torch._scaled_mm cannot run FP4 here, or None where it must."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if major != 10:
+        name = torch.cuda.get_device_name()
+        return (
+            f"FP4 torch._scaled_mm needs an sm_100 / sm_103 GPU; found {name} (sm_{major}{minor})"
+        )
+    cuda = torch.version.cuda
+    if cuda is None or tuple(int(v) for v in cuda.split(".")[:2]) < (12, 8):
+        return f"torch {torch.__version__} is built for CUDA {cuda}; FP4 GEMMs need CUDA 12.8+"
+    return None
 
 
-@pytest.mark.skipif(not _is_sm100(), reason="torch._scaled_mm with FP4 needs an sm_100 GPU")
+@pytest.mark.skipif(
+    _scaled_mm_fp4_skip_reason() is not None, reason=str(_scaled_mm_fp4_skip_reason())
+)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_torch_scaled_mm_agrees(fmt: str) -> None:
+    # Any error here is a failure: on an sm_100 GPU with CUDA 12.8+, torch runs both formats.
     vec = FORMATS[fmt]
     ops = R.make_fp4_operands(256, 128, 512, 1, vec, device="cuda", seed=16)
     a, b, sfa, sfb = ops.a[0], ops.b[0], ops.sfa[0], ops.sfb[0]
-    try:
-        d = torch._scaled_mm(
-            a.view(torch.float4_e2m1fn_x2),
-            b.view(torch.float4_e2m1fn_x2).t(),
-            R.to_blocked(sfa),
-            R.to_blocked(sfb),
-            out_dtype=torch.bfloat16,
-        )
-    except (RuntimeError, NotImplementedError, ValueError) as exc:
-        pytest.skip(f"torch._scaled_mm does not run {fmt} here: {exc}")
+    d = torch._scaled_mm(
+        a.view(torch.float4_e2m1fn_x2),
+        b.view(torch.float4_e2m1fn_x2).t(),
+        R.to_blocked(sfa),
+        R.to_blocked(sfb),
+        out_dtype=torch.bfloat16,
+    )
     ok, info = R.check_gemm(d, a, b, sfa, sfb, vec)
     assert ok, str(info)
