@@ -553,6 +553,19 @@ def test_reference_gemm_hand_computed(fmt: str) -> None:
     assert d.dtype == torch.bfloat16 and d.float().tolist() == [[[9.0, -9.0]]]
 
 
+def test_reference_gemm_float64_holds_extreme_mxfp4_scales() -> None:
+    # 6 x 2^127 overflows float32 but not float64: float64 accumulation must dequantize in
+    # float64. Each product is 6 x 2^127 x 0.5 x 2^-127 = 3, so D = 32 x 3.
+    a = R.pack_fp4(torch.full((1, 32), 0x7, dtype=torch.uint8))  # all 6
+    b = R.pack_fp4(torch.full((1, 32), 0x1, dtype=torch.uint8))  # all 0.5
+    sfa = torch.full((1, 1), 254, dtype=torch.uint8).view(torch.float8_e8m0fnu)  # 2^127
+    sfb = torch.full((1, 1), 0, dtype=torch.uint8).view(torch.float8_e8m0fnu)  # 2^-127
+    exact = decode64(a, sfa, 32) @ decode64(b, sfb, 32).T
+    assert exact.tolist() == [[96.0]]
+    d = R.reference_gemm(a, b, sfa, sfb, 32, 1.0, torch.float64, accum_dtype=torch.float64)
+    assert d.tolist() == [[96.0]]
+
+
 def split_k_fp32(ops: R.FP4Operands, chunks: int) -> torch.Tensor:
     """An fp32 GEMM summed in a different order: K split into chunks, summed last to first."""
     vec = ops.sf_vec_size
@@ -683,9 +696,47 @@ def test_check_gemm_rejects_one_wrong_element(out_dtype: torch.dtype) -> None:
     assert not ok
     assert info.num_bad == 1 and info.worst_index == where and info.worst_ratio > 1
     assert "1/384 elements outside tolerance" in str(info)
-    d[where] = math.nan
+    for wrong in (math.nan, math.inf, -math.inf):  # the reference is finite here
+        d[where] = wrong
+        ok, info = R.check_gemm(d, *ops.gemm_args)
+        assert not ok and info.worst_index == where and info.worst_ratio == math.inf, wrong
+
+
+def test_check_gemm_reports_the_element_furthest_outside_its_window() -> None:
+    # Row 0 of A is 2^12 times larger, and so are its sums S: an error there that an fp32 kernel
+    # may make (K u S / 2, inside the 2 K u S a sound window allows) is larger in absolute terms
+    # than a 1% error in row 2, yet only row 2's is wrong, and it is the one to report.
+    gen = torch.Generator().manual_seed(22)
+    xa = torch.randn(4, 256, generator=gen)
+    xa[0] *= 2.0**12
+    (a, sfa), (b, sfb) = R.quantize_mxfp4(xa), R.quantize_mxfp4(torch.randn(3, 256, generator=gen))
+    one = torch.tensor(1.0)
+    ops = R.FP4Operands(a, b, sfa, sfb, 32, one, one, one)
+    _, _, exact, s = gemm64(ops)
+    d = exact.float()
+    d[0, 0] = exact[0, 0] + 256 * 2.0**-24 * s[0, 0] / 2
+    d[2, 1] = exact[2, 1] * 1.01
+    assert abs(float(d[0, 0] - exact[0, 0])) > 10 * abs(float(d[2, 1] - exact[2, 1]))
+    assert must_be_rejected(d, exact, s, 256).nonzero().tolist() == [[2, 1]]
     ok, info = R.check_gemm(d, *ops.gemm_args)
-    assert not ok and info.worst_index == where and info.worst_ratio == math.inf
+    assert not ok and info.num_bad == 1 and info.worst_index == (2, 1), str(info)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_check_gemm_window_is_two_fp32_sums(fmt: str, out_dtype: torch.dtype) -> None:
+    # The window is the kernel's plus the reference's fp32 summation bound, 2 K u |alpha| S to
+    # first order with K the full depth (not the packed bytes) and S from the bit-field decoders,
+    # plus half an output ulp.
+    k = 1024
+    ops = R.make_fp4_operands(8, 8, k, 1, FORMATS[fmt], seed=21, dist="wide")
+    _, _, exact, s = gemm64(ops)
+    ok, info = R.check_gemm(exact.to(out_dtype), *ops.gemm_args)
+    assert ok, str(info)
+    delta = 2 * k * 2.0**-24 * float(s[info.worst_index])
+    half_ulp = float(out_ulp(exact[info.worst_index].abs() + delta, out_dtype)) / 2
+    expected = delta + (half_ulp if out_dtype != torch.float32 else 0.0)
+    assert info.tolerance == pytest.approx(expected, rel=1e-3)
 
 
 def test_gemm_tolerance_values() -> None:
@@ -695,6 +746,16 @@ def test_gemm_tolerance_values() -> None:
     assert R.gemm_tolerance(64, torch.bfloat16, ref, zero).tolist() == [2.0**-8, 2.0**-134, 2**-7]
     assert R.gemm_tolerance(64, torch.float16, ref, zero).tolist() == [2.0**-11, 2.0**-25, 2**-10]
     assert R.gemm_tolerance(64, torch.float32, ref, zero).tolist() == [0.0, 0.0, 0.0]
+    # float16 below 2^-14 is subnormal, spaced 2^-24 all the way down
+    tiny = torch.tensor([2.0**-20, 2.0**-14])
+    assert R.gemm_tolerance(64, torch.float16, tiny, torch.zeros(2)).tolist() == [2.0**-25] * 2
+    # the half ulp is taken at |ref| + delta: 1 - 2^-9 lies in bfloat16's binade [0.5, 1) of
+    # ulp 2^-8, but a window of delta ~ 2^-8 (K = 1024, S = 32) reaches into [1, 2), ulp 2^-7
+    below_one, s32 = torch.tensor([1 - 2.0**-9]), torch.tensor([32.0])
+    delta = float(R.gemm_tolerance(1024, torch.float32, below_one, s32)[0])
+    assert 2.0**-9 < delta < 2.0**-7
+    bf16 = float(R.gemm_tolerance(1024, torch.bfloat16, below_one, s32)[0])
+    assert bf16 - delta == pytest.approx(2.0**-8, rel=1e-9)
     # fp32 output: exactly 2 gamma_K |alpha| S / (1 - gamma_{K-1})
     u, k = 2.0**-24, 1024
     gamma_k, gamma_k1 = k * u / (1 - k * u), (k - 1) * u / (1 - (k - 1) * u)

@@ -5,8 +5,8 @@ tests/test_reference.py must catch. Keep every ``old`` text current as reference
 TESTS = ["tests/test_reference.py"]
 
 
-def mutant(mutant_id: str, klass: str, old: str, new: str) -> dict:
-    return {
+def mutant(mutant_id: str, klass: str, old: str, new: str, equivalent: str = "") -> dict:
+    m = {
         "id": mutant_id,
         "klass": klass,
         "file": "reference.py",
@@ -14,6 +14,9 @@ def mutant(mutant_id: str, klass: str, old: str, new: str) -> dict:
         "new": new,
         "tests": TESTS,
     }
+    if equivalent:
+        m["equivalent"] = equivalent
+    return m
 
 
 MUTANTS = [
@@ -92,6 +95,11 @@ MUTANTS = [
         "scale choice",
         "scales = (_divide(amax, E2M1_MAX) / gs).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)",
         "scales = (_divide(amax, E2M1_MAX) / gs).to(torch.float8_e4m3fn)",
+        equivalent="where torch's float8_e4m3fn cast saturates (torch/headeronly/util/"
+        "Float8_e4m3fn.h: finite overflow and inf give 0x7E = 448), as torch 2.13 does: the "
+        "clamp changes only values > 448 (never NaN: amax is finite, gs > 0), which both "
+        "versions then encode as 448. Torch versions whose cast gives NaN for v >= 464 "
+        "make test_nvfp4_scale_clamps_to_448_and_saturates fail.",
     ),
     mutant(
         "ref-nvfp4-scale-amax-over-4",
@@ -104,6 +112,26 @@ MUTANTS = [
         "scale choice",
         "live = (divisor > 0).unsqueeze(-1)",
         "live = (divisor >= 0).unsqueeze(-1)",
+    ),
+    mutant(
+        "ref-nvfp4-amax-signed",
+        "scale choice",
+        "amax = blocks.abs().amax(dim=-1)",
+        "amax = blocks.amax(dim=-1)",
+    ),
+    mutant(
+        "ref-zero-block-loses-sign",
+        "scale choice",
+        "y = torch.where(live, blocks / safe, blocks * 0.0)",
+        "y = torch.where(live, blocks / safe, torch.zeros_like(blocks))",
+    ),
+    mutant(
+        "ref-mxfp4-no-upper-clamp",
+        "scale choice",
+        ".clamp(-E8M0_BIAS, E8M0_BIAS)",
+        ".clamp(min=-E8M0_BIAS)",
+        equivalent="the upper clamp never binds: amax is a finite float32 (validated), below "
+        "2^128, so target = amax / 6 < 2^125.5 and ceil(log2(target)) <= 126 < 127.",
     ),
     # ------------------------------------------------------------------ global scale
     mutant(
@@ -253,6 +281,24 @@ MUTANTS = [
         "check_gemm",
         "err = torch.where(torch.isinf(d) & exact, 0.0, err).nan_to_num(nan=math.inf)",
         "err = torch.where(torch.isinf(d), 0.0, err).nan_to_num(nan=math.inf)",
+    ),
+    mutant(
+        "ref-check-worst-by-abs-error",
+        "check_gemm",
+        "flat = int(ratio.flatten().argmax())",
+        "flat = int(err.flatten().argmax())",
+    ),
+    mutant(
+        "ref-check-inf-compared-in-fp32",
+        "check_gemm",
+        "exact = d == ref.to(d.dtype)",
+        "exact = d == ref",
+    ),
+    mutant(
+        "ref-tol-fp32-output-gets-an-ulp",
+        "tolerance",
+        "    if out_dtype == torch.float32:\n        return delta\n",
+        "",
     ),
     # ------------------------------------------------------------------ operands, validation
     mutant(

@@ -72,6 +72,7 @@ class Outcome:
     seconds: float = 0.0
     detail: str = ""
     code: int | None = None
+    caught_by: str = ""
 
 
 def load_mutants(tools_dir: Path = ROOT / "tools") -> list[dict]:
@@ -139,8 +140,9 @@ def copy_repo(files: list[str], dest: Path) -> None:
         shutil.copy2(ROOT / rel, target)
 
 
-def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[int | None, str]:
-    """pytest's exit status in ``tree`` (None on timeout) and the tail of its output."""
+def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[int | None, str, str]:
+    """pytest's exit status in ``tree`` (None on timeout), the tail of its output and the first
+    failing test."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONPATH", None)  # the copy, not this checkout, must be the one imported
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
@@ -149,9 +151,17 @@ def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[int | None,
             cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
-        return None, f"no result after {timeout:.0f} s"
+        return None, f"no result after {timeout:.0f} s", ""
     lines = (proc.stdout + proc.stderr).strip().splitlines()
-    return proc.returncode, "\n".join(lines[-15:])
+    return proc.returncode, "\n".join(lines[-15:]), first_failure(lines)
+
+
+def first_failure(lines: list[str]) -> str:
+    """The first test that failed or errored, from pytest's short summary ("" if none)."""
+    for line in lines:
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" ", 1)[1].split(" - ", 1)[0]
+    return ""
 
 
 def run_one(m: dict | None, tests: list[str], files: list[str], timeout: float) -> Outcome:
@@ -163,7 +173,7 @@ def run_one(m: dict | None, tests: list[str], files: list[str], timeout: float) 
         if m is not None:
             path = tree / m["file"]
             path.write_text(path.read_text().replace(m["old"], m["new"], 1))
-        code, tail = run_tests(tree, tests, timeout)
+        code, tail, failed = run_tests(tree, tests, timeout)
     seconds = time.monotonic() - start
     mutant = m or {"id": "baseline", "tests": tests}
     if code is None:
@@ -174,18 +184,21 @@ def run_one(m: dict | None, tests: list[str], files: list[str], timeout: float) 
         status = EXCLUDED if "equivalent" in mutant else MISSED
     else:
         status, tail = ERROR, f"pytest exit status {code}\n{tail}"
-    return Outcome(mutant, status, seconds, tail, code)
+    return Outcome(mutant, status, seconds, tail, code, failed)
 
 
 def print_table(outcomes: list[Outcome]) -> None:
     width = max([len(o.mutant["id"]) for o in outcomes] + [2])
     kwidth = max([len(o.mutant["klass"]) for o in outcomes] + [5])
-    print(f"\n{'status':<22} {'id':<{width}} {'class':<{kwidth}} {'file':<34} seconds")
+    fwidth = max([len(o.mutant["file"]) for o in outcomes] + [4])
+    print(
+        f"\n{'status':<21} {'id':<{width}} {'class':<{kwidth}} {'file':<{fwidth}}   secs  caught by"
+    )
     for o in outcomes:
         m = o.mutant
         print(
-            f"{o.status:<22} {m['id']:<{width}} {m['klass']:<{kwidth}} {m['file']:<34} "
-            f"{o.seconds:7.1f}"
+            f"{o.status:<21} {m['id']:<{width}} {m['klass']:<{kwidth}} {m['file']:<{fwidth}} "
+            f"{o.seconds:6.1f}  {o.caught_by if o.status == CAUGHT else ''}".rstrip()
         )
 
 
