@@ -75,11 +75,11 @@ class Outcome:
     caught_by: str = ""
 
 
-def load_mutants(tools_dir: Path = ROOT / "tools") -> list[dict]:
-    """Every mutant of the lists present, validated (keys, types, unique ids, files exist)."""
+def load_mutants(root: Path = ROOT) -> list[dict]:
+    """Every mutant of root's lists present, validated (keys, types, unique ids, files exist)."""
     mutants: list[dict] = []
     for name in LISTS:
-        path = tools_dir / name
+        path = root / "tools" / name
         if not path.exists():
             continue
         spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -88,7 +88,7 @@ def load_mutants(tools_dir: Path = ROOT / "tools") -> list[dict]:
         if not isinstance(getattr(module, "MUTANTS", None), list):
             raise MutantListError(f"{name} must define MUTANTS, a list of dicts")
         for i, m in enumerate(module.MUTANTS):
-            mutants.append(_validated(m, f"{name}[{i}]"))
+            mutants.append(_validated(m, f"{name}[{i}]", root))
     seen = Counter(m["id"] for m in mutants)
     dup = sorted(i for i, n in seen.items() if n > 1)
     if dup:
@@ -96,7 +96,7 @@ def load_mutants(tools_dir: Path = ROOT / "tools") -> list[dict]:
     return mutants
 
 
-def _validated(m: object, where: str) -> dict:
+def _validated(m: object, where: str, root: Path) -> dict:
     if not isinstance(m, dict):
         raise MutantListError(f"{where} is a {type(m).__name__}, not a dict")
     missing = [k for k in REQUIRED if k not in m]
@@ -110,34 +110,35 @@ def _validated(m: object, where: str) -> dict:
         raise MutantListError(f"{where} ({m['id']}): tests must be a non-empty list of strings")
     if m["old"] == m["new"]:
         raise MutantListError(f"{where} ({m['id']}): old and new are the same text")
-    if not (ROOT / m["file"]).is_file():
+    if not (root / m["file"]).is_file():
         raise MutantListError(f"{where} ({m['id']}): no file {m['file']}")
     return m
 
 
-def staleness(m: dict) -> str:
-    """Why the mutant cannot be applied to the current tree, or "" when it can."""
-    count = (ROOT / m["file"]).read_text().count(m["old"])
+def staleness(m: dict, root: Path = ROOT) -> str:
+    """Why the mutant cannot be applied to root's current files, or "" when it can."""
+    count = (root / m["file"]).read_text().count(m["old"])
     if count == 1:
         return ""
     return f"old text {'not found' if count == 0 else f'found {count} times'} in {m['file']}"
 
 
-def repo_files() -> list[str]:
+def repo_files(root: Path = ROOT) -> list[str]:
+    """The files git tracks in root, plus the untracked ones it does not ignore."""
     out = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
+        cwd=root,
         capture_output=True,
         check=True,
     ).stdout
-    return [f for f in out.decode().split("\0") if f and (ROOT / f).is_file()]
+    return [f for f in out.decode().split("\0") if f and (root / f).is_file()]
 
 
-def copy_repo(files: list[str], dest: Path) -> None:
+def copy_repo(root: Path, files: list[str], dest: Path) -> None:
     for rel in files:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, target)
+        shutil.copy2(root / rel, target)
 
 
 def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[int | None, str, str]:
@@ -164,12 +165,14 @@ def first_failure(lines: list[str]) -> str:
     return ""
 
 
-def run_one(m: dict | None, tests: list[str], files: list[str], timeout: float) -> Outcome:
-    """Apply ``m`` (None: the baseline) to a fresh copy and run ``tests`` there."""
+def run_one(
+    m: dict | None, tests: list[str], root: Path, files: list[str], timeout: float
+) -> Outcome:
+    """Apply ``m`` (None: the baseline) to a fresh copy of root's files; run ``tests`` there."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
         tree = Path(tmp)
-        copy_repo(files, tree)
+        copy_repo(root, files, tree)
         if m is not None:
             path = tree / m["file"]
             path.write_text(path.read_text().replace(m["old"], m["new"], 1))
@@ -232,38 +235,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per test run")
     p.add_argument("--no-baseline", action="store_true", help="skip the unmutated runs")
     p.add_argument("--verbose", action="store_true", help="pytest output of every mutant")
+    p.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this one)")
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.timeout <= 0:
         p.error(f"--timeout must be positive, got {args.timeout}")
+    if not (args.root / ".git").exists():
+        p.error(f"--root {args.root} is not a git checkout")
+    args.root = args.root.resolve()
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        mutants = [m for m in load_mutants() if m["id"].startswith(args.only)]
+        mutants = [m for m in load_mutants(args.root) if m["id"].startswith(args.only)]
     except MutantListError as exc:
         print(f"mutate.py: {exc}", file=sys.stderr)
         return 2
     if not mutants:
         print(f"mutate.py: no mutant id starts with {args.only!r}", file=sys.stderr)
         return 2
-    stale = {m["id"]: staleness(m) for m in mutants}
+    stale = {m["id"]: staleness(m, args.root) for m in mutants}
     if args.list:
         for m in mutants:
             flag = f"STALE: {stale[m['id']]}" if stale[m["id"]] else ""
             print(f"{m['id']:<40} {m['klass']:<24} {m['file']:<34} {flag}")
         return 1 if any(stale.values()) else 0
 
-    files = repo_files()
+    files = repo_files(args.root)
     live = [m for m in mutants if not stale[m["id"]]]
     broken: dict[tuple, Outcome] = {}  # test lists whose unmutated run does not pass
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         if not args.no_baseline:
             suites = sorted({tuple(m["tests"]) for m in live})
-            runs = pool.map(lambda t: run_one(None, list(t), files, args.timeout), suites)
+            runs = pool.map(
+                lambda t: run_one(None, list(t), args.root, files, args.timeout), suites
+            )
             for suite, o in zip(suites, runs, strict=True):
                 verdict = "passes" if o.code == 0 else "DOES NOT PASS"
                 print(f"baseline {' '.join(suite)}: {verdict} ({o.seconds:.0f} s)", flush=True)
@@ -272,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         good = [m for m in live if tuple(m["tests"]) not in broken]
 
         def job(m: dict) -> Outcome:
-            o = run_one(m, m["tests"], files, args.timeout)
+            o = run_one(m, m["tests"], args.root, files, args.timeout)
             print(f"{o.status:<22} {m['id']} ({o.seconds:.0f} s)", flush=True)
             return o
 
