@@ -566,6 +566,20 @@ def test_reference_gemm_float64_holds_extreme_mxfp4_scales() -> None:
     assert d.tolist() == [[96.0]]
 
 
+def test_reference_gemm_rounds_alpha_to_float32() -> None:
+    # A kernel's epilogue gets alpha as a float32: 0.1 becomes 13421773 x 2^-27, also when the
+    # reference accumulates in float64; 1e39 has no float32 value at all.
+    ops = R.make_fp4_operands(4, 3, 64, 1, 16, seed=23)
+    product = decode64(ops.a, ops.sfa, 16) @ decode64(ops.b, ops.sfb, 16).transpose(-1, -2)
+    alpha32 = 13421773 * 2.0**-27
+    assert abs(alpha32 - 0.1) < 2.0**-28  # the float32 nearest 0.1
+    for alpha in (0.1, torch.tensor(0.1, dtype=torch.float64)):
+        d = R.reference_gemm(*ops.gemm_args[:5], alpha, torch.float64, accum_dtype=torch.float64)
+        assert torch.allclose(d, alpha32 * product, rtol=1e-13, atol=0), alpha
+    with pytest.raises(ValueError, match="alpha must be finite in float32"):
+        R.reference_gemm(*ops.gemm_args[:5], 1e39)
+
+
 def split_k_fp32(ops: R.FP4Operands, chunks: int) -> torch.Tensor:
     """An fp32 GEMM summed in a different order: K split into chunks, summed last to first."""
     vec = ops.sf_vec_size
@@ -695,6 +709,9 @@ def test_check_gemm_rejects_one_wrong_element(out_dtype: torch.dtype) -> None:
     ok, info = R.check_gemm(d, *ops.gemm_args)
     assert not ok
     assert info.num_bad == 1 and info.worst_index == where and info.worst_ratio > 1
+    assert info.kernel_value == float(d[where])
+    assert info.reference_value == pytest.approx(float(exact[where]), rel=2**-20)
+    assert info.max_abs_err == pytest.approx(abs(float(d[where]) - float(exact[where])), rel=1e-3)
     assert "1/384 elements outside tolerance" in str(info)
     for wrong in (math.nan, math.inf, -math.inf):  # the reference is finite here
         d[where] = wrong
@@ -1031,6 +1048,7 @@ def test_bad_input_raises_value_error(case: str) -> None:
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_cuda_global_scale_is_correctly_rounded() -> None:
     # CUDA turns division by a Python scalar into multiplication by a rounded reciprocal, which
@@ -1042,6 +1060,7 @@ def test_cuda_global_scale_is_correctly_rounded() -> None:
         assert float(gs) == float((x.abs().max().double() / 2688).float())
 
 
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cuda_matches_cpu(fmt: str) -> None:
@@ -1082,6 +1101,7 @@ def _scaled_mm_fp4_skip_reason() -> str | None:
     return None
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(
     _scaled_mm_fp4_skip_reason() is not None, reason=str(_scaled_mm_fp4_skip_reason())
 )

@@ -22,6 +22,12 @@ def mutant(mutant_id: str, klass: str, old: str, new: str, equivalent: str = "")
 MUTANTS = [
     # ------------------------------------------------------------------ E2M1 rounding
     mutant(
+        "ref-round-compares-in-fp32",
+        "rounding",
+        "mag = t.abs()",
+        "mag = t.abs().float()",
+    ),
+    mutant(
         "ref-round-ties-away",
         "rounding",
         "passed = mag >= mid if i % 2 else mag > mid",
@@ -133,6 +139,18 @@ MUTANTS = [
         equivalent="the upper clamp never binds: amax is a finite float32 (validated), below "
         "2^128, so target = amax / 6 < 2^125.5 and ceil(log2(target)) <= 126 < 127.",
     ),
+    mutant(
+        "ref-mxfp4-zero-block-scale-one",
+        "scale choice",
+        "exponent = torch.where(target > 0, exponent, -E8M0_BIAS)",
+        "exponent = torch.where(target >= 0, exponent, -E8M0_BIAS)",
+    ),
+    mutant(
+        "ref-nvfp4-blocks-strided",
+        "scale choice",
+        "blocks = xf.unflatten(-1, (-1, NVFP4_BLOCK))",
+        "blocks = xf.unflatten(-1, (NVFP4_BLOCK, -1)).transpose(-1, -2)",
+    ),
     # ------------------------------------------------------------------ global scale
     mutant(
         "ref-gs-amax-over-448",
@@ -163,6 +181,12 @@ MUTANTS = [
         "global scale",
         "return FP4Operands(a, b, sfa, sfb, vec, gsa, gsb, gsa * gsb)",
         "return FP4Operands(a, b, sfa, sfb, vec, gsa, gsb, gsa * gsa)",
+    ),
+    mutant(
+        "ref-alpha-not-rounded-to-fp32",
+        "global scale",
+        "t = torch.tensor(float(value), dtype=torch.float32, device=device)",
+        "t = torch.tensor(float(value), dtype=torch.float64, device=device)",
     ),
     # ------------------------------------------------------------------ 128x4 layout, padding
     mutant(
@@ -300,6 +324,24 @@ MUTANTS = [
         "    if out_dtype == torch.float32:\n        return delta\n",
         "",
     ),
+    mutant(
+        "ref-check-reports-reference-as-kernel",
+        "check_gemm",
+        "kernel_value=float(d[index]),",
+        "kernel_value=float(ref[index]),",
+    ),
+    mutant(
+        "ref-check-unbounded-rejects-reference",
+        "check_gemm",
+        "unbounded_miss = ~torch.isfinite(tol) & ~exact",
+        "unbounded_miss = ~torch.isfinite(tol)",
+    ),
+    mutant(
+        "ref-unblocked-keeps-column-padding",
+        "padding",
+        "out = atoms.reshape(n_batch, rp, cp)[:, :rows, :cols]",
+        "out = atoms.reshape(n_batch, rp, cp)[:, :rows, :]",
+    ),
     # ------------------------------------------------------------------ operands, validation
     mutant(
         "ref-wide-dist-not-wide",
@@ -312,5 +354,17 @@ MUTANTS = [
         "validation",
         "signed = int((sc.view(torch.uint8) & 0x80).ne(0).sum())",
         "signed = int((sc.view(torch.uint8) & 0x40).ne(0).sum())",
+    ),
+    mutant(
+        "ref-uniform-not-centred",
+        "operands",
+        "return torch.rand(shape, generator=gen) * 2 - 1",
+        "return torch.rand(shape, generator=gen) * 2",
+    ),
+    mutant(
+        "ref-seed-ignored",
+        "operands",
+        "gen = torch.Generator().manual_seed(seed)",
+        "gen = torch.Generator().manual_seed(0)",
     ),
 ]

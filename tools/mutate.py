@@ -18,14 +18,14 @@ and ``tools/mutants_hopper.py`` (those present). Each is a dict::
         "equivalent": "...",              # optional: the proof that it cannot change behaviour
     }
 
-Each mutant is applied to a fresh copy of the repository (the files git tracks, plus untracked
-ones it does not ignore) in a temporary folder, where ``python -m pytest -x -q -p
-no:cacheprovider TESTS`` runs: a failing run (exit status 1) or one past ``--timeout`` has
-caught the mutant, a passing one has not, anything else (a collection error, no tests) is an
-error. A mutant whose ``old`` text is missing or occurs more than once is STALE: update it
-when the code changes. The tests first run once unmutated per distinct ``tests`` list (the
-baseline); a failing baseline makes its mutants errors. Mutants with an ``equivalent`` proof
-that are not caught are excluded from the score.
+Each mutant is applied to a fresh copy, in a temporary folder, of the repository as it was when
+the harness started (the files git tracks, plus untracked ones it does not ignore), and
+``python -m pytest -x -q -p no:cacheprovider TESTS`` runs there: a failing run (exit status 1)
+or one past ``--timeout`` has caught the mutant, a passing one has not, anything else (a
+collection error, no tests) is an error. A mutant whose ``old`` text is missing or occurs more
+than once is STALE: update it when the code changes. The tests first run once unmutated per
+distinct ``tests`` list (the baseline); a failing baseline makes its mutants errors. Mutants
+with an ``equivalent`` proof that are not caught are excluded from the score.
 
 Exit status: 0 when every mutant ran, 1 when any is stale or an error, 2 on bad arguments or a
 malformed mutant list.
@@ -227,6 +227,40 @@ def _score_line(name: str, c: Counter) -> str:
     )
 
 
+def run_all(mutants: list[dict], args: argparse.Namespace, root: Path, files: list[str]):
+    """Baselines, then every mutant that applies; one Outcome per mutant, in list order."""
+    stale = {m["id"]: staleness(m, root) for m in mutants}
+    live = [m for m in mutants if not stale[m["id"]]]
+    broken: dict[tuple, Outcome] = {}  # test lists whose unmutated run does not pass
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        if not args.no_baseline:
+            suites = sorted({tuple(m["tests"]) for m in live})
+            runs = pool.map(lambda t: run_one(None, list(t), root, files, args.timeout), suites)
+            for suite, o in zip(suites, runs, strict=True):
+                verdict = "passes" if o.code == 0 else "DOES NOT PASS"
+                print(f"baseline {' '.join(suite)}: {verdict} ({o.seconds:.0f} s)", flush=True)
+                if o.code != 0:
+                    broken[suite] = o
+        good = [m for m in live if tuple(m["tests"]) not in broken]
+
+        def job(m: dict) -> Outcome:
+            o = run_one(m, m["tests"], root, files, args.timeout)
+            print(f"{o.status:<22} {m['id']} ({o.seconds:.0f} s)", flush=True)
+            return o
+
+        ran = dict(zip([m["id"] for m in good], pool.map(job, good), strict=True))
+    outcomes = []
+    for m in mutants:
+        if stale[m["id"]]:
+            outcomes.append(Outcome(m, STALE, detail=stale[m["id"]]))
+        elif m["id"] in ran:
+            outcomes.append(ran[m["id"]])
+        else:
+            base = broken[tuple(m["tests"])]
+            outcomes.append(Outcome(m, ERROR, detail=f"the baseline does not pass:\n{base.detail}"))
+    return outcomes
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default="", metavar="PREFIX", help="run the ids starting with PREFIX")
@@ -257,45 +291,17 @@ def main(argv: list[str] | None = None) -> int:
     if not mutants:
         print(f"mutate.py: no mutant id starts with {args.only!r}", file=sys.stderr)
         return 2
-    stale = {m["id"]: staleness(m, args.root) for m in mutants}
     if args.list:
+        stale = {m["id"]: staleness(m, args.root) for m in mutants}
         for m in mutants:
             flag = f"STALE: {stale[m['id']]}" if stale[m["id"]] else ""
             print(f"{m['id']:<40} {m['klass']:<24} {m['file']:<34} {flag}")
         return 1 if any(stale.values()) else 0
-
-    files = repo_files(args.root)
-    live = [m for m in mutants if not stale[m["id"]]]
-    broken: dict[tuple, Outcome] = {}  # test lists whose unmutated run does not pass
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        if not args.no_baseline:
-            suites = sorted({tuple(m["tests"]) for m in live})
-            runs = pool.map(
-                lambda t: run_one(None, list(t), args.root, files, args.timeout), suites
-            )
-            for suite, o in zip(suites, runs, strict=True):
-                verdict = "passes" if o.code == 0 else "DOES NOT PASS"
-                print(f"baseline {' '.join(suite)}: {verdict} ({o.seconds:.0f} s)", flush=True)
-                if o.code != 0:
-                    broken[suite] = o
-        good = [m for m in live if tuple(m["tests"]) not in broken]
-
-        def job(m: dict) -> Outcome:
-            o = run_one(m, m["tests"], args.root, files, args.timeout)
-            print(f"{o.status:<22} {m['id']} ({o.seconds:.0f} s)", flush=True)
-            return o
-
-        ran = dict(zip([m["id"] for m in good], pool.map(job, good), strict=True))
-
-    outcomes = []
-    for m in mutants:
-        if stale[m["id"]]:
-            outcomes.append(Outcome(m, STALE, detail=stale[m["id"]]))
-        elif m["id"] in ran:
-            outcomes.append(ran[m["id"]])
-        else:
-            base = broken[tuple(m["tests"])]
-            outcomes.append(Outcome(m, ERROR, detail=f"the baseline does not pass:\n{base.detail}"))
+    # Every run copies one snapshot, so edits made to the checkout meanwhile do not reach them.
+    with tempfile.TemporaryDirectory(prefix="mutate-snapshot-") as snap_dir:
+        snapshot, files = Path(snap_dir), repo_files(args.root)
+        copy_repo(args.root, files, snapshot)
+        outcomes = run_all(mutants, args, snapshot, files)
     print_table(outcomes)
     print_summary(outcomes, "klass")
     print_summary(outcomes, "file")
