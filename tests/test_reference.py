@@ -637,14 +637,14 @@ def out_ulp(v: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
 
 
 def must_be_rejected(d: torch.Tensor, exact: torch.Tensor, s: torch.Tensor, k: int) -> torch.Tensor:
-    """Elements of d that no fp32-accumulating kernel can legitimately produce, whatever the
-    exact form of check_gemm's window.
+    """Elements of d that check_gemm must reject, whatever the exact form of its window.
 
-    With u = 2^-24 and S = sum |a_i b_i|, an fp32 sum of K exact products errs by at most
-    K u S (to first order), for the kernel and for the fp32 reference alike, so the window
-    around the reference is at most 2 K u S wide plus half an output ulp, and the reference is
-    at most K u S from the exact value: an error beyond B = 3 K u S + ulp / 2 (1% spare) from the
-    exact value is outside any sound window.
+    With u = 2^-24 and S = sum |a_i b_i|, an fp32 sum of K exact products lies within K u S of
+    the exact value (to first order), the kernel's and the fp32 reference's alike. A window
+    around the reference needs no more than 2 K u S plus half an output ulp to pass every such
+    kernel, and the reference is within K u S of the exact value: an element further than
+    B = 3 K u S + ulp / 2 (1% spare) from the exact value is outside any window no wider than
+    needed.
     """
     spread = 3.03 * k * 2.0**-24 * s
     bound = spread + out_ulp(exact.abs() + spread, d.dtype) / 2
@@ -678,8 +678,8 @@ def assert_rejects_exactly(ops: R.FP4Operands, exact, wrong, s, out_dtype, min_f
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
 def test_check_gemm_rejects_half_a_percent_at_k256(fmt: str, out_dtype: torch.dtype) -> None:
-    # D = 1.005 x the exact result at K = 256. (bfloat16's half ulp, up to 0.4%, hides it in
-    # a third of the elements.)
+    # D = 1.005 x the exact result at K = 256. (bfloat16's half ulp, up to 0.4%, hides it in up
+    # to a third of the elements.)
     ops = R.make_fp4_operands(32, 24, 256, 2, FORMATS[fmt], seed=12)
     _, _, exact, s = gemm64(ops)
     frac = 0.6 if out_dtype == torch.bfloat16 else 0.9
