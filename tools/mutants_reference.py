@@ -350,10 +350,10 @@ MUTANTS = [
         "exps = torch.randint(0, 1, (*shape[:-1], shape[-1] // vec, 1), generator=gen)",
     ),
     mutant(
-        "ref-signed-scale-check-wrong-bit",
+        "ref-code-range-check-off-by-one",
         "validation",
-        "signed = int((sc.view(torch.uint8) & 0x80).ne(0).sum())",
-        "signed = int((sc.view(torch.uint8) & 0x40).ne(0).sum())",
+        "if t.numel() and int(t.max()) > 15:",
+        "if t.numel() and int(t.max()) > 16:",
     ),
     mutant(
         "ref-uniform-not-centred",
