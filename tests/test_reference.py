@@ -485,6 +485,16 @@ def test_nvfp4_scale_underflow_gives_zero_codes() -> None:
     assert R.dequantize_fp4(packed, scales, 16, gs)[0].abs().max() == 0
 
 
+def test_nvfp4_global_scale_is_correctly_rounded() -> None:
+    # amax / 2688 rounded once to float32 (a multiplication by the rounded reciprocal is often
+    # one ulp off), the float64 quotient rounded to float32 as the independent value.
+    gen = torch.Generator().manual_seed(24)
+    for _ in range(64):
+        x = torch.randn(4, 64, generator=gen) * 100
+        _, _, gs = R.quantize_nvfp4(x)
+        assert float(gs) == float((x.abs().max().double() / 2688).float())
+
+
 def test_nvfp4_global_scale_spans_batches() -> None:
     x = real_data((3, 4, 32), "normal", seed=9)
     x[2] *= 100
@@ -717,6 +727,19 @@ def test_check_gemm_rejects_one_wrong_element(out_dtype: torch.dtype) -> None:
         d[where] = wrong
         ok, info = R.check_gemm(d, *ops.gemm_args)
         assert not ok and info.worst_index == where and info.worst_ratio == math.inf, wrong
+
+
+def test_check_gemm_window_widens_for_a_coarser_accumulator() -> None:
+    # An accumulator with unit roundoff u may err by up to K u S: with u = 2^-12 at K = 256 that
+    # is S / 16, so 1.005 x the exact value (0.5% of |exact| <= S) must pass, as it must not
+    # with an fp32 accumulator.
+    ops = R.make_fp4_operands(32, 24, 256, 2, 16, seed=12)
+    _, _, exact, s = gemm64(ops)
+    d = (exact * 1.005).float()
+    assert bool(((d.double() - exact).abs() < s / 16).all())
+    assert not R.check_gemm(d, *ops.gemm_args)[0]
+    ok, info = R.check_gemm(d, *ops.gemm_args, unit_roundoff=2.0**-12)
+    assert ok, str(info)
 
 
 def test_check_gemm_reports_the_element_furthest_outside_its_window() -> None:

@@ -367,4 +367,22 @@ MUTANTS = [
         "gen = torch.Generator().manual_seed(seed)",
         "gen = torch.Generator().manual_seed(0)",
     ),
+    mutant(
+        "ref-gemm-args-scales-swapped",
+        "operands",
+        "return self.a, self.b, self.sfa, self.sfb, self.sf_vec_size, self.alpha",
+        "return self.a, self.b, self.sfb, self.sfa, self.sf_vec_size, self.alpha",
+    ),
+    mutant(
+        "ref-divide-by-reciprocal",
+        "global scale",
+        "return t / torch.full((), value, dtype=t.dtype, device=t.device)",
+        "return t * (1.0 / value)",
+    ),
+    mutant(
+        "ref-check-drops-unit-roundoff",
+        "check_gemm",
+        "tol = gemm_tolerance(k, d.dtype, ref, abs_sum, alpha, unit_roundoff=unit_roundoff)",
+        "tol = gemm_tolerance(k, d.dtype, ref, abs_sum, alpha)",
+    ),
 ]
