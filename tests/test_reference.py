@@ -932,6 +932,10 @@ BAD_INPUTS = {
         lambda: R.quantize_nvfp4(torch.ones(1, 16), global_scale=torch.ones(2)),
         "global_scale must be a number or a one-element tensor",
     ),
+    "dequant_gs_negative": (
+        lambda: R.dequantize_fp4(_ops().a, _ops().sfa, 16, -1.0),
+        "global_scale must be finite and positive",
+    ),
     "vec_size": (
         lambda: R.dequantize_fp4(_ops().a, _ops().sfa, 8),
         "sf_vec_size must be 16 .* or 32",

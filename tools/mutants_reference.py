@@ -385,4 +385,10 @@ MUTANTS = [
         "tol = gemm_tolerance(k, d.dtype, ref, abs_sum, alpha, unit_roundoff=unit_roundoff)",
         "tol = gemm_tolerance(k, d.dtype, ref, abs_sum, alpha)",
     ),
+    mutant(
+        "ref-dequant-accepts-negative-gs",
+        "validation",
+        'gs = _scalar(global_scale, "global_scale", data.device, positive=True)',
+        'gs = _scalar(global_scale, "global_scale", data.device, positive=False)',
+    ),
 ]
