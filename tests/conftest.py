@@ -1,9 +1,73 @@
-"""Shared pytest setup: make the repository root importable (``import reference``) however pytest
-is started (``pytest tests``, ``python -m pytest``, from another directory)."""
+"""Shared pytest setup.
 
+* The repository root is importable (``import reference``) however pytest is started
+  (``pytest tests``, ``python -m pytest``, from another directory).
+* Every GPU test has a timeout, so a kernel that hangs (a multicast or pipeline bug) fails the
+  run instead of stalling it. A test is a GPU test when it is marked ``@pytest.mark.gpu``, when
+  its function name contains ``gpu`` or ``cuda``, or when one of its ``skipif`` marks gives a
+  reason that names a GPU ("CUDA", "GPU", "B200", "sm_100", ...). Such a test gets the ``gpu``
+  mark (select with ``-m gpu`` / ``-m "not gpu"``) and
+  ``@pytest.mark.timeout(GPU_TIMEOUT_S, method="thread")`` unless it has a ``timeout`` mark of
+  its own; give a longer test its own ``@pytest.mark.timeout(seconds, method="thread")``.
+
+NOTE: the thread method is the one that ends a hang inside a CUDA call (a signal handler runs
+only once the call returns); it prints every thread's stack and exits pytest with an error.
+The timeouts come from pytest-timeout (requirements.txt); without it they are off, and the
+report header says so.
+"""
+
+import re
 import sys
 from pathlib import Path
+
+import pytest
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
+
+#: Seconds a GPU test may run: a JIT compile plus the run takes well under a minute.
+GPU_TIMEOUT_S = 300
+
+_GPU_NAME = re.compile(r"gpu|cuda", re.IGNORECASE)
+_GPU_REASON = re.compile(r"\b(CUDA|GPUs?|B200|GB200|B300|H100|H200|sm_\d+a?)\b")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"gpu: runs on a CUDA GPU; gets a {GPU_TIMEOUT_S} s timeout unless it has its own "
+        "timeout mark (tests/conftest.py)",
+    )
+    if not config.pluginmanager.hasplugin("timeout"):
+        config.addinivalue_line(
+            "markers", "timeout(seconds, method): a time limit (needs pytest-timeout)"
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if config.pluginmanager.hasplugin("timeout"):
+        return f"GPU tests: {GPU_TIMEOUT_S} s timeout each unless marked otherwise"
+    return "GPU tests: NO timeout (pytest-timeout is missing: pip install -r requirements.txt)"
+
+
+def is_gpu_test(item: pytest.Item) -> bool:
+    """True for a test marked ``gpu``, named for a GPU, or skipped for want of one."""
+    if item.get_closest_marker("gpu") is not None:
+        return True
+    if _GPU_NAME.search(getattr(item, "originalname", item.name)):
+        return True
+    return any(
+        _GPU_REASON.search(str(mark.kwargs.get("reason", "")))
+        for mark in item.iter_markers("skipif")
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if not is_gpu_test(item):
+            continue
+        if item.get_closest_marker("gpu") is None:
+            item.add_marker(pytest.mark.gpu)
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(GPU_TIMEOUT_S, method="thread"))

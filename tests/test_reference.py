@@ -32,14 +32,47 @@ def nearest_e2m1_code(v: float) -> int:
     return index | (8 if math.copysign(1.0, v) < 0 else 0)
 
 
+# Decoders written from the format definitions (sign, exponent and mantissa bit fields), sharing
+# nothing with reference.py or torch's float8 casts.
+
+
+def e2m1_value(code: int) -> float:
+    """E2M1: bit 3 sign, bits 2-1 exponent (bias 1), bit 0 mantissa; exponent 0 is subnormal."""
+    exp, man = (code >> 1) & 0x3, code & 0x1
+    mag = man * 0.5 if exp == 0 else (1 + man / 2) * 2.0 ** (exp - 1)
+    return -mag if code & 0x8 else mag
+
+
+def e4m3_value(bits: int) -> float:
+    """E4M3 (fn): bit 7 sign, bits 6-3 exponent (bias 7), bits 2-0 mantissa; no Inf, S.1111.111
+    is NaN; exponent 0 is subnormal (man / 8 * 2^-6)."""
+    exp, man = (bits >> 3) & 0xF, bits & 0x7
+    if exp == 0xF and man == 0x7:
+        return math.nan
+    mag = man / 8 * 2.0**-6 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7)
+    return -mag if bits & 0x80 else mag
+
+
+def e8m0_value(bits: int) -> float:
+    """E8M0: an unsigned biased exponent, 2^(bits - 127); 0xFF is NaN."""
+    return math.nan if bits == 0xFF else 2.0 ** (bits - 127)
+
+
+E2M1_TABLE = torch.tensor([e2m1_value(c) for c in range(16)], dtype=torch.float64)
+SCALE_TABLES = {
+    16: torch.tensor([e4m3_value(b) for b in range(256)], dtype=torch.float64),
+    32: torch.tensor([e8m0_value(b) for b in range(256)], dtype=torch.float64),
+}
+
+
 def decode64(packed: torch.Tensor, scales: torch.Tensor, vec: int) -> torch.Tensor:
-    """float64 e2m1 * scale from packed bytes, written without reference.py's helpers."""
-    table = torch.tensor(E2M1_GRID + tuple(-g for g in E2M1_GRID), dtype=torch.float64)
+    """float64 e2m1 * scale from packed bytes (element 2i in the low nibble) and raw scale bits."""
     p = packed.view(torch.uint8).cpu().long()
     codes = torch.empty((*p.shape[:-1], 2 * p.shape[-1]), dtype=torch.long)
     codes[..., 0::2] = p % 16
     codes[..., 1::2] = p // 16
-    return table[codes] * scales.cpu().float().double().repeat_interleave(vec, dim=-1)
+    scale = SCALE_TABLES[vec][scales.view(torch.uint8).cpu().long()]
+    return E2M1_TABLE[codes] * scale.repeat_interleave(vec, dim=-1)
 
 
 def quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -184,6 +217,19 @@ def test_e2m1_decode_table_and_round_trip() -> None:
     assert torch.equal(R.fp32_to_e2m1(values), codes)
 
 
+def test_independent_decoders_agree_with_the_grid_and_torch() -> None:
+    # The bit-field decoders that the GEMM tests use as their oracle: E2M1 against the value list,
+    # E4M3 / E8M0 against torch's float8 casts (a second, independent implementation).
+    assert E2M1_TABLE.tolist() == list(E2M1_GRID) + [-g for g in E2M1_GRID]
+    assert torch.equal(R.e2m1_to_fp32(torch.arange(16, dtype=torch.uint8)).double(), E2M1_TABLE)
+    bits = torch.arange(256, dtype=torch.uint8)
+    for vec, dtype in ((16, torch.float8_e4m3fn), (32, torch.float8_e8m0fnu)):
+        torch_values = bits.view(dtype).double()
+        torch.testing.assert_close(SCALE_TABLES[vec], torch_values, rtol=0, atol=0, equal_nan=True)
+    assert e4m3_value(0x7E) == 448.0 and e4m3_value(0x01) == 2.0**-9
+    assert e8m0_value(0) == 2.0**-127 and e8m0_value(254) == 2.0**127
+
+
 # ----------------------------------------------------------------------------- packing
 
 
@@ -206,15 +252,23 @@ def test_pack_unpack_round_trip(shape: tuple[int, ...]) -> None:
 
 
 def test_float4_e2m1fn_x2_agrees_with_torch() -> None:
-    codes = torch.arange(16, dtype=torch.uint8).reshape(2, 8)
-    fp4 = R.pack_fp4(codes).view(torch.float4_e2m1fn_x2)
+    """torch.float4_e2m1fn_x2 is a shell dtype (no casts; pytorch issue 146414): a byte of two
+    E2M1 codes. torch writes its nibble order and shape down in its ONNX exporter (FLOAT4E2M1);
+    the values it means are checked by test_torch_scaled_mm_agrees on a B200."""
     try:
-        values = fp4.to(torch.float32)
-    except (RuntimeError, NotImplementedError, TypeError) as exc:
-        pytest.skip(f"this torch cannot convert float4_e2m1fn_x2 to float32: {exc}")
-    if values.shape != codes.shape:
-        pytest.skip(f"torch converts float4_e2m1fn_x2 {tuple(fp4.shape)} to {values.shape}")
-    assert torch.equal(values, R.e2m1_to_fp32(codes))
+        from torch.onnx._internal.exporter._type_casting import (
+            get_float4_shape,
+            unpack_float4x2_as_uint8,
+        )
+    except ImportError as exc:
+        pytest.skip(f"torch {torch.__version__} has no float4_e2m1fn_x2 unpacking helper: {exc}")
+    gen = torch.Generator().manual_seed(18)
+    codes = torch.randint(0, 16, (3, 5, 40), generator=gen, dtype=torch.uint8)
+    fp4 = R.pack_fp4(codes).view(torch.float4_e2m1fn_x2)
+    assert fp4.element_size() == 1 and fp4.shape == (3, 5, 20)
+    assert get_float4_shape(fp4) == codes.shape
+    assert unpack_float4x2_as_uint8(fp4).tolist() == codes.tolist()
+    assert torch.equal(R.unpack_fp4(fp4), codes)
 
 
 def test_float4_views_accepted_everywhere() -> None:
@@ -431,6 +485,16 @@ def test_nvfp4_scale_underflow_gives_zero_codes() -> None:
     assert R.dequantize_fp4(packed, scales, 16, gs)[0].abs().max() == 0
 
 
+def test_nvfp4_global_scale_is_correctly_rounded() -> None:
+    # amax / 2688 rounded once to float32 (a multiplication by the rounded reciprocal is often
+    # one ulp off), the float64 quotient rounded to float32 as the independent value.
+    gen = torch.Generator().manual_seed(24)
+    for _ in range(64):
+        x = torch.randn(4, 64, generator=gen) * 100
+        _, _, gs = R.quantize_nvfp4(x)
+        assert float(gs) == float((x.abs().max().double() / 2688).float())
+
+
 def test_nvfp4_global_scale_spans_batches() -> None:
     x = real_data((3, 4, 32), "normal", seed=9)
     x[2] *= 100
@@ -499,6 +563,33 @@ def test_reference_gemm_hand_computed(fmt: str) -> None:
     assert d.dtype == torch.bfloat16 and d.float().tolist() == [[[9.0, -9.0]]]
 
 
+def test_reference_gemm_float64_holds_extreme_mxfp4_scales() -> None:
+    # 6 x 2^127 overflows float32 but not float64: float64 accumulation must dequantize in
+    # float64. Each product is 6 x 2^127 x 0.5 x 2^-127 = 3, so D = 32 x 3.
+    a = R.pack_fp4(torch.full((1, 32), 0x7, dtype=torch.uint8))  # all 6
+    b = R.pack_fp4(torch.full((1, 32), 0x1, dtype=torch.uint8))  # all 0.5
+    sfa = torch.full((1, 1), 254, dtype=torch.uint8).view(torch.float8_e8m0fnu)  # 2^127
+    sfb = torch.full((1, 1), 0, dtype=torch.uint8).view(torch.float8_e8m0fnu)  # 2^-127
+    exact = decode64(a, sfa, 32) @ decode64(b, sfb, 32).T
+    assert exact.tolist() == [[96.0]]
+    d = R.reference_gemm(a, b, sfa, sfb, 32, 1.0, torch.float64, accum_dtype=torch.float64)
+    assert d.tolist() == [[96.0]]
+
+
+def test_reference_gemm_rounds_alpha_to_float32() -> None:
+    # A kernel's epilogue gets alpha as a float32: 0.1 becomes 13421773 x 2^-27, also when the
+    # reference accumulates in float64; 1e39 has no float32 value at all.
+    ops = R.make_fp4_operands(4, 3, 64, 1, 16, seed=23)
+    product = decode64(ops.a, ops.sfa, 16) @ decode64(ops.b, ops.sfb, 16).transpose(-1, -2)
+    alpha32 = 13421773 * 2.0**-27
+    assert abs(alpha32 - 0.1) < 2.0**-28  # the float32 nearest 0.1
+    for alpha in (0.1, torch.tensor(0.1, dtype=torch.float64)):
+        d = R.reference_gemm(*ops.gemm_args[:5], alpha, torch.float64, accum_dtype=torch.float64)
+        assert torch.allclose(d, alpha32 * product, rtol=1e-13, atol=0), alpha
+    with pytest.raises(ValueError, match="alpha must be finite in float32"):
+        R.reference_gemm(*ops.gemm_args[:5], 1e39)
+
+
 def split_k_fp32(ops: R.FP4Operands, chunks: int) -> torch.Tensor:
     """An fp32 GEMM summed in a different order: K split into chunks, summed last to first."""
     vec = ops.sf_vec_size
@@ -525,24 +616,167 @@ def test_check_gemm_accepts_other_summation_order(fmt: str, out_dtype: torch.dty
     assert info.num_elements == 2 * 24 * 20
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(None, 9, 7, 96), (2, 16, 12, 2048)], ids=str)
+def test_abs_product_sum_matches_float64(fmt: str, shape: tuple) -> None:
+    # sum_i |a_i b_i| from the bit-field decoders in float64. Signs vary, so |A| |B|^T differs
+    # from |A B^T|, and (sum |a|)(sum |b|) is K times too large. Each product is exact in fp32 and
+    # the terms are non-negative, so fp32 summation errs by at most gamma_{K-1} relative.
+    batch, m, n, k = shape
+    vec = FORMATS[fmt]
+    ops = R.make_fp4_operands(m, n, k, batch or 1, vec, seed=19, dist="wide")
+    a, b, sfa, sfb = ops.a, ops.b, ops.sfa, ops.sfb
+    if batch is None:
+        a, b, sfa, sfb = a[0], b[0], sfa[0], sfb[0]
+    got = R.abs_product_sum(a, b, sfa, sfb, vec)
+    assert got.dtype == torch.float32
+    assert got.shape == ((m, n) if batch is None else (batch, m, n))
+    exact = decode64(a, sfa, vec).abs() @ decode64(b, sfb, vec).abs().transpose(-1, -2)
+    u = (k - 1) * 2.0**-24
+    assert bool(((got.double() - exact).abs() <= u / (1 - u) * exact).all())
+
+
+def out_ulp(v: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of out_dtype's numbers at |v| (float64): 2^(e - p + 1) in v's binade 2^e, with p
+    the precision (8 bfloat16, 11 float16, 24 float32) and e no lower than the normal minimum."""
+    p, e_min = {torch.bfloat16: (8, -126), torch.float16: (11, -14), torch.float32: (24, -126)}[
+        out_dtype
+    ]
+    _, e = torch.frexp(v.abs())
+    return torch.exp2((e - 1).clamp(min=e_min) - p + 1).double()
+
+
+def must_be_rejected(d: torch.Tensor, exact: torch.Tensor, s: torch.Tensor, k: int) -> torch.Tensor:
+    """Elements of d that check_gemm must reject, whatever the exact form of its window.
+
+    With u = 2^-24 and S = sum |a_i b_i|, an fp32 sum of K exact products lies within K u S of
+    the exact value (to first order), the kernel's and the fp32 reference's alike. A window
+    around the reference needs no more than 2 K u S plus half an output ulp to pass every such
+    kernel, and the reference is within K u S of the exact value: an element further than
+    B = 3 K u S + ulp / 2 (1% spare) from the exact value is outside any window no wider than
+    needed.
+    """
+    spread = 3.03 * k * 2.0**-24 * s
+    bound = spread + out_ulp(exact.abs() + spread, d.dtype) / 2
+    return (d.double() - exact).abs() > bound
+
+
+def gemm64(ops: R.FP4Operands) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(A, B, alpha * A B^T, |alpha| |A| |B|^T) in float64 from the bit-field decoders."""
+    a = decode64(ops.a, ops.sfa, ops.sf_vec_size)
+    b = decode64(ops.b, ops.sfb, ops.sf_vec_size)
+    alpha = float(ops.alpha)
+    exact = alpha * (a @ b.transpose(-1, -2))
+    return a, b, exact, abs(alpha) * (a.abs() @ b.abs().transpose(-1, -2))
+
+
+def assert_rejects_exactly(ops: R.FP4Operands, exact, wrong, s, out_dtype, min_fraction) -> None:
+    """Write ``wrong`` where it is out of any sound window, the exact value elsewhere: check_gemm
+    must flag exactly the wrong elements, and they must be at least ``min_fraction`` of all."""
+    k = 2 * ops.a.shape[-1]
+    wrong = wrong.to(out_dtype)
+    bad = must_be_rejected(wrong, exact, s, k)
+    assert float(bad.double().mean()) >= min_fraction, "the planted error is too small to test"
+    d = torch.where(bad, wrong, exact.to(out_dtype))
+    ok, info = R.check_gemm(d, *ops.gemm_args)
+    assert not ok
+    assert info.num_bad == int(bad.sum()), str(info)
+    ok, info = R.check_gemm(exact.to(out_dtype), *ops.gemm_args)
+    assert ok, str(info)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
-def test_check_gemm_rejects_perturbed_result(out_dtype: torch.dtype) -> None:
+def test_check_gemm_rejects_half_a_percent_at_k256(fmt: str, out_dtype: torch.dtype) -> None:
+    # D = 1.005 x the exact result at K = 256. (bfloat16's half ulp, up to 0.4%, hides it in up
+    # to a third of the elements.)
+    ops = R.make_fp4_operands(32, 24, 256, 2, FORMATS[fmt], seed=12)
+    _, _, exact, s = gemm64(ops)
+    frac = 0.6 if out_dtype == torch.bfloat16 else 0.9
+    assert_rejects_exactly(ops, exact, exact * 1.005, s, out_dtype, min_fraction=frac)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_check_gemm_rejects_a_missing_k_block_at_k7168(fmt: str, out_dtype: torch.dtype) -> None:
+    # A kernel that skips one 16-element K block (of 448) of every output at K = 7168.
+    ops = R.make_fp4_operands(64, 48, 7168, 1, FORMATS[fmt], seed=20)
+    a, b, exact, s = gemm64(ops)
+    j = slice(224 * 16, 225 * 16)
+    missing = float(ops.alpha) * (a[..., j] @ b[..., j].transpose(-1, -2))
+    assert_rejects_exactly(ops, exact, exact - missing, s, out_dtype, min_fraction=0.1)
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_check_gemm_rejects_one_wrong_element(out_dtype: torch.dtype) -> None:
     ops = R.make_fp4_operands(16, 12, 256, 2, 16, seed=12)
-    ref = R.reference_gemm(*ops.gemm_args, out_dtype=torch.float32)
-    abs_sum = R.abs_product_sum(*ops.gemm_args[:5])
-    tol = R.gemm_tolerance(256, out_dtype, ref, abs_sum, ops.alpha)
-    d = ref.to(out_dtype)
+    _, _, exact, s = gemm64(ops)
+    d = exact.to(out_dtype)
     assert R.check_gemm(d, *ops.gemm_args)[0]
     where = (1, 5, 7)
-    # 4 tol: rounding to out_dtype moves it by <= half an ulp <= 2 tol, so it stays > tol away
-    d[where] = (ref[where].double() + 4 * tol[where]).to(out_dtype)
+    d[where] = (exact[where] * 1.02).to(out_dtype)  # 2%: twice bfloat16's ulp and more
+    assert bool(must_be_rejected(d, exact, s, 256)[where])
     ok, info = R.check_gemm(d, *ops.gemm_args)
     assert not ok
     assert info.num_bad == 1 and info.worst_index == where and info.worst_ratio > 1
+    assert info.kernel_value == float(d[where])
+    assert info.reference_value == pytest.approx(float(exact[where]), rel=2**-20)
+    assert info.max_abs_err == pytest.approx(abs(float(d[where]) - float(exact[where])), rel=1e-3)
     assert "1/384 elements outside tolerance" in str(info)
-    d[where] = math.nan
+    for wrong in (math.nan, math.inf, -math.inf):  # the reference is finite here
+        d[where] = wrong
+        ok, info = R.check_gemm(d, *ops.gemm_args)
+        assert not ok and info.worst_index == where and info.worst_ratio == math.inf, wrong
+
+
+def test_check_gemm_window_widens_for_a_coarser_accumulator() -> None:
+    # An accumulator with unit roundoff u may err by up to K u S: with u = 2^-12 at K = 256 that
+    # is S / 16, so 1.005 x the exact value (0.5% of |exact| <= S) must pass, as it must not
+    # with an fp32 accumulator.
+    ops = R.make_fp4_operands(32, 24, 256, 2, 16, seed=12)
+    _, _, exact, s = gemm64(ops)
+    d = (exact * 1.005).float()
+    assert bool(((d.double() - exact).abs() < s / 16).all())
+    assert not R.check_gemm(d, *ops.gemm_args)[0]
+    ok, info = R.check_gemm(d, *ops.gemm_args, unit_roundoff=2.0**-12)
+    assert ok, str(info)
+
+
+def test_check_gemm_reports_the_element_furthest_outside_its_window() -> None:
+    # Row 0 of A is 2^12 times larger, and so are its sums S: an error there that an fp32 kernel
+    # may make (K u S / 2, inside the 2 K u S a sound window allows) is larger in absolute terms
+    # than a 1% error in row 2, yet only row 2's is wrong, and it is the one to report.
+    gen = torch.Generator().manual_seed(22)
+    xa = torch.randn(4, 256, generator=gen)
+    xa[0] *= 2.0**12
+    (a, sfa), (b, sfb) = R.quantize_mxfp4(xa), R.quantize_mxfp4(torch.randn(3, 256, generator=gen))
+    one = torch.tensor(1.0)
+    ops = R.FP4Operands(a, b, sfa, sfb, 32, one, one, one)
+    _, _, exact, s = gemm64(ops)
+    d = exact.float()
+    d[0, 0] = exact[0, 0] + 256 * 2.0**-24 * s[0, 0] / 2
+    d[2, 1] = exact[2, 1] * 1.01
+    assert abs(float(d[0, 0] - exact[0, 0])) > 10 * abs(float(d[2, 1] - exact[2, 1]))
+    assert must_be_rejected(d, exact, s, 256).nonzero().tolist() == [[2, 1]]
     ok, info = R.check_gemm(d, *ops.gemm_args)
-    assert not ok and info.worst_index == where and info.worst_ratio == math.inf
+    assert not ok and info.num_bad == 1 and info.worst_index == (2, 1), str(info)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_check_gemm_window_is_two_fp32_sums(fmt: str, out_dtype: torch.dtype) -> None:
+    # The window is the kernel's plus the reference's fp32 summation bound, 2 K u |alpha| S to
+    # first order with K the full depth (not the packed bytes) and S from the bit-field decoders,
+    # plus half an output ulp.
+    k = 1024
+    ops = R.make_fp4_operands(8, 8, k, 1, FORMATS[fmt], seed=21, dist="wide")
+    _, _, exact, s = gemm64(ops)
+    ok, info = R.check_gemm(exact.to(out_dtype), *ops.gemm_args)
+    assert ok, str(info)
+    delta = 2 * k * 2.0**-24 * float(s[info.worst_index])
+    half_ulp = float(out_ulp(exact[info.worst_index].abs() + delta, out_dtype)) / 2
+    expected = delta + (half_ulp if out_dtype != torch.float32 else 0.0)
+    assert info.tolerance == pytest.approx(expected, rel=1e-3)
 
 
 def test_gemm_tolerance_values() -> None:
@@ -552,6 +786,16 @@ def test_gemm_tolerance_values() -> None:
     assert R.gemm_tolerance(64, torch.bfloat16, ref, zero).tolist() == [2.0**-8, 2.0**-134, 2**-7]
     assert R.gemm_tolerance(64, torch.float16, ref, zero).tolist() == [2.0**-11, 2.0**-25, 2**-10]
     assert R.gemm_tolerance(64, torch.float32, ref, zero).tolist() == [0.0, 0.0, 0.0]
+    # float16 below 2^-14 is subnormal, spaced 2^-24 all the way down
+    tiny = torch.tensor([2.0**-20, 2.0**-14])
+    assert R.gemm_tolerance(64, torch.float16, tiny, torch.zeros(2)).tolist() == [2.0**-25] * 2
+    # the half ulp is taken at |ref| + delta: 1 - 2^-9 lies in bfloat16's binade [0.5, 1) of
+    # ulp 2^-8, but a window of delta ~ 2^-8 (K = 1024, S = 32) reaches into [1, 2), ulp 2^-7
+    below_one, s32 = torch.tensor([1 - 2.0**-9]), torch.tensor([32.0])
+    delta = float(R.gemm_tolerance(1024, torch.float32, below_one, s32)[0])
+    assert 2.0**-9 < delta < 2.0**-7
+    bf16 = float(R.gemm_tolerance(1024, torch.bfloat16, below_one, s32)[0])
+    assert bf16 - delta == pytest.approx(2.0**-8, rel=1e-9)
     # fp32 output: exactly 2 gamma_K |alpha| S / (1 - gamma_{K-1})
     u, k = 2.0**-24, 1024
     gamma_k, gamma_k1 = k * u / (1 - k * u), (k - 1) * u / (1 - (k - 1) * u)
@@ -687,6 +931,10 @@ BAD_INPUTS = {
     "gs_shape": (
         lambda: R.quantize_nvfp4(torch.ones(1, 16), global_scale=torch.ones(2)),
         "global_scale must be a number or a one-element tensor",
+    ),
+    "dequant_gs_negative": (
+        lambda: R.dequantize_fp4(_ops().a, _ops().sfa, 16, -1.0),
+        "global_scale must be finite and positive",
     ),
     "vec_size": (
         lambda: R.dequantize_fp4(_ops().a, _ops().sfa, 8),
@@ -827,6 +1075,7 @@ def test_bad_input_raises_value_error(case: str) -> None:
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_cuda_global_scale_is_correctly_rounded() -> None:
     # CUDA turns division by a Python scalar into multiplication by a rounded reciprocal, which
@@ -838,6 +1087,7 @@ def test_cuda_global_scale_is_correctly_rounded() -> None:
         assert float(gs) == float((x.abs().max().double() / 2688).float())
 
 
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cuda_matches_cpu(fmt: str) -> None:
@@ -862,25 +1112,38 @@ def test_cuda_matches_cpu(fmt: str) -> None:
     assert ok, str(info)
 
 
-def _is_sm100() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10
+def _scaled_mm_fp4_skip_reason() -> str | None:
+    """Why torch._scaled_mm cannot run FP4 here, or None where it must."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if major != 10:
+        name = torch.cuda.get_device_name()
+        return (
+            f"FP4 torch._scaled_mm needs an sm_100 / sm_103 GPU; found {name} (sm_{major}{minor})"
+        )
+    cuda = torch.version.cuda
+    if cuda is None or tuple(int(v) for v in cuda.split(".")[:2]) < (12, 8):
+        return f"torch {torch.__version__} is built for CUDA {cuda}; FP4 GEMMs need CUDA 12.8+"
+    return None
 
 
-@pytest.mark.skipif(not _is_sm100(), reason="torch._scaled_mm with FP4 needs an sm_100 GPU")
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    _scaled_mm_fp4_skip_reason() is not None, reason=str(_scaled_mm_fp4_skip_reason())
+)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_torch_scaled_mm_agrees(fmt: str) -> None:
+    # Any error here is a failure: on an sm_100 GPU with CUDA 12.8+, torch runs both formats.
     vec = FORMATS[fmt]
     ops = R.make_fp4_operands(256, 128, 512, 1, vec, device="cuda", seed=16)
     a, b, sfa, sfb = ops.a[0], ops.b[0], ops.sfa[0], ops.sfb[0]
-    try:
-        d = torch._scaled_mm(
-            a.view(torch.float4_e2m1fn_x2),
-            b.view(torch.float4_e2m1fn_x2).t(),
-            R.to_blocked(sfa),
-            R.to_blocked(sfb),
-            out_dtype=torch.bfloat16,
-        )
-    except (RuntimeError, NotImplementedError, ValueError) as exc:
-        pytest.skip(f"torch._scaled_mm does not run {fmt} here: {exc}")
+    d = torch._scaled_mm(
+        a.view(torch.float4_e2m1fn_x2),
+        b.view(torch.float4_e2m1fn_x2).t(),
+        R.to_blocked(sfa),
+        R.to_blocked(sfb),
+        out_dtype=torch.bfloat16,
+    )
     ok, info = R.check_gemm(d, a, b, sfa, sfb, vec)
     assert ok, str(info)
