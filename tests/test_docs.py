@@ -312,7 +312,6 @@ def test_figure_tmem_panel_equals_the_dsl_tmem_layout(repro, draw, sf_vec_size):
 
 
 def test_figure_script_draws(draw, tmp_path):
-    pytest.importorskip("matplotlib", reason="doc tool only: pip install matplotlib")
     out = draw.draw(tmp_path / "sf_layout.png")
     assert out.stat().st_size > 10_000
 
