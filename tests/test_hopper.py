@@ -908,7 +908,12 @@ def test_cli_without_sm90_exits_2():
 
 
 # ------------------------------------------------------------------------------ GPU
-gpu = pytest.mark.skipif(not _has_sm90(), reason="needs an sm_90 GPU (H100 / H200)")
+def gpu(test):
+    """An H100 / H200 test: marked ``gpu`` (select with ``-m gpu``; tests/conftest.py gives GPU
+    tests a timeout), skipped on any other machine."""
+    skip = pytest.mark.skipif(not _has_sm90(), reason="needs an sm_90 GPU (H100 / H200)")
+    return pytest.mark.gpu(skip(test))
+
 
 GPU_CASES = [
     # (m, n, k, l, sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, alpha, dist)
@@ -1069,7 +1074,7 @@ def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
     assert ref[0, 3].isnan().all() and ref[0, :, 7].isnan().all()
     outs = []
     for sfa, sfb in ((ops.sfa, ops.sfb), (sfa_nan, sfb_nan)):
-        d = torch.zeros((l, m, n), dtype=torch.bfloat16, device="cuda")
+        d = torch.full((l, m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         runner(ops.a, ops.b, k90.blocked_scales(sfa), k90.blocked_scales(sfb), d, m, n, k, l, 1.0)
         outs.append(d)
     torch.cuda.synchronize()
@@ -1080,6 +1085,132 @@ def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
     assert torch.equal(bad, ref.isnan())
     keep = ~ref.isnan()
     assert torch.equal(with_nan[keep], clean[keep])
+
+
+SPLITK_CASES = [
+    # (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, k_groups)
+    (16, "Float32", "decode", (16, 128), 4, 1),  # F16 operands
+    (32, "BFloat16", "decode", (8, 64), 3, 1),  # BF16 operands
+    (16, "BFloat16", "prefill", (128, 128), 3, 1),
+    (16, "Float32", "decode", (32, 64), 2, 4),  # split-K of K groups
+]
+
+
+@gpu
+@pytest.mark.parametrize("case", SPLITK_CASES, ids=lambda c: "-".join(str(x) for x in c))
+def test_gpu_splitk_is_bitwise_deterministic(case):
+    """Split-K (and K groups) on the same inputs twice: the same bits, whichever split arrives
+    last at the fix-up; both match the reference."""
+    import torch
+
+    import reference
+
+    vec, c_dtype, path, tiler, split, k_groups = case
+    m, n, k, l = 20, 1000, 4000, 2  # noqa: E741
+    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
+    ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=11, dist="wide")
+    sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
+    outs = []
+    for _ in range(2):
+        d = torch.full((l, m, n), float("nan"), dtype=k90._torch_dtype(c_dtype), device="cuda")
+        runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, float(ops.alpha))
+        outs.append(d)
+    torch.cuda.synchronize()
+    first, second = outs
+    ok, info = reference.check_gemm(first, ops.a, ops.b, ops.sfa, ops.sfb, vec, float(ops.alpha))
+    assert ok, str(info)
+    assert torch.equal(first.view(torch.uint8), second.view(torch.uint8))
+
+
+_B = 2.0**25
+# Partials of one output per k-tile (1, +-2^25 or 0) and the fp32 sum in the documented order
+# (hopper/DESIGN.md, "Split-K and K groups"): the split-K fix-up adds the splits' partials in
+# split order from 0 (0 + p0 + p1 + ...), group 0 adds the K groups' in group order. The exact
+# sum is 1; 2^25 + 1 rounds to 2^25 and -2^25 + 1 to -2^25 (ties to even), so only that order
+# gives these values.
+CANCELLATION_SPLITS = [
+    ((1, _B, -_B), 0.0),
+    ((_B, -_B, 1), 1.0),
+    ((_B, 1, -_B), 0.0),
+    ((-_B, _B, 1), 1.0),
+    ((1, -_B, _B), 0.0),
+    ((-_B, 1, _B), 0.0),
+]
+CANCELLATION_K_GROUPS = [
+    ((0, 1, _B, -_B), 0.0),
+    ((0, _B, -_B, 1), 1.0),
+    ((1, _B, -_B, 0), 0.0),
+    ((0, -_B, 1, _B), 0.0),
+    ((_B, 0, -_B, 1), 1.0),
+]
+
+
+def _cancellation_operands(vec: int, partials: list[tuple], device: str = "cuda"):
+    """One token row and one weight row per partials tuple whose dot product's part in k-tile t
+    is partials[t], exactly: 1 = 1 x 1 at the k-tile's first K, +-2^25 = 32 products
+    (+-4 x 2^8) x (4 x 2^8) at its K 32..63 (scale blocks of 2^8).  Returns (a, b, sfa, sfb),
+    unswizzled scales."""
+    import torch
+
+    import reference
+
+    k_tiles = len(partials[0])
+    k = k90.K_TILE * k_tiles
+    one, big = (0x38, 0x78) if vec == 16 else (127, 135)  # 1.0 and 2^8 in E4M3 / E8M0
+    a = torch.zeros((1, 1, k), dtype=torch.uint8)
+    b = torch.zeros((1, len(partials), k), dtype=torch.uint8)
+    sfa = torch.full((1, 1, k // vec), one, dtype=torch.uint8)
+    sfb = torch.full((1, len(partials), k // vec), one, dtype=torch.uint8)
+    for t in range(k_tiles):
+        k0 = k90.K_TILE * t
+        a[0, 0, k0] = 2  # e2m1 1.0
+        a[0, 0, k0 + 32 : k0 + 64] = 6  # e2m1 4.0
+        sfa[0, 0, (k0 + 32) // vec : (k0 + 64) // vec] = big
+        sfb[0, :, (k0 + 32) // vec : (k0 + 64) // vec] = big
+        for row, parts in enumerate(partials):
+            sign = 8 if parts[t] < 0 else 0
+            if abs(parts[t]) == 1:
+                b[0, row, k0] = 2 | sign
+            elif abs(parts[t]) == _B:
+                b[0, row, k0 + 32 : k0 + 64] = 6 | sign
+    dtype = reference.SCALE_DTYPES[vec]
+    packed = (reference.pack_fp4(x).to(device) for x in (a, b))
+    return (*packed, sfa.view(dtype).to(device), sfb.view(dtype).to(device))
+
+
+@gpu
+@pytest.mark.parametrize(
+    "vec, path, tiler, split, k_groups",
+    [
+        (16, "decode", (8, 64), 3, 1),
+        (32, "decode", (8, 64), 3, 1),
+        (16, "prefill", (128, 128), 3, 1),
+        (16, "decode", (8, 64), 1, 4),
+    ],
+)
+def test_gpu_partials_are_summed_in_documented_order(vec, path, tiler, split, k_groups):
+    """Partials 1, +2^25, -2^25 in the k-tiles of one split (or K group) each: D is the fp32
+    sum in split (group) order from 0, which is 0 where 1 comes before the cancelling pair; a
+    fix-up summing in another order, or counting its own partial twice, gives other values."""
+    import torch
+
+    import reference
+
+    table = CANCELLATION_K_GROUPS if k_groups > 1 else CANCELLATION_SPLITS
+    partials = [p for p, _ in table]
+    a, b, sfa, sfb = _cancellation_operands(vec, partials)
+    m, n, k, l = 1, len(partials), k90.K_TILE * len(partials[0]), 1  # noqa: E741
+    # the construction: the exact sums are 1
+    ref = reference.reference_gemm(
+        a, b, sfa, sfb, vec, 1.0, torch.float64, accum_dtype=torch.float64
+    )
+    assert ref.flatten().tolist() == [1.0] * n
+    runner = k90.Fp4GemmSm90Runner(vec, "Float32", path, tiler, split, k_groups=k_groups)
+    d = torch.full((l, m, n), float("nan"), dtype=torch.float32, device="cuda")
+    blocked = (k90.blocked_scales(sfa), k90.blocked_scales(sfb))
+    runner(a, b, *blocked, d, m, n, k, l, 1.0)
+    torch.cuda.synchronize()
+    assert d.flatten().tolist() == [want for _, want in table]
 
 
 @gpu
