@@ -1097,7 +1097,7 @@ SPLITK_CASES = [
 
 
 @gpu
-@pytest.mark.parametrize("case", SPLITK_CASES, ids=lambda c: "-".join(str(x) for x in c))
+@pytest.mark.parametrize("case", SPLITK_CASES, ids=["nvfp4-f16", "mxfp4", "prefill", "kgroups"])
 def test_gpu_splitk_is_bitwise_deterministic(case):
     """Split-K (and K groups) on the same inputs twice: the same bits, whichever split arrives
     last at the fix-up; both match the reference."""
@@ -1187,6 +1187,7 @@ def _cancellation_operands(vec: int, partials: list[tuple], device: str = "cuda"
         (16, "prefill", (128, 128), 3, 1),
         (16, "decode", (8, 64), 1, 4),
     ],
+    ids=["nvfp4-split3", "mxfp4-split3", "prefill-split3", "kgroups4"],
 )
 def test_gpu_partials_are_summed_in_documented_order(vec, path, tiler, split, k_groups):
     """Partials 1, +2^25, -2^25 in the k-tiles of one split (or K group) each: D is the fp32
