@@ -415,6 +415,16 @@ def _convert_chunk_words(words, sf4, keep, col0, shift, sf_vec_size: int, f16: b
     return out
 
 
+def split_k_range(split, k_tiles, split_k: int):
+    """K-tiles [begin, end) of split ``split`` of ``split_k``: the first k_tiles % split_k splits
+    get one more.  Python or DSL integers."""
+    base = k_tiles // split_k
+    extra = k_tiles % split_k
+    begin = split * base + cutlass.min(split, extra)
+    end = begin + base + (split < extra)
+    return begin, end
+
+
 def _round_up(x, multiple):
     return (x + multiple - 1) // multiple * multiple
 
@@ -1361,11 +1371,7 @@ class BlockwiseGemmFp4Sm90:
         """K-tiles [begin, end) of one split: the first k_tiles % split_k splits get one more."""
         if cutlass.const_expr(self.split_k == 1):
             return Int32(0), k_tiles
-        base = k_tiles // self.split_k
-        extra = k_tiles % self.split_k
-        begin = split * base + cutlass.min(split, extra)
-        end = begin + base + (split < extra)
-        return begin, end
+        return split_k_range(split, k_tiles, self.split_k)
 
     # ======================================= consumers =========================================
     @cute.jit

@@ -715,6 +715,18 @@ def test_blocked_scale_offsets_match_to_blocked():
         assert cols == [(64 * j + 16 * q) // vec for j in range(2) for q in range(4)]
 
 
+def test_split_k_ranges_partition_the_k_tiles():
+    """``split_k_range`` (the producer's and the consumers' k-tiles of a split): the splits
+    cover every k-tile once, in split order, at most one k-tile apart, longer ones first."""
+    for split_k in range(1, 17):
+        for k_tiles in range(0, 3 * split_k + 2):
+            ranges = [k90.split_k_range(s, k_tiles, split_k) for s in range(split_k)]
+            tiles = [t for begin, end in ranges for t in range(begin, end)]
+            assert tiles == list(range(k_tiles)), (split_k, k_tiles, ranges)
+            sizes = [end - begin for begin, end in ranges]
+            assert sizes == sorted(sizes, reverse=True) and sizes[0] - sizes[-1] <= 1, sizes
+
+
 def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
     # decode: the tokens' copy is padded to the token tile (TMA boxes stay inside it)
     decode = k90.BlockwiseGemmFp4Sm90(16, "decode", (128, 64), (1, 1), 1)

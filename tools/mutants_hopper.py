@@ -225,12 +225,19 @@ MUTANTS = [
         "_st_global_u32(counter, Uint32(1))",
         DETERMINISM + "nvfp4-f16",
     ),
-    gpu_mutant(
+    mutant(
         "h-splitk-range-overlap",
         "split-K",
         "end = begin + base + (split < extra)",
         "end = begin + base + (split <= extra)",
-        DETERMINISM + "nvfp4-f16",
+        "split_k_ranges",
+    ),
+    mutant(
+        "h-splitk-range-extra-last",
+        "split-K",
+        "begin = split * base + cutlass.min(split, extra)",
+        "begin = split * base + cutlass.max(0, split - (split_k - extra))",
+        "split_k_ranges",
     ),
     gpu_mutant(
         "h-splitk-tile-id",
