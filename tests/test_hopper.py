@@ -927,6 +927,29 @@ def gpu(test):
     return pytest.mark.gpu(skip(test))
 
 
+# bytes of NaN either side of D in the GPU tests' buffers (a multiple of 16: D stays aligned)
+D_GUARD_BYTES = 1 << 16
+
+
+def _nan_filled_d(shape, dtype, device="cuda"):
+    """D full of NaN inside a buffer with D_GUARD_BYTES of NaN either side, so that a test sees
+    a store outside D too.  Returns (d, buffer)."""
+    import torch
+
+    guard = D_GUARD_BYTES // torch.empty((), dtype=dtype).element_size()
+    buf = torch.full((2 * guard + math.prod(shape),), float("nan"), dtype=dtype, device=device)
+    return buf[guard : guard + math.prod(shape)].view(shape), buf
+
+
+def _assert_guards_untouched(buf, d):
+    import torch
+
+    guard = (buf.numel() - d.numel()) // 2
+    assert torch.isnan(buf[:guard]).all() and torch.isnan(buf[guard + d.numel() :]).all(), (
+        "a store outside D"
+    )
+
+
 GPU_CASES = [
     # (m, n, k, l, sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, alpha, dist)
     (300, 520, 224, 2, 16, "BFloat16", "prefill", (128, 256), 1, 0.7, "wide"),
@@ -986,20 +1009,21 @@ def test_gpu_matches_reference(case):
         ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist=dist)
         alpha = float(ops.alpha) * alpha_factor
         sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
-        d = torch.full((l, m, n), float("nan"), dtype=k90._torch_dtype(c_dtype), device="cuda")
-        runs.append((ops, alpha, sfa, sfb, d))
+        d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
+        runs.append((ops, alpha, sfa, sfb, d, guarded))
     # compile the kernel variant for this N and allocate the workspace first, so that the two
     # launches below are queued back to back
     runner.executor(n)
     runner.workspace(m, n, k, l)
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000)  # about 1 ms on the GPU: both launches queue up behind it
-    for ops, alpha, sfa, sfb, d in runs:
+    for ops, alpha, sfa, sfb, d, _ in runs:
         runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
     torch.cuda.synchronize()
-    for ops, alpha, _, _, d in runs:
+    for ops, alpha, _, _, d, guarded in runs:
         ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, alpha)
         assert ok, str(info)
+        _assert_guards_untouched(guarded, d)
 
 
 @gpu
@@ -1100,37 +1124,45 @@ def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
 
 
 SPLITK_CASES = [
-    # (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, k_groups)
-    (16, "Float32", "decode", (16, 128), 4, 1),  # F16 operands
-    (32, "BFloat16", "decode", (8, 64), 3, 1),  # BF16 operands
-    (16, "BFloat16", "prefill", (128, 128), 3, 1),
-    (16, "Float32", "decode", (32, 64), 2, 4),  # split-K of K groups
+    # (m, n, sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, k_groups)
+    # F16 operands; more token tiles than weight tiles (7 x 3, L = 2)
+    (100, 300, 16, "Float32", "decode", (16, 128), 4, 1),
+    (20, 1000, 32, "BFloat16", "decode", (8, 64), 3, 1),  # BF16 operands
+    (20, 1000, 16, "BFloat16", "prefill", (128, 128), 3, 1),  # 4 D subtiles per tile
+    (20, 1000, 16, "Float32", "decode", (32, 64), 2, 4),  # split-K of K groups
 ]
 
 
 @gpu
 @pytest.mark.parametrize("case", SPLITK_CASES, ids=["nvfp4-f16", "mxfp4", "prefill", "kgroups"])
 def test_gpu_splitk_is_bitwise_deterministic(case):
-    """Split-K (and K groups) on the same inputs twice: the same bits, whichever split arrives
-    last at the fix-up; both match the reference."""
+    """Split-K (and K groups) on inputs X, then Y, then X again: both X results have the same
+    bits, whichever split arrives last at the fix-up, and nothing of X leaks into Y (the
+    counters and partials are reused); every result matches the reference and is stored inside
+    D only."""
     import torch
 
     import reference
 
-    vec, c_dtype, path, tiler, split, k_groups = case
-    m, n, k, l = 20, 1000, 4000, 2  # noqa: E741
+    m, n, vec, c_dtype, path, tiler, split, k_groups = case
+    k, l = 4000, 2  # noqa: E741
     runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
-    ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=11, dist="wide")
-    sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
+    x, y = (
+        reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist="wide")
+        for seed in (11, 12)
+    )
     outs = []
-    for _ in range(2):
-        d = torch.full((l, m, n), float("nan"), dtype=k90._torch_dtype(c_dtype), device="cuda")
+    for ops in (x, y, x):
+        d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
+        sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
         runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, float(ops.alpha))
-        outs.append(d)
+        outs.append((ops, d, guarded))
     torch.cuda.synchronize()
-    first, second = outs
-    ok, info = reference.check_gemm(first, ops.a, ops.b, ops.sfa, ops.sfb, vec, float(ops.alpha))
-    assert ok, str(info)
+    for ops, d, guarded in outs:
+        ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, float(ops.alpha))
+        assert ok, str(info)
+        _assert_guards_untouched(guarded, d)
+    first, second = outs[0][1], outs[2][1]
     assert torch.equal(first.view(torch.uint8), second.view(torch.uint8))
 
 
