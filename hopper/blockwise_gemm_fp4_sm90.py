@@ -1654,7 +1654,7 @@ class BlockwiseGemmFp4Sm90:
             rows, cols, mD_mnl.shape[2], self.tile_rows, self.tile_cols, self.cluster_m
         )
         batch = lk // self.split_k
-        tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile
+        tile_id = output_tile_id(row_tile, col_tile, batch, row_tiles, col_tiles)
         split = lk % self.split_k
         work = mWork.iterator.toint()
         frag_stride = Int64(self.group_threads * nacc * 4)
@@ -1902,6 +1902,13 @@ def output_tiles(rows, cols, l, tile_rows, tile_cols, cluster_m):  # noqa: E741
     row_tiles = (rows + tile_rows * cluster_m - 1) // (tile_rows * cluster_m) * cluster_m
     col_tiles = (cols + tile_cols - 1) // tile_cols
     return row_tiles, col_tiles, row_tiles * col_tiles * l
+
+
+def output_tile_id(row_tile, col_tile, batch, row_tiles, col_tiles):
+    """Index of an output tile among ``output_tiles``' (row-tile-major within a column, then
+    columns, then batches): its split-K partials and counter in the workspace.  Python or DSL
+    integers."""
+    return (batch * col_tiles + col_tile) * row_tiles + row_tile
 
 
 def workspace_elems(m, n, l, path, mma_tiler_mn, split_k, cluster_m=1):  # noqa: E741

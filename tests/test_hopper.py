@@ -727,6 +727,27 @@ def test_split_k_ranges_partition_the_k_tiles():
             assert sizes == sorted(sizes, reverse=True) and sizes[0] - sizes[-1] <= 1, sizes
 
 
+def test_split_k_tile_ids_are_distinct():
+    """``output_tile_id`` (the split-K fix-up's slot for a tile's partials and counter) numbers
+    the tiles of ``output_tiles`` 0 .. tiles - 1, each once, for more row tiles than column
+    tiles and the reverse, L > 1 and a 2x1 cluster."""
+    for rows, cols, l, tile_rows, tile_cols, cluster_m in (  # noqa: E741
+        (1000, 20, 2, 64, 8, 1),
+        (300, 100, 2, 128, 16, 1),
+        (300, 520, 3, 128, 128, 2),
+    ):
+        row_tiles, col_tiles, tiles = k90.output_tiles(
+            rows, cols, l, tile_rows, tile_cols, cluster_m
+        )
+        ids = [
+            k90.output_tile_id(r, c, b, row_tiles, col_tiles)
+            for b in range(l)
+            for c in range(col_tiles)
+            for r in range(row_tiles)
+        ]
+        assert sorted(ids) == list(range(tiles)), (rows, cols, l)
+
+
 def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
     # decode: the tokens' copy is padded to the token tile (TMA boxes stay inside it)
     decode = k90.BlockwiseGemmFp4Sm90(16, "decode", (128, 64), (1, 1), 1)

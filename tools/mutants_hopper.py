@@ -239,12 +239,12 @@ MUTANTS = [
         "begin = split * base + cutlass.max(0, split - (split_k - extra))",
         "split_k_ranges",
     ),
-    gpu_mutant(
+    mutant(
         "h-splitk-tile-id",
         "split-K",
-        "tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile",
-        "tile_id = (batch * row_tiles + col_tile) * row_tiles + row_tile",
-        DETERMINISM + "nvfp4-f16",
+        "return (batch * col_tiles + col_tile) * row_tiles + row_tile",
+        "return (batch * row_tiles + col_tile) * row_tiles + row_tile",
+        "split_k_tile_ids",
     ),
     # ------------------------------------------------------------------ K-group reduction
     gpu_mutant(
