@@ -345,6 +345,89 @@ def _fp4x16_to_mma(packed: Uint64, factor: Uint32, f16: bool) -> list:
     )
 
 
+def a_fragment_word(r: int, i: int) -> int:
+    """Word of a k-block's wgmma A fragment (Uint32 view: row r, K half c, k16 step s at word
+    r + 2c + 4s) that takes pair P_i of ``_fp4x16_to_mma``: for the thread's 16-group q, K
+    values 16 (i // 2) + 8 (i % 2) + 2q, +1 of the k-block (the weights' K permutation)."""
+    return r + 2 * (i % 2) + 4 * (i // 2)
+
+
+def token_chunk_layout(chunk):
+    """The tokens' K permutation in ``convert_operands``: 16-byte output chunk ``chunk`` (0..7)
+    of a converted 64-wide k-block holds pair P_chunk of each 16-group q = 0..3.  Returns (byte
+    offset of its source word in a group's 8 packed bytes, right shift of that word that brings
+    the pair's nibbles (chunk % 4, chunk % 4 + 4) to bits 0 and 16, byte offset of the chunk in
+    the converted block).  Python or DSL integers."""
+    return 4 * (chunk // 4), 4 * (chunk % 4), 16 * chunk
+
+
+def scale_column(j, q, sf_vec_size: int):
+    """Scale column, within a k-tile, of 16-group q of 64-wide k-block j."""
+    if sf_vec_size == 16:
+        return j * 4 + q
+    return j * 2 + q // 2
+
+
+def blocked_sf_byte(row, col, atoms_k):
+    """Byte of scale (row, col) in 128x4 atoms stored row-block-major with ``atoms_k`` atoms per
+    row block (``reference.to_blocked``): atom byte of (r, c) is (r % 32) * 16 + (r // 32 % 4) * 4
+    + c % 4.  Python or DSL integers."""
+    atom = (row // SF_ATOM_ROWS) * atoms_k + col // SF_ATOM_COLS
+    r = row % SF_ATOM_ROWS
+    return atom * SF_ATOM_BYTES + (r % 32) * 16 + (r // 32) * 4 + col % SF_ATOM_COLS
+
+
+def blocked_sf_word(batch, row, col0, row_blocks, atoms_k):
+    """Byte of the aligned 32-bit word holding scale columns col0 - col0 % 4 .. + 3 of ``row``
+    of batch ``batch`` in ``reference.to_blocked``'s layout (``row_blocks`` x ``atoms_k``
+    atoms per batch).  Python or DSL integers."""
+    r = row % SF_ATOM_ROWS
+    return (
+        ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col0 // SF_ATOM_COLS)
+        * SF_ATOM_BYTES
+        + (r % 32) * 16
+        + (r // 32) * 4
+    )
+
+
+def _convert_chunk_words(words, sf4, keep, col0, shift, sf_vec_size: int, f16: bool) -> list:
+    """One 16-byte chunk of ``convert_operands``: ``words[q]`` is the packed word of 16-group q
+    holding the chunk's pair, ``sf4`` the aligned word of the block's scales, ``keep`` all ones
+    (zero for the missing groups 2, 3 of a K = 32 x odd tail), ``col0`` the block's first scale
+    column, ``shift`` the pair's shift (``token_chunk_layout``) -> the chunk's 4 words."""
+    # NVFP4 to BF16: the four E4M3 scales of a block, magnitude and sign bytes apart
+    e4m3_bf16 = sf_vec_size == 16 and not f16
+    if e4m3_bf16:
+        mags, signs = sf4 & Uint32(0x7F7F7F7F), sf4 & Uint32(0x80808080)
+    out = []
+    for q in range(4):
+        word = words[q]
+        if e4m3_bf16:
+            factor = _e4m3_byte_to_bf16x2(mags, signs, q, keep if q >= 2 else None)
+        else:
+            if sf_vec_size == 16:
+                sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
+            else:
+                sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
+            if q >= 2:
+                sf = sf & keep
+            factor = _scale_factor(sf, f16)
+        if q >= 2:
+            word = word & keep
+        out.append(_fp4_pair_lo_to_mma(word >> shift, factor, f16))
+    return out
+
+
+def split_k_range(split, k_tiles, split_k: int):
+    """K-tiles [begin, end) of split ``split`` of ``split_k``: the first k_tiles % split_k splits
+    get one more.  Python or DSL integers."""
+    base = k_tiles // split_k
+    extra = k_tiles % split_k
+    begin = split * base + cutlass.min(split, extra)
+    end = begin + base + (split < extra)
+    return begin, end
+
+
 def _round_up(x, multiple):
     return (x + multiple - 1) // multiple * multiple
 
@@ -1291,11 +1374,7 @@ class BlockwiseGemmFp4Sm90:
         """K-tiles [begin, end) of one split: the first k_tiles % split_k splits get one more."""
         if cutlass.const_expr(self.split_k == 1):
             return Int32(0), k_tiles
-        base = k_tiles // self.split_k
-        extra = k_tiles % self.split_k
-        begin = split * base + cutlass.min(split, extra)
-        end = begin + base + (split < extra)
-        return begin, end
+        return split_k_range(split, k_tiles, self.split_k)
 
     # ======================================= consumers =========================================
     @cute.jit
@@ -1510,7 +1589,7 @@ class BlockwiseGemmFp4Sm90:
             packed, sf = a_bytes[r]
             pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.f16), self.f16)
             for i in cutlass.range_constexpr(8):
-                rA[r + 2 * (i % 2) + 4 * (i // 2)] = pairs[i]
+                rA[a_fragment_word(r, i)] = pairs[i]
 
     @cute.jit
     def _load_packed(self, base, stage, stage_bytes, row, j, q):
@@ -1522,13 +1601,7 @@ class BlockwiseGemmFp4Sm90:
     def _load_scale_byte(self, base_sf, stage, stage_bytes, row, j, q):
         """Scale byte of (tile row ``row`` counted from its atom's first row, group q of
         k-block j).  Atom byte of (r, c): (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4."""
-        if cutlass.const_expr(self.sf_vec_size == 16):
-            col = j * 4 + q
-        else:
-            col = j * 2 + q // 2
-        atom = (row // SF_ATOM_ROWS) * self.sf_atoms_k + col // SF_ATOM_COLS
-        r = row % SF_ATOM_ROWS
-        byte = atom * SF_ATOM_BYTES + (r % 32) * 16 + (r // 32) * 4 + col % SF_ATOM_COLS
+        byte = blocked_sf_byte(row, scale_column(j, q, self.sf_vec_size), self.sf_atoms_k)
         return _ld_shared_u8(base_sf + stage * stage_bytes + byte)
 
     @cute.jit
@@ -1584,7 +1657,7 @@ class BlockwiseGemmFp4Sm90:
             rows, cols, mD_mnl.shape[2], self.tile_rows, self.tile_cols, self.cluster_m
         )
         batch = lk // self.split_k
-        tile_id = (batch * col_tiles + col_tile) * row_tiles + row_tile
+        tile_id = output_tile_id(row_tile, col_tile, batch, row_tiles, col_tiles)
         split = lk % self.split_k
         work = mWork.iterator.toint()
         frag_stride = Int64(self.group_threads * nacc * 4)
@@ -1752,17 +1825,12 @@ class BlockwiseGemmFp4Sm90:
             # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
             keep = Uint32(0) - Uint32(kb * K_BLOCK + K_BLOCK <= Uint32(k))
             src = mPacked.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
-            src = src + Int64(4 * (chunk // 4))
+            word_off, _, dst_off = token_chunk_layout(chunk)
+            src = src + Int64(word_off)
             # The block's scale columns lie in one atom's 4 bytes (NVFP4: columns 4kb .. 4kb+3,
             # MXFP4: 2kb, 2kb+1): one aligned 32-bit load.
             col0 = kb * (K_BLOCK // self.sf_vec_size)
-            r = row % SF_ATOM_ROWS
-            sf_word = (
-                ((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col0 // SF_ATOM_COLS)
-                * SF_ATOM_BYTES
-                + (r % 32) * 16
-                + (r // 32) * 4
-            )
+            sf_word = blocked_sf_word(batch, row, col0, row_blocks, atoms_k)
             sf4 = _ld_global_nc_u32(mSF.iterator.toint() + Int64(sf_word))
             words = []
             for q in cutlass.range_constexpr(4):
@@ -1776,30 +1844,11 @@ class BlockwiseGemmFp4Sm90:
                 # decode: the tokens' copy has whole tiles of rows (mConv.shape[0] >= rows)
                 row_id = Int64(batch) * Int64(mConv.shape[0]) + Int64(row)
             dst = mConv.iterator.toint() + (row_id * Int64(k_pad) + Int64(kb * K_BLOCK)) * 2
-            loaded.append((words, sf4, keep, col0, chunk, dst + Int64(16 * chunk)))
-        # NVFP4 to BF16: the four E4M3 scales of a block, magnitude and sign bytes apart
-        e4m3_bf16 = self.sf_vec_size == 16 and not self.f16
+            loaded.append((words, sf4, keep, col0, chunk, dst + Int64(dst_off)))
         for j in cutlass.range_constexpr(self.convert_unroll):
             words, sf4, keep, col0, chunk, dst = loaded[j]
-            shift = Uint32(4 * (chunk % 4))
-            if cutlass.const_expr(e4m3_bf16):
-                mags, signs = sf4 & Uint32(0x7F7F7F7F), sf4 & Uint32(0x80808080)
-            out = []
-            for q in cutlass.range_constexpr(4):
-                word = words[q]
-                if cutlass.const_expr(e4m3_bf16):
-                    factor = _e4m3_byte_to_bf16x2(mags, signs, q, keep if q >= 2 else None)
-                else:
-                    if cutlass.const_expr(self.sf_vec_size == 16):
-                        sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
-                    else:
-                        sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
-                    if cutlass.const_expr(q >= 2):
-                        sf = sf & keep
-                    factor = _scale_factor(sf, self.f16)
-                if cutlass.const_expr(q >= 2):
-                    word = word & keep
-                out.append(_fp4_pair_lo_to_mma(word >> shift, factor, self.f16))
+            _, shift, _ = token_chunk_layout(chunk)
+            out = _convert_chunk_words(words, sf4, keep, col0, shift, self.sf_vec_size, self.f16)
             if first + j * self.convert_threads < chunks:
                 _st_global_v4_b32(dst, out)
 
@@ -1856,6 +1905,13 @@ def output_tiles(rows, cols, l, tile_rows, tile_cols, cluster_m):  # noqa: E741
     row_tiles = (rows + tile_rows * cluster_m - 1) // (tile_rows * cluster_m) * cluster_m
     col_tiles = (cols + tile_cols - 1) // tile_cols
     return row_tiles, col_tiles, row_tiles * col_tiles * l
+
+
+def output_tile_id(row_tile, col_tile, batch, row_tiles, col_tiles):
+    """Index of an output tile among ``output_tiles``' (row-tile-major within a column, then
+    columns, then batches): its split-K partials and counter in the workspace.  Python or DSL
+    integers."""
+    return (batch * col_tiles + col_tile) * row_tiles + row_tile
 
 
 def workspace_elems(m, n, l, path, mma_tiler_mn, split_k, cluster_m=1):  # noqa: E741

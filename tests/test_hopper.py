@@ -2,8 +2,10 @@
 """Tests of the Hopper (sm_90a) NVFP4 / MXFP4 GEMM, hopper/blockwise_gemm_fp4_sm90.py.
 
 CPU (any machine, CI): cross-compile several configurations for sm_90a and check the PTX and
-SASS (TMA loads, F16 / BF16 wgmma with FP32 accumulation, no local memory); the exactness of
-the NVFP4 F16 conversion; every can_implement refusal; the command line's error exits.
+SASS (TMA loads, F16 / BF16 wgmma with FP32 accumulation, the conversion constants, no local
+memory); the kernel's own conversion helpers and K-permutation and scale-offset index math, run
+on the CPU with models of the PTX instructions they emit, against the reference's decode of
+every code and scale; every can_implement refusal; the command line's error exits.
 GPU (H100 / H200 only, skipped elsewhere): results against reference.check_gemm over ragged
 shapes, both formats, every output dtype, alpha != 1, L > 1, decode (tiles of 8 to 128 tokens,
 the tokens converted by the prologue grid) and prefill (2x1 cluster and 1x1) paths, split-K,
@@ -16,6 +18,7 @@ import inspect
 import math
 import os
 import re
+import struct
 import subprocess
 import sys
 
@@ -61,6 +64,43 @@ COMPILE_CONFIGS = [
     (16, "BFloat16", "decode", (16, 64), 1, True, 3),
     (32, "BFloat16", "decode", (32, 64), 2, True, 2),
 ]
+
+
+def _half2(bits16: int) -> int:
+    return bits16 << 16 | bits16
+
+
+def _bf16_of(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0] >> 16
+
+
+def _conversion_constants(vec: int, path: str) -> dict:
+    """Constants the conversions must put in the PTX, by what they are."""
+    f16 = vec == 16 and path == "decode"
+    if f16:
+        # the F16 bits of e2m1 * 2^-14: sign to bit 7, (exp, mant) to bits 1..3 of each byte
+        return {
+            _half2(_f16_bits(2.0**7)): "E4M3 scale * 2^7 (F16x2 2^7)",
+            0x80808080: "e2m1 sign bits",
+            0x0E0E0E0E: "e2m1 magnitude bits",
+        }
+    consts = {
+        # e2m1 magnitude at BF16 bits 6..8 is 2^-126 times its value
+        _half2(_bf16_of(2.0**126)): "BF16x2 2^126",
+        0x81C081C0: "BF16 sign and magnitude bits",
+        0x1040: "nibble to bits 6 and 12 (x << 6 | x << 12)",
+    }
+    if vec == 16:
+        # E4M3 (magnitude << 4, sign << 8) is the BF16 value scale * 2^-120; NaN magnitude
+        consts[_half2(_bf16_of(2.0**120))] = "BF16x2 2^120"
+        consts[0x7FC07FC0] = "BF16x2 NaN of an E4M3 NaN scale"
+    return consts
+
+
+def _ptx_has_int(ptx: str, value: int) -> bool:
+    """A 32-bit immediate, as PTX prints it (unsigned or signed decimal)."""
+    signed = value - (1 << 32) if value >= 1 << 31 else value
+    return re.search(rf"[\s,]({value}|{signed})[;,]", ptx) is not None
 
 
 def _entry_ptx(ptx: str, name: str) -> str:
@@ -126,6 +166,15 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         assert "mul.rn.f16x2" in ptx and "cvt.rn.f16x2.e4m3x2" in ptx and "prmt.b32" in ptx
     else:
         assert "mul.rn.bf16x2" in ptx
+    # the conversion constants as the PTX carries them (values derived in the test)
+    for value, what in _conversion_constants(vec, path).items():
+        assert _ptx_has_int(ptx, value), f"{what} ({value:#x}) is not in the PTX"
+    for selector in (0x2404, 0x3414) if ab == "f16" else ():
+        assert re.search(rf"prmt\.b32\s+%r\d+, %r\d+, 0, {selector:#06x};", ptx), hex(selector)
+    # F16 operands carry 2^-7 each: alpha * 2^14 (an fp32 immediate) on the F16 path only
+    acc_scale = "0f" + struct.pack(">f", 2.0**14).hex().upper()
+    assert re.search(rf"mul\.f32\s+%r\d+, %r\d+, {acc_scale};", gemm_ptx) or ab != "f16"
+    assert (acc_scale in gemm_ptx) == (ab == "f16")
     tool = k90.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
@@ -348,98 +397,355 @@ def test_alpha_reason():
     assert "finite fp32" in k90.alpha_reason(1e39, 32)
 
 
-def _e2m1(nibble: int) -> float:
-    return (-1.0 if nibble & 8 else 1.0) * (0, 0.5, 1, 1.5, 2, 3, 4, 6)[nibble & 7]
+# ------------------------------------------------------------------------------ CPU: conversions
+# The kernel's own conversion helpers run on the CPU: DSL integers evaluate eagerly there, and
+# the one inline-PTX entry point (``_ptx``) is replaced by models of the four instructions the
+# helpers emit, written from the PTX ISA's definitions.  Every value is checked against
+# ``reference.dequantize_fp4``.
+def _f16_bits(value: float) -> int:
+    import numpy as np
+
+    return int(np.array([value], dtype=np.float16).view(np.uint16)[0])
 
 
-def _prmt_zero(word, selector):
-    """Model of ``prmt.b32 d, word, 0, selector``: digit i < 4 picks byte i, 4 a zero byte."""
+def _f16_value(bits: int) -> float:
+    import numpy as np
+
+    return float(np.array([bits & 0xFFFF], dtype=np.uint16).view(np.float16)[0])
+
+
+def _bf16_value(bits: int) -> float:
+    import numpy as np
+
+    return float(np.array([(bits & 0xFFFF) << 16], dtype=np.uint32).view(np.float32)[0])
+
+
+def _bf16_bits(value: float) -> int:
+    """Round to nearest even BF16 (a product of two BF16 values is exact in fp32 wherever
+    the rounding to BF16 matters)."""
+    import numpy as np
+
+    if math.isnan(value):
+        return 0x7FFF
+    with np.errstate(over="ignore"):
+        u = int(np.array([value], dtype=np.float32).view(np.uint32)[0])
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _e4m3_value(byte: int) -> float:
+    """E4M3 (OCP FP8): sign, 4 exponent bits (bias 7), 3 mantissa bits; S.1111.111 is NaN."""
+    sign = -1.0 if byte & 0x80 else 1.0
+    exp, mant = (byte >> 3) & 0xF, byte & 7
+    if exp == 15 and mant == 7:
+        return math.nan
+    if exp == 0:
+        return sign * mant * 2.0**-9
+    return sign * (1 + mant / 8) * 2.0 ** (exp - 7)
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    """``prmt.b32`` (default mode): selector nibble i picks byte (sel & 7) of {b, a} (a: bytes
+    0-3) for result byte i; bit 3 of the nibble replicates that byte's sign bit instead."""
+    pool = (b << 32) | a
     out = 0
     for i in range(4):
-        digit = (selector >> (4 * i)) & 0xF
-        out |= ((word >> (8 * digit)) & 0xFF if digit < 4 else 0) << (8 * i)
+        nib = (selector >> (4 * i)) & 0xF
+        byte = (pool >> (8 * (nib & 7))) & 0xFF
+        if nib & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
     return out
 
 
-def test_nvfp4_f16_conversion_is_exact():
-    """The arithmetic of ``_fp4x8_to_f16x2``, ``_fp4_pair_lo_to_mma`` and ``_scale_factor``
-    (modelled here with numpy on every nibble and every finite E4M3 scale): the F16 byte
-    pattern is e2m1 * 2^-14, the F16 scale factor is scale * 2^7, and their F16 product is
-    exactly e2m1 * scale * 2^-7."""
-    import numpy as np
+def _lanes(a: int, b: int, to_value, to_bits) -> int:
+    """A lane-wise ``.f16x2`` / ``.bf16x2`` multiply, rounded to nearest even."""
+    lo = to_bits(to_value(a) * to_value(b))
+    hi = to_bits(to_value(a >> 16) * to_value(b >> 16))
+    return (hi << 16) | lo
 
-    prmt_zero = _prmt_zero
-    words = [0x76543210, 0xFEDCBA98, 0x08F1E92A, 0x3C5A7B9D]
-    for w in words:
-        even = ((w << 4) & 0x80808080) | ((w << 1) & 0x0E0E0E0E)
-        odd = (w & 0x80808080) | ((w >> 3) & 0x0E0E0E0E)
-        for p, (src, sel) in enumerate(
-            [(even, 0x2404), (odd, 0x2404), (even, 0x3414), (odd, 0x3414)]
+
+def _ptx_model(result, operands, asm, constraints, **_):
+    """Stand-in for the kernel's ``_ptx``: evaluates the instruction on Python integers."""
+    args = [int(dtype(v).value) & 0xFFFFFFFF for dtype, v in operands]
+    if asm.startswith("prmt.b32 "):
+        fields = [f.strip() for f in asm[len("prmt.b32 ") :].rstrip(";").split(",")]
+        a, b, c = (args[int(f[1:]) - 1] if f.startswith("$") else int(f, 0) for f in fields[1:])
+        return result(_prmt(a, b, c))
+    if "cvt.rn.f16x2.e4m3x2" in asm:
+        assert "cvt.u16.u32 t, $1" in asm, asm
+        t = args[0] & 0xFFFF  # cvt.u16.u32 keeps the low 16 bits
+        hi, lo = (_f16_bits(_e4m3_value(x)) for x in (t >> 8, t & 0xFF))
+        return result((hi << 16) | lo)
+    if asm.startswith("mul.rn.f16x2 "):
+        return result(_lanes(*args, _f16_value, _f16_bits))
+    if asm.startswith("mul.rn.bf16x2 "):
+        return result(_lanes(*args, _bf16_value, _bf16_bits))
+    raise AssertionError(f"no CPU model of {asm!r}")
+
+
+@pytest.fixture
+def ptx_models(monkeypatch):
+    import warnings
+
+    monkeypatch.setattr(k90, "_ptx", _ptx_model)
+    with warnings.catch_warnings():
+        # eager DSL integers warn when a shift drops high bits, as the 32-bit PTX ops do
+        warnings.simplefilter("ignore")
+        yield
+
+
+# (sf_vec_size, F16 operands?, where): the three conversions of the kernel
+CONVERSIONS = [(16, True, "decode"), (32, False, "decode"), (16, False, "prefill")]
+
+
+def _accepted_scale_bytes(vec: int) -> list[int]:
+    """The scale bytes reference.dequantize_fp4 decodes to finite values (unsigned E4M3; E8M0
+    but the NaN byte 255); the NaN bytes have their own test."""
+    return list(range(0x7F)) if vec == 16 else list(range(255))
+
+
+def _unscale(f16: bool) -> float:
+    """F16 operands carry 2^-7 each, undone by alpha * NVFP4_ACC_SCALE."""
+    return math.sqrt(k90.NVFP4_ACC_SCALE) if f16 else 1.0
+
+
+def _word(data: bytes, offset: int) -> int:
+    return int.from_bytes(data[offset : offset + 4], "little")
+
+
+def _weights_kblock(packed_row: bytes, sf_stage: bytes, row: int, j: int, vec: int) -> list:
+    """Decode path: the A operand of k-block j of one weight row as wgmma reads it, made by
+    ``_load_a`` / ``_dequant_a``'s helpers: list of (K column of the k-block, half bits).
+    ``sf_stage`` holds the k-tile's scale atoms of the row's row block (the TMA box)."""
+    from cutlass.cutlass_dsl import Uint32, Uint64
+
+    f16 = vec == 16
+    atoms_k = k90.K_TILE // vec // k90.SF_ATOM_COLS
+    out = []
+    for q in range(4):  # lane % 4: the thread's 16-group of the k-block
+        byte = j * (k90.K_BLOCK // 2) + q * 8
+        packed = int.from_bytes(packed_row[byte : byte + 8], "little")
+        sf = sf_stage[k90.blocked_sf_byte(row, k90.scale_column(j, q, vec), atoms_k)]
+        pairs = k90._fp4x16_to_mma(Uint64(packed), k90._scale_factor(Uint32(sf), f16), f16)
+        for i, pair in enumerate(pairs):
+            word = k90.a_fragment_word(0, i)
+            # PTX ISA, wgmma .f16 / .bf16 A fragment in registers: register pair (a_2x, a_2x+1)
+            # = word x holds row (lane / 4) + 8 (x % 2), K columns 2 (lane % 4) + 8 (x / 2 % 2)
+            # + 16 (x / 4) and + 1 (m64nNk16 per k16 step)
+            assert word % 2 == 0, word
+            col = 16 * (word // 4) + 8 * (word // 2 % 2) + 2 * q
+            bits = int(pair.value)
+            out += [(col, bits & 0xFFFF), (col + 1, bits >> 16)]
+    return out
+
+
+def _tokens_kblock(packed_row: bytes, blocked: bytes, row: int, kb: int, vec, f16, keep=None):
+    """``convert_operands``'s copy of k-block kb of one operand row, made by its helpers
+    (``token_chunk_layout``, ``blocked_sf_word``, ``_convert_chunk_words``): list of (K column
+    of the k-block, half bits); the copy is K-major, so element e is wgmma K column e."""
+    from cutlass.cutlass_dsl import Uint32
+
+    atoms_k = (len(packed_row) * 2 // vec + 3) // 4
+    row_blocks = len(blocked) // (atoms_k * k90.SF_ATOM_BYTES)
+    col0 = kb * (k90.K_BLOCK // vec)
+    sf4 = _word(blocked, k90.blocked_sf_word(0, row, col0, row_blocks, atoms_k))
+    keep = 0xFFFFFFFF if keep is None else keep
+    out = []
+    for chunk in range(k90.CHUNKS_PER_KBLOCK):
+        word_off, shift, dst_off = k90.token_chunk_layout(chunk)
+        base = kb * (k90.K_BLOCK // 2) + word_off
+        words = [Uint32(_word(packed_row, base + 8 * q)) for q in range(4)]
+        halves = k90._convert_chunk_words(
+            words, Uint32(sf4), Uint32(keep), col0, Uint32(shift), vec, f16
+        )
+        for q, pair in enumerate(halves):
+            # st.global.v4.b32 at byte dst_off: word q = elements dst_off / 2 + 2q, + 1
+            elem = dst_off // 2 + 2 * q
+            bits = int(pair.value)
+            out += [(elem, bits & 0xFFFF), (elem + 1, bits >> 16)]
+    return out
+
+
+def _operand(rows: int, vec: int, scale_bytes: list[int], seed: int):
+    """Packed FP4 [rows, K_TILE / 2] (every code in every 16-group), scales [rows, K_TILE / vec]
+    (row r's scale column c = scale_bytes[(r + 37 c) % len]), their blocked form, reference."""
+    import torch
+
+    import reference
+
+    k = k90.K_TILE
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.stack([torch.randperm(16, generator=gen) for _ in range(rows * k // 16)])
+    codes = codes.to(torch.uint8).reshape(rows, k)
+    idx = (torch.arange(rows)[:, None] + 37 * torch.arange(k // vec)[None, :]) % len(scale_bytes)
+    sf = torch.tensor(scale_bytes, dtype=torch.uint8)[idx]
+    scales = sf.view(reference.SCALE_DTYPES[vec])
+    packed = reference.pack_fp4(codes)
+    ref = reference.dequantize_fp4(packed, scales, vec)
+    return packed, sf, bytes(reference.to_blocked(sf).numpy().tobytes()), ref
+
+
+def _as_values(halves, f16: bool) -> dict:
+    decode = _f16_value if f16 else _bf16_value
+    return {col: decode(bits) * _unscale(f16) for col, bits in halves}
+
+
+def _k_orders(vec: int, f16: bool, path: str) -> tuple[list, list]:
+    """The wgmma K column of each K value of a k-block, for the weights (A registers, decode)
+    and the converted copy: one-hot rows through the kernel's helpers (code 1.0, scale 1.0)."""
+    import torch
+
+    import reference
+
+    one = 0x38 if vec == 16 else 0x7F  # 1.0 in E4M3 / E8M0
+    k = k90.K_TILE
+    weights, tokens = [], []
+    for pos in range(k90.K_BLOCK):
+        codes = [0] * k
+        codes[pos] = 2  # e2m1 1.0
+        packed = bytes(reference.pack_fp4(torch.tensor([codes], dtype=torch.uint8))[0].numpy())
+        sf = torch.full((1, k // vec), one, dtype=torch.uint8)
+        blocked = bytes(reference.to_blocked(sf).numpy().tobytes())
+        for order, halves in (
+            (weights, _weights_kblock(packed, blocked, 0, 0, vec) if path == "decode" else []),
+            (tokens, _tokens_kblock(packed, blocked, 0, 0, vec, f16)),
         ):
-            halves = np.array([prmt_zero(src, sel)], dtype=np.uint32).view(np.float16)
-            want = [_e2m1((w >> (4 * q)) & 0xF) for q in (p, p + 4)]
-            assert [float(h) * 2.0**14 for h in halves] == want, (hex(w), p)
-            # _fp4_pair_lo_to_mma (convert_operands, pair chosen at run time): same bits
-            x = w >> (4 * p)
-            lo = ((x & 0x00080008) << 12) | ((x & 0x00070007) << 9)
-            assert lo & 0xFFFFFFFF == prmt_zero(src, sel), (hex(w), p)
-    codes = np.arange(16)
-    e2m1_f16 = np.array([_e2m1(int(c)) * 2.0**-14 for c in codes], dtype=np.float16)
+            if not halves:
+                continue
+            values = _as_values(halves, f16)
+            hot = [col for col, v in values.items() if v != 0]
+            assert len(hot) == 1 and values[hot[0]] == 1.0, (pos, values)
+            order.append(hot[0])
+    return weights, tokens
+
+
+@pytest.mark.parametrize(
+    "vec, f16, path", CONVERSIONS, ids=["nvfp4-f16", "mxfp4-bf16", "nvfp4-bf16"]
+)
+def test_k_permutation_same_for_weights_and_tokens(vec, f16, path, ptx_models):
+    """K value p of a k-block lands in the same wgmma K column in the weights' A registers
+    (``_fp4x16_to_mma`` + ``a_fragment_word``, placed by the PTX ISA's fragment layout) and in
+    the converted tokens (``token_chunk_layout`` + ``_convert_chunk_words``): the dot products
+    are unchanged; each order is a permutation of the 64 columns."""
+    weights, tokens = _k_orders(vec, f16, path)
+    assert sorted(tokens) == list(range(k90.K_BLOCK)), tokens
+    if path == "decode":
+        assert weights == tokens
+
+
+@pytest.mark.parametrize(
+    "vec, f16, path", CONVERSIONS, ids=["nvfp4-f16", "mxfp4-bf16", "nvfp4-bf16"]
+)
+def test_conversion_helpers_match_reference(vec, f16, path, ptx_models):
+    """Every e2m1 code times every scale byte the reference accepts, through the kernel's own
+    helpers (``_scale_factor``, ``_fp4x16_to_mma``, ``_convert_chunk_words``, the E4M3 -> BF16
+    scales of ``_e4m3_byte_to_bf16x2``), equals ``reference.dequantize_fp4`` exactly (F16
+    operands times 2^7 = sqrt(NVFP4_ACC_SCALE)), in the K order of
+    ``test_k_permutation_same_for_weights_and_tokens``; both k-blocks of a k-tile, two row
+    blocks of scales."""
+    accepted = _accepted_scale_bytes(vec)
+    weights_order, tokens_order = _k_orders(vec, f16, path)
+    packed, _, blocked, ref = _operand(len(accepted), vec, accepted, seed=vec)
+    atoms_k = k90.K_TILE // vec // k90.SF_ATOM_COLS
+    for row in range(len(accepted)):
+        row_bytes = bytes(packed[row].numpy())
+        # the TMA box of this row's k-tile: its row block's atoms (one k-tile: all of them)
+        rb = row // k90.SF_ATOM_ROWS
+        stage = blocked[rb * atoms_k * k90.SF_ATOM_BYTES : (rb + 1) * atoms_k * k90.SF_ATOM_BYTES]
+        for kb in range(k90.K_TILE // k90.K_BLOCK):
+            want = [float(x) for x in ref[row, kb * k90.K_BLOCK : (kb + 1) * k90.K_BLOCK]]
+            got = _as_values(_tokens_kblock(row_bytes, blocked, row, kb, vec, f16), f16)
+            assert [got[tokens_order[p]] for p in range(k90.K_BLOCK)] == want, (row, kb)
+            if path == "decode":
+                halves = _weights_kblock(row_bytes, stage, row % k90.SF_ATOM_ROWS, kb, vec)
+                got = _as_values(halves, f16)
+                assert [got[weights_order[p]] for p in range(k90.K_BLOCK)] == want, (row, kb)
+
+
+@pytest.mark.parametrize(
+    "vec, f16, path", CONVERSIONS, ids=["nvfp4-f16", "mxfp4-bf16", "nvfp4-bf16"]
+)
+def test_conversion_helpers_nan_scales_and_tail(vec, f16, path, ptx_models):
+    """The NaN scale byte (E4M3 0x7f; E8M0 255, documented to read as +inf) gives no finite
+    value (NVFP4: NaN only), through both conversions; ``keep`` = 0 (the tail of K = 32 x odd)
+    zeroes groups 2, 3 of the copy whatever their bytes hold."""
+    nan_byte = 0x7F if vec == 16 else 0xFF
+    packed, _, blocked, _ = _operand(1, vec, [nan_byte], seed=1)
+    row_bytes = bytes(packed[0].numpy())
+    decode = _f16_value if f16 else _bf16_value
+    halves = _tokens_kblock(row_bytes, blocked, 0, 0, vec, f16)
+    if path == "decode":
+        halves += _weights_kblock(row_bytes, blocked, 0, 0, vec)
+    values = [decode(bits) for _, bits in halves]
+    assert not any(math.isfinite(v) for v in values)
+    if vec == 16:
+        assert all(math.isnan(v) for v in values)
+    tail = _tokens_kblock(row_bytes, blocked, 0, 0, vec, f16, keep=0)
+    for elem, bits in tail:
+        # chunk c's word q holds group q: groups 2, 3 (the missing K 32..63) must be +0
+        if elem % 8 >= 4:
+            assert bits == 0, (elem, hex(bits))
+
+
+def test_blocked_scale_offsets_match_to_blocked():
+    """``blocked_sf_byte`` (decode: a k-tile's atoms in SMEM) and ``blocked_sf_word``
+    (``convert_operands``: batches, row blocks, the aligned word of 4 columns) against
+    ``reference.to_blocked``, with ``scale_column``'s column of each (k-block, 16-group)."""
     import torch
 
-    scales = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
-    for s in scales[np.isfinite(scales)]:
-        factor = np.float16(s) * np.float16(2.0**7)
-        assert float(factor) == s * 2.0**7
-        got = (e2m1_f16 * factor).astype(np.float64)
-        want = np.array([_e2m1(int(c)) for c in codes]) * float(s) * 2.0**-7
-        assert np.array_equal(got, want), s
+    import reference
+
+    gen = torch.Generator().manual_seed(5)
+    l, rows, cols = 3, 300, 11  # noqa: E741
+    sf = torch.randint(0, 256, (l, rows, cols), generator=gen, dtype=torch.uint8)
+    blocked = reference.to_blocked(sf).reshape(-1)
+    row_blocks, atoms_k = (rows + 127) // 128, (cols + 3) // 4
+    for b in range(l):
+        for r in range(rows):
+            for c in range(cols):
+                word = k90.blocked_sf_word(b, r, c, row_blocks, atoms_k)
+                assert word % 4 == 0
+                assert int(blocked[word + c % 4]) == int(sf[b, r, c]), (b, r, c)
+                if b == 0:
+                    assert int(blocked[k90.blocked_sf_byte(r, c, atoms_k)]) == int(sf[0, r, c])
+    # the 16-groups of a k-tile's two k-blocks read their own scale column: NVFP4 one per
+    # group, MXFP4 one per two groups
+    for vec in (16, 32):
+        cols = [k90.scale_column(j, q, vec) for j in range(2) for q in range(4)]
+        assert cols == [(64 * j + 16 * q) // vec for j in range(2) for q in range(4)]
 
 
-def _bf16(bits: int) -> float:
-    import torch
-
-    return float(torch.tensor([bits], dtype=torch.int32).to(torch.uint16).view(torch.bfloat16))
-
-
-def test_e4m3_scale_bytes_to_bf16_bits():
-    """``_e4m3_byte_to_bf16x2`` (the prologue's NVFP4 -> BF16 scales, modelled here): byte q of
-    four packed E4M3 scales becomes ``(magnitude << 4) | (sign << 8)`` in both halves, the BF16
-    value scale * 2^-120 (subnormal scales included), for every byte in every position; the
-    two NaN bytes become a BF16 NaN, as the reference reads them."""
-    import torch
-
-    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-    for b in range(256):
-        for q in range(4):
-            sf4 = (0x5A3C91E7 & ~(0xFF << (8 * q))) | (b << (8 * q))
-            mags, signs = sf4 & 0x7F7F7F7F, sf4 & 0x80808080
-            bits = _prmt_zero(mags, 0x4040 | q << 8 | q) * 16 + _prmt_zero(
-                signs, 0x0404 | q << 12 | q << 4
-            )
-            half = ((b & 0x7F) << 4) | ((b & 0x80) << 8)
-            assert bits == half | half << 16, (b, q)
-            if (mags >> (8 * q)) & 0xFF == 0x7F:
-                bits |= 0x7FC07FC0
-            for h in (bits & 0xFFFF, bits >> 16):
-                if torch.isfinite(values[b]):
-                    assert _bf16(h) * 2.0**120 == float(values[b]), b
-                else:
-                    assert math.isnan(_bf16(h) * 2.0**120), b
+def test_split_k_ranges_partition_the_k_tiles():
+    """``split_k_range`` (the producer's and the consumers' k-tiles of a split): the splits
+    cover every k-tile once, in split order, at most one k-tile apart, longer ones first."""
+    for split_k in range(1, 17):
+        for k_tiles in range(0, 3 * split_k + 2):
+            ranges = [k90.split_k_range(s, k_tiles, split_k) for s in range(split_k)]
+            tiles = [t for begin, end in ranges for t in range(begin, end)]
+            assert tiles == list(range(k_tiles)), (split_k, k_tiles, ranges)
+            sizes = [end - begin for begin, end in ranges]
+            assert sizes == sorted(sizes, reverse=True) and sizes[0] - sizes[-1] <= 1, sizes
 
 
-def test_e8m0_scale_bytes_to_bf16_bits():
-    """``_scale_factor`` for MXFP4 (modelled here): every finite E8M0 byte becomes its BF16
-    value, 2^-127 as a BF16 subnormal; the NaN byte 255 becomes +inf (documented)."""
-    import torch
-
-    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e8m0fnu).float()
-    for b in range(256):
-        bits = (b << 7) | ((((b - 1) & 0xFFFFFFFF) >> 31) << 6)
-        if b == 255:
-            assert _bf16(bits) == math.inf and math.isnan(float(values[b]))
-        else:
-            assert _bf16(bits) == float(values[b]), b
+def test_split_k_tile_ids_are_distinct():
+    """``output_tile_id`` (the split-K fix-up's slot for a tile's partials and counter) numbers
+    the tiles of ``output_tiles`` 0 .. tiles - 1, each once, for more row tiles than column
+    tiles and the reverse, L > 1 and a 2x1 cluster."""
+    for rows, cols, l, tile_rows, tile_cols, cluster_m in (  # noqa: E741
+        (1000, 20, 2, 64, 8, 1),
+        (300, 100, 2, 128, 16, 1),
+        (300, 520, 3, 128, 128, 2),
+    ):
+        row_tiles, col_tiles, tiles = k90.output_tiles(
+            rows, cols, l, tile_rows, tile_cols, cluster_m
+        )
+        ids = [
+            k90.output_tile_id(r, c, b, row_tiles, col_tiles)
+            for b in range(l)
+            for c in range(col_tiles)
+            for r in range(row_tiles)
+        ]
+        assert sorted(ids) == list(range(tiles)), (rows, cols, l)
 
 
 def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
@@ -636,7 +942,35 @@ def test_cli_without_sm90_exits_2():
 
 
 # ------------------------------------------------------------------------------ GPU
-gpu = pytest.mark.skipif(not _has_sm90(), reason="needs an sm_90 GPU (H100 / H200)")
+def gpu(test):
+    """An H100 / H200 test: marked ``gpu`` (select with ``-m gpu``; tests/conftest.py gives GPU
+    tests a timeout), skipped on any other machine."""
+    skip = pytest.mark.skipif(not _has_sm90(), reason="needs an sm_90 GPU (H100 / H200)")
+    return pytest.mark.gpu(skip(test))
+
+
+# bytes of NaN either side of D in the GPU tests' buffers (a multiple of 16: D stays aligned)
+D_GUARD_BYTES = 1 << 16
+
+
+def _nan_filled_d(shape, dtype, device="cuda"):
+    """D full of NaN inside a buffer with D_GUARD_BYTES of NaN either side, so that a test sees
+    a store outside D too.  Returns (d, buffer)."""
+    import torch
+
+    guard = D_GUARD_BYTES // torch.empty((), dtype=dtype).element_size()
+    buf = torch.full((2 * guard + math.prod(shape),), float("nan"), dtype=dtype, device=device)
+    return buf[guard : guard + math.prod(shape)].view(shape), buf
+
+
+def _assert_guards_untouched(buf, d):
+    import torch
+
+    guard = (buf.numel() - d.numel()) // 2
+    assert torch.isnan(buf[:guard]).all() and torch.isnan(buf[guard + d.numel() :]).all(), (
+        "a store outside D"
+    )
+
 
 GPU_CASES = [
     # (m, n, k, l, sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, alpha, dist)
@@ -697,20 +1031,21 @@ def test_gpu_matches_reference(case):
         ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist=dist)
         alpha = float(ops.alpha) * alpha_factor
         sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
-        d = torch.full((l, m, n), float("nan"), dtype=k90._torch_dtype(c_dtype), device="cuda")
-        runs.append((ops, alpha, sfa, sfb, d))
+        d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
+        runs.append((ops, alpha, sfa, sfb, d, guarded))
     # compile the kernel variant for this N and allocate the workspace first, so that the two
     # launches below are queued back to back
     runner.executor(n)
     runner.workspace(m, n, k, l)
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000)  # about 1 ms on the GPU: both launches queue up behind it
-    for ops, alpha, sfa, sfb, d in runs:
+    for ops, alpha, sfa, sfb, d, _ in runs:
         runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
     torch.cuda.synchronize()
-    for ops, alpha, _, _, d in runs:
+    for ops, alpha, _, _, d, guarded in runs:
         ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, alpha)
         assert ok, str(info)
+        _assert_guards_untouched(guarded, d)
 
 
 @gpu
@@ -797,7 +1132,7 @@ def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
     assert ref[0, 3].isnan().all() and ref[0, :, 7].isnan().all()
     outs = []
     for sfa, sfb in ((ops.sfa, ops.sfb), (sfa_nan, sfb_nan)):
-        d = torch.zeros((l, m, n), dtype=torch.bfloat16, device="cuda")
+        d = torch.full((l, m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         runner(ops.a, ops.b, k90.blocked_scales(sfa), k90.blocked_scales(sfb), d, m, n, k, l, 1.0)
         outs.append(d)
     torch.cuda.synchronize()
@@ -808,6 +1143,141 @@ def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
     assert torch.equal(bad, ref.isnan())
     keep = ~ref.isnan()
     assert torch.equal(with_nan[keep], clean[keep])
+
+
+SPLITK_CASES = [
+    # (m, n, sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, k_groups)
+    # F16 operands; more token tiles than weight tiles (7 x 3, L = 2)
+    (100, 300, 16, "Float32", "decode", (16, 128), 4, 1),
+    (20, 1000, 32, "BFloat16", "decode", (8, 64), 3, 1),  # BF16 operands
+    (20, 1000, 16, "BFloat16", "prefill", (128, 128), 3, 1),  # 4 D subtiles per tile
+    (20, 1000, 16, "Float32", "decode", (32, 64), 2, 4),  # split-K of K groups
+]
+
+
+@gpu
+@pytest.mark.parametrize("case", SPLITK_CASES, ids=["nvfp4-f16", "mxfp4", "prefill", "kgroups"])
+def test_gpu_splitk_is_bitwise_deterministic(case):
+    """Split-K (and K groups) on inputs X, then Y, then X again: both X results have the same
+    bits, whichever split arrives last at the fix-up, and nothing of X leaks into Y (the
+    counters and partials are reused); every result matches the reference and is stored inside
+    D only."""
+    import torch
+
+    import reference
+
+    m, n, vec, c_dtype, path, tiler, split, k_groups = case
+    k, l = 4000, 2  # noqa: E741
+    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
+    x, y = (
+        reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist="wide")
+        for seed in (11, 12)
+    )
+    outs = []
+    for ops in (x, y, x):
+        d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
+        sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
+        runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, float(ops.alpha))
+        outs.append((ops, d, guarded))
+    torch.cuda.synchronize()
+    for ops, d, guarded in outs:
+        ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, float(ops.alpha))
+        assert ok, str(info)
+        _assert_guards_untouched(guarded, d)
+    first, second = outs[0][1], outs[2][1]
+    assert torch.equal(first.view(torch.uint8), second.view(torch.uint8))
+
+
+_B = 2.0**25
+# Partials of one output per k-tile (1, +-2^25 or 0) and the fp32 sum in the documented order
+# (hopper/DESIGN.md, "Split-K and K groups"): the split-K fix-up adds the splits' partials in
+# split order from 0 (0 + p0 + p1 + ...), group 0 adds the K groups' in group order. The exact
+# sum is 1; 2^25 + 1 rounds to 2^25 and -2^25 + 1 to -2^25 (ties to even), so only that order
+# gives these values.
+CANCELLATION_SPLITS = [
+    ((1, _B, -_B), 0.0),
+    ((_B, -_B, 1), 1.0),
+    ((_B, 1, -_B), 0.0),
+    ((-_B, _B, 1), 1.0),
+    ((1, -_B, _B), 0.0),
+    ((-_B, 1, _B), 0.0),
+]
+CANCELLATION_K_GROUPS = [
+    ((0, 1, _B, -_B), 0.0),
+    ((0, _B, -_B, 1), 1.0),
+    ((1, _B, -_B, 0), 0.0),
+    ((0, -_B, 1, _B), 0.0),
+    ((_B, 0, -_B, 1), 1.0),
+]
+
+
+def _cancellation_operands(vec: int, partials: list[tuple], device: str = "cuda"):
+    """One token row and one weight row per partials tuple whose dot product's part in k-tile t
+    is partials[t], exactly: 1 = 1 x 1 at the k-tile's first K, +-2^25 = 32 products
+    (+-4 x 2^8) x (4 x 2^8) at its K 32..63 (scale blocks of 2^8).  Returns (a, b, sfa, sfb),
+    unswizzled scales."""
+    import torch
+
+    import reference
+
+    k_tiles = len(partials[0])
+    k = k90.K_TILE * k_tiles
+    one, big = (0x38, 0x78) if vec == 16 else (127, 135)  # 1.0 and 2^8 in E4M3 / E8M0
+    a = torch.zeros((1, 1, k), dtype=torch.uint8)
+    b = torch.zeros((1, len(partials), k), dtype=torch.uint8)
+    sfa = torch.full((1, 1, k // vec), one, dtype=torch.uint8)
+    sfb = torch.full((1, len(partials), k // vec), one, dtype=torch.uint8)
+    for t in range(k_tiles):
+        k0 = k90.K_TILE * t
+        a[0, 0, k0] = 2  # e2m1 1.0
+        a[0, 0, k0 + 32 : k0 + 64] = 6  # e2m1 4.0
+        sfa[0, 0, (k0 + 32) // vec : (k0 + 64) // vec] = big
+        sfb[0, :, (k0 + 32) // vec : (k0 + 64) // vec] = big
+        for row, parts in enumerate(partials):
+            sign = 8 if parts[t] < 0 else 0
+            if abs(parts[t]) == 1:
+                b[0, row, k0] = 2 | sign
+            elif abs(parts[t]) == _B:
+                b[0, row, k0 + 32 : k0 + 64] = 6 | sign
+    dtype = reference.SCALE_DTYPES[vec]
+    packed = (reference.pack_fp4(x).to(device) for x in (a, b))
+    return (*packed, sfa.view(dtype).to(device), sfb.view(dtype).to(device))
+
+
+@gpu
+@pytest.mark.parametrize(
+    "vec, path, tiler, split, k_groups",
+    [
+        (16, "decode", (8, 64), 3, 1),
+        (32, "decode", (8, 64), 3, 1),
+        (16, "prefill", (128, 128), 3, 1),
+        (16, "decode", (8, 64), 1, 4),
+    ],
+    ids=["nvfp4-split3", "mxfp4-split3", "prefill-split3", "kgroups4"],
+)
+def test_gpu_partials_are_summed_in_documented_order(vec, path, tiler, split, k_groups):
+    """Partials 1, +2^25, -2^25 in the k-tiles of one split (or K group) each: D is the fp32
+    sum in split (group) order from 0, which is 0 where 1 comes before the cancelling pair; a
+    fix-up summing in another order, or counting its own partial twice, gives other values."""
+    import torch
+
+    import reference
+
+    table = CANCELLATION_K_GROUPS if k_groups > 1 else CANCELLATION_SPLITS
+    partials = [p for p, _ in table]
+    a, b, sfa, sfb = _cancellation_operands(vec, partials)
+    m, n, k, l = 1, len(partials), k90.K_TILE * len(partials[0]), 1  # noqa: E741
+    # the construction: the exact sums are 1
+    ref = reference.reference_gemm(
+        a, b, sfa, sfb, vec, 1.0, torch.float64, accum_dtype=torch.float64
+    )
+    assert ref.flatten().tolist() == [1.0] * n
+    runner = k90.Fp4GemmSm90Runner(vec, "Float32", path, tiler, split, k_groups=k_groups)
+    d = torch.full((l, m, n), float("nan"), dtype=torch.float32, device="cuda")
+    blocked = (k90.blocked_scales(sfa), k90.blocked_scales(sfb))
+    runner(a, b, *blocked, d, m, n, k, l, 1.0)
+    torch.cuda.synchronize()
+    assert d.flatten().tolist() == [want for _, want in table]
 
 
 @gpu

@@ -1,0 +1,308 @@
+"""Single-line mutants of hopper/blockwise_gemm_fp4_sm90.py: small, realistic bugs, each of which
+tests/test_hopper.py must catch, on the CPU or (``GPU`` in ``tests``: the ``-m gpu`` tests) on an
+H100 / H200 only. Keep every ``old`` text current as the kernel changes (it must occur exactly
+once in the file)."""
+
+FILE = "hopper/blockwise_gemm_fp4_sm90.py"
+TEST = "tests/test_hopper.py"
+# the CPU tests that run the kernel's conversion helpers and index math
+CONVERSIONS = "permutation or conversion_helpers or blocked_scale"
+
+
+def mutant(mutant_id: str, klass: str, old: str, new: str, select: str) -> dict:
+    return {
+        "id": mutant_id,
+        "klass": klass,
+        "file": FILE,
+        "old": old,
+        "new": new,
+        "tests": [TEST, "-k", select],
+    }
+
+
+def gpu_mutant(mutant_id: str, klass: str, old: str, new: str, select: str) -> dict:
+    """Caught only by a GPU test (skipped without an sm_90 GPU: run on an H100 / H200)."""
+    return {
+        **mutant(mutant_id, klass, old, new, select),
+        "tests": [TEST, "-m", "gpu", "-k", select],
+    }
+
+
+DETERMINISM = "test_gpu_splitk_is_bitwise_deterministic and "
+ORDER = "test_gpu_partials_are_summed_in_documented_order and "
+
+MUTANTS = [
+    # ------------------------------------------------------------------ conversion constants
+    mutant(
+        "h-e4m3-factor-2pow6",
+        "conversion constants",
+        "F16X2_2POW7 = 0x58005800",
+        "F16X2_2POW7 = 0x54005400",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-bf16-2pow127",
+        "conversion constants",
+        "BF16X2_2POW126 = 0x7E807E80",
+        "BF16X2_2POW126 = 0x7F007F00",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-e4m3-bf16-2pow121",
+        "conversion constants",
+        "BF16X2_2POW120 = 0x7B807B80",
+        "BF16X2_2POW120 = 0x7C007C00",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-acc-scale-2pow13",
+        "conversion constants",
+        "NVFP4_ACC_SCALE = 2.0**14",
+        "NVFP4_ACC_SCALE = 2.0**13",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-f16-even-magnitude-shift",
+        "conversion constants",
+        "even = ((word << 4) & Uint32(0x80808080)) | ((word << 1) & Uint32(0x0E0E0E0E))",
+        "even = ((word << 4) & Uint32(0x80808080)) | ((word << 2) & Uint32(0x0E0E0E0E))",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-f16-odd-magnitude-shift",
+        "conversion constants",
+        "odd = (word & Uint32(0x80808080)) | ((word >> 3) & Uint32(0x0E0E0E0E))",
+        "odd = (word & Uint32(0x80808080)) | ((word >> 4) & Uint32(0x0E0E0E0E))",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-e4m3-cvt-one-half",
+        "conversion constants",
+        "doubled = sf_byte * Uint32(0x0101)",
+        "doubled = sf_byte * Uint32(0x0100)",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-e8m0-no-subnormal",
+        "conversion constants",
+        "bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)",
+        "bits = sf_byte << 7",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-e4m3-bf16-nan-lost",
+        "conversion constants",
+        "bits = bits | ((Uint32(0) - Uint32(is_nan)) & Uint32(0x7FC07FC0))",
+        "bits = bits | ((Uint32(0) - Uint32(is_nan)) & Uint32(0x00000000))",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-mx-magnitude-bits",
+        "conversion constants",
+        "raw = ((word & Uint32(0x000F000F)) * Uint32(0x1040)) & Uint32(0x81C081C0)",
+        "raw = ((word & Uint32(0x000F000F)) * Uint32(0x1020)) & Uint32(0x81C081C0)",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-token-f16-magnitude-shift",
+        "conversion constants",
+        "bits = ((x & Uint32(0x00080008)) << 12) | ((x & Uint32(0x00070007)) << 9)",
+        "bits = ((x & Uint32(0x00080008)) << 12) | ((x & Uint32(0x00070007)) << 10)",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-alpha-scale-on-bf16-too",
+        "alpha",
+        "        if cutlass.const_expr(self.f16):\n            # exact",
+        "        if cutlass.const_expr(self.sf_vec_size == 16):\n            # exact",
+        "cross_compile",
+    ),
+    # ------------------------------------------------------------------ permutations
+    mutant(
+        "h-token-kperm-word",
+        "permutation",
+        "return 4 * (chunk // 4), 4 * (chunk % 4), 16 * chunk",
+        "return 4 * (chunk % 2), 4 * (chunk % 4), 16 * chunk",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-token-kperm-adjacent-pairs",
+        "permutation",
+        "return 4 * (chunk // 4), 4 * (chunk % 4), 16 * chunk",
+        "return 4 * (chunk // 4), 8 * (chunk % 4), 16 * chunk",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-weight-fragment-word",
+        "permutation",
+        "return r + 2 * (i % 2) + 4 * (i // 2)",
+        "return r + 4 * (i % 2) + 2 * (i // 2)",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-prmt-selector-halves",
+        "permutation",
+        "_prmt_zero(even, 0x3414),",
+        "_prmt_zero(even, 0x1434),",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-mx-upper-pairs-shift",
+        "permutation",
+        "shifted = word >> 8",
+        "shifted = word >> 16",
+        CONVERSIONS,
+    ),
+    # ------------------------------------------------------------------ scale-factor offsets
+    mutant(
+        "h-mx-scale-column",
+        "scale-factor offsets",
+        "return j * 2 + q // 2",
+        "return j * 2 + q % 2",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-sf-atom-row-swap",
+        "scale-factor offsets",
+        "return atom * SF_ATOM_BYTES + (r % 32) * 16 + (r // 32) * 4 + col % SF_ATOM_COLS",
+        "return atom * SF_ATOM_BYTES + (r // 32) * 16 + (r % 32) * 4 + col % SF_ATOM_COLS",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-sf-word-batch-stride",
+        "scale-factor offsets",
+        "((batch * row_blocks + row // SF_ATOM_ROWS) * atoms_k + col0 // SF_ATOM_COLS)",
+        "((batch + row // SF_ATOM_ROWS) * atoms_k + col0 // SF_ATOM_COLS)",
+        CONVERSIONS,
+    ),
+    mutant(
+        "h-mx-token-scale-byte",
+        "scale-factor offsets",
+        "sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)",
+        "sf = (sf4 >> Uint32(8 * (q // 2))) & Uint32(0xFF)",
+        CONVERSIONS,
+    ),
+    gpu_mutant(
+        "h-sfa-row-block",
+        "scale-factor offsets",
+        "sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)",
+        "sfa_rb = row_tile // self.sfa_row_blocks",
+        DETERMINISM + "mxfp4",
+    ),
+    gpu_mutant(
+        "h-sfa-row-offset",
+        "scale-factor offsets",
+        "sfa_row_off = row_tile * self.tile_rows % SF_ATOM_ROWS",
+        "sfa_row_off = row_tile * self.tile_rows % (2 * SF_ATOM_ROWS)",
+        DETERMINISM + "mxfp4",
+    ),
+    # ------------------------------------------------------------------ split-K
+    gpu_mutant(
+        "h-splitk-reverse-order",
+        "split-K",
+        "total = total + parts[sp][v]",
+        "total = total + parts[self.split_k - 1 - sp][v]",
+        ORDER + "nvfp4-split3",
+    ),
+    gpu_mutant(
+        "h-splitk-own-partial-twice",
+        "split-K",
+        "total = cutlass.Float32(0.0)",
+        "total = tCrAcc[c0 + v]",
+        ORDER + "nvfp4-split3",
+    ),
+    gpu_mutant(
+        "h-splitk-last-arrival",
+        "split-K",
+        "last = old == Uint32(self.split_k - 1)",
+        "last = old == Uint32(self.split_k - 2)",
+        DETERMINISM + "nvfp4-f16",
+    ),
+    gpu_mutant(
+        "h-splitk-counter-not-reset",
+        "split-K",
+        "_st_global_u32(counter, Uint32(0))",
+        "_st_global_u32(counter, Uint32(1))",
+        DETERMINISM + "nvfp4-f16",
+    ),
+    mutant(
+        "h-splitk-range-overlap",
+        "split-K",
+        "end = begin + base + (split < extra)",
+        "end = begin + base + (split <= extra)",
+        "split_k_ranges",
+    ),
+    mutant(
+        "h-splitk-range-extra-last",
+        "split-K",
+        "begin = split * base + cutlass.min(split, extra)",
+        "begin = split * base + cutlass.max(0, split - (split_k - extra))",
+        "split_k_ranges",
+    ),
+    mutant(
+        "h-splitk-tile-id",
+        "split-K",
+        "return (batch * col_tiles + col_tile) * row_tiles + row_tile",
+        "return (batch * row_tiles + col_tile) * row_tiles + row_tile",
+        "split_k_tile_ids",
+    ),
+    # ------------------------------------------------------------------ K-group reduction
+    gpu_mutant(
+        "h-kgroup-reverse-order",
+        "K-group reduction",
+        "for g in cutlass.range_constexpr(1, self.k_groups):",
+        "for g in cutlass.range_constexpr(self.k_groups - 1, 0, -1):",
+        ORDER + "kgroups4",
+    ),
+    gpu_mutant(
+        "h-kgroup-last-group-dropped",
+        "K-group reduction",
+        "for g in cutlass.range_constexpr(1, self.k_groups):",
+        "for g in cutlass.range_constexpr(1, self.k_groups - 1):",
+        ORDER + "kgroups4",
+    ),
+    # ------------------------------------------------------------------ TMA coordinates
+    gpu_mutant(
+        "h-tma-b-kblock",
+        "TMA coordinates",
+        "tBgB[(None, col_tile, kbs * kt + j, batch)],",
+        "tBgB[(None, col_tile, kt + j, batch)],",
+        DETERMINISM + "nvfp4-f16",
+    ),
+    gpu_mutant(
+        "h-tma-a-batch",
+        "TMA coordinates",
+        "tma_atom_a, tAgA[(None, row_tile, kt, batch)], tAsA[(None, stage)], tma_bar_ptr=bar",
+        "tma_atom_a, tAgA[(None, row_tile, kt, 0)], tAsA[(None, stage)], tma_bar_ptr=bar",
+        DETERMINISM + "nvfp4-f16",
+    ),
+    gpu_mutant(
+        "h-tma-sfa-batch",
+        "TMA coordinates",
+        "tAgSFA[(None, kt, sfa_rb, batch)],",
+        "tAgSFA[(None, kt, sfa_rb, 0)],",
+        DETERMINISM + "nvfp4-f16",
+    ),
+    # ------------------------------------------------------------------ epilogue
+    gpu_mutant(
+        "h-epi-alpha-dropped",
+        "alpha",
+        "tRS_rD.store((tRS_rAcc.load() * alpha).to(self.c_dtype))",
+        "tRS_rD.store(tRS_rAcc.load().to(self.c_dtype))",
+        DETERMINISM + "nvfp4-f16",
+    ),
+    gpu_mutant(
+        "h-epi-subtile-values",
+        "epilogue",
+        "tRS_rAcc[i] = tCrAcc[sub * per_subtile + i]",
+        "tRS_rAcc[i] = tCrAcc[i]",
+        DETERMINISM + "prefill",
+    ),
+    gpu_mutant(
+        "h-epi-direct-col-bound",
+        "epilogue",
+        "if crd[0] < rows and crd[1] < cols:",
+        "if crd[0] < rows:",
+        "test_gpu_matches_reference and 100-300-800",
+    ),
+]
