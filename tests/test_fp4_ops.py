@@ -1,0 +1,157 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""fp4_ops on the CPU: FP4Tensor and its converters (against torchao's and compressed-tensors'
+own code where installed), the quantize and GEMM ops (against reference.py), torch.compile,
+FP4Linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fp4_ops
+import reference
+from fp4_ops import FP4Tensor
+
+
+def _torchao_nvfp4():
+    try:
+        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+    except Exception as err:  # an absent or broken torchao both mean: no reference to test against
+        pytest.skip(f"torchao's NVFP4Tensor is not importable ({err!r}); pip install torchao")
+    return NVFP4Tensor
+
+
+def _exact_dequant(data, plain_scales, vec, gs) -> torch.Tensor:
+    """e2m1 * scale * gs in float64 (exact: at most 2 + 4 + 24 significant bits)."""
+    codes = reference.e2m1_to_fp32(reference.unpack_fp4(data)).double()
+    per_block = plain_scales.float().double().repeat_interleave(vec, dim=-1)
+    return codes * per_block * float(gs)
+
+
+def _nvfp4(shape, seed=0, gs=None):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    return x, reference.quantize_nvfp4(x, gs)
+
+
+# ----------------------------------------------------------------------------- FP4Tensor
+
+
+@pytest.mark.parametrize("shape", [(200, 96), (3, 130, 64)], ids=str)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_from_plain_swizzles_and_dequantizes(shape, fmt):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    if fmt == "nvfp4":
+        data, sc, gs = reference.quantize_nvfp4(x)
+    else:
+        (data, sc), gs = reference.quantize_mxfp4(x), torch.tensor(1.0)
+    t = FP4Tensor.from_plain(data, sc, gs, fmt)
+    assert torch.equal(t.scale.view(torch.uint8), reference.to_blocked(sc).view(torch.uint8))
+    assert torch.equal(t.plain_scales().view(torch.uint8), sc.view(torch.uint8))
+    assert t.shape == tuple(shape)
+    want = reference.dequantize_fp4(data, sc, fp4_ops.FORMATS[fmt], gs)
+    assert torch.equal(t.dequantize(), want)
+
+
+def test_plain_scales_are_refused_even_when_the_byte_count_matches():
+    # 128 rows x K 64: plain [128, 4] scales have exactly the blocked layout's 512 bytes
+    _, (data, sc, gs) = _nvfp4((128, 64))
+    assert sc.numel() == fp4_ops.blocked_scale_numel(128, 64, 16)
+    with pytest.raises(ValueError, match="plain row layout"):
+        FP4Tensor(data, sc, gs, "nvfp4")
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(format="fp4"), "format must be one of"),
+        (dict(scale="e8m0"), "needs torch.float8_e4m3fn scales"),
+        (dict(scale="short"), "blocked layout needs"),
+        (dict(global_scale="1-d"), "0-d float32"),
+        (dict(data="int8"), "uint8 or float4_e2m1fn_x2"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_bad_fp4tensor_parts_are_refused(change, match):
+    _, (data, sc, gs) = _nvfp4((64, 64))
+    parts = dict(data=data, scale=reference.to_blocked(sc), global_scale=gs, format="nvfp4")
+    swaps = {
+        "e8m0": parts["scale"].view(torch.uint8).view(torch.float8_e8m0fnu),
+        "short": parts["scale"][:-4],
+        "1-d": gs.reshape(1),
+        "int8": data.view(torch.int8),
+    }
+    for key, value in change.items():
+        parts[key] = swaps.get(value, value)
+    with pytest.raises(ValueError, match=match):
+        FP4Tensor(**parts)
+
+
+# ----------------------------------------------------------------------------- torchao
+
+
+@pytest.mark.parametrize("shape", [(200, 96), (3, 128, 64)], ids=str)
+@pytest.mark.parametrize("swizzled", [False, True], ids=["plain", "swizzled"])
+def test_from_torchao_matches_torchao_dequantize(shape, swizzled):
+    nvfp4_tensor = _torchao_nvfp4()
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(2), dtype=torch.bfloat16)
+    # a power-of-two per-tensor scale keeps torchao's (scale * pts) * e2m1 order exact too
+    t = nvfp4_tensor.to_nvfp4(
+        x, per_tensor_scale=torch.tensor(2.0**-5), is_swizzled_scales=swizzled
+    )
+    f = FP4Tensor.from_torchao(t)
+    assert f.shape == tuple(shape)
+    assert torch.equal(f.dequantize(), t.dequantize(torch.float32))
+
+
+@pytest.mark.parametrize("swizzled", [False, True], ids=["plain", "swizzled"])
+def test_to_torchao_matches_reference(swizzled):
+    _torchao_nvfp4()
+    _, (data, sc, gs) = _nvfp4((200, 160), seed=3)
+    f = FP4Tensor.from_plain(data, sc, gs)
+    t = f.to_torchao(swizzled=swizzled)
+    assert t.is_swizzled_scales == swizzled
+    # torchao multiplies (scale * per_tensor_scale) * e2m1, we (e2m1 * scale) * global_scale:
+    # each differs from the exact value by at most two fp32 roundings
+    exact = _exact_dequant(data, sc, 16, gs)
+    for got in (t.dequantize(torch.float32), f.dequantize()):
+        assert torch.allclose(got.double(), exact, rtol=2 * 2.0**-24 * 1.01, atol=0)
+    assert torch.equal(FP4Tensor.from_torchao(t).dequantize(), f.dequantize())
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_from_modelopt_matches_reference():
+    # ModelOpt NVFP4: weight uint8 [N, K/2], weight_scale e4m3 [N, K/16] plain, weight_scale_2
+    # = amax / (448 * 6), the decoding global scale
+    _, (weight, weight_scale, weight_scale_2) = _nvfp4((96, 128), seed=4)
+    f = FP4Tensor.from_modelopt(weight, weight_scale, weight_scale_2.reshape(1))
+    assert torch.equal(
+        f.dequantize(), reference.dequantize_fp4(weight, weight_scale, 16, weight_scale_2)
+    )
+
+
+def test_compressed_tensors_global_scale_is_inverted():
+    # compressed-tensors stores weight_global_scale = 448 * 6 / amax, the reciprocal of ours
+    gs = torch.tensor(2.0**-7)  # exact reciprocal: the inversion is checked exactly
+    _, (packed, sc, gs) = _nvfp4((64, 64), seed=5, gs=gs)
+    ct = {"weight_packed": packed, "weight_scale": sc, "weight_global_scale": 1.0 / gs.reshape(1)}
+    f = FP4Tensor.from_compressed_tensors(**ct)
+    assert float(f.global_scale) == 2.0**-7
+    assert torch.equal(f.dequantize(), reference.dequantize_fp4(packed, sc, 16, gs))
+    back = f.to_compressed_tensors()
+    assert float(back["weight_global_scale"]) == 2.0**7
+    assert torch.equal(back["weight_packed"], packed)
+    assert torch.equal(back["weight_scale"].view(torch.uint8), sc.view(torch.uint8))
+
+
+def test_compressed_tensors_matches_its_own_unpacking():
+    try:
+        from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    except Exception as err:  # its import chain pulls transformers and huggingface_hub
+        pytest.skip(f"compressed-tensors is not importable ({err!r})")
+    x, (packed, sc, gs) = _nvfp4((64, 64), seed=6)
+    f = FP4Tensor.from_compressed_tensors(packed, sc, 1.0 / gs)
+    values = unpack_fp4_from_uint8(packed, 64, 64, torch.float32)
+    theirs = (values.unflatten(-1, (-1, 16)) * (sc.float() / (1.0 / gs)).unsqueeze(-1)).flatten(-2)
+    assert torch.allclose(f.dequantize(), theirs, rtol=2 * 2.0**-24 * 1.01, atol=0)
