@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -276,3 +277,216 @@ def _gs(value, like: torch.Tensor) -> torch.Tensor:
     if t.device.type == "cpu" and not (math.isfinite(float(t)) and float(t) > 0):
         raise ValueError(f"a global scale must be finite and positive, got {float(t)}")
     return t
+
+
+# ----------------------------------------------------------------------------- quantize
+
+
+def _fake_quantized(x: torch.Tensor, sf_vec_size: int):
+    rows, k = x.shape[-2], x.shape[-1]
+    lead = tuple(x.shape[:-2])
+    data = x.new_empty((*lead, rows, k // 2), dtype=torch.uint8)
+    scale = x.new_empty(
+        (*lead, blocked_scale_numel(rows, k, sf_vec_size)),
+        dtype=reference.SCALE_DTYPES[sf_vec_size],
+    )
+    return data, scale, x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("fp4_ops::quantize", mutates_args=())
+def _quantize_op(
+    x: torch.Tensor, sf_vec_size: int, global_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if x.device.type == "cuda":
+        import quantize_fp4
+
+        return quantize_fp4.quantize_cuda(x, sf_vec_size, global_scale)
+    if x.device.type != "cpu":
+        raise ValueError(f"quantize runs on CPU and CUDA tensors, got one on {x.device}")
+    if sf_vec_size == reference.NVFP4_BLOCK:
+        data, sc, gs = reference.quantize_nvfp4(x, global_scale)
+        gs = gs.clone()  # (an op's outputs must not alias its inputs)
+    else:
+        data, sc = reference.quantize_mxfp4(x)
+        gs = torch.ones((), dtype=torch.float32)
+    return data, reference.to_blocked(sc), gs
+
+
+@_quantize_op.register_fake
+def _(x, sf_vec_size, global_scale):
+    return _fake_quantized(x, sf_vec_size)
+
+
+def quantize(
+    x: torch.Tensor, format: str = "nvfp4", global_scale: torch.Tensor | float | None = None
+) -> FP4Tensor:
+    """Quantize x [rows, K] or [L, rows, K] (float32 / bfloat16 / float16) to an FP4Tensor.
+
+    ``global_scale`` (NVFP4 only; decoding convention): None computes ``amax / (448 * 6)`` over
+    the whole tensor on its device (no host sync); a number or one-element tensor is used as is
+    (a static scale, e.g. ModelOpt's ``input_scale``). CPU tensors go through ``reference.py``
+    (NaN / Inf raise ValueError); CUDA tensors through ``quantize_fp4.py``, which cannot raise
+    without a sync: a block holding NaN / Inf gets the NaN scale byte and zero codes instead
+    (and a dynamic global scale becomes non-finite), so every product that reads it is NaN.
+    """
+    vec = _format_vec(format)
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.ndim not in (2, 3) or x.numel() == 0:
+        raise ValueError(f"x must be a non-empty [rows, K] or [L, rows, K], got {tuple(x.shape)}")
+    if x.shape[-1] % 32:
+        raise ValueError(f"K = {x.shape[-1]} (last dim of x) is not a multiple of 32")
+    if global_scale is not None and vec != reference.NVFP4_BLOCK:
+        raise ValueError("mxfp4 has no global scale (its E8M0 block scales span the range)")
+    gs = None if global_scale is None else _gs(global_scale, x)
+    data, scale, out_gs = _quantize_op(x.contiguous(), vec, gs)
+    return FP4Tensor(data, scale, out_gs, format)
+
+
+# ----------------------------------------------------------------------------- GEMM
+
+
+@torch.library.custom_op("fp4_ops::gemm", mutates_args=())
+def _gemm_op(
+    a_data: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    alpha: torch.Tensor,
+    sf_vec_size: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    m, n, k = a_data.shape[-2], b_data.shape[-2], 2 * a_data.shape[-1]
+    if a_data.device.type == "cpu":
+        sfa = reference.from_blocked(a_scale, m, k // sf_vec_size)
+        sfb = reference.from_blocked(b_scale, n, k // sf_vec_size)
+        return reference.reference_gemm(
+            a_data, b_data, sfa, sfb, sf_vec_size, alpha, out_dtype=out_dtype
+        )
+    if a_data.device.type != "cuda":
+        raise ValueError(f"fp4_gemm runs on CPU and CUDA tensors, got {a_data.device}")
+    batched = a_data.ndim == 3
+    l = a_data.shape[0] if batched else 1  # noqa: E741
+    args = (
+        a_data.view(torch.uint8).reshape(l, m, k // 2),
+        b_data.view(torch.uint8).reshape(l, n, k // 2),
+        a_scale.reshape(l, -1),
+        b_scale.reshape(l, -1),
+        sf_vec_size,
+    )
+    major, minor = torch.cuda.get_device_capability(a_data.device)
+    if (major, minor) == (9, 0):
+        acc = _gemm_sm90(*args)
+    elif major == 10:
+        acc = _gemm_sm100(*args)
+    else:
+        name = torch.cuda.get_device_name(a_data.device)
+        raise ValueError(
+            f"fp4_gemm has kernels for sm_90 (H100 / H200) and the sm_100 family (B200 / GB200 "
+            f"/ B300); {name} is sm_{major}{minor}"
+        )
+    # alpha stays on the device: the kernels take a host float today, so they run with 1.0
+    # into fp32 and alpha is applied here, with the epilogue's one fp32 rounding
+    out = (acc * alpha).to(out_dtype)
+    return out if batched else out[0]
+
+
+@_gemm_op.register_fake
+def _(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype):
+    shape = (*a_data.shape[:-1], b_data.shape[-2])
+    return a_data.new_empty(shape, dtype=out_dtype)
+
+
+def fp4_gemm(
+    a: FP4Tensor,
+    b: FP4Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    alpha: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """D = alpha * dequant(a) @ dequant(b)^T: a [M, K] and b [N, K] (or [L, M, K] and
+    [L, N, K]) -> D [M, N] (or [L, M, N]) in ``out_dtype`` (bfloat16, float16 or float32).
+
+    The scalar applied to the fp32 accumulator is ``a.global_scale * b.global_scale * alpha``,
+    formed on the device (no host sync; a replayed CUDA graph reads the scales current then).
+    On the GPU both kernels take alpha as a host float today, so the op runs them with alpha 1.0
+    into an fp32 D and multiplies by that device scalar afterwards (bitwise what the epilogue
+    computes, at the price of an fp32 round trip of D); a device-pointer alpha in both kernels
+    would remove it. CPU tensors run ``reference.reference_gemm``. Under CUDA-graph capture,
+    call the op once on that stream and shape before capturing (the kernels compile and the
+    Hopper workspace is zeroed at the first call).
+    """
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, FP4Tensor):
+            raise ValueError(f"{name} must be an FP4Tensor (fp4_ops.quantize), got {type(t)}")
+    if a.format != b.format:
+        raise ValueError(f"a is {a.format} but b is {b.format}")
+    if a.data.ndim != b.data.ndim:
+        raise ValueError(f"a is {a.data.ndim}-D but b is {b.data.ndim}-D; both need the same rank")
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"K mismatch: a has K = {a.shape[-1]}, b has K = {b.shape[-1]}")
+    if a.data.ndim == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"batch mismatch: a has L = {a.shape[0]}, b has L = {b.shape[0]}")
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}")
+    if out_dtype not in reference.OUT_DTYPES:
+        raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+    scale = a.global_scale * b.global_scale
+    if alpha is not None:
+        scale = scale * (alpha if isinstance(alpha, torch.Tensor) else float(alpha))
+    return _gemm_op(
+        a.data, a.scale, b.data, b.scale, scale.float().reshape(()), a.sf_vec_size, out_dtype
+    )
+
+
+# ----------------------------------------------------------------------------- kernel adapters
+# One function per backend, each written against its kernel's Python API: they take packed
+# uint8 A [L, M, K/2] and B [L, N, K/2], blocked scales [L, n] and sf_vec_size, and return the
+# fp32 accumulator D [L, M, N] (alpha 1.0) on the current stream.
+
+_SM90_RUNNERS: dict = {}
+
+
+def _gemm_sm100(a, b, sfa, sfb, sf_vec_size):
+    """Blackwell: ``prepare_gemm`` (compiled kernels cached per configuration inside it) with
+    its default tile; D comes back with a padded row pitch and is sliced to N."""
+    _importable(_HERE)
+    import blockwise_gemm_fp4
+
+    launch, d = blockwise_gemm_fp4.prepare_gemm(
+        a, b, sfa.contiguous(), sfb.contiguous(), sf_vec_size, alpha=1.0, c_dtype="Float32"
+    )
+    launch()
+    return d
+
+
+def _gemm_sm90(a, b, sfa, sfb, sf_vec_size):
+    """Hopper: ``default_config``'s path, tile, split and K groups for the shape; one
+    ``Fp4GemmSm90Runner`` per configuration, device and stream (a runner's split-K workspace
+    and converted operands serve one stream at a time)."""
+    _importable(os.path.join(_HERE, "hopper"))
+    import blockwise_gemm_fp4_sm90 as k90
+
+    l, m, half_k = a.shape  # noqa: E741
+    n, k = b.shape[1], 2 * half_k
+    device = a.device
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    path, tiler, split, k_groups = k90.default_config(m, n, k, l, num_sms)
+    stream = torch.cuda.current_stream(device)
+    key = (sf_vec_size, path, tuple(tiler), split, k_groups, device.index, stream.cuda_stream)
+    if key not in _SM90_RUNNERS:
+        with torch.cuda.device(device):
+            _SM90_RUNNERS[key] = k90.Fp4GemmSm90Runner(
+                sf_vec_size, "Float32", path, tiler, split, k_groups=k_groups
+            )
+    d = torch.empty((l, m, n), dtype=torch.float32, device=device)
+    with torch.cuda.device(device):
+        _SM90_RUNNERS[key](a, b, sfa.contiguous(), sfb.contiguous(), d, m, n, k, l, 1.0)
+    return d
+
+
+def _importable(folder: str) -> None:
+    """Make a kernel folder importable (the kernels are flat files beside this one)."""
+    if folder not in sys.path:
+        sys.path.insert(0, folder)

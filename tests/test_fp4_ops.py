@@ -155,3 +155,118 @@ def test_compressed_tensors_matches_its_own_unpacking():
     values = unpack_fp4_from_uint8(packed, 64, 64, torch.float32)
     theirs = (values.unflatten(-1, (-1, 16)) * (sc.float() / (1.0 / gs)).unsqueeze(-1)).flatten(-2)
     assert torch.allclose(f.dequantize(), theirs, rtol=2 * 2.0**-24 * 1.01, atol=0)
+
+
+# ----------------------------------------------------------------------------- quantize (CPU)
+
+
+@pytest.mark.parametrize("shape", [(1, 32), (130, 96), (2, 200, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("mode", ["nvfp4-dynamic", "nvfp4-static", "mxfp4"])
+def test_quantize_cpu_is_the_reference(shape, dtype, mode):
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(7)) * 3).to(dtype)
+    fmt = mode.split("-")[0]
+    static = 0.002 if mode == "nvfp4-static" else None
+    t = fp4_ops.quantize(x, fmt, global_scale=static)
+    if fmt == "nvfp4":
+        data, sc, gs = reference.quantize_nvfp4(x, static)
+    else:
+        (data, sc), gs = reference.quantize_mxfp4(x), torch.tensor(1.0)
+    assert torch.equal(t.data, data)
+    assert torch.equal(t.scale.view(torch.uint8), reference.to_blocked(sc).view(torch.uint8))
+    assert t.global_scale.item() == float(gs)
+    assert t.shape == tuple(shape) and t.format == fmt
+
+
+@pytest.mark.parametrize(
+    "x, kwargs, match",
+    [
+        (torch.randn(4, 48), {}, "not a multiple of 32"),
+        (torch.randn(4, 64), {"format": "mxfp4", "global_scale": 1.0}, "mxfp4 has no global"),
+        (torch.randn(4, 64), {"format": "fp8"}, "format must be one of"),
+        (torch.randn(4, 64).double(), {}, "float32, bfloat16 or float16"),
+        (torch.randn(64), {}, r"\[rows, K\]"),
+        (torch.full((4, 64), float("nan")), {}, "NaN or Inf"),
+        (torch.randn(4, 64), {"global_scale": -1.0}, "finite and positive"),
+    ],
+    ids=["k48", "mx-gs", "format", "float64", "1-d", "nan", "negative-gs"],
+)
+def test_quantize_refuses_bad_input(x, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fp4_ops.quantize(x, **kwargs)
+
+
+# ----------------------------------------------------------------------------- GEMM op (CPU)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("mnkl", [(3, 40, 64, 0), (130, 72, 96, 0), (20, 33, 64, 2)], ids=str)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_fp4_gemm_cpu_matches_reference(fmt, mnkl, out_dtype):
+    m, n, k, l = mnkl  # noqa: E741
+    gen = torch.Generator().manual_seed(8)
+    lead = (l,) if l else ()
+    x = torch.randn((*lead, m, k), generator=gen)
+    w = torch.randn((*lead, n, k), generator=gen) * 0.01
+    a, b = fp4_ops.quantize(x, fmt), fp4_ops.quantize(w, fmt)
+    d = fp4_ops.fp4_gemm(a, b, out_dtype=out_dtype, alpha=0.5)
+    assert d.shape == (*lead, m, n) and d.dtype == out_dtype
+    # by hand from the reference quantizer's plain scales: alpha = gs_a * gs_b * 0.5
+    if fmt == "nvfp4":
+        (da, sa, ga), (db, sb, gb) = reference.quantize_nvfp4(x), reference.quantize_nvfp4(w)
+    else:
+        (da, sa), (db, sb) = reference.quantize_mxfp4(x), reference.quantize_mxfp4(w)
+        ga = gb = torch.tensor(1.0)
+    vec = fp4_ops.FORMATS[fmt]
+    ok, info = reference.check_gemm(d, da, db, sa, sb, vec, ga * gb * 0.5)
+    assert ok, str(info)
+
+
+def _pair(fmt="nvfp4", m=16, n=24, k=64):
+    gen = torch.Generator().manual_seed(9)
+    return (
+        fp4_ops.quantize(torch.randn(m, k, generator=gen), fmt),
+        fp4_ops.quantize(torch.randn(n, k, generator=gen), fmt),
+    )
+
+
+def test_fp4_gemm_refuses_bad_operands():
+    a, b = _pair()
+    a_mx, _ = _pair("mxfp4")
+    _, b_k = _pair(k=96)
+    cases = [
+        ((a.data, b), {}, "must be an FP4Tensor"),
+        ((a_mx, b), {}, "a is mxfp4 but b is nvfp4"),
+        ((a, b_k), {}, "K mismatch"),
+        ((a, b), {"out_dtype": torch.int8}, "out_dtype"),
+    ]
+    for args, kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            fp4_ops.fp4_gemm(*args, **kwargs)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_ops_fake_kernels(fmt):
+    a, b = _pair(fmt)
+    x3 = torch.randn(2, 50, 64)
+    alpha = a.global_scale * b.global_scale
+    vec = fp4_ops.FORMATS[fmt]
+    for check in ("test_faketensor", "test_aot_dispatch_dynamic"):
+        gemm_args = (a.data, a.scale, b.data, b.scale, alpha, vec, torch.bfloat16)
+        torch.library.opcheck(fp4_ops._gemm_op, gemm_args, test_utils=[check])
+        torch.library.opcheck(fp4_ops._quantize_op, (x3, vec, None), test_utils=[check])
+
+
+def test_quantize_and_gemm_compile_fullgraph():
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(10)
+    x, w = torch.randn(40, 64, generator=gen), torch.randn(24, 64, generator=gen)
+
+    def f(x, w, alpha):
+        a = fp4_ops.quantize(x, "nvfp4")
+        b = fp4_ops.quantize(w, "nvfp4", global_scale=0.001)
+        return fp4_ops.fp4_gemm(a, b, out_dtype=torch.float32, alpha=alpha)
+
+    alpha = torch.tensor(2.0)
+    compiled = torch.compile(f, fullgraph=True)
+    assert torch.equal(compiled(x, w, alpha), f(x, w, alpha))
