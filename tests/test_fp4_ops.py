@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 import fp4_ops
 import reference
@@ -270,3 +271,110 @@ def test_quantize_and_gemm_compile_fullgraph():
     alpha = torch.tensor(2.0)
     compiled = torch.compile(f, fullgraph=True)
     assert torch.equal(compiled(x, w, alpha), f(x, w, alpha))
+
+
+# ----------------------------------------------------------------------------- FP4Linear
+
+
+def _linear(k=64, n=48, bias=True, seed=11):
+    torch.manual_seed(seed)
+    return nn.Linear(k, n, bias=bias)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_fp4_linear_is_quantize_then_gemm(fmt, bias):
+    lin = _linear(bias=bias)
+    q = fp4_ops.FP4Linear.from_linear(lin, fmt)
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(12))
+    y = q(x)
+    assert y.shape == (2, 5, 48) and y.dtype == x.dtype
+    # independent: the reference quantizers on plain scales, check_gemm's error bound
+    vec = fp4_ops.FORMATS[fmt]
+    rows = x.reshape(10, 64)
+    if fmt == "nvfp4":
+        (da, sa, ga), (db, sb, gb) = (
+            reference.quantize_nvfp4(rows),
+            reference.quantize_nvfp4(lin.weight.detach()),
+        )
+    else:
+        (da, sa), (db, sb) = reference.quantize_mxfp4(rows), reference.quantize_mxfp4(lin.weight)
+        ga = gb = torch.tensor(1.0)
+    want = reference.reference_gemm(da, db, sa, sb, vec, ga * gb, torch.float32)
+    if bias:
+        want = want + lin.bias.detach()
+    assert torch.equal(y.reshape(10, 48), want)
+    # and close to the float layer (FP4: a few percent of the output's scale)
+    err = (y - lin(x)).abs().max() / lin(x).abs().max()
+    assert err < 0.25
+
+
+def test_fp4_linear_static_activations_use_the_given_scale():
+    lin = _linear(bias=False)
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(13))
+    q = fp4_ops.FP4Linear.from_linear(lin, activations="static", input_global_scale=0.004)
+    w = q.weight
+    want = fp4_ops.fp4_gemm(fp4_ops.quantize(x, global_scale=0.004), w, out_dtype=torch.float32)
+    assert torch.equal(q(x), want)
+    dynamic = fp4_ops.fp4_gemm(fp4_ops.quantize(x), w, out_dtype=torch.float32)
+    assert not torch.equal(q(x), dynamic)
+
+
+def test_fp4_linear_from_modelopt():
+    lin = _linear()
+    weight, weight_scale, weight_scale_2 = reference.quantize_nvfp4(lin.weight.detach())
+    q = fp4_ops.FP4Linear.from_modelopt(
+        weight, weight_scale, weight_scale_2, input_scale=torch.tensor([0.003]), bias=lin.bias
+    )
+    ref = fp4_ops.FP4Linear.from_linear(lin, activations="static", input_global_scale=0.003)
+    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(14))
+    assert q.activations == "static"
+    assert torch.equal(q(x), ref(x))
+
+
+def test_fp4_linear_refuses_bad_configuration():
+    lin = _linear()
+    with pytest.raises(ValueError, match="needs input_global_scale"):
+        fp4_ops.FP4Linear.from_linear(lin, activations="static")
+    with pytest.raises(ValueError, match="nvfp4 only"):
+        fp4_ops.FP4Linear.from_linear(lin, "mxfp4", "static", 0.1)
+    with pytest.raises(ValueError, match="activations must be one of"):
+        fp4_ops.FP4Linear.from_linear(lin, activations="calibrated")
+    with pytest.raises(ValueError, match="features"):
+        fp4_ops.FP4Linear.from_linear(lin)(torch.randn(3, 32))
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 96)
+        self.down = nn.Linear(96, 64)
+        self.head = nn.Linear(64, 10)
+        self.odd = nn.Linear(40, 64)
+
+    def forward(self, x):
+        return self.head(self.down(torch.relu(self.up(x))))
+
+
+def test_quantize_model_swaps_the_chosen_linears():
+    torch.manual_seed(15)
+    model = _Block()
+    assert fp4_ops.quantize_model(model) == ["up", "down", "head"]  # odd: 40 % 32 != 0
+    assert isinstance(model.up, fp4_ops.FP4Linear) and isinstance(model.odd, nn.Linear)
+    other = _Block()
+    assert fp4_ops.quantize_model(other, include=["up", "do*"]) == ["up", "down"]
+    third = _Block()
+    assert fp4_ops.quantize_model(third, include=lambda name, m: m.out_features == 10) == ["head"]
+    with pytest.raises(ValueError, match="odd: in_features = 40"):
+        fp4_ops.quantize_model(_Block(), include=["odd"])
+
+
+def test_quantized_model_compiles_fullgraph():
+    torch._dynamo.reset()
+    torch.manual_seed(16)
+    model = _Block()
+    fp4_ops.quantize_model(model, include=["up", "down"])
+    fp4_ops.quantize_model(model, include=["head"], format="mxfp4")
+    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(17))
+    compiled = torch.compile(model, fullgraph=True)
+    assert torch.equal(compiled(x), model(x))
