@@ -70,9 +70,11 @@ E8M0_NAN = 0xFF
 GLOBAL_DIVISOR = 448.0 * 6.0
 # (x + 2^23) - 2^23 rounds 0 <= x < 2^22 to an integer, ties to even, in fp32
 ROUND_MAGIC = 8388608.0
+ROUND_MAGIC_BITS = 0x4B000000
+MAGIC_BITS = 0x4A800000  # 2^22, whose ulp is 0.5
 # NVFP4 rounds |x| * rcp (within a few ulps of |x| / divisor) unless it lies this close to a
 # tie, or the divisor is outside [RCP_MIN, RCP_MAX] (the reciprocal would lose bits)
-NEAR_TIE = 0.5 - 2.0**-16
+NEAR_TIE_BITS = 0x3E7FFE00  # (0.5 - 2^-16) grid steps of 0.5: 0.25 - 2^-17
 RCP_MIN = 2.0**-125
 RCP_MAX = 2.0**125
 
@@ -281,8 +283,7 @@ class QuantizeFp4:
         byte = Uint32(0)
         if s < Float32(E4M3_MIN_NORMAL):
             # subnormal: an integer number of 2^-9 steps (8 steps is the smallest normal)
-            steps = (s * Float32(512.0) + Float32(ROUND_MAGIC)) - Float32(ROUND_MAGIC)
-            byte = Uint32(Int32(steps))
+            byte = _f32_bits(s * Float32(512.0) + Float32(ROUND_MAGIC)) - Uint32(ROUND_MAGIC_BITS)
         else:
             bits = _f32_bits(s)
             rounded = bits + Uint32(0x7FFFF) + ((bits >> 20) & Uint32(1))
@@ -306,40 +307,30 @@ class QuantizeFp4:
 
     @cute.jit
     def _e2m1_code(self, x: Float32, rcp: Float32, divisor: Float32) -> Uint32:
-        """E2M1 code of fl(|x| / divisor) with x's sign. The grid steps are 0.5 below 2, 1 up
-        to 4 and 2 above, so the index is a round-to-nearest-even integer of mag * (2, 1, 1/2)
-        plus (0, 2, 4); midpoints are exactly the .5 ties. NVFP4 forms mag with the rounded
-        reciprocal and divides only where that lands within 2^-16 of a tie (it is within a few
-        ulps of the quotient), so that the tie decision is the reference's."""
+        """E2M1 code of fl(|x| / divisor) with x's sign. NVFP4 forms the quotient with the rounded
+        reciprocal and divides only where that lands near a tie (it is within a few ulps of the
+        quotient there), so that every tie is decided on the reference's quotient."""
         bits = _f32_bits(x)
         ax = _bits_f32(bits & Uint32(ABS_MASK))
-        mag = ax * rcp
-        steps, offset = self._e2m1_steps(mag)
-        rounded = self._round_even(steps)
+        index, near = self._e2m1_index(ax * rcp)
         if const_expr(self.nvfp4):
-            if abs(steps - rounded) > Float32(NEAR_TIE) or rcp < Float32(0.0):
-                steps, offset = self._e2m1_steps(ax / divisor)
-                rounded = self._round_even(steps)
-        index = min(Uint32(Int32(rounded)) + offset, Uint32(7))
+            if near or rcp < Float32(0.0):
+                index, near = self._e2m1_index(ax / divisor)
         return index | ((bits >> 31) << 3)
 
     @cute.jit
-    def _e2m1_steps(self, mag: Float32):
-        """(mag in grid steps, capped at 8, index of the grid's segment start)."""
-        scaled = min(mag * Float32(2.0), Float32(8.0))
-        offset = Uint32(0)
-        if mag >= Float32(2.0):
-            scaled = min(mag, Float32(8.0))
-            offset = Uint32(2)
-        if mag >= Float32(4.0):
-            scaled = min(mag * Float32(0.5), Float32(8.0))
-            offset = Uint32(4)
-        return scaled, offset
-
-    @cute.jit
-    def _round_even(self, v: Float32) -> Float32:
-        """v (0 <= v < 2^22) rounded to an integer, ties to even."""
-        return (v + Float32(ROUND_MAGIC)) - Float32(ROUND_MAGIC)
+    def _e2m1_index(self, mag: Float32):
+        """(E2M1 magnitude index of mag >= 0, rounded to nearest even and saturated; whether mag
+        lies within 2^-16 grid steps of a tie). The grid steps 2^(seg - 1) (0.5 below 2, 1 up to
+        4, 2 above) are the ulps of 2^(22 + seg): adding that constant rounds mag to the grid,
+        ties to even, and the sum's low bits count the steps."""
+        seg = Uint32(mag >= Float32(2.0)) + Uint32(mag >= Float32(4.0))
+        magic_bits = Uint32(MAGIC_BITS) + (seg << 23)
+        magic = _bits_f32(magic_bits)
+        total = mag + magic
+        index = min(_f32_bits(total) - magic_bits + (seg << 1), Uint32(7))
+        near = abs(mag - (total - magic)) > _bits_f32(Uint32(NEAR_TIE_BITS) + (seg << 23))
+        return index, near
 
 
 def compile_quantizer(in_dtype: str, sf_vec_size: int, dynamic: bool, options: str = ""):
@@ -424,6 +415,102 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
     return q, sf.view(reference.SCALE_DTYPES[sf_vec_size]), gs_out
 
 
+def time_graph_us(fn, iterations: int = 20, repeats: int = 5) -> float:
+    """Mean microseconds per call of ``fn`` (enqueue-only, no host sync), from a CUDA graph of
+    ``iterations`` calls replayed ``repeats`` times on a side stream."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile / warm up on the capturing stream
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(iterations):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / (iterations * repeats)
+
+
+def time_eager_us(fn, iterations: int = 5) -> float:
+    """Mean microseconds per call of ``fn`` run eagerly (for code that syncs with the host)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iterations):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / iterations
+
+
+def _torchao_quantizer(x, gs):
+    """torchao's NVFP4 quantizer (torch-ops path, swizzled scales) on x, or None without it."""
+    try:
+        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+    except Exception:  # (absent, or built for another torch)
+        return None
+
+    def run():
+        scale = per_tensor_amax_to_scale(x.abs().amax()) if gs is None else gs
+        return NVFP4Tensor.to_nvfp4(x, per_tensor_scale=scale, is_swizzled_scales=True)
+
+    return run
+
+
+def benchmark(x, vec: int, gs) -> None:
+    """Print the time of this quantizer, of a device copy of x, of reference.py and of torchao's
+    quantizer on the same x (NVFP4), with effective bandwidths."""
+    import torch
+
+    import reference
+
+    n = x.numel()
+    moved = n * x.element_size() * (2 if vec == 16 and gs is None else 1) + n // 2
+    moved += n // vec  # scale bytes (before padding)
+    ours = time_graph_us(lambda: quantize_cuda(x, vec, gs))
+    dst = torch.empty_like(x)
+    copy = time_graph_us(lambda: dst.copy_(x))
+    copy_bw = 2 * n * x.element_size() / copy / 1e3
+    print(f"Mean time: {ours:.2f} us (quantize_fp4)")
+    print(
+        f"Throughput: {moved / ours / 1e3:.1f} GB/s moved ({moved} bytes), "
+        f"{moved / ours / 1e3 / copy_bw:.2f} x the copy's {copy_bw:.1f} GB/s "
+        f"(copy of x: {copy:.2f} us)"
+    )
+    if vec == 16:
+        ref = time_eager_us(lambda: reference.quantize_nvfp4(x, gs))
+    else:
+        ref = time_eager_us(lambda: reference.quantize_mxfp4(x))
+    print(
+        f"reference.py (eager, it syncs for its NaN check): {ref:.2f} us, "
+        f"{ref / ours:.1f} x quantize_fp4"
+    )
+    run = _torchao_quantizer(x, gs) if vec == 16 else None
+    if run is None:
+        print("torchao: not measured (not importable here, or MXFP4)")
+        return
+    try:
+        theirs, how = time_graph_us(run), "CUDA graph"
+    except Exception:  # (a part of it that cannot be captured)
+        torch.cuda.synchronize()
+        theirs, how = time_eager_us(run), "eager"
+    print(
+        f"torchao NVFP4Tensor.to_nvfp4 ({how}): {theirs:.2f} us, {theirs / ours:.1f} x quantize_fp4"
+    )
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="8192,8192", help="rows,K or L,rows,K")
@@ -431,6 +518,7 @@ def main(argv=None) -> int:
     p.add_argument("--in_dtype", choices=sorted(IN_DTYPES), default="BFloat16")
     p.add_argument("--global_scale", type=float, default=None, help="static NVFP4 scale")
     p.add_argument("--compile_only", action="store_true")
+    p.add_argument("--benchmark", action="store_true", help="time it against a copy and peers")
     p.add_argument("--gpu-arch", dest="gpu_arch", default="sm_90a")
     args = p.parse_args(argv)
     try:
@@ -470,6 +558,8 @@ def main(argv=None) -> int:
         and torch.equal(g, rg)
     )
     print("PASS" if ok else "FAIL: differs from reference.py")
+    if ok and args.benchmark:
+        benchmark(x, vec, gs)
     return 0 if ok else 1
 
 
