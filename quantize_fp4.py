@@ -205,12 +205,17 @@ class QuantizeFp4:
             r = rest % rows_pad
             batch = rest // rows_pad
             sf_word = Uint32(0)
-            for j in cutlass.range_constexpr(BLOCKS_PER_THREAD):
-                col = g * BLOCKS_PER_THREAD + j
-                if r < rows and col < sf_cols:
-                    block = (batch * rows + r) * sf_cols + col
-                    sf_byte = self._quantize_block(mX, mQ, block, gs)
-                    sf_word = sf_word | (sf_byte << (8 * j))
+            if r < rows:
+                # all loads first (codes stores could alias them for the compiler); columns past
+                # the last scale column reload the row's last block and store nothing
+                row_block = (batch * rows + r) * sf_cols
+                cols = [g * BLOCKS_PER_THREAD + j for j in range(BLOCKS_PER_THREAD)]
+                blocks = [row_block + min(c, sf_cols - 1) for c in cols]
+                raw = [mX[b, None].load() for b in blocks]
+                for j in cutlass.range_constexpr(BLOCKS_PER_THREAD):
+                    sf_byte = self._quantize_block(raw[j], mQ, blocks[j], gs)
+                    if cols[j] < sf_cols:
+                        sf_word = sf_word | (sf_byte << (8 * j))
             mSF[self._sf_word_index(batch, r, g, rows_pad, groups)] = sf_word
 
     @cute.jit
@@ -236,9 +241,9 @@ class QuantizeFp4:
         return atom * 128 + (r % 32) * 4 + (r // 32) % 4
 
     @cute.jit
-    def _quantize_block(self, mX: cute.Tensor, mQ: cute.Tensor, block, gs: Float32) -> Uint32:
-        """Codes of one block into mQ; returns its scale byte."""
-        vals = mX[block, None].load().to(Float32)
+    def _quantize_block(self, raw, mQ: cute.Tensor, block, gs: Float32) -> Uint32:
+        """Codes of one block (its loaded values ``raw``) into mQ; returns its scale byte."""
+        vals = raw.to(Float32)
         amax_bits = Uint32(0)
         for i in cutlass.range_constexpr(self.sf_vec_size):
             amax_bits = max(amax_bits, _f32_bits(vals[i]) & Uint32(ABS_MASK))

@@ -378,3 +378,105 @@ def test_quantized_model_compiles_fullgraph():
     x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(17))
     compiled = torch.compile(model, fullgraph=True)
     assert torch.equal(compiled(x), model(x))
+
+
+# ----------------------------------------------------------------------------- on the GPU
+
+
+def _gemm_gpu() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0) and major != 10:
+        return f"fp4_gemm has kernels for sm_90 and sm_100; this GPU is sm_{major}{minor}"
+    return None
+
+
+needs_gemm_gpu = pytest.mark.skipif(_gemm_gpu() is not None, reason=str(_gemm_gpu()))
+
+
+def _gpu_operands(fmt, m=100, n=256, k=512, seed=18):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
+    return fp4_ops.quantize(x.cuda(), fmt), fp4_ops.quantize(w.cuda(), fmt)
+
+
+def _check_on_cpu(d, a, b, alpha):
+    ok, info = reference.check_gemm(
+        d.cpu(),
+        a.data.cpu(),
+        b.data.cpu(),
+        a.plain_scales().cpu(),
+        b.plain_scales().cpu(),
+        a.sf_vec_size,
+        alpha.cpu(),
+    )
+    assert ok, str(info)
+
+
+@needs_gemm_gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_fp4_gemm_gpu_eager(fmt, out_dtype):
+    a, b = _gpu_operands(fmt)
+    d = fp4_ops.fp4_gemm(a, b, out_dtype=out_dtype, alpha=0.75)
+    assert d.shape == (100, 256) and d.dtype == out_dtype and d.is_cuda
+    _check_on_cpu(d, a, b, a.global_scale * b.global_scale * 0.75)
+
+
+@needs_gemm_gpu
+def test_fp4_gemm_gpu_compiled():
+    torch._dynamo.reset()
+    try:
+        import triton  # noqa: F401
+
+        backend = "inductor"
+    except ImportError:  # inductor generates Triton code for CUDA tensors
+        backend = "aot_eager"
+    a, b = _gpu_operands("nvfp4")
+
+    def f(a, b):
+        return fp4_ops.fp4_gemm(a, b, out_dtype=torch.float32)
+
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    assert torch.equal(compiled(a, b), f(a, b))
+
+
+@needs_gemm_gpu
+def test_fp4_gemm_gpu_cuda_graph_reads_new_global_scales():
+    a, b = _gpu_operands("nvfp4")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # first call (compile, workspace) on the capturing stream
+        fp4_ops.fp4_gemm(a, b)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        d = fp4_ops.fp4_gemm(a, b)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_on_cpu(d, a, b, a.global_scale * b.global_scale)
+    a.global_scale.mul_(4.0)  # a new activation scale, read at replay on the device
+    b.global_scale.mul_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_on_cpu(d, a, b, a.global_scale * b.global_scale)
+
+
+@needs_gemm_gpu
+@pytest.mark.parametrize("activations", ["dynamic", "static"])
+def test_fp4_linear_gpu(activations):
+    lin = _linear(k=512, n=256, bias=False).to(torch.bfloat16)
+    gs = 0.002 if activations == "static" else None
+    q_cpu = fp4_ops.FP4Linear.from_linear(lin, activations=activations, input_global_scale=gs)
+    q_gpu = fp4_ops.FP4Linear.from_linear(
+        lin.cuda(), activations=activations, input_global_scale=gs
+    )
+    assert torch.equal(q_gpu.weight_data.cpu(), q_cpu.weight_data)
+    x = torch.randn(3, 40, 512, generator=torch.Generator().manual_seed(19)).to(torch.bfloat16)
+    y = q_gpu(x.cuda())
+    assert y.shape == (3, 40, 256) and y.dtype == torch.bfloat16
+    a = fp4_ops.quantize(x.reshape(120, 512), global_scale=gs)  # (CPU: the reference)
+    w = q_gpu.weight
+    _check_on_cpu(y.reshape(120, 256), a, w, a.global_scale * w.global_scale.cpu())
