@@ -451,14 +451,22 @@ def fp4_gemm(
 _SM90_RUNNERS: dict = {}
 
 
+def _sm100_config(m: int, n: int, k: int, l: int, sf_vec_size: int) -> dict:  # noqa: E741
+    """``prepare_gemm``'s configuration for a shape: the Blackwell module has no per-shape rule
+    yet, so its default tile (128 x 128, no cluster) for every shape, with an fp32 D."""
+    return {"c_dtype": "Float32", "mma_tiler_mn": (128, 128), "cluster_shape_mn": (1, 1)}
+
+
 def _gemm_sm100(a, b, sfa, sfb, sf_vec_size):
-    """Blackwell: ``prepare_gemm`` (compiled kernels cached per configuration inside it) with
-    its default tile; D comes back with a padded row pitch and is sliced to N."""
+    """Blackwell: ``prepare_gemm`` (compiled kernels cached per configuration inside it); D comes
+    back with a padded row pitch, sliced to N."""
     _importable(_HERE)
     import blockwise_gemm_fp4
 
+    (l, m, half_k), n = a.shape, b.shape[1]  # noqa: E741
+    config = _sm100_config(m, n, 2 * half_k, l, sf_vec_size)
     launch, d = blockwise_gemm_fp4.prepare_gemm(
-        a, b, sfa.contiguous(), sfb.contiguous(), sf_vec_size, alpha=1.0, c_dtype="Float32"
+        a, b, sfa.contiguous(), sfb.contiguous(), sf_vec_size, alpha=1.0, **config
     )
     launch()
     return d

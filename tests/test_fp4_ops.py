@@ -451,9 +451,11 @@ def test_fp4_gemm_gpu_cuda_graph_reads_new_global_scales():
     with torch.cuda.stream(stream):  # first call (compile, workspace) on the capturing stream
         fp4_ops.fp4_gemm(a, b)
     torch.cuda.synchronize()
+    runners = len(fp4_ops._SM90_RUNNERS)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         d = fp4_ops.fp4_gemm(a, b)
+    assert len(fp4_ops._SM90_RUNNERS) == runners  # (later calls compile nothing)
     graph.replay()
     torch.cuda.synchronize()
     _check_on_cpu(d, a, b, a.global_scale * b.global_scale)
@@ -480,3 +482,18 @@ def test_fp4_linear_gpu(activations):
     a = fp4_ops.quantize(x.reshape(120, 512), global_scale=gs)  # (CPU: the reference)
     w = q_gpu.weight
     _check_on_cpu(y.reshape(120, 256), a, w, a.global_scale * w.global_scale.cpu())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("mnkl", [(1, 256, 512, 1), (100, 4096, 7168, 2)], ids=str)
+def test_blackwell_dispatch_configuration_compiles(fmt, mnkl):
+    # no B200 here: the configuration fp4_gemm sends to the Blackwell kernel, cross-compiled
+    import blockwise_gemm_fp4 as bw
+
+    vec = fp4_ops.FORMATS[fmt]
+    sf_dtype = bw.SF_FORMATS[vec][0]
+    cfg = fp4_ops._sm100_config(*mnkl, vec)
+    tiler, cluster = cfg["mma_tiler_mn"], cfg["cluster_shape_mn"]
+    assert bw.check_fp4_gemm_config(mnkl, vec, sf_dtype, cfg["c_dtype"], tiler, cluster) == []
+    if mnkl[0] == 1:
+        bw.compile_gemm(vec, sf_dtype, cfg["c_dtype"], tiler, cluster, 148, "--gpu-arch sm_100a")
