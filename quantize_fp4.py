@@ -271,13 +271,15 @@ class QuantizeFp4:
             rcp = _bits_f32((Uint32(254) - sf_byte) << 23)  # 2^(127 - byte): exact, normal
             if not finite:
                 sf_byte = Uint32(E8M0_NAN)
+        words = cute.make_rmem_tensor(self.words_per_block, Uint32)
         for w in cutlass.range_constexpr(self.words_per_block):
             word = Uint32(0)
             for e in cutlass.range_constexpr(8):
                 word = word | (self._e2m1_code(vals[w * 8 + e], rcp, divisor) << (4 * e))
             if not finite:
                 word = Uint32(0)
-            mQ[block, w] = word
+            words[w] = word
+        mQ[block, None].store(words.load())  # one 8- or 16-byte store
         return sf_byte
 
     @cute.jit
