@@ -19,8 +19,9 @@ E2M1 rounding to nearest even on the quotient rounded to fp32, the sign of zero 
 
 Non-finite input: a check would need a host sync, so none is made. A block holding NaN or Inf
 gets the NaN scale byte (E4M3 0x7F, E8M0 0xFF) and zero codes, and a dynamic global scale over
-such a tensor is NaN or Inf, which makes every scale byte NaN: each GEMM output that reads such a
-block is NaN, never a finite wrong number. (The CPU path, ``reference.py``, raises ValueError.)
+such a tensor is NaN or Inf, which makes every scale byte NaN, as does a static global scale that
+is not finite and positive: each GEMM output that reads such a block is NaN, never a finite wrong
+number. (The CPU path, ``reference.py``, raises ValueError.)
 
 Kernels (portable integer and float code: sm_90 and the sm_100 family)
 ---------------------------------------------------------------------
@@ -253,7 +254,8 @@ class QuantizeFp4:
         rcp = Float32(1.0)
         divisor = Float32(1.0)
         if const_expr(self.nvfp4):
-            finite = finite & ((_f32_bits(gs) & Uint32(ABS_MASK)) < Uint32(INF_BITS))
+            # (a global scale that is not finite and positive makes every scale NaN)
+            finite = finite & (gs > Float32(0.0)) & (_f32_bits(gs) < Uint32(INF_BITS))
             sf_byte = self._e4m3_scale(_bits_f32(amax_bits), gs)
             divisor = self._e4m3_value(sf_byte) * gs
             if divisor > Float32(0.0):

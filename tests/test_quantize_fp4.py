@@ -174,3 +174,12 @@ def test_fp4_ops_quantize_on_cuda_matches_cpu():
         assert torch.equal(gpu.data.cpu(), cpu.data)
         assert torch.equal(gpu.scale.cpu().view(torch.uint8), cpu.scale.view(torch.uint8))
         assert gpu.global_scale.item() == cpu.global_scale.item()
+
+
+@needs_gpu
+@pytest.mark.parametrize("gs", [0.0, -0.5, float("inf"), float("nan")], ids=str)
+def test_bad_static_global_scale_gives_nan_scales(gs):
+    x = _inputs("normal", (4, 64), torch.bfloat16, seed=5)
+    q, sf, _ = quantize_fp4.quantize_cuda(x.cuda(), 16, torch.tensor(gs, device="cuda"))
+    plain = reference.from_blocked(sf.cpu(), 4, 4).view(torch.uint8)
+    assert bool((plain == 0x7F).all()) and not bool(q.any())
