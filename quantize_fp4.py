@@ -59,6 +59,7 @@ SF_VEC_SIZES = (16, 32)
 THREADS = 128
 BLOCKS_PER_THREAD = 4  # one 32-bit word of scale bytes (one row of a 128x4 atom)
 AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
+AMAX_MAX_CTAS = 132 * 16  # a full grid of 128-thread CTAs on an H200 (fewer atomics)
 WARP = 32
 
 # NOTE: the non-negative fp32 bit patterns order like uint32, so amax is an integer max.
@@ -101,8 +102,6 @@ class QuantizeFp4:
 
     def _setup_attributes(self):
         self.nvfp4 = self.sf_vec_size == 16
-        # 16-byte vector loads: 8 (16-bit) or 4 (fp32) elements each
-        self.load_elems = 128 // self.in_dtype.width
         self.words_per_block = self.sf_vec_size // 8  # 8 codes per 32-bit word
 
     @cute.jit
@@ -146,7 +145,7 @@ class QuantizeFp4:
                 ),
             )
             steps = n_elems // AMAX_ELEMS_PER_THREAD
-            amax_ctas = min((steps + THREADS - 1) // THREADS, 132 * 16)
+            amax_ctas = min((steps + THREADS - 1) // THREADS, AMAX_MAX_CTAS)
             self.amax_kernel(mXa, mAmax, steps).launch(
                 grid=(amax_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream
             )
