@@ -49,7 +49,7 @@ import sys
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass import Boolean, Float32, Int32, Uint32, const_expr
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import arith
 from cutlass.cutlass_dsl import dsl_user_op
@@ -272,16 +272,35 @@ class QuantizeFp4:
             rcp = _bits_f32((Uint32(254) - sf_byte) << 23)  # 2^(127 - byte): exact, normal
             if not finite:
                 sf_byte = Uint32(E8M0_NAN)
+        # straight-line codes from |x| * rcp; NVFP4 redoes the block with divisions where one
+        # quotient lands near a tie (rare), so that no element branches on its own
         words = cute.make_rmem_tensor(self.words_per_block, Uint32)
+        near = self._encode_words(vals, words, rcp, False)
+        if const_expr(self.nvfp4):
+            if near or rcp < Float32(0.0):
+                self._encode_words(vals, words, divisor, True)
+        if not finite:
+            for w in cutlass.range_constexpr(self.words_per_block):
+                words[w] = Uint32(0)
+        mQ[block, None].store(words.load())  # one 8- or 16-byte store
+        return sf_byte
+
+    @cute.jit
+    def _encode_words(self, vals, words: cute.Tensor, factor: Float32, divide: cutlass.Constexpr):
+        """Pack the E2M1 codes of |x| * factor (or |x| / factor) with x's sign into ``words``,
+        8 per 32-bit word; returns whether any quotient lies near a tie."""
+        near = Boolean(False)
         for w in cutlass.range_constexpr(self.words_per_block):
             word = Uint32(0)
             for e in cutlass.range_constexpr(8):
-                word = word | (self._e2m1_code(vals[w * 8 + e], rcp, divisor) << (4 * e))
-            if not finite:
-                word = Uint32(0)
+                bits = _f32_bits(vals[w * 8 + e])
+                ax = _bits_f32(bits & Uint32(ABS_MASK))
+                mag = ax / factor if const_expr(divide) else ax * factor
+                index, close = self._e2m1_index(mag)
+                near = near | close
+                word = word | ((index | ((bits >> 31) << 3)) << (4 * e))
             words[w] = word
-        mQ[block, None].store(words.load())  # one 8- or 16-byte store
-        return sf_byte
+        return near
 
     @cute.jit
     def _e4m3_scale(self, amax: Float32, gs: Float32) -> Uint32:
@@ -312,19 +331,6 @@ class QuantizeFp4:
         exp_bits = Int32(amax_bits >> 23)
         up = Int32((amax_bits & Uint32(0x7FFFFF)) > Uint32(0x400000))
         return Uint32(max(exp_bits + up - 2, Int32(0)))
-
-    @cute.jit
-    def _e2m1_code(self, x: Float32, rcp: Float32, divisor: Float32) -> Uint32:
-        """E2M1 code of fl(|x| / divisor) with x's sign. NVFP4 forms the quotient with the rounded
-        reciprocal and divides only where that lands near a tie (it is within a few ulps of the
-        quotient there), so that every tie is decided on the reference's quotient."""
-        bits = _f32_bits(x)
-        ax = _bits_f32(bits & Uint32(ABS_MASK))
-        index, near = self._e2m1_index(ax * rcp)
-        if const_expr(self.nvfp4):
-            if near or rcp < Float32(0.0):
-                index, near = self._e2m1_index(ax / divisor)
-        return index | ((bits >> 31) << 3)
 
     @cute.jit
     def _e2m1_index(self, mag: Float32):

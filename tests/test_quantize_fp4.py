@@ -68,8 +68,9 @@ def _inputs(kind: str, shape, dtype, seed=0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=gen)
     k = shape[-1]
-    if kind == "wide":  # one power of two per 16 elements, 2^-20 .. 2^20
-        exps = torch.randint(-20, 21, (*shape[:-1], k // 16, 1), generator=gen).float()
+    if kind == "wide":  # one power of two per 16 elements, 2^-20 .. 2^20 (2^-8 .. 2^8 in F16)
+        span = 8 if dtype == torch.float16 else 20
+        exps = torch.randint(-span, span + 1, (*shape[:-1], k // 16, 1), generator=gen).float()
         x = (x.unflatten(-1, (-1, 16)) * torch.exp2(exps)).flatten(-2)
     elif kind == "zeros":  # whole zero blocks, zero rows, signed zeros
         x[..., ::3, :] = 0.0
