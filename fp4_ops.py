@@ -475,7 +475,8 @@ def _gemm_sm100(a, b, sfa, sfb, sf_vec_size):
 def _gemm_sm90(a, b, sfa, sfb, sf_vec_size):
     """Hopper: ``default_config``'s path, tile, split and K groups for the shape; one
     ``Fp4GemmSm90Runner`` per configuration, device and stream (a runner's split-K workspace
-    and converted operands serve one stream at a time)."""
+    and converted operands serve one stream at a time; its first call on a shape allocates them
+    and synchronizes the stream, so warm up before CUDA-graph capture)."""
     _importable(os.path.join(_HERE, "hopper"))
     import blockwise_gemm_fp4_sm90 as k90
 
