@@ -1,0 +1,580 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""NVFP4 / MXFP4 quantizer for the GPU, bit-exact with ``reference.quantize_nvfp4`` /
+``reference.quantize_mxfp4`` (codes, scale bytes, the 128x4 layout's zero padding).
+
+What it computes
+----------------
+x [L, R, K] (BFloat16, Float16 or Float32, K a multiple of 32) -> packed E2M1 codes [L, R, K/2]
+(element 2i in the low nibble), block scales in the 128x4 blocked layout of ``reference.to_blocked``
+([L, R_pad * C_pad] with R_pad = R rounded up to 128, C_pad = K / V rounded up to 4, padding zero)
+and the fp32 global scale.
+* NVFP4 (V = 16, E4M3 scales): global scale ``gs`` given (a device scalar, e.g. a static input
+  scale) or dynamic, ``amax(|x|) / 2688`` (1.0 where that is 0); block scale
+  ``e4m3(min(amax_block / 6 / gs, 448))``; codes ``e2m1(x / (scale * gs))``.
+* MXFP4 (V = 32, E8M0 scales): block scale ``2^ceil(log2(amax_block / 6))`` clamped to
+  [2^-127, 2^127]; codes ``e2m1(x * 2^-e)``; global scale 1.0.
+The arithmetic is the reference's, step by step: IEEE divisions (``div.rn.f32``), fp32 -> E4M3
+rounding to nearest even with integer arithmetic, the E8M0 exponent read off amax's bits (exact),
+E2M1 rounding to nearest even on the quotient rounded to fp32, the sign of zero kept.
+
+Non-finite input: a check would need a host sync, so none is made. A block holding NaN or Inf
+gets the NaN scale byte (E4M3 0x7F, E8M0 0xFF) and zero codes, and a dynamic global scale over
+such a tensor is NaN or Inf, which makes every scale byte NaN, as does a static global scale that
+is not finite and positive: each GEMM output that reads such a block is NaN, never a finite wrong
+number. (The CPU path, ``reference.py``, raises ValueError.)
+
+Kernels (portable integer and float code: sm_90 and the sm_100 family)
+---------------------------------------------------------------------
+    amax_kernel  (dynamic NVFP4 only)  grid-stride over x: |x| bits max per thread (the bit
+                 patterns of non-negative floats order like integers, NaN above Inf above every
+                 number), warp shuffle max, one ``atom.global.max.u32`` per warp.
+    kernel       one thread per (batch, padded row, group of 4 scale columns): loads its 4
+                 blocks with 16-byte vector loads, writes their codes (one 32-bit word per 8
+                 values) and the 4 scale bytes as one 32-bit word, which the 128x4 layout keeps
+                 contiguous; padding rows and columns get zero scale bytes. Block 0's thread 0
+                 writes the global scale.
+Both run on the caller's stream; the dynamic path is memset + amax_kernel + kernel, with no host
+synchronization.
+
+Run
+---
+    python quantize_fp4.py --shape 8192,8192 --format nvfp4      # GPU: check against reference
+    python quantize_fp4.py --compile_only --gpu-arch sm_100a        # any machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, Int32, Uint32, const_expr
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import arith
+from cutlass.cutlass_dsl import dsl_user_op
+
+IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
+SF_VEC_SIZES = (16, 32)
+THREADS = 128
+BLOCKS_PER_THREAD = 4  # one 32-bit word of scale bytes (one row of a 128x4 atom)
+AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
+AMAX_MAX_CTAS = 132 * 16  # a full grid of 128-thread CTAs on an H200 (fewer atomics)
+WARP = 32
+
+# NOTE: the non-negative fp32 bit patterns order like uint32, so amax is an integer max.
+ABS_MASK = 0x7FFFFFFF
+INF_BITS = 0x7F800000
+E4M3_MAX = 448.0
+E4M3_MIN_NORMAL = 2.0**-6
+E4M3_NAN = 0x7F
+E8M0_NAN = 0xFF
+GLOBAL_DIVISOR = 448.0 * 6.0
+# (x + 2^23) - 2^23 rounds 0 <= x < 2^22 to an integer, ties to even, in fp32
+ROUND_MAGIC = 8388608.0
+ROUND_MAGIC_BITS = 0x4B000000
+MAGIC_BITS = 0x4A800000  # 2^22, whose ulp is 0.5
+# NVFP4 rounds |x| * rcp (within a few ulps of |x| / divisor) unless it lies this close to a
+# tie, or the divisor is outside [RCP_MIN, RCP_MAX] (the reciprocal would lose bits)
+NEAR_TIE_BITS = 0x3E7FFE00  # (0.5 - 2^-16) grid steps of 0.5: 0.25 - 2^-17
+RCP_MIN = 2.0**-125
+RCP_MAX = 2.0**125
+
+
+@dsl_user_op
+def _f32_bits(x: Float32, *, loc=None, ip=None) -> Uint32:
+    return Uint32(arith.bitcast(ir.IntegerType.get_signless(32), x.ir_value(loc=loc, ip=ip)))
+
+
+@dsl_user_op
+def _bits_f32(b: Uint32, *, loc=None, ip=None) -> Float32:
+    return Float32(arith.bitcast(ir.F32Type.get(), b.ir_value(loc=loc, ip=ip)))
+
+
+class QuantizeFp4:
+    """x -> (codes, blocked scales, global scale); see the module docstring."""
+
+    def __init__(self, in_dtype: str, sf_vec_size: int, dynamic: bool):
+        self.in_dtype = IN_DTYPES[in_dtype]
+        self.sf_vec_size = sf_vec_size
+        self.dynamic = dynamic
+        self._setup_attributes()
+
+    def _setup_attributes(self):
+        self.nvfp4 = self.sf_vec_size == 16
+        self.words_per_block = self.sf_vec_size // 8  # 8 codes per 32-bit word
+
+    @cute.jit
+    def __call__(
+        self,
+        x_ptr: cute.Pointer,
+        q_ptr: cute.Pointer,
+        sf_ptr: cute.Pointer,
+        gs_in_ptr: cute.Pointer,
+        gs_out_ptr: cute.Pointer,
+        amax_ptr: cute.Pointer,
+        problem: tuple[Int32, Int32, Int32],
+        stream,
+    ):
+        rows, k, l = problem  # noqa: E741
+        vec = self.sf_vec_size
+        n_elems = l * rows * k
+        # x, codes and scale words as flat tensors of chunks; chunk strides are static so that
+        # loads and stores vectorize
+        mX = cute.make_tensor(x_ptr, cute.make_layout((n_elems // vec, vec), stride=(vec, 1)))
+        q_words = cute.recast_ptr(q_ptr, dtype=Uint32)
+        mQ = cute.make_tensor(
+            q_words,
+            cute.make_layout((n_elems // vec, self.words_per_block), stride=(vec // 8, 1)),
+        )
+        sf_cols = k // vec
+        rows_pad = (rows + 127) // 128 * 128
+        groups = (sf_cols + BLOCKS_PER_THREAD - 1) // BLOCKS_PER_THREAD
+        mSF = cute.make_tensor(
+            cute.recast_ptr(sf_ptr, dtype=Uint32), cute.make_layout(l * rows_pad * groups)
+        )
+        mGsIn = cute.make_tensor(gs_in_ptr, cute.make_layout(1))
+        mGsOut = cute.make_tensor(gs_out_ptr, cute.make_layout(1))
+        mAmax = cute.make_tensor(amax_ptr, cute.make_layout(1))
+        if const_expr(self.dynamic):
+            mXa = cute.make_tensor(
+                x_ptr,
+                cute.make_layout(
+                    (n_elems // AMAX_ELEMS_PER_THREAD, AMAX_ELEMS_PER_THREAD),
+                    stride=(AMAX_ELEMS_PER_THREAD, 1),
+                ),
+            )
+            steps = n_elems // AMAX_ELEMS_PER_THREAD
+            amax_ctas = min((steps + THREADS - 1) // THREADS, AMAX_MAX_CTAS)
+            self.amax_kernel(mXa, mAmax, steps).launch(
+                grid=(amax_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream
+            )
+        threads = l * rows_pad * groups
+        self.kernel(
+            mX, mQ, mSF, mGsIn, mGsOut, mAmax, rows, rows_pad, sf_cols, groups, threads
+        ).launch(
+            grid=((threads + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream
+        )
+
+    # ------------------------------------------------------------------------------ amax pass
+
+    @cute.kernel
+    def amax_kernel(self, mXa: cute.Tensor, mAmax: cute.Tensor, steps: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        amax = Uint32(0)
+        i = bidx * THREADS + tidx
+        while i < steps:
+            vals = mXa[i, None].load().to(Float32)
+            for j in cutlass.range_constexpr(AMAX_ELEMS_PER_THREAD):
+                amax = max(amax, _f32_bits(vals[j]) & Uint32(ABS_MASK))
+            i += gdim * THREADS
+        for offset in cutlass.range_constexpr(5):
+            other = cute.arch.shuffle_sync_bfly(amax, offset=1 << offset)
+            amax = max(amax, other)
+        if tidx % WARP == 0:
+            cute.arch.atomic_max(mAmax.iterator.llvm_ptr, amax)
+
+    # ------------------------------------------------------------------------------ quantize pass
+
+    @cute.kernel
+    def kernel(
+        self,
+        mX: cute.Tensor,
+        mQ: cute.Tensor,
+        mSF: cute.Tensor,
+        mGsIn: cute.Tensor,
+        mGsOut: cute.Tensor,
+        mAmax: cute.Tensor,
+        rows: Int32,
+        rows_pad: Int32,
+        sf_cols: Int32,
+        groups: Int32,
+        threads: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        t = bidx * THREADS + tidx
+        gs = self._global_scale(mGsIn, mAmax)
+        if t == 0:
+            mGsOut[0] = gs
+        if t < threads:
+            g = t % groups
+            rest = t // groups
+            r = rest % rows_pad
+            batch = rest // rows_pad
+            sf_word = Uint32(0)
+            if r < rows:
+                # all loads first (codes stores could alias them for the compiler); columns past
+                # the last scale column reload the row's last block and store nothing
+                row_block = (batch * rows + r) * sf_cols
+                cols = [g * BLOCKS_PER_THREAD + j for j in range(BLOCKS_PER_THREAD)]
+                blocks = [row_block + min(c, sf_cols - 1) for c in cols]
+                raw = [mX[b, None].load() for b in blocks]
+                for j in cutlass.range_constexpr(BLOCKS_PER_THREAD):
+                    sf_byte = self._quantize_block(raw[j], mQ, blocks[j], gs)
+                    if cols[j] < sf_cols:
+                        sf_word = sf_word | (sf_byte << (8 * j))
+            mSF[self._sf_word_index(batch, r, g, rows_pad, groups)] = sf_word
+
+    @cute.jit
+    def _global_scale(self, mGsIn: cute.Tensor, mAmax: cute.Tensor) -> Float32:
+        gs = Float32(1.0)
+        if const_expr(self.nvfp4):
+            if const_expr(self.dynamic):
+                amax = _bits_f32(mAmax[0])
+                if amax > Float32(0.0):
+                    gs = amax / Float32(GLOBAL_DIVISOR)
+                # (NaN amax: the comparison is false; keep the NaN so that every scale is NaN)
+                if mAmax[0] > Uint32(INF_BITS):
+                    gs = amax
+            else:
+                gs = mGsIn[0]
+        return gs
+
+    @cute.jit
+    def _sf_word_index(self, batch, r, g, rows_pad, groups) -> Int32:
+        """Word index of (row r, scale columns 4g..4g+3) in the 128x4 layout: atom (r // 128, g),
+        512 bytes = 128 words each, word (r % 32) * 4 + (r // 32) % 4 inside."""
+        atom = (batch * (rows_pad // 128) + r // 128) * groups + g
+        return atom * 128 + (r % 32) * 4 + (r // 32) % 4
+
+    @cute.jit
+    def _quantize_block(self, raw, mQ: cute.Tensor, block, gs: Float32) -> Uint32:
+        """Codes of one block (its loaded values ``raw``) into mQ; returns its scale byte."""
+        vals = raw.to(Float32)
+        amax_bits = Uint32(0)
+        for i in cutlass.range_constexpr(self.sf_vec_size):
+            amax_bits = max(amax_bits, _f32_bits(vals[i]) & Uint32(ABS_MASK))
+        finite = amax_bits < Uint32(INF_BITS)
+        sf_byte = Uint32(0)
+        # |x| * rcp approximates |x| / divisor, the value the reference rounds to E2M1
+        rcp = Float32(1.0)
+        divisor = Float32(1.0)
+        if const_expr(self.nvfp4):
+            # (a global scale that is not finite and positive makes every scale NaN)
+            finite = finite & (gs > Float32(0.0)) & (_f32_bits(gs) < Uint32(INF_BITS))
+            sf_byte = self._e4m3_scale(_bits_f32(amax_bits), gs)
+            divisor = self._e4m3_value(sf_byte) * gs
+            if divisor > Float32(0.0):
+                rcp = Float32(1.0) / divisor
+            else:
+                rcp = Float32(0.0)  # (a zero divisor: zero codes, signs kept)
+                divisor = Float32(1.0)
+            # the reciprocal is accurate only while it and the divisor are normal
+            if not (divisor >= Float32(RCP_MIN) and divisor <= Float32(RCP_MAX)):
+                rcp = Float32(-1.0)  # (marks "always divide")
+            if not finite:
+                sf_byte = Uint32(E4M3_NAN)
+        else:
+            sf_byte = self._e8m0_scale(amax_bits)
+            rcp = _bits_f32((Uint32(254) - sf_byte) << 23)  # 2^(127 - byte): exact, normal
+            if not finite:
+                sf_byte = Uint32(E8M0_NAN)
+        # straight-line codes from |x| * rcp; NVFP4 redoes the block with divisions where one
+        # quotient lands near a tie (rare), so that no element branches on its own
+        words = cute.make_rmem_tensor(self.words_per_block, Uint32)
+        near = self._encode_words(vals, words, rcp, False)
+        if const_expr(self.nvfp4):
+            if near or rcp < Float32(0.0):
+                self._encode_words(vals, words, divisor, True)
+        if not finite:
+            for w in cutlass.range_constexpr(self.words_per_block):
+                words[w] = Uint32(0)
+        mQ[block, None].store(words.load())  # one 8- or 16-byte store
+        return sf_byte
+
+    @cute.jit
+    def _encode_words(self, vals, words: cute.Tensor, factor: Float32, divide: cutlass.Constexpr):
+        """Pack the E2M1 codes of |x| * factor (or |x| / factor) with x's sign into ``words``,
+        8 per 32-bit word; returns whether any quotient lies near a tie."""
+        near = Boolean(False)
+        for w in cutlass.range_constexpr(self.words_per_block):
+            word = Uint32(0)
+            for e in cutlass.range_constexpr(8):
+                bits = _f32_bits(vals[w * 8 + e])
+                ax = _bits_f32(bits & Uint32(ABS_MASK))
+                mag = ax / factor if const_expr(divide) else ax * factor
+                index, close = self._e2m1_index(mag)
+                near = near | close
+                word = word | ((index | ((bits >> 31) << 3)) << (4 * e))
+            words[w] = word
+        return near
+
+    @cute.jit
+    def _e4m3_scale(self, amax: Float32, gs: Float32) -> Uint32:
+        """E4M3 bits of min(amax / 6 / gs, 448), rounded to nearest even (>= 0 and finite)."""
+        s = (amax / Float32(6.0)) / gs
+        s = min(s, Float32(E4M3_MAX))
+        byte = Uint32(0)
+        if s < Float32(E4M3_MIN_NORMAL):
+            # subnormal: an integer number of 2^-9 steps (8 steps is the smallest normal)
+            byte = _f32_bits(s * Float32(512.0) + Float32(ROUND_MAGIC)) - Uint32(ROUND_MAGIC_BITS)
+        else:
+            bits = _f32_bits(s)
+            rounded = bits + Uint32(0x7FFFF) + ((bits >> 20) & Uint32(1))
+            byte = (rounded >> 20) - Uint32((127 - 7) << 3)
+        return byte
+
+    @cute.jit
+    def _e4m3_value(self, byte: Uint32) -> Float32:
+        value = Float32(byte) * Float32(2.0**-9)
+        if byte >= Uint32(8):
+            value = _bits_f32((byte + Uint32((127 - 7) << 3)) << 20)
+        return value
+
+    @cute.jit
+    def _e8m0_scale(self, amax_bits: Uint32) -> Uint32:
+        """E8M0 bits of 2^ceil(log2(amax / 6)), clamped to [2^-127, 2^127]: amax = f 2^E with
+        f in [1, 2) needs 6 * 2^e >= amax, i.e. e = E - 2 for f <= 1.5 and E - 1 above."""
+        exp_bits = Int32(amax_bits >> 23)
+        up = Int32((amax_bits & Uint32(0x7FFFFF)) > Uint32(0x400000))
+        return Uint32(max(exp_bits + up - 2, Int32(0)))
+
+    @cute.jit
+    def _e2m1_index(self, mag: Float32):
+        """(E2M1 magnitude index of mag >= 0, rounded to nearest even and saturated; whether mag
+        lies within 2^-16 grid steps of a tie). The grid steps 2^(seg - 1) (0.5 below 2, 1 up to
+        4, 2 above) are the ulps of 2^(22 + seg): adding that constant rounds mag to the grid,
+        ties to even, and the sum's low bits count the steps."""
+        seg = Uint32(mag >= Float32(2.0)) + Uint32(mag >= Float32(4.0))
+        magic_bits = Uint32(MAGIC_BITS) + (seg << 23)
+        magic = _bits_f32(magic_bits)
+        total = mag + magic
+        index = min(_f32_bits(total) - magic_bits + (seg << 1), Uint32(7))
+        near = abs(mag - (total - magic)) > _bits_f32(Uint32(NEAR_TIE_BITS) + (seg << 23))
+        return index, near
+
+
+def compile_quantizer(in_dtype: str, sf_vec_size: int, dynamic: bool, options: str = ""):
+    """Compile for any shape (runtime extents); returns the executor.
+
+    ``options="--gpu-arch sm_90a --keep-ptx --dump-dir=DIR"`` cross-compiles without a GPU."""
+    import cuda.bindings.driver as cuda_driver
+    from cutlass.cute.runtime import make_ptr
+
+    op = QuantizeFp4(in_dtype, sf_vec_size, dynamic)
+    gmem = cute.AddressSpace.gmem
+    ptrs = (
+        make_ptr(IN_DTYPES[in_dtype], 0, gmem, assumed_align=16),
+        make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16),
+        make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16),
+        make_ptr(Float32, 0, gmem, assumed_align=4),
+        make_ptr(Float32, 0, gmem, assumed_align=4),
+        make_ptr(Uint32, 0, gmem, assumed_align=4),
+    )
+    problem = (Int32(1), Int32(32), Int32(1))
+    return cute.compile(op, *ptrs, problem, cuda_driver.CUstream(0), options=options)
+
+
+_EXECUTORS: dict = {}
+_TORCH_IN = {"BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32"}
+
+
+def quantize_cuda(x, sf_vec_size: int, global_scale=None):
+    """Quantize a contiguous CUDA tensor x [rows, K] or [L, rows, K] on the current stream.
+
+    Returns ``(codes uint8 [.., rows, K/2], blocked scales [n] or [L, n], global scale 0-d
+    float32)``, all on x's device; ``global_scale`` (NVFP4 only): a 0-d float32 tensor on x's
+    device, or None for the dynamic one. Nothing synchronizes with the host.
+    """
+    import cuda.bindings.driver as cuda_driver
+    import torch
+    from cutlass.cute.runtime import make_ptr
+
+    import reference
+
+    names = {getattr(torch, v): k for k, v in _TORCH_IN.items()}
+    if not x.is_cuda or x.dtype not in names:
+        raise ValueError(f"x must be a bfloat16, float16 or float32 CUDA tensor, got {x.dtype}")
+    if x.ndim not in (2, 3) or x.shape[-1] % 32 or x.numel() == 0:
+        raise ValueError(f"x must be [rows, K] or [L, rows, K] with K % 32 == 0: {tuple(x.shape)}")
+    if sf_vec_size not in SF_VEC_SIZES:
+        raise ValueError(f"sf_vec_size must be 16 (NVFP4) or 32 (MXFP4), got {sf_vec_size}")
+    if x.numel() >= 2**31:
+        raise ValueError(f"x has {x.numel()} elements; the kernel's offsets are 32-bit (< 2^31)")
+    dynamic = sf_vec_size == 16 and global_scale is None
+    if not x.is_contiguous() or x.data_ptr() % 16:
+        x = x.clone(memory_format=torch.contiguous_format)
+    rows, k = x.shape[-2], x.shape[-1]
+    lead = tuple(x.shape[:-2])
+    l = x.shape[0] if lead else 1  # noqa: E741
+    device = x.device
+    key = (names[x.dtype], sf_vec_size, dynamic, device.index)
+    if key not in _EXECUTORS:
+        with torch.cuda.device(device):
+            _EXECUTORS[key] = compile_quantizer(*key[:3])
+    q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
+    n_sf = (rows + 127) // 128 * 128 * ((k // sf_vec_size + 3) // 4 * 4)
+    sf = torch.empty((*lead, n_sf), dtype=torch.uint8, device=device)
+    gs_out = torch.empty((), dtype=torch.float32, device=device)
+    amax = torch.zeros(1 if dynamic else 0, dtype=torch.int32, device=device)
+    gs_in = gs_out if global_scale is None else global_scale
+    if sf_vec_size == 16 and global_scale is not None:
+        if global_scale.dtype != torch.float32 or global_scale.device != device:
+            raise ValueError("global_scale must be a float32 tensor on x's device")
+    gmem = cute.AddressSpace.gmem
+    ptrs = (
+        make_ptr(IN_DTYPES[names[x.dtype]], x.data_ptr(), gmem, assumed_align=16),
+        make_ptr(cutlass.Uint8, q.data_ptr(), gmem, assumed_align=16),
+        make_ptr(cutlass.Uint8, sf.data_ptr(), gmem, assumed_align=16),
+        make_ptr(Float32, gs_in.data_ptr(), gmem, assumed_align=4),
+        make_ptr(Float32, gs_out.data_ptr(), gmem, assumed_align=4),
+        make_ptr(Uint32, amax.data_ptr() if dynamic else gs_out.data_ptr(), gmem, assumed_align=4),
+    )
+    stream = cuda_driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+    with torch.cuda.device(device):
+        _EXECUTORS[key](*ptrs, (Int32(rows), Int32(k), Int32(l)), stream)
+    return q, sf.view(reference.SCALE_DTYPES[sf_vec_size]), gs_out
+
+
+def time_graph_us(fn, iterations: int = 20, repeats: int = 5) -> float:
+    """Mean microseconds per call of ``fn`` (enqueue-only, no host sync), from a CUDA graph of
+    ``iterations`` calls replayed ``repeats`` times on a side stream."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile / warm up on the capturing stream
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(iterations):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / (iterations * repeats)
+
+
+def time_eager_us(fn, iterations: int = 5) -> float:
+    """Mean microseconds per call of ``fn`` run eagerly (for code that syncs with the host)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iterations):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / iterations
+
+
+def _torchao_quantizer(x, gs):
+    """torchao's NVFP4 quantizer (torch-ops path, swizzled scales) on x, or None without it."""
+    try:
+        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+    except Exception:  # (absent, or built for another torch)
+        return None
+
+    def run():
+        scale = per_tensor_amax_to_scale(x.abs().amax()) if gs is None else gs
+        return NVFP4Tensor.to_nvfp4(x, per_tensor_scale=scale, is_swizzled_scales=True)
+
+    return run
+
+
+def benchmark(x, vec: int, gs) -> None:
+    """Print the time of this quantizer, of a device copy of x, of reference.py and of torchao's
+    quantizer on the same x (NVFP4), with effective bandwidths."""
+    import torch
+
+    import reference
+
+    n = x.numel()
+    moved = n * x.element_size() * (2 if vec == 16 and gs is None else 1) + n // 2
+    moved += n // vec  # scale bytes (before padding)
+    ours = time_graph_us(lambda: quantize_cuda(x, vec, gs))
+    dst = torch.empty_like(x)
+    copy = time_graph_us(lambda: dst.copy_(x))
+    copy_bw = 2 * n * x.element_size() / copy / 1e3
+    eager = time_eager_us(lambda: quantize_cuda(x, vec, gs), iterations=20)
+    print(f"Mean time: {ours:.2f} us (quantize_fp4, CUDA graph; {eager:.2f} us eager)")
+    print(
+        f"Throughput: {moved / ours / 1e3:.1f} GB/s moved ({moved} bytes), "
+        f"{moved / ours / 1e3 / copy_bw:.2f} x the copy's {copy_bw:.1f} GB/s "
+        f"(copy of x: {copy:.2f} us)"
+    )
+    if vec == 16:
+        ref = time_eager_us(lambda: reference.quantize_nvfp4(x, gs))
+    else:
+        ref = time_eager_us(lambda: reference.quantize_mxfp4(x))
+    print(
+        f"reference.py (eager, it syncs for its NaN check): {ref:.2f} us, "
+        f"{ref / eager:.1f} x quantize_fp4 eager"
+    )
+    run = _torchao_quantizer(x, gs) if vec == 16 else None
+    if run is None:
+        print("torchao: not measured (not importable here, or MXFP4)")
+        return
+    # (eagerly: a failed capture of code that was not written for graphs would end the run)
+    theirs = time_eager_us(run)
+    print(
+        f"torchao NVFP4Tensor.to_nvfp4 (eager): {theirs:.2f} us, {theirs / eager:.1f} x "
+        "quantize_fp4 eager"
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", default="8192,8192", help="rows,K or L,rows,K")
+    p.add_argument("--format", choices=("nvfp4", "mxfp4"), default="nvfp4")
+    p.add_argument("--in_dtype", choices=sorted(IN_DTYPES), default="BFloat16")
+    p.add_argument("--global_scale", type=float, default=None, help="static NVFP4 scale")
+    p.add_argument("--compile_only", action="store_true")
+    p.add_argument("--benchmark", action="store_true", help="time it against a copy and peers")
+    p.add_argument("--gpu-arch", dest="gpu_arch", default="sm_90a")
+    args = p.parse_args(argv)
+    try:
+        shape = tuple(int(v) for v in args.shape.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) not in (2, 3) or min(shape) < 1 or shape[-1] % 32:
+        print(f"error: --shape {args.shape}: rows,K or L,rows,K with K % 32 == 0", file=sys.stderr)
+        return 2
+    vec = 16 if args.format == "nvfp4" else 32
+    dynamic = vec == 16 and args.global_scale is None
+    print(
+        f"quantize_fp4: shape={shape} format={args.format} in_dtype={args.in_dtype} "
+        f"global_scale={'dynamic' if dynamic else args.global_scale}"
+    )
+    if args.compile_only:
+        compile_quantizer(args.in_dtype, vec, dynamic, f"--gpu-arch {args.gpu_arch}")
+        print(f"compiled for {args.gpu_arch}")
+        return 0
+    import torch
+
+    import reference
+
+    if not torch.cuda.is_available():
+        print("error: no CUDA device (use --compile_only)", file=sys.stderr)
+        return 2
+    x = torch.randn(shape, device="cuda").to(getattr(torch, _TORCH_IN[args.in_dtype]))
+    gs = None if args.global_scale is None else torch.tensor(args.global_scale, device="cuda")
+    q, sf, g = quantize_cuda(x, vec, gs)
+    if vec == 16:
+        rq, rsf, rg = reference.quantize_nvfp4(x, gs)
+    else:
+        (rq, rsf), rg = reference.quantize_mxfp4(x), torch.tensor(1.0, device="cuda")
+    ok = (
+        torch.equal(q, rq)
+        and torch.equal(sf.view(torch.uint8), reference.to_blocked(rsf).view(torch.uint8))
+        and torch.equal(g, rg)
+    )
+    print("PASS" if ok else "FAIL: differs from reference.py")
+    if ok and args.benchmark:
+        benchmark(x, vec, gs)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""quantize_fp4.py: cross-compiled on the CPU for sm_90a and the sm_100 family (PTX checks); on a
+GPU bit-exact against reference.py (codes, scale bytes, padding, global scale) on ragged shapes,
+zeros, denormals, saturating values and ties, and the documented NaN / Inf behaviour."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+
+import quantize_fp4
+import reference
+
+# (in_dtype, sf_vec_size, dynamic)
+CONFIGS = [("BFloat16", 16, True), ("Float16", 16, False), ("Float32", 32, False)]
+CONFIG_IDS = ["bf16-nvfp4-dynamic", "f16-nvfp4-static", "f32-mxfp4"]
+
+
+def _ptx(arch: str, config, tmp_path) -> str:
+    quantize_fp4.compile_quantizer(
+        *config, options=f"--gpu-arch {arch} --keep-ptx --dump-dir={tmp_path}"
+    )
+    (path,) = glob.glob(os.path.join(tmp_path, "*.ptx"))
+    with open(path) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize(
+    "arch, config",
+    [("sm_90a", c) for c in CONFIGS]
+    + [("sm_100a", c) for c in CONFIGS]
+    + [("sm_100f", CONFIGS[0])],
+    ids=[f"sm_90a-{i}" for i in CONFIG_IDS] + [f"sm_100a-{i}" for i in CONFIG_IDS] + ["sm_100f"],
+)
+def test_cross_compiles_to_portable_exact_code(arch, config, tmp_path):
+    ptx = _ptx(arch, config, tmp_path)
+    assert f".target {arch}" in ptx
+    # 16-byte vector loads of x; no tensor-core or architecture-specific instructions
+    assert "ld.global.v4" in ptx
+    for absent in ("wgmma", "tcgen05", "cvt.rn.satfinite.e2m1x2"):
+        assert absent not in ptx, absent
+    # exact arithmetic: IEEE divisions, no flush-to-zero, no approximate division
+    assert ".ftz" not in ptx and "div.approx" not in ptx and "div.full" not in ptx
+    _, vec, dynamic = config
+    if vec == 16:
+        assert "div.rn.f32" in ptx and "rcp.rn.f32" in ptx
+    assert ("atom.global.max.u32" in ptx) == dynamic
+    assert ptx.count(".entry") == (2 if dynamic else 1)
+
+
+def test_cli_refuses_bad_shape(capsys):
+    assert quantize_fp4.main(["--shape", "4,48", "--compile_only"]) == 2
+    assert "K % 32 == 0" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- on the GPU
+
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (sm_90 or the sm_100 family)"
+)
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _inputs(kind: str, shape, dtype, seed=0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=gen)
+    k = shape[-1]
+    if kind == "wide":  # one power of two per 16 elements, 2^-20 .. 2^20 (2^-8 .. 2^8 in F16)
+        span = 8 if dtype == torch.float16 else 20
+        exps = torch.randint(-span, span + 1, (*shape[:-1], k // 16, 1), generator=gen).float()
+        x = (x.unflatten(-1, (-1, 16)) * torch.exp2(exps)).flatten(-2)
+    elif kind == "zeros":  # whole zero blocks, zero rows, signed zeros
+        x[..., ::3, :] = 0.0
+        x[..., 1::3, :32] = -0.0
+    elif kind == "denormal":  # subnormals of the input dtype, and fp32 subnormals
+        tiny = torch.finfo(dtype).tiny
+        x = x * tiny * 0.25
+    elif kind == "ties":  # e2m1 midpoints (and grid points) times power-of-two scales
+        grid = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 1.0, 3.0, 4.0])
+        idx = torch.randint(0, len(grid), shape, generator=gen)
+        sign = torch.randint(0, 2, shape, generator=gen) * 2 - 1
+        x = grid[idx] * sign * 2.0 ** torch.randint(-3, 4, (*shape[:-1], 1), generator=gen)
+    return x.to(dtype)
+
+
+def _check(x: torch.Tensor, vec: int, global_scale=None) -> None:
+    gs_dev = None if global_scale is None else torch.tensor(global_scale, device="cuda")
+    q, sf, gs = quantize_fp4.quantize_cuda(x.cuda(), vec, gs_dev)
+    xc = x.cpu()
+    if vec == 16:
+        rq, rsf, rgs = reference.quantize_nvfp4(xc, global_scale)
+    else:
+        (rq, rsf), rgs = reference.quantize_mxfp4(xc), torch.tensor(1.0)
+    blocked = reference.to_blocked(rsf).view(torch.uint8)
+    got_sf = sf.cpu().view(torch.uint8)
+    assert torch.equal(got_sf, blocked), f"{int((got_sf != blocked).sum())} scale bytes differ"
+    got_q = q.cpu()
+    assert torch.equal(got_q, rq), f"{int((got_q != rq).sum())} code bytes differ"
+    assert gs.item() == float(rgs)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 32), (127, 96), (129, 160), (2, 200, 64), (300, 1056)])
+@pytest.mark.parametrize("mode", ["nvfp4-dynamic", "nvfp4-static", "mxfp4"])
+def test_bit_exact_on_ragged_shapes(dtype, shape, mode):
+    x = _inputs("normal", shape, dtype)
+    vec = 32 if mode == "mxfp4" else 16
+    _check(x, vec, 0.0013 if mode == "nvfp4-static" else None)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["wide", "zeros", "denormal", "ties"])
+@pytest.mark.parametrize("mode", ["nvfp4-dynamic", "nvfp4-static", "mxfp4"])
+def test_bit_exact_on_special_values(dtype, kind, mode):
+    x = _inputs(kind, (130, 256), dtype, seed=1)
+    vec = 32 if mode == "mxfp4" else 16
+    static = None
+    if mode == "nvfp4-static":
+        # a static scale that fits x, so that the E4M3 scales use their range
+        amax = float(x.float().abs().amax())
+        static = amax / 2688.0 if amax > 0 else 1.0
+    _check(x, vec, static)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bit_exact_saturating(dtype):
+    # a static global scale 1000x too small: block scales clamp at 448 and codes saturate at 6
+    x = _inputs("normal", (64, 128), dtype, seed=2)
+    _check(x, 16, float(x.float().abs().amax()) / 2688.0 / 1000.0)
+
+
+@needs_gpu
+@pytest.mark.parametrize("vec", [16, 32], ids=["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=str)
+def test_non_finite_blocks_get_nan_scales(vec, bad):
+    x = _inputs("normal", (4, 128), torch.bfloat16, seed=3)
+    x[1, 5] = bad  # block (1, 0)
+    nan_byte = 0x7F if vec == 16 else 0xFF
+    gs = torch.tensor(0.01, device="cuda") if vec == 16 else None
+    q, sf, _ = quantize_fp4.quantize_cuda(x.cuda(), vec, gs)
+    plain = reference.from_blocked(sf.cpu(), 4, 128 // vec).view(torch.uint8)
+    others = torch.ones_like(plain, dtype=torch.bool)
+    others[1, 0] = False
+    assert plain[1, 0] == nan_byte and not bool((plain[others] == nan_byte).any())
+    assert not bool(q.cpu()[1, : vec // 2].any())  # zero codes in that block
+    # the other blocks as if the bad one were zero
+    clean = x.clone()
+    clean[1, :vec] = 0.0
+    rq = (
+        reference.quantize_nvfp4(clean, 0.01)[0]
+        if vec == 16
+        else reference.quantize_mxfp4(clean)[0]
+    )
+    assert torch.equal(q.cpu()[:, vec // 2 :], rq[:, vec // 2 :])
+    if vec == 16:  # dynamic: a non-finite global scale, every scale byte NaN
+        q, sf, gs = quantize_fp4.quantize_cuda(x.cuda(), 16, None)
+        assert not torch.isfinite(gs).item()
+        plain = reference.from_blocked(sf.cpu(), 4, 8).view(torch.uint8)
+        assert bool((plain == 0x7F).all()) and not bool(q.any())
+
+
+@needs_gpu
+def test_fp4_ops_quantize_on_cuda_matches_cpu():
+    import fp4_ops
+
+    x = _inputs("wide", (3, 70, 192), torch.bfloat16, seed=4)
+    for fmt, gs in (("nvfp4", None), ("nvfp4", 0.05), ("mxfp4", None)):
+        gpu, cpu = fp4_ops.quantize(x.cuda(), fmt, gs), fp4_ops.quantize(x, fmt, gs)
+        assert torch.equal(gpu.data.cpu(), cpu.data)
+        assert torch.equal(gpu.scale.cpu().view(torch.uint8), cpu.scale.view(torch.uint8))
+        assert gpu.global_scale.item() == cpu.global_scale.item()
+
+
+@needs_gpu
+@pytest.mark.parametrize("gs", [0.0, -0.5, float("inf"), float("nan")], ids=str)
+def test_bad_static_global_scale_gives_nan_scales(gs):
+    x = _inputs("normal", (4, 64), torch.bfloat16, seed=5)
+    q, sf, _ = quantize_fp4.quantize_cuda(x.cuda(), 16, torch.tensor(gs, device="cuda"))
+    plain = reference.from_blocked(sf.cpu(), 4, 4).view(torch.uint8)
+    assert bool((plain == 0x7F).all()) and not bool(q.any())
