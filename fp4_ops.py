@@ -452,9 +452,13 @@ _SM90_RUNNERS: dict = {}
 
 
 def _sm100_config(m: int, n: int, k: int, l: int, sf_vec_size: int) -> dict:  # noqa: E741
-    """``prepare_gemm``'s configuration for a shape: the Blackwell module has no per-shape rule
-    yet, so its default tile (128 x 128, no cluster) for every shape, with an fp32 D."""
-    return {"c_dtype": "Float32", "mma_tiler_mn": (128, 128), "cluster_shape_mn": (1, 1)}
+    """``prepare_gemm``'s configuration for a shape: the Blackwell module's own tile and cluster
+    rule (``pick_tile_and_cluster``), with an fp32 D."""
+    _importable(_HERE)
+    import blockwise_gemm_fp4
+
+    tiler, cluster = blockwise_gemm_fp4.pick_tile_and_cluster((m, n, k, l))
+    return {"c_dtype": "Float32", "mma_tiler_mn": tiler, "cluster_shape_mn": cluster}
 
 
 def _gemm_sm100(a, b, sfa, sfb, sf_vec_size):
@@ -477,8 +481,8 @@ def _gemm_sm90(a, b, sfa, sfb, sf_vec_size):
     ``Fp4GemmSm90Runner`` per configuration, device and stream (a runner's split-K workspace
     and converted operands serve one stream at a time; its first call on a shape allocates them
     and synchronizes the stream, so warm up before CUDA-graph capture)."""
-    _importable(os.path.join(_HERE, "hopper"))
-    import blockwise_gemm_fp4_sm90 as k90
+    _importable(_HERE)
+    from hopper import blockwise_gemm_fp4_sm90 as k90
 
     l, m, half_k = a.shape  # noqa: E741
     n, k = b.shape[1], 2 * half_k

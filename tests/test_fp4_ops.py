@@ -5,8 +5,6 @@ FP4Linear."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from torch import nn
@@ -498,10 +496,4 @@ def test_blackwell_dispatch_configuration_compiles(fmt, mnkl):
     tiler, cluster = cfg["mma_tiler_mn"], cfg["cluster_shape_mn"]
     assert bw.check_fp4_gemm_config(mnkl, vec, sf_dtype, cfg["c_dtype"], tiler, cluster) == []
     if mnkl[0] == 1:
-        # (the kernel uses a DSL helper that warns of its deprecation: reported, not fatal here
-        # whatever filters earlier imports installed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("default", DeprecationWarning)
-            bw.compile_gemm(
-                vec, sf_dtype, cfg["c_dtype"], tiler, cluster, 148, "--gpu-arch sm_100a"
-            )
+        bw.compile_gemm(vec, sf_dtype, cfg["c_dtype"], tiler, cluster, 148)
