@@ -1464,3 +1464,79 @@ def test_second_oracle_rule(ours, library, passed, rule):
     assert ok == passed == info.passed and info.rule == rule, str(info)
     if library is not None and math.isfinite(library):
         assert info.library_max_abs_err > 0
+
+
+class _FakeGrid:
+    """Stands in for the device's block and grid indices, so that ``TileSchedule``'s own code
+    runs on the CPU with Python integers (plain ints as the fast-divmod divisors)."""
+
+    def __init__(self, monkeypatch):
+        self.block = (0, 0, 0)
+        self.grid = (1, 1, 1)
+        monkeypatch.setattr(bw.cute.arch, "block_idx", lambda: self.block)
+        monkeypatch.setattr(bw.cute.arch, "grid_dim", lambda: self.grid)
+        monkeypatch.setattr(bw.cute.arch, "make_warp_uniform", lambda v: v)
+        monkeypatch.setattr(bw.cute, "fast_divmod_create_divisor_v2", lambda v: v)
+        monkeypatch.setattr(bw.cutlass, "Int32", int)
+        monkeypatch.setattr(bw.cutlass, "min", min)
+
+
+@pytest.mark.parametrize(
+    "num_ctas_mnl,cluster,max_active_clusters",
+    [
+        ((1, 1, 1), (1, 1), 148),
+        ((7, 5, 3), (1, 1), 4),
+        ((7, 5, 3), (2, 1), 5),
+        ((8, 8, 1), (4, 4), 9),
+        ((3, 10, 2), (1, 4), 37),
+        ((5, 3, 2), (4, 2), 18),
+        ((64, 64, 1), (2, 1), 74),
+        ((2, 2, 4), (2, 2), 1000),
+    ],
+)
+def test_tile_schedule_visits_every_cta_tile_once(
+    monkeypatch, num_ctas_mnl, cluster, max_active_clusters
+):
+    """Every (M, N, L) CTA tile of the cluster-rounded problem is worked on by exactly one CTA,
+    which sits at that tile's place in its cluster; the clusters take the cluster tiles M
+    fastest, then N, then L (CUTLASS's order); the CTAs of a cluster walk the same cluster
+    tiles (their multicast loads and barriers must pair up)."""
+    fake = _FakeGrid(monkeypatch)
+    cm, cn = cluster
+    schedule = bw.TileSchedule.create(num_ctas_mnl, cluster)
+    clusters_m, clusters_n = -(-num_ctas_mnl[0] // cm), -(-num_ctas_mnl[1] // cn)
+    num_cluster_tiles = clusters_m * clusters_n * num_ctas_mnl[2]
+    fake.grid = schedule.grid(cluster, max_active_clusters)
+    assert fake.grid == (cm, cn, min(num_cluster_tiles, max_active_clusters))
+
+    visits = {}
+    for z in range(fake.grid[2]):
+        walks = set()
+        for x in range(cm):
+            for y in range(cn):
+                fake.block = (x, y, z)
+                walk = []
+                work = schedule.first_work()
+                while schedule.is_valid(work):
+                    tile = schedule.cta_tile(work, cluster)
+                    assert (tile[0] % cm, tile[1] % cn) == (x, y)
+                    visits[tile] = visits.get(tile, 0) + 1
+                    walk.append((tile[0] // cm, tile[1] // cn, tile[2]))
+                    work = schedule.next_work(work)
+                walks.add(tuple(walk))
+        assert len(walks) == 1, f"the CTAs of cluster {z} walk different tiles"
+        (walk,) = walks
+        # Cluster z takes cluster tiles z, z + G, ... numbered M fastest, then N, then L.
+        expected = [
+            (t % clusters_m, t // clusters_m % clusters_n, t // (clusters_m * clusters_n))
+            for t in range(z, num_cluster_tiles, fake.grid[2])
+        ]
+        assert list(walk) == expected
+    every_tile = {
+        (m, n, l)  # noqa: E741
+        for m in range(clusters_m * cm)
+        for n in range(clusters_n * cn)
+        for l in range(num_ctas_mnl[2])  # noqa: E741
+    }
+    assert set(visits) == every_tile
+    assert set(visits.values()) == {1}

@@ -279,6 +279,47 @@ MUTANTS = [
         new="args.alpha = float(args.alpha)",
         tests=[_T, "-k", "bad_numbers"],
     ),
+    # --- the static persistent tile schedule ----------------------------------------------
+    dict(
+        id="sched-next-work-by-one",
+        klass="tile schedule",
+        file="blockwise_gemm_fp4.py",
+        old="return work + cute.arch.grid_dim()[2]",
+        new="return work + 1",
+        tests=[_T, "-k", "tile_schedule"],
+    ),
+    dict(
+        id="sched-n-fastest",
+        klass="tile schedule",
+        file="blockwise_gemm_fp4.py",
+        old="rest, cluster_m = divmod(work, self.clusters_m)",
+        new="rest, cluster_m = divmod(work, self.clusters_n)",
+        tests=[_T, "-k", "tile_schedule"],
+    ),
+    dict(
+        id="sched-place-in-cluster-n",
+        klass="tile schedule",
+        file="blockwise_gemm_fp4.py",
+        old="uniform(cluster_n * cn + bidy % cn),",
+        new="uniform(cluster_n * cn + bidy % cm),",
+        tests=[_T, "-k", "tile_schedule"],
+    ),
+    dict(
+        id="sched-clusters-m-floor",
+        klass="tile schedule",
+        file="blockwise_gemm_fp4.py",
+        old="clusters_m = cute.ceil_div(num_ctas_mnl[0], cluster_shape_mn[0])",
+        new="clusters_m = num_ctas_mnl[0] // cluster_shape_mn[0]",
+        tests=[_T, "-k", "tile_schedule"],
+    ),
+    dict(
+        id="sched-first-work-block-x",
+        klass="tile schedule",
+        file="blockwise_gemm_fp4.py",
+        old="return cutlass.Int32(cute.arch.block_idx()[2])",
+        new="return cutlass.Int32(cute.arch.block_idx()[0])",
+        tests=[_T, "-k", "tile_schedule"],
+    ),
     # --- targets -------------------------------------------------------------------------
     dict(
         id="gpu-check-ignores-target",
