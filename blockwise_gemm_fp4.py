@@ -235,14 +235,15 @@ def pick_tile_and_cluster(
     """The MMA tile and cluster for a problem: what the caller left as None is chosen here.
 
     Tile M: 256 on a CTA pair when M is larger than one 128-row CTA tile (the pair shares each
-    B tile, halving B's SMEM and TMA traffic per CTA), else 128 on one CTA (a 256-row tile would
-    be at least half padding).  Tile N: 64 when N fits into 64 columns, else 128.  Cluster: a
-    CTA pair (2, 1) for tile M 256, a single CTA otherwise.  The CLI and the Python API both
-    use this rule.
+    B tile, halving B's SMEM and TMA traffic per CTA) and the cluster, if given, has room for
+    the pair (even M); else 128 on one CTA (a 256-row tile would be at least half padding).
+    Tile N: 64 when N fits into 64 columns, else 128.  Cluster: a CTA pair (2, 1) for tile M
+    256, a single CTA otherwise.  The CLI and the Python API both use this rule.
     """
     m, n = mnkl[0], mnkl[1]
     if mma_tiler_mn is None:
-        mma_tiler_mn = (256 if m > 128 else 128, 64 if n <= 64 else 128)
+        pair_fits = cluster_shape_mn is None or cluster_shape_mn[0] % 2 == 0
+        mma_tiler_mn = (256 if m > 128 and pair_fits else 128, 64 if n <= 64 else 128)
     if cluster_shape_mn is None:
         cluster_shape_mn = (2, 1) if mma_tiler_mn[0] == 256 else (1, 1)
     return tuple(mma_tiler_mn), tuple(cluster_shape_mn)
@@ -1618,6 +1619,8 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
         args.sf_dtype = SF_FORMATS[args.sf_vec_size][0]
     if args.iterations < 1 or args.warmup_iterations < 0:
         raise UsageError("--iterations must be >= 1 and --warmup_iterations >= 0")
+    if not 0 <= args.seed < 2**64:
+        raise UsageError(f"--seed must be in [0, 2^64), got {args.seed}")
     if not (math.isfinite(args.tolerance) and args.tolerance > 0):
         raise UsageError(f"--tolerance must be a finite number > 0, got {args.tolerance}")
     if args.alpha is not None:

@@ -1306,6 +1306,16 @@ def test_pick_tile_and_cluster_fills_in_what_is_missing():
     assert bw.pick_tile_and_cluster((1, 1, 32, 1), (128, 256), (1, 4)) == ((128, 256), (1, 4))
 
 
+@pytest.mark.parametrize("cluster", [(1, 1), (1, 2), (1, 4)])
+def test_pick_tile_fits_a_given_cluster_with_odd_m(cluster):
+    """A cluster with no room for a CTA pair gets a one-CTA tile: a user who asks only for the
+    cluster gets a configuration that runs."""
+    mnkl = (8192, 8192, 8192, 1)
+    tile, picked = bw.pick_tile_and_cluster(mnkl, None, cluster)
+    assert (tile, picked) == ((128, 128), cluster)
+    assert bw.check_fp4_gemm_config(mnkl, 16, "Float8E4M3FN", "BFloat16", tile, picked) == []
+
+
 def test_cli_and_python_api_use_the_same_pick(monkeypatch):
     """No tile or cluster given: the CLI's configuration and prepare_gemm's are the rule's."""
     for mnkl in [(8192, 8192, 8192, 1), (100, 40, 64, 1)]:
@@ -1349,6 +1359,8 @@ def test_check_config_integer_types_and_32_bit_limits(mnkl, message):
         (["--tolerance", "1e6", "--mnkl", "256,256,8192,1"], "--tolerance 1e+06 is too large"),
         (["--alpha", "1e39"], "--alpha: alpha=1e+39 is not a finite fp32 number"),
         (["--alpha", "nan"], "--alpha: alpha=nan is not a finite fp32 number"),
+        (["--seed", "-1"], "--seed must be in [0, 2^64), got -1"),
+        (["--seed", str(2**64)], "--seed must be in [0, 2^64)"),
     ],
 )
 def test_cli_rejects_bad_numbers_before_running(args, message):

@@ -320,6 +320,15 @@ MUTANTS = [
         new="return cutlass.Int32(cute.arch.block_idx()[0])",
         tests=[_T, "-k", "tile_schedule"],
     ),
+    # --- host configuration ----------------------------------------------------------------
+    dict(
+        id="pick-tile-ignores-cluster",
+        klass="host config",
+        file="blockwise_gemm_fp4.py",
+        old="pair_fits = cluster_shape_mn is None or cluster_shape_mn[0] % 2 == 0",
+        new="pair_fits = True",
+        tests=[_T, "-k", "pick_tile"],
+    ),
     # --- targets -------------------------------------------------------------------------
     dict(
         id="gpu-check-ignores-target",
