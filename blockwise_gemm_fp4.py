@@ -130,6 +130,18 @@ NUM_EPILOGUE_WARPS = 4
 THREADS_PER_WARP = 32
 
 
+def _ints(values, count: int) -> tuple[int, ...] | None:
+    """``values`` as ``count`` Python ints, or None unless they are integers (numpy's too; not
+    bool, float or str)."""
+    try:
+        if isinstance(values, str) or any(isinstance(v, bool) for v in values):
+            return None
+        ints = tuple(operator.index(v) for v in values)
+    except TypeError:
+        return None
+    return ints if len(ints) == count else None
+
+
 # ---------------------------------------------------------------------------------------------
 # Configuration checks, usable from other kernels too
 # ---------------------------------------------------------------------------------------------
@@ -146,14 +158,25 @@ def check_fp4_gemm_config(
     Returns a list of readable reasons why it cannot run; an empty list means it can.  Pure
     Python: it needs neither a GPU nor a compile, so other kernels can call it too.
     """
+    # Integers of any type (numpy's too), but not bool and not float.
+    given = {
+        "mnkl": (mnkl, 4, "four integers M,N,K,L"),
+        "mma_tiler_mn": (mma_tiler_mn, 2, "two integers M,N"),
+        "cluster_shape_mn": (cluster_shape_mn, 2, "two integers M,N"),
+        "sf_vec_size": ((sf_vec_size,), 1, "an integer"),
+    }
+    ints = {name: _ints(value, count) for name, (value, count, _) in given.items()}
+    bad = [
+        f"{name} must be {what}, got {value if count > 1 else value[0]!r}"
+        for name, (value, count, what) in given.items()
+        if ints[name] is None
+    ]
+    if bad:
+        return bad
     reasons: list[str] = []
-    try:
-        # Any integer type (numpy's too), but not bool and not float.
-        if isinstance(mnkl, str) or any(isinstance(v, bool) for v in mnkl):
-            raise TypeError
-        m, n, k, l_ = (operator.index(v) for v in mnkl)
-    except (TypeError, ValueError):
-        return [f"mnkl must be four integers M,N,K,L, got {mnkl!r}"]
+    m, n, k, l_ = ints["mnkl"]
+    mma_tiler_mn, cluster_shape_mn = ints["mma_tiler_mn"], ints["cluster_shape_mn"]
+    (sf_vec_size,) = ints["sf_vec_size"]
     for name, value in (("M", m), ("N", n), ("K", k), ("L", l_)):
         if value < 1:
             reasons.append(f"{name} must be >= 1, got {value}")
@@ -242,7 +265,8 @@ def pick_tile_and_cluster(
     """
     m, n = mnkl[0], mnkl[1]
     if mma_tiler_mn is None:
-        pair_fits = cluster_shape_mn is None or cluster_shape_mn[0] % 2 == 0
+        given_cluster = None if cluster_shape_mn is None else _ints(cluster_shape_mn, 2)
+        pair_fits = given_cluster is None or given_cluster[0] % 2 == 0
         mma_tiler_mn = (256 if m > 128 and pair_fits else 128, 64 if n <= 64 else 128)
     if cluster_shape_mn is None:
         cluster_shape_mn = (2, 1) if mma_tiler_mn[0] == 256 else (1, 1)
@@ -1890,11 +1914,12 @@ def prepare_gemm(
 
     import reference
 
-    if sf_vec_size not in SF_FORMATS:
+    if _ints((sf_vec_size,), 1) is None or sf_vec_size not in SF_FORMATS:
         raise ValueError(
             f"sf_vec_size={sf_vec_size!r} is not supported: use 16 (NVFP4, float8_e4m3fn scales) "
             "or 32 (MXFP4, float8_e8m0fnu scales)"
         )
+    sf_vec_size = int(sf_vec_size)
     alpha = checked_alpha(alpha)
     if a.dim() != 3 or b.dim() != 3:
         raise ValueError(
@@ -1915,9 +1940,13 @@ def prepare_gemm(
             raise ValueError(
                 f"{name} must be {sf_torch} for sf_vec_size {sf_vec_size}, got {sf.dtype}"
             )
-        want = l * -(-rows // 128) * 128 * -(-(k // sf_vec_size) // 4) * 4
-        if sf.numel() != want:
-            raise ValueError(f"{name} has {sf.numel()} scales; the 128x4 layout needs {want}")
+        # (unswizzled [L, rows, K/V] scales of aligned shapes have the same number of bytes)
+        want = (l, -(-rows // 128) * 128 * -(-(k // sf_vec_size) // 4) * 4)
+        if tuple(sf.shape) != want:
+            raise ValueError(
+                f"{name} has shape {tuple(sf.shape)}; reference.to_blocked of the [L, {rows}, "
+                f"K/{sf_vec_size}] scales (the 128x4 layout) has shape {want}"
+            )
     mma_tiler_mn, cluster_shape_mn = pick_tile_and_cluster(
         (m, n, k, l), mma_tiler_mn, cluster_shape_mn
     )

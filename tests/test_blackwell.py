@@ -805,7 +805,7 @@ GOOD = dict(
         (dict(mma_tiler_mn=(128, 96)), "MMA tile N=96 is not supported"),
         (dict(cluster_shape_mn=(3, 1)), "cluster shape M=3 must be a power of two"),
         (dict(cluster_shape_mn=(1, 8)), "cluster shape N=8 exceeds 4"),
-        (dict(mma_tiler_mn=(256, 128)), "cluster shape M must be even"),
+        (dict(mma_tiler_mn=(256, 128)), "M must be even"),
         (dict(mnkl=(32768, 1024, 65536, 1)), "M*K = 2147483648 elements does not fit"),
         (dict(mnkl=(64, 65536, 32768, 1)), "N*K = 2147483648 elements does not fit"),
         (dict(mnkl=(32768, 131072, 256, 1)), "M * row pitch of D = 4294967296 elements"),
@@ -843,7 +843,7 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
         (["--mnkl", "1,2,3"], "--mnkl expects 4 integers"),
         (["--mnkl", "128,128,100,1"], "K=100 is not a multiple of 32"),
         (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "does not pair"),
-        (["--cluster_shape_mn", "1,1"], "cluster shape M must be even"),
+        (["--mma_tiler_mn", "256,128", "--cluster_shape_mn", "1,1"], "M must be even"),
         (["--iterations", "0"], "--iterations must be >= 1"),
         (["--tolerance", "nan"], "--tolerance must be a finite number > 0, got nan"),
         (["--alpha", "1e39"], "--alpha: alpha=1e+39 is not a finite fp32 number"),
@@ -1141,6 +1141,12 @@ def _operands(m=256, n=128, k=512, l=1, vec=16):  # noqa: E741
             "sfb_blocked must be torch.float8_e4m3fn",
         ),
         (lambda a, b, sa, sb: (a, b, sa, sb, 16), "must be a contiguous CUDA tensor"),
+        (
+            lambda a, b, sa, sb: (a, b, sa.view(1, 256, 32), sb, 16),
+            r"sfa_blocked has shape \(1, 256, 32\); reference.to_blocked of the \[L, 256, K/16\]",
+        ),
+        (lambda a, b, sa, sb: (a, b, sa, sb[:, :-4], 16), r"sfb_blocked has shape \(1, 4092\)"),
+        (lambda a, b, sa, sb: (a, b, sa, sb, 16.0), "sf_vec_size=16.0 is not supported"),
     ],
 )
 def test_prepare_gemm_rejects_bad_input(mutate, message):
@@ -1344,6 +1350,29 @@ def test_cli_and_python_api_use_the_same_pick(monkeypatch):
 )
 def test_check_config_integer_types_and_32_bit_limits(mnkl, message):
     reasons = bw.check_fp4_gemm_config(mnkl)
+    if message is None:
+        assert reasons == []
+    else:
+        assert any(message in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        (dict(mma_tiler_mn=(np.int64(256), 128), cluster_shape_mn=(np.int32(2), 1)), None),
+        (dict(mma_tiler_mn=(128.0, 128)), "mma_tiler_mn must be two integers M,N, got (128.0,"),
+        (dict(mma_tiler_mn=(128,)), "mma_tiler_mn must be two integers M,N, got (128,)"),
+        (dict(cluster_shape_mn=(1.0, 1)), "cluster_shape_mn must be two integers M,N"),
+        (dict(cluster_shape_mn=(2, 1, 1)), "cluster_shape_mn must be two integers M,N"),
+        (dict(cluster_shape_mn="21"), "cluster_shape_mn must be two integers M,N"),
+        (dict(sf_vec_size=16.0), "sf_vec_size must be an integer, got 16.0"),
+        (dict(sf_vec_size=True), "sf_vec_size must be an integer, got True"),
+    ],
+)
+def test_check_config_tile_cluster_and_vec_types(config, message):
+    """A float, short or long tile / cluster, or a non-integer sf_vec_size, is named (a float
+    128.0 would otherwise pass ``in (128, 256)`` and reach the compiler)."""
+    reasons = bw.check_fp4_gemm_config((256, 256, 256, 1), **config)
     if message is None:
         assert reasons == []
     else:

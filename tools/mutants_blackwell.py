@@ -325,7 +325,7 @@ MUTANTS = [
         id="pick-tile-ignores-cluster",
         klass="host config",
         file="blockwise_gemm_fp4.py",
-        old="pair_fits = cluster_shape_mn is None or cluster_shape_mn[0] % 2 == 0",
+        old="pair_fits = given_cluster is None or given_cluster[0] % 2 == 0",
         new="pair_fits = True",
         tests=[_T, "-k", "pick_tile"],
     ),
