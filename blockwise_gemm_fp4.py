@@ -856,42 +856,8 @@ class BlockwiseGemmFp4Sm100:
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
 
-        # ab_pipeline: TMA warp -> MMA warp.  The MMA warp of the leader CTA releases a stage for
-        # every CTA whose TMA wrote into it (the multicast peers along M and N).
-        ab_pipeline = pipeline.PipelineTmaUmma.create(
-            barrier_storage=storage.ab_full_mbar.data_ptr(),
-            num_stages=self.num_ab_stage,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
-            ),
-            tx_count=self.num_tma_load_bytes,
-            cta_layout_vmnk=cluster_layout_vmnk,
-            defer_sync=True,
-        )
-        # acc_pipeline: MMA warp -> epilogue warps (of both CTAs of a pair).
-        num_acc_consumer_threads = (
-            THREADS_PER_WARP * NUM_EPILOGUE_WARPS * cute.size(tiled_mma.thr_id.shape)
-        )
-        acc_pipeline = pipeline.PipelineUmmaAsync.create(
-            barrier_storage=storage.acc_full_mbar.data_ptr(),
-            num_stages=self.num_acc_stage,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, num_acc_consumer_threads
-            ),
-            cta_layout_vmnk=cluster_layout_vmnk,
-            defer_sync=True,
-        )
-        tmem = cutlass.memory.TmemAllocator(
-            storage.tmem_base_addr.ptr,
-            barrier_for_retrieve=pipeline.NamedBarrier(
-                barrier_id=int(NamedBarrierId.TMEM_ALLOC),
-                num_threads=THREADS_PER_WARP * (NUM_EPILOGUE_WARPS + 1),
-            ),
-            allocator_warp_id=int(WarpRole.EPILOGUE_FIRST),
-            is_two_cta=use_2cta_instrs,
-            two_cta_tmem_dealloc_mbar_ptr=storage.tmem_dealloc_mbar.ptr,
+        ab_pipeline, acc_pipeline, tmem = self._make_pipelines(
+            storage, tiled_mma, cluster_layout_vmnk
         )
         # Barrier inits must be visible cluster-wide before any peer signals them.
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
@@ -907,57 +873,12 @@ class BlockwiseGemmFp4Sm100:
         # (MMA, MMA_N, MMA_K, AB_STAGE)
         sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
 
-        # Global tiles.
-        # (bM, bK, RestM, RestK, RestL)
-        gA_mkl = cute.local_tile(
-            mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None)
+        tCgA, tCgB, tCgSFA, tCgSFB, tCgC, k_tile_cnt = self._partition_global_tiles(
+            tiled_mma, tiled_mma_sfb, mma_tile_coord_v, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl
         )
-        # (bN, bK, RestN, RestK, RestL)
-        gB_nkl = cute.local_tile(
-            mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None)
-        )
-        # (bM, bK, RestM, RestK, RestL)
-        gSFA_mkl = cute.local_tile(
-            mSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None)
-        )
-        # (bN_sf, bK, RestN_sf, RestK, RestL)
-        gSFB_nkl = cute.local_tile(
-            mSFB_nkl, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None)
-        )
-        # (bM, bN, RestM, RestN, RestL)
-        gC_mnl = cute.local_tile(
-            mC_mnl, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None)
-        )
-        k_tile_cnt = cute.size(gA_mkl, mode=[3])
 
-        thr_mma = tiled_mma.get_slice(mma_tile_coord_v)
-        thr_mma_sfb = tiled_mma_sfb.get_slice(mma_tile_coord_v)
-        # (MMA, MMA_M, MMA_K, RestM, RestK, RestL)
-        tCgA = thr_mma.partition_A(gA_mkl)
-        # (MMA, MMA_N, MMA_K, RestN, RestK, RestL)
-        tCgB = thr_mma.partition_B(gB_nkl)
-        # (MMA, MMA_M, MMA_K, RestM, RestK, RestL)
-        tCgSFA = thr_mma.partition_A(gSFA_mkl)
-        # (MMA, MMA_N, MMA_K, RestN, RestK, RestL)
-        tCgSFB = thr_mma_sfb.partition_B(gSFB_nkl)
-        # (MMA, MMA_M, MMA_N, RestM, RestN, RestL)
-        tCgC = thr_mma.partition_C(gC_mnl)
-
-        # (MMA, MMA_M, MMA_N, ACC_BUFFER): accumulator layout; its TMEM address comes later.
-        acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
-        num_acc_buffers = 2 if self.overlapping_accum else self.num_acc_stage
-        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, num_acc_buffers))
-        if cutlass.const_expr(self.overlapping_accum):
-            # Buffer 1 starts acc_buffer_stride_cols columns after buffer 0 (they overlap).
-            acc_stride = tCtAcc_fake.stride
-            buffer_stride = self.acc_buffer_stride_cols * acc_stride[0][1]
-            tCtAcc_fake = cute.make_tensor(
-                tCtAcc_fake.iterator,
-                cute.make_layout(
-                    tCtAcc_fake.shape,
-                    stride=(acc_stride[0], acc_stride[1], acc_stride[2], buffer_stride),
-                ),
-            )
+        # (MMA, MMA_M, MMA_N, ACC_BUFFER)
+        tCtAcc_fake = self._acc_tensor_layout(tiled_mma)
 
         # Peers have initialised their barriers: from here on they may be signalled.
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
@@ -1016,6 +937,106 @@ class BlockwiseGemmFp4Sm100:
                 epi_tile,
                 use_2cta_instrs,
             )
+
+    def _make_pipelines(self, storage, tiled_mma: cute.TiledMma, cluster_layout_vmnk):
+        """(ab_pipeline, acc_pipeline, TMEM allocator) on this CTA's barriers in ``storage``."""
+        # ab_pipeline: TMA warp -> MMA warp.  The MMA warp of the leader CTA releases a stage for
+        # every CTA whose TMA wrote into it (the multicast peers along M and N).
+        ab_pipeline = pipeline.PipelineTmaUmma.create(
+            barrier_storage=storage.ab_full_mbar.data_ptr(),
+            num_stages=self.num_ab_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
+            ),
+            tx_count=self.num_tma_load_bytes,
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        # acc_pipeline: MMA warp -> epilogue warps (of both CTAs of a pair).
+        num_acc_consumer_threads = (
+            THREADS_PER_WARP * NUM_EPILOGUE_WARPS * cute.size(tiled_mma.thr_id.shape)
+        )
+        acc_pipeline = pipeline.PipelineUmmaAsync.create(
+            barrier_storage=storage.acc_full_mbar.data_ptr(),
+            num_stages=self.num_acc_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, num_acc_consumer_threads
+            ),
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        tmem = cutlass.memory.TmemAllocator(
+            storage.tmem_base_addr.ptr,
+            barrier_for_retrieve=pipeline.NamedBarrier(
+                barrier_id=int(NamedBarrierId.TMEM_ALLOC),
+                num_threads=THREADS_PER_WARP * (NUM_EPILOGUE_WARPS + 1),
+            ),
+            allocator_warp_id=int(WarpRole.EPILOGUE_FIRST),
+            is_two_cta=cute.size(tiled_mma.thr_id.shape) == 2,
+            two_cta_tmem_dealloc_mbar_ptr=storage.tmem_dealloc_mbar.ptr,
+        )
+        return ab_pipeline, acc_pipeline, tmem
+
+    def _partition_global_tiles(
+        self, tiled_mma, tiled_mma_sfb, mma_tile_coord_v, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl
+    ):
+        """The operands cut into MMA tiles, partitioned for this CTA's half (V) of the MMA:
+        (tCgA, tCgB, tCgSFA, tCgSFB, tCgC, k-tile count)."""
+        # (bM, bK, RestM, RestK, RestL)
+        gA_mkl = cute.local_tile(
+            mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None)
+        )
+        # (bN, bK, RestN, RestK, RestL)
+        gB_nkl = cute.local_tile(
+            mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None)
+        )
+        # (bM, bK, RestM, RestK, RestL)
+        gSFA_mkl = cute.local_tile(
+            mSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None)
+        )
+        # (bN_sf, bK, RestN_sf, RestK, RestL)
+        gSFB_nkl = cute.local_tile(
+            mSFB_nkl, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None)
+        )
+        # (bM, bN, RestM, RestN, RestL)
+        gC_mnl = cute.local_tile(
+            mC_mnl, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None)
+        )
+        k_tile_cnt = cute.size(gA_mkl, mode=[3])
+
+        thr_mma = tiled_mma.get_slice(mma_tile_coord_v)
+        thr_mma_sfb = tiled_mma_sfb.get_slice(mma_tile_coord_v)
+        # (MMA, MMA_M, MMA_K, RestM, RestK, RestL)
+        tCgA = thr_mma.partition_A(gA_mkl)
+        # (MMA, MMA_N, MMA_K, RestN, RestK, RestL)
+        tCgB = thr_mma.partition_B(gB_nkl)
+        # (MMA, MMA_M, MMA_K, RestM, RestK, RestL)
+        tCgSFA = thr_mma.partition_A(gSFA_mkl)
+        # (MMA, MMA_N, MMA_K, RestN, RestK, RestL)
+        tCgSFB = thr_mma_sfb.partition_B(gSFB_nkl)
+        # (MMA, MMA_M, MMA_N, RestM, RestN, RestL)
+        tCgC = thr_mma.partition_C(gC_mnl)
+        return tCgA, tCgB, tCgSFA, tCgSFB, tCgC, k_tile_cnt
+
+    def _acc_tensor_layout(self, tiled_mma: cute.TiledMma) -> cute.Tensor:
+        """(MMA, MMA_M, MMA_N, ACC_BUFFER): the accumulators' TMEM layout (address comes later)."""
+        acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
+        num_acc_buffers = 2 if self.overlapping_accum else self.num_acc_stage
+        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, num_acc_buffers))
+        if cutlass.const_expr(self.overlapping_accum):
+            # Buffer 1 starts acc_buffer_stride_cols columns after buffer 0 (they overlap).
+            acc_stride = tCtAcc_fake.stride
+            buffer_stride = self.acc_buffer_stride_cols * acc_stride[0][1]
+            tCtAcc_fake = cute.make_tensor(
+                tCtAcc_fake.iterator,
+                cute.make_layout(
+                    tCtAcc_fake.shape,
+                    stride=(acc_stride[0], acc_stride[1], acc_stride[2], buffer_stride),
+                ),
+            )
+        return tCtAcc_fake
 
     # =========================================================================================
     # TMA warp: A, B, SFA, SFB -> SMEM ring
