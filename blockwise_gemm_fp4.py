@@ -675,58 +675,12 @@ class BlockwiseGemmFp4Sm100:
             a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, problem_mnkl
         )
 
-        # TMA loads.  A and SFA are multicast along the cluster's N mode, B and SFB along M.
-        a_smem_layout = cute.slice_(self.a_smem_layout_staged, (None, None, None, 0))
-        tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(
-            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, self.tiled_mma.thr_id),
-            mA_mkl,
-            a_smem_layout,
-            self.mma_tiler,
-            self.tiled_mma,
-            self.cluster_layout_vmnk.shape,
-        )
-        b_smem_layout = cute.slice_(self.b_smem_layout_staged, (None, None, None, 0))
-        tma_atom_b, tma_tensor_b = cute.nvgpu.make_tiled_tma_atom_B(
-            sm100_utils.cluster_shape_to_tma_atom_B(self.cluster_shape_mn, self.tiled_mma.thr_id),
-            mB_nkl,
-            b_smem_layout,
-            self.mma_tiler,
-            self.tiled_mma,
-            self.cluster_layout_vmnk.shape,
-        )
-        # NOTE: scale factors travel as 16-bit TMA elements: a 1-byte element type would make
-        # the box's inner extent too small for the 16-byte TMA minimum on narrow tiles.
-        sfa_smem_layout = cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0))
-        tma_atom_sfa, tma_tensor_sfa = cute.nvgpu.make_tiled_tma_atom_A(
-            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, self.tiled_mma.thr_id),
-            mSFA_mkl,
-            sfa_smem_layout,
-            self.mma_tiler,
-            self.tiled_mma,
-            self.cluster_layout_vmnk.shape,
-            internal_type=cutlass.Int16,
-        )
-        sfb_smem_layout = cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0))
-        tma_atom_sfb, tma_tensor_sfb = cute.nvgpu.make_tiled_tma_atom_B(
-            sm100_utils.cluster_shape_to_tma_atom_SFB(self.cluster_shape_mn, self.tiled_mma.thr_id),
-            mSFB_nkl,
-            sfb_smem_layout,
-            self.mma_tiler_sfb,
-            self.tiled_mma_sfb,
-            self.cluster_layout_sfb_vmnk.shape,
-            internal_type=cutlass.Int16,
-        )
-        tma_tensor_sfb = cute.make_tensor(
-            tma_tensor_sfb.iterator, self._sfb_tma_layout(tma_tensor_sfb.layout)
-        )
-
-        cta_pair = cute.size(self.tiled_mma.thr_id.shape)
-        self.num_tma_load_bytes = cta_pair * (
-            cute.size_in_bytes(self.a_dtype, a_smem_layout)
-            + cute.size_in_bytes(self.b_dtype, b_smem_layout)
-            + cute.size_in_bytes(self.sf_dtype, sfa_smem_layout)
-            + cute.size_in_bytes(self.sf_dtype, sfb_smem_layout)
-        )
+        (
+            (tma_atom_a, tma_tensor_a),
+            (tma_atom_b, tma_tensor_b),
+            (tma_atom_sfa, tma_tensor_sfa),
+            (tma_atom_sfb, tma_tensor_sfb),
+        ) = self._make_tma_loads(mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl)
 
         # TMA store of D, one epilogue subtile at a time.
         epi_smem_layout = cute.slice_(self.c_smem_layout_staged, (None, None, 0))
@@ -807,6 +761,68 @@ class BlockwiseGemmFp4Sm100:
             min_blocks_per_mp=1,
         )
 
+    def _make_tma_loads(self, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl):
+        """TMA atoms and coordinate tensors of the four loads, ((atom, tensor) for A, B, SFA,
+        SFB); sets ``num_tma_load_bytes``, the bytes one k-tile stage receives."""
+        # TMA loads.  A and SFA are multicast along the cluster's N mode, B and SFB along M.
+        a_smem_layout = cute.slice_(self.a_smem_layout_staged, (None, None, None, 0))
+        tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(
+            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, self.tiled_mma.thr_id),
+            mA_mkl,
+            a_smem_layout,
+            self.mma_tiler,
+            self.tiled_mma,
+            self.cluster_layout_vmnk.shape,
+        )
+        b_smem_layout = cute.slice_(self.b_smem_layout_staged, (None, None, None, 0))
+        tma_atom_b, tma_tensor_b = cute.nvgpu.make_tiled_tma_atom_B(
+            sm100_utils.cluster_shape_to_tma_atom_B(self.cluster_shape_mn, self.tiled_mma.thr_id),
+            mB_nkl,
+            b_smem_layout,
+            self.mma_tiler,
+            self.tiled_mma,
+            self.cluster_layout_vmnk.shape,
+        )
+        # NOTE: scale factors travel as 16-bit TMA elements: a 1-byte element type would make
+        # the box's inner extent too small for the 16-byte TMA minimum on narrow tiles.
+        sfa_smem_layout = cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0))
+        tma_atom_sfa, tma_tensor_sfa = cute.nvgpu.make_tiled_tma_atom_A(
+            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, self.tiled_mma.thr_id),
+            mSFA_mkl,
+            sfa_smem_layout,
+            self.mma_tiler,
+            self.tiled_mma,
+            self.cluster_layout_vmnk.shape,
+            internal_type=cutlass.Int16,
+        )
+        sfb_smem_layout = cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0))
+        tma_atom_sfb, tma_tensor_sfb = cute.nvgpu.make_tiled_tma_atom_B(
+            sm100_utils.cluster_shape_to_tma_atom_SFB(self.cluster_shape_mn, self.tiled_mma.thr_id),
+            mSFB_nkl,
+            sfb_smem_layout,
+            self.mma_tiler_sfb,
+            self.tiled_mma_sfb,
+            self.cluster_layout_sfb_vmnk.shape,
+            internal_type=cutlass.Int16,
+        )
+        tma_tensor_sfb = cute.make_tensor(
+            tma_tensor_sfb.iterator, self._sfb_tma_layout(tma_tensor_sfb.layout)
+        )
+
+        cta_pair = cute.size(self.tiled_mma.thr_id.shape)
+        self.num_tma_load_bytes = cta_pair * (
+            cute.size_in_bytes(self.a_dtype, a_smem_layout)
+            + cute.size_in_bytes(self.b_dtype, b_smem_layout)
+            + cute.size_in_bytes(self.sf_dtype, sfa_smem_layout)
+            + cute.size_in_bytes(self.sf_dtype, sfb_smem_layout)
+        )
+        return (
+            (tma_atom_a, tma_tensor_a),
+            (tma_atom_b, tma_tensor_b),
+            (tma_atom_sfa, tma_tensor_sfa),
+            (tma_atom_sfb, tma_tensor_sfb),
+        )
+
     @cute.kernel
     def kernel(
         self,
@@ -836,7 +852,6 @@ class BlockwiseGemmFp4Sm100:
         """Device side: shared set-up, then one branch per warp role."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        use_2cta_instrs = cute.size(tiled_mma.thr_id.shape) == 2
 
         if warp_idx == WarpRole.TMA:
             cpasync.prefetch_descriptor(tma_atom_a)
@@ -935,7 +950,6 @@ class BlockwiseGemmFp4Sm100:
                 sC,
                 tma_atom_c,
                 epi_tile,
-                use_2cta_instrs,
             )
 
     def _make_pipelines(self, storage, tiled_mma: cute.TiledMma, cluster_layout_vmnk):
@@ -1072,42 +1086,17 @@ class BlockwiseGemmFp4Sm100:
             cute.slice_(cluster_layout_sfb_vmnk, (0, None, 0, 0)).shape
         )
         # ((ATOM_V, REST_V), AB_STAGE), ((ATOM_V, REST_V), RestM, RestK, RestL)
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a,
-            cta_coord_vmnk[2],
-            a_cta_layout,
-            cute.group_modes(sA, 0, 3),
-            cute.group_modes(tCgA, 0, 3),
-        )
+        tAsA, tAgA = self._tma_partition(tma_atom_a, cta_coord_vmnk[2], a_cta_layout, sA, tCgA)
         # ((ATOM_V, REST_V), AB_STAGE), ((ATOM_V, REST_V), RestN, RestK, RestL)
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_atom_b,
-            cta_coord_vmnk[1],
-            b_cta_layout,
-            cute.group_modes(sB, 0, 3),
-            cute.group_modes(tCgB, 0, 3),
-        )
+        tBsB, tBgB = self._tma_partition(tma_atom_b, cta_coord_vmnk[1], b_cta_layout, sB, tCgB)
         # ((ATOM_V, REST_V), AB_STAGE), ((ATOM_V, REST_V), RestM, RestK, RestL)
-        tAsSFA, tAgSFA = cpasync.tma_partition(
-            tma_atom_sfa,
-            cta_coord_vmnk[2],
-            a_cta_layout,
-            cute.group_modes(sSFA, 0, 3),
-            cute.group_modes(tCgSFA, 0, 3),
+        tAsSFA, tAgSFA = self._tma_partition(
+            tma_atom_sfa, cta_coord_vmnk[2], a_cta_layout, sSFA, tCgSFA
         )
-        # The K-broadcast (stride 0) modes of the scale tensors carry no data: drop them.
-        tAsSFA = cute.filter_zeros(tAsSFA)
-        tAgSFA = cute.filter_zeros(tAgSFA)
         # ((ATOM_V, REST_V), AB_STAGE), ((ATOM_V, REST_V), RestN_sf, RestK, RestL)
-        tBsSFB, tBgSFB = cpasync.tma_partition(
-            tma_atom_sfb,
-            cta_coord_sfb_vmnk[1],
-            sfb_cta_layout,
-            cute.group_modes(sSFB, 0, 3),
-            cute.group_modes(tCgSFB, 0, 3),
+        tBsSFB, tBgSFB = self._tma_partition(
+            tma_atom_sfb, cta_coord_sfb_vmnk[1], sfb_cta_layout, sSFB, tCgSFB
         )
-        tBsSFB = cute.filter_zeros(tBsSFB)
-        tBgSFB = cute.filter_zeros(tBgSFB)
 
         mcast_a = mcast_b = mcast_sfa = mcast_sfb = None
         if cutlass.const_expr(self.is_a_mcast or self.is_b_mcast or self.use_2cta_instrs):
@@ -1183,6 +1172,21 @@ class BlockwiseGemmFp4Sm100:
             work = tile_schedule.next_work(work)
         # Do not exit while peers may still signal this CTA's barriers.
         ab_pipeline.producer_tail(ab_producer_state)
+
+    @staticmethod
+    def _tma_partition(tma_atom, cta_coord, cta_layout, sX: cute.Tensor, tCgX: cute.Tensor):
+        """(SMEM stages, GMEM tiles) of one TMA load for this CTA's share of a multicast.
+
+        The K-broadcast (stride 0) modes of the scale tensors carry no data: they are dropped
+        (A and B have none)."""
+        sX_tma, gX_tma = cpasync.tma_partition(
+            tma_atom,
+            cta_coord,
+            cta_layout,
+            cute.group_modes(sX, 0, 3),
+            cute.group_modes(tCgX, 0, 3),
+        )
+        return cute.filter_zeros(sX_tma), cute.filter_zeros(gX_tma)
 
     # =========================================================================================
     # MMA warp: scale factors SMEM -> TMEM, block-scaled MMAs into the TMEM accumulator
@@ -1343,7 +1347,6 @@ class BlockwiseGemmFp4Sm100:
         sC: cute.Tensor,
         tma_atom_c: cute.CopyAtom,
         epi_tile: cute.Tile,
-        use_2cta_instrs: cutlass.Constexpr,
     ):
         epilogue_barrier = pipeline.NamedBarrier(
             barrier_id=int(NamedBarrierId.EPILOGUE),
@@ -1355,40 +1358,15 @@ class BlockwiseGemmFp4Sm100:
         # (MMA, MMA_M, MMA_N, ACC_STAGE)
         tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
 
-        # TMEM -> registers, one epilogue subtile at a time.
-        copy_atom_t2r = sm100_utils.get_tmem_load_op(
-            self.cta_tile_shape_mnk,
-            self.c_layout,
-            self.c_dtype,
-            self.acc_dtype,
-            epi_tile,
-            use_2cta_instrs,
-        )
-        # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, ACC_STAGE)
-        tAcc_epi = cute.flat_divide(tCtAcc_base[((None, None), 0, 0, None)], epi_tile)
-        tiled_copy_t2r = tcgen05.make_tmem_copy(copy_atom_t2r, tAcc_epi[(None, None, 0, 0, 0)])
-        thr_copy_t2r = tiled_copy_t2r.get_slice(tidx)
-        # (T2R, T2R_M, T2R_N, EPI_M, EPI_N, ACC_STAGE)
-        tTR_tAcc_base = thr_copy_t2r.partition_S(tAcc_epi)
-        # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, RestM, RestN, RestL)
-        gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)], epi_tile)
-        # (T2R, T2R_M, T2R_N)
-        tTR_rAcc = cute.make_rmem_tensor(
-            thr_copy_t2r.partition_D(gC_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape,
-            self.acc_dtype,
-        )
-        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
-
-        # registers -> SMEM
-        copy_atom_r2s = sm100_utils.get_smem_store_op(
-            self.c_layout, self.c_dtype, self.acc_dtype, tiled_copy_t2r
-        )
-        tiled_copy_r2s = cute.make_tiled_copy_D(copy_atom_r2s, tiled_copy_t2r)
-        thr_copy_r2s = tiled_copy_r2s.get_slice(tidx)
-        # (R2S, R2S_M, R2S_N, C_STAGE)
-        tRS_sC = thr_copy_r2s.partition_D(sC)
-        # (R2S, R2S_M, R2S_N)
-        tRS_rC = tiled_copy_r2s.retile(tTR_rC)
+        (
+            tiled_copy_t2r,
+            tTR_tAcc_base,
+            tTR_rAcc,
+            tiled_copy_r2s,
+            tRS_rC,
+            tRS_sC,
+            gC_epi,
+        ) = self._epilogue_copies(tidx, tCtAcc_base, tCgC, sC, epi_tile)
 
         # SMEM -> GMEM (TMA store)
         # ((ATOM_V, REST_V), C_STAGE), ((ATOM_V, REST_V), EPI_M, EPI_N, RestM, RestN, RestL)
@@ -1467,6 +1445,46 @@ class BlockwiseGemmFp4Sm100:
         epilogue_barrier.arrive_and_wait()
         tmem.free(acc_tmem_ptr)
         c_pipeline.producer_tail()
+
+    def _epilogue_copies(self, tidx, tCtAcc_base, tCgC, sC, epi_tile):
+        """The epilogue's TMEM -> register -> SMEM copies for thread ``tidx``, one subtile at a
+        time: (tiled_copy_t2r, tTR_tAcc_base, tTR_rAcc, tiled_copy_r2s, tRS_rC, tRS_sC, gC_epi).
+        """
+        # TMEM -> registers, one epilogue subtile at a time.
+        copy_atom_t2r = sm100_utils.get_tmem_load_op(
+            self.cta_tile_shape_mnk,
+            self.c_layout,
+            self.c_dtype,
+            self.acc_dtype,
+            epi_tile,
+            self.use_2cta_instrs,
+        )
+        # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, ACC_STAGE)
+        tAcc_epi = cute.flat_divide(tCtAcc_base[((None, None), 0, 0, None)], epi_tile)
+        tiled_copy_t2r = tcgen05.make_tmem_copy(copy_atom_t2r, tAcc_epi[(None, None, 0, 0, 0)])
+        thr_copy_t2r = tiled_copy_t2r.get_slice(tidx)
+        # (T2R, T2R_M, T2R_N, EPI_M, EPI_N, ACC_STAGE)
+        tTR_tAcc_base = thr_copy_t2r.partition_S(tAcc_epi)
+        # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, RestM, RestN, RestL)
+        gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)], epi_tile)
+        # (T2R, T2R_M, T2R_N)
+        tTR_rAcc = cute.make_rmem_tensor(
+            thr_copy_t2r.partition_D(gC_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape,
+            self.acc_dtype,
+        )
+        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
+
+        # registers -> SMEM
+        copy_atom_r2s = sm100_utils.get_smem_store_op(
+            self.c_layout, self.c_dtype, self.acc_dtype, tiled_copy_t2r
+        )
+        tiled_copy_r2s = cute.make_tiled_copy_D(copy_atom_r2s, tiled_copy_t2r)
+        thr_copy_r2s = tiled_copy_r2s.get_slice(tidx)
+        # (R2S, R2S_M, R2S_N, C_STAGE)
+        tRS_sC = thr_copy_r2s.partition_D(sC)
+        # (R2S, R2S_M, R2S_N)
+        tRS_rC = tiled_copy_r2s.retile(tTR_rC)
+        return tiled_copy_t2r, tTR_tAcc_base, tTR_rAcc, tiled_copy_r2s, tRS_rC, tRS_sC, gC_epi
 
     # =========================================================================================
     # Static helpers
