@@ -1073,7 +1073,14 @@ def test_operand_sets_cold_l2_copies():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
-def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "extra,check_line,last_line",
+    [
+        ([], "rule that held: derived bound", "PASS"),
+        (["--skip_ref_check"], "Reference check: skipped", "NOT CHECKED (--skip_ref_check)"),
+    ],
+)
+def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys, extra, check_line, last_line):
     """The CLI's host flow on a GPU (operand copies, the stream prepare_gemm binds, graph timing,
     the checks, the output lines) with prepare_gemm replaced by a stand-in that writes the
     reference result from the stream current at preparation, as the real launch does, and
@@ -1107,12 +1114,12 @@ def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
     monkeypatch.setattr(bw, "_blackwell_gpu", lambda *_: (True, "a stand-in"))
     monkeypatch.setattr(bw, "prepare_gemm", stand_in)
     monkeypatch.setattr(torch, "_scaled_mm", stand_in_scaled_mm)
-    rc = bw.main(["--mnkl", "200,136,512,1", "--iterations", "4", "--use_cold_l2"])
+    rc = bw.main(["--mnkl", "200,136,512,1", "--iterations", "4", "--use_cold_l2", *extra])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "Mean time:" in out and "Throughput:" in out and "ours / cuBLASLt time ratio" in out
-    assert "rule that held: derived bound" in out
-    assert out.strip().splitlines()[-1] == "PASS"
+    assert check_line in out
+    assert out.strip().splitlines()[-1] == last_line
     # every launch ran on one side stream, and the timing graphs captured it there, once per
     # operand copy at least
     streams = {s for s, _ in launches}
@@ -1581,3 +1588,18 @@ def test_tile_schedule_visits_every_cta_tile_once(
     }
     assert set(visits) == every_tile
     assert set(visits.values()) == {1}
+
+
+@pytest.mark.parametrize(
+    "c_dtype,used", [("BFloat16", True), ("Float16", False), ("Float32", False)]
+)
+def test_cublaslt_is_a_second_oracle_only_for_bfloat16_d(c_dtype, used):
+    """cuBLASLt's D is bf16: its error cannot vouch for a Float16 or Float32 D."""
+    d_cublas = torch.zeros(1, 2, 2)
+    d, why = bw.second_oracle(d_cublas, "", c_dtype)
+    assert (d is d_cublas) == used
+    assert why == ("" if used else f"its output is bf16, D is {c_dtype}")
+    assert bw.second_oracle(None, "it takes no batch mode; L > 1", c_dtype) == (
+        None,
+        "it takes no batch mode; L > 1",
+    )

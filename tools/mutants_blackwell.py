@@ -329,6 +329,14 @@ MUTANTS = [
         new="pair_fits = True",
         tests=[_T, "-k", "pick_tile"],
     ),
+    dict(
+        id="oracle-for-every-output-type",
+        klass="host config",
+        file="blockwise_gemm_fp4.py",
+        old='if d_cublas is not None and c_dtype != "BFloat16":',
+        new="if d_cublas is None:",
+        tests=[_T, "-k", "second_oracle"],
+    ),
     # --- targets -------------------------------------------------------------------------
     dict(
         id="gpu-check-ignores-target",
