@@ -239,13 +239,14 @@ def check_fp4_gemm_config(
             "MMA tile M=256 runs on a pair of CTAs (cta_group::2): cluster shape M must be even"
         )
     if not reasons:
-        # The tile schedule numbers the CTA tiles with 32-bit integers.
+        # The tile schedule numbers the tiles with 32-bit integers, and its last step goes one
+        # grid (far fewer than 2^16 clusters) past the last tile: that must not wrap either.
         cta_m = tile_m // (2 if tile_m == 256 else 1)
         num_cta_tiles = -(-m // cta_m) * -(-n // tile_n) * l_
-        if num_cta_tiles >= 2**31:
+        if num_cta_tiles > 2**31 - 2**16:
             reasons.append(
                 f"{num_cta_tiles} CTA tiles of {cta_m}x{tile_n} do not fit the tile schedule's "
-                "32-bit tile numbers (< 2^31); split the batch"
+                "32-bit tile numbers (<= 2^31 - 2^16); split the batch"
             )
     return reasons
 

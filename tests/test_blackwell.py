@@ -1353,6 +1353,10 @@ def test_cli_and_python_api_use_the_same_pick(monkeypatch):
         ((128, 128, 256, 2**31), "L=2147483648 does not fit the kernel's 32-bit extents"),
         ((2**31, 1, 32, 1), "M=2147483648 does not fit"),
         ((256, 64, 32, 2**31 - 1), "CTA tiles of 128x128 do not fit"),
+        # The persistent loop's last step (tile + grid size) must not wrap past 2^31 either.
+        ((1, 1, 32, 2**31 - 1), "2147483647 CTA tiles of 128x128 do not fit"),
+        ((1, 1, 32, 2**31 - 2**16 + 1), "CTA tiles of 128x128 do not fit"),
+        ((1, 1, 32, 2**31 - 2**16), None),
     ],
 )
 def test_check_config_integer_types_and_32_bit_limits(mnkl, message):
