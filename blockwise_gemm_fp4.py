@@ -493,6 +493,12 @@ class TileSchedule:
             uniform(tile_l),
         )
 
+    def mma_tile(self, work: cutlass.Int32, cluster_shape_mn: tuple[int, int], cta_pair: int):
+        """Device side: (M, N, L) MMA-tile coordinates of this CTA in cluster tile ``work``: the
+        two CTAs of a pair (adjacent M CTA tiles) share one MMA tile of twice their rows."""
+        tile_m, tile_n, tile_l = self.cta_tile(work, cluster_shape_mn)
+        return tile_m // cta_pair, tile_n, tile_l
+
 
 # ---------------------------------------------------------------------------------------------
 # The kernel
@@ -1118,8 +1124,7 @@ class BlockwiseGemmFp4Sm100:
         cta_pair = cute.size(self.tiled_mma.thr_id.shape)
         work = tile_schedule.first_work()
         while tile_schedule.is_valid(work):
-            tile_m, tile_n, tile_l = tile_schedule.cta_tile(work, self.cluster_shape_mn)
-            tile_m = tile_m // cta_pair
+            tile_m, tile_n, tile_l = tile_schedule.mma_tile(work, self.cluster_shape_mn, cta_pair)
             # ((ATOM_V, REST_V), RestK)
             tAgA_tile = tAgA[(None, tile_m, None, tile_l)]
             tBgB_tile = tBgB[(None, tile_n, None, tile_l)]
@@ -1392,8 +1397,7 @@ class BlockwiseGemmFp4Sm100:
         work = tile_schedule.first_work()
         tiles_done = cutlass.Int32(0)
         while tile_schedule.is_valid(work):
-            tile_m, tile_n, tile_l = tile_schedule.cta_tile(work, self.cluster_shape_mn)
-            tile_mnl = (tile_m // cta_pair, tile_n, tile_l)
+            tile_mnl = tile_schedule.mma_tile(work, self.cluster_shape_mn, cta_pair)
             # ((ATOM_V, REST_V), EPI_M * EPI_N)
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, *tile_mnl)], 1, 3)
             acc_buffer = acc_consumer_state.index

@@ -447,6 +447,28 @@ def test_ptx_tma_multicast_mask_of_each_load(arch_cfg, compiled_matrix):
 
 
 @pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+def test_ptx_barrier_arrival_counts(arch_cfg, compiled_matrix):
+    """Arrivals each mbarrier waits for, in allocation order, from the roles' sizes: a stage
+    fills with one TMA transaction arrival and is freed by one MMA-warp arrival from every CTA
+    that multicast into it (its cluster row, plus its column counted in CTA pairs, itself
+    once); an accumulator fills with one MMA commit and is freed by the 128 epilogue threads of
+    each CTA of the pair. Named barriers: the 128 epilogue threads (id 1), and those with the
+    MMA warp's 32 waiting for the TMEM address (id 2)."""
+    (vec, _), c_dtype, tile, cluster = arch_cfg[1]
+    pair = 2 if tile[0] == 256 else 1
+    budget = bw.tile_budget(tile, vec, c_dtype)
+    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    counts = [ptx.value(ops[1]) for op, ops in ptx.instructions if op.startswith("mbarrier.init")]
+    ab, acc = budget.num_ab_stage, budget.num_acc_stage
+    expected = (
+        [1] * ab + [cluster[1] + cluster[0] // pair - 1] * ab + [1] * acc + [128 * pair] * acc
+    )
+    assert counts[: len(expected)] == [(None, c) for c in expected], counts
+    named = {tuple(ops) for op, ops in ptx.instructions if op == "bar.sync"}
+    assert named - {("0",)} == {("1", "128"), ("2", "160")}, named  # (0: the whole CTA)
+
+
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
 def test_ptx_tile_coordinates_come_from_their_own_grid_axis(arch_cfg, compiled_matrix):
     """The grid's x extent is the cluster's M, y its N: A and SFA tiles are picked without
     %ctaid.y, SFB tiles and the MMA's SFB column shift without %ctaid.x (B too, unless a CTA
@@ -1607,3 +1629,37 @@ def test_cublaslt_is_a_second_oracle_only_for_bfloat16_d(c_dtype, used):
         None,
         "it takes no batch mode; L > 1",
     )
+
+
+@pytest.mark.parametrize(
+    "num_ctas_mnl,cluster", [((7, 5, 3), (2, 1)), ((8, 8, 1), (4, 4)), ((5, 3, 2), (4, 2))]
+)
+def test_tile_schedule_cta_pairs_share_their_mma_tile(monkeypatch, num_ctas_mnl, cluster):
+    """MMA tile M 256 on CTA pairs: the two CTAs of a pair (cluster places 2i, 2i + 1 along M)
+    work on the same MMA tile at every step, and the pairs cover every MMA tile exactly once.
+    With one CTA per MMA tile, the MMA tile is the CTA tile."""
+    fake = _FakeGrid(monkeypatch)
+    cm, cn = cluster
+    schedule = bw.TileSchedule.create(num_ctas_mnl, cluster)
+    fake.grid = schedule.grid(cluster, 3)
+    pair_tiles = {}
+    for z in range(fake.grid[2]):
+        for x in range(cm):
+            for y in range(cn):
+                fake.block = (x, y, z)
+                work, step = schedule.first_work(), 0
+                while schedule.is_valid(work):
+                    mma = schedule.mma_tile(work, cluster, 2)
+                    assert schedule.mma_tile(work, cluster, 1) == schedule.cta_tile(work, cluster)
+                    pair_tiles.setdefault((z, x // 2, y, step), set()).add(mma)
+                    work, step = schedule.next_work(work), step + 1
+    assert all(len(tiles) == 1 for tiles in pair_tiles.values())
+    visited = [tile for tiles in pair_tiles.values() for tile in tiles]
+    clusters_m, clusters_n = -(-num_ctas_mnl[0] // cm), -(-num_ctas_mnl[1] // cn)
+    every_mma_tile = {
+        (m, n, l)  # noqa: E741
+        for m in range(clusters_m * cm // 2)
+        for n in range(clusters_n * cn)
+        for l in range(num_ctas_mnl[2])  # noqa: E741
+    }
+    assert sorted(visited) == sorted(every_mma_tile)

@@ -337,6 +337,47 @@ MUTANTS = [
         new="if d_cublas is None:",
         tests=[_T, "-k", "second_oracle"],
     ),
+    dict(
+        id="sched-pair-not-shared",
+        klass="tile schedule",
+        file="blockwise_gemm_fp4.py",
+        old="return tile_m // cta_pair, tile_n, tile_l",
+        new="return tile_m, tile_n, tile_l",
+        tests=[_T, "-k", "tile_schedule"],
+    ),
+    # --- barriers ------------------------------------------------------------------------
+    dict(
+        id="ab-empty-arrivals-one-too-many",
+        klass="barriers",
+        file="blockwise_gemm_fp4.py",
+        old="pipeline.Agent.Thread, self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1",
+        new="pipeline.Agent.Thread, self.num_mcast_ctas_a + self.num_mcast_ctas_b",
+        tests=[_T, "-k", "barrier_arrival"],
+    ),
+    dict(
+        id="acc-empty-arrivals-one-cta",
+        klass="barriers",
+        file="blockwise_gemm_fp4.py",
+        old="THREADS_PER_WARP * NUM_EPILOGUE_WARPS * cute.size(tiled_mma.thr_id.shape)",
+        new="THREADS_PER_WARP * NUM_EPILOGUE_WARPS",
+        tests=[_T, "-k", "barrier_arrival"],
+    ),
+    dict(
+        id="tmem-barrier-without-mma-warp",
+        klass="barriers",
+        file="blockwise_gemm_fp4.py",
+        old="num_threads=THREADS_PER_WARP * (NUM_EPILOGUE_WARPS + 1),",
+        new="num_threads=THREADS_PER_WARP * NUM_EPILOGUE_WARPS,",
+        tests=[_T, "-k", "barrier_arrival"],
+    ),
+    dict(
+        id="tx-bytes-one-cta-of-pair",
+        klass="barriers",
+        file="blockwise_gemm_fp4.py",
+        old="self.num_tma_load_bytes = cta_pair * (",
+        new="self.num_tma_load_bytes = 1 * (",
+        tests=[_T, "-k", "budget"],
+    ),
     # --- targets -------------------------------------------------------------------------
     dict(
         id="gpu-check-ignores-target",
