@@ -469,6 +469,19 @@ def test_ptx_barrier_arrival_counts(arch_cfg, compiled_matrix):
 
 
 @pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+def test_ptx_mma_overwrites_then_accumulates(arch_cfg, compiled_matrix):
+    """The enable-input-d operand of each tcgen05.mma: the k-tile's first MMA takes a flag that
+    is false at a tile's start and true once MMAs have run; its other MMAs always accumulate."""
+    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    flags = [ops[-1] for op, ops in ptx.instructions if op.startswith("tcgen05.mma")]
+    values = [{args[0] for op, args in ptx.defs.get(f, ()) if op == "mov.pred"} for f in flags]
+    assert len(flags) % bw.MMA_INSTS_PER_K_TILE == 0 and flags, flags
+    for i, flag_values in enumerate(values):
+        first_of_k_tile = i % bw.MMA_INSTS_PER_K_TILE == 0
+        assert flag_values == ({"0", "-1"} if first_of_k_tile else {"-1"}), (i, flags, values)
+
+
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
 def test_ptx_tile_coordinates_come_from_their_own_grid_axis(arch_cfg, compiled_matrix):
     """The grid's x extent is the cluster's M, y its N: A and SFA tiles are picked without
     %ctaid.y, SFB tiles and the MMA's SFB column shift without %ctaid.x (B too, unless a CTA

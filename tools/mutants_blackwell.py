@@ -378,6 +378,22 @@ MUTANTS = [
         new="self.num_tma_load_bytes = 1 * (",
         tests=[_T, "-k", "budget"],
     ),
+    dict(
+        id="mma-never-accumulates",
+        klass="accumulate flag",
+        file="blockwise_gemm_fp4.py",
+        old="tiled_mma.set(tcgen05.Field.ACCUMULATE, True)",
+        new="tiled_mma.set(tcgen05.Field.ACCUMULATE, False)",
+        tests=[_T, "-k", "overwrites_then_accumulates"],
+    ),
+    dict(
+        id="mma-accumulates-from-the-start",
+        klass="accumulate flag",
+        file="blockwise_gemm_fp4.py",
+        old="tiled_mma.set(tcgen05.Field.ACCUMULATE, False)",
+        new="tiled_mma.set(tcgen05.Field.ACCUMULATE, True)",
+        tests=[_T, "-k", "overwrites_then_accumulates"],
+    ),
     # --- targets -------------------------------------------------------------------------
     dict(
         id="gpu-check-ignores-target",
