@@ -447,6 +447,41 @@ def test_ptx_tma_multicast_mask_of_each_load(arch_cfg, compiled_matrix):
 
 
 @pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+def test_ptx_barrier_arrival_counts(arch_cfg, compiled_matrix):
+    """Arrivals each mbarrier waits for, in allocation order, from the roles' sizes: a stage
+    fills with one TMA transaction arrival and is freed by one MMA-warp arrival from every CTA
+    that multicast into it (its cluster row, plus its column counted in CTA pairs, itself
+    once); an accumulator fills with one MMA commit and is freed by the 128 epilogue threads of
+    each CTA of the pair. Named barriers: the 128 epilogue threads (id 1), and those with the
+    MMA warp's 32 waiting for the TMEM address (id 2)."""
+    (vec, _), c_dtype, tile, cluster = arch_cfg[1]
+    pair = 2 if tile[0] == 256 else 1
+    budget = bw.tile_budget(tile, vec, c_dtype)
+    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    counts = [ptx.value(ops[1]) for op, ops in ptx.instructions if op.startswith("mbarrier.init")]
+    ab, acc = budget.num_ab_stage, budget.num_acc_stage
+    expected = (
+        [1] * ab + [cluster[1] + cluster[0] // pair - 1] * ab + [1] * acc + [128 * pair] * acc
+    )
+    assert counts[: len(expected)] == [(None, c) for c in expected], counts
+    named = {tuple(ops) for op, ops in ptx.instructions if op == "bar.sync"}
+    assert named - {("0",)} == {("1", "128"), ("2", "160")}, named  # (0: the whole CTA)
+
+
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+def test_ptx_mma_overwrites_then_accumulates(arch_cfg, compiled_matrix):
+    """The enable-input-d operand of each tcgen05.mma: the k-tile's first MMA takes a flag that
+    is false at a tile's start and true once MMAs have run; its other MMAs always accumulate."""
+    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    flags = [ops[-1] for op, ops in ptx.instructions if op.startswith("tcgen05.mma")]
+    values = [{args[0] for op, args in ptx.defs.get(f, ()) if op == "mov.pred"} for f in flags]
+    assert len(flags) % bw.MMA_INSTS_PER_K_TILE == 0 and flags, flags
+    for i, flag_values in enumerate(values):
+        first_of_k_tile = i % bw.MMA_INSTS_PER_K_TILE == 0
+        assert flag_values == ({"0", "-1"} if first_of_k_tile else {"-1"}), (i, flags, values)
+
+
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
 def test_ptx_tile_coordinates_come_from_their_own_grid_axis(arch_cfg, compiled_matrix):
     """The grid's x extent is the cluster's M, y its N: A and SFA tiles are picked without
     %ctaid.y, SFB tiles and the MMA's SFB column shift without %ctaid.x (B too, unless a CTA
@@ -805,7 +840,7 @@ GOOD = dict(
         (dict(mma_tiler_mn=(128, 96)), "MMA tile N=96 is not supported"),
         (dict(cluster_shape_mn=(3, 1)), "cluster shape M=3 must be a power of two"),
         (dict(cluster_shape_mn=(1, 8)), "cluster shape N=8 exceeds 4"),
-        (dict(mma_tiler_mn=(256, 128)), "cluster shape M must be even"),
+        (dict(mma_tiler_mn=(256, 128)), "M must be even"),
         (dict(mnkl=(32768, 1024, 65536, 1)), "M*K = 2147483648 elements does not fit"),
         (dict(mnkl=(64, 65536, 32768, 1)), "N*K = 2147483648 elements does not fit"),
         (dict(mnkl=(32768, 131072, 256, 1)), "M * row pitch of D = 4294967296 elements"),
@@ -843,7 +878,7 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
         (["--mnkl", "1,2,3"], "--mnkl expects 4 integers"),
         (["--mnkl", "128,128,100,1"], "K=100 is not a multiple of 32"),
         (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "does not pair"),
-        (["--cluster_shape_mn", "1,1"], "cluster shape M must be even"),
+        (["--mma_tiler_mn", "256,128", "--cluster_shape_mn", "1,1"], "M must be even"),
         (["--iterations", "0"], "--iterations must be >= 1"),
         (["--tolerance", "nan"], "--tolerance must be a finite number > 0, got nan"),
         (["--alpha", "1e39"], "--alpha: alpha=1e+39 is not a finite fp32 number"),
@@ -1073,7 +1108,14 @@ def test_operand_sets_cold_l2_copies():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
-def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "extra,check_line,last_line",
+    [
+        ([], "rule that held: derived bound", "PASS"),
+        (["--skip_ref_check"], "Reference check: skipped", "NOT CHECKED (--skip_ref_check)"),
+    ],
+)
+def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys, extra, check_line, last_line):
     """The CLI's host flow on a GPU (operand copies, the stream prepare_gemm binds, graph timing,
     the checks, the output lines) with prepare_gemm replaced by a stand-in that writes the
     reference result from the stream current at preparation, as the real launch does, and
@@ -1107,12 +1149,12 @@ def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys):
     monkeypatch.setattr(bw, "_blackwell_gpu", lambda *_: (True, "a stand-in"))
     monkeypatch.setattr(bw, "prepare_gemm", stand_in)
     monkeypatch.setattr(torch, "_scaled_mm", stand_in_scaled_mm)
-    rc = bw.main(["--mnkl", "200,136,512,1", "--iterations", "4", "--use_cold_l2"])
+    rc = bw.main(["--mnkl", "200,136,512,1", "--iterations", "4", "--use_cold_l2", *extra])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "Mean time:" in out and "Throughput:" in out and "ours / cuBLASLt time ratio" in out
-    assert "rule that held: derived bound" in out
-    assert out.strip().splitlines()[-1] == "PASS"
+    assert check_line in out
+    assert out.strip().splitlines()[-1] == last_line
     # every launch ran on one side stream, and the timing graphs captured it there, once per
     # operand copy at least
     streams = {s for s, _ in launches}
@@ -1141,6 +1183,12 @@ def _operands(m=256, n=128, k=512, l=1, vec=16):  # noqa: E741
             "sfb_blocked must be torch.float8_e4m3fn",
         ),
         (lambda a, b, sa, sb: (a, b, sa, sb, 16), "must be a contiguous CUDA tensor"),
+        (
+            lambda a, b, sa, sb: (a, b, sa.view(1, 256, 32), sb, 16),
+            r"sfa_blocked has shape \(1, 256, 32\); reference.to_blocked of the \[L, 256, K/16\]",
+        ),
+        (lambda a, b, sa, sb: (a, b, sa, sb[:, :-4], 16), r"sfb_blocked has shape \(1, 4092\)"),
+        (lambda a, b, sa, sb: (a, b, sa, sb, 16.0), "sf_vec_size=16.0 is not supported"),
     ],
 )
 def test_prepare_gemm_rejects_bad_input(mutate, message):
@@ -1306,6 +1354,16 @@ def test_pick_tile_and_cluster_fills_in_what_is_missing():
     assert bw.pick_tile_and_cluster((1, 1, 32, 1), (128, 256), (1, 4)) == ((128, 256), (1, 4))
 
 
+@pytest.mark.parametrize("cluster", [(1, 1), (1, 2), (1, 4)])
+def test_pick_tile_fits_a_given_cluster_with_odd_m(cluster):
+    """A cluster with no room for a CTA pair gets a one-CTA tile: a user who asks only for the
+    cluster gets a configuration that runs."""
+    mnkl = (8192, 8192, 8192, 1)
+    tile, picked = bw.pick_tile_and_cluster(mnkl, None, cluster)
+    assert (tile, picked) == ((128, 128), cluster)
+    assert bw.check_fp4_gemm_config(mnkl, 16, "Float8E4M3FN", "BFloat16", tile, picked) == []
+
+
 def test_cli_and_python_api_use_the_same_pick(monkeypatch):
     """No tile or cluster given: the CLI's configuration and prepare_gemm's are the rule's."""
     for mnkl in [(8192, 8192, 8192, 1), (100, 40, 64, 1)]:
@@ -1330,10 +1388,37 @@ def test_cli_and_python_api_use_the_same_pick(monkeypatch):
         ((128, 128, 256, 2**31), "L=2147483648 does not fit the kernel's 32-bit extents"),
         ((2**31, 1, 32, 1), "M=2147483648 does not fit"),
         ((256, 64, 32, 2**31 - 1), "CTA tiles of 128x128 do not fit"),
+        # The persistent loop's last step (tile + grid size) must not wrap past 2^31 either.
+        ((1, 1, 32, 2**31 - 1), "2147483647 CTA tiles of 128x128 do not fit"),
+        ((1, 1, 32, 2**31 - 2**16 + 1), "CTA tiles of 128x128 do not fit"),
+        ((1, 1, 32, 2**31 - 2**16), None),
     ],
 )
 def test_check_config_integer_types_and_32_bit_limits(mnkl, message):
     reasons = bw.check_fp4_gemm_config(mnkl)
+    if message is None:
+        assert reasons == []
+    else:
+        assert any(message in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        (dict(mma_tiler_mn=(np.int64(256), 128), cluster_shape_mn=(np.int32(2), 1)), None),
+        (dict(mma_tiler_mn=(128.0, 128)), "mma_tiler_mn must be two integers M,N, got (128.0,"),
+        (dict(mma_tiler_mn=(128,)), "mma_tiler_mn must be two integers M,N, got (128,)"),
+        (dict(cluster_shape_mn=(1.0, 1)), "cluster_shape_mn must be two integers M,N"),
+        (dict(cluster_shape_mn=(2, 1, 1)), "cluster_shape_mn must be two integers M,N"),
+        (dict(cluster_shape_mn="21"), "cluster_shape_mn must be two integers M,N"),
+        (dict(sf_vec_size=16.0), "sf_vec_size must be an integer, got 16.0"),
+        (dict(sf_vec_size=True), "sf_vec_size must be an integer, got True"),
+    ],
+)
+def test_check_config_tile_cluster_and_vec_types(config, message):
+    """A float, short or long tile / cluster, or a non-integer sf_vec_size, is named (a float
+    128.0 would otherwise pass ``in (128, 256)`` and reach the compiler)."""
+    reasons = bw.check_fp4_gemm_config((256, 256, 256, 1), **config)
     if message is None:
         assert reasons == []
     else:
@@ -1349,6 +1434,8 @@ def test_check_config_integer_types_and_32_bit_limits(mnkl, message):
         (["--tolerance", "1e6", "--mnkl", "256,256,8192,1"], "--tolerance 1e+06 is too large"),
         (["--alpha", "1e39"], "--alpha: alpha=1e+39 is not a finite fp32 number"),
         (["--alpha", "nan"], "--alpha: alpha=nan is not a finite fp32 number"),
+        (["--seed", "-1"], "--seed must be in [0, 2^64), got -1"),
+        (["--seed", str(2**64)], "--seed must be in [0, 2^64)"),
     ],
 )
 def test_cli_rejects_bad_numbers_before_running(args, message):
@@ -1464,3 +1551,128 @@ def test_second_oracle_rule(ours, library, passed, rule):
     assert ok == passed == info.passed and info.rule == rule, str(info)
     if library is not None and math.isfinite(library):
         assert info.library_max_abs_err > 0
+
+
+class _FakeGrid:
+    """Stands in for the device's block and grid indices, so that ``TileSchedule``'s own code
+    runs on the CPU with Python integers (plain ints as the fast-divmod divisors)."""
+
+    def __init__(self, monkeypatch):
+        self.block = (0, 0, 0)
+        self.grid = (1, 1, 1)
+        monkeypatch.setattr(bw.cute.arch, "block_idx", lambda: self.block)
+        monkeypatch.setattr(bw.cute.arch, "grid_dim", lambda: self.grid)
+        monkeypatch.setattr(bw.cute.arch, "make_warp_uniform", lambda v: v)
+        monkeypatch.setattr(bw.cute, "fast_divmod_create_divisor_v2", lambda v: v)
+        monkeypatch.setattr(bw.cutlass, "Int32", int)
+        monkeypatch.setattr(bw.cutlass, "min", min)
+
+
+@pytest.mark.parametrize(
+    "num_ctas_mnl,cluster,max_active_clusters",
+    [
+        ((1, 1, 1), (1, 1), 148),
+        ((7, 5, 3), (1, 1), 4),
+        ((7, 5, 3), (2, 1), 5),
+        ((8, 8, 1), (4, 4), 9),
+        ((3, 10, 2), (1, 4), 37),
+        ((5, 3, 2), (4, 2), 18),
+        ((64, 64, 1), (2, 1), 74),
+        ((2, 2, 4), (2, 2), 1000),
+    ],
+)
+def test_tile_schedule_visits_every_cta_tile_once(
+    monkeypatch, num_ctas_mnl, cluster, max_active_clusters
+):
+    """Every (M, N, L) CTA tile of the cluster-rounded problem is worked on by exactly one CTA,
+    which sits at that tile's place in its cluster; the clusters take the cluster tiles M
+    fastest, then N, then L (CUTLASS's order); the CTAs of a cluster walk the same cluster
+    tiles (their multicast loads and barriers must pair up)."""
+    fake = _FakeGrid(monkeypatch)
+    cm, cn = cluster
+    schedule = bw.TileSchedule.create(num_ctas_mnl, cluster)
+    clusters_m, clusters_n = -(-num_ctas_mnl[0] // cm), -(-num_ctas_mnl[1] // cn)
+    num_cluster_tiles = clusters_m * clusters_n * num_ctas_mnl[2]
+    fake.grid = schedule.grid(cluster, max_active_clusters)
+    assert fake.grid == (cm, cn, min(num_cluster_tiles, max_active_clusters))
+
+    visits = {}
+    for z in range(fake.grid[2]):
+        walks = set()
+        for x in range(cm):
+            for y in range(cn):
+                fake.block = (x, y, z)
+                walk = []
+                work = schedule.first_work()
+                while schedule.is_valid(work):
+                    tile = schedule.cta_tile(work, cluster)
+                    assert (tile[0] % cm, tile[1] % cn) == (x, y)
+                    visits[tile] = visits.get(tile, 0) + 1
+                    walk.append((tile[0] // cm, tile[1] // cn, tile[2]))
+                    work = schedule.next_work(work)
+                walks.add(tuple(walk))
+        assert len(walks) == 1, f"the CTAs of cluster {z} walk different tiles"
+        (walk,) = walks
+        # Cluster z takes cluster tiles z, z + G, ... numbered M fastest, then N, then L.
+        expected = [
+            (t % clusters_m, t // clusters_m % clusters_n, t // (clusters_m * clusters_n))
+            for t in range(z, num_cluster_tiles, fake.grid[2])
+        ]
+        assert list(walk) == expected
+    every_tile = {
+        (m, n, l)  # noqa: E741
+        for m in range(clusters_m * cm)
+        for n in range(clusters_n * cn)
+        for l in range(num_ctas_mnl[2])  # noqa: E741
+    }
+    assert set(visits) == every_tile
+    assert set(visits.values()) == {1}
+
+
+@pytest.mark.parametrize(
+    "c_dtype,used", [("BFloat16", True), ("Float16", False), ("Float32", False)]
+)
+def test_cublaslt_is_a_second_oracle_only_for_bfloat16_d(c_dtype, used):
+    """cuBLASLt's D is bf16: its error cannot vouch for a Float16 or Float32 D."""
+    d_cublas = torch.zeros(1, 2, 2)
+    d, why = bw.second_oracle(d_cublas, "", c_dtype)
+    assert (d is d_cublas) == used
+    assert why == ("" if used else f"its output is bf16, D is {c_dtype}")
+    assert bw.second_oracle(None, "it takes no batch mode; L > 1", c_dtype) == (
+        None,
+        "it takes no batch mode; L > 1",
+    )
+
+
+@pytest.mark.parametrize(
+    "num_ctas_mnl,cluster", [((7, 5, 3), (2, 1)), ((8, 8, 1), (4, 4)), ((5, 3, 2), (4, 2))]
+)
+def test_tile_schedule_cta_pairs_share_their_mma_tile(monkeypatch, num_ctas_mnl, cluster):
+    """MMA tile M 256 on CTA pairs: the two CTAs of a pair (cluster places 2i, 2i + 1 along M)
+    work on the same MMA tile at every step, and the pairs cover every MMA tile exactly once.
+    With one CTA per MMA tile, the MMA tile is the CTA tile."""
+    fake = _FakeGrid(monkeypatch)
+    cm, cn = cluster
+    schedule = bw.TileSchedule.create(num_ctas_mnl, cluster)
+    fake.grid = schedule.grid(cluster, 3)
+    pair_tiles = {}
+    for z in range(fake.grid[2]):
+        for x in range(cm):
+            for y in range(cn):
+                fake.block = (x, y, z)
+                work, step = schedule.first_work(), 0
+                while schedule.is_valid(work):
+                    mma = schedule.mma_tile(work, cluster, 2)
+                    assert schedule.mma_tile(work, cluster, 1) == schedule.cta_tile(work, cluster)
+                    pair_tiles.setdefault((z, x // 2, y, step), set()).add(mma)
+                    work, step = schedule.next_work(work), step + 1
+    assert all(len(tiles) == 1 for tiles in pair_tiles.values())
+    visited = [tile for tiles in pair_tiles.values() for tile in tiles]
+    clusters_m, clusters_n = -(-num_ctas_mnl[0] // cm), -(-num_ctas_mnl[1] // cn)
+    every_mma_tile = {
+        (m, n, l)  # noqa: E741
+        for m in range(clusters_m * cm // 2)
+        for n in range(clusters_n * cn)
+        for l in range(num_ctas_mnl[2])  # noqa: E741
+    }
+    assert sorted(visited) == sorted(every_mma_tile)

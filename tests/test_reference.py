@@ -1069,6 +1069,93 @@ def test_bad_input_raises_value_error(case: str) -> None:
         call()
 
 
+# ----------------------------------------------------------------------------- scale bytes
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_scale_byte_is_used_or_refused_by_the_format(fmt: str) -> None:
+    """All 256 bytes of one block scale: a byte the format decodes (e4m3_value / e8m0_value,
+    from the bit fields) to NaN, or an E4M3 byte with the sign bit set (PTX ue4m3 is unsigned),
+    raises ValueError naming it; any other gives D = vec * scale exactly (A and B all 1.0, the
+    other operand's scale 1.0, K one block)."""
+    vec = FORMATS[fmt]
+    one = 0x38 if vec == 16 else 0x7F  # 1.0 in E4M3 / E8M0
+    sf_dtype = R.SCALE_DTYPES[vec]
+    ones = torch.full((1, vec // 2), 0x22, dtype=torch.uint8)  # vec E2M1 codes of 1.0
+    sfb = torch.tensor([[one]], dtype=torch.uint8).view(sf_dtype)
+    for byte in range(256):
+        value = SCALE_TABLES[vec][byte].item()
+        sfa = torch.tensor([[byte]], dtype=torch.uint8).view(sf_dtype)
+        for name, args in (("sfa", (ones, ones, sfa, sfb)), ("sfb", (ones, ones, sfb, sfa))):
+            signed = vec == 16 and byte & 0x80
+            if math.isnan(value) or signed:
+                why = "sign bit" if signed else "NaN"  # (E4M3 0xFF is both)
+                with pytest.raises(ValueError, match=f"{name} has 1 .*{why}"):
+                    R.reference_gemm(*args, vec, out_dtype=torch.float64)
+            else:
+                d = R.reference_gemm(*args, vec, out_dtype=torch.float64, accum_dtype=torch.float64)
+                assert d.item() == vec * value, (name, hex(byte))
+
+
+# ----------------------------------------------------------------------------- second oracle
+
+
+def _all_ones_gemm(n: int = 4):
+    """A [1, 64] and B [n, 64], every value 1.0 (scales 1.0): D is 64 in every column, exactly.
+    With K 64 and sum |a b| 64, the derived fp32 bound is about K * 2^-23 * 64 = 2^-11."""
+    a = torch.full((1, 32), 0x22, dtype=torch.uint8)
+    b = torch.full((n, 32), 0x22, dtype=torch.uint8)
+    sfa = torch.full((1, 4), 1.0).to(torch.float8_e4m3fn)
+    sfb = torch.full((n, 4), 1.0).to(torch.float8_e4m3fn)
+    return a, b, sfa, sfb, 16
+
+
+def _off_by(*errors: float) -> torch.Tensor:
+    """A float32 [1, 4] result: 64 plus the given error in each column."""
+    return torch.tensor([[64.0 + e for e in errors]], dtype=torch.float32)
+
+
+NAN = math.nan
+LIBRARY_CASES = {
+    # name: (our errors, the library's errors or None, passes, rule)
+    "ours-exact-no-library": ((0, 0, 0, 0), None, True, "derived bound"),
+    "ours-within-bound": ((2**-14, 0, 0, 0), None, True, "derived bound"),
+    "ours-within-bound-library-worse": ((2**-14, 0, 0, 0), (1, 1, 1, 1), True, "derived bound"),
+    "ours-outside-no-library": ((2**-4, 0, 0, 0), None, False, "neither rule held"),
+    # The rule compares the largest errors: ours 1/16 <= 2 x the library's 1/32 (elsewhere).
+    "twice-the-library-exactly": ((2**-4, 0, 0, 0), (0, 0, 0, 2**-5), True, "within 2x"),
+    "same-result-as-library": ((2**-4, 0, 0, 0), (2**-4, 0, 0, 0), True, "within 2x"),
+    "four-times-the-library": ((2**-3, 0, 0, 0), (0, 0, 0, 2**-5), False, "neither rule held"),
+    "just-over-twice": ((2**-4 + 2**-12, 0, 0, 0), (2**-5, 0, 0, 0), False, "neither rule"),
+    "library-exact": ((2**-4, 0, 0, 0), (0, 0, 0, 0), False, "neither rule held"),
+    "library-nan": ((2**-4, 0, 0, 0), (NAN, 1, 1, 1), False, "neither rule held"),
+    "ours-nan": ((NAN, 0, 0, 0), (1, 1, 1, 1), False, "neither rule held"),
+    "both-nan": ((NAN, 0, 0, 0), (NAN, 0, 0, 0), False, "neither rule held"),
+    "ours-inf": ((math.inf, 0, 0, 0), (math.inf, 0, 0, 0), False, "neither rule held"),
+}
+
+
+@pytest.mark.parametrize("case", LIBRARY_CASES)
+def test_check_gemm_or_library_rule(case: str) -> None:
+    """Hand-made results around an exact D of 64: which rule holds, and the errors reported."""
+    ours, library, passes, rule = LIBRARY_CASES[case]
+    d_library = None if library is None else _off_by(*library)
+    ok, info = R.check_gemm_or_library(_off_by(*ours), d_library, *_all_ones_gemm())
+    assert ok == info.passed == passes, str(info)
+    assert info.rule.startswith(rule), str(info)
+    if library is None:
+        assert info.library_max_abs_err is None
+    elif not any(math.isnan(e) or math.isinf(e) for e in library):
+        assert info.library_max_abs_err == max(library)
+    if all(math.isfinite(e) for e in ours):
+        assert info.ours.max_abs_err == max(ours)
+
+
+def test_check_gemm_or_library_refuses_a_library_result_of_another_shape() -> None:
+    with pytest.raises(ValueError, match=r"d_library has shape \(1, 3\)"):
+        R.check_gemm_or_library(_off_by(0, 0, 0, 0), _off_by(0, 0, 0), *_all_ones_gemm())
+
+
 # ----------------------------------------------------------------------------- CUDA
 
 

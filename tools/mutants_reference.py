@@ -391,4 +391,66 @@ MUTANTS = [
         'gs = _scalar(global_scale, "global_scale", data.device, positive=True)',
         'gs = _scalar(global_scale, "global_scale", data.device, positive=False)',
     ),
+    # ------------------------------------------------------------------ scale bytes
+    mutant(
+        "ref-scale-e4m3-nan-is-0xff",
+        "scale bytes",
+        "nans = int(bits.eq(0x7F if want == torch.float8_e4m3fn else 0xFF).sum())",
+        "nans = int(bits.eq(0xFF if want == torch.float8_e4m3fn else 0xFF).sum())",
+    ),
+    mutant(
+        "ref-scale-e8m0-nan-off-by-one",
+        "scale bytes",
+        "nans = int(bits.eq(0x7F if want == torch.float8_e4m3fn else 0xFF).sum())",
+        "nans = int(bits.eq(0x7F if want == torch.float8_e4m3fn else 0xFE).sum())",
+    ),
+    mutant(
+        "ref-scale-negative-zero-accepted",
+        "scale bytes",
+        "signed = int((bits & 0x80).ne(0).sum())",
+        "signed = int((bits > 0x80).sum())",
+    ),
+    mutant(
+        "ref-scale-sign-check-on-e8m0",
+        "scale bytes",
+        "    if want == torch.float8_e4m3fn:\n        signed",
+        "    if True:\n        signed",
+    ),
+    # ------------------------------------------------------------------ second oracle
+    mutant(
+        "ref-lib-four-times",
+        "second oracle",
+        "if ours.max_abs_err <= 2 * library_err:",
+        "if ours.max_abs_err <= 4 * library_err:",
+    ),
+    mutant(
+        "ref-lib-strictly-below-twice",
+        "second oracle",
+        "if ours.max_abs_err <= 2 * library_err:",
+        "if ours.max_abs_err < 2 * library_err:",
+    ),
+    mutant(
+        "ref-lib-error-against-ours",
+        "second oracle",
+        "library_err = float((d_library.double() - ref.double()).abs().max())",
+        "library_err = float((d_library.double() - d_kernel.double()).abs().max())",
+    ),
+    mutant(
+        "ref-lib-mean-error",
+        "second oracle",
+        "library_err = float((d_library.double() - ref.double()).abs().max())",
+        "library_err = float((d_library.double() - ref.double()).abs().mean())",
+    ),
+    mutant(
+        "ref-lib-nan-library-accepted",
+        "second oracle",
+        "if library_err is not None and math.isfinite(library_err) and math.isfinite(",
+        "if library_err is not None and math.isfinite(",
+    ),
+    mutant(
+        "ref-lib-shape-unchecked",
+        "second oracle",
+        "if d_library.shape != ref.shape:",
+        "if d_library.dim() != ref.dim():",
+    ),
 ]
