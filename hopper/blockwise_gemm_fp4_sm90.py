@@ -77,6 +77,7 @@ import math
 import os
 import struct
 import sys
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -723,6 +724,7 @@ def alpha_reason(alpha: float, sf_vec_size: int, path: str = "decode") -> str | 
 # ---------------------------------------------------------------------------------------------
 # Static persistent tile scheduler
 # ---------------------------------------------------------------------------------------------
+@dataclass
 class StaticTileScheduler:
     """Work units (row tile, col tile, L x split_k) dealt statically to persistent clusters.
 
@@ -730,11 +732,9 @@ class StaticTileScheduler:
     grid's clusters; every role of a CTA walks the same units, so they agree without talking.
     Built on the host (``create``), passed to the kernel as an argument."""
 
-    def __init__(self, num_units, row_clusters, col_tiles, cluster_m: int):
-        self.num_units = num_units  # Int32: units (of clusters) in the problem
-        self.row_clusters = row_clusters  # FastDivmodDivisorV2
-        self.col_tiles = col_tiles  # FastDivmodDivisorV2
-        self.cluster_m = cluster_m
+    num_units: Int32  # units (of clusters) in the problem
+    row_clusters: cute.FastDivmodDivisorV2
+    col_tiles: cute.FastDivmodDivisorV2
 
     @staticmethod
     def create(num_tiles, cluster_m: int, max_active_clusters: int):
@@ -749,26 +749,8 @@ class StaticTileScheduler:
             num_units,
             cute.fast_divmod_create_divisor_v2(row_clusters),
             cute.fast_divmod_create_divisor_v2(col_tiles),
-            cluster_m,
         )
         return scheduler, grid
-
-    def __extract_mlir_values__(self):
-        values, self._sizes = [], []
-        for obj in (self.num_units, self.row_clusters, self.col_tiles):
-            obj_values = cutlass.extract_mlir_values(obj)
-            values += obj_values
-            self._sizes.append(len(obj_values))
-        return values
-
-    def __new_from_mlir_values__(self, values):
-        fields = []
-        for obj, size in zip(
-            (self.num_units, self.row_clusters, self.col_tiles), self._sizes, strict=True
-        ):
-            fields.append(cutlass.new_from_mlir_values(obj, values[:size]))
-            values = values[size:]
-        return StaticTileScheduler(*fields, self.cluster_m)
 
     def first_unit(self):
         """This CTA's first unit (device side): its cluster's index in the grid."""
@@ -780,12 +762,12 @@ class StaticTileScheduler:
     def is_valid(self, unit):
         return cutlass.Boolean(cute.arch.make_warp_uniform(unit < self.num_units))
 
-    def coords(self, unit):
+    def coords(self, unit, cluster_m: int):
         """(row tile, col tile, L x split_k index) of ``unit`` for this CTA of its cluster."""
         rest, row_cluster = divmod(unit, self.row_clusters)
         lk, col_tile = divmod(rest, self.col_tiles)
-        cta = Int32(cute.arch.block_idx()[0] % self.cluster_m)
-        row_tile = row_cluster * Int32(self.cluster_m) + cta
+        cta = Int32(cute.arch.block_idx()[0] % cluster_m)
+        row_tile = row_cluster * Int32(cluster_m) + cta
         uniform = cute.arch.make_warp_uniform
         return uniform(row_tile), uniform(Int32(col_tile)), uniform(Int32(lk))
 
@@ -1332,7 +1314,7 @@ class BlockwiseGemmFp4Sm90:
     def _producer_unit(self, scheduler, unit, k_tiles):
         """A work unit's coordinates for the TMA copies: row tile, col tile, batch, its k-tiles
         [begin, end) and kernel A's scale row block."""
-        row_tile, col_tile, lk = scheduler.coords(unit)
+        row_tile, col_tile, lk = scheduler.coords(unit, self.cluster_m)
         batch = lk // self.split_k
         kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
         # scale row block of this tile (tiles narrower than an atom share one)
@@ -1432,7 +1414,7 @@ class BlockwiseGemmFp4Sm90:
             unit_state = pipeline.make_pipeline_state(consumer, self.num_stages)
         unit = scheduler.first_unit()
         while scheduler.is_valid(unit):
-            row_tile, col_tile, lk = scheduler.coords(unit)
+            row_tile, col_tile, lk = scheduler.coords(unit, self.cluster_m)
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
             # this thread's k-tiles: kt_first, kt_first + k_groups, ... < kt_end
             kt_first = kt_begin
