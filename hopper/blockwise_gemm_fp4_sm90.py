@@ -116,12 +116,6 @@ K_BLOCK = 64
 SF_ATOM_ROWS = 128
 SF_ATOM_COLS = 4
 SF_ATOM_BYTES = 512
-# convert_operands: threads per CTA and 16-byte chunks per thread (prefill: whole operands,
-# many bytes in flight; decode: small CTAs that fit beside the GEMM's CTAs on an SM).
-CONVERT_THREADS = 256
-CONVERT_UNROLL = 4
-DECODE_CONVERT_THREADS = 128
-DECODE_CONVERT_UNROLL = 2
 # NOTE: two decode CTAs of 128 weight rows hold 2 x 384 threads x 80 registers of the SM's
 # 65536: a prologue CTA of 128 threads fits beside them only at <= 32 registers per thread.
 DECODE_CONVERT_MAX_REGS = 32
@@ -138,13 +132,6 @@ DECODE_K_GROUPS = 4
 UNIT_COST = 384
 # default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
-# TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
-EPI_COLS = 32
-EPI_STAGES = 2
-# Split-K fix-up: partials loaded at once (registers) before they are summed, fewer where the
-# registers next to the accumulators would not hold them (FIXUP_RESERVED for the rest).
-FIXUP_LOADS = 128
-FIXUP_RESERVED = 24
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
@@ -833,10 +820,10 @@ class BlockwiseGemmFp4Sm90:
         self.producer_regs = 40 if self.occupancy == 1 else 24
         budget = self.threads_per_cta * launch_regs - self.threads_per_wg * self.producer_regs
         self.mma_regs = min(240, budget // self.num_mma_threads // 8 * 8)
+        # convert_operands: threads per CTA and 16-byte chunks per thread (prefill: whole
+        # operands, many bytes in flight; decode: small CTAs that fit beside the GEMM's CTAs)
+        self.convert_threads, self.convert_unroll = (128, 2) if path == "decode" else (256, 4)
         self.prologue_pdl = self._prologue_pdl(launch_regs)
-        decode = path == "decode"
-        self.convert_threads = DECODE_CONVERT_THREADS if decode else CONVERT_THREADS
-        self.convert_unroll = DECODE_CONVERT_UNROLL if decode else CONVERT_UNROLL
         self.acc_dtype = cutlass.Float32
         # NVFP4 on decode runs F16 wgmma (a cheaper exact conversion in the mainloop); MXFP4,
         # and prefill (converted once per launch), BF16 (hopper/DESIGN.md)
@@ -853,7 +840,7 @@ class BlockwiseGemmFp4Sm90:
         if self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16):
             return True
         gemm_regs = self.occupancy * self.threads_per_cta * launch_regs
-        prologue_regs = DECODE_CONVERT_THREADS * DECODE_CONVERT_MAX_REGS
+        prologue_regs = self.convert_threads * DECODE_CONVERT_MAX_REGS
         fits = gemm_regs + prologue_regs <= SM90_REGS_PER_SM
         return self.k_groups > 1 and self.tile_cols <= 32 and fits
 
@@ -871,11 +858,11 @@ class BlockwiseGemmFp4Sm90:
             self.sfa_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfa_row_blocks
         self.b_stage_bytes = self.tile_cols * self.stage_k * 2
         self.tx_bytes = self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes
-        # TMA-store epilogue: (rows, EPI_COLS) subtiles of D in kernel coordinates; the decode
-        # tile is a tile of D^T, whose rows (D's columns) are the contiguous dimension.
-        self.epi_tile = (self.tile_rows, min(self.tile_cols, EPI_COLS))
+        # TMA-store epilogue: (rows, 32) subtiles of D in kernel coordinates, double-buffered in
+        # SMEM; the decode tile is a tile of D^T, whose rows (D's columns) are contiguous.
+        self.epi_tile = (self.tile_rows, min(self.tile_cols, 32))
         self.epi_subtiles = self.tile_cols // self.epi_tile[1]
-        self.epi_stages = min(EPI_STAGES, self.epi_subtiles)
+        self.epi_stages = min(2, self.epi_subtiles)
         self.d_layout = LayoutEnum.COL_MAJOR if self.swap_ab else LayoutEnum.ROW_MAJOR
         self.epi_bytes = 0
         if self.tma_store:
@@ -1550,16 +1537,17 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _load_a(self, base_a, base_sfa, stage, j, a_row0, sfa_row_off, q):
-        """Packed FP4 (8 bytes) and scale byte of rows a_row0 and a_row0 + 8, K values
+        """Packed FP4 (8 bytes, SW64) and scale byte of rows a_row0 and a_row0 + 8, K values
         16q..16q+15 of k-block j: [(packed, scale byte)] x 2."""
         out = []
         for r in cutlass.range_constexpr(2):
             row = a_row0 + 8 * r
-            packed = self._load_packed(base_a, stage, self.a_stage_bytes, row, j, q)
-            sf = self._load_scale_byte(
-                base_sfa, stage, self.sfa_stage_bytes, row + sfa_row_off, j, q
-            )
-            out.append((packed, sf))
+            byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
+            packed = _ld_shared_b64(base_a + stage * self.a_stage_bytes + _swizzle64(byte))
+            # (the scale's row counted from the first row of its 128x4 atom)
+            col = scale_column(j, q, self.sf_vec_size)
+            sf_byte = blocked_sf_byte(row + sfa_row_off, col, self.sf_atoms_k)
+            out.append((packed, _ld_shared_u8(base_sfa + stage * self.sfa_stage_bytes + sf_byte)))
         return out
 
     @cute.jit
@@ -1572,19 +1560,6 @@ class BlockwiseGemmFp4Sm90:
             pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.f16), self.f16)
             for i in cutlass.range_constexpr(8):
                 rA[a_fragment_word(r, i)] = pairs[i]
-
-    @cute.jit
-    def _load_packed(self, base, stage, stage_bytes, row, j, q):
-        """The 8 packed bytes of tile row ``row``, K values 16q..16q+15 of k-block j (SW64)."""
-        byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
-        return _ld_shared_b64(base + stage * stage_bytes + _swizzle64(byte))
-
-    @cute.jit
-    def _load_scale_byte(self, base_sf, stage, stage_bytes, row, j, q):
-        """Scale byte of (tile row ``row`` counted from its atom's first row, group q of
-        k-block j).  Atom byte of (r, c): (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4."""
-        byte = blocked_sf_byte(row, scale_column(j, q, self.sf_vec_size), self.sf_atoms_k)
-        return _ld_shared_u8(base_sf + stage * stage_bytes + byte)
 
     @cute.jit
     def _reduce_k_groups(self, tCrAcc, kgroup, tidx, base_red):
@@ -1665,7 +1640,9 @@ class BlockwiseGemmFp4Sm90:
             # every split's partial (this one's too: the same bits, read back) is loaded before
             # any is added: one memory round trip per chunk of values, not one per split
             tile_frags = work + (Int64(tile_id * self.split_k) * frag_stride + Int64(tidx * 4))
-            loads = min(FIXUP_LOADS, self.mma_regs - nacc - FIXUP_RESERVED)
+            # at most 128 loads at once, fewer where they and the accumulators (plus 24 registers
+            # for the rest) would not fit the consumer's budget
+            loads = min(128, self.mma_regs - nacc - 24)
             chunk = max(1, min(nacc, loads // self.split_k))
             for c0 in cutlass.range_constexpr(0, nacc, chunk):
                 width = min(chunk, nacc - c0)
