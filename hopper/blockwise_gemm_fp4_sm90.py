@@ -416,6 +416,18 @@ def split_k_range(split, k_tiles, split_k: int):
     return begin, end
 
 
+def _tma_partition(atom, smem, gmem, box_modes: int, cta=0, cta_layout=None):
+    """(TMA, stage) / (TMA, tile coordinates) views of a TMA copy whose box is the first
+    ``box_modes`` modes of ``smem`` and ``gmem``: for one CTA, or CTA ``cta`` of a multicast."""
+    return cpasync.tma_partition(
+        atom,
+        cta,
+        cute.make_layout(1) if cta_layout is None else cta_layout,
+        cute.group_modes(smem, 0, box_modes),
+        cute.group_modes(gmem, 0, box_modes),
+    )
+
+
 def _round_up(x, multiple):
     return (x + multiple - 1) // multiple * multiple
 
@@ -599,14 +611,8 @@ def problem_reasons(
         extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
         extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
     elif path == "decode":
-        tile_cols = kernel_tile(path, mma_tiler_mn)[1]
-        m_pad = decode_token_rows(m, max(8, tile_cols))
-        extents.append(
-            (
-                f"M_pad*K_pad*L (converted A, M_pad = {m_pad})",
-                decode_token_copy_elems(m, k, l, tile_cols),
-            )
-        )
+        m_pad = decode_token_rows(m, max(8, kernel_tile(path, mma_tiler_mn)[1]))
+        extents.append((f"M_pad*K_pad*L (converted A, M_pad = {m_pad})", m_pad * k_pad * l))
     for name, extent in extents:
         if extent >= 2**31:
             reasons.append(
@@ -975,8 +981,11 @@ class BlockwiseGemmFp4Sm90:
         tma_atom_d, tma_tensor_d = self._tma_atom_d(mD, tma_ab[0], tma_ab[1])
         self.shared_storage = self._shared_storage()
         rows_a, rows_b = (n, m) if self.swap_ab else (m, n)
-        scheduler, grid = self._compute_grid(
-            rows_a, rows_b, l, num_sms * self.occupancy // self.cluster_m
+        row_tiles = (rows_a + self.tile_rows - 1) // self.tile_rows
+        col_tiles = (rows_b + self.tile_cols - 1) // self.tile_cols
+        max_clusters = num_sms * self.occupancy // self.cluster_m
+        scheduler, grid = StaticTileScheduler.create(
+            (row_tiles, col_tiles, l * self.split_k), self.cluster_m, max_clusters
         )
         self._launch_prologue((mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA), k, stream)
         epi_tensors = (mD, tma_atom_d, tma_tensor_d, mWork)
@@ -1196,13 +1205,7 @@ class BlockwiseGemmFp4Sm90:
         # (cols, 64, RestCols, RestK64, L)
         gB = cute.local_tile(mB_nkl, (self.tile_cols, K_BLOCK), (None, None, None))
         # (TMA, stage) / (TMA, RestRows, RestK, L)
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a,
-            0,
-            cute.make_layout(1),
-            cute.group_modes(sA, 0, 2),
-            cute.group_modes(gA, 0, 2),
-        )
+        tAsA, tAgA = _tma_partition(tma_atom_a, sA, gA, 2)
         # 2x1 cluster: this CTA loads its half of the B tile, multicast to both CTAs
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         cta_layout_vmnk = cute.make_layout((1, self.cluster_m, 1, 1))
@@ -1212,12 +1215,8 @@ class BlockwiseGemmFp4Sm90:
                 cta_layout_vmnk, cta_layout_vmnk.get_flat_coord(cta_rank), mcast_mode=1
             )
         # (TMA, stage) / (TMA, RestCols, RestK64, L)
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_atom_b,
-            cta_rank % self.cluster_m,
-            cute.make_layout(self.cluster_m),
-            cute.group_modes(sB, 0, 2),
-            cute.group_modes(gB, 0, 2),
+        tBsB, tBgB = _tma_partition(
+            tma_atom_b, sB, gB, 2, cta_rank % self.cluster_m, cute.make_layout(self.cluster_m)
         )
         tAsSFA, tAgSFA = None, None
         if cutlass.const_expr(not self.a_converted):
@@ -1228,13 +1227,7 @@ class BlockwiseGemmFp4Sm90:
                 mSFA_mkl, (256, 2 * self.sf_atoms_k, self.sfa_row_blocks), (0, None, None, None)
             )
             # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
-            tAsSFA, tAgSFA = cpasync.tma_partition(
-                tma_atom_sfa,
-                0,
-                cute.make_layout(1),
-                cute.group_modes(sSFA, 0, 3),
-                cute.group_modes(gSFA, 0, 3),
-            )
+            tAsSFA, tAgSFA = _tma_partition(tma_atom_sfa, sSFA, gSFA, 3)
         a_copies = (tma_atom_a, tAgA, tAsA, tma_atom_sfa, tAgSFA, tAsSFA)
         b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask)
         unit = scheduler.first_unit()
@@ -1689,13 +1682,7 @@ class BlockwiseGemmFp4Sm90:
             cute.local_tile(mD_tma, (self.tile_rows, self.tile_cols), tile_coord), self.epi_tile
         )
         # (TMA, epi stage) / (TMA, 1, subtiles)
-        bSG_sD, bSG_gD = cpasync.tma_partition(
-            tma_atom_d,
-            0,
-            cute.make_layout(1),
-            cute.group_modes(sD, 0, 2),
-            cute.group_modes(gD_epi, 0, 2),
-        )
+        bSG_sD, bSG_gD = _tma_partition(tma_atom_d, sD, gD_epi, 2)
         # (MMA, MMA_M, MMA_N, epi stage): this thread's accumulator positions in a subtile
         tCsD = epi_mma.get_slice(tidx).partition_C(sD)
         # (MMA, MMA_M, MMA_N) of one subtile
@@ -1812,15 +1799,6 @@ class BlockwiseGemmFp4Sm90:
                 _st_global_v4_b32(dst, out)
 
     # ======================================= helpers ===========================================
-    def _compute_grid(self, rows, cols, l, max_active_clusters):  # noqa: E741
-        """The scheduler over (row tiles, col tiles, L x split_k) and the persistent grid."""
-        num_tiles = (
-            (rows + self.tile_rows - 1) // self.tile_rows,
-            (cols + self.tile_cols - 1) // self.tile_cols,
-            l * self.split_k,
-        )
-        return StaticTileScheduler.create(num_tiles, self.cluster_m, max_active_clusters)
-
     @staticmethod
     def _k_major(ptr, rows, cols, l):  # noqa: E741
         """A (rows, cols, L) tensor, cols contiguous."""
@@ -1891,12 +1869,6 @@ def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
     return shape_a, (l, gemm.converted_rows_b(rows_b), k_pad)
 
 
-def smem_bytes(gemm: BlockwiseGemmFp4Sm90) -> int:
-    """Dynamic SMEM of one CTA (after compilation): the shared storage struct, alignment padding
-    included."""
-    return gemm.shared_storage.size_in_bytes()
-
-
 def tma_store_fits(n: int, c_dtype: str) -> bool:
     """Whether D (row pitch N elements) can leave through TMA stores: TMA strides are
     multiples of 16 bytes.  Otherwise the kernel variant with direct stores runs."""
@@ -1924,18 +1896,28 @@ def compile_gemm(
     direct-store epilogue (for N * sizeof(D) not a multiple of 16 bytes, see ``tma_store_fits``);
     """
     import cuda.bindings.driver as cuda_driver
-    from cutlass.cute.runtime import make_ptr
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
     gemm = BlockwiseGemmFp4Sm90(
         sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups
     )
     # placeholder addresses: compilation only needs the element types and alignments
-    dtypes = [cutlass.Uint8] * 4 + [C_DTYPES[c_dtype], cutlass.Float32] + [gemm.mma_dtype] * 2
-    ptrs = [make_ptr(t, 0, cute.AddressSpace.gmem, assumed_align=16) for t in dtypes]
+    ptrs = _gmem_pointers(gemm, c_dtype, [0] * 8)
     problem, alpha, stream = (Int32(1),) * 4, cutlass.Float32(1.0), cuda_driver.CUstream(0)
     compiled = cute.compile(gemm, *ptrs, problem, alpha, num_sms, stream, options=options)
     return gemm, compiled
+
+
+def _gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:
+    """The kernel's pointers (A, B, SFA, SFB, D, workspace, converted B, converted A), 16-byte
+    aligned, at ``addresses``."""
+    from cutlass.cute.runtime import make_ptr
+
+    dtypes = [cutlass.Uint8] * 4 + [C_DTYPES[c_dtype], cutlass.Float32] + [gemm.mma_dtype] * 2
+    return [
+        make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=16)
+        for dtype, address in zip(dtypes, addresses, strict=True)
+    ]
 
 
 class Fp4GemmSm90Runner:
@@ -1964,8 +1946,6 @@ class Fp4GemmSm90Runner:
         cluster_shape_mn=None,
         k_groups=1,
     ):
-        # a configuration the kernel cannot be built for is refused here, before compiling, and
-        # a problem it cannot run at each call (``__call__``): ValueError naming each reason
         cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
         sf_dtype = SF_FORMATS.get(sf_vec_size, ("?",))[0]
         config = (path, mma_tiler_mn, cluster, split_k, k_groups)
@@ -2014,35 +1994,23 @@ class Fp4GemmSm90Runner:
     def __call__(self, a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha, stream=None):  # noqa: E741
         import cuda.bindings.driver as cuda_driver
         import torch
-        from cutlass.cute.runtime import make_ptr
 
         mnkl = (m, n, k, l)
         reasons = operand_reasons(
             a, b, sfa_blocked, sfb_blocked, d, mnkl, self.sf_vec_size, self.c_dtype
         )
-        reasons += problem_reasons((m, n, k, l), self.sf_vec_size, self.path, self.mma_tiler_mn)
+        reasons += problem_reasons(mnkl, self.sf_vec_size, self.path, self.mma_tiler_mn)
         reason = alpha_reason(float(alpha), self.sf_vec_size, self.path)
         if reason:
             reasons.append(reason)
         if reasons:
             raise ValueError("; ".join(reasons))
-        gmem = cute.AddressSpace.gmem
-        work, conv_b, conv_a = self.workspace(m, n, k, l)
-        ptrs = [
-            make_ptr(cutlass.Uint8, t.data_ptr(), gmem, assumed_align=16)
-            for t in (a, b, sfa_blocked, sfb_blocked)
-        ]
-        ptrs.append(make_ptr(C_DTYPES[self.c_dtype], d.data_ptr(), gmem, assumed_align=16))
-        ptrs.append(make_ptr(cutlass.Float32, work.data_ptr(), gmem, assumed_align=16))
-        ptrs += [
-            make_ptr(self.gemm.mma_dtype, t.data_ptr(), gmem, assumed_align=16)
-            for t in (conv_b, conv_a)
-        ]
+        tensors = (a, b, sfa_blocked, sfb_blocked, d, *self.workspace(m, n, k, l))
+        ptrs = _gmem_pointers(self.gemm, self.c_dtype, [t.data_ptr() for t in tensors])
         if stream is None:
             stream = cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream)
-        self.executor(n)(
-            *ptrs, (Int32(m), Int32(n), Int32(k), Int32(l)), cutlass.Float32(alpha), stream
-        )
+        problem = tuple(Int32(v) for v in mnkl)
+        self.executor(n)(*ptrs, problem, cutlass.Float32(alpha), stream)
 
 
 def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, mnkl, sf_vec_size, c_dtype) -> list[str]:
@@ -2306,7 +2274,8 @@ def run_compile_only(args: argparse.Namespace) -> int:
         print(f"  local memory per thread: {usage['LOCAL']} bytes (stack {usage['STACK']})")
     else:
         print("  registers / local memory: not read (cuobjdump not found)")
-    print(f"  shared memory per CTA: {smem_bytes(gemm)} bytes of {SM90_SMEM_CAPACITY}")
+    smem = gemm.shared_storage.size_in_bytes()
+    print(f"  shared memory per CTA: {smem} bytes of {SM90_SMEM_CAPACITY}")
     print(f"  pipeline stages: {gemm.num_stages} of K {gemm.stage_k}")
     print(
         f"  threads per CTA: {gemm.threads_per_cta} ({gemm.k_groups} K group(s)), "
@@ -2411,15 +2380,9 @@ def run_on_gpu(args: argparse.Namespace) -> int:
     torch.cuda.synchronize()
     passed = True
     if not args.skip_ref_check:
+        roundoff = reference.FP32_UNIT_ROUNDOFF * args.tolerance
         passed, info = reference.check_gemm(
-            d,
-            ops.a,
-            ops.b,
-            ops.sfa,
-            ops.sfb,
-            args.sf_vec_size,
-            alpha,
-            unit_roundoff=reference.FP32_UNIT_ROUNDOFF * args.tolerance,
+            d, ops.a, ops.b, ops.sfa, ops.sfb, args.sf_vec_size, alpha, unit_roundoff=roundoff
         )
         print(f"Reference check (reference.reference_gemm, derived tolerance): {info}")
 
