@@ -468,7 +468,7 @@ def default_config(
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
-        token_copy = decode_token_copy_elems(m, k, l, cols)
+        token_copy = decode_token_rows(m, cols) * _round_up(k, K_BLOCK) * l
         path = "decode" if m <= DECODE_MAX_M and token_copy < 2**31 else "prefill"
     if path != "decode":
         return path, (128, 256), 1, 1
@@ -545,11 +545,6 @@ def decode_token_rows(m, tile_cols):
     NOTE: TMA boxes running past a tensor's last row are slow (hopper/DESIGN.md); the padding
     rows are never written and reach only columns of D^T past M, which are not stored."""
     return _round_up(m, tile_cols)
-
-
-def decode_token_copy_elems(m, k, l, tile_cols):  # noqa: E741
-    """Elements of decode's converted token copy (whole token tiles x K rounded up to 64 x L)."""
-    return decode_token_rows(m, max(8, tile_cols)) * _round_up(k, K_BLOCK) * l
 
 
 def blocked_sf_bytes(rows: int, k: int, l: int, sf_vec_size: int) -> int:  # noqa: E741
@@ -719,11 +714,9 @@ def alpha_reason(alpha: float, sf_vec_size: int, path: str = "decode") -> str | 
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class StaticTileScheduler:
-    """Work units (row tile, col tile, L x split_k) dealt statically to persistent clusters.
-
-    Unit u (row clusters fastest, then col tiles, then L x split_k) runs on cluster u mod the
-    grid's clusters; every role of a CTA walks the same units, so they agree without talking.
-    Built on the host (``create``), passed to the kernel as an argument."""
+    """Work units (row tile, col tile, L x split_k) dealt statically to persistent clusters: unit
+    u (row clusters fastest, then col tiles, then L x split_k) runs on cluster u mod the grid's
+    clusters.  Built on the host (``create``), passed to the kernel as an argument."""
 
     num_units: Int32  # units (of clusters) in the problem
     row_clusters: cute.FastDivmodDivisorV2
@@ -974,8 +967,9 @@ class BlockwiseGemmFp4Sm90:
         self.c_dtype = c_ptr.value_type
         self._setup_attributes()
         m, n, k, l = problem_mnkl  # noqa: E741
+        k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
         ptrs = (a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr, conv_a_ptr)
-        tensors = self._global_tensors(ptrs, m, n, k, l)
+        tensors = self._global_tensors(ptrs, m, n, k, k_pad, l)
         mKApacked, mKBpacked, mKA, mKB, mSFKA, mSFKB, mD, mWork = tensors
         tma_ab = self._tma_atoms_ab(mKA, mKB, mSFKA)
         tma_atom_d, tma_tensor_d = self._tma_atom_d(mD, tma_ab[0], tma_ab[1])
@@ -987,7 +981,7 @@ class BlockwiseGemmFp4Sm90:
         scheduler, grid = StaticTileScheduler.create(
             (row_tiles, col_tiles, l * self.split_k), self.cluster_m, max_clusters
         )
-        self._launch_prologue((mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA), k, stream)
+        self._launch_prologue((mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA), k, k_pad, stream)
         epi_tensors = (mD, tma_atom_d, tma_tensor_d, mWork)
         mmas = (self.tiled_mma, self.epi_mma)
         self.kernel(tma_ab, epi_tensors, alpha, k, mmas, scheduler, self.smem_layouts).launch(
@@ -1002,7 +996,7 @@ class BlockwiseGemmFp4Sm90:
             stream=stream,
         )
 
-    def _global_tensors(self, ptrs, m, n, k, l):  # noqa: E741
+    def _global_tensors(self, ptrs, m, n, k, k_pad, l):  # noqa: E741
         """Packed kernel A / B (rows, K/2, L), the converted copies (rows, K_pad, L), the blocked
         scales, D in kernel coordinates and the split-K workspace."""
         a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr, conv_a_ptr = ptrs
@@ -1011,7 +1005,6 @@ class BlockwiseGemmFp4Sm90:
         ptr_ka, ptr_kb = (b_ptr, a_ptr) if self.swap_ab else (a_ptr, b_ptr)
         ptr_sfka, ptr_sfkb = (sfb_ptr, sfa_ptr) if self.swap_ab else (sfa_ptr, sfb_ptr)
         kb = cute.assume(k // 2, 16)
-        k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
         mKApacked = self._k_major(ptr_ka, rows_a, kb, l)
         mKBpacked = self._k_major(ptr_kb, rows_b, kb, l)
         # F16 / BF16 copies written by convert_operands in the mainloop's permuted K order
@@ -1094,12 +1087,11 @@ class BlockwiseGemmFp4Sm90:
 
         return SharedStorage
 
-    def _launch_prologue(self, kernel_b, kernel_a, k, stream):
+    def _launch_prologue(self, kernel_b, kernel_a, k, k_pad, stream):
         """Launch ``convert_operands`` over kernel B (and, on prefill, kernel A): each given as
         (packed, blocked scales, converted copy)."""
         rows_b, l = kernel_b[0].shape[0], kernel_b[0].shape[2]  # noqa: E741
         rows_a = kernel_a[0].shape[0]
-        k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
         per_cta = self.convert_threads * self.convert_unroll
         chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
         ctas = (chunks_b + per_cta - 1) // per_cta
@@ -1110,20 +1102,17 @@ class BlockwiseGemmFp4Sm90:
         blocks_per_row = cute.fast_divmod_create_divisor_v2(k_pad // K_BLOCK)
         rows_div_b = cute.fast_divmod_create_divisor_v2(rows_b)
         rows_div_a = cute.fast_divmod_create_divisor_v2(rows_a)
-        decode = self.path == "decode"
         divisors = (blocks_per_row, rows_div_b, rows_div_a)
+        # decode: a register cap of DECODE_CONVERT_MAX_REGS and the GEMM's SMEM carveout, so
+        # that these CTAs can share an SM with the GEMM's CTAs
+        decode = self.path == "decode"
+        min_blocks = SM90_REGS_PER_SM // (self.convert_threads * DECODE_CONVERT_MAX_REGS)
         self.convert_operands(kernel_b, kernel_a, k, k_pad, divisors).launch(
             grid=[ctas, 1, 1],
             block=[self.convert_threads, 1, 1],
             stream=stream,
             use_pdl=self.prologue_pdl,
-            # decode: a register cap of DECODE_CONVERT_MAX_REGS and the GEMM's SMEM carveout,
-            # so that these CTAs can share an SM with the GEMM's CTAs
-            min_blocks_per_mp=(
-                SM90_REGS_PER_SM // (self.convert_threads * DECODE_CONVERT_MAX_REGS)
-                if decode
-                else 0
-            ),
+            min_blocks_per_mp=min_blocks if decode else 0,
             preferred_smem_carveout=100 if decode else None,
         )
 
@@ -1712,12 +1701,8 @@ class BlockwiseGemmFp4Sm90:
         self, kernel_b: tuple, kernel_a: tuple, k: Int32, k_pad: Int32, divisors: tuple
     ):
         """Prologue grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16 (rows, K_pad,
-        L) in the mainloop's permuted K order, for kernel B and (prefill) kernel A, each given as
-        (packed, scales, copy).  Pair P_i of 16-group q of a 64-block goes to elements
-        16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
-        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk, ``convert_unroll``
-        chunks per thread with all their loads issued first; kernel B's CTAs come first; a
-        K = 32 x odd tail block gets zeros for its missing K 32..63.
+        L) in the mainloop's permuted K order (``token_chunk_layout``), for kernel B and (prefill)
+        kernel A, each given as (packed, scales, copy); kernel B's CTAs come first.
 
         With ``prologue_pdl`` this grid may start before the GEMM ahead of it ends: nothing may
         read the operands or write the copies (which that GEMM may still read) before the wait,
