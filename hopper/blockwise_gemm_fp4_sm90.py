@@ -1836,12 +1836,12 @@ def output_tile_id(row_tile, col_tile, batch, row_tiles, col_tiles):
     return (batch * col_tiles + col_tile) * row_tiles + row_tile
 
 
-def workspace_elems(m, n, l, path, mma_tiler_mn, split_k, cluster_m=1):  # noqa: E741
+def workspace_elems(gemm: BlockwiseGemmFp4Sm90, m, n, l):  # noqa: E741
     """fp32 elements of the split-K workspace (partials + one counter per output tile)."""
-    rows, cols = (n, m) if path == "decode" else (m, n)
-    tr, tc = kernel_tile(path, mma_tiler_mn)
-    tiles = output_tiles(rows, cols, l, tr, tc, cluster_m)[2]
-    return tiles * split_k * tr * tc + tiles if split_k > 1 else 1
+    rows, cols = (n, m) if gemm.swap_ab else (m, n)
+    tr, tc = gemm.tile_rows, gemm.tile_cols
+    tiles = output_tiles(rows, cols, l, tr, tc, gemm.cluster_m)[2]
+    return tiles * gemm.split_k * tr * tc + tiles if gemm.split_k > 1 else 1
 
 
 def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
@@ -1937,11 +1937,11 @@ class Fp4GemmSm90Runner:
         reasons = config_reasons(sf_vec_size, sf_dtype, c_dtype, *config)
         if reasons:
             raise ValueError("; ".join(reasons))
-        self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
-        self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
-        self._args = (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, gpu_sm_count(), options)
+        self.c_dtype = c_dtype
+        num_sms = gpu_sm_count()
+        self._args = (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, num_sms, options, cluster)
         # the TMA-store variant now; the direct-store one when an N first needs it
-        self.gemm, compiled = compile_gemm(*self._args, cluster, True, k_groups)
+        self.gemm, compiled = compile_gemm(*self._args, True, k_groups)
         self._compiled = {True: compiled}
         self._workspace = {}
 
@@ -1949,8 +1949,7 @@ class Fp4GemmSm90Runner:
         """The compiled kernel for output width N (see ``tma_store_fits``)."""
         tma_store = tma_store_fits(n, self.c_dtype) and self.gemm.tma_store
         if tma_store not in self._compiled:
-            cluster, k_groups = self.gemm.cluster_shape_mn, self.gemm.k_groups
-            self._compiled[tma_store] = compile_gemm(*self._args, cluster, tma_store, k_groups)[1]
+            self._compiled[tma_store] = compile_gemm(*self._args, tma_store, self.gemm.k_groups)[1]
         return self._compiled[tma_store]
 
     def workspace(self, m, n, k, l):  # noqa: E741
@@ -1962,9 +1961,7 @@ class Fp4GemmSm90Runner:
         if key not in self._workspace:
             # zeros once: the split-K counters reset themselves after every tile, and every
             # launch rewrites the converted copies (the decode tokens' padding rows stay zero)
-            elems = workspace_elems(
-                m, n, l, self.path, self.mma_tiler_mn, self.split_k, self.gemm.cluster_m
-            )
+            elems = workspace_elems(self.gemm, m, n, l)
             shape_a, shape_b = converted_shapes(self.gemm, m, n, k, l)
             self._workspace[key] = (
                 torch.zeros(elems, dtype=torch.float32, device="cuda"),
@@ -1980,12 +1977,10 @@ class Fp4GemmSm90Runner:
         import cuda.bindings.driver as cuda_driver
         import torch
 
-        mnkl = (m, n, k, l)
-        reasons = operand_reasons(
-            a, b, sfa_blocked, sfb_blocked, d, mnkl, self.sf_vec_size, self.c_dtype
-        )
-        reasons += problem_reasons(mnkl, self.sf_vec_size, self.path, self.mma_tiler_mn)
-        reason = alpha_reason(float(alpha), self.sf_vec_size, self.path)
+        mnkl, vec, path = (m, n, k, l), self.gemm.sf_vec_size, self.gemm.path
+        reasons = operand_reasons(a, b, sfa_blocked, sfb_blocked, d, mnkl, vec, self.c_dtype)
+        reasons += problem_reasons(mnkl, vec, path, self.gemm.mma_tiler_mn)
+        reason = alpha_reason(float(alpha), vec, path)
         if reason:
             reasons.append(reason)
         if reasons:
