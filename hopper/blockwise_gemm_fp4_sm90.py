@@ -863,10 +863,8 @@ class BlockwiseGemmFp4Sm90:
         self.epi_subtiles = self.tile_cols // self.epi_tile[1]
         self.epi_stages = min(2, self.epi_subtiles)
         self.d_layout = LayoutEnum.COL_MAJOR if self.swap_ab else LayoutEnum.ROW_MAJOR
-        self.epi_bytes = 0
-        if self.tma_store:
-            self.epi_bytes = self.epi_stages * self.epi_tile[0] * self.epi_tile[1]
-            self.epi_bytes = self.epi_bytes * self.c_dtype.width // 8
+        epi_elems = self.epi_stages * self.epi_tile[0] * self.epi_tile[1]
+        self.epi_bytes = epi_elems * self.c_dtype.width // 8 if self.tma_store else 0
         # k_groups > 1: the fp32 accumulators of groups 1 .. k_groups - 1, parked for group 0
         self.reduce_bytes = (self.k_groups - 1) * self.tile_rows * self.tile_cols * 4
         self.num_stages = self._compute_stages()
@@ -1322,7 +1320,7 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _split_range(self, split, k_tiles):
-        """K-tiles [begin, end) of one split: the first k_tiles % split_k splits get one more."""
+        """``split_k_range``, or all k-tiles without split-K."""
         if cutlass.const_expr(self.split_k == 1):
             return Int32(0), k_tiles
         return split_k_range(split, k_tiles, self.split_k)
@@ -1806,8 +1804,7 @@ class BlockwiseGemmFp4Sm90:
         )
 
     def converted_rows_b(self, rows_b):
-        """Rows of the converted kernel-B copy (Python or DSL integers): on decode
-        ``decode_token_rows``, else ``rows_b``."""
+        """Rows of the converted kernel-B copy (Python or DSL integers)."""
         return decode_token_rows(rows_b, self.tile_cols) if self.swap_ab else rows_b
 
     @staticmethod
@@ -1878,8 +1875,7 @@ def compile_gemm(
     machine without a GPU; the executor's ``__ptx__`` / ``__cubin__`` then hold PTX and cubin.
     ``num_sms``: the GPU's SMs (the persistent grid holds occupancy x num_sms CTAs);
     ``cluster_shape_mn`` None takes ``default_cluster(path)``; ``tma_store`` False compiles the
-    direct-store epilogue (for N * sizeof(D) not a multiple of 16 bytes, see ``tma_store_fits``);
-    """
+    direct-store epilogue (``tma_store_fits``)."""
     import cuda.bindings.driver as cuda_driver
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
@@ -2229,17 +2225,10 @@ def run_compile_only(args: argparse.Namespace) -> int:
         for f in os.listdir(args.dump_dir)
     }
     options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
+    config = (args.sf_vec_size, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
+    tma_store = tma_store_fits(args.mnkl[1], args.c_dtype)
     gemm, _ = compile_gemm(
-        args.sf_vec_size,
-        args.c_dtype,
-        args.path,
-        args.mma_tiler_mn,
-        args.split_k,
-        H200_SM_COUNT,
-        options,
-        args.cluster_shape_mn,
-        tma_store_fits(args.mnkl[1], args.c_dtype),
-        args.k_groups,
+        *config, H200_SM_COUNT, options, args.cluster_shape_mn, tma_store, args.k_groups
     )
     # (only what this compile wrote: an older cubin in the folder is never reported)
     cubins = _files_written(args.dump_dir, before, ".cubin")
@@ -2347,14 +2336,9 @@ def run_on_gpu(args: argparse.Namespace) -> int:
     alpha = float(ops.alpha) if args.alpha is None else args.alpha
     sfa, sfb = blocked_scales(ops.sfa), blocked_scales(ops.sfb)
     d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
+    config = (args.sf_vec_size, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
     runner = Fp4GemmSm90Runner(
-        args.sf_vec_size,
-        args.c_dtype,
-        args.path,
-        args.mma_tiler_mn,
-        args.split_k,
-        cluster_shape_mn=args.cluster_shape_mn,
-        k_groups=args.k_groups,
+        *config, cluster_shape_mn=args.cluster_shape_mn, k_groups=args.k_groups
     )
     runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
     torch.cuda.synchronize()
