@@ -1707,8 +1707,7 @@ class BlockwiseGemmFp4Sm90:
         and the release stays after it, since the next GEMM requests its first weights and may
         store the epilogue of units without k-tiles before its own wait."""
         blocks_per_row, rows_div_b, rows_div_a = divisors
-        mB, mSFB, mConvB = kernel_b
-        mA, mSFA, mConvA = kernel_a
+        mB, mA = kernel_b[0], kernel_a[0]
         cute.arch.griddepcontrol_wait()
         # the GEMM (launched with PDL) may start now; it waits for this grid before it loads a copy
         cute.arch.griddepcontrol_launch_dependents()
@@ -1720,23 +1719,18 @@ class BlockwiseGemmFp4Sm90:
         ctas_b = (chunks_b + per_cta - 1) // per_cta
         if bidx < ctas_b:
             first = bidx * per_cta + tidx
-            self._convert_chunks(
-                mB, mSFB, mConvB, first, chunks_b, k, k_pad, blocks_per_row, rows_div_b
-            )
+            self._convert_chunks(kernel_b, first, chunks_b, k, k_pad, blocks_per_row, rows_div_b)
         elif cutlass.const_expr(self.a_converted):
             chunks_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * chunks_per_row
             first = (bidx - ctas_b) * per_cta + tidx
-            self._convert_chunks(
-                mA, mSFA, mConvA, first, chunks_a, k, k_pad, blocks_per_row, rows_div_a
-            )
+            self._convert_chunks(kernel_a, first, chunks_a, k, k_pad, blocks_per_row, rows_div_a)
 
     @cute.jit
-    def _convert_chunks(
-        self, mPacked, mSF, mConv, first, chunks, k, k_pad, blocks_per_row, rows_div
-    ):
-        """16-byte output chunks first + j * convert_threads, j < convert_unroll, of one packed
-        operand and its blocked scales (chunks row-major over (L, rows, K_pad / 64, 8)); chunk
+    def _convert_chunks(self, operand, first, chunks, k, k_pad, blocks_per_row, rows_div):
+        """16-byte output chunks first + j * convert_threads, j < convert_unroll, of one operand
+        (packed, blocked scales, copy); chunks row-major over (L, rows, K_pad / 64, 8), chunk
         c is pair p = c % 4 of 32-bit word c % 8 // 4 of its block's four 16-groups."""
+        mPacked, mSF, mConv = operand
         # NOTE: unsigned index arithmetic: % and // by powers of two are single AND / shift
         # instructions (signed ones need sign fix-ups), and every index here is >= 0.
         rows = Uint32(mPacked.shape[0])
@@ -2175,17 +2169,9 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
     args.split_k = split if args.split_k is None else args.split_k
     args.k_groups = k_groups if args.k_groups is None else args.k_groups
     args.cluster_shape_mn = args.cluster_shape_mn or default_cluster(args.path)
-    reasons = check_fp4_gemm_config(
-        args.mnkl,
-        args.sf_vec_size,
-        args.sf_dtype,
-        args.c_dtype,
-        args.path,
-        args.mma_tiler_mn,
-        args.cluster_shape_mn,
-        args.split_k,
-        args.k_groups,
-    )
+    config = (args.path, args.mma_tiler_mn, args.cluster_shape_mn, args.split_k, args.k_groups)
+    formats = (args.sf_vec_size, args.sf_dtype, args.c_dtype)
+    reasons = check_fp4_gemm_config(args.mnkl, *formats, *config)
     if args.alpha is not None:
         reason = alpha_reason(args.alpha, args.sf_vec_size, args.path)
         if reason:
