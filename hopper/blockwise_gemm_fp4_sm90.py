@@ -77,6 +77,7 @@ import math
 import os
 import struct
 import sys
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -115,12 +116,6 @@ K_BLOCK = 64
 SF_ATOM_ROWS = 128
 SF_ATOM_COLS = 4
 SF_ATOM_BYTES = 512
-# convert_operands: threads per CTA and 16-byte chunks per thread (prefill: whole operands,
-# many bytes in flight; decode: small CTAs that fit beside the GEMM's CTAs on an SM).
-CONVERT_THREADS = 256
-CONVERT_UNROLL = 4
-DECODE_CONVERT_THREADS = 128
-DECODE_CONVERT_UNROLL = 2
 # NOTE: two decode CTAs of 128 weight rows hold 2 x 384 threads x 80 registers of the SM's
 # 65536: a prologue CTA of 128 threads fits beside them only at <= 32 registers per thread.
 DECODE_CONVERT_MAX_REGS = 32
@@ -137,13 +132,6 @@ DECODE_K_GROUPS = 4
 UNIT_COST = 384
 # default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
-# TMA-store epilogue: D subtiles of (tile rows) x 32 columns, double-buffered in SMEM.
-EPI_COLS = 32
-EPI_STAGES = 2
-# Split-K fix-up: partials loaded at once (registers) before they are summed, fewer where the
-# registers next to the accumulators would not hold them (FIXUP_RESERVED for the rest).
-FIXUP_LOADS = 128
-FIXUP_RESERVED = 24
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
@@ -428,6 +416,18 @@ def split_k_range(split, k_tiles, split_k: int):
     return begin, end
 
 
+def _tma_partition(atom, smem, gmem, box_modes: int, cta=0, cta_layout=None):
+    """(TMA, stage) / (TMA, tile coordinates) views of a TMA copy whose box is the first
+    ``box_modes`` modes of ``smem`` and ``gmem``: for one CTA, or CTA ``cta`` of a multicast."""
+    return cpasync.tma_partition(
+        atom,
+        cta,
+        cute.make_layout(1) if cta_layout is None else cta_layout,
+        cute.group_modes(smem, 0, box_modes),
+        cute.group_modes(gmem, 0, box_modes),
+    )
+
+
 def _round_up(x, multiple):
     return (x + multiple - 1) // multiple * multiple
 
@@ -468,7 +468,7 @@ def default_config(
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
-        token_copy = decode_token_copy_elems(m, k, l, cols)
+        token_copy = decode_token_rows(m, cols) * _round_up(k, K_BLOCK) * l
         path = "decode" if m <= DECODE_MAX_M and token_copy < 2**31 else "prefill"
     if path != "decode":
         return path, (128, 256), 1, 1
@@ -547,11 +547,6 @@ def decode_token_rows(m, tile_cols):
     return _round_up(m, tile_cols)
 
 
-def decode_token_copy_elems(m, k, l, tile_cols):  # noqa: E741
-    """Elements of decode's converted token copy (whole token tiles x K rounded up to 64 x L)."""
-    return decode_token_rows(m, max(8, tile_cols)) * _round_up(k, K_BLOCK) * l
-
-
 def blocked_sf_bytes(rows: int, k: int, l: int, sf_vec_size: int) -> int:  # noqa: E741
     """Bytes of one operand's scales in the 128x4 blocked layout: rows padded to 128, scale
     columns (K / sf_vec_size) to 4, per batch."""
@@ -611,14 +606,8 @@ def problem_reasons(
         extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
         extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
     elif path == "decode":
-        tile_cols = kernel_tile(path, mma_tiler_mn)[1]
-        m_pad = decode_token_rows(m, max(8, tile_cols))
-        extents.append(
-            (
-                f"M_pad*K_pad*L (converted A, M_pad = {m_pad})",
-                decode_token_copy_elems(m, k, l, tile_cols),
-            )
-        )
+        m_pad = decode_token_rows(m, max(8, kernel_tile(path, mma_tiler_mn)[1]))
+        extents.append((f"M_pad*K_pad*L (converted A, M_pad = {m_pad})", m_pad * k_pad * l))
     for name, extent in extents:
         if extent >= 2**31:
             reasons.append(
@@ -723,18 +712,15 @@ def alpha_reason(alpha: float, sf_vec_size: int, path: str = "decode") -> str | 
 # ---------------------------------------------------------------------------------------------
 # Static persistent tile scheduler
 # ---------------------------------------------------------------------------------------------
+@dataclass
 class StaticTileScheduler:
-    """Work units (row tile, col tile, L x split_k) dealt statically to persistent clusters.
+    """Work units (row tile, col tile, L x split_k) dealt statically to persistent clusters: unit
+    u (row clusters fastest, then col tiles, then L x split_k) runs on cluster u mod the grid's
+    clusters.  Built on the host (``create``), passed to the kernel as an argument."""
 
-    Unit u (row clusters fastest, then col tiles, then L x split_k) runs on cluster u mod the
-    grid's clusters; every role of a CTA walks the same units, so they agree without talking.
-    Built on the host (``create``), passed to the kernel as an argument."""
-
-    def __init__(self, num_units, row_clusters, col_tiles, cluster_m: int):
-        self.num_units = num_units  # Int32: units (of clusters) in the problem
-        self.row_clusters = row_clusters  # FastDivmodDivisorV2
-        self.col_tiles = col_tiles  # FastDivmodDivisorV2
-        self.cluster_m = cluster_m
+    num_units: Int32  # units (of clusters) in the problem
+    row_clusters: cute.FastDivmodDivisorV2
+    col_tiles: cute.FastDivmodDivisorV2
 
     @staticmethod
     def create(num_tiles, cluster_m: int, max_active_clusters: int):
@@ -749,26 +735,8 @@ class StaticTileScheduler:
             num_units,
             cute.fast_divmod_create_divisor_v2(row_clusters),
             cute.fast_divmod_create_divisor_v2(col_tiles),
-            cluster_m,
         )
         return scheduler, grid
-
-    def __extract_mlir_values__(self):
-        values, self._sizes = [], []
-        for obj in (self.num_units, self.row_clusters, self.col_tiles):
-            obj_values = cutlass.extract_mlir_values(obj)
-            values += obj_values
-            self._sizes.append(len(obj_values))
-        return values
-
-    def __new_from_mlir_values__(self, values):
-        fields = []
-        for obj, size in zip(
-            (self.num_units, self.row_clusters, self.col_tiles), self._sizes, strict=True
-        ):
-            fields.append(cutlass.new_from_mlir_values(obj, values[:size]))
-            values = values[size:]
-        return StaticTileScheduler(*fields, self.cluster_m)
 
     def first_unit(self):
         """This CTA's first unit (device side): its cluster's index in the grid."""
@@ -780,12 +748,12 @@ class StaticTileScheduler:
     def is_valid(self, unit):
         return cutlass.Boolean(cute.arch.make_warp_uniform(unit < self.num_units))
 
-    def coords(self, unit):
+    def coords(self, unit, cluster_m: int):
         """(row tile, col tile, L x split_k index) of ``unit`` for this CTA of its cluster."""
         rest, row_cluster = divmod(unit, self.row_clusters)
         lk, col_tile = divmod(rest, self.col_tiles)
-        cta = Int32(cute.arch.block_idx()[0] % self.cluster_m)
-        row_tile = row_cluster * Int32(self.cluster_m) + cta
+        cta = Int32(cute.arch.block_idx()[0] % cluster_m)
+        row_tile = row_cluster * Int32(cluster_m) + cta
         uniform = cute.arch.make_warp_uniform
         return uniform(row_tile), uniform(Int32(col_tile)), uniform(Int32(lk))
 
@@ -851,10 +819,10 @@ class BlockwiseGemmFp4Sm90:
         self.producer_regs = 40 if self.occupancy == 1 else 24
         budget = self.threads_per_cta * launch_regs - self.threads_per_wg * self.producer_regs
         self.mma_regs = min(240, budget // self.num_mma_threads // 8 * 8)
+        # convert_operands: threads per CTA and 16-byte chunks per thread (prefill: whole
+        # operands, many bytes in flight; decode: small CTAs that fit beside the GEMM's CTAs)
+        self.convert_threads, self.convert_unroll = (128, 2) if path == "decode" else (256, 4)
         self.prologue_pdl = self._prologue_pdl(launch_regs)
-        decode = path == "decode"
-        self.convert_threads = DECODE_CONVERT_THREADS if decode else CONVERT_THREADS
-        self.convert_unroll = DECODE_CONVERT_UNROLL if decode else CONVERT_UNROLL
         self.acc_dtype = cutlass.Float32
         # NVFP4 on decode runs F16 wgmma (a cheaper exact conversion in the mainloop); MXFP4,
         # and prefill (converted once per launch), BF16 (hopper/DESIGN.md)
@@ -871,7 +839,7 @@ class BlockwiseGemmFp4Sm90:
         if self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16):
             return True
         gemm_regs = self.occupancy * self.threads_per_cta * launch_regs
-        prologue_regs = DECODE_CONVERT_THREADS * DECODE_CONVERT_MAX_REGS
+        prologue_regs = self.convert_threads * DECODE_CONVERT_MAX_REGS
         fits = gemm_regs + prologue_regs <= SM90_REGS_PER_SM
         return self.k_groups > 1 and self.tile_cols <= 32 and fits
 
@@ -889,16 +857,14 @@ class BlockwiseGemmFp4Sm90:
             self.sfa_stage_bytes = SF_ATOM_BYTES * self.sf_atoms_k * self.sfa_row_blocks
         self.b_stage_bytes = self.tile_cols * self.stage_k * 2
         self.tx_bytes = self.a_stage_bytes + self.b_stage_bytes + self.sfa_stage_bytes
-        # TMA-store epilogue: (rows, EPI_COLS) subtiles of D in kernel coordinates; the decode
-        # tile is a tile of D^T, whose rows (D's columns) are the contiguous dimension.
-        self.epi_tile = (self.tile_rows, min(self.tile_cols, EPI_COLS))
+        # TMA-store epilogue: (rows, 32) subtiles of D in kernel coordinates, double-buffered in
+        # SMEM; the decode tile is a tile of D^T, whose rows (D's columns) are contiguous.
+        self.epi_tile = (self.tile_rows, min(self.tile_cols, 32))
         self.epi_subtiles = self.tile_cols // self.epi_tile[1]
-        self.epi_stages = min(EPI_STAGES, self.epi_subtiles)
+        self.epi_stages = min(2, self.epi_subtiles)
         self.d_layout = LayoutEnum.COL_MAJOR if self.swap_ab else LayoutEnum.ROW_MAJOR
-        self.epi_bytes = 0
-        if self.tma_store:
-            self.epi_bytes = self.epi_stages * self.epi_tile[0] * self.epi_tile[1]
-            self.epi_bytes = self.epi_bytes * self.c_dtype.width // 8
+        epi_elems = self.epi_stages * self.epi_tile[0] * self.epi_tile[1]
+        self.epi_bytes = epi_elems * self.c_dtype.width // 8 if self.tma_store else 0
         # k_groups > 1: the fp32 accumulators of groups 1 .. k_groups - 1, parked for group 0
         self.reduce_bytes = (self.k_groups - 1) * self.tile_rows * self.tile_cols * 4
         self.num_stages = self._compute_stages()
@@ -999,17 +965,21 @@ class BlockwiseGemmFp4Sm90:
         self.c_dtype = c_ptr.value_type
         self._setup_attributes()
         m, n, k, l = problem_mnkl  # noqa: E741
+        k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
         ptrs = (a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr, conv_a_ptr)
-        tensors = self._global_tensors(ptrs, m, n, k, l)
+        tensors = self._global_tensors(ptrs, m, n, k, k_pad, l)
         mKApacked, mKBpacked, mKA, mKB, mSFKA, mSFKB, mD, mWork = tensors
         tma_ab = self._tma_atoms_ab(mKA, mKB, mSFKA)
         tma_atom_d, tma_tensor_d = self._tma_atom_d(mD, tma_ab[0], tma_ab[1])
         self.shared_storage = self._shared_storage()
         rows_a, rows_b = (n, m) if self.swap_ab else (m, n)
-        scheduler, grid = self._compute_grid(
-            rows_a, rows_b, l, num_sms * self.occupancy // self.cluster_m
+        row_tiles = (rows_a + self.tile_rows - 1) // self.tile_rows
+        col_tiles = (rows_b + self.tile_cols - 1) // self.tile_cols
+        max_clusters = num_sms * self.occupancy // self.cluster_m
+        scheduler, grid = StaticTileScheduler.create(
+            (row_tiles, col_tiles, l * self.split_k), self.cluster_m, max_clusters
         )
-        self._launch_prologue((mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA), k, stream)
+        self._launch_prologue((mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA), k, k_pad, stream)
         epi_tensors = (mD, tma_atom_d, tma_tensor_d, mWork)
         mmas = (self.tiled_mma, self.epi_mma)
         self.kernel(tma_ab, epi_tensors, alpha, k, mmas, scheduler, self.smem_layouts).launch(
@@ -1024,7 +994,7 @@ class BlockwiseGemmFp4Sm90:
             stream=stream,
         )
 
-    def _global_tensors(self, ptrs, m, n, k, l):  # noqa: E741
+    def _global_tensors(self, ptrs, m, n, k, k_pad, l):  # noqa: E741
         """Packed kernel A / B (rows, K/2, L), the converted copies (rows, K_pad, L), the blocked
         scales, D in kernel coordinates and the split-K workspace."""
         a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr, conv_a_ptr = ptrs
@@ -1033,7 +1003,6 @@ class BlockwiseGemmFp4Sm90:
         ptr_ka, ptr_kb = (b_ptr, a_ptr) if self.swap_ab else (a_ptr, b_ptr)
         ptr_sfka, ptr_sfkb = (sfb_ptr, sfa_ptr) if self.swap_ab else (sfa_ptr, sfb_ptr)
         kb = cute.assume(k // 2, 16)
-        k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
         mKApacked = self._k_major(ptr_ka, rows_a, kb, l)
         mKBpacked = self._k_major(ptr_kb, rows_b, kb, l)
         # F16 / BF16 copies written by convert_operands in the mainloop's permuted K order
@@ -1116,12 +1085,11 @@ class BlockwiseGemmFp4Sm90:
 
         return SharedStorage
 
-    def _launch_prologue(self, kernel_b, kernel_a, k, stream):
+    def _launch_prologue(self, kernel_b, kernel_a, k, k_pad, stream):
         """Launch ``convert_operands`` over kernel B (and, on prefill, kernel A): each given as
         (packed, blocked scales, converted copy)."""
         rows_b, l = kernel_b[0].shape[0], kernel_b[0].shape[2]  # noqa: E741
         rows_a = kernel_a[0].shape[0]
-        k_pad = cute.assume((k + K_BLOCK - 1) // K_BLOCK * K_BLOCK, K_BLOCK)
         per_cta = self.convert_threads * self.convert_unroll
         chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
         ctas = (chunks_b + per_cta - 1) // per_cta
@@ -1132,20 +1100,17 @@ class BlockwiseGemmFp4Sm90:
         blocks_per_row = cute.fast_divmod_create_divisor_v2(k_pad // K_BLOCK)
         rows_div_b = cute.fast_divmod_create_divisor_v2(rows_b)
         rows_div_a = cute.fast_divmod_create_divisor_v2(rows_a)
-        decode = self.path == "decode"
         divisors = (blocks_per_row, rows_div_b, rows_div_a)
+        # decode: a register cap of DECODE_CONVERT_MAX_REGS and the GEMM's SMEM carveout, so
+        # that these CTAs can share an SM with the GEMM's CTAs
+        decode = self.path == "decode"
+        min_blocks = SM90_REGS_PER_SM // (self.convert_threads * DECODE_CONVERT_MAX_REGS)
         self.convert_operands(kernel_b, kernel_a, k, k_pad, divisors).launch(
             grid=[ctas, 1, 1],
             block=[self.convert_threads, 1, 1],
             stream=stream,
             use_pdl=self.prologue_pdl,
-            # decode: a register cap of DECODE_CONVERT_MAX_REGS and the GEMM's SMEM carveout,
-            # so that these CTAs can share an SM with the GEMM's CTAs
-            min_blocks_per_mp=(
-                SM90_REGS_PER_SM // (self.convert_threads * DECODE_CONVERT_MAX_REGS)
-                if decode
-                else 0
-            ),
+            min_blocks_per_mp=min_blocks if decode else 0,
             preferred_smem_carveout=100 if decode else None,
         )
 
@@ -1227,13 +1192,7 @@ class BlockwiseGemmFp4Sm90:
         # (cols, 64, RestCols, RestK64, L)
         gB = cute.local_tile(mB_nkl, (self.tile_cols, K_BLOCK), (None, None, None))
         # (TMA, stage) / (TMA, RestRows, RestK, L)
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a,
-            0,
-            cute.make_layout(1),
-            cute.group_modes(sA, 0, 2),
-            cute.group_modes(gA, 0, 2),
-        )
+        tAsA, tAgA = _tma_partition(tma_atom_a, sA, gA, 2)
         # 2x1 cluster: this CTA loads its half of the B tile, multicast to both CTAs
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         cta_layout_vmnk = cute.make_layout((1, self.cluster_m, 1, 1))
@@ -1243,12 +1202,8 @@ class BlockwiseGemmFp4Sm90:
                 cta_layout_vmnk, cta_layout_vmnk.get_flat_coord(cta_rank), mcast_mode=1
             )
         # (TMA, stage) / (TMA, RestCols, RestK64, L)
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_atom_b,
-            cta_rank % self.cluster_m,
-            cute.make_layout(self.cluster_m),
-            cute.group_modes(sB, 0, 2),
-            cute.group_modes(gB, 0, 2),
+        tBsB, tBgB = _tma_partition(
+            tma_atom_b, sB, gB, 2, cta_rank % self.cluster_m, cute.make_layout(self.cluster_m)
         )
         tAsSFA, tAgSFA = None, None
         if cutlass.const_expr(not self.a_converted):
@@ -1259,13 +1214,7 @@ class BlockwiseGemmFp4Sm90:
                 mSFA_mkl, (256, 2 * self.sf_atoms_k, self.sfa_row_blocks), (0, None, None, None)
             )
             # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
-            tAsSFA, tAgSFA = cpasync.tma_partition(
-                tma_atom_sfa,
-                0,
-                cute.make_layout(1),
-                cute.group_modes(sSFA, 0, 3),
-                cute.group_modes(gSFA, 0, 3),
-            )
+            tAsSFA, tAgSFA = _tma_partition(tma_atom_sfa, sSFA, gSFA, 3)
         a_copies = (tma_atom_a, tAgA, tAsA, tma_atom_sfa, tAgSFA, tAsSFA)
         b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask)
         unit = scheduler.first_unit()
@@ -1332,7 +1281,7 @@ class BlockwiseGemmFp4Sm90:
     def _producer_unit(self, scheduler, unit, k_tiles):
         """A work unit's coordinates for the TMA copies: row tile, col tile, batch, its k-tiles
         [begin, end) and kernel A's scale row block."""
-        row_tile, col_tile, lk = scheduler.coords(unit)
+        row_tile, col_tile, lk = scheduler.coords(unit, self.cluster_m)
         batch = lk // self.split_k
         kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
         # scale row block of this tile (tiles narrower than an atom share one)
@@ -1371,7 +1320,7 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _split_range(self, split, k_tiles):
-        """K-tiles [begin, end) of one split: the first k_tiles % split_k splits get one more."""
+        """``split_k_range``, or all k-tiles without split-K."""
         if cutlass.const_expr(self.split_k == 1):
             return Int32(0), k_tiles
         return split_k_range(split, k_tiles, self.split_k)
@@ -1432,7 +1381,7 @@ class BlockwiseGemmFp4Sm90:
             unit_state = pipeline.make_pipeline_state(consumer, self.num_stages)
         unit = scheduler.first_unit()
         while scheduler.is_valid(unit):
-            row_tile, col_tile, lk = scheduler.coords(unit)
+            row_tile, col_tile, lk = scheduler.coords(unit, self.cluster_m)
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
             # this thread's k-tiles: kt_first, kt_first + k_groups, ... < kt_end
             kt_first = kt_begin
@@ -1568,16 +1517,17 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _load_a(self, base_a, base_sfa, stage, j, a_row0, sfa_row_off, q):
-        """Packed FP4 (8 bytes) and scale byte of rows a_row0 and a_row0 + 8, K values
+        """Packed FP4 (8 bytes, SW64) and scale byte of rows a_row0 and a_row0 + 8, K values
         16q..16q+15 of k-block j: [(packed, scale byte)] x 2."""
         out = []
         for r in cutlass.range_constexpr(2):
             row = a_row0 + 8 * r
-            packed = self._load_packed(base_a, stage, self.a_stage_bytes, row, j, q)
-            sf = self._load_scale_byte(
-                base_sfa, stage, self.sfa_stage_bytes, row + sfa_row_off, j, q
-            )
-            out.append((packed, sf))
+            byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
+            packed = _ld_shared_b64(base_a + stage * self.a_stage_bytes + _swizzle64(byte))
+            # (the scale's row counted from the first row of its 128x4 atom)
+            col = scale_column(j, q, self.sf_vec_size)
+            sf_byte = blocked_sf_byte(row + sfa_row_off, col, self.sf_atoms_k)
+            out.append((packed, _ld_shared_u8(base_sfa + stage * self.sfa_stage_bytes + sf_byte)))
         return out
 
     @cute.jit
@@ -1590,19 +1540,6 @@ class BlockwiseGemmFp4Sm90:
             pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.f16), self.f16)
             for i in cutlass.range_constexpr(8):
                 rA[a_fragment_word(r, i)] = pairs[i]
-
-    @cute.jit
-    def _load_packed(self, base, stage, stage_bytes, row, j, q):
-        """The 8 packed bytes of tile row ``row``, K values 16q..16q+15 of k-block j (SW64)."""
-        byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
-        return _ld_shared_b64(base + stage * stage_bytes + _swizzle64(byte))
-
-    @cute.jit
-    def _load_scale_byte(self, base_sf, stage, stage_bytes, row, j, q):
-        """Scale byte of (tile row ``row`` counted from its atom's first row, group q of
-        k-block j).  Atom byte of (r, c): (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4."""
-        byte = blocked_sf_byte(row, scale_column(j, q, self.sf_vec_size), self.sf_atoms_k)
-        return _ld_shared_u8(base_sf + stage * stage_bytes + byte)
 
     @cute.jit
     def _reduce_k_groups(self, tCrAcc, kgroup, tidx, base_red):
@@ -1683,7 +1620,9 @@ class BlockwiseGemmFp4Sm90:
             # every split's partial (this one's too: the same bits, read back) is loaded before
             # any is added: one memory round trip per chunk of values, not one per split
             tile_frags = work + (Int64(tile_id * self.split_k) * frag_stride + Int64(tidx * 4))
-            loads = min(FIXUP_LOADS, self.mma_regs - nacc - FIXUP_RESERVED)
+            # at most 128 loads at once, fewer where they and the accumulators (plus 24 registers
+            # for the rest) would not fit the consumer's budget
+            loads = min(128, self.mma_regs - nacc - 24)
             chunk = max(1, min(nacc, loads // self.split_k))
             for c0 in cutlass.range_constexpr(0, nacc, chunk):
                 width = min(chunk, nacc - c0)
@@ -1730,13 +1669,7 @@ class BlockwiseGemmFp4Sm90:
             cute.local_tile(mD_tma, (self.tile_rows, self.tile_cols), tile_coord), self.epi_tile
         )
         # (TMA, epi stage) / (TMA, 1, subtiles)
-        bSG_sD, bSG_gD = cpasync.tma_partition(
-            tma_atom_d,
-            0,
-            cute.make_layout(1),
-            cute.group_modes(sD, 0, 2),
-            cute.group_modes(gD_epi, 0, 2),
-        )
+        bSG_sD, bSG_gD = _tma_partition(tma_atom_d, sD, gD_epi, 2)
         # (MMA, MMA_M, MMA_N, epi stage): this thread's accumulator positions in a subtile
         tCsD = epi_mma.get_slice(tidx).partition_C(sD)
         # (MMA, MMA_M, MMA_N) of one subtile
@@ -1766,20 +1699,15 @@ class BlockwiseGemmFp4Sm90:
         self, kernel_b: tuple, kernel_a: tuple, k: Int32, k_pad: Int32, divisors: tuple
     ):
         """Prologue grid: packed FP4 (rows, K/2, L) + blocked scales -> F16 / BF16 (rows, K_pad,
-        L) in the mainloop's permuted K order, for kernel B and (prefill) kernel A, each given as
-        (packed, scales, copy).  Pair P_i of 16-group q of a 64-block goes to elements
-        16 (i // 2) + 8 (i % 2) + 2q, +1 (where the A fragment expects it), so the block's
-        16-byte chunk i is (P_i of q = 0, 1, 2, 3).  One thread per chunk, ``convert_unroll``
-        chunks per thread with all their loads issued first; kernel B's CTAs come first; a
-        K = 32 x odd tail block gets zeros for its missing K 32..63.
+        L) in the mainloop's permuted K order (``token_chunk_layout``), for kernel B and (prefill)
+        kernel A, each given as (packed, scales, copy); kernel B's CTAs come first.
 
         With ``prologue_pdl`` this grid may start before the GEMM ahead of it ends: nothing may
         read the operands or write the copies (which that GEMM may still read) before the wait,
         and the release stays after it, since the next GEMM requests its first weights and may
         store the epilogue of units without k-tiles before its own wait."""
         blocks_per_row, rows_div_b, rows_div_a = divisors
-        mB, mSFB, mConvB = kernel_b
-        mA, mSFA, mConvA = kernel_a
+        mB, mA = kernel_b[0], kernel_a[0]
         cute.arch.griddepcontrol_wait()
         # the GEMM (launched with PDL) may start now; it waits for this grid before it loads a copy
         cute.arch.griddepcontrol_launch_dependents()
@@ -1791,23 +1719,18 @@ class BlockwiseGemmFp4Sm90:
         ctas_b = (chunks_b + per_cta - 1) // per_cta
         if bidx < ctas_b:
             first = bidx * per_cta + tidx
-            self._convert_chunks(
-                mB, mSFB, mConvB, first, chunks_b, k, k_pad, blocks_per_row, rows_div_b
-            )
+            self._convert_chunks(kernel_b, first, chunks_b, k, k_pad, blocks_per_row, rows_div_b)
         elif cutlass.const_expr(self.a_converted):
             chunks_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * chunks_per_row
             first = (bidx - ctas_b) * per_cta + tidx
-            self._convert_chunks(
-                mA, mSFA, mConvA, first, chunks_a, k, k_pad, blocks_per_row, rows_div_a
-            )
+            self._convert_chunks(kernel_a, first, chunks_a, k, k_pad, blocks_per_row, rows_div_a)
 
     @cute.jit
-    def _convert_chunks(
-        self, mPacked, mSF, mConv, first, chunks, k, k_pad, blocks_per_row, rows_div
-    ):
-        """16-byte output chunks first + j * convert_threads, j < convert_unroll, of one packed
-        operand and its blocked scales (chunks row-major over (L, rows, K_pad / 64, 8)); chunk
+    def _convert_chunks(self, operand, first, chunks, k, k_pad, blocks_per_row, rows_div):
+        """16-byte output chunks first + j * convert_threads, j < convert_unroll, of one operand
+        (packed, blocked scales, copy); chunks row-major over (L, rows, K_pad / 64, 8), chunk
         c is pair p = c % 4 of 32-bit word c % 8 // 4 of its block's four 16-groups."""
+        mPacked, mSF, mConv = operand
         # NOTE: unsigned index arithmetic: % and // by powers of two are single AND / shift
         # instructions (signed ones need sign fix-ups), and every index here is >= 0.
         rows = Uint32(mPacked.shape[0])
@@ -1853,15 +1776,6 @@ class BlockwiseGemmFp4Sm90:
                 _st_global_v4_b32(dst, out)
 
     # ======================================= helpers ===========================================
-    def _compute_grid(self, rows, cols, l, max_active_clusters):  # noqa: E741
-        """The scheduler over (row tiles, col tiles, L x split_k) and the persistent grid."""
-        num_tiles = (
-            (rows + self.tile_rows - 1) // self.tile_rows,
-            (cols + self.tile_cols - 1) // self.tile_cols,
-            l * self.split_k,
-        )
-        return StaticTileScheduler.create(num_tiles, self.cluster_m, max_active_clusters)
-
     @staticmethod
     def _k_major(ptr, rows, cols, l):  # noqa: E741
         """A (rows, cols, L) tensor, cols contiguous."""
@@ -1884,8 +1798,7 @@ class BlockwiseGemmFp4Sm90:
         )
 
     def converted_rows_b(self, rows_b):
-        """Rows of the converted kernel-B copy (Python or DSL integers): on decode
-        ``decode_token_rows``, else ``rows_b``."""
+        """Rows of the converted kernel-B copy (Python or DSL integers)."""
         return decode_token_rows(rows_b, self.tile_cols) if self.swap_ab else rows_b
 
     @staticmethod
@@ -1914,12 +1827,12 @@ def output_tile_id(row_tile, col_tile, batch, row_tiles, col_tiles):
     return (batch * col_tiles + col_tile) * row_tiles + row_tile
 
 
-def workspace_elems(m, n, l, path, mma_tiler_mn, split_k, cluster_m=1):  # noqa: E741
+def workspace_elems(gemm: BlockwiseGemmFp4Sm90, m, n, l):  # noqa: E741
     """fp32 elements of the split-K workspace (partials + one counter per output tile)."""
-    rows, cols = (n, m) if path == "decode" else (m, n)
-    tr, tc = kernel_tile(path, mma_tiler_mn)
-    tiles = output_tiles(rows, cols, l, tr, tc, cluster_m)[2]
-    return tiles * split_k * tr * tc + tiles if split_k > 1 else 1
+    rows, cols = (n, m) if gemm.swap_ab else (m, n)
+    tr, tc = gemm.tile_rows, gemm.tile_cols
+    tiles = output_tiles(rows, cols, l, tr, tc, gemm.cluster_m)[2]
+    return tiles * gemm.split_k * tr * tc + tiles if gemm.split_k > 1 else 1
 
 
 def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
@@ -1930,12 +1843,6 @@ def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
     k_pad = _round_up(k, K_BLOCK)
     shape_a = (l, rows_a, k_pad) if gemm.a_converted else (8,)
     return shape_a, (l, gemm.converted_rows_b(rows_b), k_pad)
-
-
-def smem_bytes(gemm: BlockwiseGemmFp4Sm90) -> int:
-    """Dynamic SMEM of one CTA (after compilation): the shared storage struct, alignment padding
-    included."""
-    return gemm.shared_storage.size_in_bytes()
 
 
 def tma_store_fits(n: int, c_dtype: str) -> bool:
@@ -1962,21 +1869,30 @@ def compile_gemm(
     machine without a GPU; the executor's ``__ptx__`` / ``__cubin__`` then hold PTX and cubin.
     ``num_sms``: the GPU's SMs (the persistent grid holds occupancy x num_sms CTAs);
     ``cluster_shape_mn`` None takes ``default_cluster(path)``; ``tma_store`` False compiles the
-    direct-store epilogue (for N * sizeof(D) not a multiple of 16 bytes, see ``tma_store_fits``);
-    """
+    direct-store epilogue (``tma_store_fits``)."""
     import cuda.bindings.driver as cuda_driver
-    from cutlass.cute.runtime import make_ptr
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
     gemm = BlockwiseGemmFp4Sm90(
         sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups
     )
     # placeholder addresses: compilation only needs the element types and alignments
-    dtypes = [cutlass.Uint8] * 4 + [C_DTYPES[c_dtype], cutlass.Float32] + [gemm.mma_dtype] * 2
-    ptrs = [make_ptr(t, 0, cute.AddressSpace.gmem, assumed_align=16) for t in dtypes]
+    ptrs = _gmem_pointers(gemm, c_dtype, [0] * 8)
     problem, alpha, stream = (Int32(1),) * 4, cutlass.Float32(1.0), cuda_driver.CUstream(0)
     compiled = cute.compile(gemm, *ptrs, problem, alpha, num_sms, stream, options=options)
     return gemm, compiled
+
+
+def _gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:
+    """The kernel's pointers (A, B, SFA, SFB, D, workspace, converted B, converted A), 16-byte
+    aligned, at ``addresses``."""
+    from cutlass.cute.runtime import make_ptr
+
+    dtypes = [cutlass.Uint8] * 4 + [C_DTYPES[c_dtype], cutlass.Float32] + [gemm.mma_dtype] * 2
+    return [
+        make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=16)
+        for dtype, address in zip(dtypes, addresses, strict=True)
+    ]
 
 
 class Fp4GemmSm90Runner:
@@ -2005,19 +1921,17 @@ class Fp4GemmSm90Runner:
         cluster_shape_mn=None,
         k_groups=1,
     ):
-        # a configuration the kernel cannot be built for is refused here, before compiling, and
-        # a problem it cannot run at each call (``__call__``): ValueError naming each reason
         cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
         sf_dtype = SF_FORMATS.get(sf_vec_size, ("?",))[0]
         config = (path, mma_tiler_mn, cluster, split_k, k_groups)
         reasons = config_reasons(sf_vec_size, sf_dtype, c_dtype, *config)
         if reasons:
             raise ValueError("; ".join(reasons))
-        self.sf_vec_size, self.c_dtype = sf_vec_size, c_dtype
-        self.path, self.mma_tiler_mn, self.split_k = path, tuple(mma_tiler_mn), split_k
-        self._args = (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, gpu_sm_count(), options)
+        self.c_dtype = c_dtype
+        num_sms = gpu_sm_count()
+        self._args = (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, num_sms, options, cluster)
         # the TMA-store variant now; the direct-store one when an N first needs it
-        self.gemm, compiled = compile_gemm(*self._args, cluster, True, k_groups)
+        self.gemm, compiled = compile_gemm(*self._args, True, k_groups)
         self._compiled = {True: compiled}
         self._workspace = {}
 
@@ -2025,8 +1939,7 @@ class Fp4GemmSm90Runner:
         """The compiled kernel for output width N (see ``tma_store_fits``)."""
         tma_store = tma_store_fits(n, self.c_dtype) and self.gemm.tma_store
         if tma_store not in self._compiled:
-            cluster, k_groups = self.gemm.cluster_shape_mn, self.gemm.k_groups
-            self._compiled[tma_store] = compile_gemm(*self._args, cluster, tma_store, k_groups)[1]
+            self._compiled[tma_store] = compile_gemm(*self._args, tma_store, self.gemm.k_groups)[1]
         return self._compiled[tma_store]
 
     def workspace(self, m, n, k, l):  # noqa: E741
@@ -2038,9 +1951,7 @@ class Fp4GemmSm90Runner:
         if key not in self._workspace:
             # zeros once: the split-K counters reset themselves after every tile, and every
             # launch rewrites the converted copies (the decode tokens' padding rows stay zero)
-            elems = workspace_elems(
-                m, n, l, self.path, self.mma_tiler_mn, self.split_k, self.gemm.cluster_m
-            )
+            elems = workspace_elems(self.gemm, m, n, l)
             shape_a, shape_b = converted_shapes(self.gemm, m, n, k, l)
             self._workspace[key] = (
                 torch.zeros(elems, dtype=torch.float32, device="cuda"),
@@ -2055,35 +1966,21 @@ class Fp4GemmSm90Runner:
     def __call__(self, a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha, stream=None):  # noqa: E741
         import cuda.bindings.driver as cuda_driver
         import torch
-        from cutlass.cute.runtime import make_ptr
 
-        mnkl = (m, n, k, l)
-        reasons = operand_reasons(
-            a, b, sfa_blocked, sfb_blocked, d, mnkl, self.sf_vec_size, self.c_dtype
-        )
-        reasons += problem_reasons((m, n, k, l), self.sf_vec_size, self.path, self.mma_tiler_mn)
-        reason = alpha_reason(float(alpha), self.sf_vec_size, self.path)
+        mnkl, vec, path = (m, n, k, l), self.gemm.sf_vec_size, self.gemm.path
+        reasons = operand_reasons(a, b, sfa_blocked, sfb_blocked, d, mnkl, vec, self.c_dtype)
+        reasons += problem_reasons(mnkl, vec, path, self.gemm.mma_tiler_mn)
+        reason = alpha_reason(float(alpha), vec, path)
         if reason:
             reasons.append(reason)
         if reasons:
             raise ValueError("; ".join(reasons))
-        gmem = cute.AddressSpace.gmem
-        work, conv_b, conv_a = self.workspace(m, n, k, l)
-        ptrs = [
-            make_ptr(cutlass.Uint8, t.data_ptr(), gmem, assumed_align=16)
-            for t in (a, b, sfa_blocked, sfb_blocked)
-        ]
-        ptrs.append(make_ptr(C_DTYPES[self.c_dtype], d.data_ptr(), gmem, assumed_align=16))
-        ptrs.append(make_ptr(cutlass.Float32, work.data_ptr(), gmem, assumed_align=16))
-        ptrs += [
-            make_ptr(self.gemm.mma_dtype, t.data_ptr(), gmem, assumed_align=16)
-            for t in (conv_b, conv_a)
-        ]
+        tensors = (a, b, sfa_blocked, sfb_blocked, d, *self.workspace(m, n, k, l))
+        ptrs = _gmem_pointers(self.gemm, self.c_dtype, [t.data_ptr() for t in tensors])
         if stream is None:
             stream = cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream)
-        self.executor(n)(
-            *ptrs, (Int32(m), Int32(n), Int32(k), Int32(l)), cutlass.Float32(alpha), stream
-        )
+        problem = tuple(Int32(v) for v in mnkl)
+        self.executor(n)(*ptrs, problem, cutlass.Float32(alpha), stream)
 
 
 def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, mnkl, sf_vec_size, c_dtype) -> list[str]:
@@ -2272,17 +2169,9 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
     args.split_k = split if args.split_k is None else args.split_k
     args.k_groups = k_groups if args.k_groups is None else args.k_groups
     args.cluster_shape_mn = args.cluster_shape_mn or default_cluster(args.path)
-    reasons = check_fp4_gemm_config(
-        args.mnkl,
-        args.sf_vec_size,
-        args.sf_dtype,
-        args.c_dtype,
-        args.path,
-        args.mma_tiler_mn,
-        args.cluster_shape_mn,
-        args.split_k,
-        args.k_groups,
-    )
+    config = (args.path, args.mma_tiler_mn, args.cluster_shape_mn, args.split_k, args.k_groups)
+    formats = (args.sf_vec_size, args.sf_dtype, args.c_dtype)
+    reasons = check_fp4_gemm_config(args.mnkl, *formats, *config)
     if args.alpha is not None:
         reason = alpha_reason(args.alpha, args.sf_vec_size, args.path)
         if reason:
@@ -2322,17 +2211,10 @@ def run_compile_only(args: argparse.Namespace) -> int:
         for f in os.listdir(args.dump_dir)
     }
     options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
+    config = (args.sf_vec_size, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
+    tma_store = tma_store_fits(args.mnkl[1], args.c_dtype)
     gemm, _ = compile_gemm(
-        args.sf_vec_size,
-        args.c_dtype,
-        args.path,
-        args.mma_tiler_mn,
-        args.split_k,
-        H200_SM_COUNT,
-        options,
-        args.cluster_shape_mn,
-        tma_store_fits(args.mnkl[1], args.c_dtype),
-        args.k_groups,
+        *config, H200_SM_COUNT, options, args.cluster_shape_mn, tma_store, args.k_groups
     )
     # (only what this compile wrote: an older cubin in the folder is never reported)
     cubins = _files_written(args.dump_dir, before, ".cubin")
@@ -2347,7 +2229,8 @@ def run_compile_only(args: argparse.Namespace) -> int:
         print(f"  local memory per thread: {usage['LOCAL']} bytes (stack {usage['STACK']})")
     else:
         print("  registers / local memory: not read (cuobjdump not found)")
-    print(f"  shared memory per CTA: {smem_bytes(gemm)} bytes of {SM90_SMEM_CAPACITY}")
+    smem = gemm.shared_storage.size_in_bytes()
+    print(f"  shared memory per CTA: {smem} bytes of {SM90_SMEM_CAPACITY}")
     print(f"  pipeline stages: {gemm.num_stages} of K {gemm.stage_k}")
     print(
         f"  threads per CTA: {gemm.threads_per_cta} ({gemm.k_groups} K group(s)), "
@@ -2439,28 +2322,17 @@ def run_on_gpu(args: argparse.Namespace) -> int:
     alpha = float(ops.alpha) if args.alpha is None else args.alpha
     sfa, sfb = blocked_scales(ops.sfa), blocked_scales(ops.sfb)
     d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
+    config = (args.sf_vec_size, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
     runner = Fp4GemmSm90Runner(
-        args.sf_vec_size,
-        args.c_dtype,
-        args.path,
-        args.mma_tiler_mn,
-        args.split_k,
-        cluster_shape_mn=args.cluster_shape_mn,
-        k_groups=args.k_groups,
+        *config, cluster_shape_mn=args.cluster_shape_mn, k_groups=args.k_groups
     )
     runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
     torch.cuda.synchronize()
     passed = True
     if not args.skip_ref_check:
+        roundoff = reference.FP32_UNIT_ROUNDOFF * args.tolerance
         passed, info = reference.check_gemm(
-            d,
-            ops.a,
-            ops.b,
-            ops.sfa,
-            ops.sfb,
-            args.sf_vec_size,
-            alpha,
-            unit_roundoff=reference.FP32_UNIT_ROUNDOFF * args.tolerance,
+            d, ops.a, ops.b, ops.sfa, ops.sfb, args.sf_vec_size, alpha, unit_roundoff=roundoff
         )
         print(f"Reference check (reference.reference_gemm, derived tolerance): {info}")
 

@@ -206,8 +206,9 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     assert ("UTMASTG" in sass) == gemm.tma_store
     assert ("cp.async.bulk.tensor.3d.global.shared::cta" in ptx) == gemm.tma_store
     # NOTE: each CTA also costs 1 KiB of SMEM reserved by the hardware.
-    assert k90.smem_bytes(gemm) <= k90.SM90_SMEM_CAPACITY
-    assert gemm.occupancy * (k90.smem_bytes(gemm) + 1024) <= k90.SM90_SMEM_PER_SM
+    smem = gemm.shared_storage.size_in_bytes()
+    assert smem <= k90.SM90_SMEM_CAPACITY
+    assert gemm.occupancy * (smem + 1024) <= k90.SM90_SMEM_PER_SM
     prologue_regs = next((r for name, (r, _, _) in res.items() if "convert_operands" in name), 0)
     gemms_regs = gemm.occupancy * gemm.threads_per_cta * gemm_regs
     if k_groups > 1:
@@ -221,8 +222,7 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         # SMEM of their reserved KiB), so they never hold back a GEMM CTA
         assert prologue_regs <= k90.DECODE_CONVERT_MAX_REGS, prologue_regs
         assert gemms_regs + gemm.convert_threads * prologue_regs <= k90.SM90_REGS_PER_SM
-        smem = gemm.occupancy * (k90.smem_bytes(gemm) + 1024) + 1024
-        assert smem <= k90.SM90_SMEM_PER_SM
+        assert gemm.occupancy * (smem + 1024) + 1024 <= k90.SM90_SMEM_PER_SM
     if k_groups > 1:
         # two stages or more per group, each stage owned by one group (phase parity waits)
         assert gemm.num_stages % k_groups == 0 and gemm.num_stages >= 2 * k_groups
