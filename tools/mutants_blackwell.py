@@ -403,4 +403,47 @@ MUTANTS = [
         new="runs = (major, minor) in BLACKWELL_CAPABILITIES",
         tests=[_T, "-k", "gpu_check_per_target"],
     ),
+    # --- pipeline bookkeeping: orderings and races that only a B200 run shows --------------
+    # The CPU suite does not catch these (the PTX stays well-formed, the host is unchanged); they
+    # stay listed so that the harness counts them and a B200 test can be pointed at them.
+    dict(
+        id="tma-mma-tile-single-cta",
+        klass="bookkeeping",
+        file="blockwise_gemm_fp4.py",
+        old="tile_l = tile_schedule.mma_tile(work, self.cluster_shape_mn, cta_pair)",
+        new="tile_l = tile_schedule.mma_tile(work, self.cluster_shape_mn, 1)",
+        tests=[_T],
+    ),
+    dict(
+        id="epi-acc-released-a-subtile-early",
+        klass="bookkeeping",
+        file="blockwise_gemm_fp4.py",
+        old="if subtile == self.acc_release_subtile:",
+        new="if subtile == self.acc_release_subtile - 1:",
+        tests=[_T],
+    ),
+    dict(
+        id="epi-overlapping-buffers-swapped",
+        klass="bookkeeping",
+        file="blockwise_gemm_fp4.py",
+        old="if acc_buffer == 0:",
+        new="if acc_buffer == 1:",
+        tests=[_T],
+    ),
+    dict(
+        id="mma-acc-buffer-from-phase",
+        klass="bookkeeping",
+        file="blockwise_gemm_fp4.py",
+        old="acc_buffer = acc_producer_state.phase ^ 1",
+        new="acc_buffer = acc_producer_state.phase",
+        tests=[_T],
+    ),
+    dict(
+        id="epi-c-stage-restarts-each-tile",
+        klass="bookkeeping",
+        file="blockwise_gemm_fp4.py",
+        old="c_stage = (subtiles_before + subtile) % self.num_c_stage",
+        new="c_stage = subtile % self.num_c_stage",
+        tests=[_T],
+    ),
 ]
