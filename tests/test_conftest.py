@@ -59,12 +59,14 @@ def test_param_id_names_a_device(message):
 """
 
 REPORTER = """
-def pytest_collection_finish(session):
-    for item in session.items:
+def pytest_report_collectionfinish(items):
+    lines = []
+    for item in items:
         gpu = item.get_closest_marker("gpu") is not None
         t = item.get_closest_marker("timeout")
         timeout = (t.args, t.kwargs.get("method")) if t else None
-        print(f"MARKS|{item.name}|gpu={gpu} timeout={timeout}")
+        lines.append(f"MARKS|{item.name}|gpu={gpu} timeout={timeout}")
+    return lines
 """
 
 
