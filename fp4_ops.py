@@ -53,10 +53,6 @@ _PACKED_DTYPES = (torch.uint8, torch.float4_e2m1fn_x2)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _round_up(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
-
-
 def _format_vec(format: str) -> int:
     if format not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, got {format!r}")
@@ -65,7 +61,7 @@ def _format_vec(format: str) -> int:
 
 def blocked_scale_numel(rows: int, k: int, sf_vec_size: int) -> int:
     """Scale bytes of one [rows, K] operand (one batch) in the 128x4 layout (zero padded)."""
-    return _round_up(rows, 128) * _round_up(k // sf_vec_size, 4)
+    return reference.blocked_numel(rows, k // sf_vec_size)
 
 
 # ----------------------------------------------------------------------------- FP4Tensor
@@ -221,7 +217,9 @@ class FP4Tensor:
                     f"layout only for rows % 128 == 0, got {rows} (use swizzled=False)"
                 )
             sc = reference.to_blocked(plain.reshape(-1, k // 16))
-            sc = sc.view(*lead, _round_up(rows, 128) // 4, _round_up(k // 16, 4) * 4)
+            # torchao's swizzled shape: [rows padded to 128 / 4, scale columns padded to 4 x 4]
+            rows_pad, cols_pad = reference._round_up(rows, 128), reference._round_up(k // 16, 4)
+            sc = sc.view(*lead, rows_pad // 4, cols_pad * 4)
         else:
             sc = plain
         return NVFP4Tensor(

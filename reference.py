@@ -357,6 +357,11 @@ def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
+def blocked_numel(rows: int, cols: int) -> int:
+    """Elements per batch of [rows, cols] scales in the 128x4 layout (zero padding included)."""
+    return _round_up(rows, 128) * _round_up(cols, 4)
+
+
 def to_blocked(scales: torch.Tensor) -> torch.Tensor:
     """Swizzle scales [R, C] (or [L, R, C]) into the 128x4 atom layout, 1-D (or [L, n]).
 
@@ -392,7 +397,7 @@ def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     if raw.element_size() == 1:
         raw = raw.view(torch.uint8)
     rp, cp = _round_up(rows, 128), _round_up(cols, 4)
-    if raw.shape[1] != rp * cp:
+    if raw.shape[1] != blocked_numel(rows, cols):
         raise ValueError(
             f"blocked has {raw.shape[1]} elements per batch, but {rows} x {cols} scales pad to "
             f"{rp} x {cp} = {rp * cp}"

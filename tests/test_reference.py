@@ -1234,3 +1234,9 @@ def test_torch_scaled_mm_agrees(fmt: str) -> None:
     )
     ok, info = R.check_gemm(d, a, b, sfa, sfb, vec)
     assert ok, str(info)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (128, 4), (129, 5), (300, 17), (7, 448)])
+def test_blocked_numel_is_the_length_to_blocked_writes(rows, cols):
+    scales = torch.ones(rows, cols, dtype=torch.uint8)
+    assert R.blocked_numel(rows, cols) == R.to_blocked(scales).numel()
