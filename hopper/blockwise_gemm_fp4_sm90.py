@@ -141,9 +141,10 @@ UNIT_COST = 384
 # default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
 # NVFP4 on F16: each FP4 operand converted to F16 carries 2^-7, so D = acc * 2^14 * alpha
-# (W4A4; W4A16: acc * 2^7 * alpha).
+# (W4A4; W4A16: acc * 2^7 * alpha).  W4A16 NVFP4 weights in BF16 on decode carry 2^-8.
 NVFP4_ACC_SCALE = 2.0**14
 W4A16_F16_ACC_SCALE = 2.0**7
+W4A16_BF16_ACC_SCALE = 2.0**8
 FP32_MAX = (2.0 - 2.0**-23) * 2.0**127
 
 
@@ -505,9 +506,12 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
 
 def acc_scale(sf_vec_size: int, path: str, a_dtype: str = W4A4) -> float:
     """The factor between the accumulator and alpha * sum: 2^7 per FP4 operand converted to F16
-    (NVFP4 on the W4A4 decode path: both; W4A16 with F16 activations: the weights)."""
+    (NVFP4 on the W4A4 decode path: both; W4A16 with F16 activations: the weights), 2^8 for
+    W4A16 NVFP4 weights in BF16 on decode (``fp4_dequant.e4m3_to_bf16x2_prescaled``)."""
     if a_dtype != W4A4:
-        return W4A16_F16_ACC_SCALE if a_dtype == "Float16" else 1.0
+        if a_dtype == "Float16":
+            return W4A16_F16_ACC_SCALE
+        return W4A16_BF16_ACC_SCALE if sf_vec_size == 16 and path == "decode" else 1.0
     return NVFP4_ACC_SCALE if sf_vec_size == 16 and path == "decode" else 1.0
 
 
@@ -657,6 +661,8 @@ class BlockwiseGemmFp4Sm90:
         self.f16 = a_dtype == "Float16" if self.w4a16 else sf_vec_size == 16 and path == "decode"
         self.mma_dtype = cutlass.Float16 if self.f16 else cutlass.BFloat16
         self.acc_scale = acc_scale(sf_vec_size, path, a_dtype)
+        # W4A16 NVFP4 in BF16 on decode: scale factors hold the 2^126 of the e2m1 bits (2^-8 left)
+        self.bf16_prescaled = self.acc_scale == W4A16_BF16_ACC_SCALE
 
     def _prologue_pdl(self, launch_regs: int) -> bool:
         """Whether ``convert_operands`` is PDL-launched too, so that it starts within the tail
@@ -1391,23 +1397,22 @@ class BlockwiseGemmFp4Sm90:
                 factors = self._w4a16_factors(sf, j)
             else:
                 factors = [dq.scale_factor(sf, self.f16)] * 8
-            pairs = dq.fp4x16_to_mma(packed, factors, self.f16)
+            pairs = dq.fp4x16_to_mma(packed, factors, self.f16, self.bf16_prescaled)
             for i in cutlass.range_constexpr(8):
                 rA[dq.a_fragment_word(r, i)] = pairs[i]
 
     def _w4a16_factors(self, sf_word, j) -> list:
         """W4A16: the multiplier of each pair P_0..P_7 of prepacked weights, from the row's word
         of scales: pair i's K values (``pair_k``) lie in scale column (64 j + pair_k) // V."""
-        mags, signs = sf_word & Uint32(0x7F7F7F7F), sf_word & Uint32(0x80808080)
         by_byte = {}
         factors = []
         for i in range(8):
             byte = (K_BLOCK * j + dq.pair_k(i, 0)) // self.sf_vec_size % SF_ATOM_COLS
             if byte not in by_byte:
-                if self.sf_vec_size == 16 and not self.f16:
-                    by_byte[byte] = dq.e4m3_byte_to_bf16x2(mags, signs, byte)
+                sf = (sf_word >> Uint32(8 * byte)) & Uint32(0xFF)
+                if self.bf16_prescaled:
+                    by_byte[byte] = dq.e4m3_to_bf16x2_prescaled(sf)
                 else:
-                    sf = (sf_word >> Uint32(8 * byte)) & Uint32(0xFF)
                     by_byte[byte] = dq.scale_factor(sf, self.f16)
             factors.append(by_byte[byte])
         return factors

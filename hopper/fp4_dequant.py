@@ -22,6 +22,8 @@ from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
 F16X2_2POW7 = 0x58005800
+# fp32 bits of 2^118: ``e4m3_to_bf16x2_prescaled``'s factor
+E4M3_BF16_PRESCALE_BITS = 0x7A800000
 
 
 def _ptx(result, operands, asm: str, constraints: str, *, side_effects=True, loc=None, ip=None):
@@ -110,6 +112,19 @@ def prmt_zero(a: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
+def e4m3_to_bf16x2_prescaled(sf_byte: Uint32, *, loc=None, ip=None) -> Uint32:
+    """One E4M3 byte -> the BF16 value scale * 2^118 in both halves, exact (4 significant bits;
+    scale < 2^9 keeps it below 2^127), by hardware cvts through F16 and F32; NaN stays NaN.
+    Times an e2m1 * 2^-126 it gives e2m1 * scale * 2^-8 in one multiply."""
+    asm = (
+        "{ .reg .b16 t, lo, hi; .reg .b32 h; .reg .f32 f; cvt.u16.u32 t, $1; "
+        "cvt.rn.f16x2.e4m3x2 h, t; mov.b32 {lo, hi}, h; cvt.f32.f16 f, lo; "
+        f"mul.f32 f, f, 0f{E4M3_BF16_PRESCALE_BITS:08X}; cvt.rn.bf16x2.f32 $0, f, f; }}"
+    )
+    return _ptx(Uint32, [(Uint32, sf_byte)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def e4m3_to_f16x2(sf_byte: Uint32, *, loc=None, ip=None) -> Uint32:
     """One E4M3 byte -> the same F16 value in both halves (hardware cvt, sm_89+)."""
     asm = "{ .reg .b16 t; cvt.u16.u32 t, $1; cvt.rn.f16x2.e4m3x2 $0, t; }"
@@ -136,8 +151,9 @@ def fp4x8_to_f16x2(word: Uint32, factors: list) -> list:
     return [mul_f16x2(b, f) for b, f in zip(bytes_, factors, strict=True)]
 
 
-def fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
-    """MXFP4: nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * scale.
+def fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32, prescaled=False) -> Uint32:
+    """Nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * ``factor``;
+    ``prescaled``: ``factor`` already holds the 2^126 (the result is e2m1 * factor * 2^-126).
 
     ``word`` is already shifted right by 8 for p = 2, 3 (one shift serves two pairs)."""
     if p % 2 == 0:
@@ -146,13 +162,18 @@ def fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
     else:
         # the nibble sits 4 bits higher: x << 2 | x << 8 lands on the same bits.
         raw = ((word & Uint32(0x00F000F0)) * Uint32(0x0104)) & Uint32(0x81C081C0)
+    if prescaled:
+        return mul_bf16x2(raw, factor)
     return mul_bf16x2(mul_bf16x2(raw, Uint32(BF16X2_2POW126)), factor)
 
 
-def fp4x8_to_bf16x2(word: Uint32, factors: list) -> list:
-    """8 e2m1 values -> 4 BF16x2 words (nibbles (p, p + 4)), word p times ``factors[p]``."""
+def fp4x8_to_bf16x2(word: Uint32, factors: list, prescaled=False) -> list:
+    """8 e2m1 values -> 4 BF16x2 words (nibbles (p, p + 4)), word p times ``factors[p]``
+    (``fp4_pair_to_bf16x2``)."""
     shifted = word >> 8
-    return [fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factors[p]) for p in range(4)]
+    return [
+        fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factors[p], prescaled) for p in range(4)
+    ]
 
 
 def fp4_pair_lo_to_mma(x: Uint32, factor: Uint32, f16: bool) -> Uint32:
@@ -195,14 +216,15 @@ def e4m3_byte_to_bf16x2(mags: Uint32, signs: Uint32, q: int, keep=None) -> Uint3
     return mul_bf16x2(bits, Uint32(BF16X2_2POW120))
 
 
-def fp4x16_to_mma(packed: Uint64, factors: list, f16: bool) -> list:
+def fp4x16_to_mma(packed: Uint64, factors: list, f16: bool, prescaled=False) -> list:
     """16 e2m1 values (8 bytes) -> 8 words P_0..P_7 of the MMA type (P_i = nibbles
     (i % 4, i % 4 + 4) of 32-bit word i // 4), P_i times ``factors[i]``: F16 values
-    e2m1 * scale * 2^-7 or BF16 values e2m1 * scale."""
-    convert = fp4x8_to_f16x2 if f16 else fp4x8_to_bf16x2
-    return convert(Uint32(packed & Uint64(0xFFFFFFFF)), factors[:4]) + convert(
-        Uint32(packed >> 32), factors[4:]
-    )
+    e2m1 * scale * 2^-7, BF16 values e2m1 * scale, or (``prescaled`` BF16 factors)
+    e2m1 * factor * 2^-126."""
+    lo, hi = Uint32(packed & Uint64(0xFFFFFFFF)), Uint32(packed >> 32)
+    if f16:
+        return fp4x8_to_f16x2(lo, factors[:4]) + fp4x8_to_f16x2(hi, factors[4:])
+    return fp4x8_to_bf16x2(lo, factors[:4], prescaled) + fp4x8_to_bf16x2(hi, factors[4:], prescaled)
 
 
 def a_fragment_word(r: int, i: int) -> int:

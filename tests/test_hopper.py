@@ -472,6 +472,12 @@ def _ptx_model(result, operands, asm, constraints, **_):
         fields = [f.strip() for f in asm[len("prmt.b32 ") :].rstrip(";").split(",")]
         a, b, c = (args[int(f[1:]) - 1] if f.startswith("$") else int(f, 0) for f in fields[1:])
         return result(_prmt(a, b, c))
+    if "cvt.rn.bf16x2.f32" in asm:
+        # e4m3_to_bf16x2_prescaled: E4M3 byte -> F16 -> F32, times the fp32 immediate, -> BF16
+        assert "cvt.rn.f16x2.e4m3x2 h, t" in asm and "cvt.f32.f16 f, lo" in asm, asm
+        imm = struct.unpack(">f", bytes.fromhex(re.search(r"0f([0-9A-F]{8})", asm).group(1)))[0]
+        bits = _bf16_bits(_f16_value(_f16_bits(_e4m3_value(args[0] & 0xFF))) * imm)
+        return result((bits << 16) | bits)
     if "cvt.rn.f16x2.e4m3x2" in asm:
         assert "cvt.u16.u32 t, $1" in asm, asm
         t = args[0] & 0xFFFF  # cvt.u16.u32 keeps the low 16 bits
@@ -701,7 +707,8 @@ W4A16_IDS = ["nvfp4-bf16", "nvfp4-f16", "mxfp4-bf16"]
 def _w4a16_decode_kblock(gemm, prepacked_row: bytes, sf_stage: bytes, row: int, j: int) -> dict:
     """Decode W4A16: k-block j of one prepacked weight row as the wgmma A fragment holds it,
     made by ``_load_a``'s addresses and ``_dequant_a``'s helpers (``_w4a16_factors``,
-    ``fp4x16_to_mma``, ``a_fragment_word``): {K column: value}, F16 values times 2^7."""
+    ``fp4x16_to_mma``, ``a_fragment_word``): {K column: value}, times the kernel's
+    ``acc_scale`` (F16: 2^7, NVFP4 BF16: 2^8), as the epilogue applies it."""
     from cutlass.cutlass_dsl import Uint32, Uint64
 
     vec, f16 = gemm.sf_vec_size, gemm.f16
@@ -712,14 +719,16 @@ def _w4a16_decode_kblock(gemm, prepacked_row: bytes, sf_stage: bytes, row: int, 
     for q in range(4):
         byte = j * (k90.K_BLOCK // 2) + q * 8
         packed = int.from_bytes(prepacked_row[byte : byte + 8], "little")
-        pairs = dq.fp4x16_to_mma(Uint64(packed), gemm._w4a16_factors(Uint32(sf_word), j), f16)
+        factors = gemm._w4a16_factors(Uint32(sf_word), j)
+        pairs = dq.fp4x16_to_mma(Uint64(packed), factors, f16, gemm.bf16_prescaled)
         for i, pair in enumerate(pairs):
             # the PTX ISA's A fragment layout, as in ``_weights_kblock``
             word = dq.a_fragment_word(0, i)
             col = 16 * (word // 4) + 8 * (word // 2 % 2) + 2 * q
             bits = int(pair.value)
             halves += [(col, bits & 0xFFFF), (col + 1, bits >> 16)]
-    return _as_values(halves, f16)
+    decode = _f16_value if f16 else _bf16_value
+    return {col: decode(bits) * gemm.acc_scale for col, bits in halves}
 
 
 def _w4a16_prefill_kblock(vec, f16, prepacked_row: bytes, blocked: bytes, row: int, kb: int):
@@ -1489,7 +1498,8 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
         assert not re.search(r"\b(st|atom|red)\.[\w:.]*global", early)
     else:
         assert waits == 1, waits
-    scales = {2.0**7: a_dtype == "Float16", 2.0**14: False}
+    prescaled = vec == 16 and a_dtype == "BFloat16" and path == "decode"
+    scales = {2.0**7: a_dtype == "Float16", 2.0**8: prescaled, 2.0**14: False}
     for value, present in scales.items():
         assert (("0f" + struct.pack(">f", value).hex().upper()) in gemm_ptx) == present, value
     tool = k90.find_cuobjdump()
@@ -1522,8 +1532,10 @@ def test_w4a16_config_checks():
     assert not any("M*K" in r for r in check(big, 16, "Float8E4M3FN", **base))
     assert k90.alpha_reason(2.0**120, 16, "decode", "Float16") is None
     assert "2^121" in k90.alpha_reason(2.0**121, 16, "decode", "Float16")
-    assert k90.alpha_reason(2.0**121, 16, "decode", "BFloat16") is None
     assert k90.acc_scale(16, "prefill", "Float16") == 2.0**7
+    assert k90.acc_scale(16, "decode", "BFloat16") == 2.0**8
+    assert k90.acc_scale(16, "prefill", "BFloat16") == k90.acc_scale(32, "decode", "BFloat16") == 1
+    assert "2^120" in k90.alpha_reason(2.0**121, 16, "decode", "BFloat16")
     # the same path rule as W4A4; a W4A16 decode has no token copy to bound
     assert k90.default_config(16, 8192, 8192, 1, a_dtype="BFloat16")[0] == "decode"
     assert k90.default_config(4096, 8192, 8192, 1, a_dtype="BFloat16")[0] == "prefill"
