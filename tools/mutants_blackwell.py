@@ -199,12 +199,20 @@ MUTANTS = [
     ),
     # --- launch arguments ----------------------------------------------------------------
     dict(
-        id="launch-alpha-one",
+        id="launch-alpha-pointer-on-a-copy",
         klass="launch arguments",
         file="blockwise_gemm_fp4.py",
-        old="alpha=cutlass.Float32(alpha),",
-        new="alpha=cutlass.Float32(1.0),",
-        tests=[_T, "-k", "launch_arguments"],
+        old="alpha_ptr=make_ptr(cutlass.Float32, alpha.data_ptr(), gmem, assumed_align=4),",
+        new="alpha_ptr=make_ptr(cutlass.Float32, alpha.clone().data_ptr(), gmem, assumed_align=4),",
+        tests=[_T, "-k", "launch_arguments or alpha_from_the_callers"],
+    ),
+    dict(
+        id="launch-alpha-not-kept",
+        klass="launch arguments",
+        file="blockwise_gemm_fp4.py",
+        old="        self.alpha = alpha\n",
+        new="",
+        tests=[_T, "-k", "holds_every_operand"],
     ),
     dict(
         id="launch-sfa-on-sfb-pointer",
@@ -255,6 +263,31 @@ MUTANTS = [
         tests=[_T, "-k", "global_tensors or host_builds"],
     ),
     # --- alpha ---------------------------------------------------------------------------
+    dict(
+        id="epilogue-alpha-not-loaded",
+        klass="alpha",
+        file="blockwise_gemm_fp4.py",
+        old="alpha = mAlpha[0]",
+        new="alpha = cutlass.Float32(1.0)",
+        tests=[_T, "-k", "by_alpha"],
+    ),
+    dict(
+        id="alpha-tensor-copied",
+        klass="alpha",
+        file="blockwise_gemm_fp4.py",
+        old='raise ValueError(f"alpha is on {alpha.device}, a is on {device}")\n    return alpha\n',
+        new='raise ValueError(f"alpha is on {alpha.device}, a is on {device}")\n'
+        "    return alpha.clone()\n",
+        tests=[_T, "-k", "alpha_from_the_callers"],
+    ),
+    dict(
+        id="alpha-tensor-dtype-unchecked",
+        klass="alpha",
+        file="blockwise_gemm_fp4.py",
+        old="if alpha.dtype != torch.float32 or alpha.numel() != 1:",
+        new="if alpha.numel() != 1:",
+        tests=[_T, "-k", "bad_alpha_tensor"],
+    ),
     dict(
         id="epilogue-ignores-alpha",
         klass="alpha",
