@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Single-line mutants of blockwise_gemm_fp4.py for the mutation harness (tools/mutate.py).
+"""Single-line mutants of blockwise_gemm_fp4.py, and of fp4_ops.py's Blackwell adapter, for the
+mutation harness (tools/mutate.py).
 
 Each mutant is a realistic one-line bug: ``old`` (exact text, unique in ``file``) becomes
 ``new``; ``tests`` are the pytest arguments that must catch it on a machine without a GPU.
@@ -7,6 +8,7 @@ Keep the list current as the kernel changes: a mutant whose ``old`` text is gone
 """
 
 _T = "tests/test_blackwell.py"
+_OPS = "tests/test_fp4_ops.py"
 
 MUTANTS = [
     # --- scale-factor layout and per-tile coordinates ------------------------------------
@@ -287,6 +289,30 @@ MUTANTS = [
         old="if alpha.dtype != torch.float32 or alpha.numel() != 1:",
         new="if alpha.numel() != 1:",
         tests=[_T, "-k", "bad_alpha_tensor"],
+    ),
+    dict(
+        id="ops-blackwell-alpha-one",
+        klass="alpha",
+        file="fp4_ops.py",
+        old="sf_vec_size, alpha=alpha, **config",
+        new="sf_vec_size, alpha=1.0, **config",
+        tests=[_OPS, "-k", "blackwell_adapter"],
+    ),
+    dict(
+        id="ops-blackwell-fp32-d",
+        klass="alpha",
+        file="fp4_ops.py",
+        old="config = _sm100_config(m, n, 2 * half_k, l, sf_vec_size, out_dtype)",
+        new="config = _sm100_config(m, n, 2 * half_k, l, sf_vec_size, torch.float32)",
+        tests=[_OPS, "-k", "blackwell_adapter"],
+    ),
+    dict(
+        id="ops-blackwell-padded-d",
+        klass="alpha",
+        file="fp4_ops.py",
+        old="return d.contiguous()",
+        new="return d",
+        tests=[_OPS, "-k", "blackwell_adapter"],
     ),
     dict(
         id="epilogue-ignores-alpha",
