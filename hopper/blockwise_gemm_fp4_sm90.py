@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Persistent, warp-specialized NVFP4 / MXFP4 (W4A4) GEMM for Hopper (sm_90a; run on an H200).
+"""Persistent, warp-specialized NVFP4 / MXFP4 GEMM for Hopper (sm_90a; run on an H200): W4A4, and
+W4A16 (BF16 / F16 activations with FP4 weights).
 
 What it computes
 ----------------
@@ -8,8 +9,10 @@ What it computes
 with the operands of the Blackwell kernel (``blockwise_gemm_fp4.py``): A [M, K/2, L] and
 B [N, K/2, L] packed FP4 bytes, K-major; SFA / SFB in the 128x4 blocked layout of
 ``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 = Float8E8M0FNU per
-32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major [M, N] per batch (row pitch
-N). Hopper has no FP4 tensor cores: FP4 is dequantized exactly to F16 or BF16 (every e2m1 x
+32; alpha one fp32 in device memory; D BFloat16 / Float16 / Float32, row-major [M, N] per batch
+(row pitch N). W4A16 (``a_dtype``): A is BF16 / F16 [M, K, L] without scales, and B went
+through ``prepack_weights`` (each 64-wide k-block permuted once, so that the dequantized
+weights come out in plain K order). Hopper has no FP4 tensor cores: FP4 is dequantized exactly to F16 or BF16 (every e2m1 x
 scale product is representable; ``hopper/fp4_dequant.py`` holds the conversions) and the tensor
 cores run F16 / BF16 ``wgmma`` with FP32 accumulation, so D equals ``reference.reference_gemm``
 up to the order of the fp32 sums.
@@ -25,11 +28,12 @@ The two paths (picked by ``default_config``; hopper/DESIGN.md has the evidence)
     prefill  > 2048   A / B, both converted once   SS wgmma over 128 x 256 tiles, 2x1 clusters
                                                    multicasting the B tile
     =======  =======  ==========================  ===========================================
-A prologue grid, ``convert_operands``, converts the SMEM operand(s) once per launch into F16 /
-BF16 copies in the wgmma's permuted K order. The GEMM is launched with programmatic dependent
+A prologue grid, ``convert_operands``, converts the FP4 SMEM operand(s) once per launch into F16
+/ BF16 copies in the wgmma's K order (W4A16: the prefill weights only; W4A16 decode has none:
+TMA takes the activations as they are). The GEMM is launched with programmatic dependent
 launch (PDL: a grid may start before the one ahead of it ends, and ``griddepcontrol.wait``
-waits for it): its producer requests the first stage's weights, then waits for the prologue.
-On decode tiles of up to 32 tokens the prologue is PDL-launched too (``prologue_pdl``).
+waits for it): its producer requests the first stage's weights, then waits; its consumers wait
+before they read alpha. On decode tiles of up to 32 tokens the prologue is PDL-launched too.
 
 Warp roles (128 x (1 + row warpgroups x k_groups) threads)
 ----------------------------------------------------------
@@ -56,17 +60,18 @@ Constraints (``check_fp4_gemm_config`` explains each refusal)
 * K % 32 == 0 (16-byte TMA rows of packed FP4); M, N, L >= 1, ragged M and N welcome.
 * kernel tile rows 64 or 128, cols 8..256 (powers of two); cluster (1, 1), or (2, 1) on prefill;
   split_k 1..16 on tiles at most 128 wide; K groups 2..4 on decode tiles of <= 32 tokens.
-* NVFP4 on decode (F16 operands carry 2^-7 each): |alpha| < 2^114; 32-bit offsets: every
-  tensor, converted copy and scale array below 2^31 elements.
+* |alpha| * ``acc_scale`` finite (F16 FP4 operands carry 2^-7 each: W4A4 NVFP4 decode |alpha| <
+  2^114); 32-bit offsets: every tensor, copy and scale array below 2^31 elements. MXFP4 W4A16
+  needs BF16 activations (E8M0 exceeds F16).
 * Operands contiguous and 16-byte aligned (TMA); the blocked scales' padding holds zeros, as
   ``reference.to_blocked`` writes it. An E8M0 NaN scale (255) reads as +inf.
-* The runner keeps a workspace per shape (split-K partials, converted copies): one runner per
-  stream.
+* The runner keeps a workspace per shape and stream (split-K partials, converted copies).
 
 Run
 ---
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 8192,8192,8192,1     # H200 (H100: untested)
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32
+    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --a_dtype BFloat16  # W4A16
     python hopper/blockwise_gemm_fp4_sm90.py --mnkl 1,8192,8192,1 --compile_only  # any machine
 """
 
