@@ -667,8 +667,9 @@ def format_w4a16_table(rows) -> str:
         )
     lines.append(
         "(times in us; err = max |D - exact|, exact = fp64 product of the BF16 activations and "
-        "the dequantized weights; fmt/peer = speed-up of ours-w4a16-fmt over the peer; "
-        "ours-w4a4-nv = ours-nvfp4 of the W4A4 table)"
+        "the dequantized weights, which cublas-bf16 and triton-dq+cublas round to BF16; "
+        "fmt/peer = speed-up of ours-w4a16-fmt over the peer; ours-w4a4-nv = ours-nvfp4 of "
+        "the W4A4 table)"
     )
     return "\n".join(lines)
 
@@ -776,11 +777,8 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("bench.py needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
-        return 2
+def setup(warm: bool) -> Bench:
+    """The run's shared state on the current GPU; says which optional peers are missing."""
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
     tri = None if triton is None else (triton, _dequant_fp4, _mxfp4_dot_scaled)
     if tri is None:
@@ -788,36 +786,41 @@ def main(argv=None) -> int:
     humming_cls, why = load_humming()
     if humming_cls is None:
         print(f"{why}: humming-nvfp4 and humming-mxfp4 not measured")
-    l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    bench = Bench(
+    return Bench(
         roof=copy_bandwidth(),
-        l2_bytes=l2_bytes,
-        warm=args.warm_l2,
+        l2_bytes=torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size,
+        warm=warm,
         tri=tri,
         lut=_E2M1.to(torch.bfloat16).cuda(),
         humming=humming_cls,
     )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("bench.py needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
+        return 2
+    bench = setup(args.warm_l2)
     rows, w16_rows = [], []
     t0 = time.time()
     for m, n, k in QUICK if args.quick else SHAPES:
         row, w16 = bench_shape(bench, m, n, k)
         rows.append(row)
         w16_rows.append(w16)
-        times = {
-            name: round(r["us"], 2)
+        w4a4, w4a16 = (
+            {name: round(r["us"], 2) for name, r in table.items() if _us(table, name)}
             for table in (row, w16)
-            for name, r in table.items()
-            if isinstance(r, dict) and "us" in r
-        }
-        print(f"[{time.time() - t0:6.1f}s] {m}x{n}x{k}: {json.dumps(times)}", flush=True)
+        )
+        print(f"[{time.time() - t0:6.1f}s] {m}x{n}x{k}: W4A4 {w4a4} W4A16 {w4a16}", flush=True)
     meta = dict(
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         gpu=torch.cuda.get_device_name(),
         torch=torch.__version__,
         cuda=torch.version.cuda,
         copy_bandwidth_Bps=bench.roof,
-        l2=l2_mode(args.warm_l2, l2_bytes),
-        triton=getattr(tri[0], "__version__", None) if tri else None,
+        l2=l2_mode(bench.warm, bench.l2_bytes),
+        triton=getattr(bench.tri[0], "__version__", None) if bench.tri else None,
         cutlass_dsl=_dist_version("nvidia-cutlass-dsl"),
         humming=_dist_version("humming-kernels"),
     )

@@ -236,3 +236,29 @@ def test_humming_adapter_loads_the_weights_and_global_scale(vec):
     )
     if vec == 16:
         assert float(layer.tensors["weight_scale_2"]) == float(ops.global_scale_b)
+
+
+def test_main_runs_every_shape_and_writes_one_result_set(tmp_path, monkeypatch, capsys):
+    """``main`` around fake measurements: the shapes of ``--quick``, the mode it was given, the
+    progress lines and the three result files."""
+    seen = []
+
+    def fake_shape(b, m, n, k):
+        seen.append((m, n, k, b.warm))
+        w4a4 = dict(us=10.0, tflops=1.0, gbps=100.0, roof_pct=50.0, check=True)
+        row = {"m": m, "n": n, "k": k, "ours-nvfp4": w4a4, "cublas-fp8": dict(error="x")}
+        return row, _w16_row(m, n, k, ours_us=10.0, humming_us=15.0, cublas_us=25.0)
+
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(bench, "setup", lambda warm: _bench(warm=warm))
+    monkeypatch.setattr(bench, "bench_shape", fake_shape)
+    assert bench.main(["--quick", "--warm_l2", "--out_dir", str(tmp_path)]) == 0
+    assert seen == [(*shape, True) for shape in bench.QUICK]
+    out = capsys.readouterr().out
+    assert "1x8192x8192: W4A4 {'ours-nvfp4': 10.0} W4A16 {'ours-w4a16-nvfp4': 10.0," in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h200.json", "h200.png", "h200.txt"]
+    saved = json.loads((tmp_path / "h200.json").read_text())
+    assert saved["meta"]["l2"].startswith("warm L2") and saved["meta"]["gpu"] == "NVIDIA H200"
+    assert [(r["m"], r["n"], r["k"]) for r in saved["w4a16"]] == bench.QUICK
