@@ -24,7 +24,7 @@ product of the BF16 activations and the dequantized weights):
                                 ModelOpt NVFP4 / mxfp4 loaders, its own kernel pick
     cublas-bf16      torch.matmul on the weights dequantized beforehand (global scale included)
     triton-dq+cublas the Triton dequant kernel on the weights, every call, then torch.matmul
-    ours-nvfp4       the W4A4 time, for reference
+    ours-w4a4-nvfp4  the W4A4 table's ours-nvfp4 time, for reference
 Columns for ours: us, TFLOP/s, GB/s and % of the HBM roof, where the roof is the copy bandwidth
 (bytes read + written by a large device-to-device copy) measured in the same run and the bytes
 are the operands as stored (packed FP4, scales, BF16 activations) and D, each moved once.
@@ -34,6 +34,9 @@ least 1.0x humming and 0.95x cuBLAS BF16; 75% of the roof at 1 x 8192 x 8192.
     python -m hopper.bench            # all shapes -> hopper/results/h200.{txt,json,png}
     python -m hopper.bench --quick    # four shapes
     python -m hopper.bench --warm_l2  # one input set, L2-resident where it fits
+
+The humming peers need ``pip install humming-kernels==0.1.20`` (and, where no CUDA toolkit
+headers are installed, nvidia-cuda-cccl==13.0.85); without it they are reported not measured.
 """
 
 from __future__ import annotations
