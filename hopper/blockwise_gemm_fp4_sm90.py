@@ -10,8 +10,9 @@ B [N, K/2, L] packed FP4 bytes, K-major; SFA / SFB in the 128x4 blocked layout o
 ``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 = Float8E8M0FNU per
 32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major [M, N] per batch (row pitch
 N). Hopper has no FP4 tensor cores: FP4 is dequantized exactly to F16 or BF16 (every e2m1 x
-scale product is representable) and the tensor cores run F16 / BF16 ``wgmma`` with FP32
-accumulation, so D equals ``reference.reference_gemm`` up to the order of the fp32 sums.
+scale product is representable; ``hopper/fp4_dequant.py`` holds the conversions) and the tensor
+cores run F16 / BF16 ``wgmma`` with FP32 accumulation, so D equals ``reference.reference_gemm``
+up to the order of the fp32 sums.
 
 The two paths (picked by ``default_config``; hopper/DESIGN.md has the evidence)
 -----------------------------------------------------------------------------
@@ -83,11 +84,15 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.nvgpu.warpgroup import OperandSource
-from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
+from cutlass.cutlass_dsl import Int32, Int64, Uint32
 from cutlass.tensor_utils import LayoutEnum
+
+if not __package__:
+    # run as a script: the repository root makes ``hopper`` and ``reference`` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hopper import fp4_dequant as dq  # noqa: E402
 
 # NOTE: sm_90 limits: 227 KiB of dynamic SMEM per CTA, 228 KiB and 64K registers per SM.
 SM90_SMEM_CAPACITY = 232448
@@ -132,10 +137,6 @@ DECODE_K_GROUPS = 4
 UNIT_COST = 384
 # default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
-# BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
-BF16X2_2POW126 = 0x7E807E80
-BF16X2_2POW120 = 0x7B807B80
-F16X2_2POW7 = 0x58005800
 # NVFP4 on F16: each converted operand carries 2^-7, so D = acc * 2^14 * alpha.
 NVFP4_ACC_SCALE = 2.0**14
 FP32_MAX = (2.0 - 2.0**-23) * 2.0**127
@@ -147,206 +148,6 @@ class NamedBarrierId(enum.IntEnum):
     EPILOGUE = 1  # consumers: a D subtile is in SMEM (TMA store) / its buffer is free again
     SPLITK_FIXUP = 2  # consumers: split-K partial tile written / counter read
     K_GROUP_REDUCE = 3  # consumers (k_groups > 1): partials parked in SMEM / read back
-
-
-# ---------------------------------------------------------------------------------------------
-# PTX helpers (sm_90 has no FP4 conversion instruction: integer, prmt and f16x2 / bf16x2 ops)
-# ---------------------------------------------------------------------------------------------
-def _ptx(result, operands, asm: str, constraints: str, *, side_effects=True, loc=None, ip=None):
-    """One PTX instruction as LLVM inline asm.  ``operands`` are (DSL type, value) pairs;
-    ``result`` is the DSL type of the single output, or None for an instruction without one."""
-    out = llvm.inline_asm(
-        None if result is None else result.mlir_type,
-        [dtype(value).ir_value(loc=loc, ip=ip) for dtype, value in operands],
-        asm,
-        constraints,
-        has_side_effects=side_effects,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return None if result is None else result(out)
-
-
-def _load(opcode: str, result, address, constraints: str):
-    """``result = opcode [address]`` as a DSL op.  NOTE: loads carry side effects so that they
-    stay after the mbarrier wait guarding their stage."""
-
-    @dsl_user_op
-    def load(addr, *, loc=None, ip=None):
-        return _ptx(result, [(address, addr)], f"{opcode} $0, [$1];", constraints, loc=loc, ip=ip)
-
-    return load
-
-
-def _store(opcode: str, address, value_type, constraints: str):
-    """``opcode [address], value`` as a DSL op."""
-
-    @dsl_user_op
-    def store(addr, value, *, loc=None, ip=None):
-        operands = [(address, addr), (value_type, value)]
-        _ptx(None, operands, f"{opcode} [$0], $1;", constraints, loc=loc, ip=ip)
-
-    return store
-
-
-def _packed_mul(opcode: str):
-    """Lane-wise ``opcode`` (mul.rn.f16x2 / mul.rn.bf16x2) of two 32-bit words as a DSL op."""
-
-    @dsl_user_op
-    def mul(a, b, *, loc=None, ip=None):
-        operands = [(Uint32, a), (Uint32, b)]
-        asm = f"{opcode} $0, $1, $2;"
-        return _ptx(Uint32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
-
-    return mul
-
-
-_ld_shared_b64 = _load("ld.shared.b64", Uint64, Int32, "=l,r")
-_ld_shared_u8 = _load("ld.shared.u8", Uint32, Int32, "=r,r")
-_ld_shared_u32 = _load("ld.shared.u32", Uint32, Int32, "=r,r")
-_ld_shared_f32 = _load("ld.shared.f32", cutlass.Float32, Int32, "=f,r")
-_ld_global_nc_u32 = _load("ld.global.nc.u32", Uint32, Int64, "=r,l")
-# NOTE: .cg (L2 only): split-K partials come from other SMs, whose writes L1 does not see.
-_ld_global_cg_f32 = _load("ld.global.cg.f32", cutlass.Float32, Int64, "=f,l")
-_st_shared_b32 = _store("st.shared.b32", Int32, Uint32, "r,r")
-_st_shared_f32 = _store("st.shared.f32", Int32, cutlass.Float32, "r,f")
-_st_global_f32 = _store("st.global.f32", Int64, cutlass.Float32, "l,f")
-_st_global_u32 = _store("st.relaxed.gpu.global.u32", Int64, Uint32, "l,r")
-_mul_f16x2 = _packed_mul("mul.rn.f16x2")
-_mul_bf16x2 = _packed_mul("mul.rn.bf16x2")
-
-
-@dsl_user_op
-def _atomic_add_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> Uint32:
-    operands = [(Int64, addr), (Uint32, value)]
-    asm = "atom.global.acq_rel.gpu.add.u32 $0, [$1], $2;"
-    return _ptx(Uint32, operands, asm, "=r,l,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _st_global_v4_b32(addr: Int64, values: list, *, loc=None, ip=None) -> None:
-    operands = [(Int64, addr)] + [(Uint32, v) for v in values]
-    asm = "st.global.v4.b32 [$0], {$1, $2, $3, $4};"
-    _ptx(None, operands, asm, "l,r,r,r,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _prmt_zero(a: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
-    """Bytes of ``a`` (selector digits 0..3) or zero bytes (digit 4) -> one word."""
-    asm = f"prmt.b32 $0, $1, 0, {selector:#06x};"
-    return _ptx(Uint32, [(Uint32, a)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _e4m3_to_f16x2(sf_byte: Uint32, *, loc=None, ip=None) -> Uint32:
-    """One E4M3 byte -> the same F16 value in both halves (hardware cvt, sm_89+)."""
-    asm = "{ .reg .b16 t; cvt.u16.u32 t, $1; cvt.rn.f16x2.e4m3x2 $0, t; }"
-    doubled = sf_byte * Uint32(0x0101)
-    return _ptx(Uint32, [(Uint32, doubled)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
-
-
-def _fp4x8_to_f16x2(word: Uint32, factor: Uint32) -> list:
-    """NVFP4: 8 e2m1 values (one 32-bit word) -> 4 F16x2 words (nibbles (p, p + 4), p = 0..3),
-    each times ``factor``.
-
-    The F16 bits of e2m1 * 2^-14 are one byte, ``sign << 7 | (exp, mant) << 1``, above a zero
-    byte (0.5 becomes the F16 subnormal 2^-15).  Two masked shifts build that byte for the four
-    even nibbles and two for the odd ones; one byte permute per pair places two of them."""
-    even = ((word << 4) & Uint32(0x80808080)) | ((word << 1) & Uint32(0x0E0E0E0E))
-    odd = (word & Uint32(0x80808080)) | ((word >> 3) & Uint32(0x0E0E0E0E))
-    # (nibble p, nibble p + 4) = bytes p // 2 and p // 2 + 2 of ``even`` / ``odd``.
-    bytes_ = [
-        _prmt_zero(even, 0x2404),
-        _prmt_zero(odd, 0x2404),
-        _prmt_zero(even, 0x3414),
-        _prmt_zero(odd, 0x3414),
-    ]
-    return [_mul_f16x2(b, factor) for b in bytes_]
-
-
-def _fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
-    """MXFP4: nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * scale.
-
-    ``word`` is already shifted right by 8 for p = 2, 3 (one shift serves two pairs)."""
-    if p % 2 == 0:
-        # x * 0x1040 = x << 6 | x << 12 (disjoint bits): magnitude bits to 6..8, sign to 15.
-        raw = ((word & Uint32(0x000F000F)) * Uint32(0x1040)) & Uint32(0x81C081C0)
-    else:
-        # the nibble sits 4 bits higher: x << 2 | x << 8 lands on the same bits.
-        raw = ((word & Uint32(0x00F000F0)) * Uint32(0x0104)) & Uint32(0x81C081C0)
-    return _mul_bf16x2(_mul_bf16x2(raw, Uint32(BF16X2_2POW126)), factor)
-
-
-def _fp4x8_to_bf16x2(word: Uint32, factor: Uint32) -> list:
-    """MXFP4: 8 e2m1 values -> 4 BF16x2 words (nibbles (p, p + 4)), each times ``factor``."""
-    shifted = word >> 8
-    return [_fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factor) for p in range(4)]
-
-
-def _fp4_pair_lo_to_mma(x: Uint32, factor: Uint32, f16: bool) -> Uint32:
-    """The nibbles at bits 0..3 (low half) and 16..19 (high half) of ``x`` -> F16x2 / BF16x2 of
-    e2m1 * ``factor``: the same bit patterns as ``_fp4x8_to_f16x2`` / ``_fp4x8_to_bf16x2`` build
-    (F16: sign to 15, magnitude to 9..11; BF16: to 15 and 6..8), for a pair chosen at run time."""
-    if f16:
-        bits = ((x & Uint32(0x00080008)) << 12) | ((x & Uint32(0x00070007)) << 9)
-        return _mul_f16x2(bits, factor)
-    return _fp4_pair_to_bf16x2(x, 0, factor)
-
-
-def _scale_factor(sf_byte: Uint32, f16: bool) -> Uint32:
-    """One scale byte -> the multiplier of ``_fp4x16_to_mma`` in both halves, exact: NVFP4
-    (F16 MMAs) the F16 value scale * 2^7 (NaN stays NaN), MXFP4 (BF16 MMAs) the BF16 value
-    scale.  (NVFP4 with BF16 MMAs converts its scales in ``convert_operands``:
-    ``_e4m3_byte_to_bf16x2``.)"""
-    if f16:
-        return _mul_f16x2(_e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
-    # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
-    # NOTE: the NaN byte 255 becomes +inf (0x7F80): D is inf or NaN where the reference has NaN.
-    bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)
-    return bits | (bits << 16)
-
-
-def _e4m3_byte_to_bf16x2(mags: Uint32, signs: Uint32, q: int, keep=None) -> Uint32:
-    """Scale byte q of a word of four E4M3 scales, given as its magnitude bytes (& 0x7f..)
-    and sign bytes (& 0x80..), -> the BF16 scale in both halves: magnitude << 4, sign << 8 (the
-    BF16 value scale * 2^-120, E4M3 subnormals included) with two byte permutes and one IMAD,
-    then times 2^120; the NaN magnitude 0x7f becomes a BF16 NaN.  ``keep`` (all ones or zero)
-    zeroes it."""
-    bits = _prmt_zero(mags, 0x4040 | q << 8 | q) * Uint32(16) + _prmt_zero(
-        signs, 0x0404 | q << 12 | q << 4
-    )
-    # (magnitude 0x7f: bits 0x07f0 | 0x7fc0 has the BF16 exponent all ones, a mantissa != 0)
-    is_nan = ((mags >> Uint32(8 * q)) & Uint32(0xFF)) == Uint32(0x7F)
-    bits = bits | ((Uint32(0) - Uint32(is_nan)) & Uint32(0x7FC07FC0))
-    if keep is not None:
-        bits = bits & keep
-    return _mul_bf16x2(bits, Uint32(BF16X2_2POW120))
-
-
-def _fp4x16_to_mma(packed: Uint64, factor: Uint32, f16: bool) -> list:
-    """16 e2m1 values (8 bytes) -> 8 words P_0..P_7 of the MMA type (P_i = nibbles
-    (i % 4, i % 4 + 4) of 32-bit word i // 4), each times ``factor``: F16 values
-    e2m1 * scale * 2^-7 or BF16 values e2m1 * scale."""
-    convert = _fp4x8_to_f16x2 if f16 else _fp4x8_to_bf16x2
-    return convert(Uint32(packed & Uint64(0xFFFFFFFF)), factor) + convert(
-        Uint32(packed >> 32), factor
-    )
-
-
-def a_fragment_word(r: int, i: int) -> int:
-    """Word of a k-block's wgmma A fragment (Uint32 view: row r, K half c, k16 step s at word
-    r + 2c + 4s) that takes pair P_i of ``_fp4x16_to_mma``: for the thread's 16-group q, K
-    values 16 (i // 2) + 8 (i % 2) + 2q, +1 of the k-block (the weights' K permutation)."""
-    return r + 2 * (i % 2) + 4 * (i // 2)
-
-
-def token_chunk_layout(chunk):
-    """The tokens' K permutation in ``convert_operands``: 16-byte output chunk ``chunk`` (0..7)
-    of a converted 64-wide k-block holds pair P_chunk of each 16-group q = 0..3.  Returns (byte
-    offset of its source word in a group's 8 packed bytes, right shift of that word that brings
-    the pair's nibbles (chunk % 4, chunk % 4 + 4) to bits 0 and 16, byte offset of the chunk in
-    the converted block).  Python or DSL integers."""
-    return 4 * (chunk // 4), 4 * (chunk % 4), 16 * chunk
 
 
 def scale_column(j, q, sf_vec_size: int):
@@ -376,34 +177,6 @@ def blocked_sf_word(batch, row, col0, row_blocks, atoms_k):
         + (r % 32) * 16
         + (r // 32) * 4
     )
-
-
-def _convert_chunk_words(words, sf4, keep, col0, shift, sf_vec_size: int, f16: bool) -> list:
-    """One 16-byte chunk of ``convert_operands``: ``words[q]`` is the packed word of 16-group q
-    holding the chunk's pair, ``sf4`` the aligned word of the block's scales, ``keep`` all ones
-    (zero for the missing groups 2, 3 of a K = 32 x odd tail), ``col0`` the block's first scale
-    column, ``shift`` the pair's shift (``token_chunk_layout``) -> the chunk's 4 words."""
-    # NVFP4 to BF16: the four E4M3 scales of a block, magnitude and sign bytes apart
-    e4m3_bf16 = sf_vec_size == 16 and not f16
-    if e4m3_bf16:
-        mags, signs = sf4 & Uint32(0x7F7F7F7F), sf4 & Uint32(0x80808080)
-    out = []
-    for q in range(4):
-        word = words[q]
-        if e4m3_bf16:
-            factor = _e4m3_byte_to_bf16x2(mags, signs, q, keep if q >= 2 else None)
-        else:
-            if sf_vec_size == 16:
-                sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
-            else:
-                sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
-            if q >= 2:
-                sf = sf & keep
-            factor = _scale_factor(sf, f16)
-        if q >= 2:
-            word = word & keep
-        out.append(_fp4_pair_lo_to_mma(word >> shift, factor, f16))
-    return out
 
 
 def split_k_range(split, k_tiles, split_k: int):
@@ -1523,11 +1296,11 @@ class BlockwiseGemmFp4Sm90:
         for r in cutlass.range_constexpr(2):
             row = a_row0 + 8 * r
             byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
-            packed = _ld_shared_b64(base_a + stage * self.a_stage_bytes + _swizzle64(byte))
+            packed = dq.ld_shared_b64(base_a + stage * self.a_stage_bytes + _swizzle64(byte))
             # (the scale's row counted from the first row of its 128x4 atom)
             col = scale_column(j, q, self.sf_vec_size)
             sf_byte = blocked_sf_byte(row + sfa_row_off, col, self.sf_atoms_k)
-            out.append((packed, _ld_shared_u8(base_sfa + stage * self.sfa_stage_bytes + sf_byte)))
+            out.append((packed, dq.ld_shared_u8(base_sfa + stage * self.sfa_stage_bytes + sf_byte)))
         return out
 
     @cute.jit
@@ -1537,9 +1310,9 @@ class BlockwiseGemmFp4Sm90:
         rA = cute.recast_tensor(tCrA, Uint32)
         for r in cutlass.range_constexpr(2):
             packed, sf = a_bytes[r]
-            pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.f16), self.f16)
+            pairs = dq.fp4x16_to_mma(packed, dq.scale_factor(sf, self.f16), self.f16)
             for i in cutlass.range_constexpr(8):
-                rA[a_fragment_word(r, i)] = pairs[i]
+                rA[dq.a_fragment_word(r, i)] = pairs[i]
 
     @cute.jit
     def _reduce_k_groups(self, tCrAcc, kgroup, tidx, base_red):
@@ -1552,13 +1325,13 @@ class BlockwiseGemmFp4Sm90:
         if kgroup > 0:
             mine = base_red + ((kgroup - 1) * nacc * self.group_threads + tidx) * 4
             for i in cutlass.range_constexpr(nacc):
-                _st_shared_f32(mine + i * words, tCrAcc[i])
+                dq.st_shared_f32(mine + i * words, tCrAcc[i])
         self._barrier(NamedBarrierId.K_GROUP_REDUCE, self.num_mma_threads)
         if kgroup == 0:
             for g in cutlass.range_constexpr(1, self.k_groups):
                 theirs = base_red + ((g - 1) * nacc * self.group_threads + tidx) * 4
                 for i in cutlass.range_constexpr(nacc):
-                    tCrAcc[i] = tCrAcc[i] + _ld_shared_f32(theirs + i * words)
+                    tCrAcc[i] = tCrAcc[i] + dq.ld_shared_f32(theirs + i * words)
         # NOTE: group 0 has read every parked value before any group parks its next unit's.
         self._barrier(NamedBarrierId.K_GROUP_REDUCE, self.num_mma_threads)
 
@@ -1604,18 +1377,18 @@ class BlockwiseGemmFp4Sm90:
         my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * 4))
         counter = work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
         for i in cutlass.range_constexpr(nacc):
-            _st_global_f32(my_frag + i * value_stride, tCrAcc[i])
+            dq.st_global_f32(my_frag + i * value_stride, tCrAcc[i])
         self._barrier(NamedBarrierId.SPLITK_FIXUP, self.group_threads)
         if tidx == 0:
             # NOTE: after the barrier, this acq_rel atomic's cumulative gpu-scope release publishes
             # the group's partials; the last split's atomic acquires every earlier one.
-            old = _atomic_add_global_u32(counter, Uint32(1))
+            old = dq.atomic_add_global_u32(counter, Uint32(1))
             last = old == Uint32(self.split_k - 1)
             if last:
-                _st_global_u32(counter, Uint32(0))
-            _st_shared_b32(flag_addr, Uint32(last))
+                dq.st_global_u32(counter, Uint32(0))
+            dq.st_shared_b32(flag_addr, Uint32(last))
         self._barrier(NamedBarrierId.SPLITK_FIXUP, self.group_threads)
-        is_last = _ld_shared_u32(flag_addr) != Uint32(0)
+        is_last = dq.ld_shared_u32(flag_addr) != Uint32(0)
         if is_last:
             # every split's partial (this one's too: the same bits, read back) is loaded before
             # any is added: one memory round trip per chunk of values, not one per split
@@ -1628,7 +1401,7 @@ class BlockwiseGemmFp4Sm90:
                 width = min(chunk, nacc - c0)
                 parts = [
                     [
-                        _ld_global_cg_f32(tile_frags + sp * frag_stride + (c0 + v) * value_stride)
+                        dq.ld_global_cg_f32(tile_frags + sp * frag_stride + (c0 + v) * value_stride)
                         for v in range(width)
                     ]
                     for sp in range(self.split_k)
@@ -1748,21 +1521,21 @@ class BlockwiseGemmFp4Sm90:
             # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
             keep = Uint32(0) - Uint32(kb * K_BLOCK + K_BLOCK <= Uint32(k))
             src = mPacked.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
-            word_off, _, dst_off = token_chunk_layout(chunk)
+            word_off, _, dst_off = dq.token_chunk_layout(chunk)
             src = src + Int64(word_off)
             # The block's scale columns lie in one atom's 4 bytes (NVFP4: columns 4kb .. 4kb+3,
             # MXFP4: 2kb, 2kb+1): one aligned 32-bit load.
             col0 = kb * (K_BLOCK // self.sf_vec_size)
             sf_word = blocked_sf_word(batch, row, col0, row_blocks, atoms_k)
-            sf4 = _ld_global_nc_u32(mSF.iterator.toint() + Int64(sf_word))
+            sf4 = dq.ld_global_nc_u32(mSF.iterator.toint() + Int64(sf_word))
             words = []
             for q in cutlass.range_constexpr(4):
                 if cutlass.const_expr(q < 2):
-                    words.append(_ld_global_nc_u32(src + Int64(8 * q)))
+                    words.append(dq.ld_global_nc_u32(src + Int64(8 * q)))
                 else:
                     # the tail's missing groups 2, 3 re-read groups 0, 1; zeroed below
                     off = Int64(8 * (q - 2)) + Int64(16) * Int64(keep & Uint32(1))
-                    words.append(_ld_global_nc_u32(src + off))
+                    words.append(dq.ld_global_nc_u32(src + off))
             if cutlass.const_expr(self.swap_ab):
                 # decode: the tokens' copy has whole tiles of rows (mConv.shape[0] >= rows)
                 row_id = Int64(batch) * Int64(mConv.shape[0]) + Int64(row)
@@ -1770,10 +1543,10 @@ class BlockwiseGemmFp4Sm90:
             loaded.append((words, sf4, keep, col0, chunk, dst + Int64(dst_off)))
         for j in cutlass.range_constexpr(self.convert_unroll):
             words, sf4, keep, col0, chunk, dst = loaded[j]
-            _, shift, _ = token_chunk_layout(chunk)
-            out = _convert_chunk_words(words, sf4, keep, col0, shift, self.sf_vec_size, self.f16)
+            _, shift, _ = dq.token_chunk_layout(chunk)
+            out = dq.convert_chunk_words(words, sf4, keep, col0, shift, self.sf_vec_size, self.f16)
             if first + j * self.convert_threads < chunks:
-                _st_global_v4_b32(dst, out)
+                dq.st_global_v4_b32(dst, out)
 
     # ======================================= helpers ===========================================
     @staticmethod
@@ -2367,7 +2140,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # NOTE: run as a script, this file imports ``reference`` from the repository root; as a
-    # module (``python -m hopper.blockwise_gemm_fp4_sm90``) the root is already on the path.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.exit(main())

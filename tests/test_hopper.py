@@ -26,6 +26,7 @@ import pytest
 
 import blockwise_gemm_fp4 as k100
 from hopper import blockwise_gemm_fp4_sm90 as k90
+from hopper import fp4_dequant as dq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "hopper", "blockwise_gemm_fp4_sm90.py")
@@ -487,7 +488,7 @@ def _ptx_model(result, operands, asm, constraints, **_):
 def ptx_models(monkeypatch):
     import warnings
 
-    monkeypatch.setattr(k90, "_ptx", _ptx_model)
+    monkeypatch.setattr(dq, "_ptx", _ptx_model)
     with warnings.catch_warnings():
         # eager DSL integers warn when a shift drops high bits, as the 32-bit PTX ops do
         warnings.simplefilter("ignore")
@@ -526,9 +527,9 @@ def _weights_kblock(packed_row: bytes, sf_stage: bytes, row: int, j: int, vec: i
         byte = j * (k90.K_BLOCK // 2) + q * 8
         packed = int.from_bytes(packed_row[byte : byte + 8], "little")
         sf = sf_stage[k90.blocked_sf_byte(row, k90.scale_column(j, q, vec), atoms_k)]
-        pairs = k90._fp4x16_to_mma(Uint64(packed), k90._scale_factor(Uint32(sf), f16), f16)
+        pairs = dq.fp4x16_to_mma(Uint64(packed), dq.scale_factor(Uint32(sf), f16), f16)
         for i, pair in enumerate(pairs):
-            word = k90.a_fragment_word(0, i)
+            word = dq.a_fragment_word(0, i)
             # PTX ISA, wgmma .f16 / .bf16 A fragment in registers: register pair (a_2x, a_2x+1)
             # = word x holds row (lane / 4) + 8 (x % 2), K columns 2 (lane % 4) + 8 (x / 2 % 2)
             # + 16 (x / 4) and + 1 (m64nNk16 per k16 step)
@@ -552,10 +553,10 @@ def _tokens_kblock(packed_row: bytes, blocked: bytes, row: int, kb: int, vec, f1
     keep = 0xFFFFFFFF if keep is None else keep
     out = []
     for chunk in range(k90.CHUNKS_PER_KBLOCK):
-        word_off, shift, dst_off = k90.token_chunk_layout(chunk)
+        word_off, shift, dst_off = dq.token_chunk_layout(chunk)
         base = kb * (k90.K_BLOCK // 2) + word_off
         words = [Uint32(_word(packed_row, base + 8 * q)) for q in range(4)]
-        halves = k90._convert_chunk_words(
+        halves = dq.convert_chunk_words(
             words, Uint32(sf4), Uint32(keep), col0, Uint32(shift), vec, f16
         )
         for q, pair in enumerate(halves):
