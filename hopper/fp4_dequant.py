@@ -22,6 +22,8 @@ from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
 F16X2_2POW7 = 0x58005800
+# fp32 bits of 2^118: ``e4m3_to_bf16x2_prescaled``'s factor
+E4M3_BF16_PRESCALE_BITS = 0x7A800000
 
 
 def _ptx(result, operands, asm: str, constraints: str, *, side_effects=True, loc=None, ip=None):
@@ -110,6 +112,19 @@ def prmt_zero(a: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
+def e4m3_to_bf16x2_prescaled(sf_byte: Uint32, *, loc=None, ip=None) -> Uint32:
+    """One E4M3 byte -> the BF16 value scale * 2^118 in both halves, exact (4 significant bits;
+    scale < 2^9 keeps it below 2^127), by hardware cvts through F16 and F32; NaN stays NaN.
+    Times an e2m1 * 2^-126 it gives e2m1 * scale * 2^-8 in one multiply."""
+    asm = (
+        "{ .reg .b16 t, lo, hi; .reg .b32 h; .reg .f32 f; cvt.u16.u32 t, $1; "
+        "cvt.rn.f16x2.e4m3x2 h, t; mov.b32 {lo, hi}, h; cvt.f32.f16 f, lo; "
+        f"mul.f32 f, f, 0f{E4M3_BF16_PRESCALE_BITS:08X}; cvt.rn.bf16x2.f32 $0, f, f; }}"
+    )
+    return _ptx(Uint32, [(Uint32, sf_byte)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def e4m3_to_f16x2(sf_byte: Uint32, *, loc=None, ip=None) -> Uint32:
     """One E4M3 byte -> the same F16 value in both halves (hardware cvt, sm_89+)."""
     asm = "{ .reg .b16 t; cvt.u16.u32 t, $1; cvt.rn.f16x2.e4m3x2 $0, t; }"
@@ -117,9 +132,9 @@ def e4m3_to_f16x2(sf_byte: Uint32, *, loc=None, ip=None) -> Uint32:
     return _ptx(Uint32, [(Uint32, doubled)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
 
 
-def fp4x8_to_f16x2(word: Uint32, factor: Uint32) -> list:
+def fp4x8_to_f16x2(word: Uint32, factors: list) -> list:
     """NVFP4: 8 e2m1 values (one 32-bit word) -> 4 F16x2 words (nibbles (p, p + 4), p = 0..3),
-    each times ``factor``.
+    word p times ``factors[p]``.
 
     The F16 bits of e2m1 * 2^-14 are one byte, ``sign << 7 | (exp, mant) << 1``, above a zero
     byte (0.5 becomes the F16 subnormal 2^-15).  Two masked shifts build that byte for the four
@@ -133,11 +148,12 @@ def fp4x8_to_f16x2(word: Uint32, factor: Uint32) -> list:
         prmt_zero(even, 0x3414),
         prmt_zero(odd, 0x3414),
     ]
-    return [mul_f16x2(b, factor) for b in bytes_]
+    return [mul_f16x2(b, f) for b, f in zip(bytes_, factors, strict=True)]
 
 
-def fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
-    """MXFP4: nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * scale.
+def fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32, prescaled=False) -> Uint32:
+    """Nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * ``factor``;
+    ``prescaled``: ``factor`` already holds the 2^126 (the result is e2m1 * factor * 2^-126).
 
     ``word`` is already shifted right by 8 for p = 2, 3 (one shift serves two pairs)."""
     if p % 2 == 0:
@@ -146,13 +162,18 @@ def fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
     else:
         # the nibble sits 4 bits higher: x << 2 | x << 8 lands on the same bits.
         raw = ((word & Uint32(0x00F000F0)) * Uint32(0x0104)) & Uint32(0x81C081C0)
+    if prescaled:
+        return mul_bf16x2(raw, factor)
     return mul_bf16x2(mul_bf16x2(raw, Uint32(BF16X2_2POW126)), factor)
 
 
-def fp4x8_to_bf16x2(word: Uint32, factor: Uint32) -> list:
-    """MXFP4: 8 e2m1 values -> 4 BF16x2 words (nibbles (p, p + 4)), each times ``factor``."""
+def fp4x8_to_bf16x2(word: Uint32, factors: list, prescaled=False) -> list:
+    """8 e2m1 values -> 4 BF16x2 words (nibbles (p, p + 4)), word p times ``factors[p]``
+    (``fp4_pair_to_bf16x2``)."""
     shifted = word >> 8
-    return [fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factor) for p in range(4)]
+    return [
+        fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factors[p], prescaled) for p in range(4)
+    ]
 
 
 def fp4_pair_lo_to_mma(x: Uint32, factor: Uint32, f16: bool) -> Uint32:
@@ -195,14 +216,15 @@ def e4m3_byte_to_bf16x2(mags: Uint32, signs: Uint32, q: int, keep=None) -> Uint3
     return mul_bf16x2(bits, Uint32(BF16X2_2POW120))
 
 
-def fp4x16_to_mma(packed: Uint64, factor: Uint32, f16: bool) -> list:
+def fp4x16_to_mma(packed: Uint64, factors: list, f16: bool, prescaled=False) -> list:
     """16 e2m1 values (8 bytes) -> 8 words P_0..P_7 of the MMA type (P_i = nibbles
-    (i % 4, i % 4 + 4) of 32-bit word i // 4), each times ``factor``: F16 values
-    e2m1 * scale * 2^-7 or BF16 values e2m1 * scale."""
-    convert = fp4x8_to_f16x2 if f16 else fp4x8_to_bf16x2
-    return convert(Uint32(packed & Uint64(0xFFFFFFFF)), factor) + convert(
-        Uint32(packed >> 32), factor
-    )
+    (i % 4, i % 4 + 4) of 32-bit word i // 4), P_i times ``factors[i]``: F16 values
+    e2m1 * scale * 2^-7, BF16 values e2m1 * scale, or (``prescaled`` BF16 factors)
+    e2m1 * factor * 2^-126."""
+    lo, hi = Uint32(packed & Uint64(0xFFFFFFFF)), Uint32(packed >> 32)
+    if f16:
+        return fp4x8_to_f16x2(lo, factors[:4]) + fp4x8_to_f16x2(hi, factors[4:])
+    return fp4x8_to_bf16x2(lo, factors[:4], prescaled) + fp4x8_to_bf16x2(hi, factors[4:], prescaled)
 
 
 def a_fragment_word(r: int, i: int) -> int:
@@ -210,6 +232,20 @@ def a_fragment_word(r: int, i: int) -> int:
     r + 2c + 4s) that takes pair P_i of ``fp4x16_to_mma``: for the thread's 16-group q, K
     values 16 (i // 2) + 8 (i % 2) + 2q, +1 of the k-block (the weights' K permutation)."""
     return r + 2 * (i % 2) + 4 * (i // 2)
+
+
+def pair_k(i, q):
+    """K (within a 64-wide k-block) that the wgmma A fragment gives the low value of pair P_i of
+    16-group q (the high value is K + 1).  Python or DSL integers."""
+    word = a_fragment_word(0, i)
+    return 16 * (word // 4) + 8 * (word // 2 % 2) + 2 * q
+
+
+def prepacked_k_order() -> list[int]:
+    """W4A16: the K (0..63) whose weight ``prepack_weights`` stores at packed nibble position
+    16q + 8w + n of a 64-wide k-block, so that the dequantized fragment is in plain K order:
+    pair P_(4w + n % 4) of group q, its low (n < 4) or high value."""
+    return [pair_k(4 * w + n % 4, q) + n // 4 for q in range(4) for w in range(2) for n in range(8)]
 
 
 def token_chunk_layout(chunk):
@@ -221,11 +257,18 @@ def token_chunk_layout(chunk):
     return 4 * (chunk // 4), 4 * (chunk % 4), 16 * chunk
 
 
-def convert_chunk_words(words, sf4, keep, col0, shift, sf_vec_size: int, f16: bool) -> list:
+def convert_chunk_words(words, sf4, keep, col0, shift, sf_vec_size: int, f16: bool, chunk=None):
     """One 16-byte chunk of ``convert_operands``: ``words[q]`` is the packed word of 16-group q
     holding the chunk's pair, ``sf4`` the aligned word of the block's scales, ``keep`` all ones
     (zero for the missing groups 2, 3 of a K = 32 x odd tail), ``col0`` the block's first scale
-    column, ``shift`` the pair's shift (``token_chunk_layout``) -> the chunk's 4 words."""
+    column, ``shift`` the pair's shift (``token_chunk_layout``) -> the chunk's 4 words.
+    ``chunk`` given: prepacked weights (W4A16), whose chunk holds the pair's K values of every
+    group, all under the scale of ``pair_k(chunk, 0)``."""
+    if chunk is not None:
+        # one scale for the chunk: bring its byte to byte 0 of sf4 and read that byte below
+        sf_col = pair_k(chunk, 0) // sf_vec_size
+        sf4 = sf4 >> (Uint32(8) * (Uint32(col0 % 4) + sf_col))
+        col0 = 0
     # NVFP4 to BF16: the four E4M3 scales of a block, magnitude and sign bytes apart
     e4m3_bf16 = sf_vec_size == 16 and not f16
     if e4m3_bf16:
@@ -233,11 +276,12 @@ def convert_chunk_words(words, sf4, keep, col0, shift, sf_vec_size: int, f16: bo
     out = []
     for q in range(4):
         word = words[q]
+        byte = q if chunk is None else 0
         if e4m3_bf16:
-            factor = e4m3_byte_to_bf16x2(mags, signs, q, keep if q >= 2 else None)
+            factor = e4m3_byte_to_bf16x2(mags, signs, byte, keep if q >= 2 else None)
         else:
-            if sf_vec_size == 16:
-                sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
+            if sf_vec_size == 16 or chunk is not None:
+                sf = (sf4 >> Uint32(8 * byte)) & Uint32(0xFF)
             else:
                 sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
             if q >= 2:
