@@ -19,7 +19,8 @@ W4A4 table (FP4 activations and weights):
     triton-dot_scaled tl.dot_scaled(e2m1, e8m0) on the MXFP4 operands (software-emulated on sm_90)
 W4A16 table (BF16 activations, the same FP4 weights; err = max |D - exact|, exact = the fp64
 product of the BF16 activations and the dequantized weights):
-    ours-w4a16-nvfp4 / -mxfp4   this kernel on BF16 activations and prepacked FP4 weights
+    ours-w4a16-nvfp4 / -mxfp4   this kernel on BF16 activations and prepacked FP4 weights,
+                                checked by reference.check_gemm_w4a16
     humming-nvfp4 / -mxfp4      humming-kernels (optional) W4A16, weights loaded through its
                                 ModelOpt NVFP4 / mxfp4 loaders, its own kernel pick
     cublas-bf16      torch.matmul on the weights dequantized beforehand (global scale included)
@@ -119,10 +120,13 @@ def time_graph(calls, reps: int = 20, replays: int = 7) -> float:
     """Median seconds per call: at least ``reps`` calls (cycling over ``calls``, each of them
     at least once) captured in one CUDA graph, replayed ``replays`` times."""
     reps = max(reps, len(calls))
-    for c in calls:  # warm-up: compilation, allocations, split-K workspace
-        c()
-    torch.cuda.synchronize()
     stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    # warm-up on the capture stream: compilation, and our runner's per-stream workspaces
+    with torch.cuda.stream(stream):
+        for c in calls:
+            c()
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         for i in range(reps):
@@ -302,7 +306,7 @@ def _runner(bench: Bench, vec, config, a_dtype):
 
 def bench_ours(bench: Bench, ops, m, n, k, w4a16=None):
     """(result, D [1, M, N]) of the default configuration: W4A4 on ``ops``, or with ``w4a16`` =
-    (BF16 activations x [M, K], exact D, bound) on x and ops' weights, prepacked, with their
+    (BF16 activations x [M, K], exact D float64) on x and ops' weights, prepacked, with their
     global scale as alpha."""
     vec = ops.sf_vec_size
     sfb = k90.blocked_scales(ops.sfb)[0]
@@ -324,9 +328,9 @@ def bench_ours(bench: Bench, ops, m, n, k, w4a16=None):
         )
         extra = {}
     else:
-        extra = accuracy(d[0], *w4a16[1:])
-        ok = extra.pop("within_bound")
-        info = f"max |err| {extra['err']:.3e}, outside the bound of w4a16_reference"
+        x, exact = w4a16
+        ok, info = reference.check_gemm_w4a16(d[0], x, ops.b[0], ops.sfb[0], vec, alpha)
+        extra = dict(err=max_error(d[0], exact))
     res = _rate(
         m,
         n,
@@ -429,25 +433,9 @@ def activations(m: int, k: int) -> torch.Tensor:
     return torch.randn((m, k), generator=gen).to(torch.bfloat16).cuda()
 
 
-def w4a16_reference(x, b, sfb, vec, global_scale):
-    """(exact D, bound on |D_kernel - D|), float64 [M, N], for BF16 activations x [M, K] and FP4
-    weights b [N, K/2] with unswizzled scales sfb [N, K/vec] and a global scale.
-
-    A product bf16 x (e2m1 x block scale) has at most 8 + 6 significant bits: exact in fp32, so
-    reference.gemm_tolerance bounds a kernel that accumulates in fp32 (D here is nearer the
-    exact sum than the fp32 reference that bound allows for)."""
-    xd = x.double()
-    wd = reference.dequantize_fp4(b, sfb, vec).double()
-    gs = float(global_scale)
-    ref = (xd @ wd.t()) * gs
-    abs_sum = xd.abs() @ wd.abs().t()
-    return ref, reference.gemm_tolerance(x.shape[-1], torch.bfloat16, ref, abs_sum, gs)
-
-
-def accuracy(d, ref, tol) -> dict:
-    """``err`` = max |d - ref| and ``within_bound`` = every element within ``tol``."""
-    err = (d.double() - ref).abs()
-    return dict(err=float(err.max()), within_bound=bool((err <= tol).all()))
+def max_error(d, exact) -> float:
+    """max |d - exact|, ``exact`` float64."""
+    return float((d.double() - exact).abs().max())
 
 
 def load_humming():
@@ -478,7 +466,7 @@ def humming_layer(layer_cls, ops):
     return layer
 
 
-def bench_humming(bench: Bench, x, ops, ref, tol):
+def bench_humming(bench: Bench, x, ops, exact):
     """humming's W4A16 GEMM, one layer (its own copy of the weights) per input set."""
     m, k = x.shape
     n = ops.b.shape[-2]
@@ -489,10 +477,10 @@ def bench_humming(bench: Bench, x, ops, ref, tol):
         sec = time_graph([lambda s=s: s[1](s[0], outputs=d) for s in sets])
     except Exception as exc:  # a shape or format this version refuses
         return dict(error=f"{type(exc).__name__}: {str(exc)[:160]}")
-    return _rate(m, n, k, sec, **accuracy(d, ref, tol))
+    return _rate(m, n, k, sec, err=max_error(d, exact))
 
 
-def bench_w4a16_bf16_peers(bench: Bench, x, ops, ref, tol):
+def bench_w4a16_bf16_peers(bench: Bench, x, ops, exact):
     """cuBLAS BF16 on the NVFP4 weights dequantized beforehand (global scale in), and the Triton
     dequant kernel on them every call followed by cuBLAS."""
     rows = {}
@@ -503,7 +491,7 @@ def bench_w4a16_bf16_peers(bench: Bench, x, ops, ref, tol):
     out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
     sets = input_sets(bench, (x, wd))
     sec = time_graph([lambda s=s: torch.matmul(s[0], s[1].t(), out=out) for s in sets])
-    rows["cublas-bf16"] = _rate(m, n, k, sec, **accuracy(out, ref, tol))
+    rows["cublas-bf16"] = _rate(m, n, k, sec, err=max_error(out, exact))
     del sets
     if bench.tri is not None:
         triton, dq_kernel, _ = bench.tri
@@ -518,7 +506,7 @@ def bench_w4a16_bf16_peers(bench: Bench, x, ops, ref, tol):
         torch.cuda.synchronize()
         if torch.equal(qb, wd):
             sec = time_graph([lambda s=s: tdq(*s) for s in sets])
-            rows["triton-dq+cublas"] = _rate(m, n, k, sec, **accuracy(out, ref, tol))
+            rows["triton-dq+cublas"] = _rate(m, n, k, sec, err=max_error(out, exact))
         else:
             rows["triton-dq+cublas"] = dict(
                 error="its weights differ from reference.dequantize_fp4"
@@ -538,13 +526,21 @@ def bench_shape(bench: Bench, m, n, k):
         elif bench.tri is not None:
             row["triton-dot_scaled"] = bench_dot_scaled(bench, ops, m, n, k, d[0])
         del d
-        ref, tol = w4a16_reference(x, ops.b[0], ops.sfb[0], vec, ops.global_scale_b)
-        w16[f"ours-w4a16-{fmt}"], _ = bench_ours(bench, ops, m, n, k, (x, ref, tol))
+        exact = reference.reference_gemm_w4a16(
+            x,
+            ops.b[0],
+            ops.sfb[0],
+            vec,
+            ops.global_scale_b,
+            torch.float64,
+            accum_dtype=torch.float64,
+        )
+        w16[f"ours-w4a16-{fmt}"], _ = bench_ours(bench, ops, m, n, k, (x, exact))
         if bench.humming is not None:
-            w16[f"humming-{fmt}"] = bench_humming(bench, x, ops, ref, tol)
+            w16[f"humming-{fmt}"] = bench_humming(bench, x, ops, exact)
         if vec == 16:
-            w16.update(bench_w4a16_bf16_peers(bench, x, ops, ref, tol))
-        del ops, ref, tol
+            w16.update(bench_w4a16_bf16_peers(bench, x, ops, exact))
+        del ops, exact
         torch.cuda.empty_cache()
     w16["ours-w4a4-nvfp4"] = {key: row["ours-nvfp4"][key] for key in ("us", "tflops")}
     w16["ratios"] = w4a16_ratios(w16)
