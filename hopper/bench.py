@@ -2,8 +2,12 @@
 """Benchmark of the Hopper FP4 GEMM (blockwise_gemm_fp4_sm90.py) against its peers: same run,
 same process, same data, on an H100 / H200.
 
-Methods (time per GEMM, inputs rotated through enough copies to exceed 3x the L2, CUDA-graph
-replays so launch gaps do not count):
+Every time is per GEMM, from CUDA-graph replays (launch gaps do not count) of calls that read
+the next of several input copies, together over 3x the L2, so every call finds the weights in
+HBM (cold L2, as in decode, where each layer's weights are read once per token); ``--warm_l2``
+times one input set over and over instead.
+
+W4A4 table (FP4 activations and weights):
     ours-nvfp4       this kernel on NVFP4 operands (packed A, B + 128x4 blocked E4M3 scales)
     ours-mxfp4       this kernel on MXFP4 operands (E8M0 scales)
     cublas-bf16      torch.matmul on BF16 operands dequantized beforehand (not timed)
@@ -13,23 +17,38 @@ replays so launch gaps do not count):
     cublas-fp8       torch._scaled_mm, E4M3 operands with per-row / per-column fp32 scales
                      (different numerics: a peer for speed, not for the result)
     triton-dot_scaled tl.dot_scaled(e2m1, e8m0) on the MXFP4 operands (software-emulated on sm_90)
+W4A16 table (BF16 activations, the same FP4 weights; err = max |D - exact|, exact = the fp64
+product of the BF16 activations and the dequantized weights):
+    ours-w4a16-nvfp4 / -mxfp4   this kernel on BF16 activations and prepacked FP4 weights,
+                                checked by reference.check_gemm_w4a16
+    humming-nvfp4 / -mxfp4      humming-kernels (optional) W4A16, weights loaded through its
+                                ModelOpt NVFP4 / mxfp4 loaders, its own kernel pick
+    cublas-bf16      torch.matmul on the weights dequantized beforehand (global scale included)
+    triton-dq+cublas the Triton dequant kernel on the weights, every call, then torch.matmul
+    ours-w4a4-nvfp4  the W4A4 table's ours-nvfp4 time, for reference
 Columns for ours: us, TFLOP/s, GB/s and % of the HBM roof, where the roof is the copy bandwidth
 (bytes read + written by a large device-to-device copy) measured in the same run and the bytes
-are packed A and B, their scales and D, each moved once.
+are the operands as stored (packed FP4, scales, BF16 activations) and D, each moved once.
+The W4A16 table ends with the targets: ours at least 1.2x humming at M <= 128; at M >= 1024 at
+least 1.0x humming and 0.95x cuBLAS BF16; 75% of the roof at 1 x 8192 x 8192.
 
-    python -m hopper.bench           # all shapes -> hopper/results/h200.{txt,json,png} on an H200
-    python -m hopper.bench --quick   # four shapes
+    python -m hopper.bench            # all shapes -> hopper/results/h200.{txt,json,png}
+    python -m hopper.bench --quick    # four shapes
+    python -m hopper.bench --warm_l2  # one input set, L2-resident where it fits
+
+The humming peers need ``pip install humming-kernels==0.1.20`` (and, where no CUDA toolkit
+headers are installed, nvidia-cuda-cccl==13.0.85); without it they are reported not measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,7 +57,7 @@ from hopper import blockwise_gemm_fp4_sm90 as k90
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-SHAPES = [(m, 8192, 8192) for m in (1, 16, 128, 1024, 4096, 8192)] + [
+SHAPES = [(m, 8192, 8192) for m in (1, 16, 32, 64, 128, 1024, 4096, 8192)] + [
     (m, n, k)
     for m in (16, 4096)
     for n, k in ((7168, 2048), (4096, 7168), (18432, 7168), (7168, 16384))
@@ -53,6 +72,31 @@ METHODS = (
     "cublas-fp8",
     "triton-dot_scaled",
 )
+W4A16_METHODS = (
+    "ours-w4a16-nvfp4",
+    "ours-w4a16-mxfp4",
+    "humming-nvfp4",
+    "humming-mxfp4",
+    "cublas-bf16",
+    "triton-dq+cublas",
+)
+FORMATS = ((16, "nvfp4"), (32, "mxfp4"))
+HUMMING = "humming-kernels==0.1.20"
+#: Input copies of a cold-L2 timing exceed this many L2s together.
+L2_MULTIPLE = 3
+
+
+@dataclass
+class Bench:
+    """What every measurement of a run shares."""
+
+    roof: float  # copy bandwidth, bytes / s
+    l2_bytes: int
+    warm: bool  # --warm_l2: one input set
+    tri: tuple | None  # (triton, dequant kernel, dot_scaled kernel), or None
+    lut: torch.Tensor | None  # E2M1 values (BF16) for torch-dq+cublas
+    humming: type | None  # humming.layer.HummingLayer, or None
+    runners: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------- timing
@@ -73,12 +117,16 @@ def copy_bandwidth() -> float:
 
 
 def time_graph(calls, reps: int = 20, replays: int = 7) -> float:
-    """Median seconds per call: ``reps`` calls (cycling over ``calls``) captured in one CUDA
-    graph, replayed ``replays`` times."""
-    for c in calls:  # warm-up: compilation, allocations, split-K workspace
-        c()
-    torch.cuda.synchronize()
+    """Median seconds per call: at least ``reps`` calls (cycling over ``calls``, each of them
+    at least once) captured in one CUDA graph, replayed ``replays`` times."""
+    reps = max(reps, len(calls))
     stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    # warm-up on the capture stream: compilation, and our runner's per-stream workspaces
+    with torch.cuda.stream(stream):
+        for c in calls:
+            c()
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         for i in range(reps):
@@ -94,6 +142,23 @@ def time_graph(calls, reps: int = 20, replays: int = 7) -> float:
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e) * 1e-3 / reps)
     return sorted(times)[len(times) // 2]
+
+
+def l2_copies(one_set_bytes: int, l2_bytes: int, warm: bool = False) -> int:
+    """Input copies whose total exceeds L2_MULTIPLE x the L2 (cold L2); 1 with ``warm``."""
+    return 1 if warm else L2_MULTIPLE * l2_bytes // one_set_bytes + 1
+
+
+def _nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def input_sets(bench: Bench, tensors, extra_bytes: int = 0) -> list[tuple]:
+    """``tensors`` (None stays None) and clones of them, one set per call of a cold-L2 timing;
+    ``extra_bytes`` (an output written every call) counts towards a set's size."""
+    n = l2_copies(_nbytes(*tensors) + extra_bytes, bench.l2_bytes, bench.warm)
+    copy = [tuple(None if t is None else t.clone() for t in tensors) for _ in range(n - 1)]
+    return [tuple(tensors)] + copy
 
 
 # ------------------------------------------------------------------------------------- peers
@@ -120,12 +185,14 @@ if triton is not None:
         out_ptr,
         rows,
         k,
+        global_scale,
         VEC: tl.constexpr,
         E8M0: tl.constexpr,
         BLOCK_R: tl.constexpr,
         BLOCK_K: tl.constexpr,
     ):
-        # packed [rows, k/2] uint8, scales [rows, k/VEC] (row-major), out [rows, k] bf16
+        # packed [rows, k/2] uint8, scales [rows, k/VEC] (row-major), out [rows, k] bf16;
+        # (e2m1 x scale) is exact, then one fp32 rounding by the global scale (reference's order)
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cb = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
         mask = (r[:, None] < rows) & (cb[None, :] < k // 2)
@@ -137,8 +204,8 @@ if triton is not None:
             sf = tl.exp2(s.to(tl.float32) - 127.0)
         else:
             sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        lo = _e2m1(p & 0xF) * sf
-        hi = _e2m1(p >> 4) * sf
+        lo = _e2m1(p & 0xF) * sf * global_scale
+        hi = _e2m1(p >> 4) * sf * global_scale
         out = tl.reshape(tl.join(lo, hi), (BLOCK_R, BLOCK_K))
         oc = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
         omask = (r[:, None] < rows) & (oc[None, :] < k)
@@ -193,11 +260,20 @@ if triton is not None:
         )
 
 
-def triton_dequant(triton, kernel, packed, scales, vec, out):
+def triton_dequant(triton, kernel, packed, scales, vec, out, global_scale=1.0):
     rows, kh = packed.shape
     grid = (triton.cdiv(rows, 32), triton.cdiv(2 * kh, 256))
     kernel[grid](
-        packed, scales, out, rows, 2 * kh, VEC=vec, E8M0=vec == 32, BLOCK_R=32, BLOCK_K=256
+        packed,
+        scales,
+        out,
+        rows,
+        2 * kh,
+        global_scale,
+        VEC=vec,
+        E8M0=vec == 32,
+        BLOCK_R=32,
+        BLOCK_K=256,
     )
 
 
@@ -212,117 +288,137 @@ def torch_dequant(packed, scales, vec, lut):
     return lut[codes.long()] * sf
 
 
-# ------------------------------------------------------------------------------------- main
+# ------------------------------------------------------------------------------------- W4A4, ours
 def _rate(m, n, k, sec, **extra):
     return dict(us=sec * 1e6, tflops=2 * m * n * k / sec / 1e12, **extra)
 
 
-def _l2_copies(one_set_bytes: int) -> int:
-    """Copies of the inputs whose total exceeds 3x the L2 (cold-cache timing)."""
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    return max(1, math.ceil(3 * l2 / one_set_bytes))
+def _runner(bench: Bench, vec, config, a_dtype):
+    """The (cached) runner of ``config`` = (path, tiler, split_k, k_groups)."""
+    key = (a_dtype, vec, *config)
+    if key not in bench.runners:
+        path, tiler, split, k_groups = config
+        bench.runners[key] = k90.Fp4GemmSm90Runner(
+            vec, "BFloat16", path, tiler, split, k_groups=k_groups, a_dtype=a_dtype
+        )
+    return bench.runners[key]
 
 
-def bench_ours(ops, m, n, k, roof, runners):
-    """(result, D) of the default configuration."""
-    a, b = ops.a[0], ops.b[0]
+def bench_ours(bench: Bench, ops, m, n, k, w4a16=None):
+    """(result, D [1, M, N]) of the default configuration: W4A4 on ``ops``, or with ``w4a16`` =
+    (BF16 activations x [M, K], exact D float64) on x and ops' weights, prepacked, with their
+    global scale as alpha."""
     vec = ops.sf_vec_size
-    sfa, sfb = k90.blocked_scales(ops.sfa)[0], k90.blocked_scales(ops.sfb)[0]
-    d = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-    one = a.numel() + b.numel() + sfa.numel() + sfb.numel() + d.numel() * 2
-    sets = [(a, b, sfa, sfb)] + [
-        tuple(t.clone() for t in (a, b, sfa, sfb)) for _ in range(_l2_copies(one) - 1)
-    ]
-    path, tiler, split, k_groups = k90.default_config(m, n, k, 1, k90.gpu_sm_count())
-    key = (vec, path, tiler, split, k_groups)
-    if key not in runners:
-        runners[key] = k90.Fp4GemmSm90Runner(vec, "BFloat16", path, tiler, split, k_groups=k_groups)
-    run, alpha = runners[key], float(ops.alpha)
+    sfb = k90.blocked_scales(ops.sfb)[0]
+    if w4a16 is None:
+        a_dtype, alpha = "Float4E2M1FN", float(ops.alpha)
+        inputs = (ops.a, ops.b, k90.blocked_scales(ops.sfa)[0], sfb)
+    else:
+        a_dtype, alpha = "BFloat16", float(ops.global_scale_b)
+        inputs = (w4a16[0].unsqueeze(0), k90.prepack_weights(ops.b), None, sfb)
+    d = torch.empty((1, m, n), dtype=torch.bfloat16, device="cuda")
+    one = _nbytes(*inputs, d)
+    sets = input_sets(bench, inputs, _nbytes(d))
+    config = k90.default_config(m, n, k, 1, k90.gpu_sm_count(), a_dtype=a_dtype)
+    run = _runner(bench, vec, config, a_dtype)
     sec = time_graph([lambda s=s: run(*s, d, m, n, k, 1, alpha) for s in sets])
-    ok, info = reference.check_gemm(d, a, b, ops.sfa[0], ops.sfb[0], vec, alpha)
+    if w4a16 is None:
+        ok, info = reference.check_gemm(
+            d[0], ops.a[0], ops.b[0], ops.sfa[0], ops.sfb[0], vec, alpha
+        )
+        extra = {}
+    else:
+        x, exact = w4a16
+        ok, info = reference.check_gemm_w4a16(d[0], x, ops.b[0], ops.sfb[0], vec, alpha)
+        extra = dict(err=max_error(d[0], exact))
     res = _rate(
         m,
         n,
         k,
         sec,
         gbps=one / sec / 1e9,
-        roof_pct=100 * one / roof / sec,
+        roof_pct=100 * one / bench.roof / sec,
         bytes=one,
         check=ok,
-        config=f"{path} {tiler} split_k={split} k_groups={k_groups}",
+        config="{} {} split_k={} k_groups={}".format(*config),
+        **extra,
     )
     if not ok:
         res["check_info"] = str(info)
     return res, d
 
 
-def bench_bf16_peers(ops, m, n, k, tri, lut):
+def bench_bf16_peers(bench: Bench, ops, m, n, k):
     """cuBLAS BF16, the two dequantize-then-cuBLAS pipelines and cuBLAS FP8 (NVFP4 data)."""
     rows = {}
     a, b, sa, sb = ops.a[0], ops.b[0], ops.sfa[0], ops.sfb[0]
     da = reference.dequantize_fp4(a, sa, 16).to(torch.bfloat16)
     db = reference.dequantize_fp4(b, sb, 16).to(torch.bfloat16)
     out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-    bf = [(da, db)] + [
-        (da.clone(), db.clone()) for _ in range(_l2_copies(2 * (da.numel() + db.numel())) - 1)
-    ]
+    sets = input_sets(bench, (da, db))
     rows["cublas-bf16"] = _rate(
-        m, n, k, time_graph([lambda x=x, y=y: torch.matmul(x, y.t(), out=out) for x, y in bf])
+        m, n, k, time_graph([lambda x=x, y=y: torch.matmul(x, y.t(), out=out) for x, y in sets])
     )
-    del bf
+    del sets
 
-    sa8, sb8 = sa.view(torch.uint8), sb.view(torch.uint8)
-    if tri is not None:
-        triton, dq_kernel, _ = tri
+    if bench.tri is not None:
+        triton, dq_kernel, _ = bench.tri
         qa = torch.empty((m, k), dtype=torch.bfloat16, device="cuda")
         qb = torch.empty((n, k), dtype=torch.bfloat16, device="cuda")
 
-        def tdq():
+        def tdq(a, b, sa8, sb8):
             triton_dequant(triton, dq_kernel, a, sa8, 16, qa)
             triton_dequant(triton, dq_kernel, b, sb8, 16, qb)
             torch.matmul(qa, qb.t(), out=out)
 
-        tdq()
+        sets = input_sets(bench, (a, b, sa.view(torch.uint8), sb.view(torch.uint8)))
+        tdq(*sets[0])
         torch.cuda.synchronize()
         if not torch.equal(qb, db):
             raise AssertionError("the Triton dequant kernel differs from reference.dequantize")
-        rows["triton-dq+cublas"] = _rate(m, n, k, time_graph([tdq]))
+        rows["triton-dq+cublas"] = _rate(m, n, k, time_graph([lambda s=s: tdq(*s) for s in sets]))
+        del sets, qa, qb
 
-    def pdq():
-        torch.matmul(torch_dequant(a, sa, 16, lut), torch_dequant(b, sb, 16, lut).t(), out=out)
+    def pdq(a, sa, b, sb):
+        da, db = torch_dequant(a, sa, 16, bench.lut), torch_dequant(b, sb, 16, bench.lut)
+        torch.matmul(da, db.t(), out=out)
 
-    rows["torch-dq+cublas"] = _rate(m, n, k, time_graph([pdq], reps=5))
+    sets = input_sets(bench, (a, sa, b, sb))
+    rows["torch-dq+cublas"] = _rate(m, n, k, time_graph([lambda s=s: pdq(*s) for s in sets], 5))
+    del sets
 
     try:
         fa_s = da.float().abs().amax(1, keepdim=True).clamp(min=1e-12) / 448
         fb_s = db.float().abs().amax(1, keepdim=True).clamp(min=1e-12) / 448
         fa = (da.float() / fa_s).to(torch.float8_e4m3fn)
-        fbt = (db.float() / fb_s).to(torch.float8_e4m3fn).t()
+        fbt = (db.float() / fb_s).to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
         fb_st = fb_s.t()
+        sets = input_sets(bench, (fa, fbt))
 
-        def fp8():
-            torch._scaled_mm(fa, fbt, scale_a=fa_s, scale_b=fb_st, out_dtype=torch.bfloat16)
+        def fp8(x, y):
+            torch._scaled_mm(x, y, scale_a=fa_s, scale_b=fb_st, out_dtype=torch.bfloat16)
 
-        rows["cublas-fp8"] = _rate(m, n, k, time_graph([fp8]))
+        rows["cublas-fp8"] = _rate(m, n, k, time_graph([lambda s=s: fp8(*s) for s in sets]))
     except Exception as exc:  # e.g. cuBLASLt FP8 shape limits
         rows["cublas-fp8"] = dict(error=f"{type(exc).__name__}: {str(exc)[:160]}")
     return rows
 
 
-def bench_dot_scaled(ops, m, n, k, tri, d_ours):
+def bench_dot_scaled(bench: Bench, ops, m, n, k, d_ours):
     """Triton tl.dot_scaled on the MXFP4 operands; also says whether it matches ours."""
-    triton, _, ds_kernel = tri
-    a, b = ops.a[0], ops.b[0]
-    sa8, sb8 = ops.sfa[0].view(torch.uint8), ops.sfb[0].view(torch.uint8)
+    triton, _, ds_kernel = bench.tri
+    sets = input_sets(
+        bench, (ops.a[0], ops.b[0], ops.sfa[0].view(torch.uint8), ops.sfb[0].view(torch.uint8))
+    )
     out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
     bm = 16 if m <= 16 else 128
     grid = (triton.cdiv(m, bm), triton.cdiv(n, 128))
 
-    def ds():
+    def ds(a, b, sa8, sb8):
         ds_kernel[grid](a, b, sa8, sb8, out, m, n, k, BLOCK_M=bm, BLOCK_N=128, BLOCK_K=128)
 
     try:
-        sec = time_graph([ds])
+        sec = time_graph([lambda s=s: ds(*s) for s in sets])
     except Exception as exc:
         return dict(error=f"{type(exc).__name__}: {str(exc)[:160]}")
     scale = float(d_ours.float().abs().max())
@@ -330,28 +426,177 @@ def bench_dot_scaled(ops, m, n, k, tri, d_ours):
     return _rate(m, n, k, sec, matches_ours=same)
 
 
-def bench_shape(m, n, k, roof, runners, tri, lut):
-    row = {"m": m, "n": n, "k": k}
-    ops = reference.make_fp4_operands(m, n, k, 1, 16, "cuda", seed=1)
-    row["ours-nvfp4"], _ = bench_ours(ops, m, n, k, roof, runners)
-    row.update(bench_bf16_peers(ops, m, n, k, tri, lut))
-    del ops
-    ops = reference.make_fp4_operands(m, n, k, 1, 32, "cuda", seed=1)
-    row["ours-mxfp4"], d = bench_ours(ops, m, n, k, roof, runners)
-    if tri is not None:
-        row["triton-dot_scaled"] = bench_dot_scaled(ops, m, n, k, tri, d)
-    del ops, d
-    torch.cuda.empty_cache()
-    return row
+# ------------------------------------------------------------------------------------- W4A16
+def activations(m: int, k: int) -> torch.Tensor:
+    """BF16 activations [M, K], standard normal, drawn on the CPU (the same on every GPU)."""
+    gen = torch.Generator().manual_seed(2)
+    return torch.randn((m, k), generator=gen).to(torch.bfloat16).cuda()
 
 
-def _fmt(row, name):
+def max_error(d, exact) -> float:
+    """max |d - exact|, ``exact`` float64."""
+    return float((d.double() - exact).abs().max())
+
+
+def load_humming():
+    """(humming's ``HummingLayer``, None), or (None, why it is not there)."""
+    try:
+        from humming.layer import HummingLayer
+    except ImportError as exc:
+        return None, f"{HUMMING} is not installed ({exc})"
+    return HummingLayer, None
+
+
+def humming_layer(layer_cls, ops):
+    """A humming layer for BF16 activations holding ``ops``' weights: NVFP4 through its ModelOpt
+    NVFP4 loader (weight_scale_2 = the global scale), MXFP4 through its mxfp4 loader."""
+    b, sfb = ops.b[0], ops.sfb[0]
+    if ops.sf_vec_size == 16:
+        config = {"quant_method": "modelopt", "quant_algo": "nvfp4"}
+        gs = ops.global_scale_b.reshape(1).float()
+        tensors = {"weight": b, "weight_scale": sfb, "weight_scale_2": gs}
+    else:
+        config = {"quant_method": "mxfp4"}
+        tensors = {"weight": b, "weight_scale": sfb.view(torch.uint8)}
+    n, k = b.shape[0], 2 * b.shape[1]
+    layer = layer_cls(shape_n=n, shape_k=k, weight_config=config, torch_dtype=torch.bfloat16)
+    layer = layer.cuda()
+    layer.load_from_tensors(tensors)
+    layer.transform()  # repacks the weights for its kernels, which it picks per call
+    return layer
+
+
+def bench_humming(bench: Bench, x, ops, exact):
+    """humming's W4A16 GEMM, one layer (its own copy of the weights) per input set."""
+    m, k = x.shape
+    n = ops.b.shape[-2]
+    d = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+    copies = l2_copies(_nbytes(x, ops.b, ops.sfb, d), bench.l2_bytes, bench.warm)
+    try:
+        sets = [(x.clone(), humming_layer(bench.humming, ops)) for _ in range(copies)]
+        sec = time_graph([lambda s=s: s[1](s[0], outputs=d) for s in sets])
+    except Exception as exc:  # a shape or format this version refuses
+        return dict(error=f"{type(exc).__name__}: {str(exc)[:160]}")
+    return _rate(m, n, k, sec, err=max_error(d, exact))
+
+
+def bench_w4a16_bf16_peers(bench: Bench, x, ops, exact):
+    """cuBLAS BF16 on the NVFP4 weights dequantized beforehand (global scale in), and the Triton
+    dequant kernel on them every call followed by cuBLAS."""
+    rows = {}
+    m, k = x.shape
+    b, sfb, gs = ops.b[0], ops.sfb[0], float(ops.global_scale_b)
+    n = b.shape[0]
+    wd = reference.dequantize_fp4(b, sfb, 16, gs).to(torch.bfloat16)
+    out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+    sets = input_sets(bench, (x, wd))
+    sec = time_graph([lambda s=s: torch.matmul(s[0], s[1].t(), out=out) for s in sets])
+    rows["cublas-bf16"] = _rate(m, n, k, sec, err=max_error(out, exact))
+    del sets
+    if bench.tri is not None:
+        triton, dq_kernel, _ = bench.tri
+        qb = torch.empty((n, k), dtype=torch.bfloat16, device="cuda")
+
+        def tdq(x, b, sb8):
+            triton_dequant(triton, dq_kernel, b, sb8, 16, qb, gs)
+            torch.matmul(x, qb.t(), out=out)
+
+        sets = input_sets(bench, (x, b, sfb.view(torch.uint8)))
+        tdq(*sets[0])
+        torch.cuda.synchronize()
+        if torch.equal(qb, wd):
+            sec = time_graph([lambda s=s: tdq(*s) for s in sets])
+            rows["triton-dq+cublas"] = _rate(m, n, k, sec, err=max_error(out, exact))
+        else:
+            rows["triton-dq+cublas"] = dict(
+                error="its weights differ from reference.dequantize_fp4"
+            )
+    return rows
+
+
+def bench_shape(bench: Bench, m, n, k):
+    """(W4A4 row, W4A16 row) of one shape: the same FP4 weights in both tables."""
+    row, w16 = {"m": m, "n": n, "k": k}, {"m": m, "n": n, "k": k}
+    x = activations(m, k)
+    for vec, fmt in FORMATS:
+        ops = reference.make_fp4_operands(m, n, k, 1, vec, "cuda", seed=1)
+        row[f"ours-{fmt}"], d = bench_ours(bench, ops, m, n, k)
+        if vec == 16:
+            row.update(bench_bf16_peers(bench, ops, m, n, k))
+        elif bench.tri is not None:
+            row["triton-dot_scaled"] = bench_dot_scaled(bench, ops, m, n, k, d[0])
+        del d
+        exact = reference.reference_gemm_w4a16(
+            x,
+            ops.b[0],
+            ops.sfb[0],
+            vec,
+            ops.global_scale_b,
+            torch.float64,
+            accum_dtype=torch.float64,
+        )
+        w16[f"ours-w4a16-{fmt}"], _ = bench_ours(bench, ops, m, n, k, (x, exact))
+        if bench.humming is not None:
+            w16[f"humming-{fmt}"] = bench_humming(bench, x, ops, exact)
+        if vec == 16:
+            w16.update(bench_w4a16_bf16_peers(bench, x, ops, exact))
+        del ops, exact
+        torch.cuda.empty_cache()
+    w16["ours-w4a4-nvfp4"] = {key: row["ours-nvfp4"][key] for key in ("us", "tflops")}
+    w16["ratios"] = w4a16_ratios(w16)
+    return row, w16
+
+
+# ------------------------------------------------------------------------------------- report
+def _us(row, name):
+    r = row.get(name)
+    return r.get("us") if isinstance(r, dict) else None
+
+
+def w4a16_ratios(row) -> dict:
+    """Speed-ups of ours W4A16 (peer time / ours) over humming and cuBLAS BF16, per format;
+    None where either was not measured."""
+    out = {}
+    for _, fmt in FORMATS:
+        ours = _us(row, f"ours-w4a16-{fmt}")
+        for key, peer in (("humming", f"humming-{fmt}"), ("cublas-bf16", "cublas-bf16")):
+            theirs = _us(row, peer)
+            out[f"{fmt}/{key}"] = theirs / ours if ours and theirs else None
+    return out
+
+
+def w4a16_targets(rows) -> list[dict]:
+    """Every W4A16 target that applies to a row: at least 1.2x humming at M <= 128; at least
+    1.0x humming and 0.95x cuBLAS BF16 at M >= 1024; 75% of the roof at 1 x 8192 x 8192.
+    ``met`` is None where the value was not measured."""
+    out = []
+    for r in rows:
+        m, n, k = r["m"], r["n"], r["k"]
+        for _, fmt in FORMATS:
+            need = []
+            if m <= 128:
+                need.append((f"{fmt}/humming", r["ratios"].get(f"{fmt}/humming"), 1.2))
+            if m >= 1024:
+                need.append((f"{fmt}/humming", r["ratios"].get(f"{fmt}/humming"), 1.0))
+                need.append((f"{fmt}/cublas-bf16", r["ratios"].get(f"{fmt}/cublas-bf16"), 0.95))
+            if (m, n, k) == (1, 8192, 8192):
+                ours = r.get(f"ours-w4a16-{fmt}") or {}
+                need.append((f"{fmt} %roof", ours.get("roof_pct"), 75.0))
+            for target, value, minimum in need:
+                met = None if value is None else value >= minimum
+                out.append(
+                    dict(shape=f"{m}x{n}x{k}", target=target, value=value, min=minimum, met=met)
+                )
+    return out
+
+
+def _fmt(row, name, key="us", spec=".1f"):
     r = row.get(name)
     if r is None:
         return "-"
     if "error" in r:
-        return "err"
-    return f"{r['us']:.1f}"
+        return "failed"
+    return format(r[key], spec) if key in r else "-"
 
 
 def format_table(rows, roof) -> str:
@@ -365,8 +610,8 @@ def format_table(rows, roof) -> str:
     lines += [head, "-" * len(head)]
     for row in rows:
         o = row["ours-nvfp4"]
-        bf = row.get("cublas-bf16", {}).get("us")
-        tdq = row.get("triton-dq+cublas", {}).get("us")
+        bf = _us(row, "cublas-bf16")
+        tdq = _us(row, "triton-dq+cublas")
         ratio_bf = f"{bf / o['us']:.2f}x" if bf else "-"
         ratio_tdq = f"{tdq / o['us']:.2f}x" if tdq else "-"
         checks = [row[name]["check"] for name in METHODS[:2] if name in row]
@@ -384,27 +629,115 @@ def format_table(rows, roof) -> str:
     return "\n".join(lines)
 
 
-def plot(rows, path):
+def format_w4a16_table(rows) -> str:
+    """The W4A16 table: per method us and max |err|, ours' % of the roof, the speed-ups."""
+    ours = [f"ours-w4a16-{fmt}" for _, fmt in FORMATS]
+    peers = [f"humming-{fmt}" for _, fmt in FORMATS] + ["cublas-bf16", "triton-dq+cublas"]
+    ratios = [f"{fmt}/{p}" for _, fmt in FORMATS for p in ("humming", "cublas-bf16")]
+    head = (
+        f"{'M':>5} {'N':>6} {'K':>6} | "
+        + " | ".join(f"{name:>16} {'%roof':>6} {'err':>6}" for name in ours)
+        + " | "
+        + " | ".join(f"{name:>16} {'err':>6}" for name in peers)
+        + f" | {'ours-w4a4-nv':>12} | "
+        + " ".join(ratios)
+    )
+    lines = ["W4A16: BF16 activations x FP4 weights", head, "-" * len(head)]
+    for row in rows:
+        checks = [row[name]["check"] for name in ours if "check" in row.get(name, {})]
+        speedups = [row["ratios"].get(r) for r in ratios]
+        lines.append(
+            f"{row['m']:>5} {row['n']:>6} {row['k']:>6} | "
+            + " | ".join(
+                f"{_fmt(row, name):>16} {_fmt(row, name, 'roof_pct'):>6} "
+                f"{_fmt(row, name, 'err', '.3g'):>6}"
+                for name in ours
+            )
+            + " | "
+            + " | ".join(
+                f"{_fmt(row, name):>16} {_fmt(row, name, 'err', '.3g'):>6}" for name in peers
+            )
+            + f" | {_fmt(row, 'ours-w4a4-nvfp4'):>12} | "
+            + " ".join(
+                f"{'-' if s is None else f'{s:.2f}x':>{len(r)}}"
+                for r, s in zip(ratios, speedups, strict=True)
+            )
+            + ("" if all(checks) else "  CHECK FAILED")
+        )
+    lines.append(
+        "(times in us; err = max |D - exact|, exact = fp64 product of the BF16 activations and "
+        "the dequantized weights, which cublas-bf16 and triton-dq+cublas round to BF16; "
+        "fmt/peer = speed-up of ours-w4a16-fmt over the peer; ours-w4a4-nv = ours-nvfp4 of "
+        "the W4A4 table)"
+    )
+    return "\n".join(lines)
+
+
+def format_targets(targets) -> str:
+    missed = [t for t in targets if t["met"] is False]
+    unmeasured = [t for t in targets if t["met"] is None]
+    lines = [
+        f"W4A16 targets: {len(targets) - len(missed) - len(unmeasured)} of {len(targets)} met, "
+        f"{len(missed)} missed, {len(unmeasured)} not measured"
+    ]
+    lines += [
+        f"  missed: {t['shape']} {t['target']} {t['value']:.2f} < {t['min']:g}" for t in missed
+    ]
+    if unmeasured:
+        lines.append(
+            "  not measured: " + ", ".join(f"{t['shape']} {t['target']}" for t in unmeasured)
+        )
+    return "\n".join(lines)
+
+
+def plot(rows, w16_rows, gpu, path):
+    """TFLOP/s against M at N = K = 8192: W4A4 on the left, W4A16 on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sel = [r for r in rows if r["n"] == 8192 and r["k"] == 8192]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name in METHODS:
-        pts = [(r["m"], r[name]["tflops"]) for r in sel if name in r and "tflops" in r[name]]
-        if pts:
-            ax.plot(*zip(*pts, strict=True), marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("M (tokens), N = K = 8192")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"FP4 GEMM on {torch.cuda.get_device_name()}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, table, names, title in (
+        (axes[0], rows, METHODS, "W4A4 (FP4 activations)"),
+        (axes[1], w16_rows, W4A16_METHODS, "W4A16 (BF16 activations)"),
+    ):
+        sel = [r for r in table if r["n"] == 8192 and r["k"] == 8192]
+        for name in names:
+            pts = [(r["m"], r[name]["tflops"]) for r in sel if "tflops" in r.get(name, {})]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("M (tokens), N = K = 8192")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("TFLOP/s")
+    fig.suptitle(f"FP4 GEMM on {gpu}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_results(path, meta, rows, w16_rows) -> str:
+    """``path``.txt (the tables), .json (everything) and .png; returns the text."""
+    targets = w4a16_targets(w16_rows)
+    text = "\n\n".join(
+        (
+            f"timing: {meta['l2']}\n" + format_table(rows, meta["copy_bandwidth_Bps"]),
+            format_w4a16_table(w16_rows),
+            format_targets(targets),
+        )
+    )
+    text += "\n" + json.dumps(meta)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".txt", "w") as f:
+        f.write(text + "\n")
+    with open(path + ".json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows, w4a16=w16_rows, targets=targets), f, indent=1)
+    plot(rows, w16_rows, meta["gpu"], path + ".png")
+    return text
 
 
 def _dist_version(name: str):
@@ -422,55 +755,76 @@ def gpu_label() -> str:
     return found.group(0).lower() if found else "gpu"
 
 
-def main(argv=None) -> int:
+def l2_mode(warm: bool, l2_bytes: int) -> str:
+    if warm:
+        return "warm L2 (--warm_l2: one input set, timed over and over)"
+    return f"cold L2 (each call reads the next of input copies over {L2_MULTIPLE}x the " + (
+        f"{l2_bytes / 2**20:.0f} MiB L2)"
+    )
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="four shapes instead of all")
+    ap.add_argument(
+        "--warm_l2",
+        action="store_true",
+        help="time one input set over and over (default: cold L2, rotating input copies)",
+    )
     ap.add_argument("--out_dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--name", default=None, help="file name of the results; default: h200 / h100")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("bench.py needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
-        return 2
+    return ap.parse_args(argv)
+
+
+def setup(warm: bool) -> Bench:
+    """The run's shared state on the current GPU; says which optional peers are missing."""
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
     tri = None if triton is None else (triton, _dequant_fp4, _mxfp4_dot_scaled)
     if tri is None:
         print("triton is not installed: triton-dq+cublas and triton-dot_scaled not measured")
-    lut = _E2M1.to(torch.bfloat16).cuda()
-    roof = copy_bandwidth()
-    runners, rows = {}, []
+    humming_cls, why = load_humming()
+    if humming_cls is None:
+        print(f"{why}: humming-nvfp4 and humming-mxfp4 not measured")
+    return Bench(
+        roof=copy_bandwidth(),
+        l2_bytes=torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size,
+        warm=warm,
+        tri=tri,
+        lut=_E2M1.to(torch.bfloat16).cuda(),
+        humming=humming_cls,
+    )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("bench.py needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
+        return 2
+    bench = setup(args.warm_l2)
+    rows, w16_rows = [], []
     t0 = time.time()
     for m, n, k in QUICK if args.quick else SHAPES:
-        row = bench_shape(m, n, k, roof, runners, tri, lut)
+        row, w16 = bench_shape(bench, m, n, k)
         rows.append(row)
-        print(
-            f"[{time.time() - t0:6.1f}s] {m}x{n}x{k}: "
-            + json.dumps(
-                {
-                    kk: (round(v["us"], 2) if isinstance(v, dict) and "us" in v else v)
-                    for kk, v in row.items()
-                    if kk not in ("m", "n", "k")
-                }
-            ),
-            flush=True,
+        w16_rows.append(w16)
+        w4a4, w4a16 = (
+            {name: round(r["us"], 2) for name, r in table.items() if _us(table, name)}
+            for table in (row, w16)
         )
+        print(f"[{time.time() - t0:6.1f}s] {m}x{n}x{k}: W4A4 {w4a4} W4A16 {w4a16}", flush=True)
     meta = dict(
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         gpu=torch.cuda.get_device_name(),
         torch=torch.__version__,
         cuda=torch.version.cuda,
-        copy_bandwidth_Bps=roof,
-        triton=getattr(tri[0], "__version__", None) if tri else None,
+        copy_bandwidth_Bps=bench.roof,
+        l2=l2_mode(bench.warm, bench.l2_bytes),
+        triton=getattr(bench.tri[0], "__version__", None) if bench.tri else None,
         cutlass_dsl=_dist_version("nvidia-cutlass-dsl"),
+        humming=_dist_version("humming-kernels"),
     )
-    table = format_table(rows, roof) + "\n" + json.dumps(meta)
-    print(table)
-    name = os.path.join(args.out_dir, args.name or gpu_label())
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(name + ".txt", "w") as f:
-        f.write(table + "\n")
-    with open(name + ".json", "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    plot(rows, name + ".png")
+    path = os.path.join(args.out_dir, args.name or gpu_label())
+    print(write_results(path, meta, rows, w16_rows))
     return 0
 
 
