@@ -773,7 +773,48 @@ def parse_args(argv=None):
     )
     ap.add_argument("--out_dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--name", default=None, help="file name of the results; default: h200 / h100")
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--shard",
+        default=None,
+        help="I/N: measure every N-th shape from the I-th (a run in N parts) into NAME.shardI.json",
+    )
+    ap.add_argument(
+        "--combine",
+        type=int,
+        default=None,
+        metavar="N",
+        help="write the results from the N shards of a run (no GPU needed)",
+    )
+    args = ap.parse_args(argv)
+    if args.shard is not None:
+        try:
+            i, n = (int(v) for v in args.shard.split("/"))
+        except ValueError:
+            ap.error(f"--shard expects I/N, got {args.shard!r}")
+        if not 0 <= i < n:
+            ap.error(f"--shard {args.shard}: I must lie in 0..N-1")
+        args.shard = (i, n)
+    return args
+
+
+def combine_shards(path: str, count: int) -> str:
+    """The results of a run measured in ``count`` shards: rows in shape order, the first
+    shard's environment with every shard's copy bandwidth (each row's % roof is its own)."""
+    shards = []
+    for i in range(count):
+        with open(f"{path}.shard{i}.json") as f:
+            shards.append(json.load(f))
+    order = {tuple(s): j for j, s in enumerate(SHAPES)}
+
+    def shape_key(row):
+        return order.get((row["m"], row["n"], row["k"]), len(order))
+
+    rows = sorted((r for s in shards for r in s["rows"]), key=shape_key)
+    w16_rows = sorted((r for s in shards for r in s["w4a16"]), key=shape_key)
+    meta = dict(shards[0]["meta"])
+    meta["copy_bandwidth_Bps"] = min(s["meta"]["copy_bandwidth_Bps"] for s in shards)
+    meta["shards"] = [s["meta"] for s in shards]
+    return write_results(path, meta, rows, w16_rows)
 
 
 def setup(warm: bool) -> Bench:
@@ -797,13 +838,20 @@ def setup(warm: bool) -> Bench:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    path = os.path.join(args.out_dir, args.name or "h200")
+    if args.combine is not None:
+        print(combine_shards(path, args.combine))
+        return 0
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("bench.py needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
         return 2
     bench = setup(args.warm_l2)
     rows, w16_rows = [], []
     t0 = time.time()
-    for m, n, k in QUICK if args.quick else SHAPES:
+    shapes = QUICK if args.quick else SHAPES
+    if args.shard is not None:
+        shapes = shapes[args.shard[0] :: args.shard[1]]
+    for m, n, k in shapes:
         row, w16 = bench_shape(bench, m, n, k)
         rows.append(row)
         w16_rows.append(w16)
@@ -824,6 +872,11 @@ def main(argv=None) -> int:
         humming=_dist_version("humming-kernels"),
     )
     path = os.path.join(args.out_dir, args.name or gpu_label())
+    if args.shard is not None:
+        with open(f"{path}.shard{args.shard[0]}.json", "w") as f:
+            json.dump(dict(meta=meta, rows=rows, w4a16=w16_rows), f, indent=1)
+        print(f"shard {args.shard[0]} of {args.shard[1]} -> {path}.shard{args.shard[0]}.json")
+        return 0
     print(write_results(path, meta, rows, w16_rows))
     return 0
 

@@ -233,3 +233,27 @@ def test_main_runs_every_shape_and_writes_one_result_set(tmp_path, monkeypatch, 
     saved = json.loads((tmp_path / "h200.json").read_text())
     assert saved["meta"]["l2"].startswith("warm L2") and saved["meta"]["gpu"] == "NVIDIA H200"
     assert [(r["m"], r["n"], r["k"]) for r in saved["w4a16"]] == bench.QUICK
+
+
+def test_shards_combine_into_one_result_set_in_shape_order(tmp_path):
+    """``--shard I/N`` runs measure every N-th shape; ``--combine N`` writes one result set with
+    the rows in the benchmark's shape order and the lowest copy bandwidth of the shards."""
+    shapes = bench.SHAPES[:3]
+    parts = [[shapes[0], shapes[2]], [shapes[1]]]
+    for i, part in enumerate(parts):
+        w4a4 = dict(us=10.0, tflops=1.0, gbps=100.0, roof_pct=50.0, check=True)
+        rows = [{"m": m, "n": n, "k": k, "ours-nvfp4": w4a4} for m, n, k in part]
+        w16 = [_w16_row(m, n, k, ours_us=10.0 + i) for m, n, k in part]
+        meta = dict(gpu="NVIDIA H200", copy_bandwidth_Bps=4e12 + i, l2="cold")
+        with open(tmp_path / f"h200.shard{i}.json", "w") as f:
+            json.dump(dict(meta=meta, rows=rows, w4a16=w16), f)
+    assert bench.main(["--combine", "2", "--out_dir", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "h200.json").read_text())
+    assert [(r["m"], r["n"], r["k"]) for r in saved["rows"]] == [tuple(s) for s in shapes]
+    assert [r["ours-w4a16-nvfp4"]["us"] for r in saved["w4a16"]] == [10.0, 11.0, 10.0]
+    assert saved["meta"]["copy_bandwidth_Bps"] == 4e12 and len(saved["meta"]["shards"]) == 2
+    args = bench.parse_args(["--shard", "1/3"])
+    assert args.shard == (1, 3)
+    for bad in ("3/3", "x/2"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--shard", bad])
