@@ -32,9 +32,9 @@ the accuracy columns run on CPU tensors (``fp4_ops``' reference path) and no tim
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import datetime
+import functools
 import json
 import math
 import os
@@ -131,7 +131,7 @@ def torchao_nvfp4():
     try:
         from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
     except Exception as err:  # absent, or built for another torch
-        return f"torchao absent ({type(err).__name__})"
+        return f"absent ({type(err).__name__}: {str(err)[:80]})"
     return NVFP4Tensor, per_tensor_amax_to_scale
 
 
@@ -219,9 +219,9 @@ def build_layers(m, n, k, fmt, device, notes: list) -> tuple:
 
 
 def _note(notes: list, text: str) -> None:
+    """Add a note for the table's footer, once."""
     if text not in notes:
         notes.append(text)
-        print(f"note: {text}", flush=True)
 
 
 def first_calls(x, layers: dict, notes: list) -> dict:
@@ -294,21 +294,29 @@ def time_layers(x, layers: dict, l2_bytes: int | None, stream) -> dict:
     return row
 
 
-def bench_row(m, n, k, args, device, stream, api, notes: list) -> dict:
-    """One table row: accuracy on ``device``; times on a GPU (``stream`` not None)."""
+def make_timer(device, args):
+    """(stream, timer) on a GPU, (None, None) without one: ``timer(x, layers)`` is
+    ``time_layers`` on that one stream, which the accuracy pass uses too (the library keeps its
+    compiled kernels per stream)."""
     import torch
 
+    if device.type != "cuda":
+        return None, None
+    stream = torch.cuda.Stream(device)
+    l2 = None if args.warm_l2 else torch.cuda.get_device_properties(device).L2_cache_size
+    return stream, functools.partial(time_layers, l2_bytes=l2, stream=stream)
+
+
+def bench_row(m, n, k, args, device, api, notes: list, timer=None) -> dict:
+    """One table row: accuracy on ``device``, then times if there is a ``timer``."""
     x, layers = build_layers(m, n, k, args.format, device, notes)
     row = {"m": m, "n": n, "k": k, "format": args.format}
-    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        seconds = first_calls(x, layers, notes)
-        row["first_call_s"] = seconds
-        row.update(accuracy(x, layers, args.format, api))
+    row["first_call_s"] = first_calls(x, layers, notes)
+    row.update(accuracy(x, layers, args.format, api))
     for name in LAYERS:
         row[f"us_{name}"] = row[f"copies_{name}"] = None
-    if stream is not None:
-        l2 = None if args.warm_l2 else torch.cuda.get_device_properties(device).L2_cache_size
-        row.update(time_layers(x, layers, l2, stream))
+    if timer is not None:
+        row.update(timer(x, layers))
     for name in LAYERS[1:]:
         ours, bf16 = row[f"us_{name}"], row["us_bf16"]
         row[f"ratio_{name}"] = None if ours is None or bf16 is None else ours / bf16
@@ -490,6 +498,9 @@ def plot(rows: list, env: dict, path: str) -> None:
                 )
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
+    ms = sorted({r["m"] for r in rows})
+    ax.set_xticks(ms, [str(m) for m in ms])
+    ax.minorticks_off()
     ax.set_xlabel("M (tokens)")
     ax.set_ylabel("time / BF16 F.linear time")
     ax.set_title(f"FP4Linear vs F.linear, {env['gpu']}, {env['date']}", fontsize=10)
@@ -512,13 +523,14 @@ def main(argv=None) -> int:
     env = environment(device, api)
     notes: list[str] = []
     if isinstance(api, str) and args.format == "nvfp4":
-        notes.append(f"{api}: torchao's columns not measured")
-    stream = torch.cuda.Stream() if device.type == "cuda" else None
+        notes.append(f"torchao {api}: its columns not measured")
+    stream, timer = make_timer(device, args)
     print("\n".join(header_lines(env, args)), flush=True)
     rows = []
     for m, n, k in shapes(args):
         try:
-            row = bench_row(m, n, k, args, device, stream, api, notes)
+            with torch.cuda.stream(stream):  # (None: no-op)
+                row = bench_row(m, n, k, args, device, api, notes, timer)
         except ValueError as err:  # e.g. a GPU the library has no kernel for
             print(f"error: {err}", file=sys.stderr)
             return 2
