@@ -22,9 +22,10 @@ column follows its NVFP4 recipe (``NVFP4Tensor.to_nvfp4``, dynamic per-tensor sc
 ``per_tensor_amax_to_scale``, the product of ``_addmm_nvfp4_dispatch``: a BF16 GEMM output
 times the two per-tensor scales rounded to BF16), emulated by dequantizing the block scales
 and multiplying in fp32, since its ``_scaled_mm`` path needs Blackwell. ``ours-tao`` is the
-distance of the two outputs; ``codes!=`` the share of FP4 codes of x and W that differ:
-expected where x / (scale * global scale) lies within float32 rounding of an E2M1 tie (one
-division here, a reciprocal product in torchao).
+distance of the two outputs, ``ours-tao*`` the same with torchao's scale product applied as
+fp4_gemm applies it (to the fp32 accumulator, one rounding); ``x!=%``, ``w!=%`` the share of
+FP4 codes of x, W that differ: expected where x / (scale * global scale) lies within float32
+rounding of an E2M1 tie (one division here, a reciprocal product in torchao).
 Only measured numbers are printed; what was not measured says so. On a machine without a GPU
 the accuracy columns run on CPU tensors (``fp4_ops``' reference path) and no time is measured.
 """
@@ -136,11 +137,14 @@ def torchao_nvfp4():
 
 
 def torchao_recipe(x, w, api):
-    """torchao's NVFP4 linear y = x @ w.T on any device: (y in x's dtype, FP4Tensor of x, of w).
+    """torchao's NVFP4 linear y = x @ w.T on any device: (y, y_one_rounding, FP4Tensor of x,
+    FP4Tensor of w), both outputs in x's dtype.
 
-    Quantization is torchao's own; the product is its ``_addmm_nvfp4_dispatch``'s, a GEMM of the
+    Quantization is torchao's own; y is its ``_addmm_nvfp4_dispatch``'s product, a GEMM of the
     codes times the block scales with fp32 accumulation and a BF16 (x's dtype) result, then
-    multiplied by the product of the per-tensor scales cast to x's dtype."""
+    multiplied by the product of the per-tensor scales cast to x's dtype. y_one_rounding
+    applies that product to the fp32 accumulator instead and rounds once, as fp4_gemm does:
+    it differs from ours only where the codes do (and by the summation order)."""
 
     import fp4_ops
     import reference
@@ -152,9 +156,10 @@ def torchao_recipe(x, w, api):
         parts.append(fp4_ops.FP4Tensor.from_torchao(q))
     qx, qw = parts
     blocks = [reference.dequantize_fp4(q.data, q.plain_scales(), 16) for q in parts]
-    acc = (blocks[0] @ blocks[1].t()).to(x.dtype)
-    y = acc * (qx.global_scale * qw.global_scale).to(x.dtype)
-    return y, qx, qw
+    acc = blocks[0] @ blocks[1].t()
+    scale = qx.global_scale * qw.global_scale
+    y = acc.to(x.dtype) * scale.to(x.dtype)
+    return y, (acc * scale).to(x.dtype), qx, qw
 
 
 def _mismatch(ours, theirs) -> float:
@@ -179,13 +184,14 @@ def accuracy(x, layers: dict, fmt: str, api) -> dict:
         if name in layers:
             outputs[name] = layers[name](x)
             row[f"rel_err_{name}"] = rel_err(outputs[name], y_bf16)
-    row.update(rel_err_torchao=None, ours_vs_torchao=None, codes_differ_x=None)
-    row["codes_differ_w"] = None
+    keys = ("rel_err_torchao", "ours_vs_torchao", "ours_vs_torchao_one_rounding")
+    row.update({key: None for key in (*keys, "codes_differ_x", "codes_differ_w")})
     if fmt == "nvfp4" and not isinstance(api, str):
-        y_tao, qx, qw = torchao_recipe(x, layers["bf16"].weight.detach(), api)
+        y_tao, y_one, qx, qw = torchao_recipe(x, layers["bf16"].weight.detach(), api)
         ref_norm = y_bf16.float().norm()
         row["rel_err_torchao"] = rel_err(y_tao, y_bf16)
-        row["ours_vs_torchao"] = float((outputs["w4a4"].float() - y_tao.float()).norm() / ref_norm)
+        for key, y in zip(keys[1:], (y_tao, y_one), strict=True):
+            row[key] = float((outputs["w4a4"].float() - y.float()).norm() / ref_norm)
         row["codes_differ_x"] = _mismatch(fp4_ops.quantize(x, fmt), qx)
         row["codes_differ_w"] = _mismatch(layers["w4a4"].weight, qw)
     return row
@@ -419,7 +425,8 @@ def header_lines(env: dict, args) -> list[str]:
     head = (
         f"{'M':>5} {'N':>6} {'K':>6} | {'bf16 us':>8} | {'w4a4 us':>8} {'ratio':>6} | "
         f"{'static us':>9} {'ratio':>6} | {'w4a16 us':>8} {'ratio':>6} | {'err w4a4':>8} "
-        f"{'err static':>10} {'err torchao':>11} {'ours-tao':>8} {'x!=%':>6} {'w!=%':>6} | "
+        f"{'err static':>10} {'err torchao':>11} {'ours-tao':>8} {'ours-tao*':>9} {'x!=%':>6} "
+        f"{'w!=%':>6} | "
         f"{'err w4a16':>9}"
     )
     return [title, where, versions, head, "-" * len(head)]
@@ -436,6 +443,7 @@ def format_row(row: dict) -> str:
         f"{_cell(row['us_w4a16'], '.1f', 8)} {_cell(row['ratio_w4a16'], '.2f', 6)} | "
         f"{_cell(row['rel_err_w4a4'], '.4f', 8)} {_cell(row['rel_err_w4a4-static'], '.4f', 10)} "
         f"{_cell(row['rel_err_torchao'], '.4f', 11)} {_cell(row['ours_vs_torchao'], '.4f', 8)} "
+        f"{_cell(row['ours_vs_torchao_one_rounding'], '.4f', 9)} "
         f"{_cell(pct(row['codes_differ_x']), '.3f', 6)} "
         f"{_cell(pct(row['codes_differ_w']), '.3f', 6)} | {_cell(row['rel_err_w4a16'], '.4f', 9)}"
     )
@@ -449,7 +457,9 @@ def footer_lines(rows: list, notes: list) -> list[str]:
         "err: ||y - y_bf16||_F / ||y_bf16||_F, y_bf16 the BF16 layer's output on the same x; "
         f"static: activation scale calibrated on {CALIB_ROWS} other rows",
         "torchao: its NVFP4 recipe, GEMM emulated; ours-tao: ||y_w4a4 - y_torchao||_F / "
-        "||y_bf16||_F; x!=%, w!=%: FP4 codes of x, W unlike torchao's",
+        "||y_bf16||_F; ours-tao*: the same with torchao's",
+        "per-tensor scales applied to its fp32 accumulator in fp32 (ours: one rounding) instead "
+        "of to its BF16 output in BF16; x!=%, w!=%: FP4 codes of x, W unlike torchao's",
         f"first calls (compiles included, not timed): {first:.1f} s in all; n/m: not measured",
         *(f"note: {n}" for n in notes),
     ]
@@ -522,7 +532,9 @@ def main(argv=None) -> int:
     api = torchao_nvfp4()
     env = environment(device, api)
     notes: list[str] = []
-    if isinstance(api, str) and args.format == "nvfp4":
+    if args.format != "nvfp4":
+        notes.append("w4a4-static and torchao: NVFP4 only (MXFP4 has no global scale)")
+    elif isinstance(api, str):
         notes.append(f"torchao {api}: its columns not measured")
     stream, timer = make_timer(device, args)
     print("\n".join(header_lines(env, args)), flush=True)
