@@ -426,8 +426,7 @@ def header_lines(env: dict, args) -> list[str]:
         f"{'M':>5} {'N':>6} {'K':>6} | {'bf16 us':>8} | {'w4a4 us':>8} {'ratio':>6} | "
         f"{'static us':>9} {'ratio':>6} | {'w4a16 us':>8} {'ratio':>6} | {'err w4a4':>8} "
         f"{'err static':>10} {'err torchao':>11} {'ours-tao':>8} {'ours-tao*':>9} {'x!=%':>6} "
-        f"{'w!=%':>6} | "
-        f"{'err w4a16':>9}"
+        f"{'w!=%':>6} | {'err w4a16':>9}"
     )
     return [title, where, versions, head, "-" * len(head)]
 
