@@ -448,7 +448,7 @@ def format_row(row: dict) -> str:
     )
 
 
-def footer_lines(rows: list, notes: list) -> list[str]:
+def footer_lines(rows: list, notes: list, run_s: float) -> list[str]:
     first = sum(sum(r["first_call_s"].values()) for r in rows)
     return [
         "ratio: our time / F.linear's (below 1: faster); us: median per call of CUDA graphs of "
@@ -459,17 +459,19 @@ def footer_lines(rows: list, notes: list) -> list[str]:
         "||y_bf16||_F; ours-tao*: the same with torchao's",
         "per-tensor scales applied to its fp32 accumulator in fp32 (ours: one rounding) instead "
         "of to its BF16 output in BF16; x!=%, w!=%: FP4 codes of x, W unlike torchao's",
-        f"first calls (compiles included, not timed): {first:.1f} s in all; n/m: not measured",
+        f"run: {run_s:.0f} s, of which first calls (compiles included, not timed) {first:.1f} s; "
+        "n/m: not measured",
         *(f"note: {n}" for n in notes),
     ]
 
 
-def format_table(rows: list, env: dict, args, notes: list) -> str:
-    lines = header_lines(env, args) + [format_row(r) for r in rows] + footer_lines(rows, notes)
+def format_table(rows: list, env: dict, args, notes: list, run_s: float) -> str:
+    lines = header_lines(env, args) + [format_row(r) for r in rows]
+    lines += footer_lines(rows, notes, run_s)
     return "\n".join(lines)
 
 
-def results_json(rows: list, env: dict, args, notes: list) -> dict:
+def results_json(rows: list, env: dict, args, notes: list, run_s: float) -> dict:
     settings = {
         "format": args.format,
         "cold_l2": not args.warm_l2,
@@ -477,7 +479,7 @@ def results_json(rows: list, env: dict, args, notes: list) -> dict:
         "replays": REPLAYS,
         "calib_rows": CALIB_ROWS,
     }
-    return {"environment": env, "settings": settings, "notes": notes, "rows": rows}
+    return {"environment": env, "settings": settings, "run_s": run_s, "notes": notes, "rows": rows}
 
 
 def plot(rows: list, env: dict, path: str) -> None:
@@ -524,6 +526,7 @@ def plot(rows: list, env: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
+    start = time.perf_counter()
     args = parse_args(argv)
     import torch
 
@@ -552,13 +555,14 @@ def main(argv=None) -> int:
     timed = any(r["us_bf16"] is not None for r in rows)
     if out and not timed:
         notes.append("no PNG: no time was measured")
-    print("\n".join(footer_lines(rows, notes)))
+    run_s = time.perf_counter() - start
+    print("\n".join(footer_lines(rows, notes, run_s)))
     if out:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         with open(out + ".txt", "w") as f:
-            f.write(format_table(rows, env, args, notes) + "\n")
+            f.write(format_table(rows, env, args, notes, run_s) + "\n")
         with open(out + ".json", "w") as f:
-            json.dump(results_json(rows, env, args, notes), f, indent=1)
+            json.dump(results_json(rows, env, args, notes, run_s), f, indent=1)
         if timed:
             plot(rows, env, out + ".png")
         print(f"wrote {out}.txt, {out}.json" + (f", {out}.png" if timed else ""))

@@ -266,6 +266,7 @@ def test_table_json_and_png_from_fake_timings(monkeypatch, tmp_path, capsys):
     data = json.loads((tmp_path / "res" / "fake.json").read_text())
     assert data["environment"] == FAKE_ENV
     assert data["settings"]["cold_l2"] is True
+    assert f"run: {data['run_s']:.0f} s" in table and data["run_s"] > 0
     rows = data["rows"]
     assert [(r["m"], r["n"], r["k"]) for r in rows] == [(3, 64, 128), (40, 64, 128)] + [
         (3, 32, 64),
