@@ -332,3 +332,51 @@ def test_quick_path_runs_on_cpu_and_writes_nothing(monkeypatch, tmp_path, capsys
     assert row.count("n/m") >= 7  # no time, no ratio on a CPU
     assert "no CUDA GPU" in printed and "wrote" not in printed
     assert list(tmp_path.iterdir()) == [] and set(results.glob("*")) == before
+
+
+class _FakeW4A16(torch.nn.Module):
+    """A stand-in W4A16 layer: NVFP4 weights dequantized to BF16, BF16 activations."""
+
+    def __init__(self, linear, fail: bool):
+        super().__init__()
+        self.register_buffer(
+            "w", fp4_ops.quantize(linear.weight.detach()).dequantize(torch.bfloat16)
+        )
+        self.fail = fail
+
+    def forward(self, x):
+        if self.fail:
+            raise NotImplementedError("no W4A16 kernel here")
+        return x @ self.w.t()
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["w4a16", "w4a16-raises"])
+def test_w4a16_column_appears_when_the_library_has_it(monkeypatch, tmp_path, capsys, fail):
+    original = fp4_ops.FP4Linear.from_linear
+
+    def from_linear(linear, format="nvfp4", activations="dynamic", input_global_scale=None):
+        if activations == "bf16":
+            return _FakeW4A16(linear, fail)
+        return original(linear, format, activations, input_global_scale)
+
+    monkeypatch.setattr(fp4_ops.FP4Linear, "from_linear", staticmethod(from_linear))
+    out, printed = _run_faked(monkeypatch, tmp_path, capsys)
+    data = json.loads(out.with_suffix(".json").read_text())
+    w4a16_notes = [n for n in data["notes"] if n.startswith("w4a16")]
+    for r in data["rows"]:
+        if fail:
+            assert r["us_w4a16"] is None and r["rel_err_w4a16"] is None
+            continue
+        assert r["ratio_w4a16"] == pytest.approx(0.75) and r["copies_w4a16"] == 5
+        x, layers = bench_linear.build_layers(r["m"], r["n"], r["k"], "nvfp4", "cpu", [])
+        y_bf16 = layers["bf16"](x)
+        want = _frobenius(x @ layers["w4a16"].w.t(), y_bf16)
+        assert r["rel_err_w4a16"] == pytest.approx(want, rel=1e-5)
+        assert r["rel_err_w4a16"] < r["rel_err_w4a4"]  # one operand quantized, not two
+    if fail:
+        assert w4a16_notes == [
+            "w4a16 not measured: its first call raised NotImplementedError: no W4A16 kernel here"
+        ]
+        assert "w4a16 not measured" in printed
+    else:
+        assert w4a16_notes == []
