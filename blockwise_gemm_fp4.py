@@ -10,8 +10,9 @@ What it computes
 * SFA, SFB: one FP8 scale per V consecutive K elements, in the 128x4 blocked layout that
   tcgen05, cuBLASLt and ``torch._scaled_mm`` read (``reference.to_blocked``).
   NVFP4: Float8E4M3FN scales, V = 16.  MXFP4: Float8E8M0FNU scales, V = 32.
-* alpha: runtime fp32 scalar, applied to the fp32 accumulator in the epilogue (for NVFP4 it is
-  the product of the two per-tensor global scales).
+* alpha: fp32 scalar applied to the fp32 accumulator in the epilogue (for NVFP4 it is the
+  product of the two per-tensor global scales).  The kernel reads it from global memory when it
+  runs, so it can be computed on the device and changed between CUDA-graph replays.
 * D [M, N, L]: BFloat16, Float16 or Float32, N-major, with a row pitch of ``c_row_pitch(N)``
   elements (N rounded up to 16 bytes, the TMA stride rule); columns past N are never written.
 
@@ -20,8 +21,9 @@ Warp roles (192 threads, one CTA per SM)
     =======  ==========  ========================================================================
     warp     role        work
     =======  ==========  ========================================================================
-    0 - 3    epilogue    TMEM -> registers (tcgen05.ld), * alpha, convert, -> SMEM, TMA store;
-                         warp 0 also allocates and frees tensor memory
+    0 - 3    epilogue    alpha GMEM -> registers once; per tile TMEM -> registers (tcgen05.ld),
+                         * alpha, convert, -> SMEM, TMA store; warp 0 also allocates and
+                         frees tensor memory
     4        MMA         SFA/SFB SMEM -> TMEM (tcgen05.cp), block-scaled tcgen05.mma into TMEM
     5        TMA         A, B, SFA, SFB GMEM -> SMEM ring (cp.async.bulk.tensor, multicast)
     =======  ==========  ========================================================================
@@ -668,7 +670,7 @@ class BlockwiseGemmFp4Sm100:
         sfb_ptr: cute.Pointer,
         c_ptr: cute.Pointer,
         problem_mnkl: tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32, cutlass.Int32],
-        alpha: cutlass.Float32,
+        alpha_ptr: cute.Pointer,
         max_active_clusters: cutlass.Constexpr,
         stream,
     ):
@@ -681,6 +683,8 @@ class BlockwiseGemmFp4Sm100:
         mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl = self._global_tensors(
             a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, problem_mnkl
         )
+        # One fp32 value in global memory: the kernel reads alpha when it runs, not at launch.
+        mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(1))
 
         (
             (tma_atom_a, tma_tensor_a),
@@ -750,7 +754,7 @@ class BlockwiseGemmFp4Sm100:
             tma_tensor_sfb,
             tma_atom_c,
             tma_tensor_c,
-            alpha,
+            mAlpha,
             self.cluster_layout_vmnk,
             self.cluster_layout_sfb_vmnk,
             self.a_smem_layout_staged,
@@ -845,7 +849,7 @@ class BlockwiseGemmFp4Sm100:
         mSFB_nkl: cute.Tensor,
         tma_atom_c: cute.CopyAtom,
         mC_mnl: cute.Tensor,
-        alpha: cutlass.Float32,
+        mAlpha: cute.Tensor,
         cluster_layout_vmnk: cute.Layout,
         cluster_layout_sfb_vmnk: cute.Layout,
         a_smem_layout_staged: cute.ComposedLayout,
@@ -948,7 +952,7 @@ class BlockwiseGemmFp4Sm100:
             self._epilogue_warps(
                 tidx,
                 warp_idx,
-                alpha,
+                mAlpha,
                 acc_pipeline,
                 tmem,
                 tile_schedule,
@@ -1344,7 +1348,7 @@ class BlockwiseGemmFp4Sm100:
         self,
         tidx: cutlass.Int32,
         warp_idx: cutlass.Int32,
-        alpha: cutlass.Float32,
+        mAlpha: cute.Tensor,
         acc_pipeline: pipeline.PipelineUmmaAsync,
         tmem: cutlass.memory.TmemAllocator,
         tile_schedule: TileSchedule,
@@ -1354,6 +1358,9 @@ class BlockwiseGemmFp4Sm100:
         tma_atom_c: cute.CopyAtom,
         epi_tile: cute.Tile,
     ):
+        # Loaded first: the TMEM allocation hides its latency.  NOTE: launched with PDL, this load
+        # would have to follow griddepcontrol.wait, once the kernel that wrote alpha has finished.
+        alpha = mAlpha[0]
         epilogue_barrier = pipeline.NamedBarrier(
             barrier_id=int(NamedBarrierId.EPILOGUE),
             num_threads=THREADS_PER_WARP * NUM_EPILOGUE_WARPS,
@@ -1556,7 +1563,7 @@ def compile_gemm(
         make_ptr(SF_DTYPES[sf_dtype], 0, gmem, assumed_align=16),
         make_ptr(C_DTYPES[c_dtype], 0, gmem, assumed_align=16),
         (cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1)),
-        cutlass.Float32(1.0),
+        make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
         max_active_clusters,
         cuda_driver.CUstream(0),
         options=options,
@@ -1818,7 +1825,7 @@ _COMPILED_CACHE: dict[tuple, object] = {}
 
 
 def checked_alpha(alpha) -> float:
-    """``alpha`` as the float the kernel receives; ValueError unless it is a real number whose
+    """``alpha`` as the float stored for the kernel; ValueError unless it is a real number whose
     fp32 rounding is finite (1e39 is a finite double but inf in fp32)."""
     import numbers
     import struct
@@ -1835,11 +1842,29 @@ def checked_alpha(alpha) -> float:
     return value
 
 
+def _checked_alpha_or_tensor(alpha, device):
+    """``prepare_gemm``'s alpha: a one-element float32 tensor on ``device`` as it is, anything
+    else through ``checked_alpha``; ValueError naming what is wrong."""
+    import torch
+
+    if not isinstance(alpha, torch.Tensor):
+        return checked_alpha(alpha)
+    if alpha.dtype != torch.float32 or alpha.numel() != 1:
+        raise ValueError(
+            f"an alpha tensor must hold one float32 value, got {alpha.dtype} {tuple(alpha.shape)}"
+        )
+    if alpha.device != device:
+        raise ValueError(f"alpha is on {alpha.device}, a is on {device}")
+    return alpha
+
+
 class PreparedGemm:
     """One configured kernel call, from ``prepare_gemm``: calling it enqueues the kernel.
 
-    It owns its operands and D (``operands``, ``d_padded``): the kernel reads and writes raw
-    addresses, so whatever the caller drops stays allocated for as long as this object lives.
+    It owns its operands, D and alpha (``operands``, ``d_padded``, ``alpha``, a one-element
+    fp32 tensor): the kernel reads and writes raw addresses, so whatever the caller drops stays
+    allocated for as long as this object lives. The kernel reads ``alpha`` when it runs, so a
+    value written into it on the stream before a launch (or a graph replay) is the one used.
     The kernel is called with keyword arguments, named as ``BlockwiseGemmFp4Sm100.__call__``
     names its parameters.
     """
@@ -1856,7 +1881,7 @@ class PreparedGemm:
         mnkl: tuple[int, int, int, int],
         sf_dtype: str,
         c_dtype: str,
-        alpha: float,
+        alpha,
         stream,
     ):
         import cuda.bindings.driver as cuda_driver
@@ -1870,6 +1895,7 @@ class PreparedGemm:
         self.compiled = compiled
         self.operands = (a, b, sfa_blocked, sfb_blocked)
         self.d_padded = d_padded
+        self.alpha = alpha
         self.device = a.device
         self.kernel_args = dict(
             a_ptr=ptr(cutlass.Float4E2M1FN, a),
@@ -1878,7 +1904,7 @@ class PreparedGemm:
             sfb_ptr=ptr(SF_DTYPES[sf_dtype], sfb_blocked),
             c_ptr=ptr(C_DTYPES[c_dtype], d_padded),
             problem_mnkl=tuple(cutlass.Int32(v) for v in mnkl),
-            alpha=cutlass.Float32(alpha),
+            alpha_ptr=make_ptr(cutlass.Float32, alpha.data_ptr(), gmem, assumed_align=4),
             stream=cuda_driver.CUstream(stream.cuda_stream),
         )
 
@@ -1932,7 +1958,7 @@ def prepare_gemm(
     sfa_blocked,
     sfb_blocked,
     sf_vec_size: int,
-    alpha: float = 1.0,
+    alpha=1.0,
     c_dtype: str = "BFloat16",
     mma_tiler_mn: tuple[int, int] | None = None,
     cluster_shape_mn: tuple[int, int] | None = None,
@@ -1947,7 +1973,15 @@ def prepare_gemm(
     Returns ``(launch, d)``: ``launch()`` (a ``PreparedGemm``) enqueues the kernel (nothing
     else) on the stream that is current on ``a``'s device now and writes ``d`` [L, M, N], a
     view of a buffer whose rows are ``c_row_pitch(N)`` long.  ``launch`` holds references to
-    the operands and to D.  Validation, compilation and pointer set-up happen here, once.
+    the operands, D and alpha.  Validation, compilation and pointer set-up happen here, once.
+
+    The kernel reads alpha from global memory when it runs.  ``alpha`` is a float
+    (``checked_alpha``), stored here into a one-element fp32 tensor that ``launch`` owns, or a
+    one-element float32 tensor on ``a``'s device, used in place: a value written into it on
+    the stream before a launch, or before a replay of a CUDA graph that captured ``launch()``,
+    is the one used (no host sync).  Such a tensor must stay allocated for as long as the graph
+    replays it (``launch`` holds it; a tensor allocated during the capture lives in the graph's
+    memory pool); its value is not checked here (that would cost a synchronisation).
 
     Scale bytes are not read on the host (that would cost a synchronisation per call).  The
     MMA's scale types are unsigned (ue4m3, ue8m0): an E4M3 scale with its sign bit set, or a
@@ -1964,7 +1998,7 @@ def prepare_gemm(
             "or 32 (MXFP4, float8_e8m0fnu scales)"
         )
     sf_vec_size = int(sf_vec_size)
-    alpha = checked_alpha(alpha)
+    alpha = _checked_alpha_or_tensor(alpha, a.device)
     if a.dim() != 3 or b.dim() != 3:
         raise ValueError(
             f"a and b must be [L, rows, K/2], got {tuple(a.shape)} and {tuple(b.shape)}"
@@ -2005,6 +2039,9 @@ def prepare_gemm(
     compiled = _compiled_kernel(sf_vec_size, c_dtype, mma_tiler_mn, cluster_shape_mn, a.device)
     torch_c = {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}
     d_padded = torch.empty(l, m, c_row_pitch(n, c_dtype), dtype=torch_c[c_dtype], device=a.device)
+    if not isinstance(alpha, torch.Tensor):
+        # (a fill kernel on the current stream, not a host copy: allowed during graph capture)
+        alpha = torch.full((1,), alpha, dtype=torch.float32, device=a.device)
     launch = PreparedGemm(
         compiled,
         a=a,

@@ -379,18 +379,17 @@ def _gemm_op(
     )
     major, minor = torch.cuda.get_device_capability(a_data.device)
     if (major, minor) == (9, 0):
-        acc = _gemm_sm90(*args)
+        # alpha stays on the device: the Hopper kernel takes a host float, so it runs with 1.0
+        # into fp32 and alpha is applied here, with the epilogue's one fp32 rounding
+        out = (_gemm_sm90(*args) * alpha).to(out_dtype)
     elif major == 10:
-        acc = _gemm_sm100(*args)
+        out = _gemm_sm100(*args, alpha, out_dtype)
     else:
         name = torch.cuda.get_device_name(a_data.device)
         raise ValueError(
             f"fp4_gemm has kernels for sm_90 (H100 / H200) and the sm_100 family (B200 / GB200 "
             f"/ B300); {name} is sm_{major}{minor}"
         )
-    # alpha stays on the device: the kernels take a host float today, so they run with 1.0
-    # into fp32 and alpha is applied here, with the epilogue's one fp32 rounding
-    out = (acc * alpha).to(out_dtype)
     return out if batched else out[0]
 
 
@@ -411,12 +410,12 @@ def fp4_gemm(
 
     The scalar applied to the fp32 accumulator is ``a.global_scale * b.global_scale * alpha``,
     formed on the device (no host sync; a replayed CUDA graph reads the scales current then).
-    On the GPU both kernels take alpha as a host float today, so the op runs them with alpha 1.0
-    into an fp32 D and multiplies by that device scalar afterwards (bitwise what the epilogue
-    computes, at the price of an fp32 round trip of D); a device-pointer alpha in both kernels
-    would remove it. CPU tensors run ``reference.reference_gemm``. Under CUDA-graph capture,
-    call the op once on that stream and shape before capturing (the kernels compile and the
-    Hopper workspace is zeroed at the first call).
+    The Blackwell kernel reads that scalar from device memory and writes D in ``out_dtype``.
+    The Hopper kernel takes alpha as a host float, so the op runs it with alpha 1.0 into an fp32
+    D and multiplies by the device scalar afterwards (bitwise what the epilogue computes, at the
+    price of an fp32 round trip of D). CPU tensors run ``reference.reference_gemm``. Under
+    CUDA-graph capture, call the op once on that stream and shape before capturing (the kernels
+    compile and the Hopper workspace is zeroed at the first call).
     """
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, FP4Tensor):
@@ -443,35 +442,55 @@ def fp4_gemm(
 
 # ----------------------------------------------------------------------------- kernel adapters
 # One function per backend, each written against its kernel's Python API: they take packed
-# uint8 A [L, M, K/2] and B [L, N, K/2], blocked scales [L, n] and sf_vec_size, and return the
-# fp32 accumulator D [L, M, N] (alpha 1.0) on the current stream.
+# uint8 A [L, M, K/2] and B [L, N, K/2], blocked scales [L, n] and sf_vec_size, and return D
+# [L, M, N] on the current stream: Blackwell's alpha * A @ B^T in out_dtype (alpha a 0-d fp32
+# device tensor), Hopper's fp32 accumulator (alpha 1.0).
 
 _SM90_RUNNERS: dict = {}
 
 
-def _sm100_config(m: int, n: int, k: int, l: int, sf_vec_size: int) -> dict:  # noqa: E741
+_SM100_C_DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+
+
+def _sm100_config(
+    m: int,
+    n: int,
+    k: int,
+    l: int,  # noqa: E741
+    sf_vec_size: int,
+    out_dtype: torch.dtype,
+) -> dict:
     """``prepare_gemm``'s configuration for a shape: the Blackwell module's own tile and cluster
-    rule (``pick_tile_and_cluster``), with an fp32 D."""
+    rule (``pick_tile_and_cluster``), with D in ``out_dtype``."""
     _importable(_HERE)
     import blockwise_gemm_fp4
 
     tiler, cluster = blockwise_gemm_fp4.pick_tile_and_cluster((m, n, k, l))
-    return {"c_dtype": "Float32", "mma_tiler_mn": tiler, "cluster_shape_mn": cluster}
+    return {
+        "c_dtype": _SM100_C_DTYPES[out_dtype],
+        "mma_tiler_mn": tiler,
+        "cluster_shape_mn": cluster,
+    }
 
 
-def _gemm_sm100(a, b, sfa, sfb, sf_vec_size):
-    """Blackwell: ``prepare_gemm`` (compiled kernels cached per configuration inside it); D comes
-    back with a padded row pitch, sliced to N."""
+def _gemm_sm100(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype):
+    """Blackwell: ``prepare_gemm`` (compiled kernels cached per configuration inside it), with
+    alpha's device tensor: the kernel reads it when it runs, so no host sync.
+
+    CUDA graphs: the launch reads alpha's address at replay, so the tensor must hold alpha then.
+    ``fp4_gemm`` forms it on the stream just before the call, so under capture the product is
+    recomputed at each replay into memory of the graph's own pool, which lasts as long as the
+    graph. D comes back contiguous: a copy only when N leaves the kernel a padded row pitch."""
     _importable(_HERE)
     import blockwise_gemm_fp4
 
     (l, m, half_k), n = a.shape, b.shape[1]  # noqa: E741
-    config = _sm100_config(m, n, 2 * half_k, l, sf_vec_size)
+    config = _sm100_config(m, n, 2 * half_k, l, sf_vec_size, out_dtype)
     launch, d = blockwise_gemm_fp4.prepare_gemm(
-        a, b, sfa.contiguous(), sfb.contiguous(), sf_vec_size, alpha=1.0, **config
+        a, b, sfa.contiguous(), sfb.contiguous(), sf_vec_size, alpha=alpha, **config
     )
     launch()
-    return d
+    return d.contiguous()
 
 
 def _gemm_sm90(a, b, sfa, sfb, sf_vec_size):

@@ -572,14 +572,82 @@ def check_gemm(
     if d.dtype not in OUT_DTYPES:
         raise ValueError(f"d_kernel must be bfloat16, float16 or float32, got {d.dtype}")
     ref = reference_gemm(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype=torch.float32)
+    k = 2 * _packed_as_uint8(a, "a").shape[-1]
+    abs_sum = abs_product_sum(a, b, sfa, sfb, sf_vec_size)
+    return _check_against(d, ref, abs_sum, k, alpha, unit_roundoff)
+
+
+def reference_gemm_w4a16(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    sf_vec_size: int,
+    alpha: float | torch.Tensor = 1.0,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    accum_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """W4A16 (weight-only FP4): D = alpha * A @ dequant(B)^T, A bfloat16 / float16 activations
+    [M, K] (or [L, M, K]), B packed FP4 [N, K/2] with unswizzled scales sfb, accumulated in
+    ``accum_dtype``. Every product of a 16-bit activation (<= 11 significant bits) and a
+    dequantized weight (<= 6) is exact in fp32, so :func:`gemm_tolerance` holds unchanged."""
+    a = _require_tensor(a, "a")
+    if a.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"a must be bfloat16 or float16 activations, got {a.dtype}")
+    vec = _require_vec_size(sf_vec_size)
+    b8, sb = _fp4_operand(b, sfb, vec, "b", "sfb")
+    if a.ndim != b8.ndim or a.shape[-1] != 2 * b8.shape[-1] or a.shape[:-2] != b8.shape[:-2]:
+        raise ValueError(
+            f"a of shape {tuple(a.shape)} and b of shape {tuple(b8.shape)} (K/2 bytes per row) "
+            "need the same rank, batch and K"
+        )
+    if a.device != b8.device:
+        raise ValueError(f"a is on {a.device} but b is on {b8.device}")
+    if out_dtype not in (*OUT_DTYPES, torch.float64):
+        raise ValueError(
+            f"out_dtype must be bfloat16, float16, float32 or float64, got {out_dtype}"
+        )
+    scale = _scalar(alpha, "alpha", a.device, positive=False).to(accum_dtype)
+    db = _dequantize(b8, sb, vec, accum_dtype)
+    return (torch.matmul(a.to(accum_dtype), db.transpose(-1, -2)) * scale).to(out_dtype)
+
+
+def check_gemm_w4a16(
+    d_kernel: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    sf_vec_size: int,
+    alpha: float | torch.Tensor = 1.0,
+    *,
+    unit_roundoff: float = FP32_UNIT_ROUNDOFF,
+) -> tuple[bool, GemmCheck]:
+    """:func:`check_gemm` for W4A16: against :func:`reference_gemm_w4a16`, same bound."""
+    d = _require_tensor(d_kernel, "d_kernel")
+    if d.dtype not in OUT_DTYPES:
+        raise ValueError(f"d_kernel must be bfloat16, float16 or float32, got {d.dtype}")
+    ref = reference_gemm_w4a16(a, b, sfb, sf_vec_size, alpha, out_dtype=torch.float32)
+    b8, sb = _fp4_operand(b, sfb, _require_vec_size(sf_vec_size), "b", "sfb")
+    db = _dequantize(b8, sb, sf_vec_size, torch.float32).abs()
+    abs_sum = torch.matmul(a.float().abs(), db.transpose(-1, -2))
+    return _check_against(d, ref, abs_sum, a.shape[-1], alpha, unit_roundoff)
+
+
+def _check_against(
+    d: torch.Tensor,
+    ref: torch.Tensor,
+    abs_sum: torch.Tensor,
+    k: int,
+    alpha: float | torch.Tensor,
+    unit_roundoff: float,
+) -> tuple[bool, GemmCheck]:
+    """``d`` against the fp32 reference ``ref`` under :func:`gemm_tolerance`."""
     if d.shape != ref.shape:
         raise ValueError(
             f"d_kernel has shape {tuple(d.shape)}, but the operands give {tuple(ref.shape)}"
         )
     if d.device != ref.device:
         raise ValueError(f"d_kernel is on {d.device} but the operands are on {ref.device}")
-    k = 2 * _packed_as_uint8(a, "a").shape[-1]
-    abs_sum = abs_product_sum(a, b, sfa, sfb, sf_vec_size)
     tol = gemm_tolerance(k, d.dtype, ref, abs_sum, alpha, unit_roundoff=unit_roundoff)
     err = (d.double() - ref.double()).abs()
     exact = d == ref.to(d.dtype)

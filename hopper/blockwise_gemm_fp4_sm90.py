@@ -10,8 +10,9 @@ B [N, K/2, L] packed FP4 bytes, K-major; SFA / SFB in the 128x4 blocked layout o
 ``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 = Float8E8M0FNU per
 32; alpha a runtime fp32; D BFloat16 / Float16 / Float32, row-major [M, N] per batch (row pitch
 N). Hopper has no FP4 tensor cores: FP4 is dequantized exactly to F16 or BF16 (every e2m1 x
-scale product is representable) and the tensor cores run F16 / BF16 ``wgmma`` with FP32
-accumulation, so D equals ``reference.reference_gemm`` up to the order of the fp32 sums.
+scale product is representable; ``hopper/fp4_dequant.py`` holds the conversions) and the tensor
+cores run F16 / BF16 ``wgmma`` with FP32 accumulation, so D equals ``reference.reference_gemm``
+up to the order of the fp32 sums.
 
 The two paths (picked by ``default_config``; hopper/DESIGN.md has the evidence)
 -----------------------------------------------------------------------------
@@ -83,11 +84,15 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.nvgpu.warpgroup import OperandSource
-from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
+from cutlass.cutlass_dsl import Int32, Int64, Uint32
 from cutlass.tensor_utils import LayoutEnum
+
+if not __package__:
+    # run as a script: the repository root makes ``hopper`` and ``reference`` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hopper import fp4_dequant as dq  # noqa: E402
 
 # NOTE: sm_90 limits: 227 KiB of dynamic SMEM per CTA, 228 KiB and 64K registers per SM.
 SM90_SMEM_CAPACITY = 232448
@@ -104,6 +109,9 @@ SF_FORMATS = {
     16: ("Float8E4M3FN", "NVFP4"),
     32: ("Float8E8M0FNU", "MXFP4"),
 }
+# A (activations): packed FP4 (W4A4) or BF16 / F16 (W4A16, weight-only FP4)
+A_DTYPES = {"Float4E2M1FN": cutlass.Uint8, "BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16}
+W4A4 = "Float4E2M1FN"
 C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 SF_DTYPES = {"Float8E4M3FN": cutlass.Float8E4M3FN, "Float8E8M0FNU": cutlass.Float8E8M0FNU}
 PATHS = ("prefill", "decode")
@@ -132,12 +140,11 @@ DECODE_K_GROUPS = 4
 UNIT_COST = 384
 # default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
-# BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
-BF16X2_2POW126 = 0x7E807E80
-BF16X2_2POW120 = 0x7B807B80
-F16X2_2POW7 = 0x58005800
-# NVFP4 on F16: each converted operand carries 2^-7, so D = acc * 2^14 * alpha.
+# NVFP4 on F16: each FP4 operand converted to F16 carries 2^-7, so D = acc * 2^14 * alpha
+# (W4A4; W4A16: acc * 2^7 * alpha).  W4A16 NVFP4 weights in BF16 on decode carry 2^-8.
 NVFP4_ACC_SCALE = 2.0**14
+W4A16_F16_ACC_SCALE = 2.0**7
+W4A16_BF16_ACC_SCALE = 2.0**8
 FP32_MAX = (2.0 - 2.0**-23) * 2.0**127
 
 
@@ -147,206 +154,6 @@ class NamedBarrierId(enum.IntEnum):
     EPILOGUE = 1  # consumers: a D subtile is in SMEM (TMA store) / its buffer is free again
     SPLITK_FIXUP = 2  # consumers: split-K partial tile written / counter read
     K_GROUP_REDUCE = 3  # consumers (k_groups > 1): partials parked in SMEM / read back
-
-
-# ---------------------------------------------------------------------------------------------
-# PTX helpers (sm_90 has no FP4 conversion instruction: integer, prmt and f16x2 / bf16x2 ops)
-# ---------------------------------------------------------------------------------------------
-def _ptx(result, operands, asm: str, constraints: str, *, side_effects=True, loc=None, ip=None):
-    """One PTX instruction as LLVM inline asm.  ``operands`` are (DSL type, value) pairs;
-    ``result`` is the DSL type of the single output, or None for an instruction without one."""
-    out = llvm.inline_asm(
-        None if result is None else result.mlir_type,
-        [dtype(value).ir_value(loc=loc, ip=ip) for dtype, value in operands],
-        asm,
-        constraints,
-        has_side_effects=side_effects,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return None if result is None else result(out)
-
-
-def _load(opcode: str, result, address, constraints: str):
-    """``result = opcode [address]`` as a DSL op.  NOTE: loads carry side effects so that they
-    stay after the mbarrier wait guarding their stage."""
-
-    @dsl_user_op
-    def load(addr, *, loc=None, ip=None):
-        return _ptx(result, [(address, addr)], f"{opcode} $0, [$1];", constraints, loc=loc, ip=ip)
-
-    return load
-
-
-def _store(opcode: str, address, value_type, constraints: str):
-    """``opcode [address], value`` as a DSL op."""
-
-    @dsl_user_op
-    def store(addr, value, *, loc=None, ip=None):
-        operands = [(address, addr), (value_type, value)]
-        _ptx(None, operands, f"{opcode} [$0], $1;", constraints, loc=loc, ip=ip)
-
-    return store
-
-
-def _packed_mul(opcode: str):
-    """Lane-wise ``opcode`` (mul.rn.f16x2 / mul.rn.bf16x2) of two 32-bit words as a DSL op."""
-
-    @dsl_user_op
-    def mul(a, b, *, loc=None, ip=None):
-        operands = [(Uint32, a), (Uint32, b)]
-        asm = f"{opcode} $0, $1, $2;"
-        return _ptx(Uint32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
-
-    return mul
-
-
-_ld_shared_b64 = _load("ld.shared.b64", Uint64, Int32, "=l,r")
-_ld_shared_u8 = _load("ld.shared.u8", Uint32, Int32, "=r,r")
-_ld_shared_u32 = _load("ld.shared.u32", Uint32, Int32, "=r,r")
-_ld_shared_f32 = _load("ld.shared.f32", cutlass.Float32, Int32, "=f,r")
-_ld_global_nc_u32 = _load("ld.global.nc.u32", Uint32, Int64, "=r,l")
-# NOTE: .cg (L2 only): split-K partials come from other SMs, whose writes L1 does not see.
-_ld_global_cg_f32 = _load("ld.global.cg.f32", cutlass.Float32, Int64, "=f,l")
-_st_shared_b32 = _store("st.shared.b32", Int32, Uint32, "r,r")
-_st_shared_f32 = _store("st.shared.f32", Int32, cutlass.Float32, "r,f")
-_st_global_f32 = _store("st.global.f32", Int64, cutlass.Float32, "l,f")
-_st_global_u32 = _store("st.relaxed.gpu.global.u32", Int64, Uint32, "l,r")
-_mul_f16x2 = _packed_mul("mul.rn.f16x2")
-_mul_bf16x2 = _packed_mul("mul.rn.bf16x2")
-
-
-@dsl_user_op
-def _atomic_add_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> Uint32:
-    operands = [(Int64, addr), (Uint32, value)]
-    asm = "atom.global.acq_rel.gpu.add.u32 $0, [$1], $2;"
-    return _ptx(Uint32, operands, asm, "=r,l,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _st_global_v4_b32(addr: Int64, values: list, *, loc=None, ip=None) -> None:
-    operands = [(Int64, addr)] + [(Uint32, v) for v in values]
-    asm = "st.global.v4.b32 [$0], {$1, $2, $3, $4};"
-    _ptx(None, operands, asm, "l,r,r,r,r", loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _prmt_zero(a: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
-    """Bytes of ``a`` (selector digits 0..3) or zero bytes (digit 4) -> one word."""
-    asm = f"prmt.b32 $0, $1, 0, {selector:#06x};"
-    return _ptx(Uint32, [(Uint32, a)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _e4m3_to_f16x2(sf_byte: Uint32, *, loc=None, ip=None) -> Uint32:
-    """One E4M3 byte -> the same F16 value in both halves (hardware cvt, sm_89+)."""
-    asm = "{ .reg .b16 t; cvt.u16.u32 t, $1; cvt.rn.f16x2.e4m3x2 $0, t; }"
-    doubled = sf_byte * Uint32(0x0101)
-    return _ptx(Uint32, [(Uint32, doubled)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
-
-
-def _fp4x8_to_f16x2(word: Uint32, factor: Uint32) -> list:
-    """NVFP4: 8 e2m1 values (one 32-bit word) -> 4 F16x2 words (nibbles (p, p + 4), p = 0..3),
-    each times ``factor``.
-
-    The F16 bits of e2m1 * 2^-14 are one byte, ``sign << 7 | (exp, mant) << 1``, above a zero
-    byte (0.5 becomes the F16 subnormal 2^-15).  Two masked shifts build that byte for the four
-    even nibbles and two for the odd ones; one byte permute per pair places two of them."""
-    even = ((word << 4) & Uint32(0x80808080)) | ((word << 1) & Uint32(0x0E0E0E0E))
-    odd = (word & Uint32(0x80808080)) | ((word >> 3) & Uint32(0x0E0E0E0E))
-    # (nibble p, nibble p + 4) = bytes p // 2 and p // 2 + 2 of ``even`` / ``odd``.
-    bytes_ = [
-        _prmt_zero(even, 0x2404),
-        _prmt_zero(odd, 0x2404),
-        _prmt_zero(even, 0x3414),
-        _prmt_zero(odd, 0x3414),
-    ]
-    return [_mul_f16x2(b, factor) for b in bytes_]
-
-
-def _fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32) -> Uint32:
-    """MXFP4: nibbles p (low half) and p + 4 (high half) of ``word`` -> BF16x2 of e2m1 * scale.
-
-    ``word`` is already shifted right by 8 for p = 2, 3 (one shift serves two pairs)."""
-    if p % 2 == 0:
-        # x * 0x1040 = x << 6 | x << 12 (disjoint bits): magnitude bits to 6..8, sign to 15.
-        raw = ((word & Uint32(0x000F000F)) * Uint32(0x1040)) & Uint32(0x81C081C0)
-    else:
-        # the nibble sits 4 bits higher: x << 2 | x << 8 lands on the same bits.
-        raw = ((word & Uint32(0x00F000F0)) * Uint32(0x0104)) & Uint32(0x81C081C0)
-    return _mul_bf16x2(_mul_bf16x2(raw, Uint32(BF16X2_2POW126)), factor)
-
-
-def _fp4x8_to_bf16x2(word: Uint32, factor: Uint32) -> list:
-    """MXFP4: 8 e2m1 values -> 4 BF16x2 words (nibbles (p, p + 4)), each times ``factor``."""
-    shifted = word >> 8
-    return [_fp4_pair_to_bf16x2(word if p < 2 else shifted, p, factor) for p in range(4)]
-
-
-def _fp4_pair_lo_to_mma(x: Uint32, factor: Uint32, f16: bool) -> Uint32:
-    """The nibbles at bits 0..3 (low half) and 16..19 (high half) of ``x`` -> F16x2 / BF16x2 of
-    e2m1 * ``factor``: the same bit patterns as ``_fp4x8_to_f16x2`` / ``_fp4x8_to_bf16x2`` build
-    (F16: sign to 15, magnitude to 9..11; BF16: to 15 and 6..8), for a pair chosen at run time."""
-    if f16:
-        bits = ((x & Uint32(0x00080008)) << 12) | ((x & Uint32(0x00070007)) << 9)
-        return _mul_f16x2(bits, factor)
-    return _fp4_pair_to_bf16x2(x, 0, factor)
-
-
-def _scale_factor(sf_byte: Uint32, f16: bool) -> Uint32:
-    """One scale byte -> the multiplier of ``_fp4x16_to_mma`` in both halves, exact: NVFP4
-    (F16 MMAs) the F16 value scale * 2^7 (NaN stays NaN), MXFP4 (BF16 MMAs) the BF16 value
-    scale.  (NVFP4 with BF16 MMAs converts its scales in ``convert_operands``:
-    ``_e4m3_byte_to_bf16x2``.)"""
-    if f16:
-        return _mul_f16x2(_e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
-    # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
-    # NOTE: the NaN byte 255 becomes +inf (0x7F80): D is inf or NaN where the reference has NaN.
-    bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)
-    return bits | (bits << 16)
-
-
-def _e4m3_byte_to_bf16x2(mags: Uint32, signs: Uint32, q: int, keep=None) -> Uint32:
-    """Scale byte q of a word of four E4M3 scales, given as its magnitude bytes (& 0x7f..)
-    and sign bytes (& 0x80..), -> the BF16 scale in both halves: magnitude << 4, sign << 8 (the
-    BF16 value scale * 2^-120, E4M3 subnormals included) with two byte permutes and one IMAD,
-    then times 2^120; the NaN magnitude 0x7f becomes a BF16 NaN.  ``keep`` (all ones or zero)
-    zeroes it."""
-    bits = _prmt_zero(mags, 0x4040 | q << 8 | q) * Uint32(16) + _prmt_zero(
-        signs, 0x0404 | q << 12 | q << 4
-    )
-    # (magnitude 0x7f: bits 0x07f0 | 0x7fc0 has the BF16 exponent all ones, a mantissa != 0)
-    is_nan = ((mags >> Uint32(8 * q)) & Uint32(0xFF)) == Uint32(0x7F)
-    bits = bits | ((Uint32(0) - Uint32(is_nan)) & Uint32(0x7FC07FC0))
-    if keep is not None:
-        bits = bits & keep
-    return _mul_bf16x2(bits, Uint32(BF16X2_2POW120))
-
-
-def _fp4x16_to_mma(packed: Uint64, factor: Uint32, f16: bool) -> list:
-    """16 e2m1 values (8 bytes) -> 8 words P_0..P_7 of the MMA type (P_i = nibbles
-    (i % 4, i % 4 + 4) of 32-bit word i // 4), each times ``factor``: F16 values
-    e2m1 * scale * 2^-7 or BF16 values e2m1 * scale."""
-    convert = _fp4x8_to_f16x2 if f16 else _fp4x8_to_bf16x2
-    return convert(Uint32(packed & Uint64(0xFFFFFFFF)), factor) + convert(
-        Uint32(packed >> 32), factor
-    )
-
-
-def a_fragment_word(r: int, i: int) -> int:
-    """Word of a k-block's wgmma A fragment (Uint32 view: row r, K half c, k16 step s at word
-    r + 2c + 4s) that takes pair P_i of ``_fp4x16_to_mma``: for the thread's 16-group q, K
-    values 16 (i // 2) + 8 (i % 2) + 2q, +1 of the k-block (the weights' K permutation)."""
-    return r + 2 * (i % 2) + 4 * (i // 2)
-
-
-def token_chunk_layout(chunk):
-    """The tokens' K permutation in ``convert_operands``: 16-byte output chunk ``chunk`` (0..7)
-    of a converted 64-wide k-block holds pair P_chunk of each 16-group q = 0..3.  Returns (byte
-    offset of its source word in a group's 8 packed bytes, right shift of that word that brings
-    the pair's nibbles (chunk % 4, chunk % 4 + 4) to bits 0 and 16, byte offset of the chunk in
-    the converted block).  Python or DSL integers."""
-    return 4 * (chunk // 4), 4 * (chunk % 4), 16 * chunk
 
 
 def scale_column(j, q, sf_vec_size: int):
@@ -376,34 +183,6 @@ def blocked_sf_word(batch, row, col0, row_blocks, atoms_k):
         + (r % 32) * 16
         + (r // 32) * 4
     )
-
-
-def _convert_chunk_words(words, sf4, keep, col0, shift, sf_vec_size: int, f16: bool) -> list:
-    """One 16-byte chunk of ``convert_operands``: ``words[q]`` is the packed word of 16-group q
-    holding the chunk's pair, ``sf4`` the aligned word of the block's scales, ``keep`` all ones
-    (zero for the missing groups 2, 3 of a K = 32 x odd tail), ``col0`` the block's first scale
-    column, ``shift`` the pair's shift (``token_chunk_layout``) -> the chunk's 4 words."""
-    # NVFP4 to BF16: the four E4M3 scales of a block, magnitude and sign bytes apart
-    e4m3_bf16 = sf_vec_size == 16 and not f16
-    if e4m3_bf16:
-        mags, signs = sf4 & Uint32(0x7F7F7F7F), sf4 & Uint32(0x80808080)
-    out = []
-    for q in range(4):
-        word = words[q]
-        if e4m3_bf16:
-            factor = _e4m3_byte_to_bf16x2(mags, signs, q, keep if q >= 2 else None)
-        else:
-            if sf_vec_size == 16:
-                sf = (sf4 >> Uint32(8 * q)) & Uint32(0xFF)
-            else:
-                sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)
-            if q >= 2:
-                sf = sf & keep
-            factor = _scale_factor(sf, f16)
-        if q >= 2:
-            word = word & keep
-        out.append(_fp4_pair_lo_to_mma(word >> shift, factor, f16))
-    return out
 
 
 def split_k_range(split, k_tiles, split_k: int):
@@ -448,6 +227,7 @@ def default_config(
     num_sms: int = H200_SM_COUNT,
     path: str | None = None,
     allow_k_groups: bool = True,
+    a_dtype: str = W4A4,
 ):
     """(path, mma_tiler_mn, split_k, k_groups) for a problem; ``path`` given: that path's
     tile, split and K groups; ``allow_k_groups`` False: the pick without K groups (the CLI's
@@ -468,8 +248,10 @@ def default_config(
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
+        # (W4A4: the decode path's padded token copy within the 32-bit offsets)
         token_copy = decode_token_rows(m, cols) * _round_up(k, K_BLOCK) * l
-        path = "decode" if m <= DECODE_MAX_M and token_copy < 2**31 else "prefill"
+        fits = token_copy < 2**31 or a_dtype != W4A4
+        path = "decode" if m <= DECODE_MAX_M and fits else "prefill"
     if path != "decode":
         return path, (128, 256), 1, 1
     slots = num_sms * occupancy("decode", (cols, 128))
@@ -567,18 +349,24 @@ def check_fp4_gemm_config(
     cluster_shape_mn: tuple[int, int] = (2, 1),
     split_k: int = 1,
     k_groups: int = 1,
+    a_dtype: str = W4A4,
 ) -> list[str]:
     """Check a configuration and a problem against this kernel's rules.
 
     Returns a list of readable reasons why it cannot run; an empty list means it can.  Pure
     Python: it needs neither a GPU nor a compile."""
-    return problem_reasons(mnkl, sf_vec_size, path, mma_tiler_mn) + config_reasons(
-        sf_vec_size, sf_dtype, c_dtype, path, mma_tiler_mn, cluster_shape_mn, split_k, k_groups
+    config = (path, mma_tiler_mn, cluster_shape_mn, split_k, k_groups, a_dtype)
+    return problem_reasons(mnkl, sf_vec_size, path, mma_tiler_mn, a_dtype) + config_reasons(
+        sf_vec_size, sf_dtype, c_dtype, *config
     )
 
 
 def problem_reasons(
-    mnkl: tuple[int, int, int, int], sf_vec_size: int, path: str, mma_tiler_mn: tuple[int, int]
+    mnkl: tuple[int, int, int, int],
+    sf_vec_size: int,
+    path: str,
+    mma_tiler_mn: tuple[int, int],
+    a_dtype: str = W4A4,
 ) -> list[str]:
     """The problem (M, N, K, L) part of ``check_fp4_gemm_config``: extents, K, 32-bit offsets."""
     if len(mnkl) != 4 or any(not isinstance(v, int) for v in mnkl):
@@ -602,7 +390,13 @@ def problem_reasons(
     if sf_vec_size in SF_FORMATS:
         for name, rows in (("SFA", m), ("SFB", n)):
             extents.append((f"{name} blocked bytes", blocked_sf_bytes(rows, k, l, sf_vec_size)))
-    if path == "prefill":
+    if a_dtype != W4A4:
+        # W4A16: activations M*K*L, prepacked weights N*K_pad/2*L, converted on prefill
+        extents[1] = ("M*K*L", m * k * l)
+        extents[2] = ("N*K_pad/2*L", n * k_pad // 2 * l)
+        if path == "prefill":
+            extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
+    elif path == "prefill":
         extents.append(("M*K_pad*L (converted A)", m * k_pad * l))
         extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
     elif path == "decode":
@@ -626,9 +420,21 @@ def config_reasons(
     cluster_shape_mn: tuple[int, int],
     split_k: int,
     k_groups: int = 1,
+    a_dtype: str = W4A4,
 ) -> list[str]:
     """The configuration part of ``check_fp4_gemm_config`` (whatever the problem)."""
     reasons = []
+    if a_dtype not in A_DTYPES:
+        reasons.append(
+            f"a_dtype={a_dtype} is not supported: use Float4E2M1FN (W4A4: FP4 activations with "
+            "their scales) or BFloat16 / Float16 (W4A16: FP4 weights only)"
+        )
+    elif a_dtype == "Float16" and sf_vec_size == 32:
+        # NOTE: E8M0 scales reach 2^-127 .. 2^127, beyond F16's range: not exact in F16.
+        reasons.append(
+            "a_dtype=Float16 with MXFP4 weights (sf_vec_size=32): E8M0 scales exceed Float16's "
+            "range, so the weights cannot be dequantized exactly to F16; use BFloat16 activations"
+        )
     if sf_vec_size not in SF_FORMATS:
         reasons.append(
             f"sf_vec_size={sf_vec_size} is not supported: use 16 (NVFP4, Float8E4M3FN scales) "
@@ -698,14 +504,32 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
     return None
 
 
-def alpha_reason(alpha: float, sf_vec_size: int, path: str = "decode") -> str | None:
+def acc_scale(sf_vec_size: int, path: str, a_dtype: str = W4A4) -> float:
+    """The factor between the accumulator and alpha * sum: 2^7 per FP4 operand converted to F16
+    (NVFP4 on the W4A4 decode path: both; W4A16 with F16 activations: the weights), 2^8 for
+    W4A16 NVFP4 weights in BF16 on decode (``fp4_dequant.e4m3_to_bf16x2_prescaled``)."""
+    if a_dtype != W4A4:
+        if a_dtype == "Float16":
+            return W4A16_F16_ACC_SCALE
+        return W4A16_BF16_ACC_SCALE if sf_vec_size == 16 and path == "decode" else 1.0
+    return NVFP4_ACC_SCALE if sf_vec_size == 16 and path == "decode" else 1.0
+
+
+def alpha_reason(
+    alpha: float, sf_vec_size: int, path: str = "decode", a_dtype: str = W4A4
+) -> str | None:
     """Why ``alpha`` cannot be used, or None: it must be a finite fp32 number, and where the
-    kernel runs F16 operands (NVFP4 on decode) its fp32 value * 2^14 must be finite too."""
+    kernel runs F16 FP4 operands (``acc_scale``) its fp32 value times that scale too."""
     if not math.isfinite(alpha) or abs(alpha) > FP32_MAX:
         return f"alpha must be a finite fp32 number, got {alpha}"
     alpha32 = struct.unpack("f", struct.pack("f", alpha))[0]
-    if sf_vec_size == 16 and path != "prefill" and abs(alpha32) * NVFP4_ACC_SCALE > FP32_MAX:
-        return f"NVFP4 here needs |alpha| < 2^114 (alpha * 2^14 must stay finite), got {alpha}"
+    scale = acc_scale(sf_vec_size, path, a_dtype)
+    if abs(alpha32) * scale > FP32_MAX:
+        bound = 128 - int(math.log2(scale))
+        return (
+            f"NVFP4 here needs |alpha| < 2^{bound} (alpha * 2^{128 - bound} must stay finite), "
+            f"got {alpha}"
+        )
     return None
 
 
@@ -783,16 +607,23 @@ class BlockwiseGemmFp4Sm90:
         split_k: int = 1,
         tma_store: bool = True,
         k_groups: int = 1,
+        a_dtype: str = W4A4,
     ):
         reason = k_groups_reason(path, mma_tiler_mn, k_groups)
         if reason:
             raise ValueError(reason)
         self.sf_vec_size = sf_vec_size
         self.path = path
+        # W4A16: BF16 / F16 activations, taken by TMA as they are; prepacked FP4 weights
+        self.a_dtype = a_dtype
+        self.w4a16 = a_dtype != W4A4
         # decode: the weights are the row operand (kernel A), so the kernel computes D^T
         self.swap_ab = path == "decode"
-        # prefill: both operands converted, a plain SS-wgmma mainloop
+        # prefill: kernel A in SMEM in the MMA type (converted, or W4A16 activations), SS wgmma
         self.a_converted = path == "prefill"
+        # what convert_operands converts: W4A4 tokens and prefill A; W4A16 prefill weights only
+        self.convert_a = self.a_converted and not self.w4a16
+        self.convert_b = not (self.w4a16 and path == "decode")
         self.mma_tiler_mn = tuple(mma_tiler_mn)
         self.cluster_shape_mn = tuple(cluster_shape_mn)
         self.cluster_m = self.cluster_shape_mn[0]
@@ -824,17 +655,21 @@ class BlockwiseGemmFp4Sm90:
         self.convert_threads, self.convert_unroll = (128, 2) if path == "decode" else (256, 4)
         self.prologue_pdl = self._prologue_pdl(launch_regs)
         self.acc_dtype = cutlass.Float32
-        # NVFP4 on decode runs F16 wgmma (a cheaper exact conversion in the mainloop); MXFP4,
-        # and prefill (converted once per launch), BF16 (hopper/DESIGN.md)
-        self.f16 = sf_vec_size == 16 and path == "decode"
+        # W4A4: NVFP4 on decode runs F16 wgmma (a cheaper exact conversion in the mainloop);
+        # MXFP4, and prefill (converted once per launch), BF16 (hopper/DESIGN.md).  W4A16: the
+        # activations' type.
+        self.f16 = a_dtype == "Float16" if self.w4a16 else sf_vec_size == 16 and path == "decode"
         self.mma_dtype = cutlass.Float16 if self.f16 else cutlass.BFloat16
+        self.acc_scale = acc_scale(sf_vec_size, path, a_dtype)
+        # W4A16 NVFP4 in BF16 on decode: scale factors hold the 2^126 of the e2m1 bits (2^-8 left)
+        self.bf16_prescaled = self.acc_scale == W4A16_BF16_ACC_SCALE
 
     def _prologue_pdl(self, launch_regs: int) -> bool:
         """Whether ``convert_operands`` is PDL-launched too, so that it starts within the tail
         of the GEMM ahead of it: decode tiles of <= 32 tokens x 128 rows or <= 16 x 64 rows at
         two CTAs per SM, and K groups of <= 32 tokens where a prologue CTA fits beside the
         GEMM's CTA (hopper/DESIGN.md)."""
-        if self.path != "decode":
+        if self.path != "decode" or not self.convert_b:
             return False
         if self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16):
             return True
@@ -979,7 +814,9 @@ class BlockwiseGemmFp4Sm90:
         scheduler, grid = StaticTileScheduler.create(
             (row_tiles, col_tiles, l * self.split_k), self.cluster_m, max_clusters
         )
-        self._launch_prologue((mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA), k, k_pad, stream)
+        if cutlass.const_expr(self.convert_b):
+            kernel_b, kernel_a = (mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA)
+            self._launch_prologue(kernel_b, kernel_a, k, k_pad, stream)
         epi_tensors = (mD, tma_atom_d, tma_tensor_d, mWork)
         mmas = (self.tiled_mma, self.epi_mma)
         self.kernel(tma_ab, epi_tensors, alpha, k, mmas, scheduler, self.smem_layouts).launch(
@@ -1003,11 +840,19 @@ class BlockwiseGemmFp4Sm90:
         ptr_ka, ptr_kb = (b_ptr, a_ptr) if self.swap_ab else (a_ptr, b_ptr)
         ptr_sfka, ptr_sfkb = (sfb_ptr, sfa_ptr) if self.swap_ab else (sfa_ptr, sfb_ptr)
         kb = cute.assume(k // 2, 16)
-        mKApacked = self._k_major(ptr_ka, rows_a, kb, l)
-        mKBpacked = self._k_major(ptr_kb, rows_b, kb, l)
-        # F16 / BF16 copies written by convert_operands in the mainloop's permuted K order
-        mKA = self._k_major(conv_a_ptr, rows_a, k_pad, l) if self.a_converted else mKApacked
-        mKB = self._k_major(conv_b_ptr, self.converted_rows_b(rows_b), k_pad, l)
+        if cutlass.const_expr(self.w4a16):
+            # the activations as they are; the prepacked weights, K padded to whole k-blocks
+            mAct = self._k_major(a_ptr, m, cute.assume(k, 32), l)
+            mW = self._k_major(b_ptr, n, k_pad // 2, l)
+            mKApacked, mKBpacked = (mW, mW) if self.swap_ab else (mAct, mW)
+            mKA = mKApacked if self.swap_ab else mAct
+            mKB = mAct if self.swap_ab else self._k_major(conv_b_ptr, n, k_pad, l)
+        else:
+            mKApacked = self._k_major(ptr_ka, rows_a, kb, l)
+            mKBpacked = self._k_major(ptr_kb, rows_b, kb, l)
+            # F16 / BF16 copies written by convert_operands in the mainloop's permuted K order
+            mKA = self._k_major(conv_a_ptr, rows_a, k_pad, l) if self.a_converted else mKApacked
+            mKB = self._k_major(conv_b_ptr, self.converted_rows_b(rows_b), k_pad, l)
         sf_atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS
         mSFKA = self._blocked_sf_tensor(ptr_sfka, rows_a, sf_atoms_k, l)
         mSFKB = self._blocked_sf_tensor(ptr_sfkb, rows_b, sf_atoms_k, l)
@@ -1093,7 +938,7 @@ class BlockwiseGemmFp4Sm90:
         per_cta = self.convert_threads * self.convert_unroll
         chunks_b = l * rows_b * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
         ctas = (chunks_b + per_cta - 1) // per_cta
-        if cutlass.const_expr(self.a_converted):
+        if cutlass.const_expr(self.convert_a):
             chunks_a = l * rows_a * (k_pad // K_BLOCK) * CHUNKS_PER_KBLOCK
             ctas += (chunks_a + per_cta - 1) // per_cta
         # runtime divisors of the chunk index: a precomputed multiply-shift, no IDIV sequence
@@ -1154,10 +999,10 @@ class BlockwiseGemmFp4Sm90:
             cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)),
         )
         k_tiles = (k + self.stage_k - 1) // self.stage_k
-        if cutlass.const_expr(self.f16):
-            # exact (``alpha_reason`` keeps it finite): undoes the 2^-7 of each F16 operand, so
-            # acc * alpha rounds once, as in the reference
-            alpha = alpha * cutlass.Float32(NVFP4_ACC_SCALE)
+        if cutlass.const_expr(self.acc_scale != 1.0):
+            # exact (``alpha_reason`` keeps it finite): undoes the 2^-7 of each F16 FP4 operand,
+            # so acc * alpha rounds once, as in the reference
+            alpha = alpha * cutlass.Float32(self.acc_scale)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -1165,6 +1010,10 @@ class BlockwiseGemmFp4Sm90:
                 self._producer(storage, ab_pipeline, k_tiles, layouts, tma_ab, scheduler)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
+            if cutlass.const_expr(not self.convert_b):
+                # NOTE: PDL launch without a prologue grid: only this wait orders the consumers'
+                # stores (D, split-K workspace; units without k-tiles too) after the grid ahead.
+                cute.arch.griddepcontrol_wait()
             self._consumer(
                 storage, ab_pipeline, k_tiles, layouts, epi_tensors, alpha, mmas, scheduler
             )
@@ -1472,7 +1321,7 @@ class BlockwiseGemmFp4Sm90:
             ]
             for j in cutlass.range_constexpr(kbs):
                 tCrA = tCrA0 if j == 0 else tCrA1
-                self._dequant_a(tCrA, a_bytes[j])
+                self._dequant_a(tCrA, a_bytes[j], j)
                 self._wgmma_kblock(tiled_mma, tCrAcc, tCrA, tCrB, kbs * read_state.index + j)
                 if cutlass.const_expr(self.k_groups > 1 and j == kbs - 1):
                     warpgroup.wait_group(0)
@@ -1517,29 +1366,56 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _load_a(self, base_a, base_sfa, stage, j, a_row0, sfa_row_off, q):
-        """Packed FP4 (8 bytes, SW64) and scale byte of rows a_row0 and a_row0 + 8, K values
-        16q..16q+15 of k-block j: [(packed, scale byte)] x 2."""
+        """Packed FP4 (8 bytes, SW64) and scales of rows a_row0 and a_row0 + 8, packed nibbles
+        16q..16q+15 of k-block j: [(packed, scales)] x 2.  W4A4: the scale byte of the 16-group;
+        W4A16: the aligned word of the row's scale columns that hold k-block j's."""
         out = []
         for r in cutlass.range_constexpr(2):
             row = a_row0 + 8 * r
             byte = row * (K_TILE // 2) + j * (K_BLOCK // 2) + q * 8
-            packed = _ld_shared_b64(base_a + stage * self.a_stage_bytes + _swizzle64(byte))
+            packed = dq.ld_shared_b64(base_a + stage * self.a_stage_bytes + _swizzle64(byte))
             # (the scale's row counted from the first row of its 128x4 atom)
-            col = scale_column(j, q, self.sf_vec_size)
-            sf_byte = blocked_sf_byte(row + sfa_row_off, col, self.sf_atoms_k)
-            out.append((packed, _ld_shared_u8(base_sfa + stage * self.sfa_stage_bytes + sf_byte)))
+            base_sf = base_sfa + stage * self.sfa_stage_bytes
+            if cutlass.const_expr(self.w4a16):
+                col0 = j * K_BLOCK // self.sf_vec_size // SF_ATOM_COLS * SF_ATOM_COLS
+                sf_at = blocked_sf_byte(row + sfa_row_off, col0, self.sf_atoms_k)
+                out.append((packed, dq.ld_shared_u32(base_sf + sf_at)))
+            else:
+                col = scale_column(j, q, self.sf_vec_size)
+                sf_at = blocked_sf_byte(row + sfa_row_off, col, self.sf_atoms_k)
+                out.append((packed, dq.ld_shared_u8(base_sf + sf_at)))
         return out
 
     @cute.jit
-    def _dequant_a(self, tCrA, a_bytes):
-        """``_load_a``'s bytes -> the A fragment of one k-block."""
+    def _dequant_a(self, tCrA, a_bytes, j):
+        """``_load_a``'s bytes -> the A fragment of k-block j."""
         # Uint32 view of the F16 / BF16 fragment: word r + 2c + 4s = row r, K half c, k16 step s.
         rA = cute.recast_tensor(tCrA, Uint32)
         for r in cutlass.range_constexpr(2):
             packed, sf = a_bytes[r]
-            pairs = _fp4x16_to_mma(packed, _scale_factor(sf, self.f16), self.f16)
+            if cutlass.const_expr(self.w4a16):
+                factors = self._w4a16_factors(sf, j)
+            else:
+                factors = [dq.scale_factor(sf, self.f16)] * 8
+            pairs = dq.fp4x16_to_mma(packed, factors, self.f16, self.bf16_prescaled)
             for i in cutlass.range_constexpr(8):
-                rA[a_fragment_word(r, i)] = pairs[i]
+                rA[dq.a_fragment_word(r, i)] = pairs[i]
+
+    def _w4a16_factors(self, sf_word, j) -> list:
+        """W4A16: the multiplier of each pair P_0..P_7 of prepacked weights, from the row's word
+        of scales: pair i's K values (``pair_k``) lie in scale column (64 j + pair_k) // V."""
+        by_byte = {}
+        factors = []
+        for i in range(8):
+            byte = (K_BLOCK * j + dq.pair_k(i, 0)) // self.sf_vec_size % SF_ATOM_COLS
+            if byte not in by_byte:
+                sf = (sf_word >> Uint32(8 * byte)) & Uint32(0xFF)
+                if self.bf16_prescaled:
+                    by_byte[byte] = dq.e4m3_to_bf16x2_prescaled(sf)
+                else:
+                    by_byte[byte] = dq.scale_factor(sf, self.f16)
+            factors.append(by_byte[byte])
+        return factors
 
     @cute.jit
     def _reduce_k_groups(self, tCrAcc, kgroup, tidx, base_red):
@@ -1552,13 +1428,13 @@ class BlockwiseGemmFp4Sm90:
         if kgroup > 0:
             mine = base_red + ((kgroup - 1) * nacc * self.group_threads + tidx) * 4
             for i in cutlass.range_constexpr(nacc):
-                _st_shared_f32(mine + i * words, tCrAcc[i])
+                dq.st_shared_f32(mine + i * words, tCrAcc[i])
         self._barrier(NamedBarrierId.K_GROUP_REDUCE, self.num_mma_threads)
         if kgroup == 0:
             for g in cutlass.range_constexpr(1, self.k_groups):
                 theirs = base_red + ((g - 1) * nacc * self.group_threads + tidx) * 4
                 for i in cutlass.range_constexpr(nacc):
-                    tCrAcc[i] = tCrAcc[i] + _ld_shared_f32(theirs + i * words)
+                    tCrAcc[i] = tCrAcc[i] + dq.ld_shared_f32(theirs + i * words)
         # NOTE: group 0 has read every parked value before any group parks its next unit's.
         self._barrier(NamedBarrierId.K_GROUP_REDUCE, self.num_mma_threads)
 
@@ -1604,18 +1480,18 @@ class BlockwiseGemmFp4Sm90:
         my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * 4))
         counter = work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
         for i in cutlass.range_constexpr(nacc):
-            _st_global_f32(my_frag + i * value_stride, tCrAcc[i])
+            dq.st_global_f32(my_frag + i * value_stride, tCrAcc[i])
         self._barrier(NamedBarrierId.SPLITK_FIXUP, self.group_threads)
         if tidx == 0:
             # NOTE: after the barrier, this acq_rel atomic's cumulative gpu-scope release publishes
             # the group's partials; the last split's atomic acquires every earlier one.
-            old = _atomic_add_global_u32(counter, Uint32(1))
+            old = dq.atomic_add_global_u32(counter, Uint32(1))
             last = old == Uint32(self.split_k - 1)
             if last:
-                _st_global_u32(counter, Uint32(0))
-            _st_shared_b32(flag_addr, Uint32(last))
+                dq.st_global_u32(counter, Uint32(0))
+            dq.st_shared_b32(flag_addr, Uint32(last))
         self._barrier(NamedBarrierId.SPLITK_FIXUP, self.group_threads)
-        is_last = _ld_shared_u32(flag_addr) != Uint32(0)
+        is_last = dq.ld_shared_u32(flag_addr) != Uint32(0)
         if is_last:
             # every split's partial (this one's too: the same bits, read back) is loaded before
             # any is added: one memory round trip per chunk of values, not one per split
@@ -1628,7 +1504,7 @@ class BlockwiseGemmFp4Sm90:
                 width = min(chunk, nacc - c0)
                 parts = [
                     [
-                        _ld_global_cg_f32(tile_frags + sp * frag_stride + (c0 + v) * value_stride)
+                        dq.ld_global_cg_f32(tile_frags + sp * frag_stride + (c0 + v) * value_stride)
                         for v in range(width)
                     ]
                     for sp in range(self.split_k)
@@ -1719,8 +1595,10 @@ class BlockwiseGemmFp4Sm90:
         ctas_b = (chunks_b + per_cta - 1) // per_cta
         if bidx < ctas_b:
             first = bidx * per_cta + tidx
-            self._convert_chunks(kernel_b, first, chunks_b, k, k_pad, blocks_per_row, rows_div_b)
-        elif cutlass.const_expr(self.a_converted):
+            # W4A16: prepacked weights, K_pad wide (no 32-wide tail)
+            k_b = k_pad if cutlass.const_expr(self.w4a16) else k
+            self._convert_chunks(kernel_b, first, chunks_b, k_b, k_pad, blocks_per_row, rows_div_b)
+        elif cutlass.const_expr(self.convert_a):
             chunks_a = cute.size(mA.shape[0]) * cute.size(mA.shape[2]) * chunks_per_row
             first = (bidx - ctas_b) * per_cta + tidx
             self._convert_chunks(kernel_a, first, chunks_a, k, k_pad, blocks_per_row, rows_div_a)
@@ -1748,21 +1626,21 @@ class BlockwiseGemmFp4Sm90:
             # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
             keep = Uint32(0) - Uint32(kb * K_BLOCK + K_BLOCK <= Uint32(k))
             src = mPacked.iterator.toint() + row_id * Int64(k // 2) + Int64(kb * (K_BLOCK // 2))
-            word_off, _, dst_off = token_chunk_layout(chunk)
+            word_off, _, dst_off = dq.token_chunk_layout(chunk)
             src = src + Int64(word_off)
             # The block's scale columns lie in one atom's 4 bytes (NVFP4: columns 4kb .. 4kb+3,
             # MXFP4: 2kb, 2kb+1): one aligned 32-bit load.
             col0 = kb * (K_BLOCK // self.sf_vec_size)
             sf_word = blocked_sf_word(batch, row, col0, row_blocks, atoms_k)
-            sf4 = _ld_global_nc_u32(mSF.iterator.toint() + Int64(sf_word))
+            sf4 = dq.ld_global_nc_u32(mSF.iterator.toint() + Int64(sf_word))
             words = []
             for q in cutlass.range_constexpr(4):
                 if cutlass.const_expr(q < 2):
-                    words.append(_ld_global_nc_u32(src + Int64(8 * q)))
+                    words.append(dq.ld_global_nc_u32(src + Int64(8 * q)))
                 else:
                     # the tail's missing groups 2, 3 re-read groups 0, 1; zeroed below
                     off = Int64(8 * (q - 2)) + Int64(16) * Int64(keep & Uint32(1))
-                    words.append(_ld_global_nc_u32(src + off))
+                    words.append(dq.ld_global_nc_u32(src + off))
             if cutlass.const_expr(self.swap_ab):
                 # decode: the tokens' copy has whole tiles of rows (mConv.shape[0] >= rows)
                 row_id = Int64(batch) * Int64(mConv.shape[0]) + Int64(row)
@@ -1770,10 +1648,14 @@ class BlockwiseGemmFp4Sm90:
             loaded.append((words, sf4, keep, col0, chunk, dst + Int64(dst_off)))
         for j in cutlass.range_constexpr(self.convert_unroll):
             words, sf4, keep, col0, chunk, dst = loaded[j]
-            _, shift, _ = token_chunk_layout(chunk)
-            out = _convert_chunk_words(words, sf4, keep, col0, shift, self.sf_vec_size, self.f16)
+            _, shift, _ = dq.token_chunk_layout(chunk)
+            # (W4A16: prepacked weights take the scale of each chunk's pair)
+            pair = chunk if self.w4a16 else None
+            out = dq.convert_chunk_words(
+                words, sf4, keep, col0, shift, self.sf_vec_size, self.f16, pair
+            )
             if first + j * self.convert_threads < chunks:
-                _st_global_v4_b32(dst, out)
+                dq.st_global_v4_b32(dst, out)
 
     # ======================================= helpers ===========================================
     @staticmethod
@@ -1841,8 +1723,9 @@ def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
     of the decode path; (8,) for kernel A on decode, which is not converted."""
     rows_a, rows_b = (n, m) if gemm.swap_ab else (m, n)
     k_pad = _round_up(k, K_BLOCK)
-    shape_a = (l, rows_a, k_pad) if gemm.a_converted else (8,)
-    return shape_a, (l, gemm.converted_rows_b(rows_b), k_pad)
+    shape_a = (l, rows_a, k_pad) if gemm.convert_a else (8,)
+    shape_b = (l, gemm.converted_rows_b(rows_b), k_pad) if gemm.convert_b else (8,)
+    return shape_a, shape_b
 
 
 def tma_store_fits(n: int, c_dtype: str) -> bool:
@@ -1862,6 +1745,7 @@ def compile_gemm(
     cluster_shape_mn: tuple[int, int] | None = None,
     tma_store: bool = True,
     k_groups: int = 1,
+    a_dtype: str = W4A4,
 ):
     """Compile for any M, N, K, L (runtime values); returns (kernel object, executor).
 
@@ -1874,7 +1758,7 @@ def compile_gemm(
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
     gemm = BlockwiseGemmFp4Sm90(
-        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups
+        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, a_dtype
     )
     # placeholder addresses: compilation only needs the element types and alignments
     ptrs = _gmem_pointers(gemm, c_dtype, [0] * 8)
@@ -1888,7 +1772,9 @@ def _gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:
     aligned, at ``addresses``."""
     from cutlass.cute.runtime import make_ptr
 
-    dtypes = [cutlass.Uint8] * 4 + [C_DTYPES[c_dtype], cutlass.Float32] + [gemm.mma_dtype] * 2
+    a_type = gemm.mma_dtype if gemm.w4a16 else cutlass.Uint8
+    dtypes = [a_type] + [cutlass.Uint8] * 3 + [C_DTYPES[c_dtype], cutlass.Float32]
+    dtypes += [gemm.mma_dtype] * 2
     return [
         make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=16)
         for dtype, address in zip(dtypes, addresses, strict=True)
@@ -1896,14 +1782,17 @@ def _gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:
 
 
 class Fp4GemmSm90Runner:
-    """Compiled kernel + workspace for one configuration; ``__call__`` launches on torch data.
+    """Compiled kernel + workspaces for one configuration; ``__call__`` launches on torch data.
     A configuration ``check_fp4_gemm_config`` refuses raises ValueError at construction, and a
     problem or operands it refuses (``operand_reasons``, ``alpha_reason``) at the call.
 
-    NOTE: one runner serves one stream at a time.  All its launches of a shape share one
-    split-K workspace (partials + self-resetting tile counters) and the converted operands, which
-    are zeroed once on the stream current at the first call; launches of the same shape on two
-    streams at once would race on them (use one runner per stream).  A launch that aborts part
+    W4A4: ``runner(a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha)`` on packed FP4 A and B.
+    W4A16 (``a_dtype`` BFloat16 / Float16): ``runner(a, b, None, sfb_blocked, ...)``, ``a`` the
+    activations [L, M, K], ``b`` the weights after ``prepack_weights``.
+
+    Every stream gets its own workspace per shape (split-K partials with self-resetting tile
+    counters, the converted operands), from torch's caching allocator, zeroed once on that
+    stream; a CUDA graph captured on a stream keeps that stream's.  A launch that aborts part
     way leaves counters behind: make a new runner after a CUDA error.  The GEMM grid releases a
     PDL-launched successor once all its loads are issued (``griddepcontrol.launch_dependents``):
     a kernel that follows it with programmatic dependent launch must ``griddepcontrol.wait``
@@ -1920,10 +1809,11 @@ class Fp4GemmSm90Runner:
         options="",
         cluster_shape_mn=None,
         k_groups=1,
+        a_dtype=W4A4,
     ):
         cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
         sf_dtype = SF_FORMATS.get(sf_vec_size, ("?",))[0]
-        config = (path, mma_tiler_mn, cluster, split_k, k_groups)
+        config = (path, mma_tiler_mn, cluster, split_k, k_groups, a_dtype)
         reasons = config_reasons(sf_vec_size, sf_dtype, c_dtype, *config)
         if reasons:
             raise ValueError("; ".join(reasons))
@@ -1931,7 +1821,7 @@ class Fp4GemmSm90Runner:
         num_sms = gpu_sm_count()
         self._args = (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, num_sms, options, cluster)
         # the TMA-store variant now; the direct-store one when an N first needs it
-        self.gemm, compiled = compile_gemm(*self._args, True, k_groups)
+        self.gemm, compiled = compile_gemm(*self._args, True, k_groups, a_dtype)
         self._compiled = {True: compiled}
         self._workspace = {}
 
@@ -1939,55 +1829,83 @@ class Fp4GemmSm90Runner:
         """The compiled kernel for output width N (see ``tma_store_fits``)."""
         tma_store = tma_store_fits(n, self.c_dtype) and self.gemm.tma_store
         if tma_store not in self._compiled:
-            self._compiled[tma_store] = compile_gemm(*self._args, tma_store, self.gemm.k_groups)[1]
+            gemm = self.gemm
+            self._compiled[tma_store] = compile_gemm(
+                *self._args, tma_store, gemm.k_groups, gemm.a_dtype
+            )[1]
         return self._compiled[tma_store]
 
-    def workspace(self, m, n, k, l):  # noqa: E741
-        """(split-K workspace, converted kernel B, converted kernel A) for a problem shape,
-        allocated once (F16 / BF16 ``converted_shapes``; 8 elements when unused)."""
+    def workspace(self, m, n, k, l, stream=None):  # noqa: E741
+        """(split-K workspace, converted kernel B, converted kernel A) of a problem shape on a
+        stream (``__call__``'s), allocated and zeroed on it at its first use (F16 / BF16
+        ``converted_shapes``; 8 elements when unused)."""
         import torch
 
-        key = (m, n, k, l)
+        stream = _torch_stream(stream)
+        key = (m, n, k, l, stream.cuda_stream)
         if key not in self._workspace:
+            if torch.cuda.is_current_stream_capturing():
+                # NOTE: memory allocated during capture belongs to the graph's private pool.
+                raise RuntimeError(
+                    "the first call of a shape on a stream allocates its workspace: make it "
+                    "before capturing a CUDA graph"
+                )
             # zeros once: the split-K counters reset themselves after every tile, and every
             # launch rewrites the converted copies (the decode tokens' padding rows stay zero)
             elems = workspace_elems(self.gemm, m, n, l)
             shape_a, shape_b = converted_shapes(self.gemm, m, n, k, l)
-            self._workspace[key] = (
-                torch.zeros(elems, dtype=torch.float32, device="cuda"),
-                torch.zeros(shape_b, dtype=torch.float16, device="cuda"),
-                torch.zeros(shape_a, dtype=torch.float16, device="cuda"),
-            )
-            # NOTE: the zeros are written on the current stream; a launch on another stream
-            # (``__call__``'s ``stream``) must not read the counters before they land.
-            torch.cuda.current_stream().synchronize()
+            with torch.cuda.stream(stream):
+                self._workspace[key] = (
+                    torch.zeros(elems, dtype=torch.float32, device="cuda"),
+                    torch.zeros(shape_b, dtype=torch.float16, device="cuda"),
+                    torch.zeros(shape_a, dtype=torch.float16, device="cuda"),
+                )
         return self._workspace[key]
 
     def __call__(self, a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha, stream=None):  # noqa: E741
+        """Launch on ``stream`` (a torch stream or a CUstream; default: the current stream)."""
         import cuda.bindings.driver as cuda_driver
-        import torch
 
-        mnkl, vec, path = (m, n, k, l), self.gemm.sf_vec_size, self.gemm.path
-        reasons = operand_reasons(a, b, sfa_blocked, sfb_blocked, d, mnkl, vec, self.c_dtype)
-        reasons += problem_reasons(mnkl, vec, path, self.gemm.mma_tiler_mn)
-        reason = alpha_reason(float(alpha), vec, path)
+        gemm, mnkl = self.gemm, (m, n, k, l)
+        vec, path, a_dtype = gemm.sf_vec_size, gemm.path, gemm.a_dtype
+        operands = (a, b, sfa_blocked, sfb_blocked, d)
+        reasons = operand_reasons(*operands, mnkl, vec, self.c_dtype, a_dtype)
+        reasons += problem_reasons(mnkl, vec, path, gemm.mma_tiler_mn, a_dtype)
+        reason = alpha_reason(float(alpha), vec, path, a_dtype)
         if reason:
             reasons.append(reason)
         if reasons:
             raise ValueError("; ".join(reasons))
-        tensors = (a, b, sfa_blocked, sfb_blocked, d, *self.workspace(m, n, k, l))
-        ptrs = _gmem_pointers(self.gemm, self.c_dtype, [t.data_ptr() for t in tensors])
-        if stream is None:
-            stream = cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream)
+        stream = _torch_stream(stream)
+        if sfa_blocked is None:
+            # W4A16: no activation scales; the kernel never reads this pointer
+            sfa_blocked = sfb_blocked
+        tensors = (a, b, sfa_blocked, sfb_blocked, d, *self.workspace(m, n, k, l, stream))
+        ptrs = _gmem_pointers(gemm, self.c_dtype, [t.data_ptr() for t in tensors])
         problem = tuple(Int32(v) for v in mnkl)
-        self.executor(n)(*ptrs, problem, cutlass.Float32(alpha), stream)
+        cu_stream = cuda_driver.CUstream(stream.cuda_stream)
+        self.executor(n)(*ptrs, problem, cutlass.Float32(alpha), cu_stream)
 
 
-def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, mnkl, sf_vec_size, c_dtype) -> list[str]:
-    """Why these torch tensors cannot be the kernel's operands (empty when they can): sizes,
-    D's dtype (``c_dtype``), 16-byte aligned bases (TMA loads and stores), contiguity, one CUDA
-    device."""
+def _torch_stream(stream):
+    """A torch stream for None (the current stream), a torch stream or a CUstream."""
+    import torch
+
+    if stream is None:
+        return torch.cuda.current_stream()
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    return torch.cuda.ExternalStream(int(stream))
+
+
+def operand_reasons(
+    a, b, sfa_blocked, sfb_blocked, d, mnkl, sf_vec_size, c_dtype, a_dtype=W4A4
+) -> list[str]:
+    """Why these torch tensors cannot be the kernel's operands (empty when they can): sizes
+    (packed FP4 and scales in bytes, whatever their dtype), the dtypes of D and of W4A16
+    activations, 16-byte aligned bases (TMA loads and stores), contiguity, one CUDA device."""
     m, n, k, l = mnkl  # noqa: E741
+    tensors = {"a": a, "b": b, "sfa_blocked": sfa_blocked, "sfb_blocked": sfb_blocked, "d": d}
     want = {
         "a": l * m * (k // 2),
         "b": l * n * (k // 2),
@@ -1995,15 +1913,26 @@ def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, mnkl, sf_vec_size, c_dtyp
         "sfb_blocked": blocked_sf_bytes(n, k, l, sf_vec_size),
         "d": l * m * n,
     }
-    tensors = {"a": a, "b": b, "sfa_blocked": sfa_blocked, "sfb_blocked": sfb_blocked, "d": d}
+    # (tensors counted in elements of a given dtype, and the argument that names it)
+    typed = {"d": (c_dtype, "this kernel writes", "c_dtype")}
     reasons = []
-    if d.dtype != _torch_dtype(c_dtype):
-        reasons.append(f"d is {d.dtype}; this kernel writes {c_dtype} (c_dtype)")
+    if a_dtype != W4A4:
+        want["a"], want["b"] = l * m * k, l * n * _round_up(k, K_BLOCK) // 2
+        typed["a"] = (a_dtype, "W4A16 here takes", "a_dtype")
+        if sfa_blocked is not None:
+            reasons.append("sfa_blocked must be None: W4A16 activations have no scales")
+        del tensors["sfa_blocked"]
     for name, t in tensors.items():
-        unit = "elements" if name == "d" else "bytes"
-        have = t.numel() * (1 if name == "d" else t.element_size())
+        if name in typed:
+            dtype_name, verb, arg = typed[name]
+            if t.dtype != _torch_dtype(dtype_name):
+                reasons.append(f"{name} is {t.dtype}; {verb} {dtype_name} ({arg})")
+            unit, have = "elements", t.numel()
+        else:
+            unit, have = "bytes", t.numel() * t.element_size()
         if have != want[name]:
-            reasons.append(f"{name} has {have} {unit}; (M, N, K, L) needs {want[name]}")
+            what = "prepack_weights' output for " if name == "b" and a_dtype != W4A4 else ""
+            reasons.append(f"{name} has {have} {unit}; {what}(M, N, K, L) needs {want[name]}")
         # NOTE: TMA needs 16-byte aligned global base addresses.
         if t.data_ptr() % 16:
             reasons.append(f"{name} must start on a 16-byte boundary (TMA); copy it first")
@@ -2012,6 +1941,49 @@ def operand_reasons(a, b, sfa_blocked, sfb_blocked, d, mnkl, sf_vec_size, c_dtyp
         elif t.device != a.device:
             reasons.append(f"{name} is on {t.device}, a is on {a.device}")
     return reasons
+
+
+def prepack_weights(b):
+    """W4A16: packed FP4 weights [..., N, K/2] (uint8 or a one-byte type) -> uint8
+    [..., N, K_pad/2], K_pad = K rounded up to 64: each 64-wide k-block permuted
+    (``fp4_dequant.prepacked_k_order``) so that the kernel dequantizes it into the wgmma A
+    fragment in plain K order, and the activations need no permutation.  Done once, at load
+    time; on the CPU or the GPU.  ``unprepack_weights`` inverts it."""
+    import torch
+
+    nibbles, k = _nibbles(b)
+    k_pad = _round_up(k, K_BLOCK)
+    nibbles = torch.nn.functional.pad(nibbles, (0, k_pad - k))
+    blocks = nibbles.reshape(*nibbles.shape[:-1], k_pad // K_BLOCK, K_BLOCK)
+    order = torch.tensor(dq.prepacked_k_order(), device=b.device)
+    return _pack(blocks[..., order].reshape(nibbles.shape))
+
+
+def unprepack_weights(prepacked, k: int):
+    """The inverse of ``prepack_weights`` for K = ``k``: [..., N, K/2] uint8 in plain order."""
+    import torch
+
+    nibbles, k_pad = _nibbles(prepacked)
+    if k_pad != _round_up(k, K_BLOCK):
+        raise ValueError(f"prepacked rows hold K_pad = {k_pad} values; K = {k} needs a multiple")
+    blocks = nibbles.reshape(*nibbles.shape[:-1], k_pad // K_BLOCK, K_BLOCK)
+    inverse = torch.argsort(torch.tensor(dq.prepacked_k_order(), device=prepacked.device))
+    return _pack(blocks[..., inverse].reshape(nibbles.shape)[..., :k])
+
+
+def _nibbles(packed):
+    """[..., K/2] bytes -> ([..., K] nibbles, low nibble first, K)."""
+    import torch
+
+    if packed.element_size() != 1 or packed.dim() < 2:
+        raise ValueError(f"packed FP4 must be [..., rows, K/2] bytes, got {packed.dtype}")
+    u8 = packed.view(torch.uint8)
+    return torch.stack((u8 & 0xF, u8 >> 4), dim=-1).flatten(-2), 2 * u8.shape[-1]
+
+
+def _pack(nibbles):
+    """[..., K] nibbles -> [..., K/2] uint8 bytes, low nibble first."""
+    return (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).contiguous()
 
 
 def _torch_dtype(c_dtype: str):
@@ -2105,6 +2077,12 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help="decode: groups of consumer warpgroups splitting K in a CTA; default: default_config",
     )
+    parser.add_argument(
+        "--a_dtype",
+        choices=tuple(A_DTYPES),
+        default=W4A4,
+        help="activations: Float4E2M1FN (W4A4, with scales) or BFloat16 / Float16 (W4A16)",
+    )
     parser.add_argument("--sf_vec_size", type=int, choices=tuple(SF_FORMATS), default=16)
     parser.add_argument(
         "--sf_dtype",
@@ -2163,6 +2141,7 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
         gpu_sm_count(),
         path=None if args.path == "auto" else args.path,
         allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
+        a_dtype=args.a_dtype,
     )
     args.path = path
     args.mma_tiler_mn = args.mma_tiler_mn or tiler
@@ -2171,9 +2150,9 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
     args.cluster_shape_mn = args.cluster_shape_mn or default_cluster(args.path)
     config = (args.path, args.mma_tiler_mn, args.cluster_shape_mn, args.split_k, args.k_groups)
     formats = (args.sf_vec_size, args.sf_dtype, args.c_dtype)
-    reasons = check_fp4_gemm_config(args.mnkl, *formats, *config)
+    reasons = check_fp4_gemm_config(args.mnkl, *formats, *config, args.a_dtype)
     if args.alpha is not None:
-        reason = alpha_reason(args.alpha, args.sf_vec_size, args.path)
+        reason = alpha_reason(args.alpha, args.sf_vec_size, args.path, args.a_dtype)
         if reason:
             reasons.append(f"--alpha: {reason}")
     if reasons:
@@ -2185,7 +2164,8 @@ def _print_config(args: argparse.Namespace) -> None:
     fmt = SF_FORMATS[args.sf_vec_size][1]
     print(f"Running Hopper {fmt} GEMM (hopper/blockwise_gemm_fp4_sm90.py):")
     print(f"  mnkl: {args.mnkl}")
-    print(f"  AB dtype: Float4E2M1FN, SF dtype: {args.sf_dtype}, SF vec size: {args.sf_vec_size}")
+    print(f"  A dtype: {args.a_dtype}, B dtype: Float4E2M1FN")
+    print(f"  SF dtype: {args.sf_dtype}, SF vec size: {args.sf_vec_size}")
     print(f"  C dtype: {args.c_dtype}, acc dtype: Float32")
     print(
         f"  path: {args.path}, MMA tiler (M, N): {args.mma_tiler_mn}, cluster shape (M, N): "
@@ -2213,8 +2193,9 @@ def run_compile_only(args: argparse.Namespace) -> int:
     options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
     config = (args.sf_vec_size, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
     tma_store = tma_store_fits(args.mnkl[1], args.c_dtype)
+    cluster = args.cluster_shape_mn
     gemm, _ = compile_gemm(
-        *config, H200_SM_COUNT, options, args.cluster_shape_mn, tma_store, args.k_groups
+        *config, H200_SM_COUNT, options, cluster, tma_store, args.k_groups, args.a_dtype
     )
     # (only what this compile wrote: an older cubin in the folder is never reported)
     cubins = _files_written(args.dump_dir, before, ".cubin")
@@ -2238,7 +2219,8 @@ def run_compile_only(args: argparse.Namespace) -> int:
         f"consumers {gemm.mma_regs}"
     )
     print(f"  epilogue: {'TMA store' if gemm.tma_store else 'direct stores'}")
-    print(f"  prologue launched with PDL: {gemm.prologue_pdl}")
+    prologue = "none" if not gemm.convert_b else f"launched with PDL: {gemm.prologue_pdl}"
+    print(f"  prologue (convert_operands): {prologue}")
     return 0
 
 
@@ -2312,40 +2294,50 @@ def run_on_gpu(args: argparse.Namespace) -> int:
             f"this kernel needs a Hopper H100/H200 (sm_90) GPU; found {gpu}.\n"
             "  Cross-compile and inspect it on any machine with --compile_only."
         )
-    import cuda.bindings.driver as cuda_driver
     import torch
 
     import reference
 
     m, n, k, l = args.mnkl  # noqa: E741
-    ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", seed=args.seed)
+    vec, w4a4 = args.sf_vec_size, args.a_dtype == W4A4
+    ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=args.seed)
     alpha = float(ops.alpha) if args.alpha is None else args.alpha
-    sfa, sfb = blocked_scales(ops.sfa), blocked_scales(ops.sfb)
+    if w4a4:
+        a, b, sfa = ops.a, ops.b, blocked_scales(ops.sfa)
+    else:
+        # W4A16: random activations of the given type, the weights prepacked
+        gen = torch.Generator(device="cuda").manual_seed(args.seed)
+        act = torch.randn((l, m, k), generator=gen, device="cuda")
+        a, b, sfa = act.to(_torch_dtype(args.a_dtype)), prepack_weights(ops.b), None
+    sfb = blocked_scales(ops.sfb)
     d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
-    config = (args.sf_vec_size, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
-    runner = Fp4GemmSm90Runner(
-        *config, cluster_shape_mn=args.cluster_shape_mn, k_groups=args.k_groups
-    )
-    runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
+    config = (vec, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
+    cluster, k_groups, a_dtype = args.cluster_shape_mn, args.k_groups, args.a_dtype
+    runner = Fp4GemmSm90Runner(*config, "", cluster, k_groups, a_dtype)
+    runner(a, b, sfa, sfb, d, m, n, k, l, alpha)
     torch.cuda.synchronize()
     passed = True
     if not args.skip_ref_check:
         roundoff = reference.FP32_UNIT_ROUNDOFF * args.tolerance
-        passed, info = reference.check_gemm(
-            d, ops.a, ops.b, ops.sfa, ops.sfb, args.sf_vec_size, alpha, unit_roundoff=roundoff
-        )
-        print(f"Reference check (reference.reference_gemm, derived tolerance): {info}")
+        if w4a4:
+            operands, check = (ops.a, ops.b, ops.sfa, ops.sfb), reference.check_gemm
+        else:
+            operands, check = (a, ops.b, ops.sfb), reference.check_gemm_w4a16
+        passed, info = check(d, *operands, vec, alpha, unit_roundoff=roundoff)
+        print(f"Reference check ({check.__name__}, derived tolerance): {info}")
 
     # The calls run on a side stream that the timing graphs capture; with --use_cold_l2 they
     # rotate through operand copies.
     stream = torch.cuda.Stream()
-    sets = operand_sets(
-        (ops.a, ops.b, sfa, sfb, d), args.use_cold_l2, args.warmup_iterations, args.iterations
-    )
+    tensors = (a, b, sfb, d) if sfa is None else (a, b, sfa, sfb, d)
+    sets = operand_sets(tensors, args.use_cold_l2, args.warmup_iterations, args.iterations)
     # (the operands and their copies were written on the current stream)
     stream.wait_stream(torch.cuda.current_stream())
-    cu_stream = cuda_driver.CUstream(stream.cuda_stream)
-    calls = [lambda s=s: runner(*s, m, n, k, l, alpha, cu_stream) for s in sets]
+    # the first call of a stream allocates its workspace, outside the timing graphs
+    runner(a, b, sfa, sfb, d, m, n, k, l, alpha, stream)
+    if sfa is None:
+        sets = [(s[0], s[1], None, *s[2:]) for s in sets]
+    calls = [lambda s=s: runner(*s, m, n, k, l, alpha, stream) for s in sets]
     mean_us = time_us(calls, stream, args.warmup_iterations, args.iterations)
     print(f"Mean time: {mean_us:.2f} us")
     print(f"Throughput: {2.0 * m * n * k * l / (mean_us * 1e-6) / 1e12:.1f} TFLOP/s")
@@ -2367,7 +2359,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # NOTE: run as a script, this file imports ``reference`` from the repository root; as a
-    # module (``python -m hopper.blockwise_gemm_fp4_sm90``) the root is already on the path.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.exit(main())

@@ -3,11 +3,13 @@
 
 CPU (every machine, CI included): cross-compilation (sm_100f, sm_100a, sm_103a) of a matrix of
 configurations with checks on the PTX (per operand: scale-factor TMEM columns, multicast masks,
-tile coordinates, alpha), the SASS, the resource usage and the host function; the scale-factor
-layouts and tile coordinates the kernel uses against reference.to_blocked; what prepare_gemm
-hands the kernel; every refusal of bad input; the CLI's exits.
+tile coordinates, alpha from global memory), the SASS, the resource usage and the host
+function; the scale-factor layouts and tile coordinates the kernel uses against
+reference.to_blocked; what prepare_gemm hands the kernel; every refusal of bad input; the CLI's
+exits.
 GPU (datacenter Blackwell: sm_100 or sm_103, bw.BLACKWELL_CAPABILITIES, as run_tests.sh says):
-the kernel's output against reference.reference_gemm.
+the kernel's output against reference.reference_gemm; a new alpha written into device memory
+changes D at the next launch and graph replay.
 """
 
 from __future__ import annotations
@@ -510,14 +512,20 @@ def test_ptx_tile_coordinates_come_from_their_own_grid_axis(arch_cfg, compiled_m
 
 @pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
 def test_ptx_epilogue_scales_every_value_by_alpha(arch_cfg, compiled_matrix):
-    """The kernel's alpha parameter multiplies every accumulator value the epilogue stores:
-    32 values per thread and 32-column subtile, two per mul.f32x2."""
+    """alpha comes from global memory: the kernel's alpha parameter holds an address and nothing
+    else, the kernel's only global load reads alpha there (once, before any TMEM load), and the
+    value loaded multiplies every accumulator value the epilogue stores: 32 values per thread
+    and 32-column subtile, two per mul.f32x2."""
     _, (_, _, tile, _) = arch_cfg
     ptx = compiled_matrix[_arch_config_id(arch_cfg)].ptx
-    param = _kernel_param("alpha")
-    loaded = re.findall(rf"ld\.param\.b32\s+(%r\d+), \[\w+_param_{param}\];", ptx)
-    assert len(loaded) == 1, "the kernel never reads its alpha parameter"
-    pairs = re.findall(rf"mov\.b64\s+(%rd\d+), \{{{loaded[0]}, {loaded[0]}\}};", ptx)
+    param = _kernel_param("mAlpha")
+    reads = re.findall(rf"ld\.param\.(\w+)\s+(%\w+), \[\w+_param_{param}(?:\+\d+)?\];", ptx)
+    assert [kind for kind, _ in reads] == ["b64"], f"alpha's parameter is not one address: {reads}"
+    loads = re.findall(r"ld\.global(?:\.\w+)*\s+(%r\d+), \[(%rd\d+)\];", ptx)
+    assert [address for _, address in loads] == [reads[0][1]], "alpha not read at its address"
+    loaded = loads[0][0]
+    assert re.search(r"ld\.global", ptx).start() < ptx.index("tcgen05.ld."), "alpha loaded late"
+    pairs = re.findall(rf"mov\.b64\s+(%rd\d+), \{{{loaded}, {loaded}\}};", ptx)
     assert len(pairs) == 1, "alpha is not paired for mul.f32x2"
     pair = pairs[0]
     muls = re.findall(rf"mul\.f32x2\s+%rd\d+, (?:%rd\d+, {pair}|{pair}, %rd\d+);", ptx)
@@ -527,12 +535,12 @@ def test_ptx_epilogue_scales_every_value_by_alpha(arch_cfg, compiled_matrix):
 @pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX[:4], ids=_arch_config_id)
 def test_host_builds_each_descriptor_from_its_own_pointer(arch_cfg, compiled_matrix):
     """The host function turns its pointer arguments (A, B, SFA, SFB, D) into TMA descriptors
-    in that order, each once, and passes alpha on to the kernel launch."""
+    in that order, each once, and passes alpha's pointer on to the kernel launch."""
     host = compiled_matrix[_arch_config_id(arch_cfg)].host_ir
     signature = host[: host.index(") -> ")]
     args = re.findall(r"(%arg\d+): ", signature)
     params = list(inspect.signature(bw.BlockwiseGemmFp4Sm100.__call__).parameters)[1:]
-    # pointers, M, N, K, L, alpha, stream (max_active_clusters is a compile-time constant)
+    # pointers, M, N, K, L, alpha's pointer, stream (max_active_clusters is a compile-time one)
     assert len(args) == 5 + 4 + 1 + 1 and params[:5] == [
         "a_ptr",
         "b_ptr",
@@ -543,7 +551,8 @@ def test_host_builds_each_descriptor_from_its_own_pointer(arch_cfg, compiled_mat
     body = host[host.index(") -> ") :]
     assert re.findall(r"llvm\.ptrtoint (%arg\d+) ", body) == args[:5]
     alpha = args[9]
-    assert re.search(rf"{alpha}: f32", signature) and re.search(rf"{alpha}(?!\d)", body)
+    assert params[6] == "alpha_ptr" and re.search(rf"{alpha}: !llvm\.ptr<1>", signature)
+    assert re.search(rf"llvm\.insertvalue {alpha}, ", body)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1041,6 +1050,38 @@ def test_gpu_launch_keeps_operands_alive():
 
 @needs_blackwell
 @gpu_timeout
+def test_gpu_alpha_is_read_from_device_memory_at_every_launch():
+    """The kernel reads alpha from the caller's tensor when it runs: a value written into the
+    tensor on the stream, with no new prepare_gemm, changes D, in an eager launch and in a
+    replayed CUDA graph."""
+    ops = reference.make_fp4_operands(300, 256, 512, 1, 16, device="cuda", seed=13)
+    operands = (ops.a, ops.b, reference.to_blocked(ops.sfa), reference.to_blocked(ops.sfb))
+    alpha = torch.full((), float(ops.alpha), device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launch, d = bw.prepare_gemm(*operands, 16, alpha=alpha)
+        launch()
+        stream.synchronize()
+        ok, info = _check_on_gpu(d, ops, operands, float(ops.alpha))
+        assert ok, str(info)
+        alpha.fill_(-3.0 * float(ops.alpha))
+        launch()
+        stream.synchronize()
+        ok, info = _check_on_gpu(d, ops, operands, -3.0 * float(ops.alpha))
+        assert ok, f"eager launch after a new alpha: {info}"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            launch()
+        alpha.fill_(0.5 * float(ops.alpha))
+        graph.replay()
+        stream.synchronize()
+    ok, info = _check_on_gpu(d, ops, operands, 0.5 * float(ops.alpha))
+    assert ok, f"graph replay after a new alpha: {info}"
+
+
+@needs_blackwell
+@gpu_timeout
 def test_gpu_cli_defaults():
     proc = _cli("--iterations", "5")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -1285,7 +1326,8 @@ def _address(ptr) -> int:
 @pytest.mark.parametrize("vec,c_dtype", [(16, "BFloat16"), (32, "Float32")])
 def test_prepare_gemm_launch_arguments_reach_the_kernel_parameters(monkeypatch, vec, c_dtype):
     """What prepare_gemm binds reaches the kernel's parameters by name: each pointer on its own
-    operand, the problem shape, alpha as fp32, the stream; nothing else."""
+    operand, the problem shape, alpha's pointer on the fp32 alpha launch holds, the stream;
+    nothing else."""
     executor = _RecordingExecutor()
     a, b, sa, sb = _operands(m=200, n=136, k=512, l=2, vec=vec)
     launch, d = _prepare_on_cpu(
@@ -1304,6 +1346,7 @@ def test_prepare_gemm_launch_arguments_reach_the_kernel_parameters(monkeypatch, 
         ("sfa_ptr", sa),
         ("sfb_ptr", sb),
         ("c_ptr", launch.d_padded),
+        ("alpha_ptr", launch.alpha),
     ):
         assert _address(args[name]) == tensor.data_ptr(), name
     sf_dtype = bw.SF_DTYPES[bw.SF_FORMATS[vec][0]]
@@ -1311,19 +1354,48 @@ def test_prepare_gemm_launch_arguments_reach_the_kernel_parameters(monkeypatch, 
     assert args["c_ptr"].dtype is bw.C_DTYPES[c_dtype]
     assert args["a_ptr"].dtype is cutlass.Float4E2M1FN is args["b_ptr"].dtype
     assert [v.value for v in args["problem_mnkl"]] == [200, 136, 512, 2]
-    assert isinstance(args["alpha"], cutlass.Float32) and args["alpha"].value == -0.375
+    assert args["alpha_ptr"].dtype is cutlass.Float32
+    assert launch.alpha.dtype == torch.float32 and launch.alpha.tolist() == [-0.375]
     assert int(args["stream"]) == 77
     # D is a view of the padded buffer the kernel writes
     assert d.data_ptr() == launch.d_padded.data_ptr() and tuple(d.shape) == (2, 200, 136)
     assert launch.d_padded.shape[-1] == bw.c_row_pitch(136, c_dtype)
 
 
+@pytest.mark.parametrize("shape", [(), (1,)], ids=["0-d", "1-d"])
+def test_prepare_gemm_reads_alpha_from_the_callers_tensor(monkeypatch, shape):
+    """A one-element fp32 tensor is used in place: its own address reaches the kernel's alpha
+    pointer, so a value written into it later is what later launches read."""
+    executor = _RecordingExecutor()
+    alpha = torch.full(shape, 0.25)
+    launch, _ = _prepare_on_cpu(monkeypatch, executor, *_operands(), 16, alpha=alpha)
+    launch()
+    assert launch.alpha is alpha
+    assert _address(executor.calls[0]["alpha_ptr"]) == alpha.data_ptr()
+
+
+@pytest.mark.parametrize(
+    "alpha,message",
+    [
+        (torch.ones((), dtype=torch.float64), "an alpha tensor must hold one float32 value"),
+        (torch.ones(2), r"an alpha tensor must hold one float32 value, got torch.float32 \(2,\)"),
+        (torch.ones((), device="meta"), "alpha is on meta, a is on cpu"),
+    ],
+    ids=["float64", "two-values", "other-device"],
+)
+def test_prepare_gemm_rejects_a_bad_alpha_tensor(alpha, message):
+    with pytest.raises(ValueError, match=message):
+        bw.prepare_gemm(*_operands(), 16, alpha=alpha)
+
+
 def test_prepare_gemm_launch_holds_every_operand_and_d(monkeypatch):
-    """The launch object keeps the operands and D alive after the caller drops them (the kernel
-    only has their addresses), and releases them with itself."""
-    tensors = list(_operands())
+    """The launch object keeps the operands, D and alpha alive after the caller drops them (the
+    kernel only has their addresses), and releases them with itself."""
+    tensors = [*_operands(), torch.full((), 2.0)]
     refs = [weakref.ref(t) for t in tensors]
-    launch, d = _prepare_on_cpu(monkeypatch, _RecordingExecutor(), *tensors, 16)
+    launch, d = _prepare_on_cpu(
+        monkeypatch, _RecordingExecutor(), *tensors[:4], 16, alpha=tensors[4]
+    )
     refs.append(weakref.ref(launch.d_padded))
     del tensors, d
     gc.collect()

@@ -418,10 +418,11 @@ def _check_on_cpu(d, a, b, alpha):
 @needs_gemm_gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_fp4_gemm_gpu_eager(fmt, out_dtype):
-    a, b = _gpu_operands(fmt)
+@pytest.mark.parametrize("n", [256, 100])  # (100: D rows the kernels pad to 16 bytes)
+def test_fp4_gemm_gpu_eager(fmt, out_dtype, n):
+    a, b = _gpu_operands(fmt, n=n)
     d = fp4_ops.fp4_gemm(a, b, out_dtype=out_dtype, alpha=0.75)
-    assert d.shape == (100, 256) and d.dtype == out_dtype and d.is_cuda
+    assert d.shape == (100, n) and d.dtype == out_dtype and d.is_cuda and d.is_contiguous()
     _check_on_cpu(d, a, b, a.global_scale * b.global_scale * 0.75)
 
 
@@ -492,8 +493,55 @@ def test_blackwell_dispatch_configuration_compiles(fmt, mnkl):
 
     vec = fp4_ops.FORMATS[fmt]
     sf_dtype = bw.SF_FORMATS[vec][0]
-    cfg = fp4_ops._sm100_config(*mnkl, vec)
+    cfg = fp4_ops._sm100_config(*mnkl, vec, torch.bfloat16)
+    assert cfg["c_dtype"] == "BFloat16"
     tiler, cluster = cfg["mma_tiler_mn"], cfg["cluster_shape_mn"]
     assert bw.check_fp4_gemm_config(mnkl, vec, sf_dtype, cfg["c_dtype"], tiler, cluster) == []
     if mnkl[0] == 1:
         bw.compile_gemm(vec, sf_dtype, cfg["c_dtype"], tiler, cluster, 148)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_blackwell_adapter_hands_the_kernel_alpha_and_out_dtype(monkeypatch, out_dtype):
+    """_gemm_sm100 through the real prepare_gemm (its CUDA-only checks, compile and stream
+    replaced; the kernel by a stand-in that writes a known D): the kernel's alpha pointer is the
+    op's alpha tensor, used in place (a replayed graph rereads it), D is written in out_dtype,
+    and the op gets D [L, M, N] contiguous, without the kernel's row padding."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import blockwise_gemm_fp4 as bw
+
+    calls = []
+
+    def kernel(**kwargs):
+        calls.append(kwargs)
+        padded = launches[-1].d_padded
+        padded.copy_(torch.arange(padded.numel()).reshape(padded.shape))
+
+    launches = []
+    prepare = bw.prepare_gemm
+
+    def recording_prepare(*args, **kwargs):
+        launch, d = prepare(*args, **kwargs)
+        launches.append(launch)
+        return launch, d
+
+    monkeypatch.setattr(bw, "prepare_gemm", recording_prepare)
+    monkeypatch.setattr(bw, "_check_cuda_operands", lambda **_: None)
+    monkeypatch.setattr(bw, "_compiled_kernel", lambda *_: kernel)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=5))
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    a, b = _pair(m=20, n=34, k=64)  # N 34: rows padded to 16 bytes (40 or 36 elements)
+    alpha = torch.tensor(0.625)
+    d = fp4_ops._gemm_sm100(
+        a.data[None], b.data[None], a.scale[None], b.scale[None], 16, alpha, out_dtype
+    )
+    (args,) = calls
+    assert int(args["alpha_ptr"].__tvm_ffi_opaque_ptr__()) == alpha.data_ptr()
+    kernel_dtypes = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+    assert args["c_ptr"].dtype.__name__ == kernel_dtypes[out_dtype]
+    padded = launches[0].d_padded
+    assert padded.shape[-1] > 34 and padded.dtype == out_dtype
+    assert d.shape == (1, 20, 34) and d.dtype == out_dtype and d.is_contiguous()
+    assert torch.equal(d, padded[..., :34])

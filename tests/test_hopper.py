@@ -26,6 +26,7 @@ import pytest
 
 import blockwise_gemm_fp4 as k100
 from hopper import blockwise_gemm_fp4_sm90 as k90
+from hopper import fp4_dequant as dq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "hopper", "blockwise_gemm_fp4_sm90.py")
@@ -471,6 +472,12 @@ def _ptx_model(result, operands, asm, constraints, **_):
         fields = [f.strip() for f in asm[len("prmt.b32 ") :].rstrip(";").split(",")]
         a, b, c = (args[int(f[1:]) - 1] if f.startswith("$") else int(f, 0) for f in fields[1:])
         return result(_prmt(a, b, c))
+    if "cvt.rn.bf16x2.f32" in asm:
+        # e4m3_to_bf16x2_prescaled: E4M3 byte -> F16 -> F32, times the fp32 immediate, -> BF16
+        assert "cvt.rn.f16x2.e4m3x2 h, t" in asm and "cvt.f32.f16 f, lo" in asm, asm
+        imm = struct.unpack(">f", bytes.fromhex(re.search(r"0f([0-9A-F]{8})", asm).group(1)))[0]
+        bits = _bf16_bits(_f16_value(_f16_bits(_e4m3_value(args[0] & 0xFF))) * imm)
+        return result((bits << 16) | bits)
     if "cvt.rn.f16x2.e4m3x2" in asm:
         assert "cvt.u16.u32 t, $1" in asm, asm
         t = args[0] & 0xFFFF  # cvt.u16.u32 keeps the low 16 bits
@@ -487,7 +494,7 @@ def _ptx_model(result, operands, asm, constraints, **_):
 def ptx_models(monkeypatch):
     import warnings
 
-    monkeypatch.setattr(k90, "_ptx", _ptx_model)
+    monkeypatch.setattr(dq, "_ptx", _ptx_model)
     with warnings.catch_warnings():
         # eager DSL integers warn when a shift drops high bits, as the 32-bit PTX ops do
         warnings.simplefilter("ignore")
@@ -526,9 +533,10 @@ def _weights_kblock(packed_row: bytes, sf_stage: bytes, row: int, j: int, vec: i
         byte = j * (k90.K_BLOCK // 2) + q * 8
         packed = int.from_bytes(packed_row[byte : byte + 8], "little")
         sf = sf_stage[k90.blocked_sf_byte(row, k90.scale_column(j, q, vec), atoms_k)]
-        pairs = k90._fp4x16_to_mma(Uint64(packed), k90._scale_factor(Uint32(sf), f16), f16)
+        factors = [dq.scale_factor(Uint32(sf), f16)] * 8
+        pairs = dq.fp4x16_to_mma(Uint64(packed), factors, f16)
         for i, pair in enumerate(pairs):
-            word = k90.a_fragment_word(0, i)
+            word = dq.a_fragment_word(0, i)
             # PTX ISA, wgmma .f16 / .bf16 A fragment in registers: register pair (a_2x, a_2x+1)
             # = word x holds row (lane / 4) + 8 (x % 2), K columns 2 (lane % 4) + 8 (x / 2 % 2)
             # + 16 (x / 4) and + 1 (m64nNk16 per k16 step)
@@ -552,10 +560,10 @@ def _tokens_kblock(packed_row: bytes, blocked: bytes, row: int, kb: int, vec, f1
     keep = 0xFFFFFFFF if keep is None else keep
     out = []
     for chunk in range(k90.CHUNKS_PER_KBLOCK):
-        word_off, shift, dst_off = k90.token_chunk_layout(chunk)
+        word_off, shift, dst_off = dq.token_chunk_layout(chunk)
         base = kb * (k90.K_BLOCK // 2) + word_off
         words = [Uint32(_word(packed_row, base + 8 * q)) for q in range(4)]
-        halves = k90._convert_chunk_words(
+        halves = dq.convert_chunk_words(
             words, Uint32(sf4), Uint32(keep), col0, Uint32(shift), vec, f16
         )
         for q, pair in enumerate(halves):
@@ -689,6 +697,125 @@ def test_conversion_helpers_nan_scales_and_tail(vec, f16, path, ptx_models):
         # chunk c's word q holds group q: groups 2, 3 (the missing K 32..63) must be +0
         if elem % 8 >= 4:
             assert bits == 0, (elem, hex(bits))
+
+
+# (sf_vec_size, F16 activations?): the W4A16 weight conversions (MXFP4 needs BF16)
+W4A16_CONVERSIONS = [(16, False), (16, True), (32, False)]
+W4A16_IDS = ["nvfp4-bf16", "nvfp4-f16", "mxfp4-bf16"]
+
+
+def _w4a16_decode_kblock(gemm, prepacked_row: bytes, sf_stage: bytes, row: int, j: int) -> dict:
+    """Decode W4A16: k-block j of one prepacked weight row as the wgmma A fragment holds it,
+    made by ``_load_a``'s addresses and ``_dequant_a``'s helpers (``_w4a16_factors``,
+    ``fp4x16_to_mma``, ``a_fragment_word``): {K column: value}, times the kernel's
+    ``acc_scale`` (F16: 2^7, NVFP4 BF16: 2^8), as the epilogue applies it."""
+    from cutlass.cutlass_dsl import Uint32, Uint64
+
+    vec, f16 = gemm.sf_vec_size, gemm.f16
+    atoms_k = k90.K_TILE // vec // k90.SF_ATOM_COLS
+    col0 = j * k90.K_BLOCK // vec // k90.SF_ATOM_COLS * k90.SF_ATOM_COLS
+    sf_word = _word(sf_stage, k90.blocked_sf_byte(row, col0, atoms_k))
+    halves = []
+    for q in range(4):
+        byte = j * (k90.K_BLOCK // 2) + q * 8
+        packed = int.from_bytes(prepacked_row[byte : byte + 8], "little")
+        factors = gemm._w4a16_factors(Uint32(sf_word), j)
+        pairs = dq.fp4x16_to_mma(Uint64(packed), factors, f16, gemm.bf16_prescaled)
+        for i, pair in enumerate(pairs):
+            # the PTX ISA's A fragment layout, as in ``_weights_kblock``
+            word = dq.a_fragment_word(0, i)
+            col = 16 * (word // 4) + 8 * (word // 2 % 2) + 2 * q
+            bits = int(pair.value)
+            halves += [(col, bits & 0xFFFF), (col + 1, bits >> 16)]
+    decode = _f16_value if f16 else _bf16_value
+    return {col: decode(bits) * gemm.acc_scale for col, bits in halves}
+
+
+def _w4a16_prefill_kblock(vec, f16, prepacked_row: bytes, blocked: bytes, row: int, kb: int):
+    """Prefill W4A16: ``convert_operands``' copy of k-block kb of one prepacked weight row
+    (``convert_chunk_words`` with the chunk's pair): {K column: value}, F16 times 2^7."""
+    from cutlass.cutlass_dsl import Uint32
+
+    atoms_k = (len(prepacked_row) * 2 // vec + 3) // 4
+    row_blocks = len(blocked) // (atoms_k * k90.SF_ATOM_BYTES)
+    col0 = kb * (k90.K_BLOCK // vec)
+    sf4 = _word(blocked, k90.blocked_sf_word(0, row, col0, row_blocks, atoms_k))
+    halves = []
+    for chunk in range(k90.CHUNKS_PER_KBLOCK):
+        word_off, shift, dst_off = dq.token_chunk_layout(chunk)
+        base = kb * (k90.K_BLOCK // 2) + word_off
+        words = [Uint32(_word(prepacked_row, base + 8 * q)) for q in range(4)]
+        out = dq.convert_chunk_words(
+            words,
+            Uint32(sf4),
+            Uint32(0xFFFFFFFF),
+            Uint32(col0),
+            Uint32(shift),
+            vec,
+            f16,
+            Uint32(chunk),
+        )
+        for q, pair in enumerate(out):
+            elem = dst_off // 2 + 2 * q
+            bits = int(pair.value)
+            halves += [(elem, bits & 0xFFFF), (elem + 1, bits >> 16)]
+    return _as_values(halves, f16)
+
+
+@pytest.mark.parametrize("vec, f16", W4A16_CONVERSIONS, ids=W4A16_IDS)
+def test_w4a16_prepacked_weights_dequantize_in_plain_k_order(vec, f16, ptx_models):
+    """W4A16: weights through ``prepack_weights`` and the kernel's own dequantization (decode:
+    the A fragment; prefill: ``convert_operands``' copy) give, at wgmma K column c of each
+    k-block, ``reference.dequantize_fp4`` of K value c: every code, every accepted scale byte,
+    a different scale in every column, so a wrong scale column or K permutation shows."""
+    import reference
+
+    accepted = _accepted_scale_bytes(vec)
+    packed, scales, blocked = _operand(len(accepted), vec, accepted, seed=vec + f16)
+    ref = reference.dequantize_fp4(packed, scales, vec)
+    prepacked = k90.prepack_weights(packed)
+    a_dtype = "Float16" if f16 else "BFloat16"
+    gemm = k90.BlockwiseGemmFp4Sm90(vec, "decode", (16, 128), a_dtype=a_dtype)
+    assert gemm.f16 == f16
+    atoms_k = k90.K_TILE // vec // k90.SF_ATOM_COLS
+    for row in range(len(accepted)):
+        row_bytes = bytes(prepacked[row].numpy())
+        rb = row // k90.SF_ATOM_ROWS
+        stage = blocked[rb * atoms_k * k90.SF_ATOM_BYTES : (rb + 1) * atoms_k * k90.SF_ATOM_BYTES]
+        for kb in range(k90.K_TILE // k90.K_BLOCK):
+            want = [float(x) for x in ref[row, kb * k90.K_BLOCK : (kb + 1) * k90.K_BLOCK]]
+            got = _w4a16_decode_kblock(gemm, row_bytes, stage, row % k90.SF_ATOM_ROWS, kb)
+            assert [got[c] for c in range(k90.K_BLOCK)] == want, ("decode", row, kb)
+            got = _w4a16_prefill_kblock(vec, f16, row_bytes, blocked, row, kb)
+            assert [got[c] for c in range(k90.K_BLOCK)] == want, ("prefill", row, kb)
+
+
+@pytest.mark.parametrize("k", [32, 64, 96, 160, 256])
+def test_prepack_weights_is_a_permutation_within_k_blocks(k):
+    """``prepack_weights`` keeps every nibble of a 64-wide k-block inside it (zeros pad K to
+    64), ``unprepack_weights`` restores the bytes, on [L, N, K/2] and [N, K/2] uint8 and
+    float4_e2m1fn_x2 data."""
+    import torch
+
+    gen = torch.Generator().manual_seed(k)
+    b = torch.randint(0, 256, (2, 5, k // 2), dtype=torch.uint8, generator=gen)
+    prepacked = k90.prepack_weights(b)
+    k_pad = -(-k // 64) * 64
+    assert prepacked.shape == (2, 5, k_pad // 2) and prepacked.dtype == torch.uint8
+    assert torch.equal(k90.unprepack_weights(prepacked, k), b)
+    assert torch.equal(k90.prepack_weights(b[0]), prepacked[0])
+    if hasattr(torch, "float4_e2m1fn_x2"):
+        assert torch.equal(k90.prepack_weights(b.view(torch.float4_e2m1fn_x2)), prepacked)
+    nib = torch.stack((b & 15, b >> 4), -1).flatten(-2)
+    nib = torch.nn.functional.pad(nib, (0, k_pad - k))
+    pre = torch.stack((prepacked & 15, prepacked >> 4), -1).flatten(-2)
+    for kb in range(k_pad // 64):
+        block = slice(64 * kb, 64 * kb + 64)
+        assert torch.equal(pre[..., block].sort(-1).values, nib[..., block].sort(-1).values)
+    assert sorted(dq.prepacked_k_order()) == list(range(64))
+    assert dq.prepacked_k_order() != list(range(64))
+    with pytest.raises(ValueError, match="K_pad"):
+        k90.unprepack_weights(prepacked, k + 64)
 
 
 def test_blocked_scale_offsets_match_to_blocked():
@@ -1318,3 +1445,247 @@ def test_bench_table_flags_a_failed_check():
     first, second = (line for line in lines if line.lstrip().startswith(("1 ", "2 ")))
     assert "2.50x" in first and "CHECK FAILED" not in first
     assert "CHECK FAILED" in second
+
+
+# ------------------------------------------------------------------------------ W4A16
+W4A16_COMPILE = [
+    # (sf_vec_size, a_dtype, c_dtype, path, mma_tiler_mn, split_k, tma_store, k_groups)
+    (16, "BFloat16", "BFloat16", "decode", (16, 128), 1, True, 1),
+    (16, "Float16", "Float32", "decode", (64, 128), 4, True, 1),
+    (32, "BFloat16", "Float16", "decode", (8, 64), 2, False, 4),
+    (16, "BFloat16", "BFloat16", "prefill", (128, 256), 1, True, 1),
+    (16, "Float16", "Float16", "prefill", (128, 256), 1, True, 1),
+    (32, "BFloat16", "Float32", "prefill", (64, 128), 1, False, 1),
+]
+
+
+@pytest.mark.filterwarnings("error::DeprecationWarning")
+@pytest.mark.parametrize("cfg", W4A16_COMPILE, ids=lambda c: "-".join(str(x) for x in c))
+def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
+    """W4A16 compiles for sm_90a: the activations' type in wgmma with FP32 accumulation, TMA
+    loads, no local memory; decode is the GEMM kernel alone (no convert_operands), whose
+    producer requests the first weights before its PDL wait and whose consumers wait too
+    before any store; prefill converts the weights only; alpha * 2^7 exactly where F16
+    weights carry 2^-7."""
+    vec, a_dtype, c_dtype, path, tiler, split, tma_store, k_groups = cfg
+    dump = str(tmp_path)
+    opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
+    gemm, _ = k90.compile_gemm(
+        vec,
+        c_dtype,
+        path,
+        tiler,
+        split,
+        k90.H200_SM_COUNT,
+        opts,
+        None,
+        tma_store,
+        k_groups,
+        a_dtype,
+    )
+    ptx = open(os.path.join(dump, next(f for f in os.listdir(dump) if f.endswith(".ptx")))).read()
+    gemm_ptx = _entry_ptx(ptx, "kernel_cutlass_kernel")
+    ab = "f16" if a_dtype == "Float16" else "bf16"
+    tile_cols = k90.kernel_tile(path, tiler)[1]
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_cols}k16\.f32\.{ab}\.{ab}", ptx)
+    assert "cp.async.bulk.tensor" in gemm_ptx
+    assert ("convert_operands" in ptx) == (path == "prefill")
+    waits = gemm_ptx.count("griddepcontrol.wait")
+    if path == "decode":
+        assert waits == 2, waits
+        early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
+        assert len(re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)) == 2
+        assert not re.search(r"\b(st|atom|red)\.[\w:.]*global", early)
+    else:
+        assert waits == 1, waits
+    prescaled = vec == 16 and a_dtype == "BFloat16" and path == "decode"
+    scales = {2.0**7: a_dtype == "Float16", 2.0**8: prescaled, 2.0**14: False}
+    for value, present in scales.items():
+        assert (("0f" + struct.pack(">f", value).hex().upper()) in gemm_ptx) == present, value
+    tool = k90.find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    cubin = os.path.join(dump, next(f for f in os.listdir(dump) if f.endswith(".cubin")))
+    usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
+    kernels = re.findall(r"Function (\w+):\s*REG:\d+ STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage)
+    assert len(kernels) == (1 if path == "decode" else 2), usage
+    assert all(stack == "0" and local == "0" for _, stack, local in kernels), usage
+    sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+    assert not re.search(r"\b(LDL|STL)\b", sass) and "UTMALDG" in sass
+    assert ("UTMASTG" in sass) == gemm.tma_store
+
+
+def test_w4a16_config_checks():
+    """W4A16's own rules: the activation types, MXFP4 needs BF16 activations, the extents of
+    activations and prepacked weights, alpha's bound with F16 weights (2^-7 each)."""
+    check = k90.check_fp4_gemm_config
+    base = dict(c_dtype="BFloat16", path="decode", mma_tiler_mn=(16, 128), cluster_shape_mn=(1, 1))
+    assert check((16, 4096, 4096, 1), 16, "Float8E4M3FN", **base, a_dtype="BFloat16") == []
+    assert check((16, 4096, 4096, 1), 16, "Float8E4M3FN", **base, a_dtype="Float16") == []
+    reasons = check((16, 4096, 4096, 1), 32, "Float8E8M0FNU", **base, a_dtype="Float16")
+    assert any("MXFP4" in r and "BFloat16 activations" in r for r in reasons), reasons
+    reasons = check((16, 4096, 4096, 1), 16, "Float8E4M3FN", **base, a_dtype="Float32")
+    assert any("a_dtype=Float32 is not supported" in r for r in reasons), reasons
+    # activations are counted in elements: M*K*L >= 2^31 is refused for W4A16 only
+    big = (2**16, 64, 2**15, 1)
+    assert any("M*K*L" in r for r in check(big, 16, "Float8E4M3FN", **base, a_dtype="BFloat16"))
+    assert not any("M*K" in r for r in check(big, 16, "Float8E4M3FN", **base))
+    assert k90.alpha_reason(2.0**120, 16, "decode", "Float16") is None
+    assert "2^121" in k90.alpha_reason(2.0**121, 16, "decode", "Float16")
+    assert k90.acc_scale(16, "prefill", "Float16") == 2.0**7
+    assert k90.acc_scale(16, "decode", "BFloat16") == 2.0**8
+    assert k90.acc_scale(16, "prefill", "BFloat16") == k90.acc_scale(32, "decode", "BFloat16") == 1
+    assert "2^120" in k90.alpha_reason(2.0**121, 16, "decode", "BFloat16")
+    # the same path rule as W4A4; a W4A16 decode has no token copy to bound
+    assert k90.default_config(16, 8192, 8192, 1, a_dtype="BFloat16")[0] == "decode"
+    assert k90.default_config(4096, 8192, 8192, 1, a_dtype="BFloat16")[0] == "prefill"
+
+
+def test_w4a16_operand_reasons():
+    import torch
+
+    m, n, k, l = 16, 64, 96, 1  # noqa: E741
+    sf = l * 128 * 8
+    good = dict(
+        a=torch.zeros(m * k, dtype=torch.bfloat16),
+        b=torch.zeros(n * 128 // 2, dtype=torch.uint8),
+        sfa_blocked=None,
+        sfb_blocked=torch.zeros(sf, dtype=torch.uint8),
+        d=torch.zeros(m * n, dtype=torch.bfloat16),
+    )
+    kw = dict(mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16", a_dtype="BFloat16")
+    reasons = k90.operand_reasons(**good, **kw)
+    assert reasons and all("contiguous CUDA tensor" in r for r in reasons), reasons
+    unpacked = dict(good, b=torch.zeros(n * k // 2, dtype=torch.uint8))
+    assert any("prepack_weights" in r for r in k90.operand_reasons(**unpacked, **kw))
+    f16 = dict(good, a=torch.zeros(m * k, dtype=torch.float16))
+    reasons = k90.operand_reasons(**f16, **kw)
+    assert any("a is torch.float16; W4A16 here takes BFloat16" in r for r in reasons), reasons
+    scaled = dict(good, sfa_blocked=torch.zeros(sf, dtype=torch.uint8))
+    assert any("sfa_blocked must be None" in r for r in k90.operand_reasons(**scaled, **kw))
+
+
+def test_w4a16_cli_compile_only_and_refusal(tmp_path):
+    r = _cli(
+        "--mnkl",
+        "16,4096,4096,1",
+        "--a_dtype",
+        "BFloat16",
+        "--compile_only",
+        "--dump_dir",
+        str(tmp_path),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "A dtype: BFloat16, B dtype: Float4E2M1FN" in r.stdout
+    assert "prologue (convert_operands): none" in r.stdout
+    r = _cli("--a_dtype", "Float16", "--sf_vec_size", "32", "--compile_only")
+    assert r.returncode == 2 and "BFloat16 activations" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+W4A16_GPU_CASES = [
+    # (m, n, k, l, sf_vec_size, a_dtype, c_dtype, path, mma_tiler_mn, split_k, alpha, k_groups)
+    (1, 1000, 2080, 1, 16, "BFloat16", "BFloat16", "decode", (8, 128), 1, 2.0, 1),
+    (5, 1000, 4000, 2, 32, "BFloat16", "Float32", "decode", (8, 64), 3, 1.0, 1),
+    (16, 777, 1056, 2, 16, "Float16", "Float32", "decode", (16, 64), 3, 0.25, 1),
+    (30, 520, 1056, 2, 32, "BFloat16", "Float16", "decode", (32, 128), 2, -1.5, 1),
+    (100, 300, 800, 1, 16, "Float16", "Float16", "decode", (128, 128), 1, 1.0, 1),
+    (8, 1001, 1024, 1, 16, "BFloat16", "BFloat16", "decode", (8, 128), 1, 1.0, 1),
+    (20, 520, 64, 1, 16, "BFloat16", "BFloat16", "decode", (32, 64), 2, 1.0, 4),
+    (1, 1000, 2080, 1, 16, "Float16", "BFloat16", "decode", (8, 64), 1, 2.0, 4),
+    (300, 520, 2080, 2, 16, "BFloat16", "BFloat16", "decode", (128, 128), 1, 0.7, 1),
+    (16, 4096, 4096, 1, 32, "BFloat16", "BFloat16", "decode", (16, 128), 2, 1.0, 1),
+    (300, 520, 224, 2, 16, "BFloat16", "BFloat16", "prefill", (128, 256), 1, 0.7, 1),
+    (257, 129, 1056, 1, 32, "BFloat16", "Float16", "prefill", (128, 256), 1, 1.0, 1),
+    (200, 300, 544, 3, 16, "Float16", "Float32", "prefill", (64, 128), 1, -1.5, 1),
+    (1024, 1024, 2048, 1, 16, "Float16", "BFloat16", "prefill", (128, 256), 1, 1.0, 1),
+]
+
+
+def _w4a16_operands(m, n, k, l, vec, a_dtype, seed):  # noqa: E741
+    """Random activations of ``a_dtype`` (normal, a wide exponent range), FP4 weights."""
+    import torch
+
+    import reference
+
+    ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist="wide")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    act = torch.randn((l, m, k), generator=gen, device="cuda")
+    act = act * torch.exp2(torch.randint(-8, 8, (l, m, k), generator=gen, device="cuda"))
+    return act.to(k90._torch_dtype(a_dtype)), ops
+
+
+@gpu
+@pytest.mark.parametrize("case", W4A16_GPU_CASES, ids=lambda c: "-".join(str(x) for x in c))
+def test_gpu_w4a16_matches_reference(case):
+    """W4A16 against the fp64-accumulated product of the activations and the dequantized
+    weights (``reference.check_gemm_w4a16``'s derived bound), twice back to back on different
+    operands (PDL: the second GEMM must not read or write before the first is done)."""
+    import torch
+
+    import reference
+
+    m, n, k, l, vec, a_dtype, c_dtype, path, tiler, split, alpha_factor, k_groups = case  # noqa: E741
+    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, "", None, k_groups, a_dtype)
+    runs = []
+    for seed in (m + n + k, m + n + k + 1):
+        a, ops = _w4a16_operands(m, n, k, l, vec, a_dtype, seed)
+        alpha = float(ops.alpha) * alpha_factor
+        d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
+        runs.append((a, ops, k90.prepack_weights(ops.b), alpha, d, guarded))
+    runner.executor(n)
+    runner.workspace(m, n, k, l)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000)
+    for a, ops, b, alpha, d, _ in runs:
+        runner(a, b, None, k90.blocked_scales(ops.sfb), d, m, n, k, l, alpha)
+    torch.cuda.synchronize()
+    for a, ops, _, alpha, d, guarded in runs:
+        ok, info = reference.check_gemm_w4a16(d, a, ops.b, ops.sfb, vec, alpha)
+        assert ok, str(info)
+        _assert_guards_untouched(guarded, d)
+
+
+@gpu
+def test_gpu_w4a16_stores_after_the_grid_ahead():
+    """A W4A16 decode launch with units without k-tiles (one k-tile, split 2) whose D is the
+    memory of the D of the GEMM ahead of it, which releases its PDL dependents before it
+    stores: the second launch's stores (zero-k-tile units included) must land after."""
+    import torch
+
+    import reference
+
+    (m1, n1, k1), (m2, n2, k2) = (1, 10400, 2048), (20, 520, 64)
+    writer = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4, a_dtype="BFloat16")
+    reader = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (32, 64), 2, "", None, 4, "BFloat16")
+    a1, ops1 = _w4a16_operands(m1, n1, k1, 1, 16, "BFloat16", 3)
+    a2, ops2 = _w4a16_operands(m2, n2, k2, 1, 16, "BFloat16", 4)
+    b1, b2 = k90.prepack_weights(ops1.b), k90.prepack_weights(ops2.b)
+    sfb1, sfb2 = k90.blocked_scales(ops1.sfb), k90.blocked_scales(ops2.sfb)
+    outs = [torch.full((1, m1, n1), float("nan"), dtype=torch.bfloat16, device="cuda")]
+    outs += [torch.full_like(outs[0], float("nan")) for _ in range(4)]
+    for runner, m, n, k in ((writer, m1, n1, k1), (reader, m2, n2, k2)):
+        runner.executor(n)
+        runner.workspace(m, n, k, 1)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)
+    for d1 in outs:
+        writer(a1, b1, None, sfb1, d1, m1, n1, k1, 1, 1.0)
+        reader(a2, b2, None, sfb2, d1.view(1, m2, n2), m2, n2, k2, 1, float(ops2.alpha))
+    torch.cuda.synchronize()
+    for d1 in outs:
+        ok, info = reference.check_gemm_w4a16(
+            d1.view(1, m2, n2), a2, ops2.b, ops2.sfb, 16, ops2.alpha
+        )
+        assert ok, str(info)
+
+
+@gpu
+@pytest.mark.parametrize("a_dtype, vec", [("BFloat16", 32), ("Float16", 16)])
+def test_gpu_w4a16_cli(a_dtype, vec):
+    r = _cli(
+        *("--mnkl", "200,384,1056,2", "--a_dtype", a_dtype, "--sf_vec_size", str(vec)),
+        *("--iterations", "2", "--warmup_iterations", "1"),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "check_gemm_w4a16" in r.stdout and "PASS" in r.stdout

@@ -1240,3 +1240,25 @@ def test_torch_scaled_mm_agrees(fmt: str) -> None:
 def test_blocked_numel_is_the_length_to_blocked_writes(rows, cols):
     scales = torch.ones(rows, cols, dtype=torch.uint8)
     assert R.blocked_numel(rows, cols) == R.to_blocked(scales).numel()
+
+
+@pytest.mark.parametrize("a_dtype", [torch.bfloat16, torch.float16])
+def test_reference_gemm_w4a16_hand_computed(a_dtype: torch.dtype) -> None:
+    """W4A16: activations as they are times the dequantized weights, in float64 by hand."""
+    k = 32
+    a = torch.tensor([[0.1 * (i - 16) for i in range(k)]], dtype=a_dtype)
+    codes = torch.tensor([[(3 * i) % 16 for i in range(k)]], dtype=torch.uint8)
+    b = R.pack_fp4(codes)
+    sfb = torch.tensor([[2.0, 0.375]], dtype=torch.float8_e4m3fn)
+    w = R.e2m1_to_fp32(codes).double() * torch.tensor([2.0] * 16 + [0.375] * 16).double()
+    want = (a.double() * w).sum() * -0.75
+    got = R.reference_gemm_w4a16(a, b, sfb, 16, -0.75, torch.float64, accum_dtype=torch.float64)
+    assert got.shape == (1, 1) and float(got) == float(want)
+    ok, _ = R.check_gemm_w4a16(got.float(), a, b, sfb, 16, -0.75)
+    assert ok
+    ok, info = R.check_gemm_w4a16((got * 1.001).float(), a, b, sfb, 16, -0.75)
+    assert not ok and info.num_bad == 1
+    with pytest.raises(ValueError, match="bfloat16 or float16 activations"):
+        R.reference_gemm_w4a16(a.float(), b, sfb, 16)
+    with pytest.raises(ValueError, match="same rank, batch and K"):
+        R.reference_gemm_w4a16(a[:, :16], b, sfb, 16)

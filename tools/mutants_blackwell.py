@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Single-line mutants of blockwise_gemm_fp4.py for the mutation harness (tools/mutate.py).
+"""Single-line mutants of blockwise_gemm_fp4.py, and of fp4_ops.py's Blackwell adapter, for the
+mutation harness (tools/mutate.py).
 
 Each mutant is a realistic one-line bug: ``old`` (exact text, unique in ``file``) becomes
 ``new``; ``tests`` are the pytest arguments that must catch it on a machine without a GPU.
@@ -7,6 +8,7 @@ Keep the list current as the kernel changes: a mutant whose ``old`` text is gone
 """
 
 _T = "tests/test_blackwell.py"
+_OPS = "tests/test_fp4_ops.py"
 
 MUTANTS = [
     # --- scale-factor layout and per-tile coordinates ------------------------------------
@@ -199,12 +201,20 @@ MUTANTS = [
     ),
     # --- launch arguments ----------------------------------------------------------------
     dict(
-        id="launch-alpha-one",
+        id="launch-alpha-pointer-on-a-copy",
         klass="launch arguments",
         file="blockwise_gemm_fp4.py",
-        old="alpha=cutlass.Float32(alpha),",
-        new="alpha=cutlass.Float32(1.0),",
-        tests=[_T, "-k", "launch_arguments"],
+        old="alpha_ptr=make_ptr(cutlass.Float32, alpha.data_ptr(), gmem, assumed_align=4),",
+        new="alpha_ptr=make_ptr(cutlass.Float32, alpha.clone().data_ptr(), gmem, assumed_align=4),",
+        tests=[_T, "-k", "launch_arguments or alpha_from_the_callers"],
+    ),
+    dict(
+        id="launch-alpha-not-kept",
+        klass="launch arguments",
+        file="blockwise_gemm_fp4.py",
+        old="        self.alpha = alpha\n",
+        new="",
+        tests=[_T, "-k", "holds_every_operand"],
     ),
     dict(
         id="launch-sfa-on-sfb-pointer",
@@ -255,6 +265,55 @@ MUTANTS = [
         tests=[_T, "-k", "global_tensors or host_builds"],
     ),
     # --- alpha ---------------------------------------------------------------------------
+    dict(
+        id="epilogue-alpha-not-loaded",
+        klass="alpha",
+        file="blockwise_gemm_fp4.py",
+        old="alpha = mAlpha[0]",
+        new="alpha = cutlass.Float32(1.0)",
+        tests=[_T, "-k", "by_alpha"],
+    ),
+    dict(
+        id="alpha-tensor-copied",
+        klass="alpha",
+        file="blockwise_gemm_fp4.py",
+        old='raise ValueError(f"alpha is on {alpha.device}, a is on {device}")\n    return alpha\n',
+        new='raise ValueError(f"alpha is on {alpha.device}, a is on {device}")\n'
+        "    return alpha.clone()\n",
+        tests=[_T, "-k", "alpha_from_the_callers"],
+    ),
+    dict(
+        id="alpha-tensor-dtype-unchecked",
+        klass="alpha",
+        file="blockwise_gemm_fp4.py",
+        old="if alpha.dtype != torch.float32 or alpha.numel() != 1:",
+        new="if alpha.numel() != 1:",
+        tests=[_T, "-k", "bad_alpha_tensor"],
+    ),
+    dict(
+        id="ops-blackwell-alpha-one",
+        klass="alpha",
+        file="fp4_ops.py",
+        old="sf_vec_size, alpha=alpha, **config",
+        new="sf_vec_size, alpha=1.0, **config",
+        tests=[_OPS, "-k", "blackwell_adapter"],
+    ),
+    dict(
+        id="ops-blackwell-fp32-d",
+        klass="alpha",
+        file="fp4_ops.py",
+        old="config = _sm100_config(m, n, 2 * half_k, l, sf_vec_size, out_dtype)",
+        new="config = _sm100_config(m, n, 2 * half_k, l, sf_vec_size, torch.float32)",
+        tests=[_OPS, "-k", "blackwell_adapter"],
+    ),
+    dict(
+        id="ops-blackwell-padded-d",
+        klass="alpha",
+        file="fp4_ops.py",
+        old="return d.contiguous()",
+        new="return d",
+        tests=[_OPS, "-k", "blackwell_adapter"],
+    ),
     dict(
         id="epilogue-ignores-alpha",
         klass="alpha",

@@ -1,19 +1,20 @@
-"""Single-line mutants of hopper/blockwise_gemm_fp4_sm90.py: small, realistic bugs, each of which
-tests/test_hopper.py must catch, on the CPU or (``GPU`` in ``tests``: the ``-m gpu`` tests) on an
-H100 / H200 only. Keep every ``old`` text current as the kernel changes (it must occur exactly
-once in the file)."""
+"""Single-line mutants of hopper/blockwise_gemm_fp4_sm90.py and hopper/fp4_dequant.py: small,
+realistic bugs, each of which tests/test_hopper.py must catch, on the CPU or (``GPU`` in
+``tests``: the ``-m gpu`` tests) on an H100 / H200 only. Keep every ``old`` text current as the
+kernel changes (it must occur exactly once in its file)."""
 
 FILE = "hopper/blockwise_gemm_fp4_sm90.py"
+DEQUANT = "hopper/fp4_dequant.py"
 TEST = "tests/test_hopper.py"
 # the CPU tests that run the kernel's conversion helpers and index math
 CONVERSIONS = "permutation or conversion_helpers or blocked_scale"
 
 
-def mutant(mutant_id: str, klass: str, old: str, new: str, select: str) -> dict:
+def mutant(mutant_id: str, klass: str, old: str, new: str, select: str, file=FILE) -> dict:
     return {
         "id": mutant_id,
         "klass": klass,
-        "file": FILE,
+        "file": file,
         "old": old,
         "new": new,
         "tests": [TEST, "-k", select],
@@ -39,6 +40,7 @@ MUTANTS = [
         "F16X2_2POW7 = 0x58005800",
         "F16X2_2POW7 = 0x54005400",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-bf16-2pow127",
@@ -46,6 +48,7 @@ MUTANTS = [
         "BF16X2_2POW126 = 0x7E807E80",
         "BF16X2_2POW126 = 0x7F007F00",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-e4m3-bf16-2pow121",
@@ -53,6 +56,7 @@ MUTANTS = [
         "BF16X2_2POW120 = 0x7B807B80",
         "BF16X2_2POW120 = 0x7C007C00",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-acc-scale-2pow13",
@@ -67,6 +71,7 @@ MUTANTS = [
         "even = ((word << 4) & Uint32(0x80808080)) | ((word << 1) & Uint32(0x0E0E0E0E))",
         "even = ((word << 4) & Uint32(0x80808080)) | ((word << 2) & Uint32(0x0E0E0E0E))",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-f16-odd-magnitude-shift",
@@ -74,6 +79,7 @@ MUTANTS = [
         "odd = (word & Uint32(0x80808080)) | ((word >> 3) & Uint32(0x0E0E0E0E))",
         "odd = (word & Uint32(0x80808080)) | ((word >> 4) & Uint32(0x0E0E0E0E))",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-e4m3-cvt-one-half",
@@ -81,6 +87,7 @@ MUTANTS = [
         "doubled = sf_byte * Uint32(0x0101)",
         "doubled = sf_byte * Uint32(0x0100)",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-e8m0-no-subnormal",
@@ -88,6 +95,7 @@ MUTANTS = [
         "bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)",
         "bits = sf_byte << 7",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-e4m3-bf16-nan-lost",
@@ -95,6 +103,7 @@ MUTANTS = [
         "bits = bits | ((Uint32(0) - Uint32(is_nan)) & Uint32(0x7FC07FC0))",
         "bits = bits | ((Uint32(0) - Uint32(is_nan)) & Uint32(0x00000000))",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-mx-magnitude-bits",
@@ -102,6 +111,7 @@ MUTANTS = [
         "raw = ((word & Uint32(0x000F000F)) * Uint32(0x1040)) & Uint32(0x81C081C0)",
         "raw = ((word & Uint32(0x000F000F)) * Uint32(0x1020)) & Uint32(0x81C081C0)",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-token-f16-magnitude-shift",
@@ -109,6 +119,7 @@ MUTANTS = [
         "bits = ((x & Uint32(0x00080008)) << 12) | ((x & Uint32(0x00070007)) << 9)",
         "bits = ((x & Uint32(0x00080008)) << 12) | ((x & Uint32(0x00070007)) << 10)",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-alpha-scale-on-bf16-too",
@@ -124,6 +135,7 @@ MUTANTS = [
         "return 4 * (chunk // 4), 4 * (chunk % 4), 16 * chunk",
         "return 4 * (chunk % 2), 4 * (chunk % 4), 16 * chunk",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-token-kperm-adjacent-pairs",
@@ -131,6 +143,7 @@ MUTANTS = [
         "return 4 * (chunk // 4), 4 * (chunk % 4), 16 * chunk",
         "return 4 * (chunk // 4), 8 * (chunk % 4), 16 * chunk",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-weight-fragment-word",
@@ -138,13 +151,15 @@ MUTANTS = [
         "return r + 2 * (i % 2) + 4 * (i // 2)",
         "return r + 4 * (i % 2) + 2 * (i // 2)",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-prmt-selector-halves",
         "permutation",
-        "_prmt_zero(even, 0x3414),",
-        "_prmt_zero(even, 0x1434),",
+        "prmt_zero(even, 0x3414),",
+        "prmt_zero(even, 0x1434),",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     mutant(
         "h-mx-upper-pairs-shift",
@@ -152,6 +167,7 @@ MUTANTS = [
         "shifted = word >> 8",
         "shifted = word >> 16",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     # ------------------------------------------------------------------ scale-factor offsets
     mutant(
@@ -181,6 +197,7 @@ MUTANTS = [
         "sf = (sf4 >> Uint32(8 * (col0 % 4 + q // 2))) & Uint32(0xFF)",
         "sf = (sf4 >> Uint32(8 * (q // 2))) & Uint32(0xFF)",
         CONVERSIONS,
+        file=DEQUANT,
     ),
     gpu_mutant(
         "h-sfa-row-block",
@@ -221,8 +238,8 @@ MUTANTS = [
     gpu_mutant(
         "h-splitk-counter-not-reset",
         "split-K",
-        "_st_global_u32(counter, Uint32(0))",
-        "_st_global_u32(counter, Uint32(1))",
+        "dq.st_global_u32(counter, Uint32(0))",
+        "dq.st_global_u32(counter, Uint32(1))",
         DETERMINISM + "nvfp4-f16",
     ),
     mutant(
