@@ -5,6 +5,7 @@ NVFP4) against the BF16 layer on the same inputs and weights.
 
     python bench_linear.py            # M x (N, K) below -> results/<gpu>_linear.{txt,json,png}
     python bench_linear.py --quick    # 2 shapes x 2 M, printed only (smoke test)
+    python bench_linear.py --warm_l2  # one copy of each layer (warm L2)
     python bench_linear.py --m 16,4096 --nk 8192x8192 --out /tmp/linear
 
 Layers, same x (randn, BF16) and same weights (``nn.Linear``'s initialisation, BF16):
@@ -27,7 +28,8 @@ fp4_gemm applies it (to the fp32 accumulator, one rounding); ``x!=%``, ``w!=%`` 
 FP4 codes of x, W that differ: expected where x / (scale * global scale) lies within float32
 rounding of an E2M1 tie (one division here, a reciprocal product in torchao).
 Only measured numbers are printed; what was not measured says so. On a machine without a GPU
-the accuracy columns run on CPU tensors (``fp4_ops``' reference path) and no time is measured.
+the accuracy columns run on CPU tensors (``fp4_ops``' reference path), no time is measured and
+nothing is written unless ``--out`` is given.
 """
 
 from __future__ import annotations
@@ -555,7 +557,7 @@ def main(argv=None) -> int:
         rows.append(row)
         print(format_row(row), flush=True)
     default = os.path.join(HERE, "results", f"{gpu_label(env)}_linear")
-    out = args.out or (None if args.quick else default)
+    out = args.out or (None if args.quick or device.type != "cuda" else default)
     timed = any(r["us_bf16"] is not None for r in rows)
     if out and not timed:
         notes.append("no PNG: no time was measured")
