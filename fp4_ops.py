@@ -22,10 +22,11 @@
 ``fp4_gemm(a, b, out_dtype, alpha=None)``
     ``torch.library`` op with a fake kernel (``torch.compile(fullgraph=True)``): CPU ->
     ``reference.reference_gemm``, sm_90 -> the Hopper kernel, sm_100 family -> the Blackwell kernel.
-    alpha = a.global_scale * b.global_scale (* alpha) is formed on the device.
+    alpha = a.global_scale * b.global_scale (* alpha) is formed on the device, and the kernels
+    read it there. ``a`` a bfloat16 / float16 tensor: W4A16 (weight-only FP4, Hopper).
 ``FP4Linear``, ``quantize_model``
-    W4A4 linear layers: weights quantized once, activations per call (dynamic or static global
-    scale), ``fp4_gemm``, bias.
+    FP4 linear layers: weights quantized once, activations quantized per call (W4A4, dynamic or
+    static global scale) or kept in 16 bits (``activations="bf16"``, W4A16), ``fp4_gemm``, bias.
 
 Importing this module needs no GPU and no CuTe DSL: the kernels are imported on first use.
 """
@@ -379,9 +380,7 @@ def _gemm_op(
     )
     major, minor = torch.cuda.get_device_capability(a_data.device)
     if (major, minor) == (9, 0):
-        # alpha stays on the device: the Hopper kernel takes a host float, so it runs with 1.0
-        # into fp32 and alpha is applied here, with the epilogue's one fp32 rounding
-        out = (_gemm_sm90(*args) * alpha).to(out_dtype)
+        out = _gemm_sm90(*args, alpha, out_dtype)
     elif major == 10:
         out = _gemm_sm100(*args, alpha, out_dtype)
     else:
@@ -399,8 +398,47 @@ def _(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype):
     return a_data.new_empty(shape, dtype=out_dtype)
 
 
+@torch.library.custom_op("fp4_ops::gemm_w4a16", mutates_args=())
+def _gemm_w4a16_op(
+    a: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    alpha: torch.Tensor,
+    sf_vec_size: int,
+    out_dtype: torch.dtype,
+    b_prepacked: bool,
+) -> torch.Tensor:
+    m, k = a.shape[-2], a.shape[-1]
+    l = a.shape[0] if a.ndim == 3 else 1  # noqa: E741
+    if a.device.type == "cpu":
+        b = _hopper().unprepack_weights(b_data, k) if b_prepacked else b_data
+        sfb = reference.from_blocked(b_scale, b.shape[-2], k // sf_vec_size)
+        return reference.reference_gemm_w4a16(a, b, sfb, sf_vec_size, alpha, out_dtype)
+    if a.device.type != "cuda":
+        raise ValueError(f"fp4_gemm runs on CPU and CUDA tensors, got {a.device}")
+    major, minor = torch.cuda.get_device_capability(a.device)
+    if (major, minor) != (9, 0):
+        name = torch.cuda.get_device_name(a.device)
+        raise ValueError(
+            f"W4A16 (16-bit activations with FP4 weights) has a kernel for sm_90 (H100 / H200) "
+            f"only; on {name} (sm_{major}{minor}) quantize the activations too (W4A4)"
+        )
+    k90 = _hopper()
+    b = b_data.view(torch.uint8)
+    b = b if b_prepacked else k90.prepack_weights(b)
+    n = b.shape[-2]
+    args = (a.contiguous().reshape(l, m, k), b.reshape(l, n, -1), None, b_scale.reshape(l, -1))
+    out = _gemm_sm90(*args, sf_vec_size, alpha, out_dtype, a_dtype=_A_DTYPES[a.dtype])
+    return out if a.ndim == 3 else out[0]
+
+
+@_gemm_w4a16_op.register_fake
+def _(a, b_data, b_scale, alpha, sf_vec_size, out_dtype, b_prepacked):
+    return a.new_empty((*a.shape[:-1], b_data.shape[-2]), dtype=out_dtype)
+
+
 def fp4_gemm(
-    a: FP4Tensor,
+    a: FP4Tensor | torch.Tensor,
     b: FP4Tensor,
     out_dtype: torch.dtype = torch.bfloat16,
     alpha: torch.Tensor | float | None = None,
@@ -408,15 +446,20 @@ def fp4_gemm(
     """D = alpha * dequant(a) @ dequant(b)^T: a [M, K] and b [N, K] (or [L, M, K] and
     [L, N, K]) -> D [M, N] (or [L, M, N]) in ``out_dtype`` (bfloat16, float16 or float32).
 
-    The scalar applied to the fp32 accumulator is ``a.global_scale * b.global_scale * alpha``,
-    formed on the device (no host sync; a replayed CUDA graph reads the scales current then).
-    The Blackwell kernel reads that scalar from device memory and writes D in ``out_dtype``.
-    The Hopper kernel takes alpha as a host float, so the op runs it with alpha 1.0 into an fp32
-    D and multiplies by the device scalar afterwards (bitwise what the epilogue computes, at the
-    price of an fp32 round trip of D). CPU tensors run ``reference.reference_gemm``. Under
-    CUDA-graph capture, call the op once on that stream and shape before capturing (the kernels
-    compile and the Hopper workspace is zeroed at the first call).
+    W4A4: ``a`` an FP4Tensor.  W4A16: ``a`` a bfloat16 / float16 tensor of activations (float16
+    with NVFP4 only), run on sm_90 by the Hopper kernel's W4A16 path, which takes the weights
+    through ``prepack_weights`` (here every call: one pass over the weights; ``FP4Linear``
+    prepacks once); Blackwell refuses it.
+
+    The scalar applied to the fp32 accumulator is ``a.global_scale * b.global_scale * alpha``
+    (W4A16: ``b.global_scale * alpha``), formed on the device: both kernels read it from device
+    memory when they run, so there is no host sync and a replayed CUDA graph uses the scales
+    current then. CPU tensors run ``reference.reference_gemm`` (``reference_gemm_w4a16``).
+    Under CUDA-graph capture, call the op once on that stream and shape before capturing (the
+    kernels compile and the Hopper workspace is zeroed at the first call).
     """
+    if isinstance(a, torch.Tensor):
+        return _fp4_gemm_w4a16(a, b, out_dtype, alpha)
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, FP4Tensor):
             raise ValueError(f"{name} must be an FP4Tensor (fp4_ops.quantize), got {type(t)}")
@@ -440,6 +483,37 @@ def fp4_gemm(
     )
 
 
+def _fp4_gemm_w4a16(a, b, out_dtype, alpha, b_prepacked=False):
+    """``fp4_gemm`` with 16-bit activations ``a`` (W4A16); ``b_prepacked``: b.data went through
+    ``prepack_weights`` (``FP4Linear``)."""
+    if not isinstance(b, FP4Tensor):
+        raise ValueError(f"b must be an FP4Tensor (fp4_ops.quantize), got {type(b)}")
+    if a.dtype not in _A_DTYPES:
+        raise ValueError(
+            "a must be an FP4Tensor (fp4_ops.quantize) or bfloat16 / float16 activations "
+            f"(W4A16), got a {a.dtype} tensor"
+        )
+    if a.dtype == torch.float16 and b.format == "mxfp4":
+        raise ValueError("mxfp4 weights need bfloat16 activations (E8M0 exceeds float16's range)")
+    if a.ndim != b.data.ndim:
+        raise ValueError(f"a is {a.ndim}-D but b is {b.data.ndim}-D; both need the same rank")
+    k = b.shape[-1] if not b_prepacked else a.shape[-1]
+    if a.shape[-1] != k or a.shape[-1] % 32:
+        raise ValueError(f"K mismatch: a has K = {a.shape[-1]}, b has K = {k} (a multiple of 32)")
+    if a.ndim == 3 and a.shape[0] != b.data.shape[0]:
+        raise ValueError(f"batch mismatch: a has L = {a.shape[0]}, b has L = {b.data.shape[0]}")
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}")
+    if out_dtype not in reference.OUT_DTYPES:
+        raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+    scale = b.global_scale
+    if alpha is not None:
+        scale = scale * (alpha if isinstance(alpha, torch.Tensor) else float(alpha))
+    return _gemm_w4a16_op(
+        a, b.data, b.scale, scale.float().reshape(()), b.sf_vec_size, out_dtype, b_prepacked
+    )
+
+
 # ----------------------------------------------------------------------------- kernel adapters
 # One function per backend, each written against its kernel's Python API: they take packed
 # uint8 A [L, M, K/2] and B [L, N, K/2], blocked scales [L, n] and sf_vec_size, and return D
@@ -447,6 +521,7 @@ def fp4_gemm(
 # device tensor), Hopper's fp32 accumulator (alpha 1.0).
 
 _SM90_RUNNERS: dict = {}
+_A_DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16"}
 
 
 _SM100_C_DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
@@ -493,30 +568,38 @@ def _gemm_sm100(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype):
     return d.contiguous()
 
 
-def _gemm_sm90(a, b, sfa, sfb, sf_vec_size):
+def _gemm_sm90(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype="Float4E2M1FN"):
     """Hopper: ``default_config``'s path, tile, split and K groups for the shape; one
-    ``Fp4GemmSm90Runner`` per configuration, device and stream (a runner's split-K workspace
-    and converted operands serve one stream at a time; its first call on a shape allocates them
-    and synchronizes the stream, so warm up before CUDA-graph capture)."""
-    _importable(_HERE)
-    from hopper import blockwise_gemm_fp4_sm90 as k90
-
-    l, m, half_k = a.shape  # noqa: E741
-    n, k = b.shape[1], 2 * half_k
-    device = a.device
+    ``Fp4GemmSm90Runner`` per configuration and device (it keeps a workspace per stream; its
+    first call on a shape and stream allocates it, so warm up before CUDA-graph capture).  The
+    kernel reads alpha's device tensor when it runs and writes D in ``out_dtype``.  W4A16:
+    ``a`` the 16-bit activations [L, M, K], ``b`` prepacked weights, ``sfa`` None."""
+    k90 = _hopper()
+    l, m = a.shape[0], a.shape[1]  # noqa: E741
+    k = a.shape[2] if sfa is None else 2 * a.shape[2]
+    n, device = b.shape[1], a.device
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    path, tiler, split, k_groups = k90.default_config(m, n, k, l, num_sms)
-    stream = torch.cuda.current_stream(device)
-    key = (sf_vec_size, path, tuple(tiler), split, k_groups, device.index, stream.cuda_stream)
+    path, tiler, split, k_groups = k90.default_config(m, n, k, l, num_sms, a_dtype=a_dtype)
+    c_dtype = _SM100_C_DTYPES[out_dtype]
+    key = (sf_vec_size, c_dtype, a_dtype, path, tuple(tiler), split, k_groups, device.index)
     if key not in _SM90_RUNNERS:
         with torch.cuda.device(device):
             _SM90_RUNNERS[key] = k90.Fp4GemmSm90Runner(
-                sf_vec_size, "Float32", path, tiler, split, k_groups=k_groups
+                sf_vec_size, c_dtype, path, tiler, split, "", None, k_groups, a_dtype
             )
-    d = torch.empty((l, m, n), dtype=torch.float32, device=device)
+    d = torch.empty((l, m, n), dtype=out_dtype, device=device)
+    sfa = None if sfa is None else sfa.contiguous()
     with torch.cuda.device(device):
-        _SM90_RUNNERS[key](a, b, sfa.contiguous(), sfb.contiguous(), d, m, n, k, l, 1.0)
+        _SM90_RUNNERS[key](a, b, sfa, sfb.contiguous(), d, m, n, k, l, alpha.reshape(1))
     return d
+
+
+def _hopper():
+    """The Hopper kernel module (imported on first use)."""
+    _importable(_HERE)
+    from hopper import blockwise_gemm_fp4_sm90
+
+    return blockwise_gemm_fp4_sm90
 
 
 def _importable(folder: str) -> None:
@@ -527,16 +610,18 @@ def _importable(folder: str) -> None:
 
 # ----------------------------------------------------------------------------- FP4Linear
 
-_ACTIVATIONS = ("dynamic", "static")
+_ACTIVATIONS = ("dynamic", "static", "bf16")
 
 
 class FP4Linear(nn.Module):
-    """W4A4 linear layer: y = fp4_gemm(quantize(x), W) + bias.
+    """FP4 linear layer: y = fp4_gemm(quantize(x), W) + bias (W4A4), or fp4_gemm(x, W) + bias
+    (``activations="bf16"``: W4A16, x bfloat16, or float16 with NVFP4 weights; Hopper only).
 
-    The weight is held quantized (an FP4Tensor's parts as buffers); each call quantizes the
-    activations (x [..., K] flattened to rows) with a dynamic global scale (amax of this x) or
-    the static ``input_global_scale`` (decoding convention, e.g. ModelOpt's ``input_scale``).
-    The output has x's dtype (bfloat16, float16 or float32).
+    The weight is held quantized (an FP4Tensor's parts as buffers; W4A16: its data prepacked
+    once for the Hopper kernel, ``hopper.blockwise_gemm_fp4_sm90.prepack_weights``); W4A4
+    quantizes the activations (x [..., K] flattened to rows) at each call with a dynamic global
+    scale (amax of this x) or the static ``input_global_scale`` (decoding convention, e.g.
+    ModelOpt's ``input_scale``). The output has x's dtype (bfloat16, float16 or float32).
     """
 
     def __init__(
@@ -561,7 +646,10 @@ class FP4Linear(nn.Module):
         if self.in_features % 32:
             raise ValueError(f"in_features = {self.in_features} is not a multiple of 32")
         self.activations = activations
-        self.register_buffer("weight_data", weight.data.view(torch.uint8))
+        data = weight.data.view(torch.uint8)
+        if activations == "bf16":
+            data = _hopper().prepack_weights(data)
+        self.register_buffer("weight_data", data)
         self.register_buffer("weight_scale", weight.scale)
         self.register_buffer("weight_global_scale", weight.global_scale)
         gs = _gs(input_global_scale, weight.data) if static else None
@@ -574,7 +662,10 @@ class FP4Linear(nn.Module):
 
     @property
     def weight(self) -> FP4Tensor:
-        return FP4Tensor(self.weight_data, self.weight_scale, self.weight_global_scale, self.format)
+        data = self.weight_data
+        if self.activations == "bf16":
+            data = _hopper().unprepack_weights(data, self.in_features)
+        return FP4Tensor(data, self.weight_scale, self.weight_global_scale, self.format)
 
     @classmethod
     def from_linear(
@@ -611,8 +702,14 @@ class FP4Linear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x has {x.shape[-1]} features; this layer takes {self.in_features}")
         rows = x.reshape(-1, self.in_features)
-        a = quantize(rows, self.format, self.input_global_scale)
-        y = fp4_gemm(a, self.weight, out_dtype=x.dtype)
+        if self.activations == "bf16":
+            w = FP4Tensor(
+                self.weight_data, self.weight_scale, self.weight_global_scale, self.format
+            )
+            y = _fp4_gemm_w4a16(rows, w, x.dtype, None, b_prepacked=True)
+        else:
+            a = quantize(rows, self.format, self.input_global_scale)
+            y = fp4_gemm(a, self.weight, out_dtype=x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)

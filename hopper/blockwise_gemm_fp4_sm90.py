@@ -790,8 +790,8 @@ class BlockwiseGemmFp4Sm90:
         workspace_ptr: cute.Pointer,
         conv_b_ptr: cute.Pointer,
         conv_a_ptr: cute.Pointer,
+        alpha_ptr: cute.Pointer,
         problem_mnkl: tuple[Int32, Int32, Int32, Int32],
-        alpha: cutlass.Float32,
         num_sms: cutlass.Constexpr,
         stream,
     ):
@@ -819,7 +819,9 @@ class BlockwiseGemmFp4Sm90:
             self._launch_prologue(kernel_b, kernel_a, k, k_pad, stream)
         epi_tensors = (mD, tma_atom_d, tma_tensor_d, mWork)
         mmas = (self.tiled_mma, self.epi_mma)
-        self.kernel(tma_ab, epi_tensors, alpha, k, mmas, scheduler, self.smem_layouts).launch(
+        # alpha: one fp32 in global memory, read by the consumers when the kernel runs
+        mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(1))
+        self.kernel(tma_ab, epi_tensors, mAlpha, k, mmas, scheduler, self.smem_layouts).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
             cluster=(self.cluster_m, 1, 1),
@@ -965,7 +967,7 @@ class BlockwiseGemmFp4Sm90:
         self,
         tma_ab: tuple,
         epi_tensors: tuple,
-        alpha: cutlass.Float32,
+        mAlpha: cute.Tensor,
         k: Int32,
         mmas: tuple,
         scheduler: StaticTileScheduler,
@@ -999,10 +1001,6 @@ class BlockwiseGemmFp4Sm90:
             cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)),
         )
         k_tiles = (k + self.stage_k - 1) // self.stage_k
-        if cutlass.const_expr(self.acc_scale != 1.0):
-            # exact (``alpha_reason`` keeps it finite): undoes the 2^-7 of each F16 FP4 operand,
-            # so acc * alpha rounds once, as in the reference
-            alpha = alpha * cutlass.Float32(self.acc_scale)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -1010,10 +1008,14 @@ class BlockwiseGemmFp4Sm90:
                 self._producer(storage, ab_pipeline, k_tiles, layouts, tma_ab, scheduler)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            if cutlass.const_expr(not self.convert_b):
-                # NOTE: PDL launch without a prologue grid: only this wait orders the consumers'
-                # stores (D, split-K workspace; units without k-tiles too) after the grid ahead.
-                cute.arch.griddepcontrol_wait()
+            # NOTE: PDL launch: alpha (written by a kernel ahead) is complete only after this wait,
+            # which also orders every store of the consumers (units without k-tiles too) after it.
+            cute.arch.griddepcontrol_wait()
+            alpha = mAlpha[0]
+            if cutlass.const_expr(self.acc_scale != 1.0):
+                # exact where alpha * acc_scale is finite (``alpha_reason``): undoes the 2^-7 of
+                # each F16 FP4 operand, so acc * alpha rounds once, as in the reference
+                alpha = alpha * cutlass.Float32(self.acc_scale)
             self._consumer(
                 storage, ab_pipeline, k_tiles, layouts, epi_tensors, alpha, mmas, scheduler
             )
@@ -1761,23 +1763,24 @@ def compile_gemm(
         sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, a_dtype
     )
     # placeholder addresses: compilation only needs the element types and alignments
-    ptrs = _gmem_pointers(gemm, c_dtype, [0] * 8)
-    problem, alpha, stream = (Int32(1),) * 4, cutlass.Float32(1.0), cuda_driver.CUstream(0)
-    compiled = cute.compile(gemm, *ptrs, problem, alpha, num_sms, stream, options=options)
+    ptrs = _gmem_pointers(gemm, c_dtype, [0] * 9)
+    problem, stream = (Int32(1),) * 4, cuda_driver.CUstream(0)
+    compiled = cute.compile(gemm, *ptrs, problem, num_sms, stream, options=options)
     return gemm, compiled
 
 
 def _gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:
-    """The kernel's pointers (A, B, SFA, SFB, D, workspace, converted B, converted A), 16-byte
-    aligned, at ``addresses``."""
+    """The kernel's pointers (A, B, SFA, SFB, D, workspace, converted B, converted A: 16-byte
+    aligned; alpha: one fp32) at ``addresses``."""
     from cutlass.cute.runtime import make_ptr
 
     a_type = gemm.mma_dtype if gemm.w4a16 else cutlass.Uint8
     dtypes = [a_type] + [cutlass.Uint8] * 3 + [C_DTYPES[c_dtype], cutlass.Float32]
-    dtypes += [gemm.mma_dtype] * 2
+    dtypes += [gemm.mma_dtype] * 2 + [cutlass.Float32]
+    aligns = [16] * 8 + [4]
     return [
-        make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=16)
-        for dtype, address in zip(dtypes, addresses, strict=True)
+        make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
+        for dtype, address, align in zip(dtypes, addresses, aligns, strict=True)
     ]
 
 
@@ -1788,7 +1791,10 @@ class Fp4GemmSm90Runner:
 
     W4A4: ``runner(a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha)`` on packed FP4 A and B.
     W4A16 (``a_dtype`` BFloat16 / Float16): ``runner(a, b, None, sfb_blocked, ...)``, ``a`` the
-    activations [L, M, K], ``b`` the weights after ``prepack_weights``.
+    activations [L, M, K], ``b`` the weights after ``prepack_weights``.  ``alpha``: a float
+    (checked by ``alpha_reason``; kept on the device per value and stream), or a one-element
+    fp32 CUDA tensor that the kernel reads when it runs (a replayed CUDA graph reads the value
+    current then; an alpha * ``acc_scale`` that overflows gives inf / NaN in D).
 
     Every stream gets its own workspace per shape (split-K partials with self-resetting tile
     counters, the converted operands), from torch's caching allocator, zeroed once on that
@@ -1824,6 +1830,7 @@ class Fp4GemmSm90Runner:
         self.gemm, compiled = compile_gemm(*self._args, True, k_groups, a_dtype)
         self._compiled = {True: compiled}
         self._workspace = {}
+        self._alphas = {}
 
     def executor(self, n: int):
         """The compiled kernel for output width N (see ``tma_store_fits``)."""
@@ -1865,26 +1872,47 @@ class Fp4GemmSm90Runner:
     def __call__(self, a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha, stream=None):  # noqa: E741
         """Launch on ``stream`` (a torch stream or a CUstream; default: the current stream)."""
         import cuda.bindings.driver as cuda_driver
+        import torch
 
         gemm, mnkl = self.gemm, (m, n, k, l)
         vec, path, a_dtype = gemm.sf_vec_size, gemm.path, gemm.a_dtype
         operands = (a, b, sfa_blocked, sfb_blocked, d)
         reasons = operand_reasons(*operands, mnkl, vec, self.c_dtype, a_dtype)
         reasons += problem_reasons(mnkl, vec, path, gemm.mma_tiler_mn, a_dtype)
-        reason = alpha_reason(float(alpha), vec, path, a_dtype)
-        if reason:
-            reasons.append(reason)
+        if isinstance(alpha, torch.Tensor):
+            if alpha.dtype != torch.float32 or alpha.numel() != 1 or alpha.device != a.device:
+                reasons.append(f"alpha must be one float32 value on {a.device} (or a float)")
+        else:
+            reason = alpha_reason(float(alpha), vec, path, a_dtype)
+            if reason:
+                reasons.append(reason)
         if reasons:
             raise ValueError("; ".join(reasons))
         stream = _torch_stream(stream)
+        if not isinstance(alpha, torch.Tensor):
+            alpha = self._alpha_tensor(float(alpha), stream)
         if sfa_blocked is None:
             # W4A16: no activation scales; the kernel never reads this pointer
             sfa_blocked = sfb_blocked
-        tensors = (a, b, sfa_blocked, sfb_blocked, d, *self.workspace(m, n, k, l, stream))
+        tensors = (a, b, sfa_blocked, sfb_blocked, d, *self.workspace(m, n, k, l, stream), alpha)
         ptrs = _gmem_pointers(gemm, self.c_dtype, [t.data_ptr() for t in tensors])
         problem = tuple(Int32(v) for v in mnkl)
         cu_stream = cuda_driver.CUstream(stream.cuda_stream)
-        self.executor(n)(*ptrs, problem, cutlass.Float32(alpha), cu_stream)
+        self.executor(n)(*ptrs, problem, cu_stream)
+
+    def _alpha_tensor(self, alpha: float, stream):
+        """A device copy of a host alpha, written on ``stream`` once per value (under CUDA-graph
+        capture: per call, a fill in the graph)."""
+        import torch
+
+        key = (alpha, stream.cuda_stream)
+        if key in self._alphas:
+            return self._alphas[key]
+        with torch.cuda.stream(stream):
+            value = torch.full((1,), alpha, dtype=torch.float32, device=stream.device)
+        if not torch.cuda.is_current_stream_capturing():
+            self._alphas[key] = value
+        return value
 
 
 def _torch_stream(stream):

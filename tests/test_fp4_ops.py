@@ -545,3 +545,110 @@ def test_blackwell_adapter_hands_the_kernel_alpha_and_out_dtype(monkeypatch, out
     assert padded.shape[-1] > 34 and padded.dtype == out_dtype
     assert d.shape == (1, 20, 34) and d.dtype == out_dtype and d.is_contiguous()
     assert torch.equal(d, padded[..., :34])
+
+
+# ----------------------------------------------------------------------------- W4A16
+
+
+def _w4a16_check(d, x, w, alpha):
+    """D against reference.check_gemm_w4a16 on the CPU (x: the 16-bit activations)."""
+    ok, info = reference.check_gemm_w4a16(
+        d.cpu(), x.cpu(), w.data.cpu(), w.plain_scales().cpu(), w.sf_vec_size, alpha.cpu()
+    )
+    assert ok, str(info)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("shape", [(5, 40, 96), (2, 9, 24, 64)], ids=str)
+def test_fp4_gemm_w4a16_cpu_is_the_reference(fmt, shape):
+    """A bfloat16 tensor as ``a`` selects W4A16: the weight's global scale times alpha, the
+    activations as they are (CPU: ``reference.reference_gemm_w4a16``)."""
+    *lead, m, n, k = shape
+    gen = torch.Generator().manual_seed(k + n)
+    x = torch.randn(*lead, m, k, generator=gen).to(torch.bfloat16)
+    w = fp4_ops.quantize(torch.randn(*lead, n, k, generator=gen), fmt)
+    d = fp4_ops.fp4_gemm(x, w, out_dtype=torch.float32, alpha=-0.5)
+    want = reference.reference_gemm_w4a16(
+        x, w.data, w.plain_scales(), w.sf_vec_size, w.global_scale * -0.5, torch.float32
+    )
+    assert d.shape == (*lead, m, n) and torch.equal(d, want)
+    compiled = torch.compile(lambda x, w: fp4_ops.fp4_gemm(x, w), fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x, w), fp4_ops.fp4_gemm(x, w))
+
+
+def test_fp4_gemm_w4a16_refuses_bad_operands():
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    w = fp4_ops.quantize(torch.randn(8, 64), "mxfp4")
+    with pytest.raises(ValueError, match="bfloat16 activations"):
+        fp4_ops.fp4_gemm(x.half(), w)
+    with pytest.raises(ValueError, match="bfloat16 / float16 activations"):
+        fp4_ops.fp4_gemm(x.float(), w)
+    with pytest.raises(ValueError, match="K mismatch"):
+        fp4_ops.fp4_gemm(x[:, :32], w)
+    with pytest.raises(ValueError, match="FP4Tensor"):
+        fp4_ops.fp4_gemm(x, x)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_linear_w4a16_holds_prepacked_weights(fmt):
+    """``activations="bf16"``: the weight is stored prepacked (``prepack_weights``), reads back
+    as the same FP4Tensor, and the layer is x @ dequant(W)^T + bias on the CPU too."""
+    lin = _linear(k=96, n=40).to(torch.bfloat16)
+    plain = fp4_ops.FP4Linear.from_linear(lin, fmt)
+    w16 = fp4_ops.FP4Linear.from_linear(lin, fmt, activations="bf16")
+    assert w16.weight_data.shape == (40, 64)  # K = 96 padded to 128
+    assert torch.equal(w16.weight.data, plain.weight.data)
+    x = torch.randn(2, 3, 96, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    y = w16(x)
+    w = plain.weight
+    want = reference.reference_gemm_w4a16(
+        x.reshape(6, 96), w.data, w.plain_scales(), w.sf_vec_size, w.global_scale, torch.float32
+    )
+    assert y.dtype == torch.bfloat16 and y.shape == (2, 3, 40)
+    assert torch.equal(y.reshape(6, 40), (want.to(torch.bfloat16) + lin.bias))
+    assert "activations=bf16" in repr(w16)
+
+
+@needs_gemm_gpu
+@pytest.mark.parametrize(
+    "fmt, a_dtype",
+    [("nvfp4", torch.bfloat16), ("nvfp4", torch.float16), ("mxfp4", torch.bfloat16)],
+    ids=str,
+)
+@pytest.mark.parametrize("m", [1, 100, 3000])  # (decode, decode, prefill)
+def test_fp4_gemm_w4a16_gpu(fmt, a_dtype, m):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("W4A16 runs on sm_90 only")
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 512, generator=gen).to(a_dtype).cuda()
+    w = fp4_ops.quantize((torch.randn(200, 512, generator=gen) * 0.02).cuda(), fmt)
+    d = fp4_ops.fp4_gemm(x, w, out_dtype=torch.float32, alpha=0.75)
+    assert d.shape == (m, 200) and d.is_contiguous()
+    _w4a16_check(d, x, w, w.global_scale * 0.75)
+
+
+@needs_gemm_gpu
+def test_fp4_linear_w4a16_gpu_cuda_graph():
+    """FP4Linear(activations="bf16") on the GPU, replayed in a CUDA graph after the weight's
+    global scale changed (read on the device at replay)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("W4A16 runs on sm_90 only")
+    lin = _linear(k=512, n=256, bias=False).to(torch.bfloat16).cuda()
+    layer = fp4_ops.FP4Linear.from_linear(lin, activations="bf16")
+    x = torch.randn(16, 512, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).cuda()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        y = layer(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    w = layer.weight
+    _w4a16_check(y, x, w, w.global_scale)
+    layer.weight_global_scale.mul_(2.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    _w4a16_check(y, x, layer.weight, layer.weight_global_scale)

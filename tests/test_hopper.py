@@ -145,7 +145,10 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
     loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
     assert len(loads) == (2 if path == "decode" else 0), loads
-    assert gemm_ptx.count("griddepcontrol.wait") == 1
+    # (the producer's and the consumers', which read alpha from global memory after it)
+    assert gemm_ptx.count("griddepcontrol.wait") == 2
+    first_load = re.search(r"\bld\.global", gemm_ptx)
+    assert first_load and first_load.start() > len(early)
     # the GEMM releases a PDL successor once, after its PDL wait (in PTX text order: a
     # guard against a release at entry, not a proof of the position after the loop)
     assert gemm_ptx.count("griddepcontrol.launch_dependents") == 1
@@ -1491,13 +1494,13 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
     assert "cp.async.bulk.tensor" in gemm_ptx
     assert ("convert_operands" in ptx) == (path == "prefill")
     waits = gemm_ptx.count("griddepcontrol.wait")
-    if path == "decode":
-        assert waits == 2, waits
-        early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
-        assert len(re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)) == 2
-        assert not re.search(r"\b(st|atom|red)\.[\w:.]*global", early)
-    else:
-        assert waits == 1, waits
+    # producer and consumers wait for the grid ahead; alpha is read from memory after that
+    assert waits == 2, waits
+    early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
+    assert len(loads) == (2 if path == "decode" else 0), loads
+    assert not re.search(r"\b(ld|st|atom|red)\.[\w:.]*global", early)
+    assert re.search(r"\bld\.global\.(b32|f32)", gemm_ptx)
     prescaled = vec == 16 and a_dtype == "BFloat16" and path == "decode"
     scales = {2.0**7: a_dtype == "Float16", 2.0**8: prescaled, 2.0**14: False}
     for value, present in scales.items():
