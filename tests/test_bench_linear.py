@@ -277,8 +277,9 @@ def test_table_json_and_png_from_fake_timings(monkeypatch, tmp_path, capsys):
         assert r["us_bf16"] == pytest.approx(bf16)
         assert r["ratio_w4a4"] == pytest.approx(0.5)  # ours / F.linear
         assert r["ratio_w4a4-static"] == pytest.approx(0.625)
-        assert r["copies_w4a4"] == 3 and r["us_w4a16"] is None and r["ratio_w4a16"] is None
-        assert 0.02 < r["rel_err_w4a4"] < 0.3
+        assert r["ratio_w4a16"] == pytest.approx(0.75)  # (fp4_ops has W4A16)
+        assert r["copies_w4a4"] == 3 and r["copies_w4a16"] == 5
+        assert 0.02 < r["rel_err_w4a4"] < 0.3 and 0.02 < r["rel_err_w4a16"] < r["rel_err_w4a4"]
     assert (tmp_path / "res" / "fake.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -306,8 +307,8 @@ def test_table_cells_sit_under_their_labels(monkeypatch, tmp_path, capsys):
     assert cells["bf16 us"] == "40.0"  # 40 + 32 / 1000, one decimal
     assert cells["w4a4 us"] == "20.0" and cells["ratio w4a4"] == "0.50"
     assert cells["static us"] == "25.0" and cells["ratio static"] == "0.62"
-    assert cells["w4a16 us"] == "n/m" and cells["ratio w4a16"] == "n/m"
-    assert cells["err torchao"] == "n/m" and cells["err w4a16"] == "n/m"
+    assert cells["w4a16 us"] == "30.0" and cells["ratio w4a16"] == "0.75"
+    assert cells["err torchao"] == "n/m" and cells["err w4a16"] != "n/m"
     assert cells["ours-tao"] == cells["ours-tao*"] == cells["x!=%"] == "n/m"
     err = float(cells["err w4a4"])
     assert 0.02 < err < 0.3 and cells["err static"] != "n/m"
