@@ -12,10 +12,10 @@ B [N, K/2, L] packed FP4 bytes, K-major; SFA / SFB in the 128x4 blocked layout o
 32; alpha one fp32 in device memory; D BFloat16 / Float16 / Float32, row-major [M, N] per batch
 (row pitch N). W4A16 (``a_dtype``): A is BF16 / F16 [M, K, L] without scales, and B went
 through ``prepack_weights`` (each 64-wide k-block permuted once, so that the dequantized
-weights come out in plain K order). Hopper has no FP4 tensor cores: FP4 is dequantized exactly to F16 or BF16 (every e2m1 x
-scale product is representable; ``hopper/fp4_dequant.py`` holds the conversions) and the tensor
-cores run F16 / BF16 ``wgmma`` with FP32 accumulation, so D equals ``reference.reference_gemm``
-up to the order of the fp32 sums.
+weights come out in plain K order). Hopper has no FP4 tensor cores: FP4 is dequantized exactly
+to F16 or BF16 (every e2m1 x scale product is representable; ``hopper/fp4_dequant.py`` holds
+the conversions) and the tensor cores run F16 / BF16 ``wgmma`` with FP32 accumulation, so D
+equals ``reference.reference_gemm`` (``reference_gemm_w4a16``) up to the order of the fp32 sums.
 
 The two paths (picked by ``default_config``; hopper/DESIGN.md has the evidence)
 -----------------------------------------------------------------------------
