@@ -111,29 +111,26 @@ def _entry_ptx(ptx: str, name: str) -> str:
     return ptx[start:] if end < 0 else ptx[start:end]
 
 
+def _cross_compile(dump: str, vec, c_dtype, path, tiler, split, tma_store, k_groups, a_dtype):
+    """``compile_gemm`` for sm_90a into ``dump``: (kernel object, PTX text, cubin path)."""
+    opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
+    config = (vec, c_dtype, path, tiler, split, k90.H200_SM_COUNT, opts, None, tma_store)
+    gemm, _ = k90.compile_gemm(*config, k_groups, a_dtype)
+    ptx_files = [f for f in os.listdir(dump) if f.endswith(".ptx")]
+    cubins = [f for f in os.listdir(dump) if f.endswith(".cubin")]
+    assert ptx_files and cubins, os.listdir(dump)
+    with open(os.path.join(dump, ptx_files[0])) as f:
+        return gemm, f.read(), os.path.join(dump, cubins[0])
+
+
 @pytest.mark.filterwarnings("error::DeprecationWarning")
 @pytest.mark.parametrize("cfg", COMPILE_CONFIGS, ids=lambda c: "-".join(str(x) for x in c))
 def test_cross_compile_sm90a(cfg, tmp_path):
     vec, c_dtype, path, tiler, split = cfg[:5]
     tma_store = cfg[5] if len(cfg) > 5 else True
     k_groups = cfg[6] if len(cfg) > 6 else 1
-    dump = str(tmp_path)
-    opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
-    gemm, _ = k90.compile_gemm(
-        vec,
-        c_dtype,
-        path,
-        tiler,
-        split,
-        k90.H200_SM_COUNT,
-        opts,
-        tma_store=tma_store,
-        k_groups=k_groups,
-    )
-    ptx_files = [f for f in os.listdir(dump) if f.endswith(".ptx")]
-    cubins = [f for f in os.listdir(dump) if f.endswith(".cubin")]
-    assert ptx_files and cubins, os.listdir(dump)
-    ptx = open(os.path.join(dump, ptx_files[0])).read()
+    config = (vec, c_dtype, path, tiler, split, tma_store, k_groups, "Float4E2M1FN")
+    gemm, ptx, cubin = _cross_compile(str(tmp_path), *config)
     # TMA loads of the packed FP4 and the scales
     assert "cp.async.bulk.tensor" in ptx
     # the convert_operands grid first, then the GEMM, which waits for it (programmatic
@@ -182,7 +179,6 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     tool = k90.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
-    cubin = os.path.join(dump, cubins[0])
     usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
     # per kernel of the module (the GEMM, and the prologue grid on decode and prefill):
     # (registers, stack bytes, local bytes)
@@ -1471,22 +1467,8 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
     before any store; prefill converts the weights only; alpha * 2^7 exactly where F16
     weights carry 2^-7."""
     vec, a_dtype, c_dtype, path, tiler, split, tma_store, k_groups = cfg
-    dump = str(tmp_path)
-    opts = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={dump}"
-    gemm, _ = k90.compile_gemm(
-        vec,
-        c_dtype,
-        path,
-        tiler,
-        split,
-        k90.H200_SM_COUNT,
-        opts,
-        None,
-        tma_store,
-        k_groups,
-        a_dtype,
-    )
-    ptx = open(os.path.join(dump, next(f for f in os.listdir(dump) if f.endswith(".ptx")))).read()
+    config = (vec, c_dtype, path, tiler, split, tma_store, k_groups, a_dtype)
+    gemm, ptx, cubin = _cross_compile(str(tmp_path), *config)
     gemm_ptx = _entry_ptx(ptx, "kernel_cutlass_kernel")
     ab = "f16" if a_dtype == "Float16" else "bf16"
     tile_cols = k90.kernel_tile(path, tiler)[1]
@@ -1508,7 +1490,6 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
     tool = k90.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
-    cubin = os.path.join(dump, next(f for f in os.listdir(dump) if f.endswith(".cubin")))
     usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
     kernels = re.findall(r"Function (\w+):\s*REG:\d+ STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage)
     assert len(kernels) == (1 if path == "decode" else 2), usage
