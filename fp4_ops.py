@@ -725,8 +725,10 @@ def quantize_model(
     model: nn.Module,
     include: Iterable[str] | Callable[[str, nn.Linear], bool] | None = None,
     format: str = "nvfp4",
+    activations: str = "dynamic",
 ) -> list[str]:
-    """Replace ``model``'s ``nn.Linear`` modules by FP4Linear (dynamic activations), in place.
+    """Replace ``model``'s ``nn.Linear`` modules by FP4Linear, in place: W4A4 with dynamic
+    activation scales, or ``activations="bf16"`` (W4A16: 16-bit activations, Hopper).
 
     ``include``: glob patterns of module names (``["*.mlp.*"]``) or a predicate
     ``(name, linear) -> bool``; None takes every Linear whose in_features is a multiple of 32.
@@ -734,6 +736,8 @@ def quantize_model(
     Returns the names replaced.
     """
     _format_vec(format)
+    if activations not in ("dynamic", "bf16"):
+        raise ValueError(f'activations must be "dynamic" or "bf16", got {activations!r}')
     if include is None or callable(include):
         patterns = None
     else:
@@ -754,6 +758,6 @@ def quantize_model(
             raise ValueError(f"{name}: in_features = {module.in_features} is not a multiple of 32")
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, FP4Linear.from_linear(module, format))
+        setattr(parent, child, FP4Linear.from_linear(module, format, activations))
         replaced.append(name)
     return replaced

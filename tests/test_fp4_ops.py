@@ -367,6 +367,11 @@ def test_quantize_model_swaps_the_chosen_linears():
     assert fp4_ops.quantize_model(third, include=lambda name, m: m.out_features == 10) == ["head"]
     with pytest.raises(ValueError, match="odd: in_features = 40"):
         fp4_ops.quantize_model(_Block(), include=["odd"])
+    w16 = _Block()
+    assert fp4_ops.quantize_model(w16, include=["up"], activations="bf16") == ["up"]
+    assert w16.up.activations == "bf16" and model.up.activations == "dynamic"
+    with pytest.raises(ValueError, match="activations must be"):
+        fp4_ops.quantize_model(_Block(), activations="static")
 
 
 def test_quantized_model_compiles_fullgraph():
