@@ -411,7 +411,7 @@ def _gemm_w4a16_op(
     m, k = a.shape[-2], a.shape[-1]
     l = a.shape[0] if a.ndim == 3 else 1  # noqa: E741
     if a.device.type == "cpu":
-        b = _hopper().unprepack_weights(b_data, k) if b_prepacked else b_data
+        b = _k_order().unprepack_weights(b_data, k) if b_prepacked else b_data
         sfb = reference.from_blocked(b_scale, b.shape[-2], k // sf_vec_size)
         return reference.reference_gemm_w4a16(a, b, sfb, sf_vec_size, alpha, out_dtype)
     if a.device.type != "cuda":
@@ -423,9 +423,8 @@ def _gemm_w4a16_op(
             f"W4A16 (16-bit activations with FP4 weights) has a kernel for sm_90 (H100 / H200) "
             f"only; on {name} (sm_{major}{minor}) quantize the activations too (W4A4)"
         )
-    k90 = _hopper()
     b = b_data.view(torch.uint8)
-    b = b if b_prepacked else k90.prepack_weights(b)
+    b = b if b_prepacked else _k_order().prepack_weights(b)
     n = b.shape[-2]
     args = (a.contiguous().reshape(l, m, k), b.reshape(l, n, -1), None, b_scale.reshape(l, -1))
     out = _gemm_sm90(*args, sf_vec_size, alpha, out_dtype, a_dtype=_A_DTYPES[a.dtype])
@@ -516,9 +515,9 @@ def _fp4_gemm_w4a16(a, b, out_dtype, alpha, b_prepacked=False):
 
 # ----------------------------------------------------------------------------- kernel adapters
 # One function per backend, each written against its kernel's Python API: they take packed
-# uint8 A [L, M, K/2] and B [L, N, K/2], blocked scales [L, n] and sf_vec_size, and return D
-# [L, M, N] on the current stream: Blackwell's alpha * A @ B^T in out_dtype (alpha a 0-d fp32
-# device tensor), Hopper's fp32 accumulator (alpha 1.0).
+# uint8 A [L, M, K/2] (Hopper W4A16: 16-bit activations [L, M, K]) and B [L, N, K/2], blocked
+# scales [L, n], sf_vec_size and alpha (a 0-d fp32 device tensor the kernel reads), and return
+# D = alpha * A @ B^T [L, M, N] in out_dtype on the current stream.
 
 _SM90_RUNNERS: dict = {}
 _A_DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16"}
@@ -602,6 +601,14 @@ def _hopper():
     return blockwise_gemm_fp4_sm90
 
 
+def _k_order():
+    """The W4A16 weight prepacking (torch only: no CuTe DSL needed)."""
+    _importable(_HERE)
+    from hopper import k_order
+
+    return k_order
+
+
 def _importable(folder: str) -> None:
     """Make a kernel folder importable (the kernels are flat files beside this one)."""
     if folder not in sys.path:
@@ -621,7 +628,8 @@ class FP4Linear(nn.Module):
     once for the Hopper kernel, ``hopper.blockwise_gemm_fp4_sm90.prepack_weights``); W4A4
     quantizes the activations (x [..., K] flattened to rows) at each call with a dynamic global
     scale (amax of this x) or the static ``input_global_scale`` (decoding convention, e.g.
-    ModelOpt's ``input_scale``). The output has x's dtype (bfloat16, float16 or float32).
+    ModelOpt's ``input_scale``). The output has x's dtype (bfloat16, float16 or float32; W4A16:
+    bfloat16, or float16 with NVFP4).
     """
 
     def __init__(
@@ -638,7 +646,9 @@ class FP4Linear(nn.Module):
             raise ValueError(f"activations must be one of {_ACTIVATIONS}, got {activations!r}")
         static = activations == "static"
         if static != (input_global_scale is not None):
-            raise ValueError('activations="static" needs input_global_scale, "dynamic" none')
+            raise ValueError(
+                'activations="static" needs input_global_scale; "dynamic" and "bf16" take none'
+            )
         if static and weight.format != "nvfp4":
             raise ValueError("static activation scales exist for nvfp4 only (mxfp4 has none)")
         self.format = weight.format
@@ -648,8 +658,10 @@ class FP4Linear(nn.Module):
         self.activations = activations
         data = weight.data.view(torch.uint8)
         if activations == "bf16":
-            data = _hopper().prepack_weights(data)
-        self.register_buffer("weight_data", data)
+            # (its own name: a state_dict of the plain layout cannot load into the prepacked one)
+            self.register_buffer("weight_prepacked", _k_order().prepack_weights(data))
+        else:
+            self.register_buffer("weight_data", data)
         self.register_buffer("weight_scale", weight.scale)
         self.register_buffer("weight_global_scale", weight.global_scale)
         gs = _gs(input_global_scale, weight.data) if static else None
@@ -662,9 +674,10 @@ class FP4Linear(nn.Module):
 
     @property
     def weight(self) -> FP4Tensor:
-        data = self.weight_data
         if self.activations == "bf16":
-            data = _hopper().unprepack_weights(data, self.in_features)
+            data = _k_order().unprepack_weights(self.weight_prepacked, self.in_features)
+        else:
+            data = self.weight_data
         return FP4Tensor(data, self.weight_scale, self.weight_global_scale, self.format)
 
     @classmethod
@@ -704,7 +717,7 @@ class FP4Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.activations == "bf16":
             w = FP4Tensor(
-                self.weight_data, self.weight_scale, self.weight_global_scale, self.format
+                self.weight_prepacked, self.weight_scale, self.weight_global_scale, self.format
             )
             y = _fp4_gemm_w4a16(rows, w, x.dtype, None, b_prepacked=True)
         else:

@@ -590,7 +590,8 @@ def reference_gemm_w4a16(
     """W4A16 (weight-only FP4): D = alpha * A @ dequant(B)^T, A bfloat16 / float16 activations
     [M, K] (or [L, M, K]), B packed FP4 [N, K/2] with unswizzled scales sfb, accumulated in
     ``accum_dtype``. Every product of a 16-bit activation (<= 11 significant bits) and a
-    dequantized weight (<= 6) is exact in fp32, so :func:`gemm_tolerance` holds unchanged."""
+    dequantized weight (<= 6) is exact in fp32 unless it underflows fp32 (activations below
+    about 2^-100), so :func:`gemm_tolerance` holds unchanged for inputs in the usual range."""
     a = _require_tensor(a, "a")
     if a.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"a must be bfloat16 or float16 activations, got {a.dtype}")

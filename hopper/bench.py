@@ -54,6 +54,7 @@ import torch
 
 import reference
 from hopper import blockwise_gemm_fp4_sm90 as k90
+from hopper import k_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -315,7 +316,7 @@ def bench_ours(bench: Bench, ops, m, n, k, w4a16=None):
         inputs = (ops.a, ops.b, k90.blocked_scales(ops.sfa)[0], sfb)
     else:
         a_dtype, alpha = "BFloat16", float(ops.global_scale_b)
-        inputs = (w4a16[0].unsqueeze(0), k90.prepack_weights(ops.b), None, sfb)
+        inputs = (w4a16[0].unsqueeze(0), k_order.prepack_weights(ops.b), None, sfb)
     d = torch.empty((1, m, n), dtype=torch.bfloat16, device="cuda")
     one = _nbytes(*inputs, d)
     sets = input_sets(bench, inputs, _nbytes(d))
@@ -783,9 +784,11 @@ def parse_args(argv=None):
         type=int,
         default=None,
         metavar="N",
-        help="write the results from the N shards of a run (no GPU needed)",
+        help="write the results from the N shards of a run (no GPU needed; --name as the shards')",
     )
     args = ap.parse_args(argv)
+    if args.combine is not None and args.combine < 1:
+        ap.error(f"--combine expects a number of shards >= 1, got {args.combine}")
     if args.shard is not None:
         try:
             i, n = (int(v) for v in args.shard.split("/"))
@@ -840,7 +843,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     path = os.path.join(args.out_dir, args.name or "h200")
     if args.combine is not None:
-        print(combine_shards(path, args.combine))
+        try:
+            print(combine_shards(path, args.combine))
+        except FileNotFoundError as err:
+            print(f"--combine {args.combine}: {err.filename} is missing", file=sys.stderr)
+            return 2
         return 0
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("bench.py needs an sm_90 GPU (H100 / H200)", file=sys.stderr)

@@ -98,6 +98,7 @@ if not __package__:
     # run as a script: the repository root makes ``hopper`` and ``reference`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hopper import fp4_dequant as dq  # noqa: E402
+from hopper import k_order  # noqa: E402
 
 # NOTE: sm_90 limits: 227 KiB of dynamic SMEM per CTA, 228 KiB and 64K registers per SM.
 SM90_SMEM_CAPACITY = 232448
@@ -1077,12 +1078,14 @@ class BlockwiseGemmFp4Sm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         # k-tiles of the first work unit already requested (decode: its first stage)
         issued = Int32(0)
-        if cutlass.const_expr(not self.a_converted):
+        if cutlass.const_expr(self.swap_ab and self.convert_b):
+            # (the prologue grid ahead waited for the kernel before it: the weights are final)
             issued, state = self._first_stage_across_pdl_wait(
                 ab_pipeline, state, a_copies, b_copies, scheduler, unit, k_tiles
             )
         else:
-            # NOTE: PDL launch: the converted operands are complete only after this wait.
+            # NOTE: PDL launch: the converted operands, and (W4A16 decode, no prologue grid)
+            # weights a kernel ahead may still write, are complete only after this wait.
             cute.arch.griddepcontrol_wait()
         while scheduler.is_valid(unit):
             row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
@@ -1406,7 +1409,7 @@ class BlockwiseGemmFp4Sm90:
                 factors = [dq.scale_factor(sf, self.f16)] * 8
             pairs = dq.fp4x16_to_mma(packed, factors, self.f16, self.bf16_prescaled)
             for i in cutlass.range_constexpr(8):
-                rA[dq.a_fragment_word(r, i)] = pairs[i]
+                rA[k_order.a_fragment_word(r, i)] = pairs[i]
 
     def _w4a16_factors(self, sf_word, j) -> list:
         """W4A16: the multiplier of each pair P_0..P_7 of prepacked weights, from the row's word
@@ -1414,7 +1417,7 @@ class BlockwiseGemmFp4Sm90:
         by_byte = {}
         factors = []
         for i in range(8):
-            byte = (K_BLOCK * j + dq.pair_k(i, 0)) // self.sf_vec_size % SF_ATOM_COLS
+            byte = (K_BLOCK * j + k_order.pair_k(i, 0)) // self.sf_vec_size % SF_ATOM_COLS
             if byte not in by_byte:
                 sf = (sf_word >> Uint32(8 * byte)) & Uint32(0xFF)
                 if self.bf16_prescaled:
@@ -1856,7 +1859,7 @@ class Fp4GemmSm90Runner:
         stream = _torch_stream(stream)
         key = (m, n, k, l, stream.cuda_stream)
         if key not in self._workspace:
-            if torch.cuda.is_current_stream_capturing():
+            if _capturing(stream):
                 # NOTE: memory allocated during capture belongs to the graph's private pool.
                 raise RuntimeError(
                     "the first call of a shape on a stream allocates its workspace: make it "
@@ -1906,18 +1909,27 @@ class Fp4GemmSm90Runner:
         self.executor(n)(*ptrs, problem, cu_stream)
 
     def _alpha_tensor(self, alpha: float, stream):
-        """A device copy of a host alpha, written on ``stream`` once per value (under CUDA-graph
-        capture: per call, a fill in the graph)."""
+        """A device copy of a host alpha, written on ``stream`` once per fp32 value (under
+        CUDA-graph capture: per call, a fill in the graph).  Kept for the runner's life: a
+        captured graph may hold its address."""
         import torch
 
-        key = (alpha, stream.cuda_stream)
+        key = (struct.pack("<f", alpha), stream.cuda_stream)
         if key in self._alphas:
             return self._alphas[key]
         with torch.cuda.stream(stream):
             value = torch.full((1,), alpha, dtype=torch.float32, device=stream.device)
-        if not torch.cuda.is_current_stream_capturing():
+        if not _capturing(stream):
             self._alphas[key] = value
         return value
+
+
+def _capturing(stream) -> bool:
+    """Whether the torch stream ``stream`` is capturing a CUDA graph."""
+    import torch
+
+    with torch.cuda.stream(stream):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def _torch_stream(stream):
@@ -1974,49 +1986,6 @@ def operand_reasons(
         elif t.device != a.device:
             reasons.append(f"{name} is on {t.device}, a is on {a.device}")
     return reasons
-
-
-def prepack_weights(b):
-    """W4A16: packed FP4 weights [..., N, K/2] (uint8 or a one-byte type) -> uint8
-    [..., N, K_pad/2], K_pad = K rounded up to 64: each 64-wide k-block permuted
-    (``fp4_dequant.prepacked_k_order``) so that the kernel dequantizes it into the wgmma A
-    fragment in plain K order, and the activations need no permutation.  Done once, at load
-    time; on the CPU or the GPU.  ``unprepack_weights`` inverts it."""
-    import torch
-
-    nibbles, k = _nibbles(b)
-    k_pad = _round_up(k, K_BLOCK)
-    nibbles = torch.nn.functional.pad(nibbles, (0, k_pad - k))
-    blocks = nibbles.reshape(*nibbles.shape[:-1], k_pad // K_BLOCK, K_BLOCK)
-    order = torch.tensor(dq.prepacked_k_order(), device=b.device)
-    return _pack(blocks[..., order].reshape(nibbles.shape))
-
-
-def unprepack_weights(prepacked, k: int):
-    """The inverse of ``prepack_weights`` for K = ``k``: [..., N, K/2] uint8 in plain order."""
-    import torch
-
-    nibbles, k_pad = _nibbles(prepacked)
-    if k_pad != _round_up(k, K_BLOCK):
-        raise ValueError(f"prepacked rows hold K_pad = {k_pad} values; K = {k} needs a multiple")
-    blocks = nibbles.reshape(*nibbles.shape[:-1], k_pad // K_BLOCK, K_BLOCK)
-    inverse = torch.argsort(torch.tensor(dq.prepacked_k_order(), device=prepacked.device))
-    return _pack(blocks[..., inverse].reshape(nibbles.shape)[..., :k])
-
-
-def _nibbles(packed):
-    """[..., K/2] bytes -> ([..., K] nibbles, low nibble first, K)."""
-    import torch
-
-    if packed.element_size() != 1 or packed.dim() < 2:
-        raise ValueError(f"packed FP4 must be [..., rows, K/2] bytes, got {packed.dtype}")
-    u8 = packed.view(torch.uint8)
-    return torch.stack((u8 & 0xF, u8 >> 4), dim=-1).flatten(-2), 2 * u8.shape[-1]
-
-
-def _pack(nibbles):
-    """[..., K] nibbles -> [..., K/2] uint8 bytes, low nibble first."""
-    return (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).contiguous()
 
 
 def _torch_dtype(c_dtype: str):
@@ -2341,7 +2310,7 @@ def run_on_gpu(args: argparse.Namespace) -> int:
         # W4A16: random activations of the given type, the weights prepacked
         gen = torch.Generator(device="cuda").manual_seed(args.seed)
         act = torch.randn((l, m, k), generator=gen, device="cuda")
-        a, b, sfa = act.to(_torch_dtype(args.a_dtype)), prepack_weights(ops.b), None
+        a, b, sfa = act.to(_torch_dtype(args.a_dtype)), k_order.prepack_weights(ops.b), None
     sfb = blocked_scales(ops.sfb)
     d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
     config = (vec, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)

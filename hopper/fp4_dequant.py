@@ -18,6 +18,8 @@ import cutlass
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
 
+from hopper.k_order import pair_k
+
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
@@ -189,8 +191,8 @@ def fp4_pair_lo_to_mma(x: Uint32, factor: Uint32, f16: bool) -> Uint32:
 def scale_factor(sf_byte: Uint32, f16: bool) -> Uint32:
     """One scale byte -> the multiplier of ``fp4x16_to_mma`` in both halves, exact: NVFP4
     (F16 MMAs) the F16 value scale * 2^7 (NaN stays NaN), MXFP4 (BF16 MMAs) the BF16 value
-    scale.  (NVFP4 with BF16 MMAs converts its scales in ``convert_operands``:
-    ``e4m3_byte_to_bf16x2``.)"""
+    scale.  (NVFP4 with BF16 MMAs: ``e4m3_byte_to_bf16x2`` in ``convert_operands``,
+    ``e4m3_to_bf16x2_prescaled`` in the W4A16 decode mainloop.)"""
     if f16:
         return mul_f16x2(e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
     # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
@@ -225,27 +227,6 @@ def fp4x16_to_mma(packed: Uint64, factors: list, f16: bool, prescaled=False) -> 
     if f16:
         return fp4x8_to_f16x2(lo, factors[:4]) + fp4x8_to_f16x2(hi, factors[4:])
     return fp4x8_to_bf16x2(lo, factors[:4], prescaled) + fp4x8_to_bf16x2(hi, factors[4:], prescaled)
-
-
-def a_fragment_word(r: int, i: int) -> int:
-    """Word of a k-block's wgmma A fragment (Uint32 view: row r, K half c, k16 step s at word
-    r + 2c + 4s) that takes pair P_i of ``fp4x16_to_mma``: for the thread's 16-group q, K
-    values 16 (i // 2) + 8 (i % 2) + 2q, +1 of the k-block (the weights' K permutation)."""
-    return r + 2 * (i % 2) + 4 * (i // 2)
-
-
-def pair_k(i, q):
-    """K (within a 64-wide k-block) that the wgmma A fragment gives the low value of pair P_i of
-    16-group q (the high value is K + 1).  Python or DSL integers."""
-    word = a_fragment_word(0, i)
-    return 16 * (word // 4) + 8 * (word // 2 % 2) + 2 * q
-
-
-def prepacked_k_order() -> list[int]:
-    """W4A16: the K (0..63) whose weight ``prepack_weights`` stores at packed nibble position
-    16q + 8w + n of a 64-wide k-block, so that the dequantized fragment is in plain K order:
-    pair P_(4w + n % 4) of group q, its low (n < 4) or high value."""
-    return [pair_k(4 * w + n % 4, q) + n // 4 for q in range(4) for w in range(2) for n in range(8)]
 
 
 def token_chunk_layout(chunk):

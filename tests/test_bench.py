@@ -252,6 +252,9 @@ def test_shards_combine_into_one_result_set_in_shape_order(tmp_path):
     assert [(r["m"], r["n"], r["k"]) for r in saved["rows"]] == [tuple(s) for s in shapes]
     assert [r["ours-w4a16-nvfp4"]["us"] for r in saved["w4a16"]] == [10.0, 11.0, 10.0]
     assert saved["meta"]["copy_bandwidth_Bps"] == 4e12 and len(saved["meta"]["shards"]) == 2
+    assert bench.main(["--combine", "3", "--out_dir", str(tmp_path)]) == 2  # (no shard 2)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--combine", "0"])
     args = bench.parse_args(["--shard", "1/3"])
     assert args.shard == (1, 3)
     for bad in ("3/3", "x/2"):

@@ -601,7 +601,10 @@ def test_fp4_linear_w4a16_holds_prepacked_weights(fmt):
     lin = _linear(k=96, n=40).to(torch.bfloat16)
     plain = fp4_ops.FP4Linear.from_linear(lin, fmt)
     w16 = fp4_ops.FP4Linear.from_linear(lin, fmt, activations="bf16")
-    assert w16.weight_data.shape == (40, 64)  # K = 96 padded to 128
+    assert w16.weight_prepacked.shape == (40, 64)  # K = 96 padded to 128
+    # the two layouts do not share a buffer name: one layer's state_dict cannot load into the other
+    with pytest.raises(RuntimeError, match="weight_prepacked"):
+        w16.load_state_dict(plain.state_dict())
     assert torch.equal(w16.weight.data, plain.weight.data)
     x = torch.randn(2, 3, 96, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     y = w16(x)
@@ -657,3 +660,29 @@ def test_fp4_linear_w4a16_gpu_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     _w4a16_check(y, x, layer.weight, layer.weight_global_scale)
+
+
+@needs_gemm_gpu
+def test_fp4_gemm_w4a16_gpu_cuda_graph_with_plain_weights():
+    """``fp4_gemm(x, w)`` prepacks w on every call: after a first call, that prepacking and the
+    GEMM are captured and replayed (new weight global scale read at replay)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("W4A16 runs on sm_90 only")
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(16, 512, generator=gen).to(torch.bfloat16).cuda()
+    w = fp4_ops.quantize((torch.randn(200, 512, generator=gen) * 0.02).cuda())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fp4_ops.fp4_gemm(x, w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        d = fp4_ops.fp4_gemm(x, w)
+    graph.replay()
+    torch.cuda.synchronize()
+    _w4a16_check(d, x, w, w.global_scale)
+    w.global_scale.mul_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    _w4a16_check(d, x, w, w.global_scale)

@@ -27,6 +27,7 @@ import pytest
 import blockwise_gemm_fp4 as k100
 from hopper import blockwise_gemm_fp4_sm90 as k90
 from hopper import fp4_dequant as dq
+from hopper import k_order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "hopper", "blockwise_gemm_fp4_sm90.py")
@@ -535,7 +536,7 @@ def _weights_kblock(packed_row: bytes, sf_stage: bytes, row: int, j: int, vec: i
         factors = [dq.scale_factor(Uint32(sf), f16)] * 8
         pairs = dq.fp4x16_to_mma(Uint64(packed), factors, f16)
         for i, pair in enumerate(pairs):
-            word = dq.a_fragment_word(0, i)
+            word = k_order.a_fragment_word(0, i)
             # PTX ISA, wgmma .f16 / .bf16 A fragment in registers: register pair (a_2x, a_2x+1)
             # = word x holds row (lane / 4) + 8 (x % 2), K columns 2 (lane % 4) + 8 (x / 2 % 2)
             # + 16 (x / 4) and + 1 (m64nNk16 per k16 step)
@@ -722,7 +723,7 @@ def _w4a16_decode_kblock(gemm, prepacked_row: bytes, sf_stage: bytes, row: int, 
         pairs = dq.fp4x16_to_mma(Uint64(packed), factors, f16, gemm.bf16_prescaled)
         for i, pair in enumerate(pairs):
             # the PTX ISA's A fragment layout, as in ``_weights_kblock``
-            word = dq.a_fragment_word(0, i)
+            word = k_order.a_fragment_word(0, i)
             col = 16 * (word // 4) + 8 * (word // 2 % 2) + 2 * q
             bits = int(pair.value)
             halves += [(col, bits & 0xFFFF), (col + 1, bits >> 16)]
@@ -772,7 +773,7 @@ def test_w4a16_prepacked_weights_dequantize_in_plain_k_order(vec, f16, ptx_model
     accepted = _accepted_scale_bytes(vec)
     packed, scales, blocked = _operand(len(accepted), vec, accepted, seed=vec + f16)
     ref = reference.dequantize_fp4(packed, scales, vec)
-    prepacked = k90.prepack_weights(packed)
+    prepacked = k_order.prepack_weights(packed)
     a_dtype = "Float16" if f16 else "BFloat16"
     gemm = k90.BlockwiseGemmFp4Sm90(vec, "decode", (16, 128), a_dtype=a_dtype)
     assert gemm.f16 == f16
@@ -798,23 +799,23 @@ def test_prepack_weights_is_a_permutation_within_k_blocks(k):
 
     gen = torch.Generator().manual_seed(k)
     b = torch.randint(0, 256, (2, 5, k // 2), dtype=torch.uint8, generator=gen)
-    prepacked = k90.prepack_weights(b)
+    prepacked = k_order.prepack_weights(b)
     k_pad = -(-k // 64) * 64
     assert prepacked.shape == (2, 5, k_pad // 2) and prepacked.dtype == torch.uint8
-    assert torch.equal(k90.unprepack_weights(prepacked, k), b)
-    assert torch.equal(k90.prepack_weights(b[0]), prepacked[0])
+    assert torch.equal(k_order.unprepack_weights(prepacked, k), b)
+    assert torch.equal(k_order.prepack_weights(b[0]), prepacked[0])
     if hasattr(torch, "float4_e2m1fn_x2"):
-        assert torch.equal(k90.prepack_weights(b.view(torch.float4_e2m1fn_x2)), prepacked)
+        assert torch.equal(k_order.prepack_weights(b.view(torch.float4_e2m1fn_x2)), prepacked)
     nib = torch.stack((b & 15, b >> 4), -1).flatten(-2)
     nib = torch.nn.functional.pad(nib, (0, k_pad - k))
     pre = torch.stack((prepacked & 15, prepacked >> 4), -1).flatten(-2)
     for kb in range(k_pad // 64):
         block = slice(64 * kb, 64 * kb + 64)
         assert torch.equal(pre[..., block].sort(-1).values, nib[..., block].sort(-1).values)
-    assert sorted(dq.prepacked_k_order()) == list(range(64))
-    assert dq.prepacked_k_order() != list(range(64))
-    with pytest.raises(ValueError, match="K_pad"):
-        k90.unprepack_weights(prepacked, k + 64)
+    assert sorted(k_order.prepacked_k_order()) == list(range(64))
+    assert k_order.prepacked_k_order() != list(range(64))
+    with pytest.raises(ValueError, match="prepacked rows hold"):
+        k_order.unprepack_weights(prepacked, k + 64)
 
 
 def test_blocked_scale_offsets_match_to_blocked():
@@ -1462,10 +1463,10 @@ W4A16_COMPILE = [
 @pytest.mark.parametrize("cfg", W4A16_COMPILE, ids=lambda c: "-".join(str(x) for x in c))
 def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
     """W4A16 compiles for sm_90a: the activations' type in wgmma with FP32 accumulation, TMA
-    loads, no local memory; decode is the GEMM kernel alone (no convert_operands), whose
-    producer requests the first weights before its PDL wait and whose consumers wait too
-    before any store; prefill converts the weights only; alpha * 2^7 exactly where F16
-    weights carry 2^-7."""
+    loads, no local memory; decode is the GEMM kernel alone (no convert_operands); producer and
+    consumers wait for the grid ahead before any load or store (no prologue grid stands between:
+    that grid may write the weights); prefill converts the weights only; alpha * 2^7 exactly
+    where F16 weights carry 2^-7."""
     vec, a_dtype, c_dtype, path, tiler, split, tma_store, k_groups = cfg
     config = (vec, c_dtype, path, tiler, split, tma_store, k_groups, a_dtype)
     gemm, ptx, cubin = _cross_compile(str(tmp_path), *config)
@@ -1480,7 +1481,7 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
     assert waits == 2, waits
     early = gemm_ptx[: gemm_ptx.index("griddepcontrol.wait")]
     loads = re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)
-    assert len(loads) == (2 if path == "decode" else 0), loads
+    assert not loads, loads
     assert not re.search(r"\b(ld|st|atom|red)\.[\w:.]*global", early)
     assert re.search(r"\bld\.global\.(b32|f32)", gemm_ptx)
     prescaled = vec == 16 and a_dtype == "BFloat16" and path == "decode"
@@ -1602,7 +1603,7 @@ def _w4a16_operands(m, n, k, l, vec, a_dtype, seed):  # noqa: E741
 @gpu
 @pytest.mark.parametrize("case", W4A16_GPU_CASES, ids=lambda c: "-".join(str(x) for x in c))
 def test_gpu_w4a16_matches_reference(case):
-    """W4A16 against the fp64-accumulated product of the activations and the dequantized
+    """W4A16 against the product of the activations and the dequantized
     weights (``reference.check_gemm_w4a16``'s derived bound), twice back to back on different
     operands (PDL: the second GEMM must not read or write before the first is done)."""
     import torch
@@ -1616,7 +1617,7 @@ def test_gpu_w4a16_matches_reference(case):
         a, ops = _w4a16_operands(m, n, k, l, vec, a_dtype, seed)
         alpha = float(ops.alpha) * alpha_factor
         d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
-        runs.append((a, ops, k90.prepack_weights(ops.b), alpha, d, guarded))
+        runs.append((a, ops, k_order.prepack_weights(ops.b), alpha, d, guarded))
     runner.executor(n)
     runner.workspace(m, n, k, l)
     torch.cuda.synchronize()
@@ -1644,7 +1645,7 @@ def test_gpu_w4a16_stores_after_the_grid_ahead():
     reader = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (32, 64), 2, "", None, 4, "BFloat16")
     a1, ops1 = _w4a16_operands(m1, n1, k1, 1, 16, "BFloat16", 3)
     a2, ops2 = _w4a16_operands(m2, n2, k2, 1, 16, "BFloat16", 4)
-    b1, b2 = k90.prepack_weights(ops1.b), k90.prepack_weights(ops2.b)
+    b1, b2 = k_order.prepack_weights(ops1.b), k_order.prepack_weights(ops2.b)
     sfb1, sfb2 = k90.blocked_scales(ops1.sfb), k90.blocked_scales(ops2.sfb)
     outs = [torch.full((1, m1, n1), float("nan"), dtype=torch.bfloat16, device="cuda")]
     outs += [torch.full_like(outs[0], float("nan")) for _ in range(4)]
@@ -1673,3 +1674,38 @@ def test_gpu_w4a16_cli(a_dtype, vec):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "check_gemm_w4a16" in r.stdout and "PASS" in r.stdout
+
+
+@gpu
+def test_gpu_w4a16_reads_weights_after_the_grid_ahead():
+    """W4A16 decode has no prologue grid: the GEMM ahead (which releases its PDL dependents
+    before it stores D) writes this launch's prepacked weights, so the producer must wait for
+    it before its first weight load.  Five pairs queued back to back."""
+    import torch
+
+    import reference
+
+    (m1, n1, k1), (m2, n2, k2) = (13, 10240, 2048), (16, 520, 1024)
+    writer = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 2, a_dtype="BFloat16")
+    reader = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 1, a_dtype="BFloat16")
+    a1, ops1 = _w4a16_operands(m1, n1, k1, 1, 16, "BFloat16", 5)
+    a2, ops2 = _w4a16_operands(m2, n2, k2, 1, 16, "BFloat16", 6)
+    b1, sfb1, sfb2 = k_order.prepack_weights(ops1.b), *map(k90.blocked_scales, (ops1.sfb, ops2.sfb))
+    assert m1 * n1 * 2 == n2 * k2 // 2  # the writer's D is exactly the reader's weights
+    outs = [torch.full((1, m1, n1), float("nan"), dtype=torch.bfloat16, device="cuda")]
+    outs += [torch.full_like(outs[0], float("nan")) for _ in range(4)]
+    d2s = [torch.empty(1, m2, n2, dtype=torch.bfloat16, device="cuda") for _ in outs]
+    for runner, m, n, k in ((writer, m1, n1, k1), (reader, m2, n2, k2)):
+        runner.executor(n)
+        runner.workspace(m, n, k, 1)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)
+    for i, (d1, d2) in enumerate(zip(outs, d2s, strict=True)):
+        writer(a1, b1, None, sfb1, d1, m1, n1, k1, 1, float(1 + i))
+        weights = d1.view(torch.uint8).view(1, n2, k2 // 2)
+        reader(a2, weights, None, sfb2, d2, m2, n2, k2, 1, 1.0)
+    torch.cuda.synchronize()
+    for d1, d2 in zip(outs, d2s, strict=True):
+        plain = k_order.unprepack_weights(d1.view(torch.uint8).view(1, n2, k2 // 2), k2)
+        ok, info = reference.check_gemm_w4a16(d2, a2, plain, ops2.sfb, 16, 1.0)
+        assert ok, str(info)

@@ -1,10 +1,11 @@
-"""Single-line mutants of hopper/blockwise_gemm_fp4_sm90.py and hopper/fp4_dequant.py: small,
+"""Single-line mutants of hopper/blockwise_gemm_fp4_sm90.py, fp4_dequant.py and k_order.py: small,
 realistic bugs, each of which tests/test_hopper.py must catch, on the CPU or (``GPU`` in
 ``tests``: the ``-m gpu`` tests) on an H100 / H200 only. Keep every ``old`` text current as the
 kernel changes (it must occur exactly once in its file)."""
 
 FILE = "hopper/blockwise_gemm_fp4_sm90.py"
 DEQUANT = "hopper/fp4_dequant.py"
+K_ORDER = "hopper/k_order.py"
 TEST = "tests/test_hopper.py"
 # the CPU tests that run the kernel's conversion helpers and index math
 CONVERSIONS = "permutation or conversion_helpers or blocked_scale"
@@ -151,7 +152,7 @@ MUTANTS = [
         "return r + 2 * (i % 2) + 4 * (i // 2)",
         "return r + 4 * (i % 2) + 2 * (i // 2)",
         CONVERSIONS,
-        file=DEQUANT,
+        file=K_ORDER,
     ),
     mutant(
         "h-prmt-selector-halves",
@@ -326,8 +327,8 @@ MUTANTS = [
     mutant(
         "h-w4a16-pair-scale-column",
         "W4A16",
-        "byte = (K_BLOCK * j + dq.pair_k(i, 0)) // self.sf_vec_size % SF_ATOM_COLS",
-        "byte = (K_BLOCK * j + dq.pair_k(0, 0)) // self.sf_vec_size % SF_ATOM_COLS",
+        "byte = (K_BLOCK * j + k_order.pair_k(i, 0)) // self.sf_vec_size % SF_ATOM_COLS",
+        "byte = (K_BLOCK * j + k_order.pair_k(0, 0)) // self.sf_vec_size % SF_ATOM_COLS",
         "w4a16_prepacked",
     ),
     mutant(
@@ -336,7 +337,7 @@ MUTANTS = [
         "pair_k(4 * w + n % 4, q) + n // 4 for q",
         "pair_k(4 * w + n // 2, q) + n % 2 for q",
         "w4a16_prepacked or prepack_weights",
-        file=DEQUANT,
+        file=K_ORDER,
     ),
     mutant(
         "h-w4a16-prefill-chunk-scale",
@@ -367,6 +368,13 @@ MUTANTS = [
         "            cute.arch.griddepcontrol_wait()\n            alpha = mAlpha[0]",
         "            alpha = mAlpha[0]",
         "cross_compile",
+    ),
+    mutant(
+        "h-w4a16-weights-before-wait",
+        "PDL",
+        "if cutlass.const_expr(self.swap_ab and self.convert_b):",
+        "if cutlass.const_expr(self.swap_ab):",
+        "w4a16_cross_compile",
     ),
     gpu_mutant(
         "h-w4a16-sf-word-column",

@@ -1,0 +1,97 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The K orders of the Hopper kernel, and the W4A16 weight prepacking: plain Python and torch,
+no CuTe DSL (the library's CPU path imports this module alone).
+
+The register dequantizer (``fp4_dequant.fp4x16_to_mma``) turns the 16 packed FP4 values of a
+thread's 16-group q of a 64-wide k-block into pairs P_0..P_7 (P_i = nibbles (i % 4, i % 4 + 4)
+of 32-bit word i // 4), and the wgmma A fragment places P_i at K = ``pair_k(i, q)`` (+1), not
+in memory order.  W4A4 permutes the other operand to match; W4A16 permutes the weights once
+(``prepack_weights``) so that 16-bit activations go to the tensor cores as they are.
+"""
+
+from __future__ import annotations
+
+# K values per wgmma k-block (four k16 steps): the unit of every permutation here
+K_BLOCK = 64
+# (device, inverse) -> the permutation as an index tensor on that device
+_ORDERS: dict = {}
+
+
+def a_fragment_word(r: int, i: int) -> int:
+    """Word of a k-block's wgmma A fragment (Uint32 view: row r, K half c, k16 step s at word
+    r + 2c + 4s) that takes pair P_i of ``fp4x16_to_mma``: for the thread's 16-group q, K
+    values 16 (i // 2) + 8 (i % 2) + 2q, +1 of the k-block (the weights' K permutation)."""
+    return r + 2 * (i % 2) + 4 * (i // 2)
+
+
+def pair_k(i, q):
+    """K (within a 64-wide k-block) that the wgmma A fragment gives the low value of pair P_i of
+    16-group q (the high value is K + 1).  Python or DSL integers."""
+    word = a_fragment_word(0, i)
+    return 16 * (word // 4) + 8 * (word // 2 % 2) + 2 * q
+
+
+def prepacked_k_order() -> list[int]:
+    """W4A16: the K (0..63) whose weight ``prepack_weights`` stores at packed nibble position
+    16q + 8w + n of a 64-wide k-block, so that the dequantized fragment is in plain K order:
+    pair P_(4w + n % 4) of group q, its low (n < 4) or high value."""
+    return [pair_k(4 * w + n % 4, q) + n // 4 for q in range(4) for w in range(2) for n in range(8)]
+
+
+def prepack_weights(b):
+    """W4A16: packed FP4 weights [..., N, K/2] (uint8 or a one-byte type) -> uint8
+    [..., N, K_pad/2], K_pad = K rounded up to 64: each 64-wide k-block permuted
+    (``prepacked_k_order``) so that the kernel dequantizes it into the wgmma A fragment in plain
+    K order, and the activations need no permutation.  Meant for load time; CPU or GPU (the
+    first call on a GPU must come before any CUDA-graph capture).  ``unprepack_weights``
+    inverts it."""
+    import torch
+
+    nibbles, k = _nibbles(b)
+    k_pad = -(-k // K_BLOCK) * K_BLOCK
+    nibbles = torch.nn.functional.pad(nibbles, (0, k_pad - k))
+    blocks = nibbles.reshape(*nibbles.shape[:-1], k_pad // K_BLOCK, K_BLOCK)
+    return _pack(blocks[..., _order(b.device, inverse=False)].reshape(nibbles.shape))
+
+
+def unprepack_weights(prepacked, k: int):
+    """The inverse of ``prepack_weights`` for K = ``k``: [..., N, K/2] uint8 in plain order."""
+    nibbles, k_pad = _nibbles(prepacked)
+    if k_pad != -(-k // K_BLOCK) * K_BLOCK:
+        raise ValueError(
+            f"prepacked rows hold {k_pad} values; K = {k} needs {-(-k // K_BLOCK) * K_BLOCK}"
+        )
+    blocks = nibbles.reshape(*nibbles.shape[:-1], k_pad // K_BLOCK, K_BLOCK)
+    plain = blocks[..., _order(prepacked.device, inverse=True)].reshape(nibbles.shape)
+    return _pack(plain[..., :k])
+
+
+def _order(device, inverse: bool):
+    """``prepacked_k_order`` (or its inverse) as an index tensor on ``device``, made once."""
+    import torch
+
+    key = (device, inverse)
+    if key not in _ORDERS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "prepack_weights: the first call on a GPU copies its index table to the device; "
+                "make it before capturing a CUDA graph"
+            )
+        order = torch.tensor(prepacked_k_order())
+        _ORDERS[key] = (torch.argsort(order) if inverse else order).to(device)
+    return _ORDERS[key]
+
+
+def _nibbles(packed):
+    """[..., K/2] bytes -> ([..., K] nibbles, low nibble first, K)."""
+    import torch
+
+    if packed.element_size() != 1 or packed.dim() < 2:
+        raise ValueError(f"packed FP4 must be [..., rows, K/2] bytes, got {packed.dtype}")
+    u8 = packed.view(torch.uint8)
+    return torch.stack((u8 & 0xF, u8 >> 4), dim=-1).flatten(-2), 2 * u8.shape[-1]
+
+
+def _pack(nibbles):
+    """[..., K] nibbles -> [..., K/2] uint8 bytes, low nibble first."""
+    return (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).contiguous()
