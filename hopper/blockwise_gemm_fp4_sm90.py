@@ -11,7 +11,7 @@ B [N, K/2, L] packed FP4 bytes, K-major; SFA / SFB in the 128x4 blocked layout o
 ``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 = Float8E8M0FNU per
 32; alpha one fp32 in device memory; D BFloat16 / Float16 / Float32, row-major [M, N] per batch
 (row pitch N). W4A16 (``a_dtype``): A is BF16 / F16 [M, K, L] without scales, and B went
-through ``prepack_weights`` (each 64-wide k-block permuted once, so that the dequantized
+through ``k_order.prepack_weights`` (each 64-wide k-block permuted once, so that the dequantized
 weights come out in plain K order). Hopper has no FP4 tensor cores: FP4 is dequantized exactly
 to F16 or BF16 (every e2m1 x scale product is representable; ``hopper/fp4_dequant.py`` holds
 the conversions) and the tensor cores run F16 / BF16 ``wgmma`` with FP32 accumulation, so D
@@ -1799,7 +1799,7 @@ class Fp4GemmSm90Runner:
 
     W4A4: ``runner(a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha)`` on packed FP4 A and B.
     W4A16 (``a_dtype`` BFloat16 / Float16): ``runner(a, b, None, sfb_blocked, ...)``, ``a`` the
-    activations [L, M, K], ``b`` the weights after ``prepack_weights``.  ``alpha``: a float
+    activations [L, M, K], ``b`` the weights after ``k_order.prepack_weights``.  ``alpha``: a float
     (checked by ``alpha_reason``; kept on the device per value and stream), or a one-element
     fp32 CUDA tensor that the kernel reads when it runs (a replayed CUDA graph reads the value
     current then; an alpha * ``acc_scale`` that overflows gives inf / NaN in D).

@@ -1709,3 +1709,51 @@ def test_gpu_w4a16_reads_weights_after_the_grid_ahead():
         plain = k_order.unprepack_weights(d1.view(torch.uint8).view(1, n2, k2 // 2), k2)
         ok, info = reference.check_gemm_w4a16(d2, a2, plain, ops2.sfb, 16, 1.0)
         assert ok, str(info)
+
+
+@gpu
+def test_gpu_runner_streams_and_alpha_forms():
+    """One split-K runner on two streams at once (a workspace each: their tile counters must not
+    mix), given as torch streams and as a CUstream; a float alpha first seen under CUDA-graph
+    capture; a one-element device alpha changed between graph replays."""
+    import cuda.bindings.driver as cuda_driver
+    import torch
+
+    import reference
+
+    m, n, k = 16, 4096, 4096
+    runner = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 4)
+    runs = []
+    for seed in range(4):
+        ops = reference.make_fp4_operands(m, n, k, 1, 16, "cuda", seed=seed)
+        sf = (k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb))
+        runs.append((ops, sf, torch.empty(1, m, n, dtype=torch.bfloat16, device="cuda")))
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+        runner(runs[0][0].a, runs[0][0].b, *runs[0][1], runs[0][2], m, n, k, 1, 1.0, s)
+    torch.cuda.synchronize()
+    for s in streams:
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(20_000_000)
+    for i, (ops, sf, d) in enumerate(runs):
+        s = streams[i % 2]
+        stream = s if i < 2 else cuda_driver.CUstream(s.cuda_stream)
+        runner(ops.a, ops.b, *sf, d, m, n, k, 1, float(ops.alpha), stream)
+    torch.cuda.synchronize()
+    for ops, _, d in runs:
+        ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, 16, ops.alpha)
+        assert ok, str(info)
+    ops, sf, d = runs[1]
+    alpha = torch.full((1,), 0.5, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=streams[0]):
+        runner(ops.a, ops.b, *sf, runs[2][2], m, n, k, 1, 0.37)  # a float alpha new to the runner
+        runner(ops.a, ops.b, *sf, d, m, n, k, 1, alpha)
+    for value in (0.5, -3.0):
+        alpha.fill_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        for out, want in ((runs[2][2], 0.37), (d, value)):
+            ok, info = reference.check_gemm(out, ops.a, ops.b, ops.sfa, ops.sfb, 16, want)
+            assert ok, str(info)
