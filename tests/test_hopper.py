@@ -1485,6 +1485,11 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
     assert not re.search(r"\b(ld|st|atom|red)\.[\w:.]*global", early)
     assert re.search(r"\bld\.global\.(b32|f32)", gemm_ptx)
     prescaled = vec == 16 and a_dtype == "BFloat16" and path == "decode"
+    if prescaled:
+        # one packed multiply per pair (8 pairs x 2 rows x 2 k-blocks a stage), the scales by
+        # cvt: one per row, k-block and 16-group
+        assert gemm_ptx.count("mul.rn.bf16x2") == 32
+        assert gemm_ptx.count("cvt.rn.f16x2.e4m3x2") == gemm_ptx.count("cvt.rn.bf16x2.f32") == 16
     scales = {2.0**7: a_dtype == "Float16", 2.0**8: prescaled, 2.0**14: False}
     for value, present in scales.items():
         assert (("0f" + struct.pack(">f", value).hex().upper()) in gemm_ptx) == present, value
