@@ -251,6 +251,8 @@ def default_config(
       of <= 32 tokens runs as 64-row tiles with DECODE_K_GROUPS groups of consumer warpgroups
       splitting K inside the CTA.
     * Larger M: prefill, 128 x 256 tiles on 2x1 clusters.
+    * W4A16 (``a_dtype`` BFloat16 / Float16) takes the same rule (no token copy to bound); no
+      other tile, split or K-group choice beat it where W4A16 trails (hopper/DESIGN.md).
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
