@@ -32,8 +32,9 @@ A prologue grid, ``convert_operands``, converts the FP4 SMEM operand(s) once per
 / BF16 copies in the wgmma's K order (W4A16: the prefill weights only; W4A16 decode has none:
 TMA takes the activations as they are). The GEMM is launched with programmatic dependent
 launch (PDL: a grid may start before the one ahead of it ends, and ``griddepcontrol.wait``
-waits for it): its producer requests the first stage's weights, then waits; its consumers wait
-before they read alpha. On decode tiles of up to 32 tokens the prologue is PDL-launched too.
+waits for it): on W4A4 decode its producer requests the first stage's weights, then waits (the
+prologue grid ahead waited for the kernel before it); elsewhere it waits first. The consumers
+wait before they read alpha. On decode tiles of up to 32 tokens the prologue is PDL-launched too.
 
 Warp roles (128 x (1 + row warpgroups x k_groups) threads)
 ----------------------------------------------------------
