@@ -523,7 +523,7 @@ _SM90_RUNNERS: dict = {}
 _A_DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16"}
 
 
-_SM100_C_DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+_C_DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
 
 
 def _sm100_config(
@@ -541,7 +541,7 @@ def _sm100_config(
 
     tiler, cluster = blockwise_gemm_fp4.pick_tile_and_cluster((m, n, k, l))
     return {
-        "c_dtype": _SM100_C_DTYPES[out_dtype],
+        "c_dtype": _C_DTYPES[out_dtype],
         "mma_tiler_mn": tiler,
         "cluster_shape_mn": cluster,
     }
@@ -579,7 +579,7 @@ def _gemm_sm90(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype="Float4E2M
     n, device = b.shape[1], a.device
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     path, tiler, split, k_groups = k90.default_config(m, n, k, l, num_sms, a_dtype=a_dtype)
-    c_dtype = _SM100_C_DTYPES[out_dtype]
+    c_dtype = _C_DTYPES[out_dtype]
     key = (sf_vec_size, c_dtype, a_dtype, path, tuple(tiler), split, k_groups, device.index)
     if key not in _SM90_RUNNERS:
         with torch.cuda.device(device):

@@ -117,8 +117,8 @@ SF_FORMATS = {
     32: ("Float8E8M0FNU", "MXFP4"),
 }
 # A (activations): packed FP4 (W4A4) or BF16 / F16 (W4A16, weight-only FP4)
-A_DTYPES = {"Float4E2M1FN": cutlass.Uint8, "BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16}
-W4A4 = "Float4E2M1FN"
+A_DTYPES = ("Float4E2M1FN", "BFloat16", "Float16")
+W4A4 = A_DTYPES[0]
 C_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 SF_DTYPES = {"Float8E4M3FN": cutlass.Float8E4M3FN, "Float8E8M0FNU": cutlass.Float8E8M0FNU}
 PATHS = ("prefill", "decode")
@@ -2084,7 +2084,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--a_dtype",
-        choices=tuple(A_DTYPES),
+        choices=A_DTYPES,
         default=W4A4,
         help="activations: Float4E2M1FN (W4A4, with scales) or BFloat16 / Float16 (W4A16)",
     )

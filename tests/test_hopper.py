@@ -547,10 +547,13 @@ def _weights_kblock(packed_row: bytes, sf_stage: bytes, row: int, j: int, vec: i
     return out
 
 
-def _tokens_kblock(packed_row: bytes, blocked: bytes, row: int, kb: int, vec, f16, keep=None):
+def _tokens_kblock(
+    packed_row: bytes, blocked: bytes, row: int, kb: int, vec, f16, keep=None, prepacked=False
+):
     """``convert_operands``'s copy of k-block kb of one operand row, made by its helpers
-    (``token_chunk_layout``, ``blocked_sf_word``, ``_convert_chunk_words``): list of (K column
-    of the k-block, half bits); the copy is K-major, so element e is wgmma K column e."""
+    (``token_chunk_layout``, ``blocked_sf_word``, ``_convert_chunk_words``; ``prepacked``: W4A16
+    weights, each chunk under its pair's scale): list of (K column of the k-block, half bits);
+    the copy is K-major, so element e is wgmma K column e."""
     from cutlass.cutlass_dsl import Uint32
 
     atoms_k = (len(packed_row) * 2 // vec + 3) // 4
@@ -563,8 +566,9 @@ def _tokens_kblock(packed_row: bytes, blocked: bytes, row: int, kb: int, vec, f1
         word_off, shift, dst_off = dq.token_chunk_layout(chunk)
         base = kb * (k90.K_BLOCK // 2) + word_off
         words = [Uint32(_word(packed_row, base + 8 * q)) for q in range(4)]
+        pair = Uint32(chunk) if prepacked else None
         halves = dq.convert_chunk_words(
-            words, Uint32(sf4), Uint32(keep), col0, Uint32(shift), vec, f16
+            words, Uint32(sf4), Uint32(keep), col0, Uint32(shift), vec, f16, pair
         )
         for q, pair in enumerate(halves):
             # st.global.v4.b32 at byte dst_off: word q = elements dst_off / 2 + 2q, + 1
@@ -591,6 +595,14 @@ def _operand(rows: int, vec: int, scale_bytes: list[int], seed: int):
     scales = sf.view(reference.SCALE_DTYPES[vec])
     packed = reference.pack_fp4(codes)
     return packed, scales, bytes(reference.to_blocked(sf).numpy().tobytes())
+
+
+def _scale_stage(blocked: bytes, row: int, vec: int) -> bytes:
+    """The TMA box of ``row``'s k-tile of scales: its row block's atoms (a one-k-tile operand:
+    all of them)."""
+    atom_block = k90.K_TILE // vec // k90.SF_ATOM_COLS * k90.SF_ATOM_BYTES
+    rb = row // k90.SF_ATOM_ROWS
+    return blocked[rb * atom_block : (rb + 1) * atom_block]
 
 
 def _as_values(halves, f16: bool) -> dict:
@@ -657,12 +669,9 @@ def test_conversion_helpers_match_reference(vec, f16, path, ptx_models):
     weights_order, tokens_order = _k_orders(vec, f16, path)
     packed, scales, blocked = _operand(len(accepted), vec, accepted, seed=vec)
     ref = reference.dequantize_fp4(packed, scales, vec)
-    atoms_k = k90.K_TILE // vec // k90.SF_ATOM_COLS
     for row in range(len(accepted)):
         row_bytes = bytes(packed[row].numpy())
-        # the TMA box of this row's k-tile: its row block's atoms (one k-tile: all of them)
-        rb = row // k90.SF_ATOM_ROWS
-        stage = blocked[rb * atoms_k * k90.SF_ATOM_BYTES : (rb + 1) * atoms_k * k90.SF_ATOM_BYTES]
+        stage = _scale_stage(blocked, row, vec)
         for kb in range(k90.K_TILE // k90.K_BLOCK):
             want = [float(x) for x in ref[row, kb * k90.K_BLOCK : (kb + 1) * k90.K_BLOCK]]
             got = _as_values(_tokens_kblock(row_bytes, blocked, row, kb, vec, f16), f16)
@@ -731,37 +740,6 @@ def _w4a16_decode_kblock(gemm, prepacked_row: bytes, sf_stage: bytes, row: int, 
     return {col: decode(bits) * gemm.acc_scale for col, bits in halves}
 
 
-def _w4a16_prefill_kblock(vec, f16, prepacked_row: bytes, blocked: bytes, row: int, kb: int):
-    """Prefill W4A16: ``convert_operands``' copy of k-block kb of one prepacked weight row
-    (``convert_chunk_words`` with the chunk's pair): {K column: value}, F16 times 2^7."""
-    from cutlass.cutlass_dsl import Uint32
-
-    atoms_k = (len(prepacked_row) * 2 // vec + 3) // 4
-    row_blocks = len(blocked) // (atoms_k * k90.SF_ATOM_BYTES)
-    col0 = kb * (k90.K_BLOCK // vec)
-    sf4 = _word(blocked, k90.blocked_sf_word(0, row, col0, row_blocks, atoms_k))
-    halves = []
-    for chunk in range(k90.CHUNKS_PER_KBLOCK):
-        word_off, shift, dst_off = dq.token_chunk_layout(chunk)
-        base = kb * (k90.K_BLOCK // 2) + word_off
-        words = [Uint32(_word(prepacked_row, base + 8 * q)) for q in range(4)]
-        out = dq.convert_chunk_words(
-            words,
-            Uint32(sf4),
-            Uint32(0xFFFFFFFF),
-            Uint32(col0),
-            Uint32(shift),
-            vec,
-            f16,
-            Uint32(chunk),
-        )
-        for q, pair in enumerate(out):
-            elem = dst_off // 2 + 2 * q
-            bits = int(pair.value)
-            halves += [(elem, bits & 0xFFFF), (elem + 1, bits >> 16)]
-    return _as_values(halves, f16)
-
-
 @pytest.mark.parametrize("vec, f16", W4A16_CONVERSIONS, ids=W4A16_IDS)
 def test_w4a16_prepacked_weights_dequantize_in_plain_k_order(vec, f16, ptx_models):
     """W4A16: weights through ``prepack_weights`` and the kernel's own dequantization (decode:
@@ -777,16 +755,15 @@ def test_w4a16_prepacked_weights_dequantize_in_plain_k_order(vec, f16, ptx_model
     a_dtype = "Float16" if f16 else "BFloat16"
     gemm = k90.BlockwiseGemmFp4Sm90(vec, "decode", (16, 128), a_dtype=a_dtype)
     assert gemm.f16 == f16
-    atoms_k = k90.K_TILE // vec // k90.SF_ATOM_COLS
     for row in range(len(accepted)):
         row_bytes = bytes(prepacked[row].numpy())
-        rb = row // k90.SF_ATOM_ROWS
-        stage = blocked[rb * atoms_k * k90.SF_ATOM_BYTES : (rb + 1) * atoms_k * k90.SF_ATOM_BYTES]
+        stage = _scale_stage(blocked, row, vec)
         for kb in range(k90.K_TILE // k90.K_BLOCK):
             want = [float(x) for x in ref[row, kb * k90.K_BLOCK : (kb + 1) * k90.K_BLOCK]]
             got = _w4a16_decode_kblock(gemm, row_bytes, stage, row % k90.SF_ATOM_ROWS, kb)
             assert [got[c] for c in range(k90.K_BLOCK)] == want, ("decode", row, kb)
-            got = _w4a16_prefill_kblock(vec, f16, row_bytes, blocked, row, kb)
+            halves = _tokens_kblock(row_bytes, blocked, row, kb, vec, f16, prepacked=True)
+            got = _as_values(halves, f16)  # (the prefill copy of F16 weights carries 2^-7)
             assert [got[c] for c in range(k90.K_BLOCK)] == want, ("prefill", row, kb)
 
 
