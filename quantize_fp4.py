@@ -13,9 +13,14 @@ and the fp32 global scale.
   ``e4m3(min(amax_block / 6 / gs, 448))``; codes ``e2m1(x / (scale * gs))``.
 * MXFP4 (V = 32, E8M0 scales): block scale ``2^ceil(log2(amax_block / 6))`` clamped to
   [2^-127, 2^127]; codes ``e2m1(x * 2^-e)``; global scale 1.0.
-The arithmetic is the reference's, step by step: IEEE divisions (``div.rn.f32``), fp32 -> E4M3
-rounding to nearest even with integer arithmetic, the E8M0 exponent read off amax's bits (exact),
-E2M1 rounding to nearest even on the quotient rounded to fp32, the sign of zero kept.
+The arithmetic gives the reference's results bit for bit: the block scale's IEEE divisions
+(``div.rn.f32``), fp32 -> E4M3 rounding to nearest even with integer arithmetic, the E8M0 exponent
+read off amax's bits (exact), and E2M1 rounding to nearest even of the quotient fl(|x| / divisor)
+with the sign of zero kept. The quotient costs a multiply and two fmas, not a division:
+q0 = |x| * fl(1 / divisor), q = q0 + fma(-q0, divisor, |x|) * fl(1 / divisor) is the correctly
+rounded quotient (Markstein's theorem) while divisors lie in [2^-100, 2^100] and the block scale
+did not clamp at 448; other blocks divide. The E2M1 code is read off the bits of
+q + 2^(22 + seg), whose ulp is the E2M1 step of q's segment: one add rounds, ties to even.
 
 Non-finite input: a check would need a host sync, so none is made. A block holding NaN or Inf
 gets the NaN scale byte (E4M3 0x7F, E8M0 0xFF) and zero codes, and a dynamic global scale over
@@ -25,16 +30,17 @@ number. (The CPU path, ``reference.py``, raises ValueError.)
 
 Kernels (portable integer and float code: sm_90 and the sm_100 family)
 ---------------------------------------------------------------------
-    amax_kernel  (dynamic NVFP4 only)  grid-stride over x: |x| bits max per thread (the bit
-                 patterns of non-negative floats order like integers, NaN above Inf above every
-                 number), warp shuffle max, one ``atom.global.max.u32`` per warp.
-    kernel       one thread per (batch, padded row, group of 4 scale columns): loads its 4
-                 blocks with 16-byte vector loads, writes their codes (one 32-bit word per 8
-                 values) and the 4 scale bytes as one 32-bit word, which the 128x4 layout keeps
-                 contiguous; padding rows and columns get zero scale bytes. Block 0's thread 0
-                 writes the global scale.
-Both run on the caller's stream; the dynamic path is memset + amax_kernel + kernel, with no host
-synchronization.
+    amax_kernel  (dynamic NVFP4 only)  a persistent grid-stride walk over x: |x| bits max per
+                 thread (the bit patterns of non-negative floats order like integers, NaN above
+                 Inf above every number), one maximum per CTA into a small buffer; it lets the
+                 next grid launch at once (PDL: programmatic dependent launch).
+    kernel       a persistent grid-stride walk, one thread per (batch, padded row, padded scale
+                 column): a block's 16-byte vector loads, coalesced across the warp; its codes
+                 as one 8- or 16-byte store; lanes 4j..4j+3 gather their 4 scale bytes into the
+                 32-bit word that the 128x4 layout keeps contiguous (padding gets zero bytes).
+                 Dynamic: it waits for the amax grid (``griddepcontrol.wait``), then reduces its
+                 maxima. Block 0's thread 0 writes the global scale.
+Both run on the caller's stream, with no memset and no host synchronization.
 
 Run
 ---
@@ -49,7 +55,7 @@ import sys
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Float32, Int32, Uint32, const_expr
+from cutlass import Float32, Int32, Uint32, const_expr
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import arith
 from cutlass.cutlass_dsl import dsl_user_op
@@ -57,28 +63,40 @@ from cutlass.cutlass_dsl import dsl_user_op
 IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 SF_VEC_SIZES = (16, 32)
 THREADS = 128
-BLOCKS_PER_THREAD = 4  # one 32-bit word of scale bytes (one row of a 128x4 atom)
-AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
-AMAX_MAX_CTAS = 132 * 16  # a full grid of 128-thread CTAs on an H200 (fewer atomics)
 WARP = 32
+SF_PER_WORD = 4  # scale bytes per 32-bit word: one row of a 128x4 atom
+# Persistent grids: quantize CTAs per SM by block size, all resident (NVFP4 at <= 64 registers
+# per thread, MXFP4 at <= 85: tests check the cubins); amax CTAs per SM.
+QUANT_CTAS_PER_SM = {16: 8, 32: 6}
+AMAX_CTAS_PER_SM = 4
+AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
+# the quantize kernel reduces the amax pass's per-CTA maxima, up to this many per thread
+PARTIALS_PER_THREAD = 5
+MAX_PARTIALS = THREADS * PARTIALS_PER_THREAD
 
 # NOTE: the non-negative fp32 bit patterns order like uint32, so amax is an integer max.
 ABS_MASK = 0x7FFFFFFF
+EXP_MASK = 0x7F800000
 INF_BITS = 0x7F800000
 E4M3_MAX = 448.0
 E4M3_MIN_NORMAL = 2.0**-6
 E4M3_NAN = 0x7F
 E8M0_NAN = 0xFF
+E2M1_MAX = 6.0
 GLOBAL_DIVISOR = 448.0 * 6.0
 # (x + 2^23) - 2^23 rounds 0 <= x < 2^22 to an integer, ties to even, in fp32
 ROUND_MAGIC = 8388608.0
 ROUND_MAGIC_BITS = 0x4B000000
-MAGIC_BITS = 0x4A800000  # 2^22, whose ulp is 0.5
-# NVFP4 rounds |x| * rcp (within a few ulps of |x| / divisor) unless it lies this close to a
-# tie, or the divisor is outside [RCP_MIN, RCP_MAX] (the reciprocal would lose bits)
-NEAR_TIE_BITS = 0x3E7FFE00  # (0.5 - 2^-16) grid steps of 0.5: 0.25 - 2^-17
-RCP_MIN = 2.0**-125
-RCP_MAX = 2.0**125
+# E2M1 rounding adds 2^(22 + seg), whose ulp is the grid step 2^(seg - 1) of [0, 2), [2, 4),
+# [4, 6]: its biased exponent is 149 + seg, so the sum's bits >> 22 are 298 + 2 seg
+MAGIC_EXP_OFFSET = 22 << 23
+MAGIC_MIN_BITS = 149 << 23
+MAGIC_INDEX_BIAS = 298
+NIBBLES = 0x11111111  # one in each of a word's 8 nibbles
+# Markstein's theorem makes |x| * rcp plus one fma correction the correctly rounded |x| / divisor
+# where no step can under- or overflow: divisors in [2^-100, 2^100] (smaller |x| encode as 0)
+MARKSTEIN_MIN = 2.0**-100
+MARKSTEIN_MAX = 2.0**100
 
 
 @dsl_user_op
@@ -112,57 +130,71 @@ class QuantizeFp4:
         sf_ptr: cute.Pointer,
         gs_in_ptr: cute.Pointer,
         gs_out_ptr: cute.Pointer,
-        amax_ptr: cute.Pointer,
+        partials_ptr: cute.Pointer,
         problem: tuple[Int32, Int32, Int32],
+        sm_count: Int32,
         stream,
     ):
         rows, k, l = problem  # noqa: E741
         vec = self.sf_vec_size
         n_elems = l * rows * k
-        # x, codes and scale words as flat tensors of chunks; chunk strides are static so that
-        # loads and stores vectorize
+        # x and codes as flat tensors of blocks; block strides are static so that loads and
+        # stores vectorize
         mX = cute.make_tensor(x_ptr, cute.make_layout((n_elems // vec, vec), stride=(vec, 1)))
-        q_words = cute.recast_ptr(q_ptr, dtype=Uint32)
         mQ = cute.make_tensor(
-            q_words,
+            cute.recast_ptr(q_ptr, dtype=Uint32),
             cute.make_layout((n_elems // vec, self.words_per_block), stride=(vec // 8, 1)),
         )
         sf_cols = k // vec
+        sf_cols_pad = (sf_cols + SF_PER_WORD - 1) // SF_PER_WORD * SF_PER_WORD
         rows_pad = (rows + 127) // 128 * 128
-        groups = (sf_cols + BLOCKS_PER_THREAD - 1) // BLOCKS_PER_THREAD
         mSF = cute.make_tensor(
-            cute.recast_ptr(sf_ptr, dtype=Uint32), cute.make_layout(l * rows_pad * groups)
+            cute.recast_ptr(sf_ptr, dtype=Uint32),
+            cute.make_layout(l * rows_pad * sf_cols_pad // SF_PER_WORD),
         )
         mGsIn = cute.make_tensor(gs_in_ptr, cute.make_layout(1))
         mGsOut = cute.make_tensor(gs_out_ptr, cute.make_layout(1))
-        mAmax = cute.make_tensor(amax_ptr, cute.make_layout(1))
+        amax_steps = n_elems // AMAX_ELEMS_PER_THREAD
+        amax_ctas = min((amax_steps + THREADS - 1) // THREADS, sm_count * AMAX_CTAS_PER_SM)
+        amax_ctas = min(amax_ctas, MAX_PARTIALS)
+        mPartials = cute.make_tensor(partials_ptr, cute.make_layout(MAX_PARTIALS))
         if const_expr(self.dynamic):
             mXa = cute.make_tensor(
                 x_ptr,
                 cute.make_layout(
-                    (n_elems // AMAX_ELEMS_PER_THREAD, AMAX_ELEMS_PER_THREAD),
-                    stride=(AMAX_ELEMS_PER_THREAD, 1),
+                    (amax_steps, AMAX_ELEMS_PER_THREAD), stride=(AMAX_ELEMS_PER_THREAD, 1)
                 ),
             )
-            steps = n_elems // AMAX_ELEMS_PER_THREAD
-            amax_ctas = min((steps + THREADS - 1) // THREADS, AMAX_MAX_CTAS)
-            self.amax_kernel(mXa, mAmax, steps).launch(
+            self.amax_kernel(mXa, mPartials, amax_steps).launch(
                 grid=(amax_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream
             )
-        threads = l * rows_pad * groups
+        # one thread per (batch, padded row, padded scale column); warps never straddle a word
+        total = l * rows_pad * sf_cols_pad
+        total_warps = (total + WARP - 1) // WARP * WARP
+        ctas = min((total_warps + THREADS - 1) // THREADS, sm_count * QUANT_CTAS_PER_SM[vec])
         self.kernel(
-            mX, mQ, mSF, mGsIn, mGsOut, mAmax, rows, rows_pad, sf_cols, groups, threads
-        ).launch(
-            grid=((threads + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream
-        )
+            mX,
+            mQ,
+            mSF,
+            mGsIn,
+            mGsOut,
+            mPartials,
+            amax_ctas,
+            (rows, sf_cols, total, total_warps),
+            cute.fast_divmod_create_divisor_v2(sf_cols_pad),
+            cute.fast_divmod_create_divisor_v2(rows_pad),
+        ).launch(grid=(ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=self.dynamic)
 
     # ------------------------------------------------------------------------------ amax pass
 
     @cute.kernel
-    def amax_kernel(self, mXa: cute.Tensor, mAmax: cute.Tensor, steps: Int32):
+    def amax_kernel(self, mXa: cute.Tensor, mPartials: cute.Tensor, steps: Int32):
+        """Per-CTA max of |x|'s bits into mPartials[block]; lets the quantize grid launch at once
+        (it waits for this grid's completion before it reads the maxima)."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
+        cute.arch.griddepcontrol_launch_dependents()
         amax = Uint32(0)
         i = bidx * THREADS + tidx
         while i < steps:
@@ -170,11 +202,24 @@ class QuantizeFp4:
             for j in cutlass.range_constexpr(AMAX_ELEMS_PER_THREAD):
                 amax = max(amax, _f32_bits(vals[j]) & Uint32(ABS_MASK))
             i += gdim * THREADS
+        amax = self._cta_max(amax)
+        if tidx == 0:
+            mPartials[bidx] = amax
+
+    @cute.jit
+    def _cta_max(self, value: Uint32) -> Uint32:
+        """The max of ``value`` over the CTA's threads, in every thread."""
+        smem = cutlass.memory.SmemAllocator()
+        sMax = smem.allocate_tensor(Uint32, cute.make_layout(THREADS // WARP), byte_alignment=16)
         for offset in cutlass.range_constexpr(5):
-            other = cute.arch.shuffle_sync_bfly(amax, offset=1 << offset)
-            amax = max(amax, other)
+            value = max(value, cute.arch.shuffle_sync_bfly(value, offset=1 << offset))
+        tidx, _, _ = cute.arch.thread_idx()
         if tidx % WARP == 0:
-            cute.arch.atomic_max(mAmax.iterator.llvm_ptr, amax)
+            sMax[tidx // WARP] = value
+        cute.arch.sync_threads()
+        for w in cutlass.range_constexpr(THREADS // WARP):
+            value = max(value, sMax[w])
+        return value
 
     # ------------------------------------------------------------------------------ quantize pass
 
@@ -186,58 +231,63 @@ class QuantizeFp4:
         mSF: cute.Tensor,
         mGsIn: cute.Tensor,
         mGsOut: cute.Tensor,
-        mAmax: cute.Tensor,
-        rows: Int32,
-        rows_pad: Int32,
-        sf_cols: Int32,
-        groups: Int32,
-        threads: Int32,
+        mPartials: cute.Tensor,
+        num_partials: Int32,
+        extents: tuple[Int32, Int32, Int32, Int32],
+        cols_pad: cute.FastDivmodDivisorV2,
+        rows_pad: cute.FastDivmodDivisorV2,
     ):
+        rows, sf_cols, total, total_warps = extents
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        t = bidx * THREADS + tidx
-        gs = self._global_scale(mGsIn, mAmax)
-        if t == 0:
+        gdim, _, _ = cute.arch.grid_dim()
+        gs = self._global_scale(mGsIn, mPartials, num_partials)
+        if (bidx == 0) & (tidx == 0):
             mGsOut[0] = gs
-        if t < threads:
-            g = t % groups
-            rest = t // groups
-            r = rest % rows_pad
-            batch = rest // rows_pad
-            sf_word = Uint32(0)
-            if r < rows:
-                # all loads first (codes stores could alias them for the compiler); columns past
-                # the last scale column reload the row's last block and store nothing
-                row_block = (batch * rows + r) * sf_cols
-                cols = [g * BLOCKS_PER_THREAD + j for j in range(BLOCKS_PER_THREAD)]
-                blocks = [row_block + min(c, sf_cols - 1) for c in cols]
-                raw = [mX[b, None].load() for b in blocks]
-                for j in cutlass.range_constexpr(BLOCKS_PER_THREAD):
-                    sf_byte = self._quantize_block(raw[j], mQ, blocks[j], gs)
-                    if cols[j] < sf_cols:
-                        sf_word = sf_word | (sf_byte << (8 * j))
-            mSF[self._sf_word_index(batch, r, g, rows_pad, groups)] = sf_word
+        # a grid-stride walk over the thread space; lanes 4j..4j+3 hold one scale word
+        t = bidx * THREADS + tidx
+        while t < total_warps:
+            rest, col = divmod(t, cols_pad)
+            batch, r = divmod(rest, rows_pad)
+            live = t < total
+            sf_byte = Uint32(0)
+            if live & (r < rows) & (col < sf_cols):
+                block = (batch * rows + r) * sf_cols + col
+                sf_byte = self._quantize_block(mX[block, None].load(), mQ, block, gs)
+            word = sf_byte | (cute.arch.shuffle_sync_down(sf_byte, offset=1) << 8)
+            word = word | (cute.arch.shuffle_sync_down(word, offset=2) << 16)
+            if live & (col % SF_PER_WORD == 0):
+                mSF[self._sf_word_index(batch, r, col, rows_pad.divisor, cols_pad.divisor)] = word
+            t += gdim * THREADS
 
     @cute.jit
-    def _global_scale(self, mGsIn: cute.Tensor, mAmax: cute.Tensor) -> Float32:
+    def _global_scale(self, mGsIn: cute.Tensor, mPartials: cute.Tensor, num_partials) -> Float32:
         gs = Float32(1.0)
         if const_expr(self.nvfp4):
             if const_expr(self.dynamic):
-                amax = _bits_f32(mAmax[0])
+                # the amax grid's maxima are complete once it has (PDL)
+                cute.arch.griddepcontrol_wait()
+                amax_bits = Uint32(0)
+                tidx, _, _ = cute.arch.thread_idx()
+                for j in cutlass.range_constexpr(PARTIALS_PER_THREAD):
+                    if tidx + j * THREADS < num_partials:
+                        amax_bits = max(amax_bits, mPartials[tidx + j * THREADS])
+                amax_bits = self._cta_max(amax_bits)
+                amax = _bits_f32(amax_bits)
                 if amax > Float32(0.0):
                     gs = amax / Float32(GLOBAL_DIVISOR)
                 # (NaN amax: the comparison is false; keep the NaN so that every scale is NaN)
-                if mAmax[0] > Uint32(INF_BITS):
+                if amax_bits > Uint32(INF_BITS):
                     gs = amax
             else:
                 gs = mGsIn[0]
         return gs
 
     @cute.jit
-    def _sf_word_index(self, batch, r, g, rows_pad, groups) -> Int32:
-        """Word index of (row r, scale columns 4g..4g+3) in the 128x4 layout: atom (r // 128, g),
-        512 bytes = 128 words each, word (r % 32) * 4 + (r // 32) % 4 inside."""
-        atom = (batch * (rows_pad // 128) + r // 128) * groups + g
+    def _sf_word_index(self, batch, r, col, rows_pad, cols_pad) -> Int32:
+        """Word index of (row r, scale columns col..col+3) in the 128x4 layout: atom
+        (r // 128, col // 4) of 512 bytes = 128 words, word (r % 32) * 4 + (r // 32) % 4 in it."""
+        atom = (batch * (rows_pad // 128) + r // 128) * (cols_pad // SF_PER_WORD) + col // 4
         return atom * 128 + (r % 32) * 4 + (r // 32) % 4
 
     @cute.jit
@@ -248,37 +298,36 @@ class QuantizeFp4:
         for i in cutlass.range_constexpr(self.sf_vec_size):
             amax_bits = max(amax_bits, _f32_bits(vals[i]) & Uint32(ABS_MASK))
         finite = amax_bits < Uint32(INF_BITS)
+        words = cute.make_rmem_tensor(self.words_per_block, Uint32)
         sf_byte = Uint32(0)
-        # |x| * rcp approximates |x| / divisor, the value the reference rounds to E2M1
-        rcp = Float32(1.0)
-        divisor = Float32(1.0)
         if const_expr(self.nvfp4):
             # (a global scale that is not finite and positive makes every scale NaN)
             finite = finite & (gs > Float32(0.0)) & (_f32_bits(gs) < Uint32(INF_BITS))
-            sf_byte = self._e4m3_scale(_bits_f32(amax_bits), gs)
+            s = (_bits_f32(amax_bits) / Float32(E2M1_MAX)) / gs
+            sf_byte = self._e4m3_scale(min(s, Float32(E4M3_MAX)))
             divisor = self._e4m3_value(sf_byte) * gs
+            rcp = Float32(0.0)  # (a zero divisor: zero codes, signs kept)
             if divisor > Float32(0.0):
                 rcp = Float32(1.0) / divisor
+            # a clamped scale can leave quotients past what Markstein's steps keep finite
+            markstein = (divisor == Float32(0.0)) | (
+                (divisor >= Float32(MARKSTEIN_MIN))
+                & (divisor <= Float32(MARKSTEIN_MAX))
+                & (s <= Float32(E4M3_MAX))
+            )
+            if markstein:
+                self._encode_words(vals, words, rcp, divisor, "markstein")
             else:
-                rcp = Float32(0.0)  # (a zero divisor: zero codes, signs kept)
-                divisor = Float32(1.0)
-            # the reciprocal is accurate only while it and the divisor are normal
-            if not (divisor >= Float32(RCP_MIN) and divisor <= Float32(RCP_MAX)):
-                rcp = Float32(-1.0)  # (marks "always divide")
+                self._encode_words(vals, words, rcp, divisor, "divide")
             if not finite:
                 sf_byte = Uint32(E4M3_NAN)
         else:
             sf_byte = self._e8m0_scale(amax_bits)
-            rcp = _bits_f32((Uint32(254) - sf_byte) << 23)  # 2^(127 - byte): exact, normal
+            # 2^(127 - byte): exact and normal, so |x| * rcp is the quotient itself
+            rcp = _bits_f32((Uint32(254) - sf_byte) << 23)
+            self._encode_words(vals, words, rcp, Float32(1.0), "exact")
             if not finite:
                 sf_byte = Uint32(E8M0_NAN)
-        # straight-line codes from |x| * rcp; NVFP4 redoes the block with divisions where one
-        # quotient lands near a tie (rare), so that no element branches on its own
-        words = cute.make_rmem_tensor(self.words_per_block, Uint32)
-        near = self._encode_words(vals, words, rcp, False)
-        if const_expr(self.nvfp4):
-            if near or rcp < Float32(0.0):
-                self._encode_words(vals, words, divisor, True)
         if not finite:
             for w in cutlass.range_constexpr(self.words_per_block):
                 words[w] = Uint32(0)
@@ -286,27 +335,46 @@ class QuantizeFp4:
         return sf_byte
 
     @cute.jit
-    def _encode_words(self, vals, words: cute.Tensor, factor: Float32, divide: cutlass.Constexpr):
-        """Pack the E2M1 codes of |x| * factor (or |x| / factor) with x's sign into ``words``,
-        8 per 32-bit word; returns whether any quotient lies near a tie."""
-        near = Boolean(False)
+    def _encode_words(
+        self, vals, words: cute.Tensor, rcp: Float32, divisor: Float32, how: cutlass.Constexpr
+    ):
+        """Pack the E2M1 codes of the quotients fl(|x| / divisor) with x's sign into ``words``, 8
+        per 32-bit word. ``how``: "exact" (rcp a power of two: |x| * rcp is the quotient),
+        "markstein" (|x| * rcp, then one fma correction; rcp = fl(1 / divisor), 0 for a zero
+        divisor) or "divide" (IEEE divisions)."""
         for w in cutlass.range_constexpr(self.words_per_block):
             word = Uint32(0)
             for e in cutlass.range_constexpr(8):
                 bits = _f32_bits(vals[w * 8 + e])
                 ax = _bits_f32(bits & Uint32(ABS_MASK))
-                mag = ax / factor if const_expr(divide) else ax * factor
-                index, close = self._e2m1_index(mag)
-                near = near | close
-                word = word | ((index | ((bits >> 31) << 3)) << (4 * e))
-            words[w] = word
-        return near
+                if const_expr(how == "exact"):
+                    mag = ax * rcp
+                else:
+                    q = Float32(0.0)
+                    if const_expr(how == "markstein"):
+                        q0 = ax * rcp
+                        q = cute.math.fma(cute.math.fma(-q0, divisor, ax), rcp, q0)
+                    else:
+                        q = ax / divisor
+                    # (quotients past 6 all encode as 6)
+                    mag = cute.arch.fmin(q, Float32(E2M1_MAX))
+                word = word + (self._e2m1_nibble(mag, bits) << (4 * e))
+            words[w] = word - Uint32((MAGIC_INDEX_BIAS * NIBBLES) & 0xFFFFFFFF)
 
     @cute.jit
-    def _e4m3_scale(self, amax: Float32, gs: Float32) -> Uint32:
-        """E4M3 bits of min(amax / 6 / gs, 448), rounded to nearest even (>= 0 and finite)."""
-        s = (amax / Float32(6.0)) / gs
-        s = min(s, Float32(E4M3_MAX))
+    def _e2m1_nibble(self, mag: Float32, bits: Uint32) -> Uint32:
+        """The E2M1 code of 0 <= mag <= 6 (rounded to nearest even) with the sign of ``bits``,
+        plus MAGIC_INDEX_BIAS: mag + 2^(22 + seg) rounds mag to its segment's grid, and the
+        sum's low bits count the steps (k <= 4), its exponent the segment (index = k + 2 seg)."""
+        magic_bits = max(
+            (_f32_bits(mag) & Uint32(EXP_MASK)) + Uint32(MAGIC_EXP_OFFSET), Uint32(MAGIC_MIN_BITS)
+        )
+        total = _f32_bits(mag + _bits_f32(magic_bits))
+        return (total & Uint32(0xF)) + (total >> 22) + ((bits >> 28) & Uint32(8))
+
+    @cute.jit
+    def _e4m3_scale(self, s: Float32) -> Uint32:
+        """E4M3 bits of 0 <= s <= 448, rounded to nearest even."""
         byte = Uint32(0)
         if s < Float32(E4M3_MIN_NORMAL):
             # subnormal: an integer number of 2^-9 steps (8 steps is the smallest normal)
@@ -332,20 +400,6 @@ class QuantizeFp4:
         up = Int32((amax_bits & Uint32(0x7FFFFF)) > Uint32(0x400000))
         return Uint32(max(exp_bits + up - 2, Int32(0)))
 
-    @cute.jit
-    def _e2m1_index(self, mag: Float32):
-        """(E2M1 magnitude index of mag >= 0, rounded to nearest even and saturated; whether mag
-        lies within 2^-16 grid steps of a tie). The grid steps 2^(seg - 1) (0.5 below 2, 1 up to
-        4, 2 above) are the ulps of 2^(22 + seg): adding that constant rounds mag to the grid,
-        ties to even, and the sum's low bits count the steps."""
-        seg = Uint32(mag >= Float32(2.0)) + Uint32(mag >= Float32(4.0))
-        magic_bits = Uint32(MAGIC_BITS) + (seg << 23)
-        magic = _bits_f32(magic_bits)
-        total = mag + magic
-        index = min(_f32_bits(total) - magic_bits + (seg << 1), Uint32(7))
-        near = abs(mag - (total - magic)) > _bits_f32(Uint32(NEAR_TIE_BITS) + (seg << 23))
-        return index, near
-
 
 def compile_quantizer(in_dtype: str, sf_vec_size: int, dynamic: bool, options: str = ""):
     """Compile for any shape (runtime extents); returns the executor.
@@ -365,10 +419,23 @@ def compile_quantizer(in_dtype: str, sf_vec_size: int, dynamic: bool, options: s
         make_ptr(Uint32, 0, gmem, assumed_align=4),
     )
     problem = (Int32(1), Int32(32), Int32(1))
-    return cute.compile(op, *ptrs, problem, cuda_driver.CUstream(0), options=options)
+    sm_count = Int32(1)
+    return cute.compile(op, *ptrs, problem, sm_count, cuda_driver.CUstream(0), options=options)
 
 
 _EXECUTORS: dict = {}
+_SM_COUNTS: dict = {}
+
+
+def _sm_count(device) -> int:
+    """The SMs of a CUDA device (sizes the persistent grids); cached per device."""
+    import torch
+
+    if device.index not in _SM_COUNTS:
+        _SM_COUNTS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNTS[device.index]
+
+
 _TORCH_IN = {"BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32"}
 
 
@@ -409,7 +476,8 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
     n_sf = (rows + 127) // 128 * 128 * ((k // sf_vec_size + 3) // 4 * 4)
     sf = torch.empty((*lead, n_sf), dtype=torch.uint8, device=device)
     gs_out = torch.empty((), dtype=torch.float32, device=device)
-    amax = torch.zeros(1 if dynamic else 0, dtype=torch.int32, device=device)
+    # the amax pass's per-CTA maxima: every one the quantize pass reads is written first
+    partials = torch.empty(MAX_PARTIALS if dynamic else 0, dtype=torch.int32, device=device)
     gs_in = gs_out if global_scale is None else global_scale
     if sf_vec_size == 16 and global_scale is not None:
         if global_scale.dtype != torch.float32 or global_scale.device != device:
@@ -421,11 +489,14 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
         make_ptr(cutlass.Uint8, sf.data_ptr(), gmem, assumed_align=16),
         make_ptr(Float32, gs_in.data_ptr(), gmem, assumed_align=4),
         make_ptr(Float32, gs_out.data_ptr(), gmem, assumed_align=4),
-        make_ptr(Uint32, amax.data_ptr() if dynamic else gs_out.data_ptr(), gmem, assumed_align=4),
+        make_ptr(
+            Uint32, partials.data_ptr() if dynamic else gs_out.data_ptr(), gmem, assumed_align=4
+        ),
     )
     stream = cuda_driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+    sm_count = _sm_count(device)
     with torch.cuda.device(device):
-        _EXECUTORS[key](*ptrs, (Int32(rows), Int32(k), Int32(l)), stream)
+        _EXECUTORS[key](*ptrs, (Int32(rows), Int32(k), Int32(l)), Int32(sm_count), stream)
     return q, sf.view(reference.SCALE_DTYPES[sf_vec_size]), gs_out
 
 

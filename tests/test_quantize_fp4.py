@@ -45,10 +45,34 @@ def test_cross_compiles_to_portable_exact_code(arch, config, tmp_path):
     # exact arithmetic: IEEE divisions, no flush-to-zero, no approximate division
     assert ".ftz" not in ptx and "div.approx" not in ptx and "div.full" not in ptx
     _, vec, dynamic = config
-    if vec == 16:
-        assert "div.rn.f32" in ptx and "rcp.rn.f32" in ptx
-    assert ("atom.global.max.u32" in ptx) == dynamic
+    if vec == 16:  # the block scale's divisions, Markstein's correction of |x| * rcp
+        assert "div.rn.f32" in ptx and "rcp.rn.f32" in ptx and "fma.rn.f32" in ptx
+    # dynamic: the quantize grid waits for the amax grid's maxima, no atomics, no memset
+    assert ("griddepcontrol.wait" in ptx) == dynamic
+    assert ("griddepcontrol.launch_dependents" in ptx) == dynamic
+    assert "atom." not in ptx
     assert ptx.count(".entry") == (2 if dynamic else 1)
+
+
+@pytest.mark.parametrize("in_dtype", sorted(quantize_fp4.IN_DTYPES))
+@pytest.mark.parametrize("vec", quantize_fp4.SF_VEC_SIZES)
+def test_persistent_grid_is_resident(in_dtype, vec, tmp_path):
+    """The quantize grid is sized to QUANT_CTAS_PER_SM CTAs per SM and walks the work in as many
+    rounds: a CTA that did not fit would leave its share to a second wave."""
+    import blockwise_gemm_fp4 as bw
+
+    if bw.find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    quantize_fp4.compile_quantizer(
+        in_dtype, vec, False, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir={tmp_path}"
+    )
+    (cubin,) = glob.glob(os.path.join(tmp_path, "*.cubin"))
+    usage = bw.cubin_resource_usage(cubin)
+    ctas = quantize_fp4.QUANT_CTAS_PER_SM[vec]
+    assert usage["LOCAL"] == 0
+    # NOTE: an SM has 64K registers, allocated per warp in units of 8 per thread
+    regs = -(-int(usage["REG"]) // 8) * 8
+    assert ctas * quantize_fp4.THREADS * regs <= 65536, usage
 
 
 def test_cli_refuses_bad_shape(capsys):
@@ -125,6 +149,39 @@ def test_bit_exact_on_special_values(dtype, kind, mode):
         amax = float(x.float().abs().amax())
         static = amax / 2688.0 if amax > 0 else 1.0
     _check(x, vec, static)
+
+
+def _next_to_ties(global_scale, lo: int, hi: int, seed: int) -> torch.Tensor:
+    """F32 [256, 256]: element 0 of each 16-block sets its amax (2^lo .. 2^(hi + 1)); the others
+    lie 0..3 ulps either side of an E2M1 tie (or grid point) times the block's divisor, so that
+    every quotient needs the correctly rounded division (blocks whose scale is 0 stay zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (256, 256 // 16, 16)
+    amax = torch.exp2(torch.randint(lo, hi + 1, shape[:2], generator=gen).float())
+    amax = amax * (1 + torch.rand(shape[:2], generator=gen))
+    x = torch.zeros(shape)
+    x[..., 0] = amax
+    _, scales, gs = reference.quantize_nvfp4(x.flatten(-2), global_scale)
+    divisor = scales.float() * gs
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.5, 3.0])
+    t = ties[torch.randint(0, len(ties), (*shape[:2], 15), generator=gen)]
+    near = (t * divisor.unsqueeze(-1)).view(torch.int32)
+    near = near + torch.randint(-3, 4, near.shape, generator=gen, dtype=torch.int32)
+    sign = torch.randint(0, 2, near.shape, generator=gen, dtype=torch.int32) << 31
+    live = (divisor > 0).unsqueeze(-1)
+    x[..., 1:] = torch.where(live, (near | sign).view(torch.float32), 0.0)
+    return x.flatten(-2)
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    "global_scale, lo, hi",
+    [(None, -8, 9), (2.0**-7, -10, 10), (2.0**-112, -112, -100), (2.0**100, 95, 110)],
+    ids=["dynamic", "static", "divisors-below-2^-100", "divisors-above-2^100"],
+)
+def test_bit_exact_next_to_ties(global_scale, lo, hi):
+    # normal and subnormal E4M3 scales, clamped ones, and divisors outside Markstein's range
+    _check(_next_to_ties(global_scale, lo, hi, seed=6), 16, global_scale)
 
 
 @needs_gpu
