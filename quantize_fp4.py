@@ -65,9 +65,9 @@ SF_VEC_SIZES = (16, 32)
 THREADS = 128
 WARP = 32
 SF_PER_WORD = 4  # scale bytes per 32-bit word: one row of a 128x4 atom
-# Persistent grids: quantize CTAs per SM by block size, all resident (NVFP4 at <= 64 registers
-# per thread, MXFP4 at <= 85: tests check the cubins); amax CTAs per SM.
-QUANT_CTAS_PER_SM = {16: 8, 32: 6}
+# Persistent grids: quantize CTAs per SM by (block size, input bytes), as many as stay resident at
+# the kernel's registers per thread (tests check the cubins); amax CTAs per SM.
+QUANT_CTAS_PER_SM = {(16, 2): 8, (16, 4): 8, (32, 2): 6, (32, 4): 4}
 AMAX_CTAS_PER_SM = 4
 AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
 # the quantize kernel reduces the amax pass's per-CTA maxima, up to this many per thread
@@ -87,12 +87,10 @@ GLOBAL_DIVISOR = 448.0 * 6.0
 # (x + 2^23) - 2^23 rounds 0 <= x < 2^22 to an integer, ties to even, in fp32
 ROUND_MAGIC = 8388608.0
 ROUND_MAGIC_BITS = 0x4B000000
-# E2M1 rounding adds 2^(22 + seg), whose ulp is the grid step 2^(seg - 1) of [0, 2), [2, 4),
-# [4, 6]: its biased exponent is 149 + seg, so the sum's bits >> 22 are 298 + 2 seg
-MAGIC_EXP_OFFSET = 22 << 23
-MAGIC_MIN_BITS = 149 << 23
-MAGIC_INDEX_BIAS = 298
-NIBBLES = 0x11111111  # one in each of a word's 8 nibbles
+# E2M1 rounding adds 2^(22 + seg) + 2 seg ulps (seg = 0, 1, 2 on [0, 2), [2, 4), [4, 6]): its ulp
+# is the segment's grid step, and the sum's low bits are the E2M1 index k + 2 seg
+MAGIC_OFFSET = (22 << 23) - 254  # magic's bits: e (2^23 + 2) + this, e = max(mag's exponent, 127)
+BF16_PAIR_ABS = 0x7FFF7FFF
 # Markstein's theorem makes |x| * rcp plus one fma correction the correctly rounded |x| / divisor
 # where no step can under- or overflow: divisors in [2^-100, 2^100] (smaller |x| encode as 0)
 MARKSTEIN_MIN = 2.0**-100
@@ -140,7 +138,14 @@ class QuantizeFp4:
         n_elems = l * rows * k
         # x and codes as flat tensors of blocks; block strides are static so that loads and
         # stores vectorize
-        mX = cute.make_tensor(x_ptr, cute.make_layout((n_elems // vec, vec), stride=(vec, 1)))
+        if const_expr(self.in_dtype is cutlass.BFloat16):
+            # BF16 pairs as 32-bit words: |x| and the sign need no conversion instructions
+            mX = cute.make_tensor(
+                cute.recast_ptr(x_ptr, dtype=Uint32),
+                cute.make_layout((n_elems // vec, vec // 2), stride=(vec // 2, 1)),
+            )
+        else:
+            mX = cute.make_tensor(x_ptr, cute.make_layout((n_elems // vec, vec), stride=(vec, 1)))
         mQ = cute.make_tensor(
             cute.recast_ptr(q_ptr, dtype=Uint32),
             cute.make_layout((n_elems // vec, self.words_per_block), stride=(vec // 8, 1)),
@@ -171,7 +176,10 @@ class QuantizeFp4:
         # one thread per (batch, padded row, padded scale column); warps never straddle a word
         total = l * rows_pad * sf_cols_pad
         total_warps = (total + WARP - 1) // WARP * WARP
-        ctas = min((total_warps + THREADS - 1) // THREADS, sm_count * QUANT_CTAS_PER_SM[vec])
+        ctas = min(
+            (total_warps + THREADS - 1) // THREADS,
+            sm_count * QUANT_CTAS_PER_SM[vec, self.in_dtype.width // 8],
+        )
         self.kernel(
             mX,
             mQ,
@@ -293,10 +301,10 @@ class QuantizeFp4:
     @cute.jit
     def _quantize_block(self, raw, mQ: cute.Tensor, block, gs: Float32) -> Uint32:
         """Codes of one block (its loaded values ``raw``) into mQ; returns its scale byte."""
-        vals = raw.to(Float32)
+        magnitude, sign = self._magnitudes_and_signs(raw)
         amax_bits = Uint32(0)
         for i in cutlass.range_constexpr(self.sf_vec_size):
-            amax_bits = max(amax_bits, _f32_bits(vals[i]) & Uint32(ABS_MASK))
+            amax_bits = max(amax_bits, _f32_bits(magnitude(i)))
         finite = amax_bits < Uint32(INF_BITS)
         words = cute.make_rmem_tensor(self.words_per_block, Uint32)
         sf_byte = Uint32(0)
@@ -316,16 +324,16 @@ class QuantizeFp4:
                 & (s <= Float32(E4M3_MAX))
             )
             if markstein:
-                self._encode_words(vals, words, rcp, divisor, "markstein")
+                self._encode_words(magnitude, sign, words, rcp, divisor, "markstein")
             else:
-                self._encode_words(vals, words, rcp, divisor, "divide")
+                self._encode_words(magnitude, sign, words, rcp, divisor, "divide")
             if not finite:
                 sf_byte = Uint32(E4M3_NAN)
         else:
             sf_byte = self._e8m0_scale(amax_bits)
             # 2^(127 - byte): exact and normal, so |x| * rcp is the quotient itself
             rcp = _bits_f32((Uint32(254) - sf_byte) << 23)
-            self._encode_words(vals, words, rcp, Float32(1.0), "exact")
+            self._encode_words(magnitude, sign, words, rcp, Float32(1.0), "exact")
             if not finite:
                 sf_byte = Uint32(E8M0_NAN)
         if not finite:
@@ -334,9 +342,39 @@ class QuantizeFp4:
         mQ[block, None].store(words.load())  # one 8- or 16-byte store
         return sf_byte
 
+    def _magnitudes_and_signs(self, raw):
+        """Two functions of an element's index in a block: its |x| as fp32, and its sign as
+        E2M1's sign bit (0 or 8). BF16 reads both off the loaded words' bits."""
+        if const_expr(self.in_dtype is cutlass.BFloat16):
+            pairs = [raw[w] & Uint32(BF16_PAIR_ABS) for w in range(self.sf_vec_size // 2)]
+
+            def magnitude(i):
+                low = pairs[i // 2] << 16
+                return _bits_f32(pairs[i // 2] & Uint32(0xFFFF0000) if i % 2 else low)
+
+            def sign(i):
+                return (raw[i // 2] >> (28 if i % 2 else 12)) & Uint32(8)
+
+        else:
+            vals = raw.to(Float32)
+
+            def magnitude(i):
+                return _bits_f32(_f32_bits(vals[i]) & Uint32(ABS_MASK))
+
+            def sign(i):
+                return (_f32_bits(vals[i]) >> 28) & Uint32(8)
+
+        return magnitude, sign
+
     @cute.jit
     def _encode_words(
-        self, vals, words: cute.Tensor, rcp: Float32, divisor: Float32, how: cutlass.Constexpr
+        self,
+        magnitude,
+        sign,
+        words: cute.Tensor,
+        rcp: Float32,
+        divisor: Float32,
+        how: cutlass.Constexpr,
     ):
         """Pack the E2M1 codes of the quotients fl(|x| / divisor) with x's sign into ``words``, 8
         per 32-bit word. ``how``: "exact" (rcp a power of two: |x| * rcp is the quotient),
@@ -345,8 +383,7 @@ class QuantizeFp4:
         for w in cutlass.range_constexpr(self.words_per_block):
             word = Uint32(0)
             for e in cutlass.range_constexpr(8):
-                bits = _f32_bits(vals[w * 8 + e])
-                ax = _bits_f32(bits & Uint32(ABS_MASK))
+                ax = magnitude(w * 8 + e)
                 if const_expr(how == "exact"):
                     mag = ax * rcp
                 else:
@@ -358,19 +395,19 @@ class QuantizeFp4:
                         q = ax / divisor
                     # (quotients past 6 all encode as 6)
                     mag = cute.arch.fmin(q, Float32(E2M1_MAX))
-                word = word + (self._e2m1_nibble(mag, bits) << (4 * e))
-            words[w] = word - Uint32((MAGIC_INDEX_BIAS * NIBBLES) & 0xFFFFFFFF)
+                word = word + (self._e2m1_code(mag, sign(w * 8 + e)) << (4 * e))
+            words[w] = word
 
     @cute.jit
-    def _e2m1_nibble(self, mag: Float32, bits: Uint32) -> Uint32:
-        """The E2M1 code of 0 <= mag <= 6 (rounded to nearest even) with the sign of ``bits``,
-        plus MAGIC_INDEX_BIAS: mag + 2^(22 + seg) rounds mag to its segment's grid, and the
-        sum's low bits count the steps (k <= 4), its exponent the segment (index = k + 2 seg)."""
-        magic_bits = max(
-            (_f32_bits(mag) & Uint32(EXP_MASK)) + Uint32(MAGIC_EXP_OFFSET), Uint32(MAGIC_MIN_BITS)
-        )
+    def _e2m1_code(self, mag: Float32, sign: Uint32) -> Uint32:
+        """The E2M1 code of 0 <= mag <= 6, rounded to nearest even, with ``sign`` (0 or 8).
+        magic = 2^(22 + seg) + 2 seg ulps has the ulp 2^(seg - 1) of mag's segment, so mag +
+        magic rounds mag to the segment's grid (k steps; an even sum is an even k) and the
+        sum's bits are magic's + k: their low bits hold the index k + 2 seg <= 7."""
+        biased_exp = max(_f32_bits(mag) >> 23, Uint32(127))  # (mag >= 0: no sign bit)
+        magic_bits = biased_exp * Uint32((1 << 23) + 2) + Uint32(MAGIC_OFFSET)
         total = _f32_bits(mag + _bits_f32(magic_bits))
-        return (total & Uint32(0xF)) + (total >> 22) + ((bits >> 28) & Uint32(8))
+        return (total & Uint32(7)) | sign
 
     @cute.jit
     def _e4m3_scale(self, s: Float32) -> Uint32:

@@ -68,7 +68,7 @@ def test_persistent_grid_is_resident(in_dtype, vec, tmp_path):
     )
     (cubin,) = glob.glob(os.path.join(tmp_path, "*.cubin"))
     usage = bw.cubin_resource_usage(cubin)
-    ctas = quantize_fp4.QUANT_CTAS_PER_SM[vec]
+    ctas = quantize_fp4.QUANT_CTAS_PER_SM[vec, quantize_fp4.IN_DTYPES[in_dtype].width // 8]
     assert usage["LOCAL"] == 0
     # NOTE: an SM has 64K registers, allocated per warp in units of 8 per thread
     regs = -(-int(usage["REG"]) // 8) * 8
