@@ -247,7 +247,8 @@ def test_operand_reasons_name_each_problem():
     reasons = r90.operand_reasons(**good, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     # CPU tensors: only the device rule fails
     assert reasons and all("contiguous CUDA tensor" in r for r in reasons), reasons
-    shifted = dict(good, a=torch.zeros(m * k // 2 + 1, dtype=torch.uint8)[1:])
+    # 8 bytes past an aligned base: 8-byte aligned, not 16
+    shifted = dict(good, a=torch.zeros(m * k // 2 + 8, dtype=torch.uint8)[8:])
     reasons = r90.operand_reasons(**shifted, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     assert any("a must start on a 16-byte boundary" in r for r in reasons), reasons
     short = dict(good, sfb_blocked=torch.zeros(sf - 16, dtype=torch.uint8))
