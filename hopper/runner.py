@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """The torch-facing runner of the Hopper FP4 GEMM (``blockwise_gemm_fp4_sm90.py``).
 
-``Fp4GemmSm90Runner`` keeps the compiled kernels of one configuration (the TMA-store variant,
+``Fp4GemmSm90Runner`` holds the compiled kernels of one configuration (the TMA-store variant,
 and the direct-store one once an N needs it) and a workspace per problem shape and stream
-(split-K partials, converted operands) from torch's caching allocator; it checks each call's
-operands (``operand_reasons``) and problem before it launches, and states the CUDA-graph rules.
+(split-K partials, converted operands) from torch's caching allocator.  Each call checks its
+operands (``operand_reasons``), problem and alpha (the kernel file's ``problem_reasons`` and
+``alpha_reason``) before it launches; the class docstring gives the CUDA-graph rules.
 ``blocked_scales`` puts scales into the kernel's 128x4 blocked layout.
 
+    from hopper.blockwise_gemm_fp4_sm90 import default_config
     from hopper.runner import Fp4GemmSm90Runner, blocked_scales
 """
 
