@@ -583,7 +583,7 @@ def _gemm_sm90(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype="Float4E2M
     key = (sf_vec_size, c_dtype, a_dtype, path, tuple(tiler), split, k_groups, device.index)
     if key not in _SM90_RUNNERS:
         with torch.cuda.device(device):
-            _SM90_RUNNERS[key] = k90.Fp4GemmSm90Runner(
+            _SM90_RUNNERS[key] = _hopper_runner().Fp4GemmSm90Runner(
                 sf_vec_size, c_dtype, path, tiler, split, "", None, k_groups, a_dtype
             )
     d = torch.empty((l, m, n), dtype=out_dtype, device=device)
@@ -599,6 +599,14 @@ def _hopper():
     from hopper import blockwise_gemm_fp4_sm90
 
     return blockwise_gemm_fp4_sm90
+
+
+def _hopper_runner():
+    """The Hopper kernel's torch-facing runner module (imported on first use)."""
+    _importable(_HERE)
+    from hopper import runner
+
+    return runner
 
 
 def _k_order():

@@ -55,6 +55,7 @@ import torch
 import reference
 from hopper import blockwise_gemm_fp4_sm90 as k90
 from hopper import k_order
+from hopper import runner as r90
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -299,7 +300,7 @@ def _runner(bench: Bench, vec, config, a_dtype):
     key = (a_dtype, vec, *config)
     if key not in bench.runners:
         path, tiler, split, k_groups = config
-        bench.runners[key] = k90.Fp4GemmSm90Runner(
+        bench.runners[key] = r90.Fp4GemmSm90Runner(
             vec, "BFloat16", path, tiler, split, k_groups=k_groups, a_dtype=a_dtype
         )
     return bench.runners[key]
@@ -310,10 +311,10 @@ def bench_ours(bench: Bench, ops, m, n, k, w4a16=None):
     (BF16 activations x [M, K], exact D float64) on x and ops' weights, prepacked, with their
     global scale as alpha."""
     vec = ops.sf_vec_size
-    sfb = k90.blocked_scales(ops.sfb)[0]
+    sfb = r90.blocked_scales(ops.sfb)[0]
     if w4a16 is None:
         a_dtype, alpha = "Float4E2M1FN", float(ops.alpha)
-        inputs = (ops.a, ops.b, k90.blocked_scales(ops.sfa)[0], sfb)
+        inputs = (ops.a, ops.b, r90.blocked_scales(ops.sfa)[0], sfb)
     else:
         a_dtype, alpha = "BFloat16", float(ops.global_scale_b)
         inputs = (w4a16[0].unsqueeze(0), k_order.prepack_weights(ops.b), None, sfb)

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Tests of the Hopper (sm_90a) NVFP4 / MXFP4 GEMM, hopper/blockwise_gemm_fp4_sm90.py.
+"""Tests of the Hopper (sm_90a) NVFP4 / MXFP4 GEMM, hopper/blockwise_gemm_fp4_sm90.py, and its
+torch-facing runner, hopper/runner.py.
 
 CPU (any machine, CI): cross-compile several configurations for sm_90a and check the PTX and
 SASS (TMA loads, F16 / BF16 wgmma with FP32 accumulation, the conversion constants, no local
@@ -28,6 +29,7 @@ import blockwise_gemm_fp4 as k100
 from hopper import blockwise_gemm_fp4_sm90 as k90
 from hopper import fp4_dequant as dq
 from hopper import k_order
+from hopper import runner as r90
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "hopper", "blockwise_gemm_fp4_sm90.py")
@@ -242,25 +244,26 @@ def test_operand_reasons_name_each_problem():
         sfb_blocked=torch.zeros(sf, dtype=torch.uint8),
         d=torch.zeros(m * n, dtype=torch.bfloat16),
     )
-    reasons = k90.operand_reasons(**good, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
+    reasons = r90.operand_reasons(**good, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     # CPU tensors: only the device rule fails
     assert reasons and all("contiguous CUDA tensor" in r for r in reasons), reasons
-    shifted = dict(good, a=torch.zeros(m * k // 2 + 1, dtype=torch.uint8)[1:])
-    reasons = k90.operand_reasons(**shifted, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
+    # 8 bytes past an aligned base: 8-byte aligned, not 16
+    shifted = dict(good, a=torch.zeros(m * k // 2 + 8, dtype=torch.uint8)[8:])
+    reasons = r90.operand_reasons(**shifted, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     assert any("a must start on a 16-byte boundary" in r for r in reasons), reasons
     short = dict(good, sfb_blocked=torch.zeros(sf - 16, dtype=torch.uint8))
-    reasons = k90.operand_reasons(**short, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
+    reasons = r90.operand_reasons(**short, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     assert any(f"sfb_blocked has {sf - 16} bytes" in r for r in reasons), reasons
     # packed operands are counted in bytes whatever their dtype
     wide = dict(good, a=torch.zeros(m * k // 4 + 1, dtype=torch.int16))
-    reasons = k90.operand_reasons(**wide, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
+    reasons = r90.operand_reasons(**wide, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     assert any(f"a has {2 * (m * k // 4 + 1)} bytes" in r for r in reasons), reasons
     # D must have the dtype the kernel writes: same size in elements is not enough
     for c_dtype, other in (("BFloat16", torch.float32), ("Float32", torch.bfloat16)):
         wrong = dict(good, d=torch.zeros(m * n, dtype=other))
-        reasons = k90.operand_reasons(**wrong, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype=c_dtype)
+        reasons = r90.operand_reasons(**wrong, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype=c_dtype)
         assert any(f"d is {other}; this kernel writes {c_dtype}" in r for r in reasons), reasons
-    reasons = k90.operand_reasons(**good, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
+    reasons = r90.operand_reasons(**good, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
     assert not any(r.startswith("d is") for r in reasons), reasons
 
 
@@ -278,14 +281,14 @@ RUNNER_REFUSALS = [
 @pytest.mark.parametrize("args, needle", RUNNER_REFUSALS, ids=[r[1] for r in RUNNER_REFUSALS])
 def test_runner_refuses_bad_config(args, needle):
     with pytest.raises(ValueError, match=re.escape(needle)):
-        k90.Fp4GemmSm90Runner(*args)
+        r90.Fp4GemmSm90Runner(*args)
 
 
 def test_runner_refuses_bad_problem(tmp_path):
     """A built runner checks each call's problem (``problem_reasons``) with its operands."""
     import torch
 
-    runner = k90.Fp4GemmSm90Runner(
+    runner = r90.Fp4GemmSm90Runner(
         16, "BFloat16", "decode", (8, 64), 1, options=f"--gpu-arch sm_90a --dump-dir={tmp_path}"
     )
     m, n, k, l = 1, 64, 48, 1  # noqa: E741
@@ -859,15 +862,15 @@ def test_split_k_tile_ids_are_distinct():
 def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
     # decode: the tokens' copy is padded to the token tile (TMA boxes stay inside it)
     decode = k90.BlockwiseGemmFp4Sm90(16, "decode", (128, 64), (1, 1), 1)
-    assert k90.converted_shapes(decode, 72, 8192, 8000, 2) == ((8,), (2, 128, 8000))
-    assert k90.converted_shapes(decode, 128, 8192, 8000, 1) == ((8,), (1, 128, 8000))
+    assert r90.converted_shapes(decode, 72, 8192, 8000, 2) == ((8,), (2, 128, 8000))
+    assert r90.converted_shapes(decode, 128, 8192, 8000, 1) == ((8,), (1, 128, 8000))
     wide = k90.BlockwiseGemmFp4Sm90(32, "decode", (32, 128), (1, 1), 2)
-    assert k90.converted_shapes(wide, 30, 520, 1056, 2) == ((8,), (2, 32, 1088))
+    assert r90.converted_shapes(wide, 30, 520, 1056, 2) == ((8,), (2, 32, 1088))
     narrow = k90.BlockwiseGemmFp4Sm90(16, "decode", (8, 128), (1, 1), 4)
-    assert k90.converted_shapes(narrow, 3, 8192, 8192, 1) == ((8,), (1, 8, 8192))
+    assert r90.converted_shapes(narrow, 3, 8192, 8192, 1) == ((8,), (1, 8, 8192))
     # prefill: both copies, rows as they are
     prefill = k90.BlockwiseGemmFp4Sm90(16, "prefill", (128, 256), (2, 1), 1)
-    assert k90.converted_shapes(prefill, 1000, 8190, 8032, 2) == ((2, 1000, 8064), (2, 8190, 8064))
+    assert r90.converted_shapes(prefill, 1000, 8190, 8032, 2) == ((2, 1000, 8064), (2, 8190, 8064))
 
 
 def test_default_config_paths():
@@ -1014,7 +1017,7 @@ def test_module_imports_without_path_edits():
     code = (
         "import sys; before = list(sys.path); "
         "from hopper.blockwise_gemm_fp4_sm90 import BlockwiseGemmFp4Sm90; "
-        "import hopper.bench; assert sys.path == before, sys.path"
+        "import hopper.runner, hopper.bench; assert sys.path == before, sys.path"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -1131,14 +1134,14 @@ def test_gpu_matches_reference(case):
 
     m, n, k, l, vec, c_dtype, path, tiler, split, alpha_factor, dist = case[:11]  # noqa: E741
     k_groups = case[11] if len(case) > 11 else 1
-    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
+    runner = r90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
     # twice, back to back on different operands: the split-K counters reset themselves, and
     # the second prologue (PDL) must not overwrite tokens the first GEMM still reads
     runs = []
     for seed in (m + n + k, m + n + k + 1):
         ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist=dist)
         alpha = float(ops.alpha) * alpha_factor
-        sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
+        sfa, sfb = r90.blocked_scales(ops.sfa), r90.blocked_scales(ops.sfb)
         d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
         runs.append((ops, alpha, sfa, sfb, d, guarded))
     # compile the kernel variant for this N and allocate the workspace first, so that the two
@@ -1172,18 +1175,18 @@ def test_gpu_after_an_early_releasing_kernel(shared):
         # writer: BF16 D of 8 KiB = the packed tokens of 8 x 7168 x 2048 (8-token tiles of 64
         # rows in 4 K groups, on the prologue's PDL chain)
         (m1, n1, k1), (m2, n2, k2) = (1, 4096, 2048), (8, 7168, 2048)
-        reader = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 64), 1, k_groups=4)
+        reader = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 64), 1, k_groups=4)
     else:
         # writer: BF16 D of 20800 bytes = the BF16 D of 20 x 520 x 64 (one k-tile, split 2 in
         # 4 K groups: units and groups without k-tiles)
         (m1, n1, k1), (m2, n2, k2) = (1, 10400, 2048), (20, 520, 64)
-        reader = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (32, 64), 2, k_groups=4)
+        reader = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (32, 64), 2, k_groups=4)
     assert reader.gemm.prologue_pdl
-    writer = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4)
+    writer = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4)
     ops1 = reference.make_fp4_operands(m1, n1, k1, 1, 16, "cuda", seed=3)
     ops2 = reference.make_fp4_operands(m2, n2, k2, 1, 16, "cuda", seed=4)
-    sfa1, sfb1 = k90.blocked_scales(ops1.sfa), k90.blocked_scales(ops1.sfb)
-    sfa2, sfb2 = k90.blocked_scales(ops2.sfa), k90.blocked_scales(ops2.sfb)
+    sfa1, sfb1 = r90.blocked_scales(ops1.sfa), r90.blocked_scales(ops1.sfb)
+    sfa2, sfb2 = r90.blocked_scales(ops2.sfa), r90.blocked_scales(ops2.sfb)
     pairs = []
     for i in range(5):
         d1 = torch.full((1, m1, n1), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -1231,7 +1234,7 @@ def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
 
     m, n, k, l = 20, 300, 256, 1  # noqa: E741
     ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=7, dist="wide")
-    runner = k90.Fp4GemmSm90Runner(vec, "BFloat16", path, tiler, split)
+    runner = r90.Fp4GemmSm90Runner(vec, "BFloat16", path, tiler, split)
     nan_byte = 0x7F if vec == 16 else 0xFF  # E4M3 / E8M0 NaN
     sfa_nan, sfb_nan = ops.sfa.clone(), ops.sfb.clone()
     sfa_nan.view(torch.uint8)[0, 3, 1] = nan_byte
@@ -1242,7 +1245,7 @@ def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
     outs = []
     for sfa, sfb in ((ops.sfa, ops.sfb), (sfa_nan, sfb_nan)):
         d = torch.full((l, m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        runner(ops.a, ops.b, k90.blocked_scales(sfa), k90.blocked_scales(sfb), d, m, n, k, l, 1.0)
+        runner(ops.a, ops.b, r90.blocked_scales(sfa), r90.blocked_scales(sfb), d, m, n, k, l, 1.0)
         outs.append(d)
     torch.cuda.synchronize()
     clean, with_nan = outs
@@ -1276,7 +1279,7 @@ def test_gpu_splitk_is_bitwise_deterministic(case):
 
     m, n, vec, c_dtype, path, tiler, split, k_groups = case
     k, l = 4000, 2  # noqa: E741
-    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
+    runner = r90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
     x, y = (
         reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist="wide")
         for seed in (11, 12)
@@ -1284,7 +1287,7 @@ def test_gpu_splitk_is_bitwise_deterministic(case):
     outs = []
     for ops in (x, y, x):
         d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
-        sfa, sfb = k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb)
+        sfa, sfb = r90.blocked_scales(ops.sfa), r90.blocked_scales(ops.sfb)
         runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, float(ops.alpha))
         outs.append((ops, d, guarded))
     torch.cuda.synchronize()
@@ -1380,9 +1383,9 @@ def test_gpu_partials_are_summed_in_documented_order(vec, path, tiler, split, k_
         a, b, sfa, sfb, vec, 1.0, torch.float64, accum_dtype=torch.float64
     )
     assert ref.flatten().tolist() == [1.0] * n
-    runner = k90.Fp4GemmSm90Runner(vec, "Float32", path, tiler, split, k_groups=k_groups)
+    runner = r90.Fp4GemmSm90Runner(vec, "Float32", path, tiler, split, k_groups=k_groups)
     d = torch.full((l, m, n), float("nan"), dtype=torch.float32, device="cuda")
-    blocked = (k90.blocked_scales(sfa), k90.blocked_scales(sfb))
+    blocked = (r90.blocked_scales(sfa), r90.blocked_scales(sfb))
     runner(a, b, *blocked, d, m, n, k, l, 1.0)
     torch.cuda.synchronize()
     assert d.flatten().tolist() == [want for _, want in table]
@@ -1521,15 +1524,15 @@ def test_w4a16_operand_reasons():
         d=torch.zeros(m * n, dtype=torch.bfloat16),
     )
     kw = dict(mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16", a_dtype="BFloat16")
-    reasons = k90.operand_reasons(**good, **kw)
+    reasons = r90.operand_reasons(**good, **kw)
     assert reasons and all("contiguous CUDA tensor" in r for r in reasons), reasons
     unpacked = dict(good, b=torch.zeros(n * k // 2, dtype=torch.uint8))
-    assert any("prepack_weights" in r for r in k90.operand_reasons(**unpacked, **kw))
+    assert any("prepack_weights" in r for r in r90.operand_reasons(**unpacked, **kw))
     f16 = dict(good, a=torch.zeros(m * k, dtype=torch.float16))
-    reasons = k90.operand_reasons(**f16, **kw)
+    reasons = r90.operand_reasons(**f16, **kw)
     assert any("a is torch.float16; W4A16 here takes BFloat16" in r for r in reasons), reasons
     scaled = dict(good, sfa_blocked=torch.zeros(sf, dtype=torch.uint8))
-    assert any("sfa_blocked must be None" in r for r in k90.operand_reasons(**scaled, **kw))
+    assert any("sfa_blocked must be None" in r for r in r90.operand_reasons(**scaled, **kw))
 
 
 def test_w4a16_cli_compile_only_and_refusal(tmp_path):
@@ -1593,7 +1596,7 @@ def test_gpu_w4a16_matches_reference(case):
     import reference
 
     m, n, k, l, vec, a_dtype, c_dtype, path, tiler, split, alpha_factor, k_groups = case  # noqa: E741
-    runner = k90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, "", None, k_groups, a_dtype)
+    runner = r90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, "", None, k_groups, a_dtype)
     runs = []
     for seed in (m + n + k, m + n + k + 1):
         a, ops = _w4a16_operands(m, n, k, l, vec, a_dtype, seed)
@@ -1605,7 +1608,7 @@ def test_gpu_w4a16_matches_reference(case):
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000)
     for a, ops, b, alpha, d, _ in runs:
-        runner(a, b, None, k90.blocked_scales(ops.sfb), d, m, n, k, l, alpha)
+        runner(a, b, None, r90.blocked_scales(ops.sfb), d, m, n, k, l, alpha)
     torch.cuda.synchronize()
     for a, ops, _, alpha, d, guarded in runs:
         ok, info = reference.check_gemm_w4a16(d, a, ops.b, ops.sfb, vec, alpha)
@@ -1623,12 +1626,12 @@ def test_gpu_w4a16_stores_after_the_grid_ahead():
     import reference
 
     (m1, n1, k1), (m2, n2, k2) = (1, 10400, 2048), (20, 520, 64)
-    writer = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4, a_dtype="BFloat16")
-    reader = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (32, 64), 2, "", None, 4, "BFloat16")
+    writer = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4, a_dtype="BFloat16")
+    reader = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (32, 64), 2, "", None, 4, "BFloat16")
     a1, ops1 = _w4a16_operands(m1, n1, k1, 1, 16, "BFloat16", 3)
     a2, ops2 = _w4a16_operands(m2, n2, k2, 1, 16, "BFloat16", 4)
     b1, b2 = k_order.prepack_weights(ops1.b), k_order.prepack_weights(ops2.b)
-    sfb1, sfb2 = k90.blocked_scales(ops1.sfb), k90.blocked_scales(ops2.sfb)
+    sfb1, sfb2 = r90.blocked_scales(ops1.sfb), r90.blocked_scales(ops2.sfb)
     outs = [torch.full((1, m1, n1), float("nan"), dtype=torch.bfloat16, device="cuda")]
     outs += [torch.full_like(outs[0], float("nan")) for _ in range(4)]
     for runner, m, n, k in ((writer, m1, n1, k1), (reader, m2, n2, k2)):
@@ -1668,11 +1671,11 @@ def test_gpu_w4a16_reads_weights_after_the_grid_ahead():
     import reference
 
     (m1, n1, k1), (m2, n2, k2) = (13, 10240, 2048), (16, 520, 1024)
-    writer = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 2, a_dtype="BFloat16")
-    reader = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 1, a_dtype="BFloat16")
+    writer = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 2, a_dtype="BFloat16")
+    reader = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 1, a_dtype="BFloat16")
     a1, ops1 = _w4a16_operands(m1, n1, k1, 1, 16, "BFloat16", 5)
     a2, ops2 = _w4a16_operands(m2, n2, k2, 1, 16, "BFloat16", 6)
-    b1, sfb1, sfb2 = k_order.prepack_weights(ops1.b), *map(k90.blocked_scales, (ops1.sfb, ops2.sfb))
+    b1, sfb1, sfb2 = k_order.prepack_weights(ops1.b), *map(r90.blocked_scales, (ops1.sfb, ops2.sfb))
     assert m1 * n1 * 2 == n2 * k2 // 2  # the writer's D is exactly the reader's weights
     outs = [torch.full((1, m1, n1), float("nan"), dtype=torch.bfloat16, device="cuda")]
     outs += [torch.full_like(outs[0], float("nan")) for _ in range(4)]
@@ -1704,11 +1707,11 @@ def test_gpu_runner_streams_and_alpha_forms():
     import reference
 
     m, n, k = 16, 4096, 4096
-    runner = k90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 4)
+    runner = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 4)
     runs = []
     for seed in range(4):
         ops = reference.make_fp4_operands(m, n, k, 1, 16, "cuda", seed=seed)
-        sf = (k90.blocked_scales(ops.sfa), k90.blocked_scales(ops.sfb))
+        sf = (r90.blocked_scales(ops.sfa), r90.blocked_scales(ops.sfb))
         runs.append((ops, sf, torch.empty(1, m, n, dtype=torch.bfloat16, device="cuda")))
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     for s in streams:

@@ -1,9 +1,10 @@
-"""Single-line mutants of hopper/blockwise_gemm_fp4_sm90.py, fp4_dequant.py and k_order.py: small,
-realistic bugs, each of which tests/test_hopper.py must catch, on the CPU or (``GPU`` in
-``tests``: the ``-m gpu`` tests) on an H100 / H200 only. Keep every ``old`` text current as the
-kernel changes (it must occur exactly once in its file)."""
+"""Single-line mutants of hopper/blockwise_gemm_fp4_sm90.py, runner.py, fp4_dequant.py and
+k_order.py: small, realistic bugs, each of which tests/test_hopper.py must catch, on the CPU or
+(``GPU`` in ``tests``: the ``-m gpu`` tests) on an H100 / H200 only. Keep every ``old`` text
+current as the kernel changes (it must occur exactly once in its file)."""
 
 FILE = "hopper/blockwise_gemm_fp4_sm90.py"
+RUNNER = "hopper/runner.py"
 DEQUANT = "hopper/fp4_dequant.py"
 K_ORDER = "hopper/k_order.py"
 TEST = "tests/test_hopper.py"
@@ -389,5 +390,54 @@ MUTANTS = [
         "mW = self._k_major(b_ptr, n, k_pad // 2, l)",
         "mW = self._k_major(b_ptr, n, k // 2, l)",
         "test_gpu_w4a16_matches_reference",
+    ),
+    # ------------------------------------------------------------------ runner (torch-facing)
+    mutant(
+        "h-runner-alignment-8-bytes",
+        "runner checks",
+        "if t.data_ptr() % 16:",
+        "if t.data_ptr() % 8:",
+        "operand_reasons",
+        file=RUNNER,
+    ),
+    mutant(
+        "h-runner-w4a16-weights-unpadded",
+        "runner checks",
+        "l * n * _round_up(k, K_BLOCK) // 2",
+        "l * n * k // 2",
+        "operand_reasons",
+        file=RUNNER,
+    ),
+    mutant(
+        "h-runner-problem-unchecked",
+        "runner checks",
+        "reasons += problem_reasons(mnkl, vec, path, gemm.mma_tiler_mn, a_dtype)",
+        "reasons += []",
+        "runner_refuses",
+        file=RUNNER,
+    ),
+    mutant(
+        "h-runner-config-unchecked",
+        "runner checks",
+        "reasons = config_reasons(sf_vec_size, sf_dtype, c_dtype, *config)",
+        "reasons = []",
+        "runner_refuses",
+        file=RUNNER,
+    ),
+    mutant(
+        "h-runner-copy-k-unpadded",
+        "runner workspace",
+        "k_pad = _round_up(k, K_BLOCK)",
+        "k_pad = k",
+        "converted_shapes",
+        file=RUNNER,
+    ),
+    mutant(
+        "h-runner-token-copy-unpadded",
+        "runner workspace",
+        "shape_b = (l, gemm.converted_rows_b(rows_b), k_pad)",
+        "shape_b = (l, rows_b, k_pad)",
+        "converted_shapes",
+        file=RUNNER,
     ),
 ]
