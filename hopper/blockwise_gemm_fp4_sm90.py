@@ -516,7 +516,7 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
 def acc_scale(sf_vec_size: int, path: str, a_dtype: str = W4A4) -> float:
     """The factor between the accumulator and alpha * sum: 2^7 per FP4 operand converted to F16
     (NVFP4 on the W4A4 decode path: both; W4A16 with F16 activations: the weights), 2^8 for
-    W4A16 NVFP4 weights in BF16 on decode (``fp4_dequant.e4m3_to_bf16x2_prescaled``)."""
+    W4A16 NVFP4 weights in BF16 on decode (``fp4_dequant.e4m3x4_to_bf16x2_prescaled``)."""
     if a_dtype != W4A4:
         if a_dtype == "Float16":
             return W4A16_F16_ACC_SCALE
@@ -1416,17 +1416,21 @@ class BlockwiseGemmFp4Sm90:
 
     def _w4a16_factors(self, sf_word, j) -> list:
         """W4A16: the multiplier of each pair P_0..P_7 of prepacked weights, from the row's word
-        of scales: pair i's K values (``pair_k``) lie in scale column (64 j + pair_k) // V."""
-        by_byte = {}
+        of scales: pair i's K values (``pair_k``) lie in scale column (64 j + pair_k) // V.
+        NVFP4 k-blocks use all four scales of their word, converted two per cvt."""
+        if self.bf16_prescaled:
+            by_byte = dict(enumerate(dq.e4m3x4_to_bf16x2_prescaled(sf_word)))
+        elif self.f16:
+            by_byte = dict(enumerate(dq.e4m3x4_to_f16x2_scaled(sf_word)))
+        else:
+            by_byte = {}
         factors = []
         for i in range(8):
             byte = (K_BLOCK * j + k_order.pair_k(i, 0)) // self.sf_vec_size % SF_ATOM_COLS
             if byte not in by_byte:
-                sf = (sf_word >> Uint32(8 * byte)) & Uint32(0xFF)
-                if self.bf16_prescaled:
-                    by_byte[byte] = dq.e4m3_to_bf16x2_prescaled(sf)
-                else:
-                    by_byte[byte] = dq.scale_factor(sf, self.f16)
+                by_byte[byte] = dq.scale_factor(
+                    (sf_word >> Uint32(8 * byte)) & Uint32(0xFF), self.f16
+                )
             factors.append(by_byte[byte])
         return factors
 

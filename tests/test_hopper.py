@@ -476,10 +476,12 @@ def _ptx_model(result, operands, asm, constraints, **_):
         a, b, c = (args[int(f[1:]) - 1] if f.startswith("$") else int(f, 0) for f in fields[1:])
         return result(_prmt(a, b, c))
     if "cvt.rn.bf16x2.f32" in asm:
-        # e4m3_to_bf16x2_prescaled: E4M3 byte -> F16 -> F32, times the fp32 immediate, -> BF16
-        assert "cvt.rn.f16x2.e4m3x2 h, t" in asm and "cvt.f32.f16 f, lo" in asm, asm
+        # one F16 half of an F16x2 -> F32, times the fp32 immediate, -> BF16 in both halves
+        half = re.search(r"cvt\.f32\.f16 f, (lo|hi);", asm).group(1)
+        assert "mov.b32 {lo, hi}, $1" in asm, asm
         imm = struct.unpack(">f", bytes.fromhex(re.search(r"0f([0-9A-F]{8})", asm).group(1)))[0]
-        bits = _bf16_bits(_f16_value(_f16_bits(_e4m3_value(args[0] & 0xFF))) * imm)
+        h = args[0] >> 16 if half == "hi" else args[0] & 0xFFFF
+        bits = _bf16_bits(_f16_value(h) * imm)
         return result((bits << 16) | bits)
     if "cvt.rn.f16x2.e4m3x2" in asm:
         assert "cvt.u16.u32 t, $1" in asm, asm
@@ -1467,9 +1469,10 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
     prescaled = vec == 16 and a_dtype == "BFloat16" and path == "decode"
     if prescaled:
         # one packed multiply per pair (8 pairs x 2 rows x 2 k-blocks a stage), the scales by
-        # cvt: one per row, k-block and 16-group
+        # cvt: two per E4M3 cvt, then one BF16 cvt per row, k-block and 16-group
         assert gemm_ptx.count("mul.rn.bf16x2") == 32
-        assert gemm_ptx.count("cvt.rn.f16x2.e4m3x2") == gemm_ptx.count("cvt.rn.bf16x2.f32") == 16
+        assert gemm_ptx.count("cvt.rn.f16x2.e4m3x2") == 8
+        assert gemm_ptx.count("cvt.rn.bf16x2.f32") == 16
     scales = {2.0**7: a_dtype == "Float16", 2.0**8: prescaled, 2.0**14: False}
     for value, present in scales.items():
         assert (("0f" + struct.pack(">f", value).hex().upper()) in gemm_ptx) == present, value
