@@ -13,13 +13,16 @@ and the fp32 global scale.
   ``e4m3(min(amax_block / 6 / gs, 448))``; codes ``e2m1(x / (scale * gs))``.
 * MXFP4 (V = 32, E8M0 scales): block scale ``2^ceil(log2(amax_block / 6))`` clamped to
   [2^-127, 2^127]; codes ``e2m1(x * 2^-e)``; global scale 1.0.
-The arithmetic gives the reference's results bit for bit: the block scale's IEEE divisions
-(``div.rn.f32``), fp32 -> E4M3 rounding to nearest even with integer arithmetic, the E8M0 exponent
-read off amax's bits (exact), and E2M1 rounding to nearest even of the quotient fl(|x| / divisor)
-with the sign of zero kept. The quotient costs a multiply and two fmas, not a division:
-q0 = |x| * fl(1 / divisor), q = q0 + fma(-q0, divisor, |x|) * fl(1 / divisor) is the correctly
-rounded quotient (Markstein's theorem) while divisors lie in [2^-100, 2^100] and the block scale
-did not clamp at 448; other blocks divide. The E2M1 code is read off the bits of
+The arithmetic gives the reference's results bit for bit: the block scale's correctly rounded
+divisions fl(fl(amax / 6) / gs), fp32 -> E4M3 rounding to nearest even with integer arithmetic,
+the E8M0 exponent read off amax's bits (exact), and E2M1 rounding to nearest even of the quotient
+fl(|x| / divisor) with the sign of zero kept. A quotient a / b costs a multiply and two fmas, not
+a division: q0 = a * fl(1 / b), q = q0 + fma(-q0, b, a) * fl(1 / b) is the correctly rounded
+quotient (Markstein's theorem) where no step under- or overflows. Elements: while divisors lie in
+[2^-100, 2^100] and the block scale did not clamp at 448 (other blocks divide). Block scales:
+while gs lies in [2^-60, 2^60] (a grid-uniform choice; else IEEE divisions), where every scale
+that can round to a nonzero E4M3 value comes from an amax over 2^-72; an overflowing quotient
+(NaN) counts as past 448. The E2M1 code is read off the bits of
 q + 2^(22 + seg), whose ulp is the E2M1 step of q's segment: one add rounds, ties to even.
 
 Non-finite input: a check would need a host sync, so none is made. A block holding NaN or Inf
@@ -34,10 +37,12 @@ Kernels (portable integer and float code: sm_90 and the sm_100 family)
                  thread (the bit patterns of non-negative floats order like integers, NaN above
                  Inf above every number), one maximum per CTA into a small buffer; it lets the
                  next grid launch at once (PDL: programmatic dependent launch).
-    kernel       a persistent grid-stride walk, one thread per (batch, padded row, padded scale
-                 column): a block's 16-byte vector loads, coalesced across the warp; its codes
-                 as one 8- or 16-byte store; lanes 4j..4j+3 gather their 4 scale bytes into the
-                 32-bit word that the 128x4 layout keeps contiguous (padding gets zero bytes).
+    kernel       a persistent grid-stride walk, one thread per (batch, padded row, pair of
+                 padded scale columns): two consecutive blocks' 16-byte vector loads, all issued
+                 before either block is encoded, coalesced across the warp; their codes as one
+                 16-byte store (NVFP4) or one per block (MXFP4, whose K / 32 may be odd); lanes
+                 2j, 2j + 1 gather their 4 scale bytes into the 32-bit word that the 128x4
+                 layout keeps contiguous (padding gets zero bytes).
                  Dynamic: it waits for the amax grid (``griddepcontrol.wait``), then reduces its
                  maxima. Block 0's thread 0 writes the global scale.
 Both run on the caller's stream, with no memset and no host synchronization.
@@ -65,9 +70,10 @@ SF_VEC_SIZES = (16, 32)
 THREADS = 128
 WARP = 32
 SF_PER_WORD = 4  # scale bytes per 32-bit word: one row of a 128x4 atom
+BLOCKS_PER_THREAD = 2  # consecutive blocks of a row per thread and step: half a scale word
 # Persistent grids: quantize CTAs per SM by (block size, input bytes), as many as stay resident at
 # the kernel's registers per thread (tests check the cubins); amax CTAs per SM.
-QUANT_CTAS_PER_SM = {(16, 2): 8, (16, 4): 8, (32, 2): 6, (32, 4): 4}
+QUANT_CTAS_PER_SM = {(16, 2): 7, (16, 4): 6, (32, 2): 5, (32, 4): 4}
 AMAX_CTAS_PER_SM = 4
 AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
 # the quantize kernel reduces the amax pass's per-CTA maxima, up to this many per thread
@@ -95,6 +101,10 @@ BF16_PAIR_ABS = 0x7FFF7FFF
 # where no step can under- or overflow: divisors in [2^-100, 2^100] (smaller |x| encode as 0)
 MARKSTEIN_MIN = 2.0**-100
 MARKSTEIN_MAX = 2.0**100
+RCP_E2M1_MAX = float.fromhex("0x1.555556p-3")  # fl(1 / 6)
+# global scales for which the block scale's two divisions are Markstein quotients
+SCALE_FAST_MIN = 2.0**-60
+SCALE_FAST_MAX = 2.0**60
 
 
 @dsl_user_op
@@ -119,6 +129,8 @@ class QuantizeFp4:
     def _setup_attributes(self):
         self.nvfp4 = self.sf_vec_size == 16
         self.words_per_block = self.sf_vec_size // 8  # 8 codes per 32-bit word
+        # elements per code store: a thread's two NVFP4 blocks, or one MXFP4 block
+        self.code_vec = self.sf_vec_size * (BLOCKS_PER_THREAD if self.nvfp4 else 1)
 
     @cute.jit
     def __call__(
@@ -146,9 +158,12 @@ class QuantizeFp4:
             )
         else:
             mX = cute.make_tensor(x_ptr, cute.make_layout((n_elems // vec, vec), stride=(vec, 1)))
+        # NVFP4: a thread's two blocks' codes as one 16-byte store (K / 16 is even)
         mQ = cute.make_tensor(
             cute.recast_ptr(q_ptr, dtype=Uint32),
-            cute.make_layout((n_elems // vec, self.words_per_block), stride=(vec // 8, 1)),
+            cute.make_layout(
+                (n_elems // self.code_vec, self.code_vec // 8), stride=(self.code_vec // 8, 1)
+            ),
         )
         sf_cols = k // vec
         sf_cols_pad = (sf_cols + SF_PER_WORD - 1) // SF_PER_WORD * SF_PER_WORD
@@ -173,8 +188,9 @@ class QuantizeFp4:
             self.amax_kernel(mXa, mPartials, amax_steps).launch(
                 grid=(amax_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream
             )
-        # one thread per (batch, padded row, padded scale column); warps never straddle a word
-        total = l * rows_pad * sf_cols_pad
+        # one thread per (batch, padded row, pair of padded scale columns); lane pairs hold a word
+        pairs_pad = sf_cols_pad // BLOCKS_PER_THREAD
+        total = l * rows_pad * pairs_pad
         total_warps = (total + WARP - 1) // WARP * WARP
         ctas = min(
             (total_warps + THREADS - 1) // THREADS,
@@ -189,7 +205,7 @@ class QuantizeFp4:
             mPartials,
             amax_ctas,
             (rows, sf_cols, total, total_warps),
-            cute.fast_divmod_create_divisor_v2(sf_cols_pad),
+            cute.fast_divmod_create_divisor_v2(pairs_pad),
             cute.fast_divmod_create_divisor_v2(rows_pad),
         ).launch(grid=(ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=self.dynamic)
 
@@ -242,30 +258,56 @@ class QuantizeFp4:
         mPartials: cute.Tensor,
         num_partials: Int32,
         extents: tuple[Int32, Int32, Int32, Int32],
-        cols_pad: cute.FastDivmodDivisorV2,
+        pairs_pad: cute.FastDivmodDivisorV2,
         rows_pad: cute.FastDivmodDivisorV2,
     ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gs = self._global_scale(mGsIn, mPartials, num_partials)
+        if (bidx == 0) & (tidx == 0):
+            mGsOut[0] = gs
+        scaling = self._block_scaling(gs)
+        walk = (mX, mQ, mSF, extents, pairs_pad, rows_pad, scaling)
+        if const_expr(self.nvfp4):
+            # (a grid-uniform choice: no IEEE division in the usual loop)
+            if (gs >= Float32(SCALE_FAST_MIN)) & (gs <= Float32(SCALE_FAST_MAX)):
+                self._walk(*walk, True)
+            else:
+                self._walk(*walk, False)
+        else:
+            self._walk(*walk, False)
+
+    @cute.jit
+    def _walk(
+        self,
+        mX: cute.Tensor,
+        mQ: cute.Tensor,
+        mSF: cute.Tensor,
+        extents: tuple[Int32, Int32, Int32, Int32],
+        pairs_pad: cute.FastDivmodDivisorV2,
+        rows_pad: cute.FastDivmodDivisorV2,
+        scaling,
+        fast: cutlass.Constexpr,
+    ):
+        """A grid-stride walk over the thread space; lanes 2j, 2j + 1 hold one scale word.
+        ``fast``: the global scale lies in [2^-60, 2^60] (see _quantize_block)."""
         rows, sf_cols, total, total_warps = extents
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        gs = self._global_scale(mGsIn, mPartials, num_partials)
-        if (bidx == 0) & (tidx == 0):
-            mGsOut[0] = gs
-        # a grid-stride walk over the thread space; lanes 4j..4j+3 hold one scale word
         t = bidx * THREADS + tidx
         while t < total_warps:
-            rest, col = divmod(t, cols_pad)
+            rest, pair = divmod(t, pairs_pad)
             batch, r = divmod(rest, rows_pad)
+            col = pair * BLOCKS_PER_THREAD
             live = t < total
-            sf_byte = Uint32(0)
+            sf_bytes = Uint32(0)
             if live & (r < rows) & (col < sf_cols):
                 block = (batch * rows + r) * sf_cols + col
-                sf_byte = self._quantize_block(mX[block, None].load(), mQ, block, gs)
-            word = sf_byte | (cute.arch.shuffle_sync_down(sf_byte, offset=1) << 8)
-            word = word | (cute.arch.shuffle_sync_down(word, offset=2) << 16)
-            if live & (col % SF_PER_WORD == 0):
-                mSF[self._sf_word_index(batch, r, col, rows_pad.divisor, cols_pad.divisor)] = word
+                sf_bytes = self._quantize_pair(mX, mQ, block, col + 1 < sf_cols, scaling, fast)
+            word = sf_bytes | (cute.arch.shuffle_sync_down(sf_bytes, offset=1) << 16)
+            if live & (pair % 2 == 0):
+                mSF[self._sf_word_index(batch, r, col, rows_pad.divisor, pairs_pad.divisor)] = word
             t += gdim * THREADS
 
     @cute.jit
@@ -292,55 +334,111 @@ class QuantizeFp4:
         return gs
 
     @cute.jit
-    def _sf_word_index(self, batch, r, col, rows_pad, cols_pad) -> Int32:
+    def _sf_word_index(self, batch, r, col, rows_pad, pairs_pad) -> Int32:
         """Word index of (row r, scale columns col..col+3) in the 128x4 layout: atom
         (r // 128, col // 4) of 512 bytes = 128 words, word (r % 32) * 4 + (r // 32) % 4 in it."""
-        atom = (batch * (rows_pad // 128) + r // 128) * (cols_pad // SF_PER_WORD) + col // 4
+        atom = (batch * (rows_pad // 128) + r // 128) * (pairs_pad // 2) + col // 4
         return atom * 128 + (r % 32) * 4 + (r // 32) % 4
 
     @cute.jit
-    def _quantize_block(self, raw, mQ: cute.Tensor, block, gs: Float32) -> Uint32:
-        """Codes of one block (its loaded values ``raw``) into mQ; returns its scale byte."""
+    def _block_scaling(self, gs: Float32):
+        """Per-thread constants of the NVFP4 block scales: (gs, fl(1 / gs), whether gs is finite
+        and positive)."""
+        if const_expr(not self.nvfp4):
+            return (gs,)
+        valid = (gs > Float32(0.0)) & (_f32_bits(gs) < Uint32(INF_BITS))
+        return gs, Float32(1.0) / gs, valid
+
+    @cute.jit
+    def _quantize_pair(
+        self, mX: cute.Tensor, mQ: cute.Tensor, block, live1, scaling, fast: cutlass.Constexpr
+    ) -> Uint32:
+        """Codes of blocks ``block`` and ``block + 1`` (if ``live1``) into mQ; returns their scale
+        bytes as the low half of a scale word. Both blocks are loaded before either is encoded."""
+        wpb = self.words_per_block
+        if const_expr(self.nvfp4):  # (K / 16 is even: the second block is live)
+            raw0, raw1 = mX[block, None].load(), mX[block + 1, None].load()
+            words = cute.make_rmem_tensor(2 * wpb, Uint32)
+            sf0 = self._quantize_block(raw0, words, 0, scaling, fast)
+            sf1 = self._quantize_block(raw1, words, wpb, scaling, fast)
+            mQ[block >> 1, None].store(words.load())  # one 16-byte store
+            return sf0 | (sf1 << 8)
+        # MXFP4: K / 32 may be odd; a dead second block re-reads the first, stores nothing
+        raw0, raw1 = mX[block, None].load(), mX[block + Int32(live1), None].load()
+        words0 = cute.make_rmem_tensor(wpb, Uint32)
+        words1 = cute.make_rmem_tensor(wpb, Uint32)
+        sf0 = self._quantize_block(raw0, words0, 0, scaling, fast)
+        sf1 = self._quantize_block(raw1, words1, 0, scaling, fast)
+        mQ[block, None].store(words0.load())
+        sf = sf0
+        if live1:
+            mQ[block + 1, None].store(words1.load())
+            sf = sf | (sf1 << 8)
+        return sf
+
+    @cute.jit
+    def _quantize_block(
+        self, raw, words: cute.Tensor, base, scaling, fast: cutlass.Constexpr
+    ) -> Uint32:
+        """Codes of one block (its loaded values ``raw``) into words[base:]; returns its scale
+        byte."""
         magnitude, sign = self._magnitudes_and_signs(raw)
         amax_bits = Uint32(0)
         for i in cutlass.range_constexpr(self.sf_vec_size):
             amax_bits = max(amax_bits, _f32_bits(magnitude(i)))
         finite = amax_bits < Uint32(INF_BITS)
-        words = cute.make_rmem_tensor(self.words_per_block, Uint32)
         sf_byte = Uint32(0)
         if const_expr(self.nvfp4):
+            gs, rcp_gs, gs_valid = scaling
             # (a global scale that is not finite and positive makes every scale NaN)
-            finite = finite & (gs > Float32(0.0)) & (_f32_bits(gs) < Uint32(INF_BITS))
-            s = (_bits_f32(amax_bits) / Float32(E2M1_MAX)) / gs
-            sf_byte = self._e4m3_scale(min(s, Float32(E4M3_MAX)))
+            finite = finite & gs_valid
+            amax = _bits_f32(amax_bits)
+            s = Float32(0.0)
+            if const_expr(fast):
+                # fl(fl(amax / 6) / gs) exactly where it can reach the E4M3 range (amax over
+                # 2^-72); overflow gives NaN, which fmin and the range check treat as past 448
+                s = self._markstein(
+                    self._markstein(amax, Float32(E2M1_MAX), RCP_E2M1_MAX), gs, rcp_gs
+                )
+            else:
+                s = (amax / Float32(E2M1_MAX)) / gs
+            sf_byte = self._e4m3_scale(cute.arch.fmin(s, Float32(E4M3_MAX)))
             divisor = self._e4m3_value(sf_byte) * gs
             rcp = Float32(0.0)  # (a zero divisor: zero codes, signs kept)
             if divisor > Float32(0.0):
                 rcp = Float32(1.0) / divisor
-            # a clamped scale can leave quotients past what Markstein's steps keep finite
-            markstein = (divisor == Float32(0.0)) | (
-                (divisor >= Float32(MARKSTEIN_MIN))
-                & (divisor <= Float32(MARKSTEIN_MAX))
-                & (s <= Float32(E4M3_MAX))
-            )
+            # a clamped scale can leave quotients past what Markstein's steps keep finite; a
+            # fast global scale keeps divisors in [2^-69, 2^69] (or 0)
+            markstein = s <= Float32(E4M3_MAX)
+            if const_expr(not fast):
+                markstein = markstein & (
+                    (divisor == Float32(0.0))
+                    | ((divisor >= Float32(MARKSTEIN_MIN)) & (divisor <= Float32(MARKSTEIN_MAX)))
+                )
             if markstein:
-                self._encode_words(magnitude, sign, words, rcp, divisor, "markstein")
+                self._encode_words(magnitude, sign, words, base, rcp, divisor, "markstein")
             else:
-                self._encode_words(magnitude, sign, words, rcp, divisor, "divide")
+                self._encode_words(magnitude, sign, words, base, rcp, divisor, "divide")
             if not finite:
                 sf_byte = Uint32(E4M3_NAN)
         else:
             sf_byte = self._e8m0_scale(amax_bits)
             # 2^(127 - byte): exact and normal, so |x| * rcp is the quotient itself
             rcp = _bits_f32((Uint32(254) - sf_byte) << 23)
-            self._encode_words(magnitude, sign, words, rcp, Float32(1.0), "exact")
+            self._encode_words(magnitude, sign, words, base, rcp, Float32(1.0), "exact")
             if not finite:
                 sf_byte = Uint32(E8M0_NAN)
         if not finite:
             for w in cutlass.range_constexpr(self.words_per_block):
-                words[w] = Uint32(0)
-        mQ[block, None].store(words.load())  # one 8- or 16-byte store
+                words[base + w] = Uint32(0)
         return sf_byte
+
+    @cute.jit
+    def _markstein(self, a: Float32, b: Float32, rcp_b: Float32) -> Float32:
+        """fl(a / b) from rcp_b = fl(1 / b) (Markstein's theorem) where no step under- or
+        overflows; 0 for a = 0."""
+        q0 = a * rcp_b
+        return cute.math.fma(cute.math.fma(-q0, b, a), rcp_b, q0)
 
     def _magnitudes_and_signs(self, raw):
         """Two functions of an element's index in a block: its |x| as fp32, and its sign as
@@ -372,6 +470,7 @@ class QuantizeFp4:
         magnitude,
         sign,
         words: cute.Tensor,
+        base,
         rcp: Float32,
         divisor: Float32,
         how: cutlass.Constexpr,
@@ -389,14 +488,13 @@ class QuantizeFp4:
                 else:
                     q = Float32(0.0)
                     if const_expr(how == "markstein"):
-                        q0 = ax * rcp
-                        q = cute.math.fma(cute.math.fma(-q0, divisor, ax), rcp, q0)
+                        q = self._markstein(ax, divisor, rcp)
                     else:
                         q = ax / divisor
                     # (quotients past 6 all encode as 6)
                     mag = cute.arch.fmin(q, Float32(E2M1_MAX))
                 word = word + (self._e2m1_code(mag, sign(w * 8 + e)) << (4 * e))
-            words[w] = word
+            words[base + w] = word
 
     @cute.jit
     def _e2m1_code(self, mag: Float32, sign: Uint32) -> Uint32:
