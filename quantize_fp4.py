@@ -14,16 +14,17 @@ and the fp32 global scale.
 * MXFP4 (V = 32, E8M0 scales): block scale ``2^ceil(log2(amax_block / 6))`` clamped to
   [2^-127, 2^127]; codes ``e2m1(x * 2^-e)``; global scale 1.0.
 The arithmetic gives the reference's results bit for bit: the block scale's correctly rounded
-divisions fl(fl(amax / 6) / gs), fp32 -> E4M3 rounding to nearest even with integer arithmetic,
-the E8M0 exponent read off amax's bits (exact), and E2M1 rounding to nearest even of the quotient
-fl(|x| / divisor) with the sign of zero kept. A quotient a / b costs a multiply and two fmas, not
-a division: q0 = a * fl(1 / b), q = q0 + fma(-q0, b, a) * fl(1 / b) is the correctly rounded
-quotient (Markstein's theorem) where no step under- or overflows. Elements: while divisors lie in
-[2^-100, 2^100] and the block scale did not clamp at 448 (other blocks divide). Block scales:
-while gs lies in [2^-60, 2^60] (a grid-uniform choice; else IEEE divisions), where every scale
-that can round to a nonzero E4M3 value comes from an amax over 2^-72; an overflowing quotient
-(NaN) counts as past 448. The E2M1 code is read off the bits of
-q + 2^(22 + seg), whose ulp is the E2M1 step of q's segment: one add rounds, ties to even.
+divisions fl(fl(amax / 6) / gs), fp32 -> E4M3 rounding to nearest even (``cvt.rn.satfinite``
+after the clamp at 448; sm_89 and later), the E8M0 exponent read off amax's bits (exact), and
+E2M1 rounding to nearest even of the quotient fl(|x| / divisor) with the sign of zero kept. A
+quotient a / b costs a multiply and two fmas, not a division: q0 = a * fl(1 / b),
+q = q0 + fma(-q0, b, a) * fl(1 / b) is the correctly rounded quotient (Markstein's theorem)
+where no step under- or overflows. Elements: while divisors lie in [2^-100, 2^100] and the block
+scale did not clamp at 448 (other blocks divide). Block scales: while gs lies in [2^-60, 2^60] (a
+grid-uniform choice; else IEEE divisions), where every scale that can round to a nonzero E4M3
+value comes from an amax over 2^-72; an overflowing quotient (NaN) counts as past 448. The E2M1
+code is read off the bits of q + 2^(22 + seg), whose ulp is the E2M1 step of q's segment: one
+add rounds, ties to even.
 
 Non-finite input: a check would need a host sync, so none is made. A block holding NaN or Inf
 gets the NaN scale byte (E4M3 0x7F, E8M0 0xFF) and zero codes, and a dynamic global scale over
@@ -62,7 +63,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32, const_expr
 from cutlass._mlir import ir
-from cutlass._mlir.dialects import arith
+from cutlass._mlir.dialects import arith, llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
@@ -85,14 +86,10 @@ ABS_MASK = 0x7FFFFFFF
 EXP_MASK = 0x7F800000
 INF_BITS = 0x7F800000
 E4M3_MAX = 448.0
-E4M3_MIN_NORMAL = 2.0**-6
 E4M3_NAN = 0x7F
 E8M0_NAN = 0xFF
 E2M1_MAX = 6.0
 GLOBAL_DIVISOR = 448.0 * 6.0
-# (x + 2^23) - 2^23 rounds 0 <= x < 2^22 to an integer, ties to even, in fp32
-ROUND_MAGIC = 8388608.0
-ROUND_MAGIC_BITS = 0x4B000000
 # E2M1 rounding adds 2^(22 + seg) + 2 seg ulps (seg = 0, 1, 2 on [0, 2), [2, 4), [4, 6]): its ulp
 # is the segment's grid step, and the sum's low bits are the E2M1 index k + 2 seg
 MAGIC_OFFSET = (22 << 23) - 254  # magic's bits: e (2^23 + 2) + this, e = max(mag's exponent, 127)
@@ -115,6 +112,26 @@ def _f32_bits(x: Float32, *, loc=None, ip=None) -> Uint32:
 @dsl_user_op
 def _bits_f32(b: Uint32, *, loc=None, ip=None) -> Float32:
     return Float32(arith.bitcast(ir.F32Type.get(), b.ir_value(loc=loc, ip=ip)))
+
+
+@dsl_user_op
+def _e4m3x2_bits(hi: Float32, lo: Float32, *, loc=None, ip=None) -> Uint32:
+    """E4M3 bits of lo and hi (0 <= each <= 448) in bytes 0 and 1, rounded to nearest even."""
+    i16 = ir.IntegerType.get_signless(16)
+    operands = [hi.ir_value(loc=loc, ip=ip), lo.ir_value(loc=loc, ip=ip)]
+    pair = llvm.inline_asm(i16, operands, "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;", "=h,f,f")
+    return Uint32(arith.extui(ir.IntegerType.get_signless(32), pair))
+
+
+@dsl_user_op
+def _e4m3_f32(byte: Uint32, *, loc=None, ip=None) -> Float32:
+    """The value of E4M3 bits (exact through f16)."""
+    bits = arith.trunci(ir.IntegerType.get_signless(16), byte.ir_value(loc=loc, ip=ip))
+    asm = (
+        "{ .reg .b32 t; .reg .b16 lo, hi; cvt.rn.f16x2.e4m3x2 t, $1; mov.b32 {lo, hi}, t;"
+        " cvt.f32.f16 $0, lo; }"
+    )
+    return Float32(llvm.inline_asm(ir.F32Type.get(), [bits], asm, "=f,h"))
 
 
 class QuantizeFp4:
@@ -402,8 +419,8 @@ class QuantizeFp4:
                 )
             else:
                 s = (amax / Float32(E2M1_MAX)) / gs
-            sf_byte = self._e4m3_scale(cute.arch.fmin(s, Float32(E4M3_MAX)))
-            divisor = self._e4m3_value(sf_byte) * gs
+            sf_byte = _e4m3x2_bits(Float32(0.0), cute.arch.fmin(s, Float32(E4M3_MAX)))
+            divisor = _e4m3_f32(sf_byte) * gs
             rcp = Float32(0.0)  # (a zero divisor: zero codes, signs kept)
             if divisor > Float32(0.0):
                 rcp = Float32(1.0) / divisor
@@ -506,26 +523,6 @@ class QuantizeFp4:
         magic_bits = biased_exp * Uint32((1 << 23) + 2) + Uint32(MAGIC_OFFSET)
         total = _f32_bits(mag + _bits_f32(magic_bits))
         return (total & Uint32(7)) | sign
-
-    @cute.jit
-    def _e4m3_scale(self, s: Float32) -> Uint32:
-        """E4M3 bits of 0 <= s <= 448, rounded to nearest even."""
-        byte = Uint32(0)
-        if s < Float32(E4M3_MIN_NORMAL):
-            # subnormal: an integer number of 2^-9 steps (8 steps is the smallest normal)
-            byte = _f32_bits(s * Float32(512.0) + Float32(ROUND_MAGIC)) - Uint32(ROUND_MAGIC_BITS)
-        else:
-            bits = _f32_bits(s)
-            rounded = bits + Uint32(0x7FFFF) + ((bits >> 20) & Uint32(1))
-            byte = (rounded >> 20) - Uint32((127 - 7) << 3)
-        return byte
-
-    @cute.jit
-    def _e4m3_value(self, byte: Uint32) -> Float32:
-        value = Float32(byte) * Float32(2.0**-9)
-        if byte >= Uint32(8):
-            value = _bits_f32((byte + Uint32((127 - 7) << 3)) << 20)
-        return value
 
     @cute.jit
     def _e8m0_scale(self, amax_bits: Uint32) -> Uint32:
