@@ -19,10 +19,11 @@ after the clamp at 448; sm_89 and later), the E8M0 exponent read off amax's bits
 E2M1 rounding to nearest even of the quotient fl(|x| / divisor) with the sign of zero kept. A
 quotient a / b costs a multiply and two fmas, not a division: q0 = a * fl(1 / b),
 q = q0 + fma(-q0, b, a) * fl(1 / b) is the correctly rounded quotient (Markstein's theorem)
-where no step under- or overflows. Elements: while divisors lie in [2^-100, 2^100] and the block
-scale did not clamp at 448 (other blocks divide). Block scales: while gs lies in [2^-60, 2^60] (a
-grid-uniform choice; else IEEE divisions), where every scale that can round to a nonzero E4M3
-value comes from an amax over 2^-72; an overflowing quotient (NaN) counts as past 448. The E2M1
+where no step under- or overflows. Elements: while divisors lie in [2^-100, 2^100] (other blocks
+divide), where only quotients past 6, which saturate, can overflow (NaN, which the clamp at 6
+drops). Block scales: while gs lies in [2^-60, 2^60] (a grid-uniform choice, which also keeps
+divisors in range; else IEEE divisions), where every scale that can round to a nonzero E4M3 value
+comes from an amax over 2^-72; an overflowing quotient (NaN) counts as past 448. The E2M1
 code is read off the bits of q + 2^(22 + seg), whose ulp is the E2M1 step of q's segment: one
 add rounds, ties to even.
 
@@ -43,7 +44,8 @@ Kernels (portable integer and float code: sm_90 and the sm_100 family)
                  before either block is encoded, coalesced across the warp; their codes as one
                  16-byte store (NVFP4) or one per block (MXFP4, whose K / 32 may be odd); lanes
                  2j, 2j + 1 gather their 4 scale bytes into the 32-bit word that the 128x4
-                 layout keeps contiguous (padding gets zero bytes).
+                 layout keeps contiguous (padding gets zero bytes). NVFP4: each CTA first
+                 tabulates (divisor, fl(1 / divisor)) for the 127 scale bytes in shared memory.
                  Dynamic: it waits for the amax grid (``griddepcontrol.wait``), then reduces its
                  maxima. Block 0's thread 0 writes the global scale.
 Both run on the caller's stream, with no memset and no host synchronization.
@@ -72,9 +74,16 @@ THREADS = 128
 WARP = 32
 SF_PER_WORD = 4  # scale bytes per 32-bit word: one row of a 128x4 atom
 BLOCKS_PER_THREAD = 2  # consecutive blocks of a row per thread and step: half a scale word
-# Persistent grids: quantize CTAs per SM by (block size, input bytes), as many as stay resident at
+# Persistent grids: quantize CTAs per SM by (block size, input dtype), as many as stay resident at
 # the kernel's registers per thread (tests check the cubins); amax CTAs per SM.
-QUANT_CTAS_PER_SM = {(16, 2): 7, (16, 4): 6, (32, 2): 5, (32, 4): 4}
+QUANT_CTAS_PER_SM = {
+    (16, "BFloat16"): 7,
+    (16, "Float16"): 6,
+    (16, "Float32"): 5,
+    (32, "BFloat16"): 6,
+    (32, "Float16"): 5,
+    (32, "Float32"): 4,
+}
 AMAX_CTAS_PER_SM = 4
 AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
 # the quantize kernel reduces the amax pass's per-CTA maxima, up to this many per thread
@@ -138,6 +147,7 @@ class QuantizeFp4:
     """x -> (codes, blocked scales, global scale); see the module docstring."""
 
     def __init__(self, in_dtype: str, sf_vec_size: int, dynamic: bool):
+        self.in_dtype_name = in_dtype
         self.in_dtype = IN_DTYPES[in_dtype]
         self.sf_vec_size = sf_vec_size
         self.dynamic = dynamic
@@ -211,7 +221,7 @@ class QuantizeFp4:
         total_warps = (total + WARP - 1) // WARP * WARP
         ctas = min(
             (total_warps + THREADS - 1) // THREADS,
-            sm_count * QUANT_CTAS_PER_SM[vec, self.in_dtype.width // 8],
+            sm_count * QUANT_CTAS_PER_SM[vec, self.in_dtype_name],
         )
         self.kernel(
             mX,
@@ -360,11 +370,25 @@ class QuantizeFp4:
     @cute.jit
     def _block_scaling(self, gs: Float32):
         """Per-thread constants of the NVFP4 block scales: (gs, fl(1 / gs), whether gs is finite
-        and positive)."""
+        and positive, the CTA's table of (divisor, fl(1 / divisor)) by E4M3 scale byte)."""
         if const_expr(not self.nvfp4):
             return (gs,)
         valid = (gs > Float32(0.0)) & (_f32_bits(gs) < Uint32(INF_BITS))
-        return gs, Float32(1.0) / gs, valid
+        # divisor fl(scale * gs) and its reciprocal (0 for a zero divisor: zero codes, signs
+        # kept) for scale bytes 0..127, one per thread, instead of a reciprocal per block
+        smem = cutlass.memory.SmemAllocator()
+        sDiv = smem.allocate_tensor(
+            Float32, cute.make_layout((2, THREADS), stride=(1, 2)), byte_alignment=16
+        )
+        tidx, _, _ = cute.arch.thread_idx()
+        divisor = _e4m3_f32(Uint32(tidx)) * gs
+        rcp = Float32(0.0)
+        if divisor > Float32(0.0):
+            rcp = Float32(1.0) / divisor
+        sDiv[0, tidx] = divisor
+        sDiv[1, tidx] = rcp
+        cute.arch.sync_threads()
+        return gs, Float32(1.0) / gs, valid, sDiv
 
     @cute.jit
     def _quantize_pair(
@@ -406,7 +430,7 @@ class QuantizeFp4:
         finite = amax_bits < Uint32(INF_BITS)
         sf_byte = Uint32(0)
         if const_expr(self.nvfp4):
-            gs, rcp_gs, gs_valid = scaling
+            gs, rcp_gs, gs_valid, sDiv = scaling
             # (a global scale that is not finite and positive makes every scale NaN)
             finite = finite & gs_valid
             amax = _bits_f32(amax_bits)
@@ -420,19 +444,16 @@ class QuantizeFp4:
             else:
                 s = (amax / Float32(E2M1_MAX)) / gs
             sf_byte = _e4m3x2_bits(Float32(0.0), cute.arch.fmin(s, Float32(E4M3_MAX)))
-            divisor = _e4m3_f32(sf_byte) * gs
-            rcp = Float32(0.0)  # (a zero divisor: zero codes, signs kept)
-            if divisor > Float32(0.0):
-                rcp = Float32(1.0) / divisor
-            # a clamped scale can leave quotients past what Markstein's steps keep finite; a
-            # fast global scale keeps divisors in [2^-69, 2^69] (or 0)
-            markstein = s <= Float32(E4M3_MAX)
-            if const_expr(not fast):
-                markstein = markstein & (
-                    (divisor == Float32(0.0))
-                    | ((divisor >= Float32(MARKSTEIN_MIN)) & (divisor <= Float32(MARKSTEIN_MAX)))
-                )
-            if markstein:
+            # (a negative gs gives sign bits; its blocks become NaN below)
+            divisor_rcp = sDiv[None, Int32(sf_byte & Uint32(0x7F))].load()
+            divisor, rcp = divisor_rcp[0], divisor_rcp[1]
+            # quotients past 6 saturate, overflowing ones too (NaN, which fmin drops); a fast
+            # global scale keeps divisors in [2^-69, 2^69] (or 0)
+            if const_expr(fast):
+                self._encode_words(magnitude, sign, words, base, rcp, divisor, "markstein")
+            elif (divisor == Float32(0.0)) | (
+                (divisor >= Float32(MARKSTEIN_MIN)) & (divisor <= Float32(MARKSTEIN_MAX))
+            ):
                 self._encode_words(magnitude, sign, words, base, rcp, divisor, "markstein")
             else:
                 self._encode_words(magnitude, sign, words, base, rcp, divisor, "divide")

@@ -77,7 +77,7 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, tmp_path):
         r"Function kernel_cutlass_kernel_\S+\s+REG:(\d+) STACK:\d+ SHARED:\d+ LOCAL:(\d+)", text
     )
     assert usage is not None, text
-    ctas = quantize_fp4.QUANT_CTAS_PER_SM[vec, quantize_fp4.IN_DTYPES[in_dtype].width // 8]
+    ctas = quantize_fp4.QUANT_CTAS_PER_SM[vec, in_dtype]
     assert usage[2] == "0"
     # NOTE: an SM has 64K registers, allocated per warp in units of 8 per thread
     regs = -(-int(usage[1]) // 8) * 8
