@@ -364,8 +364,9 @@ class QuantizeFp4:
     def _sf_word_index(self, batch, r, col, rows_pad, pairs_pad) -> Int32:
         """Word index of (row r, scale columns col..col+3) in the 128x4 layout: atom
         (r // 128, col // 4) of 512 bytes = 128 words, word (r % 32) * 4 + (r // 32) % 4 in it."""
-        atom = (batch * (rows_pad // 128) + r // 128) * (pairs_pad // 2) + col // 4
-        return atom * 128 + (r % 32) * 4 + (r // 32) % 4
+        # (shifts and masks: the operands are non-negative)
+        atom = (batch * (rows_pad >> 7) + (r >> 7)) * (pairs_pad >> 1) + (col >> 2)
+        return (atom << 7) + ((r & 31) << 2) + ((r >> 5) & 3)
 
     @cute.jit
     def _block_scaling(self, gs: Float32):
