@@ -124,6 +124,14 @@ def _bits_f32(b: Uint32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
+def _shift_in_nibble(word: Uint32, code: Uint32, *, loc=None, ip=None) -> Uint32:
+    """(word >> 4) | (code << 28): a funnel shift, which keeps only code's low nibble."""
+    operands = [word.ir_value(loc=loc, ip=ip), code.ir_value(loc=loc, ip=ip)]
+    i32 = ir.IntegerType.get_signless(32)
+    return Uint32(llvm.inline_asm(i32, operands, "shf.r.wrap.b32 $0, $1, $2, 4;", "=r,r,r"))
+
+
+@dsl_user_op
 def _e4m3x2_bits(hi: Float32, lo: Float32, *, loc=None, ip=None) -> Uint32:
     """E4M3 bits of lo and hi (0 <= each <= 448) in bytes 0 and 1, rounded to nearest even."""
     i16 = ir.IntegerType.get_signless(16)
@@ -532,19 +540,20 @@ class QuantizeFp4:
                         q = ax / divisor
                     # (quotients past 6 all encode as 6)
                     mag = cute.arch.fmin(q, Float32(E2M1_MAX))
-                word = word + (self._e2m1_code(mag, sign(w * 8 + e)) << (4 * e))
+                # each code enters at the top nibble and moves down 4 bits per later code
+                word = _shift_in_nibble(word, self._e2m1_code(mag, sign(w * 8 + e)))
             words[base + w] = word
 
     @cute.jit
     def _e2m1_code(self, mag: Float32, sign: Uint32) -> Uint32:
-        """The E2M1 code of 0 <= mag <= 6, rounded to nearest even, with ``sign`` (0 or 8).
-        magic = 2^(22 + seg) + 2 seg ulps has the ulp 2^(seg - 1) of mag's segment, so mag +
-        magic rounds mag to the segment's grid (k steps; an even sum is an even k) and the
-        sum's bits are magic's + k: their low bits hold the index k + 2 seg <= 7."""
+        """The E2M1 code of 0 <= mag <= 6, rounded to nearest even, with ``sign`` (0 or 8), in
+        the low nibble (the bits above it are not cleared). magic = 2^(22 + seg) + 2 seg ulps has
+        the ulp 2^(seg - 1) of mag's segment, so mag + magic rounds mag to the segment's grid (k
+        steps; an even sum is an even k) and the sum's bits are magic's + k: their mantissa is
+        the index k + 2 seg <= 7, with bit 3 clear."""
         biased_exp = max(_f32_bits(mag) >> 23, Uint32(127))  # (mag >= 0: no sign bit)
         magic_bits = biased_exp * Uint32((1 << 23) + 2) + Uint32(MAGIC_OFFSET)
-        total = _f32_bits(mag + _bits_f32(magic_bits))
-        return (total & Uint32(7)) | sign
+        return _f32_bits(mag + _bits_f32(magic_bits)) | sign
 
     @cute.jit
     def _e8m0_scale(self, amax_bits: Uint32) -> Uint32:
