@@ -338,8 +338,8 @@ class QuantizeFp4:
             live = t < total
             sf_bytes = Uint32(0)
             if live & (r < rows) & (col < sf_cols):
-                block = (batch * rows + r) * sf_cols + col
-                sf_bytes = self._quantize_pair(mX, mQ, block, col + 1 < sf_cols, scaling, fast)
+                row = batch * rows + r
+                sf_bytes = self._quantize_pair(mX, mQ, row, col, sf_cols, scaling, fast)
             word = sf_bytes | (cute.arch.shuffle_sync_down(sf_bytes, offset=1) << 16)
             if live & (pair % 2 == 0):
                 mSF[self._sf_word_index(batch, r, col, rows_pad.divisor, pairs_pad.divisor)] = word
@@ -401,19 +401,23 @@ class QuantizeFp4:
 
     @cute.jit
     def _quantize_pair(
-        self, mX: cute.Tensor, mQ: cute.Tensor, block, live1, scaling, fast: cutlass.Constexpr
+        self, mX: cute.Tensor, mQ: cute.Tensor, row, col, sf_cols, scaling, fast: cutlass.Constexpr
     ) -> Uint32:
-        """Codes of blocks ``block`` and ``block + 1`` (if ``live1``) into mQ; returns their scale
-        bytes as the low half of a scale word. Both blocks are loaded before either is encoded."""
+        """Codes of blocks ``col`` and ``col + 1`` (if live) of ``row`` into mQ; returns their
+        scale bytes as the low half of a scale word. Both blocks are loaded before either is
+        encoded."""
         wpb = self.words_per_block
         if const_expr(self.nvfp4):  # (K / 16 is even: the second block is live)
-            raw0, raw1 = mX[block, None].load(), mX[block + 1, None].load()
+            pair = row * (sf_cols >> 1) + (col >> 1)
+            raw0, raw1 = mX[2 * pair, None].load(), mX[2 * pair + 1, None].load()
             words = cute.make_rmem_tensor(2 * wpb, Uint32)
             sf0 = self._quantize_block(raw0, words, 0, scaling, fast)
             sf1 = self._quantize_block(raw1, words, wpb, scaling, fast)
-            mQ[block >> 1, None].store(words.load())  # one 16-byte store
+            mQ[pair, None].store(words.load())  # one 16-byte store
             return sf0 | (sf1 << 8)
         # MXFP4: K / 32 may be odd; a dead second block re-reads the first, stores nothing
+        block = row * sf_cols + col
+        live1 = col + 1 < sf_cols
         raw0, raw1 = mX[block, None].load(), mX[block + Int32(live1), None].load()
         words0 = cute.make_rmem_tensor(wpb, Uint32)
         words1 = cute.make_rmem_tensor(wpb, Uint32)
@@ -446,7 +450,7 @@ class QuantizeFp4:
             s = Float32(0.0)
             if const_expr(fast):
                 # fl(fl(amax / 6) / gs) exactly where it can reach the E4M3 range (amax over
-                # 2^-72); overflow gives NaN, which fmin and the range check treat as past 448
+                # 2^-72); an overflow gives NaN, which the fmin below turns into 448
                 s = self._markstein(
                     self._markstein(amax, Float32(E2M1_MAX), RCP_E2M1_MAX), gs, rcp_gs
                 )
