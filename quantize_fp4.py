@@ -79,10 +79,10 @@ BLOCKS_PER_THREAD = 2  # consecutive blocks of a row per thread and step: half a
 QUANT_CTAS_PER_SM = {
     (16, "BFloat16"): 7,
     (16, "Float16"): 6,
-    (16, "Float32"): 5,
+    (16, "Float32"): 6,
     (32, "BFloat16"): 6,
     (32, "Float16"): 5,
-    (32, "Float32"): 4,
+    (32, "Float32"): 5,
 }
 AMAX_CTAS_PER_SM = 4
 AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
