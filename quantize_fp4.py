@@ -79,8 +79,8 @@ BLOCKS_PER_THREAD = 2  # consecutive blocks of a row per thread and step: half a
 QUANT_CTAS_PER_SM = {
     (16, "BFloat16"): 7,
     (16, "Float16"): 6,
-    (16, "Float32"): 6,
-    (32, "BFloat16"): 6,
+    (16, "Float32"): 5,
+    (32, "BFloat16"): 5,
     (32, "Float16"): 5,
     (32, "Float32"): 5,
 }
@@ -92,6 +92,7 @@ MAX_PARTIALS = THREADS * PARTIALS_PER_THREAD
 
 # NOTE: the non-negative fp32 bit patterns order like uint32, so amax is an integer max.
 ABS_MASK = 0x7FFFFFFF
+SIGN_BIT = 0x80000000
 EXP_MASK = 0x7F800000
 INF_BITS = 0x7F800000
 E4M3_MAX = 448.0
@@ -492,8 +493,8 @@ class QuantizeFp4:
         return cute.math.fma(cute.math.fma(-q0, b, a), rcp_b, q0)
 
     def _magnitudes_and_signs(self, raw):
-        """Two functions of an element's index in a block: its |x| as fp32, and its sign as
-        E2M1's sign bit (0 or 8). BF16 reads both off the loaded words' bits."""
+        """Two functions of an element's index in a block: its |x| as fp32, and a word whose bit
+        31 is x's sign. BF16 reads both off the loaded words' bits."""
         if const_expr(self.in_dtype is cutlass.BFloat16):
             pairs = [raw[w] & Uint32(BF16_PAIR_ABS) for w in range(self.sf_vec_size // 2)]
 
@@ -502,7 +503,7 @@ class QuantizeFp4:
                 return _bits_f32(pairs[i // 2] & Uint32(0xFFFF0000) if i % 2 else low)
 
             def sign(i):
-                return (raw[i // 2] >> (28 if i % 2 else 12)) & Uint32(8)
+                return raw[i // 2] if i % 2 else raw[i // 2] << 16
 
         else:
             vals = raw.to(Float32)
@@ -511,7 +512,7 @@ class QuantizeFp4:
                 return _bits_f32(_f32_bits(vals[i]) & Uint32(ABS_MASK))
 
             def sign(i):
-                return (_f32_bits(vals[i]) >> 28) & Uint32(8)
+                return _f32_bits(vals[i])
 
         return magnitude, sign
 
@@ -544,20 +545,22 @@ class QuantizeFp4:
                         q = ax / divisor
                     # (quotients past 6 all encode as 6)
                     mag = cute.arch.fmin(q, Float32(E2M1_MAX))
-                # each code enters at the top nibble and moves down 4 bits per later code
-                word = _shift_in_nibble(word, self._e2m1_code(mag, sign(w * 8 + e)))
+                # each code enters at the top nibble and moves down 4 bits per later code; its
+                # sign bit enters at bit 31
+                word = _shift_in_nibble(word, self._e2m1_code(mag))
+                word = word | (sign(w * 8 + e) & Uint32(SIGN_BIT))
             words[base + w] = word
 
     @cute.jit
-    def _e2m1_code(self, mag: Float32, sign: Uint32) -> Uint32:
-        """The E2M1 code of 0 <= mag <= 6, rounded to nearest even, with ``sign`` (0 or 8), in
-        the low nibble (the bits above it are not cleared). magic = 2^(22 + seg) + 2 seg ulps has
+    def _e2m1_code(self, mag: Float32) -> Uint32:
+        """The E2M1 code of 0 <= mag <= 6, rounded to nearest even, in the low nibble (sign bit
+        3 clear; the bits above the nibble are not cleared). magic = 2^(22 + seg) + 2 seg ulps has
         the ulp 2^(seg - 1) of mag's segment, so mag + magic rounds mag to the segment's grid (k
         steps; an even sum is an even k) and the sum's bits are magic's + k: their mantissa is
         the index k + 2 seg <= 7, with bit 3 clear."""
         biased_exp = max(_f32_bits(mag) >> 23, Uint32(127))  # (mag >= 0: no sign bit)
         magic_bits = biased_exp * Uint32((1 << 23) + 2) + Uint32(MAGIC_OFFSET)
-        return _f32_bits(mag + _bits_f32(magic_bits)) | sign
+        return _f32_bits(mag + _bits_f32(magic_bits))
 
     @cute.jit
     def _e8m0_scale(self, amax_bits: Uint32) -> Uint32:
