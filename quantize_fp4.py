@@ -80,7 +80,7 @@ QUANT_CTAS_PER_SM = {
     (16, "BFloat16"): 7,
     (16, "Float16"): 6,
     (16, "Float32"): 5,
-    (32, "BFloat16"): 5,
+    (32, "BFloat16"): 8,
     (32, "Float16"): 5,
     (32, "Float32"): 5,
 }
@@ -122,6 +122,15 @@ def _f32_bits(x: Float32, *, loc=None, ip=None) -> Uint32:
 @dsl_user_op
 def _bits_f32(b: Uint32, *, loc=None, ip=None) -> Float32:
     return Float32(arith.bitcast(ir.F32Type.get(), b.ir_value(loc=loc, ip=ip)))
+
+
+@dsl_user_op
+def _byte_perm(lo: Uint32, hi: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
+    """Bytes of (hi, lo) picked by the selector's nibbles (0..3 from lo, 4..7 from hi)."""
+    operands = [lo.ir_value(loc=loc, ip=ip), hi.ir_value(loc=loc, ip=ip)]
+    i32 = ir.IntegerType.get_signless(32)
+    asm = f"prmt.b32 $0, $1, $2, {selector:#x};"
+    return Uint32(llvm.inline_asm(i32, operands, asm, "=r,r,r"))
 
 
 @dsl_user_op
@@ -437,7 +446,7 @@ class QuantizeFp4:
     ) -> Uint32:
         """Codes of one block (its loaded values ``raw``) into words[base:]; returns its scale
         byte."""
-        magnitude, sign = self._magnitudes_and_signs(raw)
+        magnitude, *sign = self._magnitudes_and_signs(raw)
         amax_bits = Uint32(0)
         for i in cutlass.range_constexpr(self.sf_vec_size):
             amax_bits = max(amax_bits, _f32_bits(magnitude(i)))
@@ -493,8 +502,9 @@ class QuantizeFp4:
         return cute.math.fma(cute.math.fma(-q0, b, a), rcp_b, q0)
 
     def _magnitudes_and_signs(self, raw):
-        """Two functions of an element's index in a block: its |x| as fp32, and a word whose bit
-        31 is x's sign. BF16 reads both off the loaded words' bits."""
+        """Functions of an element's index in a block: its |x| as fp32; and either a word whose
+        bit 31 is x's sign, or (BF16, read off the loaded words' bits) the sign bits of a word
+        of 8 codes, by word."""
         if const_expr(self.in_dtype is cutlass.BFloat16):
             pairs = [raw[w] & Uint32(BF16_PAIR_ABS) for w in range(self.sf_vec_size // 2)]
 
@@ -502,8 +512,16 @@ class QuantizeFp4:
                 low = pairs[i // 2] << 16
                 return _bits_f32(pairs[i // 2] & Uint32(0xFFFF0000) if i % 2 else low)
 
-            def sign(i):
-                return raw[i // 2] if i % 2 else raw[i // 2] << 16
+            def signs(w):
+                # bytes 1 and 3 of 4 words (elements 8w..8w+7) end in the signs of 2j and 2j + 1:
+                # gathered as bytes, they sit 4 bits above, and at, their code's sign bits
+                lo = _byte_perm(raw[4 * w], raw[4 * w + 1], 0x7351)
+                hi = _byte_perm(raw[4 * w + 2], raw[4 * w + 3], 0x7351)
+                odd = _byte_perm(lo, hi, 0x7632)
+                even = _byte_perm(lo, hi, 0x5410)
+                return (odd & Uint32(0x80808080)) | ((even >> 4) & Uint32(0x08080808))
+
+            return magnitude, None, signs
 
         else:
             vals = raw.to(Float32)
@@ -514,7 +532,7 @@ class QuantizeFp4:
             def sign(i):
                 return _f32_bits(vals[i])
 
-        return magnitude, sign
+            return magnitude, sign, None
 
     @cute.jit
     def _encode_words(
@@ -530,7 +548,9 @@ class QuantizeFp4:
         """Pack the E2M1 codes of the quotients fl(|x| / divisor) with x's sign into ``words``, 8
         per 32-bit word. ``how``: "exact" (rcp a power of two: |x| * rcp is the quotient),
         "markstein" (|x| * rcp, then one fma correction; rcp = fl(1 / divisor), 0 for a zero
-        divisor) or "divide" (IEEE divisions)."""
+        divisor) or "divide" (IEEE divisions). ``sign``: the two sign functions of
+        _magnitudes_and_signs, one of them None."""
+        sign_bit, sign_bits = sign
         for w in cutlass.range_constexpr(self.words_per_block):
             word = Uint32(0)
             for e in cutlass.range_constexpr(8):
@@ -545,10 +565,13 @@ class QuantizeFp4:
                         q = ax / divisor
                     # (quotients past 6 all encode as 6)
                     mag = cute.arch.fmin(q, Float32(E2M1_MAX))
-                # each code enters at the top nibble and moves down 4 bits per later code; its
-                # sign bit enters at bit 31
+                # each code enters at the top nibble and moves down 4 bits per later code (its
+                # sign bit, if by element, enters at bit 31)
                 word = _shift_in_nibble(word, self._e2m1_code(mag))
-                word = word | (sign(w * 8 + e) & Uint32(SIGN_BIT))
+                if const_expr(sign_bit is not None):
+                    word = word | (sign_bit(w * 8 + e) & Uint32(SIGN_BIT))
+            if const_expr(sign_bits is not None):
+                word = word | sign_bits(w)
             words[base + w] = word
 
     @cute.jit
