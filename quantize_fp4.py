@@ -45,7 +45,7 @@ Kernels (portable integer and float code: sm_90 and the sm_100 family)
                  16-byte store (NVFP4) or one per block (MXFP4, whose K / 32 may be odd); lanes
                  2j, 2j + 1 gather their 4 scale bytes into the 32-bit word that the 128x4
                  layout keeps contiguous (padding gets zero bytes). NVFP4: each CTA first
-                 tabulates (divisor, fl(1 / divisor)) for the 127 scale bytes in shared memory.
+                 tabulates (divisor, fl(1 / divisor)) for every scale byte in shared memory.
                  Dynamic: it waits for the amax grid (``griddepcontrol.wait``), then reduces its
                  maxima. Block 0's thread 0 writes the global scale.
 Both run on the caller's stream, with no memset and no host synchronization.
