@@ -13,14 +13,19 @@ and the fp32 global scale.
   ``e4m3(min(amax_block / 6 / gs, 448))``; codes ``e2m1(x / (scale * gs))``.
 * MXFP4 (V = 32, E8M0 scales): block scale ``2^ceil(log2(amax_block / 6))`` clamped to
   [2^-127, 2^127]; codes ``e2m1(x * 2^-e)``; global scale 1.0.
-The arithmetic gives the reference's results bit for bit: the block scale's IEEE divisions
-(``div.rn.f32``), fp32 -> E4M3 rounding to nearest even with integer arithmetic, the E8M0 exponent
-read off amax's bits (exact), and E2M1 rounding to nearest even of the quotient fl(|x| / divisor)
-with the sign of zero kept. The quotient costs a multiply and two fmas, not a division:
-q0 = |x| * fl(1 / divisor), q = q0 + fma(-q0, divisor, |x|) * fl(1 / divisor) is the correctly
-rounded quotient (Markstein's theorem) while divisors lie in [2^-100, 2^100] and the block scale
-did not clamp at 448; other blocks divide. The E2M1 code is read off the bits of
-q + 2^(22 + seg), whose ulp is the E2M1 step of q's segment: one add rounds, ties to even.
+The arithmetic gives the reference's results bit for bit: the block scale's correctly rounded
+divisions fl(fl(amax / 6) / gs), fp32 -> E4M3 rounding to nearest even (``cvt.rn.satfinite``
+after the clamp at 448; sm_89 and later), the E8M0 exponent read off amax's bits (exact), and
+E2M1 rounding to nearest even of the quotient fl(|x| / divisor) with the sign of zero kept. A
+quotient a / b costs a multiply and two fmas, not a division: q0 = a * fl(1 / b),
+q = q0 + fma(-q0, b, a) * fl(1 / b) is the correctly rounded quotient (Markstein's theorem)
+where no step under- or overflows. Elements: while divisors lie in [2^-100, 2^100] (other blocks
+divide), where only quotients past 6, which saturate, can overflow (NaN, which the clamp at 6
+drops). Block scales: while gs lies in [2^-60, 2^60] (a grid-uniform choice, which also keeps
+divisors in range; else IEEE divisions), where every scale that can round to a nonzero E4M3 value
+comes from an amax over 2^-72; an overflowing quotient (NaN) counts as past 448. The E2M1
+code is read off the bits of q + 2^(22 + seg), whose ulp is the E2M1 step of q's segment: one
+add rounds, ties to even.
 
 Non-finite input: a check would need a host sync, so none is made. A block holding NaN or Inf
 gets the NaN scale byte (E4M3 0x7F, E8M0 0xFF) and zero codes, and a dynamic global scale over
@@ -34,10 +39,13 @@ Kernels (portable integer and float code: sm_90 and the sm_100 family)
                  thread (the bit patterns of non-negative floats order like integers, NaN above
                  Inf above every number), one maximum per CTA into a small buffer; it lets the
                  next grid launch at once (PDL: programmatic dependent launch).
-    kernel       a persistent grid-stride walk, one thread per (batch, padded row, padded scale
-                 column): a block's 16-byte vector loads, coalesced across the warp; its codes
-                 as one 8- or 16-byte store; lanes 4j..4j+3 gather their 4 scale bytes into the
-                 32-bit word that the 128x4 layout keeps contiguous (padding gets zero bytes).
+    kernel       a persistent grid-stride walk, one thread per (batch, padded row, pair of
+                 padded scale columns): two consecutive blocks' 16-byte vector loads, all issued
+                 before either block is encoded, coalesced across the warp; their codes as one
+                 16-byte store (NVFP4) or one per block (MXFP4, whose K / 32 may be odd); lanes
+                 2j, 2j + 1 gather their 4 scale bytes into the 32-bit word that the 128x4
+                 layout keeps contiguous (padding gets zero bytes). NVFP4: each CTA first
+                 tabulates (divisor, fl(1 / divisor)) for every scale byte in shared memory.
                  Dynamic: it waits for the amax grid (``griddepcontrol.wait``), then reduces its
                  maxima. Block 0's thread 0 writes the global scale.
 Both run on the caller's stream, with no memset and no host synchronization.
@@ -57,7 +65,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32, const_expr
 from cutlass._mlir import ir
-from cutlass._mlir.dialects import arith
+from cutlass._mlir.dialects import arith, llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
@@ -65,9 +73,17 @@ SF_VEC_SIZES = (16, 32)
 THREADS = 128
 WARP = 32
 SF_PER_WORD = 4  # scale bytes per 32-bit word: one row of a 128x4 atom
-# Persistent grids: quantize CTAs per SM by (block size, input bytes), as many as stay resident at
+BLOCKS_PER_THREAD = 2  # consecutive blocks of a row per thread and step: half a scale word
+# Persistent grids: quantize CTAs per SM by (block size, input dtype), as many as stay resident at
 # the kernel's registers per thread (tests check the cubins); amax CTAs per SM.
-QUANT_CTAS_PER_SM = {(16, 2): 8, (16, 4): 8, (32, 2): 6, (32, 4): 4}
+QUANT_CTAS_PER_SM = {
+    (16, "BFloat16"): 7,
+    (16, "Float16"): 6,
+    (16, "Float32"): 5,
+    (32, "BFloat16"): 8,
+    (32, "Float16"): 5,
+    (32, "Float32"): 5,
+}
 AMAX_CTAS_PER_SM = 4
 AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
 # the quantize kernel reduces the amax pass's per-CTA maxima, up to this many per thread
@@ -76,17 +92,14 @@ MAX_PARTIALS = THREADS * PARTIALS_PER_THREAD
 
 # NOTE: the non-negative fp32 bit patterns order like uint32, so amax is an integer max.
 ABS_MASK = 0x7FFFFFFF
+SIGN_BIT = 0x80000000
 EXP_MASK = 0x7F800000
 INF_BITS = 0x7F800000
 E4M3_MAX = 448.0
-E4M3_MIN_NORMAL = 2.0**-6
 E4M3_NAN = 0x7F
 E8M0_NAN = 0xFF
 E2M1_MAX = 6.0
 GLOBAL_DIVISOR = 448.0 * 6.0
-# (x + 2^23) - 2^23 rounds 0 <= x < 2^22 to an integer, ties to even, in fp32
-ROUND_MAGIC = 8388608.0
-ROUND_MAGIC_BITS = 0x4B000000
 # E2M1 rounding adds 2^(22 + seg) + 2 seg ulps (seg = 0, 1, 2 on [0, 2), [2, 4), [4, 6]): its ulp
 # is the segment's grid step, and the sum's low bits are the E2M1 index k + 2 seg
 MAGIC_OFFSET = (22 << 23) - 254  # magic's bits: e (2^23 + 2) + this, e = max(mag's exponent, 127)
@@ -95,6 +108,10 @@ BF16_PAIR_ABS = 0x7FFF7FFF
 # where no step can under- or overflow: divisors in [2^-100, 2^100] (smaller |x| encode as 0)
 MARKSTEIN_MIN = 2.0**-100
 MARKSTEIN_MAX = 2.0**100
+RCP_E2M1_MAX = float.fromhex("0x1.555556p-3")  # fl(1 / 6)
+# global scales for which the block scale's two divisions are Markstein quotients
+SCALE_FAST_MIN = 2.0**-60
+SCALE_FAST_MAX = 2.0**60
 
 
 @dsl_user_op
@@ -107,10 +124,48 @@ def _bits_f32(b: Uint32, *, loc=None, ip=None) -> Float32:
     return Float32(arith.bitcast(ir.F32Type.get(), b.ir_value(loc=loc, ip=ip)))
 
 
+@dsl_user_op
+def _byte_perm(lo: Uint32, hi: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
+    """Bytes of (hi, lo) picked by the selector's nibbles (0..3 from lo, 4..7 from hi)."""
+    operands = [lo.ir_value(loc=loc, ip=ip), hi.ir_value(loc=loc, ip=ip)]
+    i32 = ir.IntegerType.get_signless(32)
+    asm = f"prmt.b32 $0, $1, $2, {selector:#x};"
+    return Uint32(llvm.inline_asm(i32, operands, asm, "=r,r,r"))
+
+
+@dsl_user_op
+def _shift_in_nibble(word: Uint32, code: Uint32, *, loc=None, ip=None) -> Uint32:
+    """(word >> 4) | (code << 28): a funnel shift, which keeps only code's low nibble."""
+    operands = [word.ir_value(loc=loc, ip=ip), code.ir_value(loc=loc, ip=ip)]
+    i32 = ir.IntegerType.get_signless(32)
+    return Uint32(llvm.inline_asm(i32, operands, "shf.r.wrap.b32 $0, $1, $2, 4;", "=r,r,r"))
+
+
+@dsl_user_op
+def _e4m3x2_bits(hi: Float32, lo: Float32, *, loc=None, ip=None) -> Uint32:
+    """E4M3 bits of lo and hi (0 <= each <= 448) in bytes 0 and 1, rounded to nearest even."""
+    i16 = ir.IntegerType.get_signless(16)
+    operands = [hi.ir_value(loc=loc, ip=ip), lo.ir_value(loc=loc, ip=ip)]
+    pair = llvm.inline_asm(i16, operands, "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;", "=h,f,f")
+    return Uint32(arith.extui(ir.IntegerType.get_signless(32), pair))
+
+
+@dsl_user_op
+def _e4m3_f32(byte: Uint32, *, loc=None, ip=None) -> Float32:
+    """The value of E4M3 bits (exact through f16)."""
+    bits = arith.trunci(ir.IntegerType.get_signless(16), byte.ir_value(loc=loc, ip=ip))
+    asm = (
+        "{ .reg .b32 t; .reg .b16 lo, hi; cvt.rn.f16x2.e4m3x2 t, $1; mov.b32 {lo, hi}, t;"
+        " cvt.f32.f16 $0, lo; }"
+    )
+    return Float32(llvm.inline_asm(ir.F32Type.get(), [bits], asm, "=f,h"))
+
+
 class QuantizeFp4:
     """x -> (codes, blocked scales, global scale); see the module docstring."""
 
     def __init__(self, in_dtype: str, sf_vec_size: int, dynamic: bool):
+        self.in_dtype_name = in_dtype
         self.in_dtype = IN_DTYPES[in_dtype]
         self.sf_vec_size = sf_vec_size
         self.dynamic = dynamic
@@ -119,6 +174,8 @@ class QuantizeFp4:
     def _setup_attributes(self):
         self.nvfp4 = self.sf_vec_size == 16
         self.words_per_block = self.sf_vec_size // 8  # 8 codes per 32-bit word
+        # elements per code store: a thread's two NVFP4 blocks, or one MXFP4 block
+        self.code_vec = self.sf_vec_size * (BLOCKS_PER_THREAD if self.nvfp4 else 1)
 
     @cute.jit
     def __call__(
@@ -146,9 +203,12 @@ class QuantizeFp4:
             )
         else:
             mX = cute.make_tensor(x_ptr, cute.make_layout((n_elems // vec, vec), stride=(vec, 1)))
+        # NVFP4: a thread's two blocks' codes as one 16-byte store (K / 16 is even)
         mQ = cute.make_tensor(
             cute.recast_ptr(q_ptr, dtype=Uint32),
-            cute.make_layout((n_elems // vec, self.words_per_block), stride=(vec // 8, 1)),
+            cute.make_layout(
+                (n_elems // self.code_vec, self.code_vec // 8), stride=(self.code_vec // 8, 1)
+            ),
         )
         sf_cols = k // vec
         sf_cols_pad = (sf_cols + SF_PER_WORD - 1) // SF_PER_WORD * SF_PER_WORD
@@ -173,12 +233,13 @@ class QuantizeFp4:
             self.amax_kernel(mXa, mPartials, amax_steps).launch(
                 grid=(amax_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream
             )
-        # one thread per (batch, padded row, padded scale column); warps never straddle a word
-        total = l * rows_pad * sf_cols_pad
+        # one thread per (batch, padded row, pair of padded scale columns); lane pairs hold a word
+        pairs_pad = sf_cols_pad // BLOCKS_PER_THREAD
+        total = l * rows_pad * pairs_pad
         total_warps = (total + WARP - 1) // WARP * WARP
         ctas = min(
             (total_warps + THREADS - 1) // THREADS,
-            sm_count * QUANT_CTAS_PER_SM[vec, self.in_dtype.width // 8],
+            sm_count * QUANT_CTAS_PER_SM[vec, self.in_dtype_name],
         )
         self.kernel(
             mX,
@@ -189,7 +250,7 @@ class QuantizeFp4:
             mPartials,
             amax_ctas,
             (rows, sf_cols, total, total_warps),
-            cute.fast_divmod_create_divisor_v2(sf_cols_pad),
+            cute.fast_divmod_create_divisor_v2(pairs_pad),
             cute.fast_divmod_create_divisor_v2(rows_pad),
         ).launch(grid=(ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=self.dynamic)
 
@@ -242,30 +303,56 @@ class QuantizeFp4:
         mPartials: cute.Tensor,
         num_partials: Int32,
         extents: tuple[Int32, Int32, Int32, Int32],
-        cols_pad: cute.FastDivmodDivisorV2,
+        pairs_pad: cute.FastDivmodDivisorV2,
         rows_pad: cute.FastDivmodDivisorV2,
     ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gs = self._global_scale(mGsIn, mPartials, num_partials)
+        if (bidx == 0) & (tidx == 0):
+            mGsOut[0] = gs
+        scaling = self._block_scaling(gs)
+        walk = (mX, mQ, mSF, extents, pairs_pad, rows_pad, scaling)
+        if const_expr(self.nvfp4):
+            # (a grid-uniform choice: no IEEE division in the usual loop)
+            if (gs >= Float32(SCALE_FAST_MIN)) & (gs <= Float32(SCALE_FAST_MAX)):
+                self._walk(*walk, True)
+            else:
+                self._walk(*walk, False)
+        else:
+            self._walk(*walk, False)
+
+    @cute.jit
+    def _walk(
+        self,
+        mX: cute.Tensor,
+        mQ: cute.Tensor,
+        mSF: cute.Tensor,
+        extents: tuple[Int32, Int32, Int32, Int32],
+        pairs_pad: cute.FastDivmodDivisorV2,
+        rows_pad: cute.FastDivmodDivisorV2,
+        scaling,
+        fast: cutlass.Constexpr,
+    ):
+        """A grid-stride walk over the thread space; lanes 2j, 2j + 1 hold one scale word.
+        ``fast``: the global scale lies in [2^-60, 2^60] (see _quantize_block)."""
         rows, sf_cols, total, total_warps = extents
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        gs = self._global_scale(mGsIn, mPartials, num_partials)
-        if (bidx == 0) & (tidx == 0):
-            mGsOut[0] = gs
-        # a grid-stride walk over the thread space; lanes 4j..4j+3 hold one scale word
         t = bidx * THREADS + tidx
         while t < total_warps:
-            rest, col = divmod(t, cols_pad)
+            rest, pair = divmod(t, pairs_pad)
             batch, r = divmod(rest, rows_pad)
+            col = pair * BLOCKS_PER_THREAD
             live = t < total
-            sf_byte = Uint32(0)
+            sf_bytes = Uint32(0)
             if live & (r < rows) & (col < sf_cols):
-                block = (batch * rows + r) * sf_cols + col
-                sf_byte = self._quantize_block(mX[block, None].load(), mQ, block, gs)
-            word = sf_byte | (cute.arch.shuffle_sync_down(sf_byte, offset=1) << 8)
-            word = word | (cute.arch.shuffle_sync_down(word, offset=2) << 16)
-            if live & (col % SF_PER_WORD == 0):
-                mSF[self._sf_word_index(batch, r, col, rows_pad.divisor, cols_pad.divisor)] = word
+                row = batch * rows + r
+                sf_bytes = self._quantize_pair(mX, mQ, row, col, sf_cols, scaling, fast)
+            word = sf_bytes | (cute.arch.shuffle_sync_down(sf_bytes, offset=1) << 16)
+            if live & (pair % 2 == 0):
+                mSF[self._sf_word_index(batch, r, col, rows_pad.divisor, pairs_pad.divisor)] = word
             t += gdim * THREADS
 
     @cute.jit
@@ -292,59 +379,132 @@ class QuantizeFp4:
         return gs
 
     @cute.jit
-    def _sf_word_index(self, batch, r, col, rows_pad, cols_pad) -> Int32:
+    def _sf_word_index(self, batch, r, col, rows_pad, pairs_pad) -> Int32:
         """Word index of (row r, scale columns col..col+3) in the 128x4 layout: atom
         (r // 128, col // 4) of 512 bytes = 128 words, word (r % 32) * 4 + (r // 32) % 4 in it."""
-        atom = (batch * (rows_pad // 128) + r // 128) * (cols_pad // SF_PER_WORD) + col // 4
-        return atom * 128 + (r % 32) * 4 + (r // 32) % 4
+        # (shifts and masks: the operands are non-negative)
+        atom = (batch * (rows_pad >> 7) + (r >> 7)) * (pairs_pad >> 1) + (col >> 2)
+        return (atom << 7) + ((r & 31) << 2) + ((r >> 5) & 3)
 
     @cute.jit
-    def _quantize_block(self, raw, mQ: cute.Tensor, block, gs: Float32) -> Uint32:
-        """Codes of one block (its loaded values ``raw``) into mQ; returns its scale byte."""
-        magnitude, sign = self._magnitudes_and_signs(raw)
+    def _block_scaling(self, gs: Float32):
+        """Per-thread constants of the NVFP4 block scales: (gs, fl(1 / gs), whether gs is finite
+        and positive, the CTA's table of (divisor, fl(1 / divisor)) by E4M3 scale byte)."""
+        if const_expr(not self.nvfp4):
+            return (gs,)
+        valid = (gs > Float32(0.0)) & (_f32_bits(gs) < Uint32(INF_BITS))
+        # divisor fl(scale * gs) and its reciprocal (0 for a zero divisor: zero codes, signs
+        # kept) for scale bytes 0..127, one per thread, instead of a reciprocal per block
+        smem = cutlass.memory.SmemAllocator()
+        sDiv = smem.allocate_tensor(
+            Float32, cute.make_layout((2, THREADS), stride=(1, 2)), byte_alignment=16
+        )
+        tidx, _, _ = cute.arch.thread_idx()
+        divisor = _e4m3_f32(Uint32(tidx)) * gs
+        rcp = Float32(0.0)
+        if divisor > Float32(0.0):
+            rcp = Float32(1.0) / divisor
+        sDiv[0, tidx] = divisor
+        sDiv[1, tidx] = rcp
+        cute.arch.sync_threads()
+        return gs, Float32(1.0) / gs, valid, sDiv
+
+    @cute.jit
+    def _quantize_pair(
+        self, mX: cute.Tensor, mQ: cute.Tensor, row, col, sf_cols, scaling, fast: cutlass.Constexpr
+    ) -> Uint32:
+        """Codes of blocks ``col`` and ``col + 1`` (if live) of ``row`` into mQ; returns their
+        scale bytes as the low half of a scale word. Both blocks are loaded before either is
+        encoded."""
+        wpb = self.words_per_block
+        if const_expr(self.nvfp4):  # (K / 16 is even: the second block is live)
+            pair = row * (sf_cols >> 1) + (col >> 1)
+            raw0, raw1 = mX[2 * pair, None].load(), mX[2 * pair + 1, None].load()
+            words = cute.make_rmem_tensor(2 * wpb, Uint32)
+            sf0 = self._quantize_block(raw0, words, 0, scaling, fast)
+            sf1 = self._quantize_block(raw1, words, wpb, scaling, fast)
+            mQ[pair, None].store(words.load())  # one 16-byte store
+            return sf0 | (sf1 << 8)
+        # MXFP4: K / 32 may be odd; a dead second block re-reads the first, stores nothing
+        block = row * sf_cols + col
+        live1 = col + 1 < sf_cols
+        raw0, raw1 = mX[block, None].load(), mX[block + Int32(live1), None].load()
+        words0 = cute.make_rmem_tensor(wpb, Uint32)
+        words1 = cute.make_rmem_tensor(wpb, Uint32)
+        sf0 = self._quantize_block(raw0, words0, 0, scaling, fast)
+        sf1 = self._quantize_block(raw1, words1, 0, scaling, fast)
+        mQ[block, None].store(words0.load())
+        sf = sf0
+        if live1:
+            mQ[block + 1, None].store(words1.load())
+            sf = sf | (sf1 << 8)
+        return sf
+
+    @cute.jit
+    def _quantize_block(
+        self, raw, words: cute.Tensor, base, scaling, fast: cutlass.Constexpr
+    ) -> Uint32:
+        """Codes of one block (its loaded values ``raw``) into words[base:]; returns its scale
+        byte."""
+        magnitude, *sign = self._magnitudes_and_signs(raw)
         amax_bits = Uint32(0)
         for i in cutlass.range_constexpr(self.sf_vec_size):
             amax_bits = max(amax_bits, _f32_bits(magnitude(i)))
         finite = amax_bits < Uint32(INF_BITS)
-        words = cute.make_rmem_tensor(self.words_per_block, Uint32)
         sf_byte = Uint32(0)
         if const_expr(self.nvfp4):
+            gs, rcp_gs, gs_valid, sDiv = scaling
             # (a global scale that is not finite and positive makes every scale NaN)
-            finite = finite & (gs > Float32(0.0)) & (_f32_bits(gs) < Uint32(INF_BITS))
-            s = (_bits_f32(amax_bits) / Float32(E2M1_MAX)) / gs
-            sf_byte = self._e4m3_scale(min(s, Float32(E4M3_MAX)))
-            divisor = self._e4m3_value(sf_byte) * gs
-            rcp = Float32(0.0)  # (a zero divisor: zero codes, signs kept)
-            if divisor > Float32(0.0):
-                rcp = Float32(1.0) / divisor
-            # a clamped scale can leave quotients past what Markstein's steps keep finite
-            markstein = (divisor == Float32(0.0)) | (
-                (divisor >= Float32(MARKSTEIN_MIN))
-                & (divisor <= Float32(MARKSTEIN_MAX))
-                & (s <= Float32(E4M3_MAX))
-            )
-            if markstein:
-                self._encode_words(magnitude, sign, words, rcp, divisor, "markstein")
+            finite = finite & gs_valid
+            amax = _bits_f32(amax_bits)
+            s = Float32(0.0)
+            if const_expr(fast):
+                # fl(fl(amax / 6) / gs) exactly where it can reach the E4M3 range (amax over
+                # 2^-72); an overflow gives NaN, which the fmin below turns into 448
+                s = self._markstein(
+                    self._markstein(amax, Float32(E2M1_MAX), RCP_E2M1_MAX), gs, rcp_gs
+                )
             else:
-                self._encode_words(magnitude, sign, words, rcp, divisor, "divide")
+                s = (amax / Float32(E2M1_MAX)) / gs
+            sf_byte = _e4m3x2_bits(Float32(0.0), cute.arch.fmin(s, Float32(E4M3_MAX)))
+            # (a negative gs gives sign bits; its blocks become NaN below)
+            divisor_rcp = sDiv[None, Int32(sf_byte & Uint32(0x7F))].load()
+            divisor, rcp = divisor_rcp[0], divisor_rcp[1]
+            # quotients past 6 saturate, overflowing ones too (NaN, which fmin drops); a fast
+            # global scale keeps divisors in [2^-69, 2^69] (or 0)
+            if const_expr(fast):
+                self._encode_words(magnitude, sign, words, base, rcp, divisor, "markstein")
+            elif (divisor == Float32(0.0)) | (
+                (divisor >= Float32(MARKSTEIN_MIN)) & (divisor <= Float32(MARKSTEIN_MAX))
+            ):
+                self._encode_words(magnitude, sign, words, base, rcp, divisor, "markstein")
+            else:
+                self._encode_words(magnitude, sign, words, base, rcp, divisor, "divide")
             if not finite:
                 sf_byte = Uint32(E4M3_NAN)
         else:
             sf_byte = self._e8m0_scale(amax_bits)
             # 2^(127 - byte): exact and normal, so |x| * rcp is the quotient itself
             rcp = _bits_f32((Uint32(254) - sf_byte) << 23)
-            self._encode_words(magnitude, sign, words, rcp, Float32(1.0), "exact")
+            self._encode_words(magnitude, sign, words, base, rcp, Float32(1.0), "exact")
             if not finite:
                 sf_byte = Uint32(E8M0_NAN)
         if not finite:
             for w in cutlass.range_constexpr(self.words_per_block):
-                words[w] = Uint32(0)
-        mQ[block, None].store(words.load())  # one 8- or 16-byte store
+                words[base + w] = Uint32(0)
         return sf_byte
 
+    @cute.jit
+    def _markstein(self, a: Float32, b: Float32, rcp_b: Float32) -> Float32:
+        """fl(a / b) from rcp_b = fl(1 / b) (Markstein's theorem) where no step under- or
+        overflows; 0 for a = 0."""
+        q0 = a * rcp_b
+        return cute.math.fma(cute.math.fma(-q0, b, a), rcp_b, q0)
+
     def _magnitudes_and_signs(self, raw):
-        """Two functions of an element's index in a block: its |x| as fp32, and its sign as
-        E2M1's sign bit (0 or 8). BF16 reads both off the loaded words' bits."""
+        """Functions of an element's index in a block: its |x| as fp32; and either a word whose
+        bit 31 is x's sign, or (BF16, read off the loaded words' bits) the sign bits of a word
+        of 8 codes, by word."""
         if const_expr(self.in_dtype is cutlass.BFloat16):
             pairs = [raw[w] & Uint32(BF16_PAIR_ABS) for w in range(self.sf_vec_size // 2)]
 
@@ -352,8 +512,16 @@ class QuantizeFp4:
                 low = pairs[i // 2] << 16
                 return _bits_f32(pairs[i // 2] & Uint32(0xFFFF0000) if i % 2 else low)
 
-            def sign(i):
-                return (raw[i // 2] >> (28 if i % 2 else 12)) & Uint32(8)
+            def signs(w):
+                # bytes 1 and 3 of 4 words (elements 8w..8w+7) end in the signs of 2j and 2j + 1:
+                # gathered as bytes, they sit 4 bits above, and at, their code's sign bits
+                lo = _byte_perm(raw[4 * w], raw[4 * w + 1], 0x7351)
+                hi = _byte_perm(raw[4 * w + 2], raw[4 * w + 3], 0x7351)
+                odd = _byte_perm(lo, hi, 0x7632)
+                even = _byte_perm(lo, hi, 0x5410)
+                return (odd & Uint32(0x80808080)) | ((even >> 4) & Uint32(0x08080808))
+
+            return magnitude, None, signs
 
         else:
             vals = raw.to(Float32)
@@ -362,9 +530,9 @@ class QuantizeFp4:
                 return _bits_f32(_f32_bits(vals[i]) & Uint32(ABS_MASK))
 
             def sign(i):
-                return (_f32_bits(vals[i]) >> 28) & Uint32(8)
+                return _f32_bits(vals[i])
 
-        return magnitude, sign
+            return magnitude, sign, None
 
     @cute.jit
     def _encode_words(
@@ -372,6 +540,7 @@ class QuantizeFp4:
         magnitude,
         sign,
         words: cute.Tensor,
+        base,
         rcp: Float32,
         divisor: Float32,
         how: cutlass.Constexpr,
@@ -379,7 +548,9 @@ class QuantizeFp4:
         """Pack the E2M1 codes of the quotients fl(|x| / divisor) with x's sign into ``words``, 8
         per 32-bit word. ``how``: "exact" (rcp a power of two: |x| * rcp is the quotient),
         "markstein" (|x| * rcp, then one fma correction; rcp = fl(1 / divisor), 0 for a zero
-        divisor) or "divide" (IEEE divisions)."""
+        divisor) or "divide" (IEEE divisions). ``sign``: the two sign functions of
+        _magnitudes_and_signs, one of them None."""
+        sign_bit, sign_bits = sign
         for w in cutlass.range_constexpr(self.words_per_block):
             word = Uint32(0)
             for e in cutlass.range_constexpr(8):
@@ -389,45 +560,30 @@ class QuantizeFp4:
                 else:
                     q = Float32(0.0)
                     if const_expr(how == "markstein"):
-                        q0 = ax * rcp
-                        q = cute.math.fma(cute.math.fma(-q0, divisor, ax), rcp, q0)
+                        q = self._markstein(ax, divisor, rcp)
                     else:
                         q = ax / divisor
                     # (quotients past 6 all encode as 6)
                     mag = cute.arch.fmin(q, Float32(E2M1_MAX))
-                word = word + (self._e2m1_code(mag, sign(w * 8 + e)) << (4 * e))
-            words[w] = word
+                # each code enters at the top nibble and moves down 4 bits per later code (its
+                # sign bit, if by element, enters at bit 31)
+                word = _shift_in_nibble(word, self._e2m1_code(mag))
+                if const_expr(sign_bit is not None):
+                    word = word | (sign_bit(w * 8 + e) & Uint32(SIGN_BIT))
+            if const_expr(sign_bits is not None):
+                word = word | sign_bits(w)
+            words[base + w] = word
 
     @cute.jit
-    def _e2m1_code(self, mag: Float32, sign: Uint32) -> Uint32:
-        """The E2M1 code of 0 <= mag <= 6, rounded to nearest even, with ``sign`` (0 or 8).
-        magic = 2^(22 + seg) + 2 seg ulps has the ulp 2^(seg - 1) of mag's segment, so mag +
-        magic rounds mag to the segment's grid (k steps; an even sum is an even k) and the
-        sum's bits are magic's + k: their low bits hold the index k + 2 seg <= 7."""
+    def _e2m1_code(self, mag: Float32) -> Uint32:
+        """The E2M1 code of 0 <= mag <= 6, rounded to nearest even, in the low nibble (sign bit
+        3 clear; the bits above the nibble are not cleared). magic = 2^(22 + seg) + 2 seg ulps has
+        the ulp 2^(seg - 1) of mag's segment, so mag + magic rounds mag to the segment's grid (k
+        steps; an even sum is an even k) and the sum's bits are magic's + k: their mantissa is
+        the index k + 2 seg <= 7, with bit 3 clear."""
         biased_exp = max(_f32_bits(mag) >> 23, Uint32(127))  # (mag >= 0: no sign bit)
         magic_bits = biased_exp * Uint32((1 << 23) + 2) + Uint32(MAGIC_OFFSET)
-        total = _f32_bits(mag + _bits_f32(magic_bits))
-        return (total & Uint32(7)) | sign
-
-    @cute.jit
-    def _e4m3_scale(self, s: Float32) -> Uint32:
-        """E4M3 bits of 0 <= s <= 448, rounded to nearest even."""
-        byte = Uint32(0)
-        if s < Float32(E4M3_MIN_NORMAL):
-            # subnormal: an integer number of 2^-9 steps (8 steps is the smallest normal)
-            byte = _f32_bits(s * Float32(512.0) + Float32(ROUND_MAGIC)) - Uint32(ROUND_MAGIC_BITS)
-        else:
-            bits = _f32_bits(s)
-            rounded = bits + Uint32(0x7FFFF) + ((bits >> 20) & Uint32(1))
-            byte = (rounded >> 20) - Uint32((127 - 7) << 3)
-        return byte
-
-    @cute.jit
-    def _e4m3_value(self, byte: Uint32) -> Float32:
-        value = Float32(byte) * Float32(2.0**-9)
-        if byte >= Uint32(8):
-            value = _bits_f32((byte + Uint32((127 - 7) << 3)) << 20)
-        return value
+        return _f32_bits(mag + _bits_f32(magic_bits))
 
     @cute.jit
     def _e8m0_scale(self, amax_bits: Uint32) -> Uint32:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import glob
 import os
+import re
+import subprocess
 
 import pytest
 import torch
@@ -55,8 +57,8 @@ def test_cross_compiles_to_portable_exact_code(arch, config, tmp_path):
 
 
 @pytest.mark.parametrize("in_dtype", sorted(quantize_fp4.IN_DTYPES))
-@pytest.mark.parametrize("vec", quantize_fp4.SF_VEC_SIZES)
-def test_persistent_grid_is_resident(in_dtype, vec, tmp_path):
+@pytest.mark.parametrize("vec, dynamic", [(16, False), (16, True), (32, False)])
+def test_persistent_grid_is_resident(in_dtype, vec, dynamic, tmp_path):
     """The quantize grid is sized to QUANT_CTAS_PER_SM CTAs per SM and walks the work in as many
     rounds: a CTA that did not fit would leave its share to a second wave."""
     import blockwise_gemm_fp4 as bw
@@ -64,15 +66,22 @@ def test_persistent_grid_is_resident(in_dtype, vec, tmp_path):
     if bw.find_cuobjdump() is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     quantize_fp4.compile_quantizer(
-        in_dtype, vec, False, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir={tmp_path}"
+        in_dtype, vec, dynamic, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir={tmp_path}"
     )
     (cubin,) = glob.glob(os.path.join(tmp_path, "*.cubin"))
-    usage = bw.cubin_resource_usage(cubin)
-    ctas = quantize_fp4.QUANT_CTAS_PER_SM[vec, quantize_fp4.IN_DTYPES[in_dtype].width // 8]
-    assert usage["LOCAL"] == 0
+    text = subprocess.run(
+        [bw.find_cuobjdump(), "-res-usage", cubin], capture_output=True, text=True, check=True
+    ).stdout
+    # the quantize kernel's line (a dynamic cubin also holds the amax kernel)
+    usage = re.search(
+        r"Function kernel_cutlass_kernel_\S+\s+REG:(\d+) STACK:\d+ SHARED:\d+ LOCAL:(\d+)", text
+    )
+    assert usage is not None, text
+    ctas = quantize_fp4.QUANT_CTAS_PER_SM[vec, in_dtype]
+    assert usage[2] == "0"
     # NOTE: an SM has 64K registers, allocated per warp in units of 8 per thread
-    regs = -(-int(usage["REG"]) // 8) * 8
-    assert ctas * quantize_fp4.THREADS * regs <= 65536, usage
+    regs = -(-int(usage[1]) // 8) * 8
+    assert ctas * quantize_fp4.THREADS * regs <= 65536, usage[0]
 
 
 def test_cli_refuses_bad_shape(capsys):
