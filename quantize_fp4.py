@@ -18,14 +18,14 @@ divisions fl(fl(amax / 6) / gs), fp32 -> E4M3 rounding to nearest even (``cvt.rn
 after the clamp at 448; sm_89 and later), the E8M0 exponent read off amax's bits (exact), and
 E2M1 rounding to nearest even of the quotient fl(|x| / divisor) with the sign of zero kept. A
 quotient a / b costs a multiply and two fmas, not a division: q0 = a * fl(1 / b),
-q = q0 + fma(-q0, b, a) * fl(1 / b) is the correctly rounded quotient (Markstein's theorem)
+q = fma(fma(-q0, b, a), fl(1 / b), q0) is the correctly rounded quotient (Markstein's theorem)
 where no step under- or overflows. Elements: while divisors lie in [2^-100, 2^100] (other blocks
 divide), where only quotients past 6, which saturate, can overflow (NaN, which the clamp at 6
 drops). Block scales: while gs lies in [2^-60, 2^60] (a grid-uniform choice, which also keeps
 divisors in range; else IEEE divisions), where every scale that can round to a nonzero E4M3 value
 comes from an amax over 2^-72; an overflowing quotient (NaN) counts as past 448. The E2M1
-code is read off the bits of q + 2^(22 + seg), whose ulp is the E2M1 step of q's segment: one
-add rounds, ties to even.
+code is read off the bits of min(q, 6) + 2^(22 + seg) + 2 seg ulps (seg = 0, 1, 2 on [0, 2),
+[2, 4), [4, 6]), whose ulp is the E2M1 step of the segment: one add rounds, ties to even.
 
 Non-finite input: a check would need a host sync, so none is made. A block holding NaN or Inf
 gets the NaN scale byte (E4M3 0x7F, E8M0 0xFF) and zero codes, and a dynamic global scale over
@@ -33,8 +33,8 @@ such a tensor is NaN or Inf, which makes every scale byte NaN, as does a static 
 is not finite and positive: each GEMM output that reads such a block is NaN, never a finite wrong
 number. (The CPU path, ``reference.py``, raises ValueError.)
 
-Kernels (portable integer and float code: sm_90 and the sm_100 family)
----------------------------------------------------------------------
+Kernels (no arch-specific "a" features: sm_90 and the sm_100 family; E4M3 cvts need sm_89+)
+-------------------------------------------------------------------------------------------
     amax_kernel  (dynamic NVFP4 only)  a persistent grid-stride walk over x: |x| bits max per
                  thread (the bit patterns of non-negative floats order like integers, NaN above
                  Inf above every number), one maximum per CTA into a small buffer; it lets the
@@ -44,10 +44,10 @@ Kernels (portable integer and float code: sm_90 and the sm_100 family)
                  before either block is encoded, coalesced across the warp; their codes as one
                  16-byte store (NVFP4) or one per block (MXFP4, whose K / 32 may be odd); lanes
                  2j, 2j + 1 gather their 4 scale bytes into the 32-bit word that the 128x4
-                 layout keeps contiguous (padding gets zero bytes). NVFP4: each CTA first
-                 tabulates (divisor, fl(1 / divisor)) for every scale byte in shared memory.
-                 Dynamic: it waits for the amax grid (``griddepcontrol.wait``), then reduces its
-                 maxima. Block 0's thread 0 writes the global scale.
+                 layout keeps contiguous (padding gets zero bytes). NVFP4: each CTA first finds
+                 the global scale (dynamic: it waits for the amax grid, ``griddepcontrol.wait``,
+                 then reduces its maxima), then tabulates (divisor, fl(1 / divisor)) for every
+                 scale byte in shared memory. Block 0's thread 0 writes the global scale.
 Both run on the caller's stream, with no memset and no host synchronization.
 
 Run
@@ -59,6 +59,7 @@ Run
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import cutlass
@@ -306,6 +307,8 @@ class QuantizeFp4:
         pairs_pad: cute.FastDivmodDivisorV2,
         rows_pad: cute.FastDivmodDivisorV2,
     ):
+        """The global scale, the block scaling it implies (NVFP4: the divisor table), then the
+        walk over the blocks: Markstein block scales where gs allows, IEEE divisions else."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gs = self._global_scale(mGsIn, mPartials, num_partials)
@@ -350,6 +353,7 @@ class QuantizeFp4:
             if live & (r < rows) & (col < sf_cols):
                 row = batch * rows + r
                 sf_bytes = self._quantize_pair(mX, mQ, row, col, sf_cols, scaling, fast)
+            # NOTE: the loop's bound and step are whole warps: all 32 lanes reach the shuffle.
             word = sf_bytes | (cute.arch.shuffle_sync_down(sf_bytes, offset=1) << 16)
             if live & (pair % 2 == 0):
                 mSF[self._sf_word_index(batch, r, col, rows_pad.divisor, pairs_pad.divisor)] = word
@@ -357,6 +361,7 @@ class QuantizeFp4:
 
     @cute.jit
     def _global_scale(self, mGsIn: cute.Tensor, mPartials: cute.Tensor, num_partials) -> Float32:
+        """1.0 (MXFP4), mGsIn[0] (static) or amax / 2688 from the amax grid's maxima (dynamic)."""
         gs = Float32(1.0)
         if const_expr(self.nvfp4):
             if const_expr(self.dynamic):
@@ -369,8 +374,10 @@ class QuantizeFp4:
                         amax_bits = max(amax_bits, mPartials[tidx + j * THREADS])
                 amax_bits = self._cta_max(amax_bits)
                 amax = _bits_f32(amax_bits)
-                if amax > Float32(0.0):
-                    gs = amax / Float32(GLOBAL_DIVISOR)
+                # (an amax below 2688 * 2^-150 gives 0: 1.0 then, as for an all-zero x)
+                gs_dynamic = amax / Float32(GLOBAL_DIVISOR)
+                if gs_dynamic > Float32(0.0):
+                    gs = gs_dynamic
                 # (NaN amax: the comparison is false; keep the NaN so that every scale is NaN)
                 if amax_bits > Uint32(INF_BITS):
                     gs = amax
@@ -632,8 +639,24 @@ def _sm_count(device) -> int:
 _TORCH_IN = {"BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32"}
 
 
+def shape_reason(shape: tuple, sf_vec_size: int) -> str:
+    """Why x of this shape cannot be quantized ("" if it can): [rows, K] or [L, rows, K], K a
+    multiple of 32; the kernel's 32-bit offsets need fewer than 2^31 elements and 2^31 padded
+    scale bytes (rows padded to 128)."""
+    if len(shape) not in (2, 3) or min(shape, default=0) < 1 or shape[-1] % 32:
+        return f"x must be [rows, K] or [L, rows, K] with K % 32 == 0, got {shape}"
+    l, rows, k = (1, *shape) if len(shape) == 2 else shape  # noqa: E741
+    if l * rows * k >= 2**31:
+        return f"x {shape} has {l * rows * k} elements; the kernel's offsets are 32-bit (< 2^31)"
+    scale_bytes = l * ((rows + 127) // 128 * 128) * ((k // sf_vec_size + 3) // 4 * 4)
+    if scale_bytes >= 2**31:
+        return f"x {shape} needs {scale_bytes} padded scale bytes; the kernel's offsets are 32-bit"
+    return ""
+
+
 def quantize_cuda(x, sf_vec_size: int, global_scale=None):
-    """Quantize a contiguous CUDA tensor x [rows, K] or [L, rows, K] on the current stream.
+    """Quantize a CUDA tensor x [rows, K] or [L, rows, K] (copied first unless contiguous and
+    16-byte aligned; limits: ``shape_reason``) on the current stream.
 
     Returns ``(codes uint8 [.., rows, K/2], blocked scales [n] or [L, n], global scale 0-d
     float32)``, all on x's device; ``global_scale`` (NVFP4 only): a 0-d float32 tensor on x's
@@ -648,12 +671,18 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
     names = {getattr(torch, v): k for k, v in _TORCH_IN.items()}
     if not x.is_cuda or x.dtype not in names:
         raise ValueError(f"x must be a bfloat16, float16 or float32 CUDA tensor, got {x.dtype}")
-    if x.ndim not in (2, 3) or x.shape[-1] % 32 or x.numel() == 0:
-        raise ValueError(f"x must be [rows, K] or [L, rows, K] with K % 32 == 0: {tuple(x.shape)}")
     if sf_vec_size not in SF_VEC_SIZES:
         raise ValueError(f"sf_vec_size must be 16 (NVFP4) or 32 (MXFP4), got {sf_vec_size}")
-    if x.numel() >= 2**31:
-        raise ValueError(f"x has {x.numel()} elements; the kernel's offsets are 32-bit (< 2^31)")
+    reason = shape_reason(tuple(x.shape), sf_vec_size)
+    if reason:
+        raise ValueError(reason)
+    if global_scale is not None:
+        if sf_vec_size != 16:
+            raise ValueError("global_scale is NVFP4's; MXFP4 has none")
+        if not isinstance(global_scale, torch.Tensor) or global_scale.numel() != 1:
+            raise ValueError(f"global_scale must be a one-element tensor, got {global_scale!r}")
+        if global_scale.dtype != torch.float32 or global_scale.device != x.device:
+            raise ValueError("global_scale must be a float32 tensor on x's device")
     dynamic = sf_vec_size == 16 and global_scale is None
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
@@ -671,10 +700,7 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
     gs_out = torch.empty((), dtype=torch.float32, device=device)
     # the amax pass's per-CTA maxima: every one the quantize pass reads is written first
     partials = torch.empty(MAX_PARTIALS if dynamic else 0, dtype=torch.int32, device=device)
-    gs_in = gs_out if global_scale is None else global_scale
-    if sf_vec_size == 16 and global_scale is not None:
-        if global_scale.dtype != torch.float32 or global_scale.device != device:
-            raise ValueError("global_scale must be a float32 tensor on x's device")
+    gs_in = gs_out if global_scale is None else global_scale.contiguous()
     gmem = cute.AddressSpace.gmem
     ptrs = (
         make_ptr(IN_DTYPES[names[x.dtype]], x.data_ptr(), gmem, assumed_align=16),
@@ -802,10 +828,16 @@ def main(argv=None) -> int:
         shape = tuple(int(v) for v in args.shape.split(","))
     except ValueError:
         shape = ()
-    if len(shape) not in (2, 3) or min(shape) < 1 or shape[-1] % 32:
-        print(f"error: --shape {args.shape}: rows,K or L,rows,K with K % 32 == 0", file=sys.stderr)
-        return 2
     vec = 16 if args.format == "nvfp4" else 32
+    if shape_reason(shape, vec):
+        print(f"error: --shape {args.shape}: {shape_reason(shape, vec)}", file=sys.stderr)
+        return 2
+    if args.global_scale is not None and (vec != 16 or not 0 < args.global_scale < math.inf):
+        print(
+            f"error: --global_scale {args.global_scale}: a finite value > 0, NVFP4 only",
+            file=sys.stderr,
+        )
+        return 2
     dynamic = vec == 16 and args.global_scale is None
     print(
         f"quantize_fp4: shape={shape} format={args.format} in_dtype={args.in_dtype} "

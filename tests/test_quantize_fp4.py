@@ -89,6 +89,35 @@ def test_cli_refuses_bad_shape(capsys):
     assert "K % 32 == 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["--shape", "65536,32768"], "elements"),  # 2^31 elements
+        (["--shape", "524272,1,1024"], "padded scale bytes"),  # 2^29 elements, rows padded 128x
+        (["--global_scale", "0"], "finite value > 0"),
+        (["--global_scale", "nan"], "finite value > 0"),
+        (["--global_scale", "inf"], "finite value > 0"),
+        (["--format", "mxfp4", "--global_scale", "0.5"], "NVFP4 only"),
+    ],
+    ids=["elements", "padded-scales", "gs-0", "gs-nan", "gs-inf", "mxfp4-gs"],
+)
+def test_cli_refuses_bad_input(args, why, capsys):
+    """Exit 2 with the reason before anything compiles or runs (the 32-bit offset limits: also
+    ``quantize_cuda``'s ValueError, through the same ``shape_reason``)."""
+    assert quantize_fp4.main([*args, "--compile_only"]) == 2
+    assert why in capsys.readouterr().err
+
+
+def test_shape_reason_bounds_the_kernels_thread_space():
+    """The quantize grid walks l x rows_pad x pairs of padded scale columns threads with 32-bit
+    indices: just below each limit passes, at it fails."""
+    assert quantize_fp4.shape_reason((2**31 // 1024 - 1, 1024), 16) == ""
+    assert "elements" in quantize_fp4.shape_reason((2**31 // 1024, 1024), 16)
+    # 2^31 padded scale bytes: each batch's 2 rows padded to 128, 64 NVFP4 scale columns each
+    assert quantize_fp4.shape_reason((2**31 // (128 * 64) - 1, 2, 1024), 16) == ""
+    assert "padded scale bytes" in quantize_fp4.shape_reason((2**31 // (128 * 64), 2, 1024), 16)
+
+
 # ----------------------------------------------------------------------------- on the GPU
 
 needs_gpu = pytest.mark.skipif(
@@ -191,6 +220,15 @@ def _next_to_ties(global_scale, lo: int, hi: int, seed: int) -> torch.Tensor:
 def test_bit_exact_next_to_ties(global_scale, lo, hi):
     # normal and subnormal E4M3 scales, clamped ones, and divisors outside Markstein's range
     _check(_next_to_ties(global_scale, lo, hi, seed=6), 16, global_scale)
+
+
+@needs_gpu
+def test_dynamic_global_scale_of_a_tiny_tensor():
+    """F32 x whose amax / 2688 underflows to 0: the global scale is 1.0, as the reference (and
+    an all-zero x) gives it, so scales and codes are zero, not NaN."""
+    x = torch.full((2, 64), 2.0**-149)
+    x[0, 3] = -(2.0**-140)
+    _check(x, 16, None)
 
 
 @needs_gpu
