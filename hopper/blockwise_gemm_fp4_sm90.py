@@ -1417,7 +1417,8 @@ class BlockwiseGemmFp4Sm90:
     def _w4a16_factors(self, sf_word, j) -> list:
         """W4A16: the multiplier of each pair P_0..P_7 of prepacked weights, from the row's word
         of scales: pair i's K values (``pair_k``) lie in scale column (64 j + pair_k) // V.
-        NVFP4 k-blocks use all four scales of their word, converted two per cvt."""
+        NVFP4 (F16, or BF16 prescaled): all four scales of the word, two per cvt; MXFP4: per
+        byte (``scale_factor``)."""
         if self.bf16_prescaled:
             by_byte = dict(enumerate(dq.e4m3x4_to_bf16x2_prescaled(sf_word)))
         elif self.f16:

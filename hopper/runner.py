@@ -56,7 +56,7 @@ class Fp4GemmSm90Runner:
     way leaves counters behind: make a new runner after a CUDA error.  The GEMM grid releases a
     PDL-launched successor once all its loads are issued (``griddepcontrol.launch_dependents``):
     a kernel that follows it with programmatic dependent launch must ``griddepcontrol.wait``
-    before it reads D.
+    before it reads D or writes anything this GEMM reads (A, B, scales, alpha, the workspace).
     """
 
     def __init__(
@@ -80,7 +80,7 @@ class Fp4GemmSm90Runner:
         self.c_dtype = c_dtype
         num_sms = gpu_sm_count()
         self._args = (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, num_sms, options, cluster)
-        # the TMA-store variant now; the direct-store one when an N first needs it
+        # compiled here: the TMA-store variant; the direct-store one when an N first needs it
         self.gemm, compiled = compile_gemm(*self._args, True, k_groups, a_dtype)
         self._compiled = {True: compiled}
         self._workspace = {}
@@ -133,6 +133,12 @@ class Fp4GemmSm90Runner:
         operands = (a, b, sfa_blocked, sfb_blocked, d)
         reasons = operand_reasons(*operands, mnkl, vec, self.c_dtype, a_dtype)
         reasons += problem_reasons(mnkl, vec, path, gemm.mma_tiler_mn, a_dtype)
+        if a.is_cuda and a.device.index != torch.cuda.current_device():
+            # (the workspace, the stream and the launch belong to the current device)
+            reasons.append(
+                f"the operands are on {a.device}, the current device is cuda:"
+                f"{torch.cuda.current_device()}: call under torch.cuda.device({a.device})"
+            )
         if isinstance(alpha, torch.Tensor):
             if alpha.dtype != torch.float32 or alpha.numel() != 1 or alpha.device != a.device:
                 reasons.append(f"alpha must be one float32 value on {a.device} (or a float)")
@@ -254,7 +260,8 @@ def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
 
 
 def blocked_scales(scales):
-    """[L, R, K/V] unswizzled scales -> contiguous uint8 [L, bytes] in the 128x4 layout."""
+    """[R, K/V] or [L, R, K/V] unswizzled scales -> contiguous uint8 [bytes] or [L, bytes] in
+    the 128x4 layout."""
     import torch
 
     import reference

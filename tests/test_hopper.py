@@ -664,7 +664,7 @@ def test_k_permutation_same_for_weights_and_tokens(vec, f16, path, ptx_models):
 def test_conversion_helpers_match_reference(vec, f16, path, ptx_models):
     """Every e2m1 code times every scale byte the reference accepts, through the kernel's own
     helpers (``_scale_factor``, ``_fp4x16_to_mma``, ``_convert_chunk_words``, the E4M3 -> BF16
-    scales of ``_e4m3_byte_to_bf16x2``), equals ``reference.dequantize_fp4`` exactly (F16
+    scales of ``e4m3_byte_to_bf16x2``), equals ``reference.dequantize_fp4`` exactly (F16
     operands times 2^7 = sqrt(NVFP4_ACC_SCALE)), in the K order of
     ``test_k_permutation_same_for_weights_and_tokens``; both k-blocks of a k-tile, two row
     blocks of scales."""
