@@ -458,13 +458,11 @@ class QuantizeFp4:
         for i in cutlass.range_constexpr(self.sf_vec_size):
             amax_bits = max(amax_bits, _f32_bits(magnitude(i)))
         finite = amax_bits < Uint32(INF_BITS)
-        sf_byte = Uint32(0)
         if const_expr(self.nvfp4):
             gs, rcp_gs, gs_valid, sDiv = scaling
             # (a global scale that is not finite and positive makes every scale NaN)
             finite = finite & gs_valid
             amax = _bits_f32(amax_bits)
-            s = Float32(0.0)
             if const_expr(fast):
                 # fl(fl(amax / 6) / gs) exactly where it can reach the E4M3 range (amax over
                 # 2^-72); an overflow gives NaN, which the fmin below turns into 448
@@ -565,7 +563,6 @@ class QuantizeFp4:
                 if const_expr(how == "exact"):
                     mag = ax * rcp
                 else:
-                    q = Float32(0.0)
                     if const_expr(how == "markstein"):
                         q = self._markstein(ax, divisor, rcp)
                     else:
