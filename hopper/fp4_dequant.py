@@ -141,7 +141,7 @@ def e4m3x4_to_bf16x2_prescaled(sf_word: Uint32) -> list:
     """A word of four E4M3 scales -> four BF16 words, scale * 2^118 in both halves, exact (4
     significant bits; scale < 2^9 keeps it below 2^127): one cvt per two scales to F16, then
     F32, the multiply and BF16.  Times an e2m1 * 2^-126 each gives e2m1 * scale * 2^-8."""
-    pairs = [e4m3x2_to_f16x2(sf_word), e4m3x2_to_f16x2(sf_word >> Uint32(16))]
+    pairs = [e4m3x2_to_f16x2(sf_word), e4m3x2_to_f16x2(sf_word >> 16)]
     return [_F16_HALF_TO_BF16X2_PRESCALED[b % 2](pairs[b // 2]) for b in range(4)]
 
 
@@ -155,9 +155,7 @@ def e4m3x4_to_f16x2_scaled(sf_word: Uint32) -> list:
 @dsl_user_op
 def e4m3_to_f16x2(sf_byte: Uint32, *, loc=None, ip=None) -> Uint32:
     """One E4M3 byte -> the same F16 value in both halves (hardware cvt, sm_89+)."""
-    asm = "{ .reg .b16 t; cvt.u16.u32 t, $1; cvt.rn.f16x2.e4m3x2 $0, t; }"
-    doubled = sf_byte * Uint32(0x0101)
-    return _ptx(Uint32, [(Uint32, doubled)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
+    return e4m3x2_to_f16x2(sf_byte * Uint32(0x0101), loc=loc, ip=ip)
 
 
 def fp4x8_to_f16x2(word: Uint32, factors: list) -> list:
