@@ -636,6 +636,11 @@ def _sm_count(device) -> int:
 _TORCH_IN = {"BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32"}
 
 
+def padded_scale_bytes(rows: int, k: int, sf_vec_size: int) -> int:
+    """Bytes of one batch's scales in the 128x4 layout: rows padded to 128, columns to 4."""
+    return (rows + 127) // 128 * 128 * ((k // sf_vec_size + 3) // 4 * 4)
+
+
 def shape_reason(shape: tuple, sf_vec_size: int) -> str:
     """Why x of this shape cannot be quantized ("" if it can): [rows, K] or [L, rows, K], K a
     multiple of 32; the kernel's 32-bit offsets need fewer than 2^31 elements and 2^31 padded
@@ -645,7 +650,7 @@ def shape_reason(shape: tuple, sf_vec_size: int) -> str:
     l, rows, k = (1, *shape) if len(shape) == 2 else shape  # noqa: E741
     if l * rows * k >= 2**31:
         return f"x {shape} has {l * rows * k} elements; the kernel's offsets are 32-bit (< 2^31)"
-    scale_bytes = l * ((rows + 127) // 128 * 128) * ((k // sf_vec_size + 3) // 4 * 4)
+    scale_bytes = l * padded_scale_bytes(rows, k, sf_vec_size)
     if scale_bytes >= 2**31:
         return f"x {shape} needs {scale_bytes} padded scale bytes; the kernel's offsets are 32-bit"
     return ""
@@ -692,7 +697,7 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
         with torch.cuda.device(device):
             _EXECUTORS[key] = compile_quantizer(*key[:3])
     q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
-    n_sf = (rows + 127) // 128 * 128 * ((k // sf_vec_size + 3) // 4 * 4)
+    n_sf = padded_scale_bytes(rows, k, sf_vec_size)
     sf = torch.empty((*lead, n_sf), dtype=torch.uint8, device=device)
     gs_out = torch.empty((), dtype=torch.float32, device=device)
     # the amax pass's per-CTA maxima: every one the quantize pass reads is written first
