@@ -86,8 +86,8 @@ MUTANTS = [
     mutant(
         "h-e4m3-cvt-one-half",
         "conversion constants",
-        "doubled = sf_byte * Uint32(0x0101)",
-        "doubled = sf_byte * Uint32(0x0100)",
+        "return e4m3x2_to_f16x2(sf_byte * Uint32(0x0101), loc=loc, ip=ip)",
+        "return e4m3x2_to_f16x2(sf_byte * Uint32(0x0100), loc=loc, ip=ip)",
         CONVERSIONS,
         file=DEQUANT,
     ),
