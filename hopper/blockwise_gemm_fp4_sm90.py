@@ -124,6 +124,8 @@ SF_DTYPES = {"Float8E4M3FN": cutlass.Float8E4M3FN, "Float8E8M0FNU": cutlass.Floa
 PATHS = ("prefill", "decode")
 VALID_TILE_ROWS = (64, 128)
 VALID_TILE_COLS = (8, 16, 32, 64, 128, 256)
+# shfl.sync segments of 4 lanes (a wgmma A-fragment quad: one row), source lane 0..3 in it
+QUAD_SHUFFLE = ((32 - 4) << 8) | 3
 # K elements per pipeline stage over packed FP4 (64 bytes per row) and per wgmma k-block.
 K_TILE = 128
 K_BLOCK = 64
@@ -516,7 +518,7 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
 def acc_scale(sf_vec_size: int, path: str, a_dtype: str = W4A4) -> float:
     """The factor between the accumulator and alpha * sum: 2^7 per FP4 operand converted to F16
     (NVFP4 on the W4A4 decode path: both; W4A16 with F16 activations: the weights), 2^8 for
-    W4A16 NVFP4 weights in BF16 on decode (``fp4_dequant.e4m3x4_to_bf16x2_prescaled``)."""
+    W4A16 NVFP4 weights in BF16 on decode (``fp4_dequant.e4m3_low_factor``)."""
     if a_dtype != W4A4:
         if a_dtype == "Float16":
             return W4A16_F16_ACC_SCALE
@@ -1334,7 +1336,7 @@ class BlockwiseGemmFp4Sm90:
             ]
             for j in cutlass.range_constexpr(kbs):
                 tCrA = tCrA0 if j == 0 else tCrA1
-                self._dequant_a(tCrA, a_bytes[j], j)
+                self._dequant_a(tCrA, a_bytes[j], j, q)
                 self._wgmma_kblock(tiled_mma, tCrAcc, tCrA, tCrB, kbs * read_state.index + j)
                 if cutlass.const_expr(self.k_groups > 1 and j == kbs - 1):
                     warpgroup.wait_group(0)
@@ -1400,31 +1402,31 @@ class BlockwiseGemmFp4Sm90:
         return out
 
     @cute.jit
-    def _dequant_a(self, tCrA, a_bytes, j):
-        """``_load_a``'s bytes -> the A fragment of k-block j."""
+    def _dequant_a(self, tCrA, a_bytes, j, q):
+        """``_load_a``'s bytes -> the A fragment of k-block j (q: this thread's lane in its
+        quad)."""
         # Uint32 view of the F16 / BF16 fragment: word r + 2c + 4s = row r, K half c, k16 step s.
         rA = cute.recast_tensor(tCrA, Uint32)
         for r in cutlass.range_constexpr(2):
             packed, sf = a_bytes[r]
             if cutlass.const_expr(self.w4a16):
-                factors = self._w4a16_factors(sf, j)
+                factors = self._w4a16_factors(sf, j, q)
             else:
                 factors = [dq.scale_factor(sf, self.f16)] * 8
             pairs = dq.fp4x16_to_mma(packed, factors, self.f16, self.bf16_prescaled)
             for i in cutlass.range_constexpr(8):
                 rA[k_order.a_fragment_word(r, i)] = pairs[i]
 
-    def _w4a16_factors(self, sf_word, j) -> list:
+    def _w4a16_factors(self, sf_word, j, q) -> list:
         """W4A16: the multiplier of each pair P_0..P_7 of prepacked weights, from the row's word
         of scales: pair i's K values (``pair_k``) lie in scale column (64 j + pair_k) // V.
-        NVFP4 (F16, or BF16 prescaled): all four scales of the word, two per cvt; MXFP4: per
-        byte (``scale_factor``)."""
-        if self.bf16_prescaled:
-            by_byte = dict(enumerate(dq.e4m3x4_to_bf16x2_prescaled(sf_word)))
-        elif self.f16:
-            by_byte = dict(enumerate(dq.e4m3x4_to_f16x2_scaled(sf_word)))
-        else:
-            by_byte = {}
+        NVFP4 k-blocks use all four scales of their word, which the four lanes of a quad (one
+        row) share: lane q converts scale q, and each takes the others by shuffles."""
+        by_byte = {}
+        if self.f16 or self.bf16_prescaled:
+            own = dq.e4m3_low_factor(sf_word >> (Uint32(8) * Uint32(q)), self.bf16_prescaled)
+            for b in range(SF_ATOM_COLS):
+                by_byte[b] = cute.arch.shuffle_sync(own, offset=b, mask_and_clamp=QUAD_SHUFFLE)
         factors = []
         for i in range(8):
             byte = (K_BLOCK * j + k_order.pair_k(i, 0)) // self.sf_vec_size % SF_ATOM_COLS

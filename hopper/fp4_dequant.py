@@ -24,7 +24,7 @@ from hopper.k_order import pair_k
 BF16X2_2POW126 = 0x7E807E80
 BF16X2_2POW120 = 0x7B807B80
 F16X2_2POW7 = 0x58005800
-# fp32 bits of 2^118: ``e4m3x4_to_bf16x2_prescaled``'s factor
+# fp32 bits of 2^118: ``e4m3_low_factor``'s prescale
 E4M3_BF16_PRESCALE_BITS = 0x7A800000
 
 
@@ -121,35 +121,26 @@ def e4m3x2_to_f16x2(sf_pair: Uint32, *, loc=None, ip=None) -> Uint32:
     return _ptx(Uint32, [(Uint32, sf_pair)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
 
 
-def _f16_half_to_bf16x2_prescaled(half: str):
-    @dsl_user_op
-    def convert(h: Uint32, *, loc=None, ip=None) -> Uint32:
-        asm = (
-            "{ .reg .b16 lo, hi; .reg .f32 f; mov.b32 {lo, hi}, $1; "
-            f"cvt.f32.f16 f, {half}; mul.f32 f, f, 0f{E4M3_BF16_PRESCALE_BITS:08X}; "
-            "cvt.rn.bf16x2.f32 $0, f, f; }"
-        )
-        return _ptx(Uint32, [(Uint32, h)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
-
-    return convert
-
-
-_F16_HALF_TO_BF16X2_PRESCALED = [_f16_half_to_bf16x2_prescaled(h) for h in ("lo", "hi")]
+@dsl_user_op
+def f16_lo_to_bf16x2_prescaled(h: Uint32, *, loc=None, ip=None) -> Uint32:
+    """The low F16 half of h -> F32, times 2^118, -> BF16 in both halves (exact for E4M3
+    values: 4 significant bits, below 2^9)."""
+    asm = (
+        "{ .reg .b16 lo, hi; .reg .f32 f; mov.b32 {lo, hi}, $1; "
+        f"cvt.f32.f16 f, lo; mul.f32 f, f, 0f{E4M3_BF16_PRESCALE_BITS:08X}; "
+        "cvt.rn.bf16x2.f32 $0, f, f; }"
+    )
+    return _ptx(Uint32, [(Uint32, h)], asm, "=r,r", side_effects=False, loc=loc, ip=ip)
 
 
-def e4m3x4_to_bf16x2_prescaled(sf_word: Uint32) -> list:
-    """A word of four E4M3 scales -> four BF16 words, scale * 2^118 in both halves, exact (4
-    significant bits; scale < 2^9 keeps it below 2^127): one cvt per two scales to F16, then
-    F32, the multiply and BF16.  Times an e2m1 * 2^-126 each gives e2m1 * scale * 2^-8."""
-    pairs = [e4m3x2_to_f16x2(sf_word), e4m3x2_to_f16x2(sf_word >> 16)]
-    return [_F16_HALF_TO_BF16X2_PRESCALED[b % 2](pairs[b // 2]) for b in range(4)]
-
-
-def e4m3x4_to_f16x2_scaled(sf_word: Uint32) -> list:
-    """A word of four E4M3 scales -> four F16 words, scale * 2^7 in both halves (exact): one
-    cvt and one multiply per two scales, one byte permute per scale."""
-    pairs = [mul_f16x2(e4m3x2_to_f16x2(w), Uint32(F16X2_2POW7)) for w in (sf_word, sf_word >> 16)]
-    return [prmt_zero(pairs[b // 2], 0x1010 if b % 2 == 0 else 0x3232) for b in range(4)]
+def e4m3_low_factor(sf_bytes: Uint32, prescaled: bool) -> Uint32:
+    """The E4M3 scale in the low byte -> the W4A16 multiplier in both halves, exact: BF16
+    scale * 2^118 (``prescaled``: times an e2m1 * 2^-126 it gives e2m1 * scale * 2^-8; scale
+    < 2^9 keeps it below 2^127) or F16 scale * 2^7."""
+    pair = e4m3x2_to_f16x2(sf_bytes)
+    if prescaled:
+        return f16_lo_to_bf16x2_prescaled(pair)
+    return prmt_zero(mul_f16x2(pair, Uint32(F16X2_2POW7)), 0x1010)
 
 
 @dsl_user_op
@@ -216,7 +207,7 @@ def scale_factor(sf_byte: Uint32, f16: bool) -> Uint32:
     """One scale byte -> the multiplier of ``fp4x16_to_mma`` in both halves, exact: NVFP4
     (F16 MMAs) the F16 value scale * 2^7 (NaN stays NaN), MXFP4 (BF16 MMAs) the BF16 value
     scale.  (NVFP4 with BF16 MMAs: ``e4m3_byte_to_bf16x2`` in ``convert_operands``,
-    ``e4m3x4_to_bf16x2_prescaled`` in the W4A16 decode mainloop.)"""
+    ``e4m3_low_factor`` in the W4A16 decode mainloop.)"""
     if f16:
         return mul_f16x2(e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
     # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.

@@ -718,7 +718,7 @@ W4A16_CONVERSIONS = [(16, False), (16, True), (32, False)]
 W4A16_IDS = ["nvfp4-bf16", "nvfp4-f16", "mxfp4-bf16"]
 
 
-def _w4a16_decode_kblock(gemm, prepacked_row: bytes, sf_stage: bytes, row: int, j: int) -> dict:
+def _w4a16_decode_kblock(gemm, prepacked_row, sf_stage, row: int, j: int, monkeypatch) -> dict:
     """Decode W4A16: k-block j of one prepacked weight row as the wgmma A fragment holds it,
     made by ``_load_a``'s addresses and ``_dequant_a``'s helpers (``_w4a16_factors``,
     ``fp4x16_to_mma``, ``a_fragment_word``): {K column: value}, times the kernel's
@@ -727,13 +727,24 @@ def _w4a16_decode_kblock(gemm, prepacked_row: bytes, sf_stage: bytes, row: int, 
 
     vec, f16 = gemm.sf_vec_size, gemm.f16
     atoms_k = k90.K_TILE // vec // k90.SF_ATOM_COLS
+    if vec == 16:
+        # NVFP4: lane q of a quad converts scale q of the row's word; shfl.sync in segments of
+        # 4 lanes (the kernel's QUAD_SHUFFLE) hands lane b's to every lane of the quad
+        word = _word(sf_stage, k90.blocked_sf_byte(row, j * 4, atoms_k))
+        owns = [dq.e4m3_low_factor(Uint32(word >> 8 * b), gemm.bf16_prescaled) for b in range(4)]
+
+        def quad_shuffle(value, offset, mask_and_clamp):
+            assert mask_and_clamp == ((32 - 4) << 8) | 3
+            return owns[offset]
+
+        monkeypatch.setattr(k90.cute.arch, "shuffle_sync", quad_shuffle)
     col0 = j * k90.K_BLOCK // vec // k90.SF_ATOM_COLS * k90.SF_ATOM_COLS
     sf_word = _word(sf_stage, k90.blocked_sf_byte(row, col0, atoms_k))
     halves = []
     for q in range(4):
         byte = j * (k90.K_BLOCK // 2) + q * 8
         packed = int.from_bytes(prepacked_row[byte : byte + 8], "little")
-        factors = gemm._w4a16_factors(Uint32(sf_word), j)
+        factors = gemm._w4a16_factors(Uint32(sf_word), j, q)
         pairs = dq.fp4x16_to_mma(Uint64(packed), factors, f16, gemm.bf16_prescaled)
         for i, pair in enumerate(pairs):
             # the PTX ISA's A fragment layout, as in ``_weights_kblock``
@@ -746,7 +757,7 @@ def _w4a16_decode_kblock(gemm, prepacked_row: bytes, sf_stage: bytes, row: int, 
 
 
 @pytest.mark.parametrize("vec, f16", W4A16_CONVERSIONS, ids=W4A16_IDS)
-def test_w4a16_prepacked_weights_dequantize_in_plain_k_order(vec, f16, ptx_models):
+def test_w4a16_prepacked_weights_dequantize_in_plain_k_order(vec, f16, ptx_models, monkeypatch):
     """W4A16: weights through ``prepack_weights`` and the kernel's own dequantization (decode:
     the A fragment; prefill: ``convert_operands``' copy) give, at wgmma K column c of each
     k-block, ``reference.dequantize_fp4`` of K value c: every code, every accepted scale byte,
@@ -765,7 +776,9 @@ def test_w4a16_prepacked_weights_dequantize_in_plain_k_order(vec, f16, ptx_model
         stage = _scale_stage(blocked, row, vec)
         for kb in range(k90.K_TILE // k90.K_BLOCK):
             want = [float(x) for x in ref[row, kb * k90.K_BLOCK : (kb + 1) * k90.K_BLOCK]]
-            got = _w4a16_decode_kblock(gemm, row_bytes, stage, row % k90.SF_ATOM_ROWS, kb)
+            got = _w4a16_decode_kblock(
+                gemm, row_bytes, stage, row % k90.SF_ATOM_ROWS, kb, monkeypatch
+            )
             assert [got[c] for c in range(k90.K_BLOCK)] == want, ("decode", row, kb)
             halves = _tokens_kblock(row_bytes, blocked, row, kb, vec, f16, prepacked=True)
             got = _as_values(halves, f16)  # (the prefill copy of F16 weights carries 2^-7)
@@ -1468,11 +1481,12 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
     assert re.search(r"\bld\.global\.(b32|f32)", gemm_ptx)
     prescaled = vec == 16 and a_dtype == "BFloat16" and path == "decode"
     if prescaled:
-        # one packed multiply per pair (8 pairs x 2 rows x 2 k-blocks a stage), the scales by
-        # cvt: two per E4M3 cvt, then one BF16 cvt per row, k-block and 16-group
+        # one packed multiply per pair (8 pairs x 2 rows x 2 k-blocks a stage); a lane converts
+        # one scale per row and k-block and takes its quad's four by shuffles
         assert gemm_ptx.count("mul.rn.bf16x2") == 32
-        assert gemm_ptx.count("cvt.rn.f16x2.e4m3x2") == 8
-        assert gemm_ptx.count("cvt.rn.bf16x2.f32") == 16
+        assert gemm_ptx.count("cvt.rn.f16x2.e4m3x2") == gemm_ptx.count("cvt.rn.bf16x2.f32") == 4
+        quad = [ln for ln in gemm_ptx.splitlines() if "shfl.sync.idx" in ln and "7171" in ln]
+        assert len(quad) == 16, quad  # (7171: segments of 4 lanes, k90.QUAD_SHUFFLE)
     scales = {2.0**7: a_dtype == "Float16", 2.0**8: prescaled, 2.0**14: False}
     for value, present in scales.items():
         assert (("0f" + struct.pack(">f", value).hex().upper()) in gemm_ptx) == present, value
