@@ -147,6 +147,9 @@ DECODE_K_GROUPS = 4
 # default_config: the fixed cost of a decode work unit (fix-up and store), in weight rows x
 # k-tiles of 128 (hopper/DESIGN.md)
 UNIT_COST = 384
+# default_config, W4A16 decode: the busiest SM's units count at least this much each (its CTAs
+# share the issue slots; hopper/DESIGN.md)
+W4A16_SM_SHARE = 0.75
 # default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
 # NVFP4 on F16: each FP4 operand converted to F16 carries 2^-7, so D = acc * 2^14 * alpha
@@ -254,8 +257,10 @@ def default_config(
       of <= 32 tokens runs as 64-row tiles with DECODE_K_GROUPS groups of consumer warpgroups
       splitting K inside the CTA.
     * Larger M: prefill, 128 x 256 tiles on 2x1 clusters.
-    * W4A16 (``a_dtype`` BFloat16 / Float16) takes the same rule (no token copy to bound); no
-      other tile, split or K-group choice beat it where W4A16 trails (hopper/DESIGN.md).
+    * W4A16 (``a_dtype`` BFloat16 / Float16; no token copy to bound): its decode mainloop is
+      issue-bound, so two CTAs on one SM share its issue slots: a unit counts at least
+      W4A16_SM_SHARE x ceil(units / SMs) times, and one wave of K groups is taken whatever the
+      units' length.
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
@@ -279,12 +284,16 @@ def default_config(
             if not epilogue_staging_fits("decode", (cols, rows), split):
                 continue
             units = tiles * split
-            busiest = math.ceil(units / slots) * (rows * math.ceil(k_tiles / split) + UNIT_COST)
+            rounds = math.ceil(units / slots)
+            if a_dtype != W4A4:
+                rounds = max(rounds, W4A16_SM_SHARE * math.ceil(units / num_sms))
+            busiest = rounds * (rows * math.ceil(k_tiles / split) + UNIT_COST)
             key = (busiest, units, rows != (64 if cols >= 64 else 128))
             if best is None or key < best[0]:
                 best = (key, (cols, rows), split)
     _, tiler, split = best
-    if allow_k_groups and cols <= 32 and math.ceil(k_tiles / split) <= 8:
+    short_units = math.ceil(k_tiles / split) <= 8
+    if allow_k_groups and cols <= 32 and (short_units or a_dtype != W4A4):
         kg_split = _one_wave_k_group_split(n, l, k_tiles, num_sms)
         if kg_split is not None:
             return "decode", (cols, 64), kg_split, DECODE_K_GROUPS

@@ -931,6 +931,17 @@ def test_default_config_paths():
     assert k90.default_config(1, 7168, 896, 1)[3] == 1
     # the CLI: a tile or a split given completes the pick without K groups
     assert k90.default_config(1, 7168, 2048, 1, allow_k_groups=False) == ("decode", (8, 64), 2, 1)
+    # W4A16: the busiest SM counts (its two CTAs share the issue slots): 144 tiles split 4 (576
+    # units: at most 5 of 14 k-tiles per SM) beat split 3 (432 units: 4 of 19 per SM) ...
+    w4a16 = {"a_dtype": "BFloat16"}
+    assert k90.default_config(16, 18432, 7168, 1, **w4a16) == ("decode", (16, 128), 4, 1)
+    assert k90.default_config(64, 8192, 8192, 1, **w4a16) == ("decode", (64, 64), 2, 1)
+    # ... and one wave of K groups whatever the units' length
+    assert k90.default_config(1, 8192, 8192, 1, **w4a16) == ("decode", (8, 64), 1, 4)
+    assert k90.default_config(16, 4096, 7168, 1, **w4a16) == ("decode", (16, 64), 2, 4)
+    assert k90.default_config(16, 7168, 16384, 1, **w4a16) == ("decode", (16, 64), 1, 4)
+    assert k90.default_config(16, 1000, 2080, 1, **w4a16) == ("decode", (16, 64), 2, 1)
+    assert k90.default_config(1024, 8192, 8192, 1, **w4a16) == ("decode", (128, 128), 1, 1)
     for argv, want in (
         (["--split_k", "3"], ("decode", (8, 64), 3, 1)),
         (["--k_groups", "2"], ("decode", (8, 64), 1, 2)),
@@ -946,22 +957,25 @@ def test_default_config_paths():
 
 
 def test_default_config_picks_pass_the_checks():
-    """Every pick of ``default_config`` over a sweep of shapes (ragged, L = 2, both formats)
-    is a configuration that ``check_fp4_gemm_config`` accepts and the kernel object builds."""
+    """Every pick of ``default_config`` over a sweep of shapes (ragged, L = 2, both formats, W4A4
+    and W4A16) is a configuration that ``check_fp4_gemm_config`` accepts and the kernel object
+    builds."""
     import itertools
 
     ms = (1, 5, 8, 9, 12, 16, 20, 24, 32, 33, 64, 128, 200, 2049)
     ns = (1, 520, 1000, 4096, 7168, 8192, 8448, 18432)
     ks = (32, 64, 96, 1024, 2080, 7168, 16384)
-    for m, n, k, l, vec in itertools.product(ms, ns, ks, (1, 2), (16, 32)):  # noqa: E741
-        path, tiler, split, k_groups = k90.default_config(m, n, k, l)
+    shapes = itertools.product(ms, ns, ks, (1, 2), (16, 32), (k90.W4A4, "BFloat16"))
+    for m, n, k, l, vec, a_dtype in shapes:  # noqa: E741
+        path, tiler, split, k_groups = k90.default_config(m, n, k, l, a_dtype=a_dtype)
         sf_dtype = "Float8E4M3FN" if vec == 16 else "Float8E8M0FNU"
         cluster = k90.default_cluster(path)
-        reasons = k90.check_fp4_gemm_config(
-            (m, n, k, l), vec, sf_dtype, "BFloat16", path, tiler, cluster, split, k_groups
+        config = (path, tiler, cluster, split, k_groups, a_dtype)
+        reasons = k90.check_fp4_gemm_config((m, n, k, l), vec, sf_dtype, "BFloat16", *config)
+        assert reasons == [], (m, n, k, l, vec, config, reasons)
+        k90.BlockwiseGemmFp4Sm90(
+            vec, path, tiler, cluster, split, k_groups=k_groups, a_dtype=a_dtype
         )
-        assert reasons == [], (m, n, k, l, vec, path, tiler, split, k_groups, reasons)
-        k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, k_groups=k_groups)
 
 
 def _cli(*args):
