@@ -683,6 +683,9 @@ class BlockwiseGemmFp4Sm90:
         self.acc_scale = acc_scale(sf_vec_size, path, a_dtype)
         # W4A16 NVFP4 in BF16 on decode: scale factors hold the 2^126 of the e2m1 bits (2^-8 left)
         self.bf16_prescaled = self.acc_scale == W4A16_BF16_ACC_SCALE
+        # MXFP4 on decode: stages whose scales are all <= 1 fold the 2^126 into them too (exact:
+        # scale x 2^126 <= 2^126), one multiply per pair; other stages take two
+        self.e8m0_fast = sf_vec_size == 32 and path == "decode"
 
     def _prologue_pdl(self, launch_regs: int) -> bool:
         """Whether ``convert_operands`` is PDL-launched too, so that it starts within the tail
@@ -1343,9 +1346,10 @@ class BlockwiseGemmFp4Sm90:
                 self._load_a(base_a, base_sfa, read_state.index, j, a_row0, sfa_row_off, q)
                 for j in range(kbs)
             ]
+            small = self._small_scales(a_bytes) if cutlass.const_expr(self.e8m0_fast) else None
             for j in cutlass.range_constexpr(kbs):
                 tCrA = tCrA0 if j == 0 else tCrA1
-                self._dequant_a(tCrA, a_bytes[j], j, q)
+                self._dequant_a(tCrA, a_bytes[j], j, q, small)
                 self._wgmma_kblock(tiled_mma, tCrAcc, tCrA, tCrB, kbs * read_state.index + j)
                 if cutlass.const_expr(self.k_groups > 1 and j == kbs - 1):
                     warpgroup.wait_group(0)
@@ -1411,22 +1415,47 @@ class BlockwiseGemmFp4Sm90:
         return out
 
     @cute.jit
-    def _dequant_a(self, tCrA, a_bytes, j, q):
+    def _dequant_a(self, tCrA, a_bytes, j, q, small):
         """``_load_a``'s bytes -> the A fragment of k-block j (q: this thread's lane in its
-        quad)."""
+        quad; small: MXFP4 on decode, every scale of the warp's stage <= 1)."""
         # Uint32 view of the F16 / BF16 fragment: word r + 2c + 4s = row r, K half c, k16 step s.
         rA = cute.recast_tensor(tCrA, Uint32)
-        for r in cutlass.range_constexpr(2):
-            packed, sf = a_bytes[r]
-            if cutlass.const_expr(self.w4a16):
-                factors = self._w4a16_factors(sf, j, q)
+        if cutlass.const_expr(self.e8m0_fast):
+            if small:
+                self._dequant_rows(rA, a_bytes, j, q, True)
             else:
-                factors = [dq.scale_factor(sf, self.f16)] * 8
-            pairs = dq.fp4x16_to_mma(packed, factors, self.f16, self.bf16_prescaled)
-            for i in cutlass.range_constexpr(8):
+                self._dequant_rows(rA, a_bytes, j, q, False)
+        else:
+            self._dequant_rows(rA, a_bytes, j, q, False)
+
+    def _dequant_rows(self, rA, a_bytes, j, q, small: bool):
+        for r in range(2):
+            packed, sf = a_bytes[r]
+            factors = self._kblock_factors(sf, j, q, small)
+            pairs = dq.fp4x16_to_mma(packed, factors, self.f16, self.bf16_prescaled or small)
+            for i in range(8):
                 rA[k_order.a_fragment_word(r, i)] = pairs[i]
 
-    def _w4a16_factors(self, sf_word, j, q) -> list:
+    def _small_scales(self, a_bytes):
+        """MXFP4 on decode: whether every scale byte the warp's threads read for the stage is
+        <= 127 (scale <= 1), warp-uniform so that ``_dequant_a``'s branch does not diverge."""
+        bits = Uint32(0)
+        for kblock in a_bytes:
+            for _, sf in kblock:
+                bits = bits | sf
+        return cute.arch.vote_all_sync((bits & Uint32(0x80808080)) == Uint32(0))
+
+    def _kblock_factors(self, sf, j, q, small: bool) -> list:
+        """The multipliers of a row's pairs P_0..P_7 in k-block j, from its scale byte (W4A4) or
+        its word of scales (W4A16); ``small``: MXFP4 scales <= 1, each carrying the 2^126 of the
+        e2m1 bits (``dq.e8m0_prescaled_factor``), one multiply per pair instead of two."""
+        if cutlass.const_expr(self.w4a16):
+            return self._w4a16_factors(sf, j, q, small)
+        if small:
+            return [dq.e8m0_prescaled_factor(sf)] * 8
+        return [dq.scale_factor(sf, self.f16)] * 8
+
+    def _w4a16_factors(self, sf_word, j, q, small: bool) -> list:
         """W4A16: the multiplier of each pair P_0..P_7 of prepacked weights, from the row's word
         of scales: pair i's K values (``pair_k``) lie in scale column (64 j + pair_k) // V.
         NVFP4 k-blocks use all four scales of their word, which the four lanes of a quad (one
@@ -1440,9 +1469,11 @@ class BlockwiseGemmFp4Sm90:
         for i in range(8):
             byte = (K_BLOCK * j + k_order.pair_k(i, 0)) // self.sf_vec_size % SF_ATOM_COLS
             if byte not in by_byte:
-                by_byte[byte] = dq.scale_factor(
-                    (sf_word >> Uint32(8 * byte)) & Uint32(0xFF), self.f16
-                )
+                sf_byte = (sf_word >> Uint32(8 * byte)) & Uint32(0xFF)
+                if small:
+                    by_byte[byte] = dq.e8m0_prescaled_factor(sf_byte)
+                else:
+                    by_byte[byte] = dq.scale_factor(sf_byte, self.f16)
             factors.append(by_byte[byte])
         return factors
 

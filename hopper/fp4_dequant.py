@@ -207,13 +207,21 @@ def scale_factor(sf_byte: Uint32, f16: bool) -> Uint32:
     """One scale byte -> the multiplier of ``fp4x16_to_mma`` in both halves, exact: NVFP4
     (F16 MMAs) the F16 value scale * 2^7 (NaN stays NaN), MXFP4 (BF16 MMAs) the BF16 value
     scale.  (NVFP4 with BF16 MMAs: ``e4m3_byte_to_bf16x2`` in ``convert_operands``,
-    ``e4m3_low_factor`` in the W4A16 decode mainloop.)"""
+    ``e4m3_low_factor`` in the W4A16 decode mainloop; MXFP4 scales <= 1 on decode:
+    ``e8m0_prescaled_factor``.)"""
     if f16:
         return mul_f16x2(e4m3_to_f16x2(sf_byte), Uint32(F16X2_2POW7))
     # E8M0: bits << 7 is the BF16 power of two; byte 0 (2^-127) is the BF16 subnormal 0x0040.
     # NOTE: the NaN byte 255 becomes +inf (0x7F80): D is inf or NaN where the reference has NaN.
     bits = (sf_byte << 7) | (((sf_byte - Uint32(1)) >> 31) << 6)
     return bits | (bits << 16)
+
+
+def e8m0_prescaled_factor(sf_byte: Uint32) -> Uint32:
+    """An E8M0 scale byte e <= 127 (scale <= 1) -> BF16 2^(e - 1) = scale * 2^126 in both halves
+    (exponent field e + 126; no carry into the high half), so that one multiply of the e2m1 *
+    2^-126 bits of ``fp4_pair_to_bf16x2`` gives e2m1 * scale exactly."""
+    return sf_byte * Uint32(0x00800080) + Uint32(0x3F003F00)
 
 
 def e4m3_byte_to_bf16x2(mags: Uint32, signs: Uint32, q: int, keep=None) -> Uint32:

@@ -94,6 +94,10 @@ def _conversion_constants(vec: int, path: str) -> dict:
         0x81C081C0: "BF16 sign and magnitude bits",
         0x1040: "nibble to bits 6 and 12 (x << 6 | x << 12)",
     }
+    if vec == 32 and path == "decode":
+        # stages of E8M0 scales <= 1: BF16 scale * 2^126 = 2^(e - 1), exponent field e + 126
+        consts[_half2(_bf16_of(2.0**-1))] = "BF16x2 2^(e - 1) at e = 0"
+        consts[0x00800080] = "E8M0 byte to both BF16 exponent fields"
     if vec == 16:
         # E4M3 (magnitude << 4, sign << 8) is the BF16 value scale * 2^-120; NaN magnitude
         consts[_half2(_bf16_of(2.0**120))] = "BF16x2 2^120"
@@ -525,31 +529,37 @@ def _word(data: bytes, offset: int) -> int:
     return int.from_bytes(data[offset : offset + 4], "little")
 
 
-def _weights_kblock(packed_row: bytes, sf_stage: bytes, row: int, j: int, vec: int) -> list:
+def _weights_kblock(packed_row: bytes, sf_stage: bytes, row: int, j: int, vec: int, small=False):
     """Decode path: the A operand of k-block j of one weight row as wgmma reads it, made by
-    ``_load_a`` / ``_dequant_a``'s helpers: list of (K column of the k-block, half bits).
-    ``sf_stage`` holds the k-tile's scale atoms of the row's row block (the TMA box)."""
+    ``_load_a``'s addresses and ``_dequant_a``'s conversion (``_dequant_rows``; ``small``: the
+    branch of MXFP4 stages whose scales are all <= 1): list of (K column of the k-block, half
+    bits).  ``sf_stage`` holds the k-tile's scale atoms of the row's row block (the TMA box)."""
     from cutlass.cutlass_dsl import Uint32, Uint64
 
-    f16 = vec == 16
+    gemm = k90.BlockwiseGemmFp4Sm90(vec, "decode", (16, 128))
     atoms_k = k90.K_TILE // vec // k90.SF_ATOM_COLS
     out = []
     for q in range(4):  # lane % 4: the thread's 16-group of the k-block
         byte = j * (k90.K_BLOCK // 2) + q * 8
         packed = int.from_bytes(packed_row[byte : byte + 8], "little")
         sf = sf_stage[k90.blocked_sf_byte(row, k90.scale_column(j, q, vec), atoms_k)]
-        factors = [dq.scale_factor(Uint32(sf), f16)] * 8
-        pairs = dq.fp4x16_to_mma(Uint64(packed), factors, f16)
-        for i, pair in enumerate(pairs):
-            word = k_order.a_fragment_word(0, i)
+        words = _fragment_words(gemm, (Uint64(packed), Uint32(sf)), j, q, small)
+        for x, bits in enumerate(words):
             # PTX ISA, wgmma .f16 / .bf16 A fragment in registers: register pair (a_2x, a_2x+1)
             # = word x holds row (lane / 4) + 8 (x % 2), K columns 2 (lane % 4) + 8 (x / 2 % 2)
-            # + 16 (x / 4) and + 1 (m64nNk16 per k16 step)
-            assert word % 2 == 0, word
-            col = 16 * (word // 4) + 8 * (word // 2 % 2) + 2 * q
-            bits = int(pair.value)
-            out += [(col, bits & 0xFFFF), (col + 1, bits >> 16)]
+            # + 16 (x / 4) and + 1 (m64nNk16 per k16 step); row lane / 4 only (x even)
+            if x % 2 == 0:
+                col = 16 * (x // 4) + 8 * (x // 2 % 2) + 2 * q
+                out += [(col, bits & 0xFFFF), (col + 1, bits >> 16)]
     return out
+
+
+def _fragment_words(gemm, row_bytes: tuple, j: int, q: int, small: bool) -> list[int]:
+    """``_dequant_rows`` of one thread with the same (packed, scales) for both of its rows: the
+    16 words of its A fragment of k-block j."""
+    frag = [None] * 16
+    gemm._dequant_rows(frag, [row_bytes, row_bytes], j, q, small)
+    return [int(word.value) for word in frag]
 
 
 def _tokens_kblock(
@@ -718,10 +728,10 @@ W4A16_CONVERSIONS = [(16, False), (16, True), (32, False)]
 W4A16_IDS = ["nvfp4-bf16", "nvfp4-f16", "mxfp4-bf16"]
 
 
-def _w4a16_decode_kblock(gemm, prepacked_row, sf_stage, row: int, j: int, monkeypatch) -> dict:
+def _w4a16_decode_kblock(gemm, prepacked_row, sf_stage, row, j, monkeypatch, small=False) -> dict:
     """Decode W4A16: k-block j of one prepacked weight row as the wgmma A fragment holds it,
-    made by ``_load_a``'s addresses and ``_dequant_a``'s helpers (``_w4a16_factors``,
-    ``fp4x16_to_mma``, ``a_fragment_word``): {K column: value}, times the kernel's
+    made by ``_load_a``'s addresses and ``_dequant_a``'s conversion (``_dequant_rows``;
+    ``small``: MXFP4 stages whose scales are all <= 1): {K column: value}, times the kernel's
     ``acc_scale`` (F16: 2^7, NVFP4 BF16: 2^8), as the epilogue applies it."""
     from cutlass.cutlass_dsl import Uint32, Uint64
 
@@ -744,14 +754,12 @@ def _w4a16_decode_kblock(gemm, prepacked_row, sf_stage, row: int, j: int, monkey
     for q in range(4):
         byte = j * (k90.K_BLOCK // 2) + q * 8
         packed = int.from_bytes(prepacked_row[byte : byte + 8], "little")
-        factors = gemm._w4a16_factors(Uint32(sf_word), j, q)
-        pairs = dq.fp4x16_to_mma(Uint64(packed), factors, f16, gemm.bf16_prescaled)
-        for i, pair in enumerate(pairs):
+        words = _fragment_words(gemm, (Uint64(packed), Uint32(sf_word)), j, q, small)
+        for x, bits in enumerate(words):
             # the PTX ISA's A fragment layout, as in ``_weights_kblock``
-            word = k_order.a_fragment_word(0, i)
-            col = 16 * (word // 4) + 8 * (word // 2 % 2) + 2 * q
-            bits = int(pair.value)
-            halves += [(col, bits & 0xFFFF), (col + 1, bits >> 16)]
+            if x % 2 == 0:
+                col = 16 * (x // 4) + 8 * (x // 2 % 2) + 2 * q
+                halves += [(col, bits & 0xFFFF), (col + 1, bits >> 16)]
     decode = _f16_value if f16 else _bf16_value
     return {col: decode(bits) * gemm.acc_scale for col, bits in halves}
 
@@ -783,6 +791,55 @@ def test_w4a16_prepacked_weights_dequantize_in_plain_k_order(vec, f16, ptx_model
             halves = _tokens_kblock(row_bytes, blocked, row, kb, vec, f16, prepacked=True)
             got = _as_values(halves, f16)  # (the prefill copy of F16 weights carries 2^-7)
             assert [got[c] for c in range(k90.K_BLOCK)] == want, ("prefill", row, kb)
+
+
+@pytest.mark.parametrize("a_dtype", [k90.W4A4, "BFloat16"])
+def test_small_e8m0_scales_convert_exactly(a_dtype, ptx_models, monkeypatch):
+    """MXFP4 on decode, stages whose scales are all <= 1 (E8M0 bytes 0..127): one multiply by
+    ``e8m0_prescaled_factor`` per pair gives ``reference.dequantize_fp4`` exactly, every code
+    times every such byte (subnormal products included), W4A4 and W4A16 weights."""
+    import reference
+
+    small = list(range(128))
+    packed, scales, blocked = _operand(len(small), 32, small, seed=5)
+    ref = reference.dequantize_fp4(packed, scales, 32)
+    weights = packed if a_dtype == k90.W4A4 else k_order.prepack_weights(packed)
+    gemm = k90.BlockwiseGemmFp4Sm90(32, "decode", (16, 128), a_dtype=a_dtype)
+    order = _k_orders(32, False, "decode")[0] if a_dtype == k90.W4A4 else list(range(64))
+    for row in range(len(small)):
+        row_bytes, stage = bytes(weights[row].numpy()), _scale_stage(blocked, row, 32)
+        for kb in range(k90.K_TILE // k90.K_BLOCK):
+            want = [float(x) for x in ref[row, kb * k90.K_BLOCK : (kb + 1) * k90.K_BLOCK]]
+            at = (row_bytes, stage, row % k90.SF_ATOM_ROWS, kb)
+            if a_dtype == k90.W4A4:
+                got = _as_values(_weights_kblock(*at, 32, small=True), False)
+            else:
+                got = _w4a16_decode_kblock(gemm, *at, monkeypatch, small=True)
+            assert [got[order[p]] for p in range(k90.K_BLOCK)] == want, (row, kb)
+
+
+@pytest.mark.parametrize("a_dtype", [k90.W4A4, "BFloat16"])
+def test_small_e8m0_scales_predicate(a_dtype, monkeypatch):
+    """``_small_scales``: true only where every scale byte of the thread's stage (W4A4: one per
+    row and k-block; W4A16: a word of four) is <= 127; the warp vote sees each thread's."""
+    from cutlass.cutlass_dsl import Uint32, Uint64
+
+    votes = []
+    monkeypatch.setattr(k90.cute.arch, "vote_all_sync", lambda pred: votes.append(pred) or pred)
+    gemm = k90.BlockwiseGemmFp4Sm90(32, "decode", (16, 128), a_dtype=a_dtype)
+    width = 1 if a_dtype == k90.W4A4 else 4
+    for value in (0, 127, 0x7F7F7F7F, 128, 255, 0x80 << 24, 0x00800000, 0x7F7F7FFF):
+        value &= (1 << 8 * width) - 1
+        for at in range(4):
+            sfs = [Uint32(0x7F)] * 4
+            sfs[at] = Uint32(value)
+            stage = [
+                [(Uint64(0), sfs[0]), (Uint64(0), sfs[1])],
+                [(Uint64(0), sfs[2]), (Uint64(0), sfs[3])],
+            ]
+            want = all(b <= 127 for b in value.to_bytes(width, "little"))
+            assert bool(gemm._small_scales(stage)) == want, (hex(value), at)
+    assert len(votes) == 8 * 4
 
 
 @pytest.mark.parametrize("k", [32, 64, 96, 160, 256])
@@ -1501,6 +1558,11 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
         assert gemm_ptx.count("cvt.rn.f16x2.e4m3x2") == gemm_ptx.count("cvt.rn.bf16x2.f32") == 4
         quad = [ln for ln in gemm_ptx.splitlines() if "shfl.sync.idx" in ln and "7171" in ln]
         assert len(quad) == 16, quad  # (7171: segments of 4 lanes, k90.QUAD_SHUFFLE)
+    if vec == 32 and path == "decode":
+        # MXFP4: two multiplies per pair, or one in stages whose scales are all <= 1, picked by
+        # one warp vote per stage
+        assert gemm_ptx.count("mul.rn.bf16x2") == 64 + 32
+        assert gemm_ptx.count("vote.sync.all.pred") == 1
     scales = {2.0**7: a_dtype == "Float16", 2.0**8: prescaled, 2.0**14: False}
     for value, present in scales.items():
         assert (("0f" + struct.pack(">f", value).hex().upper()) in gemm_ptx) == present, value
@@ -1600,16 +1662,32 @@ W4A16_GPU_CASES = [
     (257, 129, 1056, 1, 32, "BFloat16", "Float16", "prefill", (128, 256), 1, 1.0, 1),
     (200, 300, 544, 3, 16, "Float16", "Float32", "prefill", (64, 128), 1, -1.5, 1),
     (1024, 1024, 2048, 1, 16, "Float16", "BFloat16", "prefill", (128, 256), 1, 1.0, 1),
+    # MXFP4 decode stages whose scales are all <= 1 (normal weights), and stages and warps of
+    # both kinds in one GEMM (13th field: the weights' distribution; default "wide")
+    (5, 1000, 4000, 2, 32, "BFloat16", "Float32", "decode", (8, 64), 3, 1.0, 1, "normal"),
+    (16, 4096, 4096, 1, 32, "BFloat16", "BFloat16", "decode", (16, 64), 1, 1.0, 4, "mixed"),
+    (130, 520, 1056, 1, 32, "BFloat16", "BFloat16", "decode", (128, 128), 1, 1.0, 1, "mixed"),
 ]
 
 
-def _w4a16_operands(m, n, k, l, vec, a_dtype, seed):  # noqa: E741
-    """Random activations of ``a_dtype`` (normal, a wide exponent range), FP4 weights."""
+def _w4a16_operands(m, n, k, l, vec, a_dtype, seed, dist="wide"):  # noqa: E741
+    """Random activations of ``a_dtype`` (normal, a wide exponent range), FP4 weights of
+    ``reference.make_fp4_operands``' ``dist``, or "mixed": normal weights whose E8M0 scales
+    (all <= 1) are raised 2^4-fold in every third 16-row band of every other scale column, so
+    that stages and warps of the MXFP4 decode mainloop take both of its branches."""
     import torch
 
     import reference
 
-    ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist="wide")
+    ops = reference.make_fp4_operands(
+        m, n, k, l, vec, "cuda", seed=seed, dist="normal" if dist == "mixed" else dist
+    )
+    if dist == "mixed":
+        sf = ops.sfb.view(torch.uint8)
+        assert int(sf.max()) <= 127
+        rows = torch.arange(n, device="cuda") // 16 % 3 == 0
+        cols = torch.arange(sf.shape[-1], device="cuda") % 2 == 0
+        sf += 4 * (rows[:, None] & cols[None, :]).to(torch.uint8)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     act = torch.randn((l, m, k), generator=gen, device="cuda")
     act = act * torch.exp2(torch.randint(-8, 8, (l, m, k), generator=gen, device="cuda"))
@@ -1626,11 +1704,12 @@ def test_gpu_w4a16_matches_reference(case):
 
     import reference
 
-    m, n, k, l, vec, a_dtype, c_dtype, path, tiler, split, alpha_factor, k_groups = case  # noqa: E741
+    m, n, k, l, vec, a_dtype, c_dtype, path, tiler, split, alpha_factor, k_groups = case[:12]  # noqa: E741
+    dist = case[12] if len(case) > 12 else "wide"
     runner = r90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, "", None, k_groups, a_dtype)
     runs = []
     for seed in (m + n + k, m + n + k + 1):
-        a, ops = _w4a16_operands(m, n, k, l, vec, a_dtype, seed)
+        a, ops = _w4a16_operands(m, n, k, l, vec, a_dtype, seed, dist)
         alpha = float(ops.alpha) * alpha_factor
         d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
         runs.append((a, ops, k_order.prepack_weights(ops.b), alpha, d, guarded))

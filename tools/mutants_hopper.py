@@ -37,6 +37,35 @@ ORDER = "test_gpu_partials_are_summed_in_documented_order and "
 MUTANTS = [
     # ------------------------------------------------------------------ conversion constants
     mutant(
+        "h-e8m0-prescale-2pow127",
+        "conversion constants",
+        "sf_byte * Uint32(0x00800080) + Uint32(0x3F003F00)",
+        "sf_byte * Uint32(0x00800080) + Uint32(0x3F803F80)",
+        "small_e8m0",
+        file=DEQUANT,
+    ),
+    mutant(
+        "h-e8m0-small-first-byte",
+        "conversion constants",
+        "(bits & Uint32(0x80808080)) == Uint32(0)",
+        "(bits & Uint32(0x80)) == Uint32(0)",
+        "small_e8m0",
+    ),
+    mutant(
+        "h-e8m0-small-two-multiplies",
+        "conversion constants",
+        "factors, self.f16, self.bf16_prescaled or small)",
+        "factors, self.f16, self.bf16_prescaled)",
+        "small_e8m0",
+    ),
+    gpu_mutant(
+        "h-e8m0-small-branch-inverted",
+        "conversion constants",
+        "if small:\n                self._dequant_rows(rA, a_bytes, j, q, True)",
+        "if not small:\n                self._dequant_rows(rA, a_bytes, j, q, True)",
+        "w4a16_matches_reference and mixed",
+    ),
+    mutant(
         "h-e4m3-factor-2pow6",
         "conversion constants",
         "F16X2_2POW7 = 0x58005800",
