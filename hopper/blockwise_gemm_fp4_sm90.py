@@ -685,7 +685,7 @@ class BlockwiseGemmFp4Sm90:
         self.bf16_prescaled = self.acc_scale == W4A16_BF16_ACC_SCALE
         # MXFP4 on decode: stages whose scales are all <= 1 fold the 2^126 into them too (exact:
         # scale x 2^126 <= 2^126), one multiply per pair; other stages take two
-        self.e8m0_fast = sf_vec_size == 32 and path == "decode"
+        self.e8m0_fast = sf_vec_size == 32 and path == "decode" and not self.f16
 
     def _prologue_pdl(self, launch_regs: int) -> bool:
         """Whether ``convert_operands`` is PDL-launched too, so that it starts within the tail
@@ -1429,6 +1429,8 @@ class BlockwiseGemmFp4Sm90:
             self._dequant_rows(rA, a_bytes, j, q, False)
 
     def _dequant_rows(self, rA, a_bytes, j, q, small: bool):
+        """Both rows' (packed, scales) of k-block j -> their pairs in the A fragment ``rA``
+        (Uint32 words); ``small``: the one-multiply MXFP4 factors."""
         for r in range(2):
             packed, sf = a_bytes[r]
             factors = self._kblock_factors(sf, j, q, small)
@@ -1459,7 +1461,8 @@ class BlockwiseGemmFp4Sm90:
         """W4A16: the multiplier of each pair P_0..P_7 of prepacked weights, from the row's word
         of scales: pair i's K values (``pair_k``) lie in scale column (64 j + pair_k) // V.
         NVFP4 k-blocks use all four scales of their word, which the four lanes of a quad (one
-        row) share: lane q converts scale q, and each takes the others by shuffles."""
+        row) share: lane q converts scale q, and each takes the others by shuffles; MXFP4
+        k-blocks convert their two scale bytes (``small``: ``dq.e8m0_prescaled_factor``)."""
         by_byte = {}
         if self.f16 or self.bf16_prescaled:
             own = dq.e4m3_low_factor(sf_word >> (Uint32(8) * Uint32(q)), self.bf16_prescaled)

@@ -3,8 +3,9 @@
 
 Hopper has no FP4 conversion instruction: e2m1 values become F16 / BF16 bit patterns through
 integer masks, shifts and byte permutes (``prmt``), then one packed multiply by the scale puts
-the block scale in.  Every product e2m1 x E4M3 (at most 6 significant bits) or e2m1 x E8M0 (a
-power of two) is exact in the MMA type, so nothing rounds before the tensor cores.
+the block scale in (two for MXFP4 scales above 1).  Every product e2m1 x E4M3 (at most 6
+significant bits) or e2m1 x E8M0 (a power of two) is exact in the MMA type, so nothing rounds
+before the tensor cores.
 
 Pairs: 16 e2m1 values (8 bytes, one 16-group of a 64-wide k-block) become 8 words P_0..P_7;
 P_i holds nibbles (i % 4, i % 4 + 4) of 32-bit word i // 4.  ``a_fragment_word`` places them in

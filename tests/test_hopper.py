@@ -174,6 +174,8 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         assert "mul.rn.f16x2" in ptx and "cvt.rn.f16x2.e4m3x2" in ptx and "prmt.b32" in ptx
     else:
         assert "mul.rn.bf16x2" in ptx
+    # MXFP4 on decode: one warp vote per stage picks one multiply per pair or two
+    assert gemm_ptx.count("vote.sync.all.pred") == (vec == 32 and path == "decode")
     # the conversion constants as the PTX carries them (values derived in the test)
     for value, what in _conversion_constants(vec, path).items():
         assert _ptx_has_int(ptx, value), f"{what} ({value:#x}) is not in the PTX"
@@ -555,11 +557,23 @@ def _weights_kblock(packed_row: bytes, sf_stage: bytes, row: int, j: int, vec: i
 
 
 def _fragment_words(gemm, row_bytes: tuple, j: int, q: int, small: bool) -> list[int]:
-    """``_dequant_rows`` of one thread with the same (packed, scales) for both of its rows: the
-    16 words of its A fragment of k-block j."""
-    frag = [None] * 16
-    gemm._dequant_rows(frag, [row_bytes, row_bytes], j, q, small)
-    return [int(word.value) for word in frag]
+    """``_dequant_rows`` of one thread whose rows hold ``row_bytes`` = (packed, scales) and
+    all-zero codes under the same scales, then the other way round: the words of row 0 (words
+    x % 2 == 0 of its A fragment of k-block j) must come from its own row, in both orders."""
+    from cutlass.cutlass_dsl import Uint64
+
+    zeros = (Uint64(0), row_bytes[1])
+    frags = []
+    for rows in ([row_bytes, zeros], [zeros, row_bytes]):
+        frag = [None] * 16
+        gemm._dequant_rows(frag, rows, j, q, small)
+        frags.append([int(word.value) for word in frag])
+    (ours, zero_first), (zero_second, ours_second) = (
+        (frags[0][0::2], frags[0][1::2]),
+        (frags[1][0::2], frags[1][1::2]),
+    )
+    assert ours == ours_second and zero_first == zero_second, "a row read the other's bytes"
+    return [word for x in range(16) for word in ([frags[0][x]] if x % 2 == 0 else [None])]
 
 
 def _tokens_kblock(
@@ -737,25 +751,34 @@ def _w4a16_decode_kblock(gemm, prepacked_row, sf_stage, row, j, monkeypatch, sma
 
     vec, f16 = gemm.sf_vec_size, gemm.f16
     atoms_k = k90.K_TILE // vec // k90.SF_ATOM_COLS
+    col0 = j * k90.K_BLOCK // vec // k90.SF_ATOM_COLS * k90.SF_ATOM_COLS
+    sf_word = Uint32(_word(sf_stage, k90.blocked_sf_byte(row, col0, atoms_k)))
+
+    def fragment(q):
+        byte = j * (k90.K_BLOCK // 2) + q * 8
+        packed = Uint64(int.from_bytes(prepacked_row[byte : byte + 8], "little"))
+        return _fragment_words(gemm, (packed, sf_word), j, q, small)
+
     if vec == 16:
-        # NVFP4: lane q of a quad converts scale q of the row's word; shfl.sync in segments of
-        # 4 lanes (the kernel's QUAD_SHUFFLE) hands lane b's to every lane of the quad
-        word = _word(sf_stage, k90.blocked_sf_byte(row, j * 4, atoms_k))
-        owns = [dq.e4m3_low_factor(Uint32(word >> 8 * b), gemm.bf16_prescaled) for b in range(4)]
+        # NVFP4: lane q of a quad converts scale q of the row's word and shfl.sync (segments of
+        # 4 lanes, the kernel's QUAD_SHUFFLE) hands lane b's to every lane of the quad: a first
+        # pass records each lane's own value, the second serves lane b's at offset b
+        owns, recording = {}, [True]
 
         def quad_shuffle(value, offset, mask_and_clamp):
             assert mask_and_clamp == ((32 - 4) << 8) | 3
-            return owns[offset]
+            if recording[0]:
+                owns[lane] = int(value.value)
+                return value
+            return Uint32(owns[offset])
 
         monkeypatch.setattr(k90.cute.arch, "shuffle_sync", quad_shuffle)
-    col0 = j * k90.K_BLOCK // vec // k90.SF_ATOM_COLS * k90.SF_ATOM_COLS
-    sf_word = _word(sf_stage, k90.blocked_sf_byte(row, col0, atoms_k))
+        for lane in range(4):
+            fragment(lane)
+        recording[0] = False
     halves = []
     for q in range(4):
-        byte = j * (k90.K_BLOCK // 2) + q * 8
-        packed = int.from_bytes(prepacked_row[byte : byte + 8], "little")
-        words = _fragment_words(gemm, (Uint64(packed), Uint32(sf_word)), j, q, small)
-        for x, bits in enumerate(words):
+        for x, bits in enumerate(fragment(q)):
             # the PTX ISA's A fragment layout, as in ``_weights_kblock``
             if x % 2 == 0:
                 col = 16 * (x // 4) + 8 * (x // 2 % 2) + 2 * q
@@ -989,7 +1012,7 @@ def test_default_config_paths():
     # the CLI: a tile or a split given completes the pick without K groups
     assert k90.default_config(1, 7168, 2048, 1, allow_k_groups=False) == ("decode", (8, 64), 2, 1)
     # W4A16: the busiest SM counts (its two CTAs share the issue slots): 144 tiles split 4 (576
-    # units: at most 5 of 14 k-tiles per SM) beat split 3 (432 units: 4 of 19 per SM) ...
+    # units: at most 5 units of 14 k-tiles per SM) beat split 3 (432: 4 of 19 per SM) ...
     w4a16 = {"a_dtype": "BFloat16"}
     assert k90.default_config(16, 18432, 7168, 1, **w4a16) == ("decode", (16, 128), 4, 1)
     assert k90.default_config(64, 8192, 8192, 1, **w4a16) == ("decode", (64, 64), 2, 1)
@@ -1562,7 +1585,7 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
         # MXFP4: two multiplies per pair, or one in stages whose scales are all <= 1, picked by
         # one warp vote per stage
         assert gemm_ptx.count("mul.rn.bf16x2") == 64 + 32
-        assert gemm_ptx.count("vote.sync.all.pred") == 1
+    assert gemm_ptx.count("vote.sync.all.pred") == (vec == 32 and path == "decode")
     scales = {2.0**7: a_dtype == "Float16", 2.0**8: prescaled, 2.0**14: False}
     for value, present in scales.items():
         assert (("0f" + struct.pack(">f", value).hex().upper()) in gemm_ptx) == present, value
@@ -1667,26 +1690,31 @@ W4A16_GPU_CASES = [
     (5, 1000, 4000, 2, 32, "BFloat16", "Float32", "decode", (8, 64), 3, 1.0, 1, "normal"),
     (16, 4096, 4096, 1, 32, "BFloat16", "BFloat16", "decode", (16, 64), 1, 1.0, 4, "mixed"),
     (130, 520, 1056, 1, 32, "BFloat16", "BFloat16", "decode", (128, 128), 1, 1.0, 1, "mixed"),
+    (16, 4096, 4096, 1, 32, "BFloat16", "BFloat16", "decode", (16, 128), 2, 1.0, 1, "alternating"),
 ]
 
 
 def _w4a16_operands(m, n, k, l, vec, a_dtype, seed, dist="wide"):  # noqa: E741
     """Random activations of ``a_dtype`` (normal, a wide exponent range), FP4 weights of
-    ``reference.make_fp4_operands``' ``dist``, or "mixed": normal weights whose E8M0 scales
-    (all <= 1) are raised 2^4-fold in every third 16-row band of every other scale column, so
-    that stages and warps of the MXFP4 decode mainloop take both of its branches."""
+    ``reference.make_fp4_operands``' ``dist``, or normal weights whose E8M0 scales (all <= 1)
+    are raised 2^4-fold in every third 16-row band (a warp's rows in the MXFP4 decode mainloop):
+    "mixed" in every other scale column (those warps take the two-multiply branch in every
+    stage, the others the one-multiply branch), "alternating" in every other k-tile (those
+    warps switch branches from stage to stage)."""
     import torch
 
     import reference
 
+    raised = dist in ("mixed", "alternating")
     ops = reference.make_fp4_operands(
-        m, n, k, l, vec, "cuda", seed=seed, dist="normal" if dist == "mixed" else dist
+        m, n, k, l, vec, "cuda", seed=seed, dist="normal" if raised else dist
     )
-    if dist == "mixed":
+    if raised:
         sf = ops.sfb.view(torch.uint8)
         assert int(sf.max()) <= 127
         rows = torch.arange(n, device="cuda") // 16 % 3 == 0
-        cols = torch.arange(sf.shape[-1], device="cuda") % 2 == 0
+        col = torch.arange(sf.shape[-1], device="cuda")
+        cols = (col if dist == "mixed" else col // (k90.K_TILE // vec)) % 2 == 0
         sf += 4 * (rows[:, None] & cols[None, :]).to(torch.uint8)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     act = torch.randn((l, m, k), generator=gen, device="cuda")

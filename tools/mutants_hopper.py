@@ -58,12 +58,26 @@ MUTANTS = [
         "factors, self.f16, self.bf16_prescaled)",
         "small_e8m0",
     ),
+    mutant(
+        "h-w4a16-quad-own-byte-0",
+        "scale-factor offsets",
+        "own = dq.e4m3_low_factor(sf_word >> (Uint32(8) * Uint32(q)), self.bf16_prescaled)",
+        "own = dq.e4m3_low_factor(sf_word, self.bf16_prescaled)",
+        "w4a16_prepacked",
+    ),
+    mutant(
+        "h-dequant-row-0-twice",
+        "scale-factor offsets",
+        "packed, sf = a_bytes[r]\n            factors = self._kblock_factors",
+        "packed, sf = a_bytes[0]\n            factors = self._kblock_factors",
+        "small_e8m0_scales_convert or conversion_helpers_match",
+    ),
     gpu_mutant(
         "h-e8m0-small-branch-inverted",
         "conversion constants",
         "if small:\n                self._dequant_rows(rA, a_bytes, j, q, True)",
         "if not small:\n                self._dequant_rows(rA, a_bytes, j, q, True)",
-        "w4a16_matches_reference and mixed",
+        "w4a16_matches_reference and (mixed or alternating)",
     ),
     mutant(
         "h-e4m3-factor-2pow6",
