@@ -94,7 +94,6 @@ MAX_PARTIALS = THREADS * PARTIALS_PER_THREAD
 # NOTE: the non-negative fp32 bit patterns order like uint32, so amax is an integer max.
 ABS_MASK = 0x7FFFFFFF
 SIGN_BIT = 0x80000000
-EXP_MASK = 0x7F800000
 INF_BITS = 0x7F800000
 E4M3_MAX = 448.0
 E4M3_NAN = 0x7F
@@ -143,10 +142,11 @@ def _shift_in_nibble(word: Uint32, code: Uint32, *, loc=None, ip=None) -> Uint32
 
 
 @dsl_user_op
-def _e4m3x2_bits(hi: Float32, lo: Float32, *, loc=None, ip=None) -> Uint32:
-    """E4M3 bits of lo and hi (0 <= each <= 448) in bytes 0 and 1, rounded to nearest even."""
+def _e4m3_bits(v: Float32, *, loc=None, ip=None) -> Uint32:
+    """E4M3 bits of v (|v| <= 448) in byte 0, rounded to nearest even (satfinite cvt of the pair
+    (0, v))."""
     i16 = ir.IntegerType.get_signless(16)
-    operands = [hi.ir_value(loc=loc, ip=ip), lo.ir_value(loc=loc, ip=ip)]
+    operands = [Float32(0.0).ir_value(loc=loc, ip=ip), v.ir_value(loc=loc, ip=ip)]
     pair = llvm.inline_asm(i16, operands, "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;", "=h,f,f")
     return Uint32(arith.extui(ir.IntegerType.get_signless(32), pair))
 
@@ -471,7 +471,7 @@ class QuantizeFp4:
                 )
             else:
                 s = (amax / Float32(E2M1_MAX)) / gs
-            sf_byte = _e4m3x2_bits(Float32(0.0), cute.arch.fmin(s, Float32(E4M3_MAX)))
+            sf_byte = _e4m3_bits(cute.arch.fmin(s, Float32(E4M3_MAX)))
             # (a negative gs gives sign bits; its blocks become NaN below)
             divisor_rcp = sDiv[None, Int32(sf_byte & Uint32(0x7F))].load()
             divisor, rcp = divisor_rcp[0], divisor_rcp[1]
@@ -621,24 +621,9 @@ def compile_quantizer(in_dtype: str, sf_vec_size: int, dynamic: bool, options: s
 
 
 _EXECUTORS: dict = {}
-_SM_COUNTS: dict = {}
-
-
-def _sm_count(device) -> int:
-    """The SMs of a CUDA device (sizes the persistent grids); cached per device."""
-    import torch
-
-    if device.index not in _SM_COUNTS:
-        _SM_COUNTS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SM_COUNTS[device.index]
 
 
 _TORCH_IN = {"BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32"}
-
-
-def padded_scale_bytes(rows: int, k: int, sf_vec_size: int) -> int:
-    """Bytes of one batch's scales in the 128x4 layout: rows padded to 128, columns to 4."""
-    return (rows + 127) // 128 * 128 * ((k // sf_vec_size + 3) // 4 * 4)
 
 
 def shape_reason(shape: tuple, sf_vec_size: int) -> str:
@@ -650,7 +635,9 @@ def shape_reason(shape: tuple, sf_vec_size: int) -> str:
     l, rows, k = (1, *shape) if len(shape) == 2 else shape  # noqa: E741
     if l * rows * k >= 2**31:
         return f"x {shape} has {l * rows * k} elements; the kernel's offsets are 32-bit (< 2^31)"
-    scale_bytes = l * padded_scale_bytes(rows, k, sf_vec_size)
+    import reference
+
+    scale_bytes = l * reference.blocked_numel(rows, k // sf_vec_size)
     if scale_bytes >= 2**31:
         return f"x {shape} needs {scale_bytes} padded scale bytes; the kernel's offsets are 32-bit"
     return ""
@@ -697,7 +684,7 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
         with torch.cuda.device(device):
             _EXECUTORS[key] = compile_quantizer(*key[:3])
     q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
-    n_sf = padded_scale_bytes(rows, k, sf_vec_size)
+    n_sf = reference.blocked_numel(rows, k // sf_vec_size)
     sf = torch.empty((*lead, n_sf), dtype=torch.uint8, device=device)
     gs_out = torch.empty((), dtype=torch.float32, device=device)
     # the amax pass's per-CTA maxima: every one the quantize pass reads is written first
@@ -715,7 +702,8 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
         ),
     )
     stream = cuda_driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
-    sm_count = _sm_count(device)
+    # (persistent grids sized to the SMs)
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     with torch.cuda.device(device):
         _EXECUTORS[key](*ptrs, (Int32(rows), Int32(k), Int32(l)), Int32(sm_count), stream)
     return q, sf.view(reference.SCALE_DTYPES[sf_vec_size]), gs_out
@@ -831,8 +819,9 @@ def main(argv=None) -> int:
     except ValueError:
         shape = ()
     vec = 16 if args.format == "nvfp4" else 32
-    if shape_reason(shape, vec):
-        print(f"error: --shape {args.shape}: {shape_reason(shape, vec)}", file=sys.stderr)
+    reason = shape_reason(shape, vec)
+    if reason:
+        print(f"error: --shape {args.shape}: {reason}", file=sys.stderr)
         return 2
     if args.global_scale is not None and (vec != 16 or not 0 < args.global_scale < math.inf):
         print(
