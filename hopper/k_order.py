@@ -83,15 +83,18 @@ def _order(device, inverse: bool):
 
 
 def _nibbles(packed):
-    """[..., K/2] bytes -> ([..., K] nibbles, low nibble first, K)."""
+    """[..., K/2] bytes of any one-byte type -> ([..., K] nibbles, low nibble first, K)."""
     import torch
+
+    import reference
 
     if packed.element_size() != 1 or packed.dim() < 2:
         raise ValueError(f"packed FP4 must be [..., rows, K/2] bytes, got {packed.dtype}")
-    u8 = packed.view(torch.uint8)
-    return torch.stack((u8 & 0xF, u8 >> 4), dim=-1).flatten(-2), 2 * u8.shape[-1]
+    return reference.unpack_fp4(packed.view(torch.uint8)), 2 * packed.shape[-1]
 
 
 def _pack(nibbles):
-    """[..., K] nibbles -> [..., K/2] uint8 bytes, low nibble first."""
-    return (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).contiguous()
+    """[..., K] nibbles -> [..., K/2] uint8 bytes, low nibble first, contiguous."""
+    import reference
+
+    return reference.pack_fp4(nibbles).contiguous()

@@ -168,8 +168,7 @@ def _torchao():
 
 
 def _nibbles(packed: torch.Tensor) -> torch.Tensor:
-    b = packed.view(torch.uint8)
-    return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)
+    return reference.unpack_fp4(packed.view(torch.uint8))
 
 
 def test_torchao_recipe_is_torchao_s_quantization_and_a_close_product():
