@@ -34,6 +34,7 @@ Importing this module needs no GPU and no CuTe DSL: the kernels are imported on 
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import math
 import os
 import sys
@@ -411,7 +412,7 @@ def _gemm_w4a16_op(
     m, k = a.shape[-2], a.shape[-1]
     l = a.shape[0] if a.ndim == 3 else 1  # noqa: E741
     if a.device.type == "cpu":
-        b = _k_order().unprepack_weights(b_data, k) if b_prepacked else b_data
+        b = _hopper("k_order").unprepack_weights(b_data, k) if b_prepacked else b_data
         sfb = reference.from_blocked(b_scale, b.shape[-2], k // sf_vec_size)
         return reference.reference_gemm_w4a16(a, b, sfb, sf_vec_size, alpha, out_dtype)
     if a.device.type != "cuda":
@@ -424,7 +425,7 @@ def _gemm_w4a16_op(
             f"only; on {name} (sm_{major}{minor}) quantize the activations too (W4A4)"
         )
     b = b_data.view(torch.uint8)
-    b = b if b_prepacked else _k_order().prepack_weights(b)
+    b = b if b_prepacked else _hopper("k_order").prepack_weights(b)
     n = b.shape[-2]
     args = (a.contiguous().reshape(l, m, k), b.reshape(l, n, -1), None, b_scale.reshape(l, -1))
     out = _gemm_sm90(*args, sf_vec_size, alpha, out_dtype, a_dtype=_A_DTYPES[a.dtype])
@@ -464,66 +465,66 @@ def fp4_gemm(
             raise ValueError(f"{name} must be an FP4Tensor (fp4_ops.quantize), got {type(t)}")
     if a.format != b.format:
         raise ValueError(f"a is {a.format} but b is {b.format}")
-    if a.data.ndim != b.data.ndim:
-        raise ValueError(f"a is {a.data.ndim}-D but b is {b.data.ndim}-D; both need the same rank")
-    if a.shape[-1] != b.shape[-1]:
-        raise ValueError(f"K mismatch: a has K = {a.shape[-1]}, b has K = {b.shape[-1]}")
-    if a.data.ndim == 3 and a.shape[0] != b.shape[0]:
-        raise ValueError(f"batch mismatch: a has L = {a.shape[0]}, b has L = {b.shape[0]}")
-    if a.device != b.device:
-        raise ValueError(f"a is on {a.device} but b is on {b.device}")
-    if out_dtype not in reference.OUT_DTYPES:
-        raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
-    scale = a.global_scale * b.global_scale
-    if alpha is not None:
-        scale = scale * (alpha if isinstance(alpha, torch.Tensor) else float(alpha))
-    return _gemm_op(
-        a.data, a.scale, b.data, b.scale, scale.float().reshape(()), a.sf_vec_size, out_dtype
-    )
+    _check_pair(a.data.ndim, a.shape, a.device, b, b.shape[-1], out_dtype)
+    alpha = _device_alpha(a.global_scale * b.global_scale, alpha)
+    return _gemm_op(a.data, a.scale, b.data, b.scale, alpha, a.sf_vec_size, out_dtype)
 
 
-def _fp4_gemm_w4a16(a, b, out_dtype, alpha, b_prepacked=False):
-    """``fp4_gemm`` with 16-bit activations ``a`` (W4A16); ``b_prepacked``: b.data went through
-    ``prepack_weights`` (``FP4Linear``)."""
+def _fp4_gemm_w4a16(a, b, out_dtype, alpha):
+    """``fp4_gemm`` with 16-bit activations ``a`` (W4A16)."""
     if not isinstance(b, FP4Tensor):
         raise ValueError(f"b must be an FP4Tensor (fp4_ops.quantize), got {type(b)}")
-    if a.dtype not in _A_DTYPES:
-        raise ValueError(
-            "a must be an FP4Tensor (fp4_ops.quantize) or bfloat16 / float16 activations "
-            f"(W4A16), got a {a.dtype} tensor"
-        )
-    if a.dtype == torch.float16 and b.format == "mxfp4":
-        raise ValueError("mxfp4 weights need bfloat16 activations (E8M0 exceeds float16's range)")
-    if a.ndim != b.data.ndim:
-        raise ValueError(f"a is {a.ndim}-D but b is {b.data.ndim}-D; both need the same rank")
-    k = b.shape[-1] if not b_prepacked else a.shape[-1]
-    if a.shape[-1] != k or a.shape[-1] % 32:
-        raise ValueError(f"K mismatch: a has K = {a.shape[-1]}, b has K = {k} (a multiple of 32)")
-    if a.ndim == 3 and a.shape[0] != b.data.shape[0]:
-        raise ValueError(f"batch mismatch: a has L = {a.shape[0]}, b has L = {b.data.shape[0]}")
-    if a.device != b.device:
-        raise ValueError(f"a is on {a.device} but b is on {b.device}")
+    _check_w4a16_activations(a, b.format, "a must be an FP4Tensor (fp4_ops.quantize) or")
+    _check_pair(a.ndim, a.shape, a.device, b, b.shape[-1], out_dtype)
+    if a.shape[-1] % 32:
+        raise ValueError(f"W4A16 needs K a multiple of 32, got K = {a.shape[-1]}")
+    alpha = _device_alpha(b.global_scale, alpha)
+    return _gemm_w4a16_op(a, b.data, b.scale, alpha, b.sf_vec_size, out_dtype, False)
+
+
+def _check_pair(a_ndim, a_shape, a_device, b, b_k, out_dtype):
+    """``fp4_gemm``'s checks of a (rank, [L,] M, K, device) against the weights b (b_k: their
+    K) and of out_dtype, W4A4 and W4A16 alike."""
+    if a_ndim != b.data.ndim:
+        raise ValueError(f"a is {a_ndim}-D but b is {b.data.ndim}-D; both need the same rank")
+    if a_shape[-1] != b_k:
+        raise ValueError(f"K mismatch: a has K = {a_shape[-1]}, b has K = {b_k}")
+    if a_ndim == 3 and a_shape[0] != b.data.shape[0]:
+        raise ValueError(f"batch mismatch: a has L = {a_shape[0]}, b has L = {b.data.shape[0]}")
+    if a_device != b.device:
+        raise ValueError(f"a is on {a_device} but b is on {b.device}")
     if out_dtype not in reference.OUT_DTYPES:
         raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
-    scale = b.global_scale
-    if alpha is not None:
-        scale = scale * (alpha if isinstance(alpha, torch.Tensor) else float(alpha))
-    return _gemm_w4a16_op(
-        a, b.data, b.scale, scale.float().reshape(()), b.sf_vec_size, out_dtype, b_prepacked
-    )
+
+
+def _check_w4a16_activations(a, format: str, what: str) -> None:
+    """W4A16 activations: bfloat16, or float16 with NVFP4 weights; ``what`` opens the message."""
+    if a.dtype not in _A_DTYPES:
+        raise ValueError(f"{what} bfloat16 / float16 activations (W4A16), got a {a.dtype} tensor")
+    if a.dtype == torch.float16 and format == "mxfp4":
+        raise ValueError("mxfp4 weights need bfloat16 activations (E8M0 exceeds float16's range)")
+
+
+def _device_alpha(scale: torch.Tensor, alpha) -> torch.Tensor:
+    """The scalar the kernels apply to the accumulator: the global scales' product ``scale``
+    times ``alpha`` (a number or a one-element tensor), a 0-d float32 tensor, no host sync."""
+    if isinstance(alpha, torch.Tensor):
+        if alpha.numel() != 1:
+            raise ValueError(f"alpha must be a number or a one-element tensor, got {alpha.shape}")
+        scale = scale * alpha
+    elif alpha is not None:
+        scale = scale * float(alpha)
+    return scale.float().reshape(())
 
 
 # ----------------------------------------------------------------------------- kernel adapters
-# One function per backend, each written against its kernel's Python API: they take packed
-# uint8 A [L, M, K/2] (Hopper W4A16: 16-bit activations [L, M, K]) and B [L, N, K/2], blocked
-# scales [L, n], sf_vec_size and alpha (a 0-d fp32 device tensor the kernel reads), and return
-# D = alpha * A @ B^T [L, M, N] in out_dtype on the current stream.
+# One function per backend, written against its kernel's Python API: D = alpha * A @ B^T
+# [L, M, N] in out_dtype on the current stream (arguments: each adapter's docstring).
 
 _SM90_RUNNERS: dict = {}
-_A_DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16"}
-
-
 _C_DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+# W4A16 activations: the 16-bit D types
+_A_DTYPES = {t: name for t, name in _C_DTYPES.items() if t != torch.float32}
 
 
 def _sm100_config(
@@ -548,8 +549,9 @@ def _sm100_config(
 
 
 def _gemm_sm100(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype):
-    """Blackwell: ``prepare_gemm`` (compiled kernels cached per configuration inside it), with
-    alpha's device tensor: the kernel reads it when it runs, so no host sync.
+    """Blackwell: packed uint8 a [L, M, K/2] and b [L, N, K/2], blocked scales [L, n] through
+    ``prepare_gemm`` (compiled kernels cached per configuration inside it), with alpha's device
+    tensor: the kernel reads it when it runs, so no host sync.
 
     CUDA graphs: the launch reads alpha's address at replay, so the tensor must hold alpha then.
     ``fp4_gemm`` forms it on the stream just before the call, so under capture the product is
@@ -571,11 +573,12 @@ def _gemm_sm90(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype="Float4E2M
     """Hopper: ``default_config``'s path, tile, split and K groups for the shape; one
     ``Fp4GemmSm90Runner`` per configuration and device (it keeps a workspace per stream; its
     first call on a shape and stream allocates it, so warm up before CUDA-graph capture).  The
-    kernel reads alpha's device tensor when it runs and writes D in ``out_dtype``.  W4A16:
-    ``a`` the 16-bit activations [L, M, K], ``b`` prepacked weights, ``sfa`` None."""
-    k90 = _hopper()
+    kernel reads alpha's device tensor when it runs and writes D in ``out_dtype``.  W4A4:
+    packed uint8 a [L, M, K/2] and b [L, N, K/2], blocked scales [L, n]; W4A16: ``a`` the
+    16-bit activations [L, M, K], ``b`` prepacked weights, ``sfa`` None."""
+    k90 = _hopper("blockwise_gemm_fp4_sm90")
     l, m = a.shape[0], a.shape[1]  # noqa: E741
-    k = a.shape[2] if sfa is None else 2 * a.shape[2]
+    k = 2 * a.shape[2] if a_dtype == "Float4E2M1FN" else a.shape[2]
     n, device = b.shape[1], a.device
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     path, tiler, split, k_groups = k90.default_config(m, n, k, l, num_sms, a_dtype=a_dtype)
@@ -583,8 +586,8 @@ def _gemm_sm90(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype="Float4E2M
     key = (sf_vec_size, c_dtype, a_dtype, path, tuple(tiler), split, k_groups, device.index)
     if key not in _SM90_RUNNERS:
         with torch.cuda.device(device):
-            _SM90_RUNNERS[key] = _hopper_runner().Fp4GemmSm90Runner(
-                sf_vec_size, c_dtype, path, tiler, split, "", None, k_groups, a_dtype
+            _SM90_RUNNERS[key] = _hopper("runner").Fp4GemmSm90Runner(
+                sf_vec_size, c_dtype, path, tiler, split, k_groups=k_groups, a_dtype=a_dtype
             )
     d = torch.empty((l, m, n), dtype=out_dtype, device=device)
     sfa = None if sfa is None else sfa.contiguous()
@@ -593,28 +596,11 @@ def _gemm_sm90(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype="Float4E2M
     return d
 
 
-def _hopper():
-    """The Hopper kernel module (imported on first use)."""
+def _hopper(module: str):
+    """A module of the Hopper folder, imported on first use (``k_order``, the W4A16 weight
+    prepacking, needs torch only; the kernel and its runner need the CuTe DSL)."""
     _importable(_HERE)
-    from hopper import blockwise_gemm_fp4_sm90
-
-    return blockwise_gemm_fp4_sm90
-
-
-def _hopper_runner():
-    """The Hopper kernel's torch-facing runner module (imported on first use)."""
-    _importable(_HERE)
-    from hopper import runner
-
-    return runner
-
-
-def _k_order():
-    """The W4A16 weight prepacking (torch only: no CuTe DSL needed)."""
-    _importable(_HERE)
-    from hopper import k_order
-
-    return k_order
+    return importlib.import_module(f"hopper.{module}")
 
 
 def _importable(folder: str) -> None:
@@ -633,7 +619,7 @@ class FP4Linear(nn.Module):
     (``activations="bf16"``: W4A16, x bfloat16, or float16 with NVFP4 weights; Hopper only).
 
     The weight is held quantized (an FP4Tensor's parts as buffers; W4A16: its data prepacked
-    once for the Hopper kernel, ``hopper.blockwise_gemm_fp4_sm90.prepack_weights``); W4A4
+    once for the Hopper kernel, ``hopper.k_order.prepack_weights``); W4A4
     quantizes the activations (x [..., K] flattened to rows) at each call with a dynamic global
     scale (amax of this x) or the static ``input_global_scale`` (decoding convention, e.g.
     ModelOpt's ``input_scale``). The output has x's dtype (bfloat16, float16 or float32; W4A16:
@@ -667,7 +653,7 @@ class FP4Linear(nn.Module):
         data = weight.data.view(torch.uint8)
         if activations == "bf16":
             # (its own name: a state_dict of the plain layout cannot load into the prepacked one)
-            self.register_buffer("weight_prepacked", _k_order().prepack_weights(data))
+            self.register_buffer("weight_prepacked", _hopper("k_order").prepack_weights(data))
         else:
             self.register_buffer("weight_data", data)
         self.register_buffer("weight_scale", weight.scale)
@@ -683,7 +669,7 @@ class FP4Linear(nn.Module):
     @property
     def weight(self) -> FP4Tensor:
         if self.activations == "bf16":
-            data = _k_order().unprepack_weights(self.weight_prepacked, self.in_features)
+            data = _hopper("k_order").unprepack_weights(self.weight_prepacked, self.in_features)
         else:
             data = self.weight_data
         return FP4Tensor(data, self.weight_scale, self.weight_global_scale, self.format)
@@ -724,10 +710,17 @@ class FP4Linear(nn.Module):
             raise ValueError(f"x has {x.shape[-1]} features; this layer takes {self.in_features}")
         rows = x.reshape(-1, self.in_features)
         if self.activations == "bf16":
-            w = FP4Tensor(
-                self.weight_prepacked, self.weight_scale, self.weight_global_scale, self.format
+            # (the held weights are checked once, at construction)
+            _check_w4a16_activations(rows, self.format, "x of a W4A16 layer must be")
+            if rows.device != self.weight_prepacked.device:
+                raise ValueError(
+                    f"x is on {rows.device} but the layer is on {self.weight_prepacked.device}"
+                )
+            alpha = _device_alpha(self.weight_global_scale, None)
+            vec = _format_vec(self.format)
+            y = _gemm_w4a16_op(
+                rows, self.weight_prepacked, self.weight_scale, alpha, vec, x.dtype, True
             )
-            y = _fp4_gemm_w4a16(rows, w, x.dtype, None, b_prepacked=True)
         else:
             a = quantize(rows, self.format, self.input_global_scale)
             y = fp4_gemm(a, self.weight, out_dtype=x.dtype)

@@ -240,6 +240,7 @@ def test_fp4_gemm_refuses_bad_operands():
         ((a_mx, b), {}, "a is mxfp4 but b is nvfp4"),
         ((a, b_k), {}, "K mismatch"),
         ((a, b), {"out_dtype": torch.int8}, "out_dtype"),
+        ((a, b), {"alpha": torch.ones(2)}, "one-element tensor"),
     ]
     for args, kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -256,6 +257,10 @@ def test_ops_fake_kernels(fmt):
         gemm_args = (a.data, a.scale, b.data, b.scale, alpha, vec, torch.bfloat16)
         torch.library.opcheck(fp4_ops._gemm_op, gemm_args, test_utils=[check])
         torch.library.opcheck(fp4_ops._quantize_op, (x3, vec, None), test_utils=[check])
+        w4a16_args = (x3[0].to(torch.bfloat16), b.data, b.scale, b.global_scale, vec)
+        torch.library.opcheck(
+            fp4_ops._gemm_w4a16_op, (*w4a16_args, torch.float32, False), test_utils=[check]
+        )
 
 
 def test_quantize_and_gemm_compile_fullgraph():
@@ -590,6 +595,11 @@ def test_fp4_gemm_w4a16_refuses_bad_operands():
         fp4_ops.fp4_gemm(x.float(), w)
     with pytest.raises(ValueError, match="K mismatch"):
         fp4_ops.fp4_gemm(x[:, :32], w)
+    # (a valid NVFP4 FP4Tensor of K = 48, which the W4A16 kernel's 32-wide K steps cannot take)
+    sf48 = torch.zeros(fp4_ops.blocked_scale_numel(8, 48, 16), dtype=torch.float8_e4m3fn)
+    w48 = fp4_ops.FP4Tensor(torch.zeros(8, 24, dtype=torch.uint8), sf48, torch.tensor(1.0), "nvfp4")
+    with pytest.raises(ValueError, match="K a multiple of 32"):
+        fp4_ops.fp4_gemm(torch.randn(4, 48).to(torch.bfloat16), w48)
     with pytest.raises(ValueError, match="FP4Tensor"):
         fp4_ops.fp4_gemm(x, x)
 
