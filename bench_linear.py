@@ -174,17 +174,18 @@ def _mismatch(ours, theirs) -> float:
     return float(differ.to(torch.float32).mean())
 
 
-def accuracy(x, layers: dict, fmt: str, api) -> dict:
+def accuracy(x, layers: dict, fmt: str, api, outputs: dict | None = None) -> dict:
     """The accuracy columns of one row: each FP4 layer (and torchao's recipe) against the BF16
-    layer on x; ``api`` is ``torchao_nvfp4()``'s answer."""
+    layer on x; ``api`` is ``torchao_nvfp4()``'s answer; ``outputs``: the layers' outputs on x
+    where already computed (``first_calls``)."""
     import fp4_ops
 
-    y_bf16 = layers["bf16"](x)
+    if outputs is None:
+        outputs = {name: layer(x) for name, layer in layers.items()}
+    y_bf16 = outputs["bf16"]
     row = {f"rel_err_{name}": None for name in LAYERS[1:]}
-    outputs = {}
     for name in LAYERS[1:]:
         if name in layers:
-            outputs[name] = layers[name](x)
             row[f"rel_err_{name}"] = rel_err(outputs[name], y_bf16)
     keys = ("rel_err_torchao", "ours_vs_torchao", "ours_vs_torchao_one_rounding")
     row.update({key: None for key in (*keys, "codes_differ_x", "codes_differ_w")})
@@ -236,16 +237,16 @@ def _note(notes: list, text: str) -> None:
         notes.append(text)
 
 
-def first_calls(x, layers: dict, notes: list) -> dict:
-    """Run each layer once (compiles, workspaces) and return the seconds each took; a layer
+def first_calls(x, layers: dict, notes: list) -> tuple[dict, dict]:
+    """Run each layer once (compiles, workspaces): (the seconds each took, its output); a layer
     whose first call raises is dropped with a note (the optional W4A16 path only)."""
     import torch
 
-    seconds = {}
+    seconds, outputs = {}, {}
     for name in list(layers):
         start = time.perf_counter()
         try:
-            layers[name](x)
+            outputs[name] = layers[name](x)
         except Exception as err:
             if name != "w4a16":
                 raise
@@ -255,7 +256,7 @@ def first_calls(x, layers: dict, notes: list) -> dict:
         if x.is_cuda:
             torch.cuda.synchronize()
         seconds[name] = time.perf_counter() - start
-    return seconds
+    return seconds, outputs
 
 
 # ----------------------------------------------------------------------------- timing
@@ -323,8 +324,8 @@ def bench_row(m, n, k, args, device, api, notes: list, timer=None) -> dict:
     """One table row: accuracy on ``device``, then times if there is a ``timer``."""
     x, layers = build_layers(m, n, k, args.format, device, notes)
     row = {"m": m, "n": n, "k": k, "format": args.format}
-    row["first_call_s"] = first_calls(x, layers, notes)
-    row.update(accuracy(x, layers, args.format, api))
+    row["first_call_s"], outputs = first_calls(x, layers, notes)
+    row.update(accuracy(x, layers, args.format, api, outputs))
     for name in LAYERS:
         row[f"us_{name}"] = row[f"copies_{name}"] = None
     if timer is not None:

@@ -32,7 +32,7 @@ are the operands as stored (packed FP4, scales, BF16 activations) and D, each mo
 The W4A16 table ends with the targets: ours at least 1.2x humming at M <= 128; at M >= 1024 at
 least 1.0x humming and 0.95x cuBLAS BF16; 75% of the roof at 1 x 8192 x 8192.
 
-    python -m hopper.bench            # all shapes -> hopper/results/h200.{txt,json,png}
+    python -m hopper.bench            # all shapes -> hopper/results/<gpu>.{txt,json,png}
     python -m hopper.bench --quick    # four shapes
     python -m hopper.bench --warm_l2  # one input set, L2-resident where it fits
 
@@ -842,8 +842,8 @@ def setup(warm: bool) -> Bench:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    path = os.path.join(args.out_dir, args.name or "h200")
     if args.combine is not None:
+        path = os.path.join(args.out_dir, args.name or "h200")
         try:
             print(combine_shards(path, args.combine))
         except FileNotFoundError as err:
@@ -881,6 +881,7 @@ def main(argv=None) -> int:
     )
     path = os.path.join(args.out_dir, args.name or gpu_label())
     if args.shard is not None:
+        os.makedirs(args.out_dir, exist_ok=True)
         with open(f"{path}.shard{args.shard[0]}.json", "w") as f:
             json.dump(dict(meta=meta, rows=rows, w4a16=w16_rows), f, indent=1)
         print(f"shard {args.shard[0]} of {args.shard[1]} -> {path}.shard{args.shard[0]}.json")

@@ -23,7 +23,7 @@ L2 = 60 * 2**20  # an H200's L2
 # ----------------------------------------------------------------------------- arguments
 
 
-def test_default_shapes_are_the_issue_s():
+def test_default_shapes():
     args = bench_linear.parse_args([])
     assert args.m == [1, 16, 128, 1024, 4096, 8192]
     assert args.nk == [(8192, 8192), (7168, 2048), (4096, 7168), (18432, 7168)]
