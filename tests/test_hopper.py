@@ -545,21 +545,14 @@ def _weights_kblock(packed_row: bytes, sf_stage: bytes, row: int, j: int, vec: i
         byte = j * (k90.K_BLOCK // 2) + q * 8
         packed = int.from_bytes(packed_row[byte : byte + 8], "little")
         sf = sf_stage[k90.blocked_sf_byte(row, k90.scale_column(j, q, vec), atoms_k)]
-        words = _fragment_words(gemm, (Uint64(packed), Uint32(sf)), j, q, small)
-        for x, bits in enumerate(words):
-            # PTX ISA, wgmma .f16 / .bf16 A fragment in registers: register pair (a_2x, a_2x+1)
-            # = word x holds row (lane / 4) + 8 (x % 2), K columns 2 (lane % 4) + 8 (x / 2 % 2)
-            # + 16 (x / 4) and + 1 (m64nNk16 per k16 step); row lane / 4 only (x even)
-            if x % 2 == 0:
-                col = 16 * (x // 4) + 8 * (x // 2 % 2) + 2 * q
-                out += [(col, bits & 0xFFFF), (col + 1, bits >> 16)]
+        out += _fragment_halves(gemm, (Uint64(packed), Uint32(sf)), j, q, small)
     return out
 
 
-def _fragment_words(gemm, row_bytes: tuple, j: int, q: int, small: bool) -> list[int]:
-    """``_dequant_rows`` of one thread whose rows hold ``row_bytes`` = (packed, scales) and
-    all-zero codes under the same scales, then the other way round: the words of row 0 (words
-    x % 2 == 0 of its A fragment of k-block j) must come from its own row, in both orders."""
+def _fragment_halves(gemm, row_bytes: tuple, j: int, q: int, small: bool) -> list:
+    """``_dequant_rows`` of one thread (lane q of its quad) whose rows hold ``row_bytes`` =
+    (packed, scales) and all-zero codes under the same scales, then the other way round (each
+    row must come from its own bytes): [(K column of k-block j, half bits)] of the first row."""
     from cutlass.cutlass_dsl import Uint64
 
     zeros = (Uint64(0), row_bytes[1])
@@ -568,12 +561,16 @@ def _fragment_words(gemm, row_bytes: tuple, j: int, q: int, small: bool) -> list
         frag = [None] * 16
         gemm._dequant_rows(frag, rows, j, q, small)
         frags.append([int(word.value) for word in frag])
-    (ours, zero_first), (zero_second, ours_second) = (
-        (frags[0][0::2], frags[0][1::2]),
-        (frags[1][0::2], frags[1][1::2]),
+    assert frags[0][0::2] == frags[1][1::2] and frags[0][1::2] == frags[1][0::2], (
+        "a row read the other's bytes"
     )
-    assert ours == ours_second and zero_first == zero_second, "a row read the other's bytes"
-    return [word for x in range(16) for word in ([frags[0][x]] if x % 2 == 0 else [None])]
+    halves = []
+    for x in range(0, 16, 2):
+        # PTX ISA, wgmma A fragment in registers: word x holds row lane / 4 + 8 (x % 2), K
+        # columns 2 (lane % 4) + 8 (x / 2 % 2) + 16 (x / 4) and + 1 (the first row: x even)
+        col = 16 * (x // 4) + 8 * (x // 2 % 2) + 2 * q
+        halves += [(col, frags[0][x] & 0xFFFF), (col + 1, frags[0][x] >> 16)]
+    return halves
 
 
 def _tokens_kblock(
@@ -757,7 +754,7 @@ def _w4a16_decode_kblock(gemm, prepacked_row, sf_stage, row, j, monkeypatch, sma
     def fragment(q):
         byte = j * (k90.K_BLOCK // 2) + q * 8
         packed = Uint64(int.from_bytes(prepacked_row[byte : byte + 8], "little"))
-        return _fragment_words(gemm, (packed, sf_word), j, q, small)
+        return _fragment_halves(gemm, (packed, sf_word), j, q, small)
 
     if vec == 16:
         # NVFP4: lane q of a quad converts scale q of the row's word and shfl.sync (segments of
@@ -776,13 +773,7 @@ def _w4a16_decode_kblock(gemm, prepacked_row, sf_stage, row, j, monkeypatch, sma
         for lane in range(4):
             fragment(lane)
         recording[0] = False
-    halves = []
-    for q in range(4):
-        for x, bits in enumerate(fragment(q)):
-            # the PTX ISA's A fragment layout, as in ``_weights_kblock``
-            if x % 2 == 0:
-                col = 16 * (x // 4) + 8 * (x // 2 % 2) + 2 * q
-                halves += [(col, bits & 0xFFFF), (col + 1, bits >> 16)]
+    halves = [half for q in range(4) for half in fragment(q)]
     decode = _f16_value if f16 else _bf16_value
     return {col: decode(bits) * gemm.acc_scale for col, bits in halves}
 
