@@ -1821,7 +1821,77 @@ def _blackwell_gpu(gpu_arch: str = DEFAULT_GPU_ARCH, device=None) -> tuple[bool,
     return runs, f"{torch.cuda.get_device_name(device)} (sm_{major}{minor})"
 
 
-_COMPILED_CACHE: dict[tuple, object] = {}
+# ---------------------------------------------------------------------------------------------
+# The torch entry points: ``gemm`` (one launch per call) and ``prepare_gemm`` (a launch bound to
+# its operands once, for timing and CUDA graphs), over one cache of compiled kernels
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GemmConfig:
+    """What one compiled kernel is: with the device, the key of the kernel cache.
+
+    ``for_problem`` fills in the tile and cluster by ``pick_tile_and_cluster``'s rule;
+    ``reasons(mnkl)`` lists why it cannot run a problem (``check_fp4_gemm_config``).
+    """
+
+    sf_vec_size: int = 16
+    c_dtype: str = "BFloat16"
+    mma_tiler_mn: tuple[int, int] = (128, 128)
+    cluster_shape_mn: tuple[int, int] = (1, 1)
+
+    @classmethod
+    def for_problem(
+        cls,
+        mnkl: tuple[int, int, int, int],
+        sf_vec_size: int = 16,
+        c_dtype: str = "BFloat16",
+        mma_tiler_mn: tuple[int, int] | None = None,
+        cluster_shape_mn: tuple[int, int] | None = None,
+    ) -> GemmConfig:
+        tiler, cluster = pick_tile_and_cluster(mnkl, mma_tiler_mn, cluster_shape_mn)
+        return cls(sf_vec_size, c_dtype, tiler, cluster)
+
+    @property
+    def sf_dtype(self) -> str:
+        return SF_FORMATS[self.sf_vec_size][0]
+
+    def reasons(self, mnkl: tuple[int, int, int, int]) -> list[str]:
+        sf_dtype = SF_FORMATS[self.sf_vec_size][0] if self.sf_vec_size in SF_FORMATS else "?"
+        return check_fp4_gemm_config(
+            mnkl, self.sf_vec_size, sf_dtype, self.c_dtype, self.mma_tiler_mn, self.cluster_shape_mn
+        )
+
+
+# (GemmConfig, device index) -> compiled kernel; (GemmConfig, M, N, K, L) problems checked
+_KERNELS: dict[tuple[GemmConfig, int], object] = {}
+_CHECKED: set[tuple] = set()
+
+
+def torch_scale_dtype(sf_vec_size: int):
+    """The torch dtype of the scales: float8_e4m3fn for V 16 (NVFP4), float8_e8m0fnu for 32."""
+    import torch
+
+    return torch.float8_e4m3fn if sf_vec_size == 16 else torch.float8_e8m0fnu
+
+
+def _torch_c_dtypes() -> dict:
+    """D's type names -> torch dtypes."""
+    import torch
+
+    return {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}
+
+
+def _reference_beside_this_file():
+    """``reference.py``, which the GPU run uses to quantize its operands and check D: it sits
+    beside this file in the repository (a copy of this file alone runs ``--compile_only``)."""
+    try:
+        import reference
+    except ImportError:
+        raise UsageError(
+            "the GPU run quantizes its operands and checks D with reference.py, which is not "
+            "importable here: put reference.py (from the repository) beside this file, or "
+            "cross-compile with --compile_only"
+        ) from None
+    return reference
 
 
 def checked_alpha(alpha) -> float:
@@ -1842,163 +1912,26 @@ def checked_alpha(alpha) -> float:
     return value
 
 
-def _checked_alpha_or_tensor(alpha, device):
-    """``prepare_gemm``'s alpha: a one-element float32 tensor on ``device`` as it is, anything
-    else through ``checked_alpha``; ValueError naming what is wrong."""
+def _check_alpha_tensor(alpha, device) -> None:
+    """ValueError unless ``alpha`` is one float32 value on ``device`` (the kernel reads it when it
+    runs; its value is not read here, which would cost a synchronisation)."""
     import torch
 
     if not isinstance(alpha, torch.Tensor):
-        return checked_alpha(alpha)
+        raise ValueError(f"alpha must be a one-element float32 tensor, got {type(alpha).__name__}")
     if alpha.dtype != torch.float32 or alpha.numel() != 1:
         raise ValueError(
             f"an alpha tensor must hold one float32 value, got {alpha.dtype} {tuple(alpha.shape)}"
         )
     if alpha.device != device:
         raise ValueError(f"alpha is on {alpha.device}, a is on {device}")
-    return alpha
 
 
-class PreparedGemm:
-    """One configured kernel call, from ``prepare_gemm``: calling it enqueues the kernel.
-
-    It owns its operands, D and alpha (``operands``, ``d_padded``, ``alpha``, a one-element
-    fp32 tensor): the kernel reads and writes raw addresses, so whatever the caller drops stays
-    allocated for as long as this object lives. The kernel reads ``alpha`` when it runs, so a
-    value written into it on the stream before a launch (or a graph replay) is the one used.
-    The kernel is called with keyword arguments, named as ``BlockwiseGemmFp4Sm100.__call__``
-    names its parameters.
-    """
-
-    def __init__(
-        self,
-        compiled,
-        *,
-        a,
-        b,
-        sfa_blocked,
-        sfb_blocked,
-        d_padded,
-        mnkl: tuple[int, int, int, int],
-        sf_dtype: str,
-        c_dtype: str,
-        alpha,
-        stream,
-    ):
-        import cuda.bindings.driver as cuda_driver
-        from cutlass.cute.runtime import make_ptr
-
-        gmem = cute.AddressSpace.gmem
-
-        def ptr(dtype, tensor):
-            return make_ptr(dtype, tensor.data_ptr(), gmem, assumed_align=16)
-
-        self.compiled = compiled
-        self.operands = (a, b, sfa_blocked, sfb_blocked)
-        self.d_padded = d_padded
-        self.alpha = alpha
-        self.device = a.device
-        self.kernel_args = dict(
-            a_ptr=ptr(cutlass.Float4E2M1FN, a),
-            b_ptr=ptr(cutlass.Float4E2M1FN, b),
-            sfa_ptr=ptr(SF_DTYPES[sf_dtype], sfa_blocked),
-            sfb_ptr=ptr(SF_DTYPES[sf_dtype], sfb_blocked),
-            c_ptr=ptr(C_DTYPES[c_dtype], d_padded),
-            problem_mnkl=tuple(cutlass.Int32(v) for v in mnkl),
-            alpha_ptr=make_ptr(cutlass.Float32, alpha.data_ptr(), gmem, assumed_align=4),
-            stream=cuda_driver.CUstream(stream.cuda_stream),
-        )
-
-    def __call__(self) -> None:
-        import torch
-
-        with torch.cuda.device(self.device.index):
-            self.compiled(**self.kernel_args)
-
-
-def _check_cuda_operands(**tensors) -> None:
-    """The placement rules of TMA and of this kernel: ValueError naming the first operand that
-    breaks one (CUDA, contiguous, 16-byte aligned, one Blackwell GPU)."""
-    device = next(iter(tensors.values())).device
-    for name, t in tensors.items():
-        # NOTE: TMA needs 16-byte aligned global base addresses.
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name} must start on a 16-byte boundary (TMA); copy it first")
-        if not t.is_cuda or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous CUDA tensor")
-        if t.device != device:
-            raise ValueError(f"{name} is on {t.device}, a is on {device}")
-    runs, gpu = _blackwell_gpu(DEFAULT_GPU_ARCH, device)
-    if not runs:
-        raise ValueError(f"this kernel needs a datacenter Blackwell GPU (sm_100, sm_103); {gpu}")
-
-
-def _compiled_kernel(sf_vec_size, c_dtype, mma_tiler_mn, cluster_shape_mn, device):
-    """The executor for a configuration on ``device``, compiled once per process."""
+def _problem(a, b, sfa_blocked, sfb_blocked, sf_vec_size: int) -> tuple[int, int, int, int]:
+    """(M, N, K, L) of packed FP4 a [L, M, K/2], b [L, N, K/2] and their 128x4 blocked scales
+    [L, n]; ValueError naming the first operand that does not fit."""
     import torch
 
-    key = (sf_vec_size, c_dtype, mma_tiler_mn, cluster_shape_mn, device.index)
-    if key not in _COMPILED_CACHE:
-        cluster_size = cluster_shape_mn[0] * cluster_shape_mn[1]
-        with torch.cuda.device(device):
-            hardware = utils.HardwareInfo(torch.cuda.current_device())
-            _COMPILED_CACHE[key] = compile_gemm(
-                sf_vec_size,
-                SF_FORMATS[sf_vec_size][0],
-                c_dtype,
-                mma_tiler_mn,
-                cluster_shape_mn,
-                hardware.get_max_active_clusters(cluster_size),
-            )[1]
-    return _COMPILED_CACHE[key]
-
-
-def prepare_gemm(
-    a,
-    b,
-    sfa_blocked,
-    sfb_blocked,
-    sf_vec_size: int,
-    alpha=1.0,
-    c_dtype: str = "BFloat16",
-    mma_tiler_mn: tuple[int, int] | None = None,
-    cluster_shape_mn: tuple[int, int] | None = None,
-):
-    """D = alpha * (A x SFA)(B x SFB)^T on a datacenter Blackwell GPU, from torch tensors.
-
-    a [L, M, K/2] and b [L, N, K/2]: packed FP4 (uint8 or torch.float4_e2m1fn_x2), K-major and
-    contiguous; sfa_blocked / sfb_blocked: ``reference.to_blocked`` of the [L, rows, K/V]
-    scales (float8_e4m3fn for V 16, float8_e8m0fnu for V 32).  The tile and cluster default to
-    ``pick_tile_and_cluster``'s choice for the shape.  Compiles once per configuration.
-
-    Returns ``(launch, d)``: ``launch()`` (a ``PreparedGemm``) enqueues the kernel (nothing
-    else) on the stream that is current on ``a``'s device now and writes ``d`` [L, M, N], a
-    view of a buffer whose rows are ``c_row_pitch(N)`` long.  ``launch`` holds references to
-    the operands, D and alpha.  Validation, compilation and pointer set-up happen here, once.
-
-    The kernel reads alpha from global memory when it runs.  ``alpha`` is a float
-    (``checked_alpha``), stored here into a one-element fp32 tensor that ``launch`` owns, or a
-    one-element float32 tensor on ``a``'s device, used in place: a value written into it on
-    the stream before a launch, or before a replay of a CUDA graph that captured ``launch()``,
-    is the one used (no host sync).  Such a tensor must stay allocated for as long as the graph
-    replays it (``launch`` holds it; a tensor allocated during the capture lives in the graph's
-    memory pool); its value is not checked here (that would cost a synchronisation).
-
-    Scale bytes are not read on the host (that would cost a synchronisation per call).  The
-    MMA's scale types are unsigned (ue4m3, ue8m0): an E4M3 scale with its sign bit set, or a
-    NaN encoding (E4M3 0x7F, E8M0 0xFF), makes every output whose K blocks use it undefined;
-    ``reference.py`` refuses such scales.
-    """
-    import torch
-
-    import reference
-
-    if _ints((sf_vec_size,), 1) is None or sf_vec_size not in SF_FORMATS:
-        raise ValueError(
-            f"sf_vec_size={sf_vec_size!r} is not supported: use 16 (NVFP4, float8_e4m3fn scales) "
-            "or 32 (MXFP4, float8_e8m0fnu scales)"
-        )
-    sf_vec_size = int(sf_vec_size)
-    alpha = _checked_alpha_or_tensor(alpha, a.device)
     if a.dim() != 3 or b.dim() != 3:
         raise ValueError(
             f"a and b must be [L, rows, K/2], got {tuple(a.shape)} and {tuple(b.shape)}"
@@ -2012,7 +1945,7 @@ def prepare_gemm(
             raise ValueError(
                 f"{name} must be packed FP4 (uint8 or float4_e2m1fn_x2), got {t.dtype}"
             )
-    sf_torch = reference.SCALE_DTYPES[sf_vec_size]
+    sf_torch = torch_scale_dtype(sf_vec_size)
     for name, sf, rows in (("sfa_blocked", sfa_blocked, m), ("sfb_blocked", sfb_blocked, n)):
         if sf.dtype != sf_torch:
             raise ValueError(
@@ -2022,40 +1955,218 @@ def prepare_gemm(
         want = (l, -(-rows // 128) * 128 * -(-(k // sf_vec_size) // 4) * 4)
         if tuple(sf.shape) != want:
             raise ValueError(
-                f"{name} has shape {tuple(sf.shape)}; reference.to_blocked of the [L, {rows}, "
-                f"K/{sf_vec_size}] scales (the 128x4 layout) has shape {want}"
+                f"{name} has shape {tuple(sf.shape)}; the 128x4 blocked layout of the "
+                f"[L, {rows}, K/{sf_vec_size}] scales has shape {want}"
             )
-    mma_tiler_mn, cluster_shape_mn = pick_tile_and_cluster(
-        (m, n, k, l), mma_tiler_mn, cluster_shape_mn
+    return m, n, k, l
+
+
+def _check_cuda_operands(**tensors) -> None:
+    """The placement rules of TMA and of this kernel: ValueError naming the first operand that
+    breaks one (CUDA, contiguous rows, 16-byte aligned, one Blackwell GPU)."""
+    device = next(iter(tensors.values())).device
+    for name, t in tensors.items():
+        # NOTE: TMA needs 16-byte aligned global base addresses.
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start on a 16-byte boundary (TMA); copy it first")
+        # (D may be a view of rows padded to c_row_pitch(N): its own layout is checked by gemm)
+        if not t.is_cuda or not (t.is_contiguous() or name == "d"):
+            raise ValueError(f"{name} must be a contiguous CUDA tensor")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, a is on {device}")
+    runs, gpu = _blackwell_gpu(DEFAULT_GPU_ARCH, device)
+    if not runs:
+        raise ValueError(f"this kernel needs a datacenter Blackwell GPU (sm_100, sm_103); {gpu}")
+
+
+def _compiled_kernel(config: GemmConfig, mnkl: tuple[int, int, int, int], device):
+    """The kernel for ``config`` on ``device``, compiled once per process; ValueError (once per
+    problem shape) when the configuration cannot run ``mnkl``."""
+    import torch
+
+    if (config, mnkl) not in _CHECKED:
+        reasons = config.reasons(mnkl)
+        if reasons:
+            raise ValueError("; ".join(reasons))
+        _CHECKED.add((config, mnkl))
+    key = (config, device.index)
+    if key not in _KERNELS:
+        cluster_size = config.cluster_shape_mn[0] * config.cluster_shape_mn[1]
+        with torch.cuda.device(device):
+            hardware = utils.HardwareInfo(torch.cuda.current_device())
+            _KERNELS[key] = compile_gemm(
+                config.sf_vec_size,
+                config.sf_dtype,
+                config.c_dtype,
+                config.mma_tiler_mn,
+                config.cluster_shape_mn,
+                hardware.get_max_active_clusters(cluster_size),
+            )[1]
+    return _KERNELS[key]
+
+
+def _kernel_args(config: GemmConfig, mnkl, a, b, sfa_blocked, sfb_blocked, d, alpha, stream):
+    """The compiled kernel's keyword arguments (``BlockwiseGemmFp4Sm100.__call__``'s names)."""
+    import cuda.bindings.driver as cuda_driver
+    from cutlass.cute.runtime import make_ptr
+
+    gmem = cute.AddressSpace.gmem
+
+    def ptr(dtype, tensor):
+        return make_ptr(dtype, tensor.data_ptr(), gmem, assumed_align=16)
+
+    sf_dtype = SF_DTYPES[config.sf_dtype]
+    return dict(
+        a_ptr=ptr(cutlass.Float4E2M1FN, a),
+        b_ptr=ptr(cutlass.Float4E2M1FN, b),
+        sfa_ptr=ptr(sf_dtype, sfa_blocked),
+        sfb_ptr=ptr(sf_dtype, sfb_blocked),
+        c_ptr=ptr(C_DTYPES[config.c_dtype], d),
+        problem_mnkl=tuple(cutlass.Int32(v) for v in mnkl),
+        alpha_ptr=make_ptr(cutlass.Float32, alpha.data_ptr(), gmem, assumed_align=4),
+        stream=cuda_driver.CUstream(stream.cuda_stream),
     )
-    sf_dtype = SF_FORMATS[sf_vec_size][0]
-    reasons = check_fp4_gemm_config(
-        (m, n, k, l), sf_vec_size, sf_dtype, c_dtype, mma_tiler_mn, cluster_shape_mn
-    )
+
+
+def empty_d(l: int, m: int, n: int, c_dtype: str, device):  # noqa: E741
+    """An uninitialised D [L, M, N] for ``gemm``: a view of rows ``c_row_pitch(N)`` long, so it
+    is contiguous exactly when N elements make a multiple of 16 bytes."""
+    return _empty_padded_d(l, m, n, c_dtype, device)[..., :n]
+
+
+def _empty_padded_d(l: int, m: int, n: int, c_dtype: str, device):  # noqa: E741
+    import torch
+
+    pitch = c_row_pitch(n, c_dtype)
+    return torch.empty(l, m, pitch, dtype=_torch_c_dtypes()[c_dtype], device=device)
+
+
+def gemm(a, b, sfa_blocked, sfb_blocked, alpha, d, config: GemmConfig | None = None):
+    """D = alpha * (A x SFA)(B x SFB)^T into ``d``: one kernel launch on the current stream.
+
+    a [L, M, K/2] and b [L, N, K/2]: packed FP4 (uint8 or torch.float4_e2m1fn_x2), K-major and
+    contiguous; sfa_blocked / sfb_blocked [L, n]: the scales in the 128x4 blocked layout,
+    float8_e4m3fn (NVFP4, V 16) or float8_e8m0fnu (MXFP4, V 32), which picks the format; alpha:
+    a one-element float32 tensor on a's device that the kernel reads when it runs (a replayed
+    CUDA graph uses the value current then); d [L, M, N] BFloat16 / Float16 / Float32 with rows
+    ``c_row_pitch(N)`` apart (``empty_d``), which picks the output type.  ``config`` None takes
+    ``pick_tile_and_cluster``'s rule.  The configuration is checked once per problem shape and
+    compiled once; every call checks the operands it is given.  Returns ``d``.
+    """
+    import torch
+
+    vec = {torch.float8_e4m3fn: 16, torch.float8_e8m0fnu: 32}.get(sfa_blocked.dtype)
+    if vec is None:
+        raise ValueError(
+            f"sfa_blocked must be float8_e4m3fn (NVFP4) or float8_e8m0fnu (MXFP4), got "
+            f"{sfa_blocked.dtype}"
+        )
+    mnkl = _problem(a, b, sfa_blocked, sfb_blocked, vec)
+    c_dtype = {v: k for k, v in _torch_c_dtypes().items()}.get(d.dtype)
+    m, n, _, l = mnkl  # noqa: E741
+    if c_dtype is None or tuple(d.shape) != (l, m, n):
+        raise ValueError(f"d must be a bfloat16, float16 or float32 [{l}, {m}, {n}] tensor")
+    pitch = c_row_pitch(n, c_dtype)
+    if d.stride() != (m * pitch, pitch, 1):
+        raise ValueError(f"d must have rows {pitch} elements apart (empty_d makes one)")
+    _check_alpha_tensor(alpha, a.device)
+    _check_cuda_operands(a=a, b=b, sfa_blocked=sfa_blocked, sfb_blocked=sfb_blocked, d=d)
+    if config is None:
+        config = GemmConfig.for_problem(mnkl, vec, c_dtype)
+    elif (config.sf_vec_size, config.c_dtype) != (vec, c_dtype):
+        raise ValueError(
+            f"config is for sf_vec_size {config.sf_vec_size} and {config.c_dtype}; the operands "
+            f"are sf_vec_size {vec} and {c_dtype}"
+        )
+    compiled = _compiled_kernel(config, mnkl, a.device)
+    stream = torch.cuda.current_stream(a.device)
+    with torch.cuda.device(a.device.index):
+        compiled(**_kernel_args(config, mnkl, a, b, sfa_blocked, sfb_blocked, d, alpha, stream))
+    return d
+
+
+class PreparedGemm:
+    """One configured kernel call, from ``prepare_gemm``: calling it enqueues the kernel.
+
+    It owns its operands, D and alpha (``operands``, ``d_padded``, ``alpha``, a one-element
+    fp32 tensor): the kernel reads and writes raw addresses, so whatever the caller drops stays
+    allocated for as long as this object lives. The kernel reads ``alpha`` when it runs, so a
+    value written into it on the stream before a launch (or a graph replay) is the one used.
+    """
+
+    def __init__(self, compiled, kernel_args: dict, operands, d_padded, alpha, device):
+        self.compiled = compiled
+        self.kernel_args = kernel_args
+        self.operands = operands
+        self.d_padded = d_padded
+        self.alpha = alpha
+        self.device = device
+
+    def __call__(self) -> None:
+        import torch
+
+        with torch.cuda.device(self.device.index):
+            self.compiled(**self.kernel_args)
+
+
+def prepare_gemm(
+    a,
+    b,
+    sfa_blocked,
+    sfb_blocked,
+    sf_vec_size: int,
+    alpha=1.0,
+    c_dtype: str = "BFloat16",
+    mma_tiler_mn: tuple[int, int] | None = None,
+    cluster_shape_mn: tuple[int, int] | None = None,
+):
+    """``gemm`` bound to its operands once: returns ``(launch, d)``, where ``launch()`` (a
+    ``PreparedGemm``) enqueues the kernel, and nothing else, on the stream that is current on
+    ``a``'s device now and writes ``d`` [L, M, N] (``empty_d``).  Validation, compilation and
+    pointer set-up happen here, once: the shape for timing loops and CUDA-graph capture.
+
+    The operands are ``gemm``'s; ``sf_vec_size`` names the format; the tile and cluster default
+    to ``pick_tile_and_cluster``'s choice for the shape.  ``alpha`` is a float
+    (``checked_alpha``), stored here into a one-element fp32 tensor that ``launch`` owns, or a
+    one-element float32 tensor on ``a``'s device, used in place (a value written into it on the
+    stream before a launch or a graph replay is the one used; it must stay allocated for as long
+    as the graph replays it).
+
+    Scale bytes are not read on the host (that would cost a synchronisation per call).  The
+    MMA's scale types are unsigned (ue4m3, ue8m0): an E4M3 scale with its sign bit set, or a
+    NaN encoding (E4M3 0x7F, E8M0 0xFF), makes every output whose K blocks use it undefined;
+    ``reference.py`` refuses such scales.
+    """
+    import torch
+
+    if _ints((sf_vec_size,), 1) is None or sf_vec_size not in SF_FORMATS:
+        raise ValueError(
+            f"sf_vec_size={sf_vec_size!r} is not supported: use 16 (NVFP4, float8_e4m3fn scales) "
+            "or 32 (MXFP4, float8_e8m0fnu scales)"
+        )
+    sf_vec_size = int(sf_vec_size)
+    if isinstance(alpha, torch.Tensor):
+        _check_alpha_tensor(alpha, a.device)
+    else:
+        alpha = checked_alpha(alpha)
+    mnkl = _problem(a, b, sfa_blocked, sfb_blocked, sf_vec_size)
+    config = GemmConfig.for_problem(mnkl, sf_vec_size, c_dtype, mma_tiler_mn, cluster_shape_mn)
+    reasons = config.reasons(mnkl)
     if reasons:
         raise ValueError("; ".join(reasons))
     _check_cuda_operands(a=a, b=b, sfa_blocked=sfa_blocked, sfb_blocked=sfb_blocked)
-
-    compiled = _compiled_kernel(sf_vec_size, c_dtype, mma_tiler_mn, cluster_shape_mn, a.device)
-    torch_c = {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}
-    d_padded = torch.empty(l, m, c_row_pitch(n, c_dtype), dtype=torch_c[c_dtype], device=a.device)
+    compiled = _compiled_kernel(config, mnkl, a.device)
+    m, n, _, l = mnkl  # noqa: E741
+    d_padded = _empty_padded_d(l, m, n, c_dtype, a.device)
+    d = d_padded[..., :n]
     if not isinstance(alpha, torch.Tensor):
         # (a fill kernel on the current stream, not a host copy: allowed during graph capture)
         alpha = torch.full((1,), alpha, dtype=torch.float32, device=a.device)
-    launch = PreparedGemm(
-        compiled,
-        a=a,
-        b=b,
-        sfa_blocked=sfa_blocked,
-        sfb_blocked=sfb_blocked,
-        d_padded=d_padded,
-        mnkl=(m, n, k, l),
-        sf_dtype=sf_dtype,
-        c_dtype=c_dtype,
-        alpha=alpha,
-        stream=torch.cuda.current_stream(a.device),
-    )
-    return launch, d_padded[..., :n]
+    stream = torch.cuda.current_stream(a.device)
+    kernel_args = _kernel_args(config, mnkl, a, b, sfa_blocked, sfb_blocked, d, alpha, stream)
+    operands = (a, b, sfa_blocked, sfb_blocked)
+    launch = PreparedGemm(compiled, kernel_args, operands, d_padded, alpha, a.device)
+    return launch, d
 
 
 def blockwise_gemm_fp4(a, b, sfa_blocked, sfb_blocked, sf_vec_size: int, **config):
@@ -2157,12 +2268,11 @@ def run_on_gpu(args: argparse.Namespace) -> int:
             f"a {args.gpu_arch} build of this kernel needs a datacenter Blackwell GPU "
             f"({targets}: B200/GB200 is sm_100, B300/GB300 sm_103); found {gpu}.\n"
             "  Cross-compile and inspect it on any machine with --compile_only.\n"
-            "  On H100/H200 run the Hopper sibling: python hopper/blockwise_gemm_fp4_sm90.py"
+            "  On H100/H200 run the Hopper sibling: python -m fp4_ops.sm90"
         )
     import torch
 
-    import reference
-
+    reference = _reference_beside_this_file()
     m, n, k, l = args.mnkl  # noqa: E741
     ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", seed=args.seed)
     alpha = float(ops.alpha) if args.alpha is None else args.alpha

@@ -3,10 +3,10 @@
 against BF16 ``F.linear`` on the GPU, with the accuracy of both FP4 recipes (ours, torchao's
 NVFP4) against the BF16 layer on the same inputs and weights.
 
-    python bench_linear.py            # M x (N, K) below -> results/<gpu>_linear.{txt,json,png}
-    python bench_linear.py --quick    # 2 shapes x 2 M, printed only (smoke test)
-    python bench_linear.py --warm_l2  # one copy of each layer (warm L2)
-    python bench_linear.py --m 16,4096 --nk 8192x8192 --out /tmp/linear
+    python -m benchmarks.linear       # M x (N, K) below -> results/<gpu>_linear.{txt,json,png}
+    python -m benchmarks.linear --quick    # 2 shapes x 2 M, printed only (smoke test)
+    python -m benchmarks.linear --warm_l2  # one copy of each layer (warm L2)
+    python -m benchmarks.linear --m 16,4096 --nk 8192x8192 --out /tmp/linear
 
 Layers, same x (randn, BF16) and same weights (``nn.Linear``'s initialisation, BF16):
     bf16         ``nn.Linear`` (``F.linear``, cuBLAS)
@@ -557,7 +557,7 @@ def main(argv=None) -> int:
             return 2
         rows.append(row)
         print(format_row(row), flush=True)
-    default = os.path.join(HERE, "results", f"{gpu_label(env)}_linear")
+    default = os.path.join(os.path.dirname(HERE), "results", f"{gpu_label(env)}_linear")
     out = args.out or (None if args.quick or device.type != "cuda" else default)
     timed = any(r["us_bf16"] is not None for r in rows)
     if out and not timed:

@@ -32,9 +32,9 @@ are the operands as stored (packed FP4, scales, BF16 activations) and D, each mo
 The W4A16 table ends with the targets: ours at least 1.2x humming at M <= 128; at M >= 1024 at
 least 1.0x humming and 0.95x cuBLAS BF16; 75% of the roof at 1 x 8192 x 8192.
 
-    python -m hopper.bench            # all shapes -> hopper/results/<gpu>.{txt,json,png}
-    python -m hopper.bench --quick    # four shapes
-    python -m hopper.bench --warm_l2  # one input set, L2-resident where it fits
+    python -m benchmarks.sm90            # all shapes -> results/<gpu>_sm90.{txt,json,png}
+    python -m benchmarks.sm90 --quick    # four shapes
+    python -m benchmarks.sm90 --warm_l2  # one input set, L2-resident where it fits
 
 The humming peers need ``pip install humming-kernels==0.1.20`` (and, where no CUDA toolkit
 headers are installed, nvidia-cuda-cccl==13.0.85); without it they are reported not measured.
@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 import torch
 
 import reference
-from hopper import blockwise_gemm_fp4_sm90 as k90
-from hopper import k_order
-from hopper import runner as r90
+from fp4_ops.sm90 import gemm as k90
+from fp4_ops.sm90 import k_order
+from fp4_ops.sm90 import launcher as r90
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -321,7 +321,7 @@ def bench_ours(bench: Bench, ops, m, n, k, w4a16=None):
     d = torch.empty((1, m, n), dtype=torch.bfloat16, device="cuda")
     one = _nbytes(*inputs, d)
     sets = input_sets(bench, inputs, _nbytes(d))
-    config = k90.default_config(m, n, k, 1, k90.gpu_sm_count(), a_dtype=a_dtype)
+    config = k90.default_config(m, n, k, 1, r90.gpu_sm_count(), a_dtype=a_dtype)
     run = _runner(bench, vec, config, a_dtype)
     sec = time_graph([lambda s=s: run(*s, d, m, n, k, 1, alpha) for s in sets])
     if w4a16 is None:
@@ -773,8 +773,8 @@ def parse_args(argv=None):
         action="store_true",
         help="time one input set over and over (default: cold L2, rotating input copies)",
     )
-    ap.add_argument("--out_dir", default=os.path.join(HERE, "results"))
-    ap.add_argument("--name", default=None, help="file name of the results; default: h200 / h100")
+    ap.add_argument("--out_dir", default=os.path.join(os.path.dirname(HERE), "results"))
+    ap.add_argument("--name", default=None, help="file name of the results; default: h200_sm90")
     ap.add_argument(
         "--shard",
         default=None,
@@ -843,7 +843,7 @@ def setup(warm: bool) -> Bench:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.combine is not None:
-        path = os.path.join(args.out_dir, args.name or "h200")
+        path = os.path.join(args.out_dir, args.name or "h200_sm90")
         try:
             print(combine_shards(path, args.combine))
         except FileNotFoundError as err:
@@ -851,7 +851,7 @@ def main(argv=None) -> int:
             return 2
         return 0
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("bench.py needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
+        print("benchmarks.sm90 needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
         return 2
     bench = setup(args.warm_l2)
     rows, w16_rows = [], []
@@ -879,7 +879,7 @@ def main(argv=None) -> int:
         cutlass_dsl=_dist_version("nvidia-cutlass-dsl"),
         humming=_dist_version("humming-kernels"),
     )
-    path = os.path.join(args.out_dir, args.name or gpu_label())
+    path = os.path.join(args.out_dir, args.name or f"{gpu_label()}_sm90")
     if args.shard is not None:
         os.makedirs(args.out_dir, exist_ok=True)
         with open(f"{path}.shard{args.shard[0]}.json", "w") as f:

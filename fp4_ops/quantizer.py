@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""NVFP4 / MXFP4 quantizer for the GPU, bit-exact with ``reference.quantize_nvfp4`` /
-``reference.quantize_mxfp4`` (codes, scale bytes, the 128x4 layout's zero padding).
+"""NVFP4 / MXFP4 quantizer for the GPU, bit-exact with the formats' definition (``fp4_ops.cpu``,
+``reference.py``): codes, scale bytes, the 128x4 layout's zero padding.
 
 What it computes
 ----------------
 x [L, R, K] (BFloat16, Float16 or Float32, K a multiple of 32) -> packed E2M1 codes [L, R, K/2]
-(element 2i in the low nibble), block scales in the 128x4 blocked layout of ``reference.to_blocked``
+(element 2i in the low nibble), block scales in the 128x4 blocked layout of ``fp4_ops.layout``
 ([L, R_pad * C_pad] with R_pad = R rounded up to 128, C_pad = K / V rounded up to 4, padding zero)
 and the fp32 global scale.
 * NVFP4 (V = 16, E4M3 scales): global scale ``gs`` given (a device scalar, e.g. a static input
@@ -31,7 +31,7 @@ Non-finite input: a check would need a host sync, so none is made. A block holdi
 gets the NaN scale byte (E4M3 0x7F, E8M0 0xFF) and zero codes, and a dynamic global scale over
 such a tensor is NaN or Inf, which makes every scale byte NaN, as does a static global scale that
 is not finite and positive: each GEMM output that reads such a block is NaN, never a finite wrong
-number. (The CPU path, ``reference.py``, raises ValueError.)
+number. (The CPU path, ``fp4_ops.cpu``, raises ValueError.)
 
 Kernels (no arch-specific "a" features: sm_90 and the sm_100 family; E4M3 cvts need sm_89+)
 -------------------------------------------------------------------------------------------
@@ -52,8 +52,8 @@ Both run on the caller's stream, with no memset and no host synchronization.
 
 Run
 ---
-    python quantize_fp4.py --shape 8192,8192 --format nvfp4      # GPU: check against reference
-    python quantize_fp4.py --compile_only --gpu-arch sm_100a        # any machine
+    python -m fp4_ops.quantizer --shape 8192,8192 --format nvfp4    # GPU: checked, bit for bit
+    python -m fp4_ops.quantizer --compile_only --gpu_arch sm_100a   # any machine
 """
 
 from __future__ import annotations
@@ -69,8 +69,13 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import arith, llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
+from fp4_ops import cpu
+from fp4_ops.layout import SCALE_DTYPES, blocked_numel
+
 IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 SF_VEC_SIZES = (16, 32)
+# compile targets (portable code: no architecture-specific instructions)
+GPU_ARCHS = ("sm_90a", "sm_100a", "sm_100f", "sm_103a")
 THREADS = 128
 WARP = 32
 SF_PER_WORD = 4  # scale bytes per 32-bit word: one row of a 128x4 atom
@@ -635,9 +640,7 @@ def shape_reason(shape: tuple, sf_vec_size: int) -> str:
     l, rows, k = (1, *shape) if len(shape) == 2 else shape  # noqa: E741
     if l * rows * k >= 2**31:
         return f"x {shape} has {l * rows * k} elements; the kernel's offsets are 32-bit (< 2^31)"
-    import reference
-
-    scale_bytes = l * reference.blocked_numel(rows, k // sf_vec_size)
+    scale_bytes = l * blocked_numel(rows, k // sf_vec_size)
     if scale_bytes >= 2**31:
         return f"x {shape} needs {scale_bytes} padded scale bytes; the kernel's offsets are 32-bit"
     return ""
@@ -654,8 +657,6 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
     import cuda.bindings.driver as cuda_driver
     import torch
     from cutlass.cute.runtime import make_ptr
-
-    import reference
 
     names = {getattr(torch, v): k for k, v in _TORCH_IN.items()}
     if not x.is_cuda or x.dtype not in names:
@@ -684,7 +685,7 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
         with torch.cuda.device(device):
             _EXECUTORS[key] = compile_quantizer(*key[:3])
     q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
-    n_sf = reference.blocked_numel(rows, k // sf_vec_size)
+    n_sf = blocked_numel(rows, k // sf_vec_size)
     sf = torch.empty((*lead, n_sf), dtype=torch.uint8, device=device)
     gs_out = torch.empty((), dtype=torch.float32, device=device)
     # the amax pass's per-CTA maxima: every one the quantize pass reads is written first
@@ -706,7 +707,7 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     with torch.cuda.device(device):
         _EXECUTORS[key](*ptrs, (Int32(rows), Int32(k), Int32(l)), Int32(sm_count), stream)
-    return q, sf.view(reference.SCALE_DTYPES[sf_vec_size]), gs_out
+    return q, sf.view(SCALE_DTYPES[sf_vec_size]), gs_out
 
 
 def time_graph_us(fn, iterations: int = 20, repeats: int = 5) -> float:
@@ -764,11 +765,9 @@ def _torchao_quantizer(x, gs):
 
 
 def benchmark(x, vec: int, gs) -> None:
-    """Print the time of this quantizer, of a device copy of x, of reference.py and of torchao's
-    quantizer on the same x (NVFP4), with effective bandwidths."""
+    """Print the time of this quantizer, of a device copy of x and of torchao's quantizer on the
+    same x (NVFP4), with effective bandwidths."""
     import torch
-
-    import reference
 
     n = x.numel()
     moved = n * x.element_size() * (2 if vec == 16 and gs is None else 1) + n // 2
@@ -778,19 +777,11 @@ def benchmark(x, vec: int, gs) -> None:
     copy = time_graph_us(lambda: dst.copy_(x))
     copy_bw = 2 * n * x.element_size() / copy / 1e3
     eager = time_eager_us(lambda: quantize_cuda(x, vec, gs), iterations=20)
-    print(f"Mean time: {ours:.2f} us (quantize_fp4, CUDA graph; {eager:.2f} us eager)")
+    print(f"Mean time: {ours:.2f} us (fp4_ops.quantizer, CUDA graph; {eager:.2f} us eager)")
     print(
         f"Throughput: {moved / ours / 1e3:.1f} GB/s moved ({moved} bytes), "
         f"{moved / ours / 1e3 / copy_bw:.2f} x the copy's {copy_bw:.1f} GB/s "
         f"(copy of x: {copy:.2f} us)"
-    )
-    if vec == 16:
-        ref = time_eager_us(lambda: reference.quantize_nvfp4(x, gs))
-    else:
-        ref = time_eager_us(lambda: reference.quantize_mxfp4(x))
-    print(
-        f"reference.py (eager, it syncs for its NaN check): {ref:.2f} us, "
-        f"{ref / eager:.1f} x quantize_fp4 eager"
     )
     run = _torchao_quantizer(x, gs) if vec == 16 else None
     if run is None:
@@ -799,8 +790,7 @@ def benchmark(x, vec: int, gs) -> None:
     # (eagerly: a failed capture of code that was not written for graphs would end the run)
     theirs = time_eager_us(run)
     print(
-        f"torchao NVFP4Tensor.to_nvfp4 (eager): {theirs:.2f} us, {theirs / eager:.1f} x "
-        "quantize_fp4 eager"
+        f"torchao NVFP4Tensor.to_nvfp4 (eager): {theirs:.2f} us, {theirs / eager:.1f} x ours eager"
     )
 
 
@@ -812,7 +802,7 @@ def main(argv=None) -> int:
     p.add_argument("--global_scale", type=float, default=None, help="static NVFP4 scale")
     p.add_argument("--compile_only", action="store_true")
     p.add_argument("--benchmark", action="store_true", help="time it against a copy and peers")
-    p.add_argument("--gpu-arch", dest="gpu_arch", default="sm_90a")
+    p.add_argument("--gpu_arch", choices=GPU_ARCHS, default="sm_90a")
     args = p.parse_args(argv)
     try:
         shape = tuple(int(v) for v in args.shape.split(","))
@@ -831,7 +821,7 @@ def main(argv=None) -> int:
         return 2
     dynamic = vec == 16 and args.global_scale is None
     print(
-        f"quantize_fp4: shape={shape} format={args.format} in_dtype={args.in_dtype} "
+        f"fp4_ops.quantizer: shape={shape} format={args.format} in_dtype={args.in_dtype} "
         f"global_scale={'dynamic' if dynamic else args.global_scale}"
     )
     if args.compile_only:
@@ -840,24 +830,23 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    import reference
-
     if not torch.cuda.is_available():
         print("error: no CUDA device (use --compile_only)", file=sys.stderr)
         return 2
     x = torch.randn(shape, device="cuda").to(getattr(torch, _TORCH_IN[args.in_dtype]))
     gs = None if args.global_scale is None else torch.tensor(args.global_scale, device="cuda")
     q, sf, g = quantize_cuda(x, vec, gs)
+    # the check: the torch implementation of the same definition, on the CPU
     if vec == 16:
-        rq, rsf, rg = reference.quantize_nvfp4(x, gs)
+        rq, rsf, rg = cpu.quantize_nvfp4(x.cpu(), None if gs is None else gs.cpu())
     else:
-        (rq, rsf), rg = reference.quantize_mxfp4(x), torch.tensor(1.0, device="cuda")
+        rq, rsf, rg = cpu.quantize_mxfp4(x.cpu())
     ok = (
-        torch.equal(q, rq)
-        and torch.equal(sf.view(torch.uint8), reference.to_blocked(rsf).view(torch.uint8))
-        and torch.equal(g, rg)
+        torch.equal(q.cpu(), rq)
+        and torch.equal(sf.view(torch.uint8).cpu(), rsf.view(torch.uint8))
+        and torch.equal(g.cpu(), rg)
     )
-    print("PASS" if ok else "FAIL: differs from reference.py")
+    print("PASS" if ok else "FAIL: differs from fp4_ops.cpu")
     if ok and args.benchmark:
         benchmark(x, vec, gs)
     return 0 if ok else 1

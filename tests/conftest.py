@@ -1,7 +1,8 @@
 """Shared pytest setup.
 
-* The repository root is importable (``import reference``) however pytest is started
-  (``pytest tests``, ``python -m pytest``, from another directory).
+* The package is installed (``pip install -e .``, as ``run_tests.sh`` does); the test oracle
+  ``reference.py`` and the benchmarks are importable from the repository root through pytest's
+  ``pythonpath`` setting (pytest.ini).
 * Every GPU test has a timeout, so a kernel that hangs (a multicast or pipeline bug) fails the
   run instead of stalling it. A test is a GPU test when it is marked ``@pytest.mark.gpu``, when
   its function name contains ``gpu`` or ``cuda``, or when one of its ``skipif`` marks gives a
@@ -12,19 +13,13 @@
 
 NOTE: the thread method is the one that ends a hang inside a CUDA call (a signal handler runs
 only once the call returns); it prints every thread's stack and exits pytest with an error.
-The timeouts come from pytest-timeout (requirements.txt); without it they are off, and the
+The timeouts come from pytest-timeout (``pip install -e .[test]``); without it they are off, and the
 report header says so.
 """
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
-
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
 #: Seconds a GPU test may run: a JIT compile plus the run takes well under a minute.
 GPU_TIMEOUT_S = 300
@@ -48,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> str:
     if config.pluginmanager.hasplugin("timeout"):
         return f"GPU tests: {GPU_TIMEOUT_S} s timeout each unless marked otherwise"
-    return "GPU tests: NO timeout (pytest-timeout is missing: pip install -r requirements.txt)"
+    return "GPU tests: NO timeout (pytest-timeout is missing: pip install -e .[test])"
 
 
 def is_gpu_test(item: pytest.Item) -> bool:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import reference
-from hopper import bench
+from benchmarks import sm90 as bench
 
 MIB = 2**20
 
@@ -229,8 +229,9 @@ def test_main_runs_every_shape_and_writes_one_result_set(tmp_path, monkeypatch, 
     assert seen == [(*shape, True) for shape in bench.QUICK]
     out = capsys.readouterr().out
     assert "1x8192x8192: W4A4 {'ours-nvfp4': 10.0} W4A16 {'ours-w4a16-nvfp4': 10.0," in out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["h200.json", "h200.png", "h200.txt"]
-    saved = json.loads((tmp_path / "h200.json").read_text())
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["h200_sm90.json", "h200_sm90.png", "h200_sm90.txt"]
+    saved = json.loads((tmp_path / "h200_sm90.json").read_text())
     assert saved["meta"]["l2"].startswith("warm L2") and saved["meta"]["gpu"] == "NVIDIA H200"
     assert [(r["m"], r["n"], r["k"]) for r in saved["w4a16"]] == bench.QUICK
 
@@ -245,10 +246,10 @@ def test_shards_combine_into_one_result_set_in_shape_order(tmp_path):
         rows = [{"m": m, "n": n, "k": k, "ours-nvfp4": w4a4} for m, n, k in part]
         w16 = [_w16_row(m, n, k, ours_us=10.0 + i) for m, n, k in part]
         meta = dict(gpu="NVIDIA H200", copy_bandwidth_Bps=4e12 + i, l2="cold")
-        with open(tmp_path / f"h200.shard{i}.json", "w") as f:
+        with open(tmp_path / f"h200_sm90.shard{i}.json", "w") as f:
             json.dump(dict(meta=meta, rows=rows, w4a16=w16), f)
     assert bench.main(["--combine", "2", "--out_dir", str(tmp_path)]) == 0
-    saved = json.loads((tmp_path / "h200.json").read_text())
+    saved = json.loads((tmp_path / "h200_sm90.json").read_text())
     assert [(r["m"], r["n"], r["k"]) for r in saved["rows"]] == [tuple(s) for s in shapes]
     assert [r["ours-w4a16-nvfp4"]["us"] for r in saved["w4a16"]] == [10.0, 11.0, 10.0]
     assert saved["meta"]["copy_bandwidth_Bps"] == 4e12 and len(saved["meta"]["shards"]) == 2

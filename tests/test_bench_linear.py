@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench_linear
 import fp4_ops
 import reference
+from benchmarks import linear as bench_linear
 
 L2 = 60 * 2**20  # an H200's L2
 

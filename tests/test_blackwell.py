@@ -966,7 +966,7 @@ def test_cli_without_blackwell_refuses_clearly():
     assert proc.returncode == 2
     want = "a sm_100f build of this kernel needs a datacenter Blackwell GPU (sm_100 or sm_103"
     assert want in proc.stderr and "found" in proc.stderr
-    assert "--compile_only" in proc.stderr and "hopper/blockwise_gemm_fp4_sm90.py" in proc.stderr
+    assert "--compile_only" in proc.stderr and "python -m fp4_ops.sm90" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -1226,7 +1226,7 @@ def _operands(m=256, n=128, k=512, l=1, vec=16):  # noqa: E741
         (lambda a, b, sa, sb: (a, b, sa, sb, 16), "must be a contiguous CUDA tensor"),
         (
             lambda a, b, sa, sb: (a, b, sa.view(1, 256, 32), sb, 16),
-            r"sfa_blocked has shape \(1, 256, 32\); reference.to_blocked of the \[L, 256, K/16\]",
+            r"sfa_blocked has shape \(1, 256, 32\); the 128x4 blocked layout of the \[L, 256,",
         ),
         (lambda a, b, sa, sb: (a, b, sa, sb[:, :-4], 16), r"sfb_blocked has shape \(1, 4092\)"),
         (lambda a, b, sa, sb: (a, b, sa, sb, 16.0), "sf_vec_size=16.0 is not supported"),
@@ -1442,7 +1442,11 @@ def test_cli_and_python_api_use_the_same_pick(monkeypatch):
         args = bw._validated(bw.make_parser().parse_args(["--mnkl", ",".join(map(str, mnkl))]))
         assert (args.mma_tiler_mn, args.cluster_shape_mn) == bw.pick_tile_and_cluster(mnkl)
     picked = []
-    monkeypatch.setattr(bw, "_compiled_kernel", lambda *cfg: picked.append(cfg[2:4]))
+    monkeypatch.setattr(
+        bw,
+        "_compiled_kernel",
+        lambda config, *_: picked.append((config.mma_tiler_mn, config.cluster_shape_mn)),
+    )
     monkeypatch.setattr(bw, "_check_cuda_operands", lambda **_: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(bw, "PreparedGemm", lambda *_, **__: None)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import fp4_ops
+import fp4_ops.sm100
 import reference
 from fp4_ops import FP4Tensor
 
@@ -255,11 +256,11 @@ def test_ops_fake_kernels(fmt):
     vec = fp4_ops.FORMATS[fmt]
     for check in ("test_faketensor", "test_aot_dispatch_dynamic"):
         gemm_args = (a.data, a.scale, b.data, b.scale, alpha, vec, torch.bfloat16)
-        torch.library.opcheck(fp4_ops._gemm_op, gemm_args, test_utils=[check])
-        torch.library.opcheck(fp4_ops._quantize_op, (x3, vec, None), test_utils=[check])
+        torch.library.opcheck(fp4_ops.ops.gemm_op, gemm_args, test_utils=[check])
+        torch.library.opcheck(fp4_ops.ops.quantize_op, (x3, vec, None), test_utils=[check])
         w4a16_args = (x3[0].to(torch.bfloat16), b.data, b.scale, b.global_scale, vec)
         torch.library.opcheck(
-            fp4_ops._gemm_w4a16_op, (*w4a16_args, torch.float32, False), test_utils=[check]
+            fp4_ops.ops.gemm_w4a16_op, (*w4a16_args, torch.float32, False), test_utils=[check]
         )
 
 
@@ -462,11 +463,13 @@ def test_fp4_gemm_gpu_cuda_graph_reads_new_global_scales():
     with torch.cuda.stream(stream):  # first call (compile, workspace) on the capturing stream
         fp4_ops.fp4_gemm(a, b)
     torch.cuda.synchronize()
-    runners = len(fp4_ops._SM90_RUNNERS)
+    from fp4_ops.sm90 import launcher
+
+    runners = len(launcher._RUNNERS)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         d = fp4_ops.fp4_gemm(a, b)
-    assert len(fp4_ops._SM90_RUNNERS) == runners  # (later calls compile nothing)
+    assert len(launcher._RUNNERS) == runners  # (later calls compile nothing)
     graph.replay()
     torch.cuda.synchronize()
     _check_on_cpu(d, a, b, a.global_scale * b.global_scale)
@@ -503,58 +506,56 @@ def test_blackwell_dispatch_configuration_compiles(fmt, mnkl):
 
     vec = fp4_ops.FORMATS[fmt]
     sf_dtype = bw.SF_FORMATS[vec][0]
-    cfg = fp4_ops._sm100_config(*mnkl, vec, torch.bfloat16)
-    assert cfg["c_dtype"] == "BFloat16"
-    tiler, cluster = cfg["mma_tiler_mn"], cfg["cluster_shape_mn"]
-    assert bw.check_fp4_gemm_config(mnkl, vec, sf_dtype, cfg["c_dtype"], tiler, cluster) == []
+    tiler, cluster = bw.pick_tile_and_cluster(mnkl)
+    assert bw.check_fp4_gemm_config(mnkl, vec, sf_dtype, "BFloat16", tiler, cluster) == []
     if mnkl[0] == 1:
-        bw.compile_gemm(vec, sf_dtype, cfg["c_dtype"], tiler, cluster, 148)
+        bw.compile_gemm(vec, sf_dtype, "BFloat16", tiler, cluster, 148)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_blackwell_adapter_hands_the_kernel_alpha_and_out_dtype(monkeypatch, out_dtype):
-    """_gemm_sm100 through the real prepare_gemm (its CUDA-only checks, compile and stream
-    replaced; the kernel by a stand-in that writes a known D): the kernel's alpha pointer is the
-    op's alpha tensor, used in place (a replayed graph rereads it), D is written in out_dtype,
-    and the op gets D [L, M, N] contiguous, without the kernel's row padding."""
+    """The Blackwell backend through the template's real ``gemm`` (its CUDA-only checks, compile
+    and stream replaced; the kernel by a stand-in that writes a known D): the kernel's alpha
+    pointer is the op's alpha tensor, used in place (a replayed graph rereads it), D is written in
+    out_dtype at the address the kernel gets, and the op gets D [L, M, N] contiguous, without the
+    kernel's row padding."""
     import contextlib
     from types import SimpleNamespace
 
     import blockwise_gemm_fp4 as bw
 
-    calls = []
+    calls, outputs = [], []
 
     def kernel(**kwargs):
         calls.append(kwargs)
-        padded = launches[-1].d_padded
-        padded.copy_(torch.arange(padded.numel()).reshape(padded.shape))
+        d = outputs[-1]
+        d.copy_(torch.arange(d.numel()).reshape(d.shape))
 
-    launches = []
-    prepare = bw.prepare_gemm
+    empty_d = bw.empty_d
 
-    def recording_prepare(*args, **kwargs):
-        launch, d = prepare(*args, **kwargs)
-        launches.append(launch)
-        return launch, d
+    def recording_empty_d(*args):
+        outputs.append(empty_d(*args))
+        return outputs[-1]
 
-    monkeypatch.setattr(bw, "prepare_gemm", recording_prepare)
+    monkeypatch.setattr(bw, "empty_d", recording_empty_d)
     monkeypatch.setattr(bw, "_check_cuda_operands", lambda **_: None)
     monkeypatch.setattr(bw, "_compiled_kernel", lambda *_: kernel)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=5))
     monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
     a, b = _pair(m=20, n=34, k=64)  # N 34: rows padded to 16 bytes (40 or 36 elements)
     alpha = torch.tensor(0.625)
-    d = fp4_ops._gemm_sm100(
+    d = fp4_ops.sm100.gemm_for_ops(
         a.data[None], b.data[None], a.scale[None], b.scale[None], 16, alpha, out_dtype
     )
     (args,) = calls
     assert int(args["alpha_ptr"].__tvm_ffi_opaque_ptr__()) == alpha.data_ptr()
+    (written,) = outputs
+    assert int(args["c_ptr"].__tvm_ffi_opaque_ptr__()) == written.data_ptr()
     kernel_dtypes = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
     assert args["c_ptr"].dtype.__name__ == kernel_dtypes[out_dtype]
-    padded = launches[0].d_padded
-    assert padded.shape[-1] > 34 and padded.dtype == out_dtype
+    assert written.stride(1) > 34 and written.dtype == out_dtype
     assert d.shape == (1, 20, 34) and d.dtype == out_dtype and d.is_contiguous()
-    assert torch.equal(d, padded[..., :34])
+    assert torch.equal(d, torch.arange(20 * 34).reshape(1, 20, 34).to(out_dtype))
 
 
 # ----------------------------------------------------------------------------- W4A16

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Tests of the Hopper (sm_90a) NVFP4 / MXFP4 GEMM, hopper/blockwise_gemm_fp4_sm90.py, and its
-torch-facing runner, hopper/runner.py.
+"""Tests of the Hopper (sm_90a) NVFP4 / MXFP4 GEMM, fp4_ops/sm90/gemm.py, its torch-facing
+runner, fp4_ops/sm90/launcher.py, and its command line, fp4_ops/sm90/cli.py.
 
 CPU (any machine, CI): cross-compile several configurations for sm_90a and check the PTX and
 SASS (TMA loads, F16 / BF16 wgmma with FP32 accumulation, the conversion constants, no local
@@ -15,7 +15,6 @@ CTAs with several work units.
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import re
@@ -25,14 +24,14 @@ import sys
 
 import pytest
 
-import blockwise_gemm_fp4 as k100
-from hopper import blockwise_gemm_fp4_sm90 as k90
-from hopper import fp4_dequant as dq
-from hopper import k_order
-from hopper import runner as r90
+from fp4_ops import devtools
+from fp4_ops.sm90 import cli, k_order
+from fp4_ops.sm90 import dequant as dq
+from fp4_ops.sm90 import gemm as k90
+from fp4_ops.sm90 import launcher as r90
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "hopper", "blockwise_gemm_fp4_sm90.py")
+SCRIPT = ("-m", "fp4_ops.sm90")
 
 
 def _has_sm90() -> bool:
@@ -185,7 +184,7 @@ def test_cross_compile_sm90a(cfg, tmp_path):
     acc_scale = "0f" + struct.pack(">f", 2.0**14).hex().upper()
     assert re.search(rf"mul\.f32\s+%r\d+, %r\d+, {acc_scale};", gemm_ptx) or ab != "f16"
     assert (acc_scale in gemm_ptx) == (ab == "f16")
-    tool = k90.find_cuobjdump()
+    tool = devtools.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
@@ -960,7 +959,7 @@ def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
 
 
 def test_default_config_paths():
-    """The picks that hopper/DESIGN.md measured, one rule of ``default_config`` at a time."""
+    """The picks that docs/sm90_design.md measured, one rule of ``default_config`` at a time."""
     assert k90.default_config(1, 8192, 8192, 1)[0] == "decode"
     assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
     assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2, 1)
@@ -1017,7 +1016,7 @@ def test_default_config_paths():
         (["--split_k", "3"], ("decode", (8, 64), 3, 1)),
         (["--k_groups", "2"], ("decode", (8, 64), 1, 2)),
     ):
-        args = k90._validated(k90.make_parser().parse_args(["--mnkl", "1,7168,2048,1", *argv]))
+        args = cli._validated(cli.make_parser().parse_args(["--mnkl", "1,7168,2048,1", *argv]))
         assert (args.path, args.mma_tiler_mn, args.split_k, args.k_groups) == want
     for m in (1, 16, 32, 100, 128, 129, 2048, 4096):
         path, tiler, split, k_groups = k90.default_config(m, 7168, 2048, 1)
@@ -1051,7 +1050,7 @@ def test_default_config_picks_pass_the_checks():
 
 def _cli(*args):
     return subprocess.run(
-        [sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+        [sys.executable, *SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, timeout=600
     )
 
 
@@ -1074,7 +1073,7 @@ def _cli(*args):
 def test_cli_bad_input_exits_2(args, message, tmp_path, capsys):
     """Bad input: exit 2 with a message naming what is wrong (argparse's own or ours)."""
     try:
-        code = k90.main([*args, "--compile_only", "--dump_dir", str(tmp_path)])
+        code = cli.main([*args, "--compile_only", "--dump_dir", str(tmp_path)])
     except SystemExit as exit_:
         code = exit_.code
     assert code == 2
@@ -1084,13 +1083,13 @@ def test_cli_bad_input_exits_2(args, message, tmp_path, capsys):
 def test_cli_unusable_dump_dir_exits_2(tmp_path, capsys):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("")
-    assert k90.main(["--mnkl", "16,4096,4096,1", "--compile_only", "--dump_dir", str(blocker)]) == 2
+    assert cli.main(["--mnkl", "16,4096,4096,1", "--compile_only", "--dump_dir", str(blocker)]) == 2
     assert "cannot create the folder" in capsys.readouterr().err
     locked = tmp_path / "read_only"
     locked.mkdir(mode=0o500)
     if os.access(locked, os.W_OK):
         pytest.skip("this user can write into a read-only folder (root)")
-    assert k90.main(["--mnkl", "16,4096,4096,1", "--compile_only", "--dump_dir", str(locked)]) == 2
+    assert cli.main(["--mnkl", "16,4096,4096,1", "--compile_only", "--dump_dir", str(locked)]) == 2
     assert "is not writable" in capsys.readouterr().err
 
 
@@ -1098,7 +1097,7 @@ def test_cli_compile_only_without_deprecation_warnings(tmp_path):
     """The script compiles on a machine without a GPU, prints the GEMM kernel's resources, and
     the DSL raises no DeprecationWarning on the way (an error here)."""
     r = subprocess.run(
-        [sys.executable, "-W", "error::DeprecationWarning", SCRIPT]
+        [sys.executable, "-W", "error::DeprecationWarning", *SCRIPT]
         + ["--mnkl", "16,8192,8192,1", "--compile_only", "--dump_dir", str(tmp_path)],
         capture_output=True,
         text=True,
@@ -1110,39 +1109,6 @@ def test_cli_compile_only_without_deprecation_warnings(tmp_path):
     assert "kernel: kernel_cutlass_kernel" in r.stdout, r.stdout
     for needle in ("registers per thread:", "local memory per thread: 0", "pipeline stages:"):
         assert needle in r.stdout, r.stdout
-
-
-def test_module_imports_without_path_edits():
-    """``from hopper import ...`` works from the repository root and changes no sys.path."""
-    code = (
-        "import sys; before = list(sys.path); "
-        "from hopper.blockwise_gemm_fp4_sm90 import BlockwiseGemmFp4Sm90; "
-        "import hopper.runner, hopper.bench; assert sys.path == before, sys.path"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-
-
-def test_helpers_shared_with_the_blackwell_file_are_identical():
-    """The helpers both kernel files carry (CLI integer parsing, cuobjdump and the cubin's
-    resources, timing, cold-L2 copies, the torch dtype map, the GPU check) are the same code."""
-    for name in (
-        "find_cuobjdump",
-        "cubin_resource_usage",
-        "_parse_ints",
-        "UsageError",
-        "time_us",
-        "_call",
-        "operand_sets",
-    ):
-        assert inspect.getsource(getattr(k90, name)) == inspect.getsource(getattr(k100, name))
-    # The GPU check differs in its name only; each file's GPU_ARCHS says what its cubin runs on.
-    blackwell_gpu = inspect.getsource(k100._blackwell_gpu).replace("_blackwell_gpu", "_hopper_gpu")
-    assert inspect.getsource(k90._hopper_gpu) == blackwell_gpu
-    assert k90.GPU_ARCHS == {k90.DEFAULT_GPU_ARCH: ((9, 0),)}
-    dtype_map = '{"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}'
-    assert dtype_map in inspect.getsource(k100.prepare_gemm)
-    assert dtype_map in inspect.getsource(k90._torch_dtype)
 
 
 @pytest.mark.skipif(_has_sm90(), reason="this machine has an sm_90 GPU")
@@ -1242,7 +1208,7 @@ def test_gpu_matches_reference(case):
         ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist=dist)
         alpha = float(ops.alpha) * alpha_factor
         sfa, sfb = r90.blocked_scales(ops.sfa), r90.blocked_scales(ops.sfb)
-        d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
+        d, guarded = _nan_filled_d((l, m, n), k90.torch_dtype(c_dtype))
         runs.append((ops, alpha, sfa, sfb, d, guarded))
     # compile the kernel variant for this N and allocate the workspace first, so that the two
     # launches below are queued back to back
@@ -1386,7 +1352,7 @@ def test_gpu_splitk_is_bitwise_deterministic(case):
     )
     outs = []
     for ops in (x, y, x):
-        d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
+        d, guarded = _nan_filled_d((l, m, n), k90.torch_dtype(c_dtype))
         sfa, sfb = r90.blocked_scales(ops.sfa), r90.blocked_scales(ops.sfb)
         runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, float(ops.alpha))
         outs.append((ops, d, guarded))
@@ -1401,7 +1367,7 @@ def test_gpu_splitk_is_bitwise_deterministic(case):
 
 _B = 2.0**25
 # Partials of one output per k-tile (1, +-2^25 or 0) and the fp32 sum in the documented order
-# (hopper/DESIGN.md, "Split-K and K groups"): the split-K fix-up adds the splits' partials in
+# (docs/sm90_design.md, "Split-K and K groups"): the split-K fix-up adds the splits' partials in
 # split order from 0 (0 + p0 + p1 + ...), group 0 adds the K groups' in group order. The exact
 # sum is 1; 2^25 + 1 rounds to 2^25 and -2^25 + 1 to -2^25 (ties to even), so only that order
 # gives these values.
@@ -1511,9 +1477,9 @@ def test_gpu_cli_small(config):
 
 
 def test_bench_table_flags_a_failed_check():
-    """``hopper.bench`` prints every measured row, the speed-up over cuBLAS BF16, and marks a
+    """``benchmarks.sm90`` prints every measured row, the speed-up over cuBLAS BF16, and marks a
     row whose result did not match the reference."""
-    from hopper import bench
+    from benchmarks import sm90 as bench
 
     ours = dict(us=10.0, tflops=1.0, gbps=100.0, roof_pct=50.0, check=True)
     rows = [
@@ -1580,7 +1546,7 @@ def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
     scales = {2.0**7: a_dtype == "Float16", 2.0**8: prescaled, 2.0**14: False}
     for value, present in scales.items():
         assert (("0f" + struct.pack(">f", value).hex().upper()) in gemm_ptx) == present, value
-    tool = k90.find_cuobjdump()
+    tool = devtools.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
@@ -1710,7 +1676,7 @@ def _w4a16_operands(m, n, k, l, vec, a_dtype, seed, dist="wide"):  # noqa: E741
     gen = torch.Generator(device="cuda").manual_seed(seed)
     act = torch.randn((l, m, k), generator=gen, device="cuda")
     act = act * torch.exp2(torch.randint(-8, 8, (l, m, k), generator=gen, device="cuda"))
-    return act.to(k90._torch_dtype(a_dtype)), ops
+    return act.to(k90.torch_dtype(a_dtype)), ops
 
 
 @gpu
@@ -1730,7 +1696,7 @@ def test_gpu_w4a16_matches_reference(case):
     for seed in (m + n + k, m + n + k + 1):
         a, ops = _w4a16_operands(m, n, k, l, vec, a_dtype, seed, dist)
         alpha = float(ops.alpha) * alpha_factor
-        d, guarded = _nan_filled_d((l, m, n), k90._torch_dtype(c_dtype))
+        d, guarded = _nan_filled_d((l, m, n), k90.torch_dtype(c_dtype))
         runs.append((a, ops, k_order.prepack_weights(ops.b), alpha, d, guarded))
     runner.executor(n)
     runner.workspace(m, n, k, l)

@@ -13,8 +13,8 @@ import subprocess
 import pytest
 import torch
 
-import quantize_fp4
 import reference
+from fp4_ops import quantizer as quantize_fp4
 
 # (in_dtype, sf_vec_size, dynamic)
 CONFIGS = [("BFloat16", 16, True), ("Float16", 16, False), ("Float32", 32, False)]

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Single-line mutants of blockwise_gemm_fp4.py, and of fp4_ops.py's Blackwell adapter, for the
-mutation harness (tools/mutate.py).
+"""Single-line mutants of blockwise_gemm_fp4.py, and of fp4_ops/sm100.py (its Blackwell adapter),
+for the mutation harness (tools/mutate.py).
 
 Each mutant is a realistic one-line bug: ``old`` (exact text, unique in ``file``) becomes
 ``new``; ``tests`` are the pytest arguments that must catch it on a machine without a GPU.
@@ -220,32 +220,32 @@ MUTANTS = [
         id="launch-sfa-on-sfb-pointer",
         klass="launch arguments",
         file="blockwise_gemm_fp4.py",
-        old="sfa_ptr=ptr(SF_DTYPES[sf_dtype], sfa_blocked),",
-        new="sfa_ptr=ptr(SF_DTYPES[sf_dtype], sfb_blocked),",
+        old="sfa_ptr=ptr(sf_dtype, sfa_blocked),",
+        new="sfa_ptr=ptr(sf_dtype, sfb_blocked),",
         tests=[_T, "-k", "launch_arguments"],
     ),
     dict(
         id="launch-sfb-on-sfa-pointer",
         klass="launch arguments",
         file="blockwise_gemm_fp4.py",
-        old="sfb_ptr=ptr(SF_DTYPES[sf_dtype], sfb_blocked),",
-        new="sfb_ptr=ptr(SF_DTYPES[sf_dtype], sfa_blocked),",
+        old="sfb_ptr=ptr(sf_dtype, sfb_blocked),",
+        new="sfb_ptr=ptr(sf_dtype, sfa_blocked),",
         tests=[_T, "-k", "launch_arguments"],
     ),
     dict(
         id="launch-m-n-swapped",
         klass="launch arguments",
         file="blockwise_gemm_fp4.py",
-        old="mnkl=(m, n, k, l),",
-        new="mnkl=(n, m, k, l),",
+        old="problem_mnkl=tuple(cutlass.Int32(v) for v in mnkl),",
+        new="problem_mnkl=tuple(cutlass.Int32(v) for v in (mnkl[1], mnkl[0], *mnkl[2:])),",
         tests=[_T, "-k", "launch_arguments"],
     ),
     dict(
         id="launch-operands-not-kept",
         klass="launch arguments",
         file="blockwise_gemm_fp4.py",
-        old="self.operands = (a, b, sfa_blocked, sfb_blocked)",
-        new="self.operands = ()",
+        old="operands = (a, b, sfa_blocked, sfb_blocked)",
+        new="operands = ()",
         tests=[_T, "-k", "holds_every_operand"],
     ),
     dict(
@@ -277,9 +277,9 @@ MUTANTS = [
         id="alpha-tensor-copied",
         klass="alpha",
         file="blockwise_gemm_fp4.py",
-        old='raise ValueError(f"alpha is on {alpha.device}, a is on {device}")\n    return alpha\n',
-        new='raise ValueError(f"alpha is on {alpha.device}, a is on {device}")\n'
-        "    return alpha.clone()\n",
+        old="isinstance(alpha, torch.Tensor):\n        _check_alpha_tensor(alpha, a.device)\n",
+        new="isinstance(alpha, torch.Tensor):\n        _check_alpha_tensor(alpha, a.device)\n"
+        "        alpha = alpha.clone()\n",
         tests=[_T, "-k", "alpha_from_the_callers"],
     ),
     dict(
@@ -293,24 +293,24 @@ MUTANTS = [
     dict(
         id="ops-blackwell-alpha-one",
         klass="alpha",
-        file="fp4_ops.py",
-        old="sf_vec_size, alpha=alpha, **config",
-        new="sf_vec_size, alpha=1.0, **config",
+        file="fp4_ops/sm100.py",
+        old="blockwise_gemm_fp4.gemm(a, b, sfa, sfb, alpha.reshape(1), d)",
+        new="blockwise_gemm_fp4.gemm(a, b, sfa, sfb, alpha.reshape(1) * 0 + 1, d)",
         tests=[_OPS, "-k", "blackwell_adapter"],
     ),
     dict(
         id="ops-blackwell-fp32-d",
         klass="alpha",
-        file="fp4_ops.py",
-        old="config = _sm100_config(m, n, 2 * half_k, l, sf_vec_size, out_dtype)",
-        new="config = _sm100_config(m, n, 2 * half_k, l, sf_vec_size, torch.float32)",
+        file="fp4_ops/sm100.py",
+        old="d = blockwise_gemm_fp4.empty_d(l, m, n, DSL_DTYPE_NAMES[out_dtype], a.device)",
+        new='d = blockwise_gemm_fp4.empty_d(l, m, n, "Float32", a.device)',
         tests=[_OPS, "-k", "blackwell_adapter"],
     ),
     dict(
         id="ops-blackwell-padded-d",
         klass="alpha",
-        file="fp4_ops.py",
-        old="return d.contiguous()",
+        file="fp4_ops/sm100.py",
+        old="return d if d.is_contiguous() else d.contiguous()",
         new="return d",
         tests=[_OPS, "-k", "blackwell_adapter"],
     ),

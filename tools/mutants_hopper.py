@@ -1,12 +1,12 @@
-"""Single-line mutants of hopper/blockwise_gemm_fp4_sm90.py, runner.py, fp4_dequant.py and
+"""Single-line mutants of fp4_ops/sm90/gemm.py, launcher.py, dequant.py and
 k_order.py: small, realistic bugs, each of which tests/test_hopper.py must catch, on the CPU or
 (``GPU`` in ``tests``: the ``-m gpu`` tests) on an H100 / H200 only. Keep every ``old`` text
 current as the kernel changes (it must occur exactly once in its file)."""
 
-FILE = "hopper/blockwise_gemm_fp4_sm90.py"
-RUNNER = "hopper/runner.py"
-DEQUANT = "hopper/fp4_dequant.py"
-K_ORDER = "hopper/k_order.py"
+FILE = "fp4_ops/sm90/gemm.py"
+RUNNER = "fp4_ops/sm90/launcher.py"
+DEQUANT = "fp4_ops/sm90/dequant.py"
+K_ORDER = "fp4_ops/sm90/k_order.py"
 TEST = "tests/test_hopper.py"
 # the CPU tests that run the kernel's conversion helpers and index math
 CONVERSIONS = "permutation or conversion_helpers or blocked_scale"
@@ -446,7 +446,7 @@ MUTANTS = [
     mutant(
         "h-runner-w4a16-weights-unpadded",
         "runner checks",
-        "l * n * _round_up(k, K_BLOCK) // 2",
+        "l * n * round_up(k, K_BLOCK) // 2",
         "l * n * k // 2",
         "operand_reasons",
         file=RUNNER,
@@ -470,7 +470,7 @@ MUTANTS = [
     mutant(
         "h-runner-copy-k-unpadded",
         "runner workspace",
-        "k_pad = _round_up(k, K_BLOCK)",
+        "k_pad = round_up(k, K_BLOCK)",
         "k_pad = k",
         "converted_shapes",
         file=RUNNER,

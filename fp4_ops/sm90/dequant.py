@@ -19,7 +19,7 @@ import cutlass
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import Int32, Int64, Uint32, Uint64, dsl_user_op
 
-from hopper.k_order import pair_k
+from fp4_ops.sm90.k_order import pair_k
 
 # BF16 bit patterns of 2^126 and 2^120 and F16 bit pattern of 2^7, in both halves.
 BF16X2_2POW126 = 0x7E807E80

@@ -8,16 +8,16 @@ What it computes
 
 with the operands of the Blackwell kernel (``blockwise_gemm_fp4.py``): A [M, K/2, L] and
 B [N, K/2, L] packed FP4 bytes, K-major; SFA / SFB in the 128x4 blocked layout of
-``reference.to_blocked``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 = Float8E8M0FNU per
+``fp4_ops.layout``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 = Float8E8M0FNU per
 32; alpha one fp32 in device memory; D BFloat16 / Float16 / Float32, row-major [M, N] per batch
 (row pitch N). W4A16 (``a_dtype``): A is BF16 / F16 [M, K, L] without scales, and B went
 through ``k_order.prepack_weights`` (each 64-wide k-block permuted once, so that the dequantized
 weights come out in plain K order). Hopper has no FP4 tensor cores: FP4 is dequantized exactly
-to F16 or BF16 (every e2m1 x scale product is representable; ``hopper/fp4_dequant.py`` holds
+to F16 or BF16 (every e2m1 x scale product is representable; ``fp4_ops/sm90/dequant.py`` holds
 the conversions) and the tensor cores run F16 / BF16 ``wgmma`` with FP32 accumulation, so D
-equals ``reference.reference_gemm`` (``reference_gemm_w4a16``) up to the order of the fp32 sums.
+equals the exact GEMM of ``reference.py`` (the test oracle) up to the order of the fp32 sums.
 
-The two paths (picked by ``default_config``; hopper/DESIGN.md has the evidence)
+The two paths (picked by ``default_config``; docs/sm90_design.md has the evidence)
 -----------------------------------------------------------------------------
     =======  =======  ==========================  ===========================================
     path     M        kernel A / kernel B          mainloop
@@ -65,25 +65,23 @@ Constraints (``check_fp4_gemm_config`` explains each refusal)
   2^114); 32-bit offsets: every tensor, copy and scale array below 2^31 elements. MXFP4 W4A16
   needs BF16 activations (E8M0 exceeds F16).
 * Operands contiguous and 16-byte aligned (TMA); the blocked scales' padding holds zeros, as
-  ``reference.to_blocked`` writes it. An E8M0 NaN scale (255) reads as +inf.
-* ``hopper/runner.py`` keeps a workspace per shape and stream (split-K partials, converted copies).
+  ``fp4_ops.layout.to_blocked`` writes it. An E8M0 NaN scale (255) reads as +inf.
+* ``fp4_ops.sm90.launcher`` keeps a workspace per shape and stream (split-K partials and the
+  converted copies).
 
 Run
 ---
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 8192,8192,8192,1     # H200 (H100: untested)
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --sf_vec_size 32
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 16,8192,8192,1 --a_dtype BFloat16  # W4A16
-    python hopper/blockwise_gemm_fp4_sm90.py --mnkl 1,8192,8192,1 --compile_only  # any machine
+    python -m fp4_ops.sm90 --mnkl 8192,8192,8192,1     # H200 (H100: untested)
+    python -m fp4_ops.sm90 --mnkl 16,8192,8192,1 --sf_vec_size 32
+    python -m fp4_ops.sm90 --mnkl 16,8192,8192,1 --a_dtype BFloat16  # W4A16
+    python -m fp4_ops.sm90 --mnkl 1,8192,8192,1 --compile_only  # any machine
 """
 
 from __future__ import annotations
 
-import argparse
 import enum
 import math
-import os
 import struct
-import sys
 from dataclasses import dataclass
 
 import cutlass
@@ -95,11 +93,9 @@ from cutlass.cute.nvgpu.warpgroup import OperandSource
 from cutlass.cutlass_dsl import Int32, Int64, Uint32
 from cutlass.tensor_utils import LayoutEnum
 
-if not __package__:
-    # run as a script: the repository root makes ``hopper`` and ``reference`` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hopper import fp4_dequant as dq  # noqa: E402
-from hopper import k_order  # noqa: E402
+from fp4_ops.layout import blocked_scale_numel, round_up
+from fp4_ops.sm90 import dequant as dq
+from fp4_ops.sm90 import k_order
 
 # NOTE: sm_90 limits: 227 KiB of dynamic SMEM per CTA, 228 KiB and 64K registers per SM.
 SM90_SMEM_CAPACITY = 232448
@@ -138,17 +134,17 @@ SF_ATOM_BYTES = 512
 DECODE_CONVERT_MAX_REGS = 32
 # 16-byte chunks in one converted 64-wide k-block row (64 x 2 bytes)
 CHUNKS_PER_KBLOCK = 8
-# Ring depth caps (hopper/DESIGN.md): decode at most 6 stages, 8 with K groups.
+# Ring depth caps (docs/sm90_design.md): decode at most 6 stages, 8 with K groups.
 MAX_STAGES = 12
 DECODE_MAX_STAGES = 6
 DECODE_K_GROUP_MAX_STAGES = 8
 # default_config: consumer warpgroup groups of the one-wave K-group configuration
 DECODE_K_GROUPS = 4
 # default_config: the fixed cost of a decode work unit (fix-up and store), in weight rows x
-# k-tiles of 128 (hopper/DESIGN.md)
+# k-tiles of 128 (docs/sm90_design.md)
 UNIT_COST = 384
 # default_config, W4A16 decode: the busiest SM's units count at least this much each (its CTAs
-# share the issue slots; hopper/DESIGN.md)
+# share the issue slots; docs/sm90_design.md)
 W4A16_SM_SHARE = 0.75
 # default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
@@ -177,8 +173,8 @@ def scale_column(j, q, sf_vec_size: int):
 
 def blocked_sf_byte(row, col, atoms_k):
     """Byte of scale (row, col) in 128x4 atoms stored row-block-major with ``atoms_k`` atoms per
-    row block (``reference.to_blocked``): atom byte of (r, c) is (r % 32) * 16 + (r // 32 % 4) * 4
-    + c % 4.  Python or DSL integers."""
+    row block (``fp4_ops.layout``): atom byte of (r, c) is (r % 32) * 16 + (r // 32 % 4) * 4 +
+    c % 4.  Python or DSL integers."""
     atom = (row // SF_ATOM_ROWS) * atoms_k + col // SF_ATOM_COLS
     r = row % SF_ATOM_ROWS
     return atom * SF_ATOM_BYTES + (r % 32) * 16 + (r // 32) * 4 + col % SF_ATOM_COLS
@@ -186,7 +182,7 @@ def blocked_sf_byte(row, col, atoms_k):
 
 def blocked_sf_word(batch, row, col0, row_blocks, atoms_k):
     """Byte of the aligned 32-bit word holding scale columns col0 - col0 % 4 .. + 3 of ``row``
-    of batch ``batch`` in ``reference.to_blocked``'s layout (``row_blocks`` x ``atoms_k``
+    of batch ``batch`` in ``fp4_ops.layout.to_blocked``'s layout (``row_blocks`` x ``atoms_k``
     atoms per batch).  Python or DSL integers."""
     r = row % SF_ATOM_ROWS
     return (
@@ -219,10 +215,6 @@ def _tma_partition(atom, smem, gmem, box_modes: int, cta=0, cta_layout=None):
     )
 
 
-def _round_up(x, multiple):
-    return (x + multiple - 1) // multiple * multiple
-
-
 def _swizzle64(offset):
     # NOTE: TMA / wgmma 64B swizzle on byte offsets from a 512B-aligned base.
     return offset ^ ((offset >> 3) & 0x30)
@@ -243,7 +235,7 @@ def default_config(
 ):
     """(path, mma_tiler_mn, split_k, k_groups) for a problem; ``path`` given: that path's
     tile, split and K groups; ``allow_k_groups`` False: the pick without K groups (the CLI's
-    base when the tile or the split is given).  The evidence for each rule: hopper/DESIGN.md.
+    base when the tile or the split is given).  The evidence for each rule: docs/sm90_design.md.
 
     * M <= DECODE_MAX_M (and a padded token copy within the 32-bit offsets): decode, token tile
       the next power of two >= M in 8..128.  Work units (tiles x K splits) are dealt statically
@@ -265,7 +257,7 @@ def default_config(
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
         # (W4A4: the decode path's padded token copy within the 32-bit offsets)
-        token_copy = decode_token_rows(m, cols) * _round_up(k, K_BLOCK) * l
+        token_copy = decode_token_rows(m, cols) * round_up(k, K_BLOCK) * l
         fits = token_copy < 2**31 or a_dtype != W4A4
         path = "decode" if m <= DECODE_MAX_M and fits else "prefill"
     if path != "decode":
@@ -322,7 +314,7 @@ def default_cluster(path: str) -> tuple[int, int]:
 def occupancy(path: str, mma_tiler_mn: tuple[int, int], k_groups: int = 1) -> int:
     """CTAs per SM: 2 for decode tiles of <= 64 tokens with up to two consumer warpgroups (their
     consumers fit in 104 registers), so that two CTAs hide each other's per-k-block latency
-    (SMEM load -> convert -> wgmma); 1 otherwise (hopper/DESIGN.md)."""
+    (SMEM load -> convert -> wgmma); 1 otherwise (docs/sm90_design.md)."""
     rows, cols = kernel_tile(path, mma_tiler_mn)
     return 2 if path == "decode" and cols <= 64 and rows // 64 * k_groups <= 2 else 1
 
@@ -344,16 +336,14 @@ def epilogue_staging_fits(path: str, mma_tiler_mn: tuple[int, int], split_k: int
 def decode_token_rows(m, tile_cols):
     """Rows of decode's converted token copy: the M tokens rounded up to whole token tiles.
 
-    NOTE: TMA boxes running past a tensor's last row are slow (hopper/DESIGN.md); the padding
+    NOTE: TMA boxes running past a tensor's last row are slow (docs/sm90_design.md); the padding
     rows are never written and reach only columns of D^T past M, which are not stored."""
-    return _round_up(m, tile_cols)
+    return round_up(m, tile_cols)
 
 
 def blocked_sf_bytes(rows: int, k: int, l: int, sf_vec_size: int) -> int:  # noqa: E741
-    """Bytes of one operand's scales in the 128x4 blocked layout: rows padded to 128, scale
-    columns (K / sf_vec_size) to 4, per batch."""
-    sf_cols = -(-(k // sf_vec_size) // SF_ATOM_COLS) * SF_ATOM_COLS
-    return l * -(-rows // SF_ATOM_ROWS) * SF_ATOM_ROWS * sf_cols
+    """Bytes of one operand's scales in the 128x4 blocked layout, all batches."""
+    return l * blocked_scale_numel(rows, k, sf_vec_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,7 +395,7 @@ def problem_reasons(
         return reasons
     # NOTE: tensor offsets are 32-bit: D, packed A and B, the blocked scales and the F16 / BF16
     # copies (K rounded up to 64; decode pads the token rows) each hold fewer than 2^31 elements.
-    k_pad = _round_up(k, K_BLOCK)
+    k_pad = round_up(k, K_BLOCK)
     extents = [("M*N*L", m * n * l), ("M*K/2*L", m * k // 2 * l), ("N*K/2*L", n * k // 2 * l)]
     if sf_vec_size in SF_FORMATS:
         for name, rows in (("SFA", m), ("SFB", n)):
@@ -676,7 +666,7 @@ class BlockwiseGemmFp4Sm90:
         self.prologue_pdl = self._prologue_pdl(launch_regs)
         self.acc_dtype = cutlass.Float32
         # W4A4: NVFP4 on decode runs F16 wgmma (a cheaper exact conversion in the mainloop);
-        # MXFP4, and prefill (converted once per launch), BF16 (hopper/DESIGN.md).  W4A16: the
+        # MXFP4, and prefill (converted once per launch), BF16 (docs/sm90_design.md).  W4A16: the
         # activations' type.
         self.f16 = a_dtype == "Float16" if self.w4a16 else sf_vec_size == 16 and path == "decode"
         self.mma_dtype = cutlass.Float16 if self.f16 else cutlass.BFloat16
@@ -691,7 +681,7 @@ class BlockwiseGemmFp4Sm90:
         """Whether ``convert_operands`` is PDL-launched too, so that it starts within the tail
         of the GEMM ahead of it: decode tiles of <= 32 tokens x 128 rows or <= 16 x 64 rows at
         two CTAs per SM, and K groups of <= 32 tokens where a prologue CTA fits beside the
-        GEMM's CTA (hopper/DESIGN.md)."""
+        GEMM's CTA (docs/sm90_design.md)."""
         if self.path != "decode" or not self.convert_b:
             return False
         if self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16):
@@ -781,7 +771,7 @@ class BlockwiseGemmFp4Sm90:
 
     def _compute_stages(self) -> int:
         """Ring stages of ``tx_bytes`` that fit next to the D subtiles and the K groups' parked
-        accumulators at ``occupancy`` CTAs per SM, capped (hopper/DESIGN.md).
+        accumulators at ``occupancy`` CTAs per SM, capped (docs/sm90_design.md).
 
         NOTE: with K groups the ring holds a multiple of k_groups stages, each owned by one
         group: mbarrier waits test a phase's parity, so a group must see every fill of a stage.
@@ -1754,7 +1744,7 @@ class BlockwiseGemmFp4Sm90:
 
 
 # ---------------------------------------------------------------------------------------------
-# Output tiles and compilation (the torch-facing runner: hopper/runner.py)
+# Output tiles and compilation (the torch-facing runner: fp4_ops.sm90.launcher)
 # ---------------------------------------------------------------------------------------------
 def output_tiles(rows, cols, l, tile_rows, tile_cols, cluster_m):  # noqa: E741
     """(row tiles, col tiles, tiles) of the kernel's output, on the host
@@ -1805,13 +1795,13 @@ def compile_gemm(
         sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, a_dtype
     )
     # placeholder addresses: compilation only needs the element types and alignments
-    ptrs = _gmem_pointers(gemm, c_dtype, [0] * 9)
+    ptrs = gmem_pointers(gemm, c_dtype, [0] * 9)
     problem, stream = (Int32(1),) * 4, cuda_driver.CUstream(0)
     compiled = cute.compile(gemm, *ptrs, problem, num_sms, stream, options=options)
     return gemm, compiled
 
 
-def _gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:
+def gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:
     """The kernel's pointers (A, B, SFA, SFB, D, workspace, converted B, converted A: 16-byte
     aligned; alpha: one fp32) at ``addresses``."""
     from cutlass.cute.runtime import make_ptr
@@ -1826,369 +1816,7 @@ def _gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:
     ]
 
 
-def _torch_dtype(c_dtype: str):
+def torch_dtype(c_dtype: str):
     import torch
 
     return {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}[c_dtype]
-
-
-# ---------------------------------------------------------------------------------------------
-# The command line
-# ---------------------------------------------------------------------------------------------
-def find_cuobjdump() -> str | None:
-    """cuobjdump from PATH, or from the ``nvidia-cuda-cuobjdump`` wheel."""
-    import glob
-    import shutil
-    import sysconfig
-
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    pattern = os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "*", "bin", "cuobjdump")
-    matches = sorted(glob.glob(pattern))
-    return matches[0] if matches else None
-
-
-def cubin_resource_usage(cubin_path: str) -> dict[str, int | str]:
-    """Name, REG, STACK, SHARED, LOCAL of the kernel in a cubin (``cuobjdump -res-usage``)."""
-    import re
-    import subprocess
-
-    tool = find_cuobjdump()
-    if tool is None:
-        raise FileNotFoundError("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
-    text = subprocess.run(
-        [tool, "-res-usage", cubin_path], capture_output=True, text=True, check=True
-    ).stdout
-    found = re.search(r"Function (\S+):\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
-    if found is None:
-        raise RuntimeError(f"no resource usage in cuobjdump output:\n{text}")
-    name, *counts = found.groups()
-    usage: dict[str, int | str] = {"name": name}
-    usage.update(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, counts), strict=True))
-    return usage
-
-
-def _parse_ints(text: str, count: int, flag: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{flag} expects {count} comma-separated integers"
-        ) from None
-    if len(values) != count:
-        raise argparse.ArgumentTypeError(f"{flag} expects {count} integers, got {text!r}")
-    return values
-
-
-def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="NVFP4/MXFP4 GEMM for Hopper (sm_90a): exact dequantization, F16/BF16 wgmma."
-    )
-    parser.add_argument(
-        "--mnkl", type=lambda s: _parse_ints(s, 4, "--mnkl"), default=(8192, 8192, 8192, 1)
-    )
-    parser.add_argument("--path", choices=("auto",) + PATHS, default="auto")
-    parser.add_argument(
-        "--mma_tiler_mn",
-        type=lambda s: _parse_ints(s, 2, "--mma_tiler_mn"),
-        default=None,
-        help="output tile M,N (decode: M = tokens, N = weight rows); default: default_config",
-    )
-    parser.add_argument(
-        "--cluster_shape_mn",
-        type=lambda s: _parse_ints(s, 2, "--cluster_shape_mn"),
-        default=None,
-        help="CTAs per cluster along M,N; default: 2,1 on prefill, 1,1 on decode",
-    )
-    parser.add_argument("--split_k", type=int, default=None, help="default: default_config")
-    parser.add_argument(
-        "--k_groups",
-        type=int,
-        default=None,
-        help="decode: groups of consumer warpgroups splitting K in a CTA; default: default_config",
-    )
-    parser.add_argument(
-        "--a_dtype",
-        choices=A_DTYPES,
-        default=W4A4,
-        help="activations: Float4E2M1FN (W4A4, with scales) or BFloat16 / Float16 (W4A16)",
-    )
-    parser.add_argument("--sf_vec_size", type=int, choices=tuple(SF_FORMATS), default=16)
-    parser.add_argument(
-        "--sf_dtype",
-        choices=tuple(SF_DTYPES),
-        default=None,
-        help="default: Float8E4M3FN for sf_vec_size 16, Float8E8M0FNU for 32",
-    )
-    parser.add_argument("--c_dtype", choices=tuple(C_DTYPES), default="BFloat16")
-    parser.add_argument(
-        "--alpha",
-        type=float,
-        default=None,
-        help="epilogue scale; default: the product of the NVFP4 global scales",
-    )
-    parser.add_argument(
-        "--tolerance",
-        type=float,
-        default=1.0,
-        help="multiplier on the derived elementwise tolerance (reference.py)",
-    )
-    parser.add_argument("--warmup_iterations", type=int, default=3)
-    parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument("--skip_ref_check", action="store_true")
-    parser.add_argument(
-        "--use_cold_l2",
-        action="store_true",
-        help="time calls that rotate through copies of the operands (> 2x L2), read from DRAM",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--compile_only",
-        action="store_true",
-        help="cross-compile for sm_90a (no GPU needed) and print a summary",
-    )
-    parser.add_argument(
-        "--dump_dir", default="./dump", help="where --compile_only writes the PTX and cubin"
-    )
-    return parser
-
-
-class UsageError(Exception):
-    """A bad command line or an unsupported configuration: printed, exit code 2."""
-
-
-def _validated(args: argparse.Namespace) -> argparse.Namespace:
-    """Checks the command line and fills in the defaults (``default_config``)."""
-    if args.sf_dtype is None:
-        args.sf_dtype = SF_FORMATS[args.sf_vec_size][0]
-    if args.iterations < 1 or args.warmup_iterations < 0:
-        raise UsageError("--iterations must be >= 1 and --warmup_iterations >= 0")
-    if not math.isfinite(args.tolerance) or args.tolerance <= 0:
-        raise UsageError("--tolerance must be a finite number > 0")
-    # (a tile or a split given completes the pick without K groups)
-    path, tiler, split, k_groups = default_config(
-        *(max(1, v) for v in args.mnkl),
-        gpu_sm_count(),
-        path=None if args.path == "auto" else args.path,
-        allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
-        a_dtype=args.a_dtype,
-    )
-    args.path = path
-    args.mma_tiler_mn = args.mma_tiler_mn or tiler
-    args.split_k = split if args.split_k is None else args.split_k
-    args.k_groups = k_groups if args.k_groups is None else args.k_groups
-    args.cluster_shape_mn = args.cluster_shape_mn or default_cluster(args.path)
-    config = (args.path, args.mma_tiler_mn, args.cluster_shape_mn, args.split_k, args.k_groups)
-    formats = (args.sf_vec_size, args.sf_dtype, args.c_dtype)
-    reasons = check_fp4_gemm_config(args.mnkl, *formats, *config, args.a_dtype)
-    if args.alpha is not None:
-        reason = alpha_reason(args.alpha, args.sf_vec_size, args.path, args.a_dtype)
-        if reason:
-            reasons.append(f"--alpha: {reason}")
-    if reasons:
-        raise UsageError("this configuration cannot run:\n  - " + "\n  - ".join(reasons))
-    return args
-
-
-def _print_config(args: argparse.Namespace) -> None:
-    fmt = SF_FORMATS[args.sf_vec_size][1]
-    print(f"Running Hopper {fmt} GEMM (hopper/blockwise_gemm_fp4_sm90.py):")
-    print(f"  mnkl: {args.mnkl}")
-    print(f"  A dtype: {args.a_dtype}, B dtype: Float4E2M1FN")
-    print(f"  SF dtype: {args.sf_dtype}, SF vec size: {args.sf_vec_size}")
-    print(f"  C dtype: {args.c_dtype}, acc dtype: Float32")
-    print(
-        f"  path: {args.path}, MMA tiler (M, N): {args.mma_tiler_mn}, cluster shape (M, N): "
-        f"{args.cluster_shape_mn}, split_k: {args.split_k}, k_groups: {args.k_groups}"
-    )
-
-
-def _files_written(folder: str, before: dict[str, float], suffix: str) -> list[str]:
-    """Files of ``folder`` ending in ``suffix`` that are new or changed since ``before``."""
-    paths = (os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(suffix))
-    return sorted(p for p in paths if before.get(p) != os.path.getmtime(p))
-
-
-def run_compile_only(args: argparse.Namespace) -> int:
-    try:
-        os.makedirs(args.dump_dir, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"--dump_dir {args.dump_dir}: cannot create the folder ({err})") from None
-    if not os.access(args.dump_dir, os.W_OK | os.X_OK):
-        raise UsageError(f"--dump_dir {args.dump_dir}: the folder is not writable")
-    before = {
-        os.path.join(args.dump_dir, f): os.path.getmtime(os.path.join(args.dump_dir, f))
-        for f in os.listdir(args.dump_dir)
-    }
-    options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
-    config = (args.sf_vec_size, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
-    tma_store = tma_store_fits(args.mnkl[1], args.c_dtype)
-    cluster = args.cluster_shape_mn
-    gemm, _ = compile_gemm(
-        *config, H200_SM_COUNT, options, cluster, tma_store, args.k_groups, args.a_dtype
-    )
-    # (only what this compile wrote: an older cubin in the folder is never reported)
-    cubins = _files_written(args.dump_dir, before, ".cubin")
-    ptx_files = _files_written(args.dump_dir, before, ".ptx")
-    print("Compile only: sm_90a, no GPU used")
-    print(f"  PTX:   {ptx_files[-1] if ptx_files else 'not written'}")
-    print(f"  cubin: {cubins[-1] if cubins else 'not written'}")
-    if cubins and find_cuobjdump():
-        usage = cubin_resource_usage(cubins[-1])
-        print(f"  kernel: {usage['name']}")
-        print(f"  registers per thread: {usage['REG']}")
-        print(f"  local memory per thread: {usage['LOCAL']} bytes (stack {usage['STACK']})")
-    else:
-        print("  registers / local memory: not read (cuobjdump not found)")
-    smem = gemm.shared_storage.size_in_bytes()
-    print(f"  shared memory per CTA: {smem} bytes of {SM90_SMEM_CAPACITY}")
-    print(f"  pipeline stages: {gemm.num_stages} of K {gemm.stage_k}")
-    print(
-        f"  threads per CTA: {gemm.threads_per_cta} ({gemm.k_groups} K group(s)), "
-        f"{gemm.occupancy} CTA(s) per SM, setmaxregister producer {gemm.producer_regs} / "
-        f"consumers {gemm.mma_regs}"
-    )
-    print(f"  epilogue: {'TMA store' if gemm.tma_store else 'direct stores'}")
-    prologue = "none" if not gemm.convert_b else f"launched with PDL: {gemm.prologue_pdl}"
-    print(f"  prologue (convert_operands): {prologue}")
-    return 0
-
-
-def gpu_sm_count() -> int:
-    """SMs of the current GPU (``default_config``'s CTA slots), or an H200's without one."""
-    try:
-        import torch
-    except ImportError:
-        return H200_SM_COUNT
-    if not torch.cuda.is_available():
-        return H200_SM_COUNT
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
-def _hopper_gpu(gpu_arch: str = DEFAULT_GPU_ARCH, device=None) -> tuple[bool, str]:
-    """(can a ``gpu_arch`` cubin run on ``device`` (default: the current GPU), its description)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU"
-    major, minor = torch.cuda.get_device_capability(device)
-    runs = (major, minor) in GPU_ARCHS[gpu_arch]
-    return runs, f"{torch.cuda.get_device_name(device)} (sm_{major}{minor})"
-
-
-def time_us(calls, stream, warmup_iterations: int, iterations: int) -> float:
-    """Mean time of one call in microseconds, from ``cutlass.testing.benchmark`` with CUDA
-    graphs: warm-up and timed calls each captured into a graph on ``stream``, rotating through
-    ``calls`` (one per operand set).
-
-    NOTE: every call must enqueue its work on ``stream`` (``prepare_gemm`` binds the stream
-    current when it is called; torch ops run on the current stream, so wrap them).
-    """
-    import cuda.bindings.driver as cuda_driver
-    from cutlass.testing import JitArguments, benchmark
-
-    workspaces = iter([JitArguments(call) for call in calls])
-    return benchmark(
-        _call,
-        workspace_generator=lambda: next(workspaces),
-        workspace_count=len(calls),
-        warmup_iterations=warmup_iterations,
-        iterations=iterations,
-        stream=cuda_driver.CUstream(stream.cuda_stream),
-        use_cuda_graphs=True,
-    )
-
-
-def _call(launch) -> None:
-    launch()
-
-
-def operand_sets(tensors, use_cold_l2: bool, warmup_iterations: int, iterations: int):
-    """``[tensors]``, plus copies (``--use_cold_l2``) so that rotating through them reads the
-    operands from DRAM: as many sets as ``cutlass.testing.get_workspace_count`` asks for."""
-    from cutlass.testing import get_workspace_count
-
-    sets = [tuple(tensors)]
-    if use_cold_l2:
-        one = sum(t.numel() * t.element_size() for t in tensors)
-        count = get_workspace_count(one, warmup_iterations, iterations)
-        sets += [tuple(t.clone() for t in tensors) for _ in range(count - 1)]
-    return sets
-
-
-def run_on_gpu(args: argparse.Namespace) -> int:
-    """Quantize random data, run the kernel, check it against reference.py, time it."""
-    is_hopper, gpu = _hopper_gpu()
-    if not is_hopper:
-        raise UsageError(
-            f"this kernel needs a Hopper H100/H200 (sm_90) GPU; found {gpu}.\n"
-            "  Cross-compile and inspect it on any machine with --compile_only."
-        )
-    import torch
-
-    import reference
-    from hopper.runner import Fp4GemmSm90Runner, blocked_scales
-
-    m, n, k, l = args.mnkl  # noqa: E741
-    vec, w4a4 = args.sf_vec_size, args.a_dtype == W4A4
-    ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=args.seed)
-    alpha = float(ops.alpha) if args.alpha is None else args.alpha
-    if w4a4:
-        a, b, sfa = ops.a, ops.b, blocked_scales(ops.sfa)
-    else:
-        # W4A16: random activations of the given type, the weights prepacked
-        gen = torch.Generator(device="cuda").manual_seed(args.seed)
-        act = torch.randn((l, m, k), generator=gen, device="cuda")
-        a, b, sfa = act.to(_torch_dtype(args.a_dtype)), k_order.prepack_weights(ops.b), None
-    sfb = blocked_scales(ops.sfb)
-    d = torch.full((l, m, n), float("nan"), dtype=_torch_dtype(args.c_dtype), device="cuda")
-    config = (vec, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
-    cluster, k_groups, a_dtype = args.cluster_shape_mn, args.k_groups, args.a_dtype
-    runner = Fp4GemmSm90Runner(*config, "", cluster, k_groups, a_dtype)
-    runner(a, b, sfa, sfb, d, m, n, k, l, alpha)
-    torch.cuda.synchronize()
-    passed = True
-    if not args.skip_ref_check:
-        roundoff = reference.FP32_UNIT_ROUNDOFF * args.tolerance
-        if w4a4:
-            operands, check = (ops.a, ops.b, ops.sfa, ops.sfb), reference.check_gemm
-        else:
-            operands, check = (a, ops.b, ops.sfb), reference.check_gemm_w4a16
-        passed, info = check(d, *operands, vec, alpha, unit_roundoff=roundoff)
-        print(f"Reference check ({check.__name__}, derived tolerance): {info}")
-
-    # The calls run on a side stream that the timing graphs capture; with --use_cold_l2 they
-    # rotate through operand copies.
-    stream = torch.cuda.Stream()
-    tensors = (a, b, sfb, d) if sfa is None else (a, b, sfa, sfb, d)
-    sets = operand_sets(tensors, args.use_cold_l2, args.warmup_iterations, args.iterations)
-    # (the operands and their copies were written on the current stream)
-    stream.wait_stream(torch.cuda.current_stream())
-    # the first call of a stream allocates its workspace, outside the timing graphs
-    runner(a, b, sfa, sfb, d, m, n, k, l, alpha, stream)
-    if sfa is None:
-        sets = [(s[0], s[1], None, *s[2:]) for s in sets]
-    calls = [lambda s=s: runner(*s, m, n, k, l, alpha, stream) for s in sets]
-    mean_us = time_us(calls, stream, args.warmup_iterations, args.iterations)
-    print(f"Mean time: {mean_us:.2f} us")
-    print(f"Throughput: {2.0 * m * n * k * l / (mean_us * 1e-6) / 1e12:.1f} TFLOP/s")
-    print("PASS" if passed else "FAIL")
-    return 0 if passed else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
-    try:
-        args = _validated(args)
-        _print_config(args)
-        if args.compile_only:
-            return run_compile_only(args)
-        return run_on_gpu(args)
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

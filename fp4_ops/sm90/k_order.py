@@ -11,6 +11,8 @@ in memory order.  W4A4 permutes the other operand to match; W4A16 permutes the w
 
 from __future__ import annotations
 
+from fp4_ops.layout import pack_fp4, unpack_fp4
+
 # K values per wgmma k-block (four k16 steps): the unit of every permutation here
 K_BLOCK = 64
 # (device, inverse) -> the permutation as an index tensor on that device
@@ -84,17 +86,11 @@ def _order(device, inverse: bool):
 
 def _nibbles(packed):
     """[..., K/2] bytes of any one-byte type -> ([..., K] nibbles, low nibble first, K)."""
-    import torch
-
-    import reference
-
     if packed.element_size() != 1 or packed.dim() < 2:
         raise ValueError(f"packed FP4 must be [..., rows, K/2] bytes, got {packed.dtype}")
-    return reference.unpack_fp4(packed.view(torch.uint8)), 2 * packed.shape[-1]
+    return unpack_fp4(packed), 2 * packed.shape[-1]
 
 
 def _pack(nibbles):
     """[..., K] nibbles -> [..., K/2] uint8 bytes, low nibble first, contiguous."""
-    import reference
-
-    return reference.pack_fp4(nibbles).contiguous()
+    return pack_fp4(nibbles).contiguous()

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The torch-facing runner of the Hopper FP4 GEMM (``blockwise_gemm_fp4_sm90.py``).
+"""The torch-facing runner of the Hopper FP4 GEMM (``fp4_ops.sm90.gemm``).
 
 ``Fp4GemmSm90Runner`` holds the compiled kernels of one configuration (the TMA-store variant,
 and the direct-store one once an N needs it) and a workspace per problem shape and stream
@@ -8,8 +8,8 @@ operands (``operand_reasons``), problem and alpha (the kernel file's ``problem_r
 ``alpha_reason``) before it launches; the class docstring gives the CUDA-graph rules.
 ``blocked_scales`` puts scales into the kernel's 128x4 blocked layout.
 
-    from hopper.blockwise_gemm_fp4_sm90 import default_config
-    from hopper.runner import Fp4GemmSm90Runner, blocked_scales
+    from fp4_ops.sm90.gemm import default_config
+    from fp4_ops.sm90.launcher import Fp4GemmSm90Runner, blocked_scales
 """
 
 from __future__ import annotations
@@ -18,23 +18,24 @@ import struct
 
 from cutlass.cutlass_dsl import Int32
 
-from hopper.blockwise_gemm_fp4_sm90 import (
+from fp4_ops.layout import round_up, to_blocked
+from fp4_ops.sm90.gemm import (
+    H200_SM_COUNT,
     K_BLOCK,
     SF_FORMATS,
     W4A4,
     BlockwiseGemmFp4Sm90,
-    _gmem_pointers,
-    _round_up,
-    _torch_dtype,
     alpha_reason,
     blocked_sf_bytes,
     compile_gemm,
     config_reasons,
     default_cluster,
-    gpu_sm_count,
+    default_config,
+    gmem_pointers,
     output_tiles,
     problem_reasons,
     tma_store_fits,
+    torch_dtype,
 )
 
 
@@ -155,7 +156,7 @@ class Fp4GemmSm90Runner:
             # W4A16: no activation scales; the kernel never reads this pointer
             sfa_blocked = sfb_blocked
         tensors = (a, b, sfa_blocked, sfb_blocked, d, *self.workspace(m, n, k, l, stream), alpha)
-        ptrs = _gmem_pointers(gemm, self.c_dtype, [t.data_ptr() for t in tensors])
+        ptrs = gmem_pointers(gemm, self.c_dtype, [t.data_ptr() for t in tensors])
         problem = tuple(Int32(v) for v in mnkl)
         cu_stream = cuda_driver.CUstream(stream.cuda_stream)
         self.executor(n)(*ptrs, problem, cu_stream)
@@ -214,7 +215,7 @@ def operand_reasons(
     typed = {"d": (c_dtype, "this kernel writes", "c_dtype")}
     reasons = []
     if a_dtype != W4A4:
-        want["a"], want["b"] = l * m * k, l * n * _round_up(k, K_BLOCK) // 2
+        want["a"], want["b"] = l * m * k, l * n * round_up(k, K_BLOCK) // 2
         typed["a"] = (a_dtype, "W4A16 here takes", "a_dtype")
         if sfa_blocked is not None:
             reasons.append("sfa_blocked must be None: W4A16 activations have no scales")
@@ -222,7 +223,7 @@ def operand_reasons(
     for name, t in tensors.items():
         if name in typed:
             dtype_name, verb, arg = typed[name]
-            if t.dtype != _torch_dtype(dtype_name):
+            if t.dtype != torch_dtype(dtype_name):
                 reasons.append(f"{name} is {t.dtype}; {verb} {dtype_name} ({arg})")
             unit, have = "elements", t.numel()
         else:
@@ -253,7 +254,7 @@ def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
     for a problem: (L, rows, K rounded up to 64), rows rounded up to whole tiles for the tokens
     of the decode path; (8,) for kernel A on decode, which is not converted."""
     rows_a, rows_b = (n, m) if gemm.swap_ab else (m, n)
-    k_pad = _round_up(k, K_BLOCK)
+    k_pad = round_up(k, K_BLOCK)
     shape_a = (l, rows_a, k_pad) if gemm.convert_a else (8,)
     shape_b = (l, gemm.converted_rows_b(rows_b), k_pad) if gemm.convert_b else (8,)
     return shape_a, shape_b
@@ -264,6 +265,45 @@ def blocked_scales(scales):
     the 128x4 layout."""
     import torch
 
-    import reference
+    return to_blocked(scales).view(torch.uint8).contiguous()
 
-    return reference.to_blocked(scales).view(torch.uint8).contiguous()
+
+def gpu_sm_count() -> int:
+    """SMs of the current GPU (``default_config``'s CTA slots), or an H200's without one."""
+    try:
+        import torch
+    except ImportError:
+        return H200_SM_COUNT
+    if not torch.cuda.is_available():
+        return H200_SM_COUNT
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+_RUNNERS: dict = {}
+_C_DTYPE_NAMES = {"bfloat16": "BFloat16", "float16": "Float16", "float32": "Float32"}
+
+
+def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4):
+    """``fp4_ops``' entry: ``default_config``'s path, tile, split and K groups for the shape;
+    one runner per configuration and device.  W4A4: packed uint8 a [L, M, K/2] and b
+    [L, N, K/2], blocked scales [L, n]; W4A16: ``a`` the 16-bit activations [L, M, K], ``b``
+    prepacked weights, ``sfa`` None.  Returns D [L, M, N] in ``out_dtype``."""
+    import torch
+
+    l, m = a.shape[0], a.shape[1]  # noqa: E741
+    k = 2 * a.shape[2] if a_dtype == W4A4 else a.shape[2]
+    n, device = b.shape[1], a.device
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    path, tiler, split, k_groups = default_config(m, n, k, l, num_sms, a_dtype=a_dtype)
+    c_dtype = _C_DTYPE_NAMES[str(out_dtype).removeprefix("torch.")]
+    key = (sf_vec_size, c_dtype, a_dtype, path, tuple(tiler), split, k_groups, device.index)
+    if key not in _RUNNERS:
+        with torch.cuda.device(device):
+            _RUNNERS[key] = Fp4GemmSm90Runner(
+                sf_vec_size, c_dtype, path, tiler, split, k_groups=k_groups, a_dtype=a_dtype
+            )
+    d = torch.empty((l, m, n), dtype=out_dtype, device=device)
+    sfa = None if sfa is None else sfa.contiguous()
+    with torch.cuda.device(device):
+        _RUNNERS[key](a, b, sfa, sfb.contiguous(), d, m, n, k, l, alpha.reshape(1))
+    return d
