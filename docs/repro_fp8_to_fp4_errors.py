@@ -5,6 +5,10 @@ Every finding quoted in docs/fp8_to_fp4.md comes from a function here, and tests
 asserts that each one still behaves as documented with the pinned DSL (nvidia-cutlass-dsl 4.8.1),
 so the guide fails loudly instead of rotting when the DSL changes.
 
+Three kinds of finding, printed differently: what the DSL raised or emitted here; what the FP8
+example would raise, computed as a faithful copy of its code (the example itself is not run);
+and messages quoted from sources this DSL cannot reproduce (older DSLs, the example's driver).
+
     python docs/repro_fp8_to_fp4_errors.py          # prints every finding (seconds, no GPU)
 
 Nothing here needs a GPU: host-side ``@cute.jit`` code is traced (and run) on the CPU, and the
@@ -41,13 +45,17 @@ TILE_MN = (128, 128)
 
 @dataclass
 class Finding:
-    """One observed behaviour: an exception (``raised`` names its class) or a silent result."""
+    """One behaviour: an exception raised here (``raised`` names its class), one the FP8 example
+    would raise (``would_raise``, computed as it computes it), a message quoted from a source
+    (``quoted_from``), or a silent result (none of the three)."""
 
     key: str
     summary: str
     raised: str | None = None
     message: str = ""
     details: dict = field(default_factory=dict)
+    would_raise: str | None = None
+    quoted_from: str = ""
 
 
 def _outcome(exc: BaseException | None) -> dict:
@@ -207,7 +215,12 @@ def blockscaled_builder_ops() -> Finding:
 # ------------------------------------------------------------------------------------------
 # 1a (PTX). What instruction does each choice become?
 # ------------------------------------------------------------------------------------------
-MMA_VARIANTS = ("plain_builder", "blockscaled_with_scales", "blockscaled_without_scales")
+MMA_VARIANTS = (
+    "plain_builder",
+    "blockscaled_with_scales",
+    "blockscaled_with_set_fields",
+    "blockscaled_without_scales",
+)
 
 
 def _mma_kernel_body(variant: str, want_scales_on_plain: bool = False, sf_vec_size: int = 16):
@@ -253,6 +266,11 @@ def _mma_kernel_body(variant: str, want_scales_on_plain: bool = False, sf_vec_si
             sfa0 = t_sfa[(None, None, 0)]
             sfb0 = t_sfb[(None, None, 0)]
             cute.gemm(tiled_mma, t_acc, [a0, sfa0], [b0, sfb0], t_acc)
+        elif cutlass.const_expr(variant == "blockscaled_with_set_fields"):
+            # DSL <= 4.3 has no list form: the scale addresses are fields of the MMA atom.
+            tiled_mma.set(tcgen05.Field.SFA, t_sfa[(None, None, 0)].iterator)
+            tiled_mma.set(tcgen05.Field.SFB, t_sfb[(None, None, 0)].iterator)
+            cute.gemm(tiled_mma, t_acc, a0, b0, t_acc)
         else:
             cute.gemm(tiled_mma, t_acc, a0, b0, t_acc)
 
@@ -286,6 +304,10 @@ def mma_ptx(variant: str, sf_vec_size: int = 16) -> Finding:
             "block-scaled MMA with [a, sfa], [b, sfb]: kind::mxf4nvf4.block_scale.block16 "
             "(NVFP4) or .block32 (MXFP4), scale-factor TMEM addresses distinct from the "
             "accumulator"
+        ),
+        "blockscaled_with_set_fields": (
+            "block-scaled MMA with tiled_mma.set(Field.SFA / Field.SFB, ptr) and cute.gemm(mma, "
+            "d, a, b, c) (the DSL <= 4.3 way): the same instruction, reading the set addresses"
         ),
         "blockscaled_without_scales": (
             "block-scaled MMA called as cute.gemm(mma, d, a, b, c): compiles without a "
@@ -417,8 +439,9 @@ FP8_EXAMPLE_CHECKS = (
 # Its ``run`` raises this (format) when ``can_implement`` refuses the dtypes (FP8 only).
 FP8_EXAMPLE_UNSUPPORTED = "TypeError: Unsupported testcase {ab_dtype}, ..."
 # DSL <= 4.4, ``make_trivial_tiled_mma`` for any dtype it did not know (FP4 included), as in
-# python/CuTeDSL/cutlass/utils/blackwell_helpers.py at CUTLASS v4.4.2; 4.5.0 dropped it.
+# python/CuTeDSL/cutlass/utils/blackwell_helpers.py at CUTLASS v4.3.5 and v4.4.2; 4.5.0 dropped it.
 DSL_44_PLAIN_BUILDER_ERROR = "TypeError: unsupported ab_dtype, got Float4E2M1FN"
+DSL_44_SOURCE = "python/CuTeDSL/cutlass/utils/blackwell_helpers.py at CUTLASS v4.3.5 and v4.4.2"
 FP8_EXAMPLE_MMAS = ("fp8", "fp4 plain (the example's call)", "fp4 block-scaled")
 
 
@@ -462,13 +485,38 @@ def fp8_example_scale_checks(
         return Finding(key="fp8_example_scale_checks", summary="", **_outcome(exc))
     want = {"scale_k_per_tile": 1, "scale_m_per_tile": TILE_MN[0], "scale_n_per_tile": 1}
     failed = [msg for name, msg in FP8_EXAMPLE_CHECKS if out[name] != want[name]]
+    # Nothing is raised here: the message is the one the example's check would raise.
     return Finding(
         key=f"fp8_example_scale_checks[{mma}, n={scale_granularity_n}, k={scale_granularity_k}]",
         summary="BlockwiseGemmKernel._setup_attributes: K tile and scale-per-tile checks",
-        raised="ValueError" if failed else None,
+        would_raise="ValueError" if failed else None,
         message=failed[0] if failed else "",
         details=out,
     )
+
+
+def quoted_messages() -> list[Finding]:
+    """Messages the guide quotes that no code here can raise with DSL 4.8.1."""
+    ab_dtype_cls, ab_dtype_msg = DSL_44_PLAIN_BUILDER_ERROR.split(": ", 1)
+    example_cls, example_msg = FP8_EXAMPLE_UNSUPPORTED.format(ab_dtype="Float4E2M1FN").split(
+        ": ", 1
+    )
+    return [
+        Finding(
+            key="dsl_44_plain_builder_error",
+            summary="make_trivial_tiled_mma(Float4E2M1FN, ...) on DSL <= 4.4",
+            would_raise=ab_dtype_cls,
+            message=ab_dtype_msg,
+            quoted_from=DSL_44_SOURCE,
+        ),
+        Finding(
+            key="fp8_example_unsupported",
+            summary="the FP8 example's run() when its is_valid_dtypes refuses FP4",
+            would_raise=example_cls,
+            message=example_msg,
+            quoted_from=FP8_EXAMPLE_URL,
+        ),
+    ]
 
 
 def fp8_example_scale_product(scale_granularity_n: int, ab_dtype=E4M3) -> Finding:
@@ -652,6 +700,81 @@ def tma_with_k_not_multiple_of_32(k: int = 48) -> Finding:
     )
 
 
+S2T_CASES = {
+    # name: (operand, MMA tile (M, N), CTA group)
+    "SFA, 128 x 128": ("sfa", (128, 128), ONE),
+    "SFB, 128 x 64": ("sfb", (128, 64), ONE),
+    "SFB, 128 x 256": ("sfb", (128, 256), ONE),
+    "SFA, 256 x 128, CTA pair": ("sfa", (256, 128), TWO),
+}
+
+
+def _s2t_copy_body(operand: str, tile_mn, cta_group, broadcast: bool):
+    tiler = (*tile_mn, 256)
+
+    def body():
+        tiled_mma = _blockscaled_mma(cta_group=cta_group, tile_mn=tile_mn)
+        make_smem, make_tmem = (
+            (blockscaled_utils.make_smem_layout_sfa, blockscaled_utils.make_tmem_layout_sfa)
+            if operand == "sfa"
+            else (blockscaled_utils.make_smem_layout_sfb, blockscaled_utils.make_tmem_layout_sfb)
+        )
+        smem_layout = make_smem(tiled_mma, tiler, 16, 2)
+        tmem_layout = make_tmem(
+            tiled_mma, tiler, 16, cute.slice_(smem_layout, (None, None, None, 0))
+        )
+        ptr = cute.make_ptr(E4M3, 0, cute.AddressSpace.smem, assumed_align=1024)
+        sSF = cute.make_tensor(ptr, smem_layout)
+        tSF = cute.make_tensor(
+            cute.make_ptr(E4M3, 128, cute.AddressSpace.tmem, assumed_align=16), tmem_layout
+        )
+        # As the kernel's _s2t_copy_and_partition, with or without the explicit broadcast mode.
+        sSF_compact = cute.filter_zeros(sSF)
+        tSF_compact = cute.filter_zeros(tSF)
+        copy_atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(cta_group), E4M3)
+        tiled_copy = tcgen05.make_s2t_copy(copy_atom, tSF_compact)
+        thr_copy = tiled_copy.get_slice(0)
+        src = sSF_compact
+        if cutlass.const_expr(broadcast):
+            src = tcgen05.append_s2t_broadcast_mode(copy_atom.op, sSF_compact)
+        tCsSF = tcgen05.get_s2t_smem_desc_tensor(tiled_copy, thr_copy.partition_S(src))
+        tCtSF = thr_copy.partition_D(tSF_compact)
+        cute.copy(tiled_copy, tCsSF[(None, None, None, None, 1)], tCtSF)
+
+    return body
+
+
+def s2t_copy_ptx() -> Finding:
+    """The kernel's SMEM -> TMEM scale copy with and without ``append_s2t_broadcast_mode``.
+
+    That helper is only in the 4.8 wheels; CUTLASS's examples partition ``sSF_compact``
+    directly.  Per case: whether the two kernels' PTX bodies are equal, and the copy count.
+    """
+    out: dict = {}
+    for name, (operand, tile_mn, cta_group) in S2T_CASES.items():
+        bodies = []
+        for broadcast in (False, True):
+            exc, ptx = _compile_kernel(
+                _s2t_copy_body(operand, tile_mn, cta_group, broadcast), keep_ptx=True
+            )
+            if exc is not None:
+                return Finding(key="s2t_copy_ptx", summary=name, **_outcome(exc))
+            # From the kernel's entry on: the header names the module, which differs.
+            bodies.append(ptx[ptx.index(".entry") :])
+        out[name] = {
+            "same_ptx": bodies[0] == bodies[1],
+            "tcgen05_cp": sum("tcgen05.cp" in ln for ln in bodies[1].splitlines()),
+        }
+    return Finding(
+        key="s2t_copy_ptx",
+        summary=(
+            "tcgen05.cp of one stage of scales: the PTX with append_s2t_broadcast_mode equals "
+            "the PTX without it"
+        ),
+        details=out,
+    )
+
+
 def hardware_budgets() -> Finding:
     """The DSL's own numbers for SMEM per CTA and TMEM columns on sm_100."""
     import cutlass.memory
@@ -714,23 +837,29 @@ def dsl_sf_offsets(rows: int, k: int, sf_vec_size: int) -> list[list[int]]:
 TMEM_LANE_STRIDE = 65536 * 4  # one TMEM lane, in 8-bit elements (65536 columns of 4 bytes)
 
 
-def dsl_tmem_sf_positions(sf_vec_size: int) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
-    """Where ``make_tmem_layout_sfa`` puts scale (r, c) of the tile's first 128x4 atom in TMEM.
+def dsl_tmem_sf_positions(
+    sf_vec_size: int, operand: str = "sfa", tile_n: int = 128
+) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
+    """Where ``make_tmem_layout_sfa`` (or ``_sfb``) puts each scale of one K tile (K 256) in TMEM.
 
-    For each row r < 128 and scale column c < 4: the sorted (lane, column, byte) of every copy,
-    relative to the SFA base address, from the layout's static shape and stride (128x128 tile).
+    For each row r of the layout (128 for SFA; SFB's tile_n rounded up to 128) and scale column
+    c < 256 / sf_vec_size: the sorted (lane, column, byte) of every copy, relative to the base
+    address, from the layout's static shape and stride (an MMA tile of 128 x tile_n).
     """
     out: dict = {}
-    tiler = (*TILE_MN, 256)
+    tile_mn = (TILE_MN[0], tile_n)
+    tiler = (*tile_mn, 256)
+    make_smem, make_tmem = {
+        "sfa": (blockscaled_utils.make_smem_layout_sfa, blockscaled_utils.make_tmem_layout_sfa),
+        "sfb": (blockscaled_utils.make_smem_layout_sfb, blockscaled_utils.make_tmem_layout_sfb),
+    }[operand]
 
     def body():
         tiled_mma = _blockscaled_mma(
-            sf_dtype=E4M3 if sf_vec_size == 16 else E8M0, sf_vec_size=sf_vec_size
+            sf_dtype=E4M3 if sf_vec_size == 16 else E8M0, sf_vec_size=sf_vec_size, tile_mn=tile_mn
         )
-        s_sfa = blockscaled_utils.make_smem_layout_sfa(tiled_mma, tiler, sf_vec_size, 1)
-        layout = blockscaled_utils.make_tmem_layout_sfa(
-            tiled_mma, tiler, sf_vec_size, cute.slice_(s_sfa, (None, None, None, 0))
-        )
+        smem = make_smem(tiled_mma, tiler, sf_vec_size, 1)
+        layout = make_tmem(tiled_mma, tiler, sf_vec_size, cute.slice_(smem, (None, None, None, 0)))
         out["shape"], out["stride"] = layout.shape, layout.stride
 
     exc = _run_jit(body)
@@ -738,19 +867,22 @@ def dsl_tmem_sf_positions(sf_vec_size: int) -> dict[tuple[int, int], list[tuple[
         raise exc
     shape, stride = out["shape"], out["stride"]
     (rows_shape, k_shape), (rows_stride, k_stride) = shape[0], stride[0]
+    # ((rows, replicas), K): the replica mode is tcgen05.cp's copy to all four lane quadrants.
+    n_rows = 1
+    for s in _flatten(rows_shape[0]):
+        n_rows *= s
     replicas = 1
-    for s in _flatten(rows_shape):
+    for s in _flatten(rows_shape[1]):
         replicas *= s
-    replicas //= 128
     mma_k = 64
     positions = {}
-    for r in range(128):
-        for c in range(4):
+    for r in range(n_rows):
+        for c in range(256 // sf_vec_size):
             k = c * sf_vec_size
             copies = []
             for q in range(replicas):
                 off = (
-                    _crd2idx(r + 128 * q, rows_shape, rows_stride)
+                    _crd2idx(r + n_rows * q, rows_shape, rows_stride)
                     + _crd2idx(k % mma_k, k_shape, k_stride)
                     + _crd2idx(k // mma_k, shape[2], stride[2])
                 )
@@ -760,6 +892,27 @@ def dsl_tmem_sf_positions(sf_vec_size: int) -> dict[tuple[int, int], list[tuple[
     return positions
 
 
+# ------------------------------------------------------------------------------------------
+# 2. DSL versions.  Facts about releases other than the pinned one cannot be reproduced here:
+# each was read from CUTLASS's python/CuTeDSL (the DSL's Python layer) at the tags named, or
+# from the wheels named; tests/test_docs.py checks the guide's table against these and the
+# pinned column against the installed DSL.
+# ------------------------------------------------------------------------------------------
+OLDER_DSL_TAGS = {"4.3": "v4.3.5", "4.4": "v4.4.2", "4.5": "v4.5.0"}
+# name: (first release that has it, where that was read)
+VERSION_FACTS = {
+    "cute.gemm([a, sfa], [b, sfb])": ("4.4", "cutlass/cute/algorithm.py at v4.3.5 and v4.4.0"),
+    "tcgen05.Field.SFA / SFB": ("4.3", "cutlass/cute/nvgpu/tcgen05/mma.py at v4.3.0"),
+    "a_dtype, b_dtype builders": ("4.5", "cutlass/utils/blackwell_helpers.py at v4.4.2, v4.5.0"),
+    "cutlass.__version__": ("4.4", "cutlass/__init__.py at v4.3.5 and v4.4.0"),
+    "nvidia-cutlass-dsl[cu13]": ("4.4", "python/CuTeDSL/requirements-cu13.txt at v4.4.0"),
+    # Absent from python/CuTeDSL at every tag up to v4.7.0 and at main (7107b0553, 2026-08-20),
+    # and from the nvidia-cutlass-dsl-libs-core 4.6.3, 4.7.0 and 4.7.1 wheels.
+    "tcgen05.append_s2t_broadcast_mode": ("4.8", "nvidia-cutlass-dsl-libs-core 4.8.0 wheel"),
+    "cutlass.memory": ("4.8", "nvidia-cutlass-dsl-libs-core 4.8.0 wheel"),
+}
+
+
 def all_findings() -> list[Finding]:
     findings = [plain_builder_with_fp4(), blockscaled_builder_ops()]
     findings += [mma_ptx(v) for v in MMA_VARIANTS]
@@ -767,12 +920,12 @@ def all_findings() -> list[Finding]:
     findings += [
         gemm_with_scales_on_plain_mma(),
         set_scale_field_on_plain_mma(),
+        s2t_copy_ptx(),
         fp8_example_scale_checks("fp8"),
         fp8_example_scale_checks("fp4 plain (the example's call)"),
         fp8_example_scale_checks("fp4 block-scaled"),
         fp8_example_scale_checks("fp8", scale_granularity_n=16),
-        fp8_example_scale_product(128),
-        fp8_example_scale_product(16),
+        *[fp8_example_scale_product(g) for g in (1, 2, 4, 8, 16, 32, 64, 128)],
         fp8_example_scale_product(16, F4),
         fp8_k_tile_on_fp4_mma(),
         blockscaled_mma_errors(),
@@ -780,18 +933,29 @@ def all_findings() -> list[Finding]:
         tma_with_k_not_multiple_of_32(),
         hardware_budgets(),
         guard_verdicts(),
+        *quoted_messages(),
     ]
     return findings
+
+
+def outcome_line(f: Finding) -> str:
+    """How ``main`` reports a finding's message: raised here, computed, quoted, or plain."""
+    if f.raised:
+        return f"raises {f.raised}: {f.message}"
+    if f.quoted_from:
+        return f"quoted, not raised here, from {f.quoted_from}: {f.would_raise}: {f.message}"
+    if f.would_raise:
+        return f"nothing raised; the FP8 example would raise {f.would_raise}: {f.message}"
+    return f.message
 
 
 def main() -> None:
     print(f"nvidia-cutlass-dsl {cutlass.__version__}, CUTE_DSL_ARCH={os.environ['CUTE_DSL_ARCH']}")
     for f in all_findings():
         print(f"\n== {f.key}\n   {f.summary}")
-        if f.raised:
-            print(f"   raises {f.raised}: {f.message}")
-        elif f.message:
-            print(f"   {f.message}")
+        line = outcome_line(f)
+        if line:
+            print(f"   {line}")
         for name, value in f.details.items():
             print(f"   {name}: {value}")
 
