@@ -132,7 +132,11 @@ class FP4Linear(nn.Module):
             )
         else:
             a = quantize(rows, self.format, self.input_global_scale)
-            y = fp4_gemm(a, self.weight, out_dtype=x.dtype)
+            # (the held weights are checked once, at construction)
+            w = FP4Tensor.unchecked(
+                self.weight_data, self.weight_scale, self.weight_global_scale, self.format
+            )
+            y = fp4_gemm(a, w, out_dtype=x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)

@@ -38,7 +38,7 @@ def quantize_op(
     if x.device.type == "cuda":
         from fp4_ops import quantizer
 
-        return quantizer.quantize_cuda(x, sf_vec_size, global_scale)
+        return quantizer.launch_quantize(x, sf_vec_size, global_scale)
     if x.device.type != "cpu":
         raise ValueError(f"quantize runs on CPU and CUDA tensors, got one on {x.device}")
     if sf_vec_size == FORMATS["nvfp4"]:
@@ -59,7 +59,7 @@ def quantize(
     ``global_scale`` (NVFP4 only; decoding convention): None computes ``amax / (448 * 6)`` over
     the whole tensor on its device (no host sync); a number or one-element tensor is used as is
     (a static scale, e.g. ModelOpt's ``input_scale``). CPU tensors go through ``fp4_ops.cpu``
-    (NaN / Inf raise ValueError); CUDA tensors through ``quantize_fp4.py``, which cannot raise
+    (NaN / Inf raise ValueError); CUDA tensors through ``fp4_ops.quantizer``, which cannot raise
     without a sync: a block holding NaN / Inf gets the NaN scale byte and zero codes instead
     (and a dynamic global scale becomes non-finite), so every product that reads it is NaN.
     """
@@ -74,9 +74,15 @@ def quantize(
         raise ValueError(f"K = {x.shape[-1]} (last dim of x) is not a multiple of 32")
     if global_scale is not None and vec != FORMATS["nvfp4"]:
         raise ValueError("mxfp4 has no global scale (its E8M0 block scales span the range)")
+    if x.is_cuda:
+        from fp4_ops import quantizer
+
+        reason = quantizer.shape_reason(tuple(x.shape), vec)
+        if reason:
+            raise ValueError(reason)
     gs = None if global_scale is None else global_scale_tensor(global_scale, x)
     data, scale, out_gs = quantize_op(x.contiguous(), vec, gs)
-    return FP4Tensor(data, scale, out_gs, format)
+    return FP4Tensor.unchecked(data, scale, out_gs, format)
 
 
 # ----------------------------------------------------------------------------- GEMM

@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -625,9 +626,6 @@ def compile_quantizer(in_dtype: str, sf_vec_size: int, dynamic: bool, options: s
     return cute.compile(op, *ptrs, problem, sm_count, cuda_driver.CUstream(0), options=options)
 
 
-_EXECUTORS: dict = {}
-
-
 _TORCH_IN = {"BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32"}
 
 
@@ -646,6 +644,18 @@ def shape_reason(shape: tuple, sf_vec_size: int) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class QuantizerConfig:
+    """What one compiled quantizer is: with the device index, the key of its cache."""
+
+    in_dtype: str  # a key of IN_DTYPES
+    sf_vec_size: int
+    dynamic: bool  # NVFP4 with the global scale found on the device (the amax grid first)
+
+
+_KERNELS: dict[tuple[QuantizerConfig, int], object] = {}
+
+
 def quantize_cuda(x, sf_vec_size: int, global_scale=None):
     """Quantize a CUDA tensor x [rows, K] or [L, rows, K] (copied first unless contiguous and
     16-byte aligned; limits: ``shape_reason``) on the current stream.
@@ -654,12 +664,9 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
     float32)``, all on x's device; ``global_scale`` (NVFP4 only): a 0-d float32 tensor on x's
     device, or None for the dynamic one. Nothing synchronizes with the host.
     """
-    import cuda.bindings.driver as cuda_driver
     import torch
-    from cutlass.cute.runtime import make_ptr
 
-    names = {getattr(torch, v): k for k, v in _TORCH_IN.items()}
-    if not x.is_cuda or x.dtype not in names:
+    if not x.is_cuda or x.dtype not in _torch_in_names():
         raise ValueError(f"x must be a bfloat16, float16 or float32 CUDA tensor, got {x.dtype}")
     if sf_vec_size not in SF_VEC_SIZES:
         raise ValueError(f"sf_vec_size must be 16 (NVFP4) or 32 (MXFP4), got {sf_vec_size}")
@@ -673,40 +680,60 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
             raise ValueError(f"global_scale must be a one-element tensor, got {global_scale!r}")
         if global_scale.dtype != torch.float32 or global_scale.device != x.device:
             raise ValueError("global_scale must be a float32 tensor on x's device")
-    dynamic = sf_vec_size == 16 and global_scale is None
+    return launch_quantize(x, sf_vec_size, global_scale)
+
+
+def _torch_in_names() -> dict:
+    """torch dtype -> IN_DTYPES key."""
+    import torch
+
+    return {getattr(torch, v): k for k, v in _TORCH_IN.items()}
+
+
+def launch_quantize(x, sf_vec_size: int, global_scale=None):
+    """``quantize_cuda`` for arguments its checks (or ``fp4_ops.quantize``'s) have passed."""
+    import cuda.bindings.driver as cuda_driver
+    import torch
+    from cutlass.cute.runtime import make_ptr
+
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
     rows, k = x.shape[-2], x.shape[-1]
     lead = tuple(x.shape[:-2])
     l = x.shape[0] if lead else 1  # noqa: E741
     device = x.device
-    key = (names[x.dtype], sf_vec_size, dynamic, device.index)
-    if key not in _EXECUTORS:
+    in_dtype = _torch_in_names()[x.dtype]
+    config = QuantizerConfig(in_dtype, sf_vec_size, sf_vec_size == 16 and global_scale is None)
+    key = (config, device.index)
+    if key not in _KERNELS:
         with torch.cuda.device(device):
-            _EXECUTORS[key] = compile_quantizer(*key[:3])
+            _KERNELS[key] = compile_quantizer(config.in_dtype, sf_vec_size, config.dynamic)
     q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
     n_sf = blocked_numel(rows, k // sf_vec_size)
     sf = torch.empty((*lead, n_sf), dtype=torch.uint8, device=device)
     gs_out = torch.empty((), dtype=torch.float32, device=device)
     # the amax pass's per-CTA maxima: every one the quantize pass reads is written first
-    partials = torch.empty(MAX_PARTIALS if dynamic else 0, dtype=torch.int32, device=device)
+    partials = torch.empty(MAX_PARTIALS if config.dynamic else 0, dtype=torch.int32, device=device)
     gs_in = gs_out if global_scale is None else global_scale.contiguous()
     gmem = cute.AddressSpace.gmem
     ptrs = (
-        make_ptr(IN_DTYPES[names[x.dtype]], x.data_ptr(), gmem, assumed_align=16),
+        make_ptr(IN_DTYPES[in_dtype], x.data_ptr(), gmem, assumed_align=16),
         make_ptr(cutlass.Uint8, q.data_ptr(), gmem, assumed_align=16),
         make_ptr(cutlass.Uint8, sf.data_ptr(), gmem, assumed_align=16),
         make_ptr(Float32, gs_in.data_ptr(), gmem, assumed_align=4),
         make_ptr(Float32, gs_out.data_ptr(), gmem, assumed_align=4),
         make_ptr(
-            Uint32, partials.data_ptr() if dynamic else gs_out.data_ptr(), gmem, assumed_align=4
+            Uint32,
+            partials.data_ptr() if config.dynamic else gs_out.data_ptr(),
+            gmem,
+            assumed_align=4,
         ),
     )
     stream = cuda_driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
     # (persistent grids sized to the SMs)
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     with torch.cuda.device(device):
-        _EXECUTORS[key](*ptrs, (Int32(rows), Int32(k), Int32(l)), Int32(sm_count), stream)
+        _KERNELS[key](*ptrs, (Int32(rows), Int32(k), Int32(l)), Int32(sm_count), stream)
     return q, sf.view(SCALE_DTYPES[sf_vec_size]), gs_out
 
 

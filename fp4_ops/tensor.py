@@ -84,6 +84,22 @@ class FP4Tensor:
         if not (d.is_contiguous() and s.is_contiguous()):
             raise ValueError("FP4Tensor.data and FP4Tensor.scale must be contiguous")
 
+    @classmethod
+    def unchecked(
+        cls, data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, format: str
+    ) -> FP4Tensor:
+        """An FP4Tensor from parts that are right by construction (this package's ops' outputs):
+        no validation, for the hot path."""
+        self = object.__new__(cls)
+        for name, value in (
+            ("data", data),
+            ("scale", scale),
+            ("global_scale", global_scale),
+            ("format", format),
+        ):
+            object.__setattr__(self, name, value)
+        return self
+
     # -- properties
 
     @property

@@ -1,0 +1,237 @@
+"""The package as users install it: the names it installs, imports from any folder without the
+CuTe DSL, no sys.path edits, no import cycles, no private names across modules, the oracle kept
+out of the library, and the Blackwell template running copied alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "fp4_ops"
+TEMPLATE = ROOT / "blockwise_gemm_fp4.py"
+# the two places that may import the oracle: the kernels' command lines, for their checks
+ORACLE_USERS = {
+    ("blockwise_gemm_fp4", "_reference_beside_this_file"),
+    ("fp4_ops.sm90.cli", "_reference"),
+}
+
+
+def _library_modules() -> dict[str, Path]:
+    """Module name -> file of every module of the installed library."""
+    modules = {"blockwise_gemm_fp4": TEMPLATE}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def _imports(path: Path):
+    """(imported module, names taken from it, enclosing function or None) of every import."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def visit(node, function):
+        for child in ast.iter_child_nodes(node):
+            scope = child.name if isinstance(child, ast.FunctionDef) else function
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, [], scope) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0:
+                found.append((child.module, [a.name for a in child.names], scope))
+            visit(child, scope)
+
+    visit(tree, None)
+    return found
+
+
+def _edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the library modules it imports (at module level or inside functions)."""
+    edges = {}
+    for name, path in modules.items():
+        targets = set()
+        for module, names, _ in _imports(path):
+            for target in [f"{module}.{n}" for n in names] + [module]:
+                if target in modules and target != name:
+                    targets.add(target)
+                    break
+        edges[name] = targets
+    return edges
+
+
+def test_library_modules_are_found():
+    modules = _library_modules()
+    for name in ("fp4_ops", "fp4_ops.ops", "fp4_ops.cpu", "fp4_ops.sm90.gemm", "fp4_ops.sm90.cli"):
+        assert name in modules
+    assert "fp4_ops.ops" in _edges(modules)["fp4_ops"]
+
+
+def test_the_house_has_no_import_cycle():
+    edges = _edges(_library_modules())
+    done, stack = set(), []
+
+    def walk(node):
+        if node in stack:
+            pytest.fail("import cycle: " + " -> ".join(stack[stack.index(node) :] + [node]))
+        if node in done:
+            return
+        stack.append(node)
+        for target in sorted(edges[node]):
+            walk(target)
+        stack.pop()
+        done.add(node)
+
+    for node in sorted(edges):
+        walk(node)
+
+
+def test_no_private_name_crosses_a_module():
+    modules = _library_modules()
+    crossing = []
+    for name, path in modules.items():
+        for module, names, _ in _imports(path):
+            if module in modules or module == "reference":
+                crossing += [f"{name}: from {module} import {n}" for n in names if n[:1] == "_"]
+        tree = ast.parse(path.read_text())
+        aliases = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+            if f"{getattr(node, 'module', None)}.{alias.name}" in modules or alias.name in modules
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                crossing.append(f"{name}: {node.value.id}.{node.attr}")
+    assert crossing == []
+
+
+def test_library_code_never_imports_the_oracle():
+    users = {
+        (name, function)
+        for name, path in _library_modules().items()
+        for module, _, function in _imports(path)
+        if module == "reference"
+    }
+    assert users <= ORACLE_USERS, users - ORACLE_USERS
+
+
+def test_no_sys_path_edit_anywhere():
+    edits = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in ("docs", ".venv", ".git", "build") or "site-packages" in rel.parts:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "sys.path" in line and path != Path(__file__).resolve():
+                edits.append(f"{rel}:{number}: {line.strip()}")
+    assert edits == []
+
+
+def _python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, *args, "-c", textwrap.dedent(code)] if code else [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=600,
+    )
+
+
+def test_import_from_another_folder_needs_no_dsl(tmp_path):
+    """Installed (``pip install -e .`` in run_tests.sh), the package imports from any folder, and
+    importing it loads neither the CuTe DSL nor the oracle."""
+    r = _python(
+        """
+        import sys
+        import fp4_ops
+        assert "cutlass" not in sys.modules and "reference" not in sys.modules, sorted(sys.modules)
+        print(fp4_ops.__file__)
+        """,
+        tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()).parent == PACKAGE
+
+
+def test_wheel_installs_only_the_projects_names(tmp_path):
+    """The wheel holds the package and the template module, nothing named reference, hopper,
+    tools, tests or benchmarks."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        top = {name.split("/")[0] for name in z.namelist()}
+        files = set(z.namelist())
+    assert {t for t in top if not t.endswith(".dist-info")} == {"fp4_ops", "blockwise_gemm_fp4.py"}
+    for module in _library_modules().values():
+        assert str(module.relative_to(ROOT)) in files
+
+
+def test_template_runs_copied_alone(tmp_path):
+    """blockwise_gemm_fp4.py copied alone into an empty folder: it imports (without the package
+    or the oracle), prepare_gemm builds its launch (CUDA-only steps replaced: no GPU here), the
+    GPU run's need for reference.py is a clear error, and --compile_only works."""
+    (tmp_path / TEMPLATE.name).write_text(TEMPLATE.read_text())
+    r = _python(
+        """
+        import contextlib, os, sys
+        from types import SimpleNamespace
+        import torch
+        import blockwise_gemm_fp4 as bw
+
+        assert os.path.dirname(bw.__file__) == os.getcwd(), bw.__file__
+        bw._check_cuda_operands = lambda **_: None
+        bw._compiled_kernel = lambda *_: "kernel"
+        torch.cuda.current_stream = lambda *_: SimpleNamespace(cuda_stream=7)
+        torch.cuda.device = lambda *_: contextlib.nullcontext()
+        a = torch.zeros(1, 256, 256, dtype=torch.uint8)
+        b = torch.zeros(1, 128, 256, dtype=torch.uint8)
+        sfa = torch.zeros(1, 256 * 32, dtype=torch.float8_e4m3fn)
+        sfb = torch.zeros(1, 128 * 32, dtype=torch.float8_e4m3fn)
+        launch, d = bw.prepare_gemm(a, b, sfa, sfb, 16, alpha=0.5)
+        assert isinstance(launch, bw.PreparedGemm) and d.shape == (1, 256, 128)
+        try:
+            bw._reference_beside_this_file()
+        except bw.UsageError as err:
+            print("usage error:", err)
+        assert "fp4_ops" not in sys.modules and "reference" not in sys.modules
+        """,
+        tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "usage error:" in r.stdout and "reference.py" in r.stdout
+    dump = tmp_path / "dump"
+    r = _python(
+        "",
+        tmp_path,
+        TEMPLATE.name,
+        "--mnkl",
+        "256,128,256,1",
+        "--compile_only",
+        "--dump_dir",
+        str(dump),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cubin:" in r.stdout and list(dump.glob("*.cubin"))
