@@ -1680,7 +1680,9 @@ def make_parser() -> argparse.ArgumentParser:
         "B300/GB300); sm_100a only on sm_100, sm_103a only on sm_103",
     )
     parser.add_argument(
-        "--dump_dir", default="./dump", help="where --compile_only writes the PTX and cubin"
+        "--dump_dir",
+        default="./dump",
+        help="--compile_only writes the PTX and cubin into a folder per configuration here",
     )
     return parser
 
@@ -1759,12 +1761,20 @@ def _files_written(folder: str, before: dict[str, int], suffix: str) -> list[str
     )
 
 
+def dump_folder_name(args: argparse.Namespace) -> str:
+    """The configuration's own folder under --dump_dir: the DSL names its files after the kernel
+    only, so configurations sharing one folder would overwrite each other's PTX and cubin."""
+    (tm, tn), (cm, cn) = args.mma_tiler_mn, args.cluster_shape_mn
+    fmt = SF_FORMATS[args.sf_vec_size][1].lower()
+    return f"{fmt}_{args.c_dtype}_tile{tm}x{tn}_cluster{cm}x{cn}_{args.gpu_arch}"
+
+
 def run_compile_only(args: argparse.Namespace) -> int:
     _writable_folder(args.dump_dir)
+    folder = os.path.join(args.dump_dir, dump_folder_name(args))
+    _writable_folder(folder)
     # Only what this compile writes is reported: the folder may hold older cubins.
-    before = {
-        f: os.stat(os.path.join(args.dump_dir, f)).st_mtime_ns for f in os.listdir(args.dump_dir)
-    }
+    before = {f: os.stat(os.path.join(folder, f)).st_mtime_ns for f in os.listdir(folder)}
     cluster_size = args.cluster_shape_mn[0] * args.cluster_shape_mn[1]
     gemm, compiled = compile_gemm(
         args.sf_vec_size,
@@ -1774,15 +1784,15 @@ def run_compile_only(args: argparse.Namespace) -> int:
         args.cluster_shape_mn,
         B200_SM_COUNT // cluster_size,
         args.gpu_arch,
-        args.dump_dir,
+        folder,
     )
-    cubins = _files_written(args.dump_dir, before, f".{args.gpu_arch}.cubin")
-    ptx_files = _files_written(args.dump_dir, before, f".{args.gpu_arch}.ptx")
+    cubins = _files_written(folder, before, f".{args.gpu_arch}.cubin")
+    ptx_files = _files_written(folder, before, f".{args.gpu_arch}.ptx")
     print(f"Compile only: {args.gpu_arch}, no GPU used")
     if len(cubins) != 1 or len(ptx_files) != 1:
         print(
             f"error: the compile wrote {len(cubins)} cubin(s) and {len(ptx_files)} PTX file(s) "
-            f"into {args.dump_dir}, not one of each",
+            f"into {folder}, not one of each",
             file=sys.stderr,
         )
         return 1

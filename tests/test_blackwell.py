@@ -920,7 +920,21 @@ def test_cli_compile_only_summary(tmp_path):
     assert re.search(r"TMEM columns: accumulators 256 \+ SFA 16 \+ SFB 16 of 512", out)
     if bw.find_cuobjdump():
         assert "local memory per thread: 0 bytes" in out
-    assert list(tmp_path.glob("*.ptx")) and list(tmp_path.glob("*.cubin"))
+    folder = tmp_path / "nvfp4_BFloat16_tile256x128_cluster2x1_sm_100f"
+    assert list(folder.glob("*.ptx")) and list(folder.glob("*.cubin"))
+
+
+def test_cli_compile_only_keeps_each_configuration_apart(tmp_path):
+    """Two configurations compiled into one --dump_dir keep their own PTX and cubin (the DSL
+    names the files after the kernel only)."""
+    cubins = []
+    for tile in ("128,64", "128,128"):
+        args = ("--mnkl", "256,256,256,1", "--mma_tiler_mn", tile, "--cluster_shape_mn", "1,1")
+        proc = _cli(*args, "--compile_only", "--dump_dir", str(tmp_path), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        cubins.append(Path(re.search(r"cubin: (\S+)", proc.stdout).group(1)))
+    assert cubins[0].parent != cubins[1].parent and all(c.exists() for c in cubins)
+    assert cubins[0].parent.name == "nvfp4_BFloat16_tile128x64_cluster1x1_sm_100f"
 
 
 @pytest.mark.parametrize(
@@ -1556,11 +1570,13 @@ def test_cli_dump_dir_not_writable_exits_2_naming_it(tmp_path):
 
 
 def test_cli_never_reports_a_stale_cubin(tmp_path):
-    """An older, newer-dated cubin of another configuration in the folder is not reported."""
-    stale = tmp_path / "stale_kernel.sm_100f.cubin"
+    """An older, newer-dated cubin in the configuration's folder is not reported."""
+    folder = tmp_path / "nvfp4_BFloat16_tile128x64_cluster1x1_sm_100f"
+    folder.mkdir()
+    stale = folder / "stale_kernel.sm_100f.cubin"
     stale.write_bytes(b"not a cubin")
     os.utime(stale, (2**32, 2**32))
-    (tmp_path / "stale_kernel.sm_100f.ptx").write_text("stale")
+    (folder / "stale_kernel.sm_100f.ptx").write_text("stale")
     proc = _cli(
         "--compile_only",
         "--dump_dir",

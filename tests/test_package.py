@@ -234,4 +234,4 @@ def test_template_runs_copied_alone(tmp_path):
         str(dump),
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "cubin:" in r.stdout and list(dump.glob("*.cubin"))
+    assert "cubin:" in r.stdout and list(dump.rglob("*.cubin"))
