@@ -235,3 +235,13 @@ def test_template_runs_copied_alone(tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "cubin:" in r.stdout and list(dump.rglob("*.cubin"))
+
+
+def test_readme_python_snippet_runs_from_another_folder(tmp_path):
+    """The README's first Python example, as a new user runs it: installed package, CPU tensors,
+    a folder outside the checkout."""
+    text = (ROOT / "README.md").read_text()
+    snippet = text.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    r = _python(snippet + "\nprint(tuple(y.shape), tuple(y16.shape), y.dtype)\n", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "(16, 1024) (16, 1024) torch.bfloat16"
