@@ -653,7 +653,8 @@ class QuantizerConfig:
     dynamic: bool  # NVFP4 with the global scale found on the device (the amax grid first)
 
 
-_KERNELS: dict[tuple[QuantizerConfig, int], object] = {}
+# (QuantizerConfig, device index) -> (compiled kernel, its TVM-FFI function, the SM count)
+_KERNELS: dict[tuple[QuantizerConfig, int], tuple] = {}
 
 
 def quantize_cuda(x, sf_vec_size: int, global_scale=None):
@@ -692,9 +693,7 @@ def _torch_in_names() -> dict:
 
 def launch_quantize(x, sf_vec_size: int, global_scale=None):
     """``quantize_cuda`` for arguments its checks (or ``fp4_ops.quantize``'s) have passed."""
-    import cuda.bindings.driver as cuda_driver
     import torch
-    from cutlass.cute.runtime import make_ptr
 
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
@@ -702,39 +701,45 @@ def launch_quantize(x, sf_vec_size: int, global_scale=None):
     lead = tuple(x.shape[:-2])
     l = x.shape[0] if lead else 1  # noqa: E741
     device = x.device
-    in_dtype = _torch_in_names()[x.dtype]
-    config = QuantizerConfig(in_dtype, sf_vec_size, sf_vec_size == 16 and global_scale is None)
+    config = QuantizerConfig(
+        _torch_in_names()[x.dtype], sf_vec_size, sf_vec_size == 16 and global_scale is None
+    )
+    kernel, sm_count = _kernel(config, device)
+    q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
+    sf = torch.empty(
+        (*lead, blocked_numel(rows, k // sf_vec_size)), dtype=torch.uint8, device=device
+    )
+    gs_out = torch.empty((), dtype=torch.float32, device=device)
+    gs_in = gs_out if global_scale is None else global_scale
+    # the amax pass's per-CTA maxima (dynamic only): every one the quantize pass reads is written
+    partials = (
+        torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device) if config.dynamic else gs_out
+    )
+    args = [t.data_ptr() for t in (x, q, sf, gs_in, gs_out, partials)]
+    stream = torch.cuda.current_stream(device).cuda_stream
+    if device.index == torch.cuda.current_device():
+        kernel(*args, (rows, k, l), sm_count, stream)
+    else:
+        with torch.cuda.device(device):
+            kernel(*args, (rows, k, l), sm_count, stream)
+    return q, sf.view(SCALE_DTYPES[sf_vec_size]), gs_out
+
+
+def _kernel(config: QuantizerConfig, device):
+    """(the compiled quantizer's TVM-FFI function, the device's SM count), once per process."""
+    import torch
+
     key = (config, device.index)
     if key not in _KERNELS:
         with torch.cuda.device(device):
-            _KERNELS[key] = compile_quantizer(config.in_dtype, sf_vec_size, config.dynamic)
-    q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
-    n_sf = blocked_numel(rows, k // sf_vec_size)
-    sf = torch.empty((*lead, n_sf), dtype=torch.uint8, device=device)
-    gs_out = torch.empty((), dtype=torch.float32, device=device)
-    # the amax pass's per-CTA maxima: every one the quantize pass reads is written first
-    partials = torch.empty(MAX_PARTIALS if config.dynamic else 0, dtype=torch.int32, device=device)
-    gs_in = gs_out if global_scale is None else global_scale.contiguous()
-    gmem = cute.AddressSpace.gmem
-    ptrs = (
-        make_ptr(IN_DTYPES[in_dtype], x.data_ptr(), gmem, assumed_align=16),
-        make_ptr(cutlass.Uint8, q.data_ptr(), gmem, assumed_align=16),
-        make_ptr(cutlass.Uint8, sf.data_ptr(), gmem, assumed_align=16),
-        make_ptr(Float32, gs_in.data_ptr(), gmem, assumed_align=4),
-        make_ptr(Float32, gs_out.data_ptr(), gmem, assumed_align=4),
-        make_ptr(
-            Uint32,
-            partials.data_ptr() if config.dynamic else gs_out.data_ptr(),
-            gmem,
-            assumed_align=4,
-        ),
-    )
-    stream = cuda_driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
-    # (persistent grids sized to the SMs)
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    with torch.cuda.device(device):
-        _KERNELS[key](*ptrs, (Int32(rows), Int32(k), Int32(l)), Int32(sm_count), stream)
-    return q, sf.view(SCALE_DTYPES[sf_vec_size]), gs_out
+            # (TVM-FFI: the launch takes plain ints for pointers, extents and the stream)
+            compiled = compile_quantizer(
+                config.in_dtype, config.sf_vec_size, config.dynamic, "--enable-tvm-ffi"
+            )
+        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        _KERNELS[key] = (compiled, compiled.__tvm_ffi_object__(), sm_count)
+    _, kernel, sm_count = _KERNELS[key]
+    return kernel, sm_count
 
 
 def time_graph_us(fn, iterations: int = 20, repeats: int = 5) -> float:

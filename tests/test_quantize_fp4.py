@@ -284,3 +284,41 @@ def test_bad_static_global_scale_gives_nan_scales(gs):
     q, sf, _ = quantize_fp4.quantize_cuda(x.cuda(), 16, torch.tensor(gs, device="cuda"))
     plain = reference.from_blocked(sf.cpu(), 4, 4).view(torch.uint8)
     assert bool((plain == 0x7F).all()) and not bool(q.any())
+
+
+def _exported(compiled, tmp_path):
+    """A TVM-FFI compiled kernel exported ahead of time and loaded back: callable without a GPU
+    up to the CUDA runtime, which fails (no driver), after the arguments were checked."""
+    import subprocess
+
+    import cutlass.cute as cute
+
+    compiled.export_to_c(str(tmp_path / "kernel.o"), function_name="kernel")
+    libraries = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
+    so = tmp_path / "kernel.so"
+    subprocess.run(
+        ["gcc", "-shared", "-o", str(so), str(tmp_path / "kernel.o"), *libraries], check=True
+    )
+    return cute.runtime.load_module(str(so), enable_tvm_ffi=True).kernel
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="with a CUDA driver the exported kernel would launch"
+)
+@pytest.mark.parametrize("vec, static", [(16, False), (16, True), (32, False)])
+def test_launch_matches_the_tvm_ffi_signature(monkeypatch, tmp_path, vec, static):
+    """launch_quantize's call of the compiled TVM-FFI function (pointers as ints, the extents
+    tuple, SM count, stream), checked against the signature the compile produced: on CPU tensors
+    it gets as far as the CUDA runtime, so arity, tuple sizes and argument types all match."""
+    from types import SimpleNamespace
+
+    dynamic = vec == 16 and not static
+    options = "--gpu-arch sm_90a --enable-tvm-ffi"
+    kernel = _exported(quantize_fp4.compile_quantizer("BFloat16", vec, dynamic, options), tmp_path)
+    monkeypatch.setattr(quantize_fp4, "_kernel", lambda *_: (kernel, 132))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    gs = torch.tensor(0.5) if static else None
+    with pytest.raises(RuntimeError, match="cudaErrorInsufficientDriver|CUDA driver"):
+        quantize_fp4.launch_quantize(x, vec, gs)
