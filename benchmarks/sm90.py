@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Benchmark of the Hopper FP4 GEMM (blockwise_gemm_fp4_sm90.py) against its peers: same run,
-same process, same data, on an H100 / H200.
+"""Benchmark of the Hopper FP4 GEMM (``fp4_ops.sm90.launcher.gemm``) against its peers: same
+run, same process, same data, on an H100 / H200.
 
 Every time is per GEMM, from CUDA-graph replays (launch gaps do not count) of calls that read
 the next of several input copies, together over 3x the L2, so every call finds the weights in
@@ -48,12 +48,11 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 import reference
-from fp4_ops.sm90 import gemm as k90
 from fp4_ops.sm90 import k_order
 from fp4_ops.sm90 import launcher as r90
 
@@ -98,7 +97,6 @@ class Bench:
     tri: tuple | None  # (triton, dequant kernel, dot_scaled kernel), or None
     lut: torch.Tensor | None  # E2M1 values (BF16) for torch-dq+cublas
     humming: type | None  # humming.layer.HummingLayer, or None
-    runners: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------- timing
@@ -124,7 +122,7 @@ def time_graph(calls, reps: int = 20, replays: int = 7) -> float:
     reps = max(reps, len(calls))
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
-    # warm-up on the capture stream: compilation, and our runner's per-stream workspaces
+    # warm-up on the capture stream: compilation, and our kernel's per-stream workspaces
     with torch.cuda.stream(stream):
         for c in calls:
             c()
@@ -295,35 +293,24 @@ def _rate(m, n, k, sec, **extra):
     return dict(us=sec * 1e6, tflops=2 * m * n * k / sec / 1e12, **extra)
 
 
-def _runner(bench: Bench, vec, config, a_dtype):
-    """The (cached) runner of ``config`` = (path, tiler, split_k, k_groups)."""
-    key = (a_dtype, vec, *config)
-    if key not in bench.runners:
-        path, tiler, split, k_groups = config
-        bench.runners[key] = r90.Fp4GemmSm90Runner(
-            vec, "BFloat16", path, tiler, split, k_groups=k_groups, a_dtype=a_dtype
-        )
-    return bench.runners[key]
-
-
 def bench_ours(bench: Bench, ops, m, n, k, w4a16=None):
     """(result, D [1, M, N]) of the default configuration: W4A4 on ``ops``, or with ``w4a16`` =
     (BF16 activations x [M, K], exact D float64) on x and ops' weights, prepacked, with their
     global scale as alpha."""
     vec = ops.sf_vec_size
-    sfb = r90.blocked_scales(ops.sfb)[0]
+    sfb = r90.blocked_scales(ops.sfb)
     if w4a16 is None:
         a_dtype, alpha = "Float4E2M1FN", float(ops.alpha)
-        inputs = (ops.a, ops.b, r90.blocked_scales(ops.sfa)[0], sfb)
+        inputs = (ops.a, ops.b, r90.blocked_scales(ops.sfa), sfb)
     else:
         a_dtype, alpha = "BFloat16", float(ops.global_scale_b)
         inputs = (w4a16[0].unsqueeze(0), k_order.prepack_weights(ops.b), None, sfb)
     d = torch.empty((1, m, n), dtype=torch.bfloat16, device="cuda")
     one = _nbytes(*inputs, d)
     sets = input_sets(bench, inputs, _nbytes(d))
-    config = k90.default_config(m, n, k, 1, r90.gpu_sm_count(), a_dtype=a_dtype)
-    run = _runner(bench, vec, config, a_dtype)
-    sec = time_graph([lambda s=s: run(*s, d, m, n, k, 1, alpha) for s in sets])
+    config = r90.GemmConfig.for_problem((m, n, k, 1), vec, "BFloat16", a_dtype)
+    alpha_t = torch.full((1,), alpha, dtype=torch.float32, device="cuda")
+    sec = time_graph([lambda s=s: r90.gemm(*s, alpha_t, d, config) for s in sets])
     if w4a16 is None:
         ok, info = reference.check_gemm(
             d[0], ops.a[0], ops.b[0], ops.sfa[0], ops.sfb[0], vec, alpha
@@ -342,7 +329,8 @@ def bench_ours(bench: Bench, ops, m, n, k, w4a16=None):
         roof_pct=100 * one / bench.roof / sec,
         bytes=one,
         check=ok,
-        config="{} {} split_k={} k_groups={}".format(*config),
+        config=f"{config.path} {config.mma_tiler_mn} split_k={config.split_k} "
+        f"k_groups={config.k_groups}",
         **extra,
     )
     if not ok:

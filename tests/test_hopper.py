@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Tests of the Hopper (sm_90a) NVFP4 / MXFP4 GEMM, fp4_ops/sm90/gemm.py, its torch-facing
-runner, fp4_ops/sm90/launcher.py, and its command line, fp4_ops/sm90/cli.py.
+"""Tests of the Hopper (sm_90a) NVFP4 / MXFP4 GEMM, fp4_ops/sm90/gemm.py, its torch entry point
+(``gemm``, ``GemmConfig``), fp4_ops/sm90/launcher.py, and its command line, fp4_ops/sm90/cli.py.
 
 CPU (any machine, CI): cross-compile several configurations for sm_90a and check the PTX and
 SASS (TMA loads, F16 / BF16 wgmma with FP32 accumulation, the conversion constants, no local
 memory); the kernel's own conversion helpers and K-permutation and scale-offset index math, run
 on the CPU with models of the PTX instructions they emit, against the reference's decode of
-every code and scale; every can_implement refusal; the command line's error exits.
+every code and scale; every can_implement refusal; ``gemm``'s operand and configuration checks;
+the command line's error exits.
 GPU (H100 / H200 only, skipped elsewhere): results against reference.check_gemm over ragged
 shapes, both formats, every output dtype, alpha != 1, L > 1, decode (tiles of 8 to 128 tokens,
 the tokens converted by the prologue grid) and prefill (2x1 cluster and 1x1) paths, split-K,
@@ -21,6 +22,7 @@ import re
 import struct
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -237,73 +239,228 @@ def test_cross_compile_sm90a(cfg, tmp_path):
         assert "ld.shared.f32" in ptx and "st.shared.f32" in ptx
 
 
-def test_operand_reasons_name_each_problem():
+def _cpu_operands(m, n, k, l, vec=16, sf_dtype="uint8", a_dtype=k90.W4A4, out="bfloat16"):  # noqa: E741
+    """``gemm``'s operands for (M, N, K, L) as zeros on the CPU (only the device rule fails):
+    packed FP4 or 16-bit activations, blocked scales of ``vec`` in ``sf_dtype``, alpha, out."""
+    import torch
+
+    sf = getattr(torch, sf_dtype)
+    if a_dtype == k90.W4A4:
+        a = torch.zeros(l, m, k // 2, dtype=torch.uint8)
+        b = torch.zeros(l, n, k // 2, dtype=torch.uint8)
+        sfa = torch.zeros(l, k90.blocked_sf_bytes(m, k, 1, vec), dtype=torch.uint8).view(sf)
+    else:
+        a = torch.zeros(l, m, k, dtype=k90.torch_dtype(a_dtype))
+        b = torch.zeros(l, n, -(-k // 64) * 32, dtype=torch.uint8)
+        sfa = None
+    sfb = torch.zeros(l, k90.blocked_sf_bytes(n, k, 1, vec), dtype=torch.uint8).view(sf)
+    d = torch.zeros(l, m, n, dtype=getattr(torch, out))
+    return dict(a=a, b=b, sfa=sfa, sfb=sfb, alpha=torch.ones(1), out=d)
+
+
+def _refusal(config=None, **operands) -> str:
+    """The ValueError message of ``gemm`` on these operands (CPU tensors: never launched)."""
+    with pytest.raises(ValueError) as err:
+        r90.gemm(**operands, config=config)
+    return str(err.value)
+
+
+def _cuda_refusals(*names) -> str:
+    return "; ".join(f"{name} must be a contiguous CUDA tensor" for name in names)
+
+
+def test_gemm_names_each_operand_problem():
     import torch
 
     m, n, k, l = 16, 64, 256, 1  # noqa: E741
-    sf = l * 128 * (k // 16 // 4 * 4)
-    good = dict(
-        a=torch.zeros(m * k // 2, dtype=torch.uint8),
-        b=torch.zeros(n * k // 2, dtype=torch.uint8),
-        sfa_blocked=torch.zeros(sf, dtype=torch.uint8),
-        sfb_blocked=torch.zeros(sf, dtype=torch.uint8),
-        d=torch.zeros(m * n, dtype=torch.bfloat16),
-    )
-    reasons = r90.operand_reasons(**good, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
+    config = r90.GemmConfig.for_problem((m, n, k, l), 16, "BFloat16", num_sms=132)
+    good = _cpu_operands(m, n, k, l)
     # CPU tensors: only the device rule fails
-    assert reasons and all("contiguous CUDA tensor" in r for r in reasons), reasons
+    assert _refusal(config, **good) == _cuda_refusals("a", "b", "sfa", "sfb", "out")
     # 8 bytes past an aligned base: 8-byte aligned, not 16
-    shifted = dict(good, a=torch.zeros(m * k // 2 + 8, dtype=torch.uint8)[8:])
-    reasons = r90.operand_reasons(**shifted, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
-    assert any("a must start on a 16-byte boundary" in r for r in reasons), reasons
-    short = dict(good, sfb_blocked=torch.zeros(sf - 16, dtype=torch.uint8))
-    reasons = r90.operand_reasons(**short, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
-    assert any(f"sfb_blocked has {sf - 16} bytes" in r for r in reasons), reasons
-    # packed operands are counted in bytes whatever their dtype
-    wide = dict(good, a=torch.zeros(m * k // 4 + 1, dtype=torch.int16))
-    reasons = r90.operand_reasons(**wide, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
-    assert any(f"a has {2 * (m * k // 4 + 1)} bytes" in r for r in reasons), reasons
-    # D must have the dtype the kernel writes: same size in elements is not enough
-    for c_dtype, other in (("BFloat16", torch.float32), ("Float32", torch.bfloat16)):
-        wrong = dict(good, d=torch.zeros(m * n, dtype=other))
-        reasons = r90.operand_reasons(**wrong, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype=c_dtype)
-        assert any(f"d is {other}; this kernel writes {c_dtype}" in r for r in reasons), reasons
-    reasons = r90.operand_reasons(**good, mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16")
-    assert not any(r.startswith("d is") for r in reasons), reasons
+    shifted = torch.zeros(l * m * k // 2 + 8, dtype=torch.uint8)[8:].view(l, m, k // 2)
+    assert "a must start on a 16-byte boundary" in _refusal(config, **dict(good, a=shifted))
+    sf = good["sfb"].shape[1]
+    short = dict(good, sfb=torch.zeros(l, sf - 16, dtype=torch.uint8))
+    want = f"sfb has shape (1, {sf - 16}); (M, N, K, L) = (16, 64, 256, 1) needs (1, {sf})"
+    assert want in _refusal(config, **short)
+    # (N comes from b, K from a: a b of another K)
+    half = dict(good, b=good["b"][..., :64].contiguous())
+    assert "b has shape (1, 64, 64); (M, N, K, L) = (16, 64, 256, 1)" in _refusal(config, **half)
+    # packed FP4 and scales are one byte each
+    wide = dict(good, a=torch.zeros(l, m, k // 2, dtype=torch.int16))
+    assert "a is torch.int16: packed FP4 is uint8" in _refusal(config, **wide)
+    mx_scales = dict(good, sfb=good["sfb"].view(torch.float8_e8m0fnu))
+    assert "sfb is torch.float8_e8m0fnu: sf_vec_size 16" in _refusal(config, **mx_scales)
+    assert "sfa is None: W4A4 needs" in _refusal(config, **dict(good, sfa=None))
+    # D must have the dtype of the configuration's kernel: same size is not enough
+    for c_dtype, other in (("BFloat16", torch.float16), ("Float32", torch.bfloat16)):
+        wrong = dict(good, out=torch.zeros(l, m, n, dtype=other))
+        refused = _refusal(r90.GemmConfig.for_problem((m, n, k, l), 16, c_dtype), **wrong)
+        assert f"out is {other}; config.c_dtype is {c_dtype}" in refused
+    assert "out has shape (1, 16, 32)" in _refusal(config, **dict(good, out=good["out"][..., :32]))
+    for alpha in (1.0, torch.ones(1, dtype=torch.float64), torch.ones(2)):
+        refused = _refusal(config, **dict(good, alpha=alpha))
+        assert "alpha must be a one-element float32 tensor on cpu" in refused
 
 
-RUNNER_REFUSALS = [
-    # (runner arguments, a reason it must name): refused before anything is compiled
-    ((16, "BFloat16", "decode", (24, 128), 4), "MMA tile M (tokens)=24"),
-    ((8, "BFloat16", "prefill", (128, 256)), "sf_vec_size=8"),
-    ((16, "Float64", "prefill", (128, 256)), "c_dtype=Float64"),
-    ((16, "BFloat16", "decode", (16, 128), 2, "", (2, 1)), "on the prefill path"),
-    ((16, "BFloat16", "decode", (16, 128), 0), "split_k=0"),
-    ((16, "BFloat16", "sideways", (16, 128)), "path=sideways"),
+def test_gemm_takes_the_formats_from_the_tensors():
+    import torch
+
+    m, n, k, l = 16, 64, 256, 2  # noqa: E741
+    refused = _refusal(**_cpu_operands(m, n, k, l))
+    assert "uint8 scales do not say their format: pass sf_vec_size" in refused
+    cuda_only = _cuda_refusals("a", "b", "sfa", "sfb", "out")
+    assert _refusal(**_cpu_operands(m, n, k, l), sf_vec_size=16) == cuda_only
+    assert _refusal(**_cpu_operands(m, n, k, l, 16, "float8_e4m3fn")) == cuda_only
+    mixed = dict(_cpu_operands(m, n, k, l, 16, "float8_e4m3fn"), sf_vec_size=32)
+    assert "name different formats (V [16, 32])" in _refusal(**mixed)
+    config = r90.GemmConfig.for_problem((m, n, k, l), 16)
+    assert "sf_vec_size=32, but config.sf_vec_size is 16" in _refusal(config, **mixed)
+    # W4A16 from a's dtype, MXFP4 from the scales': float16 activations cannot take E8M0
+    w4a16 = _cpu_operands(m, n, k, l, 32, "float8_e8m0fnu", "Float16")
+    assert "a_dtype=Float16 with MXFP4 weights" in _refusal(**w4a16)
+    float64_out = _cpu_operands(m, n, k, l, 16, "float8_e4m3fn", out="float64")
+    assert "out must be bfloat16, float16 or float32" in _refusal(**float64_out)
+    flat = dict(_cpu_operands(m, n, k, l), a=torch.zeros(m * k // 2, dtype=torch.uint8))
+    assert "a must be 3-D [L, rows, K]" in _refusal(**flat, sf_vec_size=16)
+    ints = dict(_cpu_operands(m, n, k, l), a=torch.zeros(l, m, k // 2, dtype=torch.int16))
+    assert "a must be packed FP4 (uint8 or float4_e2m1fn_x2: W4A4)" in _refusal(**ints)
+
+
+def test_gemm_config_for_problem_and_its_key():
+    mnkl = (1, 7168, 2048, 1)
+    config = r90.GemmConfig.for_problem(mnkl, 32, "Float32", num_sms=132)
+    picked = (config.path, config.mma_tiler_mn, config.split_k, config.k_groups)
+    assert picked == k90.default_config(*mnkl, 132) == ("decode", (8, 64), 1, 4)
+    assert (config.sf_vec_size, config.c_dtype, config.a_dtype) == (32, "Float32", k90.W4A4)
+    assert config.cluster_shape_mn == (1, 1) and config.tma_store and config.reasons(mnkl) == []
+    # a tile or a split given: the pick without K groups, as the command line makes it
+    assert r90.GemmConfig.for_problem(mnkl, split_k=2, num_sms=132).k_groups == 1
+    assert r90.GemmConfig.for_problem(mnkl, mma_tiler_mn=(8, 128), num_sms=132).k_groups == 1
+    prefill = r90.GemmConfig.for_problem((4096, 8192, 8192, 1), num_sms=132)
+    assert (prefill.path, prefill.mma_tiler_mn, prefill.cluster_shape_mn) == (
+        "prefill",
+        (128, 256),
+        (2, 1),
+    )
+    # D rows of 1001 BF16 values are not 16-byte multiples: direct stores
+    ragged = r90.GemmConfig.for_problem((8, 1001, 1024, 1), num_sms=132)
+    assert not ragged.tma_store and ragged.reasons((8, 1001, 1024, 1)) == []
+    tma = r90.GemmConfig(path="decode", mma_tiler_mn=(8, 128))
+    assert "use tma_store=False" in tma.reasons((8, 1001, 1024, 1))[0]
+    # one spelling per kernel: defaults filled in, lists made tuples, TMA stores off where the
+    # kernel stages no D (64 tokens x 128 rows, split-K)
+    same = r90.GemmConfig(path="decode", mma_tiler_mn=[8, 128], cluster_shape_mn=[1, 1])
+    assert same == tma and hash(same) == hash(tma)
+    assert not r90.GemmConfig(path="decode", mma_tiler_mn=(64, 128), split_k=2).tma_store
+
+
+def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
+    """``gemm``'s launch without a GPU (the device checks, the compile and the stream replaced):
+    the kernel gets a, b, sfa, sfb, out, the stream's workspace and alpha in place (W4A16: sfb
+    for the unused sfa), (M, N, K, L) and the current stream; a configuration compiles once per
+    device; each stream gets its own workspace, made outside CUDA-graph capture only."""
+    import torch
+
+    compiled, launches = [], []
+
+    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a):
+        compiled.append((vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a))
+        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a)
+        return kernel, lambda *args: launches.append(args)
+
+    streams = {h: SimpleNamespace(cuda_stream=h, device=torch.device("cpu")) for h in (5, 6, 7)}
+    current, capturing = [streams[5]], [False]
+    monkeypatch.setattr(r90, "compile_gemm", compile_gemm)
+    monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: current[0])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+
+    def launch(stream, operands, config):
+        current[0] = streams[stream]
+        assert r90.gemm(**operands, config=config) is operands["out"]
+        ptrs, problem, cu_stream = launches[-1][:9], launches[-1][9], launches[-1][10]
+        assert [int(v) for v in problem] == [m, n, k, l] and int(cu_stream) == stream
+        addresses = [int(p.__tvm_ffi_opaque_ptr__()) for p in ptrs]
+        sfa = operands["sfb"] if operands["sfa"] is None else operands["sfa"]
+        named = (operands["a"], operands["b"], sfa, operands["sfb"], operands["out"])
+        assert addresses[:5] == [t.data_ptr() for t in named]
+        assert addresses[8] == operands["alpha"].data_ptr()
+        return addresses[5:8]
+
+    m, n, k, l = 20, 520, 1024, 2  # noqa: E741
+    config = r90.GemmConfig.for_problem(
+        (m, n, k, l), 32, "Float32", path="decode", mma_tiler_mn=(32, 128), split_k=3
+    )
+    ops = _cpu_operands(m, n, k, l, 32, out="float32")
+    kernels = r90.cache_size()
+    first = launch(5, ops, config)
+    sms = r90.gpu_sm_count()
+    assert compiled == [(32, "Float32", "decode", (32, 128), 3, sms, "", (1, 1), True, 1, k90.W4A4)]
+    assert r90.cache_size() == kernels + 1
+    again = launch(5, _cpu_operands(m, n, k, l, 32, out="float32"), config)
+    other = launch(6, ops, config)
+    assert again == first and len(set(other + first)) == 6 and len(compiled) == 1
+    # under capture: the workspace of stream 5 is reused, stream 7 would need a new one
+    capturing[0] = True
+    assert launch(5, ops, config) == first
+    with pytest.raises(RuntimeError, match="before capturing a CUDA graph on that stream"):
+        launch(7, ops, config)
+    capturing[0] = False
+    w4a16 = r90.GemmConfig.for_problem((m, n, k, l), 16, "BFloat16", "BFloat16", path="decode")
+    launch(7, _cpu_operands(m, n, k, l, a_dtype="BFloat16"), w4a16)
+    assert len(compiled) == 2 and compiled[1][-1] == "BFloat16"
+
+
+CONFIG_REFUSALS = [
+    # (GemmConfig fields, a reason gemm must name): refused before anything is compiled
+    (dict(path="decode", mma_tiler_mn=(24, 128), split_k=4), "MMA tile M (tokens)=24"),
+    (dict(sf_vec_size=8), "sf_vec_size=8"),
+    (dict(c_dtype="Float64"), "c_dtype=Float64"),
+    (
+        dict(path="decode", mma_tiler_mn=(16, 128), split_k=2, cluster_shape_mn=(2, 1)),
+        "prefill path",
+    ),
+    (dict(path="decode", mma_tiler_mn=(16, 128), split_k=0), "split_k=0"),
+    (dict(path="sideways", mma_tiler_mn=(16, 128)), "path=sideways"),
 ]
 
 
-@pytest.mark.parametrize("args, needle", RUNNER_REFUSALS, ids=[r[1] for r in RUNNER_REFUSALS])
-def test_runner_refuses_bad_config(args, needle):
+@pytest.mark.parametrize("fields, needle", CONFIG_REFUSALS, ids=[r[1] for r in CONFIG_REFUSALS])
+def test_gemm_refuses_bad_config(fields, needle):
+    config = r90.GemmConfig(**fields)
     with pytest.raises(ValueError, match=re.escape(needle)):
-        r90.Fp4GemmSm90Runner(*args)
+        r90.gemm(**_cpu_operands(16, 64, 256, 1), config=config)
 
 
-def test_runner_refuses_bad_problem(tmp_path):
-    """A built runner checks each call's problem (``problem_reasons``) with its operands."""
-    import torch
-
-    runner = r90.Fp4GemmSm90Runner(
-        16, "BFloat16", "decode", (8, 64), 1, options=f"--gpu-arch sm_90a --dump-dir={tmp_path}"
-    )
-    m, n, k, l = 1, 64, 48, 1  # noqa: E741
-    sf = k90.blocked_sf_bytes(m, k, l, 16)
-    ops = [torch.zeros(x, dtype=torch.uint8) for x in (m * k // 2, n * k // 2, sf, sf)]
-    d = torch.zeros(m * n, dtype=torch.bfloat16)
+def test_gemm_refuses_bad_problem():
+    """``gemm`` checks each problem (``problem_reasons``) with its operands."""
+    config = r90.GemmConfig(16, "BFloat16", path="decode", mma_tiler_mn=(8, 64))
     with pytest.raises(ValueError, match="K=48 is not a multiple of 32"):
-        runner(*ops, d, m, n, k, l, 1.0)
+        r90.gemm(**_cpu_operands(1, 64, 48, 1), config=config)
     with pytest.raises(ValueError, match="M must be >= 1, got 0"):
-        runner(*ops, d, 0, n, k, l, 1.0)
+        r90.gemm(**_cpu_operands(0, 64, 64, 1), config=config)
+
+
+def test_gemm_checks_a_configuration_once_per_problem(monkeypatch):
+    """``GemmConfig.reasons`` runs at the first call of a (configuration, problem) only; a
+    configuration it refuses is checked again at every call."""
+    checked = []
+    reasons = r90.GemmConfig.reasons
+
+    def counted(self, mnkl):
+        checked.append((self.split_k, mnkl[0]))
+        return reasons(self, mnkl)
+
+    monkeypatch.setattr(r90.GemmConfig, "reasons", counted)
+    config = r90.GemmConfig(32, "Float16", path="decode", mma_tiler_mn=(32, 64), split_k=3)
+    bad = r90.GemmConfig(32, "Float16", path="decode", mma_tiler_mn=(32, 64), split_k=17)
+    for m in (7, 7, 9, 7, 9):
+        operands = _cpu_operands(m, 40, 96, 3, 32, out="float16")
+        assert _refusal(config, **operands) == _cuda_refusals("a", "b", "sfa", "sfb", "out")
+        assert "split_k=17" in _refusal(bad, **operands)
+    assert checked == [(3, 7), (17, 7), (17, 7), (3, 9), (17, 9), (17, 7), (17, 9)]
 
 
 @pytest.mark.parametrize(
@@ -375,8 +532,8 @@ REFUSALS = [
 
 
 def test_kernel_refuses_bad_k_groups():
-    # (the runner and compile_gemm build the kernel object first: a clear error, not a failed
-    # compile or launch)
+    # (compile_gemm builds the kernel object first: a clear error, not a failed compile or
+    # launch)
     with pytest.raises(ValueError, match="at most 4 consumer warpgroups"):
         k90.BlockwiseGemmFp4Sm90(16, "decode", (8, 128), k_groups=4)
     with pytest.raises(ValueError, match="run on the decode path"):
@@ -1149,6 +1306,36 @@ def _assert_guards_untouched(buf, d):
     )
 
 
+def _config(mnkl, vec, c_dtype, path, tiler, split, k_groups=1, a_dtype=k90.W4A4):
+    """A GPU case's configuration, with TMA stores where N allows them (``for_problem``)."""
+    picks = dict(path=path, mma_tiler_mn=tiler, split_k=split, k_groups=k_groups)
+    return r90.GemmConfig.for_problem(mnkl, vec, c_dtype, a_dtype, **picks)
+
+
+def _alpha(value: float):
+    """alpha as ``gemm`` takes it: one fp32 value on the GPU, read when the kernel runs (made
+    before a test queues its launches: a fill between two GEMMs would break their PDL chain)."""
+    import torch
+
+    return torch.full((1,), value, dtype=torch.float32, device="cuda")
+
+
+def _kernel_of(config):
+    """The kernel object (not compiled) of a configuration."""
+    fields = (config.cluster_shape_mn, config.split_k, config.tma_store, config.k_groups)
+    return k90.BlockwiseGemmFp4Sm90(
+        config.sf_vec_size, config.path, config.mma_tiler_mn, *fields, config.a_dtype
+    )
+
+
+def _warm_up(config, a, b, sfa, sfb, d):
+    """One call into a scratch D: compiles ``config`` and allocates the current stream's
+    workspace for the shape, so that the launches after it are queued back to back."""
+    import torch
+
+    r90.gemm(a, b, sfa, sfb, _alpha(1.0), torch.empty_like(d), config)
+
+
 GPU_CASES = [
     # (m, n, k, l, sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, alpha, dist)
     (300, 520, 224, 2, 16, "BFloat16", "prefill", (128, 256), 1, 0.7, "wide"),
@@ -1200,7 +1387,7 @@ def test_gpu_matches_reference(case):
 
     m, n, k, l, vec, c_dtype, path, tiler, split, alpha_factor, dist = case[:11]  # noqa: E741
     k_groups = case[11] if len(case) > 11 else 1
-    runner = r90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
+    config = _config((m, n, k, l), vec, c_dtype, path, tiler, split, k_groups)
     # twice, back to back on different operands: the split-K counters reset themselves, and
     # the second prologue (PDL) must not overwrite tokens the first GEMM still reads
     runs = []
@@ -1209,17 +1396,14 @@ def test_gpu_matches_reference(case):
         alpha = float(ops.alpha) * alpha_factor
         sfa, sfb = r90.blocked_scales(ops.sfa), r90.blocked_scales(ops.sfb)
         d, guarded = _nan_filled_d((l, m, n), k90.torch_dtype(c_dtype))
-        runs.append((ops, alpha, sfa, sfb, d, guarded))
-    # compile the kernel variant for this N and allocate the workspace first, so that the two
-    # launches below are queued back to back
-    runner.executor(n)
-    runner.workspace(m, n, k, l)
+        runs.append((ops, alpha, sfa, sfb, d, guarded, _alpha(alpha)))
+    _warm_up(config, runs[0][0].a, runs[0][0].b, *runs[0][2:5])
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000)  # about 1 ms on the GPU: both launches queue up behind it
-    for ops, alpha, sfa, sfb, d, _ in runs:
-        runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, alpha)
+    for ops, _, sfa, sfb, d, _, alpha in runs:
+        r90.gemm(ops.a, ops.b, sfa, sfb, alpha, d, config)
     torch.cuda.synchronize()
-    for ops, alpha, _, _, d, guarded in runs:
+    for ops, alpha, _, _, d, guarded, _ in runs:
         ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, alpha)
         assert ok, str(info)
         _assert_guards_untouched(guarded, d)
@@ -1241,14 +1425,14 @@ def test_gpu_after_an_early_releasing_kernel(shared):
         # writer: BF16 D of 8 KiB = the packed tokens of 8 x 7168 x 2048 (8-token tiles of 64
         # rows in 4 K groups, on the prologue's PDL chain)
         (m1, n1, k1), (m2, n2, k2) = (1, 4096, 2048), (8, 7168, 2048)
-        reader = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 64), 1, k_groups=4)
+        reader = _config((m2, n2, k2, 1), 16, "BFloat16", "decode", (8, 64), 1, 4)
     else:
         # writer: BF16 D of 20800 bytes = the BF16 D of 20 x 520 x 64 (one k-tile, split 2 in
         # 4 K groups: units and groups without k-tiles)
         (m1, n1, k1), (m2, n2, k2) = (1, 10400, 2048), (20, 520, 64)
-        reader = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (32, 64), 2, k_groups=4)
-    assert reader.gemm.prologue_pdl
-    writer = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4)
+        reader = _config((m2, n2, k2, 1), 16, "BFloat16", "decode", (32, 64), 2, 4)
+    assert _kernel_of(reader).prologue_pdl
+    writer = _config((m1, n1, k1, 1), 16, "BFloat16", "decode", (8, 128), 4)
     ops1 = reference.make_fp4_operands(m1, n1, k1, 1, 16, "cuda", seed=3)
     ops2 = reference.make_fp4_operands(m2, n2, k2, 1, 16, "cuda", seed=4)
     sfa1, sfb1 = r90.blocked_scales(ops1.sfa), r90.blocked_scales(ops1.sfb)
@@ -1262,17 +1446,18 @@ def test_gpu_after_an_early_releasing_kernel(shared):
         else:
             tokens = ops2.a
             d2 = d1.view(1, m2, n2)
-        pairs.append((float(ops1.alpha) * (1 + i), d1, tokens, d2))
-    for runner, m, n, k in ((writer, m1, n1, k1), (reader, m2, n2, k2)):
-        runner.executor(n)
-        runner.workspace(m, n, k, 1)
+        alpha1 = float(ops1.alpha) * (1 + i)
+        pairs.append((alpha1, d1, tokens, d2, _alpha(alpha1)))
+    _warm_up(writer, ops1.a, ops1.b, sfa1, sfb1, pairs[0][1])
+    _warm_up(reader, ops2.a, ops2.b, sfa2, sfb2, pairs[0][3])
+    alpha2 = _alpha(float(ops2.alpha))
     torch.cuda.synchronize()
     torch.cuda._sleep(50_000_000)  # tens of ms on the GPU: all ten launches queue up behind it
-    for alpha1, d1, tokens, d2 in pairs:
-        writer(ops1.a, ops1.b, sfa1, sfb1, d1, m1, n1, k1, 1, alpha1)
-        reader(tokens, ops2.b, sfa2, sfb2, d2, m2, n2, k2, 1, float(ops2.alpha))
+    for _, d1, tokens, d2, alpha1 in pairs:
+        r90.gemm(ops1.a, ops1.b, sfa1, sfb1, alpha1, d1, writer)
+        r90.gemm(tokens, ops2.b, sfa2, sfb2, alpha2, d2, reader)
     torch.cuda.synchronize()
-    for alpha1, d1, tokens, d2 in pairs:
+    for alpha1, d1, tokens, d2, _ in pairs:
         if shared == "tokens":
             ok, info = reference.check_gemm(d1, ops1.a, ops1.b, ops1.sfa, ops1.sfb, 16, alpha1)
             assert ok, str(info)
@@ -1300,7 +1485,7 @@ def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
 
     m, n, k, l = 20, 300, 256, 1  # noqa: E741
     ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=7, dist="wide")
-    runner = r90.Fp4GemmSm90Runner(vec, "BFloat16", path, tiler, split)
+    config = _config((m, n, k, l), vec, "BFloat16", path, tiler, split)
     nan_byte = 0x7F if vec == 16 else 0xFF  # E4M3 / E8M0 NaN
     sfa_nan, sfb_nan = ops.sfa.clone(), ops.sfb.clone()
     sfa_nan.view(torch.uint8)[0, 3, 1] = nan_byte
@@ -1311,7 +1496,8 @@ def test_gpu_nan_scales_give_nan(vec, path, tiler, split):
     outs = []
     for sfa, sfb in ((ops.sfa, ops.sfb), (sfa_nan, sfb_nan)):
         d = torch.full((l, m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        runner(ops.a, ops.b, r90.blocked_scales(sfa), r90.blocked_scales(sfb), d, m, n, k, l, 1.0)
+        blocked = (r90.blocked_scales(sfa), r90.blocked_scales(sfb))
+        r90.gemm(ops.a, ops.b, *blocked, _alpha(1.0), d, config)
         outs.append(d)
     torch.cuda.synchronize()
     clean, with_nan = outs
@@ -1345,7 +1531,7 @@ def test_gpu_splitk_is_bitwise_deterministic(case):
 
     m, n, vec, c_dtype, path, tiler, split, k_groups = case
     k, l = 4000, 2  # noqa: E741
-    runner = r90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, k_groups=k_groups)
+    config = _config((m, n, k, l), vec, c_dtype, path, tiler, split, k_groups)
     x, y = (
         reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist="wide")
         for seed in (11, 12)
@@ -1354,7 +1540,7 @@ def test_gpu_splitk_is_bitwise_deterministic(case):
     for ops in (x, y, x):
         d, guarded = _nan_filled_d((l, m, n), k90.torch_dtype(c_dtype))
         sfa, sfb = r90.blocked_scales(ops.sfa), r90.blocked_scales(ops.sfb)
-        runner(ops.a, ops.b, sfa, sfb, d, m, n, k, l, float(ops.alpha))
+        r90.gemm(ops.a, ops.b, sfa, sfb, _alpha(float(ops.alpha)), d, config)
         outs.append((ops, d, guarded))
     torch.cuda.synchronize()
     for ops, d, guarded in outs:
@@ -1449,10 +1635,10 @@ def test_gpu_partials_are_summed_in_documented_order(vec, path, tiler, split, k_
         a, b, sfa, sfb, vec, 1.0, torch.float64, accum_dtype=torch.float64
     )
     assert ref.flatten().tolist() == [1.0] * n
-    runner = r90.Fp4GemmSm90Runner(vec, "Float32", path, tiler, split, k_groups=k_groups)
+    config = _config((m, n, k, l), vec, "Float32", path, tiler, split, k_groups)
     d = torch.full((l, m, n), float("nan"), dtype=torch.float32, device="cuda")
     blocked = (r90.blocked_scales(sfa), r90.blocked_scales(sfb))
-    runner(a, b, *blocked, d, m, n, k, l, 1.0)
+    r90.gemm(a, b, *blocked, _alpha(1.0), d, config)
     torch.cuda.synchronize()
     assert d.flatten().tolist() == [want for _, want in table]
 
@@ -1584,28 +1770,22 @@ def test_w4a16_config_checks():
     assert k90.default_config(4096, 8192, 8192, 1, a_dtype="BFloat16")[0] == "prefill"
 
 
-def test_w4a16_operand_reasons():
+def test_w4a16_gemm_operand_checks():
     import torch
 
     m, n, k, l = 16, 64, 96, 1  # noqa: E741
-    sf = l * 128 * 8
-    good = dict(
-        a=torch.zeros(m * k, dtype=torch.bfloat16),
-        b=torch.zeros(n * 128 // 2, dtype=torch.uint8),
-        sfa_blocked=None,
-        sfb_blocked=torch.zeros(sf, dtype=torch.uint8),
-        d=torch.zeros(m * n, dtype=torch.bfloat16),
-    )
-    kw = dict(mnkl=(m, n, k, l), sf_vec_size=16, c_dtype="BFloat16", a_dtype="BFloat16")
-    reasons = r90.operand_reasons(**good, **kw)
-    assert reasons and all("contiguous CUDA tensor" in r for r in reasons), reasons
-    unpacked = dict(good, b=torch.zeros(n * k // 2, dtype=torch.uint8))
-    assert any("prepack_weights" in r for r in r90.operand_reasons(**unpacked, **kw))
-    f16 = dict(good, a=torch.zeros(m * k, dtype=torch.float16))
-    reasons = r90.operand_reasons(**f16, **kw)
-    assert any("a is torch.float16; W4A16 here takes BFloat16" in r for r in reasons), reasons
-    scaled = dict(good, sfa_blocked=torch.zeros(sf, dtype=torch.uint8))
-    assert any("sfa_blocked must be None" in r for r in r90.operand_reasons(**scaled, **kw))
+    config = r90.GemmConfig.for_problem((m, n, k, l), 16, "BFloat16", "BFloat16", num_sms=132)
+    good = _cpu_operands(m, n, k, l, a_dtype="BFloat16")
+    assert _refusal(config, **good) == _cuda_refusals("a", "b", "sfb", "out")
+    # without a config: the activations' dtype says W4A16
+    assert _refusal(**good, sf_vec_size=16) == _cuda_refusals("a", "b", "sfb", "out")
+    unpacked = dict(good, b=torch.zeros(l, n, k // 2, dtype=torch.uint8))
+    want = "b has shape (1, 64, 48); prepack_weights' output for (M, N, K, L) = (16, 64, 96, 1)"
+    assert want in _refusal(config, **unpacked)
+    f16 = dict(good, a=torch.zeros(l, m, k, dtype=torch.float16))
+    assert "a is torch.float16; config.a_dtype is BFloat16" in _refusal(config, **f16)
+    scaled = dict(good, sfa=torch.zeros(l, 128 * 8, dtype=torch.uint8))
+    assert "sfa must be None: W4A16 activations have no scales" in _refusal(config, **scaled)
 
 
 def test_w4a16_cli_compile_only_and_refusal(tmp_path):
@@ -1691,21 +1871,21 @@ def test_gpu_w4a16_matches_reference(case):
 
     m, n, k, l, vec, a_dtype, c_dtype, path, tiler, split, alpha_factor, k_groups = case[:12]  # noqa: E741
     dist = case[12] if len(case) > 12 else "wide"
-    runner = r90.Fp4GemmSm90Runner(vec, c_dtype, path, tiler, split, "", None, k_groups, a_dtype)
+    config = _config((m, n, k, l), vec, c_dtype, path, tiler, split, k_groups, a_dtype)
     runs = []
     for seed in (m + n + k, m + n + k + 1):
         a, ops = _w4a16_operands(m, n, k, l, vec, a_dtype, seed, dist)
         alpha = float(ops.alpha) * alpha_factor
         d, guarded = _nan_filled_d((l, m, n), k90.torch_dtype(c_dtype))
-        runs.append((a, ops, k_order.prepack_weights(ops.b), alpha, d, guarded))
-    runner.executor(n)
-    runner.workspace(m, n, k, l)
+        b, sfb = k_order.prepack_weights(ops.b), r90.blocked_scales(ops.sfb)
+        runs.append((a, ops, b, sfb, alpha, d, guarded, _alpha(alpha)))
+    _warm_up(config, runs[0][0], runs[0][2], None, runs[0][3], runs[0][5])
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000)
-    for a, ops, b, alpha, d, _ in runs:
-        runner(a, b, None, r90.blocked_scales(ops.sfb), d, m, n, k, l, alpha)
+    for a, _, b, sfb, _, d, _, alpha in runs:
+        r90.gemm(a, b, None, sfb, alpha, d, config)
     torch.cuda.synchronize()
-    for a, ops, _, alpha, d, guarded in runs:
+    for a, ops, _, _, alpha, d, guarded, _ in runs:
         ok, info = reference.check_gemm_w4a16(d, a, ops.b, ops.sfb, vec, alpha)
         assert ok, str(info)
         _assert_guards_untouched(guarded, d)
@@ -1721,22 +1901,22 @@ def test_gpu_w4a16_stores_after_the_grid_ahead():
     import reference
 
     (m1, n1, k1), (m2, n2, k2) = (1, 10400, 2048), (20, 520, 64)
-    writer = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (8, 128), 4, a_dtype="BFloat16")
-    reader = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (32, 64), 2, "", None, 4, "BFloat16")
+    writer = _config((m1, n1, k1, 1), 16, "BFloat16", "decode", (8, 128), 4, 1, "BFloat16")
+    reader = _config((m2, n2, k2, 1), 16, "BFloat16", "decode", (32, 64), 2, 4, "BFloat16")
     a1, ops1 = _w4a16_operands(m1, n1, k1, 1, 16, "BFloat16", 3)
     a2, ops2 = _w4a16_operands(m2, n2, k2, 1, 16, "BFloat16", 4)
     b1, b2 = k_order.prepack_weights(ops1.b), k_order.prepack_weights(ops2.b)
     sfb1, sfb2 = r90.blocked_scales(ops1.sfb), r90.blocked_scales(ops2.sfb)
     outs = [torch.full((1, m1, n1), float("nan"), dtype=torch.bfloat16, device="cuda")]
     outs += [torch.full_like(outs[0], float("nan")) for _ in range(4)]
-    for runner, m, n, k in ((writer, m1, n1, k1), (reader, m2, n2, k2)):
-        runner.executor(n)
-        runner.workspace(m, n, k, 1)
+    _warm_up(writer, a1, b1, None, sfb1, outs[0])
+    _warm_up(reader, a2, b2, None, sfb2, outs[0].view(1, m2, n2))
+    alpha1, alpha2 = _alpha(1.0), _alpha(float(ops2.alpha))
     torch.cuda.synchronize()
     torch.cuda._sleep(50_000_000)
     for d1 in outs:
-        writer(a1, b1, None, sfb1, d1, m1, n1, k1, 1, 1.0)
-        reader(a2, b2, None, sfb2, d1.view(1, m2, n2), m2, n2, k2, 1, float(ops2.alpha))
+        r90.gemm(a1, b1, None, sfb1, alpha1, d1, writer)
+        r90.gemm(a2, b2, None, sfb2, alpha2, d1.view(1, m2, n2), reader)
     torch.cuda.synchronize()
     for d1 in outs:
         ok, info = reference.check_gemm_w4a16(
@@ -1766,8 +1946,8 @@ def test_gpu_w4a16_reads_weights_after_the_grid_ahead():
     import reference
 
     (m1, n1, k1), (m2, n2, k2) = (13, 10240, 2048), (16, 520, 1024)
-    writer = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 2, a_dtype="BFloat16")
-    reader = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 1, a_dtype="BFloat16")
+    writer = _config((m1, n1, k1, 1), 16, "BFloat16", "decode", (16, 128), 2, 1, "BFloat16")
+    reader = _config((m2, n2, k2, 1), 16, "BFloat16", "decode", (16, 128), 1, 1, "BFloat16")
     a1, ops1 = _w4a16_operands(m1, n1, k1, 1, 16, "BFloat16", 5)
     a2, ops2 = _w4a16_operands(m2, n2, k2, 1, 16, "BFloat16", 6)
     b1, sfb1, sfb2 = k_order.prepack_weights(ops1.b), *map(r90.blocked_scales, (ops1.sfb, ops2.sfb))
@@ -1775,15 +1955,15 @@ def test_gpu_w4a16_reads_weights_after_the_grid_ahead():
     outs = [torch.full((1, m1, n1), float("nan"), dtype=torch.bfloat16, device="cuda")]
     outs += [torch.full_like(outs[0], float("nan")) for _ in range(4)]
     d2s = [torch.empty(1, m2, n2, dtype=torch.bfloat16, device="cuda") for _ in outs]
-    for runner, m, n, k in ((writer, m1, n1, k1), (reader, m2, n2, k2)):
-        runner.executor(n)
-        runner.workspace(m, n, k, 1)
+    weights = [d1.view(torch.uint8).view(1, n2, k2 // 2) for d1 in outs]
+    _warm_up(writer, a1, b1, None, sfb1, outs[0])
+    _warm_up(reader, a2, weights[0], None, sfb2, d2s[0])
+    alphas, one = [_alpha(float(1 + i)) for i in range(len(outs))], _alpha(1.0)
     torch.cuda.synchronize()
     torch.cuda._sleep(50_000_000)
-    for i, (d1, d2) in enumerate(zip(outs, d2s, strict=True)):
-        writer(a1, b1, None, sfb1, d1, m1, n1, k1, 1, float(1 + i))
-        weights = d1.view(torch.uint8).view(1, n2, k2 // 2)
-        reader(a2, weights, None, sfb2, d2, m2, n2, k2, 1, 1.0)
+    for d1, d2, w, alpha in zip(outs, d2s, weights, alphas, strict=True):
+        r90.gemm(a1, b1, None, sfb1, alpha, d1, writer)
+        r90.gemm(a2, w, None, sfb2, one, d2, reader)
     torch.cuda.synchronize()
     for d1, d2 in zip(outs, d2s, strict=True):
         plain = k_order.unprepack_weights(d1.view(torch.uint8).view(1, n2, k2 // 2), k2)
@@ -1792,44 +1972,49 @@ def test_gpu_w4a16_reads_weights_after_the_grid_ahead():
 
 
 @gpu
-def test_gpu_runner_streams_and_alpha_forms():
-    """One split-K runner on two streams at once (a workspace each: their tile counters must not
-    mix), given as torch streams and as a CUstream; a float alpha first seen under CUDA-graph
-    capture; a one-element device alpha changed between graph replays."""
-    import cuda.bindings.driver as cuda_driver
+def test_gpu_gemm_streams_graphs_and_alpha():
+    """One split-K configuration on two streams at once (a workspace each: their tile counters
+    must not mix), the second time through torch streams wrapping the same CUstreams (the same
+    workspaces); a one-element device alpha changed between CUDA-graph replays; the first call
+    of a shape under capture refused."""
     import torch
 
     import reference
 
     m, n, k = 16, 4096, 4096
-    runner = r90.Fp4GemmSm90Runner(16, "BFloat16", "decode", (16, 128), 4)
+    config = _config((m, n, k, 1), 16, "BFloat16", "decode", (16, 128), 4)
     runs = []
     for seed in range(4):
         ops = reference.make_fp4_operands(m, n, k, 1, 16, "cuda", seed=seed)
         sf = (r90.blocked_scales(ops.sfa), r90.blocked_scales(ops.sfb))
-        runs.append((ops, sf, torch.empty(1, m, n, dtype=torch.bfloat16, device="cuda")))
+        d = torch.empty(1, m, n, dtype=torch.bfloat16, device="cuda")
+        runs.append((ops, sf, d, _alpha(float(ops.alpha))))
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     for s in streams:
         s.wait_stream(torch.cuda.current_stream())
-        runner(runs[0][0].a, runs[0][0].b, *runs[0][1], runs[0][2], m, n, k, 1, 1.0, s)
+        with torch.cuda.stream(s):
+            _warm_up(config, runs[0][0].a, runs[0][0].b, *runs[0][1], runs[0][2])
     torch.cuda.synchronize()
     for s in streams:
         with torch.cuda.stream(s):
             torch.cuda._sleep(20_000_000)
-    for i, (ops, sf, d) in enumerate(runs):
+    kernels = r90.cache_size()
+    for i, (ops, sf, d, alpha) in enumerate(runs):
         s = streams[i % 2]
-        stream = s if i < 2 else cuda_driver.CUstream(s.cuda_stream)
-        runner(ops.a, ops.b, *sf, d, m, n, k, 1, float(ops.alpha), stream)
+        stream = s if i < 2 else torch.cuda.ExternalStream(s.cuda_stream)
+        with torch.cuda.stream(stream):
+            r90.gemm(ops.a, ops.b, *sf, alpha, d, config)
     torch.cuda.synchronize()
-    for ops, _, d in runs:
+    assert r90.cache_size() == kernels
+    for ops, _, d, _ in runs:
         ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, 16, ops.alpha)
         assert ok, str(info)
-    ops, sf, d = runs[1]
-    alpha = torch.full((1,), 0.5, device="cuda")
+    ops, sf, d, _ = runs[1]
+    alpha, fixed = _alpha(0.5), _alpha(0.37)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=streams[0]):
-        runner(ops.a, ops.b, *sf, runs[2][2], m, n, k, 1, 0.37)  # a float alpha new to the runner
-        runner(ops.a, ops.b, *sf, d, m, n, k, 1, alpha)
+        r90.gemm(ops.a, ops.b, *sf, fixed, runs[2][2], config)
+        r90.gemm(ops.a, ops.b, *sf, alpha, d, config)
     for value in (0.5, -3.0):
         alpha.fill_(value)
         graph.replay()
@@ -1837,3 +2022,7 @@ def test_gpu_runner_streams_and_alpha_forms():
         for out, want in ((runs[2][2], 0.37), (d, value)):
             ok, info = reference.check_gemm(out, ops.a, ops.b, ops.sfa, ops.sfb, 16, want)
             assert ok, str(info)
+    # a shape new to the stream: its workspace cannot be allocated under capture
+    with pytest.raises(RuntimeError, match="before capturing a CUDA graph on that stream"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=streams[0]):
+            r90.gemm(ops.a[:, :8], ops.b, *sf, alpha, d[:, :8], config)

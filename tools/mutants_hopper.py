@@ -4,7 +4,7 @@ k_order.py: small, realistic bugs, each of which tests/test_hopper.py must catch
 current as the kernel changes (it must occur exactly once in its file)."""
 
 FILE = "fp4_ops/sm90/gemm.py"
-RUNNER = "fp4_ops/sm90/launcher.py"
+LAUNCHER = "fp4_ops/sm90/launcher.py"
 DEQUANT = "fp4_ops/sm90/dequant.py"
 K_ORDER = "fp4_ops/sm90/k_order.py"
 TEST = "tests/test_hopper.py"
@@ -434,53 +434,77 @@ MUTANTS = [
         "mW = self._k_major(b_ptr, n, k // 2, l)",
         "test_gpu_w4a16_matches_reference",
     ),
-    # ------------------------------------------------------------------ runner (torch-facing)
+    # ------------------------------------------------------------------ launcher (torch-facing)
     mutant(
-        "h-runner-alignment-8-bytes",
-        "runner checks",
+        "h-launcher-alignment-8-bytes",
+        "launcher checks",
         "if t.data_ptr() % 16:",
         "if t.data_ptr() % 8:",
-        "operand_reasons",
-        file=RUNNER,
+        "names_each_operand_problem",
+        file=LAUNCHER,
     ),
     mutant(
-        "h-runner-w4a16-weights-unpadded",
-        "runner checks",
-        "l * n * round_up(k, K_BLOCK) // 2",
-        "l * n * k // 2",
-        "operand_reasons",
-        file=RUNNER,
+        "h-launcher-w4a16-weights-unpadded",
+        "launcher checks",
+        "(l, n, round_up(k, K_BLOCK) // 2)",
+        "(l, n, k // 2)",
+        "w4a16_gemm_operand_checks",
+        file=LAUNCHER,
     ),
     mutant(
-        "h-runner-problem-unchecked",
-        "runner checks",
-        "reasons += problem_reasons(mnkl, vec, path, gemm.mma_tiler_mn, a_dtype)",
+        "h-launcher-problem-unchecked",
+        "launcher checks",
+        "reasons += problem_reasons(mnkl, vec, self.path, tiler, a_dtype)",
         "reasons += []",
-        "runner_refuses",
-        file=RUNNER,
+        "gemm_refuses",
+        file=LAUNCHER,
     ),
     mutant(
-        "h-runner-config-unchecked",
-        "runner checks",
-        "reasons = config_reasons(sf_vec_size, sf_dtype, c_dtype, *config)",
+        "h-launcher-config-unchecked",
+        "launcher checks",
+        "reasons = config_reasons(vec, self.sf_dtype, self.c_dtype, *config, a_dtype)",
         "reasons = []",
-        "runner_refuses",
-        file=RUNNER,
+        "gemm_refuses",
+        file=LAUNCHER,
     ),
     mutant(
-        "h-runner-copy-k-unpadded",
-        "runner workspace",
+        "h-launcher-refused-config-cached",
+        "launcher checks",
+        "if not refused:\n            _CHECKED.add((config, mnkl))",
+        "if True:\n            _CHECKED.add((config, mnkl))",
+        "once_per_problem",
+        file=LAUNCHER,
+    ),
+    mutant(
+        "h-launcher-copy-k-unpadded",
+        "launcher workspace",
         "k_pad = round_up(k, K_BLOCK)",
         "k_pad = k",
         "converted_shapes",
-        file=RUNNER,
+        file=LAUNCHER,
     ),
     mutant(
-        "h-runner-token-copy-unpadded",
-        "runner workspace",
+        "h-launcher-token-copy-unpadded",
+        "launcher workspace",
         "shape_b = (l, gemm.converted_rows_b(rows_b), k_pad)",
         "shape_b = (l, rows_b, k_pad)",
         "converted_shapes",
-        file=RUNNER,
+        file=LAUNCHER,
+    ),
+    mutant(
+        "h-launcher-workspace-shared-by-streams",
+        "launcher workspace",
+        "key = (config, mnkl, stream.device.index, stream.cuda_stream)",
+        "key = (config, mnkl, stream.device.index)",
+        "launch_arguments",
+        file=LAUNCHER,
+    ),
+    mutant(
+        "h-launcher-workspace-made-under-capture",
+        "launcher workspace",
+        "if torch.cuda.is_current_stream_capturing():",
+        "if False:",
+        "launch_arguments",
+        file=LAUNCHER,
     ),
 ]

@@ -39,12 +39,9 @@ from fp4_ops.sm90.gemm import (
     alpha_reason,
     check_fp4_gemm_config,
     compile_gemm,
-    default_cluster,
-    default_config,
-    tma_store_fits,
     torch_dtype,
 )
-from fp4_ops.sm90.launcher import Fp4GemmSm90Runner, gpu_sm_count
+from fp4_ops.sm90.launcher import GemmConfig, gemm, gpu_sm_count
 
 
 def _reference(args: argparse.Namespace):
@@ -143,18 +140,21 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
     if not math.isfinite(args.tolerance) or args.tolerance <= 0:
         raise UsageError("--tolerance must be a finite number > 0")
     # (a tile or a split given completes the pick without K groups)
-    path, tiler, split, k_groups = default_config(
-        *(max(1, v) for v in args.mnkl),
+    args.config = GemmConfig.for_problem(
+        args.mnkl,
+        args.sf_vec_size,
+        args.c_dtype,
+        args.a_dtype,
         gpu_sm_count(),
         path=None if args.path == "auto" else args.path,
-        allow_k_groups=args.mma_tiler_mn is None and args.split_k is None,
-        a_dtype=args.a_dtype,
+        mma_tiler_mn=args.mma_tiler_mn,
+        split_k=args.split_k,
+        k_groups=args.k_groups,
+        cluster_shape_mn=args.cluster_shape_mn,
     )
-    args.path = path
-    args.mma_tiler_mn = args.mma_tiler_mn or tiler
-    args.split_k = split if args.split_k is None else args.split_k
-    args.k_groups = k_groups if args.k_groups is None else args.k_groups
-    args.cluster_shape_mn = args.cluster_shape_mn or default_cluster(args.path)
+    picked = args.config
+    args.path, args.mma_tiler_mn, args.split_k = picked.path, picked.mma_tiler_mn, picked.split_k
+    args.k_groups, args.cluster_shape_mn = picked.k_groups, picked.cluster_shape_mn
     config = (args.path, args.mma_tiler_mn, args.cluster_shape_mn, args.split_k, args.k_groups)
     formats = (args.sf_vec_size, args.sf_dtype, args.c_dtype)
     reasons = check_fp4_gemm_config(args.mnkl, *formats, *config, args.a_dtype)
@@ -190,9 +190,8 @@ def run_compile_only(args: argparse.Namespace) -> int:
     before = snapshot(args.dump_dir)
     options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
     config = (args.sf_vec_size, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
-    tma_store = tma_store_fits(args.mnkl[1], args.c_dtype)
-    cluster = args.cluster_shape_mn
-    gemm, _ = compile_gemm(
+    cluster, tma_store = args.cluster_shape_mn, args.config.tma_store
+    kernel, _ = compile_gemm(
         *config, H200_SM_COUNT, options, cluster, tma_store, args.k_groups, args.a_dtype
     )
     # (only what this compile wrote: an older cubin in the folder is never reported)
@@ -208,16 +207,16 @@ def run_compile_only(args: argparse.Namespace) -> int:
         print(f"  local memory per thread: {usage['LOCAL']} bytes (stack {usage['STACK']})")
     else:
         print("  registers / local memory: not read (cuobjdump not found)")
-    smem = gemm.shared_storage.size_in_bytes()
+    smem = kernel.shared_storage.size_in_bytes()
     print(f"  shared memory per CTA: {smem} bytes of {SM90_SMEM_CAPACITY}")
-    print(f"  pipeline stages: {gemm.num_stages} of K {gemm.stage_k}")
+    print(f"  pipeline stages: {kernel.num_stages} of K {kernel.stage_k}")
     print(
-        f"  threads per CTA: {gemm.threads_per_cta} ({gemm.k_groups} K group(s)), "
-        f"{gemm.occupancy} CTA(s) per SM, setmaxregister producer {gemm.producer_regs} / "
-        f"consumers {gemm.mma_regs}"
+        f"  threads per CTA: {kernel.threads_per_cta} ({kernel.k_groups} K group(s)), "
+        f"{kernel.occupancy} CTA(s) per SM, setmaxregister producer {kernel.producer_regs} / "
+        f"consumers {kernel.mma_regs}"
     )
-    print(f"  epilogue: {'TMA store' if gemm.tma_store else 'direct stores'}")
-    prologue = "none" if not gemm.convert_b else f"launched with PDL: {gemm.prologue_pdl}"
+    print(f"  epilogue: {'TMA store' if kernel.tma_store else 'direct stores'}")
+    prologue = "none" if not kernel.convert_b else f"launched with PDL: {kernel.prologue_pdl}"
     print(f"  prologue (convert_operands): {prologue}")
     return 0
 
@@ -243,19 +242,19 @@ def run_on_gpu(args: argparse.Namespace) -> int:
     wq = quantize(torch.randn((l, n, k), generator=gen, device="cuda"), fmt)
     if w4a4:
         xq = quantize(x, fmt)
-        a, sfa = xq.data, xq.scale
+        a, sfa = xq.data, xq.scale.reshape(l, -1)
         default_alpha = xq.global_scale * wq.global_scale
     else:
         # W4A16: activations of the given type, the weights prepacked
         a, sfa = x.to(torch_dtype(args.a_dtype)), None
         default_alpha = wq.global_scale
-    b, sfb = (wq.data if w4a4 else k_order.prepack_weights(wq.data)), wq.scale
+    # (gemm takes the blocked scales [L, bytes])
+    b, sfb = (wq.data if w4a4 else k_order.prepack_weights(wq.data)), wq.scale.reshape(l, -1)
     alpha = float(default_alpha) if args.alpha is None else args.alpha
     d = torch.full((l, m, n), float("nan"), dtype=torch_dtype(args.c_dtype), device="cuda")
-    config = (vec, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
-    cluster, k_groups, a_dtype = args.cluster_shape_mn, args.k_groups, args.a_dtype
-    runner = Fp4GemmSm90Runner(*config, "", cluster, k_groups, a_dtype)
-    runner(a, b, sfa, sfb, d, m, n, k, l, alpha)
+    # (the kernel reads alpha from device memory when it runs)
+    alpha_t = torch.full((1,), alpha, dtype=torch.float32, device="cuda")
+    gemm(a, b, sfa, sfb, alpha_t, d, args.config)
     torch.cuda.synchronize()
     passed = True
     if reference is None:
@@ -273,20 +272,26 @@ def run_on_gpu(args: argparse.Namespace) -> int:
     # The calls run on a side stream that the timing graphs capture; with --use_cold_l2 they
     # rotate through operand copies.
     stream = torch.cuda.Stream()
-    tensors = (a, b, sfb, d) if sfa is None else (a, b, sfa, sfb, d)
+    tensors = (a, b, sfa, sfb, d)
     sets = operand_sets(tensors, args.use_cold_l2, args.warmup_iterations, args.iterations)
     # (the operands and their copies were written on the current stream)
     stream.wait_stream(torch.cuda.current_stream())
-    # the first call of a stream allocates its workspace, outside the timing graphs
-    runner(a, b, sfa, sfb, d, m, n, k, l, alpha, stream)
-    if sfa is None:
-        sets = [(s[0], s[1], None, *s[2:]) for s in sets]
-    calls = [lambda s=s: runner(*s, m, n, k, l, alpha, stream) for s in sets]
+    # the first call on a stream allocates its workspace, outside the timing graphs
+    calls = [lambda s=s: _launch_on(stream, *s[:4], alpha_t, s[4], args.config) for s in sets]
+    calls[0]()
     mean_us = time_us(calls, stream, args.warmup_iterations, args.iterations)
     print(f"Mean time: {mean_us:.2f} us")
     print(f"Throughput: {2.0 * m * n * k * l / (mean_us * 1e-6) / 1e12:.1f} TFLOP/s")
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1
+
+
+def _launch_on(stream, *args) -> None:
+    """``gemm(*args)`` on ``stream``: the timing graphs capture that stream."""
+    import torch
+
+    with torch.cuda.stream(stream):
+        gemm(*args)
 
 
 def main(argv: list[str] | None = None) -> int:

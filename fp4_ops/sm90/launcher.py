@@ -1,236 +1,302 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The torch-facing runner of the Hopper FP4 GEMM (``fp4_ops.sm90.gemm``).
+"""The torch entry point of the Hopper FP4 GEMM (``fp4_ops.sm90.gemm``).
 
-``Fp4GemmSm90Runner`` holds the compiled kernels of one configuration (the TMA-store variant,
-and the direct-store one once an N needs it) and a workspace per problem shape and stream
-(split-K partials, converted operands) from torch's caching allocator.  Each call checks its
-operands (``operand_reasons``), problem and alpha (the kernel file's ``problem_reasons`` and
-``alpha_reason``) before it launches; the class docstring gives the CUDA-graph rules.
-``blocked_scales`` puts scales into the kernel's 128x4 blocked layout.
+    from fp4_ops.sm90.launcher import GemmConfig, blocked_scales, gemm
+    gemm(a, b, sfa, sfb, alpha, out)                    # D = alpha * A @ B^T into out
+    gemm(x, prepack_weights(w), None, sfb, alpha, out)  # W4A16
 
-    from fp4_ops.sm90.gemm import default_config
-    from fp4_ops.sm90.launcher import Fp4GemmSm90Runner, blocked_scales
+``gemm(a, b, sfa, sfb, alpha, out, config=None, *, sf_vec_size=None)``: one launch on the
+current stream; M, N, K, L come from the tensors, all on the current device.  W4A4: a
+[L, M, K/2] and b [L, N, K/2] packed FP4 (uint8 or float4_e2m1fn_x2), sfa / sfb [L, n] one-byte
+scales in the 128x4 blocked layout (``blocked_scales``).  W4A16: a bfloat16 / float16 [L, M, K],
+b from ``k_order.prepack_weights``, sfa None.  alpha: a one-element float32 tensor on a's device,
+read by the kernel when it runs.  out: D [L, M, N], contiguous bfloat16 / float16 / float32.
+The format: float8_e4m3fn scales are NVFP4 (V 16), float8_e8m0fnu MXFP4 (V 32); uint8 scales
+say nothing, so ``config.sf_vec_size`` or ``sf_vec_size`` names it (whatever names it must
+agree).  Returns out.
+
+``GemmConfig`` is what one compiled kernel is; with the device index, the key of the kernel
+cache.  ``config`` None takes ``GemmConfig.for_problem`` (``default_config``'s rules) for the
+formats of the tensors.  ``GemmConfig.reasons(mnkl)`` runs once per (configuration, problem
+shape); the operands are checked at every call (``operand_reasons``), and a refusal is a
+ValueError that lists every reason.
+
+Workspaces and CUDA graphs: each (configuration, problem shape, device, stream) gets its own
+workspace (split-K partials with self-resetting tile counters, the F16 / BF16 copies of the
+operands) from torch's caching allocator, zeroed on that stream at the first call, kept for the
+process's life (a captured graph holds its addresses).  So the first call of a shape on a
+stream, which also compiles a new configuration, must come before a CUDA-graph capture on that
+stream: under capture it raises RuntimeError.  A replayed graph reads alpha's value current
+then; an alpha * ``acc_scale`` that overflows fp32 gives inf / NaN in D (``alpha_reason``).
+
+PDL: the GEMM grid releases a PDL-launched successor once all its loads are issued
+(``griddepcontrol.launch_dependents``): a kernel that follows it with programmatic dependent
+launch must ``griddepcontrol.wait`` before it reads D or writes anything this GEMM reads (A, B,
+scales, alpha, the workspace).
 """
 
 from __future__ import annotations
 
-import struct
+from dataclasses import dataclass
 
+import cuda.bindings.driver as cuda_driver
+import torch
 from cutlass.cutlass_dsl import Int32
 
-from fp4_ops.layout import round_up, to_blocked
+from fp4_ops.layout import (
+    DSL_DTYPE_NAMES,
+    PACKED_DTYPES,
+    SCALE_DTYPES,
+    blocked_scale_numel,
+    round_up,
+    to_blocked,
+)
 from fp4_ops.sm90.gemm import (
+    C_DTYPES,
     H200_SM_COUNT,
     K_BLOCK,
     SF_FORMATS,
     W4A4,
     BlockwiseGemmFp4Sm90,
-    alpha_reason,
-    blocked_sf_bytes,
     compile_gemm,
     config_reasons,
     default_cluster,
     default_config,
+    epilogue_staging_fits,
     gmem_pointers,
     output_tiles,
     problem_reasons,
     tma_store_fits,
-    torch_dtype,
 )
 
+# scale dtype -> sf_vec_size, for the dtypes that name their format
+_SCALE_VECS = {dtype: vec for vec, dtype in SCALE_DTYPES.items()}
+# DSL type name -> torch dtype (D, and the W4A16 activations)
+_TORCH_DTYPES = {name: dtype for dtype, name in DSL_DTYPE_NAMES.items()}
 
-class Fp4GemmSm90Runner:
-    """Compiled kernel + workspaces for one configuration; ``__call__`` launches on torch data.
-    A configuration ``check_fp4_gemm_config`` refuses raises ValueError at construction, and a
-    problem or operands it refuses (``operand_reasons``, ``alpha_reason``) at the call.
 
-    W4A4: ``runner(a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha)`` on packed FP4 A and B.
-    W4A16 (``a_dtype`` BFloat16 / Float16): ``runner(a, b, None, sfb_blocked, ...)``, ``a`` the
-    activations [L, M, K], ``b`` the weights after ``k_order.prepack_weights``.  ``alpha``: a float
-    (checked by ``alpha_reason``; kept on the device per value and stream), or a one-element
-    fp32 CUDA tensor that the kernel reads when it runs (a replayed CUDA graph reads the value
-    current then; an alpha * ``acc_scale`` that overflows gives inf / NaN in D).
+@dataclass(frozen=True)
+class GemmConfig:
+    """What one compiled kernel is: with the device index, the key of the kernel cache.
 
-    Every stream gets its own workspace per shape (split-K partials with self-resetting tile
-    counters, the converted operands), from torch's caching allocator, zeroed once on that
-    stream; a CUDA graph captured on a stream keeps that stream's.  A launch that aborts part
-    way leaves counters behind: make a new runner after a CUDA error.  The GEMM grid releases a
-    PDL-launched successor once all its loads are issued (``griddepcontrol.launch_dependents``):
-    a kernel that follows it with programmatic dependent launch must ``griddepcontrol.wait``
-    before it reads D or writes anything this GEMM reads (A, B, scales, alpha, the workspace).
+    ``cluster_shape_mn`` None is ``default_cluster(path)``.  ``tma_store`` False compiles the
+    direct-store epilogue, which D needs unless its rows (N elements) are a multiple of 16 bytes
+    (``tma_store_fits``); it reads False where the consumers cannot stage D
+    (``epilogue_staging_fits``), as the kernel then compiles direct stores anyway.
     """
 
-    def __init__(
-        self,
-        sf_vec_size,
-        c_dtype,
-        path,
-        mma_tiler_mn,
-        split_k=1,
-        options="",
-        cluster_shape_mn=None,
-        k_groups=1,
-        a_dtype=W4A4,
-    ):
-        cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
-        sf_dtype = SF_FORMATS.get(sf_vec_size, ("?",))[0]
-        config = (path, mma_tiler_mn, cluster, split_k, k_groups, a_dtype)
-        reasons = config_reasons(sf_vec_size, sf_dtype, c_dtype, *config)
-        if reasons:
-            raise ValueError("; ".join(reasons))
-        self.c_dtype = c_dtype
-        num_sms = gpu_sm_count()
-        self._args = (sf_vec_size, c_dtype, path, mma_tiler_mn, split_k, num_sms, options, cluster)
-        # compiled here: the TMA-store variant; the direct-store one when an N first needs it
-        self.gemm, compiled = compile_gemm(*self._args, True, k_groups, a_dtype)
-        self._compiled = {True: compiled}
-        self._workspace = {}
-        self._alphas = {}
+    sf_vec_size: int = 16
+    c_dtype: str = "BFloat16"
+    a_dtype: str = W4A4
+    path: str = "prefill"
+    mma_tiler_mn: tuple[int, int] = (128, 256)
+    split_k: int = 1
+    k_groups: int = 1
+    cluster_shape_mn: tuple[int, int] | None = None
+    tma_store: bool = True
 
-    def executor(self, n: int):
-        """The compiled kernel for output width N (see ``tma_store_fits``)."""
-        tma_store = tma_store_fits(n, self.c_dtype) and self.gemm.tma_store
-        if tma_store not in self._compiled:
-            gemm = self.gemm
-            self._compiled[tma_store] = compile_gemm(
-                *self._args, tma_store, gemm.k_groups, gemm.a_dtype
-            )[1]
-        return self._compiled[tma_store]
+    def __post_init__(self):
+        # (one spelling per kernel: two keys for one kernel would compile it twice)
+        tiler = tuple(self.mma_tiler_mn)
+        cluster = self.cluster_shape_mn
+        cluster = default_cluster(self.path) if cluster is None else tuple(cluster)
+        tma_store = bool(self.tma_store) and epilogue_staging_fits(self.path, tiler, self.split_k)
+        object.__setattr__(self, "mma_tiler_mn", tiler)
+        object.__setattr__(self, "cluster_shape_mn", cluster)
+        object.__setattr__(self, "tma_store", tma_store)
 
-    def workspace(self, m, n, k, l, stream=None):  # noqa: E741
-        """(split-K workspace, converted kernel B, converted kernel A) of a problem shape on a
-        stream (``__call__``'s), allocated and zeroed on it at its first use (F16 / BF16
-        ``converted_shapes``; 8 elements when unused)."""
-        import torch
+    @classmethod
+    def for_problem(
+        cls,
+        mnkl: tuple[int, int, int, int],
+        sf_vec_size: int = 16,
+        c_dtype: str = "BFloat16",
+        a_dtype: str = W4A4,
+        num_sms: int | None = None,
+        *,
+        path: str | None = None,
+        mma_tiler_mn: tuple[int, int] | None = None,
+        split_k: int | None = None,
+        k_groups: int | None = None,
+        cluster_shape_mn: tuple[int, int] | None = None,
+    ) -> GemmConfig:
+        """``default_config``'s path, tile, split and K groups for ``mnkl`` on ``num_sms`` SMs
+        (None: the current GPU's); a keyword given replaces its pick, as the command line's
+        options do (a tile or a split given: the pick without K groups).  TMA stores where N
+        allows them."""
+        num_sms = gpu_sm_count() if num_sms is None else num_sms
+        # (extents < 1 still get a configuration: reasons() then refuses the problem)
+        m, n, k, l = (max(1, v) for v in mnkl)  # noqa: E741
+        allow_k_groups = mma_tiler_mn is None and split_k is None
+        picked = default_config(m, n, k, l, num_sms, path, allow_k_groups, a_dtype)
+        return cls(
+            sf_vec_size,
+            c_dtype,
+            a_dtype,
+            picked[0],
+            picked[1] if mma_tiler_mn is None else mma_tiler_mn,
+            picked[2] if split_k is None else split_k,
+            picked[3] if k_groups is None else k_groups,
+            cluster_shape_mn,
+            c_dtype not in C_DTYPES or tma_store_fits(mnkl[1], c_dtype),
+        )
 
-        stream = _torch_stream(stream)
-        key = (m, n, k, l, stream.cuda_stream)
-        if key not in self._workspace:
-            if _capturing(stream):
-                # NOTE: memory allocated during capture belongs to the graph's private pool.
-                raise RuntimeError(
-                    "the first call of a shape on a stream allocates its workspace: make it "
-                    "before capturing a CUDA graph"
-                )
-            # zeros once: the split-K counters reset themselves after every tile, and every
-            # launch rewrites the converted copies (the decode tokens' padding rows stay zero)
-            elems = workspace_elems(self.gemm, m, n, l)
-            shape_a, shape_b = converted_shapes(self.gemm, m, n, k, l)
-            with torch.cuda.stream(stream):
-                self._workspace[key] = (
-                    torch.zeros(elems, dtype=torch.float32, device="cuda"),
-                    torch.zeros(shape_b, dtype=torch.float16, device="cuda"),
-                    torch.zeros(shape_a, dtype=torch.float16, device="cuda"),
-                )
-        return self._workspace[key]
+    @property
+    def sf_dtype(self) -> str:
+        return SF_FORMATS.get(self.sf_vec_size, ("?",))[0]
 
-    def __call__(self, a, b, sfa_blocked, sfb_blocked, d, m, n, k, l, alpha, stream=None):  # noqa: E741
-        """Launch on ``stream`` (a torch stream or a CUstream; default: the current stream)."""
-        import cuda.bindings.driver as cuda_driver
-        import torch
-
-        gemm, mnkl = self.gemm, (m, n, k, l)
-        vec, path, a_dtype = gemm.sf_vec_size, gemm.path, gemm.a_dtype
-        operands = (a, b, sfa_blocked, sfb_blocked, d)
-        reasons = operand_reasons(*operands, mnkl, vec, self.c_dtype, a_dtype)
-        reasons += problem_reasons(mnkl, vec, path, gemm.mma_tiler_mn, a_dtype)
-        if a.is_cuda and a.device.index != torch.cuda.current_device():
-            # (the workspace, the stream and the launch belong to the current device)
+    def reasons(self, mnkl: tuple[int, int, int, int]) -> list[str]:
+        """Why this configuration cannot run the problem ``mnkl`` (empty when it can): the kernel
+        file's ``config_reasons`` and ``problem_reasons``, and D's row pitch for TMA stores."""
+        vec, tiler, a_dtype = self.sf_vec_size, self.mma_tiler_mn, self.a_dtype
+        config = (self.path, tiler, self.cluster_shape_mn, self.split_k, self.k_groups)
+        reasons = config_reasons(vec, self.sf_dtype, self.c_dtype, *config, a_dtype)
+        reasons += problem_reasons(mnkl, vec, self.path, tiler, a_dtype)
+        if not reasons and self.tma_store and not tma_store_fits(mnkl[1], self.c_dtype):
             reasons.append(
-                f"the operands are on {a.device}, the current device is cuda:"
-                f"{torch.cuda.current_device()}: call under torch.cuda.device({a.device})"
+                f"tma_store: D rows of N={mnkl[1]} {self.c_dtype} values are not a multiple of "
+                "16 bytes (TMA strides); use tma_store=False"
             )
-        if isinstance(alpha, torch.Tensor):
-            if alpha.dtype != torch.float32 or alpha.numel() != 1 or alpha.device != a.device:
-                reasons.append(f"alpha must be one float32 value on {a.device} (or a float)")
-        else:
-            reason = alpha_reason(float(alpha), vec, path, a_dtype)
-            if reason:
-                reasons.append(reason)
-        if reasons:
-            raise ValueError("; ".join(reasons))
-        stream = _torch_stream(stream)
-        if not isinstance(alpha, torch.Tensor):
-            alpha = self._alpha_tensor(float(alpha), stream)
-        if sfa_blocked is None:
-            # W4A16: no activation scales; the kernel never reads this pointer
-            sfa_blocked = sfb_blocked
-        tensors = (a, b, sfa_blocked, sfb_blocked, d, *self.workspace(m, n, k, l, stream), alpha)
-        ptrs = gmem_pointers(gemm, self.c_dtype, [t.data_ptr() for t in tensors])
-        problem = tuple(Int32(v) for v in mnkl)
-        cu_stream = cuda_driver.CUstream(stream.cuda_stream)
-        self.executor(n)(*ptrs, problem, cu_stream)
-
-    def _alpha_tensor(self, alpha: float, stream):
-        """A device copy of a host alpha, written on ``stream`` once per fp32 value (under
-        CUDA-graph capture: per call, a fill in the graph).  Kept for the runner's life: a
-        captured graph may hold its address."""
-        import torch
-
-        key = (struct.pack("<f", alpha), stream.cuda_stream)
-        if key in self._alphas:
-            return self._alphas[key]
-        with torch.cuda.stream(stream):
-            value = torch.full((1,), alpha, dtype=torch.float32, device=stream.device)
-        if not _capturing(stream):
-            self._alphas[key] = value
-        return value
+        return reasons
 
 
-def _capturing(stream) -> bool:
-    """Whether the torch stream ``stream`` is capturing a CUDA graph."""
-    import torch
-
-    with torch.cuda.stream(stream):
-        return torch.cuda.is_current_stream_capturing()
-
-
-def _torch_stream(stream):
-    """A torch stream for None (the current stream), a torch stream or a CUstream."""
-    import torch
-
-    if stream is None:
-        return torch.cuda.current_stream()
-    if isinstance(stream, torch.cuda.Stream):
-        return stream
-    return torch.cuda.ExternalStream(int(stream))
+# (GemmConfig, device index) -> (kernel object, compiled kernel)
+_KERNELS: dict[tuple[GemmConfig, int], tuple] = {}
+# (GemmConfig, (M, N, K, L)) whose reasons() came back empty
+_CHECKED: set[tuple] = set()
+# ((M, N, K, L), sf_vec_size, c_dtype, a_dtype, device) -> GemmConfig.for_problem's pick
+_PICKED: dict[tuple, GemmConfig] = {}
+# (GemmConfig, (M, N, K, L), device index, stream handle) -> (split-K workspace, converted B,
+# converted A)
+_WORKSPACES: dict[tuple, tuple] = {}
 
 
-def operand_reasons(
-    a, b, sfa_blocked, sfb_blocked, d, mnkl, sf_vec_size, c_dtype, a_dtype=W4A4
-) -> list[str]:
-    """Why these torch tensors cannot be the kernel's operands (empty when they can): sizes
-    (packed FP4 and scales in bytes, whatever their dtype), the dtypes of D and of W4A16
-    activations, 16-byte aligned bases (TMA loads and stores), contiguity, one CUDA device."""
+def cache_size() -> int:
+    """How many kernels this process has compiled for ``gemm``."""
+    return len(_KERNELS)
+
+
+def gemm(a, b, sfa, sfb, alpha, out, config: GemmConfig | None = None, *, sf_vec_size=None):
+    """D = alpha * (A x SFA)(B x SFB)^T into ``out`` on the current stream (the module
+    docstring gives the operands and the CUDA-graph rule).  Returns ``out``."""
+    if config is None:
+        a_dtype = _a_dtype(a)
+        vec = _sf_vec_size(sfa, sfb, sf_vec_size)
+        c_dtype = DSL_DTYPE_NAMES.get(out.dtype)
+        if c_dtype is None:
+            raise ValueError(f"out must be bfloat16, float16 or float32, got {out.dtype}")
+        mnkl = _problem(a, b, a_dtype)
+        key = (mnkl, vec, c_dtype, a_dtype, a.device)
+        if key not in _PICKED:
+            # (default_config's search once per problem and device, not at every call)
+            num_sms = gpu_sm_count(a.device) if a.is_cuda else None
+            _PICKED[key] = GemmConfig.for_problem(mnkl, vec, c_dtype, a_dtype, num_sms)
+        config = _PICKED[key]
+    else:
+        if sf_vec_size is not None and sf_vec_size != config.sf_vec_size:
+            raise ValueError(
+                f"sf_vec_size={sf_vec_size}, but config.sf_vec_size is {config.sf_vec_size}"
+            )
+        mnkl = _problem(a, b, config.a_dtype)
+    reasons = operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config)
+    if (config, mnkl) not in _CHECKED:
+        refused = config.reasons(mnkl)
+        if not refused:
+            _CHECKED.add((config, mnkl))
+        reasons += refused
+    if reasons:
+        raise ValueError("; ".join(reasons))
+    stream = torch.cuda.current_stream()
+    workspace = _workspace(config, mnkl, stream)
+    kernel, compiled = _compiled(config, a.device.index)
+    if sfa is None:
+        # W4A16: no activation scales; the kernel never reads this pointer
+        sfa = sfb
+    tensors = (a, b, sfa, sfb, out, *workspace, alpha)
+    ptrs = gmem_pointers(kernel, config.c_dtype, [t.data_ptr() for t in tensors])
+    problem = tuple(Int32(v) for v in mnkl)
+    compiled(*ptrs, problem, cuda_driver.CUstream(stream.cuda_stream))
+    return out
+
+
+def _a_dtype(a) -> str:
+    """The kernel's ``a_dtype`` for activations ``a``: packed FP4 (W4A4) or 16-bit (W4A16)."""
+    if a.dtype in PACKED_DTYPES:
+        return W4A4
+    if a.dtype in (torch.bfloat16, torch.float16):
+        return DSL_DTYPE_NAMES[a.dtype]
+    raise ValueError(
+        "a must be packed FP4 (uint8 or float4_e2m1fn_x2: W4A4) or bfloat16 / float16 "
+        f"activations (W4A16), got {a.dtype}"
+    )
+
+
+def _sf_vec_size(sfa, sfb, sf_vec_size) -> int:
+    """The format that the scales' dtypes and ``sf_vec_size`` name together."""
+    named = {_SCALE_VECS[t.dtype] for t in (sfa, sfb) if t is not None and t.dtype in _SCALE_VECS}
+    if sf_vec_size is not None:
+        named.add(sf_vec_size)
+    if not named:
+        raise ValueError(
+            "uint8 scales do not say their format: pass sf_vec_size (16 NVFP4, 32 MXFP4), a "
+            "config, or float8_e4m3fn / float8_e8m0fnu scales"
+        )
+    if len(named) > 1:
+        raise ValueError(
+            f"the scales' dtypes and sf_vec_size name different formats (V {sorted(named)})"
+        )
+    return named.pop()
+
+
+def _problem(a, b, a_dtype: str) -> tuple[int, int, int, int]:
+    """(M, N, K, L) from a [L, M, K/2 or K] and b [L, N, ...]."""
+    for name, t in (("a", a), ("b", b)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D [L, rows, K], got shape {tuple(t.shape)}")
+    l, m, cols = a.shape  # noqa: E741
+    return m, b.shape[1], 2 * cols if a_dtype == W4A4 else cols, l
+
+
+def operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config: GemmConfig) -> list[str]:
+    """Why these tensors cannot be ``gemm``'s operands for ``config`` and the problem ``mnkl``
+    (empty when they can): shapes, one-byte packed FP4 and scales of the config's format, the
+    dtypes of out and of W4A16 activations, alpha, 16-byte aligned bases (TMA), contiguity, one
+    CUDA device, the current one."""
     m, n, k, l = mnkl  # noqa: E741
-    tensors = {"a": a, "b": b, "sfa_blocked": sfa_blocked, "sfb_blocked": sfb_blocked, "d": d}
-    want = {
-        "a": l * m * (k // 2),
-        "b": l * n * (k // 2),
-        "sfa_blocked": blocked_sf_bytes(m, k, l, sf_vec_size),
-        "sfb_blocked": blocked_sf_bytes(n, k, l, sf_vec_size),
-        "d": l * m * n,
-    }
-    # (tensors counted in elements of a given dtype, and the argument that names it)
-    typed = {"d": (c_dtype, "this kernel writes", "c_dtype")}
+    vec, w4a16 = config.sf_vec_size, config.a_dtype != W4A4
+    tensors = {"a": a, "b": b, "sfa": sfa, "sfb": sfb, "out": out}
+    want = {"a": (l, m, k // 2), "b": (l, n, k // 2), "out": (l, m, n)}
+    if vec in SF_FORMATS:
+        want["sfa"] = (l, blocked_scale_numel(m, k, vec))
+        want["sfb"] = (l, blocked_scale_numel(n, k, vec))
+    # (tensors of a given dtype, and the configuration field that names it)
+    typed = {"out": (config.c_dtype, "c_dtype")}
     reasons = []
-    if a_dtype != W4A4:
-        want["a"], want["b"] = l * m * k, l * n * round_up(k, K_BLOCK) // 2
-        typed["a"] = (a_dtype, "W4A16 here takes", "a_dtype")
-        if sfa_blocked is not None:
-            reasons.append("sfa_blocked must be None: W4A16 activations have no scales")
-        del tensors["sfa_blocked"]
+    if w4a16:
+        want["a"], want["b"] = (l, m, k), (l, n, round_up(k, K_BLOCK) // 2)
+        typed["a"] = (config.a_dtype, "a_dtype")
+        if sfa is not None:
+            reasons.append("sfa must be None: W4A16 activations have no scales")
+    elif sfa is None:
+        reasons.append("sfa is None: W4A4 needs the activations' scales")
+    if sfa is None or w4a16:
+        del tensors["sfa"]
     for name, t in tensors.items():
         if name in typed:
-            dtype_name, verb, arg = typed[name]
-            if t.dtype != torch_dtype(dtype_name):
-                reasons.append(f"{name} is {t.dtype}; {verb} {dtype_name} ({arg})")
-            unit, have = "elements", t.numel()
-        else:
-            unit, have = "bytes", t.numel() * t.element_size()
-        if have != want[name]:
-            what = "prepack_weights' output for " if name == "b" and a_dtype != W4A4 else ""
-            reasons.append(f"{name} has {have} {unit}; {what}(M, N, K, L) needs {want[name]}")
+            dtype_name, field = typed[name]
+            if t.dtype != _TORCH_DTYPES.get(dtype_name):
+                reasons.append(f"{name} is {t.dtype}; config.{field} is {dtype_name}")
+        elif name.startswith("sf"):
+            if t.dtype != torch.uint8 and _SCALE_VECS.get(t.dtype) != vec:
+                reasons.append(f"{name} is {t.dtype}: sf_vec_size {vec} takes uint8 or its dtype")
+        elif t.dtype not in PACKED_DTYPES:
+            reasons.append(f"{name} is {t.dtype}: packed FP4 is uint8 or float4_e2m1fn_x2")
+        if name in want and tuple(t.shape) != want[name]:
+            what = "prepack_weights' output for " if name == "b" and w4a16 else ""
+            reasons.append(
+                f"{name} has shape {tuple(t.shape)}; {what}(M, N, K, L) = {tuple(mnkl)} needs "
+                f"{want[name]}"
+            )
         # NOTE: TMA needs 16-byte aligned global base addresses.
         if t.data_ptr() % 16:
             reasons.append(f"{name} must start on a 16-byte boundary (TMA); copy it first")
@@ -238,7 +304,65 @@ def operand_reasons(
             reasons.append(f"{name} must be a contiguous CUDA tensor")
         elif t.device != a.device:
             reasons.append(f"{name} is on {t.device}, a is on {a.device}")
+    if (
+        not isinstance(alpha, torch.Tensor)
+        or alpha.dtype != torch.float32
+        or alpha.numel() != 1
+        or alpha.device != a.device
+    ):
+        reasons.append(f"alpha must be a one-element float32 tensor on {a.device}")
+    if a.is_cuda and a.device.index != torch.cuda.current_device():
+        # (the workspace, the stream and the launch belong to the current device)
+        reasons.append(
+            f"the operands are on {a.device}, the current device is cuda:"
+            f"{torch.cuda.current_device()}: call under torch.cuda.device({a.device})"
+        )
     return reasons
+
+
+def _compiled(config: GemmConfig, device_index: int):
+    """(kernel object, compiled kernel) of ``config`` on a device, compiled once per process."""
+    key = (config, device_index)
+    if key not in _KERNELS:
+        _KERNELS[key] = compile_gemm(
+            config.sf_vec_size,
+            config.c_dtype,
+            config.path,
+            config.mma_tiler_mn,
+            config.split_k,
+            gpu_sm_count(device_index),
+            "",
+            config.cluster_shape_mn,
+            config.tma_store,
+            config.k_groups,
+            config.a_dtype,
+        )
+    return _KERNELS[key]
+
+
+def _workspace(config: GemmConfig, mnkl, stream):
+    """(split-K workspace, converted kernel B, converted kernel A) of a problem on ``stream``
+    (current), allocated and zeroed on it at its first use."""
+    key = (config, mnkl, stream.device.index, stream.cuda_stream)
+    if key not in _WORKSPACES:
+        if torch.cuda.is_current_stream_capturing():
+            # NOTE: memory allocated during capture belongs to the graph's private pool.
+            raise RuntimeError(
+                "the first call of a shape on a stream compiles and allocates its workspace: "
+                "make it before capturing a CUDA graph on that stream"
+            )
+        kernel = _compiled(config, stream.device.index)[0]
+        m, n, k, l = mnkl  # noqa: E741
+        # zeros once: the split-K counters reset themselves after every tile, and every
+        # launch rewrites the converted copies (the decode tokens' padding rows stay zero)
+        shape_a, shape_b = converted_shapes(kernel, m, n, k, l)
+        device = stream.device
+        _WORKSPACES[key] = (
+            torch.zeros(workspace_elems(kernel, m, n, l), dtype=torch.float32, device=device),
+            torch.zeros(shape_b, dtype=torch.float16, device=device),
+            torch.zeros(shape_a, dtype=torch.float16, device=device),
+        )
+    return _WORKSPACES[key]
 
 
 def workspace_elems(gemm: BlockwiseGemmFp4Sm90, m, n, l):  # noqa: E741
@@ -263,47 +387,28 @@ def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
 def blocked_scales(scales):
     """[R, K/V] or [L, R, K/V] unswizzled scales -> contiguous uint8 [bytes] or [L, bytes] in
     the 128x4 layout."""
-    import torch
-
     return to_blocked(scales).view(torch.uint8).contiguous()
 
 
-def gpu_sm_count() -> int:
-    """SMs of the current GPU (``default_config``'s CTA slots), or an H200's without one."""
-    try:
-        import torch
-    except ImportError:
-        return H200_SM_COUNT
+def gpu_sm_count(device=None) -> int:
+    """SMs of ``device`` (default: the current GPU; ``default_config``'s CTA slots), or an
+    H200's without a GPU."""
     if not torch.cuda.is_available():
         return H200_SM_COUNT
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
-_RUNNERS: dict = {}
-_C_DTYPE_NAMES = {"bfloat16": "BFloat16", "float16": "Float16", "float32": "Float32"}
+    if device is None:
+        device = torch.cuda.current_device()
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4):
-    """``fp4_ops``' entry: ``default_config``'s path, tile, split and K groups for the shape;
-    one runner per configuration and device.  W4A4: packed uint8 a [L, M, K/2] and b
-    [L, N, K/2], blocked scales [L, n]; W4A16: ``a`` the 16-bit activations [L, M, K], ``b``
-    prepacked weights, ``sfa`` None.  Returns D [L, M, N] in ``out_dtype``."""
-    import torch
-
-    l, m = a.shape[0], a.shape[1]  # noqa: E741
-    k = 2 * a.shape[2] if a_dtype == W4A4 else a.shape[2]
-    n, device = b.shape[1], a.device
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    path, tiler, split, k_groups = default_config(m, n, k, l, num_sms, a_dtype=a_dtype)
-    c_dtype = _C_DTYPE_NAMES[str(out_dtype).removeprefix("torch.")]
-    key = (sf_vec_size, c_dtype, a_dtype, path, tuple(tiler), split, k_groups, device.index)
-    if key not in _RUNNERS:
-        with torch.cuda.device(device):
-            _RUNNERS[key] = Fp4GemmSm90Runner(
-                sf_vec_size, c_dtype, path, tiler, split, k_groups=k_groups, a_dtype=a_dtype
-            )
-    d = torch.empty((l, m, n), dtype=out_dtype, device=device)
-    sfa = None if sfa is None else sfa.contiguous()
-    with torch.cuda.device(device):
-        _RUNNERS[key](a, b, sfa, sfb.contiguous(), d, m, n, k, l, alpha.reshape(1))
-    return d
+    """``fp4_ops``' entry: ``gemm`` with ``default_config``'s configuration on a's device, into
+    a new D [L, M, N] in ``out_dtype``.  W4A4: packed uint8 a [L, M, K/2] and b [L, N, K/2],
+    blocked scales [L, n]; W4A16: ``a`` the 16-bit activations [L, M, K], ``b`` prepacked
+    weights, ``sfa`` None.  ``alpha``: a one-element (or 0-d) float32 tensor on a's device."""
+    if _a_dtype(a) != a_dtype:
+        raise ValueError(f"a is {a.dtype}, a_dtype is {a_dtype}")
+    out = torch.empty((a.shape[0], a.shape[1], b.shape[1]), dtype=out_dtype, device=a.device)
+    sfa = None if sfa is None else sfa.contiguous().view(torch.uint8)
+    sfb = sfb.contiguous().view(torch.uint8)
+    with torch.cuda.device(a.device):
+        return gemm(a, b, sfa, sfb, alpha.reshape(1), out, sf_vec_size=sf_vec_size)
