@@ -4,12 +4,13 @@
     import fp4_ops
     a = fp4_ops.quantize(x, "nvfp4")                 # FP4Tensor: codes, 128x4 scales, global scale
     y = fp4_ops.fp4_gemm(a, w, out_dtype=torch.bfloat16)     # y = dequant(a) @ dequant(w)^T
-    model = fp4_ops.quantize_model(model)           # nn.Linear -> FP4Linear (W4A4)
+    report = fp4_ops.quantize_model(model)          # nn.Linear -> FP4Linear (W4A4), in place
 
 ``FP4Tensor``
     Packed E2M1 codes [rows, K/2] (or [L, rows, K/2]), the block scales in the 128x4 blocked layout
-    (``fp4_ops.layout``; 1-D, or [L, n]) and the fp32 per-tensor global scale as a 0-d tensor on
-    the data's device, in the decoding convention ``x ~= e2m1 * scale * global_scale``
+    (``fp4_ops.layout``), shaped [row blocks, column blocks, 512] (or [L, ...]) so that no plain
+    scale matrix passes for them, and the fp32 per-tensor global scale as a 0-d tensor on the
+    data's device, in the decoding convention ``x ~= e2m1 * scale * global_scale``
     (``amax / (448 * 6)``; 1.0 for MXFP4). Converters: torchao's ``NVFP4Tensor`` (both ways),
     ModelOpt NVFP4 checkpoint tensors and compressed-tensors' NVFP4 tensors (whose
     ``*_global_scale`` is the reciprocal, the encoding scale ``448 * 6 / amax``).
@@ -26,12 +27,14 @@
 ``FP4Linear``, ``quantize_model``
     FP4 linear layers: weights quantized once, activations quantized per call (W4A4, dynamic or
     static global scale) or kept in 16 bits (``activations="bf16"``, W4A16), ``fp4_gemm``, bias.
+    They keep their FP4 buffers through dtype casts, carry format and mode in their state dict,
+    and are inference only (no backward). ``quantize_model`` returns a ``QuantizeReport``.
 
 Importing this package needs no GPU and no CuTe DSL: the kernels are imported on first use.
 """
 
-from fp4_ops.layout import FORMATS, GLOBAL_SCALE_DIVISOR, blocked_scale_numel
-from fp4_ops.nn import FP4Linear, quantize_model
+from fp4_ops.layout import FORMATS, GLOBAL_SCALE_DIVISOR, blocked_scale_numel, blocked_scale_shape
+from fp4_ops.nn import FP4Linear, QuantizeReport, quantize_model
 from fp4_ops.ops import fp4_gemm, quantize
 from fp4_ops.tensor import FP4Tensor
 
@@ -40,7 +43,9 @@ __all__ = [
     "GLOBAL_SCALE_DIVISOR",
     "FP4Linear",
     "FP4Tensor",
+    "QuantizeReport",
     "blocked_scale_numel",
+    "blocked_scale_shape",
     "fp4_gemm",
     "quantize",
     "quantize_model",

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 #: format name -> scale block size (sf_vec_size)
@@ -33,6 +35,8 @@ E4M3_MAX = 448.0
 GLOBAL_SCALE_DIVISOR = E4M3_MAX * E2M1_MAX
 ATOM_ROWS = 128
 ATOM_COLS = 4
+#: bytes of one 128x4 atom
+ATOM_BYTES = ATOM_ROWS * ATOM_COLS
 
 
 def format_vec(format: str) -> int:
@@ -56,11 +60,20 @@ def blocked_scale_numel(rows: int, k: int, sf_vec_size: int) -> int:
     return blocked_numel(rows, k // sf_vec_size)
 
 
+def blocked_scale_shape(rows: int, k: int, sf_vec_size: int) -> tuple[int, int, int]:
+    """Shape of one [rows, K] operand's scales in the 128x4 layout, the shape ``FP4Tensor.scale``
+    has (after the data's leading dims): (row blocks, column blocks, 512), one atom of 128 rows x
+    4 columns per [i, j], the bytes of ``to_blocked`` in their order."""
+    row_blocks = round_up(rows, ATOM_ROWS) // ATOM_ROWS
+    return (row_blocks, round_up(k // sf_vec_size, ATOM_COLS) // ATOM_COLS, ATOM_BYTES)
+
+
 def to_blocked(scales: torch.Tensor) -> torch.Tensor:
     """[rows, cols] (or [L, rows, cols]) one-byte scales -> the 128x4 layout, 1-D (or [L, n]),
     zero padded, same dtype."""
     lead, (rows, cols) = scales.shape[:-2], scales.shape[-2:]
-    raw = scales.view(torch.uint8).reshape(-1, rows, cols)
+    # (the batch count given, not -1: it is ambiguous for empty scales)
+    raw = scales.view(torch.uint8).reshape(math.prod(lead), rows, cols)
     rp, cp = round_up(rows, ATOM_ROWS), round_up(cols, ATOM_COLS)
     padded = torch.nn.functional.pad(raw, (0, cp - cols, 0, rp - rows))
     # (batch, row block, r // 32, r % 32, col block, c) -> (batch, row block, col block, r % 32,
@@ -75,8 +88,9 @@ def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     [L, rows, cols])."""
     rp, cp = round_up(rows, ATOM_ROWS), round_up(cols, ATOM_COLS)
     lead = blocked.shape[:-1]
-    atoms = blocked.view(torch.uint8).reshape(-1, rp // 128, cp // ATOM_COLS, 32, 4, ATOM_COLS)
-    plain = atoms.permute(0, 1, 4, 3, 2, 5).reshape(-1, rp, cp)[:, :rows, :cols]
+    batch = math.prod(lead)
+    atoms = blocked.view(torch.uint8).reshape(batch, rp // 128, cp // ATOM_COLS, 32, 4, ATOM_COLS)
+    plain = atoms.permute(0, 1, 4, 3, 2, 5).reshape(batch, rp, cp)[:, :rows, :cols]
     return plain.reshape(*lead, rows, cols).contiguous().view(blocked.dtype)
 
 

@@ -4,35 +4,79 @@
 from __future__ import annotations
 
 import fnmatch
+import inspect
+import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from fp4_ops.layout import format_vec
+from fp4_ops.layout import FORMATS, PACKED_DTYPES, SCALE_DTYPES
 from fp4_ops.ops import (
+    IN_DTYPES,
+    check_quantize_input,
     check_w4a16_activations,
-    device_alpha,
-    fp4_gemm,
+    gemm_op,
     gemm_w4a16_op,
     quantize,
+    quantize_op,
 )
 from fp4_ops.sm90 import k_order
-from fp4_ops.tensor import FP4Tensor, global_scale_tensor
+from fp4_ops.tensor import (
+    FP4Tensor,
+    blocked_shape_of,
+    check_format,
+    check_global_scale_value,
+    check_type,
+    global_scale_tensor,
+    picklable,
+    unpickled,
+)
 
 _ACTIVATIONS = ("dynamic", "static", "bf16")
+# the buffers that hold FP4 parts: they follow device moves, never dtype casts
+_FP4_BUFFERS = (
+    "weight_data",
+    "weight_prepacked",
+    "weight_scale",
+    "weight_global_scale",
+    "input_global_scale",
+)
+# a state dict's keys for one FP4Linear (besides the extra state), W4A4 and W4A16 alike
+_STATE_NAMES = ("weight_data", "weight_scale", "weight_global_scale", "input_global_scale", "bias")
+_EXTRA_STATE = "_extra_state"
+
+
+def _check_activations(activations, allowed=_ACTIVATIONS) -> None:
+    check_type(activations, str, "activations", f"a str, one of {allowed}")
+    if activations not in allowed:
+        raise ValueError(f"activations must be one of {allowed}, got {activations!r}")
 
 
 class FP4Linear(nn.Module):
     """FP4 linear layer: y = fp4_gemm(quantize(x), W) + bias (W4A4), or fp4_gemm(x, W) + bias
     (``activations="bf16"``: W4A16, x bfloat16, or float16 with NVFP4 weights; Hopper only).
 
-    The weight is held quantized (an FP4Tensor's parts as buffers; W4A16: its data prepacked
-    once for the Hopper kernel, ``fp4_ops.sm90.k_order.prepack_weights``); W4A4
-    quantizes the activations (x [..., K] flattened to rows) at each call with a dynamic global
-    scale (amax of this x) or the static ``input_global_scale`` (decoding convention, e.g.
-    ModelOpt's ``input_scale``). The output has x's dtype (bfloat16, float16 or float32; W4A16:
-    bfloat16, or float16 with NVFP4).
+    x [..., in_features] -> y [..., out_features] in x's dtype (an x without rows gives an
+    empty y). W4A4 quantizes the activations at each call with a dynamic global scale (amax of
+    this x) or the static ``input_global_scale`` (decoding convention, e.g. ModelOpt's
+    ``input_scale``). Inference only: a backward through the layer raises
+    ``fp4_ops.ops.NO_BACKWARD``.
+
+    The weight is held quantized, as buffers: ``weight_data`` (packed codes [N, K/2]; W4A16
+    holds ``weight_prepacked`` instead, prepacked once for the Hopper kernel,
+    ``fp4_ops.sm90.k_order.prepack_weights``), ``weight_scale`` (blocked, ``FP4Tensor.scale``),
+    ``weight_global_scale`` and ``input_global_scale`` (static only). These keep their dtypes
+    through ``.to(dtype)`` / ``.half()`` / ``.bfloat16()`` / ``.float()`` and follow device moves;
+    the bias follows both, and the output follows x.
+
+    State dict: ``weight_data`` (plain K order, W4A16 too: a checkpoint of one mode loads into
+    the other, prepacked at load), ``weight_scale``, ``weight_global_scale``,
+    ``input_global_scale`` (static), ``bias``, and the extra state ``{"format", "activations"}``.
+    Loading checks all of it before it assigns anything: another format, shape, static /
+    dynamic activation scales, or a part missing, is a ValueError that names what differs.
     """
 
     def __init__(
@@ -43,10 +87,12 @@ class FP4Linear(nn.Module):
         input_global_scale: torch.Tensor | float | None = None,
     ):
         super().__init__()
-        if not isinstance(weight, FP4Tensor) or weight.data.ndim != 2:
-            raise ValueError("weight must be a 2-D FP4Tensor [out_features, in_features]")
-        if activations not in _ACTIVATIONS:
-            raise ValueError(f"activations must be one of {_ACTIVATIONS}, got {activations!r}")
+        check_type(weight, FP4Tensor, "weight", "an FP4Tensor [out_features, in_features]")
+        if weight.data.ndim != 2:
+            raise ValueError(
+                f"weight must be a 2-D FP4Tensor [out_features, in_features], got {weight.shape}"
+            )
+        _check_activations(activations)
         static = activations == "static"
         if static != (input_global_scale is not None):
             raise ValueError(
@@ -54,34 +100,46 @@ class FP4Linear(nn.Module):
             )
         if static and weight.format != "nvfp4":
             raise ValueError("static activation scales exist for nvfp4 only (mxfp4 has none)")
+        out_features, in_features = weight.shape
+        if in_features % 32:
+            raise ValueError(f"in_features = {in_features} is not a multiple of 32")
+        if bias is not None:
+            check_type(bias, torch.Tensor, "bias", "None or a torch.Tensor")
+            if tuple(bias.shape) != (out_features,):
+                raise ValueError(f"bias must be [{out_features}], got {tuple(bias.shape)}")
+            if not bias.is_floating_point():
+                raise ValueError(f"bias must be floating point, got {bias.dtype}")
+            if bias.device != weight.device:
+                raise ValueError(f"bias is on {bias.device} but weight is on {weight.device}")
+            bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+        gs = None
+        if static:
+            gs = global_scale_tensor(input_global_scale, weight.data, "input_global_scale")
         self.format = weight.format
-        self.out_features, self.in_features = weight.shape
-        if self.in_features % 32:
-            raise ValueError(f"in_features = {self.in_features} is not a multiple of 32")
+        self.out_features, self.in_features = out_features, in_features
         self.activations = activations
         data = weight.data.view(torch.uint8)
         if activations == "bf16":
-            # (its own name: a state_dict of the plain layout cannot load into the prepacked one)
-            self.register_buffer("weight_prepacked", k_order.prepack_weights(data))
+            # (the state dict holds weight_data in plain K order instead: _save_to_state_dict)
+            prepacked = k_order.prepack_weights(data)
+            self.register_buffer("weight_prepacked", prepacked, persistent=False)
         else:
             self.register_buffer("weight_data", data)
         self.register_buffer("weight_scale", weight.scale)
         self.register_buffer("weight_global_scale", weight.global_scale)
-        gs = global_scale_tensor(input_global_scale, weight.data) if static else None
         self.register_buffer("input_global_scale", gs)
-        if bias is not None:
-            if bias.shape != (self.out_features,):
-                raise ValueError(f"bias must be [{self.out_features}], got {tuple(bias.shape)}")
-            bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.bias = bias
 
     @property
     def weight(self) -> FP4Tensor:
+        """The quantized weight [out_features, in_features] (W4A16: unprepacked, a copy)."""
+        data = self._plain_weight_data()
+        return FP4Tensor.unchecked(data, self.weight_scale, self.weight_global_scale, self.format)
+
+    def _plain_weight_data(self) -> torch.Tensor:
         if self.activations == "bf16":
-            data = k_order.unprepack_weights(self.weight_prepacked, self.in_features)
-        else:
-            data = self.weight_data
-        return FP4Tensor(data, self.weight_scale, self.weight_global_scale, self.format)
+            return k_order.unprepack_weights(self.weight_prepacked, self.in_features)
+        return self.weight_data
 
     @classmethod
     def from_linear(
@@ -92,10 +150,13 @@ class FP4Linear(nn.Module):
         input_global_scale: torch.Tensor | float | None = None,
     ) -> FP4Linear:
         """Quantize ``linear``'s weight once (on its device: the GPU quantizer on CUDA)."""
-        if not isinstance(linear, nn.Linear):
-            raise ValueError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        check_type(linear, nn.Linear, "linear", "an nn.Linear")
+        check_format(format)
+        _check_activations(activations)
+        if linear.in_features % 32:
+            raise ValueError(f"linear: in_features = {linear.in_features} is not a multiple of 32")
         w = linear.weight.detach()
-        if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if w.dtype not in IN_DTYPES:
             w = w.float()
         return cls(quantize(w, format), linear.bias, activations, input_global_scale)
 
@@ -111,32 +172,185 @@ class FP4Linear(nn.Module):
         """From a ModelOpt NVFP4 checkpoint's tensors (see ``FP4Tensor.from_modelopt``);
         ``input_scale`` (decoding convention) gives static activation scales, None dynamic."""
         w = FP4Tensor.from_modelopt(weight, weight_scale, weight_scale_2)
-        mode = "dynamic" if input_scale is None else "static"
-        return cls(w, bias, mode, input_scale)
+        if input_scale is None:
+            return cls(w, bias, "dynamic")
+        return cls(w, bias, "static", global_scale_tensor(input_scale, w.data, "input_scale"))
+
+    # -- casts, moves and the state dict
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module.to / half / bfloat16 / float / cuda / cpu all come here: the FP4 parts take
+        # the device that fn gives them and keep their dtypes (fn casts every floating-point
+        # tensor, float8 scales and the float32 global scales included)
+        before = {n: self._buffers[n] for n in _FP4_BUFFERS if self._buffers.get(n) is not None}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new.dtype != old.dtype:
+                self._buffers[name] = old.to(new.device)
+        return self
+
+    def __getstate__(self) -> dict:
+        # (pickle, copy.deepcopy and torch.save of the module: the float8 scales as their bytes)
+        state = super().__getstate__()
+        state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        state["_buffers"] = {n: unpickled(v) for n, v in state["_buffers"].items()}
+        super().__setstate__(state)
+
+    def get_extra_state(self) -> dict:
+        return {"format": self.format, "activations": self.activations}
+
+    def set_extra_state(self, state) -> None:
+        # (what the extra state carries is checked, not set: it must agree with this layer)
+        self._check_extra_state(state, "FP4Linear")
+
+    def _check_extra_state(self, state, where: str) -> None:
+        if not (isinstance(state, dict) and {"format", "activations"} <= state.keys()):
+            raise ValueError(f"{where}: the extra state {state!r} is not an FP4Linear's")
+        if state["format"] != self.format:
+            raise ValueError(
+                f"{where}: format differs: the checkpoint is {state['format']}, this layer "
+                f"{self.format}"
+            )
+        if (state["activations"] == "static") != (self.activations == "static"):
+            raise ValueError(
+                f"{where}: activations differ: the checkpoint is {state['activations']!r}, this "
+                f"layer {self.activations!r} (static activation scales load only into a static "
+                "layer)"
+            )
+
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        names = [n for n in _STATE_NAMES if n != "weight_data" and getattr(self, n) is not None]
+        return {"weight_data": self._plain_weight_data(), **{n: getattr(self, n) for n in names}}
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        for name, t in self._state_tensors().items():
+            destination[prefix + name] = t if keep_vars else t.detach()
+        destination[prefix + _EXTRA_STATE] = self.get_extra_state()
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+    ):
+        expected = list(self._state_tensors())
+        found = {n: state_dict[prefix + n] for n in _STATE_NAMES if prefix + n in state_dict}
+        extra = state_dict.get(prefix + _EXTRA_STATE)
+        if strict:
+            known = (*_STATE_NAMES, _EXTRA_STATE)
+            unexpected_keys.extend(
+                k for k in state_dict if k.startswith(prefix) and k[len(prefix) :] not in known
+            )
+        if not found and extra is None:  # (nothing of this layer)
+            missing_keys.extend(prefix + n for n in (*expected, _EXTRA_STATE))
+            return
+        where = prefix.rstrip(".") or "FP4Linear"
+        if extra is None:
+            missing_keys.append(prefix + _EXTRA_STATE)
+        else:
+            self._check_extra_state(extra, where)
+        checked = self._check_state(found, where)
+        if "bias" in found and self.bias is None:
+            unexpected_keys.append(prefix + "bias")
+        elif "bias" not in found and self.bias is not None:
+            missing_keys.append(prefix + "bias")
+        # (everything checked: now it all loads)
+        assign = local_metadata.get("assign_to_params_buffers", False)
+        with torch.no_grad():
+            for name, value in checked.items():
+                if name == "weight_data" and self.activations == "bf16":
+                    name, value = "weight_prepacked", k_order.prepack_weights(value)
+                if not assign:
+                    getattr(self, name).copy_(value)
+                elif name == "bias":
+                    self.bias = nn.Parameter(value, requires_grad=False)
+                else:
+                    self._buffers[name] = value
+
+    def _check_state(self, found: dict, where: str) -> dict[str, torch.Tensor]:
+        """A checkpoint's tensors of this layer, checked against it: ValueError naming what
+        differs; the tensors to load (weight_data as uint8)."""
+        static = self.activations == "static"
+        parts = ["weight_data", "weight_scale", "weight_global_scale"]
+        if static:
+            parts.append("input_global_scale")
+        missing = [n for n in parts if n not in found]
+        if "input_global_scale" in found and not static:
+            raise ValueError(
+                f"{where}: activations differ: the checkpoint has static activation scales "
+                f"(input_global_scale), this layer is {self.activations!r}"
+            )
+        if missing:
+            raise ValueError(f"{where}: the checkpoint lacks {', '.join(missing)}")
+        for name, t in found.items():
+            check_type(t, torch.Tensor, f"{where}.{name}", "a torch.Tensor")
+        data, scale = found["weight_data"], found["weight_scale"]
+        want = SCALE_DTYPES[FORMATS[self.format]]
+        if scale.dtype != want:
+            raise ValueError(
+                f"{where}: format differs: the checkpoint's weight_scale is {scale.dtype}, this "
+                f"{self.format} layer's {want}"
+            )
+        shape = (self.out_features, self.in_features // 2)
+        if data.dtype not in PACKED_DTYPES or tuple(data.shape) != shape:
+            raise ValueError(
+                f"{where}: shape differs: the checkpoint's weight_data is {data.dtype} "
+                f"{tuple(data.shape)}, this [{self.out_features}, {self.in_features}] layer's "
+                f"uint8 {shape}"
+            )
+        want = blocked_shape_of(data, FORMATS[self.format])
+        if tuple(scale.shape) != want:
+            raise ValueError(
+                f"{where}: shape differs: the checkpoint's weight_scale is {tuple(scale.shape)}, "
+                f"this layer's {want}"
+            )
+        checked = {n: found[n] for n in parts} | {"weight_data": data.view(torch.uint8)}
+        for name in parts[2:]:
+            t = found[name]
+            if t.shape != () or t.dtype != torch.float32:
+                raise ValueError(
+                    f"{where}: {name} must be a 0-d float32 tensor, got {t.dtype} {tuple(t.shape)}"
+                )
+            check_global_scale_value(t, f"{where}.{name}")
+        if self.bias is not None and "bias" in found:
+            bias = checked["bias"] = found["bias"]
+            if tuple(bias.shape) != (self.out_features,) or not bias.is_floating_point():
+                raise ValueError(
+                    f"{where}: shape differs: the checkpoint's bias is {bias.dtype} "
+                    f"{tuple(bias.shape)}, this layer's [{self.out_features}]"
+                )
+        return checked
+
+    # -- forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x has {x.shape[-1]} features; this layer takes {self.in_features}")
+        check_type(x, torch.Tensor, "x", "a torch.Tensor")
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"x must be [..., {self.in_features}] (in_features), got {tuple(x.shape)}"
+            )
+        if x.device != self.weight_scale.device:
+            raise ValueError(f"x is on {x.device} but the layer is on {self.weight_scale.device}")
         rows = x.reshape(-1, self.in_features)
+        vec = FORMATS[self.format]
+        # (the held weights are checked once, at construction and load)
         if self.activations == "bf16":
-            # (the held weights are checked once, at construction)
-            check_w4a16_activations(rows, self.format, "x of a W4A16 layer must be")
-            if rows.device != self.weight_prepacked.device:
-                raise ValueError(
-                    f"x is on {rows.device} but the layer is on {self.weight_prepacked.device}"
-                )
-            alpha = device_alpha(self.weight_global_scale, None)
-            vec = format_vec(self.format)
+            check_w4a16_activations(x, self.format, "x of a W4A16 layer must be")
+        else:
+            check_quantize_input(rows, vec)
+        if rows.shape[0] == 0:
+            y = rows.new_empty((0, self.out_features))
+        elif self.activations == "bf16":
+            w = self.weight_prepacked
             y = gemm_w4a16_op(
-                rows, self.weight_prepacked, self.weight_scale, alpha, vec, x.dtype, True
+                rows, w, self.weight_scale, self.weight_global_scale, vec, x.dtype, True
             )
         else:
-            a = quantize(rows, self.format, self.input_global_scale)
-            # (the held weights are checked once, at construction)
-            w = FP4Tensor.unchecked(
-                self.weight_data, self.weight_scale, self.weight_global_scale, self.format
-            )
-            y = fp4_gemm(a, w, out_dtype=x.dtype)
+            data, scale, gs = quantize_op(rows.contiguous(), vec, self.input_global_scale)
+            alpha = gs * self.weight_global_scale
+            y = gemm_op(data, scale, self.weight_data, self.weight_scale, alpha, vec, x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -148,43 +362,135 @@ class FP4Linear(nn.Module):
         )
 
 
+# ----------------------------------------------------------------------------- quantize_model
+
+
+@dataclass
+class QuantizeReport:
+    """What ``quantize_model`` did: ``replaced``, the names of the nn.Linear modules now
+    FP4Linear; ``skipped``, name -> why a chosen nn.Linear stays as it is; ``unmatched``, the
+    ``include`` patterns that matched no nn.Linear."""
+
+    replaced: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    unmatched: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"replaced {len(self.replaced)}: {', '.join(self.replaced) or '-'}"]
+        lines += [f"skipped {name or '(the model)'}: {why}" for name, why in self.skipped.items()]
+        if self.unmatched:
+            lines.append(f"patterns that matched no nn.Linear: {', '.join(self.unmatched)}")
+        return "\n".join(lines)
+
+
+def _direct_reader(linear: nn.Linear, parent: nn.Module) -> str | None:
+    """Why ``parent`` reads ``linear``'s weight itself (not through its forward), or None."""
+    if isinstance(parent, nn.MultiheadAttention) or isinstance(
+        linear, NonDynamicallyQuantizableLinear
+    ):
+        return (
+            f"its parent ({type(parent).__name__}) reads its weight directly, not through "
+            "forward (e.g. nn.MultiheadAttention.out_proj)"
+        )
+    return None
+
+
+def _selection(include):
+    """(glob patterns or None, predicate or None) of ``quantize_model``'s ``include``."""
+    if include is None:
+        return None, None
+    if isinstance(include, str):
+        return [include], None
+    if callable(include):
+        try:
+            signature = inspect.signature(include)
+        except (TypeError, ValueError):  # (some builtins have none: called as they are)
+            return None, include
+        try:
+            signature.bind("name", nn.Linear(1, 1))
+        except TypeError:
+            raise TypeError(
+                f"include: a predicate is called as include(name, linear) -> bool; this one "
+                f"takes {signature}"
+            ) from None
+        return None, include
+    if not isinstance(include, Iterable):
+        raise TypeError(
+            "include must be None, a glob pattern, an iterable of them or a predicate "
+            f"(name, linear) -> bool, got {type(include).__name__}"
+        )
+    patterns = list(include)
+    for p in patterns:
+        check_type(p, str, "include", "glob patterns (str)")
+    return patterns, None
+
+
 def quantize_model(
     model: nn.Module,
-    include: Iterable[str] | Callable[[str, nn.Linear], bool] | None = None,
+    include: Iterable[str] | str | Callable[[str, nn.Linear], bool] | None = None,
     format: str = "nvfp4",
     activations: str = "dynamic",
-) -> list[str]:
+) -> QuantizeReport:
     """Replace ``model``'s ``nn.Linear`` modules by FP4Linear, in place: W4A4 with dynamic
     activation scales, or ``activations="bf16"`` (W4A16: 16-bit activations, Hopper).
 
     ``include``: glob patterns of module names (``["*.mlp.*"]``) or a predicate
-    ``(name, linear) -> bool``; None takes every Linear whose in_features is a multiple of 32.
-    A Linear that ``include`` names explicitly but cannot be quantized raises ValueError.
-    Returns the names replaced.
+    ``(name, linear) -> bool``; None takes every Linear. Skipped, with the reason in the report:
+    Linears whose parent reads their weight directly (``nn.MultiheadAttention``'s ``out_proj``,
+    any ``NonDynamicallyQuantizableLinear``), and, by default, those whose in_features is not a
+    multiple of 32 (one that ``include`` chooses raises ValueError). A Linear reachable by
+    several names becomes one FP4Linear. Returns a ``QuantizeReport`` (and warns about patterns
+    that matched no nn.Linear).
     """
-    format_vec(format)
-    if activations not in ("dynamic", "bf16"):
-        raise ValueError(f'activations must be "dynamic" or "bf16", got {activations!r}')
-    if include is None or callable(include):
-        patterns = None
-    else:
-        patterns = [include] if isinstance(include, str) else list(include)
-    replaced = []
-    for name, module in list(model.named_modules()):
-        if not isinstance(module, nn.Linear) or not name:  # (a bare Linear: FP4Linear.from_linear)
-            continue
+    check_type(model, nn.Module, "model", "an nn.Module")
+    check_format(format)
+    _check_activations(activations, ("dynamic", "bf16"))
+    patterns, predicate = _selection(include)
+    linears = [
+        (name, module)
+        for name, module in model.named_modules(remove_duplicate=False)
+        if isinstance(module, nn.Linear)
+    ]
+    report = QuantizeReport()
+    if patterns is not None:
+        names = [name for name, _ in linears]
+        report.unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
+    converted: dict[int, FP4Linear] = {}
+    for name, module in linears:
         if patterns is not None:
             chosen = any(fnmatch.fnmatchcase(name, p) for p in patterns)
-        elif include is not None:
-            chosen = bool(include(name, module))
+        elif predicate is not None:
+            chosen = predicate(name, module)
+            if not isinstance(chosen, bool):
+                raise TypeError(
+                    f"include(name, linear) must return a bool, got {type(chosen).__name__}"
+                )
         else:
-            chosen = module.in_features % 32 == 0
+            chosen = True
         if not chosen:
             continue
-        if module.in_features % 32:
-            raise ValueError(f"{name}: in_features = {module.in_features} is not a multiple of 32")
+        if not name:
+            report.skipped[name] = "the model is an nn.Linear itself: FP4Linear.from_linear"
+            continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, FP4Linear.from_linear(module, format, activations))
-        replaced.append(name)
-    return replaced
+        why = _direct_reader(module, parent)
+        if why is None and module.in_features % 32:
+            if include is not None:
+                raise ValueError(
+                    f"{name}: in_features = {module.in_features} is not a multiple of 32"
+                )
+            why = f"in_features = {module.in_features} is not a multiple of 32"
+        if why is not None:
+            report.skipped[name] = why
+            continue
+        if id(module) not in converted:
+            converted[id(module)] = FP4Linear.from_linear(module, format, activations)
+        setattr(parent, child, converted[id(module)])
+        report.replaced.append(name)
+    if report.unmatched:
+        warnings.warn(
+            f"quantize_model: include patterns that matched no nn.Linear: {report.unmatched}",
+            stacklevel=2,
+        )
+    return report

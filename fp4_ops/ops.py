@@ -1,9 +1,16 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """The ops: ``quantize`` and ``fp4_gemm`` as ``torch.library`` custom ops with fake kernels, and
 their dispatch to the CPU implementation, the Hopper kernel (sm_90) and the Blackwell kernel
-(sm_100 family)."""
+(sm_100 family).
+
+The custom ops take and give the FP4Tensor parts as they are (scales [..., row blocks, column
+blocks, 512]; the GEMMs also take them flat, [n] or [L, n]), and hand the kernels the flat
+[L, n] bytes. They are inference only: their autograd formula raises ``NO_BACKWARD``.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -13,21 +20,36 @@ from fp4_ops.layout import (
     FORMATS,
     OUT_DTYPES,
     SCALE_DTYPES,
-    blocked_scale_numel,
-    format_vec,
+    to_blocked,
 )
 from fp4_ops.sm90 import k_order
-from fp4_ops.tensor import FP4Tensor, global_scale_tensor
+from fp4_ops.tensor import (
+    FP4Tensor,
+    blocked_shape_of,
+    check_format,
+    check_type,
+    global_scale_tensor,
+    is_number,
+)
+
+#: what a backward through any FP4 op raises
+NO_BACKWARD = (
+    "inference only: FP4 layers have no backward (fp4_ops' quantize and GEMM ops have no "
+    "gradient; keep them out of the autograd graph, e.g. under torch.no_grad())"
+)
+#: activation dtypes the quantizer takes
+IN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError(NO_BACKWARD)
 
 
 def _fake_quantized(x: torch.Tensor, sf_vec_size: int):
     rows, k = x.shape[-2], x.shape[-1]
     lead = tuple(x.shape[:-2])
     data = x.new_empty((*lead, rows, k // 2), dtype=torch.uint8)
-    scale = x.new_empty(
-        (*lead, blocked_scale_numel(rows, k, sf_vec_size)),
-        dtype=SCALE_DTYPES[sf_vec_size],
-    )
+    scale = x.new_empty(blocked_shape_of(data, sf_vec_size), dtype=SCALE_DTYPES[sf_vec_size])
     return data, scale, x.new_empty((), dtype=torch.float32)
 
 
@@ -38,17 +60,38 @@ def quantize_op(
     if x.device.type == "cuda":
         from fp4_ops import quantizer
 
-        return quantizer.launch_quantize(x, sf_vec_size, global_scale)
-    if x.device.type != "cpu":
+        data, scale, gs = quantizer.launch_quantize(x, sf_vec_size, global_scale)
+    elif x.device.type != "cpu":
         raise ValueError(f"quantize runs on CPU and CUDA tensors, got one on {x.device}")
-    if sf_vec_size == FORMATS["nvfp4"]:
-        return cpu.quantize_nvfp4(x, global_scale)
-    return cpu.quantize_mxfp4(x)
+    elif sf_vec_size == FORMATS["nvfp4"]:
+        data, scale, gs = cpu.quantize_nvfp4(x, global_scale)
+    else:
+        data, scale, gs = cpu.quantize_mxfp4(x)
+    # (the backends write the blocked bytes flat; FP4Tensor.scale is shaped by its atoms)
+    return data, scale.view(blocked_shape_of(data, sf_vec_size)), gs
 
 
 @quantize_op.register_fake
 def _(x, sf_vec_size, global_scale):
     return _fake_quantized(x, sf_vec_size)
+
+
+def check_quantize_input(x, sf_vec_size: int, name: str = "x") -> None:
+    """What the quantizer takes: a float32 / bfloat16 / float16 tensor [rows, K] or
+    [L, rows, K], K a positive multiple of 32 (on CUDA also the kernel's size limits)."""
+    check_type(x, torch.Tensor, name, "a torch.Tensor")
+    if x.dtype not in IN_DTYPES:
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.ndim not in (2, 3):
+        raise ValueError(f"{name} must be [rows, K] or [L, rows, K], got {tuple(x.shape)}")
+    if x.shape[-1] == 0 or x.shape[-1] % 32:
+        raise ValueError(f"K = {x.shape[-1]} (last dim of {name}) is not a multiple of 32")
+    if x.is_cuda and x.numel():
+        from fp4_ops import quantizer
+
+        reason = quantizer.shape_reason(tuple(x.shape), sf_vec_size)
+        if reason:
+            raise ValueError(reason)
 
 
 def quantize(
@@ -57,35 +100,35 @@ def quantize(
     """Quantize x [rows, K] or [L, rows, K] (float32 / bfloat16 / float16) to an FP4Tensor.
 
     ``global_scale`` (NVFP4 only; decoding convention): None computes ``amax / (448 * 6)`` over
-    the whole tensor on its device (no host sync); a number or one-element tensor is used as is
-    (a static scale, e.g. ModelOpt's ``input_scale``). CPU tensors go through ``fp4_ops.cpu``
-    (NaN / Inf raise ValueError); CUDA tensors through ``fp4_ops.quantizer``, which cannot raise
-    without a sync: a block holding NaN / Inf gets the NaN scale byte and zero codes instead
-    (and a dynamic global scale becomes non-finite), so every product that reads it is NaN.
+    the whole tensor on its device (no host sync; 1.0 for an all-zero or empty x); a number or
+    one-element tensor is used as is (a static scale, e.g. ModelOpt's ``input_scale``), and must
+    be finite and positive (``fp4_ops.tensor.check_global_scale_value``). MXFP4's global scale
+    is 1.0. An x without rows gives an FP4Tensor without rows. CPU tensors go through
+    ``fp4_ops.cpu`` (NaN / Inf raise ValueError); CUDA tensors through ``fp4_ops.quantizer``,
+    which cannot raise without a sync: a block holding NaN / Inf gets the NaN scale byte and zero
+    codes instead (and a dynamic global scale becomes non-finite), so every product that reads
+    it is NaN.
     """
-    vec = format_vec(format)
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
-    if x.ndim not in (2, 3) or x.numel() == 0:
-        raise ValueError(f"x must be a non-empty [rows, K] or [L, rows, K], got {tuple(x.shape)}")
-    if x.shape[-1] % 32:
-        raise ValueError(f"K = {x.shape[-1]} (last dim of x) is not a multiple of 32")
+    vec = check_format(format)
+    check_quantize_input(x, vec)
     if global_scale is not None and vec != FORMATS["nvfp4"]:
-        raise ValueError("mxfp4 has no global scale (its E8M0 block scales span the range)")
-    if x.is_cuda:
-        from fp4_ops import quantizer
-
-        reason = quantizer.shape_reason(tuple(x.shape), vec)
-        if reason:
-            raise ValueError(reason)
+        raise ValueError("global_scale: mxfp4 has no global scale (E8M0 scales span the range)")
     gs = None if global_scale is None else global_scale_tensor(global_scale, x)
+    if x.numel() == 0:
+        data = x.new_empty((*x.shape[:-1], x.shape[-1] // 2), dtype=torch.uint8)
+        scale = x.new_empty(blocked_shape_of(data, vec), dtype=SCALE_DTYPES[vec])
+        gs = torch.ones((), dtype=torch.float32, device=x.device) if gs is None else gs
+        return FP4Tensor.unchecked(data, scale, gs, format)
     data, scale, out_gs = quantize_op(x.contiguous(), vec, gs)
     return FP4Tensor.unchecked(data, scale, out_gs, format)
 
 
 # ----------------------------------------------------------------------------- GEMM
+
+
+def _flat(scale: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
+    """Blocked scales of packed data [..., rows, K/2], shaped by atoms or flat -> [..., n]."""
+    return scale.reshape(*data.shape[:-2], -1)
 
 
 @torch.library.custom_op("fp4_ops::gemm", mutates_args=())
@@ -100,6 +143,7 @@ def gemm_op(
 ) -> torch.Tensor:
     m, n, k = a_data.shape[-2], b_data.shape[-2], 2 * a_data.shape[-1]
     if a_data.device.type == "cpu":
+        a_scale, b_scale = _flat(a_scale, a_data), _flat(b_scale, b_data)
         return cpu.gemm(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype)
     if a_data.device.type != "cuda":
         raise ValueError(f"fp4_gemm runs on CPU and CUDA tensors, got {a_data.device}")
@@ -146,6 +190,7 @@ def gemm_w4a16_op(
     l = a.shape[0] if a.ndim == 3 else 1  # noqa: E741
     if a.device.type == "cpu":
         b = k_order.unprepack_weights(b_data, k) if b_prepacked else b_data
+        b_scale = _flat(b_scale, b)
         return cpu.gemm_w4a16(a, b, b_scale, alpha, sf_vec_size, out_dtype)
     if a.device.type != "cuda":
         raise ValueError(f"fp4_gemm runs on CPU and CUDA tensors, got {a.device}")
@@ -169,14 +214,23 @@ def _(a, b_data, b_scale, alpha, sf_vec_size, out_dtype, b_prepacked):
     return a.new_empty((*a.shape[:-1], b_data.shape[-2]), dtype=out_dtype)
 
 
+for _op in (quantize_op, gemm_op, gemm_w4a16_op):
+    _op.register_autograd(_no_backward)
+
+
 def fp4_gemm(
     a: FP4Tensor | torch.Tensor,
     b: FP4Tensor,
     out_dtype: torch.dtype = torch.bfloat16,
     alpha: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """D = alpha * dequant(a) @ dequant(b)^T: a [M, K] and b [N, K] (or [L, M, K] and
-    [L, N, K]) -> D [M, N] (or [L, M, N]) in ``out_dtype`` (bfloat16, float16 or float32).
+    """D = alpha * dequant(a) @ dequant(b)^T in ``out_dtype`` (bfloat16, float16 or float32).
+
+    Shapes: weights b [N, K] take activations a [..., K] -> D [..., N], as ``nn.Linear`` does
+    (the leading dims are rows of one GEMM; an FP4Tensor a has at most one, [L, M, K] -> [L, M,
+    N], its scales re-blocked as rows unless M % 128 == 0). Batched weights b [L, N, K] take
+    a [L, M, K] -> D [L, M, N], one GEMM per batch. Empty a (M or L = 0) or b (N = 0) give an
+    empty D.
 
     W4A4: ``a`` an FP4Tensor.  W4A16: ``a`` a bfloat16 / float16 tensor of activations (float16
     with NVFP4 only), run on sm_90 by the Hopper kernel's W4A16 path, which takes the weights
@@ -189,44 +243,97 @@ def fp4_gemm(
     current then. CPU tensors run ``fp4_ops.cpu``.
     Under CUDA-graph capture, call the op once on that stream and shape before capturing (the
     kernels compile and the Hopper workspace is zeroed at the first call).
+    Inference only: a backward through it raises ``NO_BACKWARD``.
     """
+    check_type(b, FP4Tensor, "b", "an FP4Tensor (fp4_ops.quantize)")
+    check_out_dtype(out_dtype)
+    check_alpha(alpha)
     if isinstance(a, torch.Tensor):
         return _fp4_gemm_w4a16(a, b, out_dtype, alpha)
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, FP4Tensor):
-            raise ValueError(f"{name} must be an FP4Tensor (fp4_ops.quantize), got {type(t)}")
+    check_type(a, FP4Tensor, "a", "an FP4Tensor (W4A4) or a bfloat16 / float16 tensor (W4A16)")
     if a.format != b.format:
         raise ValueError(f"a is {a.format} but b is {b.format}")
-    _check_pair(a.data.ndim, a.shape, a.device, b, b.shape[-1], out_dtype)
+    _check_k_and_device(a.shape, a.device, b)
+    if b.data.ndim == 3:
+        _check_batch(a.data.ndim, a.shape, b)
+        data, scale = a.data, a.scale
+    else:  # (the rows of a against one weight matrix)
+        data, scale = _as_rows(a)
+    out_shape = (*a.shape[:-1], b.shape[-2])
+    if math.prod(out_shape) == 0:
+        return a.data.new_empty(out_shape, dtype=out_dtype)
     alpha = device_alpha(a.global_scale * b.global_scale, alpha)
-    return gemm_op(a.data, a.scale, b.data, b.scale, alpha, a.sf_vec_size, out_dtype)
+    d = gemm_op(data, scale, b.data, b.scale, alpha, a.sf_vec_size, out_dtype)
+    return d.reshape(out_shape)
+
+
+def _as_rows(a: FP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data [rows, K/2], its blocked scales) of an FP4Tensor [rows, K] or [L, M, K] taken as
+    L * M rows: the scales of consecutive batches are consecutive row blocks when M % 128 == 0
+    (a view); otherwise re-blocked."""
+    if a.data.ndim == 2:
+        return a.data, a.scale
+    l, m, half = a.data.shape  # noqa: E741
+    data = a.data.reshape(l * m, half)
+    if m % 128 == 0:
+        return data, a.scale.reshape(-1, *a.scale.shape[-2:])
+    return data, to_blocked(a.plain_scales().reshape(l * m, -1))
 
 
 def _fp4_gemm_w4a16(a, b, out_dtype, alpha):
     """``fp4_gemm`` with 16-bit activations ``a`` (W4A16)."""
-    if not isinstance(b, FP4Tensor):
-        raise ValueError(f"b must be an FP4Tensor (fp4_ops.quantize), got {type(b)}")
-    check_w4a16_activations(a, b.format, "a must be an FP4Tensor (fp4_ops.quantize) or")
-    _check_pair(a.ndim, a.shape, a.device, b, b.shape[-1], out_dtype)
+    check_w4a16_activations(a, b.format, "a must be an FP4Tensor (W4A4) or")
+    if a.ndim == 0:
+        raise ValueError("a must be [..., K], got a 0-d tensor")
+    _check_k_and_device(a.shape, a.device, b)
     if a.shape[-1] % 32:
         raise ValueError(f"W4A16 needs K a multiple of 32, got K = {a.shape[-1]}")
+    if b.data.ndim == 3:
+        _check_batch(a.ndim, a.shape, b)
+        rows = a
+    else:
+        rows = a.reshape(-1, a.shape[-1])
+    out_shape = (*a.shape[:-1], b.shape[-2])
+    if math.prod(out_shape) == 0:
+        return a.new_empty(out_shape, dtype=out_dtype)
     alpha = device_alpha(b.global_scale, alpha)
-    return gemm_w4a16_op(a, b.data, b.scale, alpha, b.sf_vec_size, out_dtype, False)
+    d = gemm_w4a16_op(rows, b.data, b.scale, alpha, b.sf_vec_size, out_dtype, False)
+    return d.reshape(out_shape)
 
 
-def _check_pair(a_ndim, a_shape, a_device, b, b_k, out_dtype):
-    """``fp4_gemm``'s checks of a (rank, [L,] M, K, device) against the weights b (b_k: their
-    K) and of out_dtype, W4A4 and W4A16 alike."""
-    if a_ndim != b.data.ndim:
-        raise ValueError(f"a is {a_ndim}-D but b is {b.data.ndim}-D; both need the same rank")
-    if a_shape[-1] != b_k:
-        raise ValueError(f"K mismatch: a has K = {a_shape[-1]}, b has K = {b_k}")
-    if a_ndim == 3 and a_shape[0] != b.data.shape[0]:
-        raise ValueError(f"batch mismatch: a has L = {a_shape[0]}, b has L = {b.data.shape[0]}")
+def _check_k_and_device(a_shape, a_device, b: FP4Tensor) -> None:
+    if a_shape[-1] != b.shape[-1]:
+        raise ValueError(f"K mismatch: a has K = {a_shape[-1]}, b has K = {b.shape[-1]}")
     if a_device != b.device:
         raise ValueError(f"a is on {a_device} but b is on {b.device}")
+
+
+def _check_batch(a_ndim: int, a_shape, b: FP4Tensor) -> None:
+    """Batched weights b [L, N, K] take a [L, M, K] only."""
+    if a_ndim != 3:
+        raise ValueError(
+            f"b is batched weights {tuple(b.shape)} [L, N, K]: a must be [L, M, K], got "
+            f"{tuple(a_shape)}"
+        )
+    if a_shape[0] != b.data.shape[0]:
+        raise ValueError(f"batch mismatch: a has L = {a_shape[0]}, b has L = {b.data.shape[0]}")
+
+
+def check_out_dtype(out_dtype, name: str = "out_dtype") -> None:
+    check_type(out_dtype, torch.dtype, name, "a torch.dtype")
     if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+        raise ValueError(f"{name} must be bfloat16, float16 or float32, got {out_dtype}")
+
+
+def check_alpha(alpha) -> None:
+    """alpha: None, a number or a one-element floating-point tensor."""
+    if alpha is None or is_number(alpha):
+        return
+    check_type(alpha, torch.Tensor, "alpha", "None, a number or a one-element tensor")
+    if alpha.numel() != 1:
+        raise ValueError(f"alpha must be a number or a one-element tensor, got {alpha.shape}")
+    if not alpha.is_floating_point():
+        raise ValueError(f"alpha must be a floating-point tensor, got {alpha.dtype}")
 
 
 def check_w4a16_activations(a, format: str, what: str) -> None:
@@ -239,11 +346,9 @@ def check_w4a16_activations(a, format: str, what: str) -> None:
 
 def device_alpha(scale: torch.Tensor, alpha) -> torch.Tensor:
     """The scalar the kernels apply to the accumulator: the global scales' product ``scale``
-    times ``alpha`` (a number or a one-element tensor), a 0-d float32 tensor, no host sync."""
+    times ``alpha`` (checked by ``check_alpha``), a 0-d float32 tensor, no host sync."""
     if isinstance(alpha, torch.Tensor):
-        if alpha.numel() != 1:
-            raise ValueError(f"alpha must be a number or a one-element tensor, got {alpha.shape}")
-        scale = scale * alpha
+        scale = scale * alpha.reshape(())
     elif alpha is not None:
         scale = scale * float(alpha)
     return scale.float().reshape(())

@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """``FP4Tensor``: one quantized NVFP4 / MXFP4 operand (codes, 128x4 blocked scales, global
-scale), and its converters from and to torchao and checkpoint formats."""
+scale), its converters from and to torchao and checkpoint formats, and the argument checks that
+the package's public functions share (a wrong type: TypeError, a wrong value: ValueError, each
+naming the argument)."""
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -14,11 +17,98 @@ from fp4_ops.layout import (
     FORMATS,
     PACKED_DTYPES,
     SCALE_DTYPES,
-    blocked_scale_numel,
+    blocked_scale_shape,
     format_vec,
     from_blocked,
     round_up,
     to_blocked,
+)
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def check_type(value, types, name: str, what: str) -> None:
+    """TypeError naming the argument ``name`` unless ``value`` is an instance of ``types``."""
+    if not isinstance(value, types):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+
+
+def is_number(value) -> bool:
+    """A real Python / NumPy number; a bool is not one here."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_format(format, name: str = "format") -> int:
+    """The scale block size of a format name: TypeError for a non-str, ValueError for an unknown
+    name."""
+    check_type(format, str, name, f"a str, one of {sorted(FORMATS)}")
+    return format_vec(format)
+
+
+def check_global_scale_value(t: torch.Tensor, name: str) -> None:
+    """A global scale must be finite and positive (a zero, negative, NaN or infinite one makes
+    every product wrong): ValueError for a CPU tensor; a CUDA one is checked without a host sync,
+    by a device-side assert (``torch._assert_async``), as is anything under torch.compile."""
+    if t.device.type == "meta":
+        return
+    if t.device.type == "cpu" and not torch.compiler.is_compiling():
+        value = float(t)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be finite and positive, got {value}")
+    else:
+        ok = (torch.isfinite(t) & (t > 0)).reshape(())
+        torch._assert_async(ok, f"{name} must be finite and positive")
+
+
+def global_scale_tensor(value, like: torch.Tensor, name: str = "global_scale") -> torch.Tensor:
+    """A global scale (a number or a one-element floating-point tensor) as a new 0-d float32
+    tensor on ``like``'s device, checked by ``check_global_scale_value`` (on the host where the
+    host holds the value: a number or a CPU tensor)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must have one element, got shape {tuple(value.shape)}")
+        if not value.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {value.dtype}")
+        t = value.detach().reshape(()).to(torch.float32)
+        check_global_scale_value(t, name)
+        return t.to(like.device).clone()
+    if not is_number(value):
+        raise TypeError(
+            f"{name} must be a number or a one-element tensor, got {type(value).__name__}"
+        )
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and positive, got {value}")
+    return torch.tensor(value, dtype=torch.float32, device=like.device)
+
+
+def blocked_shape_of(data: torch.Tensor, sf_vec_size: int) -> tuple[int, ...]:
+    """The shape of ``FP4Tensor.scale`` for packed data [..., rows, K/2]: the data's leading dims,
+    then (row blocks, column blocks, 512) (``fp4_ops.layout.blocked_scale_shape``)."""
+    rows, k = data.shape[-2], 2 * data.shape[-1]
+    return (*data.shape[:-2], *blocked_scale_shape(rows, k, sf_vec_size))
+
+
+def picklable(t):
+    """``t`` as plain pickle can take it: a float8 tensor as (its bytes, its dtype), as torch's
+    pickling of float8 tensors cannot be read back by ``pickle.loads`` (``torch.save`` can);
+    anything else as it is. ``unpickled`` inverts it."""
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() == 1:
+        return (t.view(torch.uint8), t.dtype)
+    return t
+
+
+def unpickled(value):
+    """The inverse of ``picklable``."""
+    if isinstance(value, tuple):
+        data, dtype = value
+        return data.view(dtype)
+    return value
+
+
+_NOT_A_TENSOR = (
+    "an FP4Tensor (e.g. FP4Linear.weight) is not a torch.Tensor but packed FP4 codes, block "
+    "scales and a global scale: use fp4_ops.fp4_gemm, or .dequantize() for its values"
 )
 
 
@@ -28,11 +118,18 @@ class FP4Tensor:
 
     * ``data``: packed codes, uint8 or ``torch.float4_e2m1fn_x2``, [rows, K/2] or [L, rows, K/2],
       contiguous, element 2i in the low nibble.
-    * ``scale``: block scales in the 128x4 blocked layout (``to_blocked``): 1-D for 2-D
-      data, [L, n] for 3-D data; float8_e4m3fn (NVFP4, per 16) or float8_e8m0fnu (MXFP4, per 32).
-    * ``global_scale``: 0-d float32 tensor on the data's device, decoding convention (1.0 for
-      MXFP4).
+    * ``scale``: block scales in the 128x4 blocked layout, shaped by it: [row blocks, column
+      blocks, 512] (or [L, row blocks, column blocks, 512]), one 128-row x 4-column atom per
+      [i, j] (``fp4_ops.layout.blocked_scale_shape``; ``to_blocked``'s bytes in their order);
+      float8_e4m3fn (NVFP4, per 16) or float8_e8m0fnu (MXFP4, per 32). The shape tells the two
+      layouts apart: plain [rows, K/vec] scales, flattened or not, are refused (from_plain takes
+      them).
+    * ``global_scale``: 0-d float32 tensor on the data's device, finite and positive, decoding
+      convention (1.0 for MXFP4).
     * ``format``: "nvfp4" or "mxfp4".
+
+    Every part is checked here (a CUDA global scale by a device-side assert, no host sync);
+    ``FP4Tensor.unchecked`` skips that for parts that are right by construction.
     """
 
     data: torch.Tensor
@@ -41,11 +138,10 @@ class FP4Tensor:
     format: str
 
     def __post_init__(self) -> None:
-        vec = format_vec(self.format)
+        vec = check_format(self.format, "FP4Tensor.format")
         d, s, g = self.data, self.scale, self.global_scale
         for name, t in (("data", d), ("scale", s), ("global_scale", g)):
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"FP4Tensor.{name} must be a torch.Tensor, got {type(t).__name__}")
+            check_type(t, torch.Tensor, f"FP4Tensor.{name}", "a torch.Tensor")
         if d.dtype not in PACKED_DTYPES:
             raise ValueError(f"FP4Tensor.data must be uint8 or float4_e2m1fn_x2, got {d.dtype}")
         if d.ndim not in (2, 3):
@@ -58,18 +154,19 @@ class FP4Tensor:
         want = SCALE_DTYPES[vec]
         if s.dtype != want:
             raise ValueError(f"{self.format} needs {want} scales, got {s.dtype}")
-        if s.ndim == d.ndim:
-            raise ValueError(
-                f"FP4Tensor.scale has the data's rank ({tuple(s.shape)} for data "
-                f"{tuple(d.shape)}): that is the plain row layout; the 128x4 blocked layout is "
-                "1-D (or [L, n]): use FP4Tensor.from_plain or to_blocked"
-            )
-        n = blocked_scale_numel(d.shape[-2], k, vec)
-        expect = (n,) if d.ndim == 2 else (d.shape[0], n)
+        expect = blocked_shape_of(d, vec)
         if tuple(s.shape) != expect:
+            if tuple(s.shape) == (*d.shape[:-1], k // vec):
+                hint = "that is the plain row layout: use FP4Tensor.from_plain"
+            else:
+                hint = (
+                    "flat scale bytes are refused, as plain scales flattened can have as many: "
+                    "FP4Tensor.from_plain takes plain ones, to_blocked(plain).view(shape) blocked"
+                )
             raise ValueError(
                 f"FP4Tensor.scale has shape {tuple(s.shape)}; data {tuple(d.shape)} in the "
-                f"128x4 blocked layout needs {expect}"
+                f"128x4 blocked layout needs {expect} ([L,] row blocks, column blocks, 512); "
+                + hint
             )
         if g.ndim != 0 or g.dtype != torch.float32:
             raise ValueError(
@@ -83,6 +180,7 @@ class FP4Tensor:
             )
         if not (d.is_contiguous() and s.is_contiguous()):
             raise ValueError("FP4Tensor.data and FP4Tensor.scale must be contiguous")
+        check_global_scale_value(g, "FP4Tensor.global_scale")
 
     @classmethod
     def unchecked(
@@ -99,6 +197,20 @@ class FP4Tensor:
         ):
             object.__setattr__(self, name, value)
         return self
+
+    def __getstate__(self) -> dict:
+        return {name: picklable(getattr(self, name)) for name in self.__dataclass_fields__}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, unpickled(value))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # (torch functions given an FP4Tensor land here: a clear error instead of torch's
+        # "must be Tensor"; and code that checks has_torch_function, such as
+        # nn.TransformerEncoderLayer's fast path reading an FP4Linear's weight, backs off)
+        raise TypeError(f"{getattr(func, '__name__', func)}(): {_NOT_A_TENSOR}")
 
     # -- properties
 
@@ -118,10 +230,11 @@ class FP4Tensor:
     def plain_scales(self) -> torch.Tensor:
         """The block scales in the plain row layout, [rows, K/vec] (or [L, rows, K/vec])."""
         rows, k = self.shape[-2], self.shape[-1]
-        return from_blocked(self.scale, rows, k // self.sf_vec_size)
+        return from_blocked(self.scale.flatten(-3), rows, k // self.sf_vec_size)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``e2m1 * scale * global_scale`` as ``dtype`` (computed in float32)."""
+        check_type(dtype, torch.dtype, "dtype", "a torch.dtype")
         values = cpu.dequantize(self.data, self.plain_scales(), self.sf_vec_size)
         return (values * self.global_scale).to(dtype)
 
@@ -135,21 +248,13 @@ class FP4Tensor:
         global_scale: torch.Tensor | float | None = None,
         format: str = "nvfp4",
     ) -> FP4Tensor:
-        """From scales in the plain row layout [rows, K/vec] (as checkpoints store them);
-        ``global_scale`` in the decoding convention (None: 1.0)."""
-        if not isinstance(data, torch.Tensor) or data.dtype not in PACKED_DTYPES:
-            raise ValueError("data must be packed FP4 bytes (uint8 or float4_e2m1fn_x2)")
-        data = data.view(torch.uint8)
-        if scales.ndim != data.ndim:
-            raise ValueError(
-                f"plain scales must have the data's rank: data {tuple(data.shape)}, "
-                f"scales {tuple(scales.shape)}"
-            )
-        expect = (*data.shape[:-1], 2 * data.shape[-1] // format_vec(format))
-        if tuple(scales.shape) != expect:
-            raise ValueError(f"scales have shape {tuple(scales.shape)}; data needs {expect}")
-        return cls(
-            data.contiguous(), to_blocked(scales), global_scale_tensor(global_scale, data), format
+        """From scales in the plain row layout [rows, K/vec] (or [L, rows, K/vec], as checkpoints
+        store them). ``global_scale``: the decoding global scale the data were quantized with,
+        as ``quantize`` takes and gives it. None is what ``quantize`` uses by default: 1.0 for
+        MXFP4, and for NVFP4 ``amax / (448 * 6)`` of values that only the data's producer saw,
+        so NVFP4 data need it given (1.0 where they have none)."""
+        return _from_plain(
+            data, scales, global_scale, format, ("data", "scales", "global_scale", "format")
         )
 
     @classmethod
@@ -157,6 +262,8 @@ class FP4Tensor:
         """From torchao's ``NVFP4Tensor`` (``qdata``, ``scale`` swizzled or not,
         ``per_tensor_scale`` in the same decoding convention, or None = 1.0). 2-D or 3-D,
         K-major (not transposed) only."""
+        if not all(hasattr(t, a) for a in ("qdata", "scale", "block_size", "per_tensor_scale")):
+            raise TypeError(f"t must be a torchao NVFP4Tensor, got {type(t).__name__}")
         if t.block_size != FORMATS["nvfp4"]:
             raise ValueError(f"NVFP4Tensor block_size {t.block_size}; NVFP4 uses 16")
         q = t.qdata
@@ -172,10 +279,12 @@ class FP4Tensor:
         pts = t.per_tensor_scale
         if pts is not None and pts.ndim != 0:
             raise ValueError("per-expert (3-D) per_tensor_scale has no FP4Tensor equivalent")
-        return cls.from_plain(q.view(torch.uint8), plain, pts, "nvfp4")
+        return cls.from_plain(q.view(torch.uint8), plain, 1.0 if pts is None else pts, "nvfp4")
 
     def to_torchao(self, swizzled: bool = True, orig_dtype: torch.dtype = torch.bfloat16):
         """As torchao's ``NVFP4Tensor`` (NVFP4 only); ``swizzled`` picks its scale layout."""
+        check_type(swizzled, bool, "swizzled", "a bool")
+        check_type(orig_dtype, torch.dtype, "orig_dtype", "a torch.dtype")
         from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
 
         if self.format != "nvfp4":
@@ -211,7 +320,8 @@ class FP4Tensor:
         """From a ModelOpt NVFP4 checkpoint's tensors: ``weight`` uint8 [N, K/2] (element 2i in
         the low nibble), ``weight_scale`` float8_e4m3fn [N, K/16] (plain row layout) and
         ``weight_scale_2`` (the decoding global scale, amax / (448 * 6))."""
-        return cls.from_plain(weight, weight_scale, weight_scale_2, "nvfp4")
+        names = ("weight", "weight_scale", "weight_scale_2", "format")
+        return _from_plain(weight, weight_scale, weight_scale_2, "nvfp4", names)
 
     @classmethod
     def from_compressed_tensors(
@@ -222,8 +332,10 @@ class FP4Tensor:
     ) -> FP4Tensor:
         """From compressed-tensors' NVFP4 tensors. NOTE: ``weight_global_scale`` there is the
         *encoding* scale, the reciprocal of ours (448 * 6 / amax); it is inverted here."""
-        inv = global_scale_tensor(weight_global_scale, weight_packed)
-        return cls.from_plain(weight_packed, weight_scale, 1.0 / inv, "nvfp4")
+        check_type(weight_packed, torch.Tensor, "weight_packed", "a torch.Tensor")
+        inv = global_scale_tensor(weight_global_scale, weight_packed, "weight_global_scale")
+        names = ("weight_packed", "weight_scale", "weight_global_scale", "format")
+        return _from_plain(weight_packed, weight_scale, 1.0 / inv, "nvfp4", names)
 
     def to_compressed_tensors(self) -> dict[str, torch.Tensor]:
         """``weight_packed``, ``weight_scale`` (plain layout) and ``weight_global_scale`` (the
@@ -237,17 +349,39 @@ class FP4Tensor:
         }
 
 
-def global_scale_tensor(value, like: torch.Tensor) -> torch.Tensor:
-    """A global scale (number, one-element tensor or None = 1.0) as a 0-d float32 tensor on
-    ``like``'s device. Checks positivity and finiteness on CPU tensors only (no host sync)."""
-    if value is None:
-        return torch.ones((), dtype=torch.float32, device=like.device)
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"a global scale has one element, got shape {tuple(value.shape)}")
-        t = value.detach().to(device=like.device, dtype=torch.float32).reshape(()).clone()
+def _from_plain(data, scales, global_scale, format, names) -> FP4Tensor:
+    """``FP4Tensor.from_plain`` with the caller's argument ``names`` (data, scales, global
+    scale, format) in its messages."""
+    data_name, scales_name, gs_name, format_name = names
+    vec = check_format(format, format_name)
+    check_type(data, torch.Tensor, data_name, "a torch.Tensor of packed FP4 bytes")
+    check_type(scales, torch.Tensor, scales_name, "a torch.Tensor of block scales")
+    if data.dtype not in PACKED_DTYPES:
+        raise ValueError(f"{data_name} must be uint8 or float4_e2m1fn_x2, got {data.dtype}")
+    if data.ndim not in (2, 3):
+        raise ValueError(
+            f"{data_name} must be [rows, K/2] or [L, rows, K/2], got {tuple(data.shape)}"
+        )
+    k = 2 * data.shape[-1]
+    if k == 0 or k % vec:
+        raise ValueError(f"{data_name}: K = {k} is not a positive multiple of {format}'s {vec}")
+    expect = (*data.shape[:-1], k // vec)
+    if tuple(scales.shape) != expect:
+        raise ValueError(
+            f"{scales_name} has shape {tuple(scales.shape)}; plain scales of {data_name} "
+            f"{tuple(data.shape)} are {expect}"
+        )
+    if scales.dtype != SCALE_DTYPES[vec]:
+        raise ValueError(f"{scales_name}: {format} needs {SCALE_DTYPES[vec]}, got {scales.dtype}")
+    if global_scale is not None:
+        gs = global_scale_tensor(global_scale, data, gs_name)
+    elif vec == FORMATS["mxfp4"]:
+        gs = torch.ones((), dtype=torch.float32, device=data.device)
     else:
-        t = torch.tensor(float(value), dtype=torch.float32, device=like.device)
-    if t.device.type == "cpu" and not (math.isfinite(float(t)) and float(t) > 0):
-        raise ValueError(f"a global scale must be finite and positive, got {float(t)}")
-    return t
+        raise ValueError(
+            f"{gs_name} is None: NVFP4 data need the global scale they were quantized with "
+            "(quantize's default is amax / (448 * 6) of the values); pass 1.0 for none"
+        )
+    data = data.view(torch.uint8).contiguous()
+    blocked = to_blocked(scales).view(blocked_shape_of(data, vec))
+    return FP4Tensor(data, blocked, gs, format)

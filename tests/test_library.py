@@ -1,0 +1,794 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""fp4_ops as a PyTorch library, on the CPU (issue 39): FP4Linear through casts, moves, copies,
+pickling and checkpoints; quantize_model on torch's and Hugging Face-style transformer blocks;
+the state dict's refusals; global scales that would give a silent wrong result; the blocked
+scale layout told apart by its shape; leading dimensions and empty inputs; the inference-only
+backward; and the type and value checks of every public argument.
+
+Every layer output is held bit for bit against ``reference.py`` (the CPU path is exact: the
+same products and the same fp32 sums), computed from the float layer the FP4 one was made of.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fp4_ops
+import reference
+from fp4_ops import FP4Linear, FP4Tensor
+from fp4_ops.ops import gemm_op, gemm_w4a16_op, quantize_op
+
+#: (format, activations) of every kind of FP4Linear (static activation scales: NVFP4 only)
+LAYER_KINDS = [
+    ("nvfp4", "dynamic"),
+    ("nvfp4", "static"),
+    ("nvfp4", "bf16"),
+    ("mxfp4", "dynamic"),
+    ("mxfp4", "bf16"),
+]
+STATIC_GS = 0.004
+VEC = fp4_ops.FORMATS
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _linear(k: int = 64, n: int = 48, seed: int = 0, bias: bool = True) -> nn.Linear:
+    lin = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, generator=_gen(seed)) * 0.1)
+        if bias:
+            lin.bias.copy_(torch.randn(n, generator=_gen(seed + 1000)))
+    return lin
+
+
+def _layer(lin: nn.Linear, fmt: str, mode: str, gs: float = STATIC_GS) -> FP4Linear:
+    return FP4Linear.from_linear(lin, fmt, mode, gs if mode == "static" else None)
+
+
+def _dtype(mode: str) -> torch.dtype:
+    """The activations' dtype a layer of this mode takes in these tests."""
+    return torch.bfloat16 if mode == "bf16" else torch.float32
+
+
+def _x(shape, dtype=torch.float32, seed: int = 1) -> torch.Tensor:
+    return torch.randn(shape, generator=_gen(seed)).to(dtype)
+
+
+def _reference_quantize(x: torch.Tensor, fmt: str, gs=None):
+    """(packed, plain scales, global scale) by reference.py."""
+    if fmt == "nvfp4":
+        return reference.quantize_nvfp4(x, gs)
+    data, scales = reference.quantize_mxfp4(x)
+    return data, scales, torch.tensor(1.0)
+
+
+def _reference_linear(lin: nn.Linear, fmt: str, mode: str, x: torch.Tensor) -> torch.Tensor:
+    """What FP4Linear.from_linear(lin, fmt, mode) gives for x, by reference.py alone: the float
+    weight quantized there, x's rows quantized there (W4A4) or taken as they are (W4A16), the
+    GEMM in x's dtype, plus the bias in x's dtype."""
+    vec, n, k = VEC[fmt], lin.out_features, lin.in_features
+    wd, ws, wg = _reference_quantize(lin.weight.detach(), fmt)
+    rows = x.reshape(-1, k)
+    if mode == "bf16":
+        y = reference.reference_gemm_w4a16(rows, wd, ws, vec, wg, x.dtype)
+    else:
+        xd, xs, xg = _reference_quantize(rows, fmt, STATIC_GS if mode == "static" else None)
+        y = reference.reference_gemm(xd, wd, xs, ws, vec, xg * wg, x.dtype)
+    if lin.bias is not None:
+        y = y + lin.bias.detach().to(x.dtype)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor as comparable values (one-byte dtypes as their bytes; torch.equal has no
+    float8 kernel)."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def _snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: t.clone() for n, t in module.state_dict().items() if isinstance(t, torch.Tensor)}
+
+
+def _two_layers(fmt: str, mode: str, seed: int = 2) -> nn.Sequential:
+    return nn.Sequential(
+        _layer(_linear(64, 96, seed), fmt, mode),
+        nn.ReLU(),
+        _layer(_linear(96, 48, seed + 1), fmt, mode),
+    )
+
+
+# ----------------------------------------------------------------------------- casts and moves
+
+CASTS = {
+    "to(bfloat16)": (lambda m: m.to(torch.bfloat16), torch.bfloat16),
+    "half": (lambda m: m.half(), torch.float16),
+    "bfloat16": (lambda m: m.bfloat16(), torch.bfloat16),
+    "float": (lambda m: m.float(), torch.float32),
+    "to(cpu, bfloat16)": (lambda m: m.to("cpu", torch.bfloat16), torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("cast", CASTS)
+@pytest.mark.parametrize("fmt, mode", LAYER_KINDS)
+def test_casts_keep_the_fp4_parts_and_cast_bias_and_output(fmt, mode, cast):
+    """A cast model's FP4 buffers keep their dtypes and bytes, its bias takes the dtype, and its
+    forward is the uncast model's at the cast input (which is reference.py's)."""
+    apply, dtype = CASTS[cast]
+    model = _two_layers(fmt, mode)
+    buffers = dict(model.named_buffers())
+    cast_model = apply(copy.deepcopy(model))
+    for name, b in cast_model.named_buffers():
+        assert _same(b, buffers[name]), name
+    assert {p.dtype for p in cast_model.parameters()} == {dtype}
+    x = _x((2, 5, 64), dtype)
+    if mode == "bf16" and (dtype == torch.float32 or (dtype == torch.float16 and fmt == "mxfp4")):
+        with pytest.raises(ValueError, match="x of a W4A16 layer must be|bfloat16 activations"):
+            cast_model(x)
+        return
+    y = cast_model(x)
+    assert y.dtype == dtype and torch.equal(y, model(x))
+    want = _reference_linear(_linear(64, 96, 2), fmt, mode, x)
+    assert torch.equal(cast_model[0](x), want)
+
+
+@pytest.mark.parametrize("fmt, mode", LAYER_KINDS)
+def test_device_moves_move_the_fp4_parts(fmt, mode):
+    """.to(device) moves every FP4 buffer (the meta device stands in for a GPU here), keeping
+    its dtype; with a dtype too, only the bias is cast."""
+    model = _two_layers(fmt, mode)
+    buffers = dict(model.named_buffers())
+    for to, bias_dtype in (
+        (lambda m: m.to("meta"), torch.float32),
+        (lambda m: m.to(torch.device("meta"), torch.float16), torch.float16),
+    ):
+        moved = to(copy.deepcopy(model))
+        for name, b in moved.named_buffers():
+            assert b.device.type == "meta" and b.dtype == buffers[name].dtype, name
+            assert b.shape == buffers[name].shape
+        assert {(p.device.type, p.dtype) for p in moved.parameters()} == {("meta", bias_dtype)}
+    back = copy.deepcopy(model).to("cpu")
+    x = _x((3, 64), _dtype(mode))
+    assert torch.equal(back(x), model(x))
+
+
+# ----------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("trip", ["deepcopy", "pickle", "torch.save", "state_dict"])
+@pytest.mark.parametrize("fmt, mode", LAYER_KINDS)
+def test_round_trips_keep_the_layer(fmt, mode, trip, tmp_path):
+    """copy.deepcopy, pickle, torch.save / torch.load of the model, and torch.save of its state
+    dict loaded with weights_only=True into a model of other weights (and another static
+    activation scale): the same buffers, the same forward."""
+    model = _two_layers(fmt, mode, seed=3)
+    path = tmp_path / "model.pt"
+    if trip == "deepcopy":
+        other = copy.deepcopy(model)
+    elif trip == "pickle":
+        other = pickle.loads(pickle.dumps(model))
+    elif trip == "torch.save":
+        torch.save(model, path)
+        other = torch.load(path, weights_only=False)
+    else:
+        torch.save(model.state_dict(), path)
+        other = nn.Sequential(
+            _layer(_linear(64, 96, 30), fmt, mode, gs=2 * STATIC_GS),
+            nn.ReLU(),
+            _layer(_linear(96, 48, 31), fmt, mode, gs=2 * STATIC_GS),
+        )
+        assert not _same(other[0].weight_scale, model[0].weight_scale)
+        other.load_state_dict(torch.load(path, weights_only=True))
+    buffers = dict(other.named_buffers())
+    assert all(_same(b, buffers[n]) for n, b in model.named_buffers())
+    x = _x((4, 64), _dtype(mode))
+    assert torch.equal(other(x), model(x))
+    assert other[0].get_extra_state() == {"format": fmt, "activations": mode}
+
+
+@pytest.mark.parametrize("k", [64, 96])  # (96: prepacked rows are padded to 128)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_w4a4_and_w4a16_checkpoints_load_into_each_other(fmt, k):
+    """One state-dict naming for both modes (the weight in plain K order): a W4A4 checkpoint
+    loads into a W4A16 layer (prepacked at load) and the other way, and each then computes with
+    the checkpoint's weight."""
+    lin, other = _linear(k, 40, seed=7), _linear(k, 40, seed=8)
+    w4a4, w4a16 = _layer(lin, fmt, "dynamic"), _layer(lin, fmt, "bf16")
+    assert w4a4.state_dict().keys() == w4a16.state_dict().keys()
+    into16 = _layer(other, fmt, "bf16")
+    into16.load_state_dict(w4a4.state_dict())
+    assert _same(into16.weight_prepacked, w4a16.weight_prepacked)
+    x16 = _x((3, k), torch.bfloat16)
+    assert torch.equal(into16(x16), _reference_linear(lin, fmt, "bf16", x16))
+    into4 = _layer(other, fmt, "dynamic")
+    into4.load_state_dict(w4a16.state_dict())
+    x = _x((3, k))
+    assert torch.equal(into4(x), _reference_linear(lin, fmt, "dynamic", x))
+
+
+def _drop(key):
+    def edit(sd):
+        del sd[key]
+
+    return edit
+
+
+def _set(key, value):
+    def edit(sd):
+        sd[key] = value
+
+    return edit
+
+
+# name -> (checkpoint layer (format, activations, N, K), target layer, edit of the state
+# dict, strict, message)
+REFUSALS = {
+    "format": (
+        ("nvfp4", "dynamic", 48, 64),
+        ("mxfp4", "dynamic", 48, 64),
+        None,
+        True,
+        "format differs: the checkpoint is nvfp4, this layer mxfp4",
+    ),
+    "format-by-dtype": (
+        ("nvfp4", "dynamic", 48, 64),
+        ("mxfp4", "bf16", 48, 64),
+        _drop("_extra_state"),
+        False,
+        "format differs: the checkpoint's weight_scale is torch.float8_e4m3fn",
+    ),
+    "rows": (("nvfp4", "dynamic", 48, 64), ("nvfp4", "dynamic", 40, 64), None, True, "shape"),
+    "columns": (("mxfp4", "bf16", 48, 128), ("mxfp4", "bf16", 48, 64), None, True, "shape"),
+    "static-into-dynamic": (
+        ("nvfp4", "static", 48, 64),
+        ("nvfp4", "dynamic", 48, 64),
+        None,
+        True,
+        "activations differ",
+    ),
+    "static-into-bf16-without-extra-state": (
+        ("nvfp4", "static", 48, 64),
+        ("nvfp4", "bf16", 48, 64),
+        _drop("_extra_state"),
+        False,
+        "activations differ",
+    ),
+    "dynamic-into-static": (
+        ("nvfp4", "dynamic", 48, 64),
+        ("nvfp4", "static", 48, 64),
+        None,
+        True,
+        "activations differ",
+    ),
+    "missing-part": (
+        ("nvfp4", "dynamic", 48, 64),
+        ("nvfp4", "dynamic", 48, 64),
+        _drop("weight_scale"),
+        False,
+        "lacks weight_scale",
+    ),
+    "negative-global-scale": (
+        ("nvfp4", "static", 48, 64),
+        ("nvfp4", "static", 48, 64),
+        _set("input_global_scale", torch.tensor(-0.5)),
+        True,
+        "input_global_scale must be finite and positive",
+    ),
+    "not-an-fp4-extra-state": (
+        ("nvfp4", "dynamic", 48, 64),
+        ("nvfp4", "dynamic", 48, 64),
+        _set("_extra_state", "nvfp4"),
+        True,
+        "not an FP4Linear's",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_state_dict_refuses_another_layer_and_loads_nothing(case):
+    """A checkpoint of another format, shape or activation mode, or one incomplete or with a
+    bad global scale, is a ValueError naming what differs, and the layer is left as it was."""
+    (sfmt, smode, sn, sk), (dfmt, dmode, dn, dk), edit, strict, match = REFUSALS[case]
+    sd = _layer(_linear(sk, sn, seed=9), sfmt, smode).state_dict()
+    if edit is not None:
+        edit(sd)
+    target = _layer(_linear(dk, dn, seed=10), dfmt, dmode)
+    before = _snapshot(target)
+    with pytest.raises(ValueError, match=match):
+        target.load_state_dict(sd, strict=strict)
+    after = _snapshot(target)
+    assert all(_same(after[n], t) for n, t in before.items())
+
+
+def test_state_dict_load_names_the_layer_inside_a_model():
+    model = nn.Sequential(nn.ReLU(), _layer(_linear(seed=11), "nvfp4", "dynamic"))
+    other = nn.Sequential(nn.ReLU(), _layer(_linear(seed=12), "mxfp4", "dynamic"))
+    with pytest.raises(ValueError, match="^1: format differs: the checkpoint is nvfp4"):
+        other.load_state_dict(model.state_dict())
+
+
+# ----------------------------------------------------------------------------- global scales
+
+BAD_SCALES = [-1.0, 0.0, -0.0, float("nan"), float("inf"), -float("inf")]
+
+
+def _global_scale_calls():
+    """where -> (call taking a global scale, the argument name its message must give)."""
+    x = _x((8, 64))
+    data, scales, gs = reference.quantize_nvfp4(x)
+    t = fp4_ops.quantize(x)
+    return {
+        "quantize": (lambda v: fp4_ops.quantize(x, global_scale=v), "global_scale"),
+        "FP4Tensor": (
+            lambda v: FP4Tensor(t.data, t.scale, torch.as_tensor(v, dtype=torch.float32), "nvfp4"),
+            "FP4Tensor.global_scale",
+        ),
+        "from_plain": (lambda v: FP4Tensor.from_plain(data, scales, v), "global_scale"),
+        "from_modelopt": (lambda v: FP4Tensor.from_modelopt(data, scales, v), "weight_scale_2"),
+        "from_compressed_tensors": (
+            lambda v: FP4Tensor.from_compressed_tensors(data, scales, v),
+            "weight_global_scale",
+        ),
+        "FP4Linear": (lambda v: FP4Linear(t, None, "static", v), "input_global_scale"),
+        "FP4Linear.from_modelopt": (
+            lambda v: FP4Linear.from_modelopt(data, scales, gs, input_scale=v),
+            "input_scale",
+        ),
+    }
+
+
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["number", "tensor"])
+@pytest.mark.parametrize("value", BAD_SCALES, ids=str)
+@pytest.mark.parametrize("where", list(_global_scale_calls()))
+def test_bad_global_scale_values_are_refused(where, value, as_tensor):
+    """A zero, negative, NaN or infinite global scale would zero, negate or poison every
+    product: refused where it comes in, naming the argument."""
+    call, name = _global_scale_calls()[where]
+    if where == "FP4Tensor":  # (its global scale: a 0-d float32 tensor)
+        value = torch.tensor(value)
+    elif as_tensor:
+        value = torch.tensor([value])
+    with pytest.raises(ValueError, match=f"{name} must be finite and positive"):
+        call(value)
+
+
+# ----------------------------------------------------------------------------- scale layouts
+
+
+@pytest.mark.parametrize("lead", [(), (2,)], ids=["2-D", "3-D"])
+@pytest.mark.parametrize("fmt, k", [("nvfp4", 64), ("mxfp4", 128)])
+def test_scale_layout_is_told_by_shape_not_by_rank(fmt, k, lead):
+    """128 rows x 4 scale columns: the plain scales have exactly one atom's 512 bytes. Only the
+    atom-shaped blocked scales [.., 1, 1, 512] pass; plain ones, flattened or not, and flat
+    blocked bytes are refused."""
+    x = _x((*lead, 128, k), seed=13)
+    data, scales, gs = _reference_quantize(x, fmt)
+    blocked = reference.to_blocked(scales)  # [n] or [L, n]
+    assert math.prod(scales.shape[-2:]) == blocked.shape[-1] == 512
+    t = FP4Tensor(data, blocked.view(*lead, 1, 1, 512), gs, fmt)
+    assert torch.equal(t.dequantize(), reference.dequantize_fp4(data, scales, VEC[fmt], gs))
+    for bad in (scales, scales.reshape(*lead, -1), blocked):
+        with pytest.raises(ValueError, match="FP4Tensor.scale has shape"):
+            FP4Tensor(data, bad, gs, fmt)
+    assert fp4_ops.quantize(x, fmt).scale.shape == (*lead, 1, 1, 512)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_from_plain_and_quantize_share_the_default_global_scale(fmt):
+    """None means quantize's default in both: amax / (448 * 6) for NVFP4 (which from_plain
+    cannot know, so it asks for it) and 1.0 for MXFP4."""
+    x = _x((40, 64), seed=14) * 3
+    q = fp4_ops.quantize(x, fmt)
+    data, scales, gs = _reference_quantize(x, fmt)
+    assert float(q.global_scale) == float(gs)
+    if fmt == "nvfp4":
+        assert float(gs) == float(x.abs().amax() / (448.0 * 6.0))
+        with pytest.raises(ValueError, match="global_scale is None"):
+            FP4Tensor.from_plain(data, scales)
+        t = FP4Tensor.from_plain(data, scales, q.global_scale)
+    else:
+        t = FP4Tensor.from_plain(data, scales, format="mxfp4")
+    assert torch.equal(t.dequantize(), q.dequantize())
+    assert torch.equal(t.dequantize(), reference.dequantize_fp4(data, scales, VEC[fmt], gs))
+
+
+# ----------------------------------------------------------------------------- leading dims
+
+
+@pytest.mark.parametrize("lead", [(), (5,), (2, 3), (2, 1, 3), (0,), (2, 0, 3)], ids=str)
+@pytest.mark.parametrize("fmt, mode", LAYER_KINDS)
+def test_fp4_linear_takes_any_leading_dims(fmt, mode, lead):
+    """x [..., K] -> y [..., N], as nn.Linear: the rows of x are one GEMM (reference.py on the
+    2-D rows); no rows, an empty y."""
+    lin = _linear(64, 40, seed=15)
+    layer = _layer(lin, fmt, mode)
+    x = _x((*lead, 64), _dtype(mode), seed=16)
+    y = layer(x)
+    assert y.shape == (*lead, 40) and y.dtype == x.dtype
+    if x.numel():
+        assert torch.equal(y, _reference_linear(lin, fmt, mode, x))
+        assert torch.equal(y.reshape(-1, 40), layer(x.reshape(-1, 64)))
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3), (2, 0)], ids=str)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_gemm_w4a16_takes_any_leading_dims(fmt, lead):
+    w = _x((24, 64), seed=17) * 0.1
+    b = fp4_ops.quantize(w, fmt)
+    x = _x((*lead, 7, 64), torch.bfloat16, seed=18)
+    d = fp4_ops.fp4_gemm(x, b, torch.float32, alpha=0.5)
+    assert d.shape == (*lead, 7, 24) and d.dtype == torch.float32
+    if x.numel():
+        wd, ws, wg = _reference_quantize(w, fmt)
+        rows = x.reshape(-1, 64)
+        want = reference.reference_gemm_w4a16(rows, wd, ws, VEC[fmt], wg * 0.5, torch.float32)
+        assert torch.equal(d, want.reshape(d.shape))
+
+
+@pytest.mark.parametrize("m", [50, 128, 0])  # (50: scales re-blocked as rows; 128: a view)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_gemm_3d_fp4_activations_against_2d_weights(fmt, m):
+    """An FP4Tensor [L, M, K] against weights [N, K]: its L * M rows in one GEMM -> [L, M, N]."""
+    x, w = _x((3, m, 64), seed=19), _x((24, 64), seed=20) * 0.1
+    a, b = fp4_ops.quantize(x, fmt), fp4_ops.quantize(w, fmt)
+    d = fp4_ops.fp4_gemm(a, b, torch.float32)
+    assert d.shape == (3, m, 24) and d.dtype == torch.float32
+    if m:
+        xd, xs, xg = _reference_quantize(x, fmt)
+        wd, ws, wg = _reference_quantize(w, fmt)
+        xd, xs = xd.reshape(3 * m, 32), xs.reshape(3 * m, -1)
+        want = reference.reference_gemm(xd, wd, xs, ws, VEC[fmt], xg * wg, torch.float32)
+        assert torch.equal(d, want.reshape(3, m, 24))
+
+
+@pytest.mark.parametrize("fmt, mode", LAYER_KINDS)
+def test_leading_dims_compile_fullgraph(fmt, mode):
+    """The shapes the fake kernels give match (4-D input, and no rows)."""
+    torch._dynamo.reset()
+    layer = _layer(_linear(64, 40, seed=21), fmt, mode)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    for shape in ((2, 3, 4, 64), (0, 64)):
+        x = _x(shape, _dtype(mode), seed=22)
+        assert torch.equal(compiled(x), layer(x))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_ops_pass_opcheck(fmt):
+    """Autograd registration, fake kernels (the atom-shaped scales) and AOT dispatch (not the
+    schema check: it computes on the inputs, and CPU float8 has no arithmetic)."""
+    x = _x((2, 50, 64), seed=23)
+    a, b = fp4_ops.quantize(x[0], fmt), fp4_ops.quantize(_x((24, 64), seed=24), fmt)
+    vec = VEC[fmt]
+    alpha = a.global_scale * b.global_scale
+    checks = ["test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"]
+    torch.library.opcheck(quantize_op, (x, vec, None), test_utils=checks)
+    args = (a.data, a.scale, b.data, b.scale, alpha, vec, torch.float32)
+    torch.library.opcheck(gemm_op, args, test_utils=checks)
+    x16 = x[0].to(torch.bfloat16)
+    args = (x16, b.data, b.scale, b.global_scale, vec, torch.bfloat16, False)
+    torch.library.opcheck(gemm_w4a16_op, args, test_utils=checks)
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+@pytest.mark.parametrize("fmt, mode", LAYER_KINDS)
+def test_backward_says_inference_only(fmt, mode):
+    """A gradient through an FP4 layer raises the clear message; the forward runs under
+    no_grad and inference_mode alike."""
+    layer = _layer(_linear(seed=25), fmt, mode)
+    x = _x((3, 64), _dtype(mode), seed=26).requires_grad_()
+    y = layer(x)
+    assert y.requires_grad
+    with pytest.raises(RuntimeError, match="^inference only: FP4 layers have no backward"):
+        y.sum().backward()
+    with torch.no_grad():
+        y_no_grad = layer(x)
+    with torch.inference_mode():
+        y_inference = layer(x)
+    assert torch.equal(y_no_grad, y.detach()) and torch.equal(y_inference, y.detach())
+
+
+def test_fp4_gemm_backward_says_inference_only():
+    b = fp4_ops.quantize(_x((24, 64), seed=27))
+    a = _x((5, 64), torch.bfloat16, seed=28).requires_grad_()
+    with pytest.raises(RuntimeError, match="inference only: FP4 layers have no backward"):
+        fp4_ops.fp4_gemm(a, b).sum().backward()
+    a32 = _x((5, 64), seed=28).requires_grad_()
+    with pytest.raises(RuntimeError, match="inference only: FP4 layers have no backward"):
+        fp4_ops.fp4_gemm(fp4_ops.quantize(a32), b).sum().backward()
+
+
+# ----------------------------------------------------------------------------- quantize_model
+
+
+class _HFAttention(nn.Module):
+    """A Hugging Face-style attention block: q / k / v / o projections, SDPA, a gated MLP."""
+
+    def __init__(self, dim: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim)
+        self.v_proj, self.o_proj = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.mlp = nn.ModuleDict(
+            {
+                "gate_proj": nn.Linear(dim, 2 * dim),
+                "up_proj": nn.Linear(dim, 2 * dim),
+                "down_proj": nn.Linear(2 * dim, dim),
+            }
+        )
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.norm(x)
+
+        def split(p):
+            return p(h).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+
+        att = F.scaled_dot_product_attention(
+            split(self.q_proj), split(self.k_proj), split(self.v_proj)
+        )
+        x = x + self.o_proj(att.transpose(1, 2).reshape(b, t, d))
+        mlp = self.mlp
+        return x + mlp["down_proj"](F.silu(mlp["gate_proj"](x)) * mlp["up_proj"](x))
+
+
+class _ReferenceFP4Linear(nn.Module):
+    """What an FP4Linear made of ``lin`` computes, by reference.py (``_reference_linear``).
+    (Its forward hook turns nn.TransformerEncoderLayer's fused fast path off, as an FP4Linear
+    does: both models then run the same path.)"""
+
+    def __init__(self, lin: nn.Linear, fmt: str, mode: str):
+        super().__init__()
+        self.lin, self.fmt, self.mode = copy.deepcopy(lin), fmt, mode
+        self.register_forward_hook(lambda *_: None)
+
+    def forward(self, x):
+        return _reference_linear(self.lin, self.fmt, self.mode, x)
+
+
+def _block(kind: str) -> nn.Module:
+    torch.manual_seed(29)
+    if kind == "encoder":
+        block = nn.TransformerEncoderLayer(64, 4, dim_feedforward=96, batch_first=True)
+    elif kind == "decoder":
+        block = nn.TransformerDecoderLayer(64, 4, dim_feedforward=96, batch_first=True)
+    else:
+        block = _HFAttention()
+    return block.eval()
+
+
+BLOCKS = {
+    "encoder": (["linear1", "linear2"], ["self_attn.out_proj"]),
+    "decoder": (["linear1", "linear2"], ["self_attn.out_proj", "multihead_attn.out_proj"]),
+    "hf": (
+        ["q_proj", "k_proj", "v_proj", "o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"],
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize("grad", ["no_grad", "inference_mode", "enabled"])
+@pytest.mark.parametrize("fmt, mode", [("nvfp4", "dynamic"), ("mxfp4", "bf16")])
+@pytest.mark.parametrize("kind", BLOCKS)
+def test_quantize_model_runs_transformer_blocks(kind, fmt, mode, grad):
+    """nn.TransformerEncoderLayer / DecoderLayer (whose nn.MultiheadAttention reads out_proj's
+    weight itself: skipped, and reported) and an HF-style block run after quantize_model, and
+    equal the same block with reference.py's FP4 layers, in every grad mode."""
+    dtype = _dtype(mode)
+    block = _block(kind).to(dtype)
+    ref = copy.deepcopy(block)
+    report = fp4_ops.quantize_model(block, format=fmt, activations=mode)
+    replaced, skipped = BLOCKS[kind]
+    assert report.replaced == replaced and list(report.skipped) == skipped
+    assert all("reads its weight directly" in why for why in report.skipped.values())
+    assert report.unmatched == [] and all(name in str(report) for name in replaced + skipped)
+    for name in replaced:
+        parent, _, child = name.rpartition(".")
+        linear = ref.get_submodule(name)
+        setattr(ref.get_submodule(parent), child, _ReferenceFP4Linear(linear, fmt, mode))
+    x = _x((2, 6, 64), dtype, seed=30)
+    args = (x, _x((2, 5, 64), dtype, seed=31)) if kind == "decoder" else (x,)
+    context = {
+        "no_grad": torch.no_grad,
+        "inference_mode": torch.inference_mode,
+        "enabled": torch.enable_grad,
+    }[grad]
+    with context():
+        y, want = block(*args), ref(*args)
+    assert y.dtype == dtype and torch.equal(y, want)
+
+
+def test_quantize_model_reports_patterns_and_shared_linears():
+    """Glob patterns: what they replaced, skipped and matched nothing (a warning too); a Linear
+    reachable by two names becomes one FP4Linear."""
+    model = nn.ModuleDict(
+        {"attn": nn.MultiheadAttention(64, 4), "up": nn.Linear(64, 96), "odd": nn.Linear(40, 8)}
+    )
+    model["tied"] = model["up"]
+    with pytest.warns(UserWarning, match=r"matched no nn.Linear: \['nothing\*'\]"):
+        report = fp4_ops.quantize_model(model, include=["up", "tied", "*proj", "nothing*"])
+    assert report.replaced == ["up", "tied"] and model["up"] is model["tied"]
+    assert list(report.skipped) == ["attn.out_proj"] and report.unmatched == ["nothing*"]
+    assert "nothing*" in str(report) and "attn.out_proj" in str(report)
+    default = fp4_ops.quantize_model(nn.Sequential(nn.Linear(40, 8), nn.Linear(8, 8)))
+    assert default.replaced == [] and "not a multiple of 32" in default.skipped["0"]
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def _argument_cases():
+    """(call, exception, message) for wrong argument types and values."""
+    x = _x((8, 64), seed=32)
+    a = fp4_ops.quantize(x)
+    b = fp4_ops.quantize(_x((24, 64), seed=33))
+    layer = _layer(_linear(seed=34), "nvfp4", "dynamic")
+    model = nn.Sequential(nn.Linear(64, 64))
+    data, scales, gs = reference.quantize_nvfp4(x)
+    return {
+        "quantize x": (lambda: fp4_ops.quantize(x.tolist()), TypeError, "^x must be"),
+        "quantize format type": (lambda: fp4_ops.quantize(x, 16), TypeError, "^format must be"),
+        "quantize format value": (lambda: fp4_ops.quantize(x, "fp8"), ValueError, "^format"),
+        "quantize global_scale str": (
+            lambda: fp4_ops.quantize(x, global_scale="0.01"),
+            TypeError,
+            "^global_scale must be",
+        ),
+        "quantize global_scale bool": (
+            lambda: fp4_ops.quantize(x, global_scale=True),
+            TypeError,
+            "^global_scale must be",
+        ),
+        "quantize global_scale int tensor": (
+            lambda: fp4_ops.quantize(x, global_scale=torch.tensor(1)),
+            ValueError,
+            "^global_scale must be a floating-point",
+        ),
+        "fp4_gemm alpha str": (lambda: fp4_ops.fp4_gemm(a, b, alpha="2"), TypeError, "^alpha"),
+        "fp4_gemm alpha bool": (lambda: fp4_ops.fp4_gemm(a, b, alpha=True), TypeError, "^alpha"),
+        "fp4_gemm alpha shape": (
+            lambda: fp4_ops.fp4_gemm(a, b, alpha=torch.ones(2)),
+            ValueError,
+            "^alpha",
+        ),
+        "fp4_gemm out_dtype str": (
+            lambda: fp4_ops.fp4_gemm(a, b, "bfloat16"),
+            TypeError,
+            "^out_dtype must be",
+        ),
+        "fp4_gemm out_dtype value": (
+            lambda: fp4_ops.fp4_gemm(a, b, torch.float64),
+            ValueError,
+            "^out_dtype must be",
+        ),
+        "fp4_gemm a": (lambda: fp4_ops.fp4_gemm([1.0], b), TypeError, "^a must be"),
+        "fp4_gemm b": (lambda: fp4_ops.fp4_gemm(a, b.data), TypeError, "^b must be"),
+        "fp4_gemm 2-D a, batched b": (
+            lambda: fp4_ops.fp4_gemm(a, fp4_ops.quantize(_x((2, 24, 64)))),
+            ValueError,
+            "a must be \\[L, M, K\\]",
+        ),
+        "quantize_model model": (
+            lambda: fp4_ops.quantize_model(layer.state_dict()),
+            TypeError,
+            "^model must be",
+        ),
+        "quantize_model include int": (
+            lambda: fp4_ops.quantize_model(model, include=123),
+            TypeError,
+            "^include must be",
+        ),
+        "quantize_model include items": (
+            lambda: fp4_ops.quantize_model(model, include=["0", 1]),
+            TypeError,
+            "^include must be",
+        ),
+        "quantize_model include arity": (
+            lambda: fp4_ops.quantize_model(model, include=lambda name: True),
+            TypeError,
+            "^include: a predicate is called as include\\(name, linear\\)",
+        ),
+        "quantize_model include result": (
+            lambda: fp4_ops.quantize_model(model, include=lambda name, m: "yes"),
+            TypeError,
+            "^include\\(name, linear\\) must return a bool",
+        ),
+        "quantize_model activations": (
+            lambda: fp4_ops.quantize_model(model, activations=None),
+            TypeError,
+            "^activations must be",
+        ),
+        "FP4Linear x 0-d": (lambda: layer(torch.tensor(1.0)), ValueError, "^x must be"),
+        "FP4Linear x type": (lambda: layer(x.numpy()), TypeError, "^x must be"),
+        "FP4Linear x dtype": (lambda: layer(x.double()), ValueError, "^x must be"),
+        "FP4Linear weight": (lambda: FP4Linear(x), TypeError, "^weight must be"),
+        "FP4Linear bias": (lambda: FP4Linear(b, bias=[0.0] * 24), TypeError, "^bias must be"),
+        "FP4Linear bias shape": (
+            lambda: FP4Linear(b, bias=torch.zeros(23)),
+            ValueError,
+            "^bias must be",
+        ),
+        "FP4Linear activations": (
+            lambda: FP4Linear(b, activations=True),
+            TypeError,
+            "^activations must be",
+        ),
+        "FP4Linear.from_linear linear": (
+            lambda: FP4Linear.from_linear(nn.Conv1d(64, 8, 1)),
+            TypeError,
+            "^linear must be",
+        ),
+        "FP4Linear.from_linear format": (
+            lambda: FP4Linear.from_linear(nn.Linear(64, 8), format=None),
+            TypeError,
+            "^format must be",
+        ),
+        "FP4Tensor global_scale": (
+            lambda: FP4Tensor(a.data, a.scale, 1.0, "nvfp4"),
+            TypeError,
+            "^FP4Tensor.global_scale must be",
+        ),
+        "FP4Tensor format": (
+            lambda: FP4Tensor(a.data, a.scale, a.global_scale, 16),
+            TypeError,
+            "^FP4Tensor.format must be",
+        ),
+        "from_plain data": (
+            lambda: FP4Tensor.from_plain(data.numpy(), scales, gs),
+            TypeError,
+            "^data must be",
+        ),
+        "from_plain scales": (
+            lambda: FP4Tensor.from_plain(data, None, gs),
+            TypeError,
+            "^scales must be",
+        ),
+        "from_modelopt weight_scale": (
+            lambda: FP4Tensor.from_modelopt(data, scales[:, :2], gs),
+            ValueError,
+            "^weight_scale has shape",
+        ),
+        "to_torchao swizzled": (
+            lambda: a.to_torchao(swizzled="yes"),
+            TypeError,
+            "^swizzled must be",
+        ),
+        "dequantize dtype": (lambda: a.dequantize("float32"), TypeError, "^dtype must be"),
+        "F.linear with an FP4 weight": (
+            lambda: F.linear(x, layer.weight),
+            TypeError,
+            "not a torch.Tensor",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_argument_cases()))
+def test_arguments_are_checked_by_name(case):
+    """A wrong type is a TypeError, a wrong value a ValueError, each naming the argument."""
+    call, error, match = _argument_cases()[case]
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_forward_checks_x_only(monkeypatch):
+    """The held weights are checked once, at construction and load: a forward builds no
+    checked FP4Tensor."""
+    layer = _layer(_linear(seed=35), "nvfp4", "static")
+    built = []
+    monkeypatch.setattr(FP4Tensor, "__post_init__", lambda self: built.append(self))
+    layer(_x((4, 64)))
+    assert built == []
