@@ -66,3 +66,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.gpu)
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(GPU_TIMEOUT_S, method="thread"))
+
+
+def exported_tvm_ffi_function(compiled, tmp_path):
+    """A TVM-FFI compiled kernel exported ahead of time and loaded back: callable without a GPU
+    up to the CUDA runtime, which fails (no driver), after the arguments were checked."""
+    import subprocess
+
+    import cutlass.cute as cute
+
+    compiled.export_to_c(str(tmp_path / "kernel.o"), function_name="kernel")
+    libraries = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
+    so = tmp_path / "kernel.so"
+    subprocess.run(
+        ["gcc", "-shared", "-o", str(so), str(tmp_path / "kernel.o"), *libraries], check=True
+    )
+    return cute.runtime.load_module(str(so), enable_tvm_ffi=True).kernel

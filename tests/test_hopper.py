@@ -25,6 +25,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from conftest import exported_tvm_ffi_function
 
 from fp4_ops import devtools
 from fp4_ops.sm90 import cli, k_order
@@ -34,6 +35,12 @@ from fp4_ops.sm90 import launcher as r90
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = ("-m", "fp4_ops.sm90")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _has_sm90() -> bool:
@@ -368,7 +375,7 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
     def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a):
         compiled.append((vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a))
         kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a)
-        return kernel, lambda *args: launches.append(args)
+        return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
 
     streams = {h: SimpleNamespace(cuda_stream=h, device=torch.device("cpu")) for h in (5, 6, 7)}
     current, capturing = [streams[5]], [False]
@@ -380,9 +387,8 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
     def launch(stream, operands, config):
         current[0] = streams[stream]
         assert r90.gemm(**operands, config=config) is operands["out"]
-        ptrs, problem, cu_stream = launches[-1][:9], launches[-1][9], launches[-1][10]
-        assert [int(v) for v in problem] == [m, n, k, l] and int(cu_stream) == stream
-        addresses = [int(p.__tvm_ffi_opaque_ptr__()) for p in ptrs]
+        addresses, problem, cu_stream = list(launches[-1][:9]), launches[-1][9], launches[-1][10]
+        assert problem == (m, n, k, l) and cu_stream == stream
         sfa = operands["sfb"] if operands["sfa"] is None else operands["sfa"]
         named = (operands["a"], operands["b"], sfa, operands["sfb"], operands["out"])
         assert addresses[:5] == [t.data_ptr() for t in named]
@@ -397,7 +403,10 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
     kernels = r90.cache_size()
     first = launch(5, ops, config)
     sms = r90.gpu_sm_count()
-    assert compiled == [(32, "Float32", "decode", (32, 128), 3, sms, "", (1, 1), True, 1, k90.W4A4)]
+    options = "--enable-tvm-ffi"
+    assert compiled == [
+        (32, "Float32", "decode", (32, 128), 3, sms, options, (1, 1), True, 1, k90.W4A4)
+    ]
     assert r90.cache_size() == kernels + 1
     again = launch(5, _cpu_operands(m, n, k, l, 32, out="float32"), config)
     other = launch(6, ops, config)
@@ -411,6 +420,41 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
     w4a16 = r90.GemmConfig.for_problem((m, n, k, l), 16, "BFloat16", "BFloat16", path="decode")
     launch(7, _cpu_operands(m, n, k, l, a_dtype="BFloat16"), w4a16)
     assert len(compiled) == 2 and compiled[1][-1] == "BFloat16"
+
+
+@pytest.mark.skipif(_has_cuda(), reason="with a CUDA driver the exported kernel would launch")
+@pytest.mark.parametrize("a_dtype", [k90.W4A4, "BFloat16"])
+def test_launch_matches_the_tvm_ffi_signature(monkeypatch, tmp_path, a_dtype):
+    """``gemm``'s call of the compiled TVM-FFI function (nine addresses as ints, (M, N, K, L),
+    the raw stream), checked against the signature the compile produced: exported ahead of time
+    and called through ``gemm`` on CPU tensors, it gets as far as the CUDA runtime, so arity,
+    tuple sizes and argument types all match."""
+    import torch
+
+    m, n, k, l = 16, 256, 512, 1  # noqa: E741
+    config = r90.GemmConfig.for_problem((m, n, k, l), 16, "BFloat16", a_dtype, path="decode")
+    kernel, compiled = k90.compile_gemm(
+        config.sf_vec_size,
+        config.c_dtype,
+        config.path,
+        config.mma_tiler_mn,
+        config.split_k,
+        k90.H200_SM_COUNT,
+        "--gpu-arch sm_90a --enable-tvm-ffi",
+        config.cluster_shape_mn,
+        config.tma_store,
+        config.k_groups,
+        config.a_dtype,
+    )
+    launch = exported_tvm_ffi_function(compiled, tmp_path)
+    monkeypatch.setattr(r90, "_compiled", lambda *_: (kernel, launch))
+    monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
+    stream = SimpleNamespace(cuda_stream=0, device=torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: stream)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    operands = _cpu_operands(m, n, k, l, a_dtype=a_dtype)
+    with pytest.raises(RuntimeError, match="cudaErrorInsufficientDriver|CUDA driver"):
+        r90.gemm(**operands, config=config)
 
 
 CONFIG_REFUSALS = [

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 import torch
+from conftest import exported_tvm_ffi_function
 
 import reference
 from fp4_ops import quantizer as quantize_fp4
@@ -286,22 +287,6 @@ def test_bad_static_global_scale_gives_nan_scales(gs):
     assert bool((plain == 0x7F).all()) and not bool(q.any())
 
 
-def _exported(compiled, tmp_path):
-    """A TVM-FFI compiled kernel exported ahead of time and loaded back: callable without a GPU
-    up to the CUDA runtime, which fails (no driver), after the arguments were checked."""
-    import subprocess
-
-    import cutlass.cute as cute
-
-    compiled.export_to_c(str(tmp_path / "kernel.o"), function_name="kernel")
-    libraries = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
-    so = tmp_path / "kernel.so"
-    subprocess.run(
-        ["gcc", "-shared", "-o", str(so), str(tmp_path / "kernel.o"), *libraries], check=True
-    )
-    return cute.runtime.load_module(str(so), enable_tvm_ffi=True).kernel
-
-
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="with a CUDA driver the exported kernel would launch"
 )
@@ -314,7 +299,9 @@ def test_launch_matches_the_tvm_ffi_signature(monkeypatch, tmp_path, vec, static
 
     dynamic = vec == 16 and not static
     options = "--gpu-arch sm_90a --enable-tvm-ffi"
-    kernel = _exported(quantize_fp4.compile_quantizer("BFloat16", vec, dynamic, options), tmp_path)
+    kernel = exported_tvm_ffi_function(
+        quantize_fp4.compile_quantizer("BFloat16", vec, dynamic, options), tmp_path
+    )
     monkeypatch.setattr(quantize_fp4, "_kernel", lambda *_: (kernel, 132))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)

@@ -39,9 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cuda.bindings.driver as cuda_driver
 import torch
-from cutlass.cutlass_dsl import Int32
 
 from fp4_ops.layout import (
     DSL_DTYPE_NAMES,
@@ -63,7 +61,6 @@ from fp4_ops.sm90.gemm import (
     default_cluster,
     default_config,
     epilogue_staging_fits,
-    gmem_pointers,
     output_tiles,
     problem_reasons,
     tma_store_fits,
@@ -208,14 +205,12 @@ def gemm(a, b, sfa, sfb, alpha, out, config: GemmConfig | None = None, *, sf_vec
         raise ValueError("; ".join(reasons))
     stream = torch.cuda.current_stream()
     workspace = _workspace(config, mnkl, stream)
-    kernel, compiled = _compiled(config, a.device.index)
     if sfa is None:
         # W4A16: no activation scales; the kernel never reads this pointer
         sfa = sfb
     tensors = (a, b, sfa, sfb, out, *workspace, alpha)
-    ptrs = gmem_pointers(kernel, config.c_dtype, [t.data_ptr() for t in tensors])
-    problem = tuple(Int32(v) for v in mnkl)
-    compiled(*ptrs, problem, cuda_driver.CUstream(stream.cuda_stream))
+    launch = _compiled(config, a.device.index)[1]
+    launch(*[t.data_ptr() for t in tensors], mnkl, stream.cuda_stream)
     return out
 
 
@@ -321,23 +316,27 @@ def operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config: GemmConfig) -> lis
 
 
 def _compiled(config: GemmConfig, device_index: int):
-    """(kernel object, compiled kernel) of ``config`` on a device, compiled once per process."""
+    """(kernel object, its TVM-FFI launch function) of ``config`` on a device, compiled once per
+    process.  The launch takes the nine tensors' addresses as ints (A, B, SFA, SFB, D, split-K
+    workspace, converted B, converted A, alpha), (M, N, K, L) and the raw stream."""
     key = (config, device_index)
     if key not in _KERNELS:
-        _KERNELS[key] = compile_gemm(
+        # (--enable-tvm-ffi changes the host entry only: the same cubin, no per-call marshalling)
+        kernel, compiled = compile_gemm(
             config.sf_vec_size,
             config.c_dtype,
             config.path,
             config.mma_tiler_mn,
             config.split_k,
             gpu_sm_count(device_index),
-            "",
+            "--enable-tvm-ffi",
             config.cluster_shape_mn,
             config.tma_store,
             config.k_groups,
             config.a_dtype,
         )
-    return _KERNELS[key]
+        _KERNELS[key] = (kernel, compiled.__tvm_ffi_object__(), compiled)
+    return _KERNELS[key][:2]
 
 
 def _workspace(config: GemmConfig, mnkl, stream):
