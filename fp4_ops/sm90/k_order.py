@@ -12,6 +12,7 @@ in memory order.  W4A4 permutes the other operand to match; W4A16 permutes the w
 from __future__ import annotations
 
 from fp4_ops.layout import pack_fp4, unpack_fp4
+from fp4_ops.memory import persistent
 
 # K values per wgmma k-block (four k16 steps): the unit of every permutation here
 K_BLOCK = 64
@@ -80,7 +81,8 @@ def _order(device, inverse: bool):
                 "make it before capturing a CUDA graph"
             )
         order = torch.tensor(prepacked_k_order())
-        _ORDERS[key] = (torch.argsort(order) if inverse else order).to(device)
+        order = torch.argsort(order) if inverse else order
+        _ORDERS[key] = persistent(lambda: order.to(device), device)
     return _ORDERS[key]
 
 

@@ -49,6 +49,7 @@ from fp4_ops.layout import (
     round_up,
     to_blocked,
 )
+from fp4_ops.memory import persistent
 from fp4_ops.sm90.gemm import (
     C_DTYPES,
     H200_SM_COUNT,
@@ -341,7 +342,7 @@ def _compiled(config: GemmConfig, device_index: int):
 
 def _workspace(config: GemmConfig, mnkl, stream):
     """(split-K workspace, converted kernel B, converted kernel A) of a problem on ``stream``
-    (current), allocated and zeroed on it at its first use."""
+    (current), allocated and zeroed at its first use there, outside every graph pool."""
     key = (config, mnkl, stream.device.index, stream.cuda_stream)
     if key not in _WORKSPACES:
         if torch.cuda.is_current_stream_capturing():
@@ -356,10 +357,13 @@ def _workspace(config: GemmConfig, mnkl, stream):
         # launch rewrites the converted copies (the decode tokens' padding rows stay zero)
         shape_a, shape_b = converted_shapes(kernel, m, n, k, l)
         device = stream.device
-        _WORKSPACES[key] = (
-            torch.zeros(workspace_elems(kernel, m, n, l), dtype=torch.float32, device=device),
-            torch.zeros(shape_b, dtype=torch.float16, device=device),
-            torch.zeros(shape_a, dtype=torch.float16, device=device),
+        _WORKSPACES[key] = persistent(
+            lambda: (
+                torch.zeros(workspace_elems(kernel, m, n, l), dtype=torch.float32, device=device),
+                torch.zeros(shape_b, dtype=torch.float16, device=device),
+                torch.zeros(shape_a, dtype=torch.float16, device=device),
+            ),
+            device,
         )
     return _WORKSPACES[key]
 

@@ -1,0 +1,39 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Memory that an op keeps across calls (workspaces, index tables), made outside every CUDA graph's
+memory pool.
+
+While CUDA-graph trees (``torch.compile(mode="reduce-overhead")``) warm up or record a graph, torch
+routes the allocations of the recording thread and stream into the graph's private pool, and it
+refuses a graph that leaves a tensor alive there which is none of its outputs. So what an op keeps
+for later calls is made on a thread of its own, which no graph pool serves.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+def persistent(make, device: torch.device):
+    """``make()`` on a thread of its own with ``device`` current, its GPU work finished before
+    this returns (so any stream may use the result); its exception is raised here. CPU devices
+    run ``make()`` as it is. Callers refuse to get here under CUDA-graph capture."""
+    if device.type != "cuda":
+        return make()
+    result = {}
+
+    def run():
+        try:
+            with torch.cuda.device(device):
+                result["value"] = make()
+                torch.cuda.current_stream(device).synchronize()
+        except BaseException as err:  # (handed to the calling thread)
+            result["error"] = err
+
+    thread = threading.Thread(target=run, name="fp4_ops-persistent-memory")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
