@@ -1281,6 +1281,20 @@ def test_cli_bad_input_exits_2(args, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_cli_compile_only_keeps_each_configuration_apart(tmp_path, capsys):
+    """Two configurations compiled into one --dump_dir keep their own PTX and cubin (the DSL
+    names the files after the kernel only)."""
+    cubins = []
+    for split in ("1", "2"):
+        args = ["--mnkl", "16,512,512,1", "--path", "decode", "--mma_tiler_mn", "16,64"]
+        code = cli.main([*args, "--split_k", split, "--compile_only", "--dump_dir", str(tmp_path)])
+        assert code == 0
+        cubins.append(re.search(r"cubin: (\S+)", capsys.readouterr().out).group(1))
+    folders = {os.path.dirname(c) for c in cubins}
+    assert len(folders) == 2 and all(os.path.exists(c) for c in cubins)
+    assert os.path.basename(os.path.dirname(cubins[0])).startswith("nvfp4_Float4E2M1FN_BFloat16")
+
+
 def test_cli_unusable_dump_dir_exits_2(tmp_path, capsys):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("")

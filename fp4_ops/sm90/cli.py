@@ -126,7 +126,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="cross-compile for sm_90a (no GPU needed) and print a summary",
     )
     parser.add_argument(
-        "--dump_dir", default="./dump", help="where --compile_only writes the PTX and cubin"
+        "--dump_dir",
+        default="./dump",
+        help="--compile_only writes the PTX and cubin into a folder per configuration here",
     )
     return parser
 
@@ -180,6 +182,16 @@ def _print_config(args: argparse.Namespace) -> None:
     )
 
 
+def dump_folder_name(args: argparse.Namespace) -> str:
+    """The configuration's own folder under --dump_dir: the DSL names its files after the kernel
+    only, so configurations sharing one folder would overwrite each other's PTX and cubin."""
+    (tm, tn), fmt = args.mma_tiler_mn, SF_FORMATS[args.sf_vec_size][1].lower()
+    return (
+        f"{fmt}_{args.a_dtype}_{args.c_dtype}_{args.path}_tile{tm}x{tn}_split{args.split_k}"
+        f"_kgroups{args.k_groups}_sm_90a"
+    )
+
+
 def run_compile_only(args: argparse.Namespace) -> int:
     try:
         os.makedirs(args.dump_dir, exist_ok=True)
@@ -187,16 +199,18 @@ def run_compile_only(args: argparse.Namespace) -> int:
         raise UsageError(f"--dump_dir {args.dump_dir}: cannot create the folder ({err})") from None
     if not os.access(args.dump_dir, os.W_OK | os.X_OK):
         raise UsageError(f"--dump_dir {args.dump_dir}: the folder is not writable")
-    before = snapshot(args.dump_dir)
-    options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={args.dump_dir}"
+    folder = os.path.join(args.dump_dir, dump_folder_name(args))
+    os.makedirs(folder, exist_ok=True)
+    before = snapshot(folder)
+    options = f"--gpu-arch sm_90a --keep-ptx --keep-cubin --dump-dir={folder}"
     config = (args.sf_vec_size, args.c_dtype, args.path, args.mma_tiler_mn, args.split_k)
     cluster, tma_store = args.cluster_shape_mn, args.config.tma_store
     kernel, _ = compile_gemm(
         *config, H200_SM_COUNT, options, cluster, tma_store, args.k_groups, args.a_dtype
     )
     # (only what this compile wrote: an older cubin in the folder is never reported)
-    cubins = files_written(args.dump_dir, before, ".cubin")
-    ptx_files = files_written(args.dump_dir, before, ".ptx")
+    cubins = files_written(folder, before, ".cubin")
+    ptx_files = files_written(folder, before, ".ptx")
     print("Compile only: sm_90a, no GPU used")
     print(f"  PTX:   {ptx_files[-1] if ptx_files else 'not written'}")
     print(f"  cubin: {cubins[-1] if cubins else 'not written'}")
