@@ -792,3 +792,28 @@ def test_forward_checks_x_only(monkeypatch):
     monkeypatch.setattr(FP4Tensor, "__post_init__", lambda self: built.append(self))
     layer(_x((4, 64)))
     assert built == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("bad", [-1.0, 0.0, float("nan"), float("inf")], ids=str)
+def test_gpu_global_scale_is_refused_by_a_device_side_assert(bad):
+    """On CUDA a global scale is checked without a host sync: a device-side assert fails the
+    process at its next synchronisation (run in a subprocess, which it ends), while a good
+    scale passes the same path."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch, fp4_ops\n"
+        "q = fp4_ops.quantize(torch.randn(4, 64, device='cuda'))\n"
+        "gs = torch.tensor(float(sys.argv[1]), device='cuda')\n"
+        "fp4_ops.FP4Tensor(q.data, q.scale, gs, 'nvfp4')\n"
+        "torch.cuda.synchronize()\n"
+        "print('accepted')\n"
+    )
+    good = subprocess.run([sys.executable, "-c", script, "0.5"], capture_output=True, text=True)
+    assert good.returncode == 0 and "accepted" in good.stdout, good.stderr
+    r = subprocess.run([sys.executable, "-c", script, str(bad)], capture_output=True, text=True)
+    assert r.returncode != 0 and "accepted" not in r.stdout
+    assert "must be finite and positive" in r.stderr or "device-side assert" in r.stderr, r.stderr
