@@ -1848,6 +1848,11 @@ class GemmConfig:
     mma_tiler_mn: tuple[int, int] = (128, 128)
     cluster_shape_mn: tuple[int, int] = (1, 1)
 
+    def __post_init__(self):
+        # (tuples whatever the caller gave: the config is a dict key)
+        object.__setattr__(self, "mma_tiler_mn", tuple(self.mma_tiler_mn))
+        object.__setattr__(self, "cluster_shape_mn", tuple(self.cluster_shape_mn))
+
     @classmethod
     def for_problem(
         cls,

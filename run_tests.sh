@@ -22,10 +22,9 @@ if ! "$PY" -c "import torch; torch.float4_e2m1fn_x2; torch.float8_e8m0fnu" 2>/de
   echo "run_tests.sh: installing torch==2.13.0"
   "$PY" -m pip install -q torch==2.13.0
 fi
-# The rest of requirements.txt, and this checkout as the installed package (editable: the tests
-# import the package as users do).
-"$PY" -m pip install -q -r requirements.txt
-"$PY" -m pip install -q -e .
+# This checkout as the installed package (editable: the tests import it as users do), with the
+# test tools (pyproject.toml's [test] extra; a no-op when everything is there already).
+"$PY" -m pip install -q -e ".[test]"
 
 # Which GPU suite runs: the Blackwell GPUs are the kernel's own list (the same one its CLI and the
 # tests' skip conditions use); the Hopper one is sm_90.

@@ -19,7 +19,7 @@ Every byte offset shown comes from ``sf_byte_offset`` and every TMEM position fr
 ``tile_atom_to_shape_SF``, ``make_tmem_layout_sfa`` and ``make_tmem_layout_sfb`` layouts, and
 the kernel's SFB column shift, and checks that each callout points at what its label says.
 
-Doc tool only, not a project dependency (it is not in requirements.txt).  To run it:
+Doc tool only, not a project dependency (it is not in pyproject.toml).  To run it:
 
     pip install matplotlib
     python docs/draw_sf_layout.py            # writes docs/sf_layout.png

@@ -112,10 +112,12 @@ def check_scales(scales: torch.Tensor) -> None:
 
 
 def plain_operand(data, blocked_scales, sf_vec_size: int) -> torch.Tensor:
-    """Float32 e2m1 * scale of a packed operand with blocked scales."""
+    """Float32 e2m1 * scale of a packed operand [..., rows, K/2] with blocked scales (flat, or
+    shaped by atoms)."""
     rows, k = data.shape[-2], 2 * data.shape[-1]
     check_scales(blocked_scales)
-    return dequantize(data, from_blocked(blocked_scales, rows, k // sf_vec_size), sf_vec_size)
+    flat = blocked_scales.reshape(*data.shape[:-2], -1)
+    return dequantize(data, from_blocked(flat, rows, k // sf_vec_size), sf_vec_size)
 
 
 def gemm(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size: int, out_dtype) -> torch.Tensor:
@@ -129,3 +131,14 @@ def gemm_w4a16(a, b_data, b_scale, alpha, sf_vec_size: int, out_dtype) -> torch.
     """W4A16: alpha * a @ dequant(b)^T for 16-bit activations a, fp32 sums."""
     db = plain_operand(b_data, b_scale, sf_vec_size)
     return (torch.matmul(a.float(), db.transpose(-1, -2)) * alpha).to(out_dtype)
+
+
+def gemm_dequantized(a_data, a_scale, weight, alpha, sf_vec_size: int, out_dtype) -> torch.Tensor:
+    """``gemm`` with the weight dequantized beforehand (float32 [N, K], ``plain_operand``)."""
+    da = plain_operand(a_data, a_scale, sf_vec_size)
+    return (torch.matmul(da, weight.transpose(-1, -2)) * alpha).to(out_dtype)
+
+
+def gemm_w4a16_dequantized(a, weight, alpha, out_dtype) -> torch.Tensor:
+    """``gemm_w4a16`` with the weight dequantized beforehand (float32 [N, K])."""
+    return (torch.matmul(a.float(), weight.transpose(-1, -2)) * alpha).to(out_dtype)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
+from fp4_ops import cpu
 from fp4_ops.layout import FORMATS, PACKED_DTYPES, SCALE_DTYPES
 from fp4_ops.ops import (
     IN_DTYPES,
@@ -129,6 +130,7 @@ class FP4Linear(nn.Module):
         self.register_buffer("weight_global_scale", weight.global_scale)
         self.register_buffer("input_global_scale", gs)
         self.bias = bias
+        self._cpu_weight_cache = None
 
     @property
     def weight(self) -> FP4Tensor:
@@ -183,6 +185,7 @@ class FP4Linear(nn.Module):
         # the device that fn gives them and keep their dtypes (fn casts every floating-point
         # tensor, float8 scales and the float32 global scales included)
         before = {n: self._buffers[n] for n in _FP4_BUFFERS if self._buffers.get(n) is not None}
+        self._cpu_weight_cache = None
         super()._apply(fn, recurse)
         for name, old in before.items():
             new = self._buffers[name]
@@ -194,6 +197,7 @@ class FP4Linear(nn.Module):
         # (pickle, copy.deepcopy and torch.save of the module: the float8 scales as their bytes)
         state = super().__getstate__()
         state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}
+        state["_cpu_weight_cache"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -340,8 +344,16 @@ class FP4Linear(nn.Module):
             check_w4a16_activations(x, self.format, "x of a W4A16 layer must be")
         else:
             check_quantize_input(rows, vec)
+        # (eager on the CPU: one matmul on the weight dequantized once, not at every call; a
+        # gradient asked for goes through the ops, which refuse it)
+        on_cpu = rows.device.type == "cpu" and not torch.compiler.is_compiling()
+        on_cpu = on_cpu and not (torch.is_grad_enabled() and x.requires_grad)
         if rows.shape[0] == 0:
             y = rows.new_empty((0, self.out_features))
+        elif self.activations == "bf16" and on_cpu:
+            y = cpu.gemm_w4a16_dequantized(
+                rows, self._cpu_weight(), self.weight_global_scale, x.dtype
+            )
         elif self.activations == "bf16":
             w = self.weight_prepacked
             y = gemm_w4a16_op(
@@ -350,10 +362,27 @@ class FP4Linear(nn.Module):
         else:
             data, scale, gs = quantize_op(rows.contiguous(), vec, self.input_global_scale)
             alpha = gs * self.weight_global_scale
-            y = gemm_op(data, scale, self.weight_data, self.weight_scale, alpha, vec, x.dtype)
+            if on_cpu:
+                y = cpu.gemm_dequantized(data, scale, self._cpu_weight(), alpha, vec, x.dtype)
+            else:
+                weight, scales = self.weight_data, self.weight_scale
+                y = gemm_op(data, scale, weight, scales, alpha, vec, x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _cpu_weight(self) -> torch.Tensor:
+        """The weight dequantized (e2m1 x block scale, float32: exact) for the eager CPU path,
+        made at its first use and made again once a weight buffer is replaced or changed in
+        place (the buffers' version counters say so)."""
+        data = self.weight_prepacked if self.activations == "bf16" else self.weight_data
+        parts = (data, self.weight_scale)
+        key = tuple((t.data_ptr(), t._version) for t in parts)
+        if self._cpu_weight_cache is None or self._cpu_weight_cache[0] != key:
+            vec = FORMATS[self.format]
+            weight = cpu.plain_operand(self._plain_weight_data(), self.weight_scale, vec)
+            self._cpu_weight_cache = (key, weight)
+        return self._cpu_weight_cache[1]
 
     def extra_repr(self) -> str:
         return (

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""``hopper.bench`` without a GPU: cold-L2 input copies, the W4A16 ratios and targets, the
+"""``benchmarks.sm90`` without a GPU: cold-L2 input copies, the W4A16 ratios and targets, the
 tables, the result files, the options, ``main``'s loop and the humming adapter."""
 
 import json

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""bench_linear.py on the CPU: its arguments and shape list, the cold-L2 copy rule, the bytes a
+"""benchmarks.linear on the CPU: its arguments and shape list, the cold-L2 copy rule, the bytes a
 layer reads, the accuracy columns against reference.py and torchao, the table, JSON and PNG
 from fake timings, and the --quick path on CPU tensors (accuracy only, nothing written)."""
 

@@ -170,3 +170,24 @@ def test_gemm_refuses_scales_without_a_meaning(dtype, byte, message):
         cpu.gemm(
             ops.a, sfa.view(dtype), ops.b, reference.to_blocked(ops.sfb), 1.0, vec, torch.float32
         )
+
+
+@pytest.mark.parametrize("activations", ["dynamic", "bf16"])
+def test_layer_cpu_weight_follows_its_buffers(activations):
+    """The eager CPU forward dequantizes the weight once and keeps it; a weight written in place
+    (load_state_dict copies in place) or moved away must not leave a stale copy in use."""
+    from torch import nn
+
+    import fp4_ops
+
+    torch.manual_seed(0)
+    first, second = nn.Linear(64, 48), nn.Linear(64, 48)
+    layer = fp4_ops.FP4Linear.from_linear(first, activations=activations)
+    other = fp4_ops.FP4Linear.from_linear(second, activations=activations)
+    x = torch.randn(5, 64, dtype=torch.bfloat16 if activations == "bf16" else torch.float32)
+    before = layer(x)
+    assert torch.equal(layer(x), before)
+    layer.load_state_dict(other.state_dict())
+    assert torch.equal(layer(x), other(x)) and not torch.equal(layer(x), before)
+    layer.to("meta")
+    assert layer._cpu_weight_cache is None

@@ -65,8 +65,8 @@ def test_guide_is_about_the_installed_and_pinned_dsl(repro):
     """Header of the guide: all findings are for nvidia-cutlass-dsl 4.8.1."""
     import cutlass
 
-    pins = re.findall(r"nvidia-cutlass-dsl==([\w.]+)", (ROOT / "requirements.txt").read_text())
-    assert pins == [PINNED_DSL], f"requirements.txt pins {pins}; the guide documents {PINNED_DSL}"
+    pins = re.findall(r"nvidia-cutlass-dsl==([\w.]+)", (ROOT / "pyproject.toml").read_text())
+    assert pins == [PINNED_DSL], f"pyproject.toml pins {pins}; the guide documents {PINNED_DSL}"
     assert cutlass.__version__ == PINNED_DSL
 
 

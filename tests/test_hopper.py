@@ -1295,6 +1295,25 @@ def test_cli_compile_only_keeps_each_configuration_apart(tmp_path, capsys):
     assert os.path.basename(os.path.dirname(cubins[0])).startswith("nvfp4_Float4E2M1FN_BFloat16")
 
 
+@pytest.mark.parametrize("c_dtype", ["bfloat16", "float16", "float32"])
+def test_cli_check_against_exact_product(c_dtype):
+    """The CLI's check: D rounded from the exact product (any summation order's error is far
+    below the bound) passes; one element off by more than the bound fails, and is counted."""
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(2, 33, 256, generator=gen, dtype=torch.float64).float().double()
+    b = torch.randn(2, 40, 256, generator=gen, dtype=torch.float64).float().double()
+    alpha = 0.75
+    exact = alpha * torch.matmul(a, b.transpose(-1, -2))
+    d = exact.float().to(getattr(torch, c_dtype))
+    assert cli.check_against_exact(d, a, b, alpha)[0]
+    bad = d.clone()
+    bad[1, 7, 9] += 0.05 * exact.abs().max().to(bad.dtype)
+    passed, summary = cli.check_against_exact(bad, a, b, alpha)
+    assert not passed and summary.startswith("1/2640 elements outside the bound")
+
+
 def test_cli_unusable_dump_dir_exits_2(tmp_path, capsys):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("")

@@ -18,11 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "fp4_ops"
 TEMPLATE = ROOT / "blockwise_gemm_fp4.py"
-# the two places that may import the oracle: the kernels' command lines, for their checks
-ORACLE_USERS = {
-    ("blockwise_gemm_fp4", "_reference_beside_this_file"),
-    ("fp4_ops.sm90.cli", "_reference"),
-}
+# the one place that may import the oracle: the standalone template's GPU run, from beside it
+ORACLE_USERS = {("blockwise_gemm_fp4", "_reference_beside_this_file")}
 
 
 def _library_modules() -> dict[str, Path]:
@@ -245,3 +242,22 @@ def test_readme_python_snippet_runs_from_another_folder(tmp_path):
     r = _python(snippet + "\nprint(tuple(y.shape), tuple(y16.shape), y.dtype)\n", tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "(16, 1024) (16, 1024) torch.bfloat16"
+
+
+def test_readme_blackwell_snippet_shapes_reach_the_launcher():
+    """The README's Blackwell example hands gemm FP4Tensor parts as it writes them: the shapes
+    pass the launcher's operand checks (on CPU tensors; the launch itself needs a B200)."""
+    import torch
+
+    import blockwise_gemm_fp4 as bw
+    import fp4_ops
+
+    text = (ROOT / "README.md").read_text()
+    assert "bw.gemm(a.data[None], b.data[None], a.scale.reshape(1, -1), b.scale.reshape(1, -1)" in (
+        text
+    )
+    a, b = fp4_ops.quantize(torch.randn(16, 4096)), fp4_ops.quantize(torch.randn(1024, 4096))
+    mnkl = bw._problem(
+        a.data[None], b.data[None], a.scale.reshape(1, -1), b.scale.reshape(1, -1), 16
+    )
+    assert mnkl == (16, 1024, 4096, 1)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""quantize_fp4.py: cross-compiled on the CPU for sm_90a and the sm_100 family (PTX checks); on a
+"""fp4_ops.quantizer: cross-compiled on the CPU for sm_90a and the sm_100 family (PTX checks); on a
 GPU bit-exact against reference.py (codes, scale bytes, padding, global scale) on ragged shapes,
 zeros, denormals, saturating values and ties, and the documented NaN / Inf behaviour."""
 

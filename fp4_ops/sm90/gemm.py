@@ -517,7 +517,7 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
 def acc_scale(sf_vec_size: int, path: str, a_dtype: str = W4A4) -> float:
     """The factor between the accumulator and alpha * sum: 2^7 per FP4 operand converted to F16
     (NVFP4 on the W4A4 decode path: both; W4A16 with F16 activations: the weights), 2^8 for
-    W4A16 NVFP4 weights in BF16 on decode (``fp4_dequant.e4m3_low_factor``)."""
+    W4A16 NVFP4 weights in BF16 on decode (``dequant.e4m3_low_factor``)."""
     if a_dtype != W4A4:
         if a_dtype == "Float16":
             return W4A16_F16_ACC_SCALE
@@ -873,7 +873,7 @@ class BlockwiseGemmFp4Sm90:
         mSFKB = self._blocked_sf_tensor(ptr_sfkb, rows_b, sf_atoms_k, l)
         pitch = n
         if self.tma_store:
-            # NOTE: TMA strides are multiples of 16 bytes; the runner takes this variant only
+            # NOTE: TMA strides are multiples of 16 bytes; the launcher takes this variant only
             # when N * sizeof(D) is one.
             pitch = cute.assume(n, 128 // self.c_dtype.width)
         # D in kernel coordinates (rows, cols, L): decode writes D^T, i.e. D's columns
@@ -1744,11 +1744,11 @@ class BlockwiseGemmFp4Sm90:
 
 
 # ---------------------------------------------------------------------------------------------
-# Output tiles and compilation (the torch-facing runner: fp4_ops.sm90.launcher)
+# Output tiles and compilation (the torch-facing launcher: fp4_ops.sm90.launcher)
 # ---------------------------------------------------------------------------------------------
 def output_tiles(rows, cols, l, tile_rows, tile_cols, cluster_m):  # noqa: E741
     """(row tiles, col tiles, tiles) of the kernel's output, on the host
-    (``runner.workspace_elems``) and in the kernel (the split-K fix-up's addresses): Python or
+    (``launcher.workspace_elems``) and in the kernel (the split-K fix-up's addresses): Python or
     DSL integers.  A 2x1 cluster runs an even number of row tiles."""
     row_tiles = (rows + tile_rows * cluster_m - 1) // (tile_rows * cluster_m) * cluster_m
     col_tiles = (cols + tile_cols - 1) // tile_cols

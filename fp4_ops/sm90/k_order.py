@@ -2,7 +2,7 @@
 """The K orders of the Hopper kernel, and the W4A16 weight prepacking: plain Python and torch,
 no CuTe DSL (the library's CPU path imports this module alone).
 
-The register dequantizer (``fp4_dequant.fp4x16_to_mma``) turns the 16 packed FP4 values of a
+The register dequantizer (``dequant.fp4x16_to_mma``) turns the 16 packed FP4 values of a
 thread's 16-group q of a 64-wide k-block into pairs P_0..P_7 (P_i = nibbles (i % 4, i % 4 + 4)
 of 32-bit word i // 4), and the wgmma A fragment places P_i at K = ``pair_k(i, q)`` (+1), not
 in memory order.  W4A4 permutes the other operand to match; W4A16 permutes the weights once
