@@ -122,3 +122,43 @@ def operand_sets(tensors, use_cold_l2: bool, warmup_iterations: int, iterations:
         count = get_workspace_count(one, warmup_iterations, iterations)
         sets += [tuple(t if t is None else t.clone() for t in tensors) for _ in range(count - 1)]
     return sets
+
+
+def time_graph_us(fn, iterations: int = 20, repeats: int = 5) -> float:
+    """Mean microseconds per call of ``fn`` (enqueue-only, no host sync), from a CUDA graph of
+    ``iterations`` calls replayed ``repeats`` times on a side stream."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile / warm up on the capturing stream
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(iterations):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / (iterations * repeats)
+
+
+def time_eager_us(fn, iterations: int = 5) -> float:
+    """Mean microseconds per call of ``fn`` run eagerly (for code that syncs with the host)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iterations):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / iterations

@@ -71,6 +71,7 @@ from cutlass._mlir.dialects import arith, llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from fp4_ops import cpu
+from fp4_ops.devtools import time_eager_us, time_graph_us
 from fp4_ops.layout import SCALE_DTYPES, blocked_numel
 
 IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
@@ -740,46 +741,6 @@ def _kernel(config: QuantizerConfig, device):
         _KERNELS[key] = (compiled, compiled.__tvm_ffi_object__(), sm_count)
     _, kernel, sm_count = _KERNELS[key]
     return kernel, sm_count
-
-
-def time_graph_us(fn, iterations: int = 20, repeats: int = 5) -> float:
-    """Mean microseconds per call of ``fn`` (enqueue-only, no host sync), from a CUDA graph of
-    ``iterations`` calls replayed ``repeats`` times on a side stream."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compile / warm up on the capturing stream
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(iterations):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000.0 / (iterations * repeats)
-
-
-def time_eager_us(fn, iterations: int = 5) -> float:
-    """Mean microseconds per call of ``fn`` run eagerly (for code that syncs with the host)."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iterations):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000.0 / iterations
 
 
 def _torchao_quantizer(x, gs):
