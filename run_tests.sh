@@ -23,8 +23,8 @@ if ! "$PY" -c "import torch; torch.float4_e2m1fn_x2; torch.float8_e8m0fnu" 2>/de
   "$PY" -m pip install -q torch==2.13.0
 fi
 # This checkout as the installed package (editable: the tests import it as users do), with the
-# test tools (pyproject.toml's [test] extra; a no-op when everything is there already).
-"$PY" -m pip install -q -e ".[test]"
+# test tools and the Hugging Face extra (pyproject.toml; a no-op when all is there already).
+"$PY" -m pip install -q -e ".[test,hf]"
 
 # Which GPU suite runs: the Blackwell GPUs are the kernel's own list (the same one its CLI and the
 # tests' skip conditions use); the Hopper one is sm_90.

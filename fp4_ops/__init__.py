@@ -33,6 +33,7 @@
 Importing this package needs no GPU and no CuTe DSL: the kernels are imported on first use.
 """
 
+from fp4_ops.checkpoint import load_quantized, save_quantized
 from fp4_ops.layout import FORMATS, GLOBAL_SCALE_DIVISOR, blocked_scale_numel, blocked_scale_shape
 from fp4_ops.nn import FP4Linear, QuantizeReport, quantize_model
 from fp4_ops.ops import fp4_gemm, quantize
@@ -47,6 +48,8 @@ __all__ = [
     "blocked_scale_numel",
     "blocked_scale_shape",
     "fp4_gemm",
+    "load_quantized",
     "quantize",
     "quantize_model",
+    "save_quantized",
 ]

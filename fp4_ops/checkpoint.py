@@ -1,0 +1,959 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Hugging Face checkpoints of FP4 models: ``load_quantized`` and ``save_quantized``.
+
+Two on-disk formats, both a folder of safetensors (one ``model.safetensors``, or shards and their
+``model.safetensors.index.json``) beside ``config.json``:
+
+compressed-tensors (``config.json`` -> ``quantization_config``, ``quant_method:
+compressed-tensors``, format ``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``)
+    per quantized Linear ``weight_packed`` uint8 [N, K/2], ``weight_scale`` (NVFP4:
+    float8_e4m3fn [N, K/16]; MXFP4: E8M0 bytes, uint8 [N, K/32]), NVFP4's
+    ``weight_global_scale`` and, with static activation scales, ``input_global_scale``: fp32
+    [1], both the *encoding* scale ``448 * 6 / amax``, the reciprocal of this package's.
+NVIDIA ModelOpt (``hf_quant_config.json``, ``quant_algo`` ``NVFP4`` (W4A4) or ``W4A16_NVFP4``)
+    per quantized Linear ``weight`` uint8 [N, K/2], ``weight_scale`` float8_e4m3fn [N, K/16],
+    ``weight_scale_2`` and (W4A4) ``input_scale``: fp32 scalars in the decoding convention
+    ``amax / (448 * 6)``, as ``FP4Tensor.global_scale``.
+
+Everything else (embeddings, norms, an unquantized ``lm_head``) is stored as usual. transformers
+and safetensors are imported on first use (``pip install fp4-ops[hf]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fp4_ops.cpu import check_scales
+from fp4_ops.layout import FORMATS, SCALE_DTYPES
+from fp4_ops.nn import FP4Linear
+from fp4_ops.tensor import FP4Tensor, check_type, global_scale_tensor
+
+__all__ = ["load_quantized", "save_quantized", "CHECKPOINT_FORMATS"]
+
+#: ``save_quantized``'s formats
+CHECKPOINT_FORMATS = ("compressed-tensors", "modelopt")
+_HF_HINT = "pip install 'fp4-ops[hf]' (transformers, safetensors)"
+_CT_FORMATS = {"nvfp4-pack-quantized": "nvfp4", "mxfp4-pack-quantized": "mxfp4"}
+_CT_FORMAT_OF = {fmt: name for name, fmt in _CT_FORMATS.items()}
+# compressed-tensors' strategy of each format's weights (NVFP4 has a per-tensor global scale)
+_CT_STRATEGY = {"nvfp4": "tensor_group", "mxfp4": "group"}
+_CT_SCALE_DTYPE = {"nvfp4": "torch.float8_e4m3fn", "mxfp4": "torch.uint8"}
+_MODELOPT_ALGOS = {"NVFP4": "static", "W4A16_NVFP4": "none"}
+_WEIGHTS_NAME = "model.safetensors"
+_INDEX_NAME = "model.safetensors.index.json"
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+_SAFETENSORS_DTYPES = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "I64": torch.int64,
+    "U64": torch.uint64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,
+}
+_SCALAR_SHAPES = ((), (1,))
+_LOAD_ACTIVATIONS = (None, "bf16", "dynamic")
+_MAX_LISTED = 8
+_MODEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _hf():
+    """transformers, after checking that it and safetensors import."""
+    try:
+        import safetensors  # noqa: F401
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"checkpoints need transformers and safetensors: {_HF_HINT}") from err
+    return transformers
+
+
+def _listed(names) -> str:
+    names = sorted(names)
+    more = f" (and {len(names) - _MAX_LISTED} more)" if len(names) > _MAX_LISTED else ""
+    return ", ".join(names[:_MAX_LISTED]) + more
+
+
+# ----------------------------------------------------------------------------- the schemes
+
+
+@dataclass(frozen=True)
+class _Scheme:
+    """How a checkpoint stores one quantized Linear: its FP4 format, its activations ("static":
+    a stored input global scale; "dynamic": scales computed per call; "none": weight-only) and
+    the tensor names and global-scale convention of the checkpoint format."""
+
+    format: str
+    inputs: str
+    checkpoint: str  # "compressed-tensors" | "modelopt"
+    origin: str  # where the config says so, for messages
+
+    @property
+    def names(self) -> dict[str, str]:
+        """role -> tensor name (after the module's prefix)."""
+        if self.checkpoint == "modelopt":
+            names = {"data": "weight", "scales": "weight_scale", "global": "weight_scale_2"}
+            if self.inputs == "static":
+                names["input"] = "input_scale"
+            return names
+        names = {"data": "weight_packed", "scales": "weight_scale"}
+        if self.format == "nvfp4":
+            names["global"] = "weight_global_scale"
+        if self.inputs == "static":
+            names["input"] = "input_global_scale"
+        return names
+
+    @property
+    def reciprocal(self) -> bool:
+        """True where the stored global scales are encoding scales (compressed-tensors)."""
+        return self.checkpoint == "compressed-tensors"
+
+    def describe(self) -> str:
+        mode = {"static": "W4A4, static input scale", "dynamic": "W4A4, dynamic", "none": "W4A16"}
+        return f"{self.format} {mode[self.inputs]} ({self.origin})"
+
+
+@dataclass
+class _QuantConfig:
+    """A checkpoint's quantization config: which Linear modules hold which scheme."""
+
+    checkpoint: str
+    # compressed-tensors: (group name, targets, scheme) in the config's order
+    groups: list = field(default_factory=list)
+    ignore: list = field(default_factory=list)
+    # modelopt: the one scheme of every Linear not excluded
+    scheme: _Scheme | None = None
+
+    def scheme_for(self, name: str, module: nn.Module) -> _Scheme | None:
+        if self.checkpoint == "modelopt":
+            if any(name == p or fnmatch.fnmatchcase(name, p) for p in self.ignore):
+                return None
+            return self.scheme if isinstance(module, nn.Linear) else None
+        if any(_ct_match(name, module, p) for p in self.ignore):
+            return None
+        # compressed-tensors' precedence: exact names, then regexes, then class names (each in
+        # sorted order); a target of several groups belongs to the last group that lists it
+        by_target = {t: scheme for _, targets, scheme in self.groups for t in targets}
+        ordered = sorted(by_target, key=lambda t: (t.startswith("re:"), t))
+        for target in ordered:
+            if _ct_match_name(name, target):
+                return by_target[target]
+        for target in ordered:
+            if _ct_match_class(module, target):
+                return by_target[target]
+        return None
+
+
+def _ct_match_name(name: str, target: str) -> bool:
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return name == target
+
+
+def _ct_match_class(module: nn.Module, target: str) -> bool:
+    return any(cls.__name__ == target for cls in type(module).__mro__ if cls is not object)
+
+
+def _ct_match(name: str, module: nn.Module, target: str) -> bool:
+    """compressed-tensors' matching of a module against a target / ignore entry: its exact
+    name, a ``re:`` regular expression (``re.match``) or a class name in its MRO."""
+    return _ct_match_name(name, target) or _ct_match_class(module, target)
+
+
+def _fail(where: str, what: str):
+    raise ValueError(f"{where}: {what}")
+
+
+def _str_list(value, where: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        _fail(where, f"expected a list of module names / patterns, got {value!r}")
+    return value
+
+
+def _ct_args(args, fp4: str, where: str, role: str) -> None:
+    """Checks compressed-tensors QuantizationArgs (a dict) of ``role`` for format ``fp4``."""
+    if not isinstance(args, dict):
+        _fail(where, f"expected a dict of quantization arguments, got {args!r}")
+    vec = FORMATS[fp4]
+    fmt = _CT_FORMAT_OF[fp4]
+    if args.get("num_bits") != 4 or args.get("type") != "float":
+        _fail(
+            where,
+            f"{fmt} needs num_bits 4, type float; got num_bits {args.get('num_bits')!r}, type "
+            f"{args.get('type')!r}",
+        )
+    if args.get("symmetric", True) is not True:
+        _fail(where, "asymmetric quantization (symmetric: false) has no FP4 form here")
+    if args.get("group_size") != vec:
+        _fail(where, f"group_size {args.get('group_size')!r}: {fmt} uses {vec}")
+    if args.get("strategy") != _CT_STRATEGY[fp4]:
+        _fail(where, f"strategy {args.get('strategy')!r}: {fmt} uses {_CT_STRATEGY[fp4]!r}")
+    for key in ("block_structure", "actorder"):
+        if args.get(key) not in (None, False):
+            _fail(where, f"{key} {args[key]!r} is not supported")
+    if args.get("scale_dtype") not in (None, _CT_SCALE_DTYPE[fp4]):
+        _fail(where, f"scale_dtype {args['scale_dtype']!r}: {fmt} uses {_CT_SCALE_DTYPE[fp4]}")
+    if role == "weights" and args.get("dynamic", False) is not False:
+        _fail(where, f"dynamic {args['dynamic']!r}: weights need static scales (dynamic: false)")
+
+
+def _ct_inputs(args, fp4: str, where: str) -> str:
+    """The activation mode of compressed-tensors' input_activations."""
+    if args is None:
+        return "none"
+    _ct_args(args, fp4, where, "input_activations")
+    dynamic = args.get("dynamic")
+    if fp4 == "nvfp4":
+        # "local": block scales per call under a calibrated (stored) global scale
+        if dynamic == "local":
+            return "static"
+        _fail(
+            where,
+            f"dynamic {dynamic!r}: NVFP4 activations load with a stored global scale "
+            "(dynamic: local); static group scales (false) or no global scale (true) have no "
+            "FP4Linear form",
+        )
+    if dynamic in (True, "local"):
+        return "dynamic"
+    _fail(where, f"dynamic {dynamic!r}: MXFP4 activations have per-call scales (dynamic: true)")
+
+
+def _compressed_tensors_config(qc: dict) -> _QuantConfig:
+    where = "config.json quantization_config"
+    status = qc.get("quantization_status", "compressed")
+    if status != "compressed":
+        _fail(where, f"quantization_status {status!r}: only packed ('compressed') weights load")
+    for key in ("sparsity_config", "transform_config", "kv_cache_scheme"):
+        if qc.get(key):
+            _fail(f"{where}.{key}", f"{qc[key]!r} is not supported (only FP4 Linear weights)")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        _fail(f"{where}.config_groups", f"expected a non-empty dict, got {groups!r}")
+    top = qc.get("format")
+    config = _QuantConfig("compressed-tensors", ignore=_str_list(qc.get("ignore"), where))
+    for name, group in groups.items():
+        here = f"{where}.config_groups.{name}"
+        if not isinstance(group, dict):
+            _fail(here, f"expected a dict, got {group!r}")
+        fmt = group.get("format") or top
+        if fmt not in _CT_FORMATS:
+            _fail(here, f"format {fmt!r}: supported are {sorted(_CT_FORMATS)}")
+        fp4 = _CT_FORMATS[fmt]
+        _ct_args(group.get("weights"), fp4, f"{here}.weights", "weights")
+        inputs = _ct_inputs(group.get("input_activations"), fp4, f"{here}.input_activations")
+        if group.get("output_activations") is not None:
+            _fail(f"{here}.output_activations", "output quantization is not supported")
+        targets = _str_list(group.get("targets"), f"{here}.targets")
+        if not targets:
+            _fail(f"{here}.targets", "no targets")
+        config.groups.append((name, targets, _Scheme(fp4, inputs, "compressed-tensors", here)))
+    return config
+
+
+def _modelopt_config(q: dict, where: str) -> _QuantConfig:
+    algo = str(q.get("quant_algo") or "").upper()
+    if algo not in _MODELOPT_ALGOS:
+        _fail(where, f"quant_algo {q.get('quant_algo')!r}: supported are {list(_MODELOPT_ALGOS)}")
+    group_size = q.get("group_size", FORMATS["nvfp4"])
+    if group_size != FORMATS["nvfp4"]:
+        _fail(where, f"group_size {group_size!r}: NVFP4 uses {FORMATS['nvfp4']}")
+    kv = q.get("kv_cache_quant_algo", q.get("kv_cache_scheme"))
+    if kv:
+        _fail(where, f"kv-cache quantization {kv!r} is not supported")
+    exclude = q["exclude_modules"] if "exclude_modules" in q else q.get("ignore")
+    scheme = _Scheme("nvfp4", _MODELOPT_ALGOS[algo], "modelopt", f"{where} quant_algo {algo}")
+    return _QuantConfig("modelopt", ignore=_str_list(exclude, where), scheme=scheme)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path.name}: not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path.name}: expected a JSON object")
+    return value
+
+
+def _quant_config(folder: Path, config: dict) -> _QuantConfig:
+    """The checkpoint's quantization config, from config.json or hf_quant_config.json."""
+    hf_quant = folder / "hf_quant_config.json"
+    qc = config.get("quantization_config")
+    if qc is not None:
+        if not isinstance(qc, dict):
+            raise ValueError(f"config.json quantization_config: expected a dict, got {qc!r}")
+        method = str(qc.get("quant_method", ""))
+        if method == "compressed-tensors":
+            return _compressed_tensors_config(qc)
+        if not method.lower().startswith("modelopt"):
+            raise ValueError(
+                f"config.json quantization_config: quant_method {method!r}: supported are "
+                "'compressed-tensors' and 'modelopt' (NVFP4)"
+            )
+        if not hf_quant.exists():
+            q = qc.get("quantization", qc)
+            return _modelopt_config(q, "config.json quantization_config")
+    if hf_quant.exists():
+        q = _read_json(hf_quant).get("quantization")
+        if not isinstance(q, dict):
+            raise ValueError("hf_quant_config.json: no 'quantization' object")
+        return _modelopt_config(q, "hf_quant_config.json quantization")
+    raise ValueError(
+        "not a quantized checkpoint: config.json has no quantization_config and there is no "
+        "hf_quant_config.json"
+    )
+
+
+# ----------------------------------------------------------------------------- the tensors
+
+
+class _Checkpoint:
+    """The safetensors of a folder: names, dtypes and shapes from the headers (no data read);
+    tensors on demand."""
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        single, index = folder / _WEIGHTS_NAME, folder / _INDEX_NAME
+        if single.exists() and index.exists():
+            raise ValueError(f"both {_WEIGHTS_NAME} and {_INDEX_NAME}: which one holds the model?")
+        if index.exists():
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ValueError(f"{_INDEX_NAME}: no weight_map")
+            files = sorted(set(weight_map.values()))
+        elif single.exists():
+            weight_map, files = None, [_WEIGHTS_NAME]
+        else:
+            raise FileNotFoundError(f"{folder}: no {_WEIGHTS_NAME} or {_INDEX_NAME}")
+        self.file_of: dict[str, str] = {}
+        self.header: dict[str, tuple] = {}
+        for name in files:
+            path = folder / name
+            if not path.is_file():
+                raise FileNotFoundError(f"{_INDEX_NAME} names {name}, which is not in {folder}")
+            with safe_open(path, framework="pt") as f:
+                for key in f.keys():
+                    if key in self.file_of:
+                        raise ValueError(f"{key}: in both {self.file_of[key]} and {name}")
+                    sl = f.get_slice(key)
+                    dtype = sl.get_dtype()
+                    self.header[key] = (
+                        _SAFETENSORS_DTYPES.get(dtype, dtype),
+                        tuple(sl.get_shape()),
+                    )
+                    self.file_of[key] = name
+        if weight_map is not None:
+            for key, name in weight_map.items():
+                if self.file_of.get(key) != name:
+                    raise ValueError(f"{_INDEX_NAME} puts {key} in {name}, which does not hold it")
+            unlisted = set(self.file_of) - set(weight_map)
+            if unlisted:
+                raise ValueError(
+                    f"tensors in the shards but not in {_INDEX_NAME}: {_listed(unlisted)}"
+                )
+        self.folder = folder
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.header
+
+    def keys(self):
+        return self.header.keys()
+
+    @contextlib.contextmanager
+    def reader(self, device: torch.device):
+        """A function key -> tensor on ``device``, with every file open once meanwhile."""
+        from safetensors import safe_open
+
+        with contextlib.ExitStack() as stack:
+            files = {
+                name: stack.enter_context(
+                    safe_open(self.folder / name, framework="pt", device=str(device))
+                )
+                for name in sorted(set(self.file_of.values()))
+            }
+            yield lambda key: files[self.file_of[key]].get_tensor(key)
+
+
+def _shape_str(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _dtype_str(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _expect(ck: _Checkpoint, key: str, dtypes: tuple, shapes: tuple, what: str) -> None:
+    """ValueError naming ``key`` unless the checkpoint holds it with one of ``dtypes`` (none
+    given: any floating-point dtype) and one of ``shapes``."""
+    want = f"{what}: {' or '.join(_dtype_str(d) for d in dtypes) if dtypes else 'floating point'}"
+    want += f" {' or '.join(_shape_str(s) for s in shapes)}"
+    if key not in ck:
+        raise ValueError(f"{key}: missing from the checkpoint; expected {want}")
+    dtype, shape = ck.header[key]
+    ok_dtype = (
+        dtype in dtypes if dtypes else isinstance(dtype, torch.dtype) and dtype.is_floating_point
+    )
+    if not ok_dtype or shape not in shapes:
+        raise ValueError(f"{key}: expected {want}, got {_dtype_str(dtype)} {_shape_str(shape)}")
+
+
+@dataclass
+class _Layer:
+    """A quantized Linear to be: its name, its scheme and its checkpoint tensors (role -> key)."""
+
+    name: str
+    scheme: _Scheme
+    keys: dict[str, str]
+
+
+def _plan_layer(ck: _Checkpoint, name: str, module: nn.Linear, scheme: _Scheme) -> _Layer:
+    """Checks (headers only) the tensors of one quantized Linear."""
+    fmt = scheme.format
+    prefix = f"{name}." if name else ""
+    n, k = module.out_features, module.in_features
+    if k % 32:
+        raise ValueError(f"{name}: in_features = {k} is not a multiple of 32 (FP4Linear)")
+    vec = FORMATS[fmt]
+    keys = {role: prefix + tensor for role, tensor in scheme.names.items()}
+    data_key = keys["data"]
+    if data_key not in ck and prefix + "weight" in ck:
+        dtype, shape = ck.header[prefix + "weight"]
+        raise ValueError(
+            f"{data_key}: missing; {scheme.describe()} covers {name}, but the checkpoint holds "
+            f"{prefix}weight ({_dtype_str(dtype)} {_shape_str(shape)}) instead of packed codes "
+            "(is it missing from the config's ignore / exclude_modules?)"
+        )
+    _expect(ck, data_key, (torch.uint8,), ((n, k // 2),), f"packed {fmt} codes of [{n}, {k}]")
+    scale_dtypes = (SCALE_DTYPES[vec],) if fmt == "nvfp4" else (torch.uint8, SCALE_DTYPES[vec])
+    _expect(ck, keys["scales"], scale_dtypes, ((n, k // vec),), f"{fmt} block scales")
+    convention = "encoding (448 * 6 / amax)" if scheme.reciprocal else "decoding (amax / 2688)"
+    for role in ("global", "input"):
+        if role in keys:
+            what = f"a float32 {convention} global scale"
+            _expect(ck, keys[role], (torch.float32,), _SCALAR_SHAPES, what)
+    if module.bias is not None:
+        keys["bias"] = prefix + "bias"
+        _expect(ck, keys["bias"], (), ((n,),), "the bias")
+    return _Layer(name, scheme, keys)
+
+
+def _read_scalar(t: torch.Tensor, key: str, reciprocal: bool) -> torch.Tensor:
+    """A stored global scale as this package's (decoding) 0-d float32, checked."""
+    value = global_scale_tensor(t, t, key)
+    if reciprocal:
+        value = global_scale_tensor(1.0 / value, value, f"1 / {key}")
+    return value
+
+
+def _build_layer(layer: _Layer, t: dict, activations: str, dtype: torch.dtype) -> FP4Linear:
+    """The FP4Linear of one planned layer from its loaded tensors."""
+    keys, scheme = layer.keys, layer.scheme
+    data, scales = t[keys["data"]], t[keys["scales"]]
+    if scheme.format == "mxfp4":
+        scales = scales.view(torch.float8_e8m0fnu)
+    try:
+        check_scales(scales)
+    except ValueError as err:
+        raise ValueError(f"{keys['scales']}: {err}") from None
+    gs = 1.0
+    if "global" in keys:
+        gs = _read_scalar(t[keys["global"]].cpu(), keys["global"], scheme.reciprocal)
+    input_gs = None
+    if "input" in keys:
+        input_gs = _read_scalar(t[keys["input"]].cpu(), keys["input"], scheme.reciprocal)
+    try:
+        weight = FP4Tensor.from_plain(data, scales, gs, scheme.format)
+    except ValueError as err:
+        raise ValueError(f"{layer.name}: {err}") from None
+    bias = t[keys["bias"]].to(dtype) if "bias" in keys else None
+    if activations != "static":
+        input_gs = None
+    return FP4Linear(weight, bias, activations, input_gs)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Parameters made inside go to the meta device as they are registered, before any
+    initializer fills them (as accelerate's ``init_empty_weights(include_buffers=False)``);
+    buffers, such as rotary frequencies, are made for real."""
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            p = module._parameters[name]
+            module._parameters[name] = type(p)(p.to("meta"), requires_grad=p.requires_grad)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _config_dtype(config: dict) -> torch.dtype:
+    value = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    if value == "auto":
+        value = "bfloat16"
+    dtype = getattr(torch, str(value).removeprefix("torch."), None)
+    if dtype not in _MODEL_DTYPES:
+        raise ValueError(f"config.json: dtype {value!r}: expected one of {_MODEL_DTYPES}")
+    return dtype
+
+
+def _ties_output_embeddings(model: nn.Module) -> bool:
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
+def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    parent, _, attr = name.rpartition(".")
+    return (model.get_submodule(parent) if parent else model), attr
+
+
+def _parse_device(device) -> torch.device:
+    if device is None:
+        return torch.device("cpu")
+    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+        raise TypeError(f"device must be None, a str, an int or a torch.device, got {device!r}")
+    device = torch.device(device)
+    if device.type == "meta":
+        raise ValueError("device 'meta' holds no data: load to a real device")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def load_quantized(
+    path: str | os.PathLike,
+    device: str | torch.device | None = None,
+    activations: str | None = None,
+) -> nn.Module:
+    """A transformers causal LM, in eval mode, from a folder holding a compressed-tensors
+    (``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``) or ModelOpt (``NVFP4`` /
+    ``W4A16_NVFP4``) checkpoint, its quantized Linear modules as ``FP4Linear``.
+
+    The model is built by ``AutoModelForCausalLM.from_config`` with its parameters on the meta
+    device (no 16-bit weight is made or initialized for a quantized layer); the checkpoint's
+    FP4 tensors go straight into the FP4Linear buffers, everything else loads in the config's
+    dtype (bfloat16 where it names none), on ``device`` (default CPU). Tied weights stay tied
+    as the model ties them when it is built (its config's ``tie_word_embeddings``); a quantized
+    output embedding of a tied config is refused.
+    Which Linear modules are quantized: compressed-tensors' ``config_groups`` targets less its
+    ``ignore`` list (exact names, ``re:`` regexes, class names, as compressed-tensors matches);
+    ModelOpt's every Linear not in ``exclude_modules`` (names or glob patterns).
+
+    ``activations``: None takes the checkpoint's mode: W4A4 with a static input scale
+    (FP4Linear ``"static"``) where it stores input scales (NVFP4), W4A4 with per-call scales
+    (``"dynamic"``) for MXFP4 W4A4, W4A16 (``"bf16"``) for weight-only checkpoints. ``"bf16"``
+    forces W4A16 and ``"dynamic"`` W4A4 with per-call scales (stored input scales are checked,
+    then unused).
+
+    ValueError naming the config entry or tensor and what was expected, for: an unsupported
+    format or scheme (another group size, asymmetric, dynamic weights, NVFP4 activations without
+    a stored global scale, static group scales, output or kv-cache quantization, transforms,
+    sparsity, a quantized embedding), a tensor missing, mis-shaped, of the wrong dtype or left
+    over (all checked on the safetensors headers before any tensor is read), a global scale that
+    is not finite and positive, a NaN or negative block scale (checked as they are read). A
+    missing config.json or safetensors file: FileNotFoundError. Nothing is returned unless all
+    of it passed.
+    """
+    check_type(path, (str, os.PathLike), "path", "a str or os.PathLike folder")
+    if activations not in _LOAD_ACTIVATIONS:
+        check_type(activations, str, "activations", f"None or one of {_LOAD_ACTIVATIONS[1:]}")
+        raise ValueError(
+            f"activations must be None (the checkpoint's mode), 'bf16' or 'dynamic', got "
+            f"{activations!r} (static scales come from the checkpoint)"
+        )
+    device = _parse_device(device)
+    transformers = _hf()
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
+    config_dict = _read_json(folder / "config.json")
+    qconfig = _quant_config(folder, config_dict)
+    dtype = _config_dtype(config_dict)
+    ck = _Checkpoint(folder)
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    with _parameters_on_meta():
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # (tied parameters are one object from here on: the model ties them as it is built)
+    ties = _ties_output_embeddings(model)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+    # plan: every check on the headers, nothing read yet
+    layers: list[_Layer] = []
+    for name, module in model.named_modules():
+        scheme = qconfig.scheme_for(name, module)
+        if scheme is None:
+            continue
+        if isinstance(module, nn.Embedding):
+            raise ValueError(
+                f"{name}: {scheme.describe()} covers this {type(module).__name__}; FP4 "
+                "checkpoints load into nn.Linear modules only"
+            )
+        if not isinstance(module, nn.Linear):
+            continue  # (as compressed-tensors: a container that a pattern matches)
+        if module is output and ties:
+            raise ValueError(
+                f"{name}: the checkpoint quantizes the output embedding, but the config ties it "
+                "to the input embedding (tie_word_embeddings)"
+            )
+        layers.append(_plan_layer(ck, name, module, scheme))
+    quantized = {layer.name for layer in layers}
+    consumed = {key for layer in layers for key in layer.keys.values()}
+
+    def in_quantized(name: str) -> bool:
+        return name.rpartition(".")[0] in quantized
+
+    # the other parameters and persistent buffers, grouped by tensor (tied names share one)
+    aliases: dict[int, tuple[torch.Tensor, list[str]]] = {}
+    for name, t in model.named_parameters(remove_duplicate=False):
+        if not in_quantized(name):
+            aliases.setdefault(id(t), (t, []))[1].append(name)
+    for name, t in model.named_buffers(remove_duplicate=False):
+        owner, attr = _owner(model, name)
+        if not in_quantized(name) and attr not in owner._non_persistent_buffers_set:
+            aliases.setdefault(id(t), (t, []))[1].append(name)
+    plain: list[tuple[str, list[str], torch.Tensor]] = []
+    for t, names in aliases.values():
+        present = [n for n in names if n in ck]
+        if not present:
+            raise ValueError(
+                f"{names[0]}: missing from the checkpoint; expected {_dtype_str(t.dtype)} "
+                f"{_shape_str(t.shape)}"
+            )
+        for n in present:
+            if t.is_floating_point():
+                _expect(ck, n, (), (tuple(t.shape),), f"{names[0]}")
+            else:
+                _expect(ck, n, (t.dtype,), (tuple(t.shape),), f"{names[0]}")
+        consumed.update(present)
+        plain.append((present[0], names, t))
+
+    left = set(ck.keys()) - consumed
+    for layer in layers:
+        prefix = f"{layer.name}."
+        extra = {k for k in left if k.startswith(prefix)}
+        if extra:
+            raise ValueError(
+                f"{_listed(extra)}: unexpected for {layer.name}, a {layer.scheme.describe()} "
+                f"layer (its tensors: {', '.join(sorted(layer.keys.values()))})"
+            )
+    if left:
+        raise ValueError(f"unexpected tensors that no module of the model holds: {_listed(left)}")
+
+    # load
+    mode = {"static": "static", "dynamic": "dynamic", "none": "bf16"}
+    with torch.no_grad(), ck.reader(device) as read:
+        for layer in layers:
+            tensors = {key: read(key) for key in layer.keys.values()}
+            act = activations or mode[layer.scheme.inputs]
+            owner, attr = _owner(model, layer.name)
+            setattr(owner, attr, _build_layer(layer, tensors, act, dtype))
+        for key, names, t in plain:
+            value = read(key)
+            value = value.to(t.dtype) if t.is_floating_point() else value
+            if isinstance(t, nn.Parameter):
+                value = nn.Parameter(value, requires_grad=False)
+            for name in names:
+                owner, attr = _owner(model, name)
+                setattr(owner, attr, value)
+    if (folder / "generation_config.json").is_file() and hasattr(model, "generation_config"):
+        model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
+    return model.to(device).eval()
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def _fp4_layers(model: nn.Module) -> dict[str, FP4Linear]:
+    return {
+        n: m for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, FP4Linear)
+    }
+
+
+def _inputs_of(name: str, layer: FP4Linear, activations: str | None) -> str:
+    """The activation mode that ``layer`` is saved with: "static", "dynamic" or "none"."""
+    if activations == "bf16" or layer.activations == "bf16":
+        return "none"
+    if layer.activations == "dynamic" and layer.format == "nvfp4":
+        raise ValueError(
+            f"{name}: NVFP4 activations with dynamic (per-call) global scales have no checkpoint "
+            "form (compressed-tensors and ModelOpt store a calibrated static input scale): give "
+            "the layer a static input_global_scale, or pass activations='bf16' to save a "
+            "weight-only (W4A16) checkpoint (load it back with activations='dynamic' for W4A4)"
+        )
+    return layer.activations
+
+
+def _layer_tensors(prefix: str, layer: FP4Linear, inputs: str, format: str) -> dict:
+    w = layer.weight
+    out = {}
+    if format == "modelopt":
+        out[prefix + "weight"] = w.data.view(torch.uint8)
+        out[prefix + "weight_scale"] = w.plain_scales()
+        out[prefix + "weight_scale_2"] = w.global_scale.reshape(())
+        if inputs == "static":
+            out[prefix + "input_scale"] = layer.input_global_scale.reshape(())
+    else:
+        out[prefix + "weight_packed"] = w.data.view(torch.uint8)
+        if w.format == "nvfp4":
+            out[prefix + "weight_scale"] = w.plain_scales()
+            out[prefix + "weight_global_scale"] = (1.0 / w.global_scale).reshape(1)
+        else:  # (E8M0 bytes, as compressed-tensors stores them)
+            out[prefix + "weight_scale"] = w.plain_scales().view(torch.uint8)
+        if inputs == "static":
+            out[prefix + "input_global_scale"] = (1.0 / layer.input_global_scale).reshape(1)
+    if layer.bias is not None:
+        out[prefix + "bias"] = layer.bias
+    return out
+
+
+def _ct_quantization_config(modes: dict[str, tuple[str, str]], ignore: list[str]) -> dict:
+    """compressed-tensors' quantization_config for layers name -> (format, inputs)."""
+    by_scheme: dict[tuple[str, str], list[str]] = {}
+    for name, scheme in modes.items():
+        by_scheme.setdefault(scheme, []).append(name)
+    groups = {}
+    for i, ((fp4, inputs), names) in enumerate(sorted(by_scheme.items())):
+        args = {
+            "num_bits": 4,
+            "type": "float",
+            "symmetric": True,
+            "group_size": FORMATS[fp4],
+            "strategy": _CT_STRATEGY[fp4],
+            "dynamic": False,
+            "scale_dtype": _CT_SCALE_DTYPE[fp4],
+        }
+        input_args = None
+        if inputs != "none":
+            input_args = {**args, "dynamic": "local" if inputs == "static" else True}
+        groups[f"group_{i}"] = {
+            "targets": ["Linear"] if len(by_scheme) == 1 else sorted(names),
+            "weights": args,
+            "input_activations": input_args,
+            "output_activations": None,
+            "format": _CT_FORMAT_OF[fp4],
+        }
+    formats = {g["format"] for g in groups.values()}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+        "quantization_status": "compressed",
+        "config_groups": groups,
+        "ignore": ignore,
+        "kv_cache_scheme": None,
+        "sparsity_config": {},
+        "transform_config": {},
+        "global_compression_ratio": None,
+    }
+
+
+def _write_safetensors(folder: Path, tensors: dict, max_shard_size: int | None) -> None:
+    from safetensors.torch import save_file
+
+    for stale in folder.iterdir():
+        if stale.name in (_WEIGHTS_NAME, _INDEX_NAME) or _SHARD.fullmatch(stale.name):
+            stale.unlink()
+    shards: list[dict] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if max_shard_size is not None and shards[-1] and size + nbytes > max_shard_size:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], folder / _WEIGHTS_NAME, metadata=metadata)
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, folder / name, metadata=metadata)
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    with open(folder / _INDEX_NAME, "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        f.write("\n")
+
+
+def save_quantized(
+    model: nn.Module,
+    path: str | os.PathLike,
+    format: str = "compressed-tensors",
+    *,
+    tokenizer=None,
+    activations: str | None = None,
+    max_shard_size: int | None = None,
+) -> None:
+    """Write a transformers model whose quantized layers are FP4Linear (``quantize_model``,
+    ``load_quantized``) as a checkpoint that ``load_quantized`` (and vLLM-style loaders) read:
+    safetensors, ``config.json`` with the format's quantization config (``format=
+    "compressed-tensors"``) or ``hf_quant_config.json`` (``"modelopt"``), the model's
+    generation config, and ``tokenizer``'s files when one is given.
+
+    Modes: NVFP4 W4A4 with a static input scale -> compressed-tensors ``NVFP4`` (input
+    ``dynamic: local``) / ModelOpt ``NVFP4``; W4A16 -> ``NVFP4A16`` / ``W4A16_NVFP4`` (and
+    compressed-tensors ``MXFP4A16``); MXFP4 W4A4 (per-call scales) -> compressed-tensors
+    ``MXFP4``. NVFP4 W4A4 with dynamic global scales (``quantize_model``'s default) has no
+    checkpoint form: ValueError, unless ``activations="bf16"``, which saves every layer
+    weight-only (load back with ``activations="dynamic"`` for W4A4 again). ModelOpt holds NVFP4
+    only, one mode for all layers (an MXFP4 or mixed model: ValueError).
+
+    Global scales: ModelOpt stores ours; compressed-tensors their fp32 reciprocals, which come
+    back as ``1 / (1 / g)``: the same value, or one fp32 ulp from it for some (about one in
+    seven). Tied 16-bit tensors are stored once; a tied output embedding that is now an
+    FP4Linear is saved untied (``tie_word_embeddings: false``); config.json's dtype is that of
+    the 16-bit tensors. ``max_shard_size`` (bytes): shards
+    ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``; earlier weight
+    files of those names in the folder are removed first.
+    """
+    check_type(model, nn.Module, "model", "an nn.Module (a transformers model)")
+    check_type(path, (str, os.PathLike), "path", "a str or os.PathLike folder")
+    check_type(format, str, "format", f"one of {CHECKPOINT_FORMATS}")
+    if format not in CHECKPOINT_FORMATS:
+        raise ValueError(f"format must be one of {CHECKPOINT_FORMATS}, got {format!r}")
+    if activations not in (None, "bf16"):
+        raise ValueError(
+            f"activations must be None (as the layers are) or 'bf16', got {activations!r}"
+        )
+    if max_shard_size is not None and (
+        isinstance(max_shard_size, bool)
+        or not isinstance(max_shard_size, int)
+        or max_shard_size < 1
+    ):
+        raise ValueError(
+            f"max_shard_size must be None or a positive int (bytes), got {max_shard_size!r}"
+        )
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise ValueError("model has no transformers config (model.config): config.json needs one")
+    _hf()
+    layers = _fp4_layers(model)
+    if not layers:
+        raise ValueError("model has no FP4Linear layer: nothing quantized (use save_pretrained)")
+    modes = {}
+    for name, layer in layers.items():
+        if format == "modelopt" and layer.format != "nvfp4":
+            raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, this layer is mxfp4")
+        modes[name] = (layer.format, _inputs_of(name, layer, activations))
+    unquantized = sorted(
+        n
+        for n, m in model.named_modules(remove_duplicate=False)
+        if isinstance(m, nn.Linear) and n not in layers
+    )
+
+    # the tensors, in state-dict order; a tensor shared by several names is stored once
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set = set()
+    done: set[str] = set()
+    floats: list[torch.dtype] = []  # (the 16-bit tensors' dtypes: config.json's dtype)
+    for key, t in model.state_dict(keep_vars=True).items():
+        module_name = key.rpartition(".")[0]
+        if module_name in layers:
+            if module_name not in done:
+                done.add(module_name)
+                prefix = f"{module_name}." if module_name else ""
+                inputs = modes[module_name][1]
+                tensors.update(_layer_tensors(prefix, layers[module_name], inputs, format))
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{key}: not a tensor ({type(t).__name__}), safetensors holds tensors")
+        identity = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.device)
+        if identity in seen and t.numel():
+            continue
+        seen.add(identity)
+        tensors[key] = t
+        if t.is_floating_point():
+            floats.append(t.dtype)
+    tensors = {k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}
+
+    config_dict = config.to_dict()
+    config_dict.pop("quantization_config", None)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(output, FP4Linear):
+        # (quantize_model untied a tied output embedding: the checkpoint holds both)
+        for d in (config_dict, config_dict.get("text_config")):
+            if isinstance(d, dict) and d.get("tie_word_embeddings"):
+                d["tie_word_embeddings"] = False
+    if floats:
+        dtype = max(set(floats), key=floats.count)
+        key = "dtype" if "dtype" in config_dict else "torch_dtype"
+        config_dict[key] = _dtype_str(dtype)
+    hf_quant_config = None
+    if format == "compressed-tensors":
+        config_dict["quantization_config"] = _ct_quantization_config(modes, unquantized)
+    else:
+        inputs = {m[1] for m in modes.values()}
+        if len(inputs) > 1:
+            raise ValueError(
+                "ModelOpt checkpoints have one mode: these layers mix W4A4 (static) and W4A16; "
+                "pass activations='bf16' for a W4A16_NVFP4 checkpoint"
+            )
+        quantization = {
+            "quant_algo": "NVFP4" if inputs == {"static"} else "W4A16_NVFP4",
+            "kv_cache_quant_algo": None,
+            "group_size": FORMATS["nvfp4"],
+            "exclude_modules": unquantized,
+        }
+        producer = {"name": "fp4_ops", "version": _version()}
+        hf_quant_config = {"producer": producer, "quantization": quantization}
+
+    # (everything checked: now it is written)
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_quant = folder / "hf_quant_config.json"
+    if hf_quant_config is None:
+        hf_quant.unlink(missing_ok=True)
+    else:
+        with open(hf_quant, "w") as f:
+            json.dump(hf_quant_config, f, indent=2)
+            f.write("\n")
+    _write_safetensors(folder, tensors, max_shard_size)
+    with open(folder / "config.json", "w") as f:
+        json.dump(config_dict, f, indent=2, sort_keys=True)
+        f.write("\n")
+    generation_config = getattr(model, "generation_config", None)
+    can_generate = getattr(model, "can_generate", lambda: generation_config is not None)
+    if generation_config is not None and can_generate():
+        generation_config.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fp4-ops")
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,1120 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""``fp4_ops.load_quantized`` / ``save_quantized`` on tiny random transformers models (Llama,
+Qwen2 with biases, Qwen3; built from configs, nothing downloaded), CPU only:
+
+* round trips in both formats, every mode, sharded or not: identical FP4 buffers, logits equal
+  bit for bit to the FP4 model before saving and to a ``reference.py`` model fed the raw
+  checkpoint tensors, within FP4 error of the BF16 model; no 16-bit weight made for an FP4
+  layer;
+* compressed-tensors' own code both ways: checkpoints its compressor writes (NVFP4A16, NVFP4,
+  MXFP4A16, MXFP4; its target / ignore matching) load here, and ours load in transformers'
+  compressed-tensors integration, logits within BF16 rounding of each other; its ModelOpt
+  converter turns our ModelOpt tensors into our compressed-tensors ones;
+* refusals: each unsupported scheme, missing / mis-shaped / wrong-dtype / left-over tensor, bad
+  scale values, broken shards, bad arguments.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import json
+import shutil
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fp4_ops
+import reference
+from fp4_ops import FP4Linear
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (pip install -e .[hf])"
+)
+safetensors_torch = pytest.importorskip(
+    "safetensors.torch", reason="safetensors is not installed (pip install -e .[hf])"
+)
+
+VOCAB = 256
+GS_DIVISOR = 448.0 * 6.0
+
+
+def _needs_compressed_tensors():
+    return pytest.importorskip(
+        "compressed_tensors", reason="compressed-tensors is not installed (pip install -e .[hf])"
+    )
+
+
+# ----------------------------------------------------------------------------- tiny models
+
+
+def _config(arch: str, tie: bool = False):
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        initializer_range=0.1,
+        dtype="bfloat16",
+    )
+    if arch == "llama":
+        return transformers.LlamaConfig(**common)
+    if arch == "qwen2":  # (q, k, v with biases)
+        return transformers.Qwen2Config(**common)
+    return transformers.Qwen3Config(head_dim=16, **common)
+
+
+def _model(arch: str, tie: bool = False, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(_config(arch, tie)).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                m.bias.normal_(0, 0.5)  # (zero at init: make them count)
+    return model
+
+
+def _ids(seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(seed))
+
+
+def _logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def _input_amax(model, ids) -> dict[str, float]:
+    """Calibration: the largest |input| of every Linear over ``ids``."""
+    amax: dict[str, float] = {}
+
+    def hook(name):
+        def record(_module, args):
+            amax[name] = max(amax.get(name, 0.0), float(args[0].abs().amax()))
+
+        return record
+
+    handles = [
+        m.register_forward_pre_hook(hook(n))
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear)
+    ]
+    _logits(model, ids)
+    for h in handles:
+        h.remove()
+    return amax
+
+
+def _quantize(model, layers: dict[str, tuple[str, str]]) -> None:
+    """``layers``: glob -> (format, activations). Dynamic and W4A16 layers by quantize_model;
+    static ones (which it does not make) by FP4Linear.from_linear with calibrated scales."""
+    amax = _input_amax(model, _ids(99))
+    for pattern, (fmt, mode) in layers.items():
+        if mode != "static":
+            report = fp4_ops.quantize_model(model, [pattern], fmt, mode)
+            assert report.replaced and not report.skipped
+            continue
+        names = [
+            n
+            for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) and fnmatch.fnmatchcase(n, pattern)
+        ]
+        assert names
+        for name in names:
+            linear = model.get_submodule(name)
+            layer = FP4Linear.from_linear(linear, fmt, "static", amax[name] / GS_DIVISOR)
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, layer)
+
+
+def _fp4(model) -> dict[str, FP4Linear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, FP4Linear)}
+
+
+def _raw(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint folder, read with plain safetensors."""
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(safetensors_torch.load_file(f))
+    return out
+
+
+class _ReferenceLinear(nn.Module):
+    """A quantized Linear computed by ``reference.py`` from a checkpoint's raw tensors, each
+    format's conventions written out here (independently of the loader)."""
+
+    def __init__(self, raw: dict, prefix: str, checkpoint: str, fmt: str, mode: str):
+        super().__init__()
+        if checkpoint == "modelopt":
+            self.data, self.scales = raw[prefix + "weight"], raw[prefix + "weight_scale"]
+            self.gs = raw[prefix + "weight_scale_2"].reshape(())  # decoding convention
+            inp = raw.get(prefix + "input_scale")
+        else:
+            self.data, self.scales = raw[prefix + "weight_packed"], raw[prefix + "weight_scale"]
+            if fmt == "nvfp4":  # encoding convention: 448 * 6 / amax
+                self.gs = 1.0 / raw[prefix + "weight_global_scale"].reshape(())
+            else:  # E8M0 bytes, no global scale
+                self.scales = self.scales.view(torch.float8_e8m0fnu)
+                self.gs = torch.tensor(1.0)
+            inp = raw.get(prefix + "input_global_scale")
+            inp = None if inp is None else 1.0 / inp
+        self.input_gs = None if inp is None else inp.reshape(())
+        self.bias = raw.get(prefix + "bias")
+        self.fmt, self.mode = fmt, mode
+
+    def forward(self, x):
+        rows = x.reshape(-1, x.shape[-1])
+        vec = fp4_ops.FORMATS[self.fmt]
+        if self.mode == "bf16":
+            y = reference.reference_gemm_w4a16(rows, self.data, self.scales, vec, self.gs, x.dtype)
+        else:
+            if self.mode == "static":
+                a, sa, gsa = reference.quantize_nvfp4(rows, self.input_gs)
+            else:
+                a, sa = reference.quantize_mxfp4(rows)
+                gsa = torch.tensor(1.0)
+            y = reference.reference_gemm(a, self.data, sa, self.scales, vec, gsa * self.gs, x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], -1)
+
+
+def _reference_model(bf16_model, folder: Path, checkpoint: str, modes: dict) -> nn.Module:
+    """The BF16 model with each quantized Linear (name -> (format, mode)) replaced by a
+    ``_ReferenceLinear`` over the checkpoint's raw tensors."""
+    model = copy.deepcopy(bf16_model)
+    raw = _raw(folder)
+    for name, (fmt, mode) in modes.items():
+        parent, _, attr = name.rpartition(".")
+        layer = _ReferenceLinear(raw, name + ".", checkpoint, fmt, mode)
+        setattr(model.get_submodule(parent), attr, layer)
+    return model
+
+
+# ----------------------------------------------------------------------------- round trips
+
+
+@dataclass
+class Case:
+    arch: str
+    checkpoint: str
+    layers: dict
+    tie: bool = False
+    shard: int | None = None  # max_shard_size in bytes
+
+    def __str__(self):
+        modes = "+".join(f"{f}-{m}" for f, m in self.layers.values())
+        lm = "-lm_head" if "lm_head" in self.layers else ""
+        tie = "-tied" if self.tie else ""
+        return f"{self.arch}{tie}-{self.checkpoint}-{modes}{lm}{'-sharded' if self.shard else ''}"
+
+
+LAYERS = "model.layers.*"
+CASES = [
+    Case("llama", "compressed-tensors", {LAYERS: ("nvfp4", "static")}),
+    Case("llama", "modelopt", {LAYERS: ("nvfp4", "static")}, shard=20_000),
+    Case("qwen2", "compressed-tensors", {LAYERS: ("mxfp4", "dynamic")}),
+    Case("qwen2", "modelopt", {LAYERS: ("nvfp4", "bf16")}),
+    Case("qwen3", "compressed-tensors", {LAYERS: ("nvfp4", "bf16")}, shard=30_000),
+    Case("qwen3", "compressed-tensors", {LAYERS: ("mxfp4", "bf16")}),
+    # a quantized output embedding of a tied model: saved untied
+    Case("qwen2", "compressed-tensors", {"*": ("nvfp4", "static")}, tie=True),
+    # tied 16-bit embeddings: stored once, tied again on load
+    Case("qwen3", "modelopt", {LAYERS: ("nvfp4", "static")}, tie=True),
+    # mixed formats and modes: one compressed-tensors group each
+    Case(
+        "llama",
+        "compressed-tensors",
+        {
+            "*.self_attn.*": ("nvfp4", "static"),
+            "*.mlp.*": ("mxfp4", "dynamic"),
+            "lm_head": ("nvfp4", "bf16"),
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_round_trip(case, tmp_path, monkeypatch):
+    bf16 = _model(case.arch, case.tie)
+    model = copy.deepcopy(bf16)
+    _quantize(model, case.layers)
+    before = _fp4(model)
+    modes = {n: (m.format, m.activations) for n, m in before.items()}
+    ct = case.checkpoint == "compressed-tensors"
+
+    fp4_ops.save_quantized(model, tmp_path, case.checkpoint, max_shard_size=case.shard)
+    shards = sorted(p.name for p in tmp_path.glob("*.safetensors"))
+    index = tmp_path / "model.safetensors.index.json"
+    if case.shard:
+        assert len(shards) > 1 and index.is_file() and "model.safetensors" not in shards
+    else:
+        assert shards == ["model.safetensors"] and not index.exists()
+    assert (tmp_path / "hf_quant_config.json").is_file() != ct
+
+    made = []  # (the device of every nn.Linear weight initialized while loading)
+    reset = nn.Linear.reset_parameters
+    monkeypatch.setattr(
+        nn.Linear, "reset_parameters", lambda self: (made.append(self.weight.device), reset(self))
+    )
+    loaded = fp4_ops.load_quantized(tmp_path)
+    monkeypatch.undo()
+    assert made and {d.type for d in made} == {"meta"}
+    assert not loaded.training and loaded.dtype == torch.bfloat16
+
+    after = _fp4(loaded)
+    assert after.keys() == before.keys()
+    for name, old in before.items():
+        new = after[name]
+        assert (new.format, new.activations) == (old.format, old.activations), name
+        assert torch.equal(new.weight.data, old.weight.data), name
+        assert torch.equal(new.weight.scale.view(torch.uint8), old.weight.scale.view(torch.uint8))
+        for attr in ("weight_global_scale", "input_global_scale"):
+            g = getattr(old, attr)
+            if g is None:
+                assert getattr(new, attr) is None
+                continue
+            # compressed-tensors stores 1 / g in fp32: g comes back as 1 / (1 / g)
+            want = 1.0 / (1.0 / g) if ct else g
+            assert torch.equal(getattr(new, attr), want), (name, attr)
+            if ct:
+                assert abs(float(want) - float(g)) <= float(g) * 2.0**-23
+                with torch.no_grad():
+                    getattr(old, attr).copy_(want)  # (now the FP4 model saved is the one loaded)
+        if old.bias is not None:
+            assert new.bias.dtype == torch.bfloat16 and torch.equal(new.bias, old.bias)
+    for name, m in bf16.named_modules():
+        if isinstance(m, nn.Linear) and name not in before:
+            assert type(loaded.get_submodule(name)) is nn.Linear, name
+    embed = loaded.get_input_embeddings().weight
+    tied = loaded.get_output_embeddings().weight is embed
+    assert tied == (case.tie and "lm_head" not in before)
+    assert torch.equal(embed, bf16.get_input_embeddings().weight)
+
+    ids = _ids(1)
+    got = _logits(loaded, ids)
+    assert torch.equal(got, _logits(model, ids))
+    assert torch.equal(got, _logits(_reference_model(bf16, tmp_path, case.checkpoint, modes), ids))
+    assert 0.01 < _rel(got, _logits(bf16, ids)) < 0.6  # (FP4 error of the BF16 model)
+
+
+def test_dynamic_nvfp4_saves_weight_only_and_loads_back_dynamic(tmp_path):
+    """quantize_model's default (NVFP4 W4A4, dynamic global scales) has no checkpoint form:
+    refused, or saved weight-only with activations="bf16"; activations="dynamic" at load makes
+    the same model again."""
+    model = _model("llama")
+    fp4_ops.quantize_model(model, [LAYERS])
+    with pytest.raises(ValueError, match="dynamic .*activations='bf16'"):
+        fp4_ops.save_quantized(model, tmp_path)
+    assert not (tmp_path / "config.json").exists()
+    fp4_ops.save_quantized(model, tmp_path, activations="bf16")
+    qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert qc["config_groups"]["group_0"]["input_activations"] is None
+    w4a16 = fp4_ops.load_quantized(tmp_path)
+    assert {m.activations for m in _fp4(w4a16).values()} == {"bf16"}
+    again = fp4_ops.load_quantized(tmp_path, device="cpu", activations="dynamic")
+    assert {m.activations for m in _fp4(again).values()} == {"dynamic"}
+    ids = _ids(1)
+    assert torch.equal(_logits(again, ids), _logits(model, ids))
+    assert not torch.equal(_logits(w4a16, ids), _logits(model, ids))
+
+
+def test_generation_config_and_tokenizer(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed")
+    vocab = {f"w{i}": i for i in range(VOCAB - 1)} | {"[UNK]": VOCAB - 1}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    model = _model("qwen3")
+    fp4_ops.quantize_model(model, [LAYERS], activations="bf16")
+    model.generation_config.max_new_tokens = 7
+    fp4_ops.save_quantized(model, tmp_path, "modelopt", tokenizer=tokenizer)
+    loaded = fp4_ops.load_quantized(tmp_path)
+    assert loaded.generation_config.max_new_tokens == 7
+    again = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert again("w3 w7 zz")["input_ids"] == [3, 7, VOCAB - 1]
+
+
+# ------------------------------------------------------------ compressed-tensors' own code
+
+
+def _ct_write(folder: Path, bf16_model, scheme: str, targets=("Linear",), ignore=("lm_head",)):
+    """A checkpoint written by compressed-tensors: its QuantizationConfig applied to the BF16
+    model, weight (and input) scales from its own qparam functions, its ModelCompressor packing,
+    transformers' save_pretrained. Returns the names it quantized."""
+    ct = _needs_compressed_tensors()
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationScheme,
+        apply_quantization_config,
+        quant_scheme,
+    )
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
+
+    model = copy.deepcopy(bf16_model)
+    amax = _input_amax(model, _ids(99))
+    scheme_args = getattr(quant_scheme, scheme)
+    groups = {"group_0": QuantizationScheme(targets=list(targets), **scheme_args)}
+    apply_quantization_config(model, QuantizationConfig(config_groups=groups, ignore=list(ignore)))
+    quantized = []
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if getattr(m, "quantization_scheme", None) is None:
+                continue
+            quantized.append(name)
+            w, args = m.weight, m.quantization_scheme.weights
+            gs = None
+            if hasattr(m, "weight_global_scale"):
+                gs = generate_gparam(w.amin(), w.amax())
+                m.weight_global_scale.copy_(gs)
+            blocks = w.unflatten(-1, (-1, args.group_size))
+            m.weight_scale.data = calculate_qparams(blocks.amin(-1), blocks.amax(-1), args, gs)[0]
+            if hasattr(m, "input_global_scale"):
+                a = torch.tensor(amax[name])
+                m.input_global_scale.copy_(generate_gparam(-a, a))
+    compressor = ct.compressors.ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(folder)
+    compressor.update_config(folder)
+    return quantized
+
+
+def _ct_dequantized(folder: Path):
+    """The checkpoint as transformers' compressed-tensors integration loads it, decompressed to
+    16-bit weights."""
+    _needs_compressed_tensors()
+    try:
+        config = transformers.CompressedTensorsConfig(dequantize=True)
+    except TypeError:
+        config = transformers.CompressedTensorsConfig(run_compressed=False)
+    with warnings.catch_warnings():  # (that the folder's own quantization_config is used)
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                folder, quantization_config=config
+            )
+        except ImportError as err:  # (transformers 4.x loads quantized models with accelerate)
+            pytest.skip(f"transformers' compressed-tensors loading needs {err.name}")
+    return model.eval()
+
+
+def _check_against_ct(ours_bf16_mode, theirs, bf16, names) -> None:
+    """Our W4A16 model against compressed-tensors' decompressed one: each weight within BF16
+    rounding of theirs, logits an order of magnitude closer to theirs than FP4 is to BF16."""
+    for name in names:
+        ours = ours_bf16_mode.get_submodule(name).weight.dequantize()
+        their = theirs.get_submodule(name).weight.float()
+        assert torch.all((ours - their).abs() <= ours.abs() * 2.0**-8), name
+    ids = _ids(1)
+    got, want = _logits(ours_bf16_mode, ids), _logits(theirs, ids)
+    assert _rel(got, want) < 0.1 * _rel(want, _logits(bf16, ids))
+
+
+@pytest.mark.parametrize("scheme", ["NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4"])
+def test_compressed_tensors_checkpoint_loads(scheme, tmp_path):
+    bf16 = _model("qwen2" if scheme.startswith("NV") else "llama")
+    names = _ct_write(tmp_path, bf16, scheme)
+    theirs = _ct_dequantized(tmp_path)
+    ours = fp4_ops.load_quantized(tmp_path)
+    want = {"NVFP4A16": "bf16", "NVFP4": "static", "MXFP4A16": "bf16", "MXFP4": "dynamic"}[scheme]
+    assert {n: m.activations for n, m in _fp4(ours).items()} == dict.fromkeys(names, want)
+    raw = _raw(tmp_path)
+    for name in names:
+        layer = ours.get_submodule(name)
+        if scheme == "NVFP4":  # (their input_global_scale is 448 * 6 / amax)
+            want_gs = 1.0 / raw[name + ".input_global_scale"].reshape(())
+            assert torch.equal(layer.input_global_scale, want_gs)
+        assert torch.equal(layer.weight.data, raw[name + ".weight_packed"])
+    _check_against_ct(fp4_ops.load_quantized(tmp_path, activations="bf16"), theirs, bf16, names)
+
+
+@pytest.mark.parametrize(
+    "groups, ignore",
+    [
+        ({"nvfp4": ["re:.*mlp\\..*_proj$"]}, ["re:.*layers\\.1\\..*"]),
+        ({"nvfp4": ["Linear"]}, ["lm_head", "re:.*k_proj", "model.layers.0.mlp.up_proj"]),
+        (
+            {"nvfp4": ["model.layers.0.self_attn.q_proj", "re:model\\.layers\\.1\\.self_attn"]},
+            ["v_proj"],
+        ),
+        ({"nvfp4": ["re:.*proj"]}, ["re:mlp", "re:.*layers.1.*"]),  # (re.match: at the start)
+        ({"nvfp4": ["Linear"], "mxfp4": ["re:.*mlp.*"]}, ["lm_head"]),  # (a regex beats a class)
+        (
+            {"nvfp4": ["re:.*mlp.*"], "mxfp4": ["model.layers.0.mlp.up_proj"]},
+            [],
+        ),  # (a name beats both)
+    ],
+    ids=["regex", "class-and-ignore", "names", "anchored", "precedence", "name-first"],
+)
+def test_compressed_tensors_matching(groups, ignore, tmp_path):
+    """Which Linear gets which scheme from config_groups' targets and ignore (exact names,
+    ``re:`` regexes, class names, and their precedence): compressed-tensors' own
+    apply_quantization_config decides on a BF16 copy; a checkpoint of those layers, its config
+    given the patterns, loads here with the same layers in the same formats."""
+    _needs_compressed_tensors()
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationScheme,
+        apply_quantization_config,
+        quant_scheme,
+    )
+
+    bf16 = _model("llama")
+    oracle = copy.deepcopy(bf16)
+    presets = {"nvfp4": quant_scheme.NVFP4A16, "mxfp4": quant_scheme.MXFP4A16}
+    config = QuantizationConfig(
+        config_groups={
+            fmt: QuantizationScheme(targets=targets, **presets[fmt])
+            for fmt, targets in groups.items()
+        },
+        ignore=ignore,
+    )
+    apply_quantization_config(oracle, config, show_progress=False)
+    want = {
+        n: {16: "nvfp4", 32: "mxfp4"}[m.quantization_scheme.weights.group_size]
+        for n, m in oracle.named_modules()
+        if getattr(m, "quantization_scheme", None) is not None
+    }
+    assert 0 < len(want) < 15
+
+    model = copy.deepcopy(bf16)
+    for name, fmt in want.items():
+        parent, _, attr = name.rpartition(".")
+        setattr(
+            model.get_submodule(parent),
+            attr,
+            FP4Linear.from_linear(model.get_submodule(name), fmt, "bf16"),
+        )
+    fp4_ops.save_quantized(model, tmp_path)
+
+    def patterns(qc):
+        saved = {g["format"]: g for g in qc["config_groups"].values()}
+        qc["config_groups"] = {
+            fmt: {**saved[f"{fmt}-pack-quantized"], "targets": targets}
+            for fmt, targets in groups.items()
+        }
+        qc["ignore"] = ignore
+
+    _qc(patterns)(tmp_path)
+    loaded = fp4_ops.load_quantized(tmp_path)
+    assert {n: m.format for n, m in _fp4(loaded).items()} == want
+
+
+@pytest.mark.parametrize("fmt, mode", [("nvfp4", "static"), ("mxfp4", "dynamic")])
+def test_our_checkpoint_loads_in_compressed_tensors(fmt, mode, tmp_path):
+    bf16 = _model("qwen3")
+    model = copy.deepcopy(bf16)
+    _quantize(model, {LAYERS: (fmt, mode)})
+    fp4_ops.save_quantized(model, tmp_path)
+    theirs = _ct_dequantized(tmp_path)
+    w4a16 = copy.deepcopy(model)
+    for name, layer in _fp4(w4a16).items():  # (the same weights, 16-bit activations)
+        parent, _, attr = name.rpartition(".")
+        setattr(w4a16.get_submodule(parent), attr, FP4Linear(layer.weight, None, "bf16"))
+    _check_against_ct(w4a16, theirs, bf16, list(_fp4(model)))
+
+
+def test_modelopt_tensors_convert_to_ours_with_compressed_tensors(tmp_path):
+    """compressed-tensors' ModelOpt -> compressed-tensors converter (renames, 1 / x of the
+    global scales) takes our ModelOpt checkpoint to our compressed-tensors one, bit for bit."""
+    _needs_compressed_tensors()
+    from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import (
+        ModelOptNvfp4Converter,
+    )
+
+    model = _model("qwen2")
+    _quantize(model, {LAYERS: ("nvfp4", "static")})
+    fp4_ops.save_quantized(model, tmp_path / "mo", "modelopt")
+    fp4_ops.save_quantized(model, tmp_path / "ct", "compressed-tensors")
+    exclude = json.loads((tmp_path / "mo/hf_quant_config.json").read_text())["quantization"]
+    converter = ModelOptNvfp4Converter(ignore=exclude["exclude_modules"])
+    converted = converter.validate(_raw(tmp_path / "mo"))
+    ours = _raw(tmp_path / "ct")
+    assert converted.keys() == ours.keys()
+    for key, t in ours.items():
+        assert torch.equal(converted[key].reshape(t.shape), t), key
+
+
+def test_modelopt_exclude_globs(tmp_path):
+    model = _model("llama")
+    _quantize(model, {"model.layers.0.*": ("nvfp4", "static")})
+    fp4_ops.save_quantized(model, tmp_path, "modelopt")
+    path = tmp_path / "hf_quant_config.json"
+    q = json.loads(path.read_text())
+    assert "model.layers.1.mlp.down_proj" in q["quantization"]["exclude_modules"]
+    q["quantization"]["exclude_modules"] = ["lm_head", "model.layers.1*"]
+    path.write_text(json.dumps(q))
+    loaded = fp4_ops.load_quantized(tmp_path)
+    assert sorted(_fp4(loaded)) == sorted(_fp4(model))
+    ids = _ids(1)
+    assert torch.equal(_logits(loaded, ids), _logits(model, ids))
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    """Checkpoints to break: name -> folder."""
+    specs = {
+        "ct": ("qwen2", "compressed-tensors", {LAYERS: ("nvfp4", "static")}, None),
+        "ct_lm_head": ("qwen2", "compressed-tensors", {"*": ("nvfp4", "bf16")}, None),
+        "ct_mx": ("llama", "compressed-tensors", {LAYERS: ("mxfp4", "dynamic")}, None),
+        "mo": ("llama", "modelopt", {LAYERS: ("nvfp4", "static")}, None),
+        "sharded": ("llama", "compressed-tensors", {LAYERS: ("nvfp4", "bf16")}, 40_000),
+    }
+    out = {}
+    for name, (arch, checkpoint, layers, shard) in specs.items():
+        model = _model(arch)
+        _quantize(model, layers)
+        folder = tmp_path_factory.mktemp(name)
+        fp4_ops.save_quantized(model, folder, checkpoint, max_shard_size=shard)
+        out[name] = folder
+    return out
+
+
+def _json_edit(file: str, edit):
+    def mutate(folder: Path):
+        path = folder / file
+        data = json.loads(path.read_text())
+        edit(data)
+        path.write_text(json.dumps(data))
+
+    return mutate
+
+
+def _qc(edit):
+    return _json_edit("config.json", lambda c: edit(c["quantization_config"]))
+
+
+def _group(edit, part=None):
+    def on_group(qc):
+        group = qc["config_groups"]["group_0"]
+        edit(group[part] if part else group)
+
+    return _qc(on_group)
+
+
+def _mo(edit):
+    return _json_edit("hf_quant_config.json", lambda c: edit(c["quantization"]))
+
+
+def _tensors(edit):
+    def mutate(folder: Path):
+        path = folder / "model.safetensors"
+        tensors = safetensors_torch.load_file(path)
+        edit(tensors)
+        safetensors_torch.save_file(tensors, path, metadata={"format": "pt"})
+
+    return mutate
+
+
+DOWN = "model.layers.0.mlp.down_proj"
+Q = "model.layers.0.self_attn.q_proj"
+
+
+def _set(key, value):
+    return lambda t: t.__setitem__(key, value(t))
+
+
+def _nan_scale(t):
+    s = t[f"{DOWN}.weight_scale"].view(torch.uint8).clone()
+    s[0, 0] = 0x7F
+    t[f"{DOWN}.weight_scale"] = s.view(torch.float8_e4m3fn)
+
+
+def _unlisted(index):
+    del index["weight_map"]["model.norm.weight"]
+
+
+def _misplaced(index):
+    shards = sorted(set(index["weight_map"].values()))
+    index["weight_map"]["model.norm.weight"] = next(
+        s for s in shards if s != index["weight_map"]["model.norm.weight"]
+    )
+
+
+def _twice(folder: Path):
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    home = index["model.norm.weight"]
+    other = folder / next(s for s in sorted(set(index.values())) if s != home)
+    tensors = safetensors_torch.load_file(other)
+    tensors["model.norm.weight"] = safetensors_torch.load_file(folder / home)["model.norm.weight"]
+    safetensors_torch.save_file(tensors, other, metadata={"format": "pt"})
+
+
+def _second_file(folder: Path):
+    safetensors_torch.save_file({"x": torch.zeros(1)}, folder / "model.safetensors")
+
+
+REFUSALS = {
+    # the config: format and scheme
+    "not-quantized": (
+        "ct",
+        _json_edit("config.json", lambda c: c.pop("quantization_config")),
+        "not a quantized checkpoint",
+    ),
+    "quant-method": ("ct", _qc(lambda q: q.update(quant_method="awq")), "quant_method 'awq'"),
+    "format": (
+        "ct",
+        _group(lambda g: g.update(format="float-quantized")),
+        "format 'float-quantized'",
+    ),
+    "status": (
+        "ct",
+        _qc(lambda q: q.update(quantization_status="frozen")),
+        "quantization_status 'frozen'",
+    ),
+    "kv-cache": ("ct", _qc(lambda q: q.update(kv_cache_scheme={"num_bits": 8})), "kv_cache_scheme"),
+    "transform": (
+        "ct",
+        _qc(lambda q: q.update(transform_config={"hadamard": {}})),
+        "transform_config",
+    ),
+    "sparsity": ("ct", _qc(lambda q: q.update(sparsity_config={"format": "x"})), "sparsity_config"),
+    "group-size-16": (
+        "ct",
+        _group(lambda a: a.update(group_size=32), "weights"),
+        "group_size 32: nvfp4-pack-quantized uses 16",
+    ),
+    "group-size-32": (
+        "ct_mx",
+        _group(lambda a: a.update(group_size=16), "weights"),
+        "group_size 16: mxfp4-pack-quantized uses 32",
+    ),
+    "asymmetric": ("ct", _group(lambda a: a.update(symmetric=False), "weights"), "asymmetric"),
+    "num-bits": ("ct", _group(lambda a: a.update(num_bits=8), "weights"), "num_bits 4"),
+    "strategy": ("ct", _group(lambda a: a.update(strategy="group"), "weights"), "strategy 'group'"),
+    "dynamic-weights": (
+        "ct",
+        _group(lambda a: a.update(dynamic=True), "weights"),
+        "weights need static scales",
+    ),
+    "nvfp4-dynamic-inputs": (
+        "ct",
+        _group(lambda a: a.update(dynamic=True), "input_activations"),
+        "no global scale",
+    ),
+    "nvfp4-static-group-inputs": (
+        "ct",
+        _group(lambda a: a.update(dynamic=False), "input_activations"),
+        "static group scales",
+    ),
+    "mxfp4-static-group-inputs": (
+        "ct_mx",
+        _group(lambda a: a.update(dynamic=False), "input_activations"),
+        "per-call",
+    ),
+    "output-activations": (
+        "ct",
+        _group(lambda g: g.update(output_activations={"num_bits": 4})),
+        "output quantization",
+    ),
+    "dtype": (
+        "ct",
+        _json_edit("config.json", lambda c: c.update(dtype="float8_e4m3fn")),
+        "dtype 'float8_e4m3fn'",
+    ),
+    "modelopt-algo": (
+        "mo",
+        _mo(lambda q: q.update(quant_algo="NVFP4_AWQ")),
+        "quant_algo 'NVFP4_AWQ'",
+    ),
+    "modelopt-fp8": ("mo", _mo(lambda q: q.update(quant_algo="FP8")), "quant_algo 'FP8'"),
+    "modelopt-group-size": ("mo", _mo(lambda q: q.update(group_size=32)), "group_size 32"),
+    "modelopt-kv-cache": ("mo", _mo(lambda q: q.update(kv_cache_quant_algo="FP8")), "kv-cache"),
+    "block-structure": (
+        "ct",
+        _group(lambda a: a.update(block_structure=[16, 16]), "weights"),
+        "block_structure",
+    ),
+    "scale-dtype-arg": (
+        "ct",
+        _group(lambda a: a.update(scale_dtype="torch.uint8"), "weights"),
+        "scale_dtype 'torch.uint8'",
+    ),
+    "no-targets": ("ct", _group(lambda g: g.update(targets=[])), "no targets"),
+    "ignore-not-list": ("ct", _qc(lambda q: q.update(ignore="lm_head")), "expected a list"),
+    # which layers
+    "embedding-target": (
+        "ct",
+        _group(lambda g: g["targets"].append("Embedding")),
+        "model.embed_tokens: .*nn.Linear modules only",
+    ),
+    "ignore-dropped": (
+        "ct",
+        _qc(lambda q: q.update(ignore=[])),
+        "lm_head.weight_packed: missing.*holds lm_head.weight",
+    ),
+    "exclude-dropped": (
+        "mo",
+        _mo(lambda q: q.update(exclude_modules=[])),
+        r"lm_head.weight: expected packed nvfp4 codes.*got bfloat16 \[256, 64\]",
+    ),
+    "tied-quantized-lm-head": (
+        "ct_lm_head",
+        _json_edit("config.json", lambda c: c.update(tie_word_embeddings=True)),
+        "lm_head: .*ties it",
+    ),
+    "config-not-json": (
+        "mo",
+        lambda f: (f / "hf_quant_config.json").write_text("{"),
+        "hf_quant_config.json: not valid JSON",
+    ),
+    "no-quantization-object": (
+        "mo",
+        _json_edit("hf_quant_config.json", lambda c: c.pop("quantization")),
+        "no 'quantization' object",
+    ),
+    # tensors
+    "missing-scale": (
+        "ct",
+        _tensors(lambda t: t.pop(f"{DOWN}.weight_scale")),
+        f"{DOWN}.weight_scale: missing",
+    ),
+    "missing-input-scale": (
+        "mo",
+        _tensors(lambda t: t.pop(f"{DOWN}.input_scale")),
+        f"{DOWN}.input_scale: missing",
+    ),
+    "missing-norm": (
+        "ct",
+        _tensors(lambda t: t.pop("model.norm.weight")),
+        "model.norm.weight: missing",
+    ),
+    "packed-shape": (
+        "ct",
+        _tensors(
+            _set(f"{DOWN}.weight_packed", lambda t: t[f"{DOWN}.weight_packed"].reshape(128, 32))
+        ),
+        rf"{DOWN}.weight_packed: expected .*uint8 \[64, 64\], got uint8 \[128, 32\]",
+    ),
+    "scale-shape": (
+        "mo",
+        _tensors(
+            _set(f"{DOWN}.weight_scale", lambda t: t[f"{DOWN}.weight_scale"][:, :4].contiguous())
+        ),
+        rf"{DOWN}.weight_scale: expected .*\[64, 8\]",
+    ),
+    "global-shape": (
+        "mo",
+        _tensors(_set(f"{DOWN}.weight_scale_2", lambda t: torch.ones(2))),
+        rf"{DOWN}.weight_scale_2: expected .* or \[1\], got float32 \[2\]",
+    ),
+    "bias-shape": (
+        "ct",
+        _tensors(_set(f"{Q}.bias", lambda t: t[f"{Q}.bias"][:-1])),
+        rf"{Q}.bias: expected the bias",
+    ),
+    "packed-dtype": (
+        "ct",
+        _tensors(
+            _set(f"{DOWN}.weight_packed", lambda t: t[f"{DOWN}.weight_packed"].view(torch.int8))
+        ),
+        "expected .*uint8 .*got int8",
+    ),
+    "scale-dtype": (
+        "ct",
+        _tensors(_set(f"{DOWN}.weight_scale", lambda t: t[f"{DOWN}.weight_scale"].bfloat16())),
+        "weight_scale: expected .*float8_e4m3fn .*got bfloat16",
+    ),
+    "mx-scale-dtype": (
+        "ct_mx",
+        _tensors(
+            _set(f"{DOWN}.weight_scale", lambda t: t[f"{DOWN}.weight_scale"].view(torch.int8))
+        ),
+        "expected .*uint8 or float8_e8m0fnu .*got int8",
+    ),
+    "global-dtype": (
+        "ct",
+        _tensors(
+            _set(
+                f"{DOWN}.weight_global_scale", lambda t: t[f"{DOWN}.weight_global_scale"].bfloat16()
+            )
+        ),
+        "weight_global_scale: expected a float32",
+    ),
+    "norm-dtype": (
+        "ct",
+        _tensors(_set("model.norm.weight", lambda t: t["model.norm.weight"].to(torch.uint8))),
+        "model.norm.weight: expected .*floating point",
+    ),
+    "leftover-in-layer": (
+        "ct",
+        _tensors(_set(f"{DOWN}.weight_zero_point", lambda t: torch.zeros(64, 8))),
+        f"{DOWN}.weight_zero_point: unexpected for {DOWN}",
+    ),
+    "awq-pre-quant-scale": (
+        "mo",
+        _tensors(_set(f"{DOWN}.pre_quant_scale", lambda t: torch.ones(128))),
+        "pre_quant_scale: unexpected",
+    ),
+    "leftover": (
+        "ct",
+        _tensors(_set("foo.bar", lambda t: torch.ones(1))),
+        "unexpected tensors .*foo.bar",
+    ),
+    "mx-global-scale": (
+        "ct_mx",
+        _tensors(_set(f"{DOWN}.weight_global_scale", lambda t: torch.ones(1))),
+        "weight_global_scale: unexpected",
+    ),
+    # values
+    "zero-global": (
+        "ct",
+        _tensors(_set(f"{DOWN}.weight_global_scale", lambda t: torch.zeros(1))),
+        "weight_global_scale must be finite and positive",
+    ),
+    "negative-input": (
+        "mo",
+        _tensors(_set(f"{DOWN}.input_scale", lambda t: -t[f"{DOWN}.input_scale"])),
+        "input_scale must be finite and positive",
+    ),
+    "subnormal-reciprocal": (
+        "ct",
+        _tensors(_set(f"{DOWN}.input_global_scale", lambda t: torch.full((1,), 1e-45))),
+        "1 / .*input_global_scale must be finite",
+    ),
+    "nan-scale": ("mo", _tensors(_nan_scale), f"{DOWN}.weight_scale: .*NaN"),
+    # files
+    "two-weight-files": ("sharded", _second_file, "both model.safetensors and"),
+    "unlisted-tensor": (
+        "sharded",
+        _json_edit("model.safetensors.index.json", _unlisted),
+        "not in model.safetensors.index.json: model.norm.weight",
+    ),
+    "tensor-in-two-shards": ("sharded", _twice, "model.norm.weight: in both"),
+    "misplaced-tensor": (
+        "sharded",
+        _json_edit("model.safetensors.index.json", _misplaced),
+        "puts model.norm.weight in",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_refusals(name, bases, tmp_path):
+    base, mutate, match = REFUSALS[name]
+    folder = tmp_path / "ckpt"
+    shutil.copytree(bases[base], folder)
+    fp4_ops.load_quantized(folder)  # (loads before it is broken)
+    mutate(folder)
+    with pytest.raises(ValueError, match=match):
+        fp4_ops.load_quantized(folder)
+
+
+@pytest.mark.parametrize(
+    "base, missing",
+    [
+        ("ct", "config.json"),
+        ("ct", "model.safetensors"),
+        ("sharded", "model-00002-of-00003.safetensors"),
+    ],
+)
+def test_missing_files(base, missing, bases, tmp_path):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(bases[base], folder)
+    (folder / missing).unlink()
+    with pytest.raises(FileNotFoundError, match=missing.split(".")[0]):
+        fp4_ops.load_quantized(folder)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(activations="static"), ValueError, "static scales come from the checkpoint"),
+        (dict(activations=1), TypeError, "activations must be"),
+        (dict(device="meta"), ValueError, "meta"),
+        (dict(path=1), TypeError, "path must be"),
+    ],
+)
+def test_load_arguments(kwargs, error, match, bases):
+    kwargs = {"path": bases["ct"], **kwargs}
+    with pytest.raises(error, match=match):
+        fp4_ops.load_quantized(**kwargs)
+
+
+def test_without_safetensors(bases, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    with pytest.raises(ImportError, match=r"pip install 'fp4-ops\[hf\]'"):
+        fp4_ops.load_quantized(bases["ct"])
+    model = _model("llama")
+    fp4_ops.quantize_model(model, [LAYERS], activations="bf16")
+    with pytest.raises(ImportError, match="transformers and safetensors"):
+        fp4_ops.save_quantized(model, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "layers, kwargs, match",
+    [
+        ({LAYERS: ("mxfp4", "dynamic")}, dict(format="modelopt"), "NVFP4 only"),
+        ({LAYERS: ("mxfp4", "bf16")}, dict(format="modelopt"), "NVFP4 only"),
+        (
+            {"*.self_attn.*": ("nvfp4", "static"), "*.mlp.*": ("nvfp4", "bf16")},
+            dict(format="modelopt"),
+            "one mode",
+        ),
+        ({}, {}, "no FP4Linear"),
+        ({LAYERS: ("nvfp4", "bf16")}, dict(format="gguf"), "format must be one of"),
+        ({LAYERS: ("nvfp4", "bf16")}, dict(activations="dynamic"), "activations must be"),
+        ({LAYERS: ("nvfp4", "bf16")}, dict(max_shard_size=0), "max_shard_size"),
+    ],
+    ids=[
+        "modelopt-mxfp4",
+        "modelopt-mxfp4-w4a16",
+        "modelopt-mixed",
+        "nothing",
+        "format",
+        "activations",
+        "shard",
+    ],
+)
+def test_save_refusals(layers, kwargs, match, tmp_path):
+    model = _model("llama")
+    _quantize(model, layers)
+    with pytest.raises(ValueError, match=match):
+        fp4_ops.save_quantized(model, tmp_path / "out", **kwargs)
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+class _Extra(nn.Module):
+    def get_extra_state(self):
+        return {"not": "a tensor"}
+
+    def set_extra_state(self, state):
+        pass
+
+
+def _with_extra_state(model):
+    model.model.extra = _Extra()
+    return model
+
+
+@pytest.mark.parametrize(
+    "wrap, match",
+    [
+        (_with_extra_state, "model.extra._extra_state: not a tensor"),
+        (lambda model: nn.Sequential(*_fp4(model).values()), "no transformers config"),
+    ],
+    ids=["extra-state", "no-config"],
+)
+def test_save_refusals_of_the_model(wrap, match, tmp_path):
+    model = _model("llama")
+    _quantize(model, {LAYERS: ("nvfp4", "bf16")})
+    with pytest.raises(ValueError, match=match):
+        fp4_ops.save_quantized(wrap(model), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_save_over_previous_checkpoint(tmp_path):
+    """Weight files and hf_quant_config.json of an earlier save into the folder go; other files
+    stay."""
+    model = _model("llama")
+    _quantize(model, {LAYERS: ("nvfp4", "static")})
+    fp4_ops.save_quantized(model, tmp_path, "modelopt", max_shard_size=30_000)
+    (tmp_path / "notes.txt").write_text("mine")
+    fp4_ops.save_quantized(model, tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["config.json", "generation_config.json", "model.safetensors", "notes.txt"]
+    ids = _ids(1)
+    loaded = fp4_ops.load_quantized(tmp_path)
+    fp4_ops.save_quantized(model, tmp_path, "modelopt", max_shard_size=30_000)
+    assert not (tmp_path / "model.safetensors").exists()
+    assert torch.equal(_logits(fp4_ops.load_quantized(tmp_path), ids), _logits(loaded, ids))
+
+
+@pytest.mark.parametrize(
+    "how, want",
+    [
+        ("config-float16", torch.float16),
+        ("config-none", torch.bfloat16),
+        ("model-half", torch.float16),
+    ],
+)
+def test_dtype(how, want, tmp_path):
+    """The 16-bit tensors load in config.json's dtype (bfloat16 where it names none), which
+    save_quantized writes as the model's."""
+    model = _model("qwen2")
+    _quantize(model, {LAYERS: ("nvfp4", "bf16")})
+    if how == "model-half":
+        model.half()
+    fp4_ops.save_quantized(model, tmp_path, "modelopt")
+    if how.startswith("config"):
+        dtype = "float16" if how == "config-float16" else None
+        _json_edit("config.json", lambda c: c.update(dtype=dtype))(tmp_path)
+    loaded = fp4_ops.load_quantized(tmp_path)
+    floats = {t.dtype for t in loaded.parameters()}
+    assert floats == {want}, floats
+    ids = _ids(1)
+    assert _rel(_logits(loaded, ids), _logits(model, ids)) < 0.05
+
+
+def _scalars_as(shape):
+    def edit(t):
+        for key in t:
+            if key.endswith(("global_scale", "scale_2", "input_scale")):
+                t[key] = t[key].reshape(shape)
+
+    return edit
+
+
+def _modelopt_in_config(nested: bool):
+    def mutate(folder: Path):
+        q = json.loads((folder / "hf_quant_config.json").read_text())["quantization"]
+        (folder / "hf_quant_config.json").unlink()
+        if nested:
+            qc = {"quant_method": "modelopt", "quantization": q}
+        else:  # (newer ModelOpt exports: the compressed-tensors-like keys)
+            qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": q["exclude_modules"]}
+        _json_edit("config.json", lambda c: c.update(quantization_config=qc))(folder)
+
+    return mutate
+
+
+def _e8m0_scales(t):
+    for key in t:
+        if key.endswith("weight_scale"):
+            t[key] = t[key].view(torch.float8_e8m0fnu)
+
+
+VARIANTS = {
+    "ct-0d-scalars": ("ct", _tensors(_scalars_as(()))),
+    "modelopt-1-element-scalars": ("mo", _tensors(_scalars_as((1,)))),
+    "mxfp4-e8m0-dtype-scales": ("ct_mx", _tensors(_e8m0_scales)),
+    "modelopt-in-config-json": ("mo", _modelopt_in_config(nested=True)),
+    "modelopt-in-config-json-flat": ("mo", _modelopt_in_config(nested=False)),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_accepted_variants(name, bases, tmp_path):
+    """Other spellings of the same checkpoint load to the same model."""
+    base, mutate = VARIANTS[name]
+    folder = tmp_path / "ckpt"
+    shutil.copytree(bases[base], folder)
+    mutate(folder)
+    ids = _ids(1)
+    want = _logits(fp4_ops.load_quantized(bases[base]), ids)
+    assert torch.equal(_logits(fp4_ops.load_quantized(folder), ids), want)
+
+
+def test_compressed_tensors_in_features_not_a_multiple_of_32(tmp_path):
+    config = _config("llama")
+    config.hidden_size, config.head_dim = 48, 12
+    torch.manual_seed(0)
+    bf16 = transformers.AutoModelForCausalLM.from_config(config).eval()
+    _ct_write(tmp_path, bf16, "NVFP4A16")
+    with pytest.raises(ValueError, match="in_features = 48 is not a multiple of 32"):
+        fp4_ops.load_quantized(tmp_path)
