@@ -60,6 +60,19 @@ def check_global_scale_value(t: torch.Tensor, name: str) -> None:
         torch._assert_async(ok, f"{name} must be finite and positive")
 
 
+def check_packed_data(data: torch.Tensor, name: str, vec: int, format: str) -> int:
+    """K of packed FP4 data [rows, K/2] or [L, rows, K/2]; ValueError naming ``name`` for another
+    dtype or rank, or a K that is not a positive multiple of the format's block ``vec``."""
+    if data.dtype not in PACKED_DTYPES:
+        raise ValueError(f"{name} must be uint8 or float4_e2m1fn_x2, got {data.dtype}")
+    if data.ndim not in (2, 3):
+        raise ValueError(f"{name} must be [rows, K/2] or [L, rows, K/2], got {tuple(data.shape)}")
+    k = 2 * data.shape[-1]
+    if k == 0 or k % vec:
+        raise ValueError(f"{name}: K = {k} is not a positive multiple of the {format} block {vec}")
+    return k
+
+
 def global_scale_tensor(value, like: torch.Tensor, name: str = "global_scale") -> torch.Tensor:
     """A global scale (a number or a one-element floating-point tensor) as a new 0-d float32
     tensor on ``like``'s device, checked by ``check_global_scale_value`` (on the host where the
@@ -142,15 +155,7 @@ class FP4Tensor:
         d, s, g = self.data, self.scale, self.global_scale
         for name, t in (("data", d), ("scale", s), ("global_scale", g)):
             check_type(t, torch.Tensor, f"FP4Tensor.{name}", "a torch.Tensor")
-        if d.dtype not in PACKED_DTYPES:
-            raise ValueError(f"FP4Tensor.data must be uint8 or float4_e2m1fn_x2, got {d.dtype}")
-        if d.ndim not in (2, 3):
-            raise ValueError(
-                f"FP4Tensor.data must be [rows, K/2] or [L, rows, K/2], got {tuple(d.shape)}"
-            )
-        k = 2 * d.shape[-1]
-        if k == 0 or k % vec:
-            raise ValueError(f"K = {k} is not a positive multiple of the {self.format} block {vec}")
+        k = check_packed_data(d, "FP4Tensor.data", vec, self.format)
         want = SCALE_DTYPES[vec]
         if s.dtype != want:
             raise ValueError(f"{self.format} needs {want} scales, got {s.dtype}")
@@ -356,15 +361,7 @@ def _from_plain(data, scales, global_scale, format, names) -> FP4Tensor:
     vec = check_format(format, format_name)
     check_type(data, torch.Tensor, data_name, "a torch.Tensor of packed FP4 bytes")
     check_type(scales, torch.Tensor, scales_name, "a torch.Tensor of block scales")
-    if data.dtype not in PACKED_DTYPES:
-        raise ValueError(f"{data_name} must be uint8 or float4_e2m1fn_x2, got {data.dtype}")
-    if data.ndim not in (2, 3):
-        raise ValueError(
-            f"{data_name} must be [rows, K/2] or [L, rows, K/2], got {tuple(data.shape)}"
-        )
-    k = 2 * data.shape[-1]
-    if k == 0 or k % vec:
-        raise ValueError(f"{data_name}: K = {k} is not a positive multiple of {format}'s {vec}")
+    k = check_packed_data(data, data_name, vec, format)
     expect = (*data.shape[:-1], k // vec)
     if tuple(scales.shape) != expect:
         raise ValueError(
