@@ -149,9 +149,15 @@ class _CompiledMatrix(dict):
         return self[key]
 
 
+# One matrix per process: test_blackwell_facts.py runs the same compiles' PTX.
+_MATRIX: list[_CompiledMatrix] = []
+
+
 @pytest.fixture(scope="module")
 def compiled_matrix(tmp_path_factory):
-    return _CompiledMatrix(tmp_path_factory)
+    if not _MATRIX:
+        _MATRIX.append(_CompiledMatrix(tmp_path_factory))
+    return _MATRIX[0]
 
 
 @pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
