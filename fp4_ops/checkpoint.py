@@ -70,7 +70,7 @@ _SAFETENSORS_DTYPES = {
     "F8_E8M0": torch.float8_e8m0fnu,
 }
 _SCALAR_SHAPES = ((), (1,))
-_LOAD_ACTIVATIONS = (None, "bf16", "dynamic")
+_LOAD_ACTIVATIONS = (None, "bf16", "dynamic", "fp4")
 _MAX_LISTED = 8
 _MODEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -572,7 +572,8 @@ def load_quantized(
     (FP4Linear ``"static"``) where it stores input scales (NVFP4), W4A4 with per-call scales
     (``"dynamic"``) for MXFP4 W4A4, W4A16 (``"bf16"``) for weight-only checkpoints. ``"bf16"``
     forces W4A16 and ``"dynamic"`` W4A4 with per-call scales (stored input scales are checked,
-    then unused).
+    then unused); ``"fp4"`` W4A4 for every layer: static where the checkpoint stores input
+    scales, per-call scales where it is weight-only.
 
     ValueError naming the config entry or tensor and what was expected, for: an unsupported
     format or scheme (another group size, asymmetric, dynamic weights, NVFP4 activations without
@@ -587,7 +588,7 @@ def load_quantized(
     if activations not in _LOAD_ACTIVATIONS:
         check_type(activations, str, "activations", f"None or one of {_LOAD_ACTIVATIONS[1:]}")
         raise ValueError(
-            f"activations must be None (the checkpoint's mode), 'bf16' or 'dynamic', got "
+            f"activations must be None (the checkpoint's mode), 'bf16', 'dynamic' or 'fp4', got "
             f"{activations!r} (static scales come from the checkpoint)"
         )
     device = _parse_device(device)
@@ -671,6 +672,8 @@ def load_quantized(
 
     # load
     mode = {"static": "static", "dynamic": "dynamic", "none": "bf16"}
+    if activations == "fp4":  # (W4A4: the stored input scales where there are, else per call)
+        mode, activations = {**mode, "none": "dynamic"}, None
     with torch.no_grad(), ck.reader(device) as read:
         for layer in layers:
             tensors = {key: read(key) for key in layer.keys.values()}

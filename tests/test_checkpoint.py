@@ -946,6 +946,25 @@ def test_load_arguments(kwargs, error, match, bases):
         fp4_ops.load_quantized(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "base, activations, want",
+    [
+        ("ct", "fp4", {"static"}),  # (the stored input scales)
+        ("ct_lm_head", "fp4", {"dynamic"}),  # (weight-only: per-call scales)
+        ("ct_mx", "fp4", {"dynamic"}),
+        ("mo", "fp4", {"static"}),
+        ("sharded", "fp4", {"dynamic"}),
+        ("ct", "dynamic", {"dynamic"}),
+        ("ct", "bf16", {"bf16"}),
+        ("ct_mx", None, {"dynamic"}),
+        ("sharded", None, {"bf16"}),
+    ],
+)
+def test_activation_modes(base, activations, want, bases):
+    loaded = fp4_ops.load_quantized(bases[base], activations=activations)
+    assert {m.activations for m in _fp4(loaded).values()} == want
+
+
 def test_without_safetensors(bases, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "safetensors", None)
     with pytest.raises(ImportError, match=r"pip install 'fp4-ops\[hf\]'"):

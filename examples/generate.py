@@ -1,0 +1,254 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Greedy generation from an FP4 checkpoint folder, with decode tokens per second:
+
+    python examples/generate.py --model DIR                      # the checkpoint's own mode
+    python examples/generate.py --model DIR --activations bf16   # W4A16 (Hopper, CPU)
+    python examples/generate.py --model DIR --batch 16 --max_new_tokens 128 --baseline
+    python examples/generate.py --model DIR --baseline --baseline_model BF16_DIR
+
+The folder is a compressed-tensors or ModelOpt NVFP4 / MXFP4 checkpoint (``fp4_ops.load_quantized``
+loads it); its tokenizer files, or ``--tokenizer DIR``'s, encode the prompts. ``--activations``:
+``fp4`` is W4A4 in every layer (the checkpoint's static input scales where it has them, per-call
+scales where it is weight-only), ``bf16`` W4A16; left out, the checkpoint's own mode. The batch
+repeats the ``--prompt`` values (left-padded to one length).
+
+Timing: one untimed warm-up ``generate`` of the same shapes (kernel compilation, allocations),
+then a timed one. A streamer notes the wall time at which ``generate`` hands it the prompt and
+then each step's new tokens (it copies them to the host first, so that step has finished on
+the device): prefill is the time from the prompt to the first new token, decode the time from
+the first new token to the last, and decode tokens per second = batch x (steps - 1) / that
+time. Steps that follow an end-of-sequence token in every row are not run (generate stops), and
+the count says so. ``--compile`` (CUDA only) decodes with a static cache under
+``torch.compile(mode="reduce-overhead")`` (CUDA graphs), as transformers' generate offers it;
+otherwise a dynamic cache, eager.
+
+``--baseline`` then runs the same prompts with a BF16 model: ``--baseline_model DIR``'s weights
+(``from_pretrained``, e.g. the checkpoint's unquantized source), or, without it, the FP4 model
+dequantized to BF16 (the same numbers without FP4 arithmetic; the FP4 model is converted in
+place, so memory holds the BF16 model once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import fp4_ops
+
+ACTIVATIONS = {"fp4": "fp4", "bf16": "bf16"}
+DEFAULT_PROMPT = "The quickest way to learn a new language is"
+#: rows of text printed (all rows are timed)
+SHOWN_ROWS = 4
+
+
+class StepClock:
+    """A generate streamer that notes the wall time of each hand-over (prompt, then tokens)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="FP4 checkpoint folder")
+    p.add_argument(
+        "--activations",
+        choices=sorted(ACTIVATIONS),
+        help="fp4: W4A4, bf16: W4A16 (default: as stored)",
+    )
+    p.add_argument("--batch", type=int, default=1, help="sequences generated together")
+    p.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate (>= 2)")
+    p.add_argument("--prompt", action="append", help="a prompt (repeat the flag for several)")
+    p.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when there is one)")
+    p.add_argument("--compile", action="store_true", help="static cache + CUDA graphs (CUDA)")
+    p.add_argument("--baseline", action="store_true", help="also time a BF16 model")
+    p.add_argument("--baseline_model", help="BF16 model folder for --baseline")
+    args = p.parse_args(argv)
+    if args.batch < 1:
+        p.error(f"--batch must be at least 1, got {args.batch}")
+    if args.max_new_tokens < 2:
+        p.error(
+            f"--max_new_tokens must be at least 2 (decode is timed after the first token), "
+            f"got {args.max_new_tokens}"
+        )
+    if args.baseline_model is not None and not args.baseline:
+        p.error("--baseline_model is the model of --baseline: give --baseline too")
+    for flag in ("model", "tokenizer", "baseline_model"):
+        folder = getattr(args, flag)
+        if folder is not None and not (Path(folder) / "config.json").is_file():
+            p.error(f"--{flag} {folder}: not a model folder (no config.json)")
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device {args.device!r}: not a device (cuda, cuda:1, cpu)")
+    if device.type not in ("cuda", "cpu"):
+        p.error(f"--device {args.device!r}: cuda or cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: torch sees no CUDA GPU")
+    if args.compile and device.type != "cuda":
+        p.error("--compile captures CUDA graphs: it needs --device cuda")
+    args.prompt = args.prompt or [DEFAULT_PROMPT]
+    return args
+
+
+def load_tokenizer(folder: str):
+    """The tokenizer of ``folder``, set up to left-pad a batch; ValueError when there is none."""
+    import transformers
+
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, TypeError) as err:
+        raise ValueError(
+            f"{folder}: no tokenizer that loads ({err}); pass --tokenizer DIR"
+        ) from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return tokenizer
+
+
+def encode(tokenizer, prompts: list[str], batch: int, device) -> dict:
+    """The batch: ``prompts`` repeated to ``batch`` rows, left-padded."""
+    rows = [prompts[i % len(prompts)] for i in range(batch)]
+    lengths = {len(tokenizer(r)["input_ids"]) for r in rows}
+    if len(lengths) > 1 and tokenizer.pad_token is None:
+        raise ValueError(
+            "prompts of different lengths need padding: the tokenizer has no pad token"
+        )
+    if min(lengths) == 0:
+        raise ValueError("a prompt encodes to no tokens")
+    encoded = tokenizer(rows, return_tensors="pt", padding=len(lengths) > 1)
+    return {k: v.to(device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
+
+
+def generate_timed(model, inputs: dict, max_new_tokens: int, compile: bool) -> dict:
+    """One warm-up and one timed greedy ``generate``: the tokens and the timings."""
+    import transformers
+
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
+    if compile:
+        kwargs["cache_implementation"] = "static"
+        kwargs["compile_config"] = transformers.CompileConfig(
+            fullgraph=True, mode="reduce-overhead"
+        )
+    else:
+        kwargs["disable_compile"] = True
+    pad = getattr(model.generation_config, "pad_token_id", None)
+    if pad is None:  # (else generate warns and takes the end-of-sequence token itself)
+        kwargs["pad_token_id"] = model.generation_config.eos_token_id
+    with torch.inference_mode():
+        model.generate(**inputs, **kwargs)  # (warm-up)
+        clock = StepClock()
+        out = model.generate(**inputs, streamer=clock, **kwargs)
+    steps = len(clock.times) - 1
+    prompt = inputs["input_ids"].shape[1]
+    decode_s = clock.times[-1] - clock.times[1] if steps > 1 else float("nan")
+    batch = out.shape[0]
+    return {
+        "tokens": out[:, prompt:].cpu(),
+        "steps": steps,
+        "prefill_s": clock.times[1] - clock.times[0],
+        "decode_s": decode_s,
+        "decode_tok_s": batch * (steps - 1) / decode_s if steps > 1 else float("nan"),
+    }
+
+
+def dequantize_in_place(model: nn.Module) -> int:
+    """Every FP4Linear of ``model`` replaced by an nn.Linear of its dequantized weight (in the
+    bias's dtype, else bfloat16); the number replaced."""
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, fp4_ops.FP4Linear)]
+    for name, layer in layers:
+        dtype = layer.bias.dtype if layer.bias is not None else torch.bfloat16
+        weight = layer.weight.dequantize(dtype)
+        # (made on the meta device: its own initial weight would be thrown away)
+        linear = nn.Linear(layer.in_features, layer.out_features, bias=False, device="meta")
+        linear.weight = nn.Parameter(weight, requires_grad=False)
+        if layer.bias is not None:
+            linear.bias = nn.Parameter(layer.bias.detach().to(dtype), requires_grad=False)
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, linear)
+    return len(layers)
+
+
+def report(label: str, tokenizer, result: dict, batch: int, max_new_tokens: int) -> None:
+    print(f"--- {label}")
+    for i, row in enumerate(result["tokens"][:SHOWN_ROWS]):
+        print(f"[{i}] {tokenizer.decode(row, skip_special_tokens=True)!r}")
+    if batch > SHOWN_ROWS:
+        print(f"({batch - SHOWN_ROWS} more rows not shown)")
+    steps = result["steps"]
+    stopped = "" if steps == max_new_tokens else f"; every row ended after {steps} steps"
+    print(f"prefill (prompt -> first token): {result['prefill_s'] * 1e3:.1f} ms{stopped}")
+    if steps > 1:
+        per_step = result["decode_s"] / (steps - 1) * 1e3
+        print(
+            f"decode: {steps - 1} steps x batch {batch} in {result['decode_s']:.3f} s = "
+            f"{result['decode_tok_s']:.1f} tokens/s ({per_step:.2f} ms/step)"
+        )
+    else:
+        print("decode: not measured (generation ended after the first token)")
+
+
+def _modes(model) -> str:
+    found = sorted({m.activations for m in model.modules() if isinstance(m, fp4_ops.FP4Linear)})
+    names = {"bf16": "W4A16", "static": "W4A4 static", "dynamic": "W4A4 dynamic"}
+    return ", ".join(names[m] for m in found) or "no FP4 layer"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    try:
+        tokenizer = load_tokenizer(args.tokenizer or args.model)
+        inputs = encode(tokenizer, args.prompt, args.batch, device)
+        model = fp4_ops.load_quantized(args.model, device, ACTIVATIONS.get(args.activations))
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    how = "static cache, CUDA graphs" if args.compile else "dynamic cache, eager"
+    print(f"{args.model} on {where}: {_modes(model)}; greedy, {how}")
+    fp4 = generate_timed(model, inputs, args.max_new_tokens, args.compile)
+    report(f"FP4 ({_modes(model)})", tokenizer, fp4, args.batch, args.max_new_tokens)
+    if not args.baseline:
+        return 0
+
+    if args.baseline_model is not None:
+        import transformers
+
+        del model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        source = transformers.AutoModelForCausalLM.from_pretrained(
+            args.baseline_model, dtype=torch.bfloat16
+        )
+        model, label = source.to(device).eval(), f"BF16 ({args.baseline_model})"
+    else:
+        count = dequantize_in_place(model)
+        label = f"BF16 (the FP4 model dequantized, {count} layers)"
+    base = generate_timed(model, inputs, args.max_new_tokens, args.compile)
+    report(label, tokenizer, base, args.batch, args.max_new_tokens)
+    print(f"FP4 / BF16 decode tokens per second: {fp4['decode_tok_s'] / base['decode_tok_s']:.2f}x")
+    if fp4["tokens"].shape == base["tokens"].shape:
+        same = (fp4["tokens"] == base["tokens"]).float().mean().item()
+        print(f"greedy tokens equal to BF16's at {same:.1%} of positions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

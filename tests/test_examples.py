@@ -1,0 +1,257 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""``examples/generate.py`` end to end on the CPU: tiny random Llama models quantized, saved by
+``fp4_ops.save_quantized`` in both formats with a word-level tokenizer, then loaded and run by
+the script (every activation mode, a batch, both baselines); bad arguments exit 2 with a
+sentence and no traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fp4_ops
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (pip install -e .[hf])"
+)
+tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed")
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "generate.py"
+VOCAB = 128
+PROMPT = "w3 w5 w7 w11"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("generate_example", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = _script()
+
+
+def _tokenizer():
+    vocab = {f"w{i}": i for i in range(VOCAB - 1)} | {"[UNK]": VOCAB - 1}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    backend.decoder = tokenizers.decoders.WordPiece()  # (joins the words with spaces)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", pad_token="[UNK]"
+    )
+
+
+def _bf16_model() -> nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        bos_token_id=None,
+        eos_token_id=VOCAB - 1,
+        pad_token_id=VOCAB - 1,
+        dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _checkpoint(folder: Path, fmt: str, stored: str) -> Path:
+    """A tiny checkpoint: ``stored`` "bf16" (weight-only) or "static" (W4A4, input scale 0.01)."""
+    model = _bf16_model()
+    if stored == "bf16":
+        fp4_ops.quantize_model(model, ["model.layers.*"], activations="bf16")
+    else:
+        for name, m in list(model.named_modules()):
+            if isinstance(m, nn.Linear) and name.startswith("model.layers."):
+                parent, _, attr = name.rpartition(".")
+                layer = fp4_ops.FP4Linear.from_linear(m, "nvfp4", "static", 0.01)
+                setattr(model.get_submodule(parent), attr, layer)
+    fp4_ops.save_quantized(model, folder, fmt, tokenizer=_tokenizer())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("generate")
+    made = {}
+    for fmt in ("compressed-tensors", "modelopt"):
+        for stored in ("bf16", "static"):
+            made[fmt, stored] = _checkpoint(root / f"{fmt}-{stored}", fmt, stored)
+    source = root / "bf16-source"
+    _bf16_model().save_pretrained(source)
+    _tokenizer().save_pretrained(source)
+    made["source"] = source
+    return made
+
+
+def _run(argv, capsys) -> tuple[int, str, str]:
+    code = generate.main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# ----------------------------------------------------------------------------- it generates
+
+
+@pytest.mark.parametrize(
+    "fmt, stored, flag, modes",
+    [
+        ("compressed-tensors", "bf16", None, "W4A16"),
+        ("compressed-tensors", "bf16", "fp4", "W4A4 dynamic"),
+        ("compressed-tensors", "static", None, "W4A4 static"),
+        ("compressed-tensors", "static", "bf16", "W4A16"),
+        ("modelopt", "bf16", "fp4", "W4A4 dynamic"),
+        ("modelopt", "static", "fp4", "W4A4 static"),
+    ],
+)
+def test_generates_and_times_decode(fmt, stored, flag, modes, checkpoints, capsys):
+    folder = checkpoints[fmt, stored]
+    argv = ["--model", str(folder), "--max_new_tokens", "5", "--batch", "3", "--prompt", PROMPT]
+    argv += ["--activations", flag] if flag else []
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    assert f"on CPU: {modes}; greedy, dynamic cache, eager" in out
+    assert f"--- FP4 ({modes})" in out
+    rows = re.findall(r"^\[(\d)\] '(.*)'$", out, re.MULTILINE)
+    assert [i for i, _ in rows] == ["0", "1", "2"]
+    # (the same prompt in every row: the same greedy words, from the tokenizer's vocabulary)
+    assert len({text for _, text in rows}) == 1
+    assert re.fullmatch(r"(w\d+ ?){5}", rows[0][1]), rows[0][1]
+    decode = re.search(r"decode: 4 steps x batch 3 in ([\d.]+) s = ([\d.]+) tokens/s", out)
+    assert decode and float(decode[2]) > 0, out
+    assert "prefill (prompt -> first token):" in out and "BF16" not in out
+
+
+def test_tokens_are_the_models_greedy_tokens(checkpoints, capsys):
+    folder = checkpoints["compressed-tensors", "static"]
+    code, out, _ = _run(["--model", str(folder), "--max_new_tokens", "6"], capsys)
+    assert code == 0
+    model = fp4_ops.load_quantized(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer(generate.DEFAULT_PROMPT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        for _ in range(6):
+            ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], 1)
+    words = tokenizer.decode(ids[0, -6:], skip_special_tokens=True)
+    assert f"[0] {words!r}" in out
+
+
+@pytest.mark.parametrize("source", [False, True], ids=["dequantized", "baseline_model"])
+def test_baseline(source, checkpoints, capsys):
+    argv = ["--model", str(checkpoints["modelopt", "bf16"]), "--max_new_tokens", "4", "--baseline"]
+    if source:
+        argv += ["--baseline_model", str(checkpoints["source"])]
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    label = f"BF16 ({checkpoints['source']})" if source else "BF16 (the FP4 model dequantized, 14"
+    assert f"--- {label}" in out
+    assert len(re.findall(r"decode: 3 steps x batch 1 in .* tokens/s", out)) == 2
+    assert re.search(r"FP4 / BF16 decode tokens per second: [\d.]+x", out)
+    assert re.search(r"greedy tokens equal to BF16's at [\d.]+% of positions", out)
+
+
+def test_dequantized_baseline_computes_the_fp4_weights(checkpoints):
+    model = fp4_ops.load_quantized(checkpoints["compressed-tensors", "bf16"])
+    weights = {
+        n: m.weight.dequantize(torch.bfloat16)
+        for n, m in model.named_modules()
+        if isinstance(m, fp4_ops.FP4Linear)
+    }
+    ids = torch.tensor([[3, 5, 7, 11]])
+    with torch.no_grad():
+        w4a16 = model(ids).logits
+    assert generate.dequantize_in_place(model) == len(weights) == 14
+    for name, weight in weights.items():
+        linear = model.get_submodule(name)
+        assert type(linear) is nn.Linear and torch.equal(linear.weight, weight)
+    with torch.no_grad():
+        bf16 = model(ids).logits
+    # (W4A16 on the CPU multiplies by the fp32 weights; these are them rounded to BF16, 2^-9)
+    assert float((bf16.float() - w4a16.float()).norm() / w4a16.float().norm()) < 0.02
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch", "0"], "--batch must be at least 1"),
+        (["--max_new_tokens", "1"], "--max_new_tokens must be at least 2"),
+        (["--activations", "fp8"], "invalid choice: 'fp8'"),
+        (["--baseline_model", "{source}"], "give --baseline too"),
+        (["--device", "meta"], "--device 'meta': cuda or cpu"),
+        (["--device", "nonsense"], "not a device"),
+        (["--compile"], "--compile captures CUDA graphs: it needs --device cuda"),
+        (["--tokenizer", "{missing}"], "not a model folder (no config.json)"),
+    ],
+)
+def test_bad_arguments_exit_2(argv, message, checkpoints, capsys, tmp_path):
+    if "--device" not in argv and "--compile" in argv and torch.cuda.is_available():
+        argv = [*argv, "--device", "cpu"]
+    fills = {"source": str(checkpoints["source"]), "missing": str(tmp_path / "nowhere")}
+    argv = ["--model", str(checkpoints["modelopt", "bf16"])] + [a.format(**fills) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        generate.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a CPU-only machine")
+def test_cuda_without_a_gpu_exits_2(checkpoints, capsys):
+    with pytest.raises(SystemExit) as exc:
+        generate.parse_args(["--model", str(checkpoints["modelopt", "bf16"]), "--device", "cuda"])
+    assert exc.value.code == 2
+    assert "torch sees no CUDA GPU" in capsys.readouterr().err
+
+
+def test_unusable_folders_exit_2(checkpoints, capsys, tmp_path):
+    # a 16-bit model is no FP4 checkpoint; a checkpoint without tokenizer files needs --tokenizer
+    code, _, err = _run(["--model", str(checkpoints["source"])], capsys)
+    assert code == 2 and err.startswith("error: not a quantized checkpoint"), err
+    bare = tmp_path / "bare"
+    model = _bf16_model()
+    fp4_ops.quantize_model(model, ["model.layers.*"], activations="bf16")
+    fp4_ops.save_quantized(model, bare)
+    code, _, err = _run(["--model", str(bare), "--device", "cpu"], capsys)
+    assert code == 2 and "no tokenizer that loads" in err and "--tokenizer DIR" in err, err
+    tokenizer = str(checkpoints["source"])
+    code, out, err = _run(
+        ["--model", str(bare), "--tokenizer", tokenizer, "--device", "cpu"], capsys
+    )
+    assert code == 0, err
+
+
+def test_command_line(checkpoints):
+    """As a user runs it: the file itself, from another folder; a bad argument: exit 2 and one
+    line, no traceback."""
+    folder = str(checkpoints["modelopt", "static"])
+    run = [
+        sys.executable,
+        str(SCRIPT),
+        "--model",
+        folder,
+        "--max_new_tokens",
+        "3",
+        "--device",
+        "cpu",
+    ]
+    done = subprocess.run(run, capture_output=True, text=True, cwd=checkpoints["source"].parent)
+    assert done.returncode == 0, done.stderr
+    assert "decode: 2 steps x batch 1" in done.stdout
+    done = subprocess.run([*run, "--batch", "-1"], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--batch must be at least 1, got -1" in done.stderr
