@@ -19,9 +19,13 @@ from fp4_ops.ops import (
     IN_DTYPES,
     check_quantize_input,
     check_w4a16_activations,
+    eager,
+    gemm_impl,
     gemm_op,
+    gemm_w4a16_impl,
     gemm_w4a16_op,
     quantize,
+    quantize_impl,
     quantize_op,
 )
 from fp4_ops.sm90 import k_order
@@ -131,6 +135,7 @@ class FP4Linear(nn.Module):
         self.register_buffer("input_global_scale", gs)
         self.bias = bias
         self._cpu_weight_cache = None
+        self._alpha_cache = None
 
     @property
     def weight(self) -> FP4Tensor:
@@ -185,7 +190,7 @@ class FP4Linear(nn.Module):
         # the device that fn gives them and keep their dtypes (fn casts every floating-point
         # tensor, float8 scales and the float32 global scales included)
         before = {n: self._buffers[n] for n in _FP4_BUFFERS if self._buffers.get(n) is not None}
-        self._cpu_weight_cache = None
+        self._cpu_weight_cache = self._alpha_cache = None
         super()._apply(fn, recurse)
         for name, old in before.items():
             new = self._buffers[name]
@@ -197,7 +202,7 @@ class FP4Linear(nn.Module):
         # (pickle, copy.deepcopy and torch.save of the module: the float8 scales as their bytes)
         state = super().__getstate__()
         state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}
-        state["_cpu_weight_cache"] = None
+        state["_cpu_weight_cache"] = state["_alpha_cache"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -348,6 +353,8 @@ class FP4Linear(nn.Module):
         # gradient asked for goes through the ops, which refuse it)
         on_cpu = rows.device.type == "cpu" and not torch.compiler.is_compiling()
         on_cpu = on_cpu and not (torch.is_grad_enabled() and x.requires_grad)
+        # (eager on CUDA: the ops' implementations without the dispatcher)
+        direct = eager(rows)
         if rows.shape[0] == 0:
             y = rows.new_empty((0, self.out_features))
         elif self.activations == "bf16" and on_cpu:
@@ -355,21 +362,35 @@ class FP4Linear(nn.Module):
                 rows, self._cpu_weight(), self.weight_global_scale, x.dtype
             )
         elif self.activations == "bf16":
-            w = self.weight_prepacked
-            y = gemm_w4a16_op(
-                rows, w, self.weight_scale, self.weight_global_scale, vec, x.dtype, True
-            )
+            run = gemm_w4a16_impl if direct else gemm_w4a16_op
+            w, scale = self.weight_prepacked, self.weight_scale
+            y = run(rows, w, scale, self.weight_global_scale, vec, x.dtype, True)
         else:
-            data, scale, gs = quantize_op(rows.contiguous(), vec, self.input_global_scale)
-            alpha = gs * self.weight_global_scale
+            rows = rows.contiguous()
+            run = quantize_impl if direct else quantize_op
+            data, scale, gs = run(rows, vec, self.input_global_scale)
+            alpha = self._static_alpha() if direct and self.activations == "static" else None
+            alpha = gs * self.weight_global_scale if alpha is None else alpha
             if on_cpu:
                 y = cpu.gemm_dequantized(data, scale, self._cpu_weight(), alpha, vec, x.dtype)
             else:
-                weight, scales = self.weight_data, self.weight_scale
-                y = gemm_op(data, scale, weight, scales, alpha, vec, x.dtype)
+                run = gemm_impl if direct else gemm_op
+                y = run(data, scale, self.weight_data, self.weight_scale, alpha, vec, x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _static_alpha(self) -> torch.Tensor | None:
+        """input_global_scale * weight_global_scale of an eager static layer, formed once and
+        again when either buffer is replaced or changed in place (their version counters say
+        so); None under CUDA-graph capture, which must not keep a tensor of its pool."""
+        parts = (self.input_global_scale, self.weight_global_scale)
+        key = tuple((t.data_ptr(), t._version) for t in parts)
+        if self._alpha_cache is None or self._alpha_cache[0] != key:
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            self._alpha_cache = (key, parts[0] * parts[1])
+        return self._alpha_cache[1]
 
     def _cpu_weight(self) -> torch.Tensor:
         """The weight dequantized (e2m1 x block scale, float32: exact) for the eager CPU path,

@@ -53,10 +53,9 @@ def _fake_quantized(x: torch.Tensor, sf_vec_size: int):
     return data, scale, x.new_empty((), dtype=torch.float32)
 
 
-@torch.library.custom_op("fp4_ops::quantize", mutates_args=())
-def quantize_op(
-    x: torch.Tensor, sf_vec_size: int, global_scale: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_impl(x: torch.Tensor, sf_vec_size: int, global_scale: torch.Tensor | None):
+    """The quantize op's CPU and CUDA implementation, for arguments ``check_quantize_input``
+    has passed: (packed data, blocked scales shaped by atoms, global scale)."""
     if x.device.type == "cuda":
         from fp4_ops import quantizer
 
@@ -69,6 +68,13 @@ def quantize_op(
         data, scale, gs = cpu.quantize_mxfp4(x)
     # (the backends write the blocked bytes flat; FP4Tensor.scale is shaped by its atoms)
     return data, scale.view(blocked_shape_of(data, sf_vec_size)), gs
+
+
+@torch.library.custom_op("fp4_ops::quantize", mutates_args=())
+def quantize_op(
+    x: torch.Tensor, sf_vec_size: int, global_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return quantize_impl(x, sf_vec_size, global_scale)
 
 
 @quantize_op.register_fake
@@ -119,7 +125,9 @@ def quantize(
         scale = x.new_empty(blocked_shape_of(data, vec), dtype=SCALE_DTYPES[vec])
         gs = torch.ones((), dtype=torch.float32, device=x.device) if gs is None else gs
         return FP4Tensor.unchecked(data, scale, gs, format)
-    data, scale, out_gs = quantize_op(x.contiguous(), vec, gs)
+    x = x.contiguous()
+    run = quantize_impl if eager(x, gs) else quantize_op
+    data, scale, out_gs = run(x, vec, gs)
     return FP4Tensor.unchecked(data, scale, out_gs, format)
 
 
@@ -131,16 +139,9 @@ def _flat(scale: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
     return scale.reshape(*data.shape[:-2], -1)
 
 
-@torch.library.custom_op("fp4_ops::gemm", mutates_args=())
-def gemm_op(
-    a_data: torch.Tensor,
-    a_scale: torch.Tensor,
-    b_data: torch.Tensor,
-    b_scale: torch.Tensor,
-    alpha: torch.Tensor,
-    sf_vec_size: int,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
+def gemm_impl(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size: int, out_dtype):
+    """The W4A4 GEMM op's CPU and CUDA implementation, for operands ``fp4_gemm`` (or
+    ``FP4Linear``) has checked."""
     m, n, k = a_data.shape[-2], b_data.shape[-2], 2 * a_data.shape[-1]
     if a_data.device.type == "cpu":
         a_scale, b_scale = _flat(a_scale, a_data), _flat(b_scale, b_data)
@@ -170,22 +171,28 @@ def gemm_op(
     return out if batched else out[0]
 
 
+@torch.library.custom_op("fp4_ops::gemm", mutates_args=())
+def gemm_op(
+    a_data: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    alpha: torch.Tensor,
+    sf_vec_size: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return gemm_impl(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype)
+
+
 @gemm_op.register_fake
 def _(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype):
     shape = (*a_data.shape[:-1], b_data.shape[-2])
     return a_data.new_empty(shape, dtype=out_dtype)
 
 
-@torch.library.custom_op("fp4_ops::gemm_w4a16", mutates_args=())
-def gemm_w4a16_op(
-    a: torch.Tensor,
-    b_data: torch.Tensor,
-    b_scale: torch.Tensor,
-    alpha: torch.Tensor,
-    sf_vec_size: int,
-    out_dtype: torch.dtype,
-    b_prepacked: bool,
-) -> torch.Tensor:
+def gemm_w4a16_impl(a, b_data, b_scale, alpha, sf_vec_size: int, out_dtype, b_prepacked: bool):
+    """The W4A16 GEMM op's CPU and CUDA implementation, for operands ``fp4_gemm`` (or
+    ``FP4Linear``) has checked."""
     m, k = a.shape[-2], a.shape[-1]
     l = a.shape[0] if a.ndim == 3 else 1  # noqa: E741
     if a.device.type == "cpu":
@@ -209,6 +216,19 @@ def gemm_w4a16_op(
     return out if a.ndim == 3 else out[0]
 
 
+@torch.library.custom_op("fp4_ops::gemm_w4a16", mutates_args=())
+def gemm_w4a16_op(
+    a: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    alpha: torch.Tensor,
+    sf_vec_size: int,
+    out_dtype: torch.dtype,
+    b_prepacked: bool,
+) -> torch.Tensor:
+    return gemm_w4a16_impl(a, b_data, b_scale, alpha, sf_vec_size, out_dtype, b_prepacked)
+
+
 @gemm_w4a16_op.register_fake
 def _(a, b_data, b_scale, alpha, sf_vec_size, out_dtype, b_prepacked):
     return a.new_empty((*a.shape[:-1], b_data.shape[-2]), dtype=out_dtype)
@@ -216,6 +236,21 @@ def _(a, b_data, b_scale, alpha, sf_vec_size, out_dtype, b_prepacked):
 
 for _op in (quantize_op, gemm_op, gemm_w4a16_op):
     _op.register_autograd(_no_backward)
+
+
+def eager(*tensors) -> bool:
+    """Whether a call on ``tensors`` (None allowed) may run its op's implementation directly,
+    skipping the dispatcher: plain CUDA tensors, nothing traced, no gradient asked for. Traced,
+    fake, subclassed and gradient-tracking calls go through the registered op."""
+    if torch.compiler.is_compiling():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or not t.is_cuda):
+            return False
+        if grad and t is not None and t.requires_grad:
+            return False
+    return True
 
 
 def fp4_gemm(
@@ -263,7 +298,8 @@ def fp4_gemm(
     if math.prod(out_shape) == 0:
         return a.data.new_empty(out_shape, dtype=out_dtype)
     alpha = device_alpha(a.global_scale * b.global_scale, alpha)
-    d = gemm_op(data, scale, b.data, b.scale, alpha, a.sf_vec_size, out_dtype)
+    run = gemm_impl if eager(data, scale, b.data, b.scale, alpha) else gemm_op
+    d = run(data, scale, b.data, b.scale, alpha, a.sf_vec_size, out_dtype)
     return d.reshape(out_shape)
 
 
@@ -297,7 +333,8 @@ def _fp4_gemm_w4a16(a, b, out_dtype, alpha):
     if math.prod(out_shape) == 0:
         return a.new_empty(out_shape, dtype=out_dtype)
     alpha = device_alpha(b.global_scale, alpha)
-    d = gemm_w4a16_op(rows, b.data, b.scale, alpha, b.sf_vec_size, out_dtype, False)
+    run = gemm_w4a16_impl if eager(rows, b.data, b.scale, alpha) else gemm_w4a16_op
+    d = run(rows, b.data, b.scale, alpha, b.sf_vec_size, out_dtype, False)
     return d.reshape(out_shape)
 
 

@@ -167,6 +167,9 @@ _PICKED: dict[tuple, GemmConfig] = {}
 # (GemmConfig, (M, N, K, L), device index, stream handle) -> (split-K workspace, converted B,
 # converted A)
 _WORKSPACES: dict[tuple, tuple] = {}
+# gemm_for_ops: the operands' shapes and dtypes, sf_vec_size, D's dtype, device index, stream
+# handle -> the _Launch that passed every check for them
+_LAUNCHES: dict[tuple, _Launch] = {}
 
 
 def cache_size() -> int:
@@ -177,6 +180,48 @@ def cache_size() -> int:
 def gemm(a, b, sfa, sfb, alpha, out, config: GemmConfig | None = None, *, sf_vec_size=None):
     """D = alpha * (A x SFA)(B x SFB)^T into ``out`` on the current stream (the module
     docstring gives the operands and the CUDA-graph rule).  Returns ``out``."""
+    launch = _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size)
+    launch(a, b, sfa, sfb, out, alpha, torch.cuda.current_stream().cuda_stream)
+    return out
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """One checked problem on one stream: the compiled kernel's TVM-FFI function, (M, N, K, L)
+    and the workspace, ready to take the operands' addresses."""
+
+    fn: object
+    mnkl: tuple[int, int, int, int]
+    workspace: tuple[torch.Tensor, ...]
+    device_index: int
+
+    def __call__(self, a, b, sfa, sfb, out, alpha, stream_handle: int) -> None:
+        # (W4A16 has no activation scales; the kernel never reads that pointer)
+        tensors = (a, b, sfb if sfa is None else sfa, sfb, out, *self.workspace, alpha)
+        self.fn(*[t.data_ptr() for t in tensors], self.mnkl, stream_handle)
+
+    def fits(self, a, b, sfa, sfb, alpha, out) -> bool:
+        """Whether operands of the shapes and dtypes it was checked for still pass what can
+        change between calls: contiguity, 16-byte bases, the device (also the current one),
+        alpha."""
+        index = self.device_index
+        for t in (a, b, sfa, sfb, out):
+            if t is not None and (
+                not t.is_contiguous() or t.data_ptr() % 16 or t.get_device() != index
+            ):
+                return False
+        return (
+            alpha.dtype == torch.float32
+            and alpha.numel() == 1
+            and alpha.get_device() == index
+            and torch.cuda.current_device() == index
+        )
+
+
+def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None) -> _Launch:
+    """Every check of ``gemm``'s arguments (configuration checks once per configuration and
+    problem), the compiled kernel and the workspace: a ``_Launch`` for them on ``stream``
+    (None: the current one)."""
     if config is None:
         a_dtype = _a_dtype(a)
         vec = _sf_vec_size(sfa, sfb, sf_vec_size)
@@ -204,15 +249,10 @@ def gemm(a, b, sfa, sfb, alpha, out, config: GemmConfig | None = None, *, sf_vec
         reasons += refused
     if reasons:
         raise ValueError("; ".join(reasons))
-    stream = torch.cuda.current_stream()
+    stream = torch.cuda.current_stream() if stream is None else stream
     workspace = _workspace(config, mnkl, stream)
-    if sfa is None:
-        # W4A16: no activation scales; the kernel never reads this pointer
-        sfa = sfb
-    tensors = (a, b, sfa, sfb, out, *workspace, alpha)
-    launch = _compiled(config, a.device.index)[1]
-    launch(*[t.data_ptr() for t in tensors], mnkl, stream.cuda_stream)
-    return out
+    index = a.get_device()
+    return _Launch(_compiled(config, a.device.index)[1], mnkl, workspace, index)
 
 
 def _a_dtype(a) -> str:
@@ -407,11 +447,27 @@ def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4):
     """``fp4_ops``' entry: ``gemm`` with ``default_config``'s configuration on a's device, into
     a new D [L, M, N] in ``out_dtype``.  W4A4: packed uint8 a [L, M, K/2] and b [L, N, K/2],
     blocked scales [L, n]; W4A16: ``a`` the 16-bit activations [L, M, K], ``b`` prepacked
-    weights, ``sfa`` None.  ``alpha``: a one-element (or 0-d) float32 tensor on a's device."""
+    weights, ``sfa`` None.  ``alpha``: a one-element (or 0-d) float32 tensor on a's device.
+
+    The first call of a problem on a stream checks everything (``gemm``'s path) and keeps its
+    ``_Launch``; a later call with operands of the same shapes and dtypes launches it after
+    the checks that can change between calls (``_Launch.fits``)."""
+    index = a.get_device()
+    stream = torch.cuda.current_stream(index)
+    sfa_key = None if sfa is None else (sfa.shape, sfa.dtype)
+    key = (a.shape, a.dtype, b.shape, b.dtype, sfa_key, sfb.shape, sfb.dtype, sf_vec_size)
+    key += (out_dtype, index, stream.cuda_stream)
+    out = torch.empty((a.shape[0], a.shape[1], b.shape[1]), dtype=out_dtype, device=a.device)
+    launch = _LAUNCHES.get(key)
+    if launch is not None and launch.fits(a, b, sfa, sfb, alpha, out):
+        launch(a, b, sfa, sfb, out, alpha, stream.cuda_stream)
+        return out
     if _a_dtype(a) != a_dtype:
         raise ValueError(f"a is {a.dtype}, a_dtype is {a_dtype}")
-    out = torch.empty((a.shape[0], a.shape[1], b.shape[1]), dtype=out_dtype, device=a.device)
     sfa = None if sfa is None else sfa.contiguous().view(torch.uint8)
     sfb = sfb.contiguous().view(torch.uint8)
-    with torch.cuda.device(a.device):
-        return gemm(a, b, sfa, sfb, alpha.reshape(1), out, sf_vec_size=sf_vec_size)
+    with torch.cuda.device(index):
+        launch = _prepare(a, b, sfa, sfb, alpha, out, None, sf_vec_size, stream)
+        launch(a, b, sfa, sfb, out, alpha, stream.cuda_stream)
+    _LAUNCHES[key] = launch
+    return out
