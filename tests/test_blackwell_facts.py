@@ -264,8 +264,10 @@ class PtxThread:
             return ("commit_group",)
         if op.startswith("tcgen05.mma"):
             return ("mma", *(self.val(o) for o in ops))
-        if op.startswith(("tcgen05.cp", "tcgen05.ld")):
-            return (op.split(".")[1], self.addr(ops[-1] if "ld" in op else ops[0]))
+        if op.startswith("tcgen05.cp"):
+            return ("cp", self.addr(ops[0]))
+        if op.startswith("tcgen05.ld"):
+            return ("tmem_ld", self.addr(ops[-1]))
         if op.startswith("tcgen05.commit"):
             return ("commit", self.addr(ops[0]), self.val(ops[1]) if len(ops) > 1 else None)
         if op.startswith("tcgen05.alloc"):
@@ -665,3 +667,168 @@ def test_sim_barrier_arrivals_match_their_init_counts(setup):
     assert sorted(counts) == sorted(
         [8 * i for i in range(2 * ab + 2 * acc)] + ([bars["tmem_dealloc"]] if s.pair == 2 else [])
     )
+
+
+# ------------------------------------------------------------------------------------------
+# 1. The epilogue's SMEM -> TMA-store hand-off
+# ------------------------------------------------------------------------------------------
+def _smem_c_buffers(s: Setup) -> tuple[int, int, int]:
+    """(first address, bytes, count) of the epilogue's SMEM buffers, from the SMEM layout the
+    PTX uses: D's buffers start where the stores read the lowest address and end where A's
+    stages begin (SharedStorage: sC, then sA); one buffer is 128 rows x 32 columns of D."""
+    first = min(e[3] for e in _sim(s, EPILOGUE) if e[0] == "store")
+    a_param = _kernel_param("tma_atom_a")
+    a_start = min(e[3] for e in _sim(s, TMA) if e[0] == "load" and e[1] == a_param)
+    size = s.cta_m * 32 * s.c_bytes
+    assert (a_start - first) % size == 0, (first, a_start, size)
+    return first, size, (a_start - first) // size
+
+
+def _tokens(events, depth: int) -> str:
+    """The epilogue's hand-off as letters: S an SMEM write, F the generic-to-async proxy fence,
+    B the epilogue warps' named barrier, X a TMA store, C its commit, W a wait for all but
+    ``depth`` stores' reads, Z a wait for all of them, ? a wait for any other count."""
+    letters = []
+    for e in events:
+        if e[0] == "st.shared":
+            letters.append("S")
+        elif e[0] == "fence_proxy_async":
+            letters.append("F" if e[1] == "fence.proxy.async.shared::cta" else "f")
+        elif e[0] == "bar" and e[1] == bw.NamedBarrierId.EPILOGUE:
+            letters.append("B" if e[2] == 32 * bw.NUM_EPILOGUE_WARPS else "b")
+        elif e[0] == "store":
+            letters.append("X")
+        elif e[0] == "commit_group":
+            letters.append("C")
+        elif e[0] == "wait_group":
+            letters.append({depth: "W", 0: "Z"}.get(e[1], "?"))
+    return "".join(letters)
+
+
+@family
+def test_sim_epilogue_fences_and_waits_around_every_tma_store(setup):
+    """Every 32-column subtile of every tile, in each epilogue warp: the warp's SMEM writes, then
+    fence.proxy.async (its generic writes visible to the TMA unit), then the four warps' barrier;
+    warp 0 alone then stores, commits, and waits until at most (SMEM buffers - 1) stores still
+    read SMEM before the barrier that lets the warps write again; the last wait (before exit)
+    is for every store (a no-op in warps with none).  Stores rotate through the SMEM buffers in
+    order, each store reading the buffer its warps just wrote."""
+    s = setup
+    first, size, buffers = _smem_c_buffers(s)
+    assert buffers >= 2, buffers
+    subtiles = len(_tiles(s, 0, 0)) * (s.tile_n // 32)
+    for warp in (0, 2):
+        events = _sim(s, warp)
+        tokens = _tokens(events, buffers - 1)
+        store = "XCW" if warp == 0 else ""
+        pattern = f"(?:S+FB{store}B){{{subtiles}}}BZ"
+        assert re.fullmatch(pattern, tokens), (warp, buffers, tokens)
+        # which buffer each subtile's writes and store use: i-th subtile, buffer i % count
+        written, group = [], set()
+        for e in events:
+            if e[0] == "st.shared" and e[1] >= first:
+                group.add((e[1] - first) // size)
+            elif e[0] == "fence_proxy_async" and group:
+                written.append(group)
+                group = set()
+        assert written == [{i % buffers} for i in range(subtiles)], (warp, written)
+        if warp == 0:
+            stored = [e[3] for e in events if e[0] == "store"]
+            assert stored == [first + size * (i % buffers) for i in range(subtiles)]
+
+
+# ------------------------------------------------------------------------------------------
+# 3. The TMEM address map: accumulators, scale factors, what the epilogue reads
+# ------------------------------------------------------------------------------------------
+def _tmem_map(s: Setup) -> tuple[list[int], int, int, int]:
+    """(first column of each accumulator buffer, SFA's first column, SFB's, SFB's columns), by
+    hand: two tile-N buffers, then SFA (128 rows: 4 groups of 32 lanes x 4 columns), then SFB
+    (16 columns per 128-row atom); at tile N 256 the second buffer starts the 48 scale columns
+    before the end of the first, so that 512 columns hold it all."""
+    sfa_cols, sfb_cols = 16, 16 * _ceil(s.tile_n, bw.SF_ATOM_ROWS)
+    second = s.tile_n if 2 * s.tile_n + sfa_cols + sfb_cols <= 512 else s.tile_n - 48
+    sfa = second + s.tile_n
+    return [0, second], sfa, sfa + sfa_cols, sfb_cols
+
+
+def _column(taddr: int) -> int:
+    return taddr & 0xFFFF  # (bits 16 up: the lane; bit 31 of a scale address: its scale id)
+
+
+@family
+def test_sim_tmem_columns_of_accumulators_and_scales(setup):
+    """The MMA warp's TMEM: the accumulator of its t-th tile in buffer t % 2 (exact first
+    column), SFA and SFB copies and MMA reads in their own columns (SFB from the tile's row
+    offset in its 128-row atom on: (n * tile N) % 128 / 32 columns), nothing overlapping but the
+    two buffers' 48 shared columns at tile N 256, all inside the 512 allocated."""
+    s = setup
+    buffers, sfa, sfb, sfb_cols = _tmem_map(s)
+    sf = set(range(sfa, sfa + 16)) | set(range(sfb, sfb + sfb_cols))
+    acc = [set(range(b, b + s.tile_n)) for b in buffers]
+    assert not sf & (acc[0] | acc[1]) and max(sf) < 512
+    assert len(acc[0] & acc[1]) == (48 if s.tile_n == 256 else 0)
+    events = _sim(s, MMA)
+    assert [e[1] for e in events if e[0] == "alloc"] == []  # (the epilogue's warp 0 allocates)
+    assert [e[1] for e in _sim(s, EPILOGUE) if e[0] == "alloc"] == [512]
+    tiles = _tiles(s, 0, 0)
+    mmas = [e for e in events if e[0] == "mma"]
+    per_tile = 4 * K_TILES
+    assert len(mmas) == len(tiles) * per_tile
+    for t, (_, n_cta, _) in enumerate(tiles):
+        shift = n_cta * s.tile_n % bw.SF_ATOM_ROWS // 32
+        for j, mma in enumerate(mmas[t * per_tile : (t + 1) * per_tile]):
+            where = (t, n_cta, j, mma)
+            assert mma[1] == buffers[t % 2], where
+            assert sfa <= _column(mma[5]) < sfa + 16, where
+            assert sfb + shift <= _column(mma[6]) < sfb + sfb_cols, where
+            if j % 4 == 0:
+                assert _column(mma[6]) - sfb - shift == _column(mma[5]) - sfa, where
+    copies = {_column(e[1]) for e in events if e[0] == "cp"}
+    # (a k-tile's scales of one 128-row atom: sf_units columns of 4; MXFP4 fills half of 16)
+    atoms = _ceil(s.tile_n, bw.SF_ATOM_ROWS)
+    used = set(range(sfa, sfa + 4 * s.sf_units, 4))
+    assert copies == used | set(range(sfb, sfb + 4 * s.sf_units * atoms, 4))
+
+
+@family
+def test_sim_epilogue_reads_the_buffer_the_mma_wrote(setup):
+    """The epilogue of the t-th tile reads every 32-column subtile of buffer t % 2 once and
+    stores each to the D columns of that subtile (tile N offset + its column in the buffer),
+    rows and batch of its CTA tile; it releases the accumulator (arrival on its empty barrier)
+    only after the TMEM loads of every column the next tile's MMAs write, with a tcgen05.wait
+    between those loads and an early release."""
+    s = setup
+    buffers, _, _, _ = _tmem_map(s)
+    for rank in range(s.pair):
+        tiles = _tiles(s, rank, 0)
+        events = _sim(s, EPILOGUE, rank)
+        acc_full, acc_empty = _barriers(s)["acc_full"], _barriers(s)["acc_empty"]
+        starts = [
+            i
+            for i, e in enumerate(events)
+            if e[0] == "wait" and acc_full <= e[1] < acc_full + 8 * s.acc_stages
+        ]
+        assert len(starts) == len(tiles)
+        for t, (m_cta, n_cta, batch) in enumerate(tiles):
+            end = starts[t + 1] if t + 1 < len(tiles) else len(events)
+            tile_events = events[starts[t] : end]
+            reads = [(i, _column(e[1])) for i, e in enumerate(tile_events) if e[0] == "tmem_ld"]
+            stores = [e[2] for e in tile_events if e[0] == "store"]
+            base, other = buffers[t % 2], buffers[(t + 1) % 2]
+            assert sorted(c for _, c in reads) == list(range(base, base + s.tile_n, 32)), t
+            if rank == 0 or stores:
+                assert stores == [
+                    [n_cta * s.tile_n + c - base, m_cta * s.cta_m, batch] for _, c in reads
+                ], (t, reads, stores)
+            (release,) = [
+                i
+                for i, e in enumerate(tile_events)
+                if e[0] == "arrive" and e[1] == acc_empty + 8 * (t % s.acc_stages)
+            ]
+            next_columns = set(range(other, other + s.tile_n))
+            late = [c for i, c in reads if i > release]
+            assert not set().union(*(range(c, c + 32) for c in late)) & next_columns, (t, late)
+            if late:
+                last_early = max(i for i, _ in reads if i < release)
+                between = [e[0] for e in tile_events[last_early:release]]
+                assert "wait_ld" in between, (t, between)
