@@ -14,11 +14,16 @@ and the compile cache's key.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import re
 from types import SimpleNamespace
 
+import cutlass
+import cutlass.cute as cute
 import pytest
+import torch
 from test_blackwell import (  # noqa: F401  (compiled_matrix: the same compiles, once a process)
     FAMILY_MATRIX,
     _arch_config_id,
@@ -832,3 +837,170 @@ def test_sim_epilogue_reads_the_buffer_the_mma_wrote(setup):
                 last_early = max(i for i, _ in reads if i < release)
                 between = [e[0] for e in tile_events[last_early:release]]
                 assert "wait_ld" in between, (t, between)
+
+
+# ------------------------------------------------------------------------------------------
+# 4. Host side: the operands' layouts, the k-tile count, the grid
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "c_dtype,n,pitch",
+    [("BFloat16", 250, 256), ("Float16", 9, 16), ("Float32", 250, 252), ("Float32", 4, 4)],
+)
+def test_host_layouts_modes_pitch_and_tile_counts(c_dtype, n, pitch):
+    """The layouts the host builds, on a problem whose M, N, K and L tile counts all differ (3,
+    2, 5, 4): A [M, K, L] and B [N, K, L] K-major with batch strides M*K and N*K, D [M, N, L]
+    with rows ``pitch`` apart (N rounded up to 16 bytes) and batch stride M * pitch; the MMA
+    tiles of A, B, D per mode, and the k-tile count, 5; the grid: the cluster, then one cluster
+    per cluster tile."""
+    from cutlass.cute.runtime import make_ptr
+
+    tile, cluster = (128, 128), (1, 2)
+    m, k, batches = 3 * 128 - 7, 5 * 256 - 32, 4
+    n_tiles = -(-n // 128)
+    found = {}
+
+    @cute.jit
+    def probe(a: cute.Pointer, b: cute.Pointer, sfa: cute.Pointer, sfb: cute.Pointer, c):
+        gemm = bw.BlockwiseGemmFp4Sm100(16, tile, cluster)
+        gemm.a_dtype, gemm.b_dtype, gemm.sf_dtype = a.value_type, b.value_type, sfa.value_type
+        gemm.c_dtype = c.value_type
+        gemm._setup_attributes()
+        tensors = gemm._global_tensors(a, b, sfa, sfb, c, (m, n, k, batches))
+        found["layouts"] = [(t.shape, t.stride) for t in (tensors[0], tensors[1], tensors[4])]
+        parts = gemm._partition_global_tiles(gemm.tiled_mma, gemm.tiled_mma_sfb, 0, *tensors)
+        found["rest"] = [p.shape[3:] for p in (parts[0], parts[1], parts[4])]
+        found["k_tiles"] = parts[5]
+        schedule, grid = gemm._compute_grid(tensors[4], gemm.cta_tile_shape_mnk, cluster, 100)
+        found["grid"] = grid
+
+    gmem = cute.AddressSpace.gmem
+    pointers = [
+        make_ptr(dtype, 1 << 20, gmem, assumed_align=16)
+        for dtype in (
+            cutlass.Float4E2M1FN,
+            cutlass.Float4E2M1FN,
+            cutlass.Float8E4M3FN,
+            cutlass.Float8E4M3FN,
+            bw.C_DTYPES[c_dtype],
+        )
+    ]
+    probe(*pointers)
+    a, b, d = found["layouts"]
+    assert (a[0], a[1]) == ((m, k, batches), (k, 1, m * k))
+    assert (b[0], b[1]) == ((n, k, batches), (k, 1, n * k))
+    assert (d[0], d[1]) == ((m, n, batches), (pitch, 1, m * pitch))
+    assert found["rest"] == [(3, 5, batches), (n_tiles, 5, batches), (3, n_tiles, batches)]
+    assert found["k_tiles"] == 5
+    clusters_n = -(-n_tiles // cluster[1])
+    assert tuple(found["grid"]) == (*cluster, 3 * clusters_n * batches)
+
+
+# ------------------------------------------------------------------------------------------
+# 5. Acceptance and the compile cache
+# ------------------------------------------------------------------------------------------
+def _accepted_by_hand(tile, cluster) -> bool:
+    """The kernel's configurations: tile M 128 (one CTA) or 256 (a CTA pair: even cluster M),
+    tile N a whole number of 64-row halves of a scale atom, at most two atoms (64..256), cluster
+    extents powers of two up to 4 (scale-factor multicast)."""
+    (tm, tn), (cm, cn) = tile, cluster
+    return (
+        tm in (128, 256)
+        and tn in (64, 128, 192, 256)
+        and cm in (1, 2, 4)
+        and cn in (1, 2, 4)
+        and (tm == 128 or cm % 2 == 0)
+    )
+
+
+@pytest.mark.parametrize("vec", [16, 32])
+def test_acceptance_set_is_exactly_the_kernels(vec):
+    """Over a sweep of tile M, tile N and cluster shapes the configuration check accepts exactly
+    the hand-derived set, and names the tile or cluster extent it refuses."""
+    sf_dtype = bw.SF_FORMATS[vec][0]
+    mnkl = (1000, 1000, 1024, 2)
+    for tm in (64, 128, 192, 256, 512):
+        for tn in (16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 512):
+            for cm in (1, 2, 3, 4, 8):
+                for cn in (1, 2, 4, 8):
+                    tile, cluster = (tm, tn), (cm, cn)
+                    reasons = bw.check_fp4_gemm_config(
+                        mnkl, vec, sf_dtype, "BFloat16", tile, cluster
+                    )
+                    assert (reasons == []) == _accepted_by_hand(tile, cluster), (tile, cluster)
+                    ok, why = bw.BlockwiseGemmFp4Sm100.can_implement(
+                        mnkl, vec, sf_dtype, "BFloat16", tile, cluster
+                    )
+                    assert ok == (reasons == []) and why == reasons
+                    if tn not in (64, 128, 192, 256):
+                        assert any(f"MMA tile N={tn} is not supported" in r for r in reasons)
+                    if tm not in (128, 256):
+                        assert any(f"MMA tile M={tm} is not supported" in r for r in reasons)
+
+
+def test_tile_n_32_is_refused_everywhere():
+    """Tile N 32 (a valid tcgen05 N, but not a shape the SFB handling serves) is refused by the
+    check, by GemmConfig, and by the CLI, with the reason."""
+    reason = "MMA tile N=32 is not supported: use 64, 128, 192 or 256"
+    config = bw.GemmConfig(16, "BFloat16", (128, 32), (1, 1))
+    assert reason in config.reasons((256, 256, 256, 1))
+    parsed = bw.make_parser().parse_args(["--mma_tiler_mn", "128,32", "--compile_only"])
+    with pytest.raises(bw.UsageError, match=re.escape(reason)):
+        bw._validated(parsed)
+
+
+KERNEL_ARGUMENTS = [
+    ("sf_vec_size", 32),
+    ("c_dtype", "Float32"),
+    ("c_dtype", "Float16"),
+    ("mma_tiler_mn", (256, 128)),
+    ("mma_tiler_mn", (128, 64)),
+    ("cluster_shape_mn", (4, 2)),
+    ("cluster_shape_mn", (2, 1)),
+]
+
+
+@pytest.mark.parametrize("field,value", KERNEL_ARGUMENTS)
+def test_compile_cache_key_changes_with_every_kernel_argument(monkeypatch, field, value):
+    """Two configurations that differ in one argument that changes the kernel are two cache
+    entries and two compiles, each compiled with its own arguments; the same configuration
+    (however its tuples are spelled) and another problem shape reuse the entry; another device
+    is another entry."""
+    compiles = []
+
+    def compile_gemm(*args, **kwargs):
+        compiles.append(args)
+        return None, object()
+
+    monkeypatch.setattr(bw, "compile_gemm", compile_gemm)
+    monkeypatch.setattr(bw, "_KERNELS", {})
+    monkeypatch.setattr(bw, "_CHECKED", set())
+    monkeypatch.setattr(
+        bw.utils,
+        "HardwareInfo",
+        lambda *_: SimpleNamespace(get_max_active_clusters=lambda size: 148 // size),
+    )
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    base = bw.GemmConfig(16, "BFloat16", (256, 256), (2, 2))
+    changed = dataclasses.replace(base, **{field: value})
+    assert changed != base and hash(changed) != hash(base)
+    device = SimpleNamespace(index=0)
+    mnkl = (1024, 1024, 1024, 1)
+    first = bw._compiled_kernel(base, mnkl, device)
+    second = bw._compiled_kernel(changed, mnkl, device)
+    assert first is not second and len(compiles) == 2
+    for config, args in zip((base, changed), compiles, strict=True):
+        cluster = config.cluster_shape_mn
+        assert args == (
+            config.sf_vec_size,
+            bw.SF_FORMATS[config.sf_vec_size][0],
+            config.c_dtype,
+            config.mma_tiler_mn,
+            cluster,
+            148 // (cluster[0] * cluster[1]),
+        )
+    same = bw.GemmConfig(16, "BFloat16", [256, 256], [2, 2])
+    assert bw._compiled_kernel(same, (512, 256, 2048, 3), device) is first
+    assert len(compiles) == 2
+    bw._compiled_kernel(base, mnkl, SimpleNamespace(index=1))
+    assert len(compiles) == 3
