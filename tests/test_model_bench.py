@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""``benchmarks.model`` on the CPU: its arguments, the configurations' sizes (built on the meta
+device), a decode step that computes what a full forward computes, the variants it swaps, the
+profile's categories, and a whole run of the tiny configuration: table and JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import fp4_ops
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (pip install -e .[hf])"
+)
+bench = pytest.importorskip("benchmarks.model")
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def test_defaults():
+    args = bench.parse_args(["--device", "cpu"])
+    assert args.config == ["llama-3.1-8b", "qwen3-32b"] and args.batch == [1, 16, 64]
+    assert args.layers is None and args.context == 512 and args.format == "nvfp4"
+    assert args.lm_head == "bf16" and not args.eager and not args.profile and args.out is None
+
+
+def test_arguments_parse():
+    args = bench.parse_args(
+        ["--config", "qwen3-32b,tiny", "--batch", "2,8", "--layers", "2", "--device", "cpu"]
+    )
+    assert args.config == ["qwen3-32b", "tiny"] and args.batch == [2, 8] and args.layers == 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--config", "llama-70b"], "unknown config llama-70b"),
+        (["--config", ""], "unknown config"),
+        (["--batch", "0"], "batch sizes must be at least 1"),
+        (["--batch", "a"], "expects comma-separated integers"),
+        (["--layers", "0"], "--layers must be at least 1"),
+        (["--config", "tiny", "--layers", "3"], "tiny has 2 decoder layers"),
+        (["--context", "0"], "--context must be at least 1"),
+        (["--device", "tpu"], "--device must be cuda or cpu"),
+        (["--eager"], "on the CPU every step is eager"),
+        (["--lm_head", "int8"], "invalid choice"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else "",
+)
+def test_bad_arguments_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args([*argv, "--device", "cpu"] if "--device" not in argv else argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a GPU")
+def test_cuda_without_a_gpu_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args([])
+    assert exc.value.code == 2
+    assert "torch sees no CUDA GPU" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the models
+
+
+@pytest.mark.parametrize(
+    "name, billions, linears",
+    # (the parameter counts the model cards give: 8.03B and 32.8B)
+    [("llama-3.1-8b", 8.03, 7 * 32 + 1), ("qwen3-32b", 32.8, 7 * 64 + 1)],
+)
+def test_configs_are_the_real_sizes(name, billions, linears):
+    model = bench.build_model(name, None, "meta")
+    count = sum(p.numel() for p in model.parameters())
+    assert abs(count / 1e9 - billions) < 0.01 * billions, count
+    assert sum(isinstance(m, nn.Linear) for m in model.modules()) == linears
+    assert (
+        type(model).__name__
+        == {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[
+            bench.CONFIGS[name]["model_type"]
+        ]
+    )
+    short = bench.build_model(name, 3, "meta")
+    assert short.config.num_hidden_layers == 3 and len(short.model.layers) == 3
+
+
+# (not W4A4: its dynamic global scale is the amax of all the rows quantized together)
+@pytest.mark.parametrize("variant", ["bf16", "w4a16"])
+def test_decode_steps_compute_a_full_forward(variant):
+    """Tokens fed one step at a time from position 0 give the logits of one forward over the
+    whole sequence: the mask, the positions and the cache writes are right."""
+    model = bench.build_model("tiny", None, "cpu")
+    variants = bench.make_variants(model, "nvfp4", "bf16")
+    bench._swap(model, variants[variant])
+    ids = torch.randint(0, 512, (2, 6), generator=torch.Generator().manual_seed(0))
+    step = bench.DecodeStep(model, 2, 0, "cpu")
+    step.reset(6)
+    stepped = []
+    with torch.inference_mode():
+        full = model(ids).logits
+        for i in range(6):
+            step.ids.copy_(ids[:, i : i + 1])
+            stepped.append(step())
+    assert int(step.position) == 6
+    # (one row of tokens at a time against all of them: the same numbers, summed otherwise)
+    torch.testing.assert_close(torch.cat(stepped, 1), full, rtol=0.02, atol=0.02)
+
+
+def test_reset_refuses_more_steps_than_the_cache_holds():
+    step = bench.DecodeStep(bench.build_model("tiny", None, "cpu"), 1, 3, "cpu")
+    with pytest.raises(ValueError, match="spare positions"):
+        step.reset(bench.CACHE_MARGIN + 1)
+    step.reset(2)
+    assert int(step.position) == 3
+    assert all(int(layer.cumulative_length) == 3 for layer in step.cache.layers)
+
+
+@pytest.mark.parametrize("lm_head", ["bf16", "fp4"])
+def test_variants(lm_head):
+    model = bench.build_model("tiny", None, "cpu")
+    variants = bench.make_variants(model, "nvfp4", lm_head)
+    assert list(variants) == ["bf16", "w4a16", "w4a4"]
+    names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    if lm_head == "bf16":
+        names.discard("lm_head")
+    for variant, modules in variants.items():
+        assert set(modules) == names, variant
+    assert all(type(m) is nn.Linear for m in variants["bf16"].values())
+    modes = {v: {m.activations for m in variants[v].values()} for v in ("w4a16", "w4a4")}
+    assert modes == {"w4a16": {"bf16"}, "w4a4": {"dynamic"}}
+    # (the model is left BF16)
+    assert not any(isinstance(m, fp4_ops.FP4Linear) for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "name, inside, want",
+    [
+        ("kernel_cutlass_QuantizeFp4_kernel_0", False, "quantize"),
+        ("amax_kernel", True, "quantize"),
+        ("nvjet_hsh_128x64_64x4_1x2_h_bz_coopA_NTN", False, "gemm"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64", True, "gemm"),
+        ("kernel_cutlass_BlockwiseGemmFp4Sm90_kernel_0", False, "gemm"),
+        ("aten::mm", False, "gemm"),
+        ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", False, "attention"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", True, "attention"),
+        ("void at::native::elementwise_kernel<128, 2>", True, "attention"),
+        ("void at::native::elementwise_kernel<128, 2>", False, "other"),
+        ("aten::mul", False, "other"),
+    ],
+)
+def test_profile_categories(name, inside, want):
+    assert bench.category(name, inside) == want
+
+
+# ----------------------------------------------------------------------------- a whole run
+
+
+def test_tiny_run_on_the_cpu(tmp_path, capsys):
+    out = tmp_path / "model.json"
+    argv = ["--config", "tiny", "--device", "cpu", "--batch", "1,3", "--profile"]
+    assert bench.main([*argv, "--context", "8", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = re.findall(r"^tiny +2 +(\d+) cpu +\|(.*)$", text, re.MULTILINE)
+    assert [b for b, _ in rows] == ["1", "3"]
+    for _, cells in rows:
+        assert len(re.findall(r"\d+\.\d+x", cells)) == 2
+    assert "profile of one eager decode step, us (its operators' own CPU times):" in text
+    assert len(re.findall(r"^tiny +\d+ (bf16|w4a16|w4a4) +\|", text, re.MULTILINE)) == 6
+    assert f"wrote {out}" in text
+    record = json.loads(out.read_text())
+    assert {"date", "torch", "transformers", "cuda", "gpu"} <= record["environment"].keys()
+    assert record["environment"]["transformers"] == transformers.__version__
+    assert record["configs"]["tiny"]["hidden_size"] == 128
+    (result,) = record["results"]
+    assert [r["batch"] for r in result["rows"]] == [1, 3]
+    assert all(r[f"{v}_us"] > 0 for r in result["rows"] for v in bench.VARIANTS)
+    assert result["bytes"]["w4a16"] < result["bytes"]["bf16"]
+    profile = result["profiles"][0]
+    assert profile["gemm"] > 0 and profile["attention"] > 0 and profile["variant"] == "bf16"
+    assert any(p["quantize"] > 0 for p in result["profiles"] if p["variant"] == "w4a4")
