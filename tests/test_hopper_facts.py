@@ -506,17 +506,19 @@ def _copy_k(e: int) -> int:
 
 
 @pytest.mark.parametrize(
-    "k, l",
-    [(96, 2), (64, 1), (128, 1), (160, 2)],
-    ids=["tail-32", "one-block", "two-blocks", "tail-after-two"],
+    "k, l, path",
+    [(96, 2, "prefill"), (64, 1, "prefill"), (128, 1, "prefill"), (160, 2, "decode")],
+    ids=["tail-32", "one-block", "two-blocks", "decode-tail-after-two"],
 )
-def test_prologue_keeps_whole_k_blocks_and_zeroes_the_tail(k, l, monkeypatch):  # noqa: E741
+def test_prologue_keeps_whole_k_blocks_and_zeroes_the_tail(k, l, path, monkeypatch):  # noqa: E741
     """The prologue's K-tail predicate at its boundary (``kb * 64 + 64 <= K``: a k-block ending
     exactly at K is whole, one ending 32 past K keeps only groups 0, 1), its batch / row / k-block
-    walk and scale words, over a whole prefill operand (NVFP4 in BF16), every stored value
-    against ``reference.dequantize_fp4``; the tail's groups 2, 3 store +0."""
-    gemm = k90.BlockwiseGemmFp4Sm90(16, "prefill", (128, 256), (2, 1))
+    walk and scale words, over a whole operand (prefill: NVFP4 in BF16; decode: the tokens in
+    F16 times 2^-7, their copy padded to whole 16-token tiles), every stored value against
+    ``reference.dequantize_fp4``; the tail's groups 2, 3 store +0."""
+    gemm = k90.BlockwiseGemmFp4Sm90(16, path, (128, 256) if path == "prefill" else (16, 128))
     rows = 3
+    rows_conv = rows if path == "prefill" else 16
     gen = torch.Generator().manual_seed(k + l)
     # (codes 1..7: every value nonzero, so a dropped or zeroed one shows)
     codes = torch.randint(1, 8, (l, rows, k), generator=gen, dtype=torch.uint8)
@@ -525,10 +527,15 @@ def test_prologue_keeps_whole_k_blocks_and_zeroes_the_tail(k, l, monkeypatch):  
     sf = torch.randint(0x30, 0x48, (l, rows, k // 16), generator=gen, dtype=torch.uint8)
     scales = sf.view(torch.float8_e4m3fn)
     want = reference.dequantize_fp4(packed, scales, 16)
-    copy = _run_prologue(monkeypatch, gemm, packed, reference.to_blocked(sf), rows, k)
+    copy = _run_prologue(monkeypatch, gemm, packed, reference.to_blocked(sf), rows_conv, k)
+    # (decode: the padding rows of each batch's token tile are never written)
+    copy = copy[:, :rows]
     k_pad = -(-k // 64) * 64
     assert int((copy < 0).sum()) == 0, "a chunk of the copy was never stored"
-    got = (copy << 16).view(torch.float32)  # (BF16 bits -> the same value in fp32)
+    if gemm.f16:
+        got = copy.to(torch.int16).view(torch.float16).float() * 2.0**7
+    else:
+        got = (copy << 16).view(torch.float32)  # (BF16 bits: the same value in fp32)
     for e in range(k_pad):
         kk = e // 64 * 64 + _copy_k(e % 64)
         if kk < k:
@@ -539,7 +546,8 @@ def test_prologue_keeps_whole_k_blocks_and_zeroes_the_tail(k, l, monkeypatch):  
 
 # ------------------------------------------------------------------------------ host tensors
 @pytest.mark.parametrize(
-    "path, a_dtype", [("prefill", W4A4), ("decode", W4A4), ("decode", "BFloat16")]
+    "path, a_dtype",
+    [("prefill", W4A4), ("decode", W4A4), ("prefill", "BFloat16"), ("decode", "BFloat16")],
 )
 def test_global_tensors_strides_and_batches(path, a_dtype):
     """``_global_tensors``' layouts for M, N, K, L that all differ (and so do their tile
