@@ -11,6 +11,7 @@ all of it against ``reference.py``, bit for bit.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from fp4_ops.layout import E2M1_MAX, GLOBAL_SCALE_DIVISOR, from_blocked, pack_fp4, to_blocked
 
@@ -33,9 +34,11 @@ def _byte_table(device: torch.device) -> torch.Tensor:
 def dequantize(data: torch.Tensor, scales: torch.Tensor, sf_vec_size: int) -> torch.Tensor:
     """e2m1 * block scale in float32 (exact): packed [..., rows, K/2], plain scales
     [..., rows, K/V] -> [..., rows, K]."""
-    values = _byte_table(data.device)[data.view(torch.uint8).long()].flatten(-2)
-    blocks = values.unflatten(-1, (-1, sf_vec_size)) * scales.float().unsqueeze(-1)
-    return blocks.flatten(-2)
+    # (embedding takes int32 indices: half the index bytes of a long gather; the scales
+    # multiply in place)
+    values = F.embedding(data.view(torch.uint8).int(), _byte_table(data.device)).flatten(-2)
+    values.unflatten(-1, (-1, sf_vec_size)).mul_(scales.float().unsqueeze(-1))
+    return values
 
 
 def _e2m1_codes(y: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Memory that an op keeps across calls (workspaces, index tables), made outside every CUDA graph's
-memory pool.
+memory pool; and the current stream's handle, which every launch needs.
 
 While CUDA-graph trees (``torch.compile(mode="reduce-overhead")``) warm up or record a graph, torch
 routes the allocations of the recording thread and stream into the graph's private pool, and it
@@ -37,3 +37,15 @@ def persistent(make, device: torch.device):
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+
+def stream_handle(device_index: int) -> int:
+    """The raw handle of ``device_index``'s current CUDA stream, what the kernels launch on:
+    torch's own getter (the one Triton launches with), without building a Stream object; the
+    public API where a torch build lacks it."""
+    if _RAW_STREAM is None:
+        return torch.cuda.current_stream(device_index).cuda_stream
+    return _RAW_STREAM(device_index)
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

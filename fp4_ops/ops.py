@@ -142,33 +142,34 @@ def _flat(scale: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
 def gemm_impl(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size: int, out_dtype):
     """The W4A4 GEMM op's CPU and CUDA implementation, for operands ``fp4_gemm`` (or
     ``FP4Linear``) has checked."""
-    m, n, k = a_data.shape[-2], b_data.shape[-2], 2 * a_data.shape[-1]
     if a_data.device.type == "cpu":
         a_scale, b_scale = _flat(a_scale, a_data), _flat(b_scale, b_data)
         return cpu.gemm(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype)
     if a_data.device.type != "cuda":
         raise ValueError(f"fp4_gemm runs on CPU and CUDA tensors, got {a_data.device}")
-    batched = a_data.ndim == 3
-    l = a_data.shape[0] if batched else 1  # noqa: E741
-    args = (
-        a_data.view(torch.uint8).reshape(l, m, k // 2),
-        b_data.view(torch.uint8).reshape(l, n, k // 2),
-        a_scale.reshape(l, -1),
-        b_scale.reshape(l, -1),
-        sf_vec_size,
-    )
-    major, minor = torch.cuda.get_device_capability(a_data.device)
-    if (major, minor) == (9, 0):
-        out = _gemm_sm90(*args, alpha, out_dtype)
-    elif major == 10:
-        out = _gemm_sm100(*args, alpha, out_dtype)
-    else:
-        name = torch.cuda.get_device_name(a_data.device)
-        raise ValueError(
-            f"fp4_gemm has kernels for sm_90 (H100 / H200) and the sm_100 family (B200 / GB200 "
-            f"/ B300); {name} is sm_{major}{minor}"
-        )
-    return out if batched else out[0]
+    args = (a_data, b_data, a_scale, b_scale, sf_vec_size, alpha, out_dtype)
+    if _capability(a_data) == (9, 0):
+        from fp4_ops.sm90 import launcher
+
+        return launcher.gemm_for_ops(*args)
+    from fp4_ops import sm100
+
+    return sm100.gemm_for_ops(*args)
+
+
+def _capability(t: torch.Tensor) -> tuple[int, int]:
+    """(major, minor) of a CUDA tensor's GPU, looked up once per device; ValueError unless the
+    GEMMs have a kernel for it (sm_90, or the sm_100 family)."""
+    index = t.get_device()
+    if index not in _CAPABILITIES:
+        major, minor = torch.cuda.get_device_capability(index)
+        if (major, minor) != (9, 0) and major != 10:
+            raise ValueError(
+                f"fp4_gemm has kernels for sm_90 (H100 / H200) and the sm_100 family (B200 / "
+                f"GB200 / B300); {torch.cuda.get_device_name(index)} is sm_{major}{minor}"
+            )
+        _CAPABILITIES[index] = (major, minor)
+    return _CAPABILITIES[index]
 
 
 @torch.library.custom_op("fp4_ops::gemm", mutates_args=())
@@ -193,27 +194,27 @@ def _(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype):
 def gemm_w4a16_impl(a, b_data, b_scale, alpha, sf_vec_size: int, out_dtype, b_prepacked: bool):
     """The W4A16 GEMM op's CPU and CUDA implementation, for operands ``fp4_gemm`` (or
     ``FP4Linear``) has checked."""
-    m, k = a.shape[-2], a.shape[-1]
-    l = a.shape[0] if a.ndim == 3 else 1  # noqa: E741
     if a.device.type == "cpu":
-        b = k_order.unprepack_weights(b_data, k) if b_prepacked else b_data
+        b = k_order.unprepack_weights(b_data, a.shape[-1]) if b_prepacked else b_data
         b_scale = _flat(b_scale, b)
         return cpu.gemm_w4a16(a, b, b_scale, alpha, sf_vec_size, out_dtype)
     if a.device.type != "cuda":
         raise ValueError(f"fp4_gemm runs on CPU and CUDA tensors, got {a.device}")
-    major, minor = torch.cuda.get_device_capability(a.device)
+    major, minor = _capability(a)
     if (major, minor) != (9, 0):
         name = torch.cuda.get_device_name(a.device)
         raise ValueError(
             f"W4A16 (16-bit activations with FP4 weights) has a kernel for sm_90 (H100 / H200) "
             f"only; on {name} (sm_{major}{minor}) quantize the activations too (W4A4)"
         )
-    b = b_data.view(torch.uint8)
-    b = b if b_prepacked else k_order.prepack_weights(b)
-    n = b.shape[-2]
-    args = (a.contiguous().reshape(l, m, k), b.reshape(l, n, -1), None, b_scale.reshape(l, -1))
-    out = _gemm_sm90(*args, sf_vec_size, alpha, out_dtype, a_dtype=_A_DTYPES[a.dtype])
-    return out if a.ndim == 3 else out[0]
+    from fp4_ops.sm90 import launcher
+
+    b = b_data if b_prepacked else k_order.prepack_weights(b_data.view(torch.uint8))
+    a = a.contiguous()
+    if a.data_ptr() % 16:  # (TMA reads from 16-byte aligned bases only)
+        a = a.clone()
+    a_dtype = _A_DTYPES[a.dtype]
+    return launcher.gemm_for_ops(a, b, None, b_scale, sf_vec_size, alpha, out_dtype, a_dtype)
 
 
 @torch.library.custom_op("fp4_ops::gemm_w4a16", mutates_args=())
@@ -391,21 +392,9 @@ def device_alpha(scale: torch.Tensor, alpha) -> torch.Tensor:
     return scale.float().reshape(())
 
 
-# ----------------------------------------------------------------------------- kernel adapters
-# One function per backend, written against its kernel's Python API: D = alpha * A @ B^T
-# [L, M, N] in out_dtype on the current stream (arguments: each adapter's docstring).
+# ----------------------------------------------------------------------------- kernel lookup
 
+# (CUDA device index -> compute capability, of GPUs the GEMMs have kernels for)
+_CAPABILITIES: dict[int, tuple[int, int]] = {}
 # W4A16 activations: the 16-bit D types
 _A_DTYPES = {t: name for t, name in DSL_DTYPE_NAMES.items() if t != torch.float32}
-
-
-def _gemm_sm100(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype):
-    from fp4_ops import sm100
-
-    return sm100.gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype)
-
-
-def _gemm_sm90(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype="Float4E2M1FN"):
-    from fp4_ops.sm90 import launcher
-
-    return launcher.gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype)

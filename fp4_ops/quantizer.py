@@ -73,6 +73,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from fp4_ops import cpu
 from fp4_ops.devtools import time_eager_us, time_graph_us
 from fp4_ops.layout import SCALE_DTYPES, blocked_numel
+from fp4_ops.memory import stream_handle
 
 IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 SF_VEC_SIZES = (16, 32)
@@ -656,6 +657,9 @@ class QuantizerConfig:
 
 # (QuantizerConfig, device index) -> (compiled kernel, its TVM-FFI function, the SM count)
 _KERNELS: dict[tuple[QuantizerConfig, int], tuple] = {}
+# (x's torch dtype, sf_vec_size, dynamic, device index) -> _KERNELS' (function, SM count): the
+# launch's lookup, without building a QuantizerConfig per call
+_LAUNCHERS: dict[tuple, tuple] = {}
 
 
 def quantize_cuda(x, sf_vec_size: int, global_scale=None):
@@ -701,11 +705,9 @@ def launch_quantize(x, sf_vec_size: int, global_scale=None):
     rows, k = x.shape[-2], x.shape[-1]
     lead = tuple(x.shape[:-2])
     l = x.shape[0] if lead else 1  # noqa: E741
-    device = x.device
-    config = QuantizerConfig(
-        _torch_in_names()[x.dtype], sf_vec_size, sf_vec_size == 16 and global_scale is None
-    )
-    kernel, sm_count = _kernel(config, device)
+    device, index = x.device, x.device.index
+    dynamic = sf_vec_size == 16 and global_scale is None
+    kernel, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index)
     q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
     sf = torch.empty(
         (*lead, blocked_numel(rows, k // sf_vec_size)), dtype=torch.uint8, device=device
@@ -713,34 +715,35 @@ def launch_quantize(x, sf_vec_size: int, global_scale=None):
     gs_out = torch.empty((), dtype=torch.float32, device=device)
     gs_in = gs_out if global_scale is None else global_scale
     # the amax pass's per-CTA maxima (dynamic only): every one the quantize pass reads is written
-    partials = (
-        torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device) if config.dynamic else gs_out
-    )
+    partials = torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device) if dynamic else gs_out
     args = [t.data_ptr() for t in (x, q, sf, gs_in, gs_out, partials)]
-    stream = torch.cuda.current_stream(device).cuda_stream
-    if device.index == torch.cuda.current_device():
-        kernel(*args, (rows, k, l), sm_count, stream)
+    if index == torch.cuda.current_device():
+        kernel(*args, (rows, k, l), sm_count, stream_handle(index))
     else:
         with torch.cuda.device(device):
-            kernel(*args, (rows, k, l), sm_count, stream)
+            kernel(*args, (rows, k, l), sm_count, stream_handle(index))
     return q, sf.view(SCALE_DTYPES[sf_vec_size]), gs_out
 
 
-def _kernel(config: QuantizerConfig, device):
-    """(the compiled quantizer's TVM-FFI function, the device's SM count), once per process."""
+def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int):
+    """(the compiled quantizer's TVM-FFI function, the device's SM count) for x of torch dtype
+    ``in_dtype`` on CUDA device ``index``, compiled once per process (``QuantizerConfig``)."""
     import torch
 
-    key = (config, device.index)
-    if key not in _KERNELS:
-        with torch.cuda.device(device):
-            # (TVM-FFI: the launch takes plain ints for pointers, extents and the stream)
-            compiled = compile_quantizer(
-                config.in_dtype, config.sf_vec_size, config.dynamic, "--enable-tvm-ffi"
-            )
-        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-        _KERNELS[key] = (compiled, compiled.__tvm_ffi_object__(), sm_count)
-    _, kernel, sm_count = _KERNELS[key]
-    return kernel, sm_count
+    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, index))
+    if found is None:
+        config = QuantizerConfig(_torch_in_names()[in_dtype], sf_vec_size, dynamic)
+        if (config, index) not in _KERNELS:
+            with torch.cuda.device(index):
+                # (TVM-FFI: the launch takes plain ints for pointers, extents and the stream)
+                compiled = compile_quantizer(
+                    config.in_dtype, config.sf_vec_size, config.dynamic, "--enable-tvm-ffi"
+                )
+            sm_count = torch.cuda.get_device_properties(index).multi_processor_count
+            _KERNELS[config, index] = (compiled, compiled.__tvm_ffi_object__(), sm_count)
+        found = _KERNELS[config, index][1:]
+        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, index] = found
+    return found
 
 
 def _torchao_quantizer(x, gs):

@@ -49,7 +49,7 @@ from fp4_ops.layout import (
     round_up,
     to_blocked,
 )
-from fp4_ops.memory import persistent
+from fp4_ops.memory import persistent, stream_handle
 from fp4_ops.sm90.gemm import (
     C_DTYPES,
     H200_SM_COUNT,
@@ -445,29 +445,40 @@ def gpu_sm_count(device=None) -> int:
 
 def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4):
     """``fp4_ops``' entry: ``gemm`` with ``default_config``'s configuration on a's device, into
-    a new D [L, M, N] in ``out_dtype``.  W4A4: packed uint8 a [L, M, K/2] and b [L, N, K/2],
-    blocked scales [L, n]; W4A16: ``a`` the 16-bit activations [L, M, K], ``b`` prepacked
-    weights, ``sfa`` None.  ``alpha``: a one-element (or 0-d) float32 tensor on a's device.
+    a new D in ``out_dtype``.  W4A4: packed a [L, M, K/2] and b [L, N, K/2] (or [M, K/2] and
+    [N, K/2]: L = 1, D [M, N]), their blocked scales contiguous in any shape; W4A16: ``a`` the
+    16-bit activations [L, M, K] (or [M, K]), ``b`` prepacked weights, ``sfa`` None.  ``alpha``:
+    a one-element float32 tensor on a's device.
 
     The first call of a problem on a stream checks everything (``gemm``'s path) and keeps its
     ``_Launch``; a later call with operands of the same shapes and dtypes launches it after
     the checks that can change between calls (``_Launch.fits``)."""
     index = a.get_device()
-    stream = torch.cuda.current_stream(index)
+    stream = stream_handle(index)
     sfa_key = None if sfa is None else (sfa.shape, sfa.dtype)
     key = (a.shape, a.dtype, b.shape, b.dtype, sfa_key, sfb.shape, sfb.dtype, sf_vec_size)
-    key += (out_dtype, index, stream.cuda_stream)
-    out = torch.empty((a.shape[0], a.shape[1], b.shape[1]), dtype=out_dtype, device=a.device)
+    key += (out_dtype, index, stream)
+    out = torch.empty((*a.shape[:-1], b.shape[-2]), dtype=out_dtype, device=a.device)
     launch = _LAUNCHES.get(key)
     if launch is not None and launch.fits(a, b, sfa, sfb, alpha, out):
-        launch(a, b, sfa, sfb, out, alpha, stream.cuda_stream)
+        launch(a, b, sfa, sfb, out, alpha, stream)
         return out
+    _LAUNCHES[key] = _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype)
+    return out
+
+
+def _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype) -> _Launch:
+    """``gemm_for_ops``' operands through every check of ``gemm``, launched: their _Launch."""
+    if a.dim() not in (2, 3) or b.dim() != a.dim():
+        raise ValueError(f"a and b must both be 2-D or 3-D, got {tuple(a.shape)}, {tuple(b.shape)}")
     if _a_dtype(a) != a_dtype:
         raise ValueError(f"a is {a.dtype}, a_dtype is {a_dtype}")
-    sfa = None if sfa is None else sfa.contiguous().view(torch.uint8)
-    sfb = sfb.contiguous().view(torch.uint8)
-    with torch.cuda.device(index):
-        launch = _prepare(a, b, sfa, sfb, alpha, out, None, sf_vec_size, stream)
-        launch(a, b, sfa, sfb, out, alpha, stream.cuda_stream)
-    _LAUNCHES[key] = launch
-    return out
+    l = a.shape[0] if a.dim() == 3 else 1  # noqa: E741
+    a3, b3, out3 = a.view(l, *a.shape[-2:]), b.view(l, *b.shape[-2:]), out.view(l, *out.shape[-2:])
+    sfa = None if sfa is None else sfa.contiguous().view(torch.uint8).reshape(l, -1)
+    sfb = sfb.contiguous().view(torch.uint8).reshape(l, -1)
+    with torch.cuda.device(a.device):
+        stream = torch.cuda.current_stream()
+        launch = _prepare(a3, b3, sfa, sfb, alpha, out3, None, sf_vec_size, stream)
+        launch(a3, b3, sfa, sfb, out3, alpha, stream.cuda_stream)
+    return launch
