@@ -762,37 +762,39 @@ def _column(taddr: int) -> int:
 
 @family
 def test_sim_tmem_columns_of_accumulators_and_scales(setup):
-    """The MMA warp's TMEM: the accumulator of its t-th tile in buffer t % 2 (exact first
-    column), SFA and SFB copies and MMA reads in their own columns (SFB from the tile's row
-    offset in its 128-row atom on: (n * tile N) % 128 / 32 columns), nothing overlapping but the
-    two buffers' 48 shared columns at tile N 256, all inside the 512 allocated."""
+    """The MMA warp's TMEM, in every MMA-issuing CTA of the cluster: the accumulator of its t-th
+    tile in buffer t % 2 (exact first column), SFA and SFB copies and MMA reads in their own
+    columns (SFB from the tile's row offset in its 128-row atom on: (n * tile N) % 128 / 32
+    columns), nothing overlapping but the two buffers' 48 shared columns at tile N 256, all
+    inside the 512 allocated."""
     s = setup
     buffers, sfa, sfb, sfb_cols = _tmem_map(s)
     sf = set(range(sfa, sfa + 16)) | set(range(sfb, sfb + sfb_cols))
     acc = [set(range(b, b + s.tile_n)) for b in buffers]
     assert not sf & (acc[0] | acc[1]) and max(sf) < 512
     assert len(acc[0] & acc[1]) == (48 if s.tile_n == 256 else 0)
-    events = _sim(s, MMA)
-    assert [e[1] for e in events if e[0] == "alloc"] == []  # (the epilogue's warp 0 allocates)
     assert [e[1] for e in _sim(s, EPILOGUE) if e[0] == "alloc"] == [512]
-    tiles = _tiles(s, 0, 0)
-    mmas = [e for e in events if e[0] == "mma"]
     per_tile = 4 * K_TILES
-    assert len(mmas) == len(tiles) * per_tile
-    for t, (_, n_cta, _) in enumerate(tiles):
-        shift = n_cta * s.tile_n % bw.SF_ATOM_ROWS // 32
-        for j, mma in enumerate(mmas[t * per_tile : (t + 1) * per_tile]):
-            where = (t, n_cta, j, mma)
-            assert mma[1] == buffers[t % 2], where
-            assert sfa <= _column(mma[5]) < sfa + 16, where
-            assert sfb + shift <= _column(mma[6]) < sfb + sfb_cols, where
-            if j % 4 == 0:
-                assert _column(mma[6]) - sfb - shift == _column(mma[5]) - sfa, where
-    copies = {_column(e[1]) for e in events if e[0] == "cp"}
-    # (a k-tile's scales of one 128-row atom: sf_units columns of 4; MXFP4 fills half of 16)
-    atoms = _ceil(s.tile_n, bw.SF_ATOM_ROWS)
-    used = set(range(sfa, sfa + 4 * s.sf_units, 4))
-    assert copies == used | set(range(sfb, sfb + 4 * s.sf_units * atoms, 4))
+    for rank in range(0, s.cm * s.cn, s.pair):  # (the MMA warps of single CTAs and pair leaders)
+        events = _sim(s, MMA, rank)
+        assert [e[1] for e in events if e[0] == "alloc"] == []  # (epilogue warp 0 allocates)
+        tiles = _tiles(s, rank, 0)
+        mmas = [e for e in events if e[0] == "mma"]
+        assert len(mmas) == len(tiles) * per_tile
+        for t, (_, n_cta, _) in enumerate(tiles):
+            shift = n_cta * s.tile_n % bw.SF_ATOM_ROWS // 32
+            for j, mma in enumerate(mmas[t * per_tile : (t + 1) * per_tile]):
+                where = (rank, t, n_cta, j, mma)
+                assert mma[1] == buffers[t % 2], where
+                assert sfa <= _column(mma[5]) < sfa + 16, where
+                assert sfb + shift <= _column(mma[6]) < sfb + sfb_cols, where
+                if j % 4 == 0:
+                    assert _column(mma[6]) - sfb - shift == _column(mma[5]) - sfa, where
+        copies = {_column(e[1]) for e in events if e[0] == "cp"}
+        # (a k-tile's scales of a 128-row atom: sf_units columns of 4; MXFP4 fills half of 16)
+        atoms = _ceil(s.tile_n, bw.SF_ATOM_ROWS)
+        used = set(range(sfa, sfa + 4 * s.sf_units, 4))
+        assert copies == used | set(range(sfb, sfb + 4 * s.sf_units * atoms, 4))
 
 
 @family
