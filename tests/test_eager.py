@@ -42,7 +42,8 @@ def _operands(vec=16, offset=0):
 def recorder(monkeypatch):
     """gemm_for_ops on the CPU: a kernel that records its launches, a settable stream, and the
     real operand checks less the CUDA-only ones (no GPU here)."""
-    launches, prepared, stream = [], [], [SimpleNamespace(cuda_stream=5, device=torch.device("cpu"))]
+    cpu = torch.device("cpu")
+    launches, prepared, stream = [], [], [SimpleNamespace(cuda_stream=5, device=cpu)]
 
     def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a):
         kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a)
