@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import inspect
 import json
 import os
@@ -378,13 +379,13 @@ def profile_step(step: DecodeStep, device: str) -> dict:
                 out[category(kernel.name, inside)] += kernel.duration
         else:  # (CPU: each operator's own time, its children's excluded)
             out[category(event.name, inside)] += event.self_cpu_time_total
+    device_events = [e for e in events if e.device_type == DeviceType.CUDA]
+    if cuda and not any(out.values()):  # (no kernel attached to an operator: by name only)
+        for e in device_events:
+            out[category(e.name, False)] += e.time_range.elapsed_us()
     result = {k: round(v, 1) for k, v in out.items()}
     if cuda:
-        spans = sorted(
-            (e.time_range.start, e.time_range.end)
-            for e in events
-            if e.device_type == DeviceType.CUDA
-        )
+        spans = sorted((e.time_range.start, e.time_range.end) for e in device_events)
         busy, reach = 0.0, None
         for start, end in spans:
             if reach is None or start >= reach:
@@ -402,6 +403,10 @@ def profile_step(step: DecodeStep, device: str) -> dict:
 def run_config(name: str, args, emit) -> dict:
     """Every batch size and variant of one configuration: its rows (``emit`` prints each as it
     is measured), profiles and sizes."""
+    gc.collect()  # (the previous configuration's model)
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     model = build_model(name, args.layers, args.device)
     built = time.perf_counter()
@@ -542,6 +547,7 @@ def main(argv=None) -> int:
         else (f"graph: {GRAPH_STEPS} steps per CUDA graph, {GRAPH_REPLAYS} replays (mean)")
     )
     print(f"ms: per decode step ({steps}); tok/s: batch / step time")
+    print("attention: transformers' SDPA with a mask, which repeats K / V for every query head")
     if out is not None:
         print(f"wrote {out}")
     return 0

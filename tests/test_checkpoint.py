@@ -1137,3 +1137,235 @@ def test_compressed_tensors_in_features_not_a_multiple_of_32(tmp_path):
     _ct_write(tmp_path, bf16, "NVFP4A16")
     with pytest.raises(ValueError, match="in_features = 48 is not a multiple of 32"):
         fp4_ops.load_quantized(tmp_path)
+
+
+# ----------------------------------------------------------------------------- on the GPU
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+GPU_MODES = {
+    # (W4A16 runs on sm_90 only; W4A4 on sm_90 and the sm_100 family)
+    "w4a16": {LAYERS: ("nvfp4", "bf16")},
+    "w4a4-static": {LAYERS: ("nvfp4", "static")},
+}
+
+
+def _needs_w4a16(mode: str) -> None:
+    if mode == "w4a16" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("W4A16 runs on sm_90 (H100 / H200) only")
+
+
+@pytest.fixture(scope="module")
+def gpu_checkpoints(tmp_path_factory):
+    """(format, mode) -> (folder, the BF16 model it was quantized from), saved from the CPU."""
+    out = {}
+    for checkpoint in CHECKPOINT_FORMATS:
+        for mode, layers in GPU_MODES.items():
+            bf16 = _model("llama", seed=3)
+            model = copy.deepcopy(bf16)
+            _quantize(model, layers)
+            folder = tmp_path_factory.mktemp(f"gpu-{checkpoint}-{mode}")
+            fp4_ops.save_quantized(model, folder, checkpoint)
+            out[checkpoint, mode] = (folder, bf16)
+    return out
+
+
+CHECKPOINT_FORMATS = ("compressed-tensors", "modelopt")
+GPU_CASES = [(c, m) for c in CHECKPOINT_FORMATS for m in GPU_MODES]
+
+
+def _gpu_tolerance(mode: str, cpu_logits, bf16_logits) -> float:
+    """How far (relative Frobenius norm) the GPU's logits may be from the CPU's. W4A16: the
+    same products (FP4 x BF16 is exact in fp32) summed in another order, each layer's output
+    rounded to BF16 (2^-8 relative at most) on both sides: a few such roundings, 2^-6. W4A4:
+    those differences can move an activation across an FP4 rounding boundary, one code step
+    (up to 1/3 of that element), so the GPU may differ as much as a fraction of the FP4 error
+    itself: half the CPU model's distance from the BF16 model."""
+    if mode == "w4a16":
+        return 2.0**-6
+    return 0.5 * _rel(cpu_logits, bf16_logits)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("checkpoint, mode", GPU_CASES)
+def test_gpu_load_equals_cpu_load(checkpoint, mode, gpu_checkpoints):
+    """The same checkpoint loaded onto the CPU and onto CUDA: the same FP4 buffers, and logits
+    within the tolerance of ``_gpu_tolerance``."""
+    _needs_w4a16(mode)
+    folder, bf16 = gpu_checkpoints[checkpoint, mode]
+    cpu = fp4_ops.load_quantized(folder)
+    gpu = fp4_ops.load_quantized(folder, device="cuda")
+    assert {p.device.type for p in gpu.parameters()} == {"cuda"}
+    assert {b.device.type for b in gpu.buffers()} == {"cuda"}
+    for name, layer in _fp4(cpu).items():
+        other = gpu.get_submodule(name)
+        assert (other.format, other.activations) == (layer.format, layer.activations)
+        assert torch.equal(other.weight.data.cpu(), layer.weight.data), name
+        assert torch.equal(
+            other.weight_scale.cpu().view(torch.uint8), layer.weight_scale.view(torch.uint8)
+        )
+        assert torch.equal(other.weight_global_scale.cpu(), layer.weight_global_scale)
+    ids = _ids(2)
+    want = _logits(cpu, ids)
+    got = _logits(gpu, ids.cuda()).cpu()
+    assert torch.isfinite(got).all()
+    tol = _gpu_tolerance(mode, want, _logits(bf16, ids))
+    print(f"{checkpoint} {mode}: |gpu - cpu| / |cpu| = {_rel(got, want):.5f} (allowed {tol:.5f})")
+    assert _rel(got, want) <= tol
+
+
+#: prompts (seeds of _ids-like [2, 8] token ids) whose CPU greedy path has no near tie
+GENERATE_SEEDS = {"w4a16": 256, "w4a4-static": 288}
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("checkpoint, mode", GPU_CASES)
+def test_gpu_greedy_generate_gives_the_cpu_tokens(checkpoint, mode, gpu_checkpoints):
+    """Greedy generate gives the same tokens on both devices. The prompt is one whose CPU path
+    has no near tie: at every step the best logit leads the second by more than 0.1 x the
+    logits' RMS (checked here), so a GPU whose logits differ by the rounding that
+    ``test_gpu_load_equals_cpu_load`` allows (2^-6 of their norm, W4A16) chooses the same."""
+    _needs_w4a16(mode)
+    folder, _ = gpu_checkpoints[checkpoint, mode]
+    cpu = fp4_ops.load_quantized(folder)
+    gpu = fp4_ops.load_quantized(folder, device="cuda")
+    gen = torch.Generator().manual_seed(GENERATE_SEEDS[mode])
+    ids = torch.randint(0, VOCAB, (2, 8), generator=gen)
+    kwargs = dict(max_new_tokens=8, do_sample=False, disable_compile=True, pad_token_id=0)
+    kwargs.update(output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        on_cpu = cpu.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        on_gpu = gpu.generate(ids.cuda(), attention_mask=torch.ones_like(ids).cuda(), **kwargs)
+    logits = torch.stack(on_cpu.logits, 1).float()
+    top = logits.topk(2, -1).values
+    gaps = (top[..., 0] - top[..., 1]) / logits.pow(2).mean(-1).sqrt()
+    assert gaps.min() > 0.1, "the prompt has a near tie on the CPU: choose another seed"
+    gpu_logits = torch.stack(on_gpu.logits, 1).float().cpu()
+    print(
+        f"{checkpoint} {mode}: smallest CPU lead {float(gaps.min()):.3f} x RMS; GPU step logits "
+        f"differ from the CPU's by {_rel(gpu_logits, logits):.5f} of their norm"
+    )
+    assert torch.equal(on_gpu.sequences.cpu(), on_cpu.sequences)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", list(GPU_MODES))
+def test_gpu_decode_step_under_a_cuda_graph(mode, gpu_checkpoints):
+    """A loaded model's decode step (``benchmarks.model.DecodeStep``: static cache, device-side
+    position) captured in a CUDA graph and replayed gives the eager step's logits, bit for bit,
+    and those equal a full forward's last-position logits (within the GPU's rounding)."""
+    _needs_w4a16(mode)
+    bench = pytest.importorskip("benchmarks.model")
+    folder, _ = gpu_checkpoints["compressed-tensors", mode]
+    model = fp4_ops.load_quantized(folder, device="cuda")
+    ids = _ids(5).cuda()
+    step = bench.DecodeStep(model, ids.shape[0], 0, "cuda")
+    with torch.inference_mode():
+        step.reset(ids.shape[1])
+        for i in range(ids.shape[1]):  # (fills the cache eagerly)
+            step.ids.copy_(ids[:, i : i + 1])
+            eager = step().clone()
+        full = model(ids).logits[:, -1:]
+        # the last step again, captured: warm-up on the capturing stream, then a replay
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step.reset(2)
+            step.position.fill_(ids.shape[1] - 1)
+            for layer in step.cache.layers:
+                layer.cumulative_length.fill_(ids.shape[1] - 1)
+            step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            replayed = step()
+        step.position.fill_(ids.shape[1] - 1)
+        for layer in step.cache.layers:
+            layer.cumulative_length.fill_(ids.shape[1] - 1)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(replayed, eager)
+    assert int(step.position) == ids.shape[1]
+    if mode == "w4a16":  # (W4A4's dynamic scales see one row here, all of them in the forward)
+        assert _rel(eager.float(), full.float()) <= 2.0**-6
+
+
+def _fp4_model_bytes(model: nn.Module) -> tuple[int, int]:
+    """(bytes of the model with its FP4 layers counted from their shapes: packed codes N*K/2,
+    blocked scales padded to 128-row x 4-column blocks, fp32 scalars; the largest one layer's)"""
+    total, largest = 0, 0
+    seen = set()
+    for module in model.modules():
+        if isinstance(module, FP4Linear):
+            n, k = module.out_features, module.in_features
+            vec = fp4_ops.FORMATS[module.format]
+            size = n * k // 2 + fp4_ops.blocked_scale_numel(n, k, vec) + 2 * 4
+            size += 0 if module.bias is None else 2 * n
+            total += size
+            largest = max(largest, size)
+            continue
+        for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+    return total, largest
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", list(GPU_MODES))
+def test_gpu_load_peak_memory_is_the_fp4_size(mode, tmp_path):
+    """Loading onto the GPU allocates the FP4 model and, for a moment, one layer's working
+    copies (its codes and plain scales read, its blocked scales, W4A16's prepacked codes):
+    peak <= the model's bytes from its parameter counts + 4 x the largest FP4 layer. A loader
+    that made BF16 weights for the FP4 layers would need 3.5x their FP4 bytes more."""
+    _needs_w4a16(mode)
+    config = transformers.LlamaConfig(
+        vocab_size=4096,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=6,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    linear_params = sum(
+        m.weight.numel()
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and n != "lm_head"
+    )
+    _quantize_for_memory(model, mode)
+    fp4_ops.save_quantized(model, tmp_path)
+    expected, largest = _fp4_model_bytes(model)
+    del model
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loaded = fp4_ops.load_quantized(tmp_path, device="cuda")
+    peak = torch.cuda.max_memory_allocated() - base
+    held = torch.cuda.memory_allocated() - base
+    print(
+        f"{mode}: GPU peak {peak / 2**20:.1f} MiB, held {held / 2**20:.1f} MiB, model from its "
+        f"parameter counts {expected / 2**20:.1f} MiB (largest FP4 layer {largest / 2**20:.2f} "
+        f"MiB; its linear weights in BF16 would be {2 * linear_params / 2**20:.1f} MiB)"
+    )
+    assert _fp4_model_bytes(loaded)[0] == expected
+    assert held <= expected + 2**20
+    assert peak <= expected + 4 * largest + 2**20
+
+
+def _quantize_for_memory(model: nn.Module, mode: str) -> None:
+    if mode == "w4a16":
+        fp4_ops.quantize_model(model, [LAYERS], activations="bf16")
+        return
+    for name, m in list(model.named_modules()):
+        if isinstance(m, nn.Linear) and fnmatch.fnmatchcase(name, LAYERS):
+            parent, _, attr = name.rpartition(".")
+            layer = FP4Linear.from_linear(m, "nvfp4", "static", 0.01)
+            setattr(model.get_submodule(parent), attr, layer)
