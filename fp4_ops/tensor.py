@@ -51,13 +51,13 @@ def check_global_scale_value(t: torch.Tensor, name: str) -> None:
     by a device-side assert (``torch._assert_async``), as is anything under torch.compile."""
     if t.device.type == "meta":
         return
+    ok = torch.isfinite(t) & (t > 0)
     if t.device.type == "cpu" and not torch.compiler.is_compiling():
-        value = float(t)
-        if not (math.isfinite(value) and value > 0):
+        if not bool(ok.all()):
+            value = float(t.reshape(-1)[~ok.reshape(-1)][0])
             raise ValueError(f"{name} must be finite and positive, got {value}")
     else:
-        ok = (torch.isfinite(t) & (t > 0)).reshape(())
-        torch._assert_async(ok, f"{name} must be finite and positive")
+        torch._assert_async(ok.all(), f"{name} must be finite and positive")
 
 
 def check_packed_data(data: torch.Tensor, name: str, vec: int, format: str) -> int:
@@ -138,7 +138,8 @@ class FP4Tensor:
       layouts apart: plain [rows, K/vec] scales, flattened or not, are refused (from_plain takes
       them).
     * ``global_scale``: 0-d float32 tensor on the data's device, finite and positive, decoding
-      convention (1.0 for MXFP4).
+      convention (1.0 for MXFP4); [L] for [L, rows, K] data takes one per batch (MoE experts,
+      ``fp4_ops.moe``; ``fp4_gemm`` takes 0-d ones only).
     * ``format``: "nvfp4" or "mxfp4".
 
     Every part is checked here (a CUDA global scale by a device-side assert, no host sync);
@@ -173,10 +174,12 @@ class FP4Tensor:
                 f"128x4 blocked layout needs {expect} ([L,] row blocks, column blocks, 512); "
                 + hint
             )
-        if g.ndim != 0 or g.dtype != torch.float32:
+        # (batched data [L, rows, K] may carry one global scale per batch: MoE experts)
+        per_batch = d.ndim == 3 and tuple(g.shape) == d.shape[:1]
+        if not (g.ndim == 0 or per_batch) or g.dtype != torch.float32:
             raise ValueError(
-                f"FP4Tensor.global_scale must be a 0-d float32 tensor, got {g.dtype} "
-                f"{tuple(g.shape)}"
+                "FP4Tensor.global_scale must be a 0-d float32 tensor (or [L] for data "
+                f"[L, rows, K/2]), got {g.dtype} {tuple(g.shape)}"
             )
         if not (s.device == d.device == g.device):
             raise ValueError(
@@ -241,7 +244,8 @@ class FP4Tensor:
         """``e2m1 * scale * global_scale`` as ``dtype`` (computed in float32)."""
         check_type(dtype, torch.dtype, "dtype", "a torch.dtype")
         values = cpu.dequantize(self.data, self.plain_scales(), self.sf_vec_size)
-        return (values * self.global_scale).to(dtype)
+        gs = self.global_scale
+        return (values * gs.reshape(*gs.shape, 1, 1)).to(dtype)
 
     # -- constructors and converters
 
