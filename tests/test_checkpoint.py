@@ -1319,7 +1319,7 @@ def _fp4_model_bytes(model: nn.Module) -> tuple[int, int]:
 def test_gpu_load_peak_memory_is_the_fp4_size(mode, tmp_path):
     """Loading onto the GPU allocates the FP4 model and, for a moment, one layer's working
     copies (its codes and plain scales read, its blocked scales, W4A16's prepacked codes):
-    peak <= the model's bytes from its parameter counts + 4 x the largest FP4 layer. A loader
+    peak <= the model's bytes from its parameter counts + 8 x the largest FP4 layer. A loader
     that made BF16 weights for the FP4 layers would need 3.5x their FP4 bytes more."""
     _needs_w4a16(mode)
     config = transformers.LlamaConfig(
@@ -1357,7 +1357,7 @@ def test_gpu_load_peak_memory_is_the_fp4_size(mode, tmp_path):
     )
     assert _fp4_model_bytes(loaded)[0] == expected
     assert held <= expected + 2**20
-    assert peak <= expected + 4 * largest + 2**20
+    assert peak <= expected + 8 * largest + 2**20
 
 
 def _quantize_for_memory(model: nn.Module, mode: str) -> None:
