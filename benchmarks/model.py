@@ -201,15 +201,16 @@ def build_model(name: str, layers: int | None, device: str) -> nn.Module:
     return model.eval().requires_grad_(False)
 
 
-def _swap(model: nn.Module, modules: dict[str, nn.Module]) -> None:
+def swap_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:
+    """Install ``modules`` (module name -> module) in ``model``."""
     for name, module in modules.items():
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, module)
 
 
 def make_variants(model: nn.Module, fmt: str, lm_head: str) -> dict[str, dict[str, nn.Module]]:
-    """variant -> {module name: module} to install with ``_swap``: the BF16 Linear modules and
-    two FP4Linear sets quantized from them; the model is left BF16."""
+    """variant -> {module name: module} to install with ``swap_modules``: the BF16 Linear
+    modules and two FP4Linear sets quantized from them; the model is left BF16."""
 
     def chosen(name: str, _linear) -> bool:
         return name != "lm_head" or lm_head == "fp4"
@@ -221,7 +222,7 @@ def make_variants(model: nn.Module, fmt: str, lm_head: str) -> dict[str, dict[st
         if report.skipped:
             raise ValueError(f"quantize_model skipped layers: {report.skipped}")
         variants[variant] = {n: model.get_submodule(n) for n in report.replaced}
-        _swap(model, bf16)
+        swap_modules(model, bf16)
     return variants
 
 
@@ -425,20 +426,20 @@ def run_config(name: str, args, emit) -> dict:
             for mode in modes:
                 row = {"config": name, "layers": layers, "batch": batch, "mode": mode}
                 for variant in VARIANTS:
-                    _swap(model, variants[variant])
+                    swap_modules(model, variants[variant])
                     row[f"{variant}_us"] = time_step_us(step, mode)
                 result["rows"].append(row)
                 emit(row)
             if args.profile:
                 for variant in VARIANTS:
-                    _swap(model, variants[variant])
+                    swap_modules(model, variants[variant])
                     found = profile_step(step, args.device)
                     found.update(config=name, batch=batch, variant=variant)
                     result["profiles"].append(found)
             del step
             if args.device == "cuda":
                 torch.cuda.empty_cache()
-    _swap(model, variants["bf16"])
+    swap_modules(model, variants["bf16"])
     if args.device == "cuda":
         result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
     return result

@@ -98,7 +98,7 @@ def test_decode_steps_compute_a_full_forward(variant):
     whole sequence: the mask, the positions and the cache writes are right."""
     model = bench.build_model("tiny", None, "cpu")
     variants = bench.make_variants(model, "nvfp4", "bf16")
-    bench._swap(model, variants[variant])
+    bench.swap_modules(model, variants[variant])
     ids = torch.randint(0, 512, (2, 6), generator=torch.Generator().manual_seed(0))
     step = bench.DecodeStep(model, 2, 0, "cpu")
     step.reset(6)
