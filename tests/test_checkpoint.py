@@ -1318,9 +1318,10 @@ def _fp4_model_bytes(model: nn.Module) -> tuple[int, int]:
 @pytest.mark.parametrize("mode", list(GPU_MODES))
 def test_gpu_load_peak_memory_is_the_fp4_size(mode, tmp_path):
     """Loading onto the GPU allocates the FP4 model and, for a moment, one layer's working
-    copies (its codes and plain scales read, its blocked scales, W4A16's prepacked codes):
-    peak <= the model's bytes from its parameter counts + 8 x the largest FP4 layer. A loader
-    that made BF16 weights for the FP4 layers would need 3.5x their FP4 bytes more."""
+    copies: its codes and scales as read, its blocked scales, and W4A16's prepacking (codes
+    unpacked to a byte per value, 2x, padded and permuted, 2x + 2x, packed again, 1x). So
+    peak <= the model's bytes from its parameter counts + 12 x the largest FP4 layer; BF16
+    weights made for the FP4 layers would add 3.5x all their FP4 bytes (here ~4x the slack)."""
     _needs_w4a16(mode)
     config = transformers.LlamaConfig(
         vocab_size=4096,
@@ -1357,7 +1358,7 @@ def test_gpu_load_peak_memory_is_the_fp4_size(mode, tmp_path):
     )
     assert _fp4_model_bytes(loaded)[0] == expected
     assert held <= expected + 2**20
-    assert peak <= expected + 8 * largest + 2**20
+    assert peak <= expected + 12 * largest + 2**20
 
 
 def _quantize_for_memory(model: nn.Module, mode: str) -> None:
