@@ -1321,7 +1321,7 @@ def test_gpu_load_peak_memory_is_the_fp4_size(mode, tmp_path):
     copies: its codes and scales as read, its blocked scales, and W4A16's prepacking (codes
     unpacked to a byte per value, 2x, padded and permuted, 2x + 2x, packed again, 1x). So
     peak <= the model's bytes from its parameter counts + 12 x the largest FP4 layer; BF16
-    weights made for the FP4 layers would add 3.5x all their FP4 bytes (here ~4x the slack)."""
+    weights made for the FP4 layers would add 3.5x all their FP4 bytes (here 6x the slack)."""
     _needs_w4a16(mode)
     config = transformers.LlamaConfig(
         vocab_size=4096,
