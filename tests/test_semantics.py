@@ -215,3 +215,35 @@ def test_gemm_config_key_changes_with_every_kernel_choice():
     assert set(variants) == {f.name for f in dataclasses.fields(r90.GemmConfig)}
     keys = {base} | {dataclasses.replace(base, **{name: v}) for name, v in variants.items()}
     assert len(keys) == len(variants) + 1
+
+
+def _batch_values64(t: FP4Tensor) -> torch.Tensor:
+    """``_values64`` of every batch of a 3-D FP4Tensor (each batch's scales blocked alone)."""
+    rows, k, vec = t.shape[-2], t.shape[-1], t.sf_vec_size
+    out = []
+    for data, scale in zip(t.data, t.scale, strict=True):
+        plain = reference.from_blocked(scale.reshape(-1), rows, k // vec)
+        out.append(reference.dequantize_fp4(data, plain, vec).double() * float(t.global_scale))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("m", [1, 32, 64, 96, 128, 130, 192, 256])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_gemm_batched_activations_against_one_weight(fmt, m):
+    """a [L, M, K] against weights [N, K] (the L * M rows of one GEMM) and against batched
+    weights [L, N, K], for M on and off the 128-row scale blocks: every batch's rows against
+    their own scales."""
+    l, n, k = 3, 40, 96  # noqa: E741
+    x = torch.stack([_x(m, k, 10 + i) for i in range(l)])
+    a = quantize(x, fmt)
+    w = quantize(_x(n, k, 20), fmt)
+    wb = quantize(torch.stack([_x(n, k, 30 + i) for i in range(l)]), fmt)
+    a64 = _batch_values64(a)
+    d = fp4_gemm(a, w, torch.float32)
+    assert d.shape == (l, m, n)
+    for i in range(l):
+        _assert_close(d[i], a64[i], _values64(w), 1.0, 4)
+    d = fp4_gemm(a, wb, torch.float32)
+    b64 = _batch_values64(wb)
+    for i in range(l):
+        _assert_close(d[i], a64[i], b64[i], 1.0, 4)
