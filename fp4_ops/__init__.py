@@ -35,6 +35,7 @@ Importing this package needs no GPU and no CuTe DSL: the kernels are imported on
 
 from fp4_ops.checkpoint import load_quantized, save_quantized
 from fp4_ops.layout import FORMATS, GLOBAL_SCALE_DIVISOR, blocked_scale_numel, blocked_scale_shape
+from fp4_ops.moe import FP4MoE, fp4_grouped_gemm, fp4_moe, quantize_experts
 from fp4_ops.nn import FP4Linear, QuantizeReport, quantize_model
 from fp4_ops.ops import fp4_gemm, quantize
 from fp4_ops.tensor import FP4Tensor
@@ -43,13 +44,17 @@ __all__ = [
     "FORMATS",
     "GLOBAL_SCALE_DIVISOR",
     "FP4Linear",
+    "FP4MoE",
     "FP4Tensor",
     "QuantizeReport",
     "blocked_scale_numel",
     "blocked_scale_shape",
     "fp4_gemm",
+    "fp4_grouped_gemm",
+    "fp4_moe",
     "load_quantized",
     "quantize",
+    "quantize_experts",
     "quantize_model",
     "save_quantized",
 ]

@@ -1,0 +1,654 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Mixture-of-experts on FP4 experts: a grouped GEMM, a fused MoE layer and ``FP4MoE``.
+
+    w13 = fp4_ops.quantize_experts(w13_bf16, "nvfp4")   # [E, 2I, H], one global scale per expert
+    y = fp4_ops.fp4_grouped_gemm(a, w13, group_offsets)  # rows of group e against expert e
+    out = fp4_ops.fp4_moe(x, w13, w2, topk_weights, topk_ids)
+
+Experts: one FP4Tensor [E, N, K] whose ``global_scale`` is [E] (ModelOpt's per-expert
+``weight_scale_2``; a 0-d one is shared by all experts). ``quantize_experts`` quantizes each
+expert with its own dynamic global scale.
+
+``fp4_grouped_gemm(a, b, group_offsets, out_dtype)``
+    D[r] = a[r] @ dequant(b[e])^T for offsets[e] <= r < offsets[e + 1]: ``a`` the rows of all
+    groups stacked ([rows, K], 16-bit: W4A16, or an FP4Tensor: W4A4, alpha = a.global_scale *
+    b.global_scale[e]), ``group_offsets`` int32 [E + 1], 0 first, rows last, non-decreasing
+    (groups may be empty). CPU tensors are checked on the host (ValueError); CUDA and traced
+    ones by device-side asserts, without a host sync.
+``fp4_moe(x, w13, w2, topk_weights, topk_ids, activation, ...)``
+    vLLM's conventions: x [T, H]; w13 [E, 2I, H], w2 [E, H, I]; topk_ids int32 / int64 [T, k];
+    topk_weights [T, k] weigh the experts' outputs. Per (token, slot) pair p with expert e:
+        h = gemm(x[t], w13[e])                 in x's dtype (W4A4: x quantized per call)
+        a = act(h + w13_bias[e])               in float32, then rounded to x's dtype
+        y = gemm(a, w2[e])                     in x's dtype (W4A4: a quantized per call)
+        out[t] = sum_slots w * (y + w2_bias[e])  in float32, then rounded to x's dtype
+    ``activation="silu"``: silu(gate) * up with the gate rows first (w13 = [w1; w3]).
+    ``activation="swigluoai"``: gpt-oss's clamped SwiGLU (below), rows interleaved.
+    Routing metadata (pairs sorted by expert, the group offsets) is built with torch ops on
+    the device: argsort, searchsorted; no host sync.
+``FP4MoE``
+    The experts as buffers (``from_experts`` quantizes 16-bit ones), forward(x, topk_weights,
+    topk_ids); state dict with the format and activation as extra state.
+
+Every op is a ``torch.library`` custom op with a fake kernel (``torch.compile(fullgraph=True)``)
+and inference only (a backward raises ``fp4_ops.ops.NO_BACKWARD``). CPU: each expert that has
+rows is dequantized to float32 and multiplied (``fp4_ops.cpu``). CUDA: the routing and checks
+run on the device, but the grouped GEMMs have no GPU kernel yet: they raise ValueError.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp4_ops import cpu
+from fp4_ops.layout import FORMATS, PACKED_DTYPES, from_blocked
+from fp4_ops.ops import (
+    IN_DTYPES,
+    NO_BACKWARD,
+    check_out_dtype,
+    check_quantize_input,
+    check_w4a16_activations,
+    eager,
+    quantize,
+)
+from fp4_ops.sm90 import k_order
+from fp4_ops.tensor import (
+    FP4Tensor,
+    check_format,
+    check_global_scale_value,
+    check_type,
+    picklable,
+    unpickled,
+)
+
+#: fp4_moe's activations: name -> whether w13's gate and up rows are interleaved
+ACTIVATIONS = {"silu": False, "swigluoai": True}
+# gpt-oss's SwiGLU (transformers' GptOssExperts and vLLM's swigluoai_and_mul): gate = even rows,
+# up = odd rows; gate clamped above, up on both sides; (up + 1) * gate * sigmoid(alpha * gate)
+SWIGLUOAI_ALPHA = 1.702
+SWIGLUOAI_LIMIT = 7.0
+#: fp4_moe's activation modes: 16-bit activations (W4A16) or quantized per call (W4A4)
+MODES = ("bf16", "dynamic")
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError(NO_BACKWARD)
+
+
+def _host_checks(*tensors) -> bool:
+    """Whether values can be checked on the host: eager CPU tensors (CUDA and traced ones are
+    checked by device-side asserts instead, without a sync)."""
+    return not torch.compiler.is_compiling() and all(t.device.type == "cpu" for t in tensors)
+
+
+def _require(ok: torch.Tensor, message: str, host: bool) -> None:
+    """ValueError(message) unless every element of ``ok`` holds (host), else a device assert."""
+    if host:
+        if not bool(ok.all()):
+            raise ValueError(message)
+    else:
+        torch._assert_async(ok.all(), message)
+
+
+# ----------------------------------------------------------------------------- experts
+
+
+def quantize_experts(w: torch.Tensor, format: str = "nvfp4") -> FP4Tensor:
+    """Expert weights w [E, N, K] (float32 / bfloat16 / float16) -> FP4Tensor [E, N, K] with one
+    global scale per expert ([E]: each expert's amax / (448 * 6); 1.0 for MXFP4): ``quantize``
+    of each expert, on w's device."""
+    check_format(format)
+    check_type(w, torch.Tensor, "w", "a torch.Tensor [E, N, K]")
+    if w.ndim != 3 or w.shape[0] == 0:
+        raise ValueError(f"w must be [E, N, K] with E >= 1 experts, got {tuple(w.shape)}")
+    check_quantize_input(w, FORMATS[format], "w")
+    parts = [quantize(w[e], format) for e in range(w.shape[0])]
+    data = torch.stack([p.data for p in parts])
+    scale = torch.stack([p.scale for p in parts])
+    gs = torch.stack([p.global_scale for p in parts])
+    return FP4Tensor(data, scale, gs, format)
+
+
+def check_experts(b, name: str) -> torch.Tensor:
+    """Expert weights: an FP4Tensor [E, N, K], E >= 1; their global scales as an [E] tensor."""
+    check_type(b, FP4Tensor, name, "an FP4Tensor [E, N, K] (fp4_ops.quantize_experts)")
+    if b.data.ndim != 3 or b.data.shape[0] == 0:
+        raise ValueError(f"{name} must be experts [E, N, K] with E >= 1, got {b.shape}")
+    return b.global_scale.float().expand(b.data.shape[0]).contiguous()
+
+
+# ----------------------------------------------------------------------------- grouped GEMM ops
+
+
+def _cpu_groups(offsets: torch.Tensor):
+    """(expert, first row, end row) of every non-empty group (CPU implementations only)."""
+    bounds = offsets.tolist()
+    return [
+        (e, bounds[e], bounds[e + 1]) for e in range(len(bounds) - 1) if bounds[e + 1] > bounds[e]
+    ]
+
+
+def grouped_w4a16_impl(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked):
+    """The W4A16 grouped op on checked operands: CPU per expert in float32 (CUDA: refused, no
+    grouped kernel yet)."""
+    if a.device.type == "cuda":
+        # NOTE: no per-expert launches instead: they would need the offsets on the host (a sync)
+        raise ValueError(
+            "fp4_grouped_gemm / fp4_moe on CUDA: the Hopper grouped W4A16 kernel (device-side "
+            "group offsets) is not written yet; run the MoE on CPU tensors for now"
+        )
+    if a.device.type != "cpu":
+        raise ValueError(f"fp4_grouped_gemm runs on CPU and CUDA tensors, got {a.device}")
+    out = a.new_zeros((a.shape[0], b_data.shape[1]), dtype=out_dtype)
+    for e, r0, r1 in _cpu_groups(offsets):
+        data = k_order.unprepack_weights(b_data[e], a.shape[1]) if prepacked else b_data[e]
+        scale = b_scale[e].reshape(-1)
+        out[r0:r1] = cpu.gemm_w4a16(a[r0:r1], data, scale, alpha[e], sf_vec_size, out_dtype)
+    return out
+
+
+def grouped_w4a4_impl(a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype):
+    """The W4A4 grouped op on checked operands: CPU per expert in float32 (CUDA: refused)."""
+    if a_data.device.type != "cpu":
+        raise ValueError(
+            "fp4_grouped_gemm / fp4_moe with FP4 activations (W4A4) on CUDA: no grouped GPU "
+            "kernel is written yet; run the MoE on CPU tensors for now"
+        )
+    rows, k = a_data.shape[0], 2 * a_data.shape[1]
+    cpu.check_scales(a_scale)
+    a_plain = from_blocked(a_scale.reshape(-1), rows, k // sf_vec_size)
+    out = a_data.new_zeros((rows, b_data.shape[1]), dtype=out_dtype)
+    for e, r0, r1 in _cpu_groups(offsets):
+        da = cpu.dequantize(a_data[r0:r1], a_plain[r0:r1], sf_vec_size)
+        db = cpu.plain_operand(b_data[e], b_scale[e], sf_vec_size)
+        out[r0:r1] = (torch.matmul(da, db.transpose(0, 1)) * alpha[e]).to(out_dtype)
+    return out
+
+
+@torch.library.custom_op("fp4_ops::grouped_gemm_w4a16", mutates_args=())
+def grouped_w4a16_op(
+    a: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    alpha: torch.Tensor,
+    offsets: torch.Tensor,
+    sf_vec_size: int,
+    out_dtype: torch.dtype,
+    prepacked: bool,
+) -> torch.Tensor:
+    return grouped_w4a16_impl(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked)
+
+
+@grouped_w4a16_op.register_fake
+def _(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked):
+    return a.new_empty((a.shape[0], b_data.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("fp4_ops::grouped_gemm", mutates_args=())
+def grouped_w4a4_op(
+    a_data: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    alpha: torch.Tensor,
+    offsets: torch.Tensor,
+    sf_vec_size: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    args = (a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype)
+    return grouped_w4a4_impl(*args)
+
+
+@grouped_w4a4_op.register_fake
+def _(a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype):
+    return a_data.new_empty((a_data.shape[0], b_data.shape[1]), dtype=out_dtype)
+
+
+for _op in (grouped_w4a16_op, grouped_w4a4_op):
+    _op.register_autograd(_no_backward)
+
+
+def check_group_offsets(group_offsets, num_experts: int, rows: int, device) -> None:
+    """int32 [E + 1] on ``device``: 0 first, ``rows`` last, non-decreasing (host check for CPU
+    tensors, device asserts for CUDA and traced ones)."""
+    check_type(group_offsets, torch.Tensor, "group_offsets", "an int32 tensor [E + 1]")
+    if group_offsets.dtype != torch.int32:
+        raise ValueError(f"group_offsets must be int32, got {group_offsets.dtype}")
+    if tuple(group_offsets.shape) != (num_experts + 1,):
+        raise ValueError(
+            f"group_offsets must be [E + 1] = [{num_experts + 1}] for {num_experts} experts, "
+            f"got {tuple(group_offsets.shape)}"
+        )
+    if group_offsets.device != device:
+        raise ValueError(f"group_offsets is on {group_offsets.device}, a on {device}")
+    host = _host_checks(group_offsets)
+    ends = torch.stack((group_offsets[0], group_offsets[-1] - rows))
+    _require(ends == 0, f"group_offsets must start at 0 and end at the rows of a ({rows})", host)
+    steps = group_offsets[1:] >= group_offsets[:-1]
+    _require(steps, "group_offsets must be non-decreasing (group e: offsets[e]..[e+1])", host)
+
+
+def fp4_grouped_gemm(
+    a: FP4Tensor | torch.Tensor,
+    b: FP4Tensor,
+    group_offsets: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """D [rows, N]: rows offsets[e] .. offsets[e + 1] - 1 of ``a`` times expert e of ``b``
+    ([E, N, K], global scale [E] or 0-d), alpha = b.global_scale[e] (W4A16: ``a`` a bfloat16 /
+    float16 tensor [rows, K]) or a.global_scale * b.global_scale[e] (W4A4: ``a`` an FP4Tensor
+    [rows, K] of b's format). ``group_offsets``: ``check_group_offsets``. Inference only."""
+    gs = check_experts(b, "b")
+    check_out_dtype(out_dtype)
+    num_experts, n, k = b.shape
+    w4a16 = isinstance(a, torch.Tensor)
+    if w4a16:
+        check_w4a16_activations(a, b.format, "a must be an FP4Tensor (W4A4) or")
+        rows_data = a
+    else:
+        check_type(a, FP4Tensor, "a", "an FP4Tensor (W4A4) or a bfloat16 / float16 tensor")
+        if a.format != b.format:
+            raise ValueError(f"a is {a.format} but b is {b.format}")
+        rows_data = a.data
+    if rows_data.ndim != 2 or a.shape[-1] != k:
+        raise ValueError(f"a must be [rows, K] with b's K = {k}, got {tuple(a.shape)}")
+    if rows_data.device != b.device:
+        raise ValueError(f"a is on {rows_data.device} but b is on {b.device}")
+    rows = rows_data.shape[0]
+    check_group_offsets(group_offsets, num_experts, rows, b.device)
+    if rows == 0 or n == 0:
+        return rows_data.new_empty((rows, n), dtype=out_dtype)
+    if w4a16:
+        return _grouped_w4a16(a, b, gs, group_offsets, out_dtype)
+    alpha = a.global_scale.float() * gs
+    args = (a.data, a.scale, b.data, b.scale, alpha, group_offsets, b.sf_vec_size, out_dtype)
+    run = grouped_w4a4_impl if eager(*args[:6]) else grouped_w4a4_op
+    return run(*args)
+
+
+def _grouped_w4a16(a, b: FP4Tensor, alpha, offsets, out_dtype, prepacked_data=None):
+    """The W4A16 grouped op on checked operands; ``prepacked_data``: b's data prepacked
+    beforehand for the Hopper kernel (``FP4MoE`` keeps it), None: as b holds it."""
+    data = b.data if prepacked_data is None else prepacked_data
+    args = (a, data, b.scale, alpha, offsets, b.sf_vec_size, out_dtype, prepacked_data is not None)
+    run = grouped_w4a16_impl if eager(*args[:5]) else grouped_w4a16_op
+    return run(*args)
+
+
+# ----------------------------------------------------------------------------- routing
+
+
+def check_routing(topk_weights, topk_ids, tokens: int, num_experts: int, device) -> None:
+    """topk_ids int32 / int64 [T, k] in [0, E), topk_weights floating-point [T, k], on
+    ``device`` (ids checked on the host for CPU tensors, by a device assert otherwise)."""
+    check_type(topk_ids, torch.Tensor, "topk_ids", "an int32 / int64 tensor [T, k]")
+    check_type(topk_weights, torch.Tensor, "topk_weights", "a floating-point tensor [T, k]")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if topk_ids.ndim != 2 or topk_ids.shape[0] != tokens or topk_ids.shape[1] == 0:
+        raise ValueError(f"topk_ids must be [T, k] = [{tokens}, k >= 1], got {topk_ids.shape}")
+    if not topk_weights.is_floating_point():
+        raise ValueError(f"topk_weights must be floating point, got {topk_weights.dtype}")
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} "
+            "must have one shape [T, k]"
+        )
+    for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, x on {device}")
+    in_range = (topk_ids >= 0) & (topk_ids < num_experts)
+    message = f"topk_ids must lie in [0, {num_experts}) (the experts of w13 and w2)"
+    _require(in_range, message, _host_checks(topk_ids))
+
+
+def expert_routing(topk_ids: torch.Tensor, num_experts: int):
+    """(order, sorted_ids, group_offsets) of the T * k (token, slot) pairs, on the device: pair
+    ``order[i]`` (= token * k + slot) is row i of the grouped GEMMs, ``sorted_ids[i]`` its
+    expert; ``group_offsets`` int32 [E + 1]. A stable sort: ties keep token order."""
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    sorted_ids = flat[order]
+    bounds = torch.arange(num_experts + 1, device=flat.device, dtype=torch.int64)
+    offsets = torch.searchsorted(sorted_ids, bounds, out_int32=True)
+    return order, sorted_ids, offsets
+
+
+# ----------------------------------------------------------------------------- fused MoE
+
+
+def apply_activation(h: torch.Tensor, activation: str) -> torch.Tensor:
+    """The gated activation of fp4_moe in float32: h [P, 2I] float32 -> [P, I]."""
+    if ACTIVATIONS[activation]:
+        gate, up = h[:, 0::2], h[:, 1::2]
+        gate = gate.clamp(max=SWIGLUOAI_LIMIT)
+        up = up.clamp(min=-SWIGLUOAI_LIMIT, max=SWIGLUOAI_LIMIT)
+        return (up + 1) * (gate * torch.sigmoid(gate * SWIGLUOAI_ALPHA))
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _check_bias(bias, name: str, shape: tuple[int, int], device) -> None:
+    if bias is None:
+        return
+    check_type(bias, torch.Tensor, name, f"None or a floating-point tensor {list(shape)}")
+    if tuple(bias.shape) != shape or not bias.is_floating_point():
+        raise ValueError(
+            f"{name} must be floating point {list(shape)}, got {bias.dtype} {bias.shape}"
+        )
+    if bias.device != device:
+        raise ValueError(f"{name} is on {bias.device}, x on {device}")
+
+
+def check_moe(x, w13, w2, activation, mode, w13_bias, w2_bias):
+    """fp4_moe's checks of everything but the routing: (global scales of w13, of w2)."""
+    check_type(activation, str, "activation", f"a str, one of {sorted(ACTIVATIONS)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    check_type(mode, str, "activations", f"a str, one of {MODES}")
+    if mode not in MODES:
+        raise ValueError(f"activations must be one of {MODES}, got {mode!r}")
+    gs13, gs2 = check_experts(w13, "w13"), check_experts(w2, "w2")
+    if w13.format != w2.format:
+        raise ValueError(f"w13 is {w13.format} but w2 is {w2.format}")
+    (e, two_i, h), (e2, h2, i) = w13.shape, w2.shape
+    if e2 != e or h2 != h or two_i != 2 * i:
+        raise ValueError(
+            f"w13 {w13.shape} and w2 {w2.shape} must be [E, 2I, H] and [E, H, I] (one E, H, I)"
+        )
+    check_type(x, torch.Tensor, "x", "a torch.Tensor [T, H]")
+    if x.ndim != 2 or x.shape[1] != h:
+        raise ValueError(f"x must be [T, H] with the experts' H = {h}, got {tuple(x.shape)}")
+    if x.device != w13.device or w2.device != w13.device:
+        raise ValueError(f"x, w13 and w2 on {x.device}, {w13.device}, {w2.device}: one device")
+    if mode == "bf16":
+        check_w4a16_activations(x, w13.format, 'x with activations="bf16" must be')
+    elif x.dtype not in IN_DTYPES:
+        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    _check_bias(w13_bias, "w13_bias", (e, two_i), x.device)
+    _check_bias(w2_bias, "w2_bias", (e, h), x.device)
+    return gs13, gs2
+
+
+def fp4_moe(
+    x: torch.Tensor,
+    w13: FP4Tensor,
+    w2: FP4Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+    *,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    activations: str = "bf16",
+) -> torch.Tensor:
+    """The MoE layer of the module docstring: x [T, H] -> [T, H] in x's dtype. ``activations``
+    "bf16": x bfloat16 / float16 (W4A16, float16 with NVFP4 only); "dynamic": x float32 /
+    bfloat16 / float16, x and the activation quantized per call to w13's format with a
+    dynamic global scale (W4A4). Biases (gpt-oss): w13_bias [E, 2I] in w13's row order,
+    w2_bias [E, H]. Inference only."""
+    gs13, gs2 = check_moe(x, w13, w2, activation, activations, w13_bias, w2_bias)
+    num_experts = w13.shape[0]
+    check_routing(topk_weights, topk_ids, x.shape[0], num_experts, x.device)
+    return _moe(
+        x, w13, w2, gs13, gs2, topk_weights, topk_ids, activation, activations, w13_bias, w2_bias
+    )
+
+
+def _moe(
+    x,
+    w13,
+    w2,
+    gs13,
+    gs2,
+    topk_weights,
+    topk_ids,
+    activation,
+    mode,
+    w13_bias,
+    w2_bias,
+    prepacked=(None, None),
+):
+    """fp4_moe on checked arguments; ``prepacked``: w13's and w2's data prepacked (W4A16 on
+    Hopper; ``FP4MoE`` keeps them) or None."""
+    tokens, k = topk_ids.shape
+    if tokens == 0:
+        return x.new_empty(x.shape)
+    order, sorted_ids, offsets = expert_routing(topk_ids, w13.shape[0])
+    rows = x.index_select(0, order // k)
+    h = _expert_gemm(rows, w13, gs13, offsets, mode, prepacked[0])
+    hf = h.float()
+    if w13_bias is not None:
+        hf = hf + w13_bias.float().index_select(0, sorted_ids)
+    act = apply_activation(hf, activation).to(x.dtype)
+    y = _expert_gemm(act, w2, gs2, offsets, mode, prepacked[1]).float()
+    if w2_bias is not None:
+        y = y + w2_bias.float().index_select(0, sorted_ids)
+    # (back to (token, slot) order, then each token's slots weighted and summed in float32)
+    pairs = y.new_empty(y.shape).index_copy_(0, order, y)
+    weighted = pairs.view(tokens, k, -1) * topk_weights.float().unsqueeze(-1)
+    return weighted.sum(1).to(x.dtype)
+
+
+def _expert_gemm(rows, w: FP4Tensor, gs, offsets, mode, prepacked_data):
+    """One grouped GEMM of fp4_moe: rows in their dtype against the experts ``w``."""
+    if mode == "bf16":
+        return _grouped_w4a16(rows, w, gs, offsets, rows.dtype, prepacked_data)
+    a = quantize(rows, w.format)
+    alpha = a.global_scale * gs
+    args = (a.data, a.scale, w.data, w.scale, alpha, offsets, w.sf_vec_size, rows.dtype)
+    run = grouped_w4a4_impl if eager(*args[:6]) else grouped_w4a4_op
+    return run(*args)
+
+
+# ----------------------------------------------------------------------------- FP4MoE
+
+# the experts' parts in the state dict, per weight ("w13", "w2"); W4A16 holds *_prepacked
+# instead of *_data (prepacked once for the Hopper kernel), and saves *_data in plain order
+_PARTS = ("data", "scale", "global_scale")
+_EXTRA_STATE = "_extra_state"
+
+
+class FP4MoE(nn.Module):
+    """The experts of an MoE layer in FP4: forward(x, topk_weights, topk_ids) = ``fp4_moe``.
+
+    Buffers per weight w in (w13 [E, 2I, H], w2 [E, H, I]): ``{w}_data`` (W4A16: ``{w}_prepacked``,
+    prepacked once for the Hopper kernel), ``{w}_scale`` (blocked), ``{w}_global_scale`` [E]; the
+    biases ``w13_bias`` / ``w2_bias`` (or None). The FP4 parts keep their dtypes through
+    ``.to(dtype)`` / ``.half()`` and follow device moves. State dict: ``{w}_data`` in plain K
+    order, scales, global scales, biases, and the extra state {format, activation,
+    activations}; loading checks everything before it assigns anything (ValueError naming
+    what differs). Inference only."""
+
+    def __init__(
+        self,
+        w13: FP4Tensor,
+        w2: FP4Tensor,
+        activation: str = "silu",
+        activations: str = "bf16",
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
+    ):
+        super().__init__()
+        check_experts(w13, "w13")
+        x_like = torch.empty((0, w13.shape[2]), dtype=torch.bfloat16, device=w13.device)
+        check_moe(x_like, w13, w2, activation, activations, w13_bias, w2_bias)
+        self.format, self.activation, self.activations = w13.format, activation, activations
+        self.num_experts, self.hidden, self.intermediate = w2.shape
+        for name, w in (("w13", w13), ("w2", w2)):
+            data = w.data.view(torch.uint8)
+            if activations == "bf16":
+                self.register_buffer(f"{name}_prepacked", k_order.prepack_weights(data), False)
+            else:
+                self.register_buffer(f"{name}_data", data)
+            self.register_buffer(f"{name}_scale", w.scale)
+            gs = w.global_scale.float().expand(self.num_experts).clone()
+            self.register_buffer(f"{name}_global_scale", gs)
+        for name, bias in (("w13_bias", w13_bias), ("w2_bias", w2_bias)):
+            self.register_buffer(name, None if bias is None else bias.detach().clone())
+
+    @classmethod
+    def from_experts(
+        cls,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        format: str = "nvfp4",
+        activation: str = "silu",
+        activations: str = "bf16",
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
+    ) -> FP4MoE:
+        """From 16-bit (or float32) expert weights w13 [E, 2I, H] and w2 [E, H, I], quantized
+        once per expert (``quantize_experts``) on their device."""
+        q13, q2 = quantize_experts(w13, format), quantize_experts(w2, format)
+        return cls(q13, q2, activation, activations, w13_bias, w2_bias)
+
+    def expert_weights(self, name: str) -> FP4Tensor:
+        """``name`` ("w13" or "w2") as an FP4Tensor [E, N, K] (plain K order: a copy for W4A16)."""
+        if name not in ("w13", "w2"):
+            raise ValueError(f'name must be "w13" or "w2", got {name!r}')
+        data = self._plain_data(name)
+        scale, gs = getattr(self, f"{name}_scale"), getattr(self, f"{name}_global_scale")
+        return FP4Tensor.unchecked(data, scale, gs, self.format)
+
+    def _plain_data(self, name: str) -> torch.Tensor:
+        if self.activations == "bf16":
+            k = self.hidden if name == "w13" else self.intermediate
+            return k_order.unprepack_weights(getattr(self, f"{name}_prepacked"), k)
+        return getattr(self, f"{name}_data")
+
+    def forward(self, x, topk_weights, topk_ids):
+        check_type(x, torch.Tensor, "x", "a torch.Tensor [T, H]")
+        if x.ndim != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"x must be [T, H] = [T, {self.hidden}], got {tuple(x.shape)}")
+        if x.device != self.w13_scale.device:
+            raise ValueError(f"x is on {x.device} but the layer is on {self.w13_scale.device}")
+        if self.activations == "bf16":
+            check_w4a16_activations(x, self.format, 'x of a W4A16 (activations="bf16") MoE must be')
+        elif x.dtype not in IN_DTYPES:
+            raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+        check_routing(topk_weights, topk_ids, x.shape[0], self.num_experts, x.device)
+        gs13, gs2 = self.w13_global_scale, self.w2_global_scale
+        if self.activations == "bf16":
+            w13 = FP4Tensor.unchecked(self.w13_prepacked, self.w13_scale, gs13, self.format)
+            w2 = FP4Tensor.unchecked(self.w2_prepacked, self.w2_scale, gs2, self.format)
+            prepacked = (self.w13_prepacked, self.w2_prepacked)
+        else:
+            w13 = FP4Tensor.unchecked(self.w13_data, self.w13_scale, gs13, self.format)
+            w2 = FP4Tensor.unchecked(self.w2_data, self.w2_scale, gs2, self.format)
+            prepacked = (None, None)
+        return _moe(
+            x,
+            w13,
+            w2,
+            gs13,
+            gs2,
+            topk_weights,
+            topk_ids,
+            self.activation,
+            self.activations,
+            self.w13_bias,
+            self.w2_bias,
+            prepacked,
+        )
+
+    # -- casts, pickling and the state dict
+
+    def _apply(self, fn, recurse=True):
+        # (dtype casts reach float8 scales and float32 global scales too: those keep their dtype
+        # and take only the device that fn gives them)
+        keep = {n: t for n, t in self._buffers.items() if t is not None and "bias" not in n}
+        super()._apply(fn, recurse)
+        for name, old in keep.items():
+            new = self._buffers[name]
+            if new.dtype != old.dtype:
+                self._buffers[name] = old.to(new.device)
+        return self
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        state["_buffers"] = {n: unpickled(v) for n, v in state["_buffers"].items()}
+        super().__setstate__(state)
+
+    def get_extra_state(self) -> dict:
+        return {
+            "format": self.format,
+            "activation": self.activation,
+            "activations": self.activations,
+        }
+
+    def set_extra_state(self, state) -> None:
+        mine = self.get_extra_state()
+        if not isinstance(state, dict) or set(state) != set(mine):
+            raise ValueError(f"FP4MoE: the extra state {state!r} is not an FP4MoE's")
+        for key, value in mine.items():
+            if state[key] != value:
+                raise ValueError(
+                    f"FP4MoE: {key} differs: the checkpoint's is {state[key]!r}, this layer's "
+                    f"{value!r}"
+                )
+
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name in ("w13", "w2"):
+            out[f"{name}_data"] = self._plain_data(name)
+            out[f"{name}_scale"] = getattr(self, f"{name}_scale")
+            out[f"{name}_global_scale"] = getattr(self, f"{name}_global_scale")
+        for name in ("w13_bias", "w2_bias"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        for name, t in self._state_tensors().items():
+            destination[prefix + name] = t if keep_vars else t.detach()
+        destination[prefix + _EXTRA_STATE] = self.get_extra_state()
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+    ):
+        expected = self._state_tensors()
+        where = prefix.rstrip(".") or "FP4MoE"
+        if strict:
+            known = (*expected, _EXTRA_STATE)
+            unexpected_keys.extend(
+                k for k in state_dict if k.startswith(prefix) and k[len(prefix) :] not in known
+            )
+        if prefix + _EXTRA_STATE in state_dict:
+            self.set_extra_state(state_dict[prefix + _EXTRA_STATE])
+        else:
+            missing_keys.append(prefix + _EXTRA_STATE)
+        found = {}
+        for name, mine in expected.items():
+            if prefix + name not in state_dict:
+                missing_keys.append(prefix + name)
+                continue
+            t = state_dict[prefix + name]
+            check_type(t, torch.Tensor, f"{where}.{name}", "a torch.Tensor")
+            plain = name.endswith("_data") and t.dtype in PACKED_DTYPES
+            if tuple(t.shape) != tuple(mine.shape) or not (plain or t.dtype == mine.dtype):
+                raise ValueError(
+                    f"{where}: {name} differs: the checkpoint's is {t.dtype} {tuple(t.shape)}, "
+                    f"this layer's {mine.dtype} {tuple(mine.shape)}"
+                )
+            if name.endswith("global_scale"):
+                check_global_scale_value(t, f"{where}.{name}")
+            found[name] = t.view(torch.uint8) if plain else t
+        with torch.no_grad():  # (everything checked: now it all loads)
+            for name, t in found.items():
+                if name.endswith("_data") and self.activations == "bf16":
+                    name, t = name.replace("_data", "_prepacked"), k_order.prepack_weights(t)
+                getattr(self, name).copy_(t)
+
+    def extra_repr(self) -> str:
+        return (
+            f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
+            f"format={self.format}, activation={self.activation}, activations={self.activations}"
+        )

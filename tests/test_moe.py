@@ -1,0 +1,639 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""fp4_ops.moe: quantize_experts, fp4_grouped_gemm, fp4_moe and FP4MoE against reference.py.
+
+The oracle is a plain loop over experts in float64 on reference.py's dequantization. The MoE
+tests build w13 and x on the E2M1 grid with power-of-two scales, so that the first GEMM is exact
+in fp32 and the only differences left are the float32 activation (a few ulps), the rounding of
+the intermediates to x's dtype, the second GEMM's fp32 sums and the combine: each bounded in
+``_moe_tolerance``. GPU tests (H200) compare the CUDA path with the same oracle.
+"""
+
+import pytest
+import torch
+
+import fp4_ops
+import reference
+from fp4_ops import moe
+from fp4_ops.tensor import FP4Tensor
+
+FMTS = ["nvfp4", "mxfp4"]
+VEC = {"nvfp4": 16, "mxfp4": 32}
+SCALE_DTYPE = {"nvfp4": torch.float8_e4m3fn, "mxfp4": torch.float8_e8m0fnu}
+GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+U32 = 2.0**-24
+# float32 silu / sigmoid / clamp products: Sleef's exp is within 1 ulp, and the activation adds
+# at most 6 roundings of half an ulp; 2^-19 (32 ulps) bounds it with room to spare
+ACT_REL = 2.0**-19
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (H200)")
+
+
+# ----------------------------------------------------------------------------- operands
+
+
+def _plain_scales(t: FP4Tensor) -> torch.Tensor:
+    e, n, k = t.shape
+    return reference.from_blocked(t.scale.reshape(e, -1), n, k // t.sf_vec_size)
+
+
+def _ref_weights(t: FP4Tensor) -> torch.Tensor:
+    """float64 [E, N, K]: reference.py's e2m1 * scale, times each expert's global scale."""
+    values = reference.dequantize_fp4(t.data, _plain_scales(t), t.sf_vec_size).double()
+    gs = t.global_scale.double().expand(t.shape[0])
+    return values * gs[:, None, None]
+
+
+def _grid_experts(e, n, k, fmt, gen, shift=0) -> FP4Tensor:
+    """Random codes, block scales in {1/2, 1, 2} and per-expert global scales 2^-1 .. 2^-e
+    (times 2^-shift)."""
+    codes = torch.randint(0, 16, (e, n, k), generator=gen, dtype=torch.uint8)
+    exps = torch.randint(-1, 2, (e, n, k // VEC[fmt]), generator=gen)
+    scales = torch.pow(2.0, exps.float()).to(SCALE_DTYPE[fmt])
+    blocked = reference.to_blocked(scales).view(e, -1, (k // VEC[fmt] + 3) // 4, 512)
+    gs = torch.pow(2.0, -torch.arange(1 + shift, e + 1 + shift).float())
+    return FP4Tensor(reference.pack_fp4(codes), blocked, gs, fmt)
+
+
+def _grid_rows(rows, k, dtype, gen) -> torch.Tensor:
+    """Values on the E2M1 grid (times 1 or 1/2), signed, each row reaching 6 (amax 6)."""
+    x = GRID[torch.randint(0, 8, (rows, k), generator=gen)]
+    x = x * torch.pow(2.0, -torch.randint(0, 2, (rows, k), generator=gen).float())
+    x = x * (torch.randint(0, 2, (rows, k), generator=gen) * 2 - 1)
+    x[:, 0] = 6.0
+    return x.to(dtype)
+
+
+def _offsets(counts) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+
+
+COUNTS = {
+    "ragged": [3, 0, 7, 1],
+    "one-expert-takes-all": [0, 0, 11, 0],
+    "atoms": [130, 0, 5, 70],  # (row groups across 128-row scale atoms)
+    "single-row": [0, 1, 0, 0],
+}
+
+
+# ----------------------------------------------------------------------------- quantize_experts
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_quantize_experts_is_reference_per_expert(fmt):
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(3, 32, 64, generator=gen) * torch.tensor([1.0, 30.0, 0.01])[:, None, None]
+    q = fp4_ops.quantize_experts(w, fmt)
+    assert q.shape == (3, 32, 64) and q.global_scale.shape == (3,)
+    plain = _plain_scales(q)
+    for e in range(3):
+        if fmt == "nvfp4":
+            packed, scales, gs = reference.quantize_nvfp4(w[e])
+        else:
+            (packed, scales), gs = reference.quantize_mxfp4(w[e]), torch.tensor(1.0)
+        assert torch.equal(q.data[e], packed)
+        assert torch.equal(plain[e].view(torch.uint8), scales.view(torch.uint8))
+        assert q.global_scale[e] == gs
+    assert torch.equal(
+        q.dequantize()[1],
+        FP4Tensor.unchecked(q.data[1], q.scale[1], q.global_scale[1], fmt).dequantize(),
+    )
+
+
+def test_quantize_experts_refuses_bad_weights():
+    with pytest.raises(ValueError, match=r"w must be \[E, N, K\]"):
+        fp4_ops.quantize_experts(torch.randn(4, 64))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fp4_ops.quantize_experts(torch.randn(2, 4, 48))
+    with pytest.raises(TypeError, match="format"):
+        fp4_ops.quantize_experts(torch.randn(2, 4, 64), 16)
+
+
+def test_fp4tensor_per_expert_global_scale_checks():
+    q = fp4_ops.quantize_experts(torch.randn(3, 8, 32), "nvfp4")
+    with pytest.raises(ValueError, match="finite and positive"):
+        FP4Tensor(q.data, q.scale, torch.tensor([1.0, 0.0, 1.0]), "nvfp4")
+    with pytest.raises(ValueError, match="0-d float32"):
+        FP4Tensor(q.data, q.scale, torch.ones(2), "nvfp4")
+    with pytest.raises(ValueError, match="0-d float32"):
+        FP4Tensor(q.data[0], q.scale[0], torch.ones(8), "nvfp4")
+
+
+# ----------------------------------------------------------------------------- grouped GEMM
+
+
+def _check_groups(d, a_rows, b, offsets, w4a4_a=None):
+    """Every group of D against reference.check_gemm(_w4a16) with its expert: derived bound."""
+    plain_b = _plain_scales(b)
+    bounds = offsets.tolist()
+    gs = b.global_scale.expand(b.shape[0])
+    for e in range(b.shape[0]):
+        r0, r1 = bounds[e], bounds[e + 1]
+        if r1 == r0:
+            continue
+        if w4a4_a is None:
+            ok, info = reference.check_gemm_w4a16(
+                d[r0:r1], a_rows[r0:r1], b.data[e], plain_b[e], b.sf_vec_size, gs[e]
+            )
+        else:
+            a_plain = reference.from_blocked(
+                w4a4_a.scale.reshape(-1), w4a4_a.shape[0], w4a4_a.shape[1] // b.sf_vec_size
+            )
+            alpha = w4a4_a.global_scale * gs[e]
+            ok, info = reference.check_gemm(
+                d[r0:r1],
+                w4a4_a.data[r0:r1],
+                b.data[e],
+                a_plain[r0:r1],
+                plain_b[e],
+                b.sf_vec_size,
+                alpha,
+            )
+        assert ok, f"expert {e}: {info}"
+
+
+@pytest.mark.parametrize("counts", list(COUNTS.values()), ids=list(COUNTS))
+@pytest.mark.parametrize("fmt", FMTS)
+def test_grouped_gemm_w4a16_is_each_experts_gemm(fmt, counts):
+    gen = torch.Generator().manual_seed(2)
+    b = fp4_ops.quantize_experts(torch.randn(4, 48, 64, generator=gen), fmt)
+    offsets = _offsets(counts)
+    a = torch.randn(sum(counts), 64, generator=gen).bfloat16()
+    d = fp4_ops.fp4_grouped_gemm(a, b, offsets, out_dtype=torch.float32)
+    assert d.shape == (sum(counts), 48)
+    _check_groups(d, a, b, offsets)
+
+
+@pytest.mark.parametrize("counts", list(COUNTS.values()), ids=list(COUNTS))
+@pytest.mark.parametrize("fmt", FMTS)
+def test_grouped_gemm_w4a4_is_each_experts_gemm(fmt, counts):
+    gen = torch.Generator().manual_seed(3)
+    b = fp4_ops.quantize_experts(torch.randn(4, 40, 96, generator=gen), fmt)
+    offsets = _offsets(counts)
+    a = fp4_ops.quantize(torch.randn(sum(counts), 96, generator=gen), fmt)
+    d = fp4_ops.fp4_grouped_gemm(a, b, offsets, out_dtype=torch.bfloat16)
+    _check_groups(d, None, b, offsets, w4a4_a=a)
+
+
+def test_grouped_gemm_reads_only_the_experts_with_rows():
+    """An expert without rows is never read: NaN scale bytes there change nothing (and the CPU
+    path refuses them where the expert has rows)."""
+    gen = torch.Generator().manual_seed(4)
+    b = fp4_ops.quantize_experts(torch.randn(3, 32, 64, generator=gen), "nvfp4")
+    poisoned = b.scale.clone()
+    poisoned[1].view(torch.uint8).fill_(0x7F)
+    bad = FP4Tensor(b.data, poisoned, b.global_scale, "nvfp4")
+    a = torch.randn(6, 64, generator=gen).bfloat16()
+    offsets = _offsets([2, 0, 4])
+    assert torch.equal(
+        fp4_ops.fp4_grouped_gemm(a, bad, offsets), fp4_ops.fp4_grouped_gemm(a, b, offsets)
+    )
+    with pytest.raises(ValueError, match="NaN encoding"):
+        fp4_ops.fp4_grouped_gemm(a, bad, _offsets([2, 1, 3]))
+
+
+def test_grouped_gemm_without_rows_is_empty():
+    b = fp4_ops.quantize_experts(torch.randn(2, 16, 32), "nvfp4")
+    d = fp4_ops.fp4_grouped_gemm(torch.empty(0, 32, dtype=torch.bfloat16), b, _offsets([0, 0]))
+    assert d.shape == (0, 16)
+
+
+def _bad_offsets():
+    ok = _offsets([2, 1, 3])
+    return {
+        "int64": (ok.long(), ValueError, "must be int32"),
+        "short": (ok[:-1], ValueError, r"must be \[E \+ 1\]"),
+        "2-D": (ok[None], ValueError, r"must be \[E \+ 1\]"),
+        "not-monotone": (
+            torch.tensor([0, 3, 2, 6], dtype=torch.int32),
+            ValueError,
+            "non-decreasing",
+        ),
+        "not-from-0": (torch.tensor([1, 3, 4, 6], dtype=torch.int32), ValueError, "start at 0"),
+        "not-to-rows": (torch.tensor([0, 3, 4, 5], dtype=torch.int32), ValueError, "end at"),
+        "list": ([0, 2, 3, 6], TypeError, "group_offsets must be"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_offsets()))
+def test_bad_group_offsets_are_refused(case):
+    offsets, error, match = _bad_offsets()[case]
+    b = fp4_ops.quantize_experts(torch.randn(3, 16, 32), "nvfp4")
+    a = torch.randn(6, 32).bfloat16()
+    with pytest.raises(error, match=match):
+        fp4_ops.fp4_grouped_gemm(a, b, offsets)
+
+
+def test_bad_grouped_operands_are_refused():
+    b = fp4_ops.quantize_experts(torch.randn(3, 16, 32), "nvfp4")
+    offsets = _offsets([2, 1, 3])
+    a = torch.randn(6, 32).bfloat16()
+    with pytest.raises(ValueError, match=r"experts \[E, N, K\]"):
+        fp4_ops.fp4_grouped_gemm(a, fp4_ops.quantize(torch.randn(16, 32)), offsets)
+    with pytest.raises(ValueError, match="K = 32"):
+        fp4_ops.fp4_grouped_gemm(torch.randn(6, 64).bfloat16(), b, offsets)
+    with pytest.raises(ValueError, match="bfloat16 / float16 activations"):
+        fp4_ops.fp4_grouped_gemm(a.float(), b, offsets)
+    with pytest.raises(ValueError, match="a is mxfp4 but b is nvfp4"):
+        fp4_ops.fp4_grouped_gemm(fp4_ops.quantize(a.float(), "mxfp4"), b, offsets)
+    with pytest.raises(ValueError, match="out_dtype"):
+        fp4_ops.fp4_grouped_gemm(a, b, offsets, out_dtype=torch.int32)
+    with pytest.raises(TypeError, match="b must be"):
+        fp4_ops.fp4_grouped_gemm(a, b.data, offsets)
+
+
+# ----------------------------------------------------------------------------- fp4_moe oracle
+
+
+def _ref_activation(h: torch.Tensor, activation: str) -> torch.Tensor:
+    """float64 activations of float64 h [..., 2I]: silu(gate) * up with the gate half first, or
+    gpt-oss's clamped SwiGLU on interleaved rows (transformers' GptOssExperts)."""
+    if activation == "silu":
+        gate, up = h[..., : h.shape[-1] // 2], h[..., h.shape[-1] // 2 :]
+        return gate * torch.sigmoid(gate) * up
+    gate, up = h[..., 0::2].clamp(max=7.0), h[..., 1::2].clamp(-7.0, 7.0)
+    return (up + 1) * gate * torch.sigmoid(1.702 * gate)
+
+
+def _half_ulp(mag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.float32:
+        return torch.zeros_like(mag)
+    _, e = torch.frexp(mag)
+    return torch.ldexp(torch.full_like(mag, torch.finfo(dtype).eps / 2), e - 1)
+
+
+def _moe_reference(x, w13, w2, tw, ids, activation, b13, b2, w4a4):
+    """(out float64 [T, H], its bound): fp4_moe's definition for every (token, slot) pair
+    against its expert's float64 weights, then the weighted sum over the slots."""
+    dtype, (t, k), i = x.dtype, ids.shape, w2.shape[2]
+    experts = ids.reshape(-1).long()
+    W13, W2 = _ref_weights(w13)[experts], _ref_weights(w2)[experts]
+    x64 = _ref_quantized(x, w13.format) if w4a4 else x.double()
+    rows = x64.repeat_interleave(k, dim=0)
+    # (grid operands: this sum is exact, so it rounds to x's dtype once, as fp4_moe's does)
+    h = torch.einsum("pnk,pk->pn", W13, rows).to(dtype).double()
+    if b13 is not None:
+        h = h + b13.double()[experts]
+    a = _ref_activation(h, activation)
+    if w4a4:
+        # the activations, quantized per call as one tensor; fp4_moe's differ by ACT_REL at
+        # most, which moves no code (asserted), only their global scale (by ACT_REL)
+        a = _ref_quantized(a.float(), w2.format, robust=True)
+        d_a = None
+    else:
+        d_a = ACT_REL * a.abs() + _half_ulp(a.abs() * (1 + ACT_REL), dtype)
+    y = torch.einsum("pnk,pk->pn", W2, a)
+    abs_sum = torch.einsum("pnk,pk->pn", W2.abs(), a.abs())
+    d_y = reference.gemm_tolerance(i, dtype, y.float(), (abs_sum * (1 + ACT_REL)).float())
+    d_y = d_y + (2 * ACT_REL * abs_sum if w4a4 else torch.einsum("pnk,pk->pn", W2.abs(), d_a))
+    if b2 is not None:
+        y = y + b2.double()[experts]
+    w = tw.double().reshape(-1, 1)
+    out = (w * y).view(t, k, -1).sum(1)
+    bound = (w.abs() * (d_y + (k + 2) * U32 * (y.abs() + d_y))).view(t, k, -1).sum(1)
+    return out, bound + _half_ulp(out.abs() + bound, dtype)
+
+
+def _ref_quantized(v: torch.Tensor, fmt: str, robust: bool = False) -> torch.Tensor:
+    """float64 values of reference.py's quantization of v [rows, K] (one dynamic global scale);
+    ``robust``: asserted to be the same codes and block scales for every input within ACT_REL of
+    v (nothing on a rounding boundary)."""
+    factors = (1 - 2 * ACT_REL, 1.0, 1 + 2 * ACT_REL) if robust else (1.0,)
+    variants = []
+    for f in factors:
+        u = (v.double() * f).float()
+        if fmt == "nvfp4":
+            # (the global scale of v itself: its drift is in the bound, not in the codes)
+            packed, scales, gs = reference.quantize_nvfp4(u, v.abs().amax() / 2688.0)
+        else:
+            (packed, scales), gs = reference.quantize_mxfp4(u), torch.tensor(1.0)
+        variants.append((packed, scales, gs))
+    packed, scales, gs = variants[len(variants) // 2]
+    for other in variants:
+        same = torch.equal(other[0], packed)
+        same = same and torch.equal(other[1].view(torch.uint8), scales.view(torch.uint8))
+        assert same, "test data: an activation sits on a rounding boundary; pick another seed"
+    values = reference.dequantize_fp4(packed, scales, VEC[fmt]).double()
+    return values * gs.double()
+
+
+# ----------------------------------------------------------------------------- fp4_moe
+
+
+def _routing(case, t, k, e, gen):
+    """(topk_ids int64 [T, k], topk_weights float32 [T, k]) of a routing case."""
+    if case == "random":
+        ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+    elif case == "one-expert-takes-all":
+        ids = torch.full((t, k), 2)
+    elif case == "empty-experts":  # (experts 1 and 2 get nothing)
+        ids = torch.tensor([0, 3])[torch.randint(0, 2, (t, k), generator=gen)]
+    else:  # "ties": equal weights, and a token's slots may repeat an expert
+        ids = torch.randint(0, e, (t, k), generator=gen)
+        return ids, torch.full((t, k), 0.5)
+    return ids, torch.rand(t, k, generator=gen)
+
+
+def _moe_case(fmt, activation, t=6, k=3, e=4, h=64, i=32, bias=False, seed=5, dtype=None):
+    gen = torch.Generator().manual_seed(seed)
+    # (W4A4: h mostly inside gpt-oss's clamp, whose equal clamped values would put quantized
+    # activations exactly on rounding ties)
+    shift = 5 if dtype == torch.float32 else 0
+    w13 = _grid_experts(e, 2 * i, h, fmt, gen, shift)
+    w2 = fp4_ops.quantize_experts(torch.randn(e, h, i, generator=gen), fmt)
+    x = _grid_rows(t, h, dtype or torch.bfloat16, gen)
+    b13 = b2 = None
+    if bias:  # (multiples of 1/16 below 4: exact in every dtype and in the float32 sums)
+        b13 = torch.randint(-64, 64, (e, 2 * i), generator=gen).float() / 16
+        b2 = torch.randint(-64, 64, (e, h), generator=gen).float() / 16
+    return x, w13, w2, b13, b2, gen
+
+
+def _assert_within(out, ref, bound, what=""):
+    err = (out.double() - ref).abs()
+    worst = int((err - bound).argmax())
+    assert bool((err <= bound).all()), (
+        f"{what}: {int((err > bound).sum())} of {err.numel()} outside the bound; worst at "
+        f"{worst}: {out.flatten()[worst].item()} vs {ref.flatten()[worst].item()} "
+        f"(bound {bound.flatten()[worst].item():.3e})"
+    )
+
+
+ROUTINGS = ["random", "one-expert-takes-all", "empty-experts", "ties"]
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_fp4_moe_w4a16_is_the_per_expert_loop(fmt, activation, routing):
+    x, w13, w2, b13, b2, gen = _moe_case(fmt, activation, bias=activation == "swigluoai")
+    ids, tw = _routing(routing, x.shape[0], 3, 4, gen)
+    out = fp4_ops.fp4_moe(x, w13, w2, tw, ids.int(), activation, w13_bias=b13, w2_bias=b2)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    ref, bound = _moe_reference(x, w13, w2, tw, ids, activation, b13, b2, w4a4=False)
+    _assert_within(out, ref, bound, f"{fmt} {activation} {routing}")
+
+
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_fp4_moe_w4a4_is_the_per_expert_loop(fmt, activation):
+    x, w13, w2, b13, b2, gen = _moe_case(fmt, activation, dtype=torch.float32, bias=True)
+    ids, tw = _routing("random", x.shape[0], 3, 4, gen)
+    args = (x, w13, w2, tw, ids, activation)
+    out = fp4_ops.fp4_moe(*args, w13_bias=b13, w2_bias=b2, activations="dynamic")
+    ref, bound = _moe_reference(x, w13, w2, tw, ids, activation, b13, b2, w4a4=True)
+    _assert_within(out, ref, bound, f"W4A4 {fmt} {activation}")
+
+
+def test_fp4_moe_decode_token_and_no_tokens():
+    x, w13, w2, _, _, gen = _moe_case("nvfp4", "silu", t=1)
+    ids, tw = _routing("random", 1, 3, 4, gen)
+    ref, bound = _moe_reference(x, w13, w2, tw, ids, "silu", None, None, w4a4=False)
+    _assert_within(fp4_ops.fp4_moe(x, w13, w2, tw, ids), ref, bound, "one token")
+    empty = fp4_ops.fp4_moe(x[:0], w13, w2, tw[:0], ids[:0])
+    assert empty.shape == (0, 64)
+
+
+def test_expert_routing_sorts_pairs_stably_without_host_values():
+    ids = torch.tensor([[2, 0], [2, 3], [0, 2]])
+    order, sorted_ids, offsets = moe.expert_routing(ids, 5)
+    assert order.tolist() == [1, 4, 0, 2, 5, 3]
+    assert sorted_ids.tolist() == [0, 0, 2, 2, 2, 3]
+    assert offsets.dtype == torch.int32 and offsets.tolist() == [0, 2, 2, 5, 6, 6]
+
+
+def _bad_routing():
+    ids = torch.tensor([[0, 1], [2, 3]])
+    w = torch.rand(2, 2)
+    return {
+        "id-too-large": (ids + 1, w, ValueError, r"topk_ids must lie in \[0, 4\)"),
+        "id-negative": (ids - 1, w, ValueError, r"topk_ids must lie in \[0, 4\)"),
+        "float-ids": (ids.float(), w, ValueError, "int32 or int64"),
+        "1-d-ids": (ids.reshape(-1), w, ValueError, r"\[T, k\]"),
+        "wrong-tokens": (ids[:1], w[:1], ValueError, r"\[T, k\] = \[2"),
+        "weights-shape": (ids, w[:, :1], ValueError, "one shape"),
+        "int-weights": (ids, ids, ValueError, "floating point"),
+        "ids-list": (ids.tolist(), w, TypeError, "topk_ids must be"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_routing()))
+def test_bad_routing_is_refused(case):
+    ids, w, error, match = _bad_routing()[case]
+    x, w13, w2, _, _, _ = _moe_case("nvfp4", "silu", t=2)
+    with pytest.raises(error, match=match):
+        fp4_ops.fp4_moe(x, w13, w2, w, ids)
+
+
+def test_bad_moe_arguments_are_refused():
+    x, w13, w2, _, _, _ = _moe_case("nvfp4", "silu", t=2)
+    ids, w = torch.tensor([[0, 1], [2, 3]]), torch.rand(2, 2)
+    cases = [
+        (dict(activation="gelu"), ValueError, "activation must be one of"),
+        (dict(activations="static"), ValueError, "activations must be one of"),
+        (dict(w2=w13), ValueError, r"\[E, 2I, H\] and \[E, H, I\]"),
+        (
+            dict(w2=fp4_ops.quantize_experts(torch.randn(4, 64, 32), "mxfp4")),
+            ValueError,
+            "w13 is nvfp4 but w2 is mxfp4",
+        ),
+        (dict(x=x.float()), ValueError, "bfloat16 / float16"),
+        (dict(x=x[:, :32]), ValueError, r"x must be \[T, H\]"),
+        (dict(w13_bias=torch.zeros(4, 63)), ValueError, r"w13_bias must be floating point"),
+        (dict(w2_bias=torch.zeros(4, 64, dtype=torch.int32)), ValueError, "w2_bias"),
+    ]
+    for change, error, match in cases:
+        args = dict(x=x, w13=w13, w2=w2, topk_weights=w, topk_ids=ids) | change
+        with pytest.raises(error, match=match):
+            fp4_ops.fp4_moe(**args)
+
+
+def test_no_backward():
+    x, w13, w2, _, _, gen = _moe_case("nvfp4", "silu", t=2)
+    ids, tw = _routing("random", 2, 3, 4, gen)
+    tw.requires_grad_(True)
+    x = x.clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match="inference only"):
+        fp4_ops.fp4_moe(x, w13, w2, tw, ids).float().sum().backward()
+
+
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+def test_compile_fullgraph_matches_eager(activations):
+    torch._dynamo.reset()
+    x, w13, w2, b13, b2, gen = _moe_case("mxfp4", "swigluoai", bias=True)
+    ids, tw = _routing("random", x.shape[0], 3, 4, gen)
+
+    def f(x, tw, ids, offsets):
+        out = fp4_ops.fp4_moe(
+            x, w13, w2, tw, ids, "swigluoai", w13_bias=b13, w2_bias=b2, activations=activations
+        )
+        return out, fp4_ops.fp4_grouped_gemm(
+            x[:5], w2.__class__(w13.data, w13.scale, w13.global_scale, "mxfp4"), offsets
+        )
+
+    offsets = _offsets([2, 0, 3, 0])
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled(x, tw, ids, offsets), f(x, tw, ids, offsets), strict=True):
+        assert torch.equal(got, want)
+
+
+# ----------------------------------------------------------------------------- FP4MoE
+
+
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_fp4moe_module_is_fp4_moe_on_its_experts(fmt, activations):
+    gen = torch.Generator().manual_seed(6)
+    w13, w2 = torch.randn(4, 64, 64, generator=gen), torch.randn(4, 64, 32, generator=gen)
+    b13, b2 = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen)
+    layer = fp4_ops.FP4MoE.from_experts(w13, w2, fmt, "swigluoai", activations, b13, b2)
+    q13, q2 = fp4_ops.quantize_experts(w13, fmt), fp4_ops.quantize_experts(w2, fmt)
+    x = torch.randn(5, 64, generator=gen).bfloat16()
+    ids, tw = _routing("random", 5, 2, 4, gen)
+    want = fp4_ops.fp4_moe(
+        x, q13, q2, tw, ids, "swigluoai", w13_bias=b13, w2_bias=b2, activations=activations
+    )
+    assert torch.equal(layer(x, tw, ids), want)
+    for name, q in (("w13", q13), ("w2", q2)):
+        got = layer.expert_weights(name)
+        assert torch.equal(got.data, q.data) and torch.equal(got.global_scale, q.global_scale)
+
+
+def test_fp4moe_state_dict_round_trip_and_refusals():
+    gen = torch.Generator().manual_seed(7)
+    w13, w2 = torch.randn(3, 64, 32, generator=gen), torch.randn(3, 32, 32, generator=gen)
+    layer = fp4_ops.FP4MoE.from_experts(w13, w2, "nvfp4")
+    state = layer.state_dict()
+    assert state["w13_data"].shape == (3, 64, 16) and state["w13_global_scale"].shape == (3,)
+    fresh = fp4_ops.FP4MoE.from_experts(torch.randn(3, 64, 32), torch.randn(3, 32, 32), "nvfp4")
+    fresh.load_state_dict(state)
+    x = torch.randn(4, 32, generator=gen).bfloat16()
+    ids, tw = _routing("random", 4, 2, 3, gen)
+    assert torch.equal(fresh(x, tw, ids), layer(x, tw, ids))
+    other = fp4_ops.FP4MoE.from_experts(w13, w2, "mxfp4")
+    with pytest.raises(ValueError, match="format differs"):
+        other.load_state_dict(state)
+    bad = dict(state, w2_global_scale=torch.tensor([1.0, -1.0, 1.0]))
+    with pytest.raises(ValueError, match="w2_global_scale must be finite and positive"):
+        fresh.load_state_dict(bad)
+    bigger = fp4_ops.FP4MoE.from_experts(torch.randn(4, 64, 32), torch.randn(4, 32, 32))
+    with pytest.raises(ValueError, match="w13_data differs"):
+        bigger.load_state_dict(state)
+
+
+def test_fp4moe_keeps_fp4_dtypes_through_casts_and_pickles():
+    import pickle
+
+    layer = fp4_ops.FP4MoE.from_experts(torch.randn(2, 64, 32), torch.randn(2, 32, 32))
+    layer.half()
+    assert layer.w13_scale.dtype == torch.float8_e4m3fn
+    assert layer.w2_global_scale.dtype == torch.float32
+    back = pickle.loads(pickle.dumps(layer))
+    assert torch.equal(back.w13_scale.view(torch.uint8), layer.w13_scale.view(torch.uint8))
+
+
+# ----------------------------------------------------------------------------- GPU (H200)
+
+
+def _gpu_is_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not _gpu_is_hopper(), reason="needs an H100 / H200 GPU")
+# (strict: once the kernel lands these pass, and the mark must go)
+NO_KERNEL_YET = pytest.mark.xfail(
+    raises=ValueError, strict=True, reason="the Hopper grouped W4A16 kernel is not written yet"
+)
+
+
+def _cuda(t: FP4Tensor) -> FP4Tensor:
+    return FP4Tensor(t.data.cuda(), t.scale.cuda(), t.global_scale.cuda(), t.format)
+
+
+@needs_cuda
+def test_routing_and_checks_gpu_run_without_host_sync():
+    """The routing metadata and every value check on CUDA tensors: no host sync (the sync
+    debug mode turns one into an error), the same metadata as on the CPU."""
+    gen = torch.Generator().manual_seed(10)
+    ids_cpu, tw_cpu = _routing("random", 16, 4, 32, gen)
+    ids, tw = ids_cpu.int().cuda(), tw_cpu.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moe.check_routing(tw, ids, 16, 32, ids.device)
+        order, sorted_ids, offsets = moe.expert_routing(ids, 32)
+        moe.check_group_offsets(offsets, 32, 64, ids.device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = moe.expert_routing(ids_cpu, 32)
+    for got, expect in zip((order, sorted_ids, offsets), want, strict=True):
+        assert torch.equal(got.cpu(), expect)
+
+
+@needs_cuda
+def test_grouped_gemm_gpu_refuses_until_its_kernel_exists():
+    b = _cuda(fp4_ops.quantize_experts(torch.randn(2, 64, 64), "nvfp4"))
+    offsets = _offsets([1, 2]).cuda()
+    a = torch.randn(3, 64, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match="not written yet"):
+        fp4_ops.fp4_grouped_gemm(a, b, offsets)
+    with pytest.raises(ValueError, match="not written yet"):
+        fp4_ops.fp4_grouped_gemm(fp4_ops.quantize(a, "nvfp4"), b, offsets)
+
+
+@needs_hopper
+@NO_KERNEL_YET
+@pytest.mark.parametrize("counts", list(COUNTS.values()), ids=list(COUNTS))
+@pytest.mark.parametrize("fmt", FMTS)
+def test_grouped_gemm_w4a16_gpu_is_each_experts_gemm(fmt, counts):
+    gen = torch.Generator().manual_seed(8)
+    b = fp4_ops.quantize_experts(torch.randn(4, 256, 192, generator=gen), fmt)
+    a = torch.randn(sum(counts), 192, generator=gen).bfloat16()
+    offsets = _offsets(counts)
+    d = fp4_ops.fp4_grouped_gemm(a.cuda(), _cuda(b), offsets.cuda(), out_dtype=torch.float32)
+    _check_groups(d.cpu(), a, b, offsets)
+
+
+@needs_hopper
+@NO_KERNEL_YET
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_fp4_moe_gpu_is_the_per_expert_loop(routing):
+    x, w13, w2, b13, b2, gen = _moe_case("mxfp4", "swigluoai", t=9, h=128, i=64, bias=True)
+    ids, tw = _routing(routing, x.shape[0], 3, 4, gen)
+    out = fp4_ops.fp4_moe(
+        x.cuda(),
+        _cuda(w13),
+        _cuda(w2),
+        tw.cuda(),
+        ids.cuda(),
+        "swigluoai",
+        w13_bias=b13.cuda(),
+        w2_bias=b2.cuda(),
+    )
+    ref, bound = _moe_reference(x, w13, w2, tw, ids, "swigluoai", b13, b2, w4a4=False)
+    _assert_within(out.cpu(), ref, bound, f"GPU {routing}")
+
+
+@needs_hopper
+@NO_KERNEL_YET
+def test_fp4moe_gpu_cuda_graph_replays_new_routing():
+    gen = torch.Generator().manual_seed(9)
+    layer = fp4_ops.FP4MoE.from_experts(
+        torch.randn(8, 256, 128, generator=gen), torch.randn(8, 128, 128, generator=gen)
+    ).cuda()
+    x = torch.randn(4, 128, generator=gen).bfloat16().cuda()
+    ids, tw = _routing("random", 4, 2, 8, gen)
+    ids, tw = ids.cuda(), tw.cuda()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(x, tw, ids)  # (compile and workspaces before the capture)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = layer(x, tw, ids)
+    for seed in range(3):
+        new_ids, new_tw = _routing("random", 4, 2, 8, torch.Generator().manual_seed(seed))
+        ids.copy_(new_ids)
+        tw.copy_(new_tw)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, layer(x, tw, ids))
