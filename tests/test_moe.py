@@ -508,6 +508,9 @@ def test_fp4moe_state_dict_round_trip_and_refusals():
     x = torch.randn(4, 32, generator=gen).bfloat16()
     ids, tw = _routing("random", 4, 2, 3, gen)
     assert torch.equal(fresh(x, tw, ids), layer(x, tw, ids))
+    w4a4 = fp4_ops.FP4MoE.from_experts(torch.randn(3, 64, 32), w2, activations="dynamic")
+    w4a4.load_state_dict(state)
+    assert torch.equal(w4a4.w13_data, state["w13_data"])
     other = fp4_ops.FP4MoE.from_experts(w13, w2, "mxfp4")
     with pytest.raises(ValueError, match="format differs"):
         other.load_state_dict(state)
