@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Which problems the kernels accept, and that a cache of checked problems never lets an
+unchecked one through.
+
+Acceptance: every (M, N, K, L) near the rules' boundaries, for the Blackwell template's
+``check_fp4_gemm_config`` and the Hopper kernel's ``problem_reasons``, against the rules derived
+here by hand: extents >= 1, and K a whole number of 16-byte TMA units of packed FP4 (32 values).
+Caches: after a problem passed its checks once, a call that changes any one of M, N, K, L to
+a problem the kernel cannot run still raises the first call's kind of refusal, in the Blackwell
+``gemm``, the Hopper ``gemm`` and the Hopper ``gemm_for_ops`` launch cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import blockwise_gemm_fp4 as bw
+from fp4_ops.layout import blocked_scale_numel
+from fp4_ops.sm90 import gemm as k90
+from fp4_ops.sm90 import launcher as r90
+
+EXTENTS = (0, 1, 7, 128, 129)
+KS = tuple(range(0, 289, 16))
+
+
+def _hand_rule(m: int, n: int, k: int, l: int) -> bool:  # noqa: E741
+    """Accepted: every extent >= 1, K a multiple of 32 (16 bytes of packed FP4 per TMA unit)."""
+    return min(m, n, k, l) >= 1 and k % 32 == 0
+
+
+@pytest.mark.parametrize("vec", [16, 32])
+def test_blackwell_accepts_exactly_the_problems_of_the_hand_rule(vec):
+    sf = bw.SF_FORMATS[vec][0]
+    for m, n, k, l in itertools.product(EXTENTS, EXTENTS, KS, (0, 1, 3)):  # noqa: E741
+        reasons = bw.check_fp4_gemm_config((m, n, k, l), vec, sf, "BFloat16", (128, 128))
+        assert (not reasons) == _hand_rule(m, n, k, l), ((m, n, k, l), reasons)
+
+
+@pytest.mark.parametrize("a_dtype", [k90.W4A4, "BFloat16"])
+@pytest.mark.parametrize("path, tiler", [("prefill", (128, 256)), ("decode", (16, 128))])
+def test_hopper_accepts_exactly_the_problems_of_the_hand_rule(path, tiler, a_dtype):
+    for m, n, k, l in itertools.product(EXTENTS, EXTENTS, KS, (0, 1, 3)):  # noqa: E741
+        reasons = k90.problem_reasons((m, n, k, l), 16, path, tiler, a_dtype)
+        assert (not reasons) == _hand_rule(m, n, k, l), ((m, n, k, l), reasons)
+
+
+# ------------------------------------------------------------------ caches of checked problems
+
+GOOD = (256, 128, 256, 2)
+# (one extent changed at a time: each makes a problem the kernels refuse)
+BAD = {
+    "M": (2**23, 128, 256, 2),
+    "N": (256, 2**23, 256, 2),
+    "K": (256, 128, 48, 2),
+    "L": (256, 128, 256, 0),
+}
+# (the refusal each must get: the problem check of the configuration, not an operand check)
+REFUSAL = {"M": r"M\*K = ", "N": r"N\*K = ", "K": "K=48 is not", "L": "L must be >= 1"}
+
+
+def _bw_operands(m, n, k, l, vec=16):  # noqa: E741
+    """The template gemm's operands as meta tensors (shapes only: extents past 2^31 elements)."""
+    sf = bw.torch_scale_dtype(vec)
+    with torch.device("meta"):
+        return _bw_tensors(m, n, k, l, vec, sf)
+
+
+def _bw_tensors(m, n, k, l, vec, sf):  # noqa: E741
+    return dict(
+        a=torch.zeros(l, m, k // 2, dtype=torch.uint8),
+        b=torch.zeros(l, n, k // 2, dtype=torch.uint8),
+        sfa_blocked=torch.zeros(l, blocked_scale_numel(m, k, vec) if m else 0, dtype=sf),
+        sfb_blocked=torch.zeros(l, blocked_scale_numel(n, k, vec) if n else 0, dtype=sf),
+    )
+
+
+@pytest.mark.parametrize("changed", list(BAD))
+def test_blackwell_gemm_checks_every_new_problem(monkeypatch, changed):
+    """The template's ``gemm`` after one good call: a problem that differs in one extent is
+    checked again, and refused, before anything is compiled or launched."""
+    launched = []
+    monkeypatch.setattr(bw, "_check_cuda_operands", lambda **_: None)
+    monkeypatch.setattr(bw, "compile_gemm", lambda *a, **k: (None, lambda **kw: launched.append(1)))
+    monkeypatch.setattr(bw, "_KERNELS", {})
+    monkeypatch.setattr(bw, "_CHECKED", set())
+    monkeypatch.setattr(
+        bw.utils, "HardwareInfo", lambda *_: SimpleNamespace(get_max_active_clusters=lambda n: 1)
+    )
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(bw, "_kernel_args", lambda *a, **k: {})
+    alpha = torch.ones(1, device="meta")
+    m, n, k, l = GOOD  # noqa: E741
+    ops = _bw_operands(m, n, k, l)
+    bw.gemm(**ops, alpha=alpha, d=bw.empty_d(l, m, n, "BFloat16", "meta"))
+    assert launched == [1]
+    m, n, k, l = BAD[changed]  # noqa: E741
+    ops = _bw_operands(m, n, k, l)
+    with pytest.raises(ValueError, match=REFUSAL[changed]):
+        bw.gemm(**ops, alpha=alpha, d=bw.empty_d(l, m, n, "BFloat16", "meta"))
+    assert launched == [1]
+
+
+# (the Hopper kernel's refusals of the same problems: its 32-bit offsets and K rule)
+HOPPER_REFUSAL = {"M": r"M\*K/2\*L = ", "N": r"N\*K/2\*L = ", "K": "K=48 is not", "L": "L must be"}
+
+
+def _h_operands(m, n, k, l, vec=16):  # noqa: E741
+    """The Hopper gemm's W4A4 operands as meta tensors."""
+    with torch.device("meta"):
+        return dict(
+            a=torch.empty(l, m, k // 2, dtype=torch.uint8),
+            b=torch.empty(l, n, k // 2, dtype=torch.uint8),
+            sfa=torch.empty(l, blocked_scale_numel(m, k, vec), dtype=torch.float8_e4m3fn),
+            sfb=torch.empty(l, blocked_scale_numel(n, k, vec), dtype=torch.float8_e4m3fn),
+            alpha=torch.empty(1),
+            out=torch.empty(l, m, n, dtype=torch.bfloat16),
+        )
+
+
+@pytest.mark.parametrize("changed", list(BAD))
+def test_hopper_gemm_checks_every_new_problem(monkeypatch, changed):
+    """The Hopper ``gemm`` after one good call of a configuration: a problem that differs in one
+    extent is checked again and refused before any launch (operand checks, which need CUDA
+    tensors, left out)."""
+    launched = []
+    monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
+    monkeypatch.setattr(r90, "_compiled", lambda *_: (None, lambda *a: launched.append(a)))
+    monkeypatch.setattr(r90, "_workspace", lambda *_: (torch.empty(1),) * 3)
+    monkeypatch.setattr(r90, "_CHECKED", set())
+    stream = SimpleNamespace(cuda_stream=0, device=torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: stream)
+    config = r90.GemmConfig(16, "BFloat16", path="prefill", mma_tiler_mn=(128, 256))
+    monkeypatch.setattr(r90._Launch, "__call__", lambda self, *a: launched.append(a))
+    r90.gemm(**_h_operands(*GOOD), config=config)
+    assert len(launched) == 1
+    with pytest.raises(ValueError, match=HOPPER_REFUSAL[changed]):
+        r90.gemm(**_h_operands(*BAD[changed]), config=config)
+    assert len(launched) == 1
