@@ -285,6 +285,8 @@ class PtxThread:
             return ("fence_proxy_async", op)
         if op.startswith("bar.sync"):
             return ("bar", int(ops[0]), int(ops[1]) if len(ops) > 1 else None)
+        if op.startswith(("barrier.cluster.arrive", "barrier.cluster.wait")):
+            return ("cluster_" + op.split(".")[2],)
         return None
 
 
@@ -1006,3 +1008,30 @@ def test_compile_cache_key_changes_with_every_kernel_argument(monkeypatch, field
     assert len(compiles) == 2
     bw._compiled_kernel(base, mnkl, SimpleNamespace(index=1))
     assert len(compiles) == 3
+
+
+@family
+def test_sim_no_peer_is_signalled_before_the_cluster_initialised_its_barriers(setup):
+    """Start-up: a CTA of a cluster may signal a peer's barriers (a multicast TMA load, a
+    tcgen05.commit to other CTAs, a remote arrive) only after a cluster-wide wait that follows
+    every CTA's mbarrier.init; before it, a peer's barrier may not be initialised yet."""
+    s = setup
+    if s.cm * s.cn == 1:
+        pytest.skip("one CTA: no peer to signal")
+    for rank in range(s.cm * s.cn):
+        for warp in (EPILOGUE, MMA, TMA):
+            events = _sim(s, warp, rank)
+            kinds = [e[0] for e in events]
+            assert "cluster_wait" in kinds, (rank, warp)
+            start = kinds.index("cluster_wait")
+            arrived = [i for i, k in enumerate(kinds) if k == "cluster_arrive"]
+            inits = [i for i, k in enumerate(kinds) if k == "init"]
+            assert arrived and arrived[0] < start and all(i < arrived[0] for i in inits)
+            remote = [
+                i
+                for i, e in enumerate(events)
+                if (e[0] == "load" and e[5] is not None)
+                or (e[0] == "commit" and e[2] is not None and e[2] != 1 << rank)
+                or (e[0] == "arrive" and e[2] is not None)
+            ]
+            assert all(i > start for i in remote), (rank, warp, [events[i] for i in remote])
