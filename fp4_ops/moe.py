@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from fp4_ops import cpu
 from fp4_ops.layout import FORMATS, PACKED_DTYPES, from_blocked
+from fp4_ops.nn import FP4Buffers
 from fp4_ops.ops import (
     IN_DTYPES,
     NO_BACKWARD,
@@ -54,14 +54,7 @@ from fp4_ops.ops import (
     quantize,
 )
 from fp4_ops.sm90 import k_order
-from fp4_ops.tensor import (
-    FP4Tensor,
-    check_format,
-    check_global_scale_value,
-    check_type,
-    picklable,
-    unpickled,
-)
+from fp4_ops.tensor import FP4Tensor, check_format, check_global_scale_value, check_type
 
 #: fp4_moe's activations: name -> whether w13's gate and up rows are interleaved
 ACTIVATIONS = {"silu": False, "swigluoai": True}
@@ -451,7 +444,7 @@ _PARTS = ("data", "scale", "global_scale")
 _EXTRA_STATE = "_extra_state"
 
 
-class FP4MoE(nn.Module):
+class FP4MoE(FP4Buffers):
     """The experts of an MoE layer in FP4: forward(x, topk_weights, topk_ids) = ``fp4_moe``.
 
     Buffers per weight w in (w13 [E, 2I, H], w2 [E, H, I]): ``{w}_data`` (W4A16: ``{w}_prepacked``,
@@ -556,26 +549,8 @@ class FP4MoE(nn.Module):
 
     # -- casts, pickling and the state dict
 
-    def _apply(self, fn, recurse=True):
-        # (dtype casts reach float8 scales and float32 global scales too: those keep their dtype
-        # and take only the device that fn gives them)
-        keep = {n: t for n, t in self._buffers.items() if t is not None and "bias" not in n}
-        super()._apply(fn, recurse)
-        for name, old in keep.items():
-            new = self._buffers[name]
-            if new.dtype != old.dtype:
-                self._buffers[name] = old.to(new.device)
-        return self
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        state = dict(state)
-        state["_buffers"] = {n: unpickled(v) for n, v in state["_buffers"].items()}
-        super().__setstate__(state)
+    def kept_buffers(self) -> dict[str, torch.Tensor]:
+        return {n: t for n, t in self._buffers.items() if t is not None and "bias" not in n}
 
     def get_extra_state(self) -> dict:
         return {

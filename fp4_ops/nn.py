@@ -60,7 +60,44 @@ def _check_activations(activations, allowed=_ACTIVATIONS) -> None:
         raise ValueError(f"activations must be one of {allowed}, got {activations!r}")
 
 
-class FP4Linear(nn.Module):
+class FP4Buffers(nn.Module):
+    """Base of modules that hold FP4 parts as buffers (``kept_buffers``): ``.to(dtype)``,
+    ``.half()`` and the like keep those buffers' dtypes while every move takes them along;
+    pickle, ``copy.deepcopy`` and ``torch.save`` carry float8 scales as their bytes. The
+    attributes named in ``CACHES`` (values derived from the buffers) are dropped by both."""
+
+    CACHES: tuple[str, ...] = ()
+
+    def kept_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers whose dtype no cast may change, by name."""
+        raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module.to / half / bfloat16 / float / cuda / cpu all come here: fn casts every
+        # floating-point tensor, float8 scales and float32 global scales included
+        before = self.kept_buffers()
+        for name in self.CACHES:
+            setattr(self, name, None)
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new.dtype != old.dtype:
+                self._buffers[name] = old.to(new.device)
+        return self
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}
+        state.update(dict.fromkeys(self.CACHES))
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        state["_buffers"] = {n: unpickled(v) for n, v in state["_buffers"].items()}
+        super().__setstate__(state)
+
+
+class FP4Linear(FP4Buffers):
     """FP4 linear layer: y = fp4_gemm(quantize(x), W) + bias (W4A4), or fp4_gemm(x, W) + bias
     (``activations="bf16"``: W4A16, x bfloat16, or float16 with NVFP4 weights; Hopper only).
 
@@ -185,30 +222,10 @@ class FP4Linear(nn.Module):
 
     # -- casts, moves and the state dict
 
-    def _apply(self, fn, recurse=True):
-        # nn.Module.to / half / bfloat16 / float / cuda / cpu all come here: the FP4 parts take
-        # the device that fn gives them and keep their dtypes (fn casts every floating-point
-        # tensor, float8 scales and the float32 global scales included)
-        before = {n: self._buffers[n] for n in _FP4_BUFFERS if self._buffers.get(n) is not None}
-        self._cpu_weight_cache = self._alpha_cache = None
-        super()._apply(fn, recurse)
-        for name, old in before.items():
-            new = self._buffers[name]
-            if new.dtype != old.dtype:
-                self._buffers[name] = old.to(new.device)
-        return self
+    CACHES = ("_cpu_weight_cache", "_alpha_cache")
 
-    def __getstate__(self) -> dict:
-        # (pickle, copy.deepcopy and torch.save of the module: the float8 scales as their bytes)
-        state = super().__getstate__()
-        state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}
-        state["_cpu_weight_cache"] = state["_alpha_cache"] = None
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        state = dict(state)
-        state["_buffers"] = {n: unpickled(v) for n, v in state["_buffers"].items()}
-        super().__setstate__(state)
+    def kept_buffers(self) -> dict[str, torch.Tensor]:
+        return {n: self._buffers[n] for n in _FP4_BUFFERS if self._buffers.get(n) is not None}
 
     def get_extra_state(self) -> dict:
         return {"format": self.format, "activations": self.activations}
