@@ -1,0 +1,311 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The GPU quantizer's PTX, run on the CPU (tests/ptx_emulator.py), bit for bit against
+reference.py: codes, blocked scales with their zero padding, the global scale.
+
+The kernels are cross-compiled for sm_90a (no GPU needed) and every CTA of a small grid runs:
+the amax grid to completion, then the quantize grid. The launch parameters are built here from
+the launch's contract (``QuantizeFp4.__call__``): extents, fast-divmod divisors, pointers; the
+grids are chosen small (the kernels walk any grid size), so that each grid-stride loop turns.
+Each output byte must be stored exactly once (no memset before the kernel). The emulator itself
+is checked against torch's conversions and exact rationals.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from ptx_emulator import GlobalMemory, Grid, Params, PtxError, e4m3_from_f32, fma_f32, parse_ptx
+from test_quantize_fp4 import _inputs
+from test_quantize_midpoints import (
+    dynamic_direction,
+    dynamic_rounding,
+    e2m1_element_ties,
+    e4m3_scale_midpoints,
+    e8m0_ties,
+    quotient_cases,
+)
+
+import reference
+from fp4_ops import quantizer
+
+THREADS = 128
+MAX_PARTIALS = 640  # the partials buffer the launch allocates (quantizer.MAX_PARTIALS)
+AMAX_SMEM = 16  # the CTA max's 4 warp maxima
+QUANT_SMEM = 16 + 2 * 128 * 4  # the CTA max's words, then (divisor, 1 / divisor) per scale byte
+TORCH_IN = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+
+
+@functools.cache
+def _entries(in_dtype: str, vec: int, dynamic: bool) -> tuple:
+    """(amax Entry or None, quantize Entry) of the config's PTX, compiled once per session."""
+    ex = quantizer.compile_quantizer(in_dtype, vec, dynamic, "--gpu-arch sm_90a --keep-ptx")
+    entries = parse_ptx(ex.__ptx__)
+    amax = [e for name, e in entries.items() if "amax_kernel" in name]
+    quant = [e for name, e in entries.items() if "amax_kernel" not in name]
+    assert len(quant) == 1 and len(amax) == (1 if dynamic else 0)
+    return (amax[0] if amax else None), quant[0]
+
+
+def fast_divmod(d: int) -> tuple[int, int, int]:
+    """(multiplier, shift1, shift2) with t // d = (hi + ((t - hi) >> s1)) >> s2, hi = the high
+    word of t * multiplier, for 0 <= t < 2^31 (Granlund-Montgomery)."""
+    ell = max(d - 1, 0).bit_length()  # ceil(log2 d)
+    return (((1 << 32) * ((1 << ell) - d)) // d + 1) % (1 << 32), min(ell, 1), max(ell - 1, 0)
+
+
+def _put_divmod(params: Params, index: int, d: int) -> None:
+    mult, s1, s2 = fast_divmod(d)
+    params.put(index, d, 4, 0)
+    params.put(index, mult, 4, 4)
+    params.put(index, s1, 1, 8)
+    params.put(index, s2, 1, 9)
+    params.put(index + 1, d, 4)
+
+
+def emulate(x: torch.Tensor, vec: int, gs=None, ctas: int = 2, amax_ctas: int = 3):
+    """(codes [L, R, K/2], blocked scale bytes [L, n], gs out, store counts) of the PTX's grids
+    on x [L, R, K]; ``gs`` a static NVFP4 global scale or None (dynamic, or MXFP4)."""
+    dynamic = vec == 16 and gs is None
+    amax_entry, entry = _entries(TORCH_IN[x.dtype], vec, dynamic)
+    n_batch, rows, k = x.shape
+    rows_pad, sf_cols = -(-rows // 128) * 128, k // vec
+    sf_cols_pad = -(-sf_cols // 4) * 4
+    pairs_pad = sf_cols_pad // 2
+    total = n_batch * rows_pad * pairs_pad
+    gmem = GlobalMemory()
+    x_ptr = gmem.alloc(x.contiguous().view(torch.uint8).numpy().tobytes())
+    q_ptr = gmem.alloc(x.numel() // 2)
+    sf_ptr = gmem.alloc(n_batch * rows_pad * sf_cols_pad)
+    gs_in = gmem.alloc(4) if gs is None else gmem.alloc(np.float32(gs).tobytes())
+    gs_out = gmem.alloc(4)
+    partials = gmem.alloc(4 * MAX_PARTIALS)
+    if dynamic:
+        p = Params(amax_entry)
+        p.put(0, x_ptr, 8)
+        p.put(1, partials, 8)
+        p.put(2, x.numel() // 32, 4)
+        Grid(amax_entry, amax_ctas, THREADS, p, gmem, AMAX_SMEM).run()
+    p = Params(entry)
+    for i, ptr in enumerate((x_ptr, q_ptr, sf_ptr, gs_in, gs_out, partials)):
+        p.put(i, ptr, 8)
+    for i, v in enumerate((amax_ctas, rows, sf_cols, total, -(-total // 32) * 32)):
+        p.put(6 + i, v, 4)
+    _put_divmod(p, 11, pairs_pad)
+    _put_divmod(p, 13, rows_pad)
+    Grid(entry, ctas, THREADS, p, gmem, QUANT_SMEM).run()
+    codes = torch.from_numpy(gmem.read(q_ptr, x.numel() // 2)).view(n_batch, rows, k // 2)
+    scales = torch.from_numpy(gmem.read(sf_ptr, n_batch * rows_pad * sf_cols_pad))
+    counts = np.concatenate(
+        [gmem.store_counts(q_ptr, x.numel() // 2), gmem.store_counts(sf_ptr, scales.numel())]
+    )
+    got_gs = float(gmem.read(gs_out, 4).view(np.float32)[0])
+    return codes, scales.view(n_batch, -1), got_gs, counts, gmem.store_counts(gs_out, 4)
+
+
+def check(x: torch.Tensor, vec: int, gs=None, **grid) -> None:
+    """The emulated grids' outputs equal reference.py's, bit for bit, each byte stored once."""
+    codes, scales, got_gs, counts, gs_counts = emulate(x, vec, gs, **grid)
+    if vec == 16:
+        want_q, want_sf, want_gs = reference.quantize_nvfp4(x, gs)
+    else:
+        (want_q, want_sf), want_gs = reference.quantize_mxfp4(x), torch.tensor(1.0)
+    blocked = reference.to_blocked(want_sf).view(torch.uint8)
+    assert (counts == 1).all(), f"{int((counts != 1).sum())} output bytes not stored exactly once"
+    assert (gs_counts == 1).all(), "the global scale is not stored exactly once"
+    bad = (scales != blocked).nonzero()[:4].tolist()
+    assert torch.equal(scales, blocked), f"scale bytes differ at {bad}"
+    bad = (codes != want_q).nonzero()[:4].tolist()
+    assert torch.equal(codes, want_q), f"code bytes differ at {bad}"
+    assert np.float32(got_gs).tobytes() == np.float32(float(want_gs)).tobytes()
+
+
+# ------------------------------------------------------------------------------ the grids
+
+MODES = {"nvfp4-dynamic": (16, None), "nvfp4-static": (16, 0.0013), "mxfp4": (32, None)}
+# [L, R, K]: two batches, rows past one 128-row atom, K / 16 = 6 (padded to 8 scale columns),
+# K / 32 = 3 (an odd count: a dead second block per row)
+SHAPE = (2, 130, 96)
+
+
+@pytest.mark.parametrize("dtype", list(TORCH_IN), ids=str)
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("kind", ["normal", "zeros", "ties", "wide", "denormal"])
+def test_grid_matches_reference(kind, mode, dtype):
+    """Random, zero (blocks, rows, -0), E2M1-tie, wide-range and subnormal inputs."""
+    vec, gs = MODES[mode]
+    x = _inputs(kind, SHAPE, dtype, seed=3)
+    check(x, vec, gs)
+
+
+@pytest.mark.parametrize("ctas, amax_ctas", [(1, 1), (3, 2), (16, 8)])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_any_grid_size(ctas, amax_ctas, mode):
+    """The persistent grids walk any grid size: one CTA (many turns of the loops), a few, and
+    more CTAs than the thread space needs (idle warps)."""
+    vec, gs = MODES[mode]
+    check(
+        _inputs("normal", (1, 200, 64), torch.bfloat16, seed=4),
+        vec,
+        gs,
+        ctas=ctas,
+        amax_ctas=amax_ctas,
+    )
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["+0", "-0"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_all_zero_tensor(mode, sign):
+    """amax 0: the dynamic global scale is 1.0, every scale byte 0 (E8M0: 2^-127), codes keep
+    the sign of zero."""
+    vec, gs = MODES[mode]
+    check(torch.zeros(SHAPE, dtype=torch.bfloat16) * sign, vec, gs)
+
+
+MIDPOINTS = [
+    ("e4m3-mid-gs1", lambda: e4m3_scale_midpoints(1.0), 16, 1.0),
+    ("e4m3-mid-gs0.3", lambda: e4m3_scale_midpoints(0.3), 16, 0.3),
+    ("e2m1-ties-gs0.5", lambda: e2m1_element_ties(0.5, 16), 16, 0.5),
+    ("e2m1-ties-dynamic", dynamic_direction, 16, None),
+    ("dynamic-rounding", dynamic_rounding, 16, None),
+    ("e2m1-ties-mxfp4", lambda: e2m1_element_ties(1.0, 32), 32, None),
+    ("e8m0-ties", e8m0_ties, 32, None),
+    ("quotient-gs0.3", lambda: quotient_cases(0.3), 16, 0.3),
+    ("quotient-gs1/7", lambda: quotient_cases(1 / 7), 16, 1 / 7),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("make, vec, gs", [c[1:] for c in MIDPOINTS], ids=[c[0] for c in MIDPOINTS])
+def test_grid_at_midpoints(make, vec, gs, dtype):
+    """tests/test_quantize_midpoints.py's cases: E4M3 scale and E2M1 element ties, E8M0 ties
+    (amax 6 * 2^e and 1 ulp above), quotients where x / d and x * fl(1 / d) differ."""
+    x = make().to(dtype)
+    check(x.unsqueeze(0), vec, gs, ctas=4)
+
+
+def test_dynamic_scale_from_many_partials():
+    """An amax grid of 600 CTAs, the maximum in CTA 203's partial: the quantize kernel's
+    reduction of up to 5 partials per thread reaches it."""
+    x = _inputs("normal", (1, 128, 6656), torch.bfloat16, seed=5)
+    x.view(-1)[203 * THREADS * 32 + 77] = 1000.0
+    check(x, 16, None, ctas=64, amax_ctas=600)
+
+
+# ------------------------------------------------------------------------------ the emulator
+
+
+def _f32_of_fraction(v: Fraction) -> np.float32:
+    """v rounded to float32, to nearest even, by exact rational arithmetic (normal range)."""
+    if v == 0:
+        return np.float32(0.0)
+    e = max(math.floor(math.log2(abs(v))) - 23, -149)
+    while abs(v) >= Fraction(2) ** (e + 24):  # (log2 of a rational can be off by one)
+        e += 1
+    while e > -149 and abs(v) < Fraction(2) ** (e + 23):
+        e -= 1
+    return np.float32(round(v / Fraction(2) ** e) * 2.0**e)
+
+
+def test_fma_rounds_once():
+    """fma_f32 against exact rationals: random operands, and the cases where rounding the
+    float64 sum to float32 rounds twice (a * b + 1 = 1 + 2^-24 +- 2^-60)."""
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(2000).astype(np.float32) for _ in range(3))
+    c = c * np.float32(2.0**-20)  # sums that cancel partly
+    hard = [
+        (4097 * 2.0**-12, 16773121 * 2.0**-48, 1.0),
+        (262143 * 2.0**-18, 262145 * 2.0**-42, 1.0),
+    ]
+    hard += [(-x, y, -z) for x, y, z in hard]
+    a, b, c = (
+        np.concatenate([v, np.float32([h[i] for h in hard])]) for i, v in enumerate((a, b, c))
+    )
+    got = fma_f32(a, b, c)
+    want = [
+        _f32_of_fraction(Fraction(float(p)) * Fraction(float(q)) + Fraction(float(r)))
+        for p, q, r in zip(a, b, c, strict=True)
+    ]
+    assert got.tobytes() == np.float32(want).tobytes()
+    naive = (a.astype(np.float64) * b + c).astype(np.float32)
+    assert naive[-4:].tobytes() != got[-4:].tobytes()  # (the hard cases are hard)
+
+
+def test_e4m3_conversion_matches_torch():
+    """cvt.rn.satfinite.e4m3x2.f32 (the emulator's) against torch's float8_e4m3fn: every E4M3
+    value, the midpoints between them and 1 ulp beside, subnormals, random values; past 448
+    it saturates, NaN gives 0x7F."""
+    values = torch.arange(0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = (values[:-1] + values[1:]) / 2
+    near = torch.cat([values, mids, mids.view(torch.int32).add(1).view(torch.float32)])
+    near = torch.cat([near, mids.view(torch.int32).sub(1).view(torch.float32)])
+    rand = torch.randn(5000, generator=torch.Generator().manual_seed(0)) * 40
+    x = torch.cat([near, -near, rand[rand.abs() < 448], torch.tensor([2.0**-12, -0.0])])
+    want = x.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    assert (e4m3_from_f32(x.numpy()) == want).all()
+    sat = np.float32([448.0, 463.99, 464.0, 1e30, np.inf, -500.0, -np.inf, np.nan])
+    assert e4m3_from_f32(sat).tolist() == [0x7E] * 5 + [0xFE, 0xFE, 0x7F]
+
+
+def test_fast_divmod_divides():
+    """The launch's fast-divmod divisors give t // d over the kernels' index range."""
+    t = np.concatenate([np.arange(5000), np.int64(2**31) - 1 - np.arange(100)]).astype(np.uint64)
+    for d in [1, 2, 3, 4, 5, 7, 128, 256, 384, 1000, 2**20 + 1]:
+        mult, s1, s2 = fast_divmod(d)
+        hi = (t * np.uint64(mult)) >> np.uint64(32)
+        q = (hi + ((t - hi) >> np.uint64(s1))) >> np.uint64(s2)
+        assert (q == t // np.uint64(d)).all(), d
+
+
+_TOY = """
+.visible .entry toy(
+    .param .u32 toy_param_0
+)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    mov.u32 %r1, %tid.x;
+    setp.lt.u32 %p1, %r1, 16;
+    @%p1 bra $L__done;
+    OP
+$L__done:
+    ret;
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "op, why",
+    [
+        ("shfl.sync.bfly.b32 %r2, %r1, 1, 31, -1;", "part of a 32-thread group"),
+        ("bar.sync 0;", "part of a 128-thread group"),
+        ("popc.b32 %r2, %r1;", "not emulated"),
+        ("add.rz.f32 %r2, %r1, %r1;", "not emulated"),
+        ("mov.b32 %r2, %r5;", "never-written"),
+    ],
+)
+def test_emulator_refuses_what_it_does_not_model(op, why):
+    """A shuffle or barrier that part of the warp (CTA) skips, an unknown instruction or
+    rounding mode, a read of an unset register: PtxError, never a silent result."""
+    entry = parse_ptx(_TOY.replace("OP", op))["toy"]
+    with pytest.raises(PtxError, match=why):
+        Grid(entry, 1, THREADS, Params(entry), GlobalMemory()).run()
+
+
+def test_emulator_refuses_out_of_bounds_stores():
+    """A store one word past its buffer raises (the guard between buffers)."""
+    ptx = _TOY.replace("OP", "st.global.b32 [%rd1+4], %r1;").replace(
+        ".u32 toy_param_0", ".u64 toy_param_0"
+    )
+    ptx = ptx.replace("mov.u32 %r1", "ld.param.b64 %rd1, [toy_param_0];\n    mov.u32 %r1")
+    ptx = ptx.replace(".reg .b32 %r<8>;", ".reg .b32 %r<8>;\n    .reg .b64 %rd<2>;")
+    entry = parse_ptx(ptx)["toy"]
+    gmem = GlobalMemory()
+    params = Params(entry)
+    params.put(0, gmem.alloc(4), 8)
+    with pytest.raises(PtxError, match="out of bounds"):
+        Grid(entry, 1, THREADS, params, gmem).run()
