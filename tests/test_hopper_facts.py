@@ -625,3 +625,32 @@ def test_global_tensors_strides_and_batches(path, a_dtype):
     ):
         assert found[name][1] == l * -(-rows // 128) * atoms_k * 512 - 1, name
         assert found[name][3] == ptr, name
+
+
+@pytest.mark.parametrize("name", list(PTX_CONFIGS))
+def test_ptx_split_k_counters_are_left_zero_for_the_next_launch(name, compiled):
+    """The split-K workspace is zeroed once, when it is made, so every launch must leave it so:
+    each tile counter the splits count up on (one atomic add of 1) is stored back to 0 after
+    that add, at the same address; without split-K there is no counter."""
+    (_, _, _, _, split, *_), _, _ = PTX_CONFIGS[name]
+    ptx = compiled[name][1]
+    consts = dict(re.findall(r"mov\.b32\s+(%r\d+), (-?\d+);", ptx))
+    lines = [line.strip() for line in ptx.splitlines()]
+    adds = [
+        (i, m.group(1), m.group(2))
+        for i, line in enumerate(lines)
+        if (m := re.match(r"atom\.global\.[\w.]*add\.u32 %r\d+, \[(%rd\d+)\], (%r\d+);", line))
+    ]
+    stores = [
+        (i, m.group(1), m.group(2))
+        for i, line in enumerate(lines)
+        if (m := re.match(r"st\.[\w.]*global\.u32 \[(%rd\d+)\], (%r\d+);", line))
+    ]
+    if split == 1:
+        assert adds == [], "a counter without split-K"
+        return
+    assert adds, "split-K without a tile counter"
+    for at, addr, one in adds:
+        assert consts.get(one) == "1", (addr, one)
+        resets = [reg for i, a, reg in stores if a == addr and i > at]
+        assert [consts.get(reg) for reg in resets] == ["0"], (addr, resets)

@@ -143,3 +143,28 @@ def test_hopper_gemm_checks_every_new_problem(monkeypatch, changed):
     with pytest.raises(ValueError, match=HOPPER_REFUSAL[changed]):
         r90.gemm(**_h_operands(*BAD[changed]), config=config)
     assert len(launched) == 1
+
+
+def test_hopper_workspaces_fit_every_problem_of_one_configuration(monkeypatch):
+    """Two problems of one prefill configuration on one stream, the second larger: each call's
+    converted copies hold its own (L, rows, K rounded up to 64) operands (a workspace cached
+    by configuration alone would hand the second problem the first one's)."""
+    calls = []
+
+    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a):
+        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a)
+        return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: calls.append(x))
+
+    monkeypatch.setattr(r90, "compile_gemm", compile_gemm)
+    monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
+    for cache in ("_KERNELS", "_WORKSPACES", "_CHECKED"):
+        monkeypatch.setattr(r90, cache, {} if cache != "_CHECKED" else set())
+    stream = SimpleNamespace(cuda_stream=5, device=torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: stream)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    config = r90.GemmConfig(16, "BFloat16", path="prefill", mma_tiler_mn=(128, 256))
+    for m, n, k, l in ((64, 256, 256, 1), (300, 512, 512, 2)):  # noqa: E741
+        r90.gemm(**_h_operands(m, n, k, l), config=config)
+        _, conv_b, conv_a = r90._workspace(config, (m, n, k, l), stream)
+        k_pad = -(-k // 64) * 64
+        assert conv_a.numel() >= l * m * k_pad and conv_b.numel() >= l * n * k_pad
