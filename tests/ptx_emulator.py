@@ -35,6 +35,7 @@ WIDTH.update({"b32": 32, "u32": 32, "s32": 32, "f32": 32, "b64": 64, "u64": 64, 
 CANONICAL_NAN = np.uint32(0x7FFFFFFF)
 GLOBAL_BASE = 1 << 40
 GUARD = 256  # unallocated bytes between global buffers
+POISON = 0xA5  # the bytes of an uninitialized buffer (as uint32: above the Inf bits)
 
 
 class PtxError(Exception):
@@ -216,9 +217,12 @@ class GlobalMemory:
         self.stores = np.zeros(0, np.int32)  # stores per byte
 
     def alloc(self, data) -> int:
-        """A buffer holding ``data`` (bytes-like, or an int size: never-stored bytes); its
-        address."""
-        raw = np.zeros(data, np.uint8) if isinstance(data, int) else np.frombuffer(data, np.uint8)
+        """A buffer holding ``data`` (bytes-like, or an int size: uninitialized bytes, which hold
+        POISON as torch.empty's garbage would); its address."""
+        if isinstance(data, int):
+            raw = np.full(data, POISON, np.uint8)
+        else:
+            raw = np.frombuffer(data, np.uint8)
         start = self.mem.size + GUARD
         size = start + (raw.size + 15) // 16 * 16
         self.mem = np.concatenate([self.mem, np.zeros(size - self.mem.size, np.uint8)])

@@ -8,6 +8,9 @@ the launch's contract (``QuantizeFp4.__call__``): extents, fast-divmod divisors,
 grids are chosen small (the kernels walk any grid size), so that each grid-stride loop turns.
 Each output byte must be stored exactly once (no memset before the kernel). The emulator itself
 is checked against torch's conversions and exact rationals.
+
+Limits: this is the PTX, not the SASS that ptxas makes of it (a contraction of mul + add into an
+fma there would go unseen); the host side's launch arithmetic is mirrored here, not run.
 """
 
 from __future__ import annotations
@@ -166,6 +169,51 @@ def test_all_zero_tensor(mode, sign):
     check(torch.zeros(SHAPE, dtype=torch.bfloat16) * sign, vec, gs)
 
 
+# (non-powers of two: Markstein quotients by them are inexact where the fast walk is wrong)
+@pytest.mark.parametrize(
+    "gs",
+    [0.7 * 2.0**-95, 1.3 * 2.0**-61, 1.3 * 2.0**61, 1.7 * 2.0**126],
+    ids=["0.7*2^-95", "1.3*2^-61", "1.3*2^61", "1.7*2^126"],
+)
+def test_static_scale_outside_the_fast_range(gs):
+    """Static global scales outside [2^-60, 2^60]: the walk with IEEE divisions for the block
+    scales (at E4M3 midpoints), and for elements whose divisor lies outside [2^-100, 2^100]."""
+    if gs < 2.0**100:
+        check(_inputs("wide", (1, 130, 64), torch.float32, seed=6) * (gs * 2.0**4), 16, gs)
+    mids = e4m3_scale_midpoints(gs)
+    check(mids[torch.isfinite(mids).all(1)].unsqueeze(0), 16, gs, ctas=4)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=str)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_non_finite_blocks(mode, bad):
+    """Blocks holding NaN or Inf (the module's contract; reference.py refuses them): NaN scale
+    bytes and zero codes; the other blocks as reference.py's with those blocks zeroed. A dynamic
+    global scale turns non-finite: every scale byte NaN, every code zero."""
+    vec, gs = MODES[mode]
+    x = _inputs("normal", SHAPE, torch.bfloat16, seed=7)
+    spots = [(0, 0, 5), (0, 129, 95), (1, 64, 40)]
+    clean = x.clone()
+    for b, r, c in spots:
+        x[b, r, c] = bad
+        clean[b, r, c // vec * vec : (c // vec + 1) * vec] = 0.0
+    codes, scales, got_gs, _, _ = emulate(x, vec, gs)
+    nan_byte = 0x7F if vec == 16 else 0xFF
+    if vec == 16:
+        want_q, want_sf, _ = reference.quantize_nvfp4(clean, 1.0 if gs is None else gs)
+    else:
+        want_q, want_sf = reference.quantize_mxfp4(clean)
+    want_sf = want_sf.view(torch.uint8).clone()
+    for b, r, c in spots:
+        want_sf[b, r, c // vec] = nan_byte
+        want_q[b, r, c // vec * vec // 2 : (c // vec + 1) * vec // 2] = 0
+    if gs is None and vec == 16:
+        assert not math.isfinite(got_gs)
+        want_sf[:], want_q[:] = nan_byte, 0
+    assert torch.equal(scales, reference.to_blocked(want_sf))
+    assert torch.equal(codes, want_q)
+
+
 MIDPOINTS = [
     ("e4m3-mid-gs1", lambda: e4m3_scale_midpoints(1.0), 16, 1.0),
     ("e4m3-mid-gs0.3", lambda: e4m3_scale_midpoints(0.3), 16, 0.3),
@@ -188,11 +236,12 @@ def test_grid_at_midpoints(make, vec, gs, dtype):
     check(x.unsqueeze(0), vec, gs, ctas=4)
 
 
-def test_dynamic_scale_from_many_partials():
-    """An amax grid of 600 CTAs, the maximum in CTA 203's partial: the quantize kernel's
-    reduction of up to 5 partials per thread reaches it."""
-    x = _inputs("normal", (1, 128, 6656), torch.bfloat16, seed=5)
-    x.view(-1)[203 * THREADS * 32 + 77] = 1000.0
+@pytest.mark.parametrize("cta", [203, 550])
+def test_dynamic_scale_from_many_partials(cta):
+    """An amax grid of 600 CTAs, the maximum in CTA ``cta``'s partial (the second and the fifth
+    partial of a quantize thread): the reduction of 5 partials per thread reaches it."""
+    x = _inputs("normal", (1, 128, (cta + 1) * THREADS * 32 // 128), torch.bfloat16, seed=5)
+    x.view(-1)[cta * THREADS * 32 + 77] = 1000.0
     check(x, 16, None, ctas=64, amax_ctas=600)
 
 
