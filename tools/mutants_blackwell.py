@@ -310,8 +310,8 @@ MUTANTS = [
         id="ops-blackwell-padded-d",
         klass="alpha",
         file="fp4_ops/sm100.py",
-        old="return d if d.is_contiguous() else d.contiguous()",
-        new="return d",
+        old="d = d if d.is_contiguous() else d.contiguous()",
+        new="d = d",
         tests=[_OPS, "-k", "blackwell_adapter"],
     ),
     dict(
