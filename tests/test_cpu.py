@@ -114,6 +114,24 @@ def test_quantize_mxfp4_equals_the_oracle(dtype, dist):
     assert float(out_gs) == 1.0
 
 
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["+0", "-0"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_quantize_all_zero_input_equals_the_oracle(fmt, sign, dtype):
+    """An all-zero x (either sign) is a tensor like any other: the oracle's codes and scale bytes
+    and, for NVFP4's dynamic global scale, 1.0 (amax 0 gives no scale)."""
+    x = (sign * torch.zeros(2, 130, 64)).to(dtype)
+    if fmt == "nvfp4":
+        data, scale, out_gs = cpu.quantize_nvfp4(x, None)
+        want_data, want_scale, want_gs = reference.quantize_nvfp4(x)
+    else:
+        data, scale, out_gs = cpu.quantize_mxfp4(x)
+        (want_data, want_scale), want_gs = reference.quantize_mxfp4(x), torch.tensor(1.0)
+    assert torch.equal(data, want_data)
+    assert torch.equal(_bytes(scale), _bytes(reference.to_blocked(want_scale)))
+    assert float(out_gs) == float(want_gs) == 1.0
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_quantize_refuses_non_finite_input(bad):
     x = torch.ones(2, 32)

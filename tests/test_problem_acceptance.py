@@ -168,3 +168,57 @@ def test_hopper_workspaces_fit_every_problem_of_one_configuration(monkeypatch):
         _, conv_b, conv_a = r90._workspace(config, (m, n, k, l), stream)
         k_pad = -(-k // 64) * 64
         assert conv_a.numel() >= l * m * k_pad and conv_b.numel() >= l * n * k_pad
+
+
+QUANTIZER_CALLS = [
+    (torch.bfloat16, 16, None),
+    (torch.bfloat16, 16, 0.5),
+    (torch.float16, 16, None),
+    (torch.bfloat16, 32, None),
+    (torch.float32, 16, 0.5),
+]
+
+
+def test_quantizer_launch_cache_gives_each_call_its_own_kernel(monkeypatch):
+    """``launch_quantize`` after calls of every other kind, in both orders: each launch runs the
+    kernel compiled for its own input dtype, block size and dynamic / static global scale."""
+    from fp4_ops import quantizer
+
+    launched = []
+
+    def compile_quantizer(in_dtype, vec, dynamic, options=""):
+        config = (in_dtype, vec, dynamic)
+        return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *a: launched.append(config))
+
+    monkeypatch.setattr(quantizer, "compile_quantizer", compile_quantizer)
+    monkeypatch.setattr(quantizer, "_KERNELS", {})
+    monkeypatch.setattr(quantizer, "_LAUNCHERS", {})
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    props = SimpleNamespace(multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *_: props)
+    names = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+    for first, second in itertools.permutations(QUANTIZER_CALLS, 2):
+        for dtype, vec, gs in (first, second):
+            x = torch.zeros(4, 64, dtype=dtype)
+            quantizer.launch_quantize(x, vec, None if gs is None else torch.tensor(gs))
+            assert launched[-1] == (names[dtype], vec, vec == 16 and gs is None)
+
+
+@pytest.mark.parametrize("split", [2, 3])
+def test_hopper_split_k_workspace_holds_partials_and_counters(monkeypatch, split):
+    """A split-K decode problem's workspace: for each output tile (16 tokens x 128 weight rows,
+    counted here by hand) ``split`` fp32 partial tiles, plus one counter per tile."""
+    monkeypatch.setattr(r90, "_WORKSPACES", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    stream = SimpleNamespace(cuda_stream=5, device=torch.device("cpu"))
+    config = r90.GemmConfig(16, "BFloat16", path="decode", mma_tiler_mn=(16, 128), split_k=split)
+    fields = (config.path, config.mma_tiler_mn, config.cluster_shape_mn, split)
+    kernel = k90.BlockwiseGemmFp4Sm90(16, *fields, config.tma_store, 1, config.a_dtype)
+    monkeypatch.setattr(r90, "_compiled", lambda *_: (kernel, None))
+    m, n, k, l = 20, 520, 1024, 2  # noqa: E741
+    tiles = -(-m // 16) * -(-n // 128) * l
+    work, _, _ = r90._workspace(config, (m, n, k, l), stream)
+    assert work.dtype == torch.float32
+    assert work.numel() >= tiles * split * 16 * 128 + tiles
