@@ -284,6 +284,12 @@ def fp4_gemm(
     check_type(b, FP4Tensor, "b", "an FP4Tensor (fp4_ops.quantize)")
     check_out_dtype(out_dtype)
     check_alpha(alpha)
+    for name, t in (("a", a), ("b", b)):
+        if isinstance(t, FP4Tensor) and t.global_scale.numel() != 1:
+            raise ValueError(
+                f"{name} has one global scale per batch ({tuple(t.global_scale.shape)}); "
+                "fp4_gemm takes one per operand (per-expert weights: fp4_ops.fp4_grouped_gemm)"
+            )
     if isinstance(a, torch.Tensor):
         return _fp4_gemm_w4a16(a, b, out_dtype, alpha)
     check_type(a, FP4Tensor, "a", "an FP4Tensor (W4A4) or a bfloat16 / float16 tensor (W4A16)")

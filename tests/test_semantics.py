@@ -247,3 +247,17 @@ def test_fp4_gemm_batched_activations_against_one_weight(fmt, m):
     b64 = _batch_values64(wb)
     for i in range(l):
         _assert_close(d[i], a64[i], b64[i], 1.0, 4)
+
+
+def test_fp4_gemm_refuses_per_batch_global_scales():
+    """Weights quantized per expert carry one global scale per batch: fp4_gemm, which applies
+    one scalar per operand, refuses them by name instead of failing inside a reshape."""
+    from fp4_ops import quantize_experts
+
+    b = quantize_experts(torch.stack([_x(24, 64, 40 + i) for i in range(3)]), "nvfp4")
+    assert b.global_scale.shape == (3,)
+    a = quantize(torch.stack([_x(5, 64, 50 + i) for i in range(3)]))
+    with pytest.raises(ValueError, match="b has one global scale per batch"):
+        fp4_gemm(a, b)
+    with pytest.raises(ValueError, match="b has one global scale per batch"):
+        fp4_gemm(torch.stack([_x(5, 64, 60 + i) for i in range(3)]).bfloat16(), b)
