@@ -95,15 +95,17 @@ def test_fp4_linear_scales_by_both_global_scales(activations):
     assert bool((err <= bound).all()), float((err / bound).max())
 
 
+@pytest.mark.parametrize("n", [24, 2 * k_order.PREPACK_ROWS + 88])
 @pytest.mark.parametrize("k", [96, 128, 160])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_w4a16_prepacked_and_plain_weights_agree_with_the_reference(fmt, k):
+def test_w4a16_prepacked_and_plain_weights_agree_with_the_reference(fmt, k, n):
     """The W4A16 op with prepacked weights (FP4Linear's) and with plain ones (fp4_gemm's) on the
     CPU: each against reference.reference_gemm_w4a16 in float64 (K not a multiple of 64
-    included: the prepacked rows are padded)."""
-    b = quantize(_x(24, k, 6), fmt)
+    included: the prepacked rows are padded; N past prepack_weights' row chunks, the last one
+    ragged)."""
+    b = quantize(_x(n, k, 6), fmt)
     x = _x(7, k, 7, torch.bfloat16)
-    plain = reference.from_blocked(b.scale.reshape(-1), 24, k // b.sf_vec_size)
+    plain = reference.from_blocked(b.scale.reshape(-1), n, k // b.sf_vec_size)
     ref = reference.reference_gemm_w4a16(
         x, b.data, plain, b.sf_vec_size, 1.0, torch.float64, accum_dtype=torch.float64
     )

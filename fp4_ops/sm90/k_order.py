@@ -16,6 +16,8 @@ from fp4_ops.memory import persistent
 
 # K values per wgmma k-block (four k16 steps): the unit of every permutation here
 K_BLOCK = 64
+# rows prepack_weights permutes at a time
+PREPACK_ROWS = 256
 # (device, inverse) -> the permutation as an index tensor on that device
 _ORDERS: dict = {}
 
@@ -50,11 +52,19 @@ def prepack_weights(b):
     inverts it."""
     import torch
 
-    nibbles, k = _nibbles(b)
+    _check_packed(b)
+    k = 2 * b.shape[-1]
     k_pad = -(-k // K_BLOCK) * K_BLOCK
-    nibbles = torch.nn.functional.pad(nibbles, (0, k_pad - k))
-    blocks = nibbles.reshape(*nibbles.shape[:-1], k_pad // K_BLOCK, K_BLOCK)
-    return _pack(blocks[..., _order(b.device, inverse=False)].reshape(nibbles.shape))
+    rows = b.reshape(-1, b.shape[-1])
+    out = torch.empty((rows.shape[0], k_pad // 2), dtype=torch.uint8, device=b.device)
+    # (a few rows at a time: the nibble copies stay a small multiple of one chunk, not of b)
+    for start in range(0, rows.shape[0], PREPACK_ROWS):
+        nibbles, _ = _nibbles(rows[start : start + PREPACK_ROWS])
+        nibbles = torch.nn.functional.pad(nibbles, (0, k_pad - k))
+        blocks = nibbles.reshape(nibbles.shape[0], k_pad // K_BLOCK, K_BLOCK)
+        order = _order(b.device, inverse=False)
+        out[start : start + PREPACK_ROWS] = _pack(blocks[..., order].reshape(nibbles.shape))
+    return out.reshape(*b.shape[:-1], k_pad // 2)
 
 
 def unprepack_weights(prepacked, k: int):
@@ -86,10 +96,14 @@ def _order(device, inverse: bool):
     return _ORDERS[key]
 
 
-def _nibbles(packed):
-    """[..., K/2] bytes of any one-byte type -> ([..., K] nibbles, low nibble first, K)."""
+def _check_packed(packed) -> None:
     if packed.element_size() != 1 or packed.dim() < 2:
         raise ValueError(f"packed FP4 must be [..., rows, K/2] bytes, got {packed.dtype}")
+
+
+def _nibbles(packed):
+    """[..., K/2] bytes of any one-byte type -> ([..., K] nibbles, low nibble first, K)."""
+    _check_packed(packed)
     return unpack_fp4(packed), 2 * packed.shape[-1]
 
 
