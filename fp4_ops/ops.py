@@ -4,8 +4,13 @@ their dispatch to the CPU implementation, the Hopper kernel (sm_90) and the Blac
 (sm_100 family).
 
 The custom ops take and give the FP4Tensor parts as they are (scales [..., row blocks, column
-blocks, 512]; the GEMMs also take them flat, [n] or [L, n]), and hand the kernels the flat
-[L, n] bytes. They are inference only: their autograd formula raises ``NO_BACKWARD``.
+blocks, 512]; the GEMMs also take them flat, [n] or [L, n]), and hand the kernels their bytes.
+They are inference only: their autograd formula raises ``NO_BACKWARD``.
+
+Each op is a plain implementation (``quantize_impl``, ``gemm_impl``, ``gemm_w4a16_impl``) under
+its registration. An eager call on plain CUDA tensors that is not traced and tracks no gradient
+(``eager``) runs the implementation directly, without the dispatcher's cost; every other call
+(``torch.compile``, fake or subclassed tensors, autograd) goes through the registered op.
 """
 
 from __future__ import annotations
