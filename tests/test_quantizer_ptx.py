@@ -45,7 +45,7 @@ TORCH_IN = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32:
 
 @functools.cache
 def _entries(in_dtype: str, vec: int, dynamic: bool) -> tuple:
-    """(amax Entry or None, quantize Entry) of the config's PTX, compiled once per session."""
+    """(amax Entry or None, quantize Entry) of the config's PTX, compiled once per process."""
     ex = quantizer.compile_quantizer(in_dtype, vec, dynamic, "--gpu-arch sm_90a --keep-ptx")
     entries = parse_ptx(ex.__ptx__)
     amax = [e for name, e in entries.items() if "amax_kernel" in name]
