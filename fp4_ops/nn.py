@@ -92,7 +92,8 @@ class FP4Buffers(nn.Module):
         return state
 
     def __setstate__(self, state: dict) -> None:
-        state = dict(state)
+        # (a pickle made before a cache existed still gets it, empty)
+        state = dict.fromkeys(self.CACHES) | dict(state)
         state["_buffers"] = {n: unpickled(v) for n, v in state["_buffers"].items()}
         super().__setstate__(state)
 

@@ -817,3 +817,20 @@ def test_gpu_global_scale_is_refused_by_a_device_side_assert(bad):
     r = subprocess.run([sys.executable, "-c", script, str(bad)], capture_output=True, text=True)
     assert r.returncode != 0 and "accepted" not in r.stdout
     assert "must be finite and positive" in r.stderr or "device-side assert" in r.stderr, r.stderr
+
+
+def test_unpickling_an_older_layer_gives_it_every_cache():
+    """A pickled FP4Linear from before a derived-value cache existed lacks that attribute in its
+    state: unpickled, it has the cache, empty, and computes."""
+    layer = fp4_ops.FP4Linear.from_linear(
+        torch.nn.Linear(64, 32), activations="static", input_global_scale=0.5
+    )
+    state = layer.__getstate__()
+    for name in layer.CACHES:
+        del state[name]
+    other = fp4_ops.FP4Linear.__new__(fp4_ops.FP4Linear)
+    other.__setstate__(state)
+    assert all(getattr(other, name) is None for name in layer.CACHES)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        assert torch.equal(other(x), layer(x))
