@@ -44,6 +44,7 @@ Only measured numbers are printed.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import gc
 import inspect
@@ -349,6 +350,33 @@ def _inside_attention(event) -> bool:
     return False
 
 
+def split_times(events, device_events=None) -> dict:
+    """Microseconds per category: each CPU operator's kernels (CPU run: its own time), then, on
+    the GPU, every kernel no operator launched (ours go through TVM-FFI, outside the
+    dispatcher) by its name alone."""
+    from torch.autograd import DeviceType
+
+    out = dict.fromkeys(("gemm", "attention", "quantize", "other"), 0.0)
+    attached: collections.Counter = collections.Counter()
+    for event in events:
+        if event.device_type != DeviceType.CPU or event.name == _ATTENTION_LABEL:
+            continue
+        inside = _inside_attention(event)
+        if device_events is None:  # (CPU: each operator's own time, its children's excluded)
+            out[category(event.name, inside)] += event.self_cpu_time_total
+            continue
+        for kernel in event.kernels:
+            out[category(kernel.name, inside)] += kernel.duration
+            attached[kernel.name, kernel.duration] += 1
+    for e in device_events or ():
+        duration = e.time_range.elapsed_us()
+        if attached[e.name, duration] > 0:
+            attached[e.name, duration] -= 1
+        else:
+            out[category(e.name, False)] += duration
+    return out
+
+
 def profile_step(step: DecodeStep, device: str) -> dict:
     """One eager step under torch.profiler: microseconds per category, and on the GPU the
     span from the first kernel's start to the last one's end and the idle time within."""
@@ -369,21 +397,9 @@ def profile_step(step: DecodeStep, device: str) -> dict:
                 torch.cuda.synchronize()
     finally:
         labels.remove()
-    out = dict.fromkeys(("gemm", "attention", "quantize", "other"), 0.0)
     events = prof.events()
-    for event in events:
-        if event.device_type != DeviceType.CPU or event.name == _ATTENTION_LABEL:
-            continue
-        inside = _inside_attention(event)
-        if cuda:
-            for kernel in event.kernels:
-                out[category(kernel.name, inside)] += kernel.duration
-        else:  # (CPU: each operator's own time, its children's excluded)
-            out[category(event.name, inside)] += event.self_cpu_time_total
     device_events = [e for e in events if e.device_type == DeviceType.CUDA]
-    if cuda and not any(out.values()):  # (no kernel attached to an operator: by name only)
-        for e in device_events:
-            out[category(e.name, False)] += e.time_range.elapsed_us()
+    out = split_times(events, device_events if cuda else None)
     result = {k: round(v, 1) for k, v in out.items()}
     if cuda:
         spans = sorted((e.time_range.start, e.time_range.end) for e in device_events)

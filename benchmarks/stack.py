@@ -29,8 +29,8 @@ CUDA graph (the first call, compiles included, runs before the capture), replaye
 times; the mean per forward pass. The same stack with only its SiLUs (same shapes, no GEMM) is
 timed the same way, and
     per-layer time = (stack time - SiLU-only stack time) / layers.
-The copy bandwidth is measured in the same run (a COPY_BYTES device-to-device copy in a CUDA
-graph, bytes read + written / time), and
+The copy bandwidth is measured in the same run (a COPY_BYTES device-to-device copy, bytes read +
+written / time, run eagerly: captured in a graph, a copy may run on a slower copy engine), and
     % of copy bandwidth = weight bytes per layer / per-layer time / copy bandwidth,
 with weight bytes the FP4 data + E4M3 block scales (N K / 2 + N K / 16) for the FP4
 contestants, 2 N K for cuBLAS BF16 (a layer's mean over the stack). Ratios: humming / ours
@@ -76,7 +76,7 @@ import fp4_ops
 import reference
 from benchmarks import linear as bench_linear
 from benchmarks import sm90 as bench_sm90
-from fp4_ops.devtools import time_graph_us
+from fp4_ops.devtools import time_eager_us, time_graph_us
 
 #: (N, K) patterns, cycled over the layers
 STACKS = {
@@ -108,6 +108,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stack", default=",".join(STACKS), help=f"of {', '.join(STACKS)}")
     p.add_argument("--layers", default=str(LAYERS_DEFAULT), help="distinct layers in the stack")
     p.add_argument("--reps", default=str(REPS_DEFAULT), help="CUDA-graph replays timed")
+    p.add_argument(
+        "--contestants", default=",".join(CONTESTANTS), help=f"of {', '.join(CONTESTANTS)}"
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="write every figure here")
     args = p.parse_args(argv)
     try:
@@ -123,6 +126,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             f"--stack: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(STACKS)}"
         )
     args.stack = list(dict.fromkeys(stacks))
+    contestants = args.contestants.split(",")
+    unknown = [c for c in contestants if c not in CONTESTANTS]
+    if unknown:
+        p.error(
+            f"--contestants: unknown {', '.join(map(repr, unknown))}; "
+            f"choose from {', '.join(CONTESTANTS)}"
+        )
+    args.contestants = [c for c in CONTESTANTS if c in contestants]
     for flag in ("layers", "reps"):
         text = getattr(args, flag)
         if not text.isdigit() or int(text) < 1:
@@ -177,7 +188,7 @@ def copy_bandwidth(device, nbytes: int = COPY_BYTES) -> float:
     """Bytes read + written per second by a device-to-device copy of ``nbytes``."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    us = time_graph_us(lambda: dst.copy_(src), 5, 4)
+    us = time_eager_us(lambda: dst.copy_(src), 10)
     return 2 * nbytes / (us * 1e-6)
 
 
@@ -327,7 +338,8 @@ def check_stack(contestant: str, layers, weights: list[dict], x, stack_ref) -> d
 
 def measure_stack(name, shapes, ms, device, run: SimpleNamespace, notes: list) -> list[dict]:
     """Rows (one per M) of one stack: every contestant checked, then timed. ``run``: reps,
-    copy_bps, humming_cls (None: absent), timer(fn, forwards, reps) -> us per call."""
+    copy_bps, contestants, humming_cls (None: absent), timer(fn, forwards, reps) -> us per
+    call, progress(text) (one line per step, so that a run cut short shows where)."""
     timer, reps, humming_cls = run.timer, run.reps, run.humming_cls
     weights = modelopt_weights(shapes, device)
     rows = {m: new_row(name, shapes, m) for m in ms}
@@ -335,15 +347,17 @@ def measure_stack(name, shapes, ms, device, run: SimpleNamespace, notes: list) -
         buffers = [torch.randn(m, n, device=device).to(torch.bfloat16) for n, _ in shapes[:-1]]
         rows[m]["silu_only_us"] = timer(lambda b=buffers: silu_only(b), FORWARDS_PER_GRAPH, reps)
     refs = {m: reference_stack(weights, activations(m, shapes[0][1], device)) for m in ms}
-    for contestant in CONTESTANTS:
+    for contestant in run.contestants:
         if contestant == "humming_w4a16" and humming_cls is None:
             continue
+        run.progress(f"{name} {contestant}: building the layers")
         try:
             layers = build_layers(contestant, weights, humming_cls)
         except Exception as err:  # (a peer or a library that refuses these shapes)
             note(notes, f"{name} {contestant}: not measured, building it raised {describe(err)}")
             continue
         for m in ms:
+            run.progress(f"{name} {contestant} M={m}: checking, then timing")
             result = measure_one(contestant, layers, weights, refs[m], shapes, reps, timer, m)
             rows[m]["contestants"][contestant] = result
             why = failure(result)
@@ -548,7 +562,10 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     copy_bps = copy_bandwidth(device)
     run = SimpleNamespace(reps=args.reps, copy_bps=copy_bps, humming_cls=humming_cls)
-    run.timer = time_graph_us
+    run.contestants, run.timer = args.contestants, time_graph_us
+    run.progress = lambda text: print(
+        f"[{time.perf_counter() - start:5.0f} s] {text}", file=sys.stderr, flush=True
+    )
     print("\n".join(header_lines(env, copy_bps, args)), flush=True)
     rows: list[dict] = []
     for name in args.stack:

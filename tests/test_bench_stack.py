@@ -33,6 +33,10 @@ def test_defaults():
     assert args.layers == 8 and args.reps == 10 and args.json is None
     args = bench_stack.parse_args(["--m", "2,3", "--stack", "llama70b_mlp", "--layers", "4"])
     assert args.m == [2, 3] and args.stack == ["llama70b_mlp"] and args.layers == 4
+    assert args.contestants == list(bench_stack.CONTESTANTS)
+    # a subset keeps the table's order, whatever order it is given in
+    args = bench_stack.parse_args(["--contestants", "cublas_bf16,ours_w4a16"])
+    assert args.contestants == ["ours_w4a16", "cublas_bf16"]
 
 
 def test_stack_shapes_are_the_issue_s_patterns():
@@ -48,7 +52,8 @@ def test_stack_shapes_are_the_issue_s_patterns():
     "argv",
     [["--m", "0"], ["--m", "a"], ["--m", ""], ["--m", "1,,2"], ["--m", "-1"]]
     + [["--stack", "8192"], ["--stack", "8192x8192,llama"], ["--layers", "0"]]
-    + [["--layers", "two"], ["--reps", "0"], ["--reps", "1.5"], ["--reps", "-3"]],
+    + [["--layers", "two"], ["--reps", "0"], ["--reps", "1.5"], ["--reps", "-3"]]
+    + [["--contestants", "ours"], ["--contestants", "ours_w4a16,"]],
     ids=" ".join,
 )
 def test_bad_arguments_exit_2_with_a_reason(argv, capsys):
@@ -135,11 +140,11 @@ def test_finish_row_from_measured_times():
 def test_copy_bandwidth_counts_bytes_read_and_written(monkeypatch):
     seen = []
 
-    def fake_timer(fn, iterations, repeats):
+    def fake_timer(fn, iterations):
         seen.append(fn())
         return 0.5  # us
 
-    monkeypatch.setattr(bench_stack, "time_graph_us", fake_timer)
+    monkeypatch.setattr(bench_stack, "time_eager_us", fake_timer)
     assert bench_stack.copy_bandwidth(CPU, 1000) == pytest.approx(4e9)  # 2 x 1000 B / 0.5 us
     (copied,) = seen
     assert copied.numel() == 1000 and copied.dtype == torch.uint8
@@ -181,6 +186,7 @@ def _run(timer=None, humming=FakeHummingLayer, shapes=SMALL, ms=(1, 5)):
 
     run = bench_stack.SimpleNamespace(reps=3, copy_bps=4e12, humming_cls=humming)
     run.timer = timer or fake_timer
+    run.contestants, run.progress = bench_stack.CONTESTANTS, lambda text: None
     notes: list[str] = []
     rows = bench_stack.measure_stack("small", shapes, list(ms), CPU, run, notes)
     return rows, notes, calls

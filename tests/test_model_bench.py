@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -157,6 +158,36 @@ def test_variants(lm_head):
 )
 def test_profile_categories(name, inside, want):
     assert bench.category(name, inside) == want
+
+
+def test_profile_counts_kernels_that_no_operator_launched():
+    """GPU profile: a kernel attached to an operator counts once; a kernel launched outside the
+    dispatcher (ours, through TVM-FFI) has no operator and still counts, by its name."""
+    from torch.autograd import DeviceType
+
+    def kernel(name, start, end):
+        span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+        return SimpleNamespace(name=name, device_type=DeviceType.CUDA, time_range=span)
+
+    gemm = kernel("nvjet_hsh_128x64", 0.0, 7.0)
+    silu = kernel("void at::native::elementwise_kernel<128, 2>", 8.0, 9.5)
+    ours = kernel("kernel_cutlass_BlockwiseGemmFp4Sm90_kernel_0", 10.0, 30.0)
+    again = kernel("nvjet_hsh_128x64", 31.0, 38.0)  # (same name and time as an attached one)
+    quant = kernel("kernel_cutlass_QuantizeFp4_kernel_0", 40.0, 42.0)
+
+    def op(name, kernels, parent=None):
+        attached = [
+            SimpleNamespace(name=k.name, duration=k.time_range.elapsed_us()) for k in kernels
+        ]
+        return SimpleNamespace(
+            name=name, device_type=DeviceType.CPU, kernels=attached, cpu_parent=parent
+        )
+
+    label = op(bench._ATTENTION_LABEL, [])
+    events = [label, op("aten::mm", [gemm]), op("aten::silu", [silu], label)]
+    device = [gemm, silu, ours, again, quant]
+    got = bench.split_times(events, device)
+    assert got == {"gemm": 7.0 + 20.0 + 7.0, "attention": 1.5, "quantize": 2.0, "other": 0.0}
 
 
 # ----------------------------------------------------------------------------- a whole run
