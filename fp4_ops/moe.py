@@ -32,8 +32,11 @@ expert with its own dynamic global scale.
 
 Every op is a ``torch.library`` custom op with a fake kernel (``torch.compile(fullgraph=True)``)
 and inference only (a backward raises ``fp4_ops.ops.NO_BACKWARD``). CPU: each expert that has
-rows is dequantized to float32 and multiplied (``fp4_ops.cpu``). CUDA: the routing and checks
-run on the device, but the grouped GEMMs have no GPU kernel yet: they raise ValueError.
+rows is dequantized to float32 and multiplied (``fp4_ops.cpu``). CUDA (sm_90): the routing and
+checks run on the device; W4A16 grouped GEMMs run the Hopper kernel's grouped variant
+(``fp4_ops.sm90.gemm``, ``grouped``), which reads the group offsets on the device and skips
+empty experts before it loads their weights. W4A4 grouped GEMMs have no GPU kernel yet: on
+CUDA they raise ValueError.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from fp4_ops.ops import (
     check_out_dtype,
     check_quantize_input,
     check_w4a16_activations,
+    check_w4a16_gpu,
     eager,
     quantize,
 )
@@ -124,14 +128,18 @@ def _cpu_groups(offsets: torch.Tensor):
 
 
 def grouped_w4a16_impl(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked):
-    """The W4A16 grouped op on checked operands: CPU per expert in float32 (CUDA: refused, no
-    grouped kernel yet)."""
+    """The W4A16 grouped op on checked operands: CPU per expert in float32; CUDA (sm_90) the
+    grouped Hopper kernel, which reads the offsets on the device (no host sync)."""
     if a.device.type == "cuda":
-        # NOTE: no per-expert launches instead: they would need the offsets on the host (a sync)
-        raise ValueError(
-            "fp4_grouped_gemm / fp4_moe on CUDA: the Hopper grouped W4A16 kernel (device-side "
-            "group offsets) is not written yet; run the MoE on CPU tensors for now"
-        )
+        check_w4a16_gpu(a)
+        from fp4_ops.sm90 import launcher
+
+        b = b_data if prepacked else k_order.prepack_weights(b_data.view(torch.uint8))
+        a = a.contiguous()
+        if a.data_ptr() % 16:  # (TMA reads from 16-byte aligned bases only)
+            a = a.clone()
+        scale = b_scale.reshape(b.shape[0], -1)
+        return launcher.grouped_gemm_for_ops(a, b, scale, sf_vec_size, alpha, offsets, out_dtype)
     if a.device.type != "cpu":
         raise ValueError(f"fp4_grouped_gemm runs on CPU and CUDA tensors, got {a.device}")
     out = a.new_zeros((a.shape[0], b_data.shape[1]), dtype=out_dtype)

@@ -196,6 +196,17 @@ def _(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype):
     return a_data.new_empty(shape, dtype=out_dtype)
 
 
+def check_w4a16_gpu(t: torch.Tensor) -> None:
+    """ValueError unless the GPU of CUDA tensor ``t`` has the W4A16 kernels (sm_90)."""
+    major, minor = _capability(t)
+    if (major, minor) != (9, 0):
+        name = torch.cuda.get_device_name(t.device)
+        raise ValueError(
+            f"W4A16 (16-bit activations with FP4 weights) has a kernel for sm_90 (H100 / H200) "
+            f"only; on {name} (sm_{major}{minor}) quantize the activations too (W4A4)"
+        )
+
+
 def gemm_w4a16_impl(a, b_data, b_scale, alpha, sf_vec_size: int, out_dtype, b_prepacked: bool):
     """The W4A16 GEMM op's CPU and CUDA implementation, for operands ``fp4_gemm`` (or
     ``FP4Linear``) has checked."""
@@ -205,13 +216,7 @@ def gemm_w4a16_impl(a, b_data, b_scale, alpha, sf_vec_size: int, out_dtype, b_pr
         return cpu.gemm_w4a16(a, b, b_scale, alpha, sf_vec_size, out_dtype)
     if a.device.type != "cuda":
         raise ValueError(f"fp4_gemm runs on CPU and CUDA tensors, got {a.device}")
-    major, minor = _capability(a)
-    if (major, minor) != (9, 0):
-        name = torch.cuda.get_device_name(a.device)
-        raise ValueError(
-            f"W4A16 (16-bit activations with FP4 weights) has a kernel for sm_90 (H100 / H200) "
-            f"only; on {name} (sm_{major}{minor}) quantize the activations too (W4A4)"
-        )
+    check_w4a16_gpu(a)
     from fp4_ops.sm90 import launcher
 
     b = b_data if b_prepacked else k_order.prepack_weights(b_data.view(torch.uint8))

@@ -45,8 +45,10 @@ def recorder(monkeypatch):
     cpu = torch.device("cpu")
     launches, prepared, stream = [], [], [SimpleNamespace(cuda_stream=5, device=cpu)]
 
-    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a):
-        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a)
+    def compile_gemm(
+        vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, grouped=False
+    ):
+        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, grouped)
         return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
 
     real_reasons, real_prepare = r90.operand_reasons, r90._prepare
@@ -85,7 +87,7 @@ def test_launch_cache_hit_takes_the_new_operands(recorder):
     want = [t.data_ptr() for t in (a, b, sfa, sfb, out2, alpha)]
     assert _addresses(recorder.launches[-1]) == want
     assert recorder.launches[-1][5:8] == recorder.launches[0][5:8]  # (the same workspace)
-    assert recorder.launches[-1][9] == (M, N, K, L) and recorder.launches[-1][10] == 5
+    assert recorder.launches[-1][10] == (M, N, K, L) and recorder.launches[-1][11] == 5
 
 
 @pytest.mark.parametrize(
@@ -118,7 +120,7 @@ def test_launch_cache_is_per_stream(recorder):
     r90.gemm_for_ops(*_operands())
     assert len(recorder.prepared) == 2
     first, other = recorder.launches
-    assert other[10] == 6 and set(first[5:8]).isdisjoint(other[5:8])
+    assert other[11] == 6 and set(first[5:8]).isdisjoint(other[5:8])
 
 
 def test_eager_goes_direct_only_for_plain_untracked_cuda_tensors():

@@ -372,9 +372,11 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
 
     compiled, launches = [], []
 
-    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a):
+    def compile_gemm(
+        vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, grouped=False
+    ):
         compiled.append((vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a))
-        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a)
+        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, grouped)
         return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
 
     streams = {h: SimpleNamespace(cuda_stream=h, device=torch.device("cpu")) for h in (5, 6, 7)}
@@ -387,12 +389,13 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
     def launch(stream, operands, config):
         current[0] = streams[stream]
         assert r90.gemm(**operands, config=config) is operands["out"]
-        addresses, problem, cu_stream = list(launches[-1][:9]), launches[-1][9], launches[-1][10]
+        addresses, problem, cu_stream = list(launches[-1][:10]), launches[-1][10], launches[-1][11]
         assert problem == (m, n, k, l) and cu_stream == stream
         sfa = operands["sfb"] if operands["sfa"] is None else operands["sfa"]
         named = (operands["a"], operands["b"], sfa, operands["sfb"], operands["out"])
         assert addresses[:5] == [t.data_ptr() for t in named]
-        assert addresses[8] == operands["alpha"].data_ptr()
+        # (alpha, and alpha again where a dense kernel takes no group offsets)
+        assert addresses[8:] == [operands["alpha"].data_ptr()] * 2
         return addresses[5:8]
 
     m, n, k, l = 20, 520, 1024, 2  # noqa: E741
@@ -425,7 +428,7 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
 @pytest.mark.skipif(_has_cuda(), reason="with a CUDA driver the exported kernel would launch")
 @pytest.mark.parametrize("a_dtype", [k90.W4A4, "BFloat16"])
 def test_launch_matches_the_tvm_ffi_signature(monkeypatch, tmp_path, a_dtype):
-    """``gemm``'s call of the compiled TVM-FFI function (nine addresses as ints, (M, N, K, L),
+    """``gemm``'s call of the compiled TVM-FFI function (ten addresses as ints, (M, N, K, L),
     the raw stream), checked against the signature the compile produced: exported ahead of time
     and called through ``gemm`` on CPU tensors, it gets as far as the CUDA runtime, so arity,
     tuple sizes and argument types all match."""
@@ -455,6 +458,83 @@ def test_launch_matches_the_tvm_ffi_signature(monkeypatch, tmp_path, a_dtype):
     operands = _cpu_operands(m, n, k, l, a_dtype=a_dtype)
     with pytest.raises(RuntimeError, match="cudaErrorInsufficientDriver|CUDA driver"):
         r90.gemm(**operands, config=config)
+
+
+def _grouped_cpu_operands(counts, n, k, vec=16):
+    """The grouped entry's operands on the CPU: BF16 rows, prepacked-size weights and blocked
+    scales per expert (zeros), alpha per expert, the offsets of ``counts``."""
+    import torch
+
+    e, rows = len(counts), sum(counts)
+    a = torch.zeros(rows, k, dtype=torch.bfloat16)
+    b = torch.zeros(e, n, -(-k // 64) * 32, dtype=torch.uint8)
+    sfb = torch.zeros(e, k90.blocked_sf_bytes(n, k, 1, vec), dtype=torch.uint8)
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    return a, b, sfb, vec, torch.ones(e), offsets
+
+
+@pytest.mark.skipif(_has_cuda(), reason="with a CUDA driver the exported kernel would launch")
+def test_grouped_launch_matches_the_tvm_ffi_signature(monkeypatch, tmp_path):
+    """The grouped entry's call of its compiled TVM-FFI function (ten addresses, the problem,
+    the stream) against the signature the compile produced, as for the dense kernel."""
+    import contextlib
+
+    import torch
+
+    counts, n, k = [1, 0, 3, 4], 256, 512
+    config = r90.GemmConfig.for_groups(8, n, k, 4, num_sms=k90.H200_SM_COUNT)
+    kernel, compiled = k90.compile_gemm(
+        *(16, "BFloat16", "decode", config.mma_tiler_mn, 1, k90.H200_SM_COUNT),
+        *("--gpu-arch sm_90a --enable-tvm-ffi", None, False, config.k_groups, "BFloat16"),
+        grouped=True,
+    )
+    launch = exported_tvm_ffi_function(compiled, tmp_path)
+    monkeypatch.setattr(r90, "_compiled", lambda *_: (kernel, launch))
+    monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
+    monkeypatch.setattr(r90, "stream_handle", lambda *_: 0)
+    monkeypatch.setattr(r90, "_LAUNCHES", {})
+    stream = SimpleNamespace(cuda_stream=0, device=torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: stream)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    operands = _grouped_cpu_operands(counts, n, k)
+    with pytest.raises(RuntimeError, match="cudaErrorInsufficientDriver|CUDA driver"):
+        r90.grouped_gemm_for_ops(*operands, torch.bfloat16)
+
+
+def test_grouped_configuration_rules():
+    """for_groups: the decode path without split-K or TMA stores; the grouped extents are
+    M x N and M x K (not x L); W4A4, prefill and split-K are refused by name, in the launcher's
+    reasons and by the kernel's constructor; alpha is one per group."""
+    import dataclasses
+
+    import torch
+
+    config = r90.GemmConfig.for_groups(8, 384, 512, 32, num_sms=k90.H200_SM_COUNT)
+    assert config.grouped and config.path == "decode" and config.split_k == 1
+    assert not config.tma_store and config.reasons((8, 384, 512, 32)) == []
+    big = (65536, 4096, 256, 256)  # (D: 2^28 elements; as a dense batch of 256: 2^36)
+    assert config.reasons(big) == []
+    assert any("M*N*L" in r for r in dataclasses.replace(config, grouped=False).reasons(big))
+    for fields in (
+        dict(a_dtype=k90.W4A4),
+        dict(path="prefill", mma_tiler_mn=(128, 256)),
+        dict(split_k=2, k_groups=1),
+    ):
+        bad = dataclasses.replace(config, **fields)
+        assert any("the grouped kernel runs W4A16" in r for r in bad.reasons((8, 384, 512, 32)))
+        tiler, k_groups = bad.mma_tiler_mn, bad.k_groups
+        with pytest.raises(ValueError, match="the grouped kernel runs W4A16"):
+            k90.BlockwiseGemmFp4Sm90(
+                16, bad.path, tiler, (1, 1), bad.split_k, False, k_groups, bad.a_dtype, True
+            )
+    a, b, sfb, _, alpha, _ = _grouped_cpu_operands([1, 0, 3, 4], 384, 512)
+    out = torch.zeros(8, 384, dtype=torch.bfloat16)
+    mnkl = (8, 384, 512, 4)
+    shapes = r90.operand_reasons(a, b, None, sfb, alpha, out, mnkl, config)
+    assert not [r for r in shapes if "shape" in r or "alpha" in r], shapes
+    wrong = r90.operand_reasons(a, b, None, sfb, torch.ones(1), out, mnkl, config)
+    assert any("float32 tensor of 4 (one per group)" in r for r in wrong), wrong
 
 
 CONFIG_REFUSALS = [

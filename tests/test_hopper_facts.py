@@ -50,10 +50,17 @@ PTX_CONFIGS = {
         (1, 1),
         4,
     ),
+    # (a ninth field: the grouped kernel)
+    "decode-w4a16-grouped": (
+        (16, "BFloat16", "decode", (16, 128), 1, False, 1, "BFloat16", True),
+        (1, 1),
+        8,
+    ),
 }
 # The GEMM kernel's PTX parameters: kernel(tma_ab = (atom A, A, atom B, B, atom SFA, SFA),
-# epi_tensors = (D, atom D, D's TMA tensor, workspace), mAlpha, ...), flattened in order.
-PARAM_A, PARAM_B, PARAM_SFA, PARAM_D, PARAM_ALPHA = 0, 2, 4, 7, 10
+# epi_tensors = (D, atom D, D's TMA tensor, workspace, group offsets), mAlpha, ...), flattened
+# in order.
+PARAM_A, PARAM_B, PARAM_SFA, PARAM_D, PARAM_OFFSETS, PARAM_ALPHA = 0, 2, 4, 7, 10, 11
 
 
 class _Compiled(dict):
@@ -64,11 +71,15 @@ class _Compiled(dict):
         self._tmp = tmp_path_factory
 
     def __missing__(self, name):
-        (vec, c_dtype, path, tiler, split, tma, groups, a_dtype), cluster, _ = PTX_CONFIGS[name]
+        (vec, c_dtype, path, tiler, split, tma, groups, a_dtype, *grouped), cluster, _ = (
+            PTX_CONFIGS[name]
+        )
         dump = self._tmp.mktemp(name)
         opts = f"--gpu-arch sm_90a --keep-ptx --dump-dir={dump}"
         gemm, compiled = k90.compile_gemm(
-            vec, c_dtype, path, tiler, split, k90.H200_SM_COUNT, opts, cluster, tma, groups, a_dtype
+            *(vec, c_dtype, path, tiler, split, k90.H200_SM_COUNT, opts, cluster, tma, groups),
+            a_dtype,
+            grouped=bool(grouped),
         )
         self[name] = (gemm, compiled.__ptx__)
         return self[name]
@@ -245,6 +256,20 @@ class _Kernel:
         name = f"[{self.params}{param}]"
         return {ops[0] for op, ops, _ in self.ins if op == "ld.param.b64" and ops[1] == name}
 
+    def global_loads_from(self, param: int) -> list[int]:
+        """Global loads whose address is parameter ``param``'s value plus any offsets (the
+        closure of its registers under add / mad)."""
+        regs, grown = self.param_address(param), True
+        while grown:
+            grown = False
+            for op, ops, _ in self.ins:
+                derives = op.split(".")[0] in ("add", "mad") and ops[0] not in regs
+                if derives and any(o in regs for o in ops[1:]):
+                    regs.add(ops[0])
+                    grown = True
+        loads = self.where(r"ld\.global.*")
+        return [i for i in loads if self.ins[i][1][1].strip("[]").split("+")[0] in regs]
+
 
 def _gemm(compiled, name) -> tuple:
     gemm, ptx = compiled[name]
@@ -270,10 +295,17 @@ def test_ptx_every_role_waits_before_its_global_accesses(name, compiled):
     assert before == ({PARAM_A, PARAM_SFA} if w4a4_decode else set()), before
     others = [kern.ins[i][0] for i in early if _GLOBAL_ACCESS.match(kern.ins[i][0])]
     assert all(op.startswith("cp.async.bulk.tensor") for op in others), others
-    # alpha: read once, at its parameter's address, only after a wait
+    # alpha: read once, at its parameter's address (grouped: per unit, at its expert's), only
+    # after a wait; the group offsets: read only by the grouped kernel, only after a wait
     alpha = kern.param_address(PARAM_ALPHA)
     reads = [i for i in kern.where(r"ld\.global.*") if kern.ins[i][1][1].strip("[]") in alpha]
-    assert len(reads) == 1 and reads[0] not in early, reads
+    if gemm.grouped:
+        reads = kern.global_loads_from(PARAM_ALPHA)
+        assert reads and not set(reads) & early, reads
+    else:
+        assert len(reads) == 1 and reads[0] not in early, reads
+    offsets = kern.global_loads_from(PARAM_OFFSETS)
+    assert bool(offsets) == gemm.grouped and not set(offsets) & early, offsets
     (release,) = kern.where(r"griddepcontrol\.launch_dependents")
     assert release not in early
     after = kern.reach({release}, lambda op: False)

@@ -151,8 +151,10 @@ def test_hopper_workspaces_fit_every_problem_of_one_configuration(monkeypatch):
     by configuration alone would hand the second problem the first one's)."""
     calls = []
 
-    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a):
-        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a)
+    def compile_gemm(
+        vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, grouped=False
+    ):
+        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, grouped)
         return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: calls.append(x))
 
     monkeypatch.setattr(r90, "compile_gemm", compile_gemm)

@@ -56,6 +56,15 @@ Pipelines and barriers
 Every role walks the same static persistent schedule (``StaticTileScheduler``), so they agree
 on the order of the work units (tile x K split) without talking.
 
+Grouped (MoE experts; W4A16 decode path, ``grouped``)
+-----------------------------------------------------
+L = E experts of weights [E, N, K] against one matrix of token rows [M, K]: expert e takes rows
+offsets[e] .. offsets[e + 1] - 1 (E + 1 int32 in device memory) and alpha[e]. Every role reads
+the offsets after the PDL wait and skips the same units, those whose token tile starts past
+its group's rows, before any weight is loaded; kernel B's TMA box starts at the group's first
+row (rows past it belong to the next group or lie beyond M: zero-filled), and the predicated
+stores end where the group does.
+
 Constraints (``check_fp4_gemm_config`` explains each refusal)
 ------------------------------------------------------------
 * K % 32 == 0 (16-byte TMA rows of packed FP4); M, N, L >= 1, ragged M and N welcome.
@@ -377,8 +386,10 @@ def problem_reasons(
     path: str,
     mma_tiler_mn: tuple[int, int],
     a_dtype: str = W4A4,
+    grouped: bool = False,
 ) -> list[str]:
-    """The problem (M, N, K, L) part of ``check_fp4_gemm_config``: extents, K, 32-bit offsets."""
+    """The problem (M, N, K, L) part of ``check_fp4_gemm_config``: extents, K, 32-bit offsets.
+    Grouped: M token rows of all L groups, so D and the activations hold M rows, not M x L."""
     if len(mnkl) != 4 or any(not isinstance(v, int) for v in mnkl):
         return [f"mnkl must be four integers M,N,K,L, got {mnkl!r}"]
     reasons = []
@@ -403,6 +414,8 @@ def problem_reasons(
     if a_dtype != W4A4:
         # W4A16: activations M*K*L, prepacked weights N*K_pad/2*L, converted on prefill
         extents[1] = ("M*K*L", m * k * l)
+        if grouped:
+            extents[:2] = [("M*N", m * n), ("M*K", m * k)]
         extents[2] = ("N*K_pad/2*L", n * k_pad // 2 * l)
         if path == "prefill":
             extents.append(("N*K_pad*L (converted B)", n * k_pad * l))
@@ -514,6 +527,16 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
     return None
 
 
+def grouped_reason(grouped: bool, path: str, split_k: int, a_dtype: str) -> str | None:
+    """Why the grouped kernel cannot run this way, or None (not grouped, or it can)."""
+    if grouped and (a_dtype == W4A4 or path != "decode" or split_k != 1):
+        return (
+            f"grouped with a_dtype={a_dtype}, path={path}, split_k={split_k}: the grouped kernel "
+            "runs W4A16 (BFloat16 / Float16 activations) on the decode path without split-K"
+        )
+    return None
+
+
 def acc_scale(sf_vec_size: int, path: str, a_dtype: str = W4A4) -> float:
     """The factor between the accumulator and alpha * sum: 2^7 per FP4 operand converted to F16
     (NVFP4 on the W4A4 decode path: both; W4A16 with F16 activations: the weights), 2^8 for
@@ -606,6 +629,9 @@ class BlockwiseGemmFp4Sm90:
     :param split_k: K splits summed by a deterministic fix-up through global memory.
     :param tma_store: False compiles direct stores (D's row pitch not a multiple of 16 bytes).
     :param k_groups: decode: groups of consumer warpgroups splitting K inside a CTA.
+    :param a_dtype: Float4E2M1FN (W4A4) or BFloat16 / Float16 activations (W4A16).
+    :param grouped: W4A16 decode: expert e of the weights (batch e) against the token rows
+        offsets[e] .. offsets[e + 1] - 1 (device offsets, E + 1 int32).
     """
 
     def __init__(
@@ -618,8 +644,10 @@ class BlockwiseGemmFp4Sm90:
         tma_store: bool = True,
         k_groups: int = 1,
         a_dtype: str = W4A4,
+        grouped: bool = False,
     ):
         reason = k_groups_reason(path, mma_tiler_mn, k_groups)
+        reason = reason or grouped_reason(grouped, path, split_k, a_dtype)
         if reason:
             raise ValueError(reason)
         self.sf_vec_size = sf_vec_size
@@ -640,7 +668,11 @@ class BlockwiseGemmFp4Sm90:
         self.split_k = split_k
         self.k_groups = k_groups
         self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
-        self.tma_store = tma_store and epilogue_staging_fits(path, mma_tiler_mn, split_k)
+        # grouped: batch e of the weights meets token rows offsets[e] .. offsets[e + 1] - 1;
+        # D's rows of one group end inside a tile, so the stores are predicated, not TMA
+        self.grouped = grouped
+        fits = epilogue_staging_fits(path, mma_tiler_mn, split_k)
+        self.tma_store = tma_store and fits and not grouped
         self.threads_per_wg = 128
         # consumer warpgroups along the tile rows (one K group), and in all
         self.row_wgs = self.tile_rows // 64
@@ -804,12 +836,14 @@ class BlockwiseGemmFp4Sm90:
         conv_b_ptr: cute.Pointer,
         conv_a_ptr: cute.Pointer,
         alpha_ptr: cute.Pointer,
+        offsets_ptr: cute.Pointer,
         problem_mnkl: tuple[Int32, Int32, Int32, Int32],
         num_sms: cutlass.Constexpr,
         stream,
     ):
         """Host side: global tensors, TMA atoms, shared storage, then the prologue grid and the
-        GEMM grid, launched back to back (the GEMM with PDL)."""
+        GEMM grid, launched back to back (the GEMM with PDL).  Grouped: L = E experts, M the
+        token rows of all groups, alpha [E] and the group offsets [E + 1] (else not read)."""
         self.c_dtype = c_ptr.value_type
         self._setup_attributes()
         m, n, k, l = problem_mnkl  # noqa: E741
@@ -830,10 +864,12 @@ class BlockwiseGemmFp4Sm90:
         if cutlass.const_expr(self.convert_b):
             kernel_b, kernel_a = (mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA)
             self._launch_prologue(kernel_b, kernel_a, k, k_pad, stream)
-        epi_tensors = (mD, tma_atom_d, tma_tensor_d, mWork)
+        # group offsets: E + 1 int32 in global memory, read when the kernel runs
+        mOffsets = cute.make_tensor(offsets_ptr, cute.make_layout(l + 1))
+        epi_tensors = (mD, tma_atom_d, tma_tensor_d, mWork, mOffsets)
         mmas = (self.tiled_mma, self.epi_mma)
-        # alpha: one fp32 in global memory, read by the consumers when the kernel runs
-        mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(1))
+        # alpha: one fp32 (grouped: one per expert) in global memory, read when the kernel runs
+        mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(l if self.grouped else 1))
         self.kernel(tma_ab, epi_tensors, mAlpha, k, mmas, scheduler, self.smem_layouts).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
@@ -855,9 +891,11 @@ class BlockwiseGemmFp4Sm90:
         ptr_ka, ptr_kb = (b_ptr, a_ptr) if self.swap_ab else (a_ptr, b_ptr)
         ptr_sfka, ptr_sfkb = (sfb_ptr, sfa_ptr) if self.swap_ab else (sfa_ptr, sfb_ptr)
         kb = cute.assume(k // 2, 16)
+        # grouped: the token rows of all groups and D are one [M, *] matrix each
+        l_act = 1 if self.grouped else l
         if cutlass.const_expr(self.w4a16):
             # the activations as they are; the prepacked weights, K padded to whole k-blocks
-            mAct = self._k_major(a_ptr, m, cute.assume(k, 32), l)
+            mAct = self._k_major(a_ptr, m, cute.assume(k, 32), l_act)
             mW = self._k_major(b_ptr, n, k_pad // 2, l)
             mKApacked, mKBpacked = (mW, mW) if self.swap_ab else (mAct, mW)
             mKA = mKApacked if self.swap_ab else mAct
@@ -878,9 +916,10 @@ class BlockwiseGemmFp4Sm90:
             pitch = cute.assume(n, 128 // self.c_dtype.width)
         # D in kernel coordinates (rows, cols, L): decode writes D^T, i.e. D's columns
         if self.swap_ab:
-            mD = cute.make_tensor(c_ptr, cute.make_layout((n, m, l), stride=(1, pitch, m * pitch)))
+            d_layout = cute.make_layout((n, m, l_act), stride=(1, pitch, m * pitch))
         else:
-            mD = cute.make_tensor(c_ptr, cute.make_layout((m, n, l), stride=(pitch, 1, m * pitch)))
+            d_layout = cute.make_layout((m, n, l_act), stride=(pitch, 1, m * pitch))
+        mD = cute.make_tensor(c_ptr, d_layout)
         # split-K partials (fp32) and per-tile arrival counters (int32) share one workspace
         mWork = cute.make_tensor(workspace_ptr, cute.make_layout(1))
         return mKApacked, mKBpacked, mKA, mKB, mSFKA, mSFKB, mD, mWork
@@ -1015,22 +1054,19 @@ class BlockwiseGemmFp4Sm90:
         )
         k_tiles = (k + self.stage_k - 1) // self.stage_k
 
+        mOffsets = epi_tensors[4]
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == self.producer_warp:
-                self._producer(storage, ab_pipeline, k_tiles, layouts, tma_ab, scheduler)
+                self._producer(storage, ab_pipeline, k_tiles, layouts, tma_ab, scheduler, mOffsets)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            # NOTE: PDL launch: alpha (written by a kernel ahead) is complete only after this wait,
-            # which also orders every store of the consumers (units without k-tiles too) after it.
+            # NOTE: PDL launch: alpha and the group offsets (written by kernels ahead) are
+            # complete only after this wait, which also orders every store of the consumers
+            # (units without k-tiles too) after it.
             cute.arch.griddepcontrol_wait()
-            alpha = mAlpha[0]
-            if cutlass.const_expr(self.acc_scale != 1.0):
-                # exact where alpha * acc_scale is finite (``alpha_reason``): undoes the 2^-7 of
-                # each F16 FP4 operand, so acc * alpha rounds once, as in the reference
-                alpha = alpha * cutlass.Float32(self.acc_scale)
             self._consumer(
-                storage, ab_pipeline, k_tiles, layouts, epi_tensors, alpha, mmas, scheduler
+                storage, ab_pipeline, k_tiles, layouts, epi_tensors, mAlpha, mmas, scheduler
             )
         if cutlass.const_expr(self.cluster_m > 1):
             # NOTE: no CTA may exit while its peer can still multicast into its SMEM or
@@ -1038,12 +1074,41 @@ class BlockwiseGemmFp4Sm90:
             cute.arch.cluster_arrive_relaxed()
             cute.arch.cluster_wait()
 
+    @cute.jit
+    def _alpha(self, mAlpha, batch):
+        """alpha (grouped: expert ``batch``'s) times ``acc_scale``: exact where the product is
+        finite (``alpha_reason``); undoes the 2^-7 of each F16 FP4 operand, so that
+        acc * alpha rounds once, as in the reference."""
+        alpha = mAlpha[batch if cutlass.const_expr(self.grouped) else 0]
+        if cutlass.const_expr(self.acc_scale != 1.0):
+            alpha = alpha * cutlass.Float32(self.acc_scale)
+        return alpha
+
+    @cute.jit
+    def _skip_empty(self, scheduler, unit, mOffsets):
+        """Grouped: the first of this CTA's units from ``unit`` on whose token tile holds rows
+        of its group (or past the last unit); every role skips the same units.  Else ``unit``."""
+        if cutlass.const_expr(self.grouped):
+            while self._is_empty(scheduler, unit, mOffsets):
+                unit = scheduler.next_unit(unit)
+        return unit
+
+    @cute.jit
+    def _is_empty(self, scheduler, unit, mOffsets):
+        """Whether ``unit`` is a valid grouped unit whose token tile starts past its group."""
+        _, col_tile, lk = scheduler.coords(unit, self.cluster_m)
+        # (a unit past the last reads group E - 1's offsets: in bounds, then ignored)
+        batch = cutlass.min(lk // self.split_k, cute.size(mOffsets) - 2)
+        rows = mOffsets[batch + 1] - mOffsets[batch]
+        return scheduler.is_valid(unit) & (col_tile * self.tile_cols >= rows)
+
     # ======================================= TMA producer ======================================
     @cute.jit
-    def _producer(self, storage, ab_pipeline, k_tiles, layouts, tma, scheduler):
+    def _producer(self, storage, ab_pipeline, k_tiles, layouts, tma, scheduler, mOffsets):
         """Warp 0: per work unit and k-tile, one ring stage of kernel A (and its scales on
         decode) and converted kernel B.  On decode the first stage's weights are requested
-        before the PDL wait; every load of the prologue's output comes after it."""
+        before the PDL wait; every load of the prologue's output comes after it.  Grouped:
+        kernel B's tile starts at its group's first token row."""
         a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged, _ = layouts
         tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl = tma
         # packed: (rows, 64 bytes, stage); converted: (rows, 64, k-blocks x stage)
@@ -1066,9 +1131,7 @@ class BlockwiseGemmFp4Sm90:
                 cta_layout_vmnk, cta_layout_vmnk.get_flat_coord(cta_rank), mcast_mode=1
             )
         # (TMA, stage) / (TMA, RestCols, RestK64, L)
-        tBsB, tBgB = _tma_partition(
-            tma_atom_b, sB, gB, 2, cta_rank % self.cluster_m, cute.make_layout(self.cluster_m)
-        )
+        tBsB, tBgB = self._partition_b(tma_atom_b, sB, gB, cta_rank)
         tAsSFA, tAgSFA = None, None
         if cutlass.const_expr(not self.a_converted):
             # (256, 2 * atoms_k, row_blocks, stage)
@@ -1092,26 +1155,42 @@ class BlockwiseGemmFp4Sm90:
             )
         else:
             # NOTE: PDL launch: the converted operands, and (W4A16 decode, no prologue grid)
-            # weights a kernel ahead may still write, are complete only after this wait.
+            # weights and group offsets a kernel ahead may still write, are complete only after
+            # this wait.
             cute.arch.griddepcontrol_wait()
+        unit = self._skip_empty(scheduler, unit, mOffsets)
         while scheduler.is_valid(unit):
             row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
                 scheduler, unit, k_tiles
             )
+            unit_b_copies, batch_b = b_copies, batch
+            if cutlass.const_expr(self.grouped):
+                # this group's token rows: a tile that runs past them reads the next group's
+                # rows or TMA's zero fill beyond M, both masked off by the epilogue
+                group_b = cute.domain_offset((mOffsets[batch], 0, 0), mB_nkl)
+                gB_group = cute.local_tile(group_b, (self.tile_cols, K_BLOCK), (None, None, None))
+                _, tBgB_group = self._partition_b(tma_atom_b, sB, gB_group, cta_rank)
+                unit_b_copies, batch_b = (tma_atom_b, tBgB_group, tBsB, b_mcast_mask), 0
             kt_first = kt_begin + issued
             issued = Int32(0)
             for kt in cutlass.range(kt_first, kt_end, unroll=1):
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 self._copy_a(a_copies, kt, state.index, bar, row_tile, sfa_rb, batch)
-                self._copy_b(b_copies, kt, state.index, bar, col_tile, batch)
+                self._copy_b(unit_b_copies, kt, state.index, bar, col_tile, batch_b)
                 ab_pipeline.producer_commit(state)
                 state.advance()
-            unit = scheduler.next_unit(unit)
+            unit = self._skip_empty(scheduler, scheduler.next_unit(unit), mOffsets)
         # every load of this CTA is issued: a PDL-launched successor (the next prologue) may
         # start; it waits for this grid to complete before it touches memory
         cute.arch.griddepcontrol_launch_dependents()
         ab_pipeline.producer_tail(state)
+
+    def _partition_b(self, tma_atom_b, sB, gB, cta_rank):
+        """(TMA, stage) / (TMA, RestCols, RestK64, L) views of kernel B's copies for this CTA
+        (its half of a tile multicast to a 2x1 cluster)."""
+        cta_layout = cute.make_layout(self.cluster_m)
+        return _tma_partition(tma_atom_b, sB, gB, 2, cta_rank % self.cluster_m, cta_layout)
 
     @cute.jit
     def _first_stage_across_pdl_wait(
@@ -1194,10 +1273,13 @@ class BlockwiseGemmFp4Sm90:
     # ======================================= consumers =========================================
     @cute.jit
     def _consumer(
-        self, storage, ab_pipeline, k_tiles, layouts, epi_tensors, alpha, mmas, scheduler
+        self, storage, ab_pipeline, k_tiles, layouts, epi_tensors, mAlpha, mmas, scheduler
     ):
         """Consumer warpgroups: per work unit, ``_mainloop_decode`` or ``_mainloop_prefill``, the
         K groups' sum, then (K group 0) ``_epilogue``."""
+        mOffsets = epi_tensors[4]
+        # (grouped: each unit reads its expert's alpha)
+        alpha = None if cutlass.const_expr(self.grouped) else self._alpha(mAlpha, 0)
         a_smem_layout_staged, b_smem_layout_staged, _, d_smem_layout_staged = layouts
         tiled_mma, epi_mma = mmas
         tidx, _, _ = cute.arch.thread_idx()
@@ -1245,7 +1327,7 @@ class BlockwiseGemmFp4Sm90:
         unit_state = None
         if cutlass.const_expr(self.k_groups > 1):
             unit_state = pipeline.make_pipeline_state(consumer, self.num_stages)
-        unit = scheduler.first_unit()
+        unit = self._skip_empty(scheduler, scheduler.first_unit(), mOffsets)
         while scheduler.is_valid(unit):
             row_tile, col_tile, lk = scheduler.coords(unit, self.cluster_m)
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
@@ -1279,10 +1361,13 @@ class BlockwiseGemmFp4Sm90:
             # (k_groups > 1: group 0 holds the sum)
             if kgroup == 0:
                 coords = (row_tile, col_tile, lk)
+                unit_alpha = alpha
+                if cutlass.const_expr(self.grouped):
+                    unit_alpha = self._alpha(mAlpha, lk // self.split_k)
                 self._epilogue(
-                    tCrAcc, epi_tensors, alpha, coords, thr_mma, tidx, flag_addr, epi_smem
+                    tCrAcc, epi_tensors, unit_alpha, coords, thr_mma, tidx, flag_addr, epi_smem
                 )
-            unit = scheduler.next_unit(unit)
+            unit = self._skip_empty(scheduler, scheduler.next_unit(unit), mOffsets)
         if cutlass.const_expr(self.tma_store):
             # warp 0 of group 0, which issued them (both terms >= 0; kgroup is 0 without groups)
             if tidx // 32 + kgroup == 0:
@@ -1499,7 +1584,7 @@ class BlockwiseGemmFp4Sm90:
     def _epilogue(self, tCrAcc, epi_tensors, alpha, coords, thr_mma, tidx, flag_addr, epi_smem):
         """acc * alpha -> D: with split-K, after ``_splitk_fixup`` and by the last split only;
         through SMEM and TMA stores (``_store_tile_tma``) or direct stores."""
-        mD_mnl, tma_atom_d, mD_tma, mWork = epi_tensors
+        mD_mnl, tma_atom_d, mD_tma, mWork, mOffsets = epi_tensors
         row_tile, col_tile, lk = coords
         tile_coord = (row_tile, col_tile, lk // self.split_k)
         is_last = True
@@ -1508,8 +1593,22 @@ class BlockwiseGemmFp4Sm90:
         if is_last:
             if cutlass.const_expr(self.tma_store):
                 self._store_tile_tma(tCrAcc, alpha, mD_tma, tma_atom_d, epi_smem, tile_coord, tidx)
+            elif cutlass.const_expr(self.grouped):
+                mD_group = self._group_rows(mD_mnl, mOffsets, tile_coord[2])
+                group_coord = (row_tile, col_tile, 0)
+                self._store_tile_direct(tCrAcc, alpha, mD_group, thr_mma, group_coord)
             else:
                 self._store_tile_direct(tCrAcc, alpha, mD_mnl, thr_mma, tile_coord)
+
+    @cute.jit
+    def _group_rows(self, mD_mnl, mOffsets, batch):
+        """Grouped: D's rows of group ``batch`` in kernel coordinates (N, its rows, 1), so that
+        the predicated stores end where the group does."""
+        row0 = mOffsets[batch]
+        rows = mOffsets[batch + 1] - row0
+        pitch = mD_mnl.stride[1]
+        layout = cute.make_layout((mD_mnl.shape[0], rows, 1), stride=(1, pitch, 0))
+        return cute.make_tensor(mD_mnl.iterator + row0 * pitch, layout)
 
     @cute.jit
     def _splitk_fixup(self, tCrAcc, mD_mnl, mWork, coords, tidx, flag_addr):
@@ -1780,6 +1879,7 @@ def compile_gemm(
     tma_store: bool = True,
     k_groups: int = 1,
     a_dtype: str = W4A4,
+    grouped: bool = False,
 ):
     """Compile for any M, N, K, L (runtime values); returns (kernel object, executor).
 
@@ -1787,15 +1887,15 @@ def compile_gemm(
     machine without a GPU; the executor's ``__ptx__`` / ``__cubin__`` then hold PTX and cubin.
     ``num_sms``: the GPU's SMs (the persistent grid holds occupancy x num_sms CTAs);
     ``cluster_shape_mn`` None takes ``default_cluster(path)``; ``tma_store`` False compiles the
-    direct-store epilogue (``tma_store_fits``)."""
+    direct-store epilogue (``tma_store_fits``); ``grouped`` the grouped W4A16 kernel."""
     import cuda.bindings.driver as cuda_driver
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
     gemm = BlockwiseGemmFp4Sm90(
-        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, a_dtype
+        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, a_dtype, grouped
     )
     # placeholder addresses: compilation only needs the element types and alignments
-    ptrs = gmem_pointers(gemm, c_dtype, [0] * 9)
+    ptrs = gmem_pointers(gemm, c_dtype, [0] * 10)
     problem, stream = (Int32(1),) * 4, cuda_driver.CUstream(0)
     compiled = cute.compile(gemm, *ptrs, problem, num_sms, stream, options=options)
     return gemm, compiled
@@ -1803,13 +1903,13 @@ def compile_gemm(
 
 def gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:
     """The kernel's pointers (A, B, SFA, SFB, D, workspace, converted B, converted A: 16-byte
-    aligned; alpha: one fp32) at ``addresses``."""
+    aligned; alpha: fp32; group offsets: int32) at ``addresses``."""
     from cutlass.cute.runtime import make_ptr
 
     a_type = gemm.mma_dtype if gemm.w4a16 else cutlass.Uint8
     dtypes = [a_type] + [cutlass.Uint8] * 3 + [C_DTYPES[c_dtype], cutlass.Float32]
-    dtypes += [gemm.mma_dtype] * 2 + [cutlass.Float32]
-    aligns = [16] * 8 + [4]
+    dtypes += [gemm.mma_dtype] * 2 + [cutlass.Float32, cutlass.Int32]
+    aligns = [16] * 8 + [4, 4]
     return [
         make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
         for dtype, address, align in zip(dtypes, addresses, aligns, strict=True)

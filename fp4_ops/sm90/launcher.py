@@ -62,6 +62,7 @@ from fp4_ops.sm90.gemm import (
     default_cluster,
     default_config,
     epilogue_staging_fits,
+    grouped_reason,
     output_tiles,
     problem_reasons,
     tma_store_fits,
@@ -92,6 +93,7 @@ class GemmConfig:
     k_groups: int = 1
     cluster_shape_mn: tuple[int, int] | None = None
     tma_store: bool = True
+    grouped: bool = False
 
     def __post_init__(self):
         # (one spelling per kernel: two keys for one kernel would compile it twice)
@@ -99,6 +101,7 @@ class GemmConfig:
         cluster = self.cluster_shape_mn
         cluster = default_cluster(self.path) if cluster is None else tuple(cluster)
         tma_store = bool(self.tma_store) and epilogue_staging_fits(self.path, tiler, self.split_k)
+        tma_store = tma_store and not self.grouped
         object.__setattr__(self, "mma_tiler_mn", tiler)
         object.__setattr__(self, "cluster_shape_mn", cluster)
         object.__setattr__(self, "tma_store", tma_store)
@@ -139,6 +142,28 @@ class GemmConfig:
             c_dtype not in C_DTYPES or tma_store_fits(mnkl[1], c_dtype),
         )
 
+    @classmethod
+    def for_groups(
+        cls,
+        rows: int,
+        n: int,
+        k: int,
+        experts: int,
+        sf_vec_size: int = 16,
+        c_dtype: str = "BFloat16",
+        a_dtype: str = "BFloat16",
+        num_sms: int | None = None,
+    ) -> GemmConfig:
+        """The grouped W4A16 kernel for ``rows`` token rows over ``experts`` groups: the decode
+        path's token tile and K groups that ``default_config`` picks for the experts those rows
+        can touch (at most min(rows, experts) of them), without split-K."""
+        num_sms = gpu_sm_count() if num_sms is None else num_sms
+        rows, n, k = (max(1, v) for v in (rows, n, k))
+        touched = max(1, min(rows, experts))
+        picked = default_config(rows, n, k, touched, num_sms, "decode", True, a_dtype)
+        tiler, k_groups = picked[1], picked[3]
+        return cls(sf_vec_size, c_dtype, a_dtype, "decode", tiler, 1, k_groups, grouped=True)
+
     @property
     def sf_dtype(self) -> str:
         return SF_FORMATS.get(self.sf_vec_size, ("?",))[0]
@@ -149,7 +174,9 @@ class GemmConfig:
         vec, tiler, a_dtype = self.sf_vec_size, self.mma_tiler_mn, self.a_dtype
         config = (self.path, tiler, self.cluster_shape_mn, self.split_k, self.k_groups)
         reasons = config_reasons(vec, self.sf_dtype, self.c_dtype, *config, a_dtype)
-        reasons += problem_reasons(mnkl, vec, self.path, tiler, a_dtype)
+        reason = grouped_reason(self.grouped, self.path, self.split_k, a_dtype)
+        reasons += [reason] if reason else []
+        reasons += problem_reasons(mnkl, vec, self.path, tiler, a_dtype, self.grouped)
         if not reasons and self.tma_store and not tma_store_fits(mnkl[1], self.c_dtype):
             reasons.append(
                 f"tma_store: D rows of N={mnkl[1]} {self.c_dtype} values are not a multiple of "
@@ -194,10 +221,14 @@ class _Launch:
     mnkl: tuple[int, int, int, int]
     workspace: tuple[torch.Tensor, ...]
     device_index: int
+    grouped: bool = False
 
-    def __call__(self, a, b, sfa, sfb, out, alpha, stream_handle: int) -> None:
-        # (W4A16 has no activation scales; the kernel never reads that pointer)
-        tensors = (a, b, sfb if sfa is None else sfa, sfb, out, *self.workspace, alpha)
+    def __call__(self, a, b, sfa, sfb, out, alpha, stream_handle: int, offsets=None) -> None:
+        # (W4A16 has no activation scales, a dense kernel no group offsets: stand-ins, never
+        # read)
+        sfa = sfb if sfa is None else sfa
+        offsets = alpha if offsets is None else offsets
+        tensors = (a, b, sfa, sfb, out, *self.workspace, alpha, offsets)
         self.fn(*[t.data_ptr() for t in tensors], self.mnkl, stream_handle)
 
     def fits(self, a, b, sfa, sfb, alpha, out) -> bool:
@@ -212,7 +243,8 @@ class _Launch:
                 return False
         return (
             alpha.dtype == torch.float32
-            and alpha.numel() == 1
+            and alpha.numel() == (self.mnkl[3] if self.grouped else 1)
+            and alpha.is_contiguous()
             and alpha.get_device() == index
             and torch.cuda.current_device() == index
         )
@@ -310,6 +342,9 @@ def operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config: GemmConfig) -> lis
     reasons = []
     if w4a16:
         want["a"], want["b"] = (l, m, k), (l, n, round_up(k, K_BLOCK) // 2)
+        if config.grouped:
+            # (the token rows of all groups, and D, are one matrix each)
+            want["a"], want["out"] = (m, k), (m, n)
         typed["a"] = (config.a_dtype, "a_dtype")
         if sfa is not None:
             reasons.append("sfa must be None: W4A16 activations have no scales")
@@ -340,13 +375,16 @@ def operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config: GemmConfig) -> lis
             reasons.append(f"{name} must be a contiguous CUDA tensor")
         elif t.device != a.device:
             reasons.append(f"{name} is on {t.device}, a is on {a.device}")
+    alphas = l if config.grouped else 1
     if (
         not isinstance(alpha, torch.Tensor)
         or alpha.dtype != torch.float32
-        or alpha.numel() != 1
+        or alpha.numel() != alphas
+        or not alpha.is_contiguous()
         or alpha.device != a.device
     ):
-        reasons.append(f"alpha must be a one-element float32 tensor on {a.device}")
+        what = f"a contiguous float32 tensor of {l} (one per group)" if alphas > 1 else None
+        reasons.append(f"alpha must be {what or 'a one-element float32 tensor'} on {a.device}")
     if a.is_cuda and a.device.index != torch.cuda.current_device():
         # (the workspace, the stream and the launch belong to the current device)
         reasons.append(
@@ -375,6 +413,7 @@ def _compiled(config: GemmConfig, device_index: int):
             config.tma_store,
             config.k_groups,
             config.a_dtype,
+            grouped=config.grouped,
         )
         _KERNELS[key] = (kernel, compiled.__tvm_ffi_object__(), compiled)
     return _KERNELS[key][:2]
@@ -481,4 +520,72 @@ def _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype) -> _Launch:
         stream = torch.cuda.current_stream()
         launch = _prepare(a3, b3, sfa, sfb, alpha, out3, None, sf_vec_size, stream)
         launch(a3, b3, sfa, sfb, out3, alpha, stream.cuda_stream)
+    return launch
+
+
+def grouped_gemm_for_ops(a, b, sfb, sf_vec_size, alpha, offsets, out_dtype):
+    """The grouped W4A16 GEMM into a new D [rows, N] in ``out_dtype``: token rows
+    offsets[e] .. offsets[e + 1] - 1 of ``a`` (bfloat16 / float16 [rows, K]) times expert e of
+    ``b`` (prepacked weights [E, N, K_pad / 2]) with its blocked scales (``sfb`` [E, ...]) and
+    alpha[e] (float32 [E]); ``offsets`` int32 [E + 1] on a's device, read by the kernel.
+    Checked once per shape and stream as ``gemm_for_ops`` does; the offsets' values are the
+    caller's to check (``fp4_ops.moe.check_group_offsets``)."""
+    index = a.get_device()
+    stream = stream_handle(index)
+    key = ("grouped", a.shape, a.dtype, b.shape, b.dtype, sfb.shape, sfb.dtype, sf_vec_size)
+    key += (out_dtype, index, stream)
+    out = torch.empty((a.shape[0], b.shape[-2]), dtype=out_dtype, device=a.device)
+    launch = _LAUNCHES.get(key)
+    if launch is not None and _offsets_fit(offsets, b.shape[0], index):
+        if launch.fits(a, b, None, sfb, alpha, out):
+            launch(a, b, None, sfb, out, alpha, stream, offsets)
+            return out
+    _LAUNCHES[key] = _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out)
+    return out
+
+
+def _offsets_fit(offsets, experts: int, index: int) -> bool:
+    return (
+        isinstance(offsets, torch.Tensor)
+        and offsets.dtype == torch.int32
+        and tuple(offsets.shape) == (experts + 1,)
+        and offsets.is_contiguous()
+        and offsets.get_device() == index
+    )
+
+
+def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> _Launch:
+    """``grouped_gemm_for_ops``' operands through every check, launched: their _Launch."""
+    if a.dim() != 2 or b.dim() != 3:
+        raise ValueError(
+            f"grouped: a must be [rows, K] and b [E, N, K_pad / 2], got {tuple(a.shape)}, "
+            f"{tuple(b.shape)}"
+        )
+    experts = b.shape[0]
+    if not _offsets_fit(offsets, experts, a.get_device()):
+        raise ValueError(
+            f"offsets must be a contiguous int32 tensor [E + 1] = [{experts + 1}] on {a.device}"
+        )
+    a_dtype = _a_dtype(a)
+    if a_dtype == W4A4:
+        raise ValueError("the grouped kernel takes bfloat16 / float16 activations (W4A16)")
+    c_dtype = DSL_DTYPE_NAMES.get(out.dtype)
+    rows, k = a.shape
+    sfb = sfb.contiguous().view(torch.uint8).reshape(experts, -1)
+    with torch.cuda.device(a.device):
+        pick = (rows, b.shape[1], k, experts, sf_vec_size, c_dtype, a_dtype, a.device)
+        if pick not in _PICKED:
+            num_sms = gpu_sm_count(a.device)
+            _PICKED[pick] = GemmConfig.for_groups(*pick[:-1], num_sms=num_sms)
+        config = _PICKED[pick]
+        mnkl = (rows, b.shape[1], k, experts)
+        reasons = operand_reasons(a, b, None, sfb, alpha, out, mnkl, config)
+        reasons += config.reasons(mnkl)
+        if reasons:
+            raise ValueError("; ".join(reasons))
+        stream = torch.cuda.current_stream()
+        workspace = _workspace(config, mnkl, stream)
+        fn = _compiled(config, a.device.index)[1]
+        launch = _Launch(fn, mnkl, workspace, a.get_device(), grouped=True)
+        launch(a, b, None, sfb, out, alpha, stream.cuda_stream, offsets)
     return launch
