@@ -369,6 +369,8 @@ def split_times(events, device_events=None) -> dict:
             out[category(kernel.name, inside)] += kernel.duration
             attached[kernel.name, kernel.duration] += 1
     for e in device_events or ():
+        if e.is_user_annotation:  # (a record_function range drawn on the GPU timeline)
+            continue
         duration = e.time_range.elapsed_us()
         if attached[e.name, duration] > 0:
             attached[e.name, duration] -= 1

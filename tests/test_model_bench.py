@@ -162,12 +162,15 @@ def test_profile_categories(name, inside, want):
 
 def test_profile_counts_kernels_that_no_operator_launched():
     """GPU profile: a kernel attached to an operator counts once; a kernel launched outside the
-    dispatcher (ours, through TVM-FFI) has no operator and still counts, by its name."""
+    dispatcher (ours, through TVM-FFI) has no operator and still counts, by its name; a
+    record_function range on the GPU timeline is no kernel."""
     from torch.autograd import DeviceType
 
-    def kernel(name, start, end):
+    def kernel(name, start, end, annotation=False):
         span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
-        return SimpleNamespace(name=name, device_type=DeviceType.CUDA, time_range=span)
+        return SimpleNamespace(
+            name=name, device_type=DeviceType.CUDA, time_range=span, is_user_annotation=annotation
+        )
 
     gemm = kernel("nvjet_hsh_128x64", 0.0, 7.0)
     silu = kernel("void at::native::elementwise_kernel<128, 2>", 8.0, 9.5)
@@ -185,7 +188,9 @@ def test_profile_counts_kernels_that_no_operator_launched():
 
     label = op(bench._ATTENTION_LABEL, [])
     events = [label, op("aten::mm", [gemm]), op("aten::silu", [silu], label)]
-    device = [gemm, silu, ours, again, quant]
+    # (the attention label's range, drawn on the GPU timeline over the kernels inside it)
+    range_ = kernel(bench._ATTENTION_LABEL, 8.0, 9.5, annotation=True)
+    device = [gemm, silu, ours, again, quant, range_]
     got = bench.split_times(events, device)
     assert got == {"gemm": 7.0 + 20.0 + 7.0, "attention": 1.5, "quantize": 2.0, "other": 0.0}
 
