@@ -33,10 +33,10 @@ expert with its own dynamic global scale.
 Every op is a ``torch.library`` custom op with a fake kernel (``torch.compile(fullgraph=True)``)
 and inference only (a backward raises ``fp4_ops.ops.NO_BACKWARD``). CPU: each expert that has
 rows is dequantized to float32 and multiplied (``fp4_ops.cpu``). CUDA (sm_90): the routing and
-checks run on the device; W4A16 grouped GEMMs run the Hopper kernel's grouped variant
+checks run on the device; the grouped GEMMs run the Hopper kernel's grouped W4A16 variant
 (``fp4_ops.sm90.gemm``, ``grouped``), which reads the group offsets on the device and skips
-empty experts before it loads their weights. W4A4 grouped GEMMs have no GPU kernel yet: on
-CUDA they raise ValueError.
+empty experts before it loads their weights; W4A4 first turns its FP4 activations into exact
+BF16 values (``exact_bf16_rows``). Other GPUs: ValueError (no grouped kernel for them yet).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from fp4_ops.ops import (
     NO_BACKWARD,
     check_out_dtype,
     check_quantize_input,
+    check_sm90,
     check_w4a16_activations,
-    check_w4a16_gpu,
     eager,
     quantize,
 )
@@ -68,6 +68,10 @@ SWIGLUOAI_ALPHA = 1.702
 SWIGLUOAI_LIMIT = 7.0
 #: fp4_moe's activation modes: 16-bit activations (W4A16) or quantized per call (W4A4)
 MODES = ("bf16", "dynamic")
+# W4A4 grouped GEMMs on Hopper: MXFP4 activations carry this power of two in BF16 (exact)
+MXFP4_VEC = 32
+MXFP4_BF16_SHIFT = 0.25
+GPU_GROUPED = "fp4_grouped_gemm / fp4_moe / FP4MoE on CUDA (the grouped GEMM)"
 
 
 def _no_backward(ctx, *grads):
@@ -131,7 +135,7 @@ def grouped_w4a16_impl(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtyp
     """The W4A16 grouped op on checked operands: CPU per expert in float32; CUDA (sm_90) the
     grouped Hopper kernel, which reads the offsets on the device (no host sync)."""
     if a.device.type == "cuda":
-        check_w4a16_gpu(a)
+        check_sm90(a, GPU_GROUPED)
         from fp4_ops.sm90 import launcher
 
         b = b_data if prepacked else k_order.prepack_weights(b_data.view(torch.uint8))
@@ -150,22 +154,45 @@ def grouped_w4a16_impl(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtyp
     return out
 
 
-def grouped_w4a4_impl(a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype):
-    """The W4A4 grouped op on checked operands: CPU per expert in float32 (CUDA: refused)."""
-    if a_data.device.type != "cpu":
-        raise ValueError(
-            "fp4_grouped_gemm / fp4_moe with FP4 activations (W4A4) on CUDA: no grouped GPU "
-            "kernel is written yet; run the MoE on CPU tensors for now"
-        )
+def grouped_w4a4_impl(
+    a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked
+):
+    """The W4A4 grouped op on checked operands: CPU per expert in float32; CUDA (sm_90) the
+    activations dequantized exactly to BF16, then the grouped W4A16 kernel (Hopper has no FP4
+    tensor cores: its W4A4 kernels convert FP4 to 16 bits too)."""
     rows, k = a_data.shape[0], 2 * a_data.shape[1]
+    if a_data.device.type == "cuda":
+        check_sm90(a_data, GPU_GROUPED)
+        values, alpha = exact_bf16_rows(a_data, a_scale, alpha, sf_vec_size)
+        args = (values, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked)
+        return grouped_w4a16_impl(*args)
+    if a_data.device.type != "cpu":
+        raise ValueError(f"fp4_grouped_gemm runs on CPU and CUDA tensors, got {a_data.device}")
     cpu.check_scales(a_scale)
     a_plain = from_blocked(a_scale.reshape(-1), rows, k // sf_vec_size)
     out = a_data.new_zeros((rows, b_data.shape[1]), dtype=out_dtype)
     for e, r0, r1 in _cpu_groups(offsets):
         da = cpu.dequantize(a_data[r0:r1], a_plain[r0:r1], sf_vec_size)
-        db = cpu.plain_operand(b_data[e], b_scale[e], sf_vec_size)
+        data = k_order.unprepack_weights(b_data[e], k) if prepacked else b_data[e]
+        db = cpu.plain_operand(data, b_scale[e], sf_vec_size)
         out[r0:r1] = (torch.matmul(da, db.transpose(0, 1)) * alpha[e]).to(out_dtype)
     return out
+
+
+def exact_bf16_rows(a_data, a_scale, alpha, sf_vec_size: int):
+    """(BF16 e2m1 x block scale of packed FP4 rows, alpha to match): exact, as every such
+    product has at most 6 significant bits; MXFP4's values carry 2^-2 (alpha 2^2) so that
+    6 x 2^127 stays finite and 0.5 x 2^-127 a BF16 subnormal. Device asserts, no sync."""
+    rows, k = a_data.shape[0], 2 * a_data.shape[1]
+    bits = a_scale.view(torch.uint8)
+    if a_scale.dtype == torch.float8_e4m3fn:
+        torch._assert_async((bits & 0x80 == 0).all(), "an E4M3 block scale has its sign bit set")
+    plain = from_blocked(a_scale.reshape(-1), rows, k // sf_vec_size)
+    if sf_vec_size == MXFP4_VEC:
+        # (on the scales, before the products: 6 x 2^127 overflows float32 too)
+        values = cpu.dequantize(a_data, plain.float() * MXFP4_BF16_SHIFT, sf_vec_size)
+        return values.to(torch.bfloat16), alpha / MXFP4_BF16_SHIFT
+    return cpu.dequantize(a_data, plain, sf_vec_size).to(torch.bfloat16), alpha
 
 
 @torch.library.custom_op("fp4_ops::grouped_gemm_w4a16", mutates_args=())
@@ -197,13 +224,14 @@ def grouped_w4a4_op(
     offsets: torch.Tensor,
     sf_vec_size: int,
     out_dtype: torch.dtype,
+    prepacked: bool,
 ) -> torch.Tensor:
     args = (a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype)
-    return grouped_w4a4_impl(*args)
+    return grouped_w4a4_impl(*args, prepacked)
 
 
 @grouped_w4a4_op.register_fake
-def _(a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype):
+def _(a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked):
     return a_data.new_empty((a_data.shape[0], b_data.shape[1]), dtype=out_dtype)
 
 
@@ -266,7 +294,7 @@ def fp4_grouped_gemm(
     alpha = a.global_scale.float() * gs
     args = (a.data, a.scale, b.data, b.scale, alpha, group_offsets, b.sf_vec_size, out_dtype)
     run = grouped_w4a4_impl if eager(*args[:6]) else grouped_w4a4_op
-    return run(*args)
+    return run(*args, False)
 
 
 def _grouped_w4a16(a, b: FP4Tensor, alpha, offsets, out_dtype, prepacked_data=None):
@@ -439,14 +467,15 @@ def _expert_gemm(rows, w: FP4Tensor, gs, offsets, mode, prepacked_data):
         return _grouped_w4a16(rows, w, gs, offsets, rows.dtype, prepacked_data)
     a = quantize(rows, w.format)
     alpha = a.global_scale * gs
-    args = (a.data, a.scale, w.data, w.scale, alpha, offsets, w.sf_vec_size, rows.dtype)
+    data = w.data if prepacked_data is None else prepacked_data
+    args = (a.data, a.scale, data, w.scale, alpha, offsets, w.sf_vec_size, rows.dtype)
     run = grouped_w4a4_impl if eager(*args[:6]) else grouped_w4a4_op
-    return run(*args)
+    return run(*args, prepacked_data is not None)
 
 
 # ----------------------------------------------------------------------------- FP4MoE
 
-# the experts' parts in the state dict, per weight ("w13", "w2"); W4A16 holds *_prepacked
+# the experts' parts in the state dict, per weight ("w13", "w2"); the layer holds *_prepacked
 # instead of *_data (prepacked once for the Hopper kernel), and saves *_data in plain order
 _PARTS = ("data", "scale", "global_scale")
 _EXTRA_STATE = "_extra_state"
@@ -455,7 +484,7 @@ _EXTRA_STATE = "_extra_state"
 class FP4MoE(FP4Buffers):
     """The experts of an MoE layer in FP4: forward(x, topk_weights, topk_ids) = ``fp4_moe``.
 
-    Buffers per weight w in (w13 [E, 2I, H], w2 [E, H, I]): ``{w}_data`` (W4A16: ``{w}_prepacked``,
+    Buffers per weight w in (w13 [E, 2I, H], w2 [E, H, I]): ``{w}_prepacked`` (the data,
     prepacked once for the Hopper kernel), ``{w}_scale`` (blocked), ``{w}_global_scale`` [E]; the
     biases ``w13_bias`` / ``w2_bias`` (or None). The FP4 parts keep their dtypes through
     ``.to(dtype)`` / ``.half()`` and follow device moves. State dict: ``{w}_data`` in plain K
@@ -479,11 +508,8 @@ class FP4MoE(FP4Buffers):
         self.format, self.activation, self.activations = w13.format, activation, activations
         self.num_experts, self.hidden, self.intermediate = w2.shape
         for name, w in (("w13", w13), ("w2", w2)):
-            data = w.data.view(torch.uint8)
-            if activations == "bf16":
-                self.register_buffer(f"{name}_prepacked", k_order.prepack_weights(data), False)
-            else:
-                self.register_buffer(f"{name}_data", data)
+            data = k_order.prepack_weights(w.data.view(torch.uint8))
+            self.register_buffer(f"{name}_prepacked", data, persistent=False)
             self.register_buffer(f"{name}_scale", w.scale)
             gs = w.global_scale.float().expand(self.num_experts).clone()
             self.register_buffer(f"{name}_global_scale", gs)
@@ -515,10 +541,8 @@ class FP4MoE(FP4Buffers):
         return FP4Tensor.unchecked(data, scale, gs, self.format)
 
     def _plain_data(self, name: str) -> torch.Tensor:
-        if self.activations == "bf16":
-            k = self.hidden if name == "w13" else self.intermediate
-            return k_order.unprepack_weights(getattr(self, f"{name}_prepacked"), k)
-        return getattr(self, f"{name}_data")
+        k = self.hidden if name == "w13" else self.intermediate
+        return k_order.unprepack_weights(getattr(self, f"{name}_prepacked"), k)
 
     def forward(self, x, topk_weights, topk_ids):
         check_type(x, torch.Tensor, "x", "a torch.Tensor [T, H]")
@@ -532,14 +556,9 @@ class FP4MoE(FP4Buffers):
             raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
         check_routing(topk_weights, topk_ids, x.shape[0], self.num_experts, x.device)
         gs13, gs2 = self.w13_global_scale, self.w2_global_scale
-        if self.activations == "bf16":
-            w13 = FP4Tensor.unchecked(self.w13_prepacked, self.w13_scale, gs13, self.format)
-            w2 = FP4Tensor.unchecked(self.w2_prepacked, self.w2_scale, gs2, self.format)
-            prepacked = (self.w13_prepacked, self.w2_prepacked)
-        else:
-            w13 = FP4Tensor.unchecked(self.w13_data, self.w13_scale, gs13, self.format)
-            w2 = FP4Tensor.unchecked(self.w2_data, self.w2_scale, gs2, self.format)
-            prepacked = (None, None)
+        w13 = FP4Tensor.unchecked(self.w13_prepacked, self.w13_scale, gs13, self.format)
+        w2 = FP4Tensor.unchecked(self.w2_prepacked, self.w2_scale, gs2, self.format)
+        prepacked = (self.w13_prepacked, self.w2_prepacked)
         return _moe(
             x,
             w13,
@@ -628,7 +647,7 @@ class FP4MoE(FP4Buffers):
             found[name] = t.view(torch.uint8) if plain else t
         with torch.no_grad():  # (everything checked: now it all loads)
             for name, t in found.items():
-                if name.endswith("_data") and self.activations == "bf16":
+                if name.endswith("_data"):
                     name, t = name.replace("_data", "_prepacked"), k_order.prepack_weights(t)
                 getattr(self, name).copy_(t)
 

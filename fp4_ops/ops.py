@@ -196,15 +196,22 @@ def _(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype):
     return a_data.new_empty(shape, dtype=out_dtype)
 
 
-def check_w4a16_gpu(t: torch.Tensor) -> None:
-    """ValueError unless the GPU of CUDA tensor ``t`` has the W4A16 kernels (sm_90)."""
+def check_sm90(t: torch.Tensor, what: str, advice: str = "") -> None:
+    """ValueError unless the GPU of CUDA tensor ``t`` is an sm_90 (H100 / H200): ``what`` has
+    a kernel for it only."""
     major, minor = _capability(t)
     if (major, minor) != (9, 0):
         name = torch.cuda.get_device_name(t.device)
         raise ValueError(
-            f"W4A16 (16-bit activations with FP4 weights) has a kernel for sm_90 (H100 / H200) "
-            f"only; on {name} (sm_{major}{minor}) quantize the activations too (W4A4)"
+            f"{what} has a kernel for sm_90 (H100 / H200) only; {name} is sm_{major}{minor}"
+            + (f": {advice}" if advice else "")
         )
+
+
+def check_w4a16_gpu(t: torch.Tensor) -> None:
+    """ValueError unless the GPU of CUDA tensor ``t`` has the W4A16 kernels (sm_90)."""
+    what = "W4A16 (16-bit activations with FP4 weights)"
+    check_sm90(t, what, "quantize the activations too (W4A4)")
 
 
 def gemm_w4a16_impl(a, b_data, b_scale, alpha, sf_vec_size: int, out_dtype, b_prepacked: bool):

@@ -510,7 +510,7 @@ def test_fp4moe_state_dict_round_trip_and_refusals():
     assert torch.equal(fresh(x, tw, ids), layer(x, tw, ids))
     w4a4 = fp4_ops.FP4MoE.from_experts(torch.randn(3, 64, 32), w2, activations="dynamic")
     w4a4.load_state_dict(state)
-    assert torch.equal(w4a4.w13_data, state["w13_data"])
+    assert torch.equal(w4a4.expert_weights("w13").data, state["w13_data"])
     other = fp4_ops.FP4MoE.from_experts(w13, w2, "mxfp4")
     with pytest.raises(ValueError, match="format differs"):
         other.load_state_dict(state)
@@ -531,6 +531,28 @@ def test_fp4moe_keeps_fp4_dtypes_through_casts_and_pickles():
     assert layer.w2_global_scale.dtype == torch.float32
     back = pickle.loads(pickle.dumps(layer))
     assert torch.equal(back.w13_scale.view(torch.uint8), layer.w13_scale.view(torch.uint8))
+
+
+def test_exact_bf16_rows_holds_every_code_at_every_scale():
+    """The Hopper W4A4 path's activations in BF16: e2m1 x block scale for every code and every
+    scale byte (E4M3: the non-negative, non-NaN ones; E8M0: all but NaN), exact once alpha's
+    power of two is applied, where a plain cast would overflow or round."""
+    codes = torch.arange(16, dtype=torch.uint8)
+    for fmt, scale_bytes in (("nvfp4", range(0x7F)), ("mxfp4", range(0xFF))):
+        vec = VEC[fmt]
+        scales = torch.tensor(list(scale_bytes), dtype=torch.uint8).view(SCALE_DTYPE[fmt])
+        rows = scales.numel()
+        # row r: all 16 codes, (vec / 16) times, under scale r
+        data = reference.pack_fp4(codes.repeat(rows, vec // 16))
+        plain = scales.reshape(rows, 1)
+        alpha = torch.ones(3)
+        values, got_alpha = moe.exact_bf16_rows(data, reference.to_blocked(plain), alpha, vec)
+        # (float64 by hand: float32 itself overflows at 6 x 2^127)
+        signed = torch.cat((GRID, -GRID)).double()
+        want = signed[codes.long()].repeat(rows, vec // 16) * plain.double()
+        assert values.dtype == torch.bfloat16
+        assert torch.equal(values.double() * got_alpha[0].double(), want), fmt
+        assert torch.equal(got_alpha, alpha * got_alpha[0])
 
 
 # ----------------------------------------------------------------------------- GPU (H200)
@@ -567,13 +589,18 @@ def test_routing_and_checks_gpu_run_without_host_sync():
         assert torch.equal(got.cpu(), expect)
 
 
-@needs_cuda
-def test_grouped_gemm_gpu_w4a4_refuses_until_its_kernel_exists():
-    b = _cuda(fp4_ops.quantize_experts(torch.randn(2, 64, 64), "nvfp4"))
-    offsets = _offsets([1, 2]).cuda()
-    a = torch.randn(3, 64, device="cuda").bfloat16()
-    with pytest.raises(ValueError, match="written yet"):
-        fp4_ops.fp4_grouped_gemm(fp4_ops.quantize(a, "nvfp4"), b, offsets)
+@needs_hopper
+@pytest.mark.parametrize("counts", list(COUNTS.values()), ids=list(COUNTS))
+@pytest.mark.parametrize("fmt", FMTS)
+def test_grouped_gemm_w4a4_gpu_is_each_experts_gemm(fmt, counts):
+    """W4A4 on Hopper (activations made exact BF16, then the grouped kernel): every group
+    against reference.check_gemm with its expert."""
+    gen = torch.Generator().manual_seed(13)
+    b = fp4_ops.quantize_experts(torch.randn(4, 256, 192, generator=gen), fmt)
+    a = fp4_ops.quantize(torch.randn(sum(counts), 192, generator=gen), fmt)
+    offsets = _offsets(counts)
+    d = fp4_ops.fp4_grouped_gemm(_cuda(a), _cuda(b), offsets.cuda(), out_dtype=torch.float32)
+    _check_groups(d.cpu(), None, b, offsets, w4a4_a=a)
 
 
 # (experts, N, K, rows per expert, activations): decode (a few single rows among many
@@ -659,6 +686,17 @@ def test_fp4_moe_gpu_is_the_per_expert_loop(routing):
     )
     ref, bound = _moe_reference(x, w13, w2, tw, ids, "swigluoai", b13, b2, w4a4=False)
     _assert_within(out.cpu(), ref, bound, f"GPU {routing}")
+
+
+@needs_hopper
+@pytest.mark.parametrize("fmt", FMTS)
+def test_fp4_moe_w4a4_gpu_is_the_per_expert_loop(fmt):
+    x, w13, w2, _, _, gen = _moe_case(fmt, "silu", t=9, h=128, i=64)
+    ids, tw = _routing("random", x.shape[0], 3, 4, gen)
+    args = (_cuda(w13), _cuda(w2), tw.cuda(), ids.cuda())
+    out = fp4_ops.fp4_moe(x.cuda(), *args, activations="dynamic")
+    ref, bound = _moe_reference(x, w13, w2, tw, ids, "silu", None, None, w4a4=True)
+    _assert_within(out.cpu(), ref, bound, f"GPU W4A4 {fmt}")
 
 
 @needs_hopper
