@@ -691,11 +691,13 @@ def test_fp4_moe_gpu_is_the_per_expert_loop(routing):
 @needs_hopper
 @pytest.mark.parametrize("fmt", FMTS)
 def test_fp4_moe_w4a4_gpu_is_the_per_expert_loop(fmt):
-    x, w13, w2, _, _, gen = _moe_case(fmt, "silu", t=9, h=128, i=64)
+    """The CPU W4A4 case (float32 x, as the oracle's roundings assume) on the GPU."""
+    x, w13, w2, b13, b2, gen = _moe_case(fmt, "silu", dtype=torch.float32, bias=True)
     ids, tw = _routing("random", x.shape[0], 3, 4, gen)
     args = (_cuda(w13), _cuda(w2), tw.cuda(), ids.cuda())
-    out = fp4_ops.fp4_moe(x.cuda(), *args, activations="dynamic")
-    ref, bound = _moe_reference(x, w13, w2, tw, ids, "silu", None, None, w4a4=True)
+    biases = dict(w13_bias=b13.cuda(), w2_bias=b2.cuda())
+    out = fp4_ops.fp4_moe(x.cuda(), *args, **biases, activations="dynamic")
+    ref, bound = _moe_reference(x, w13, w2, tw, ids, "silu", b13, b2, w4a4=True)
     _assert_within(out.cpu(), ref, bound, f"GPU W4A4 {fmt}")
 
 
