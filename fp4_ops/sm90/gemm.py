@@ -143,6 +143,8 @@ SF_ATOM_BYTES = 512
 DECODE_CONVERT_MAX_REGS = 32
 # 16-byte chunks in one converted 64-wide k-block row (64 x 2 bytes)
 CHUNKS_PER_KBLOCK = 8
+# The kernel's offsets are 32-bit: every tensor, copy and scale array holds fewer elements.
+OFFSET_LIMIT = 2**31
 # Ring depth caps (docs/sm90_design.md): decode at most 6 stages, 8 with K groups.
 MAX_STAGES = 12
 DECODE_MAX_STAGES = 6
@@ -426,7 +428,7 @@ def problem_reasons(
         m_pad = decode_token_rows(m, max(8, kernel_tile(path, mma_tiler_mn)[1]))
         extents.append((f"M_pad*K_pad*L (converted A, M_pad = {m_pad})", m_pad * k_pad * l))
     for name, extent in extents:
-        if extent >= 2**31:
+        if extent >= OFFSET_LIMIT:
             reasons.append(
                 f"{name} = {extent} elements does not fit the kernel's 32-bit offsets "
                 "(< 2^31); split the problem along M, N or L"

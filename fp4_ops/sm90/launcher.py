@@ -54,9 +54,11 @@ from fp4_ops.sm90.gemm import (
     C_DTYPES,
     H200_SM_COUNT,
     K_BLOCK,
+    OFFSET_LIMIT,
     SF_FORMATS,
     W4A4,
     BlockwiseGemmFp4Sm90,
+    blocked_sf_bytes,
     compile_gemm,
     config_reasons,
     default_cluster,
@@ -528,20 +530,53 @@ def grouped_gemm_for_ops(a, b, sfb, sf_vec_size, alpha, offsets, out_dtype):
     offsets[e] .. offsets[e + 1] - 1 of ``a`` (bfloat16 / float16 [rows, K]) times expert e of
     ``b`` (prepacked weights [E, N, K_pad / 2]) with its blocked scales (``sfb`` [E, ...]) and
     alpha[e] (float32 [E]); ``offsets`` int32 [E + 1] on a's device, read by the kernel.
-    Checked once per shape and stream as ``gemm_for_ops`` does; the offsets' values are the
-    caller's to check (``fp4_ops.moe.check_group_offsets``)."""
+    Experts whose weights or scales together pass the kernel's 32-bit offsets run as several
+    launches (``expert_chunks``) into the one D: the offsets are absolute row indices, so
+    each launch takes its slice of them as they are. Checked once per shape and stream as
+    ``gemm_for_ops`` does; the offsets' values are the caller's to check
+    (``fp4_ops.moe.check_group_offsets``)."""
+    out = torch.empty((a.shape[0], b.shape[-2]), dtype=out_dtype, device=a.device)
+    if b.dim() != 3 or a.dim() != 2:
+        raise ValueError(
+            f"grouped: a must be [rows, K] and b [E, N, K_pad / 2], got {tuple(a.shape)}, "
+            f"{tuple(b.shape)}"
+        )
+    experts = b.shape[0]
+    if not _offsets_fit(offsets, experts, a.get_device()):
+        raise ValueError(
+            f"offsets must be a contiguous int32 tensor [E + 1] = [{experts + 1}] on {a.device}"
+        )
+    if not isinstance(alpha, torch.Tensor) or alpha.numel() != experts:
+        raise ValueError(f"alpha must be a float32 tensor of {experts} (one per group)")
+    sfb = sfb.contiguous().view(torch.uint8).reshape(experts, -1)
+    for e0, e1 in expert_chunks(b.shape[0], b.shape[1], a.shape[1], sf_vec_size):
+        part = (b[e0:e1], sfb[e0:e1], sf_vec_size, alpha[e0:e1], offsets[e0 : e1 + 1])
+        grouped_launch(a, *part, out)
+    return out
+
+
+def expert_chunks(experts: int, n: int, k: int, sf_vec_size: int) -> list[tuple[int, int]]:
+    """[e0, e1) runs of experts whose prepacked weights (N x K_pad / 2 bytes each) and blocked
+    scales stay below the kernel's 32-bit offsets (2^31 elements); one expert per run at
+    least (a single expert beyond the limit is refused by the checks)."""
+    per_expert = max(n * round_up(k, K_BLOCK) // 2, blocked_sf_bytes(n, k, 1, sf_vec_size))
+    size = max(1, (OFFSET_LIMIT - 1) // max(1, per_expert))
+    return [(e0, min(e0 + size, experts)) for e0 in range(0, experts, size)]
+
+
+def grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> None:
+    """One grouped launch into ``out`` (experts b [E', N, K_pad / 2], offsets [E' + 1]):
+    checked at the first call of its shapes on a stream, then straight to the kernel."""
     index = a.get_device()
     stream = stream_handle(index)
-    key = ("grouped", a.shape, a.dtype, b.shape, b.dtype, sfb.shape, sfb.dtype, sf_vec_size)
-    key += (out_dtype, index, stream)
-    out = torch.empty((a.shape[0], b.shape[-2]), dtype=out_dtype, device=a.device)
+    key = ("grouped", a.shape, a.dtype, b.shape, b.dtype, sfb.shape, sf_vec_size, out.dtype)
+    key += (index, stream)
     launch = _LAUNCHES.get(key)
     if launch is not None and _offsets_fit(offsets, b.shape[0], index):
         if launch.fits(a, b, None, sfb, alpha, out):
             launch(a, b, None, sfb, out, alpha, stream, offsets)
-            return out
+            return
     _LAUNCHES[key] = _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out)
-    return out
 
 
 def _offsets_fit(offsets, experts: int, index: int) -> bool:
@@ -571,7 +606,6 @@ def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> _Launc
         raise ValueError("the grouped kernel takes bfloat16 / float16 activations (W4A16)")
     c_dtype = DSL_DTYPE_NAMES.get(out.dtype)
     rows, k = a.shape
-    sfb = sfb.contiguous().view(torch.uint8).reshape(experts, -1)
     with torch.cuda.device(a.device):
         pick = (rows, b.shape[1], k, experts, sf_vec_size, c_dtype, a_dtype, a.device)
         if pick not in _PICKED:
