@@ -29,13 +29,16 @@
     static global scale) or kept in 16 bits (``activations="bf16"``, W4A16), ``fp4_gemm``, bias.
     They keep their FP4 buffers through dtype casts, carry format and mode in their state dict,
     and are inference only (no backward). ``quantize_model`` returns a ``QuantizeReport``.
+``fp4_grouped_gemm``, ``fp4_moe``, ``FP4MoE``, ``FP4Experts``, ``quantize_experts``
+    Mixture-of-experts (``fp4_ops.moe``): experts [E, N, K] with a global scale each, routing
+    on the device; ``quantize_model`` puts ``FP4Experts`` in place of transformers' experts.
 
 Importing this package needs no GPU and no CuTe DSL: the kernels are imported on first use.
 """
 
 from fp4_ops.checkpoint import load_quantized, save_quantized
 from fp4_ops.layout import FORMATS, GLOBAL_SCALE_DIVISOR, blocked_scale_numel, blocked_scale_shape
-from fp4_ops.moe import FP4MoE, fp4_grouped_gemm, fp4_moe, quantize_experts
+from fp4_ops.moe import FP4Experts, FP4MoE, fp4_grouped_gemm, fp4_moe, quantize_experts
 from fp4_ops.nn import FP4Linear, QuantizeReport, quantize_model
 from fp4_ops.ops import fp4_gemm, quantize
 from fp4_ops.tensor import FP4Tensor
@@ -44,6 +47,7 @@ __all__ = [
     "FORMATS",
     "GLOBAL_SCALE_DIVISOR",
     "FP4Linear",
+    "FP4Experts",
     "FP4MoE",
     "FP4Tensor",
     "QuantizeReport",

@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from fp4_ops import cpu
+from fp4_ops.buffers import FP4Buffers
 from fp4_ops.layout import FORMATS, PACKED_DTYPES, from_blocked
-from fp4_ops.nn import FP4Buffers
 from fp4_ops.ops import (
     IN_DTYPES,
     NO_BACKWARD,
@@ -655,4 +655,111 @@ class FP4MoE(FP4Buffers):
         return (
             f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
             f"format={self.format}, activation={self.activation}, activations={self.activations}"
+        )
+
+
+# ----------------------------------------------------------------------------- transformers
+
+
+class FP4Experts(FP4MoE):
+    """A transformers experts module in FP4 (``quantize_model`` puts it in their place):
+    forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) as theirs, through
+    ``fp4_moe``. ``from_transformers`` takes the experts' tensors as ``transformers_experts``
+    reads them."""
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        return super().forward(hidden_states, top_k_weights, top_k_index)
+
+    @classmethod
+    def from_transformers(
+        cls, module: torch.nn.Module, format: str = "nvfp4", activations: str = "bf16"
+    ) -> FP4Experts:
+        """The experts of ``module`` quantized once per expert (``quantize_experts``) on their
+        device; ValueError where ``transformers_experts`` refuses the module."""
+        w13, w2, activation, b13, b2 = transformers_experts(module)
+        q13, q2 = quantize_experts(w13, format), quantize_experts(w2, format)
+        return cls(q13, q2, activation, activations, b13, b2)
+
+
+def is_experts_module(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds its experts as transformers does: a 3-D ``gate_up_proj``."""
+    w = module._parameters.get("gate_up_proj")
+    return isinstance(w, torch.Tensor) and w.ndim == 3
+
+
+def transformers_experts(module: torch.nn.Module):
+    """(w13 [E, 2I, H], w2 [E, H, I], activation, w13_bias, w2_bias) of a transformers experts
+    module, in ``fp4_moe``'s conventions:
+      * gate_up_proj [E, 2I, H] (gate rows first) and down_proj [E, H, I], ``act_fn`` SiLU:
+        Qwen2/3-MoE, Mixtral, DeepSeek-V3 and the many models written alike; "silu";
+      * gate_up_proj [E, H, 2I] (gate and up interleaved) and down_proj [E, I, H] with their
+        biases and gpt-oss's clamped SwiGLU (``alpha``, ``limit``): "swigluoai".
+    The convention is checked on the module's own forward (two tokens, routed to three
+    experts, on the weights as they are); ValueError names what does not fit."""
+    params = dict(module.named_parameters(recurse=False))
+    name = type(module).__name__
+    gate_up, down = params.get("gate_up_proj"), params.get("down_proj")
+    biased = {"gate_up_proj_bias", "down_proj_bias"} <= set(params)
+    known = {"gate_up_proj", "down_proj"} | (
+        {"gate_up_proj_bias", "down_proj_bias"} if biased else set()
+    )
+    if gate_up is None or down is None or gate_up.ndim != 3 or down.ndim != 3:
+        raise ValueError(f"{name}: no 3-D gate_up_proj and down_proj parameters")
+    act = getattr(module, "act_fn", None)
+    if set(params) != known or list(module.children()) not in ([], [act]):
+        raise ValueError(f"{name}: parameters or submodules beyond the experts' {sorted(known)}")
+    if biased:
+        w13, w2 = gate_up.detach().transpose(1, 2), down.detach().transpose(1, 2)
+        b13, b2 = params["gate_up_proj_bias"].detach(), params["down_proj_bias"].detach()
+        activation = "swigluoai"
+        clamp = (getattr(module, "alpha", None), getattr(module, "limit", None))
+        if clamp != (SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT):
+            raise ValueError(
+                f"{name}: its SwiGLU's (alpha, limit) = {clamp}; fp4_moe's is "
+                f"({SWIGLUOAI_ALPHA}, {SWIGLUOAI_LIMIT})"
+            )
+    else:
+        w13, w2, b13, b2, activation = gate_up.detach(), down.detach(), None, None, "silu"
+        probe = torch.linspace(-8.0, 8.0, 65)
+        if not callable(act) or not torch.equal(act(probe), F.silu(probe)):
+            raise ValueError(f"{name}: its act_fn {act!r} is not SiLU")
+    (e, two_i, h), (e2, h2, i) = w13.shape, w2.shape
+    if e2 != e or h2 != h or two_i != 2 * i:
+        raise ValueError(
+            f"{name}: gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} do "
+            "not pair as experts"
+        )
+    _check_forward(module, w13, w2, activation, b13, b2)
+    return w13, w2, activation, b13, b2
+
+
+def _check_forward(module, w13, w2, activation, b13, b2) -> None:
+    """ValueError unless the module's forward computes fp4_moe's definition on its own weights
+    (float32, two tokens routed to three experts) to within its dtype's rounding."""
+    e, h = w13.shape[0], w13.shape[2]
+    gen = torch.Generator().manual_seed(0)
+    dtype, device = w13.dtype, w13.device
+    x = torch.randn(2, h, generator=gen).to(device=device, dtype=dtype)
+    ids = torch.tensor([[0, e - 1], [e // 2, 0]], device=device)
+    weights = torch.tensor([[0.75, 0.25], [0.5, 0.5]], device=device, dtype=dtype)
+    with torch.no_grad():
+        got = module(x, ids, weights).float()
+        want = torch.zeros(2, h, device=device)
+        for t in range(2):
+            for slot in range(2):
+                ex = int(ids[t, slot])
+                hid = x[t].float() @ w13[ex].float().t()
+                if b13 is not None:
+                    hid = hid + b13[ex].float()
+                y = apply_activation(hid[None], activation)[0] @ w2[ex].float().t()
+                if b2 is not None:
+                    y = y + b2[ex].float()
+                want[t] += float(weights[t, slot]) * y
+    # (the module rounds h, the activation, y and the weighted sum in its dtype, each by at
+    # most eps / 2 relative: 8 eps covers them; a misread layout is off by order one)
+    tol = 8 * torch.finfo(dtype).eps * float(want.norm()) + 1e-6
+    if not bool(torch.isfinite(got).all()) or float((got - want).norm()) > tol:
+        raise ValueError(
+            f"{type(module).__name__}: its forward does not compute the experts as "
+            "gate_up_proj / down_proj are read here (gate and up order, transposes, biases)"
         )

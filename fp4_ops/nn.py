@@ -14,7 +14,9 @@ from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from fp4_ops import cpu
+from fp4_ops.buffers import FP4Buffers
 from fp4_ops.layout import FORMATS, PACKED_DTYPES, SCALE_DTYPES
+from fp4_ops.moe import FP4Experts, is_experts_module
 from fp4_ops.ops import (
     IN_DTYPES,
     check_quantize_input,
@@ -36,8 +38,6 @@ from fp4_ops.tensor import (
     check_global_scale_value,
     check_type,
     global_scale_tensor,
-    picklable,
-    unpickled,
 )
 
 _ACTIVATIONS = ("dynamic", "static", "bf16")
@@ -58,44 +58,6 @@ def _check_activations(activations, allowed=_ACTIVATIONS) -> None:
     check_type(activations, str, "activations", f"a str, one of {allowed}")
     if activations not in allowed:
         raise ValueError(f"activations must be one of {allowed}, got {activations!r}")
-
-
-class FP4Buffers(nn.Module):
-    """Base of modules that hold FP4 parts as buffers (``kept_buffers``): ``.to(dtype)``,
-    ``.half()`` and the like keep those buffers' dtypes while every move takes them along;
-    pickle, ``copy.deepcopy`` and ``torch.save`` carry float8 scales as their bytes. The
-    attributes named in ``CACHES`` (values derived from the buffers) are dropped by both."""
-
-    CACHES: tuple[str, ...] = ()
-
-    def kept_buffers(self) -> dict[str, torch.Tensor]:
-        """The buffers whose dtype no cast may change, by name."""
-        raise NotImplementedError
-
-    def _apply(self, fn, recurse=True):
-        # nn.Module.to / half / bfloat16 / float / cuda / cpu all come here: fn casts every
-        # floating-point tensor, float8 scales and float32 global scales included
-        before = self.kept_buffers()
-        for name in self.CACHES:
-            setattr(self, name, None)
-        super()._apply(fn, recurse)
-        for name, old in before.items():
-            new = self._buffers[name]
-            if new.dtype != old.dtype:
-                self._buffers[name] = old.to(new.device)
-        return self
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}
-        state.update(dict.fromkeys(self.CACHES))
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        # (a pickle made before a cache existed still gets it, empty)
-        state = dict.fromkeys(self.CACHES) | dict(state)
-        state["_buffers"] = {n: unpickled(v) for n, v in state["_buffers"].items()}
-        super().__setstate__(state)
 
 
 class FP4Linear(FP4Buffers):
@@ -478,14 +440,14 @@ def _selection(include):
             signature.bind("name", nn.Linear(1, 1))
         except TypeError:
             raise TypeError(
-                f"include: a predicate is called as include(name, linear) -> bool; this one "
+                f"include: a predicate is called as include(name, module) -> bool; this one "
                 f"takes {signature}"
             ) from None
         return None, include
     if not isinstance(include, Iterable):
         raise TypeError(
             "include must be None, a glob pattern, an iterable of them or a predicate "
-            f"(name, linear) -> bool, got {type(include).__name__}"
+            f"(name, module) -> bool, got {type(include).__name__}"
         )
     patterns = list(include)
     for p in patterns:
@@ -499,11 +461,16 @@ def quantize_model(
     format: str = "nvfp4",
     activations: str = "dynamic",
 ) -> QuantizeReport:
-    """Replace ``model``'s ``nn.Linear`` modules by FP4Linear, in place: W4A4 with dynamic
-    activation scales, or ``activations="bf16"`` (W4A16: 16-bit activations, Hopper).
+    """Replace ``model``'s ``nn.Linear`` modules by FP4Linear, and its transformers experts
+    modules (3-D ``gate_up_proj`` / ``down_proj``: Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss,
+    ...) by ``FP4Experts``, in place: W4A4 with dynamic activation scales, or
+    ``activations="bf16"`` (W4A16: 16-bit activations, Hopper).
 
     ``include``: glob patterns of module names (``["*.mlp.*"]``) or a predicate
-    ``(name, linear) -> bool``; None takes every Linear. Skipped, with the reason in the report:
+    ``(name, module) -> bool``; None takes every Linear and experts module. Experts modules
+    whose layout or forward ``fp4_ops.moe.transformers_experts`` does not recognise are
+    skipped, with its reason in the report (one that ``include`` chooses raises ValueError).
+    Skipped, with the reason in the report:
     Linears whose parent reads their weight directly (``nn.MultiheadAttention``'s ``out_proj``,
     any ``NonDynamicallyQuantizableLinear``), and, by default, those whose in_features is not a
     multiple of 32 (one that ``include`` chooses raises ValueError). A Linear reachable by
@@ -514,28 +481,31 @@ def quantize_model(
     check_format(format)
     _check_activations(activations, ("dynamic", "bf16"))
     patterns, predicate = _selection(include)
-    linears = [
+    modules = [
         (name, module)
         for name, module in model.named_modules(remove_duplicate=False)
-        if isinstance(module, nn.Linear)
+        if isinstance(module, nn.Linear) or is_experts_module(module)
     ]
     report = QuantizeReport()
     if patterns is not None:
-        names = [name for name, _ in linears]
+        names = [name for name, _ in modules]
         report.unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
-    converted: dict[int, FP4Linear] = {}
-    for name, module in linears:
+    converted: dict[int, nn.Module] = {}
+    for name, module in modules:
         if patterns is not None:
             chosen = any(fnmatch.fnmatchcase(name, p) for p in patterns)
         elif predicate is not None:
             chosen = predicate(name, module)
             if not isinstance(chosen, bool):
                 raise TypeError(
-                    f"include(name, linear) must return a bool, got {type(chosen).__name__}"
+                    f"include(name, module) must return a bool, got {type(chosen).__name__}"
                 )
         else:
             chosen = True
         if not chosen:
+            continue
+        if not isinstance(module, nn.Linear):
+            _replace_experts(model, name, module, (format, activations, include), report)
             continue
         if not name:
             report.skipped[name] = "the model is an nn.Linear itself: FP4Linear.from_linear"
@@ -558,7 +528,27 @@ def quantize_model(
         report.replaced.append(name)
     if report.unmatched:
         warnings.warn(
-            f"quantize_model: include patterns that matched no nn.Linear: {report.unmatched}",
+            "quantize_model: include patterns that matched no nn.Linear or experts module: "
+            f"{report.unmatched}",
             stacklevel=2,
         )
     return report
+
+
+def _replace_experts(model, name: str, module: nn.Module, how: tuple, report) -> None:
+    """quantize_model's step for one experts module: FP4Experts in its place, or the reason
+    in the report (ValueError where ``include`` chose it)."""
+    format, activations, include = how
+    if not name:
+        report.skipped[name] = "the model is an experts module itself: FP4Experts"
+        return
+    try:
+        fp4 = FP4Experts.from_transformers(module, format, activations)
+    except ValueError as err:
+        if include is not None:
+            raise ValueError(f"{name}: {err}") from None
+        report.skipped[name] = str(err)
+        return
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, fp4)
+    report.replaced.append(name)

@@ -619,7 +619,9 @@ def test_quantize_model_reports_patterns_and_shared_linears():
         {"attn": nn.MultiheadAttention(64, 4), "up": nn.Linear(64, 96), "odd": nn.Linear(40, 8)}
     )
     model["tied"] = model["up"]
-    with pytest.warns(UserWarning, match=r"matched no nn.Linear: \['nothing\*'\]"):
+    with pytest.warns(
+        UserWarning, match=r"matched no nn.Linear or experts module: \['nothing\*'\]"
+    ):
         report = fp4_ops.quantize_model(model, include=["up", "tied", "*proj", "nothing*"])
     assert report.replaced == ["up", "tied"] and model["up"] is model["tied"]
     assert list(report.skipped) == ["attn.out_proj"] and report.unmatched == ["nothing*"]
@@ -700,12 +702,12 @@ def _argument_cases():
         "quantize_model include arity": (
             lambda: fp4_ops.quantize_model(model, include=lambda name: True),
             TypeError,
-            "^include: a predicate is called as include\\(name, linear\\)",
+            "^include: a predicate is called as include\\(name, module\\)",
         ),
         "quantize_model include result": (
             lambda: fp4_ops.quantize_model(model, include=lambda name, m: "yes"),
             TypeError,
-            "^include\\(name, linear\\) must return a bool",
+            "^include\\(name, module\\) must return a bool",
         ),
         "quantize_model activations": (
             lambda: fp4_ops.quantize_model(model, activations=None),

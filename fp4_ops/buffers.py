@@ -1,0 +1,48 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""``FP4Buffers``: the base of the modules that hold FP4 parts as buffers (``FP4Linear``,
+``FP4MoE``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fp4_ops.tensor import picklable, unpickled
+
+
+class FP4Buffers(nn.Module):
+    """Base of modules that hold FP4 parts as buffers (``kept_buffers``): ``.to(dtype)``,
+    ``.half()`` and the like keep those buffers' dtypes while every move takes them along;
+    pickle, ``copy.deepcopy`` and ``torch.save`` carry float8 scales as their bytes. The
+    attributes named in ``CACHES`` (values derived from the buffers) are dropped by both."""
+
+    CACHES: tuple[str, ...] = ()
+
+    def kept_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers whose dtype no cast may change, by name."""
+        raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module.to / half / bfloat16 / float / cuda / cpu all come here: fn casts every
+        # floating-point tensor, float8 scales and float32 global scales included
+        before = self.kept_buffers()
+        for name in self.CACHES:
+            setattr(self, name, None)
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new.dtype != old.dtype:
+                self._buffers[name] = old.to(new.device)
+        return self
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}
+        state.update(dict.fromkeys(self.CACHES))
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        # (a pickle made before a cache existed still gets it, empty)
+        state = dict.fromkeys(self.CACHES) | dict(state)
+        state["_buffers"] = {n: unpickled(v) for n, v in state["_buffers"].items()}
+        super().__setstate__(state)

@@ -1,0 +1,169 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""FP4Experts in place of transformers' experts modules (CPU): the adapter against the module's
+own forward on the dequantized weights (Qwen3-MoE's layout and gpt-oss's), its refusals, and
+quantize_model on a tiny Qwen3-MoE model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import fp4_ops
+from fp4_ops import moe
+
+transformers = pytest.importorskip("transformers", reason="the adapter's tests need transformers")
+
+# ours round h, the activation, y and the output to BF16 (2^-9 relative each), amplified by
+# the down projection's sums at most a few times: 2^-5 relative (Frobenius) holds them, a
+# misread layout (gate / up order, a transpose, a bias) is off by order one
+BF16_BOUND = 2.0**-5
+
+
+def _qwen3_moe(experts=8, hidden=64, width=32, layers=1):
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=96,
+        hidden_size=hidden,
+        intermediate_size=128,
+        moe_intermediate_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=experts,
+        num_experts_per_tok=2,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _gpt_oss(experts=4, hidden=64):
+    config = transformers.GptOssConfig(
+        vocab_size=96,
+        hidden_size=hidden,
+        intermediate_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=experts,
+        num_experts_per_tok=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    experts_module = model.model.layers[0].mlp.experts
+    with torch.no_grad():  # (from_config leaves the biases at zero: give them values)
+        for p in (experts_module.gate_up_proj_bias, experts_module.down_proj_bias):
+            p.normal_(0.0, 0.1)
+    return model
+
+
+def _experts(kind):
+    if kind == "qwen3-moe":
+        return _qwen3_moe().model.layers[0].mlp.experts
+    return _gpt_oss().model.layers[0].mlp.experts
+
+
+def _dequantized_like(module, fp4: fp4_ops.FP4Experts):
+    """A float32 copy of ``module`` holding the FP4 experts' dequantized weights in its own
+    layout (gpt-oss: transposed)."""
+    ref = copy.deepcopy(module).float()
+    w13 = fp4.expert_weights("w13").dequantize(torch.float32)
+    w2 = fp4.expert_weights("w2").dequantize(torch.float32)
+    if "gate_up_proj_bias" in dict(ref.named_parameters()):
+        w13, w2 = w13.transpose(1, 2), w2.transpose(1, 2)
+    with torch.no_grad():
+        ref.gate_up_proj.copy_(w13)
+        ref.down_proj.copy_(w2)
+    return ref
+
+
+def _routing(tokens, experts, k=2, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
+    weights = torch.softmax(torch.randn(tokens, k, generator=gen), -1)
+    return ids, weights
+
+
+def _rel(a, b) -> float:
+    return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("kind", ["qwen3-moe", "gpt-oss"])
+def test_fp4experts_computes_the_module_on_its_dequantized_weights(kind, fmt):
+    module = _experts(kind)
+    e, h = module.gate_up_proj.shape[0], module.down_proj.shape[1 if kind == "qwen3-moe" else 2]
+    fp4 = fp4_ops.FP4Experts.from_transformers(module, fmt, "bf16")
+    ref = _dequantized_like(module, fp4)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(6, h, generator=gen).bfloat16()
+    ids, weights = _routing(6, e)
+    want = ref(x.float(), ids, weights)
+    got = fp4(x, ids, weights)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    assert _rel(got, want) <= BF16_BOUND, (kind, fmt, _rel(got, want))
+    # W4A4: the same experts, the activations quantized per call (within FP4's error of W4A16)
+    w4a4 = fp4_ops.FP4Experts.from_transformers(module, fmt, "dynamic")
+    assert 0.0 < _rel(w4a4(x, ids, weights), got) < 0.5
+
+
+def test_transformers_experts_refuses_what_it_cannot_stand_in_for():
+    module = _experts("qwen3-moe")
+    gelu = copy.deepcopy(module)
+    gelu.act_fn = torch.nn.GELU()
+    with pytest.raises(ValueError, match="is not SiLU"):
+        moe.transformers_experts(gelu)
+
+    class UpFirst(type(module)):
+        """Up rows first: the same parameters, another layout."""
+
+        def forward(self, hidden_states, top_k_index, top_k_weights):
+            out = torch.zeros_like(hidden_states)
+            for t in range(hidden_states.shape[0]):
+                for slot, e in enumerate(top_k_index[t].tolist()):
+                    up, gate = (hidden_states[t] @ self.gate_up_proj[e].t()).chunk(2)
+                    y = (self.act_fn(gate) * up) @ self.down_proj[e].t()
+                    out[t] += top_k_weights[t, slot] * y
+            return out
+
+    swapped = copy.deepcopy(module)
+    swapped.__class__ = UpFirst
+    with pytest.raises(ValueError, match="does not compute the experts"):
+        moe.transformers_experts(swapped)
+    extra = copy.deepcopy(module)
+    extra.register_parameter("gate_bias", torch.nn.Parameter(torch.zeros(3)))
+    with pytest.raises(ValueError, match="beyond the experts'"):
+        moe.transformers_experts(extra)
+    oss = _experts("gpt-oss")
+    oss.limit = 10.0
+    with pytest.raises(ValueError, match=r"\(alpha, limit\) = \(1.702, 10.0\)"):
+        moe.transformers_experts(oss)
+    assert not moe.is_experts_module(torch.nn.Linear(4, 4))
+
+
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+def test_quantize_model_replaces_transformers_experts(activations):
+    model = _qwen3_moe(layers=2).to(torch.bfloat16)
+    reference = copy.deepcopy(model)
+    report = fp4_ops.quantize_model(model, ["*.mlp.experts"], activations=activations)
+    names = [f"model.layers.{i}.mlp.experts" for i in range(2)]
+    assert report.replaced == names and not report.skipped
+    for i, name in enumerate(names):
+        fp4 = model.get_submodule(name)
+        assert isinstance(fp4, fp4_ops.FP4Experts) and fp4.activations == activations
+        with torch.no_grad():
+            ref = _dequantized_like(reference.get_submodule(name), fp4).to(torch.bfloat16)
+        reference.model.layers[i].mlp.experts = ref
+    ids = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = model(ids).logits, reference(ids).logits
+    # (W4A16: both models differ in their roundings only; W4A4 adds FP4's activation error)
+    assert _rel(got, want) <= (BF16_BOUND if activations == "bf16" else 0.25)
+    gelu = _qwen3_moe()
+    gelu.model.layers[0].mlp.experts.act_fn = torch.nn.GELU()
+    report = fp4_ops.quantize_model(gelu, activations="bf16")
+    assert "is not SiLU" in report.skipped["model.layers.0.mlp.experts"]
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.experts: .*is not SiLU"):
+        fp4_ops.quantize_model(gelu, ["*.experts"], activations="bf16")
