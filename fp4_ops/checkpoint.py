@@ -15,6 +15,13 @@ NVIDIA ModelOpt (``hf_quant_config.json``, ``quant_algo`` ``NVFP4`` (W4A4) or ``
     ``weight_scale_2`` and (W4A4) ``input_scale``: fp32 scalars in the decoding convention
     ``amax / (448 * 6)``, as ``FP4Tensor.global_scale``.
 
+OpenAI's gpt-oss MXFP4 (``config.json`` -> ``quantization_config``, ``quant_method: mxfp4``;
+loaded, not written)
+    the experts only, per experts module ``gate_up_proj_blocks`` uint8 [E, 2I, H/32, 16] (rows:
+    gate and up interleaved), ``gate_up_proj_scales`` E8M0 bytes [E, 2I, H/32],
+    ``down_proj_blocks`` [E, H, I/32, 16], ``down_proj_scales`` [E, H, I/32], and the biases
+    ``gate_up_proj_bias`` [E, 2I], ``down_proj_bias`` [E, H]; into ``FP4Experts``.
+
 Everything else (embeddings, norms, an unquantized ``lm_head``) is stored as usual. transformers
 and safetensors are imported on first use (``pip install fp4-ops[hf]``).
 """
@@ -34,6 +41,7 @@ from torch import nn
 
 from fp4_ops.cpu import check_scales
 from fp4_ops.layout import FORMATS, SCALE_DTYPES
+from fp4_ops.moe import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT, FP4Experts, is_experts_module
 from fp4_ops.nn import FP4Linear
 from fp4_ops.tensor import FP4Tensor, check_type, global_scale_tensor
 
@@ -41,6 +49,8 @@ __all__ = ["load_quantized", "save_quantized", "CHECKPOINT_FORMATS"]
 
 #: ``save_quantized``'s formats
 CHECKPOINT_FORMATS = ("compressed-tensors", "modelopt")
+# (a format load_quantized reads and save_quantized does not write)
+GPT_OSS_MXFP4 = "gpt-oss-mxfp4"
 _HF_HINT = "pip install 'fp4-ops[hf]' (transformers, safetensors)"
 _CT_FORMATS = {"nvfp4-pack-quantized": "nvfp4", "mxfp4-pack-quantized": "mxfp4"}
 _CT_FORMAT_OF = {fmt: name for name, fmt in _CT_FORMATS.items()}
@@ -141,7 +151,17 @@ class _QuantConfig:
     # modelopt: the one scheme of every Linear not excluded
     scheme: _Scheme | None = None
 
+    def quantizes_experts(self, name: str, module: nn.Module) -> bool:
+        """Whether the checkpoint holds ``module``, an experts module, in FP4 (gpt-oss)."""
+        if self.checkpoint != GPT_OSS_MXFP4 or not is_experts_module(module):
+            return False
+        return not any(
+            fnmatch.fnmatchcase(name, p) or name.startswith(p + ".") for p in self.ignore
+        )
+
     def scheme_for(self, name: str, module: nn.Module) -> _Scheme | None:
+        if self.checkpoint == GPT_OSS_MXFP4:  # (its experts only: ``experts_of``)
+            return None
         if self.checkpoint == "modelopt":
             if any(name == p or fnmatch.fnmatchcase(name, p) for p in self.ignore):
                 return None
@@ -305,10 +325,13 @@ def _quant_config(folder: Path, config: dict) -> _QuantConfig:
         method = str(qc.get("quant_method", ""))
         if method == "compressed-tensors":
             return _compressed_tensors_config(qc)
+        if method == "mxfp4":
+            ignore = _str_list(qc.get("modules_to_not_convert") or [], "modules_to_not_convert")
+            return _QuantConfig(GPT_OSS_MXFP4, ignore=ignore)
         if not method.lower().startswith("modelopt"):
             raise ValueError(
                 f"config.json quantization_config: quant_method {method!r}: supported are "
-                "'compressed-tensors' and 'modelopt' (NVFP4)"
+                "'compressed-tensors', 'modelopt' (NVFP4) and 'mxfp4' (gpt-oss)"
             )
         if not hf_quant.exists():
             q = qc.get("quantization", qc)
@@ -492,6 +515,67 @@ def _build_layer(layer: _Layer, t: dict, activations: str, dtype: torch.dtype) -
     return FP4Linear(weight, bias, activations, input_gs)
 
 
+@dataclass
+class _Experts:
+    """gpt-oss MXFP4 experts to be: the module's name, its tensors (role -> key), (E, H, I)."""
+
+    name: str
+    keys: dict[str, str]
+    shape: tuple[int, int, int]
+
+
+_EXPERTS_ROLES = ("gate_up_proj", "down_proj")
+
+
+def _plan_experts(ck: _Checkpoint, name: str, module: nn.Module) -> _Experts:
+    """Checks (headers only) the MXFP4 tensors of one gpt-oss experts module."""
+    params = dict(module.named_parameters(recurse=False))
+    kind = type(module).__name__
+    if {"gate_up_proj_bias", "down_proj_bias"} - set(params):
+        raise ValueError(f"{name}: a {kind} without biases; gpt-oss MXFP4 holds GptOssExperts")
+    clamp = (getattr(module, "alpha", None), getattr(module, "limit", None))
+    if clamp != (SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT):
+        raise ValueError(
+            f"{name}: its SwiGLU's (alpha, limit) = {clamp}; FP4Experts' is "
+            f"({SWIGLUOAI_ALPHA}, {SWIGLUOAI_LIMIT})"
+        )
+    # (GptOssExperts' own layout: gate_up_proj [E, H, 2I], down_proj [E, I, H])
+    e, h, two_i = params["gate_up_proj"].shape
+    i = two_i // 2
+    if tuple(params["down_proj"].shape) != (e, i, h) or two_i % 2 or h % 32 or i % 32:
+        raise ValueError(
+            f"{name}: gate_up_proj {_shape_str(params['gate_up_proj'].shape)} and down_proj "
+            f"{_shape_str(params['down_proj'].shape)}: not experts of MXFP4-sized H and I"
+        )
+    keys = {}
+    for proj, rows, k in (("gate_up_proj", two_i, h), ("down_proj", h, i)):
+        keys |= {f"{proj}_{part}": f"{name}.{proj}_{part}" for part in ("blocks", "scales", "bias")}
+        what = f"MXFP4 {proj} of [{e}, {rows}, {k}]"
+        _expect(ck, keys[f"{proj}_blocks"], (torch.uint8,), ((e, rows, k // 32, 16),), what)
+        _expect(ck, keys[f"{proj}_scales"], (torch.uint8,), ((e, rows, k // 32),), f"{what}: E8M0")
+        _expect(ck, keys[f"{proj}_bias"], (), ((e, rows),), f"the bias of {proj}")
+    return _Experts(name, keys, (e, h, i))
+
+
+def _build_experts(plan: _Experts, t: dict, activations: str, dtype: torch.dtype) -> FP4Experts:
+    """The FP4Experts of one planned gpt-oss experts module from its loaded tensors."""
+    e, h, i = plan.shape
+    weights = {}
+    for proj, rows, k in (("gate_up_proj", 2 * i, h), ("down_proj", h, i)):
+        key = plan.keys[f"{proj}_scales"]
+        scales = t[key].view(torch.float8_e8m0fnu)
+        try:
+            check_scales(scales)
+        except ValueError as err:
+            raise ValueError(f"{key}: {err}") from None
+        data = t[plan.keys[f"{proj}_blocks"]].reshape(e, rows, k // 2)
+        weights[proj] = FP4Tensor.from_plain(data, scales, 1.0, "mxfp4")
+    b13 = t[plan.keys["gate_up_proj_bias"]].to(dtype)
+    b2 = t[plan.keys["down_proj_bias"]].to(dtype)
+    w13, w2 = weights["gate_up_proj"], weights["down_proj"]
+    return FP4Experts(w13, w2, "swigluoai", activations, b13, b2)
+
+
 # ----------------------------------------------------------------------------- the model
 
 
@@ -556,7 +640,9 @@ def load_quantized(
 ) -> nn.Module:
     """A transformers causal LM, in eval mode, from a folder holding a compressed-tensors
     (``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``) or ModelOpt (``NVFP4`` /
-    ``W4A16_NVFP4``) checkpoint, its quantized Linear modules as ``FP4Linear``.
+    ``W4A16_NVFP4``) checkpoint, its quantized Linear modules as ``FP4Linear``, or a gpt-oss
+    MXFP4 one (``quant_method: mxfp4``), its experts modules as ``FP4Experts`` (W4A16 unless
+    ``activations`` asks for W4A4).
 
     The model is built by ``AutoModelForCausalLM.from_config`` with its parameters on the meta
     device (no 16-bit weight is made or initialized for a quantized layer); the checkpoint's
@@ -627,8 +713,13 @@ def load_quantized(
                 "to the input embedding (tie_word_embeddings)"
             )
         layers.append(_plan_layer(ck, name, module, scheme))
-    quantized = {layer.name for layer in layers}
-    consumed = {key for layer in layers for key in layer.keys.values()}
+    experts = [
+        _plan_experts(ck, name, module)
+        for name, module in model.named_modules()
+        if qconfig.quantizes_experts(name, module)
+    ]
+    quantized = {layer.name for layer in [*layers, *experts]}
+    consumed = {key for layer in [*layers, *experts] for key in layer.keys.values()}
 
     def in_quantized(name: str) -> bool:
         return name.rpartition(".")[0] in quantized
@@ -659,13 +750,14 @@ def load_quantized(
         plain.append((present[0], names, t))
 
     left = set(ck.keys()) - consumed
-    for layer in layers:
+    for layer in [*layers, *experts]:
         prefix = f"{layer.name}."
         extra = {k for k in left if k.startswith(prefix)}
         if extra:
+            what = layer.scheme.describe() if isinstance(layer, _Layer) else "gpt-oss MXFP4"
             raise ValueError(
-                f"{_listed(extra)}: unexpected for {layer.name}, a {layer.scheme.describe()} "
-                f"layer (its tensors: {', '.join(sorted(layer.keys.values()))})"
+                f"{_listed(extra)}: unexpected for {layer.name}, a {what} layer (its tensors: "
+                f"{', '.join(sorted(layer.keys.values()))})"
             )
     if left:
         raise ValueError(f"unexpected tensors that no module of the model holds: {_listed(left)}")
@@ -680,6 +772,11 @@ def load_quantized(
             act = activations or mode[layer.scheme.inputs]
             owner, attr = _owner(model, layer.name)
             setattr(owner, attr, _build_layer(layer, tensors, act, dtype))
+        for plan in experts:  # (weight-only in the checkpoint: W4A16 unless W4A4 is asked for)
+            tensors = {key: read(key) for key in plan.keys.values()}
+            act = mode["none"] if activations is None else activations
+            owner, attr = _owner(model, plan.name)
+            setattr(owner, attr, _build_experts(plan, tensors, act, dtype))
         for key, names, t in plain:
             value = read(key)
             value = value.to(t.dtype) if t.is_floating_point() else value

@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""gpt-oss MXFP4 checkpoints (OpenAI's expert blocks and scales) through ``load_quantized``,
+held against transformers' own reader of the format (it dequantizes them to BF16 on a CPU),
+and the refusals of malformed ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import fp4_ops
+from fp4_ops.layout import from_blocked
+
+transformers = pytest.importorskip("transformers", reason="needs transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safetensors")
+
+# both models round their activations to BF16 in different places (ours: h, the activation,
+# y; theirs: its own), each 2^-9 relative, through two layers and the head: 2^-4 holds them;
+# a misread block layout, nibble order or scale bias is off by order one
+LOGITS_BOUND = 2.0**-4
+NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens"]
+
+
+def _gpt_oss(experts=4, hidden=64, width=64, layers=2):
+    config = transformers.GptOssConfig(
+        vocab_size=96,
+        hidden_size=hidden,
+        intermediate_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=experts,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+    with torch.no_grad():  # (from_config leaves the biases and router at zero: give them values)
+        for name, p in model.named_parameters():
+            if name.endswith("_bias") or ".router." in name:
+                p.normal_(0.0, 0.1)
+    return model
+
+
+def _write(folder: Path, model, corrupt=None) -> None:
+    """The model as a gpt-oss MXFP4 checkpoint: its experts quantized (fp4_ops.quantize_experts,
+    MXFP4: global scale 1) and written as OpenAI's blocks [E, rows, K/32, 16] and E8M0 scale
+    bytes [E, rows, K/32]; everything else in BF16. ``corrupt(tensors)`` edits them first."""
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if ".mlp.experts." in name and not name.endswith("_bias"):
+            continue
+        tensors[name] = t.contiguous()
+    for i, layer in enumerate(model.model.layers):
+        ex = layer.mlp.experts
+        prefix = f"model.layers.{i}.mlp.experts"
+        for proj in ("gate_up_proj", "down_proj"):
+            # (GptOssExperts holds [E, K, N]: the checkpoint's rows are its columns)
+            w = getattr(ex, proj).detach().float().transpose(1, 2).contiguous()
+            q = fp4_ops.quantize_experts(w, "mxfp4")
+            e, rows, k = w.shape
+            plain = from_blocked(q.scale.reshape(e, -1), rows, k // 32)
+            tensors[f"{prefix}.{proj}_blocks"] = q.data.reshape(e, rows, k // 32, 16).contiguous()
+            tensors[f"{prefix}.{proj}_scales"] = plain.view(torch.uint8).contiguous()
+    if corrupt is not None:
+        corrupt(tensors)
+    folder.mkdir(parents=True, exist_ok=True)
+    safetensors_torch.save_file(tensors, str(folder / "model.safetensors"))
+    config = model.config.to_dict()
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": NOT_CONVERTED + ["lm_head"],
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize("activations", [None, "fp4"])
+def test_gpt_oss_mxfp4_checkpoint_loads_as_transformers_reads_it(activations, tmp_path):
+    _write(tmp_path, _gpt_oss())
+    dequantize = transformers.Mxfp4Config(dequantize=True)  # (its CPU reader)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, dtype=torch.bfloat16, quantization_config=dequantize
+    )
+    ours = fp4_ops.load_quantized(tmp_path, activations=activations)
+    for i, layer in enumerate(ours.model.layers):
+        ex = layer.mlp.experts
+        assert isinstance(ex, fp4_ops.FP4Experts), i
+        assert ex.activation == "swigluoai" and ex.format == "mxfp4"
+        assert ex.activations == ("bf16" if activations is None else "dynamic")
+        # the experts' weights exactly as transformers dequantizes them
+        mine = ex.expert_weights("w13").dequantize(torch.float32)
+        ref = theirs.model.layers[i].mlp.experts.gate_up_proj.float().transpose(1, 2)
+        assert torch.equal(mine, ref)
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        got, want = ours(ids).logits, theirs(ids).logits
+    bound = LOGITS_BOUND if activations is None else 0.25  # (W4A4: FP4 activations too)
+    assert _rel(got, want) <= bound, _rel(got, want)
+
+
+def _nan_scale(tensors):
+    key = "model.layers.0.mlp.experts.down_proj_scales"
+    tensors[key] = tensors[key].clone()
+    tensors[key][1, 2, 0] = 255
+
+
+@pytest.mark.parametrize(
+    "corrupt, match",
+    [
+        (
+            lambda t: t.pop("model.layers.1.mlp.experts.down_proj_scales"),
+            r"model.layers.1.mlp.experts.down_proj_scales: missing from the checkpoint",
+        ),
+        (
+            lambda t: t.update(
+                {
+                    "model.layers.0.mlp.experts.gate_up_proj_blocks": t[
+                        "model.layers.0.mlp.experts.gate_up_proj_blocks"
+                    ].reshape(4, 128, 1, 32)
+                }
+            ),
+            r"gate_up_proj_blocks: expected MXFP4 gate_up_proj of \[4, 128, 64\]: uint8 "
+            r"\[4, 128, 2, 16\], got uint8 \[4, 128, 1, 32\]",
+        ),
+        (
+            lambda t: t.update({"model.layers.0.mlp.experts.extra": torch.zeros(2)}),
+            r"model.layers.0.mlp.experts.extra: unexpected for model.layers.0.mlp.experts",
+        ),
+        (_nan_scale, r"down_proj_scales: a block scale is a NaN encoding"),
+    ],
+    ids=["missing", "mis-shaped", "left-over", "nan-scale"],
+)
+def test_gpt_oss_mxfp4_checkpoint_refusals(corrupt, match, tmp_path):
+    _write(tmp_path, _gpt_oss(), corrupt)
+    with pytest.raises(ValueError, match=match):
+        fp4_ops.load_quantized(tmp_path)
