@@ -15,6 +15,10 @@ NVIDIA ModelOpt (``hf_quant_config.json``, ``quant_algo`` ``NVFP4`` (W4A4) or ``
     ``weight_scale_2`` and (W4A4) ``input_scale``: fp32 scalars in the decoding convention
     ``amax / (448 * 6)``, as ``FP4Tensor.global_scale``.
 
+MoE models: transformers' fused experts modules (gate_up_proj / down_proj) load from one
+quantized Linear per expert and projection (``{experts}.{e}.gate_proj`` / ``up_proj`` /
+``down_proj``, either format above, gate and up sharing their global scale) into
+``FP4Experts``.
 OpenAI's gpt-oss MXFP4 (``config.json`` -> ``quantization_config``, ``quant_method: mxfp4``;
 loaded, not written)
     the experts only, per experts module ``gate_up_proj_blocks`` uint8 [E, 2I, H/32, 16] (rows:
@@ -576,6 +580,113 @@ def _build_experts(plan: _Experts, t: dict, activations: str, dtype: torch.dtype
     return FP4Experts(w13, w2, "swigluoai", activations, b13, b2)
 
 
+@dataclass
+class _LinearExperts:
+    """A fused experts module whose checkpoint holds one quantized Linear per expert and
+    projection (``{name}.{e}.gate_proj`` / ``up_proj`` / ``down_proj``: compressed-tensors and
+    ModelOpt MoE checkpoints): its name, the planned Linears [e][proj], (E, H, I)."""
+
+    name: str
+    layers: list[list[_Layer]]
+    shape: tuple[int, int, int]
+
+    @property
+    def keys(self) -> dict[str, str]:
+        return {k: k for row in self.layers for layer in row for k in layer.keys.values()}
+
+
+_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _plan_linear_experts(ck, qconfig, name: str, module: nn.Module) -> _LinearExperts | None:
+    """Checks (headers only) the per-expert FP4 Linears of a fused experts module
+    (gate_up_proj [E, 2I, H], gate rows first; down_proj [E, H, I]; SiLU), or None where the
+    checkpoint holds no quantized Linear for its first expert."""
+    params = dict(module.named_parameters(recurse=False))
+    e, two_i, h = params["gate_up_proj"].shape
+    i = two_i // 2
+    with torch.device("meta"):  # (stand-ins, for the config's class and name matching)
+        stand_in = {
+            "gate_proj": nn.Linear(h, i, bias=False),
+            "up_proj": nn.Linear(h, i, bias=False),
+            "down_proj": nn.Linear(i, h, bias=False),
+        }
+    schemes = {
+        (x, proj): qconfig.scheme_for(f"{name}.{x}.{proj}", stand_in[proj])
+        for x in range(e)
+        for proj in _PROJECTIONS
+    }
+    if schemes[0, "gate_proj"] is None:
+        return None
+    formats = {None if s is None else s.format for s in schemes.values()}
+    if len(formats) != 1:
+        raise ValueError(
+            f"{name}: the config quantizes some of its experts' projections and not others "
+            f"({sorted(map(str, formats))}); FP4Experts holds all of them in one format"
+        )
+    if set(params) != {"gate_up_proj", "down_proj"} or tuple(params["down_proj"].shape) != (
+        e,
+        h,
+        i,
+    ):
+        raise ValueError(
+            f"{name}: a {type(module).__name__} other than gate_up_proj [E, 2I, H] and "
+            "down_proj [E, H, I]; per-expert FP4 Linears load into those only"
+        )
+    act = getattr(module, "act_fn", None)
+    probe = torch.linspace(-8.0, 8.0, 65)
+    if not callable(act) or not torch.equal(act(probe), torch.nn.functional.silu(probe)):
+        raise ValueError(f"{name}: its act_fn {act!r} is not SiLU")
+    layers = [
+        [_plan_layer(ck, f"{name}.{x}.{p}", stand_in[p], schemes[x, p]) for p in _PROJECTIONS]
+        for x in range(e)
+    ]
+    return _LinearExperts(name, layers, (e, h, i))
+
+
+def _expert_parts(layer: _Layer, t: dict):
+    """(packed data, plain scales, decoding global scale) of one planned per-expert Linear."""
+    keys, scheme = layer.keys, layer.scheme
+    scales = t[keys["scales"]]
+    if scheme.format == "mxfp4":
+        scales = scales.view(torch.float8_e8m0fnu)
+    try:
+        check_scales(scales)
+    except ValueError as err:
+        raise ValueError(f"{keys['scales']}: {err}") from None
+    gs = torch.ones((), dtype=torch.float32)
+    if "global" in keys:
+        gs = _read_scalar(t[keys["global"]].cpu(), keys["global"], scheme.reciprocal)
+    return t[keys["data"]], scales, gs
+
+
+def _build_linear_experts(plan: _LinearExperts, t: dict, activations: str) -> FP4Experts:
+    """FP4Experts from per-expert Linears: gate and up stacked as w13 (they must share their
+    global scale, as llm-compressor and ModelOpt write them), down as w2."""
+    fmt = plan.layers[0][0].scheme.format
+    w13, w2, gs13, gs2 = [], [], [], []
+    for gate, up, down in plan.layers:
+        (gd, gsc, ggs), (ud, usc, ugs) = _expert_parts(gate, t), _expert_parts(up, t)
+        if not torch.equal(ggs, ugs):
+            raise ValueError(
+                f"{gate.name} and {up.name}: global scales {float(ggs)} and {float(ugs)} "
+                "differ; FP4Experts takes one per expert for both (re-export with them fused)"
+            )
+        w13.append((torch.cat((gd, ud)), torch.cat((gsc, usc))))
+        gs13.append(ggs)
+        dd, dsc, dgs = _expert_parts(down, t)
+        w2.append((dd, dsc))
+        gs2.append(dgs)
+
+    def stacked(parts, scales) -> FP4Tensor:
+        data = torch.stack([d for d, _ in parts])
+        blocked = FP4Tensor.from_plain(data, torch.stack([sc for _, sc in parts]), 1.0, fmt)
+        # (one decoding global scale per expert)
+        return FP4Tensor(data, blocked.scale, torch.stack(scales).to(data.device), fmt)
+
+    return FP4Experts(stacked(w13, gs13), stacked(w2, gs2), "silu", activations)
+
+
 # ----------------------------------------------------------------------------- the model
 
 
@@ -713,11 +824,16 @@ def load_quantized(
                 "to the input embedding (tie_word_embeddings)"
             )
         layers.append(_plan_layer(ck, name, module, scheme))
-    experts = [
+    experts: list = [
         _plan_experts(ck, name, module)
         for name, module in model.named_modules()
         if qconfig.quantizes_experts(name, module)
     ]
+    if qconfig.checkpoint != GPT_OSS_MXFP4:
+        for name, module in model.named_modules():
+            if is_experts_module(module):
+                plan = _plan_linear_experts(ck, qconfig, name, module)
+                experts += [] if plan is None else [plan]
     quantized = {layer.name for layer in [*layers, *experts]}
     consumed = {key for layer in [*layers, *experts] for key in layer.keys.values()}
 
@@ -754,7 +870,7 @@ def load_quantized(
         prefix = f"{layer.name}."
         extra = {k for k in left if k.startswith(prefix)}
         if extra:
-            what = layer.scheme.describe() if isinstance(layer, _Layer) else "gpt-oss MXFP4"
+            what = layer.scheme.describe() if isinstance(layer, _Layer) else "FP4 experts"
             raise ValueError(
                 f"{_listed(extra)}: unexpected for {layer.name}, a {what} layer (its tensors: "
                 f"{', '.join(sorted(layer.keys.values()))})"
@@ -764,6 +880,8 @@ def load_quantized(
 
     # load
     mode = {"static": "static", "dynamic": "dynamic", "none": "bf16"}
+    # (FP4Experts take no static input scale: W4A16 unless W4A4 is asked for, per-call then)
+    experts_mode = {None: "bf16", "fp4": "dynamic"}.get(activations, activations)
     if activations == "fp4":  # (W4A4: the stored input scales where there are, else per call)
         mode, activations = {**mode, "none": "dynamic"}, None
     with torch.no_grad(), ck.reader(device) as read:
@@ -772,11 +890,13 @@ def load_quantized(
             act = activations or mode[layer.scheme.inputs]
             owner, attr = _owner(model, layer.name)
             setattr(owner, attr, _build_layer(layer, tensors, act, dtype))
-        for plan in experts:  # (weight-only in the checkpoint: W4A16 unless W4A4 is asked for)
+        for plan in experts:
             tensors = {key: read(key) for key in plan.keys.values()}
-            act = mode["none"] if activations is None else activations
             owner, attr = _owner(model, plan.name)
-            setattr(owner, attr, _build_experts(plan, tensors, act, dtype))
+            if isinstance(plan, _LinearExperts):
+                setattr(owner, attr, _build_linear_experts(plan, tensors, experts_mode))
+            else:
+                setattr(owner, attr, _build_experts(plan, tensors, experts_mode, dtype))
         for key, names, t in plain:
             value = read(key)
             value = value.to(t.dtype) if t.is_floating_point() else value

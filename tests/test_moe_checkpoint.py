@@ -1,0 +1,158 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""MoE checkpoints that hold one quantized Linear per expert and projection (compressed-tensors
+and ModelOpt, as llm-compressor and ModelOpt export Qwen3-MoE or DeepSeek models) through
+``load_quantized`` into transformers' fused experts modules: written here with ``reference.py``'s
+quantizer in each format's conventions, held against the same model on the dequantized weights,
+and the refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import fp4_ops
+import reference
+
+transformers = pytest.importorskip("transformers", reason="needs transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safetensors")
+
+EXPERTS, HIDDEN, WIDTH, LAYERS = 4, 64, 32, 2
+GS_DIVISOR = 448.0 * 6.0
+# both models round to BF16 in different places (ours: h, the activation, y; theirs: its
+# own), 2^-9 relative each, through two layers and the head: 2^-4 holds them; a misread
+# projection, expert order or global-scale convention is off by order one
+LOGITS_BOUND = 2.0**-4
+NOT_QUANTIZED = ["lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"]
+
+
+def _qwen3_moe():
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=96,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        moe_intermediate_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=EXPERTS,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+
+
+def _per_expert(model, fuse_gate_up=True):
+    """{(layer, expert, projection): (packed, plain E4M3 scales, decoding global scale)} by
+    reference.quantize_nvfp4; gate and up share their expert's global scale when fused."""
+    out = {}
+    for i, layer in enumerate(model.model.layers):
+        ex = layer.mlp.experts
+        for e in range(EXPERTS):
+            gate, up = ex.gate_up_proj[e].detach().float().chunk(2)
+            down = ex.down_proj[e].detach().float()
+            shared = torch.maximum(gate.abs().amax(), up.abs().amax()) / GS_DIVISOR
+            for proj, w in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
+                gs = shared if fuse_gate_up and proj != "down_proj" else w.abs().amax() / GS_DIVISOR
+                out[i, e, proj] = reference.quantize_nvfp4(w, gs)
+    return out
+
+
+def _write(folder: Path, model, checkpoint: str, parts, corrupt=None) -> None:
+    """The model's experts as per-expert Linears in ``checkpoint``'s names and global-scale
+    convention (ModelOpt: weight / weight_scale / weight_scale_2, decoding; compressed-tensors:
+    weight_packed / weight_scale / weight_global_scale, its reciprocal), the rest in BF16."""
+    tensors = {n: t.contiguous() for n, t in model.state_dict().items() if ".experts." not in n}
+    for (i, e, proj), (data, scales, gs) in parts.items():
+        prefix = f"model.layers.{i}.mlp.experts.{e}.{proj}"
+        if checkpoint == "modelopt":
+            named = {"weight": data, "weight_scale": scales, "weight_scale_2": gs.reshape(())}
+        else:
+            encoding = (1.0 / gs).reshape(1)
+            named = {"weight_packed": data, "weight_scale": scales, "weight_global_scale": encoding}
+        tensors |= {f"{prefix}.{k}": v.clone() for k, v in named.items()}
+    if corrupt is not None:
+        corrupt(tensors)
+    folder.mkdir(parents=True, exist_ok=True)
+    safetensors_torch.save_file(tensors, str(folder / "model.safetensors"))
+    config = model.config.to_dict()
+    if checkpoint == "modelopt":
+        quant = {"quant_algo": "W4A16_NVFP4", "group_size": 16, "exclude_modules": NOT_QUANTIZED}
+        (folder / "hf_quant_config.json").write_text(json.dumps({"quantization": quant}))
+    else:
+        weights = dict(num_bits=4, type="float", symmetric=True, group_size=16)
+        weights |= dict(strategy="tensor_group", dynamic=False, scale_dtype="torch.float8_e4m3fn")
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors",
+            "format": "nvfp4-pack-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp\\.gate$"],
+        }
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _dequantized_model(model, parts):
+    """The model with its fused experts set to the checkpoint's dequantized values (BF16)."""
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            ex = layer.mlp.experts
+            for e in range(EXPERTS):
+                w = {
+                    p: reference.dequantize_fp4(*parts[i, e, p][:2], 16, parts[i, e, p][2])
+                    for p in ("gate_proj", "up_proj", "down_proj")
+                }
+                ex.gate_up_proj[e].copy_(torch.cat((w["gate_proj"], w["up_proj"])))
+                ex.down_proj[e].copy_(w["down_proj"])
+    return model
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize("checkpoint", ["modelopt", "compressed-tensors"])
+def test_per_expert_checkpoint_loads_into_fused_experts(checkpoint, tmp_path):
+    model = _qwen3_moe()
+    parts = _per_expert(model)
+    _write(tmp_path, model, checkpoint, parts)
+    ours = fp4_ops.load_quantized(tmp_path)
+    want = _dequantized_model(model, parts)
+    for i, layer in enumerate(ours.model.layers):
+        ex = layer.mlp.experts
+        assert isinstance(ex, fp4_ops.FP4Experts) and ex.activations == "bf16", i
+        assert type(layer.self_attn.q_proj) is torch.nn.Linear  # (excluded: not quantized)
+        w13 = ex.expert_weights("w13").dequantize(torch.float32)
+        assert torch.equal(w13.bfloat16(), want.model.layers[i].mlp.experts.gate_up_proj)
+        gs = ex.w13_global_scale
+        assert torch.equal(gs, torch.stack([parts[i, e, "gate_proj"][2] for e in range(4)]))
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got, ref = ours(ids).logits, want(ids).logits
+    assert _rel(got, ref) <= LOGITS_BOUND, _rel(got, ref)
+    w4a4 = fp4_ops.load_quantized(tmp_path, activations="fp4")
+    assert w4a4.model.layers[0].mlp.experts.activations == "dynamic"
+
+
+def test_per_expert_checkpoint_refusals(tmp_path):
+    model = _qwen3_moe()
+    unfused = _per_expert(model, fuse_gate_up=False)
+    _write(tmp_path / "unfused", model, "modelopt", unfused)
+    with pytest.raises(ValueError, match=r"experts.0.gate_proj and .*experts.0.up_proj: global"):
+        fp4_ops.load_quantized(tmp_path / "unfused")
+    parts = _per_expert(model)
+    key = "model.layers.1.mlp.experts.3.down_proj.weight_scale"
+    _write(tmp_path / "missing", model, "modelopt", parts, lambda t: t.pop(key))
+    with pytest.raises(ValueError, match=rf"{key}: missing from the checkpoint"):
+        fp4_ops.load_quantized(tmp_path / "missing")
+    _write(tmp_path / "mixed", model, "modelopt", parts)
+    quant = json.loads((tmp_path / "mixed" / "hf_quant_config.json").read_text())
+    quant["quantization"]["exclude_modules"].append("model.layers.0.mlp.experts.2.up_proj")
+    (tmp_path / "mixed" / "hf_quant_config.json").write_text(json.dumps(quant))
+    with pytest.raises(ValueError, match="quantizes some of its experts' projections"):
+        fp4_ops.load_quantized(tmp_path / "mixed")
