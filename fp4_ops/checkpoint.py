@@ -933,8 +933,10 @@ def _inputs_of(name: str, layer: FP4Linear, activations: str | None) -> str:
     return layer.activations
 
 
-def _layer_tensors(prefix: str, layer: FP4Linear, inputs: str, format: str) -> dict:
-    w = layer.weight
+def _layer_tensors(prefix: str, layer: FP4Linear | FP4Tensor, inputs: str, format: str) -> dict:
+    """One quantized Linear's tensors: an FP4Linear's, or a per-expert weight's (no bias, no
+    static input scale)."""
+    w = layer if isinstance(layer, FP4Tensor) else layer.weight
     out = {}
     if format == "modelopt":
         out[prefix + "weight"] = w.data.view(torch.uint8)
@@ -951,8 +953,38 @@ def _layer_tensors(prefix: str, layer: FP4Linear, inputs: str, format: str) -> d
             out[prefix + "weight_scale"] = w.plain_scales().view(torch.uint8)
         if inputs == "static":
             out[prefix + "input_global_scale"] = (1.0 / layer.input_global_scale).reshape(1)
-    if layer.bias is not None:
+    if isinstance(layer, FP4Linear) and layer.bias is not None:
         out[prefix + "bias"] = layer.bias
+    return out
+
+
+def _experts_layers(model: nn.Module) -> dict[str, FP4Experts]:
+    return {
+        n: m for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, FP4Experts)
+    }
+
+
+def _expert_linears(name: str, experts: FP4Experts) -> dict[str, FP4Tensor]:
+    """``{name}.{e}.gate_proj`` / ``up_proj`` / ``down_proj`` of SiLU experts as FP4Tensors
+    (gate and up: w13's two row halves, sharing the expert's global scale)."""
+    if experts.activation != "silu":
+        raise ValueError(
+            f"{name}: FP4Experts with the {experts.activation!r} activation; save_quantized "
+            "writes SiLU experts (as per-expert gate / up / down Linears) only"
+        )
+    w13, w2 = experts.expert_weights("w13"), experts.expert_weights("w2")
+    i = experts.intermediate
+    plain13, plain2 = w13.plain_scales(), w2.plain_scales()
+    out = {}
+    for e in range(experts.num_experts):
+        gs13, gs2 = (
+            w13.global_scale.expand(experts.num_experts)[e],
+            w2.global_scale.expand(experts.num_experts)[e],
+        )
+        for proj, rows in (("gate_proj", slice(0, i)), ("up_proj", slice(i, 2 * i))):
+            data, scales = w13.data[e, rows], plain13[e, rows]
+            out[f"{name}.{e}.{proj}"] = FP4Tensor.from_plain(data, scales, gs13, w13.format)
+        out[f"{name}.{e}.down_proj"] = FP4Tensor.from_plain(w2.data[e], plain2[e], gs2, w2.format)
     return out
 
 
@@ -1079,13 +1111,29 @@ def save_quantized(
         raise ValueError("model has no transformers config (model.config): config.json needs one")
     _hf()
     layers = _fp4_layers(model)
-    if not layers:
-        raise ValueError("model has no FP4Linear layer: nothing quantized (use save_pretrained)")
+    experts = _experts_layers(model)
+    if not layers and not experts:
+        raise ValueError(
+            "model has no FP4Linear or FP4Experts: nothing quantized (use save_pretrained)"
+        )
     modes = {}
     for name, layer in layers.items():
         if format == "modelopt" and layer.format != "nvfp4":
             raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, this layer is mxfp4")
         modes[name] = (layer.format, _inputs_of(name, layer, activations))
+    expert_weights: dict[str, FP4Tensor] = {}
+    for name, module in experts.items():
+        if format == "modelopt" and module.format != "nvfp4":
+            raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, these are mxfp4")
+        inputs = "none" if activations == "bf16" or module.activations == "bf16" else "dynamic"
+        if inputs == "dynamic" and module.format == "nvfp4":
+            raise ValueError(
+                f"{name}: NVFP4 experts with dynamic (per-call) activation scales have no "
+                "checkpoint form: pass activations='bf16' to save them weight-only (W4A16)"
+            )
+        for linear, weight in _expert_linears(name, module).items():
+            expert_weights[linear] = weight
+            modes[linear] = (module.format, inputs)
     unquantized = sorted(
         n
         for n, m in model.named_modules(remove_duplicate=False)
@@ -1097,8 +1145,12 @@ def save_quantized(
     seen: set = set()
     done: set[str] = set()
     floats: list[torch.dtype] = []  # (the 16-bit tensors' dtypes: config.json's dtype)
+    for linear, weight in expert_weights.items():
+        tensors.update(_layer_tensors(f"{linear}.", weight, modes[linear][1], format))
     for key, t in model.state_dict(keep_vars=True).items():
         module_name = key.rpartition(".")[0]
+        if module_name in experts:
+            continue
         if module_name in layers:
             if module_name not in done:
                 done.add(module_name)

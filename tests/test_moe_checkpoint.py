@@ -156,3 +156,39 @@ def test_per_expert_checkpoint_refusals(tmp_path):
     (tmp_path / "mixed" / "hf_quant_config.json").write_text(json.dumps(quant))
     with pytest.raises(ValueError, match="quantizes some of its experts' projections"):
         fp4_ops.load_quantized(tmp_path / "mixed")
+
+
+@pytest.mark.parametrize(
+    "checkpoint, fmt",
+    [("modelopt", "nvfp4"), ("compressed-tensors", "nvfp4"), ("compressed-tensors", "mxfp4")],
+)
+def test_quantize_model_experts_save_and_load_back(checkpoint, fmt, tmp_path):
+    """quantize_model's FP4Experts saved as per-expert Linears and loaded back: the same
+    experts bit for bit (one compressed-tensors global scale may come back one ulp off: its
+    reciprocal convention), the same logits."""
+    model = _qwen3_moe()
+    fp4_ops.quantize_model(model, ["*.mlp.experts"], fmt, activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path, checkpoint)
+    back = fp4_ops.load_quantized(tmp_path)
+    for mine, theirs in zip(model.model.layers, back.model.layers, strict=True):
+        for w in ("w13", "w2"):
+            a, b = mine.mlp.experts.expert_weights(w), theirs.mlp.experts.expert_weights(w)
+            assert torch.equal(a.data, b.data) and torch.equal(a.plain_scales(), b.plain_scales())
+            ratio = b.global_scale / a.global_scale
+            assert bool(((ratio - 1).abs() <= 2.0**-23).all()), w
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        got, want = back(ids).logits, model(ids).logits
+    assert _rel(got, want) <= 2.0**-7
+
+
+def test_save_quantized_refuses_experts_without_a_checkpoint_form(tmp_path):
+    model = _qwen3_moe()
+    fp4_ops.quantize_model(model, ["*.mlp.experts"], "nvfp4", activations="dynamic")
+    with pytest.raises(ValueError, match="NVFP4 experts with dynamic .* activations='bf16'"):
+        fp4_ops.save_quantized(model, tmp_path)
+    fp4_ops.save_quantized(model, tmp_path, activations="bf16")  # (weight-only: it has one)
+    with pytest.raises(ValueError, match="ModelOpt checkpoints hold NVFP4 only"):
+        mx = _qwen3_moe()
+        fp4_ops.quantize_model(mx, ["*.mlp.experts"], "mxfp4", activations="bf16")
+        fp4_ops.save_quantized(mx, tmp_path, "modelopt")
