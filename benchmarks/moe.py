@@ -39,7 +39,7 @@ on the device (no host sync) and reads the same quantized tensors:
                   i.e. ``HummingLayer.forward`` -> ``humming.forward.humming_forward`` ->
                   ``humming.ops.humming_gemm`` with gemm_type "indexed": rows are (token, slot)
                   pairs t k + s, the GEMM reads input row pair // top_k and writes row pair.
-                  tuning_config: the one interval [lo, hi, config] of
+                  tuning_config: the one interval [0, hi, config] of
                   ``humming.tune.get_heuristics_config(layer_config=layer.humming_config,
                   gemm_type="indexed")`` with lo < T k <= hi, the kernel humming's launcher picks
                   for T k rows (as humming's benchmarks/bench_humming.py drives it); its
@@ -484,10 +484,11 @@ def humming_routing(topk_ids: torch.Tensor, num_experts: int, block: int):
 
 def humming_plan(intervals, routed: int) -> tuple[int, str]:
     """(block size, tuning_config) of the kernel humming's launcher picks for ``routed`` rows:
-    the heuristic interval (lo, hi] that holds them, passed alone."""
+    the heuristic interval (lo, hi] that holds them, passed alone as (0, hi] (its launcher
+    looks the kernel up for one row first, to learn the GEMM type)."""
     for lo, hi, config in intervals:
         if lo < routed <= hi:
-            return int(config["block_shape"][0]), json.dumps([[lo, hi, config]])
+            return int(config["block_shape"][0]), json.dumps([[0, hi, config]])
     raise ValueError(f"humming's heuristics give no kernel for {routed} routed rows")
 
 
