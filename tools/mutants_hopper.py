@@ -409,8 +409,8 @@ MUTANTS = [
     mutant(
         "h-consumers-skip-pdl-wait",
         "PDL",
-        "            cute.arch.griddepcontrol_wait()\n            alpha = mAlpha[0]",
-        "            alpha = mAlpha[0]",
+        "            cute.arch.griddepcontrol_wait()\n            self._consumer(",
+        "            self._consumer(",
         "cross_compile",
     ),
     mutant(
@@ -454,7 +454,7 @@ MUTANTS = [
     mutant(
         "h-launcher-problem-unchecked",
         "launcher checks",
-        "reasons += problem_reasons(mnkl, vec, self.path, tiler, a_dtype)",
+        "reasons += problem_reasons(mnkl, vec, self.path, tiler, a_dtype, self.grouped)",
         "reasons += []",
         "gemm_refuses",
         file=LAUNCHER,
