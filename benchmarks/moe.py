@@ -115,6 +115,7 @@ import torch
 
 import fp4_ops
 import reference
+from benchmarks import args as cli
 from benchmarks import sm90 as bench_sm90
 from benchmarks import stack as bench_stack
 from benchmarks.stack import (
@@ -202,33 +203,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--json", default=None, metavar="PATH", help="write every figure here")
     args = p.parse_args(argv)
-    try:
-        tokens = [int(v) for v in args.tokens.split(",")]
-    except ValueError:
-        p.error(
-            f"--tokens takes comma-separated positive integers (1,16,4096), got {args.tokens!r}"
-        )
-    if min(tokens) < 1:
-        p.error(f"--tokens takes positive integers, got {tokens}")
-    args.tokens = list(dict.fromkeys(tokens))
-    configs = args.config.split(",")
-    unknown = [c for c in configs if c not in CONFIGS]
-    if unknown:
-        p.error(
-            f"--config: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(CONFIGS)}"
-        )
-    args.config = list(dict.fromkeys(configs))
-    contestants = args.contestants.split(",")
-    unknown = [c for c in contestants if c not in CONTESTANTS]
-    if unknown:
-        p.error(
-            f"--contestants: unknown {', '.join(map(repr, unknown))}; "
-            f"choose from {', '.join(CONTESTANTS)}"
-        )
-    args.contestants = [c for c in CONTESTANTS if c in contestants]
-    if not args.reps.isdigit() or int(args.reps) < 1:
-        p.error(f"--reps takes a positive integer, got {args.reps!r}")
-    args.reps = int(args.reps)
+    args.tokens = cli.positive_ints(p, "--tokens", args.tokens, "1,16,4096")
+    args.config = cli.names(p, "--config", args.config, list(CONFIGS), ordered=False)
+    args.contestants = cli.names(p, "--contestants", args.contestants, CONTESTANTS, True)
+    args.reps = cli.positive_int(p, "--reps", args.reps)
     return args
 
 

@@ -74,6 +74,7 @@ import torch.nn.functional as F
 
 import fp4_ops
 import reference
+from benchmarks import args as cli
 from benchmarks import linear as bench_linear
 from benchmarks import sm90 as bench_sm90
 from fp4_ops.devtools import time_eager_us, time_graph_us
@@ -113,32 +114,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--json", default=None, metavar="PATH", help="write every figure here")
     args = p.parse_args(argv)
-    try:
-        args.m = [int(v) for v in args.m.split(",")]
-    except ValueError:
-        p.error(f"--m takes comma-separated positive integers (1,16,64,128), got {args.m!r}")
-    if min(args.m) < 1:
-        p.error(f"--m takes positive integers, got {args.m}")
-    stacks = args.stack.split(",")
-    unknown = [s for s in stacks if s not in STACKS]
-    if unknown:
-        p.error(
-            f"--stack: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(STACKS)}"
-        )
-    args.stack = list(dict.fromkeys(stacks))
-    contestants = args.contestants.split(",")
-    unknown = [c for c in contestants if c not in CONTESTANTS]
-    if unknown:
-        p.error(
-            f"--contestants: unknown {', '.join(map(repr, unknown))}; "
-            f"choose from {', '.join(CONTESTANTS)}"
-        )
-    args.contestants = [c for c in CONTESTANTS if c in contestants]
-    for flag in ("layers", "reps"):
-        text = getattr(args, flag)
-        if not text.isdigit() or int(text) < 1:
-            p.error(f"--{flag} takes a positive integer, got {text!r}")
-        setattr(args, flag, int(text))
+    args.m = cli.positive_ints(p, "--m", args.m, "1,16,64,128")
+    args.stack = cli.names(p, "--stack", args.stack, list(STACKS), ordered=False)
+    args.contestants = cli.names(p, "--contestants", args.contestants, CONTESTANTS, True)
+    args.layers = cli.positive_int(p, "--layers", args.layers)
+    args.reps = cli.positive_int(p, "--reps", args.reps)
     return args
 
 

@@ -493,16 +493,23 @@ def _read_scalar(t: torch.Tensor, key: str, reciprocal: bool) -> torch.Tensor:
     return value
 
 
-def _build_layer(layer: _Layer, t: dict, activations: str, dtype: torch.dtype) -> FP4Linear:
-    """The FP4Linear of one planned layer from its loaded tensors."""
-    keys, scheme = layer.keys, layer.scheme
-    data, scales = t[keys["data"]], t[keys["scales"]]
-    if scheme.format == "mxfp4":
+def _checked_scales(layer: _Layer, t: dict) -> torch.Tensor:
+    """A planned layer's block scales as their dtype (MXFP4: E8M0), checked by their key."""
+    key = layer.keys["scales"]
+    scales = t[key]
+    if layer.scheme.format == "mxfp4":
         scales = scales.view(torch.float8_e8m0fnu)
     try:
         check_scales(scales)
     except ValueError as err:
-        raise ValueError(f"{keys['scales']}: {err}") from None
+        raise ValueError(f"{key}: {err}") from None
+    return scales
+
+
+def _build_layer(layer: _Layer, t: dict, activations: str, dtype: torch.dtype) -> FP4Linear:
+    """The FP4Linear of one planned layer from its loaded tensors."""
+    keys, scheme = layer.keys, layer.scheme
+    data, scales = t[keys["data"]], _checked_scales(layer, t)
     gs = 1.0
     if "global" in keys:
         gs = _read_scalar(t[keys["global"]].cpu(), keys["global"], scheme.reciprocal)
@@ -647,13 +654,7 @@ def _plan_linear_experts(ck, qconfig, name: str, module: nn.Module) -> _LinearEx
 def _expert_parts(layer: _Layer, t: dict):
     """(packed data, plain scales, decoding global scale) of one planned per-expert Linear."""
     keys, scheme = layer.keys, layer.scheme
-    scales = t[keys["scales"]]
-    if scheme.format == "mxfp4":
-        scales = scales.view(torch.float8_e8m0fnu)
-    try:
-        check_scales(scales)
-    except ValueError as err:
-        raise ValueError(f"{keys['scales']}: {err}") from None
+    scales = _checked_scales(layer, t)
     gs = torch.ones((), dtype=torch.float32)
     if "global" in keys:
         gs = _read_scalar(t[keys["global"]].cpu(), keys["global"], scheme.reciprocal)

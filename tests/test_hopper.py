@@ -515,7 +515,7 @@ def test_grouped_experts_past_32_bit_offsets_run_in_chunks(monkeypatch):
     monkeypatch.setattr(r90, "OFFSET_LIMIT", 3 * per_expert + 1)
     assert r90.expert_chunks(8, n, k, vec) == [(0, 3), (3, 6), (6, 8)]
     calls = []
-    monkeypatch.setattr(r90, "grouped_launch", lambda *args: calls.append(args))
+    monkeypatch.setattr(r90, "_grouped_launch", lambda *args: calls.append(args))
     out = r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha, offsets, torch.bfloat16)
     assert out.shape == (sum(counts), n) and len(calls) == 3
     for (e0, e1), (a_, b_, sfb_, vec_, alpha_, offsets_, out_) in zip(

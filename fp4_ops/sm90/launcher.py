@@ -551,7 +551,7 @@ def grouped_gemm_for_ops(a, b, sfb, sf_vec_size, alpha, offsets, out_dtype):
     sfb = sfb.contiguous().view(torch.uint8).reshape(experts, -1)
     for e0, e1 in expert_chunks(b.shape[0], b.shape[1], a.shape[1], sf_vec_size):
         part = (b[e0:e1], sfb[e0:e1], sf_vec_size, alpha[e0:e1], offsets[e0 : e1 + 1])
-        grouped_launch(a, *part, out)
+        _grouped_launch(a, *part, out)
     return out
 
 
@@ -564,7 +564,7 @@ def expert_chunks(experts: int, n: int, k: int, sf_vec_size: int) -> list[tuple[
     return [(e0, min(e0 + size, experts)) for e0 in range(0, experts, size)]
 
 
-def grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> None:
+def _grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> None:
     """One grouped launch into ``out`` (experts b [E', N, K_pad / 2], offsets [E' + 1]):
     checked at the first call of its shapes on a stream, then straight to the kernel."""
     index = a.get_device()
@@ -590,17 +590,10 @@ def _offsets_fit(offsets, experts: int, index: int) -> bool:
 
 
 def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> _Launch:
-    """``grouped_gemm_for_ops``' operands through every check, launched: their _Launch."""
-    if a.dim() != 2 or b.dim() != 3:
-        raise ValueError(
-            f"grouped: a must be [rows, K] and b [E, N, K_pad / 2], got {tuple(a.shape)}, "
-            f"{tuple(b.shape)}"
-        )
+    """One launch's operands (a run of experts, its views of the offsets and alpha, which
+    ``grouped_gemm_for_ops`` checked for the whole call) through every other check, launched:
+    their _Launch."""
     experts = b.shape[0]
-    if not _offsets_fit(offsets, experts, a.get_device()):
-        raise ValueError(
-            f"offsets must be a contiguous int32 tensor [E + 1] = [{experts + 1}] on {a.device}"
-        )
     a_dtype = _a_dtype(a)
     if a_dtype == W4A4:
         raise ValueError("the grouped kernel takes bfloat16 / float16 activations (W4A16)")

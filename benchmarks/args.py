@@ -1,0 +1,36 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The command-line values the benchmarks share: comma lists of positive integers or of names,
+and positive integers, each refused through ``argparse`` (exit 2, the option named)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_ints(p: argparse.ArgumentParser, flag: str, text: str, example: str) -> list[int]:
+    """``text`` as comma-separated positive integers, each once, in the order given."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        p.error(f"{flag} takes comma-separated positive integers ({example}), got {text!r}")
+    if min(values) < 1:
+        p.error(f"{flag} takes positive integers, got {values}")
+    return list(dict.fromkeys(values))
+
+
+def names(p: argparse.ArgumentParser, flag: str, text: str, allowed, ordered: bool) -> list[str]:
+    """``text`` as comma-separated names out of ``allowed``, each once: in ``allowed``'s order
+    (``ordered``) or in the order given."""
+    given = text.split(",")
+    unknown = [n for n in given if n not in allowed]
+    if unknown:
+        p.error(
+            f"{flag}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(allowed)}"
+        )
+    return [n for n in allowed if n in given] if ordered else list(dict.fromkeys(given))
+
+
+def positive_int(p: argparse.ArgumentParser, flag: str, text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        p.error(f"{flag} takes a positive integer, got {text!r}")
+    return int(text)
