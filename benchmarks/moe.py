@@ -232,18 +232,13 @@ def touched_bytes(cfg: MoEConfig, topk_ids, contestant: str) -> int:
     return len(touched_experts(topk_ids)) * expert_bytes(cfg, contestant)
 
 
+#: ratios' keys and the peers they compare ours W4A16 with
+PEERS = (("humming_vs_ours_w4a16", "humming_moe"), ("bf16_vs_ours_w4a16", "bf16_grouped"))
+
+
 def ratios(times: dict) -> dict:
     """Speed-ups of ours W4A16 (peer time / ours) and W4A4 / W4A16; None where not measured."""
-    ours, w4a4 = times.get("ours_w4a16"), times.get("ours_w4a4")
-    out = {}
-    for key, peer in (
-        ("humming_vs_ours_w4a16", "humming_moe"),
-        ("bf16_vs_ours_w4a16", "bf16_grouped"),
-    ):
-        theirs = times.get(peer)
-        out[key] = theirs / ours if ours and theirs else None
-    out["w4a4_over_w4a16"] = w4a4 / ours if ours and w4a4 else None
-    return out
+    return bench_stack.ratios(times, PEERS)
 
 
 def graph_calls(copies: int) -> int:

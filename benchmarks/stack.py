@@ -150,14 +150,15 @@ def pct_of_copy_bandwidth(bytes_per_layer: float, layer_us: float, copy_bps: flo
     return 100.0 * bytes_per_layer / (layer_us * 1e-6) / copy_bps
 
 
-def ratios(times: dict) -> dict:
+#: ratios' keys and the peers they compare ours W4A16 with
+PEERS = (("humming_vs_ours_w4a16", "humming_w4a16"), ("cublas_vs_ours_w4a16", "cublas_bf16"))
+
+
+def ratios(times: dict, peers=PEERS) -> dict:
     """Speed-ups of ours W4A16 (peer time / ours) and W4A4 / W4A16; None where not measured."""
     ours, w4a4 = times.get("ours_w4a16"), times.get("ours_w4a4")
     out = {}
-    for key, peer in (
-        ("humming_vs_ours_w4a16", "humming_w4a16"),
-        ("cublas_vs_ours_w4a16", "cublas_bf16"),
-    ):
+    for key, peer in peers:
         theirs = times.get(peer)
         out[key] = theirs / ours if ours and theirs else None
     out["w4a4_over_w4a16"] = w4a4 / ours if ours and w4a4 else None
