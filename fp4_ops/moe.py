@@ -131,19 +131,38 @@ def _cpu_groups(offsets: torch.Tensor):
     ]
 
 
-def grouped_w4a16_impl(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked):
-    """The W4A16 grouped op on checked operands: CPU per expert in float32; CUDA (sm_90) the
-    grouped Hopper kernel, which reads the offsets on the device (no host sync)."""
-    if a.device.type == "cuda":
-        check_sm90(a, GPU_GROUPED)
-        from fp4_ops.sm90 import launcher
+def gpu_grouped_w4a16(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked):
+    """The CUDA side of the W4A16 grouped op: sm_90's grouped kernel (it reads the offsets on
+    the device: no host sync) on the weights prepacked, as given or here."""
+    check_sm90(a, GPU_GROUPED)
+    from fp4_ops.sm90 import launcher
 
-        b = b_data if prepacked else k_order.prepack_weights(b_data.view(torch.uint8))
-        a = a.contiguous()
-        if a.data_ptr() % 16:  # (TMA reads from 16-byte aligned bases only)
-            a = a.clone()
-        scale = b_scale.reshape(b.shape[0], -1)
-        return launcher.grouped_gemm_for_ops(a, b, scale, sf_vec_size, alpha, offsets, out_dtype)
+    b = b_data if prepacked else k_order.prepack_weights(b_data.view(torch.uint8))
+    a = a.contiguous()
+    if a.data_ptr() % 16:  # (TMA reads from 16-byte aligned bases only)
+        a = a.clone()
+    scale = b_scale.reshape(b.shape[0], -1)
+    return launcher.grouped_gemm_for_ops(a, b, scale, sf_vec_size, alpha, offsets, out_dtype)
+
+
+def gpu_grouped_w4a4(
+    a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked
+):
+    """The CUDA side of the W4A4 grouped op: the activations made exact BF16
+    (``exact_bf16_rows``; Hopper has no FP4 tensor cores: its W4A4 kernels convert FP4 to 16
+    bits too), then ``gpu_grouped_w4a16``."""
+    check_sm90(a_data, GPU_GROUPED)
+    values, alpha = exact_bf16_rows(a_data, a_scale, alpha, sf_vec_size)
+    args = (values, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked)
+    return gpu_grouped_w4a16(*args)
+
+
+def grouped_w4a16_impl(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked):
+    """The W4A16 grouped op on checked operands: CPU per expert in float32, CUDA
+    ``gpu_grouped_w4a16``."""
+    if a.device.type == "cuda":
+        args = (a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked)
+        return gpu_grouped_w4a16(*args)
     if a.device.type != "cpu":
         raise ValueError(f"fp4_grouped_gemm runs on CPU and CUDA tensors, got {a.device}")
     out = a.new_zeros((a.shape[0], b_data.shape[1]), dtype=out_dtype)
@@ -157,15 +176,12 @@ def grouped_w4a16_impl(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtyp
 def grouped_w4a4_impl(
     a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked
 ):
-    """The W4A4 grouped op on checked operands: CPU per expert in float32; CUDA (sm_90) the
-    activations dequantized exactly to BF16, then the grouped W4A16 kernel (Hopper has no FP4
-    tensor cores: its W4A4 kernels convert FP4 to 16 bits too)."""
+    """The W4A4 grouped op on checked operands: CPU per expert in float32, CUDA
+    ``gpu_grouped_w4a4``."""
     rows, k = a_data.shape[0], 2 * a_data.shape[1]
     if a_data.device.type == "cuda":
-        check_sm90(a_data, GPU_GROUPED)
-        values, alpha = exact_bf16_rows(a_data, a_scale, alpha, sf_vec_size)
-        args = (values, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked)
-        return grouped_w4a16_impl(*args)
+        args = (a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype)
+        return gpu_grouped_w4a4(*args, prepacked)
     if a_data.device.type != "cpu":
         raise ValueError(f"fp4_grouped_gemm runs on CPU and CUDA tensors, got {a_data.device}")
     cpu.check_scales(a_scale)

@@ -540,6 +540,69 @@ def test_grouped_experts_past_32_bit_offsets_run_in_chunks(monkeypatch):
         assert config.reasons((rows, n, k, e1 - e0)) == []
 
 
+def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
+    """The grouped entry's launch of its compiled function: the operands' addresses in the
+    kernel's order (alpha, then the offsets), the problem with the activations' K (not the
+    padded weights'), one check per shape and output dtype, a cache hit taking new operands."""
+    import contextlib
+
+    import torch
+
+    counts, n, k = [1, 0, 3, 4], 256, 160  # (K % 64 == 32: the weights carry padding)
+    compiled, launches = [], []
+
+    def compile_gemm(
+        vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, grouped=False
+    ):
+        compiled.append((c_dtype, grouped))
+        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, grouped)
+        return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
+
+    stream = SimpleNamespace(cuda_stream=5, device=torch.device("cpu"))
+    monkeypatch.setattr(r90, "compile_gemm", compile_gemm)
+    monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
+    monkeypatch.setattr(r90, "stream_handle", lambda *_: 5)
+    for cache in ("_LAUNCHES", "_KERNELS", "_WORKSPACES", "_PICKED"):
+        monkeypatch.setattr(r90, cache, {})
+    monkeypatch.setattr(r90, "_CHECKED", set())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: stream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    for out_dtype, first in (
+        (torch.bfloat16, True),
+        (torch.bfloat16, False),
+        (torch.float32, True),
+    ):
+        a, b, sfb, vec, alpha, offsets = _grouped_cpu_operands(counts, n, k)
+        before = len(compiled)
+        out = r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha, offsets, out_dtype)
+        assert (len(compiled) > before) == first and compiled[-1][1], out_dtype
+        addresses, problem, handle = list(launches[-1][:10]), launches[-1][10], launches[-1][11]
+        assert problem == (sum(counts), n, k, len(counts)) and handle == 5
+        named = (a, b, sfb, sfb, out)  # (W4A16: the weights' scales stand in for SFA)
+        assert addresses[:5] == [t.data_ptr() for t in named]
+        assert addresses[8:] == [alpha.data_ptr(), offsets.data_ptr()]
+        assert out.shape == (sum(counts), n) and out.dtype == out_dtype
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (9, 0), (10, 0), (12, 0)])
+def test_only_sm90_takes_the_hopper_only_paths(capability, monkeypatch):
+    """W4A16 and the grouped GEMMs have kernels for sm_90 only: any other capability is
+    refused by name (an H200 can never see this)."""
+    from fp4_ops import ops
+
+    monkeypatch.setattr(ops, "_capability", lambda t: capability)
+    monkeypatch.setattr(ops.torch.cuda, "get_device_name", lambda *_: "some GPU")
+    t = SimpleNamespace(device="cuda:0")
+    for check in (lambda: ops.check_w4a16_gpu(t), lambda: ops.check_sm90(t, "the grouped GEMM")):
+        if capability == (9, 0):
+            check()
+            continue
+        with pytest.raises(ValueError, match=r"sm_90 \(H100 / H200\) only; some GPU is sm_"):
+            check()
+
+
 def test_grouped_configuration_rules():
     """for_groups: the decode path without split-K or TMA stores; the grouped extents are
     M x N and M x K (not x L); W4A4, prefill and split-K are refused by name, in the launcher's

@@ -18,7 +18,11 @@
 from __future__ import annotations
 
 import inspect
+import itertools
+import os
 import re
+import subprocess
+import sys
 import textwrap
 import warnings
 from collections import Counter
@@ -300,6 +304,8 @@ def test_ptx_every_role_waits_before_its_global_accesses(name, compiled):
     alpha = kern.param_address(PARAM_ALPHA)
     reads = [i for i in kern.where(r"ld\.global.*") if kern.ins[i][1][1].strip("[]") in alpha]
     if gemm.grouped:
+        # (per unit, at its expert's element: never the bare address, which is expert 0's)
+        assert not reads, reads
         reads = kern.global_loads_from(PARAM_ALPHA)
         assert reads and not set(reads) & early, reads
     else:
@@ -686,3 +692,80 @@ def test_ptx_split_k_counters_are_left_zero_for_the_next_launch(name, compiled):
         assert consts.get(one) == "1", (addr, one)
         resets = [reg for i, a, reg in stores if a == addr and i > at]
         assert [consts.get(reg) for reg in resets] == ["0"], (addr, resets)
+
+
+def test_grouped_schedule_alpha_and_rows_run_on_plain_integers():
+    """The grouped kernel's own helpers, run eagerly on integers: every role's walk over its
+    units visits exactly the units whose token tile holds rows of its expert, each once, and
+    ends; the unit's alpha is its expert's times acc_scale; D's view of an expert starts at its
+    first row and ends with its rows. (In a fresh process: once a kernel has been compiled in
+    one, the DSL's integers build IR instead of computing.)"""
+    code = "import test_hopper_facts as t; t.grouped_helpers_on_integers()"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=os.path.dirname(__file__),
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def grouped_helpers_on_integers() -> None:
+    """The checks of the test above, in the process that runs them."""
+    from unittest import mock
+
+    from cutlass.cutlass_dsl import Float32, Int32
+
+    kernel_cls = k90.BlockwiseGemmFp4Sm90
+    gemm = kernel_cls(16, "decode", (16, 128), (1, 1), 1, False, 1, "BFloat16", True)
+    gemm._is_empty = lambda *args: kernel_cls._is_empty.__wrapped__(gemm, *args)
+    counts = [3, 0, 20, 0, 40, 0]  # (the last expert empty: a walk must still end)
+    bounds = [0, *itertools.accumulate(counts)]
+    offsets = [Int32(v) for v in bounds]
+    row_tiles, col_tiles, ctas = 2, 4, 3
+
+    class Scheduler:  # StaticTileScheduler's order: row tiles fastest, then cols, then experts
+        def coords(self, unit, cluster_m):
+            rest, row = divmod(int(unit), row_tiles)
+            lk, col = divmod(rest, col_tiles)
+            return Int32(row), Int32(col), Int32(lk)
+
+        def is_valid(self, unit):
+            return int(unit) < row_tiles * col_tiles * len(counts)
+
+        def next_unit(self, unit):
+            assert int(unit) < 100 * row_tiles * col_tiles, "the walk over units does not end"
+            return unit + ctas
+
+    sched, walked = Scheduler(), []
+    with mock.patch.object(k90.cute, "size", len):
+        for cta in range(ctas):
+            unit = kernel_cls._skip_empty.__wrapped__(gemm, sched, Int32(cta), offsets)
+            while sched.is_valid(unit):
+                walked.append(int(unit))
+                unit = sched.next_unit(unit)
+                unit = kernel_cls._skip_empty.__wrapped__(gemm, sched, unit, offsets)
+    per_expert = row_tiles * col_tiles
+    units = range(per_expert * len(counts))
+    live = [u for u in units if (u // row_tiles) % col_tiles * 16 < counts[u // per_expert]]
+    assert sorted(walked) == live and len(set(walked)) == len(walked), walked
+
+    alphas = [Float32(2.0**-e) for e in range(len(counts))]
+    for e in range(len(counts)):
+        alpha = kernel_cls._alpha.__wrapped__(gemm, alphas, Int32(e))
+        assert alpha.value == 2.0**-e * gemm.acc_scale, e
+
+    pitch = 48  # (D^T in kernel coordinates: (N, M, 1), row pitch N)
+    mD = SimpleNamespace(shape=(pitch, bounds[-1], 1), stride=(1, pitch, 0), iterator=1000)
+    with (
+        mock.patch.object(k90.cute, "make_layout", lambda shape, stride: (shape, stride)),
+        mock.patch.object(k90.cute, "make_tensor", lambda base, layout: (base, layout)),
+    ):
+        for e, rows in enumerate(counts):
+            view = kernel_cls._group_rows.__wrapped__(gemm, mD, offsets, Int32(e))
+            base, (shape, stride) = view
+            assert int(base) == 1000 + bounds[e] * pitch and int(shape[1]) == rows, e
+            assert int(shape[0]) == pitch and int(stride[1]) == pitch, e

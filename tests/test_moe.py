@@ -533,6 +533,49 @@ def test_fp4moe_keeps_fp4_dtypes_through_casts_and_pickles():
     assert torch.equal(back.w13_scale.view(torch.uint8), layer.w13_scale.view(torch.uint8))
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gpu_side_hands_the_kernel_what_it_reads(fmt, monkeypatch):
+    """The CUDA side of the grouped ops, on CPU tensors with the sm_90 check and the launcher
+    stubbed: prepacked weights go to the kernel as they are, plain ones prepacked once; W4A4
+    hands over its rows as exact BF16 values with alpha to match; scales per expert, alpha and
+    offsets as given."""
+    from fp4_ops.sm90 import k_order, launcher
+
+    calls = []
+    monkeypatch.setattr(moe, "check_sm90", lambda *_: None)
+    monkeypatch.setattr(launcher, "grouped_gemm_for_ops", lambda *args: calls.append(args))
+    gen = torch.Generator().manual_seed(14)
+    b = fp4_ops.quantize_experts(torch.randn(3, 64, 96, generator=gen), fmt)
+    a = torch.randn(5, 96, generator=gen).bfloat16()
+    offsets, alpha = _offsets([2, 0, 3]), b.global_scale.float().expand(3).contiguous()
+    prepacked = k_order.prepack_weights(b.data)
+    for data, is_prepacked in ((prepacked, True), (b.data, False)):
+        args = (a, data, b.scale, alpha, offsets, b.sf_vec_size, torch.float32, is_prepacked)
+        moe.gpu_grouped_w4a16(*args)
+        got_a, got_b, got_scale, vec, got_alpha, got_offsets, out_dtype = calls.pop()
+        assert torch.equal(got_a, a) and torch.equal(got_b, prepacked), is_prepacked
+        assert got_b is data if is_prepacked else got_b is not data
+        same_scales = torch.equal(
+            got_scale.view(torch.uint8), b.scale.reshape(3, -1).view(torch.uint8)
+        )
+        assert same_scales and vec == b.sf_vec_size
+        assert got_alpha is alpha and got_offsets is offsets and out_dtype == torch.float32
+    q = fp4_ops.quantize(a.float(), fmt)
+    a_alpha = q.global_scale * alpha
+    args = (q.data, q.scale, prepacked, b.scale, a_alpha, offsets, b.sf_vec_size, torch.bfloat16)
+    moe.gpu_grouped_w4a4(*args, True)
+    got_a, got_b, _, _, got_alpha, _, out_dtype = calls.pop()
+    exact = reference.dequantize_fp4(q.data, _plain_scales_2d(q), b.sf_vec_size).double()
+    assert got_a.dtype == torch.bfloat16 and out_dtype == torch.bfloat16
+    assert torch.equal(got_a.double() * (got_alpha / a_alpha).double()[0], exact)
+    assert torch.equal(got_b, prepacked)
+
+
+def _plain_scales_2d(t: FP4Tensor) -> torch.Tensor:
+    rows, k = t.shape
+    return reference.from_blocked(t.scale.reshape(-1), rows, k // t.sf_vec_size)
+
+
 def test_exact_bf16_rows_holds_every_code_at_every_scale():
     """The Hopper W4A4 path's activations in BF16: e2m1 x block scale for every code and every
     scale byte (E4M3: the non-negative, non-NaN ones; E8M0: all but NaN), exact once alpha's
