@@ -1,5 +1,6 @@
 """Single-line mutants of fp4_ops/sm90/gemm.py, launcher.py, dequant.py and
-k_order.py: small, realistic bugs, each of which tests/test_hopper.py must catch, on the CPU or
+k_order.py: small, realistic bugs, each of which tests/test_hopper.py (the grouped kernel's:
+tests/test_hopper_facts.py) must catch, on the CPU or
 (``GPU`` in ``tests``: the ``-m gpu`` tests) on an H100 / H200 only. Keep every ``old`` text
 current as the kernel changes (it must occur exactly once in its file)."""
 
@@ -8,6 +9,8 @@ LAUNCHER = "fp4_ops/sm90/launcher.py"
 DEQUANT = "fp4_ops/sm90/dequant.py"
 K_ORDER = "fp4_ops/sm90/k_order.py"
 TEST = "tests/test_hopper.py"
+# the PTX facts and the grouped kernel's helpers run on integers
+FACTS = "tests/test_hopper_facts.py"
 # the CPU tests that run the kernel's conversion helpers and index math
 CONVERSIONS = "permutation or conversion_helpers or blocked_scale"
 
@@ -505,6 +508,63 @@ MUTANTS = [
         "if torch.cuda.is_current_stream_capturing():",
         "if False:",
         "launch_arguments",
+        file=LAUNCHER,
+    ),
+    # ------------------------------------------------------------------ the grouped kernel
+    {
+        **mutant(
+            "h-grouped-offsets-past-the-end",
+            "grouped schedule",
+            "cute.size(mOffsets) - 2)",
+            "cute.size(mOffsets) - 1)",
+            "",
+        ),
+        "tests": [FACTS, "-k", "plain_integers"],
+    },
+    {
+        **mutant(
+            "h-grouped-skips-partial-tiles",
+            "grouped schedule",
+            "(col_tile * self.tile_cols >= rows)",
+            "(col_tile * self.tile_cols + self.tile_cols > rows)",
+            "",
+        ),
+        "tests": [FACTS, "-k", "plain_integers"],
+    },
+    {
+        **mutant(
+            "h-grouped-rows-without-pitch",
+            "grouped epilogue",
+            "cute.make_tensor(mD_mnl.iterator + row0 * pitch, layout)",
+            "cute.make_tensor(mD_mnl.iterator + row0, layout)",
+            "",
+        ),
+        "tests": [FACTS, "-k", "plain_integers"],
+    },
+    {
+        **mutant(
+            "h-grouped-alpha-of-expert-0",
+            "grouped epilogue",
+            "unit_alpha = self._alpha(mAlpha, lk // self.split_k)",
+            "unit_alpha = self._alpha(mAlpha, lk % self.split_k)",
+            "",
+        ),
+        "tests": [FACTS, "-k", "every_role_waits and grouped"],
+    },
+    mutant(
+        "h-grouped-launch-offsets-alpha-swapped",
+        "grouped launcher",
+        "        tensors = (a, b, sfa, sfb, out, *self.workspace, alpha, offsets)",
+        "        tensors = (a, b, sfa, sfb, out, *self.workspace, offsets, alpha)",
+        "grouped_launches",
+        file=LAUNCHER,
+    ),
+    mutant(
+        "h-grouped-launch-key-without-out-dtype",
+        "grouped launcher",
+        'key = ("grouped", a.shape, a.dtype, b.shape, b.dtype, sfb.shape, sf_vec_size, out.dtype)',
+        'key = ("grouped", a.shape, a.dtype, b.shape, b.dtype, sfb.shape, sf_vec_size)',
+        "grouped_launches",
         file=LAUNCHER,
     ),
 ]
