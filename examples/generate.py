@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 import fp4_ops
+from fp4_ops.moe import apply_activation
 
 ACTIVATIONS = {"fp4": "fp4", "bf16": "bf16"}
 DEFAULT_PROMPT = "The quickest way to learn a new language is"
@@ -167,9 +168,37 @@ def generate_timed(model, inputs: dict, max_new_tokens: int, compile: bool) -> d
     }
 
 
+class DequantizedExperts(nn.Module):
+    """An FP4Experts' experts dequantized to bfloat16, with transformers' experts forward
+    (hidden_states, top_k_index, top_k_weights): a loop over the routed experts."""
+
+    def __init__(self, experts: fp4_ops.FP4Experts):
+        super().__init__()
+        self.w13 = experts.expert_weights("w13").dequantize(torch.bfloat16)
+        self.w2 = experts.expert_weights("w2").dequantize(torch.bfloat16)
+        self.b13, self.b2, self.activation = experts.w13_bias, experts.w2_bias, experts.activation
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states, dtype=torch.float32)
+        for e in top_k_index.unique().tolist():
+            token, slot = torch.where(top_k_index == e)
+            h = hidden_states[token].to(torch.bfloat16) @ self.w13[e].t()
+            h = h if self.b13 is None else h + self.b13[e].to(h.dtype)
+            a = apply_activation(h.float(), self.activation).to(torch.bfloat16)
+            y = a @ self.w2[e].t()
+            y = y if self.b2 is None else y + self.b2[e].to(y.dtype)
+            out.index_add_(0, token, y.float() * top_k_weights[token, slot, None].float())
+        return out.to(hidden_states.dtype)
+
+
 def dequantize_in_place(model: nn.Module) -> int:
     """Every FP4Linear of ``model`` replaced by an nn.Linear of its dequantized weight (in the
-    bias's dtype, else bfloat16); the number replaced."""
+    bias's dtype, else bfloat16), every FP4Experts by ``DequantizedExperts``; the number
+    replaced."""
+    experts = [(n, m) for n, m in model.named_modules() if isinstance(m, fp4_ops.FP4Experts)]
+    for name, module in experts:
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, DequantizedExperts(module))
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, fp4_ops.FP4Linear)]
     for name, layer in layers:
         dtype = layer.bias.dtype if layer.bias is not None else torch.bfloat16
@@ -181,7 +210,7 @@ def dequantize_in_place(model: nn.Module) -> int:
             linear.bias = nn.Parameter(layer.bias.detach().to(dtype), requires_grad=False)
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, linear)
-    return len(layers)
+    return len(experts) + len(layers)
 
 
 def report(label: str, tokenizer, result: dict, batch: int, max_new_tokens: int) -> None:
@@ -204,7 +233,8 @@ def report(label: str, tokenizer, result: dict, batch: int, max_new_tokens: int)
 
 
 def _modes(model) -> str:
-    found = sorted({m.activations for m in model.modules() if isinstance(m, fp4_ops.FP4Linear)})
+    fp4 = (fp4_ops.FP4Linear, fp4_ops.FP4MoE)
+    found = sorted({m.activations for m in model.modules() if isinstance(m, fp4)})
     names = {"bf16": "W4A16", "static": "W4A4 static", "dynamic": "W4A4 dynamic"}
     return ", ".join(names[m] for m in found) or "no FP4 layer"
 

@@ -97,6 +97,52 @@ def checkpoints(tmp_path_factory):
     return made
 
 
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    """A tiny Qwen3-MoE model, its experts quantized (W4A16) and saved as per-expert Linears."""
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        initializer_range=0.2,
+        bos_token_id=None,
+        eos_token_id=VOCAB - 1,
+        pad_token_id=VOCAB - 1,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+    fp4_ops.quantize_model(model, ["*.mlp.experts"], activations="bf16")
+    folder = tmp_path_factory.mktemp("generate-moe")
+    fp4_ops.save_quantized(model, folder, tokenizer=_tokenizer())
+    return folder
+
+
+def test_moe_checkpoint_generates_with_a_dequantized_baseline(moe_checkpoint, capsys):
+    """An MoE checkpoint: its experts load as FP4Experts and say so; the dequantized baseline
+    replaces them too (its label counts them) and computes what they compute, up to the two
+    paths' BF16 roundings (2^-5 relative on the logits; a misread expert is off by order one)."""
+    argv = ["--model", str(moe_checkpoint), "--max_new_tokens", "4", "--baseline"]
+    code, out, err = _run(argv + ["--prompt", PROMPT], capsys)
+    assert code == 0, err
+    assert f"{moe_checkpoint} on CPU: W4A16; greedy" in out
+    assert "--- BF16 (the FP4 model dequantized, 2 layers)" in out
+    model = fp4_ops.load_quantized(moe_checkpoint)
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fp4 = model(ids).logits.double()
+        assert generate.dequantize_in_place(model) == 2
+        assert not any(isinstance(m, fp4_ops.FP4Experts) for m in model.modules())
+        bf16 = model(ids).logits.double()
+    assert float((fp4 - bf16).norm() / bf16.norm()) <= 2.0**-5
+
+
 def _run(argv, capsys) -> tuple[int, str, str]:
     code = generate.main(argv)
     out = capsys.readouterr()
