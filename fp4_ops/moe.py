@@ -703,6 +703,26 @@ def is_experts_module(module: torch.nn.Module) -> bool:
     return isinstance(w, torch.Tensor) and w.ndim == 3
 
 
+def check_silu(module: torch.nn.Module, name: str) -> None:
+    """ValueError unless the experts module's ``act_fn`` is SiLU (checked on values: its class
+    varies with the library that made it)."""
+    act = getattr(module, "act_fn", None)
+    probe = torch.linspace(-8.0, 8.0, 65)
+    if not callable(act) or not torch.equal(act(probe), F.silu(probe)):
+        raise ValueError(f"{name}: its act_fn {act!r} is not SiLU")
+
+
+def check_swigluoai(module: torch.nn.Module, name: str) -> None:
+    """ValueError unless the experts module's clamped SwiGLU (``alpha``, ``limit``) is
+    fp4_moe's "swigluoai"."""
+    clamp = (getattr(module, "alpha", None), getattr(module, "limit", None))
+    if clamp != (SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT):
+        raise ValueError(
+            f"{name}: its SwiGLU's (alpha, limit) = {clamp}; fp4_moe's is "
+            f"({SWIGLUOAI_ALPHA}, {SWIGLUOAI_LIMIT})"
+        )
+
+
 def transformers_experts(module: torch.nn.Module):
     """(w13 [E, 2I, H], w2 [E, H, I], activation, w13_bias, w2_bias) of a transformers experts
     module, in ``fp4_moe``'s conventions:
@@ -728,17 +748,10 @@ def transformers_experts(module: torch.nn.Module):
         w13, w2 = gate_up.detach().transpose(1, 2), down.detach().transpose(1, 2)
         b13, b2 = params["gate_up_proj_bias"].detach(), params["down_proj_bias"].detach()
         activation = "swigluoai"
-        clamp = (getattr(module, "alpha", None), getattr(module, "limit", None))
-        if clamp != (SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT):
-            raise ValueError(
-                f"{name}: its SwiGLU's (alpha, limit) = {clamp}; fp4_moe's is "
-                f"({SWIGLUOAI_ALPHA}, {SWIGLUOAI_LIMIT})"
-            )
+        check_swigluoai(module, name)
     else:
         w13, w2, b13, b2, activation = gate_up.detach(), down.detach(), None, None, "silu"
-        probe = torch.linspace(-8.0, 8.0, 65)
-        if not callable(act) or not torch.equal(act(probe), F.silu(probe)):
-            raise ValueError(f"{name}: its act_fn {act!r} is not SiLU")
+        check_silu(module, name)
     (e, two_i, h), (e2, h2, i) = w13.shape, w2.shape
     if e2 != e or h2 != h or two_i != 2 * i:
         raise ValueError(
