@@ -701,7 +701,8 @@ def test_grouped_schedule_alpha_and_rows_run_on_plain_integers():
     first row and ends with its rows. (In a fresh process: once a kernel has been compiled in
     one, the DSL's integers build IR instead of computing.)"""
     code = "import test_hopper_facts as t; t.grouped_helpers_on_integers()"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((here, os.path.dirname(here))))
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=os.path.dirname(__file__),
