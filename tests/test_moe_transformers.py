@@ -167,3 +167,17 @@ def test_quantize_model_replaces_transformers_experts(activations):
     assert "is not SiLU" in report.skipped["model.layers.0.mlp.experts"]
     with pytest.raises(ValueError, match=r"model.layers.0.mlp.experts: .*is not SiLU"):
         fp4_ops.quantize_model(gelu, ["*.experts"], activations="bf16")
+
+
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+def test_moe_block_with_fp4experts_compiles_fullgraph(activations):
+    """transformers' sparse MoE block (its router, then FP4Experts) under
+    torch.compile(fullgraph=True): no graph break, the eager block's values."""
+    model = _qwen3_moe(layers=1).to(torch.bfloat16)
+    fp4_ops.quantize_model(model, ["*.mlp.experts"], activations=activations)
+    block = model.model.layers[0].mlp
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
+    with torch.no_grad():
+        want = block(x)
+        got = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(got, want)
