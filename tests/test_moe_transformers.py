@@ -181,3 +181,63 @@ def test_moe_block_with_fp4experts_compiles_fullgraph(activations):
         want = block(x)
         got = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
     assert torch.equal(got, want)
+
+
+def _other_moe_config(arch: str):
+    common = dict(vocab_size=96, hidden_size=64, num_attention_heads=4, num_experts_per_tok=2)
+    if arch == "mixtral":
+        return transformers.MixtralConfig(
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            **common,
+        )
+    if arch == "qwen2-moe":
+        return transformers.Qwen2MoeConfig(
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            num_hidden_layers=1,
+            num_key_value_heads=2,
+            num_experts=4,
+            **common,
+        )
+    return transformers.DeepseekV3Config(  # (layer 0 dense, layer 1 MoE)
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        **common,
+    )
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2-moe", "deepseek-v3"])
+def test_quantize_model_takes_other_architectures_experts(arch):
+    """Mixtral, Qwen2-MoE (beside its shared expert) and DeepSeek-V3 (beside its dense layer)
+    hold their experts alike: each experts module becomes FP4Experts, and the model computes
+    what it computes on the dequantized weights, up to BF16 roundings."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_other_moe_config(arch))
+    model = model.to(torch.bfloat16).eval()
+    reference = copy.deepcopy(model)
+    report = fp4_ops.quantize_model(model, ["*.mlp.experts"], activations="bf16")
+    assert report.replaced and not report.skipped
+    for name in report.replaced:
+        fp4 = model.get_submodule(name)
+        ref = _dequantized_like(reference.get_submodule(name), fp4).to(torch.bfloat16)
+        parent, _, attr = name.rpartition(".")
+        setattr(reference.get_submodule(parent), attr, ref)
+    ids = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        got, want = model(ids).logits, reference(ids).logits
+    assert _rel(got, want) <= BF16_BOUND, _rel(got, want)
