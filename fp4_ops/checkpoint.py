@@ -20,7 +20,7 @@ quantized Linear per expert and projection (``{experts}.{e}.gate_proj`` / ``up_p
 ``down_proj``, either format above, gate and up sharing their global scale) into
 ``FP4Experts``.
 OpenAI's gpt-oss MXFP4 (``config.json`` -> ``quantization_config``, ``quant_method: mxfp4``;
-loaded, not written)
+``format="gpt-oss-mxfp4"`` to write it)
     the experts only, per experts module ``gate_up_proj_blocks`` uint8 [E, 2I, H/32, 16] (rows:
     gate and up interleaved), ``gate_up_proj_scales`` E8M0 bytes [E, 2I, H/32],
     ``down_proj_blocks`` [E, H, I/32, 16], ``down_proj_scales`` [E, H, I/32], and the biases
@@ -52,9 +52,9 @@ from fp4_ops.tensor import FP4Tensor, check_type, global_scale_tensor
 __all__ = ["load_quantized", "save_quantized", "CHECKPOINT_FORMATS"]
 
 #: ``save_quantized``'s formats
-CHECKPOINT_FORMATS = ("compressed-tensors", "modelopt")
-# (a format load_quantized reads and save_quantized does not write)
+# OpenAI's gpt-oss MXFP4 (experts only)
 GPT_OSS_MXFP4 = "gpt-oss-mxfp4"
+CHECKPOINT_FORMATS = ("compressed-tensors", "modelopt", GPT_OSS_MXFP4)
 _HF_HINT = "pip install 'fp4-ops[hf]' (transformers, safetensors)"
 _CT_FORMATS = {"nvfp4-pack-quantized": "nvfp4", "mxfp4-pack-quantized": "mxfp4"}
 _CT_FORMAT_OF = {fmt: name for name, fmt in _CT_FORMATS.items()}
@@ -116,7 +116,7 @@ class _Scheme:
 
     format: str
     inputs: str
-    checkpoint: str  # "compressed-tensors" | "modelopt"
+    checkpoint: str  # "compressed-tensors" | "modelopt" (gpt-oss's MXFP4 has no per-Linear one)
     origin: str  # where the config says so, for messages
 
     @property
@@ -164,7 +164,7 @@ class _QuantConfig:
         )
 
     def scheme_for(self, name: str, module: nn.Module) -> _Scheme | None:
-        if self.checkpoint == GPT_OSS_MXFP4:  # (its experts only: ``experts_of``)
+        if self.checkpoint == GPT_OSS_MXFP4:  # (its experts only: ``quantizes_experts``)
             return None
         if self.checkpoint == "modelopt":
             if any(name == p or fnmatch.fnmatchcase(name, p) for p in self.ignore):
@@ -981,6 +981,30 @@ def _expert_linears(name: str, experts: FP4Experts) -> dict[str, FP4Tensor]:
     return out
 
 
+def _gpt_oss_tensors(name: str, experts: FP4Experts) -> dict[str, torch.Tensor]:
+    """An FP4Experts in gpt-oss's MXFP4 layout: blocks [E, rows, K/32, 16], E8M0 scale bytes
+    [E, rows, K/32] and the biases (zeros where it has none), per projection."""
+    if experts.format != "mxfp4" or experts.activation != "swigluoai":
+        raise ValueError(
+            f"{name}: gpt-oss MXFP4 checkpoints hold MXFP4 experts with gpt-oss's SwiGLU; these "
+            f"are {experts.format} with {experts.activation!r}"
+        )
+    out = {}
+    for proj, w, bias in (
+        ("gate_up_proj", experts.expert_weights("w13"), experts.w13_bias),
+        ("down_proj", experts.expert_weights("w2"), experts.w2_bias),
+    ):
+        if not bool((w.global_scale == 1.0).all()):
+            raise ValueError(f"{name}: an MXFP4 global scale other than 1 has no gpt-oss form")
+        e, rows, k = w.shape
+        out[f"{name}.{proj}_blocks"] = w.data.view(torch.uint8).reshape(e, rows, k // 32, 16)
+        out[f"{name}.{proj}_scales"] = w.plain_scales().view(torch.uint8)
+        if bias is None:
+            bias = torch.zeros((e, rows), dtype=torch.bfloat16, device=w.data.device)
+        out[f"{name}.{proj}_bias"] = bias
+    return out
+
+
 def _ct_quantization_config(modes: dict[str, tuple[str, str]], ignore: list[str]) -> dict:
     """compressed-tensors' quantization_config for layers name -> (format, inputs)."""
     by_scheme: dict[tuple[str, str], list[str]] = {}
@@ -1060,11 +1084,13 @@ def save_quantized(
     activations: str | None = None,
     max_shard_size: int | None = None,
 ) -> None:
-    """Write a transformers model whose quantized layers are FP4Linear (``quantize_model``,
-    ``load_quantized``) as a checkpoint that ``load_quantized`` (and vLLM-style loaders) read:
-    safetensors, ``config.json`` with the format's quantization config (``format=
-    "compressed-tensors"``) or ``hf_quant_config.json`` (``"modelopt"``), the model's
-    generation config, and ``tokenizer``'s files when one is given.
+    """Write a transformers model whose quantized layers are FP4Linear and FP4Experts
+    (``quantize_model``, ``load_quantized``) as a checkpoint that ``load_quantized`` (and
+    vLLM-style loaders) read: safetensors, ``config.json`` with the format's quantization config
+    (``format="compressed-tensors"``, or ``"gpt-oss-mxfp4"``: MXFP4 experts with gpt-oss's
+    SwiGLU and nothing else quantized) or ``hf_quant_config.json`` (``"modelopt"``), the model's
+    generation config, and ``tokenizer``'s files when one is given. FP4Experts with SiLU are
+    written as per-expert Linears (``{experts}.{e}.gate_proj`` / ``up_proj`` / ``down_proj``).
 
     Modes: NVFP4 W4A4 with a static input scale -> compressed-tensors ``NVFP4`` (input
     ``dynamic: local``) / ModelOpt ``NVFP4``; W4A16 -> ``NVFP4A16`` / ``W4A16_NVFP4`` (and
@@ -1109,13 +1135,20 @@ def save_quantized(
         raise ValueError(
             "model has no FP4Linear or FP4Experts: nothing quantized (use save_pretrained)"
         )
+    if format == GPT_OSS_MXFP4:
+        if layers:
+            raise ValueError(
+                f"{next(iter(layers))}: gpt-oss MXFP4 checkpoints hold FP4 experts only, this "
+                "model has FP4Linear layers too (save it as compressed-tensors)"
+            )
+        gpt_oss = {k: v for n, m in experts.items() for k, v in _gpt_oss_tensors(n, m).items()}
     modes = {}
     for name, layer in layers.items():
         if format == "modelopt" and layer.format != "nvfp4":
             raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, this layer is mxfp4")
         modes[name] = (layer.format, _inputs_of(name, layer, activations))
     expert_weights: dict[str, FP4Tensor] = {}
-    for name, module in experts.items():
+    for name, module in experts.items() if format != GPT_OSS_MXFP4 else ():
         if format == "modelopt" and module.format != "nvfp4":
             raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, these are mxfp4")
         inputs = "none" if activations == "bf16" or module.activations == "bf16" else "dynamic"
@@ -1140,6 +1173,8 @@ def save_quantized(
     floats: list[torch.dtype] = []  # (the 16-bit tensors' dtypes: config.json's dtype)
     for linear, weight in expert_weights.items():
         tensors.update(_layer_tensors(f"{linear}.", weight, modes[linear][1], format))
+    if format == GPT_OSS_MXFP4:
+        tensors.update(gpt_oss)
     for key, t in model.state_dict(keep_vars=True).items():
         module_name = key.rpartition(".")[0]
         if module_name in experts:
@@ -1177,6 +1212,11 @@ def save_quantized(
     hf_quant_config = None
     if format == "compressed-tensors":
         config_dict["quantization_config"] = _ct_quantization_config(modes, unquantized)
+    elif format == GPT_OSS_MXFP4:
+        config_dict["quantization_config"] = {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": unquantized,
+        }
     else:
         inputs = {m[1] for m in modes.values()}
         if len(inputs) > 1:

@@ -142,3 +142,44 @@ def test_gpt_oss_mxfp4_checkpoint_refusals(corrupt, match, tmp_path):
     _write(tmp_path, _gpt_oss(), corrupt)
     with pytest.raises(ValueError, match=match):
         fp4_ops.load_quantized(tmp_path)
+
+
+def test_save_quantized_writes_gpt_oss_mxfp4_that_both_readers_load(tmp_path):
+    """quantize_model's MXFP4 experts of a gpt-oss model saved in gpt-oss's format: transformers'
+    reader of that format computes what our model computes (within BF16 roundings), and
+    load_quantized gives back the same experts, bit for bit."""
+    model = _gpt_oss()
+    fp4_ops.quantize_model(model, ["*.mlp.experts"], "mxfp4", activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path, "gpt-oss-mxfp4")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "mxfp4"
+    dequantize = transformers.Mxfp4Config(dequantize=True)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, dtype=torch.bfloat16, quantization_config=dequantize
+    )
+    back = fp4_ops.load_quantized(tmp_path)
+    for mine, again in zip(model.model.layers, back.model.layers, strict=True):
+        for w in ("w13", "w2"):
+            a, b = mine.mlp.experts.expert_weights(w), again.mlp.experts.expert_weights(w)
+            assert torch.equal(a.data, b.data) and torch.equal(a.global_scale, b.global_scale)
+            assert torch.equal(
+                a.plain_scales().view(torch.uint8), b.plain_scales().view(torch.uint8)
+            )
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        ours, read_by_them = model(ids).logits, theirs(ids).logits
+        assert torch.equal(back(ids).logits, ours)
+    assert _rel(ours, read_by_them) <= LOGITS_BOUND, _rel(ours, read_by_them)
+
+
+def test_save_quantized_gpt_oss_mxfp4_refusals(tmp_path):
+    nvfp4 = _gpt_oss()
+    fp4_ops.quantize_model(nvfp4, ["*.mlp.experts"], "nvfp4", activations="bf16")
+    with pytest.raises(
+        ValueError, match="hold MXFP4 experts with gpt-oss's SwiGLU; these are nvfp4"
+    ):
+        fp4_ops.save_quantized(nvfp4, tmp_path, "gpt-oss-mxfp4")
+    both = _gpt_oss()
+    fp4_ops.quantize_model(both, ["*.mlp.experts", "*.q_proj"], "mxfp4", activations="bf16")
+    with pytest.raises(ValueError, match="q_proj: gpt-oss MXFP4 checkpoints hold FP4 experts only"):
+        fp4_ops.save_quantized(both, tmp_path, "gpt-oss-mxfp4")
