@@ -506,13 +506,20 @@ def _checked_scales(layer: _Layer, t: dict) -> torch.Tensor:
     return scales
 
 
+def _weight_parts(layer: _Layer, t: dict):
+    """(packed data, plain scales, decoding global scale) of one planned Linear's weight."""
+    keys, scheme = layer.keys, layer.scheme
+    scales = _checked_scales(layer, t)
+    gs = torch.ones((), dtype=torch.float32)
+    if "global" in keys:
+        gs = _read_scalar(t[keys["global"]].cpu(), keys["global"], scheme.reciprocal)
+    return t[keys["data"]], scales, gs
+
+
 def _build_layer(layer: _Layer, t: dict, activations: str, dtype: torch.dtype) -> FP4Linear:
     """The FP4Linear of one planned layer from its loaded tensors."""
     keys, scheme = layer.keys, layer.scheme
-    data, scales = t[keys["data"]], _checked_scales(layer, t)
-    gs = 1.0
-    if "global" in keys:
-        gs = _read_scalar(t[keys["global"]].cpu(), keys["global"], scheme.reciprocal)
+    data, scales, gs = _weight_parts(layer, t)
     input_gs = None
     if "input" in keys:
         input_gs = _read_scalar(t[keys["input"]].cpu(), keys["input"], scheme.reciprocal)
@@ -643,23 +650,13 @@ def _plan_linear_experts(ck, qconfig, name: str, module: nn.Module) -> _LinearEx
     return _LinearExperts(name, layers, (e, h, i))
 
 
-def _expert_parts(layer: _Layer, t: dict):
-    """(packed data, plain scales, decoding global scale) of one planned per-expert Linear."""
-    keys, scheme = layer.keys, layer.scheme
-    scales = _checked_scales(layer, t)
-    gs = torch.ones((), dtype=torch.float32)
-    if "global" in keys:
-        gs = _read_scalar(t[keys["global"]].cpu(), keys["global"], scheme.reciprocal)
-    return t[keys["data"]], scales, gs
-
-
 def _build_linear_experts(plan: _LinearExperts, t: dict, activations: str) -> FP4Experts:
     """FP4Experts from per-expert Linears: gate and up stacked as w13 (they must share their
     global scale, as llm-compressor and ModelOpt write them), down as w2."""
     fmt = plan.layers[0][0].scheme.format
     w13, w2, gs13, gs2 = [], [], [], []
     for gate, up, down in plan.layers:
-        (gd, gsc, ggs), (ud, usc, ugs) = _expert_parts(gate, t), _expert_parts(up, t)
+        (gd, gsc, ggs), (ud, usc, ugs) = _weight_parts(gate, t), _weight_parts(up, t)
         if not torch.equal(ggs, ugs):
             raise ValueError(
                 f"{gate.name} and {up.name}: global scales {float(ggs)} and {float(ugs)} "
@@ -667,7 +664,7 @@ def _build_linear_experts(plan: _LinearExperts, t: dict, activations: str) -> FP
             )
         w13.append((torch.cat((gd, ud)), torch.cat((gsc, usc))))
         gs13.append(ggs)
-        dd, dsc, dgs = _expert_parts(down, t)
+        dd, dsc, dgs = _weight_parts(down, t)
         w2.append((dd, dsc))
         gs2.append(dgs)
 
