@@ -4,12 +4,13 @@
     python -m benchmarks.eager                  # the shapes below, on the current GPU
     python -m benchmarks.eager --calls 500
 
-For each shape M x N x K it times ``calls`` back-to-back calls after a warm-up and prints two
-figures per call: host time (enqueueing the calls, nothing synchronised) and wall time (the
-same calls up to the GPU finishing them). Rows: BF16 ``F.linear``; ``FP4Linear`` W4A16 and W4A4
-(activation quantization included); ``fp4_gemm`` on operands quantized beforehand; and
-``quantize`` beside ``torch.empty_like`` plus one elementwise op. Ratios are host times against
-``F.linear``'s (quantize: against the empty_like + op pair).
+For each shape M x N x K it prints two figures per call: host time (enqueueing ``calls`` calls
+while a sleep kernel holds the GPU, so that no call waits for the GPU or for a full launch
+queue: the host's own cost) and wall time (``calls`` calls after a warm-up, up to the GPU
+finishing them). Rows: BF16 ``F.linear``; ``FP4Linear`` W4A16 and W4A4 (activation quantization
+included); ``fp4_gemm`` on operands quantized beforehand; and ``quantize`` beside
+``torch.empty_like`` plus one elementwise op. Ratios are host times against ``F.linear``'s
+(quantize: against the empty_like + op pair).
 """
 
 from __future__ import annotations
@@ -27,20 +28,31 @@ SHAPES = ((1, 8192, 8192), (16, 8192, 8192), (1, 4096, 4096))
 
 
 def time_calls(fn, calls: int, repeats: int = 5) -> tuple[float, float]:
-    """(host us per call, wall us per call), medians over ``repeats`` runs of ``calls`` calls."""
+    """(host us per call, wall us per call), medians over ``repeats`` runs of ``calls`` calls;
+    host: enqueued behind a sleep kernel long enough to cover them (RuntimeError if the GPU
+    caught up, which would make it a GPU time)."""
     fn()
     torch.cuda.synchronize()
     host, wall = [], []
     for _ in range(repeats):
+        torch.cuda._sleep(SLEEP_CYCLES)
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        enqueued = time.perf_counter()
+        host.append((time.perf_counter() - start) / calls * 1e6)
+        if torch.cuda.current_stream().query():
+            raise RuntimeError("the GPU finished its sleep before the calls were enqueued")
         torch.cuda.synchronize()
-        done = time.perf_counter()
-        host.append((enqueued - start) / calls * 1e6)
-        wall.append((done - start) / calls * 1e6)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - start) / calls * 1e6)
     return sorted(host)[len(host) // 2], sorted(wall)[len(wall) // 2]
+
+
+# (about 0.1 s of GPU clock cycles: longer than enqueueing any row's calls)
+SLEEP_CYCLES = 200_000_000
 
 
 def rows_for(m: int, n: int, k: int, calls: int) -> list[tuple[str, float, float]]:
@@ -62,10 +74,13 @@ def rows_for(m: int, n: int, k: int, calls: int) -> list[tuple[str, float, float
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--calls", type=int, default=200, help="calls per timed run (default 200)")
+    p.add_argument(
+        "--calls", type=int, default=100, help="calls per timed run (default 100, at most 150)"
+    )
     args = p.parse_args(argv)
-    if args.calls < 1:
-        print("error: --calls must be >= 1", file=sys.stderr)
+    if not 1 <= args.calls <= 150:
+        # (more would fill the GPU's launch queue behind the sleep: the host would wait)
+        print("error: --calls must be 1 .. 150", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("error: benchmarks.eager needs a CUDA GPU", file=sys.stderr)

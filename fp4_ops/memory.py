@@ -49,3 +49,16 @@ def stream_handle(device_index: int) -> int:
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def unit_scale(device: torch.device) -> torch.Tensor:
+    """A float32 1.0 on ``device``, made once outside every graph pool: the scale of a kernel's
+    alpha where the caller gives none."""
+    key = (device.type, device.index)
+    if key not in _UNITS:
+        _UNITS[key] = persistent(lambda: torch.ones((), dtype=torch.float32, device=device), device)
+    return _UNITS[key]
+
+
+# ((device type, index) -> its unit_scale)
+_UNITS: dict[tuple, torch.Tensor] = {}

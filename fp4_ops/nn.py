@@ -27,7 +27,6 @@ from fp4_ops.ops import (
     gemm_w4a16_impl,
     gemm_w4a16_op,
     quantize,
-    quantize_impl,
     quantize_op,
 )
 from fp4_ops.sm90 import k_order
@@ -135,7 +134,6 @@ class FP4Linear(FP4Buffers):
         self.register_buffer("input_global_scale", gs)
         self.bias = bias
         self._cpu_weight_cache = None
-        self._alpha_cache = None
 
     @property
     def weight(self) -> FP4Tensor:
@@ -185,7 +183,7 @@ class FP4Linear(FP4Buffers):
 
     # -- casts, moves and the state dict
 
-    CACHES = ("_cpu_weight_cache", "_alpha_cache")
+    CACHES = ("_cpu_weight_cache",)
 
     def kept_buffers(self) -> dict[str, torch.Tensor]:
         return {n: self._buffers[n] for n in _FP4_BUFFERS if self._buffers.get(n) is not None}
@@ -347,40 +345,40 @@ class FP4Linear(FP4Buffers):
             y = run(rows, w, scale, self.weight_global_scale, vec, x.dtype, True)
         else:
             rows = rows.contiguous()
-            run = quantize_impl if direct else quantize_op
-            data, scale, gs = run(rows, vec, self.input_global_scale)
-            alpha = self._static_alpha() if direct and self.activations == "static" else None
-            alpha = gs * self.weight_global_scale if alpha is None else alpha
+            gs_in = self.input_global_scale
+            if direct:
+                # (eager on CUDA: the activations' FP4 parts go to scratch that the GEMM reads
+                # next on this stream, rather than to three new tensors per call)
+                from fp4_ops import quantizer
+
+                scratch = quantizer.scratch_buffers(rows, vec)
+                data, scale, gs = quantizer.launch_quantize(rows, vec, gs_in, scratch)
+            else:
+                data, scale, gs = quantize_op(rows, vec, gs_in)
             if on_cpu:
+                alpha = gs * self.weight_global_scale
                 y = cpu.gemm_dequantized(data, scale, self._cpu_weight(), alpha, vec, x.dtype)
             else:
+                # (the kernel multiplies the two global scales itself)
                 run = gemm_impl if direct else gemm_op
-                y = run(data, scale, self.weight_data, self.weight_scale, alpha, vec, x.dtype)
+                wgs = self.weight_global_scale
+                y = run(data, scale, self.weight_data, self.weight_scale, gs, wgs, vec, x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
-    def _static_alpha(self) -> torch.Tensor | None:
-        """input_global_scale * weight_global_scale of an eager static layer, formed once and
-        again when either buffer is replaced or changed in place (their version counters say
-        so); None under CUDA-graph capture, which must not keep a tensor of its pool."""
-        parts = (self.input_global_scale, self.weight_global_scale)
-        key = tuple((t.data_ptr(), t._version) for t in parts)
-        if self._alpha_cache is None or self._alpha_cache[0] != key:
-            if torch.cuda.is_current_stream_capturing():
-                return None
-            self._alpha_cache = (key, parts[0] * parts[1])
-        return self._alpha_cache[1]
-
     def _cpu_weight(self) -> torch.Tensor:
         """The weight dequantized (e2m1 x block scale, float32: exact) for the eager CPU path,
         made at its first use and made again once a weight buffer is replaced or changed in
-        place (the buffers' version counters say so)."""
+        place (the buffers' version counters say so). Inference tensors (made under
+        ``torch.inference_mode``) have no version counter: their weight is made at every call."""
         data = self.weight_prepacked if self.activations == "bf16" else self.weight_data
         parts = (data, self.weight_scale)
+        vec = FORMATS[self.format]
+        if any(t.is_inference() for t in parts):
+            return cpu.plain_operand(self._plain_weight_data(), self.weight_scale, vec)
         key = tuple((t.data_ptr(), t._version) for t in parts)
         if self._cpu_weight_cache is None or self._cpu_weight_cache[0] != key:
-            vec = FORMATS[self.format]
             weight = cpu.plain_operand(self._plain_weight_data(), self.weight_scale, vec)
             self._cpu_weight_cache = (key, weight)
         return self._cpu_weight_cache[1]

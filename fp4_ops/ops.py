@@ -144,22 +144,26 @@ def _flat(scale: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
     return scale.reshape(*data.shape[:-2], -1)
 
 
-def gemm_impl(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size: int, out_dtype):
+def gemm_impl(a_data, a_scale, b_data, b_scale, alpha, alpha_scale, sf_vec_size: int, out_dtype):
     """The W4A4 GEMM op's CPU and CUDA implementation, for operands ``fp4_gemm`` (or
-    ``FP4Linear``) has checked."""
+    ``FP4Linear``) has checked: D = alpha * alpha_scale (None: 1, else a one-element float32
+    tensor, typically the weights' global scale) * a @ b^T, the product formed in fp32."""
     if a_data.device.type == "cpu":
         a_scale, b_scale = _flat(a_scale, a_data), _flat(b_scale, b_data)
+        alpha = alpha if alpha_scale is None else alpha * alpha_scale
         return cpu.gemm(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype)
     if a_data.device.type != "cuda":
         raise ValueError(f"fp4_gemm runs on CPU and CUDA tensors, got {a_data.device}")
-    args = (a_data, b_data, a_scale, b_scale, sf_vec_size, alpha, out_dtype)
     if _capability(a_data) == (9, 0):
         from fp4_ops.sm90 import launcher
 
-        return launcher.gemm_for_ops(*args)
+        # (the kernel reads both scalars and multiplies them: no product kernel here)
+        args = (a_data, b_data, a_scale, b_scale, sf_vec_size, alpha, out_dtype)
+        return launcher.gemm_for_ops(*args, scale=alpha_scale)
     from fp4_ops import sm100
 
-    return sm100.gemm_for_ops(*args)
+    alpha = alpha if alpha_scale is None else alpha * alpha_scale
+    return sm100.gemm_for_ops(a_data, b_data, a_scale, b_scale, sf_vec_size, alpha, out_dtype)
 
 
 def _capability(t: torch.Tensor) -> tuple[int, int]:
@@ -184,14 +188,15 @@ def gemm_op(
     b_data: torch.Tensor,
     b_scale: torch.Tensor,
     alpha: torch.Tensor,
+    alpha_scale: torch.Tensor | None,
     sf_vec_size: int,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    return gemm_impl(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype)
+    return gemm_impl(a_data, a_scale, b_data, b_scale, alpha, alpha_scale, sf_vec_size, out_dtype)
 
 
 @gemm_op.register_fake
-def _(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype):
+def _(a_data, a_scale, b_data, b_scale, alpha, alpha_scale, sf_vec_size, out_dtype):
     shape = (*a_data.shape[:-1], b_data.shape[-2])
     return a_data.new_empty(shape, dtype=out_dtype)
 
@@ -321,10 +326,14 @@ def fp4_gemm(
     out_shape = (*a.shape[:-1], b.shape[-2])
     if math.prod(out_shape) == 0:
         return a.data.new_empty(out_shape, dtype=out_dtype)
-    alpha = device_alpha(a.global_scale * b.global_scale, alpha)
+    if alpha is None:
+        # (the kernels multiply the two global scales themselves)
+        alpha, alpha_scale = a.global_scale, b.global_scale
+    else:
+        alpha, alpha_scale = device_alpha(a.global_scale * b.global_scale, alpha), None
     run = gemm_impl if eager(data, scale, b.data, b.scale, alpha) else gemm_op
-    d = run(data, scale, b.data, b.scale, alpha, a.sf_vec_size, out_dtype)
-    return d.reshape(out_shape)
+    d = run(data, scale, b.data, b.scale, alpha, alpha_scale, a.sf_vec_size, out_dtype)
+    return d if d.shape == out_shape else d.reshape(out_shape)
 
 
 def _as_rows(a: FP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:

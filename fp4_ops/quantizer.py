@@ -73,7 +73,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from fp4_ops import cpu
 from fp4_ops.devtools import time_eager_us, time_graph_us
 from fp4_ops.layout import SCALE_DTYPES, blocked_numel
-from fp4_ops.memory import stream_handle
+from fp4_ops.memory import persistent, stream_handle
 
 IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 SF_VEC_SIZES = (16, 32)
@@ -660,6 +660,10 @@ _KERNELS: dict[tuple[QuantizerConfig, int], tuple] = {}
 # (x's torch dtype, sf_vec_size, dynamic, device index) -> _KERNELS' (function, SM count): the
 # launch's lookup, without building a QuantizerConfig per call
 _LAUNCHERS: dict[tuple, tuple] = {}
+# (x's shape, sf_vec_size, device index, stream handle) -> scratch_buffers' tensors
+_SCRATCH: dict[tuple, tuple] = {}
+# (device index, stream handle) -> _partials' buffer
+_PARTIALS: dict[tuple, object] = {}
 
 
 def quantize_cuda(x, sf_vec_size: int, global_scale=None):
@@ -696,8 +700,10 @@ def _torch_in_names() -> dict:
     return {getattr(torch, v): k for k, v in _TORCH_IN.items()}
 
 
-def launch_quantize(x, sf_vec_size: int, global_scale=None):
-    """``quantize_cuda`` for arguments its checks (or ``fp4_ops.quantize``'s) have passed."""
+def launch_quantize(x, sf_vec_size: int, global_scale=None, scratch=None):
+    """``quantize_cuda`` for arguments its checks (or ``fp4_ops.quantize``'s) have passed.
+    ``scratch``: ``scratch_buffers``' (codes, scales, global scale) to write instead of new
+    tensors, for a consumer that reads them on this stream before the next call does."""
     import torch
 
     if not x.is_contiguous() or x.data_ptr() % 16:
@@ -708,21 +714,71 @@ def launch_quantize(x, sf_vec_size: int, global_scale=None):
     device, index = x.device, x.device.index
     dynamic = sf_vec_size == 16 and global_scale is None
     kernel, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index)
-    q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
-    sf = torch.empty(
-        (*lead, blocked_numel(rows, k // sf_vec_size)), dtype=torch.uint8, device=device
-    )
-    gs_out = torch.empty((), dtype=torch.float32, device=device)
+    stream = stream_handle(index)
+    if scratch is not None:
+        q, sf, gs_out = scratch
+    else:
+        q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
+        sf = torch.empty(
+            (*lead, blocked_numel(rows, k // sf_vec_size)), dtype=torch.uint8, device=device
+        )
+        gs_out = torch.empty((), dtype=torch.float32, device=device)
     gs_in = gs_out if global_scale is None else global_scale
     # the amax pass's per-CTA maxima (dynamic only): every one the quantize pass reads is written
-    partials = torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device) if dynamic else gs_out
+    partials = _partials(device, stream) if dynamic else gs_out
     args = [t.data_ptr() for t in (x, q, sf, gs_in, gs_out, partials)]
     if index == torch.cuda.current_device():
-        kernel(*args, (rows, k, l), sm_count, stream_handle(index))
+        kernel(*args, (rows, k, l), sm_count, stream)
     else:
         with torch.cuda.device(device):
-            kernel(*args, (rows, k, l), sm_count, stream_handle(index))
+            kernel(*args, (rows, k, l), sm_count, stream)
     return q, sf.view(SCALE_DTYPES[sf_vec_size]), gs_out
+
+
+def scratch_buffers(x, sf_vec_size: int):
+    """(codes, blocked scales as bytes, global scale) for x [rows, K] on x's device and current
+    stream, made once per shape and stream outside every graph pool, or None under CUDA-graph
+    capture (a graph keeps its own). Whatever reads them must do so on that stream before the
+    next quantization there writes them again: fp4_ops' own GEMM, launched right after."""
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    index = x.get_device()
+    key = (x.shape, sf_vec_size, index, stream_handle(index))
+    found = _SCRATCH.get(key)
+    if found is None:
+        rows, k = x.shape
+        device = x.device
+        found = persistent(
+            lambda: (
+                torch.empty((rows, k // 2), dtype=torch.uint8, device=device),
+                torch.empty(
+                    blocked_numel(rows, k // sf_vec_size), dtype=torch.uint8, device=device
+                ),
+                torch.empty((), dtype=torch.float32, device=device),
+            ),
+            device,
+        )
+        _SCRATCH[key] = found
+    return found
+
+
+def _partials(device, stream: int):
+    """The amax pass's per-CTA maxima: one buffer per stream, made outside every graph pool
+    (the quantize pass of the same call reads it before the next call's amax pass can start,
+    which waits for the stream); a new one under CUDA-graph capture."""
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device)
+    found = _PARTIALS.get((device.index, stream))
+    if found is None:
+        found = persistent(
+            lambda: torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device), device
+        )
+        _PARTIALS[device.index, stream] = found
+    return found
 
 
 def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int):

@@ -261,3 +261,12 @@ def test_shards_combine_into_one_result_set_in_shape_order(tmp_path):
     for bad in ("3/3", "x/2"):
         with pytest.raises(SystemExit):
             bench.parse_args(["--shard", bad])
+
+
+@pytest.mark.parametrize("calls", ["0", "151"])
+def test_eager_bench_refuses_calls_out_of_range(calls, capsys):
+    """More calls than fit the launch queue behind the sleep kernel would time the GPU."""
+    from benchmarks import eager
+
+    assert eager.main(["--calls", calls]) == 2
+    assert "--calls must be 1 .. 150" in capsys.readouterr().err

@@ -209,3 +209,31 @@ def test_layer_cpu_weight_follows_its_buffers(activations):
     assert torch.equal(layer(x), other(x)) and not torch.equal(layer(x), before)
     layer.to("meta")
     assert layer._cpu_weight_cache is None
+
+
+@pytest.mark.parametrize("activations", ["dynamic", "static", "bf16"])
+def test_layers_made_under_inference_mode_run_and_follow_their_weights(activations):
+    """A model quantized under ``torch.inference_mode`` holds inference tensors, which have no
+    version counter: its layers still run (eagerly, and again under inference mode), give what
+    the same layer made outside gives, and a weight copied in under inference mode is used at
+    the next call, not a stale dequantized copy."""
+    from torch import nn
+
+    import fp4_ops
+
+    torch.manual_seed(3)
+    first, second = nn.Linear(64, 48), nn.Linear(64, 48)
+    gs = 0.05 if activations == "static" else None
+    make = fp4_ops.FP4Linear.from_linear
+    plain = make(first, activations=activations, input_global_scale=gs)
+    with torch.inference_mode():
+        layer = make(first, activations=activations, input_global_scale=gs)
+        other = make(second, activations=activations, input_global_scale=gs)
+    x = torch.randn(5, 64, dtype=torch.bfloat16 if activations == "bf16" else torch.float32)
+    want = plain(x)
+    with torch.no_grad():
+        assert torch.equal(layer(x), want)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), want)
+        layer.load_state_dict(other.state_dict())
+        assert torch.equal(layer(x), other(x)) and not torch.equal(layer(x), want)

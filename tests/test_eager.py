@@ -5,8 +5,9 @@ CPU: the Hopper launcher's per-problem ``_Launch`` cache (``gemm_for_ops``) driv
 recording kernel: a hit takes the new operands' addresses, and every fact that can change
 between calls of one shape (alignment, contiguity, alpha, the stream) sends the call back
 through the full checks, which refuse it as on a first call; ``ops.eager``'s choice of path.
-GPU (sm_90): the direct path gives the bits of the registered ops, skips the dispatcher, and a
-static layer's cached alpha follows its scales when they change.
+GPU (sm_90): the direct path gives the bits of the registered ops, skips the dispatcher, shares
+its activation scratch safely between layers and graphs, and a static layer's alpha follows its
+scales when they change.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def test_launch_cache_hit_takes_the_new_operands(recorder):
     want = [t.data_ptr() for t in (a, b, sfa, sfb, out2, alpha)]
     assert _addresses(recorder.launches[-1]) == want
     assert recorder.launches[-1][5:8] == recorder.launches[0][5:8]  # (the same workspace)
-    assert recorder.launches[-1][10] == (M, N, K, L) and recorder.launches[-1][11] == 5
+    assert recorder.launches[-1][-2:] == ((M, N, K, L), 5)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +121,7 @@ def test_launch_cache_is_per_stream(recorder):
     r90.gemm_for_ops(*_operands())
     assert len(recorder.prepared) == 2
     first, other = recorder.launches
-    assert other[11] == 6 and set(first[5:8]).isdisjoint(other[5:8])
+    assert other[-1] == 6 and set(first[5:8]).isdisjoint(other[5:8])
 
 
 def test_eager_goes_direct_only_for_plain_untracked_cuda_tensors():
@@ -161,8 +162,9 @@ def test_gpu_direct_path_matches_the_registered_ops(activations):
 @pytest.mark.gpu
 @needs_hopper
 def test_gpu_static_alpha_follows_its_scales():
-    """A static layer's cached input * weight global scale: changed in place or replaced, the
-    next call uses the new value (held against a float64 reference of the layer)."""
+    """A static layer's input and weight global scales, which the kernel reads and multiplies
+    at every call: changed in place or replaced, the next call uses the new value (held against
+    a float64 reference of the layer)."""
     torch.manual_seed(1)
     linear = torch.nn.Linear(256, 128, bias=False, device="cuda", dtype=torch.bfloat16)
     layer = fp4_ops.FP4Linear.from_linear(linear, activations="static", input_global_scale=0.5)
@@ -175,6 +177,55 @@ def test_gpu_static_alpha_follows_its_scales():
             got = layer(x).double()
             # (D is bfloat16: half an ulp of the largest output)
             assert (got - want).abs().max() <= want.abs().max() * 2.0**-8
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("activations", ["dynamic", "static"])
+def test_gpu_layers_of_one_shape_share_scratch_safely(activations):
+    """W4A4 layers of one shape quantize their activations into one scratch per stream: a chain
+    of three such layers (each reading what the one before wrote) gives the bits of the
+    dispatcher's path, eagerly, on a second stream, and replayed from a CUDA graph with new
+    inputs while eager calls run between replays."""
+    torch.manual_seed(2)
+    gs = 0.125 if activations == "static" else None
+    layers = [
+        fp4_ops.FP4Linear.from_linear(
+            torch.nn.Linear(256, 256, bias=False, device="cuda", dtype=torch.bfloat16),
+            activations=activations,
+            input_global_scale=gs,
+        )
+        for _ in range(3)
+    ]
+
+    def chain(x):
+        for layer in layers:
+            x = torch.nn.functional.silu(layer(x))
+        return x
+
+    def dispatched(x):
+        return chain(x.clone().requires_grad_()).detach()
+
+    x = torch.randn(7, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(chain(x), dispatched(x))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = chain(x)
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(on_side, dispatched(x))
+        static_x = x.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):  # (side ran this shape first)
+            static_y = chain(static_x)
+        for seed in range(3):
+            new = torch.randn(7, 256, device="cuda", dtype=torch.bfloat16)
+            static_x.copy_(new * (seed + 1))
+            graph.replay()
+            eager = chain(new)  # (between replays: the eager scratch is not the graph's)
+            assert torch.equal(static_y, dispatched(static_x))
+            assert torch.equal(eager, dispatched(new))
 
 
 def _replace(layer):

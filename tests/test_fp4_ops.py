@@ -258,7 +258,7 @@ def test_ops_fake_kernels(fmt):
     alpha = a.global_scale * b.global_scale
     vec = fp4_ops.FORMATS[fmt]
     for check in ("test_faketensor", "test_aot_dispatch_dynamic"):
-        gemm_args = (a.data, a.scale, b.data, b.scale, alpha, vec, torch.bfloat16)
+        gemm_args = (a.data, a.scale, b.data, b.scale, alpha, None, vec, torch.bfloat16)
         torch.library.opcheck(fp4_ops.ops.gemm_op, gemm_args, test_utils=[check])
         torch.library.opcheck(fp4_ops.ops.quantize_op, (x3, vec, None), test_utils=[check])
         w4a16_args = (x3[0].to(torch.bfloat16), b.data, b.scale, b.global_scale, vec)

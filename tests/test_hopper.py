@@ -28,6 +28,7 @@ import pytest
 from conftest import exported_tvm_ffi_function
 
 from fp4_ops import devtools
+from fp4_ops.memory import unit_scale
 from fp4_ops.sm90 import cli, k_order
 from fp4_ops.sm90 import dequant as dq
 from fp4_ops.sm90 import gemm as k90
@@ -365,8 +366,9 @@ def test_gemm_config_for_problem_and_its_key():
 
 def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
     """``gemm``'s launch without a GPU (the device checks, the compile and the stream replaced):
-    the kernel gets a, b, sfa, sfb, out, the stream's workspace and alpha in place (W4A16: sfb
-    for the unused sfa), (M, N, K, L) and the current stream; a configuration compiles once per
+    the kernel gets a, b, sfa, sfb, out, the stream's workspace, alpha and alpha's scale (the
+    device's 1.0 when none is given) in place (W4A16: sfb for the unused sfa), (M, N, K, L) and
+    the current stream; a configuration compiles once per
     device; each stream gets its own workspace, made outside CUDA-graph capture only."""
     import torch
 
@@ -386,16 +388,19 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: current[0])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
 
-    def launch(stream, operands, config):
+    def launch(stream, operands, config, scale=None):
         current[0] = streams[stream]
-        assert r90.gemm(**operands, config=config) is operands["out"]
-        addresses, problem, cu_stream = list(launches[-1][:10]), launches[-1][10], launches[-1][11]
+        assert r90.gemm(**operands, config=config, scale=scale) is operands["out"]
+        addresses, problem, cu_stream = list(launches[-1][:11]), launches[-1][11], launches[-1][12]
         assert problem == (m, n, k, l) and cu_stream == stream
         sfa = operands["sfb"] if operands["sfa"] is None else operands["sfa"]
         named = (operands["a"], operands["b"], sfa, operands["sfb"], operands["out"])
         assert addresses[:5] == [t.data_ptr() for t in named]
-        # (alpha, and alpha again where a dense kernel takes no group offsets)
-        assert addresses[8:] == [operands["alpha"].data_ptr()] * 2
+        # (alpha, alpha again where a dense kernel takes no group offsets, alpha's scale)
+        unit = unit_scale(torch.device("cpu"))
+        assert float(unit) == 1.0
+        alpha = operands["alpha"].data_ptr()
+        assert addresses[8:] == [alpha, alpha, (unit if scale is None else scale).data_ptr()]
         return addresses[5:8]
 
     m, n, k, l = 20, 520, 1024, 2  # noqa: E741
@@ -411,7 +416,7 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
         (32, "Float32", "decode", (32, 128), 3, sms, options, (1, 1), True, 1, k90.W4A4)
     ]
     assert r90.cache_size() == kernels + 1
-    again = launch(5, _cpu_operands(m, n, k, l, 32, out="float32"), config)
+    again = launch(5, _cpu_operands(m, n, k, l, 32, out="float32"), config, torch.ones(1))
     other = launch(6, ops, config)
     assert again == first and len(set(other + first)) == 6 and len(compiled) == 1
     # under capture: the workspace of stream 5 is reused, stream 7 would need a new one
@@ -578,11 +583,12 @@ def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
         before = len(compiled)
         out = r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha, offsets, out_dtype)
         assert (len(compiled) > before) == first and compiled[-1][1], out_dtype
-        addresses, problem, handle = list(launches[-1][:10]), launches[-1][10], launches[-1][11]
+        addresses, problem, handle = list(launches[-1][:11]), launches[-1][11], launches[-1][12]
         assert problem == (sum(counts), n, k, len(counts)) and handle == 5
         named = (a, b, sfb, sfb, out)  # (W4A16: the weights' scales stand in for SFA)
         assert addresses[:5] == [t.data_ptr() for t in named]
-        assert addresses[8:] == [alpha.data_ptr(), offsets.data_ptr()]
+        unit = unit_scale(torch.device("cpu")).data_ptr()
+        assert addresses[8:] == [alpha.data_ptr(), offsets.data_ptr(), unit]
         assert out.shape == (sum(counts), n) and out.dtype == out_dtype
 
 

@@ -62,9 +62,10 @@ PTX_CONFIGS = {
     ),
 }
 # The GEMM kernel's PTX parameters: kernel(tma_ab = (atom A, A, atom B, B, atom SFA, SFA),
-# epi_tensors = (D, atom D, D's TMA tensor, workspace, group offsets), mAlpha, ...), flattened
-# in order.
+# epi_tensors = (D, atom D, D's TMA tensor, workspace, group offsets), alphas = (alpha, its
+# scale), ...), flattened in order.
 PARAM_A, PARAM_B, PARAM_SFA, PARAM_D, PARAM_OFFSETS, PARAM_ALPHA = 0, 2, 4, 7, 10, 11
+PARAM_SCALE = 12
 
 
 class _Compiled(dict):
@@ -300,9 +301,13 @@ def test_ptx_every_role_waits_before_its_global_accesses(name, compiled):
     others = [kern.ins[i][0] for i in early if _GLOBAL_ACCESS.match(kern.ins[i][0])]
     assert all(op.startswith("cp.async.bulk.tensor") for op in others), others
     # alpha: read once, at its parameter's address (grouped: per unit, at its expert's), only
-    # after a wait; the group offsets: read only by the grouped kernel, only after a wait
-    alpha = kern.param_address(PARAM_ALPHA)
-    reads = [i for i in kern.where(r"ld\.global.*") if kern.ins[i][1][1].strip("[]") in alpha]
+    # after a wait, as is its scale; the group offsets: read only by the grouped kernel, only
+    # after a wait
+    alpha, scale = kern.param_address(PARAM_ALPHA), kern.param_address(PARAM_SCALE)
+    plain = kern.where(r"ld\.global.*")
+    reads = [i for i in plain if kern.ins[i][1][1].strip("[]") in alpha]
+    scale_reads = [i for i in plain if kern.ins[i][1][1].strip("[]") in scale]
+    assert scale_reads and not set(scale_reads) & early, scale_reads
     if gemm.grouped:
         # (per unit, at its expert's element: never the bare address, which is expert 0's)
         assert not reads, reads
@@ -310,6 +315,7 @@ def test_ptx_every_role_waits_before_its_global_accesses(name, compiled):
         assert reads and not set(reads) & early, reads
     else:
         assert len(reads) == 1 and reads[0] not in early, reads
+        assert len(scale_reads) == 1, scale_reads
     offsets = kern.global_loads_from(PARAM_OFFSETS)
     assert bool(offsets) == gemm.grouped and not set(offsets) & early, offsets
     (release,) = kern.where(r"griddepcontrol\.launch_dependents")
@@ -697,9 +703,9 @@ def test_ptx_split_k_counters_are_left_zero_for_the_next_launch(name, compiled):
 def test_grouped_schedule_alpha_and_rows_run_on_plain_integers():
     """The grouped kernel's own helpers, run eagerly on integers: every role's walk over its
     units visits exactly the units whose token tile holds rows of its expert, each once, and
-    ends; the unit's alpha is its expert's times acc_scale; D's view of an expert starts at its
-    first row and ends with its rows. (In a fresh process: once a kernel has been compiled in
-    one, the DSL's integers build IR instead of computing.)"""
+    ends; the unit's alpha is its expert's times the scale and acc_scale; D's view of an expert
+    starts at its first row and ends with its rows. (In a fresh process: once a kernel has been
+    compiled in one, the DSL's integers build IR instead of computing.)"""
     code = "import test_hopper_facts as t; t.grouped_helpers_on_integers()"
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((here, os.path.dirname(here))))
@@ -755,9 +761,10 @@ def grouped_helpers_on_integers() -> None:
     assert sorted(walked) == live and len(set(walked)) == len(walked), walked
 
     alphas = [Float32(2.0**-e) for e in range(len(counts))]
+    scale = [Float32(3.0)]
     for e in range(len(counts)):
-        alpha = kernel_cls._alpha.__wrapped__(gemm, alphas, Int32(e))
-        assert alpha.value == 2.0**-e * gemm.acc_scale, e
+        alpha = kernel_cls._alpha.__wrapped__(gemm, (alphas, scale), Int32(e))
+        assert alpha.value == 2.0**-e * 3.0 * gemm.acc_scale, e
 
     pitch = 48  # (D^T in kernel coordinates: (N, M, 1), row pitch N)
     mD = SimpleNamespace(shape=(pitch, bounds[-1], 1), stride=(1, pitch, 0), iterator=1000)

@@ -471,10 +471,9 @@ def test_ops_pass_opcheck(fmt):
     x = _x((2, 50, 64), seed=23)
     a, b = fp4_ops.quantize(x[0], fmt), fp4_ops.quantize(_x((24, 64), seed=24), fmt)
     vec = VEC[fmt]
-    alpha = a.global_scale * b.global_scale
     checks = ["test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"]
     torch.library.opcheck(quantize_op, (x, vec, None), test_utils=checks)
-    args = (a.data, a.scale, b.data, b.scale, alpha, vec, torch.float32)
+    args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, vec, torch.float32)
     torch.library.opcheck(gemm_op, args, test_utils=checks)
     x16 = x[0].to(torch.bfloat16)
     args = (x16, b.data, b.scale, b.global_scale, vec, torch.bfloat16, False)

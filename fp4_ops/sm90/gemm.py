@@ -9,8 +9,9 @@ What it computes
 with the operands of the Blackwell kernel (``blockwise_gemm_fp4.py``): A [M, K/2, L] and
 B [N, K/2, L] packed FP4 bytes, K-major; SFA / SFB in the 128x4 blocked layout of
 ``fp4_ops.layout``; NVFP4 = Float8E4M3FN scales per 16 elements, MXFP4 = Float8E8M0FNU per
-32; alpha one fp32 in device memory; D BFloat16 / Float16 / Float32, row-major [M, N] per batch
-(row pitch N). W4A16 (``a_dtype``): A is BF16 / F16 [M, K, L] without scales, and B went
+32; alpha the fp32 product of two scalars in device memory (e.g. the operands' two global
+scales: no kernel ahead multiplies them); D BFloat16 / Float16 / Float32, row-major [M, N] per
+batch (row pitch N). W4A16 (``a_dtype``): A is BF16 / F16 [M, K, L] without scales, and B went
 through ``k_order.prepack_weights`` (each 64-wide k-block permuted once, so that the dequantized
 weights come out in plain K order). Hopper has no FP4 tensor cores: FP4 is dequantized exactly
 to F16 or BF16 (every e2m1 x scale product is representable; ``fp4_ops/sm90/dequant.py`` holds
@@ -839,13 +840,15 @@ class BlockwiseGemmFp4Sm90:
         conv_a_ptr: cute.Pointer,
         alpha_ptr: cute.Pointer,
         offsets_ptr: cute.Pointer,
+        scale_ptr: cute.Pointer,
         problem_mnkl: tuple[Int32, Int32, Int32, Int32],
         num_sms: cutlass.Constexpr,
         stream,
     ):
         """Host side: global tensors, TMA atoms, shared storage, then the prologue grid and the
         GEMM grid, launched back to back (the GEMM with PDL).  Grouped: L = E experts, M the
-        token rows of all groups, alpha [E] and the group offsets [E + 1] (else not read)."""
+        token rows of all groups, alpha [E] and the group offsets [E + 1] (else not read).
+        ``scale_ptr``: one fp32 that multiplies alpha (the other operand's global scale)."""
         self.c_dtype = c_ptr.value_type
         self._setup_attributes()
         m, n, k, l = problem_mnkl  # noqa: E741
@@ -870,9 +873,11 @@ class BlockwiseGemmFp4Sm90:
         mOffsets = cute.make_tensor(offsets_ptr, cute.make_layout(l + 1))
         epi_tensors = (mD, tma_atom_d, tma_tensor_d, mWork, mOffsets)
         mmas = (self.tiled_mma, self.epi_mma)
-        # alpha: one fp32 (grouped: one per expert) in global memory, read when the kernel runs
+        # alpha (grouped: one per expert) times one more fp32, in global memory, read when the
+        # kernel runs: two global scales need no kernel ahead that multiplies them
         mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(l if self.grouped else 1))
-        self.kernel(tma_ab, epi_tensors, mAlpha, k, mmas, scheduler, self.smem_layouts).launch(
+        alphas = (mAlpha, cute.make_tensor(scale_ptr, cute.make_layout(1)))
+        self.kernel(tma_ab, epi_tensors, alphas, k, mmas, scheduler, self.smem_layouts).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
             cluster=(self.cluster_m, 1, 1),
@@ -1021,7 +1026,7 @@ class BlockwiseGemmFp4Sm90:
         self,
         tma_ab: tuple,
         epi_tensors: tuple,
-        mAlpha: cute.Tensor,
+        alphas: tuple,
         k: Int32,
         mmas: tuple,
         scheduler: StaticTileScheduler,
@@ -1068,7 +1073,7 @@ class BlockwiseGemmFp4Sm90:
             # (units without k-tiles too) after it.
             cute.arch.griddepcontrol_wait()
             self._consumer(
-                storage, ab_pipeline, k_tiles, layouts, epi_tensors, mAlpha, mmas, scheduler
+                storage, ab_pipeline, k_tiles, layouts, epi_tensors, alphas, mmas, scheduler
             )
         if cutlass.const_expr(self.cluster_m > 1):
             # NOTE: no CTA may exit while its peer can still multicast into its SMEM or
@@ -1077,11 +1082,13 @@ class BlockwiseGemmFp4Sm90:
             cute.arch.cluster_wait()
 
     @cute.jit
-    def _alpha(self, mAlpha, batch):
-        """alpha (grouped: expert ``batch``'s) times ``acc_scale``: exact where the product is
-        finite (``alpha_reason``); undoes the 2^-7 of each F16 FP4 operand, so that
-        acc * alpha rounds once, as in the reference."""
-        alpha = mAlpha[batch if cutlass.const_expr(self.grouped) else 0]
+    def _alpha(self, alphas, batch):
+        """alpha (grouped: expert ``batch``'s) times the scale (one fp32 product, as the
+        reference rounds it) times ``acc_scale``: exact where the product is finite
+        (``alpha_reason``); undoes the 2^-7 of each F16 FP4 operand, so that acc * alpha rounds
+        once, as in the reference."""
+        mAlpha, mScale = alphas
+        alpha = mAlpha[batch if cutlass.const_expr(self.grouped) else 0] * mScale[0]
         if cutlass.const_expr(self.acc_scale != 1.0):
             alpha = alpha * cutlass.Float32(self.acc_scale)
         return alpha
@@ -1275,13 +1282,13 @@ class BlockwiseGemmFp4Sm90:
     # ======================================= consumers =========================================
     @cute.jit
     def _consumer(
-        self, storage, ab_pipeline, k_tiles, layouts, epi_tensors, mAlpha, mmas, scheduler
+        self, storage, ab_pipeline, k_tiles, layouts, epi_tensors, alphas, mmas, scheduler
     ):
         """Consumer warpgroups: per work unit, ``_mainloop_decode`` or ``_mainloop_prefill``, the
         K groups' sum, then (K group 0) ``_epilogue``."""
         mOffsets = epi_tensors[4]
         # (grouped: each unit reads its expert's alpha)
-        alpha = None if cutlass.const_expr(self.grouped) else self._alpha(mAlpha, 0)
+        alpha = None if cutlass.const_expr(self.grouped) else self._alpha(alphas, 0)
         a_smem_layout_staged, b_smem_layout_staged, _, d_smem_layout_staged = layouts
         tiled_mma, epi_mma = mmas
         tidx, _, _ = cute.arch.thread_idx()
@@ -1365,7 +1372,7 @@ class BlockwiseGemmFp4Sm90:
                 coords = (row_tile, col_tile, lk)
                 unit_alpha = alpha
                 if cutlass.const_expr(self.grouped):
-                    unit_alpha = self._alpha(mAlpha, lk // self.split_k)
+                    unit_alpha = self._alpha(alphas, lk // self.split_k)
                 self._epilogue(
                     tCrAcc, epi_tensors, unit_alpha, coords, thr_mma, tidx, flag_addr, epi_smem
                 )
@@ -1897,7 +1904,7 @@ def compile_gemm(
         sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, a_dtype, grouped
     )
     # placeholder addresses: compilation only needs the element types and alignments
-    ptrs = gmem_pointers(gemm, c_dtype, [0] * 10)
+    ptrs = gmem_pointers(gemm, c_dtype, [0] * 11)
     problem, stream = (Int32(1),) * 4, cuda_driver.CUstream(0)
     compiled = cute.compile(gemm, *ptrs, problem, num_sms, stream, options=options)
     return gemm, compiled
@@ -1905,13 +1912,13 @@ def compile_gemm(
 
 def gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:
     """The kernel's pointers (A, B, SFA, SFB, D, workspace, converted B, converted A: 16-byte
-    aligned; alpha: fp32; group offsets: int32) at ``addresses``."""
+    aligned; alpha: fp32; group offsets: int32; alpha's scale: fp32) at ``addresses``."""
     from cutlass.cute.runtime import make_ptr
 
     a_type = gemm.mma_dtype if gemm.w4a16 else cutlass.Uint8
     dtypes = [a_type] + [cutlass.Uint8] * 3 + [C_DTYPES[c_dtype], cutlass.Float32]
-    dtypes += [gemm.mma_dtype] * 2 + [cutlass.Float32, cutlass.Int32]
-    aligns = [16] * 8 + [4, 4]
+    dtypes += [gemm.mma_dtype] * 2 + [cutlass.Float32, cutlass.Int32, cutlass.Float32]
+    aligns = [16] * 8 + [4, 4, 4]
     return [
         make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
         for dtype, address, align in zip(dtypes, addresses, aligns, strict=True)

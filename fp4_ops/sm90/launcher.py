@@ -5,12 +5,14 @@
     gemm(a, b, sfa, sfb, alpha, out)                    # D = alpha * A @ B^T into out
     gemm(x, prepack_weights(w), None, sfb, alpha, out)  # W4A16
 
-``gemm(a, b, sfa, sfb, alpha, out, config=None, *, sf_vec_size=None)``: one launch on the
-current stream; M, N, K, L come from the tensors, all on the current device.  W4A4: a
+``gemm(a, b, sfa, sfb, alpha, out, config=None, *, sf_vec_size=None, scale=None)``: one launch
+on the current stream; M, N, K, L come from the tensors, all on the current device.  W4A4: a
 [L, M, K/2] and b [L, N, K/2] packed FP4 (uint8 or float4_e2m1fn_x2), sfa / sfb [L, n] one-byte
 scales in the 128x4 blocked layout (``blocked_scales``).  W4A16: a bfloat16 / float16 [L, M, K],
-b from ``k_order.prepack_weights``, sfa None.  alpha: a one-element float32 tensor on a's device,
-read by the kernel when it runs.  out: D [L, M, N], contiguous bfloat16 / float16 / float32.
+b from ``k_order.prepack_weights``, sfa None.  alpha (and ``scale``, None for 1): one-element
+float32 tensors on a's device that the kernel reads when it runs and multiplies (one fp32
+product: two global scales need no kernel that multiplies them first).  out: D [L, M, N],
+contiguous bfloat16 / float16 / float32.
 The format: float8_e4m3fn scales are NVFP4 (V 16), float8_e8m0fnu MXFP4 (V 32); uint8 scales
 say nothing, so ``config.sf_vec_size`` or ``sf_vec_size`` names it (whatever names it must
 agree).  Returns out.
@@ -49,7 +51,7 @@ from fp4_ops.layout import (
     round_up,
     to_blocked,
 )
-from fp4_ops.memory import persistent, stream_handle
+from fp4_ops.memory import persistent, stream_handle, unit_scale
 from fp4_ops.sm90.gemm import (
     C_DTYPES,
     H200_SM_COUNT,
@@ -206,37 +208,44 @@ def cache_size() -> int:
     return len(_KERNELS)
 
 
-def gemm(a, b, sfa, sfb, alpha, out, config: GemmConfig | None = None, *, sf_vec_size=None):
-    """D = alpha * (A x SFA)(B x SFB)^T into ``out`` on the current stream (the module
+def gemm(
+    a, b, sfa, sfb, alpha, out, config: GemmConfig | None = None, *, sf_vec_size=None, scale=None
+):
+    """D = alpha * scale * (A x SFA)(B x SFB)^T into ``out`` on the current stream (the module
     docstring gives the operands and the CUDA-graph rule).  Returns ``out``."""
-    launch = _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size)
-    launch(a, b, sfa, sfb, out, alpha, torch.cuda.current_stream().cuda_stream)
+    launch = _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, scale=scale)
+    launch(a, b, sfa, sfb, out, alpha, torch.cuda.current_stream().cuda_stream, scale=scale)
     return out
 
 
 @dataclass(frozen=True)
 class _Launch:
-    """One checked problem on one stream: the compiled kernel's TVM-FFI function, (M, N, K, L)
-    and the workspace, ready to take the operands' addresses."""
+    """One checked problem on one stream: the compiled kernel's TVM-FFI function, (M, N, K, L),
+    the workspace and the device's 1.0 (alpha's scale when none is given), ready to take the
+    operands' addresses."""
 
     fn: object
     mnkl: tuple[int, int, int, int]
     workspace: tuple[torch.Tensor, ...]
     device_index: int
+    unit: torch.Tensor
     grouped: bool = False
 
-    def __call__(self, a, b, sfa, sfb, out, alpha, stream_handle: int, offsets=None) -> None:
+    def __call__(
+        self, a, b, sfa, sfb, out, alpha, stream_handle: int, offsets=None, scale=None
+    ) -> None:
         # (W4A16 has no activation scales, a dense kernel no group offsets: stand-ins, never
         # read)
         sfa = sfb if sfa is None else sfa
         offsets = alpha if offsets is None else offsets
-        tensors = (a, b, sfa, sfb, out, *self.workspace, alpha, offsets)
+        scale = self.unit if scale is None else scale
+        tensors = (a, b, sfa, sfb, out, *self.workspace, alpha, offsets, scale)
         self.fn(*[t.data_ptr() for t in tensors], self.mnkl, stream_handle)
 
-    def fits(self, a, b, sfa, sfb, alpha, out) -> bool:
+    def fits(self, a, b, sfa, sfb, alpha, out, scale=None) -> bool:
         """Whether operands of the shapes and dtypes it was checked for still pass what can
         change between calls: contiguity, 16-byte bases, the device (also the current one),
-        alpha."""
+        alpha and its scale."""
         index = self.device_index
         for t in (a, b, sfa, sfb, out):
             if t is not None and (
@@ -248,11 +257,23 @@ class _Launch:
             and alpha.numel() == (self.mnkl[3] if self.grouped else 1)
             and alpha.is_contiguous()
             and alpha.get_device() == index
+            and (scale is None or _scalar_fits(scale, index))
             and torch.cuda.current_device() == index
         )
 
 
-def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None) -> _Launch:
+def _scalar_fits(t, index: int) -> bool:
+    """A one-element contiguous float32 tensor on CUDA device ``index``."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dtype == torch.float32
+        and t.numel() == 1
+        and t.is_contiguous()
+        and t.get_device() == index
+    )
+
+
+def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale=None) -> _Launch:
     """Every check of ``gemm``'s arguments (configuration checks once per configuration and
     problem), the compiled kernel and the workspace: a ``_Launch`` for them on ``stream``
     (None: the current one)."""
@@ -276,6 +297,8 @@ def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None) -> _L
             )
         mnkl = _problem(a, b, config.a_dtype)
     reasons = operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config)
+    if scale is not None and not _scalar_fits(scale, a.get_device()):
+        reasons.append(f"scale must be None or a one-element float32 tensor on {a.device}")
     if (config, mnkl) not in _CHECKED:
         refused = config.reasons(mnkl)
         if not refused:
@@ -286,7 +309,8 @@ def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None) -> _L
     stream = torch.cuda.current_stream() if stream is None else stream
     workspace = _workspace(config, mnkl, stream)
     index = a.get_device()
-    return _Launch(_compiled(config, a.device.index)[1], mnkl, workspace, index)
+    fn = _compiled(config, a.device.index)[1]
+    return _Launch(fn, mnkl, workspace, index, unit_scale(a.device))
 
 
 def _a_dtype(a) -> str:
@@ -398,8 +422,9 @@ def operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config: GemmConfig) -> lis
 
 def _compiled(config: GemmConfig, device_index: int):
     """(kernel object, its TVM-FFI launch function) of ``config`` on a device, compiled once per
-    process.  The launch takes the nine tensors' addresses as ints (A, B, SFA, SFB, D, split-K
-    workspace, converted B, converted A, alpha), (M, N, K, L) and the raw stream."""
+    process.  The launch takes the eleven tensors' addresses as ints (A, B, SFA, SFB, D, split-K
+    workspace, converted B, converted A, alpha, group offsets, alpha's scale), (M, N, K, L) and
+    the raw stream."""
     key = (config, device_index)
     if key not in _KERNELS:
         # (--enable-tvm-ffi changes the host entry only: the same cubin, no per-call marshalling)
@@ -484,12 +509,12 @@ def gpu_sm_count(device=None) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4):
+def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4, scale=None):
     """``fp4_ops``' entry: ``gemm`` with ``default_config``'s configuration on a's device, into
     a new D in ``out_dtype``.  W4A4: packed a [L, M, K/2] and b [L, N, K/2] (or [M, K/2] and
     [N, K/2]: L = 1, D [M, N]), their blocked scales contiguous in any shape; W4A16: ``a`` the
-    16-bit activations [L, M, K] (or [M, K]), ``b`` prepacked weights, ``sfa`` None.  ``alpha``:
-    a one-element float32 tensor on a's device.
+    16-bit activations [L, M, K] (or [M, K]), ``b`` prepacked weights, ``sfa`` None.  ``alpha``
+    and ``scale`` (None: 1): one-element float32 tensors on a's device, multiplied.
 
     The first call of a problem on a stream checks everything (``gemm``'s path) and keeps its
     ``_Launch``; a later call with operands of the same shapes and dtypes launches it after
@@ -501,14 +526,14 @@ def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4):
     key += (out_dtype, index, stream)
     out = torch.empty((*a.shape[:-1], b.shape[-2]), dtype=out_dtype, device=a.device)
     launch = _LAUNCHES.get(key)
-    if launch is not None and launch.fits(a, b, sfa, sfb, alpha, out):
-        launch(a, b, sfa, sfb, out, alpha, stream)
+    if launch is not None and launch.fits(a, b, sfa, sfb, alpha, out, scale):
+        launch(a, b, sfa, sfb, out, alpha, stream, scale=scale)
         return out
-    _LAUNCHES[key] = _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype)
+    _LAUNCHES[key] = _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale)
     return out
 
 
-def _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype) -> _Launch:
+def _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale=None) -> _Launch:
     """``gemm_for_ops``' operands through every check of ``gemm``, launched: their _Launch."""
     if a.dim() not in (2, 3) or b.dim() != a.dim():
         raise ValueError(f"a and b must both be 2-D or 3-D, got {tuple(a.shape)}, {tuple(b.shape)}")
@@ -520,8 +545,8 @@ def _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype) -> _Launch:
     sfb = sfb.contiguous().view(torch.uint8).reshape(l, -1)
     with torch.cuda.device(a.device):
         stream = torch.cuda.current_stream()
-        launch = _prepare(a3, b3, sfa, sfb, alpha, out3, None, sf_vec_size, stream)
-        launch(a3, b3, sfa, sfb, out3, alpha, stream.cuda_stream)
+        launch = _prepare(a3, b3, sfa, sfb, alpha, out3, None, sf_vec_size, stream, scale)
+        launch(a3, b3, sfa, sfb, out3, alpha, stream.cuda_stream, scale=scale)
     return launch
 
 
@@ -613,6 +638,6 @@ def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> _Launc
         stream = torch.cuda.current_stream()
         workspace = _workspace(config, mnkl, stream)
         fn = _compiled(config, a.device.index)[1]
-        launch = _Launch(fn, mnkl, workspace, a.get_device(), grouped=True)
+        launch = _Launch(fn, mnkl, workspace, a.get_device(), unit_scale(a.device), grouped=True)
         launch(a, b, None, sfb, out, alpha, stream.cuda_stream, offsets)
     return launch
