@@ -320,6 +320,8 @@ def test_launch_matches_the_tvm_ffi_signature(monkeypatch, tmp_path, vec, static
         quantize_fp4.compile_quantizer("BFloat16", vec, dynamic, options), tmp_path
     )
     monkeypatch.setattr(quantize_fp4, "_kernel", lambda *_: (kernel, 132))
+    monkeypatch.setattr(quantize_fp4, "_PARTIALS", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
     x = torch.randn(3, 64, dtype=torch.bfloat16)

@@ -545,8 +545,8 @@ MUTANTS = [
         **mutant(
             "h-grouped-alpha-of-expert-0",
             "grouped epilogue",
-            "unit_alpha = self._alpha(mAlpha, lk // self.split_k)",
-            "unit_alpha = self._alpha(mAlpha, lk % self.split_k)",
+            "unit_alpha = self._alpha(alphas, lk // self.split_k)",
+            "unit_alpha = self._alpha(alphas, lk % self.split_k)",
             "",
         ),
         "tests": [FACTS, "-k", "every_role_waits and grouped"],
@@ -554,8 +554,8 @@ MUTANTS = [
     mutant(
         "h-grouped-launch-offsets-alpha-swapped",
         "grouped launcher",
-        "        tensors = (a, b, sfa, sfb, out, *self.workspace, alpha, offsets)",
-        "        tensors = (a, b, sfa, sfb, out, *self.workspace, offsets, alpha)",
+        "        tensors = (a, b, sfa, sfb, out, *self.workspace, alpha, offsets, scale)",
+        "        tensors = (a, b, sfa, sfb, out, *self.workspace, offsets, alpha, scale)",
         "grouped_launches",
         file=LAUNCHER,
     ),
