@@ -39,6 +39,18 @@ def persistent(make, device: torch.device):
     return result["value"]
 
 
+def kept(cache: dict, key, make, device: torch.device):
+    """``cache[key]``, made by ``make()`` through ``persistent`` at its first use; None under
+    CUDA-graph capture, where a graph must keep its own tensors (a replay could otherwise race
+    eager calls that share them)."""
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = persistent(make, device)
+    return found
+
+
 def stream_handle(device_index: int) -> int:
     """The raw handle of ``device_index``'s current CUDA stream, what the kernels launch on:
     torch's own getter (the one Triton launches with), without building a Stream object; the

@@ -73,7 +73,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from fp4_ops import cpu
 from fp4_ops.devtools import time_eager_us, time_graph_us
 from fp4_ops.layout import SCALE_DTYPES, blocked_numel
-from fp4_ops.memory import persistent, stream_handle
+from fp4_ops.memory import kept, stream_handle
 
 IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 SF_VEC_SIZES = (16, 32)
@@ -715,14 +715,7 @@ def launch_quantize(x, sf_vec_size: int, global_scale=None, scratch=None):
     dynamic = sf_vec_size == 16 and global_scale is None
     kernel, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index)
     stream = stream_handle(index)
-    if scratch is not None:
-        q, sf, gs_out = scratch
-    else:
-        q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
-        sf = torch.empty(
-            (*lead, blocked_numel(rows, k // sf_vec_size)), dtype=torch.uint8, device=device
-        )
-        gs_out = torch.empty((), dtype=torch.float32, device=device)
+    q, sf, gs_out = _outputs(lead, rows, k, sf_vec_size, device) if scratch is None else scratch
     gs_in = gs_out if global_scale is None else global_scale
     # the amax pass's per-CTA maxima (dynamic only): every one the quantize pass reads is written
     partials = _partials(device, stream) if dynamic else gs_out
@@ -735,33 +728,26 @@ def launch_quantize(x, sf_vec_size: int, global_scale=None, scratch=None):
     return q, sf.view(SCALE_DTYPES[sf_vec_size]), gs_out
 
 
+def _outputs(lead: tuple, rows: int, k: int, sf_vec_size: int, device):
+    """New (codes, blocked scales as bytes, global scale) for x [*lead, rows, K]."""
+    import torch
+
+    q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
+    sf = torch.empty(
+        (*lead, blocked_numel(rows, k // sf_vec_size)), dtype=torch.uint8, device=device
+    )
+    return q, sf, torch.empty((), dtype=torch.float32, device=device)
+
+
 def scratch_buffers(x, sf_vec_size: int):
     """(codes, blocked scales as bytes, global scale) for x [rows, K] on x's device and current
     stream, made once per shape and stream outside every graph pool, or None under CUDA-graph
     capture (a graph keeps its own). Whatever reads them must do so on that stream before the
     next quantization there writes them again: fp4_ops' own GEMM, launched right after."""
-    import torch
-
-    if torch.cuda.is_current_stream_capturing():
-        return None
     index = x.get_device()
     key = (x.shape, sf_vec_size, index, stream_handle(index))
-    found = _SCRATCH.get(key)
-    if found is None:
-        rows, k = x.shape
-        device = x.device
-        found = persistent(
-            lambda: (
-                torch.empty((rows, k // 2), dtype=torch.uint8, device=device),
-                torch.empty(
-                    blocked_numel(rows, k // sf_vec_size), dtype=torch.uint8, device=device
-                ),
-                torch.empty((), dtype=torch.float32, device=device),
-            ),
-            device,
-        )
-        _SCRATCH[key] = found
-    return found
+    rows, k = x.shape
+    return kept(_SCRATCH, key, lambda: _outputs((), rows, k, sf_vec_size, x.device), x.device)
 
 
 def _partials(device, stream: int):
@@ -770,15 +756,11 @@ def _partials(device, stream: int):
     which waits for the stream); a new one under CUDA-graph capture."""
     import torch
 
-    if torch.cuda.is_current_stream_capturing():
+    def make():
         return torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device)
-    found = _PARTIALS.get((device.index, stream))
-    if found is None:
-        found = persistent(
-            lambda: torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device), device
-        )
-        _PARTIALS[device.index, stream] = found
-    return found
+
+    found = kept(_PARTIALS, (device.index, stream), make, device)
+    return make() if found is None else found
 
 
 def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int):

@@ -253,21 +253,18 @@ class _Launch:
             ):
                 return False
         return (
-            alpha.dtype == torch.float32
-            and alpha.numel() == (self.mnkl[3] if self.grouped else 1)
-            and alpha.is_contiguous()
-            and alpha.get_device() == index
-            and (scale is None or _scalar_fits(scale, index))
+            _scalars_fit(alpha, index, self.mnkl[3] if self.grouped else 1)
+            and (scale is None or _scalars_fit(scale, index))
             and torch.cuda.current_device() == index
         )
 
 
-def _scalar_fits(t, index: int) -> bool:
-    """A one-element contiguous float32 tensor on CUDA device ``index``."""
+def _scalars_fit(t, index: int, count: int = 1) -> bool:
+    """A contiguous float32 tensor of ``count`` elements on CUDA device ``index``."""
     return (
         isinstance(t, torch.Tensor)
         and t.dtype == torch.float32
-        and t.numel() == 1
+        and t.numel() == count
         and t.is_contiguous()
         and t.get_device() == index
     )
@@ -297,7 +294,7 @@ def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale
             )
         mnkl = _problem(a, b, config.a_dtype)
     reasons = operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config)
-    if scale is not None and not _scalar_fits(scale, a.get_device()):
+    if scale is not None and not _scalars_fit(scale, a.get_device()):
         reasons.append(f"scale must be None or a one-element float32 tensor on {a.device}")
     if (config, mnkl) not in _CHECKED:
         refused = config.reasons(mnkl)
