@@ -15,7 +15,8 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from fp4_ops import cpu
 from fp4_ops.buffers import FP4Buffers
-from fp4_ops.layout import FORMATS, PACKED_DTYPES, SCALE_DTYPES
+from fp4_ops.layout import DSL_DTYPE_NAMES, FORMATS, PACKED_DTYPES, SCALE_DTYPES
+from fp4_ops.memory import stream_handle
 from fp4_ops.moe import FP4Experts, is_experts_module
 from fp4_ops.ops import (
     IN_DTYPES,
@@ -26,8 +27,11 @@ from fp4_ops.ops import (
     gemm_op,
     gemm_w4a16_impl,
     gemm_w4a16_op,
+    launchable,
+    plannable,
     quantize,
     quantize_op,
+    runs_hopper_kernels,
 )
 from fp4_ops.sm90 import k_order
 from fp4_ops.tensor import (
@@ -134,6 +138,8 @@ class FP4Linear(FP4Buffers):
         self.register_buffer("input_global_scale", gs)
         self.bias = bias
         self._cpu_weight_cache = None
+        # (x's shape, dtype, device index, stream) -> _Plan of an eager CUDA forward
+        self._plans: dict[tuple, _Plan] | None = None
 
     @property
     def weight(self) -> FP4Tensor:
@@ -183,7 +189,7 @@ class FP4Linear(FP4Buffers):
 
     # -- casts, moves and the state dict
 
-    CACHES = ("_cpu_weight_cache",)
+    CACHES = ("_cpu_weight_cache", "_plans")
 
     def kept_buffers(self) -> dict[str, torch.Tensor]:
         return {n: self._buffers[n] for n in _FP4_BUFFERS if self._buffers.get(n) is not None}
@@ -313,6 +319,26 @@ class FP4Linear(FP4Buffers):
     # -- forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() or type(x) is not torch.Tensor or not x.is_cuda:
+            return self._forward(x)
+        # (eager on CUDA: a shape already run on this stream launches its plan, past every check)
+        index = x.get_device()
+        key = (x.shape, x.dtype, index, stream_handle(index))
+        plan = self._plans.get(key) if self._plans else None
+        if plan is not None:
+            if not plan.current(self):
+                self._plans = None  # (stale: they all hold the replaced buffers)
+            elif plan.takes(x, index):
+                return plan(x, key[3])
+        y = self._forward(x)
+        plan = _Plan.make(self, x) if plannable(x, index) and runs_hopper_kernels(x) else None
+        if plan is not None:
+            if self._plans is None or len(self._plans) >= _MAX_PLANS:
+                self._plans = {}
+            self._plans[key] = plan
+        return y
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         check_type(x, torch.Tensor, "x", "a torch.Tensor")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(
@@ -388,6 +414,87 @@ class FP4Linear(FP4Buffers):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"format={self.format}, activations={self.activations}, bias={self.bias is not None}"
         )
+
+
+# ----------------------------------------------------------------------------- eager plans
+
+# plans an FP4Linear keeps (input shapes x streams); more start the collection over
+_MAX_PLANS = 16
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """An eager CUDA forward of an ``FP4Linear`` for one input shape and dtype on one stream,
+    made after a call that passed every check: the kernels it launched with the layer's
+    buffers and the activations' scratch bound. It holds the buffers it bound: a buffer or
+    bias replaced (a load with ``assign=True``, an assignment) makes it stale
+    (``current``); values changed in place are read at the next launch."""
+
+    parts: tuple[tuple[str, torch.Tensor], ...]  # (buffer name, tensor) as bound
+    bias: torch.Tensor | None
+    out_shape: tuple[int, ...]
+    quantize: object | None  # W4A4: quantizer.BoundQuantize into the scratch
+    gemm: object  # launcher.BoundGemm
+    a: int | None  # W4A4: the scratch codes' address; W4A16 reads x
+
+    def takes(self, x: torch.Tensor, index: int) -> bool:
+        """Whether this call may launch the plan: ``launchable`` x and, where it binds scratch
+        (W4A4), outside CUDA-graph capture, as a graph keeps its own."""
+        if not launchable(x, index):
+            return False
+        return self.quantize is None or not torch.cuda.is_current_stream_capturing()
+
+    def current(self, layer: FP4Linear) -> bool:
+        """Whether the layer still holds the buffers and bias this plan bound."""
+        buffers = layer._buffers
+        for name, t in self.parts:
+            if buffers[name] is not t:
+                return False
+        return layer._parameters.get("bias") is self.bias
+
+    @classmethod
+    def make(cls, layer: FP4Linear, x: torch.Tensor) -> _Plan | None:
+        """The plan of a call on x that has just run; None where a buffer to bind is not
+        contiguous (the full path copies it at every call)."""
+        from fp4_ops import quantizer
+        from fp4_ops.sm90 import launcher
+
+        if not all(t is None or t.is_contiguous() for t in layer._buffers.values()):
+            return None
+        rows = x.view(-1, layer.in_features)
+        vec = FORMATS[layer.format]
+        names = ["weight_scale", "weight_global_scale"]
+        if layer.activations == "bf16":
+            names.append("weight_prepacked")
+            w, sw, gw = (layer._buffers[n] for n in ("weight_prepacked", *names[:2]))
+            a_dtype = DSL_DTYPE_NAMES[x.dtype]
+            launch = launcher.launch_for_ops(rows, w, None, sw, vec, gw, x.dtype, a_dtype)
+            gemm = launch.bind(w, None, sw, gw)
+            quantize, a = None, None
+        else:
+            names += ["weight_data", "input_global_scale"]
+            sw, gw, w, gs_in = (layer._buffers[n] for n in names)
+            scratch = quantizer.scratch_buffers(rows, vec)
+            quantize = quantizer.plan_quantize(rows, vec, gs_in).bind(scratch, gs_in)
+            q, sq, gs = scratch
+            launch = launcher.launch_for_ops(q, w, sq, sw, vec, gs, x.dtype, scale=gw)
+            gemm = launch.bind(w, sq, sw, gs, gw)
+            a = q.data_ptr()
+        parts = tuple((n, layer._buffers[n]) for n in names)
+        out_shape = (*x.shape[:-1], layer.out_features)
+        return cls(parts, layer._parameters.get("bias"), out_shape, quantize, gemm, a)
+
+    def __call__(self, x: torch.Tensor, stream: int) -> torch.Tensor:
+        y = x.new_empty(self.out_shape)
+        if self.quantize is None:
+            self.gemm(x.data_ptr(), y.data_ptr(), stream)
+        else:
+            self.quantize(x.data_ptr(), stream)
+            self.gemm(self.a, y.data_ptr(), stream)
+        bias = self.bias
+        if bias is None:
+            return y
+        return y.add_(bias) if bias.dtype == y.dtype else y + bias.to(y.dtype)
 
 
 # ----------------------------------------------------------------------------- quantize_model

@@ -27,6 +27,7 @@ from fp4_ops.layout import (
     SCALE_DTYPES,
     to_blocked,
 )
+from fp4_ops.memory import stream_handle
 from fp4_ops.sm90 import k_order
 from fp4_ops.tensor import (
     FP4Tensor,
@@ -113,27 +114,101 @@ def quantize(
     ``global_scale`` (NVFP4 only; decoding convention): None computes ``amax / (448 * 6)`` over
     the whole tensor on its device (no host sync; 1.0 for an all-zero or empty x); a number or
     one-element tensor is used as is (a static scale, e.g. ModelOpt's ``input_scale``), and must
-    be finite and positive (``fp4_ops.tensor.check_global_scale_value``). MXFP4's global scale
-    is 1.0. An x without rows gives an FP4Tensor without rows. CPU tensors go through
-    ``fp4_ops.cpu`` (NaN / Inf raise ValueError); CUDA tensors through ``fp4_ops.quantizer``,
-    which cannot raise without a sync: a block holding NaN / Inf gets the NaN scale byte and zero
-    codes instead (and a dynamic global scale becomes non-finite), so every product that reads
-    it is NaN.
+    be finite and positive. MXFP4's global scale is 1.0. An x without rows gives an FP4Tensor
+    without rows. CPU tensors go through ``fp4_ops.cpu`` (NaN / Inf input or a bad scale raise
+    ValueError); CUDA tensors through ``fp4_ops.quantizer``, which cannot raise without a sync:
+    a block holding NaN / Inf gets the NaN scale byte and zero codes instead (and a dynamic
+    global scale becomes non-finite), and a float32 CUDA ``global_scale`` that is not finite and
+    positive, read as the kernel runs, makes every scale byte NaN: every product that reads
+    them is NaN.
     """
+    if type(x) is torch.Tensor and x.is_cuda and type(format) is str:
+        if torch.compiler.is_compiling():
+            return _quantize(x, format, global_scale)
+        # (eager on CUDA: a shape already quantized on this stream launches its plan)
+        index = x.get_device()
+        key = (x.shape, x.dtype, format, global_scale is None, index, stream_handle(index))
+        plan = _QUANTIZE_PLANS.get(key)
+        if plan is not None and _quantize_takes(x, global_scale, index):
+            return FP4Tensor.unchecked(*plan(x, global_scale, key[-1]), format)
+        q = _quantize(x, format, global_scale)
+        if plannable(x, index) and _quantize_takes(x, global_scale, index):
+            from fp4_ops import quantizer
+
+            if len(_QUANTIZE_PLANS) >= _MAX_PLANS:
+                _QUANTIZE_PLANS.clear()
+            _QUANTIZE_PLANS[key] = quantizer.plan_quantize(x, q.sf_vec_size, global_scale)
+        return q
+    return _quantize(x, format, global_scale)
+
+
+def _quantize(x, format, global_scale) -> FP4Tensor:
+    """``quantize`` through every check."""
     vec = check_format(format)
     check_quantize_input(x, vec)
     if global_scale is not None and vec != FORMATS["nvfp4"]:
         raise ValueError("global_scale: mxfp4 has no global scale (E8M0 scales span the range)")
-    gs = None if global_scale is None else global_scale_tensor(global_scale, x)
+    gs = None if global_scale is None else _quantize_scale(global_scale, x)
     if x.numel() == 0:
         data = x.new_empty((*x.shape[:-1], x.shape[-1] // 2), dtype=torch.uint8)
         scale = x.new_empty(blocked_shape_of(data, vec), dtype=SCALE_DTYPES[vec])
-        gs = torch.ones((), dtype=torch.float32, device=x.device) if gs is None else gs
+        gs = torch.ones((), dtype=torch.float32, device=x.device) if gs is None else gs.clone()
         return FP4Tensor.unchecked(data, scale, gs, format)
     x = x.contiguous()
     run = quantize_impl if eager(x, gs) else quantize_op
     data, scale, out_gs = run(x, vec, gs)
     return FP4Tensor.unchecked(data, scale, out_gs, format)
+
+
+def _quantize_scale(global_scale, x: torch.Tensor) -> torch.Tensor:
+    """``quantize``'s global scale as the quantizer reads it: a float32 one-element tensor on
+    x's CUDA device as it is (the kernel poisons a bad value: no host sync, no assert);
+    anything else through ``global_scale_tensor``'s checks."""
+    if (
+        isinstance(global_scale, torch.Tensor)
+        and x.is_cuda
+        and global_scale.dtype == torch.float32
+        and global_scale.numel() == 1
+        and global_scale.device == x.device
+    ):
+        return global_scale.reshape(())
+    return global_scale_tensor(global_scale, x)
+
+
+def _quantize_takes(x: torch.Tensor, global_scale, index: int) -> bool:
+    """What a planned quantization needs besides x's shape and dtype, the format and the
+    stream: ``launchable`` x; a dynamic scale outside CUDA-graph capture (its partials buffer
+    is the stream's), a static one a float32 one-element tensor on x's device."""
+    if not launchable(x, index):
+        return False
+    if global_scale is None:
+        return not torch.cuda.is_current_stream_capturing()
+    return (
+        type(global_scale) is torch.Tensor
+        and global_scale.dtype == torch.float32
+        and global_scale.numel() == 1
+        and global_scale.get_device() == index
+        and not (global_scale.requires_grad and torch.is_grad_enabled())
+    )
+
+
+def launchable(x: torch.Tensor, index: int) -> bool:
+    """What a planned eager launch needs of a tensor besides its shape, dtype and stream:
+    contiguous and 16-byte aligned (TMA), no gradient asked for, on the current device
+    (``index``)."""
+    return (
+        x.is_contiguous()
+        and not x.data_ptr() % 16
+        and not (x.requires_grad and torch.is_grad_enabled())
+        and torch.cuda.current_device() == index
+    )
+
+
+def plannable(x: torch.Tensor, index: int) -> bool:
+    """Whether an eager call on x that has just passed every check may leave a plan for the
+    next calls of its shape: ``launchable`` x with elements, outside CUDA-graph capture (a
+    graph keeps what it allocates)."""
+    return x.numel() > 0 and launchable(x, index) and not torch.cuda.is_current_stream_capturing()
 
 
 # ----------------------------------------------------------------------------- GEMM
@@ -179,6 +254,12 @@ def _capability(t: torch.Tensor) -> tuple[int, int]:
             )
         _CAPABILITIES[index] = (major, minor)
     return _CAPABILITIES[index]
+
+
+def runs_hopper_kernels(t: torch.Tensor) -> bool:
+    """Whether CUDA tensor ``t``'s GPU is an sm_90 (H100 / H200); ValueError for a GPU the
+    GEMMs have no kernel for."""
+    return _capability(t) == (9, 0)
 
 
 @torch.library.custom_op("fp4_ops::gemm", mutates_args=())
@@ -303,6 +384,63 @@ def fp4_gemm(
     kernels compile and the Hopper workspace is zeroed at the first call).
     Inference only: a backward through it raises ``NO_BACKWARD``.
     """
+    if alpha is None and type(a) is FP4Tensor and type(b) is FP4Tensor and a.data.is_cuda:
+        if type(out_dtype) is torch.dtype and not torch.compiler.is_compiling():
+            return _fp4_gemm_planned(a, b, out_dtype)
+    return _fp4_gemm(a, b, out_dtype, alpha)
+
+
+def _fp4_gemm_planned(a: FP4Tensor, b: FP4Tensor, out_dtype) -> torch.Tensor:
+    """``fp4_gemm`` of FP4Tensors on CUDA with alpha None, eager: a problem already run on this
+    stream launches its plan (the launcher's checked ``Launch``) after the checks of what an
+    FP4Tensor leaves open; else the full path, which leaves a plan (Hopper, a and b of one
+    rank)."""
+    ad, bd = a.data, b.data
+    index = ad.get_device()
+    key = (ad.shape, ad.dtype, bd.shape, bd.dtype, a.format, b.format, out_dtype, index)
+    key += (stream_handle(index),)
+    launch = _GEMM_PLANS.get(key)
+    if launch is not None and _gemm_takes(a, b, index):
+        out = torch.empty((*ad.shape[:-1], bd.shape[-2]), dtype=out_dtype, device=ad.device)
+        launch(ad, bd, a.scale, b.scale, out, a.global_scale, key[-1], scale=b.global_scale)
+        return out
+    d = _fp4_gemm(a, b, out_dtype, None)
+    if ad.ndim == bd.ndim and plannable(ad, index) and _gemm_takes(a, b, index):
+        if runs_hopper_kernels(ad):
+            from fp4_ops.sm90 import launcher
+
+            if len(_GEMM_PLANS) >= _MAX_PLANS:
+                _GEMM_PLANS.clear()
+            _GEMM_PLANS[key] = launcher.launch_for_ops(
+                ad,
+                bd,
+                a.scale,
+                b.scale,
+                a.sf_vec_size,
+                a.global_scale,
+                out_dtype,
+                scale=b.global_scale,
+            )
+    return d
+
+
+def _gemm_takes(a: FP4Tensor, b: FP4Tensor, index: int) -> bool:
+    """What a planned ``fp4_gemm`` needs besides the parts' shapes, dtypes and formats and the
+    stream (an FP4Tensor's parts are contiguous and on one device): 0-d global scales, b on
+    a's device, which is the current one, 16-byte aligned data and scales, and no gradient
+    asked for."""
+    if a.global_scale.ndim or b.global_scale.ndim or b.data.get_device() != index:
+        return False
+    for t in (a.data, a.scale, b.data, b.scale):
+        if t.data_ptr() % 16:
+            return False
+    if torch.is_grad_enabled() and (a.global_scale.requires_grad or b.global_scale.requires_grad):
+        return False
+    return torch.cuda.current_device() == index
+
+
+def _fp4_gemm(a, b, out_dtype, alpha) -> torch.Tensor:
+    """``fp4_gemm`` through every check."""
     check_type(b, FP4Tensor, "b", "an FP4Tensor (fp4_ops.quantize)")
     check_out_dtype(out_dtype)
     check_alpha(alpha)
@@ -426,6 +564,13 @@ def device_alpha(scale: torch.Tensor, alpha) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- kernel lookup
 
+# plans kept per op (shapes x streams); more start the collection over
+_MAX_PLANS = 256
+# quantize: (x's shape and dtype, format, dynamic, device index, stream) -> QuantizePlan
+_QUANTIZE_PLANS: dict[tuple, object] = {}
+# fp4_gemm: (a's and b's data shapes and dtypes, formats, D's dtype, device index, stream) ->
+# the Hopper launcher's Launch
+_GEMM_PLANS: dict[tuple, object] = {}
 # (CUDA device index -> compute capability, of GPUs the GEMMs have kernels for)
 _CAPABILITIES: dict[int, tuple[int, int]] = {}
 # W4A16 activations: the 16-bit D types

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
+import torch
 from cutlass import Float32, Int32, Uint32, const_expr
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import arith, llvm
@@ -72,7 +73,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from fp4_ops import cpu
 from fp4_ops.devtools import time_eager_us, time_graph_us
-from fp4_ops.layout import SCALE_DTYPES, blocked_numel
+from fp4_ops.layout import SCALE_DTYPES, blocked_numel, blocked_scale_shape
 from fp4_ops.memory import kept, stream_handle
 
 IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
@@ -674,8 +675,6 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
     float32)``, all on x's device; ``global_scale`` (NVFP4 only): a 0-d float32 tensor on x's
     device, or None for the dynamic one. Nothing synchronizes with the host.
     """
-    import torch
-
     if not x.is_cuda or x.dtype not in _torch_in_names():
         raise ValueError(f"x must be a bfloat16, float16 or float32 CUDA tensor, got {x.dtype}")
     if sf_vec_size not in SF_VEC_SIZES:
@@ -690,52 +689,101 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
             raise ValueError(f"global_scale must be a one-element tensor, got {global_scale!r}")
         if global_scale.dtype != torch.float32 or global_scale.device != x.device:
             raise ValueError("global_scale must be a float32 tensor on x's device")
-    return launch_quantize(x, sf_vec_size, global_scale)
+    q, sf, gs = launch_quantize(x, sf_vec_size, global_scale)
+    return q, sf.view(*q.shape[:-2], -1), gs
 
 
 def _torch_in_names() -> dict:
     """torch dtype -> IN_DTYPES key."""
-    import torch
-
     return {getattr(torch, v): k for k, v in _TORCH_IN.items()}
 
 
 def launch_quantize(x, sf_vec_size: int, global_scale=None, scratch=None):
-    """``quantize_cuda`` for arguments its checks (or ``fp4_ops.quantize``'s) have passed.
-    ``scratch``: ``scratch_buffers``' (codes, scales, global scale) to write instead of new
-    tensors, for a consumer that reads them on this stream before the next call does."""
-    import torch
-
+    """``quantize_cuda`` for arguments its checks (or ``fp4_ops.quantize``'s) have passed:
+    (codes, blocked scales shaped by atoms in the format's dtype, global scale). ``scratch``:
+    ``scratch_buffers``' (codes, scales, global scale) to write instead of new tensors, for a
+    consumer that reads them on this stream before the next call does (returned as given)."""
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
+    with torch.cuda.device(x.device):
+        plan = plan_quantize(x, sf_vec_size, global_scale)
+        stream = stream_handle(x.get_device())
+        if scratch is None:
+            return plan(x, global_scale, stream)
+        plan.bind(scratch, global_scale)(x.data_ptr(), stream)
+    return scratch
+
+
+@dataclass(frozen=True)
+class QuantizePlan:
+    """The quantization of one x shape and dtype, format and kind of global scale (static or
+    dynamic) on one stream, checked once: ``plan(x, global_scale, stream)`` makes the outputs
+    and launches, with no checks. The caller checks at each call that x is contiguous, 16-byte
+    aligned and on the current device, and (dynamic) that no CUDA graph is being captured: the
+    amax pass's partials buffer is this stream's."""
+
+    fn: object
+    q_shape: tuple[int, ...]
+    sf_shape: tuple[int, ...]  # blocked, shaped by atoms
+    sf_dtype: torch.dtype
+    tail: tuple  # (rows, K, L), SM count
+    partials: torch.Tensor | None  # dynamic NVFP4: the amax pass's per-CTA maxima
+
+    def __call__(self, x, global_scale, stream_handle: int):
+        device = x.device
+        q = torch.empty(self.q_shape, dtype=torch.uint8, device=device)
+        sf = torch.empty(self.sf_shape, dtype=self.sf_dtype, device=device)
+        gs = torch.empty((), dtype=torch.float32, device=device)
+        gs_in = gs if global_scale is None else global_scale
+        partials = gs if self.partials is None else self.partials
+        ptrs = (q.data_ptr(), sf.data_ptr(), gs_in.data_ptr(), gs.data_ptr(), partials.data_ptr())
+        self.fn(x.data_ptr(), *ptrs, *self.tail, stream_handle)
+        return q, sf, gs
+
+    def bind(self, outputs: tuple, global_scale=None) -> BoundQuantize:
+        """This quantization into fixed ``outputs`` (``scratch_buffers``), with ``global_scale``
+        (None: dynamic or MXFP4) bound."""
+        q, sf, gs = outputs
+        held = (q, sf, gs if global_scale is None else global_scale, gs)
+        held += (gs if self.partials is None else self.partials,)
+        ptrs = tuple(t.data_ptr() for t in held)
+        return BoundQuantize(self.fn, (*ptrs, *self.tail), held)
+
+
+@dataclass(frozen=True)
+class BoundQuantize:
+    """A ``QuantizePlan`` into fixed outputs (a layer's scratch): ``bound(x, stream)`` takes
+    x's address, no checks."""
+
+    fn: object
+    tail: tuple  # the outputs' (and the input scale's) addresses, (rows, K, L), SM count
+    held: tuple
+
+    def __call__(self, x: int, stream_handle: int) -> None:
+        self.fn(x, *self.tail, stream_handle)
+
+
+def plan_quantize(x, sf_vec_size: int, global_scale=None) -> QuantizePlan:
+    """The ``QuantizePlan`` of contiguous x [rows, K] or [L, rows, K] (checked) on x's device's
+    current stream; compiles the kernel at the first use of its configuration."""
     rows, k = x.shape[-2], x.shape[-1]
     lead = tuple(x.shape[:-2])
     l = x.shape[0] if lead else 1  # noqa: E741
-    device, index = x.device, x.device.index
+    index = x.get_device()
     dynamic = sf_vec_size == 16 and global_scale is None
     kernel, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index)
-    stream = stream_handle(index)
-    q, sf, gs_out = _outputs(lead, rows, k, sf_vec_size, device) if scratch is None else scratch
-    gs_in = gs_out if global_scale is None else global_scale
-    # the amax pass's per-CTA maxima (dynamic only): every one the quantize pass reads is written
-    partials = _partials(device, stream) if dynamic else gs_out
-    args = [t.data_ptr() for t in (x, q, sf, gs_in, gs_out, partials)]
-    if index == torch.cuda.current_device():
-        kernel(*args, (rows, k, l), sm_count, stream)
-    else:
-        with torch.cuda.device(device):
-            kernel(*args, (rows, k, l), sm_count, stream)
-    return q, sf.view(SCALE_DTYPES[sf_vec_size]), gs_out
-
-
-def _outputs(lead: tuple, rows: int, k: int, sf_vec_size: int, device):
-    """New (codes, blocked scales as bytes, global scale) for x [*lead, rows, K]."""
-    import torch
-
-    q = torch.empty((*lead, rows, k // 2), dtype=torch.uint8, device=device)
-    sf = torch.empty(
-        (*lead, blocked_numel(rows, k // sf_vec_size)), dtype=torch.uint8, device=device
+    partials = _partials(x.device, stream_handle(index)) if dynamic else None
+    sf_shape = (*lead, *blocked_scale_shape(rows, k, sf_vec_size))
+    q_shape = (*lead, rows, k // 2)
+    return QuantizePlan(
+        kernel, q_shape, sf_shape, SCALE_DTYPES[sf_vec_size], ((rows, k, l), sm_count), partials
     )
+
+
+def _outputs(rows: int, k: int, sf_vec_size: int, device):
+    """New (codes, blocked scales as bytes, global scale) for x [rows, K]."""
+    q = torch.empty((rows, k // 2), dtype=torch.uint8, device=device)
+    sf = torch.empty(blocked_numel(rows, k // sf_vec_size), dtype=torch.uint8, device=device)
     return q, sf, torch.empty((), dtype=torch.float32, device=device)
 
 
@@ -747,14 +795,13 @@ def scratch_buffers(x, sf_vec_size: int):
     index = x.get_device()
     key = (x.shape, sf_vec_size, index, stream_handle(index))
     rows, k = x.shape
-    return kept(_SCRATCH, key, lambda: _outputs((), rows, k, sf_vec_size, x.device), x.device)
+    return kept(_SCRATCH, key, lambda: _outputs(rows, k, sf_vec_size, x.device), x.device)
 
 
 def _partials(device, stream: int):
     """The amax pass's per-CTA maxima: one buffer per stream, made outside every graph pool
     (the quantize pass of the same call reads it before the next call's amax pass can start,
     which waits for the stream); a new one under CUDA-graph capture."""
-    import torch
 
     def make():
         return torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device)
@@ -766,8 +813,6 @@ def _partials(device, stream: int):
 def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int):
     """(the compiled quantizer's TVM-FFI function, the device's SM count) for x of torch dtype
     ``in_dtype`` on CUDA device ``index``, compiled once per process (``QuantizerConfig``)."""
-    import torch
-
     found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, index))
     if found is None:
         config = QuantizerConfig(_torch_in_names()[in_dtype], sf_vec_size, dynamic)
@@ -801,8 +846,6 @@ def _torchao_quantizer(x, gs):
 def benchmark(x, vec: int, gs) -> None:
     """Print the time of this quantizer, of a device copy of x and of torchao's quantizer on the
     same x (NVFP4), with effective bandwidths."""
-    import torch
-
     n = x.numel()
     moved = n * x.element_size() * (2 if vec == 16 and gs is None else 1) + n // 2
     moved += n // vec  # scale bytes (before padding)
@@ -862,8 +905,6 @@ def main(argv=None) -> int:
         compile_quantizer(args.in_dtype, vec, dynamic, f"--gpu-arch {args.gpu_arch}")
         print(f"compiled for {args.gpu_arch}")
         return 0
-    import torch
-
     if not torch.cuda.is_available():
         print("error: no CUDA device (use --compile_only)", file=sys.stderr)
         return 2

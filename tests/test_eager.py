@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """The eager fast path: what an eager call may skip, and what it must still check.
 
-CPU: the Hopper launcher's per-problem ``_Launch`` cache (``gemm_for_ops``) driven with a
+CPU: the Hopper launcher's per-problem ``Launch`` cache (``gemm_for_ops``) driven with a
 recording kernel: a hit takes the new operands' addresses, and every fact that can change
 between calls of one shape (alignment, contiguity, alpha, the stream) sends the call back
 through the full checks, which refuse it as on a first call; ``ops.eager``'s choice of path.
@@ -254,3 +254,181 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.seen.append(str(func._schema.name))
         return func(*args, **(kwargs or {}))
+
+
+# ----------------------------------------------------------------------------- plans (GPU)
+
+
+def _layer(activations, bias=True, n=384, k=512, seed=0):
+    torch.manual_seed(seed)
+    linear = torch.nn.Linear(k, n, bias=bias, device="cuda", dtype=torch.bfloat16)
+    gs = 0.25 if activations == "static" else None
+    return fp4_ops.FP4Linear.from_linear(linear, activations=activations, input_global_scale=gs)
+
+
+def _full_path(layer, x):
+    """The layer's output through the registered ops (x requiring a gradient): no plan."""
+    with torch.enable_grad():
+        return layer(x.clone().requires_grad_()).detach()
+
+
+def _no_full_path(*_):
+    raise AssertionError("a planned call went through the full path")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("activations", ["bf16", "dynamic", "static"])
+@pytest.mark.parametrize("shape", [(5, 512), (2, 3, 512)], ids=["2d", "3d"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_gpu_planned_forward_gives_the_full_paths_bits(activations, shape, bias):
+    """The second eager call of a shape launches the layer's plan (the full path is not
+    reached) and gives the dispatcher's bits, for new inputs of that shape at every call."""
+    layer = _layer(activations, bias)
+    with torch.no_grad():
+        layer(torch.randn(shape, device="cuda", dtype=torch.bfloat16))
+        layer._forward = _no_full_path
+        for _ in range(2):
+            x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+            y = layer(x)
+            del layer._forward
+            assert y.shape == (*shape[:-1], 384)
+            assert torch.equal(y, _full_path(layer, x))
+            layer._forward = _no_full_path
+
+
+def _replace_weights(layer, other):
+    layer.load_state_dict(other.state_dict(), assign=True)
+
+
+def _copy_weights(layer, other):
+    layer.load_state_dict(other.state_dict())
+
+
+def _move(layer, other):
+    layer.cpu()
+    _copy_weights(layer, other)
+    layer.cuda()
+
+
+def _new_bias(layer, other):
+    layer.bias = torch.nn.Parameter(other.bias.detach().clone(), requires_grad=False)
+    _copy_weights(layer, other)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("activations", ["bf16", "dynamic", "static"])
+@pytest.mark.parametrize(
+    "change", [_replace_weights, _copy_weights, _move, _new_bias], ids=lambda f: f.__name__[1:]
+)
+def test_gpu_plan_follows_the_layers_tensors(activations, change):
+    """Weights, scales or bias replaced, copied in place, or the layer moved off the GPU and
+    back: the next call computes with the new tensors (the bits of a layer made from them)."""
+    layer, other = _layer(activations, seed=0), _layer(activations, seed=1)
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(2):  # (the second call is planned)
+            before = layer(x)
+        change(layer, other)
+        after = layer(x)
+        assert torch.equal(after, other(x)) and not torch.equal(after, before)
+        assert torch.equal(layer(x), after)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+@pytest.mark.parametrize("how", ["transposed", "misaligned", "grad"])
+def test_gpu_calls_a_plan_cannot_take_use_the_full_path(activations, how):
+    """After a plan exists for the shape: a non-contiguous x, an x 2 bytes off a 16-byte
+    boundary, and an x that asks for a gradient take the full path, with its result (and its
+    refusal of a backward)."""
+    layer = _layer(activations)
+    x = torch.randn(6, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer(x)
+        layer(x)
+    want = _full_path(layer, x)
+    if how == "transposed":
+        odd = x.t().contiguous().t()
+    elif how == "misaligned":
+        odd = torch.empty(x.numel() + 8, device="cuda", dtype=torch.bfloat16)[1:][: x.numel()]
+        odd = odd.view(6, 512).copy_(x)
+    else:
+        odd = x.clone().requires_grad_()
+    y = layer(odd)
+    assert torch.equal(y.detach(), want)
+    if how == "grad":
+        with pytest.raises(RuntimeError, match="inference only"):
+            y.sum().backward()
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("format", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_gpu_planned_quantize_matches_the_cpu_quantizer(format, static):
+    """quantize's plan (second and later calls of a shape) gives the CPU quantizer's bytes for
+    new inputs, a static scale read at each call (changed in place between calls)."""
+    if static and format == "mxfp4":
+        pytest.skip("mxfp4 has no global scale")
+    torch.manual_seed(3)
+    gs = torch.full((), 0.01, device="cuda") if static else None
+    fp4_ops.quantize(torch.randn(40, 256, device="cuda"), format, gs)
+    real = ops._quantize
+    ops._quantize = _no_full_path
+    try:
+        for step in range(3):
+            x = torch.randn(40, 256, device="cuda") * (step + 1)
+            if static:
+                gs.mul_(2.0)
+            got = fp4_ops.quantize(x, format, gs)
+            want = real(x.cpu(), format, None if gs is None else gs.cpu())
+            for part in ("data", "scale", "global_scale"):
+                g, w = getattr(got, part).cpu(), getattr(want, part)
+                assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), part
+    finally:
+        ops._quantize = real
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")], ids=str)
+def test_gpu_bad_static_scale_on_the_device_poisons_every_scale(bad):
+    """A float32 CUDA global scale is read by the quantizer as it runs: one that is not finite
+    and positive gives the NaN scale byte in every block (first and planned calls), so every
+    product that reads it is NaN."""
+    x = torch.randn(24, 96, device="cuda")  # (a shape of its own: the first call is full)
+    gs = torch.full((), bad, device="cuda")
+    for _ in range(2):
+        q = fp4_ops.quantize(x, global_scale=gs)
+        plain = q.plain_scales().view(torch.uint8)
+        assert bool((plain == 0x7F).all())
+        assert bool(fp4_ops.fp4_gemm(q, fp4_ops.quantize(x)).isnan().all())
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_planned_fp4_gemm_gives_the_full_paths_bits():
+    """fp4_gemm's plan gives the full path's bits for new operands of the planned shapes,
+    reads the global scales at each call, and leaves operands it cannot take (data 16 bytes
+    into a buffer is fine, 8 is not) to the full path."""
+    torch.manual_seed(4)
+    w = fp4_ops.quantize(torch.randn(256, 512, device="cuda"))
+    fp4_ops.fp4_gemm(fp4_ops.quantize(torch.randn(9, 512, device="cuda")), w)
+    real = ops._fp4_gemm
+    for _ in range(3):
+        a = fp4_ops.quantize(torch.randn(9, 512, device="cuda"))
+        w.global_scale.mul_(1.5)
+        want = real(a, w, torch.bfloat16, None)
+        ops._fp4_gemm = _no_full_path
+        try:
+            got = fp4_ops.fp4_gemm(a, w)
+        finally:
+            ops._fp4_gemm = real
+        assert torch.equal(got, want)
+        buffer = torch.zeros(a.data.numel() + 16, dtype=torch.uint8, device="cuda")
+        shifted = buffer[8 : 8 + a.data.numel()].view(a.data.shape).copy_(a.data)
+        odd = fp4_ops.FP4Tensor(shifted, a.scale, a.global_scale, "nvfp4")
+        assert torch.equal(fp4_ops.fp4_gemm(odd, w), want)

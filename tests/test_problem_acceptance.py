@@ -137,7 +137,7 @@ def test_hopper_gemm_checks_every_new_problem(monkeypatch, changed):
     stream = SimpleNamespace(cuda_stream=0, device=torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: stream)
     config = r90.GemmConfig(16, "BFloat16", path="prefill", mma_tiler_mn=(128, 256))
-    monkeypatch.setattr(r90._Launch, "__call__", lambda self, *a, **k: launched.append(a))
+    monkeypatch.setattr(r90.Launch, "__call__", lambda self, *a, **k: launched.append(a))
     r90.gemm(**_h_operands(*GOOD), config=config)
     assert len(launched) == 1
     with pytest.raises(ValueError, match=HOPPER_REFUSAL[changed]):

@@ -199,8 +199,8 @@ _PICKED: dict[tuple, GemmConfig] = {}
 # converted A)
 _WORKSPACES: dict[tuple, tuple] = {}
 # gemm_for_ops: the operands' shapes and dtypes, sf_vec_size, D's dtype, device index, stream
-# handle -> the _Launch that passed every check for them
-_LAUNCHES: dict[tuple, _Launch] = {}
+# handle -> the Launch that passed every check for them
+_LAUNCHES: dict[tuple, Launch] = {}
 
 
 def cache_size() -> int:
@@ -219,7 +219,7 @@ def gemm(
 
 
 @dataclass(frozen=True)
-class _Launch:
+class Launch:
     """One checked problem on one stream: the compiled kernel's TVM-FFI function, (M, N, K, L),
     the workspace and the device's 1.0 (alpha's scale when none is given), ready to take the
     operands' addresses."""
@@ -242,6 +242,16 @@ class _Launch:
         tensors = (a, b, sfa, sfb, out, *self.workspace, alpha, offsets, scale)
         self.fn(*[t.data_ptr() for t in tensors], self.mnkl, stream_handle)
 
+    def bind(self, b, sfa, sfb, alpha, scale=None) -> BoundGemm:
+        """This launch with B, the scales, alpha and its scale bound to their addresses (the
+        tensors are held, so the addresses stay theirs): a call passes A's and D's. The caller
+        has checked them (``fits``) and holds them fixed."""
+        sfa = sfb if sfa is None else sfa
+        scale = self.unit if scale is None else scale
+        tensors = (b, sfa, sfb, *self.workspace, alpha, alpha, scale)
+        ptrs = [t.data_ptr() for t in tensors]
+        return BoundGemm(self.fn, tuple(ptrs[:3]), (*ptrs[3:], self.mnkl), tensors)
+
     def fits(self, a, b, sfa, sfb, alpha, out, scale=None) -> bool:
         """Whether operands of the shapes and dtypes it was checked for still pass what can
         change between calls: contiguity, 16-byte bases, the device (also the current one),
@@ -259,6 +269,20 @@ class _Launch:
         )
 
 
+@dataclass(frozen=True)
+class BoundGemm:
+    """A checked dense launch whose operands other than A and D stay put (a layer's weights,
+    its activations' scratch): ``bound(a, out, stream)`` takes their addresses, no checks."""
+
+    fn: object
+    head: tuple[int, ...]  # B, SFA, SFB
+    tail: tuple  # the workspace, alpha, group offsets (a stand-in), alpha's scale; (M, N, K, L)
+    held: tuple[torch.Tensor, ...]
+
+    def __call__(self, a: int, out: int, stream_handle: int) -> None:
+        self.fn(a, *self.head, out, *self.tail, stream_handle)
+
+
 def _scalars_fit(t, index: int, count: int = 1) -> bool:
     """A contiguous float32 tensor of ``count`` elements on CUDA device ``index``."""
     return (
@@ -270,9 +294,9 @@ def _scalars_fit(t, index: int, count: int = 1) -> bool:
     )
 
 
-def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale=None) -> _Launch:
+def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale=None) -> Launch:
     """Every check of ``gemm``'s arguments (configuration checks once per configuration and
-    problem), the compiled kernel and the workspace: a ``_Launch`` for them on ``stream``
+    problem), the compiled kernel and the workspace: a ``Launch`` for them on ``stream``
     (None: the current one)."""
     if config is None:
         a_dtype = _a_dtype(a)
@@ -307,7 +331,7 @@ def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale
     workspace = _workspace(config, mnkl, stream)
     index = a.get_device()
     fn = _compiled(config, a.device.index)[1]
-    return _Launch(fn, mnkl, workspace, index, unit_scale(a.device))
+    return Launch(fn, mnkl, workspace, index, unit_scale(a.device))
 
 
 def _a_dtype(a) -> str:
@@ -514,8 +538,8 @@ def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4, sc
     and ``scale`` (None: 1): one-element float32 tensors on a's device, multiplied.
 
     The first call of a problem on a stream checks everything (``gemm``'s path) and keeps its
-    ``_Launch``; a later call with operands of the same shapes and dtypes launches it after
-    the checks that can change between calls (``_Launch.fits``)."""
+    ``Launch``; a later call with operands of the same shapes and dtypes launches it after
+    the checks that can change between calls (``Launch.fits``)."""
     index = a.get_device()
     stream = stream_handle(index)
     sfa_key = None if sfa is None else (sfa.shape, sfa.dtype)
@@ -530,8 +554,27 @@ def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4, sc
     return out
 
 
-def _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale=None) -> _Launch:
-    """``gemm_for_ops``' operands through every check of ``gemm``, launched: their _Launch."""
+def launch_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4, scale=None):
+    """``gemm_for_ops``' ``Launch`` for these operands and a D of ``out_dtype`` on the current
+    stream, through every check, not launched: for a caller that keeps it and checks at each
+    call what can change (``Launch.fits``), or binds the operands it holds fixed
+    (``Launch.bind``)."""
+    out = torch.empty((*a.shape[:-1], b.shape[-2]), dtype=out_dtype, device=a.device)
+    return _checked(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale)[0]
+
+
+def _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale=None) -> Launch:
+    """``gemm_for_ops``' operands through every check of ``gemm``, launched: their Launch."""
+    checked = _checked(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale)
+    launch, a3, b3, sfa, sfb, out3 = checked
+    with torch.cuda.device(a.device):
+        launch(a3, b3, sfa, sfb, out3, alpha, torch.cuda.current_stream().cuda_stream, scale=scale)
+    return launch
+
+
+def _checked(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale):
+    """``gemm_for_ops``' operands through every check of ``gemm``: their Launch on the current
+    stream, and the operands as the kernel takes them (3-D, the scales as bytes)."""
     if a.dim() not in (2, 3) or b.dim() != a.dim():
         raise ValueError(f"a and b must both be 2-D or 3-D, got {tuple(a.shape)}, {tuple(b.shape)}")
     if _a_dtype(a) != a_dtype:
@@ -543,8 +586,7 @@ def _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale=None) 
     with torch.cuda.device(a.device):
         stream = torch.cuda.current_stream()
         launch = _prepare(a3, b3, sfa, sfb, alpha, out3, None, sf_vec_size, stream, scale)
-        launch(a3, b3, sfa, sfb, out3, alpha, stream.cuda_stream, scale=scale)
-    return launch
+    return launch, a3, b3, sfa, sfb, out3
 
 
 def grouped_gemm_for_ops(a, b, sfb, sf_vec_size, alpha, offsets, out_dtype):
@@ -611,10 +653,10 @@ def _offsets_fit(offsets, experts: int, index: int) -> bool:
     )
 
 
-def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> _Launch:
+def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> Launch:
     """One launch's operands (a run of experts, its views of the offsets and alpha, which
     ``grouped_gemm_for_ops`` checked for the whole call) through every other check, launched:
-    their _Launch."""
+    their Launch."""
     experts = b.shape[0]
     a_dtype = _a_dtype(a)
     if a_dtype == W4A4:
@@ -635,6 +677,6 @@ def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> _Launc
         stream = torch.cuda.current_stream()
         workspace = _workspace(config, mnkl, stream)
         fn = _compiled(config, a.device.index)[1]
-        launch = _Launch(fn, mnkl, workspace, a.get_device(), unit_scale(a.device), grouped=True)
+        launch = Launch(fn, mnkl, workspace, a.get_device(), unit_scale(a.device), grouped=True)
         launch(a, b, None, sfb, out, alpha, stream.cuda_stream, offsets)
     return launch
