@@ -8,7 +8,8 @@ For each shape M x N x K it prints two figures per call: host time (enqueueing `
 while a sleep kernel holds the GPU, so that no call waits for the GPU or for a full launch
 queue: the host's own cost) and wall time (``calls`` calls after a warm-up, up to the GPU
 finishing them). Rows: BF16 ``F.linear``; ``FP4Linear`` W4A16 and W4A4 (activation quantization
-included); ``fp4_gemm`` on operands quantized beforehand; and ``quantize`` beside
+included; dynamic and static ("st") activation scales); ``fp4_gemm`` on operands quantized
+beforehand; and ``quantize`` (dynamic, and with a static CUDA global scale) beside
 ``torch.empty_like`` plus one elementwise op. Ratios are host times against ``F.linear``'s
 (quantize: against the empty_like + op pair).
 """
@@ -60,14 +61,19 @@ def rows_for(m: int, n: int, k: int, calls: int) -> list[tuple[str, float, float
     linear = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
     w16 = fp4_ops.FP4Linear.from_linear(linear, activations="bf16")
     w4 = fp4_ops.FP4Linear.from_linear(linear)
+    gs = torch.full((), 0.01, device="cuda")
+    w4s = fp4_ops.FP4Linear.from_linear(linear, activations="static", input_global_scale=gs)
     a, b = fp4_ops.quantize(x), w4.weight
     out = []
     with torch.inference_mode():
         out.append(("F.linear (BF16)", *time_calls(lambda: F.linear(x, linear.weight), calls)))
         out.append(("FP4Linear W4A16", *time_calls(lambda: w16(x), calls)))
         out.append(("FP4Linear W4A4", *time_calls(lambda: w4(x), calls)))
+        out.append(("FP4Linear W4A4 st", *time_calls(lambda: w4s(x), calls)))
         out.append(("fp4_gemm W4A4", *time_calls(lambda: fp4_ops.fp4_gemm(a, b), calls)))
         out.append(("quantize", *time_calls(lambda: fp4_ops.quantize(x), calls)))
+        static = time_calls(lambda: fp4_ops.quantize(x, global_scale=gs), calls)
+        out.append(("quantize static", *static))
         out.append(("empty_like + mul", *time_calls(lambda: torch.empty_like(x).mul_(2), calls)))
     return out
 
@@ -91,7 +97,7 @@ def main(argv=None) -> int:
         rows = rows_for(m, n, k, args.calls)
         base = {name: host for name, host, _ in rows}
         for name, host, wall in rows:
-            quantizing = name in ("quantize", "empty_like + mul")
+            quantizing = name.startswith("quantize") or name == "empty_like + mul"
             ref = base["empty_like + mul"] if quantizing else base["F.linear (BF16)"]
             print(f"{f'{m}x{n}x{k}':>18} {name:<18} {host:8.1f} {wall:8.1f} {host / ref:10.2f}x")
     return 0
