@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Memory that an op keeps across calls (workspaces, index tables), made outside every CUDA graph's
-memory pool; and the current stream's handle, which every launch needs.
+memory pool; and the current stream's handle, device and capture state, which every eager
+launch asks for.
 
 While CUDA-graph trees (``torch.compile(mode="reduce-overhead")``) warm up or record a graph, torch
 routes the allocations of the recording thread and stream into the graph's private pool, and it
@@ -61,6 +62,24 @@ def stream_handle(device_index: int) -> int:
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_device() -> int:
+    """``torch.cuda.current_device()`` for a caller that holds a CUDA tensor (so CUDA is
+    initialised): torch's getter without the lazy-initialisation check around it."""
+    return _GET_DEVICE()
+
+
+def capturing() -> bool:
+    """``torch.cuda.is_current_stream_capturing()`` for a caller that holds a CUDA tensor,
+    without the initialisation check around torch's getter."""
+    return _CAPTURING()
+
+
+_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+_CAPTURING = getattr(
+    torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing
+)
 
 
 def unit_scale(device: torch.device) -> torch.Tensor:

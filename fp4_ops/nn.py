@@ -16,7 +16,7 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 from fp4_ops import cpu
 from fp4_ops.buffers import FP4Buffers
 from fp4_ops.layout import DSL_DTYPE_NAMES, FORMATS, PACKED_DTYPES, SCALE_DTYPES
-from fp4_ops.memory import stream_handle
+from fp4_ops.memory import capturing, stream_handle
 from fp4_ops.moe import FP4Experts, is_experts_module
 from fp4_ops.ops import (
     IN_DTYPES,
@@ -85,6 +85,11 @@ class FP4Linear(FP4Buffers):
     ``input_global_scale`` (static), ``bias``, and the extra state ``{"format", "activations"}``.
     Loading checks all of it before it assigns anything: another format, shape, static /
     dynamic activation scales, or a part missing, is a ValueError that names what differs.
+
+    Eager calls on an H100 / H200: after the first call of an input shape and dtype on a
+    stream, the next ones launch its plan, the kernels with this layer's buffers bound, behind
+    the checks that can change between calls. Values changed in place are read at the next
+    launch; a buffer or bias replaced, or a move, drops the plans.
     """
 
     def __init__(
@@ -442,7 +447,7 @@ class _Plan:
         (W4A4), outside CUDA-graph capture, as a graph keeps its own."""
         if not launchable(x, index):
             return False
-        return self.quantize is None or not torch.cuda.is_current_stream_capturing()
+        return self.quantize is None or not capturing()
 
     def current(self, layer: FP4Linear) -> bool:
         """Whether the layer still holds the buffers and bias this plan bound."""

@@ -27,7 +27,7 @@ from fp4_ops.layout import (
     SCALE_DTYPES,
     to_blocked,
 )
-from fp4_ops.memory import stream_handle
+from fp4_ops.memory import capturing, current_device, stream_handle
 from fp4_ops.sm90 import k_order
 from fp4_ops.tensor import (
     FP4Tensor,
@@ -182,7 +182,7 @@ def _quantize_takes(x: torch.Tensor, global_scale, index: int) -> bool:
     if not launchable(x, index):
         return False
     if global_scale is None:
-        return not torch.cuda.is_current_stream_capturing()
+        return not capturing()
     return (
         type(global_scale) is torch.Tensor
         and global_scale.dtype == torch.float32
@@ -200,7 +200,7 @@ def launchable(x: torch.Tensor, index: int) -> bool:
         x.is_contiguous()
         and not x.data_ptr() % 16
         and not (x.requires_grad and torch.is_grad_enabled())
-        and torch.cuda.current_device() == index
+        and current_device() == index
     )
 
 
@@ -208,7 +208,7 @@ def plannable(x: torch.Tensor, index: int) -> bool:
     """Whether an eager call on x that has just passed every check may leave a plan for the
     next calls of its shape: ``launchable`` x with elements, outside CUDA-graph capture (a
     graph keeps what it allocates)."""
-    return x.numel() > 0 and launchable(x, index) and not torch.cuda.is_current_stream_capturing()
+    return x.numel() > 0 and launchable(x, index) and not capturing()
 
 
 # ----------------------------------------------------------------------------- GEMM
@@ -381,7 +381,8 @@ def fp4_gemm(
     memory when they run, so there is no host sync and a replayed CUDA graph uses the scales
     current then. CPU tensors run ``fp4_ops.cpu``.
     Under CUDA-graph capture, call the op once on that stream and shape before capturing (the
-    kernels compile and the Hopper workspace is zeroed at the first call).
+    kernels compile and the Hopper workspace is zeroed at the first call). Eager calls of a
+    problem already run on a stream (alpha None, Hopper) launch its checked kernel directly.
     Inference only: a backward through it raises ``NO_BACKWARD``.
     """
     if alpha is None and type(a) is FP4Tensor and type(b) is FP4Tensor and a.data.is_cuda:
@@ -436,7 +437,7 @@ def _gemm_takes(a: FP4Tensor, b: FP4Tensor, index: int) -> bool:
             return False
     if torch.is_grad_enabled() and (a.global_scale.requires_grad or b.global_scale.requires_grad):
         return False
-    return torch.cuda.current_device() == index
+    return current_device() == index
 
 
 def _fp4_gemm(a, b, out_dtype, alpha) -> torch.Tensor:
