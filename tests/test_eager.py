@@ -483,3 +483,43 @@ def test_gpu_planned_fp4_gemm_gives_the_full_paths_bits():
         odd = fp4_ops.FP4Tensor(shifted, a.scale, a.global_scale, "nvfp4")
         with pytest.raises(ValueError, match="a must start on a 16-byte boundary"):
             fp4_ops.fp4_gemm(odd, w)
+
+
+_REFUSALS = {
+    "layer-K": (lambda layer, x, w, a: layer(torch.randn(3, 256, device="cuda")), "in_features"),
+    "layer-cpu": (lambda layer, x, w, a: layer(x.cpu()), "is on cpu"),
+    "layer-int": (lambda layer, x, w, a: layer(x.to(torch.int32)), "float32, bfloat16 or"),
+    "quantize-K": (lambda layer, x, w, a: fp4_ops.quantize(x[:, :500]), "not a multiple of"),
+    "quantize-mx-gs": (lambda layer, x, w, a: fp4_ops.quantize(x, "mxfp4", 0.5), "no global"),
+    "quantize-format": (lambda layer, x, w, a: fp4_ops.quantize(x, "nvfp8"), "format"),
+    "gemm-format": (
+        lambda layer, x, w, a: fp4_ops.fp4_gemm(fp4_ops.quantize(x, "mxfp4"), w),
+        "a is mxfp4 but b is nvfp4",
+    ),
+    "gemm-dtype": (lambda layer, x, w, a: fp4_ops.fp4_gemm(a, w, torch.int8), "out_dtype"),
+    "gemm-K": (
+        lambda layer, x, w, a: fp4_ops.fp4_gemm(fp4_ops.quantize(x[:, :256]), w),
+        "K mismatch",
+    ),
+}
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("name", list(_REFUSALS))
+def test_gpu_refusals_stand_after_plans_exist(name):
+    """Once the layer, quantize and fp4_gemm have plans for x's shape, a bad input near it
+    raises the first call's ValueError, and the plans still serve good calls."""
+    layer = _layer("dynamic")
+    x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
+    w = fp4_ops.quantize(torch.randn(256, 512, device="cuda"))
+    a = fp4_ops.quantize(x)
+    call, needle = _REFUSALS[name]
+    with torch.no_grad():
+        for _ in range(2):
+            want = (layer(x), fp4_ops.quantize(x), fp4_ops.fp4_gemm(a, w))
+        with pytest.raises(ValueError, match=needle):
+            call(layer, x, w, a)
+        got = (layer(x), fp4_ops.quantize(x), fp4_ops.fp4_gemm(a, w))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    assert torch.equal(got[1].data, want[1].data)
