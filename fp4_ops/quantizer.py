@@ -99,6 +99,11 @@ AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
 # the quantize kernel reduces the amax pass's per-CTA maxima, up to this many per thread
 PARTIALS_PER_THREAD = 5
 MAX_PARTIALS = THREADS * PARTIALS_PER_THREAD
+# dynamic NVFP4 x of at most this many bytes (a decode step's activations): every quantize CTA
+# reduces x itself (at most 4 steps per thread, from L2), so no amax grid, one launch; at most
+# LOCAL_AMAX_CTAS CTAs, so the repeated reads stay within 2 MB
+LOCAL_AMAX_BYTES = 32 * 1024
+LOCAL_AMAX_CTAS = 64
 
 # NOTE: the non-negative fp32 bit patterns order like uint32, so amax is an integer max.
 ABS_MASK = 0x7FFFFFFF
@@ -174,15 +179,18 @@ def _e4m3_f32(byte: Uint32, *, loc=None, ip=None) -> Float32:
 class QuantizeFp4:
     """x -> (codes, blocked scales, global scale); see the module docstring."""
 
-    def __init__(self, in_dtype: str, sf_vec_size: int, dynamic: bool):
+    def __init__(self, in_dtype: str, sf_vec_size: int, dynamic: bool, local_amax: bool = False):
         self.in_dtype_name = in_dtype
         self.in_dtype = IN_DTYPES[in_dtype]
         self.sf_vec_size = sf_vec_size
         self.dynamic = dynamic
+        # (dynamic only: each quantize CTA finds amax itself, for x of LOCAL_AMAX_BYTES at most)
+        self.local_amax = local_amax
         self._setup_attributes()
 
     def _setup_attributes(self):
         self.nvfp4 = self.sf_vec_size == 16
+        self.amax_grid = self.dynamic and not self.local_amax
         self.words_per_block = self.sf_vec_size // 8  # 8 codes per 32-bit word
         # elements per code store: a thread's two NVFP4 blocks, or one MXFP4 block
         self.code_vec = self.sf_vec_size * (BLOCKS_PER_THREAD if self.nvfp4 else 1)
@@ -232,17 +240,21 @@ class QuantizeFp4:
         amax_steps = n_elems // AMAX_ELEMS_PER_THREAD
         amax_ctas = min((amax_steps + THREADS - 1) // THREADS, sm_count * AMAX_CTAS_PER_SM)
         amax_ctas = min(amax_ctas, MAX_PARTIALS)
-        mPartials = cute.make_tensor(partials_ptr, cute.make_layout(MAX_PARTIALS))
-        if const_expr(self.dynamic):
-            mXa = cute.make_tensor(
-                x_ptr,
-                cute.make_layout(
-                    (amax_steps, AMAX_ELEMS_PER_THREAD), stride=(AMAX_ELEMS_PER_THREAD, 1)
-                ),
-            )
-            self.amax_kernel(mXa, mPartials, amax_steps).launch(
+        # what the quantize kernel reduces to amax: the amax grid's maxima, or (local) x itself
+        mAmax = cute.make_tensor(partials_ptr, cute.make_layout(MAX_PARTIALS))
+        amax_count = amax_ctas
+        mXa = cute.make_tensor(
+            x_ptr,
+            cute.make_layout(
+                (amax_steps, AMAX_ELEMS_PER_THREAD), stride=(AMAX_ELEMS_PER_THREAD, 1)
+            ),
+        )
+        if const_expr(self.amax_grid):
+            self.amax_kernel(mXa, mAmax, amax_steps).launch(
                 grid=(amax_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream
             )
+        if const_expr(self.local_amax):
+            mAmax, amax_count = mXa, amax_steps
         # one thread per (batch, padded row, pair of padded scale columns); lane pairs hold a word
         pairs_pad = sf_cols_pad // BLOCKS_PER_THREAD
         total = l * rows_pad * pairs_pad
@@ -251,18 +263,20 @@ class QuantizeFp4:
             (total_warps + THREADS - 1) // THREADS,
             sm_count * QUANT_CTAS_PER_SM[vec, self.in_dtype_name],
         )
+        if const_expr(self.local_amax):
+            ctas = min(ctas, LOCAL_AMAX_CTAS)
         self.kernel(
             mX,
             mQ,
             mSF,
             mGsIn,
             mGsOut,
-            mPartials,
-            amax_ctas,
+            mAmax,
+            amax_count,
             (rows, sf_cols, total, total_warps),
             cute.fast_divmod_create_divisor_v2(pairs_pad),
             cute.fast_divmod_create_divisor_v2(rows_pad),
-        ).launch(grid=(ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=self.dynamic)
+        ).launch(grid=(ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=self.amax_grid)
 
     # ------------------------------------------------------------------------------ amax pass
 
@@ -274,16 +288,22 @@ class QuantizeFp4:
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         cute.arch.griddepcontrol_launch_dependents()
+        amax = self._thread_amax(mXa, bidx * THREADS + tidx, gdim * THREADS, steps)
+        amax = self._cta_max(amax)
+        if tidx == 0:
+            mPartials[bidx] = amax
+
+    @cute.jit
+    def _thread_amax(self, mXa: cute.Tensor, start, step, steps) -> Uint32:
+        """The max of |x|'s bits over rows start, start + step, ... of mXa (32 elements each)."""
         amax = Uint32(0)
-        i = bidx * THREADS + tidx
+        i = start
         while i < steps:
             vals = mXa[i, None].load().to(Float32)
             for j in cutlass.range_constexpr(AMAX_ELEMS_PER_THREAD):
                 amax = max(amax, _f32_bits(vals[j]) & Uint32(ABS_MASK))
-            i += gdim * THREADS
-        amax = self._cta_max(amax)
-        if tidx == 0:
-            mPartials[bidx] = amax
+            i += step
+        return amax
 
     @cute.jit
     def _cta_max(self, value: Uint32) -> Uint32:
@@ -310,8 +330,8 @@ class QuantizeFp4:
         mSF: cute.Tensor,
         mGsIn: cute.Tensor,
         mGsOut: cute.Tensor,
-        mPartials: cute.Tensor,
-        num_partials: Int32,
+        mAmax: cute.Tensor,
+        amax_count: Int32,
         extents: tuple[Int32, Int32, Int32, Int32],
         pairs_pad: cute.FastDivmodDivisorV2,
         rows_pad: cute.FastDivmodDivisorV2,
@@ -320,7 +340,7 @@ class QuantizeFp4:
         walk over the blocks: Markstein block scales where gs allows, IEEE divisions else."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        gs = self._global_scale(mGsIn, mPartials, num_partials)
+        gs = self._global_scale(mGsIn, mAmax, amax_count)
         if (bidx == 0) & (tidx == 0):
             mGsOut[0] = gs
         scaling = self._block_scaling(gs)
@@ -369,18 +389,22 @@ class QuantizeFp4:
             t += gdim * THREADS
 
     @cute.jit
-    def _global_scale(self, mGsIn: cute.Tensor, mPartials: cute.Tensor, num_partials) -> Float32:
-        """1.0 (MXFP4), mGsIn[0] (static) or amax / 2688 from the amax grid's maxima (dynamic)."""
+    def _global_scale(self, mGsIn: cute.Tensor, mAmax: cute.Tensor, amax_count) -> Float32:
+        """1.0 (MXFP4), mGsIn[0] (static) or amax / 2688 (dynamic), amax from the amax grid's
+        ``amax_count`` maxima in mAmax, or (local) from x itself, mAmax's ``amax_count`` rows."""
         gs = Float32(1.0)
         if const_expr(self.nvfp4):
             if const_expr(self.dynamic):
-                # the amax grid's maxima are complete once it has (PDL)
-                cute.arch.griddepcontrol_wait()
                 amax_bits = Uint32(0)
                 tidx, _, _ = cute.arch.thread_idx()
-                for j in cutlass.range_constexpr(PARTIALS_PER_THREAD):
-                    if tidx + j * THREADS < num_partials:
-                        amax_bits = max(amax_bits, mPartials[tidx + j * THREADS])
+                if const_expr(self.local_amax):
+                    amax_bits = self._thread_amax(mAmax, tidx, THREADS, amax_count)
+                else:
+                    # the amax grid's maxima are complete once it has (PDL)
+                    cute.arch.griddepcontrol_wait()
+                    for j in cutlass.range_constexpr(PARTIALS_PER_THREAD):
+                        if tidx + j * THREADS < amax_count:
+                            amax_bits = max(amax_bits, mAmax[tidx + j * THREADS])
                 amax_bits = self._cta_max(amax_bits)
                 amax = _bits_f32(amax_bits)
                 # (an amax below 2688 * 2^-150 gives 0: 1.0 then, as for an all-zero x)
@@ -607,14 +631,17 @@ class QuantizeFp4:
         return Uint32(max(exp_bits + up - 2, Int32(0)))
 
 
-def compile_quantizer(in_dtype: str, sf_vec_size: int, dynamic: bool, options: str = ""):
-    """Compile for any shape (runtime extents); returns the executor.
+def compile_quantizer(
+    in_dtype: str, sf_vec_size: int, dynamic: bool, options: str = "", local_amax: bool = False
+):
+    """Compile for any shape (runtime extents; ``local_amax``: dynamic x of at most
+    ``LOCAL_AMAX_BYTES``); returns the executor.
 
     ``options="--gpu-arch sm_90a --keep-ptx --dump-dir=DIR"`` cross-compiles without a GPU."""
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
-    op = QuantizeFp4(in_dtype, sf_vec_size, dynamic)
+    op = QuantizeFp4(in_dtype, sf_vec_size, dynamic, local_amax)
     gmem = cute.AddressSpace.gmem
     ptrs = (
         make_ptr(IN_DTYPES[in_dtype], 0, gmem, assumed_align=16),
@@ -654,11 +681,13 @@ class QuantizerConfig:
     in_dtype: str  # a key of IN_DTYPES
     sf_vec_size: int
     dynamic: bool  # NVFP4 with the global scale found on the device (the amax grid first)
+    local_amax: bool = False  # dynamic, x of LOCAL_AMAX_BYTES at most: no amax grid
 
 
 # (QuantizerConfig, device index) -> (compiled kernel, its TVM-FFI function, the SM count)
 _KERNELS: dict[tuple[QuantizerConfig, int], tuple] = {}
-# (x's torch dtype, sf_vec_size, dynamic, device index) -> _KERNELS' (function, SM count): the
+# (x's torch dtype, sf_vec_size, dynamic, local amax, device index) -> _KERNELS' (function, SM
+# count): the
 # launch's lookup, without building a QuantizerConfig per call
 _LAUNCHERS: dict[tuple, tuple] = {}
 # (x's shape, sf_vec_size, device index, stream handle) -> scratch_buffers' tensors
@@ -771,8 +800,9 @@ def plan_quantize(x, sf_vec_size: int, global_scale=None) -> QuantizePlan:
     l = x.shape[0] if lead else 1  # noqa: E741
     index = x.get_device()
     dynamic = sf_vec_size == 16 and global_scale is None
-    kernel, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index)
-    partials = _partials(x.device, stream_handle(index)) if dynamic else None
+    local = dynamic and x.numel() * x.element_size() <= LOCAL_AMAX_BYTES
+    kernel, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index, local)
+    partials = _partials(x.device, stream_handle(index)) if dynamic and not local else None
     sf_shape = (*lead, *blocked_scale_shape(rows, k, sf_vec_size))
     q_shape = (*lead, rows, k // 2)
     return QuantizePlan(
@@ -810,22 +840,26 @@ def _partials(device, stream: int):
     return make() if found is None else found
 
 
-def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int):
+def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int, local_amax: bool = False):
     """(the compiled quantizer's TVM-FFI function, the device's SM count) for x of torch dtype
     ``in_dtype`` on CUDA device ``index``, compiled once per process (``QuantizerConfig``)."""
-    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, index))
+    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, index))
     if found is None:
-        config = QuantizerConfig(_torch_in_names()[in_dtype], sf_vec_size, dynamic)
+        config = QuantizerConfig(_torch_in_names()[in_dtype], sf_vec_size, dynamic, local_amax)
         if (config, index) not in _KERNELS:
             with torch.cuda.device(index):
                 # (TVM-FFI: the launch takes plain ints for pointers, extents and the stream)
                 compiled = compile_quantizer(
-                    config.in_dtype, config.sf_vec_size, config.dynamic, "--enable-tvm-ffi"
+                    config.in_dtype,
+                    config.sf_vec_size,
+                    config.dynamic,
+                    "--enable-tvm-ffi",
+                    config.local_amax,
                 )
             sm_count = torch.cuda.get_device_properties(index).multi_processor_count
             _KERNELS[config, index] = (compiled, compiled.__tvm_ffi_object__(), sm_count)
         found = _KERNELS[config, index][1:]
-        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, index] = found
+        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, index] = found
     return found
 
 

@@ -188,7 +188,7 @@ def test_quantizer_launch_cache_gives_each_call_its_own_kernel(monkeypatch):
 
     launched = []
 
-    def compile_quantizer(in_dtype, vec, dynamic, options=""):
+    def compile_quantizer(in_dtype, vec, dynamic, options="", local_amax=False):
         config = (in_dtype, vec, dynamic)
         return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *a: launched.append(config))
 

@@ -216,23 +216,28 @@ def test_gpu_quantizer_at_midpoints(name, make, vec, global_scale, dtype):
 
 # ------------------------------------------------------------------------------ host side
 @pytest.mark.parametrize(
-    "dtype, vec, static, want",
+    "dtype, vec, static, rows, want",
     [
-        (torch.bfloat16, 16, False, ("BFloat16", 16, True)),
-        (torch.float16, 16, True, ("Float16", 16, False)),
-        (torch.float32, 32, False, ("Float32", 32, False)),
-        (torch.bfloat16, 32, False, ("BFloat16", 32, False)),
-        (torch.float32, 16, False, ("Float32", 16, True)),
+        (torch.bfloat16, 16, False, 4, ("BFloat16", 16, True, True)),
+        (torch.bfloat16, 16, False, 256, ("BFloat16", 16, True, True)),
+        (torch.bfloat16, 16, False, 257, ("BFloat16", 16, True, False)),
+        (torch.float16, 16, True, 4, ("Float16", 16, False, False)),
+        (torch.float32, 32, False, 4, ("Float32", 32, False, False)),
+        (torch.bfloat16, 32, False, 4, ("BFloat16", 32, False, False)),
+        (torch.float32, 16, False, 4, ("Float32", 16, True, True)),
+        (torch.float32, 16, False, 128, ("Float32", 16, True, True)),
+        (torch.float32, 16, False, 129, ("Float32", 16, True, False)),
     ],
 )
-def test_quantizer_cache_key_names_every_kernel_choice(monkeypatch, dtype, vec, static, want):
+def test_quantizer_cache_key_names_every_kernel_choice(monkeypatch, dtype, vec, static, rows, want):
     """What ``launch_quantize`` compiles (through its kernel cache) for each call: the input
-    dtype, the block size and whether the global scale is dynamic (NVFP4 without a given one),
-    as the call asks; ``QuantizerConfig`` keys of different kernels differ."""
+    dtype, the block size, whether the global scale is dynamic (NVFP4 without a given one),
+    and for a dynamic one whether x fits LOCAL_AMAX_BYTES (x [rows, 64]: 32 KB is 128 float32
+    or 256 bfloat16 rows), as the call asks; ``QuantizerConfig`` keys of different kernels differ."""
     compiled = []
 
-    def compile_quantizer(in_dtype, sf_vec_size, dynamic, options=""):
-        compiled.append((in_dtype, sf_vec_size, dynamic))
+    def compile_quantizer(in_dtype, sf_vec_size, dynamic, options="", local_amax=False):
+        compiled.append((in_dtype, sf_vec_size, dynamic, local_amax))
         raise LookupError("stop before any CUDA call")
 
     monkeypatch.setattr(q90, "compile_quantizer", compile_quantizer)
@@ -240,11 +245,15 @@ def test_quantizer_cache_key_names_every_kernel_choice(monkeypatch, dtype, vec, 
     for cache in ("_KERNELS", "_LAUNCHERS"):
         if hasattr(q90, cache):
             monkeypatch.setattr(q90, cache, {})
-    x = torch.zeros(4, 64, dtype=dtype)
+    x = torch.zeros(rows, 64, dtype=dtype)
     with pytest.raises(LookupError):
         q90.launch_quantize(x, vec, torch.ones(()) if static else None)
     assert compiled == [want]
     configs = {
-        q90.QuantizerConfig(d, v, s) for d in q90.IN_DTYPES for v in (16, 32) for s in (0, 1)
+        q90.QuantizerConfig(d, v, s, local)
+        for d in q90.IN_DTYPES
+        for v in (16, 32)
+        for s in (0, 1)
+        for local in (0, 1)
     }
-    assert len(configs) == 12
+    assert len(configs) == 24

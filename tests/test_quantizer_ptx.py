@@ -44,13 +44,14 @@ TORCH_IN = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32:
 
 
 @functools.cache
-def _entries(in_dtype: str, vec: int, dynamic: bool) -> tuple:
+def _entries(in_dtype: str, vec: int, dynamic: bool, local: bool = False) -> tuple:
     """(amax Entry or None, quantize Entry) of the config's PTX, compiled once per process."""
-    ex = quantizer.compile_quantizer(in_dtype, vec, dynamic, "--gpu-arch sm_90a --keep-ptx")
+    options = "--gpu-arch sm_90a --keep-ptx"
+    ex = quantizer.compile_quantizer(in_dtype, vec, dynamic, options, local_amax=local)
     entries = parse_ptx(ex.__ptx__)
     amax = [e for name, e in entries.items() if "amax_kernel" in name]
     quant = [e for name, e in entries.items() if "amax_kernel" not in name]
-    assert len(quant) == 1 and len(amax) == (1 if dynamic else 0)
+    assert len(quant) == 1 and len(amax) == (1 if dynamic and not local else 0)
     return (amax[0] if amax else None), quant[0]
 
 
@@ -70,11 +71,13 @@ def _put_divmod(params: Params, index: int, d: int) -> None:
     params.put(index + 1, d, 4)
 
 
-def emulate(x: torch.Tensor, vec: int, gs=None, ctas: int = 2, amax_ctas: int = 3):
+def emulate(x: torch.Tensor, vec: int, gs=None, ctas: int = 2, amax_ctas: int = 3, local=False):
     """(codes [L, R, K/2], blocked scale bytes [L, n], gs out, store counts) of the PTX's grids
-    on x [L, R, K]; ``gs`` a static NVFP4 global scale or None (dynamic, or MXFP4)."""
+    on x [L, R, K]; ``gs`` a static NVFP4 global scale or None (dynamic, or MXFP4); ``local``:
+    the dynamic kernel whose CTAs each reduce x itself (no amax grid)."""
     dynamic = vec == 16 and gs is None
-    amax_entry, entry = _entries(TORCH_IN[x.dtype], vec, dynamic)
+    local = local and dynamic
+    amax_entry, entry = _entries(TORCH_IN[x.dtype], vec, dynamic, local)
     n_batch, rows, k = x.shape
     rows_pad, sf_cols = -(-rows // 128) * 128, k // vec
     sf_cols_pad = -(-sf_cols // 4) * 4
@@ -87,7 +90,8 @@ def emulate(x: torch.Tensor, vec: int, gs=None, ctas: int = 2, amax_ctas: int = 
     gs_in = gmem.alloc(4) if gs is None else gmem.alloc(np.float32(gs).tobytes())
     gs_out = gmem.alloc(4)
     partials = gmem.alloc(4 * MAX_PARTIALS)
-    if dynamic:
+    steps = x.numel() // 32
+    if dynamic and not local:
         p = Params(amax_entry)
         p.put(0, x_ptr, 8)
         p.put(1, partials, 8)
@@ -96,7 +100,11 @@ def emulate(x: torch.Tensor, vec: int, gs=None, ctas: int = 2, amax_ctas: int = 
     p = Params(entry)
     for i, ptr in enumerate((x_ptr, q_ptr, sf_ptr, gs_in, gs_out, partials)):
         p.put(i, ptr, 8)
-    for i, v in enumerate((amax_ctas, rows, sf_cols, total, -(-total // 32) * 32)):
+    if local:  # (x again, as the rows of 32 elements it reduces, and their count)
+        p.put(5, x_ptr, 8)
+        p.put(5, steps, 4, 8)
+    amax_count = steps if local else amax_ctas
+    for i, v in enumerate((amax_count, rows, sf_cols, total, -(-total // 32) * 32)):
         p.put(6 + i, v, 4)
     _put_divmod(p, 11, pairs_pad)
     _put_divmod(p, 13, rows_pad)
@@ -111,7 +119,8 @@ def emulate(x: torch.Tensor, vec: int, gs=None, ctas: int = 2, amax_ctas: int = 
 
 
 def check(x: torch.Tensor, vec: int, gs=None, **grid) -> None:
-    """The emulated grids' outputs equal reference.py's, bit for bit, each byte stored once."""
+    """The emulated grids' outputs equal reference.py's, bit for bit, each byte stored once
+    (``grid``: emulate's ctas, amax_ctas, local)."""
     codes, scales, got_gs, counts, gs_counts = emulate(x, vec, gs, **grid)
     if vec == 16:
         want_q, want_sf, want_gs = reference.quantize_nvfp4(x, gs)
@@ -129,7 +138,13 @@ def check(x: torch.Tensor, vec: int, gs=None, **grid) -> None:
 
 # ------------------------------------------------------------------------------ the grids
 
-MODES = {"nvfp4-dynamic": (16, None), "nvfp4-static": (16, 0.0013), "mxfp4": (32, None)}
+# (vec, static global scale, local amax)
+MODES = {
+    "nvfp4-dynamic": (16, None, False),
+    "nvfp4-local": (16, None, True),
+    "nvfp4-static": (16, 0.0013, False),
+    "mxfp4": (32, None, False),
+}
 # [L, R, K]: two batches, rows past one 128-row atom, K / 16 = 6 (padded to 8 scale columns),
 # K / 32 = 3 (an odd count: a dead second block per row)
 SHAPE = (2, 130, 96)
@@ -140,9 +155,9 @@ SHAPE = (2, 130, 96)
 @pytest.mark.parametrize("kind", ["normal", "zeros", "ties", "wide", "denormal"])
 def test_grid_matches_reference(kind, mode, dtype):
     """Random, zero (blocks, rows, -0), E2M1-tie, wide-range and subnormal inputs."""
-    vec, gs = MODES[mode]
+    vec, gs, local = MODES[mode]
     x = _inputs(kind, SHAPE, dtype, seed=3)
-    check(x, vec, gs)
+    check(x, vec, gs, local=local)
 
 
 @pytest.mark.parametrize("ctas, amax_ctas", [(1, 1), (3, 2), (16, 8)])
@@ -150,14 +165,9 @@ def test_grid_matches_reference(kind, mode, dtype):
 def test_any_grid_size(ctas, amax_ctas, mode):
     """The persistent grids walk any grid size: one CTA (many turns of the loops), a few, and
     more CTAs than the thread space needs (idle warps)."""
-    vec, gs = MODES[mode]
-    check(
-        _inputs("normal", (1, 200, 64), torch.bfloat16, seed=4),
-        vec,
-        gs,
-        ctas=ctas,
-        amax_ctas=amax_ctas,
-    )
+    vec, gs, local = MODES[mode]
+    x = _inputs("normal", (1, 200, 64), torch.bfloat16, seed=4)
+    check(x, vec, gs, ctas=ctas, amax_ctas=amax_ctas, local=local)
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["+0", "-0"])
@@ -165,8 +175,8 @@ def test_any_grid_size(ctas, amax_ctas, mode):
 def test_all_zero_tensor(mode, sign):
     """amax 0: the dynamic global scale is 1.0, every scale byte 0 (E8M0: 2^-127), codes keep
     the sign of zero."""
-    vec, gs = MODES[mode]
-    check(torch.zeros(SHAPE, dtype=torch.bfloat16) * sign, vec, gs)
+    vec, gs, local = MODES[mode]
+    check(torch.zeros(SHAPE, dtype=torch.bfloat16) * sign, vec, gs, local=local)
 
 
 # (non-powers of two: Markstein quotients by them are inexact where the fast walk is wrong)
@@ -190,14 +200,14 @@ def test_non_finite_blocks(mode, bad):
     """Blocks holding NaN or Inf (the module's contract; reference.py refuses them): NaN scale
     bytes and zero codes; the other blocks as reference.py's with those blocks zeroed. A dynamic
     global scale turns non-finite: every scale byte NaN, every code zero."""
-    vec, gs = MODES[mode]
+    vec, gs, local = MODES[mode]
     x = _inputs("normal", SHAPE, torch.bfloat16, seed=7)
     spots = [(0, 0, 5), (0, 129, 95), (1, 64, 40)]
     clean = x.clone()
     for b, r, c in spots:
         x[b, r, c] = bad
         clean[b, r, c // vec * vec : (c // vec + 1) * vec] = 0.0
-    codes, scales, got_gs, _, _ = emulate(x, vec, gs)
+    codes, scales, got_gs, _, _ = emulate(x, vec, gs, local=local)
     nan_byte = 0x7F if vec == 16 else 0xFF
     if vec == 16:
         want_q, want_sf, _ = reference.quantize_nvfp4(clean, 1.0 if gs is None else gs)
