@@ -48,6 +48,8 @@ Kernels (no arch-specific "a" features: sm_90 and the sm_100 family; E4M3 cvts n
                  the global scale (dynamic: it waits for the amax grid, ``griddepcontrol.wait``,
                  then reduces its maxima), then tabulates (divisor, fl(1 / divisor)) for every
                  scale byte in shared memory. Block 0's thread 0 writes the global scale.
+                 A dynamic x of at most LOCAL_AMAX_BYTES (decode) has no amax grid: each of
+                 at most LOCAL_AMAX_CTAS CTAs reduces all of x itself, one launch in all.
 Both run on the caller's stream, with no memset and no host synchronization.
 
 Run

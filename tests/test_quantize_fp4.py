@@ -18,13 +18,24 @@ import reference
 from fp4_ops import quantizer as quantize_fp4
 
 # (in_dtype, sf_vec_size, dynamic)
-CONFIGS = [("BFloat16", 16, True), ("Float16", 16, False), ("Float32", 32, False)]
-CONFIG_IDS = ["bf16-nvfp4-dynamic", "f16-nvfp4-static", "f32-mxfp4"]
+# (in_dtype, sf_vec_size, dynamic, local_amax)
+CONFIGS = [
+    ("BFloat16", 16, True, False),
+    ("Float16", 16, False, False),
+    ("Float32", 32, False, False),
+    ("BFloat16", 16, True, True),
+]
+CONFIG_IDS = ["bf16-nvfp4-dynamic", "f16-nvfp4-static", "f32-mxfp4", "bf16-nvfp4-local"]
 
 
 def _ptx(arch: str, config, tmp_path) -> str:
+    in_dtype, vec, dynamic, local = config
     quantize_fp4.compile_quantizer(
-        *config, options=f"--gpu-arch {arch} --keep-ptx --dump-dir={tmp_path}"
+        in_dtype,
+        vec,
+        dynamic,
+        options=f"--gpu-arch {arch} --keep-ptx --dump-dir={tmp_path}",
+        local_amax=local,
     )
     (path,) = glob.glob(os.path.join(tmp_path, "*.ptx"))
     with open(path) as f:
@@ -47,14 +58,16 @@ def test_cross_compiles_to_portable_exact_code(arch, config, tmp_path):
         assert absent not in ptx, absent
     # exact arithmetic: IEEE divisions, no flush-to-zero, no approximate division
     assert ".ftz" not in ptx and "div.approx" not in ptx and "div.full" not in ptx
-    _, vec, dynamic = config
+    _, vec, dynamic, local = config
     if vec == 16:  # the block scale's divisions, Markstein's correction of |x| * rcp
         assert "div.rn.f32" in ptx and "rcp.rn.f32" in ptx and "fma.rn.f32" in ptx
-    # dynamic: the quantize grid waits for the amax grid's maxima, no atomics, no memset
-    assert ("griddepcontrol.wait" in ptx) == dynamic
-    assert ("griddepcontrol.launch_dependents" in ptx) == dynamic
+    # dynamic: the quantize grid waits for the amax grid's maxima, no atomics, no memset;
+    # local: one grid, which depends on no other
+    grid = dynamic and not local
+    assert ("griddepcontrol.wait" in ptx) == grid
+    assert ("griddepcontrol.launch_dependents" in ptx) == grid
     assert "atom." not in ptx
-    assert ptx.count(".entry") == (2 if dynamic else 1)
+    assert ptx.count(".entry") == (2 if grid else 1)
 
 
 @pytest.mark.parametrize("in_dtype", sorted(quantize_fp4.IN_DTYPES))

@@ -233,7 +233,8 @@ def test_quantizer_cache_key_names_every_kernel_choice(monkeypatch, dtype, vec, 
     """What ``launch_quantize`` compiles (through its kernel cache) for each call: the input
     dtype, the block size, whether the global scale is dynamic (NVFP4 without a given one),
     and for a dynamic one whether x fits LOCAL_AMAX_BYTES (x [rows, 64]: 32 KB is 128 float32
-    or 256 bfloat16 rows), as the call asks; ``QuantizerConfig`` keys of different kernels differ."""
+    or 256 bfloat16 rows), as the call asks; ``QuantizerConfig`` keys of different kernels
+    differ."""
     compiled = []
 
     def compile_quantizer(in_dtype, sf_vec_size, dynamic, options="", local_amax=False):
