@@ -2,21 +2,23 @@
 """Eager (no CUDA graph) cost of one call, as a model run without compilation pays it:
 
     python -m benchmarks.eager                  # the shapes below, on the current GPU
-    python -m benchmarks.eager --calls 500
+    python -m benchmarks.eager --calls 50
 
 For each shape M x N x K it prints two figures per call: host time (enqueueing ``calls`` calls
 while a sleep kernel holds the GPU, so that no call waits for the GPU or for a full launch
 queue: the host's own cost) and wall time (``calls`` calls after a warm-up, up to the GPU
-finishing them). Rows: BF16 ``F.linear``; ``FP4Linear`` W4A16 and W4A4 (activation quantization
-included; dynamic and static ("st") activation scales); ``fp4_gemm`` on operands quantized
-beforehand; and ``quantize`` (dynamic, and with a static CUDA global scale) beside
-``torch.empty_like`` plus one elementwise op. Ratios are host times against ``F.linear``'s
-(quantize: against the empty_like + op pair).
+finishing them), medians of 5 rounds that each time every row in turn. Rows: BF16
+``F.linear``; ``FP4Linear`` W4A16 and W4A4 (activation quantization included; dynamic and
+static ("st") activation scales); ``fp4_gemm`` on operands quantized beforehand; and
+``quantize`` (dynamic, and with a static CUDA global scale) beside ``torch.empty_like`` plus one
+elementwise op. Ratios are host times against ``F.linear``'s (quantize: against the
+empty_like + op pair).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 
@@ -28,28 +30,34 @@ import fp4_ops
 SHAPES = ((1, 8192, 8192), (16, 8192, 8192), (1, 4096, 4096))
 
 
-def time_calls(fn, calls: int, repeats: int = 5) -> tuple[float, float]:
-    """(host us per call, wall us per call), medians over ``repeats`` runs of ``calls`` calls;
-    host: enqueued behind a sleep kernel long enough to cover them (RuntimeError if the GPU
-    caught up, which would make it a GPU time)."""
-    fn()
+def time_rows(fns: dict, calls: int, rounds: int = 5) -> dict[str, tuple[float, float]]:
+    """name -> (host us per call, wall us per call) of ``fns``' calls: medians over ``rounds``
+    rounds, each timing every row once in turn (so that a slow phase of the host falls on all
+    rows alike); host: ``calls`` calls enqueued behind a sleep kernel long enough to cover them
+    (RuntimeError if the GPU caught up, which would make it a GPU time); wall: ``calls`` calls
+    up to the GPU finishing them."""
+    for fn in fns.values():  # (the first call of a shape compiles and leaves its plan)
+        fn()
+        fn()
     torch.cuda.synchronize()
-    host, wall = [], []
-    for _ in range(repeats):
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        host.append((time.perf_counter() - start) / calls * 1e6)
-        if torch.cuda.current_stream().query():
-            raise RuntimeError("the GPU finished its sleep before the calls were enqueued")
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        wall.append((time.perf_counter() - start) / calls * 1e6)
-    return sorted(host)[len(host) // 2], sorted(wall)[len(wall) // 2]
+    host = {name: [] for name in fns}
+    wall = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            host[name].append((time.perf_counter() - start) / calls * 1e6)
+            if torch.cuda.current_stream().query():
+                raise RuntimeError("the GPU finished its sleep before the calls were enqueued")
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            wall[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: (statistics.median(host[name]), statistics.median(wall[name])) for name in fns}
 
 
 # (about 0.1 s of GPU clock cycles: longer than enqueueing any row's calls)
@@ -64,18 +72,19 @@ def rows_for(m: int, n: int, k: int, calls: int) -> list[tuple[str, float, float
     gs = torch.full((), 0.01, device="cuda")
     w4s = fp4_ops.FP4Linear.from_linear(linear, activations="static", input_global_scale=gs)
     a, b = fp4_ops.quantize(x), w4.weight
-    out = []
+    fns = {
+        "F.linear (BF16)": lambda: F.linear(x, linear.weight),
+        "FP4Linear W4A16": lambda: w16(x),
+        "FP4Linear W4A4": lambda: w4(x),
+        "FP4Linear W4A4 st": lambda: w4s(x),
+        "fp4_gemm W4A4": lambda: fp4_ops.fp4_gemm(a, b),
+        "quantize": lambda: fp4_ops.quantize(x),
+        "quantize static": lambda: fp4_ops.quantize(x, global_scale=gs),
+        "empty_like + mul": lambda: torch.empty_like(x).mul_(2),
+    }
     with torch.inference_mode():
-        out.append(("F.linear (BF16)", *time_calls(lambda: F.linear(x, linear.weight), calls)))
-        out.append(("FP4Linear W4A16", *time_calls(lambda: w16(x), calls)))
-        out.append(("FP4Linear W4A4", *time_calls(lambda: w4(x), calls)))
-        out.append(("FP4Linear W4A4 st", *time_calls(lambda: w4s(x), calls)))
-        out.append(("fp4_gemm W4A4", *time_calls(lambda: fp4_ops.fp4_gemm(a, b), calls)))
-        out.append(("quantize", *time_calls(lambda: fp4_ops.quantize(x), calls)))
-        static = time_calls(lambda: fp4_ops.quantize(x, global_scale=gs), calls)
-        out.append(("quantize static", *static))
-        out.append(("empty_like + mul", *time_calls(lambda: torch.empty_like(x).mul_(2), calls)))
-    return out
+        times = time_rows(fns, calls)
+    return [(name, *times[name]) for name in fns]
 
 
 def main(argv=None) -> int:

@@ -270,3 +270,30 @@ def test_eager_bench_refuses_calls_out_of_range(calls, capsys):
 
     assert eager.main(["--calls", calls]) == 2
     assert "--calls must be 1 .. 150" in capsys.readouterr().err
+
+
+def test_eager_bench_times_every_row_in_each_round(monkeypatch):
+    """The eager benchmark's rounds each time every row in turn (a slow phase of the host falls
+    on all rows alike), and a row's figure is the median of its rounds."""
+    from types import SimpleNamespace
+
+    from benchmarks import eager
+
+    order, clock = [], [0.0]
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(query=lambda: False))
+    monkeypatch.setattr(eager.time, "perf_counter", lambda: clock[0])
+
+    def row(name, cost):
+        def call():
+            order.append(name)
+            clock[0] += cost * (3.0 if len(order) > 60 else 1.0)  # (a slow phase at the end)
+
+        return call
+
+    times = eager.time_rows({"a": row("a", 1e-6), "b": row("b", 2e-6)}, calls=2, rounds=5)
+    timed = order[4:]  # (two warm-up calls per row)
+    rounds = [timed[i : i + 8] for i in range(0, len(timed), 8)]
+    assert len(rounds) == 5 and all(r == ["a"] * 4 + ["b"] * 4 for r in rounds)
+    assert times["a"][0] == pytest.approx(1.0) and times["b"][0] == pytest.approx(2.0)
