@@ -736,12 +736,19 @@ def launch_quantize(x, sf_vec_size: int, global_scale=None, scratch=None):
     consumer that reads them on this stream before the next call does (returned as given)."""
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
+    plan = plan_quantize(x, sf_vec_size, global_scale)
+    stream = stream_handle(x.get_device())
+    if x.device.index == torch.cuda.current_device():
+        return _run(plan, x, global_scale, scratch, stream)
     with torch.cuda.device(x.device):
-        plan = plan_quantize(x, sf_vec_size, global_scale)
-        stream = stream_handle(x.get_device())
-        if scratch is None:
-            return plan(x, global_scale, stream)
-        plan.bind(scratch, global_scale)(x.data_ptr(), stream)
+        return _run(plan, x, global_scale, scratch, stream)
+
+
+def _run(plan: QuantizePlan, x, global_scale, scratch, stream: int):
+    """``launch_quantize``'s launch on x's device (the current one)."""
+    if scratch is None:
+        return plan(x, global_scale, stream)
+    plan.bind(scratch, global_scale)(x.data_ptr(), stream)
     return scratch
 
 

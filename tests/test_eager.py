@@ -182,6 +182,113 @@ def test_plans_are_dropped_by_moves_casts_and_pickles():
         assert change(layer)._plans is None
 
 
+def _aligned(n: int, offset: int = 0, dtype=torch.uint8) -> torch.Tensor:
+    """n elements of a CPU buffer, ``offset`` bytes past a 16-byte boundary."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    buf = torch.zeros(n * size + 64, dtype=torch.uint8)
+    base = (-buf.data_ptr()) % 16 + offset
+    return buf[base : base + n * size].view(dtype)
+
+
+@pytest.fixture
+def device_index(monkeypatch):
+    """The plan checks' view of the current device (-1: CPU tensors' get_device()) and of
+    CUDA-graph capture (off), both settable."""
+    state = SimpleNamespace(device=-1, capturing=False)
+    monkeypatch.setattr(ops, "current_device", lambda: state.device)
+    monkeypatch.setattr(ops, "capturing", lambda: state.capturing)
+    return state
+
+
+def test_launchable_refuses_what_a_plan_cannot_launch(device_index):
+    """A plan takes x contiguous, 16-byte aligned, on the current device, asking no gradient."""
+    x = _aligned(64, dtype=torch.float32).view(4, 16)
+    assert ops.launchable(x, -1)
+    assert not ops.launchable(x.t(), -1)
+    assert not ops.launchable(_aligned(64, 4, torch.float32).view(4, 16), -1)
+    assert not ops.launchable(x.clone().requires_grad_(), -1)
+    with torch.no_grad():
+        assert ops.launchable(x.clone().requires_grad_(), -1)
+    device_index.device = 0
+    assert not ops.launchable(x, -1)
+
+
+def test_quantize_plan_takes_only_its_kind_of_scale(device_index):
+    """A planned quantize takes a dynamic scale outside capture, and a static one only as a
+    float32 one-element tensor on x's device that asks no gradient."""
+    x = _aligned(64, dtype=torch.float32).view(2, 32)
+    assert ops._quantize_takes(x, None, -1)
+    device_index.capturing = True
+    assert not ops._quantize_takes(x, None, -1)
+    gs = torch.full((), 0.5)
+    assert ops._quantize_takes(x, gs, -1)
+    for bad in (gs.double(), torch.full((2,), 0.5), 0.5, gs.clone().requires_grad_()):
+        assert not ops._quantize_takes(x, bad, -1), bad
+    device_index.device = 0
+    assert not ops._quantize_takes(x, gs, -1)
+
+
+def test_gemm_plan_takes_aligned_parts_and_one_global_scale_each(device_index):
+    """A planned fp4_gemm needs every data and scale part 16-byte aligned, 0-d global scales,
+    b on a's device, which is the current one."""
+    a = fp4_ops.quantize(torch.randn(4, 64))
+    b = fp4_ops.quantize(torch.randn(8, 64))
+    assert ops._gemm_takes(a, b, -1)
+    shifted = _aligned(a.scale.numel(), 8).view(a.scale.shape).view(a.scale.dtype)
+    odd = fp4_ops.FP4Tensor(a.data, shifted.copy_(a.scale), a.global_scale, "nvfp4")
+    assert not ops._gemm_takes(odd, b, -1) and not ops._gemm_takes(a, odd, -1)
+    batched = fp4_ops.quantize(torch.randn(2, 8, 64))
+    per_batch = fp4_ops.FP4Tensor(batched.data, batched.scale, torch.ones(2), "nvfp4")
+    assert not ops._gemm_takes(per_batch, per_batch, -1)
+    device_index.device = 0
+    assert not ops._gemm_takes(a, b, -1)
+
+
+@pytest.mark.parametrize("w4a16", [True, False], ids=["w4a16", "w4a4"])
+@pytest.mark.parametrize("scale", [True, False], ids=["scale", "unit"])
+def test_bound_gemm_passes_what_the_full_launch_passes(w4a16, scale):
+    """A BoundGemm's call hands the kernel the same addresses, in the same order, as the
+    Launch it came from given the same operands."""
+    seen = []
+    t = [torch.zeros(16, dtype=torch.float32) for _ in range(10)]
+    launch = r90.Launch(lambda *args: seen.append(args), (1, 2, 3, 1), tuple(t[:3]), -1, t[3])
+    a, b, sfa, sfb, out, alpha = t[4], t[5], None if w4a16 else t[6], t[7], t[8], t[9]
+    gs = t[0] if scale else None
+    launch(a, b, sfa, sfb, out, alpha, 7, scale=gs)
+    launch.bind(b, sfa, sfb, alpha, gs)(a.data_ptr(), out.data_ptr(), 7)
+    assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize(
+    "vec, static, local",
+    [(16, False, False), (16, False, True), (16, True, False), (32, False, False)],
+)
+def test_bound_quantize_passes_what_a_planned_call_passes(vec, static, local):
+    """A QuantizePlan bound to fixed outputs hands the kernel the addresses a call with new
+    outputs would, in the same order: x, codes, scales, the input global scale, the output
+    one, the amax partials (dynamic with an amax grid) or a stand-in."""
+    from fp4_ops import quantizer
+
+    seen = []
+    partials = None if static or local or vec == 32 else torch.zeros(640, dtype=torch.int32)
+    plan = quantizer.QuantizePlan(
+        lambda *args: seen.append(args),
+        (2, 32),
+        (1, 1, 512),
+        torch.uint8,
+        ((2, 64, 1), 132),
+        partials,
+    )
+    x = torch.zeros(2, 64)
+    gs = torch.full((), 0.5) if static else None
+    q, sf, g = plan(x, gs, 9)
+    plan.bind((q, sf, g), gs)(x.data_ptr(), 9)
+    assert seen[0] == seen[1]
+    want_in = gs if static else g
+    want_partials = g if partials is None else partials
+    assert seen[1][3:6] == (want_in.data_ptr(), g.data_ptr(), want_partials.data_ptr())
+
+
 # ----------------------------------------------------------------------------- GPU (sm_90)
 
 needs_hopper = pytest.mark.skipif(
