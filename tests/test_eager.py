@@ -630,3 +630,90 @@ def test_gpu_refusals_stand_after_plans_exist(name):
         got = (layer(x), fp4_ops.quantize(x), fp4_ops.fp4_gemm(a, w))
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
     assert torch.equal(got[1].data, want[1].data)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_plans_are_per_dtype_and_per_stream():
+    """quantize plans one shape per input dtype (bfloat16 then float16: each its own bits); a
+    W4A4 layer plans per stream, each stream's plan with its own scratch."""
+    torch.manual_seed(5)
+    for dtype in (torch.bfloat16, torch.float16, torch.bfloat16, torch.float16):
+        x = torch.randn(24, 128, device="cuda").to(dtype)
+        got, want = fp4_ops.quantize(x), fp4_ops.quantize(x.cpu())
+        assert torch.equal(got.data.cpu(), want.data), dtype
+        assert torch.equal(got.scale.cpu().view(torch.uint8), want.scale.view(torch.uint8))
+    layer = _layer("dynamic")
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    want = _full_path(layer, x)
+    side = torch.cuda.Stream()
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(layer(x), want)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                y = layer(x)
+            torch.cuda.current_stream().wait_stream(side)
+            assert torch.equal(y, want)
+    assert len(layer._plans) == 2
+    assert len({plan.a for plan in layer._plans.values()}) == 2
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_capture_never_launches_a_w4a4_plan(monkeypatch):
+    """Under CUDA-graph capture a W4A4 layer takes the full path (the graph quantizes into
+    its own tensors), though the capture stream has a plan from the eager warm-up."""
+    layer = _layer("dynamic")
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        layer(x)
+        layer(x)
+    torch.cuda.current_stream().wait_stream(side)
+    (plan,) = layer._plans.values()
+
+    def refuse(*_):
+        raise AssertionError("a W4A4 plan launched under capture")
+
+    monkeypatch.setattr(fpnn._Plan, "__call__", refuse)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph, stream=side):
+        y = layer(x)
+    graph.replay()
+    assert torch.equal(y, _full_path(layer, x))
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_planned_batched_fp4_gemm():
+    """fp4_gemm of batched operands ([L, M, K] against [L, N, K]): the planned call gives the
+    full path's shape and bits."""
+    torch.manual_seed(6)
+    w = fp4_ops.quantize(torch.randn(2, 256, 512, device="cuda"))
+    for _ in range(3):
+        a = fp4_ops.quantize(torch.randn(2, 5, 512, device="cuda"))
+        got = fp4_ops.fp4_gemm(a, w)
+        want = ops._fp4_gemm(a, w, torch.bfloat16, None)
+        assert got.shape == (2, 5, 256) and torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+def test_gpu_layer_with_a_non_contiguous_scale_is_not_planned(activations):
+    """A weight scale loaded as a non-contiguous tensor (assign=True): the full path copies it
+    at every call; no plan binds its address."""
+    layer = _layer(activations)
+    state = layer.state_dict()
+    scale = state["weight_scale"]
+    state["weight_scale"] = scale.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not state["weight_scale"].is_contiguous()
+    layer.load_state_dict(state, assign=True)
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    want = _full_path(_layer(activations), x)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(layer(x), want)
+    assert not layer._plans
