@@ -468,17 +468,16 @@ class _Plan:
             return None
         rows = x.view(-1, layer.in_features)
         vec = FORMATS[layer.format]
-        names = ["weight_scale", "weight_global_scale"]
         if layer.activations == "bf16":
-            names.append("weight_prepacked")
-            w, sw, gw = (layer._buffers[n] for n in ("weight_prepacked", *names[:2]))
+            names = ("weight_prepacked", "weight_scale", "weight_global_scale")
+            w, sw, gw = (layer._buffers[n] for n in names)
             a_dtype = DSL_DTYPE_NAMES[x.dtype]
             launch = launcher.launch_for_ops(rows, w, None, sw, vec, gw, x.dtype, a_dtype)
             gemm = launch.bind(w, None, sw, gw)
             quantize, a = None, None
         else:
-            names += ["weight_data", "input_global_scale"]
-            sw, gw, w, gs_in = (layer._buffers[n] for n in names)
+            names = ("weight_data", "weight_scale", "weight_global_scale", "input_global_scale")
+            w, sw, gw, gs_in = (layer._buffers[n] for n in names)
             scratch = quantizer.scratch_buffers(rows, vec)
             quantize = quantizer.plan_quantize(rows, vec, gs_in).bind(scratch, gs_in)
             q, sq, gs = scratch
