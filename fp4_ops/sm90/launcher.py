@@ -31,6 +31,10 @@ stream, which also compiles a new configuration, must come before a CUDA-graph c
 stream: under capture it raises RuntimeError.  A replayed graph reads alpha's value current
 then; an alpha * ``acc_scale`` that overflows fp32 gives inf / NaN in D (``alpha_reason``).
 
+Eager callers that hold some operands fixed (a layer's weights) take ``launch_for_ops``'
+checked ``Launch`` and bind those operands once (``Launch.bind``): a ``BoundGemm`` call takes
+only A's and D's addresses and the stream, with no checks.
+
 PDL: the GEMM grid releases a PDL-launched successor once all its loads are issued
 (``griddepcontrol.launch_dependents``): a kernel that follows it with programmatic dependent
 launch must ``griddepcontrol.wait`` before it reads D or writes anything this GEMM reads (A, B,
