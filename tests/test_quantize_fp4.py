@@ -71,17 +71,19 @@ def test_cross_compiles_to_portable_exact_code(arch, config, tmp_path):
 
 
 @pytest.mark.parametrize("in_dtype", sorted(quantize_fp4.IN_DTYPES))
-@pytest.mark.parametrize("vec, dynamic", [(16, False), (16, True), (32, False)])
-def test_persistent_grid_is_resident(in_dtype, vec, dynamic, tmp_path):
+@pytest.mark.parametrize(
+    "vec, dynamic, local",
+    [(16, False, False), (16, True, False), (16, True, True), (32, False, False)],
+)
+def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tmp_path):
     """The quantize grid is sized to QUANT_CTAS_PER_SM CTAs per SM and walks the work in as many
     rounds: a CTA that did not fit would leave its share to a second wave."""
     import blockwise_gemm_fp4 as bw
 
     if bw.find_cuobjdump() is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
-    quantize_fp4.compile_quantizer(
-        in_dtype, vec, dynamic, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir={tmp_path}"
-    )
+    options = f"--gpu-arch sm_90a --keep-cubin --dump-dir={tmp_path}"
+    quantize_fp4.compile_quantizer(in_dtype, vec, dynamic, options=options, local_amax=local)
     (cubin,) = glob.glob(os.path.join(tmp_path, "*.cubin"))
     text = subprocess.run(
         [bw.find_cuobjdump(), "-res-usage", cubin], capture_output=True, text=True, check=True
