@@ -34,6 +34,7 @@ from fp4_ops.tensor import (
     blocked_shape_of,
     check_format,
     check_type,
+    device_scalars,
     global_scale_tensor,
     is_number,
 )
@@ -164,13 +165,7 @@ def _quantize_scale(global_scale, x: torch.Tensor) -> torch.Tensor:
     """``quantize``'s global scale as the quantizer reads it: a float32 one-element tensor on
     x's CUDA device as it is (the kernel poisons a bad value: no host sync, no assert);
     anything else through ``global_scale_tensor``'s checks."""
-    if (
-        isinstance(global_scale, torch.Tensor)
-        and x.is_cuda
-        and global_scale.dtype == torch.float32
-        and global_scale.numel() == 1
-        and global_scale.device == x.device
-    ):
+    if x.is_cuda and device_scalars(global_scale, x.get_device()):
         return global_scale.reshape(())
     return global_scale_tensor(global_scale, x)
 
@@ -185,9 +180,7 @@ def _quantize_takes(x: torch.Tensor, global_scale, index: int) -> bool:
         return not capturing()
     return (
         type(global_scale) is torch.Tensor
-        and global_scale.dtype == torch.float32
-        and global_scale.numel() == 1
-        and global_scale.get_device() == index
+        and device_scalars(global_scale, index)
         and not (global_scale.requires_grad and torch.is_grad_enabled())
     )
 

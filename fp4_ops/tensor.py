@@ -45,6 +45,18 @@ def check_format(format, name: str = "format") -> int:
     return format_vec(format)
 
 
+def device_scalars(t, index: int, count: int = 1) -> bool:
+    """Whether ``t`` is a contiguous float32 tensor of ``count`` elements on device ``index``
+    (``get_device()``'s numbering): what a kernel reads as its scalars."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dtype == torch.float32
+        and t.numel() == count
+        and t.is_contiguous()
+        and t.get_device() == index
+    )
+
+
 def check_global_scale_value(t: torch.Tensor, name: str) -> None:
     """A global scale must be finite and positive (a zero, negative, NaN or infinite one makes
     every product wrong): ValueError for a CPU tensor; a CUDA one is checked without a host sync,

@@ -75,6 +75,7 @@ from fp4_ops.sm90.gemm import (
     problem_reasons,
     tma_store_fits,
 )
+from fp4_ops.tensor import device_scalars
 
 # scale dtype -> sf_vec_size, for the dtypes that name their format
 _SCALE_VECS = {dtype: vec for vec, dtype in SCALE_DTYPES.items()}
@@ -267,8 +268,8 @@ class Launch:
             ):
                 return False
         return (
-            _scalars_fit(alpha, index, self.mnkl[3] if self.grouped else 1)
-            and (scale is None or _scalars_fit(scale, index))
+            device_scalars(alpha, index, self.mnkl[3] if self.grouped else 1)
+            and (scale is None or device_scalars(scale, index))
             and torch.cuda.current_device() == index
         )
 
@@ -285,17 +286,6 @@ class BoundGemm:
 
     def __call__(self, a: int, out: int, stream_handle: int) -> None:
         self.fn(a, *self.head, out, *self.tail, stream_handle)
-
-
-def _scalars_fit(t, index: int, count: int = 1) -> bool:
-    """A contiguous float32 tensor of ``count`` elements on CUDA device ``index``."""
-    return (
-        isinstance(t, torch.Tensor)
-        and t.dtype == torch.float32
-        and t.numel() == count
-        and t.is_contiguous()
-        and t.get_device() == index
-    )
 
 
 def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale=None) -> Launch:
@@ -322,7 +312,7 @@ def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale
             )
         mnkl = _problem(a, b, config.a_dtype)
     reasons = operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config)
-    if scale is not None and not _scalars_fit(scale, a.get_device()):
+    if scale is not None and not device_scalars(scale, a.get_device()):
         reasons.append(f"scale must be None or a one-element float32 tensor on {a.device}")
     if (config, mnkl) not in _CHECKED:
         refused = config.reasons(mnkl)
