@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass import Float32, Int32, Int64, Uint32, const_expr
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import arith, llvm
 from cutlass.cutlass_dsl import dsl_user_op
@@ -77,6 +77,8 @@ from fp4_ops import cpu
 from fp4_ops.devtools import time_eager_us, time_graph_us
 from fp4_ops.layout import SCALE_DTYPES, blocked_numel, blocked_scale_shape
 from fp4_ops.memory import kept, stream_handle
+from fp4_ops.sm90 import dequant as dq
+from fp4_ops.sm90.k_order import K_BLOCK
 
 IN_DTYPES = {"BFloat16": cutlass.BFloat16, "Float16": cutlass.Float16, "Float32": cutlass.Float32}
 SF_VEC_SIZES = (16, 32)
@@ -181,13 +183,22 @@ def _e4m3_f32(byte: Uint32, *, loc=None, ip=None) -> Float32:
 class QuantizeFp4:
     """x -> (codes, blocked scales, global scale); see the module docstring."""
 
-    def __init__(self, in_dtype: str, sf_vec_size: int, dynamic: bool, local_amax: bool = False):
+    def __init__(
+        self,
+        in_dtype: str,
+        sf_vec_size: int,
+        dynamic: bool,
+        local_amax: bool = False,
+        tokens: bool = False,
+    ):
         self.in_dtype_name = in_dtype
         self.in_dtype = IN_DTYPES[in_dtype]
         self.sf_vec_size = sf_vec_size
         self.dynamic = dynamic
         # (dynamic only: each quantize CTA finds amax itself, for x of LOCAL_AMAX_BYTES at most)
         self.local_amax = local_amax
+        # (L = 1: the Hopper W4A4 decode GEMM's token copy instead of codes and scales)
+        self.tokens = tokens
         self._setup_attributes()
 
     def _setup_attributes(self):
@@ -196,6 +207,8 @@ class QuantizeFp4:
         self.words_per_block = self.sf_vec_size // 8  # 8 codes per 32-bit word
         # elements per code store: a thread's two NVFP4 blocks, or one MXFP4 block
         self.code_vec = self.sf_vec_size * (BLOCKS_PER_THREAD if self.nvfp4 else 1)
+        # the token copy's MMA type: F16 for NVFP4, BF16 for MXFP4 (as the GEMM's decode path)
+        self.tokens_f16 = self.nvfp4
 
     @cute.jit
     def __call__(
@@ -223,16 +236,26 @@ class QuantizeFp4:
             )
         else:
             mX = cute.make_tensor(x_ptr, cute.make_layout((n_elems // vec, vec), stride=(vec, 1)))
-        # NVFP4: a thread's two blocks' codes as one 16-byte store (K / 16 is even)
-        mQ = cute.make_tensor(
-            cute.recast_ptr(q_ptr, dtype=Uint32),
-            cute.make_layout(
-                (n_elems // self.code_vec, self.code_vec // 8), stride=(self.code_vec // 8, 1)
-            ),
-        )
         sf_cols = k // vec
         sf_cols_pad = (sf_cols + SF_PER_WORD - 1) // SF_PER_WORD * SF_PER_WORD
         rows_pad = (rows + 127) // 128 * 128
+        if const_expr(self.tokens):
+            # the token copy [rows, K_pad] as words (16-bit values: K_pad / 2 words a row);
+            # no scales, so the walk covers the rows themselves
+            row_words = (k + K_BLOCK - 1) // K_BLOCK * K_BLOCK // 2
+            mQ = cute.make_tensor(
+                cute.recast_ptr(q_ptr, dtype=Uint32),
+                cute.make_layout((rows, row_words), stride=(row_words, 1)),
+            )
+            rows_pad = rows
+        else:
+            # NVFP4: a thread's two blocks' codes as one 16-byte store (K / 16 is even)
+            mQ = cute.make_tensor(
+                cute.recast_ptr(q_ptr, dtype=Uint32),
+                cute.make_layout(
+                    (n_elems // self.code_vec, self.code_vec // 8), stride=(self.code_vec // 8, 1)
+                ),
+            )
         mSF = cute.make_tensor(
             cute.recast_ptr(sf_ptr, dtype=Uint32),
             cute.make_layout(l * rows_pad * sf_cols_pad // SF_PER_WORD),
@@ -342,6 +365,10 @@ class QuantizeFp4:
         walk over the blocks: Markstein block scales where gs allows, IEEE divisions else."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        if const_expr(self.tokens):
+            # the GEMM behind (PDL) may start requesting its weights; it waits for this grid
+            # before it reads the copy or the global scale
+            cute.arch.griddepcontrol_launch_dependents()
         gs = self._global_scale(mGsIn, mAmax, amax_count)
         if (bidx == 0) & (tidx == 0):
             mGsOut[0] = gs
@@ -381,13 +408,20 @@ class QuantizeFp4:
             col = pair * BLOCKS_PER_THREAD
             live = t < total
             sf_bytes = Uint32(0)
+            codes = self._code_registers()
             if live & (r < rows) & (col < sf_cols):
                 row = batch * rows + r
-                sf_bytes = self._quantize_pair(mX, mQ, row, col, sf_cols, scaling, fast)
-            # NOTE: the loop's bound and step are whole warps: all 32 lanes reach the shuffle.
-            word = sf_bytes | (cute.arch.shuffle_sync_down(sf_bytes, offset=1) << 16)
-            if live & (pair % 2 == 0):
-                mSF[self._sf_word_index(batch, r, col, rows_pad.divisor, pairs_pad.divisor)] = word
+                sf_bytes = self._quantize_pair(mX, codes, row, col, sf_cols, scaling, fast)
+                if const_expr(not self.tokens):
+                    self._store_codes(mQ, codes, row, col, sf_cols)
+            # NOTE: the loop's bound and step are whole warps: all 32 lanes reach the shuffles.
+            if const_expr(self.tokens):
+                self._store_tokens(mQ, codes, sf_bytes, r, pair, sf_cols, live & (r < rows))
+            else:
+                word = sf_bytes | (cute.arch.shuffle_sync_down(sf_bytes, offset=1) << 16)
+                if live & (pair % 2 == 0):
+                    index = self._sf_word_index(batch, r, col, rows_pad.divisor, pairs_pad.divisor)
+                    mSF[index] = word
             t += gdim * THREADS
 
     @cute.jit
@@ -451,36 +485,97 @@ class QuantizeFp4:
         cute.arch.sync_threads()
         return gs, Float32(1.0) / gs, valid, sDiv
 
+    def _code_registers(self) -> list:
+        """A thread's codes: one tensor of two NVFP4 blocks' words, or one per MXFP4 block
+        (zero: the token copy reads a dead lane's words, masked, and must not read garbage)."""
+        shapes = [2 * self.words_per_block] if self.nvfp4 else [self.words_per_block] * 2
+        codes = [cute.make_rmem_tensor(n, Uint32) for n in shapes]
+        if const_expr(self.tokens):
+            for words in codes:
+                words.fill(0)
+        return codes
+
     @cute.jit
     def _quantize_pair(
-        self, mX: cute.Tensor, mQ: cute.Tensor, row, col, sf_cols, scaling, fast: cutlass.Constexpr
+        self, mX: cute.Tensor, codes: list, row, col, sf_cols, scaling, fast: cutlass.Constexpr
     ) -> Uint32:
-        """Codes of blocks ``col`` and ``col + 1`` (if live) of ``row`` into mQ; returns their
-        scale bytes as the low half of a scale word. Both blocks are loaded before either is
-        encoded."""
+        """Codes of blocks ``col`` and ``col + 1`` (if live) of ``row`` into ``codes``
+        (``_code_registers``); returns their scale bytes as the low half of a scale word. Both
+        blocks are loaded before either is encoded."""
         wpb = self.words_per_block
         if const_expr(self.nvfp4):  # (K / 16 is even: the second block is live)
             pair = row * (sf_cols >> 1) + (col >> 1)
             raw0, raw1 = mX[2 * pair, None].load(), mX[2 * pair + 1, None].load()
-            words = cute.make_rmem_tensor(2 * wpb, Uint32)
-            sf0 = self._quantize_block(raw0, words, 0, scaling, fast)
-            sf1 = self._quantize_block(raw1, words, wpb, scaling, fast)
-            mQ[pair, None].store(words.load())  # one 16-byte store
+            sf0 = self._quantize_block(raw0, codes[0], 0, scaling, fast)
+            sf1 = self._quantize_block(raw1, codes[0], wpb, scaling, fast)
             return sf0 | (sf1 << 8)
-        # MXFP4: K / 32 may be odd; a dead second block re-reads the first, stores nothing
+        # MXFP4: K / 32 may be odd; a dead second block re-reads the first (its codes unused)
         block = row * sf_cols + col
         live1 = col + 1 < sf_cols
         raw0, raw1 = mX[block, None].load(), mX[block + Int32(live1), None].load()
-        words0 = cute.make_rmem_tensor(wpb, Uint32)
-        words1 = cute.make_rmem_tensor(wpb, Uint32)
-        sf0 = self._quantize_block(raw0, words0, 0, scaling, fast)
-        sf1 = self._quantize_block(raw1, words1, 0, scaling, fast)
-        mQ[block, None].store(words0.load())
+        sf0 = self._quantize_block(raw0, codes[0], 0, scaling, fast)
+        sf1 = self._quantize_block(raw1, codes[1], 0, scaling, fast)
         sf = sf0
         if live1:
-            mQ[block + 1, None].store(words1.load())
             sf = sf | (sf1 << 8)
         return sf
+
+    @cute.jit
+    def _store_codes(self, mQ: cute.Tensor, codes: list, row, col, sf_cols):
+        """The codes of ``_quantize_pair`` into mQ: NVFP4 one 16-byte store, MXFP4 one per
+        live block."""
+        if const_expr(self.nvfp4):
+            mQ[row * (sf_cols >> 1) + (col >> 1), None].store(codes[0].load())
+        else:
+            block = row * sf_cols + col
+            mQ[block, None].store(codes[0].load())
+            if col + 1 < sf_cols:
+                mQ[block + 1, None].store(codes[1].load())
+
+    @cute.jit
+    def _store_tokens(self, mC: cute.Tensor, codes: list, sf_bytes: Uint32, r, pair, sf_cols, live):
+        """The Hopper decode GEMM's token copy of one 64-wide k-block of row r, as its prologue
+        grid (``convert_operands``) writes it from codes and scales: 16-byte chunk c holds pair
+        P_c of each 16-group (``dequant.token_chunk_layout``), exact F16 / BF16. NVFP4: lanes
+        2j, 2j + 1 share a k-block (its groups 0, 1 and 2, 3) and trade the words the other's
+        chunks need: the even lane writes chunks 0..3 (word 0 of each group), the odd lane 4..7;
+        MXFP4: a lane holds a whole k-block, all 8 chunks. Every lane reaches the shuffles."""
+        odd = Uint32(pair) & Uint32(1)
+        ones = Uint32(0) - odd  # all ones on the odd lane
+        # the k-block's scale word (scale columns 4j..4j+3) in both lanes of the pair
+        other = cute.arch.shuffle_sync_bfly(sf_bytes, offset=1)
+        sf4 = (sf_bytes << (odd << 4)) | (other << ((Uint32(1) - odd) << 4))
+        if const_expr(self.nvfp4):
+            kb = Uint32(pair) >> 1
+            words = codes[0]  # groups 2 odd, 2 odd + 1; words (0, 1) each
+            mine = [(words[2 * g + 1] & ones) | (words[2 * g] & ~ones) for g in range(2)]
+            sent = [(words[2 * g] & ones) | (words[2 * g + 1] & ~ones) for g in range(2)]
+            got = [cute.arch.shuffle_sync_bfly(v, offset=1) for v in sent]
+            low = [(got[g] & ones) | (mine[g] & ~ones) for g in range(2)]
+            high = [(mine[g] & ones) | (got[g] & ~ones) for g in range(2)]
+            groups_by_word = [low + high]
+            chunk0 = odd << 2
+        else:
+            kb = Uint32(pair)
+            w0, w1 = codes
+            groups_by_word = [[w0[w], w0[2 + w], w1[w], w1[2 + w]] for w in range(2)]
+            chunk0 = Uint32(0)
+            # (the walk's scale columns run to a multiple of 4: a pair past K has no k-block)
+            live = live & (kb * Uint32(2) < Uint32(sf_cols))
+        k = Uint32(sf_cols * self.sf_vec_size)
+        # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
+        keep = Uint32(0) - Uint32(kb * K_BLOCK + K_BLOCK <= k)
+        col0 = kb * (K_BLOCK // self.sf_vec_size)
+        row_words = Int64(cute.size(mC.shape[1]))
+        base = mC.iterator.toint() + (Int64(r) * row_words + Int64(kb * (K_BLOCK // 2))) * 4
+        for w, groups in enumerate(groups_by_word):
+            for i in cutlass.range_constexpr(4):
+                chunk = chunk0 + Uint32(4 * w + i)
+                out = dq.convert_chunk_words(
+                    groups, sf4, keep, col0, 4 * i, self.sf_vec_size, self.tokens_f16
+                )
+                if live:
+                    dq.st_global_v4_b32(base + Int64(chunk * Uint32(16)), out)
 
     @cute.jit
     def _quantize_block(
@@ -634,16 +729,22 @@ class QuantizeFp4:
 
 
 def compile_quantizer(
-    in_dtype: str, sf_vec_size: int, dynamic: bool, options: str = "", local_amax: bool = False
+    in_dtype: str,
+    sf_vec_size: int,
+    dynamic: bool,
+    options: str = "",
+    local_amax: bool = False,
+    tokens: bool = False,
 ):
     """Compile for any shape (runtime extents; ``local_amax``: dynamic x of at most
-    ``LOCAL_AMAX_BYTES``); returns the executor.
+    ``LOCAL_AMAX_BYTES``; ``tokens``: the Hopper decode GEMM's token copy); returns the
+    executor.
 
     ``options="--gpu-arch sm_90a --keep-ptx --dump-dir=DIR"`` cross-compiles without a GPU."""
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
-    op = QuantizeFp4(in_dtype, sf_vec_size, dynamic, local_amax)
+    op = QuantizeFp4(in_dtype, sf_vec_size, dynamic, local_amax, tokens)
     gmem = cute.AddressSpace.gmem
     ptrs = (
         make_ptr(IN_DTYPES[in_dtype], 0, gmem, assumed_align=16),
@@ -684,18 +785,20 @@ class QuantizerConfig:
     sf_vec_size: int
     dynamic: bool  # NVFP4 with the global scale found on the device (the amax grid first)
     local_amax: bool = False  # dynamic, x of LOCAL_AMAX_BYTES at most: no amax grid
+    tokens: bool = False  # the Hopper W4A4 decode GEMM's token copy instead of codes and scales
 
 
 # (QuantizerConfig, device index) -> (compiled kernel, its TVM-FFI function, the SM count)
 _KERNELS: dict[tuple[QuantizerConfig, int], tuple] = {}
-# (x's torch dtype, sf_vec_size, dynamic, local amax, device index) -> _KERNELS' (function, SM
-# count): the
-# launch's lookup, without building a QuantizerConfig per call
+# (x's torch dtype, sf_vec_size, dynamic, local amax, tokens, device index) -> _KERNELS'
+# (function, SM count): the launch's lookup, without building a QuantizerConfig per call
 _LAUNCHERS: dict[tuple, tuple] = {}
 # (x's shape, sf_vec_size, device index, stream handle) -> scratch_buffers' tensors
 _SCRATCH: dict[tuple, tuple] = {}
 # (device index, stream handle) -> _partials' buffer
 _PARTIALS: dict[tuple, object] = {}
+# (device index, stream handle) -> bind_tokens' global scale
+_TOKEN_SCALES: dict[tuple, object] = {}
 
 
 def quantize_cuda(x, sf_vec_size: int, global_scale=None):
@@ -819,6 +922,33 @@ def plan_quantize(x, sf_vec_size: int, global_scale=None) -> QuantizePlan:
     )
 
 
+def bind_tokens(x, sf_vec_size: int, copy: torch.Tensor, global_scale=None):
+    """The quantization of x [rows, K] (checked, contiguous; L = 1) on x's device's current
+    stream into the Hopper W4A4 decode GEMM's token copy (``copy``: the launcher's converted
+    kernel B, [1, rows', K_pad] with rows' >= rows; the padding rows are not written) instead of
+    codes and scales: a ``BoundQuantize``, and the global scale it writes (a 0-d float32 kept
+    per stream; ``global_scale`` itself where static). Whatever reads them must do so on that
+    stream before the next quantization there: the GEMM launched right after."""
+    rows, k = x.shape
+    index = x.get_device()
+    dynamic = sf_vec_size == 16 and global_scale is None
+    local = dynamic and x.numel() * x.element_size() <= LOCAL_AMAX_BYTES
+    kernel, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index, local, tokens=True)
+    stream = stream_handle(index)
+
+    def make():
+        return torch.empty((), dtype=torch.float32, device=x.device)
+
+    gs = kept(_TOKEN_SCALES, (index, stream), make, x.device)
+    gs = make() if gs is None else gs
+    partials = _partials(x.device, stream) if dynamic and not local else gs
+    # (the copy stands in for the scales, which this kernel neither reads nor writes)
+    held = (copy, copy, gs if global_scale is None else global_scale, gs, partials)
+    ptrs = tuple(t.data_ptr() for t in held)
+    bound = BoundQuantize(kernel, (*ptrs, (rows, k, 1), sm_count), held)
+    return bound, held[2]
+
+
 def _outputs(rows: int, k: int, sf_vec_size: int, device):
     """New (codes, blocked scales as bytes, global scale) for x [rows, K]."""
     q = torch.empty((rows, k // 2), dtype=torch.uint8, device=device)
@@ -849,12 +979,12 @@ def _partials(device, stream: int):
     return make() if found is None else found
 
 
-def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int, local_amax: bool = False):
+def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int, local=False, tokens=False):
     """(the compiled quantizer's TVM-FFI function, the device's SM count) for x of torch dtype
     ``in_dtype`` on CUDA device ``index``, compiled once per process (``QuantizerConfig``)."""
-    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, index))
+    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local, tokens, index))
     if found is None:
-        config = QuantizerConfig(_torch_in_names()[in_dtype], sf_vec_size, dynamic, local_amax)
+        config = QuantizerConfig(_torch_in_names()[in_dtype], sf_vec_size, dynamic, local, tokens)
         if (config, index) not in _KERNELS:
             with torch.cuda.device(index):
                 # (TVM-FFI: the launch takes plain ints for pointers, extents and the stream)
@@ -864,11 +994,12 @@ def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int, local_amax: b
                     config.dynamic,
                     "--enable-tvm-ffi",
                     config.local_amax,
+                    config.tokens,
                 )
             sm_count = torch.cuda.get_device_properties(index).multi_processor_count
             _KERNELS[config, index] = (compiled, compiled.__tvm_ffi_object__(), sm_count)
         found = _KERNELS[config, index][1:]
-        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, index] = found
+        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local, tokens, index] = found
     return found
 
 

@@ -445,6 +445,8 @@ class Grid:
 
     def op_mul(self, ins, parts, m):
         t = parts[-1]
+        if t in ("f16x2", "bf16x2"):
+            return self._mul_x2(ins, parts, m)
         if t == "f32":
             self._float_mods(ins, parts, False)
             a, b = self._fvals(ins.args[1:])
@@ -463,6 +465,46 @@ class Grid:
             p = a.astype(np.uint64) * b.astype(np.uint64)
             return self.set(d, p >> np.uint64(32), m)
         raise PtxError(ins.text)
+
+    def _mul_x2(self, ins, parts, m):
+        """mul.rn.f16x2 / mul.rn.bf16x2: each half's product is exact in float64 (at most 22
+        significant bits), then rounded once to nearest even; NaN gives the canonical 0x7FFF."""
+        t = parts[-1]
+        if parts[1:] != ["rn", t]:
+            raise PtxError(f"packed multiply not emulated: {ins.text}")
+        d, a, b = ins.args
+        a, b = np.asarray(self.val(a, 32)), np.asarray(self.val(b, 32))
+        out = np.zeros(np.broadcast(a, b).shape, np.uint32)
+        for shift in (0, 16):
+            ha, hb = ((v >> np.uint32(shift)) & np.uint32(0xFFFF) for v in (a, b))
+            if t == "f16x2":
+                fa, fb = (h.astype(np.uint16).view(np.float16).astype(np.float64) for h in (ha, hb))
+                # (numpy rounds float64 to float16 once, to nearest even, subnormals included)
+                bits = (fa * fb).astype(np.float16).view(np.uint16).astype(np.uint32)
+            else:
+                fa, fb = (
+                    (h << np.uint32(16)).view(np.float32).astype(np.float64) for h in (ha, hb)
+                )
+                prod = fa * fb
+                f32 = prod.astype(np.float32)
+                finite = np.isfinite(prod)
+                if np.any(finite & (f32.astype(np.float64) != prod)):
+                    raise PtxError(f"bf16x2 product not exact in float32: {ins.text}")
+                wide = f32.view(np.uint32).astype(np.uint64)
+                bits = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16).astype(np.uint32)
+                bits = np.where(np.isinf(f32), wide >> 16, bits).astype(np.uint32)
+            nan = np.isnan(fa * fb)
+            bits = np.where(nan, np.uint32(0x7FFF), bits).astype(np.uint32)
+            out |= bits << np.uint32(shift)
+        self.set(d, out, m)
+
+    def op_not(self, ins, parts, m):
+        if len(parts) != 2:
+            raise PtxError(ins.text)
+        d, a = ins.args
+        if parts[1] == "pred":
+            return self.set(d, ~np.asarray(self.val(a, 1), dtype=bool), m)
+        self.set(d, ~np.asarray(self.val(a, WIDTH[parts[1]])), m)
 
     def op_mad(self, ins, parts, m):
         if parts[1] != "lo" or parts[-1] not in ("s32", "u32"):
@@ -502,6 +544,8 @@ class Grid:
         self._minmax(ins, parts, m, False)
 
     def op_neg(self, ins, parts, m):
+        if parts[1:] == ["s32"]:  # (two's complement: the negation mod 2^32)
+            return self.set(ins.args[0], np.uint32(0) - np.asarray(self.val(ins.args[1], 32)), m)
         if parts[1:] != ["f32"]:
             raise PtxError(ins.text)
         (a,) = self._fvals(ins.args[1:])
@@ -633,6 +677,10 @@ class Grid:
             r = self.val(args[1], 16).astype(np.uint32)
         elif form == "u16.u32":
             r = self.val(args[1], 32).astype(np.uint16)
+        elif form == "u64.u32":
+            r = self.val(args[1], 32).astype(np.uint64)
+        elif form == "s64.s32":
+            r = np.asarray(self.val(args[1], 32)).view(np.int32).astype(np.int64).view(np.uint64)
         elif form == "rn.satfinite.e4m3x2.f32":  # a in the high byte, b in the low one
             hi, lo = (e4m3_from_f32(np.broadcast_to(f, (self.n,))) for f in self._fvals(args[1:]))
             r = (hi.astype(np.uint16) << np.uint16(8)) | lo

@@ -44,10 +44,10 @@ TORCH_IN = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32:
 
 
 @functools.cache
-def _entries(in_dtype: str, vec: int, dynamic: bool, local: bool = False) -> tuple:
+def _entries(in_dtype: str, vec: int, dynamic: bool, local: bool = False, tokens=False) -> tuple:
     """(amax Entry or None, quantize Entry) of the config's PTX, compiled once per process."""
     options = "--gpu-arch sm_90a --keep-ptx"
-    ex = quantizer.compile_quantizer(in_dtype, vec, dynamic, options, local_amax=local)
+    ex = quantizer.compile_quantizer(in_dtype, vec, dynamic, options, local, tokens)
     entries = parse_ptx(ex.__ptx__)
     amax = [e for name, e in entries.items() if "amax_kernel" in name]
     quant = [e for name, e in entries.items() if "amax_kernel" not in name]
@@ -134,6 +134,90 @@ def check(x: torch.Tensor, vec: int, gs=None, **grid) -> None:
     bad = (codes != want_q).nonzero()[:4].tolist()
     assert torch.equal(codes, want_q), f"code bytes differ at {bad}"
     assert np.float32(got_gs).tobytes() == np.float32(float(want_gs)).tobytes()
+
+
+def emulate_tokens(x: torch.Tensor, vec: int, gs=None, pad_rows: int = 3, ctas: int = 2):
+    """(token copy as 16-bit words [rows + pad_rows, K_pad], its store counts, gs out) of the
+    tokens kernel's grid on x [rows, K] (L = 1); dynamic NVFP4 runs the local-amax kernel."""
+    dynamic = vec == 16 and gs is None
+    _, entry = _entries(TORCH_IN[x.dtype], vec, dynamic, dynamic, True)
+    rows, k = x.shape
+    k_pad, sf_cols = -(-k // 64) * 64, k // vec
+    pairs_pad = -(-sf_cols // 4) * 2
+    total = rows * pairs_pad
+    gmem = GlobalMemory()
+    x_ptr = gmem.alloc(x.contiguous().view(torch.uint8).numpy().tobytes())
+    copy_bytes = (rows + pad_rows) * k_pad * 2
+    copy = gmem.alloc(copy_bytes)
+    gs_in = gmem.alloc(4) if gs is None else gmem.alloc(np.float32(gs).tobytes())
+    gs_out = gmem.alloc(4)
+    p = Params(entry)
+    for i, ptr in enumerate((x_ptr, copy, copy, gs_in, gs_out, gs_out)):
+        p.put(i, ptr, 8)
+    # the copy as words [rows, K_pad / 2]: extents, then the row stride
+    for off, v in ((8, rows), (12, k_pad // 2), (16, k_pad // 2)):
+        p.put(1, v, 4, off)
+    steps = x.numel() // 32
+    if dynamic:
+        p.put(5, x_ptr, 8)
+        p.put(5, steps, 4, 8)
+    for i, v in enumerate((steps if dynamic else 0, rows, sf_cols, total, -(-total // 32) * 32)):
+        p.put(6 + i, v, 4)
+    _put_divmod(p, 11, pairs_pad)
+    _put_divmod(p, 13, rows)
+    Grid(entry, ctas, THREADS, p, gmem, QUANT_SMEM).run()
+    words = torch.from_numpy(gmem.read(copy, copy_bytes).view(np.int16).copy())
+    counts = gmem.store_counts(copy, copy_bytes).reshape(rows + pad_rows, 2 * k_pad)
+    got_gs = float(gmem.read(gs_out, 4).view(np.float32)[0])
+    return words.view(rows + pad_rows, k_pad), counts, got_gs
+
+
+def token_copy_reference(x: torch.Tensor, vec: int, gs=None) -> torch.Tensor:
+    """The Hopper decode GEMM's token copy of x [rows, K], from reference.py's codes and scales:
+    e2m1 x block scale (no global scale), NVFP4 in F16 times 2^-7, MXFP4 in BF16, at position
+    8c + 2q + h of each 64-wide k-block the element 16q + 8(c // 4) + c % 4 + 4h (chunk c, group
+    q, half h: pair P_c of each 16-group); positions past K hold +0."""
+    rows, k = x.shape
+    if vec == 16:
+        codes, sf, _ = reference.quantize_nvfp4(x.unsqueeze(0), gs)
+        dtype, factor = torch.float16, 2.0**-7
+    else:
+        codes, sf = reference.quantize_mxfp4(x.unsqueeze(0))
+        dtype, factor = torch.bfloat16, 1.0
+    e2m1 = reference.e2m1_to_fp32(reference.unpack_fp4(codes[0]))
+    values = e2m1 * sf[0].float().repeat_interleave(vec, dim=1) * factor
+    k_pad = -(-k // 64) * 64
+    padded = torch.zeros(rows, k_pad, dtype=torch.float32)
+    padded[:, :k] = values
+    c, q, h = torch.meshgrid(torch.arange(8), torch.arange(4), torch.arange(2), indexing="ij")
+    source = (16 * q + 8 * (c // 4) + c % 4 + 4 * h).reshape(-1)
+    blocks = padded.view(rows, k_pad // 64, 64)[:, :, source]
+    return blocks.reshape(rows, k_pad).to(dtype).view(torch.int16)
+
+
+TOKEN_MODES = {"nvfp4-local": (16, None), "nvfp4-static": (16, 0.0013), "mxfp4": (32, None)}
+
+
+@pytest.mark.parametrize("dtype", list(TORCH_IN), ids=str)
+@pytest.mark.parametrize("mode", list(TOKEN_MODES))
+@pytest.mark.parametrize("kind", ["normal", "zeros", "wide", "denormal"])
+@pytest.mark.parametrize("k", [32, 96, 128], ids=["K=32", "K=96", "K=128"])
+def test_token_copy_matches_reference(k, kind, mode, dtype):
+    """The tokens kernel writes the decode GEMM's token copy bit for bit as the reference's
+    codes and scales give it (K = 32, 96: a half k-block at the end; K = 128: whole blocks),
+    every byte of the live rows once, the padding rows never; and the global scale."""
+    vec, gs = TOKEN_MODES[mode]
+    x = _inputs(kind, (1, 37, k), dtype, seed=11)[0]
+    words, counts, got_gs = emulate_tokens(x, vec, gs, ctas=3)
+    want = token_copy_reference(x, vec, gs)
+    rows = x.shape[0]
+    assert (counts[:rows] == 1).all(), f"{int((counts[:rows] != 1).sum())} bytes not stored once"
+    assert (counts[rows:] == 0).all(), "a padding row was written"
+    bad = (words[:rows] != want).nonzero()[:4].tolist()
+    assert torch.equal(words[:rows], want), f"copy words differ at {bad}"
+    if vec == 16:
+        want_gs = reference.quantize_nvfp4(x.unsqueeze(0), gs)[2]
+        assert np.float32(got_gs).tobytes() == np.float32(float(want_gs)).tobytes()
 
 
 # ------------------------------------------------------------------------------ the grids
