@@ -16,7 +16,7 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 from fp4_ops import cpu
 from fp4_ops.buffers import FP4Buffers
 from fp4_ops.layout import DSL_DTYPE_NAMES, FORMATS, PACKED_DTYPES, SCALE_DTYPES
-from fp4_ops.memory import capturing, stream_handle
+from fp4_ops.memory import capturing, current_device, stream_handle
 from fp4_ops.moe import FP4Experts, is_experts_module
 from fp4_ops.ops import (
     IN_DTYPES,
@@ -375,28 +375,77 @@ class FP4Linear(FP4Buffers):
             w, scale = self.weight_prepacked, self.weight_scale
             y = run(rows, w, scale, self.weight_global_scale, vec, x.dtype, True)
         else:
-            rows = rows.contiguous()
-            gs_in = self.input_global_scale
-            if direct:
-                # (eager on CUDA: the activations' FP4 parts go to scratch that the GEMM reads
-                # next on this stream, rather than to three new tensors per call)
-                from fp4_ops import quantizer
-
-                scratch = quantizer.scratch_buffers(rows, vec)
-                data, scale, gs = quantizer.launch_quantize(rows, vec, gs_in, scratch)
-            else:
-                data, scale, gs = quantize_op(rows, vec, gs_in)
-            if on_cpu:
-                alpha = gs * self.weight_global_scale
-                y = cpu.gemm_dequantized(data, scale, self._cpu_weight(), alpha, vec, x.dtype)
-            else:
-                # (the kernel multiplies the two global scales itself)
-                run = gemm_impl if direct else gemm_op
-                wgs = self.weight_global_scale
-                y = run(data, scale, self.weight_data, self.weight_scale, gs, wgs, vec, x.dtype)
+            y = self._forward_w4a4(rows.contiguous(), vec, direct, on_cpu)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _forward_w4a4(self, rows, vec: int, direct: bool, on_cpu: bool) -> torch.Tensor:
+        """W4A4 on rows [M, K] (checked): eagerly on Hopper's decode path, one quantizer grid
+        writes the GEMM's token copy (no prologue grid); else the activations' FP4 parts, then
+        the GEMM."""
+        if direct:
+            y = self._forward_tokens(rows, vec)
+            if y is not None:
+                return y
+        gs_in = self.input_global_scale
+        if direct:
+            # (eager on CUDA: the activations' FP4 parts go to scratch that the GEMM reads next
+            # on this stream, rather than to three new tensors per call)
+            from fp4_ops import quantizer
+
+            scratch = quantizer.scratch_buffers(rows, vec)
+            data, scale, gs = quantizer.launch_quantize(rows, vec, gs_in, scratch)
+        else:
+            data, scale, gs = quantize_op(rows, vec, gs_in)
+        if on_cpu:
+            alpha = gs * self.weight_global_scale
+            return cpu.gemm_dequantized(data, scale, self._cpu_weight(), alpha, vec, rows.dtype)
+        # (the kernel multiplies the two global scales itself)
+        run = gemm_impl if direct else gemm_op
+        wgs = self.weight_global_scale
+        return run(data, scale, self.weight_data, self.weight_scale, gs, wgs, vec, rows.dtype)
+
+    def _forward_tokens(self, rows, vec: int) -> torch.Tensor | None:
+        """W4A4 on rows [M, K] (checked, contiguous, on the current CUDA device) through
+        ``_tokens_launch``, launched; None where it does not apply."""
+        found = self._tokens_launch(rows, vec)
+        if found is None:
+            return None
+        launch, quantize, y, gs = found
+        stream = stream_handle(rows.get_device())
+        quantize(rows.data_ptr(), stream)
+        copy = launch.workspace[1]
+        launch(
+            copy,
+            self.weight_data,
+            None,
+            self.weight_scale,
+            y,
+            gs,
+            stream,
+            scale=self.weight_global_scale,
+        )
+        return y
+
+    def _tokens_launch(self, rows, vec: int):
+        """On an H100 / H200 and the GEMM's decode path, for rows [M, K] on the current device:
+        (the checked GEMM launch whose token copy the quantizer writes, that quantization bound
+        (``quantizer.bind_tokens``), a new D, the activations' global scale); else None."""
+        if not runs_hopper_kernels(rows) or rows.get_device() != current_device():
+            return None
+        from fp4_ops import quantizer
+        from fp4_ops.sm90 import launcher
+
+        gs_in = self.input_global_scale
+        gs = quantizer.tokens_scale(rows) if gs_in is None else gs_in
+        y = rows.new_empty((rows.shape[0], self.out_features))
+        w, sw, gw = self.weight_data, self.weight_scale, self.weight_global_scale
+        found = launcher.launch_for_tokens(rows, w, sw, vec, gs, y, scale=gw)
+        if found is None:
+            return None
+        launch, copy = found
+        return launch, quantizer.bind_tokens(rows, vec, copy, gs_in, gs), y, gs
 
     def _cpu_weight(self) -> torch.Tensor:
         """The weight dequantized (e2m1 x block scale, float32: exact) for the eager CPU path,
@@ -438,9 +487,9 @@ class _Plan:
     parts: tuple[tuple[str, torch.Tensor], ...]  # (buffer name, tensor) as bound
     bias: torch.Tensor | None
     out_shape: tuple[int, ...]
-    quantize: object | None  # W4A4: quantizer.BoundQuantize into the scratch
+    quantize: object | None  # W4A4: quantizer.BoundQuantize into the token copy or scratch
     gemm: object  # launcher.BoundGemm
-    a: int | None  # W4A4: the scratch codes' address; W4A16 reads x
+    a: int | None  # W4A4: the token copy's or scratch codes' address; W4A16 reads x
 
     def takes(self, x: torch.Tensor, index: int) -> bool:
         """Whether this call may launch the plan: ``launchable`` x and, where it binds scratch
@@ -478,10 +527,16 @@ class _Plan:
         else:
             names = ("weight_data", "weight_scale", "weight_global_scale", "input_global_scale")
             w, sw, gw, gs_in = (layer._buffers[n] for n in names)
-            scratch = quantizer.scratch_buffers(rows, vec)
-            quantize = quantizer.plan_quantize(rows, vec, gs_in).bind(scratch, gs_in)
-            q, sq, gs = scratch
-            launch = launcher.launch_for_ops(q, w, sq, sw, vec, gs, x.dtype, scale=gw)
+            # decode: the quantizer writes the GEMM's token copy itself (no prologue grid)
+            found = layer._tokens_launch(rows, vec)
+            if found is not None:
+                launch, quantize, _, gs = found
+                q, sq = launch.workspace[1], sw  # (stand-ins for A and SFA: not read)
+            else:
+                scratch = quantizer.scratch_buffers(rows, vec)
+                quantize = quantizer.plan_quantize(rows, vec, gs_in).bind(scratch, gs_in)
+                q, sq, gs = scratch
+                launch = launcher.launch_for_ops(q, w, sq, sw, vec, gs, x.dtype, scale=gw)
             gemm = launch.bind(w, sq, sw, gs, gw)
             a = q.data_ptr()
         parts = tuple((n, layer._buffers[n]) for n in names)

@@ -797,7 +797,7 @@ _LAUNCHERS: dict[tuple, tuple] = {}
 _SCRATCH: dict[tuple, tuple] = {}
 # (device index, stream handle) -> _partials' buffer
 _PARTIALS: dict[tuple, object] = {}
-# (device index, stream handle) -> bind_tokens' global scale
+# (device index, stream handle) -> tokens_scale's global scale
 _TOKEN_SCALES: dict[tuple, object] = {}
 
 
@@ -922,31 +922,36 @@ def plan_quantize(x, sf_vec_size: int, global_scale=None) -> QuantizePlan:
     )
 
 
-def bind_tokens(x, sf_vec_size: int, copy: torch.Tensor, global_scale=None):
+def tokens_scale(x):
+    """The global scale that ``bind_tokens`` writes for a dynamic x on x's device's current
+    stream: a 0-d float32 kept per stream outside every graph pool (a new one under CUDA-graph
+    capture). Whatever reads it must do so on that stream before the next quantization there:
+    the GEMM launched right after."""
+    index = x.get_device()
+
+    def make():
+        return torch.empty((), dtype=torch.float32, device=x.device)
+
+    found = kept(_TOKEN_SCALES, (index, stream_handle(index)), make, x.device)
+    return make() if found is None else found
+
+
+def bind_tokens(x, sf_vec_size: int, copy: torch.Tensor, global_scale, gs_out: torch.Tensor):
     """The quantization of x [rows, K] (checked, contiguous; L = 1) on x's device's current
-    stream into the Hopper W4A4 decode GEMM's token copy (``copy``: the launcher's converted
-    kernel B, [1, rows', K_pad] with rows' >= rows; the padding rows are not written) instead of
-    codes and scales: a ``BoundQuantize``, and the global scale it writes (a 0-d float32 kept
-    per stream; ``global_scale`` itself where static). Whatever reads them must do so on that
-    stream before the next quantization there: the GEMM launched right after."""
+    stream into the Hopper W4A4 decode GEMM's token copy instead of codes and scales (``copy``:
+    the launcher's converted kernel B, [1, rows', K_pad] with rows' >= rows, whose padding rows
+    it does not write), with ``global_scale`` (None: dynamic, or MXFP4) and the global scale
+    written to ``gs_out`` (``tokens_scale``): a ``BoundQuantize``."""
     rows, k = x.shape
     index = x.get_device()
     dynamic = sf_vec_size == 16 and global_scale is None
     local = dynamic and x.numel() * x.element_size() <= LOCAL_AMAX_BYTES
     kernel, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index, local, tokens=True)
-    stream = stream_handle(index)
-
-    def make():
-        return torch.empty((), dtype=torch.float32, device=x.device)
-
-    gs = kept(_TOKEN_SCALES, (index, stream), make, x.device)
-    gs = make() if gs is None else gs
-    partials = _partials(x.device, stream) if dynamic and not local else gs
+    partials = _partials(x.device, stream_handle(index)) if dynamic and not local else gs_out
     # (the copy stands in for the scales, which this kernel neither reads nor writes)
-    held = (copy, copy, gs if global_scale is None else global_scale, gs, partials)
+    held = (copy, copy, gs_out if global_scale is None else global_scale, gs_out, partials)
     ptrs = tuple(t.data_ptr() for t in held)
-    bound = BoundQuantize(kernel, (*ptrs, (rows, k, 1), sm_count), held)
-    return bound, held[2]
+    return BoundQuantize(kernel, (*ptrs, (rows, k, 1), sm_count), held)
 
 
 def _outputs(rows: int, k: int, sf_vec_size: int, device):

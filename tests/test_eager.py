@@ -47,10 +47,9 @@ def recorder(monkeypatch):
     cpu = torch.device("cpu")
     launches, prepared, stream = [], [], [SimpleNamespace(cuda_stream=5, device=cpu)]
 
-    def compile_gemm(
-        vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, grouped=False
-    ):
-        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, grouped)
+    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, **kw):
+        config = (vec, path, tiler, cluster, split, tma, groups, a)
+        kernel = k90.BlockwiseGemmFp4Sm90(*config, kw["grouped"], kw["tokens_converted"])
         return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
 
     real_reasons, real_prepare = r90.operand_reasons, r90._prepare
@@ -123,6 +122,30 @@ def test_launch_cache_is_per_stream(recorder):
     assert len(recorder.prepared) == 2
     first, other = recorder.launches
     assert other[-1] == 6 and set(first[5:8]).isdisjoint(other[5:8])
+
+
+@pytest.mark.parametrize("m", [16, 4096], ids=["decode", "prefill"])
+def test_tokens_launch_is_the_decode_kernel_without_its_prologue(recorder, m):
+    """launch_for_tokens: on the decode path the picked W4A4 configuration with
+    tokens_converted, whose kernel launches no prologue grid, and the token copy of its
+    workspace; None on the prefill path; activations the tokens' grid cannot quantize are
+    refused by name."""
+    k, n = 256, 64
+    x = torch.zeros(m, k, dtype=torch.bfloat16)
+    b = torch.zeros(n, k // 2, dtype=torch.uint8)
+    sfb = torch.zeros(blocked_scale_numel(n, k, 16), dtype=torch.uint8)
+    args = (b, sfb, 16, torch.ones((), dtype=torch.float32), torch.empty(m, n))
+    found = r90.launch_for_tokens(x, *args)
+    if m > 2048:
+        assert found is None and not r90._KERNELS
+        return
+    launch, copy = found
+    [((config, _), (kernel, _))] = [(key, value[:2]) for key, value in r90._KERNELS.items()]
+    assert config.tokens_converted and config.path == "decode" and not kernel.prologue
+    rows = -(-m // kernel.tile_cols) * kernel.tile_cols
+    assert copy is launch.workspace[1] and copy.shape == (1, rows, k)
+    with pytest.raises(ValueError, match="tokens' grid quantizes"):
+        r90.launch_for_tokens(x.to(torch.int32), *args)
 
 
 def test_eager_goes_direct_only_for_plain_untracked_cuda_tensors():
@@ -452,6 +475,38 @@ def test_gpu_planned_forward_gives_the_full_paths_bits(activations, shape, bias)
             assert y.shape == (*shape[:-1], 384)
             assert torch.equal(y, _full_path(layer, x))
             layer._forward = _no_full_path
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "format, activations",
+    [("nvfp4", "dynamic"), ("nvfp4", "static"), ("mxfp4", "dynamic")],
+    ids=["nvfp4-dynamic", "nvfp4-static", "mxfp4"],
+)
+@pytest.mark.parametrize(
+    "m, k, dtype",
+    [(1, 96, torch.bfloat16), (37, 160, torch.float16), (3, 256, torch.float32)]
+    + [(64, 1024, torch.bfloat16)],
+    ids=["1x96-bf16", "37x160-f16", "3x256-f32", "64x1024-bf16"],
+)
+def test_gpu_quantizer_token_copy_gives_the_prologue_bits(format, activations, m, k, dtype):
+    """W4A4 on the Hopper decode path, eagerly: the quantizer writes the GEMM's token copy and
+    no prologue grid runs. The first (direct) call and the planned ones give the dispatcher's
+    bits (the quantize op, then the GEMM whose prologue grid converts its codes): K of one and
+    a half k-blocks, F16 and F32 activations, and a dynamic x past the one-launch size (its
+    amax grid first)."""
+    torch.manual_seed(5)
+    linear = torch.nn.Linear(k, 200, device="cuda", dtype=dtype)
+    gs = 0.03 if activations == "static" else None
+    layer = fp4_ops.FP4Linear.from_linear(linear, format, activations, gs)
+    with torch.no_grad():
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        assert layer._tokens_launch(x, 16 if format == "nvfp4" else 32) is not None
+        for scale in (1.0, 3.0, 0.5):
+            x = torch.randn(m, k, device="cuda", dtype=dtype) * scale
+            y = layer(x)
+            assert y.dtype == dtype and torch.equal(y, _full_path(layer, x))
 
 
 def _replace_weights(layer, other):

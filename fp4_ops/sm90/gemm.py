@@ -36,6 +36,8 @@ launch (PDL: a grid may start before the one ahead of it ends, and ``griddepcont
 waits for it): on W4A4 decode its producer requests the first stage's weights, then waits (the
 prologue grid ahead waited for the kernel before it); elsewhere it waits first. The consumers
 wait before they read alpha. On decode tiles of up to 32 tokens the prologue is PDL-launched too.
+``tokens_converted`` (W4A4 decode) drops the prologue grid: the grid ahead, the quantizer's
+tokens mode, wrote the tokens' copy from the activations themselves, launched without PDL.
 
 Warp roles (128 x (1 + row warpgroups x k_groups) threads)
 ----------------------------------------------------------
@@ -540,6 +542,16 @@ def grouped_reason(grouped: bool, path: str, split_k: int, a_dtype: str) -> str 
     return None
 
 
+def tokens_converted_reason(tokens_converted: bool, path: str, a_dtype: str) -> str | None:
+    """Why the tokens' copy cannot come from the grid ahead, or None (it does not, or it can)."""
+    if tokens_converted and (a_dtype != W4A4 or path != "decode"):
+        return (
+            f"tokens_converted with a_dtype={a_dtype} on the {path} path: only the W4A4 decode "
+            "path reads a converted token copy that another grid can write"
+        )
+    return None
+
+
 def acc_scale(sf_vec_size: int, path: str, a_dtype: str = W4A4) -> float:
     """The factor between the accumulator and alpha * sum: 2^7 per FP4 operand converted to F16
     (NVFP4 on the W4A4 decode path: both; W4A16 with F16 activations: the weights), 2^8 for
@@ -635,6 +647,8 @@ class BlockwiseGemmFp4Sm90:
     :param a_dtype: Float4E2M1FN (W4A4) or BFloat16 / Float16 activations (W4A16).
     :param grouped: W4A16 decode: expert e of the weights (batch e) against the token rows
         offsets[e] .. offsets[e + 1] - 1 (device offsets, E + 1 int32).
+    :param tokens_converted: W4A4 decode: the grid ahead wrote the tokens' converted copy
+        (``fp4_ops.quantizer``'s tokens mode), so no prologue grid; A and SFA are not read.
     """
 
     def __init__(
@@ -648,9 +662,11 @@ class BlockwiseGemmFp4Sm90:
         k_groups: int = 1,
         a_dtype: str = W4A4,
         grouped: bool = False,
+        tokens_converted: bool = False,
     ):
         reason = k_groups_reason(path, mma_tiler_mn, k_groups)
         reason = reason or grouped_reason(grouped, path, split_k, a_dtype)
+        reason = reason or tokens_converted_reason(tokens_converted, path, a_dtype)
         if reason:
             raise ValueError(reason)
         self.sf_vec_size = sf_vec_size
@@ -665,6 +681,8 @@ class BlockwiseGemmFp4Sm90:
         # what convert_operands converts: W4A4 tokens and prefill A; W4A16 prefill weights only
         self.convert_a = self.a_converted and not self.w4a16
         self.convert_b = not (self.w4a16 and path == "decode")
+        # the prologue grid converts them, unless the grid ahead already wrote the tokens' copy
+        self.prologue = self.convert_b and not tokens_converted
         self.mma_tiler_mn = tuple(mma_tiler_mn)
         self.cluster_shape_mn = tuple(cluster_shape_mn)
         self.cluster_m = self.cluster_shape_mn[0]
@@ -717,7 +735,7 @@ class BlockwiseGemmFp4Sm90:
         of the GEMM ahead of it: decode tiles of <= 32 tokens x 128 rows or <= 16 x 64 rows at
         two CTAs per SM, and K groups of <= 32 tokens where a prologue CTA fits beside the
         GEMM's CTA (docs/sm90_design.md)."""
-        if self.path != "decode" or not self.convert_b:
+        if self.path != "decode" or not self.prologue:
             return False
         if self.occupancy == 2 and self.tile_cols <= (32 if self.tile_rows == 128 else 16):
             return True
@@ -866,7 +884,7 @@ class BlockwiseGemmFp4Sm90:
         scheduler, grid = StaticTileScheduler.create(
             (row_tiles, col_tiles, l * self.split_k), self.cluster_m, max_clusters
         )
-        if cutlass.const_expr(self.convert_b):
+        if cutlass.const_expr(self.prologue):
             kernel_b, kernel_a = (mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA)
             self._launch_prologue(kernel_b, kernel_a, k, k_pad, stream)
         # group offsets: E + 1 int32 in global memory, read when the kernel runs
@@ -1889,6 +1907,7 @@ def compile_gemm(
     k_groups: int = 1,
     a_dtype: str = W4A4,
     grouped: bool = False,
+    tokens_converted: bool = False,
 ):
     """Compile for any M, N, K, L (runtime values); returns (kernel object, executor).
 
@@ -1896,13 +1915,13 @@ def compile_gemm(
     machine without a GPU; the executor's ``__ptx__`` / ``__cubin__`` then hold PTX and cubin.
     ``num_sms``: the GPU's SMs (the persistent grid holds occupancy x num_sms CTAs);
     ``cluster_shape_mn`` None takes ``default_cluster(path)``; ``tma_store`` False compiles the
-    direct-store epilogue (``tma_store_fits``); ``grouped`` the grouped W4A16 kernel."""
+    direct-store epilogue (``tma_store_fits``); ``grouped`` the grouped W4A16 kernel;
+    ``tokens_converted`` the W4A4 decode kernel without its prologue grid."""
     import cuda.bindings.driver as cuda_driver
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
-    gemm = BlockwiseGemmFp4Sm90(
-        sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, a_dtype, grouped
-    )
+    config = (sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, a_dtype)
+    gemm = BlockwiseGemmFp4Sm90(*config, grouped, tokens_converted)
     # placeholder addresses: compilation only needs the element types and alignments
     ptrs = gmem_pointers(gemm, c_dtype, [0] * 11)
     problem, stream = (Int32(1),) * 4, cuda_driver.CUstream(0)

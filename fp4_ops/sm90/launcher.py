@@ -43,7 +43,7 @@ scales, alpha, the workspace).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -74,6 +74,7 @@ from fp4_ops.sm90.gemm import (
     output_tiles,
     problem_reasons,
     tma_store_fits,
+    tokens_converted_reason,
 )
 from fp4_ops.tensor import device_scalars
 
@@ -103,6 +104,7 @@ class GemmConfig:
     cluster_shape_mn: tuple[int, int] | None = None
     tma_store: bool = True
     grouped: bool = False
+    tokens_converted: bool = False
 
     def __post_init__(self):
         # (one spelling per kernel: two keys for one kernel would compile it twice)
@@ -184,6 +186,7 @@ class GemmConfig:
         config = (self.path, tiler, self.cluster_shape_mn, self.split_k, self.k_groups)
         reasons = config_reasons(vec, self.sf_dtype, self.c_dtype, *config, a_dtype)
         reason = grouped_reason(self.grouped, self.path, self.split_k, a_dtype)
+        reason = reason or tokens_converted_reason(self.tokens_converted, self.path, a_dtype)
         reasons += [reason] if reason else []
         reasons += problem_reasons(mnkl, vec, self.path, tiler, a_dtype, self.grouped)
         if not reasons and self.tma_store and not tma_store_fits(mnkl[1], self.c_dtype):
@@ -288,23 +291,31 @@ class BoundGemm:
         self.fn(a, *self.head, out, *self.tail, stream_handle)
 
 
-def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale=None) -> Launch:
+def _prepare(
+    a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale=None, tokens=False
+) -> Launch | None:
     """Every check of ``gemm``'s arguments (configuration checks once per configuration and
     problem), the compiled kernel and the workspace: a ``Launch`` for them on ``stream``
-    (None: the current one)."""
+    (None: the current one). ``tokens`` (no ``config``): ``a`` is the activations [L, M, K]
+    that the grid ahead quantizes into the tokens' copy, ``sfa`` None, and the configuration
+    the W4A4 pick's with ``tokens_converted``; None off the decode path."""
     if config is None:
-        a_dtype = _a_dtype(a)
+        a_dtype = W4A4 if tokens else _a_dtype(a)
         vec = _sf_vec_size(sfa, sfb, sf_vec_size)
         c_dtype = DSL_DTYPE_NAMES.get(out.dtype)
         if c_dtype is None:
             raise ValueError(f"out must be bfloat16, float16 or float32, got {out.dtype}")
-        mnkl = _problem(a, b, a_dtype)
+        mnkl = _problem(a, b, "tokens" if tokens else a_dtype)
         key = (mnkl, vec, c_dtype, a_dtype, a.device)
         if key not in _PICKED:
             # (default_config's search once per problem and device, not at every call)
             num_sms = gpu_sm_count(a.device) if a.is_cuda else None
             _PICKED[key] = GemmConfig.for_problem(mnkl, vec, c_dtype, a_dtype, num_sms)
         config = _PICKED[key]
+        if tokens:
+            if config.path != "decode":
+                return None
+            config = replace(config, tokens_converted=True)
     else:
         if sf_vec_size is not None and sf_vec_size != config.sf_vec_size:
             raise ValueError(
@@ -358,12 +369,16 @@ def _sf_vec_size(sfa, sfb, sf_vec_size) -> int:
 
 
 def _problem(a, b, a_dtype: str) -> tuple[int, int, int, int]:
-    """(M, N, K, L) from a [L, M, K/2 or K] and b [L, N, ...]."""
+    """(M, N, K, L) from a [L, M, K/2 or K] and b [L, N, ...] (a_dtype "tokens": a holds the
+    activations [L, M, K] of a W4A4 problem)."""
     for name, t in (("a", a), ("b", b)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [L, rows, K], got shape {tuple(t.shape)}")
     l, m, cols = a.shape  # noqa: E741
     return m, b.shape[1], 2 * cols if a_dtype == W4A4 else cols, l
+
+
+_TOKEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config: GemmConfig) -> list[str]:
@@ -375,6 +390,11 @@ def operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config: GemmConfig) -> lis
     vec, w4a16 = config.sf_vec_size, config.a_dtype != W4A4
     tensors = {"a": a, "b": b, "sfa": sfa, "sfb": sfb, "out": out}
     want = {"a": (l, m, k // 2), "b": (l, n, k // 2), "out": (l, m, n)}
+    if config.tokens_converted:
+        # (a: the activations that the grid ahead quantizes into the tokens' copy)
+        want["a"] = (l, m, k)
+        if a.dtype not in _TOKEN_DTYPES:
+            return [f"a is {a.dtype}: the tokens' grid quantizes bfloat16, float16 or float32"]
     if vec in SF_FORMATS:
         want["sfa"] = (l, blocked_scale_numel(m, k, vec))
         want["sfb"] = (l, blocked_scale_numel(n, k, vec))
@@ -389,12 +409,14 @@ def operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config: GemmConfig) -> lis
         typed["a"] = (config.a_dtype, "a_dtype")
         if sfa is not None:
             reasons.append("sfa must be None: W4A16 activations have no scales")
-    elif sfa is None:
+    elif sfa is None and not config.tokens_converted:
         reasons.append("sfa is None: W4A4 needs the activations' scales")
     if sfa is None or w4a16:
         del tensors["sfa"]
     for name, t in tensors.items():
-        if name in typed:
+        if name == "a" and config.tokens_converted:
+            pass  # (its dtype checked above)
+        elif name in typed:
             dtype_name, field = typed[name]
             if t.dtype != _TORCH_DTYPES.get(dtype_name):
                 reasons.append(f"{name} is {t.dtype}; config.{field} is {dtype_name}")
@@ -456,6 +478,7 @@ def _compiled(config: GemmConfig, device_index: int):
             config.k_groups,
             config.a_dtype,
             grouped=config.grouped,
+            tokens_converted=config.tokens_converted,
         )
         _KERNELS[key] = (kernel, compiled.__tvm_ffi_object__(), compiled)
     return _KERNELS[key][:2]
@@ -555,6 +578,23 @@ def launch_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4, 
     (``Launch.bind``)."""
     out = torch.empty((*a.shape[:-1], b.shape[-2]), dtype=out_dtype, device=a.device)
     return _checked(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale)[0]
+
+
+def launch_for_tokens(x, b, sfb, sf_vec_size, alpha, out, scale=None):
+    """W4A4 decode with the activations x [M, K] quantized by the grid ahead into this launch's
+    converted copy (``fp4_ops.quantizer.bind_tokens``) rather than by a prologue grid: the
+    checked ``Launch`` (``tokens_converted``) against b [N, K/2] into out [M, N] on the current
+    stream, and the copy, [1, rows, K_pad]; None off the decode path. The launch takes any A
+    (the copy, say: not read) and SFA None. Whatever launches it launches the tokens' grid
+    right before it on the same stream."""
+    if b.dim() != 2 or x.dim() != 2:
+        raise ValueError(f"x and b must be 2-D, got {tuple(x.shape)}, {tuple(b.shape)}")
+    sfb = sfb.contiguous().view(torch.uint8).reshape(1, -1)
+    x3, b3, out3 = x.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0)
+    with torch.cuda.device(x.device):
+        stream = torch.cuda.current_stream()
+        launch = _prepare(x3, b3, None, sfb, alpha, out3, None, sf_vec_size, stream, scale, True)
+    return None if launch is None else (launch, launch.workspace[1])
 
 
 def _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale=None) -> Launch:
