@@ -429,10 +429,14 @@ class FP4Linear(FP4Buffers):
         return y
 
     def _tokens_launch(self, rows, vec: int):
-        """On an H100 / H200 and the GEMM's decode path, for rows [M, K] on the current device:
-        (the checked GEMM launch whose token copy the quantizer writes, that quantization bound
-        (``quantizer.bind_tokens``), a new D, the activations' global scale); else None."""
-        if not runs_hopper_kernels(rows) or rows.get_device() != current_device():
+        """On an H100 / H200 and the GEMM's decode path, for rows [M, K] 16-byte aligned on the
+        current device and contiguous weights: (the checked GEMM launch whose token copy the
+        quantizer writes, that quantization bound (``quantizer.bind_tokens``), a new D, the
+        activations' global scale); else None."""
+        if rows.data_ptr() % 16 or rows.get_device() != current_device():
+            return None  # (the quantize-then-GEMM route copies or switches devices)
+        w, sw, gw = self.weight_data, self.weight_scale, self.weight_global_scale
+        if not (runs_hopper_kernels(rows) and w.is_contiguous() and sw.is_contiguous()):
             return None
         from fp4_ops import quantizer
         from fp4_ops.sm90 import launcher
@@ -440,7 +444,6 @@ class FP4Linear(FP4Buffers):
         gs_in = self.input_global_scale
         gs = quantizer.tokens_scale(rows) if gs_in is None else gs_in
         y = rows.new_empty((rows.shape[0], self.out_features))
-        w, sw, gw = self.weight_data, self.weight_scale, self.weight_global_scale
         found = launcher.launch_for_tokens(rows, w, sw, vec, gs, y, scale=gw)
         if found is None:
             return None

@@ -98,6 +98,8 @@ QUANT_CTAS_PER_SM = {
     (32, "Float16"): 5,
     (32, "Float32"): 5,
 }
+# the tokens mode where its registers allow fewer (MXFP4 keeps a whole k-block's codes live)
+TOKENS_CTAS_PER_SM = {(32, "BFloat16"): 6, (32, "Float32"): 4}
 AMAX_CTAS_PER_SM = 4
 AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
 # the quantize kernel reduces the amax pass's per-CTA maxima, up to this many per thread
@@ -108,6 +110,13 @@ MAX_PARTIALS = THREADS * PARTIALS_PER_THREAD
 # LOCAL_AMAX_CTAS CTAs, so the repeated reads stay within 2 MB
 LOCAL_AMAX_BYTES = 32 * 1024
 LOCAL_AMAX_CTAS = 64
+
+
+def ctas_per_sm(sf_vec_size: int, in_dtype: str, tokens: bool = False) -> int:
+    """Quantize CTAs per SM of a configuration: as many as stay resident."""
+    per_sm = QUANT_CTAS_PER_SM[sf_vec_size, in_dtype]
+    return TOKENS_CTAS_PER_SM.get((sf_vec_size, in_dtype), per_sm) if tokens else per_sm
+
 
 # NOTE: the non-negative fp32 bit patterns order like uint32, so amax is an integer max.
 ABS_MASK = 0x7FFFFFFF
@@ -286,7 +295,7 @@ class QuantizeFp4:
         total_warps = (total + WARP - 1) // WARP * WARP
         ctas = min(
             (total_warps + THREADS - 1) // THREADS,
-            sm_count * QUANT_CTAS_PER_SM[vec, self.in_dtype_name],
+            sm_count * ctas_per_sm(vec, self.in_dtype_name, self.tokens),
         )
         if const_expr(self.local_amax):
             ctas = min(ctas, LOCAL_AMAX_CTAS)
@@ -408,12 +417,11 @@ class QuantizeFp4:
             col = pair * BLOCKS_PER_THREAD
             live = t < total
             sf_bytes = Uint32(0)
-            codes = self._code_registers()
+            # (tokens: registers that outlive the branch, for the lane pair's exchange)
+            codes = self._code_registers() if const_expr(self.tokens) else None
             if live & (r < rows) & (col < sf_cols):
                 row = batch * rows + r
-                sf_bytes = self._quantize_pair(mX, codes, row, col, sf_cols, scaling, fast)
-                if const_expr(not self.tokens):
-                    self._store_codes(mQ, codes, row, col, sf_cols)
+                sf_bytes = self._quantize_pair(mX, mQ, codes, row, col, sf_cols, scaling, fast)
             # NOTE: the loop's bound and step are whole warps: all 32 lanes reach the shuffles.
             if const_expr(self.tokens):
                 self._store_tokens(mQ, codes, sf_bytes, r, pair, sf_cols, live & (r < rows))
@@ -497,40 +505,37 @@ class QuantizeFp4:
 
     @cute.jit
     def _quantize_pair(
-        self, mX: cute.Tensor, codes: list, row, col, sf_cols, scaling, fast: cutlass.Constexpr
+        self, mX, mQ, codes, row, col, sf_cols, scaling, fast: cutlass.Constexpr
     ) -> Uint32:
-        """Codes of blocks ``col`` and ``col + 1`` (if live) of ``row`` into ``codes``
-        (``_code_registers``); returns their scale bytes as the low half of a scale word. Both
-        blocks are loaded before either is encoded."""
+        """Codes of blocks ``col`` and ``col + 1`` (if live) of ``row`` into mQ, or (tokens) into
+        ``codes`` (``_code_registers``); returns their scale bytes as the low half of a scale
+        word. Both blocks are loaded before either is encoded."""
+        store = codes is None
+        if const_expr(store):
+            codes = self._code_registers()
         wpb = self.words_per_block
         if const_expr(self.nvfp4):  # (K / 16 is even: the second block is live)
             pair = row * (sf_cols >> 1) + (col >> 1)
             raw0, raw1 = mX[2 * pair, None].load(), mX[2 * pair + 1, None].load()
             sf0 = self._quantize_block(raw0, codes[0], 0, scaling, fast)
             sf1 = self._quantize_block(raw1, codes[0], wpb, scaling, fast)
+            if const_expr(store):
+                mQ[pair, None].store(codes[0].load())  # one 16-byte store
             return sf0 | (sf1 << 8)
-        # MXFP4: K / 32 may be odd; a dead second block re-reads the first (its codes unused)
+        # MXFP4: K / 32 may be odd; a dead second block re-reads the first, stores nothing
         block = row * sf_cols + col
         live1 = col + 1 < sf_cols
         raw0, raw1 = mX[block, None].load(), mX[block + Int32(live1), None].load()
         sf0 = self._quantize_block(raw0, codes[0], 0, scaling, fast)
         sf1 = self._quantize_block(raw1, codes[1], 0, scaling, fast)
+        if const_expr(store):
+            mQ[block, None].store(codes[0].load())
         sf = sf0
         if live1:
+            if const_expr(store):
+                mQ[block + 1, None].store(codes[1].load())
             sf = sf | (sf1 << 8)
         return sf
-
-    @cute.jit
-    def _store_codes(self, mQ: cute.Tensor, codes: list, row, col, sf_cols):
-        """The codes of ``_quantize_pair`` into mQ: NVFP4 one 16-byte store, MXFP4 one per
-        live block."""
-        if const_expr(self.nvfp4):
-            mQ[row * (sf_cols >> 1) + (col >> 1), None].store(codes[0].load())
-        else:
-            block = row * sf_cols + col
-            mQ[block, None].store(codes[0].load())
-            if col + 1 < sf_cols:
-                mQ[block + 1, None].store(codes[1].load())
 
     @cute.jit
     def _store_tokens(self, mC: cute.Tensor, codes: list, sf_bytes: Uint32, r, pair, sf_cols, live):

@@ -374,11 +374,9 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
 
     compiled, launches = [], []
 
-    def compile_gemm(
-        vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, grouped=False
-    ):
+    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, **kw):
         compiled.append((vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a))
-        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, grouped)
+        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, **kw)
         return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
 
     streams = {h: SimpleNamespace(cuda_stream=h, device=torch.device("cpu")) for h in (5, 6, 7)}
@@ -556,11 +554,9 @@ def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
     counts, n, k = [1, 0, 3, 4], 256, 160  # (K % 64 == 32: the weights carry padding)
     compiled, launches = [], []
 
-    def compile_gemm(
-        vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, grouped=False
-    ):
-        compiled.append((c_dtype, grouped))
-        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, grouped)
+    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, **kw):
+        compiled.append((c_dtype, kw["grouped"]))
+        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, **kw)
         return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
 
     stream = SimpleNamespace(cuda_stream=5, device=torch.device("cpu"))

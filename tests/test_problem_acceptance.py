@@ -151,10 +151,8 @@ def test_hopper_workspaces_fit_every_problem_of_one_configuration(monkeypatch):
     by configuration alone would hand the second problem the first one's)."""
     calls = []
 
-    def compile_gemm(
-        vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, grouped=False
-    ):
-        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, grouped)
+    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, **kw):
+        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, **kw)
         return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: calls.append(x))
 
     monkeypatch.setattr(r90, "compile_gemm", compile_gemm)
@@ -188,7 +186,7 @@ def test_quantizer_launch_cache_gives_each_call_its_own_kernel(monkeypatch):
 
     launched = []
 
-    def compile_quantizer(in_dtype, vec, dynamic, options="", local_amax=False):
+    def compile_quantizer(in_dtype, vec, dynamic, options="", local_amax=False, tokens=False):
         config = (in_dtype, vec, dynamic)
         return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *a: launched.append(config))
 

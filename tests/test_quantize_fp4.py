@@ -72,18 +72,21 @@ def test_cross_compiles_to_portable_exact_code(arch, config, tmp_path):
 
 @pytest.mark.parametrize("in_dtype", sorted(quantize_fp4.IN_DTYPES))
 @pytest.mark.parametrize(
-    "vec, dynamic, local",
-    [(16, False, False), (16, True, False), (16, True, True), (32, False, False)],
+    "vec, dynamic, local, tokens",
+    [(16, False, False, False), (16, True, False, False), (16, True, True, False)]
+    + [(32, False, False, False), (16, True, False, True), (16, False, False, True)]
+    + [(32, False, False, True)],
 )
-def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tmp_path):
-    """The quantize grid is sized to QUANT_CTAS_PER_SM CTAs per SM and walks the work in as many
-    rounds: a CTA that did not fit would leave its share to a second wave."""
+def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, tmp_path):
+    """The quantize grid is sized to ``ctas_per_sm`` CTAs per SM and walks the work in as many
+    rounds: a CTA that did not fit would leave its share to a second wave (the tokens mode
+    too)."""
     import blockwise_gemm_fp4 as bw
 
     if bw.find_cuobjdump() is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     options = f"--gpu-arch sm_90a --keep-cubin --dump-dir={tmp_path}"
-    quantize_fp4.compile_quantizer(in_dtype, vec, dynamic, options=options, local_amax=local)
+    quantize_fp4.compile_quantizer(in_dtype, vec, dynamic, options, local, tokens)
     (cubin,) = glob.glob(os.path.join(tmp_path, "*.cubin"))
     text = subprocess.run(
         [bw.find_cuobjdump(), "-res-usage", cubin], capture_output=True, text=True, check=True
@@ -93,7 +96,7 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tmp_path):
         r"Function kernel_cutlass_kernel_\S+\s+REG:(\d+) STACK:\d+ SHARED:\d+ LOCAL:(\d+)", text
     )
     assert usage is not None, text
-    ctas = quantize_fp4.QUANT_CTAS_PER_SM[vec, in_dtype]
+    ctas = quantize_fp4.ctas_per_sm(vec, in_dtype, tokens)
     assert usage[2] == "0"
     # NOTE: an SM has 64K registers, allocated per warp in units of 8 per thread
     regs = -(-int(usage[1]) // 8) * 8

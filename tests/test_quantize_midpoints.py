@@ -237,7 +237,9 @@ def test_quantizer_cache_key_names_every_kernel_choice(monkeypatch, dtype, vec, 
     differ."""
     compiled = []
 
-    def compile_quantizer(in_dtype, sf_vec_size, dynamic, options="", local_amax=False):
+    def compile_quantizer(
+        in_dtype, sf_vec_size, dynamic, options="", local_amax=False, tokens=False
+    ):
         compiled.append((in_dtype, sf_vec_size, dynamic, local_amax))
         raise LookupError("stop before any CUDA call")
 
@@ -251,10 +253,11 @@ def test_quantizer_cache_key_names_every_kernel_choice(monkeypatch, dtype, vec, 
         q90.launch_quantize(x, vec, torch.ones(()) if static else None)
     assert compiled == [want]
     configs = {
-        q90.QuantizerConfig(d, v, s, local)
+        q90.QuantizerConfig(d, v, s, local, tokens)
         for d in q90.IN_DTYPES
         for v in (16, 32)
         for s in (0, 1)
         for local in (0, 1)
+        for tokens in (0, 1)
     }
-    assert len(configs) == 24
+    assert len(configs) == 48

@@ -214,6 +214,7 @@ def test_gemm_config_key_changes_with_every_kernel_choice():
         "cluster_shape_mn": (2, 1),
         "tma_store": False,
         "grouped": True,
+        "tokens_converted": True,
     }
     assert set(variants) == {f.name for f in dataclasses.fields(r90.GemmConfig)}
     keys = {base} | {dataclasses.replace(base, **{name: v}) for name, v in variants.items()}
