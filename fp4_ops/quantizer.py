@@ -50,6 +50,10 @@ Kernels (no arch-specific "a" features: sm_90 and the sm_100 family; E4M3 cvts n
                  scale byte in shared memory. Block 0's thread 0 writes the global scale.
                  A dynamic x of at most LOCAL_AMAX_BYTES (decode) has no amax grid: each of
                  at most LOCAL_AMAX_CTAS CTAs reduces all of x itself, one launch in all.
+                 ``tokens`` (L = 1): instead of codes and scales, the Hopper W4A4 decode GEMM's
+                 token copy (exact F16 / BF16 in its K order, ``fp4_ops.sm90.dequant``), as its
+                 prologue grid would make it; lane pairs trade words so that each lane writes
+                 whole 16-byte chunks. It lets the GEMM behind it launch at once (PDL).
 Both run on the caller's stream, with no memset and no host synchronization.
 
 Run
