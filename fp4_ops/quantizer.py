@@ -382,6 +382,8 @@ class QuantizeFp4:
             # the GEMM behind (PDL) may start requesting its weights; it waits for this grid
             # before it reads the copy or the global scale
             cute.arch.griddepcontrol_launch_dependents()
+            # the GEMM ahead may still read the copy: a no-op unless this grid is PDL-launched
+            cute.arch.griddepcontrol_wait()
         gs = self._global_scale(mGsIn, mAmax, amax_count)
         if (bidx == 0) & (tidx == 0):
             mGsOut[0] = gs

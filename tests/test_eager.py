@@ -124,14 +124,15 @@ def test_launch_cache_is_per_stream(recorder):
     assert other[-1] == 6 and set(first[5:8]).isdisjoint(other[5:8])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("m", [16, 4096], ids=["decode", "prefill"])
-def test_tokens_launch_is_the_decode_kernel_without_its_prologue(recorder, m):
+def test_tokens_launch_is_the_decode_kernel_without_its_prologue(recorder, m, dtype):
     """launch_for_tokens: on the decode path the picked W4A4 configuration with
     tokens_converted, whose kernel launches no prologue grid, and the token copy of its
-    workspace; None on the prefill path; activations the tokens' grid cannot quantize are
-    refused by name."""
+    workspace, for every activation dtype the quantizer takes; None on the prefill path;
+    activations the tokens' grid cannot quantize are refused by name."""
     k, n = 256, 64
-    x = torch.zeros(m, k, dtype=torch.bfloat16)
+    x = torch.zeros(m, k, dtype=dtype)
     b = torch.zeros(n, k // 2, dtype=torch.uint8)
     sfb = torch.zeros(blocked_scale_numel(n, k, 16), dtype=torch.uint8)
     args = (b, sfb, 16, torch.ones((), dtype=torch.float32), torch.empty(m, n))
@@ -406,6 +407,37 @@ def test_gpu_layers_of_one_shape_share_scratch_safely(activations):
             eager = chain(new)  # (between replays: the eager scratch is not the graph's)
             assert torch.equal(static_y, dispatched(static_x))
             assert torch.equal(eager, dispatched(new))
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("activations", ["dynamic", "static"])
+def test_gpu_back_to_back_layers_read_what_the_one_ahead_wrote(activations):
+    """W4A4 layers of one square shape called back to back, each on the output of the one
+    ahead with no other kernel between (x of 32 KB: one quantizer grid, also when dynamic):
+    each quantizer must wait for the GEMM ahead (which releases dependent grids early) before
+    it reads x or rewrites the token copy, for the dispatcher's bits at every call."""
+    torch.manual_seed(3)
+    gs = 0.05 if activations == "static" else None
+    layers = [
+        fp4_ops.FP4Linear.from_linear(
+            torch.nn.Linear(2048, 2048, bias=False, device="cuda", dtype=torch.bfloat16),
+            activations=activations,
+            input_global_scale=gs,
+        )
+        for _ in range(4)
+    ]
+
+    def chain(x):
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    with torch.no_grad():
+        for seed in range(6):
+            x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16) * (seed + 1)
+            got = chain(x)
+            assert torch.equal(got, chain(x.clone().requires_grad_()).detach()), seed
 
 
 def _replace(layer):

@@ -139,6 +139,33 @@ def _cross_compile(dump: str, vec, c_dtype, path, tiler, split, tma_store, k_gro
         return gemm, f.read(), os.path.join(dump, cubins[0])
 
 
+@pytest.mark.parametrize("vec", [16, 32])
+def test_tokens_converted_kernel_has_no_prologue_grid(vec, tmp_path):
+    """``tokens_converted``: the W4A4 decode GEMM alone (one kernel in the PTX, no
+    ``convert_operands``), whose producer still requests its first weights before the PDL wait
+    and loads the tokens' copy only after it."""
+    opts = f"--gpu-arch sm_90a --keep-ptx --dump-dir={tmp_path}"
+    config = (vec, "BFloat16", "decode", (16, 128), 4, k90.H200_SM_COUNT, opts, None, True, 1)
+    gemm, compiled = k90.compile_gemm(*config, "Float4E2M1FN", tokens_converted=True)
+    ptx = compiled.__ptx__
+    assert not gemm.prologue and ptx.count(".entry") == 1 and "convert_operands" not in ptx
+    early = ptx[: ptx.index("griddepcontrol.wait")]
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)) == 2
+
+
+@pytest.mark.parametrize(
+    "path, a_dtype", [("prefill", "Float4E2M1FN"), ("decode", "BFloat16"), ("prefill", "BFloat16")]
+)
+def test_tokens_converted_only_on_the_w4a4_decode_path(path, a_dtype):
+    """Only the W4A4 decode path reads a token copy that another grid can write: elsewhere
+    ``tokens_converted`` is refused by the kernel and by the configuration's reasons."""
+    tiler = (16, 128) if path == "decode" else (128, 256)
+    with pytest.raises(ValueError, match="tokens_converted"):
+        k90.BlockwiseGemmFp4Sm90(16, path, tiler, a_dtype=a_dtype, tokens_converted=True)
+    config = r90.GemmConfig(16, "BFloat16", a_dtype, path, tiler, tokens_converted=True)
+    assert any("tokens_converted" in r for r in config.reasons((16, 256, 256, 1)))
+
+
 @pytest.mark.filterwarnings("error::DeprecationWarning")
 @pytest.mark.parametrize("cfg", COMPILE_CONFIGS, ids=lambda c: "-".join(str(x) for x in c))
 def test_cross_compile_sm90a(cfg, tmp_path):
