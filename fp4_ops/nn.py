@@ -407,32 +407,20 @@ class FP4Linear(FP4Buffers):
         return run(data, scale, self.weight_data, self.weight_scale, gs, wgs, vec, rows.dtype)
 
     def _forward_tokens(self, rows, vec: int) -> torch.Tensor | None:
-        """W4A4 on rows [M, K] (checked, contiguous, on the current CUDA device) through
-        ``_tokens_launch``, launched; None where it does not apply."""
-        found = self._tokens_launch(rows, vec)
-        if found is None:
+        """W4A4 on rows [M, K] (checked, contiguous) through ``_tokens_route``, launched; None
+        where it does not apply."""
+        route = self._tokens_route(rows, vec)
+        if route is None:
             return None
-        launch, quantize, y, gs = found
         stream = stream_handle(rows.get_device())
-        quantize(rows.data_ptr(), stream)
-        copy = launch.workspace[1]
-        launch(
-            copy,
-            self.weight_data,
-            None,
-            self.weight_scale,
-            y,
-            gs,
-            stream,
-            scale=self.weight_global_scale,
-        )
-        return y
+        route.quantize(rows.data_ptr(), stream)
+        w, sw, gw = self.weight_data, self.weight_scale, self.weight_global_scale
+        route.launch(route.copy, w, None, sw, route.y, route.alpha, stream, scale=gw)
+        return route.y
 
-    def _tokens_launch(self, rows, vec: int):
-        """On an H100 / H200 and the GEMM's decode path, for rows [M, K] 16-byte aligned on the
-        current device and contiguous weights: (the checked GEMM launch whose token copy the
-        quantizer writes, that quantization bound (``quantizer.bind_tokens``), a new D, the
-        activations' global scale); else None."""
+    def _tokens_route(self, rows, vec: int) -> _TokensRoute | None:
+        """``_TokensRoute`` of rows [M, K] on an H100 / H200 and the GEMM's decode path, rows
+        16-byte aligned on the current device and the weights contiguous; else None."""
         if rows.data_ptr() % 16 or rows.get_device() != current_device():
             return None  # (the quantize-then-GEMM route copies or switches devices)
         w, sw, gw = self.weight_data, self.weight_scale, self.weight_global_scale
@@ -442,13 +430,15 @@ class FP4Linear(FP4Buffers):
         from fp4_ops.sm90 import launcher
 
         gs_in = self.input_global_scale
-        gs = quantizer.tokens_scale(rows) if gs_in is None else gs_in
-        y = rows.new_empty((rows.shape[0], self.out_features))
-        found = launcher.launch_for_tokens(rows, w, sw, vec, gs, y, scale=gw)
+        # (the quantizer writes the global scale it used: never into the layer's own buffer)
+        gs_out = quantizer.tokens_scale(rows)
+        alpha = gs_out if gs_in is None else gs_in
+        found = launcher.launch_for_tokens(rows, w, sw, vec, alpha, rows.dtype, scale=gw)
         if found is None:
             return None
-        launch, copy = found
-        return launch, quantizer.bind_tokens(rows, vec, copy, gs_in, gs), y, gs
+        launch, copy, y = found
+        quantize = quantizer.bind_tokens(rows, vec, copy, gs_in, gs_out)
+        return _TokensRoute(quantize, launch, copy, alpha, y)
 
     def _cpu_weight(self) -> torch.Tensor:
         """The weight dequantized (e2m1 x block scale, float32: exact) for the eager CPU path,
@@ -474,6 +464,19 @@ class FP4Linear(FP4Buffers):
 
 
 # ----------------------------------------------------------------------------- eager plans
+
+
+@dataclass(frozen=True)
+class _TokensRoute:
+    """An eager W4A4 call on the Hopper decode path: the quantizer's tokens grid writes the
+    GEMM's token copy, then the GEMM runs without its prologue grid, on the same stream."""
+
+    quantize: object  # quantizer.BoundQuantize into ``copy``
+    launch: object  # launcher.Launch (tokens_converted)
+    copy: torch.Tensor  # the GEMM's token copy
+    alpha: torch.Tensor  # the activations' global scale, which the GEMM reads
+    y: torch.Tensor  # a new D [M, N]
+
 
 # plans an FP4Linear keeps (input shapes x streams); more start the collection over
 _MAX_PLANS = 16
@@ -531,10 +534,10 @@ class _Plan:
             names = ("weight_data", "weight_scale", "weight_global_scale", "input_global_scale")
             w, sw, gw, gs_in = (layer._buffers[n] for n in names)
             # decode: the quantizer writes the GEMM's token copy itself (no prologue grid)
-            found = layer._tokens_launch(rows, vec)
-            if found is not None:
-                launch, quantize, _, gs = found
-                q, sq = launch.workspace[1], sw  # (stand-ins for A and SFA: not read)
+            route = layer._tokens_route(rows, vec)
+            if route is not None:
+                launch, quantize, gs = route.launch, route.quantize, route.alpha
+                q, sq = route.copy, sw  # (stand-ins for A and SFA: not read)
             else:
                 scratch = quantizer.scratch_buffers(rows, vec)
                 quantize = quantizer.plan_quantize(rows, vec, gs_in).bind(scratch, gs_in)

@@ -220,8 +220,8 @@ class QuantizeFp4:
         self.words_per_block = self.sf_vec_size // 8  # 8 codes per 32-bit word
         # elements per code store: a thread's two NVFP4 blocks, or one MXFP4 block
         self.code_vec = self.sf_vec_size * (BLOCKS_PER_THREAD if self.nvfp4 else 1)
-        # the token copy's MMA type: F16 for NVFP4, BF16 for MXFP4 (as the GEMM's decode path)
-        self.tokens_f16 = self.nvfp4
+        # the token copy's type: the GEMM's decode path's MMA type
+        self.tokens_f16 = dq.decode_tokens_f16(self.sf_vec_size)
 
     @cute.jit
     def __call__(
@@ -955,6 +955,12 @@ def bind_tokens(x, sf_vec_size: int, copy: torch.Tensor, global_scale, gs_out: t
     written to ``gs_out`` (``tokens_scale``): a ``BoundQuantize``."""
     rows, k = x.shape
     index = x.get_device()
+    need = rows * -(-k // K_BLOCK) * K_BLOCK
+    if copy.element_size() != 2 or copy.numel() < need or copy.get_device() != index:
+        raise ValueError(
+            f"copy must hold 16-bit values for {rows} x {k} rounded up to 64 on {x.device}, "
+            f"got {copy.dtype} {tuple(copy.shape)} on {copy.device}"
+        )
     dynamic = sf_vec_size == 16 and global_scale is None
     local = dynamic and x.numel() * x.element_size() <= LOCAL_AMAX_BYTES
     kernel, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index, local, tokens=True)
@@ -995,12 +1001,13 @@ def _partials(device, stream: int):
     return make() if found is None else found
 
 
-def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int, local=False, tokens=False):
+def _kernel(in_dtype, sf_vec_size: int, dynamic, index: int, local_amax=False, tokens=False):
     """(the compiled quantizer's TVM-FFI function, the device's SM count) for x of torch dtype
     ``in_dtype`` on CUDA device ``index``, compiled once per process (``QuantizerConfig``)."""
-    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local, tokens, index))
+    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, tokens, index))
     if found is None:
-        config = QuantizerConfig(_torch_in_names()[in_dtype], sf_vec_size, dynamic, local, tokens)
+        name = _torch_in_names()[in_dtype]
+        config = QuantizerConfig(name, sf_vec_size, dynamic, local_amax, tokens)
         if (config, index) not in _KERNELS:
             with torch.cuda.device(index):
                 # (TVM-FFI: the launch takes plain ints for pointers, extents and the stream)
@@ -1015,7 +1022,7 @@ def _kernel(in_dtype, sf_vec_size: int, dynamic: bool, index: int, local=False, 
             sm_count = torch.cuda.get_device_properties(index).multi_processor_count
             _KERNELS[config, index] = (compiled, compiled.__tvm_ffi_object__(), sm_count)
         found = _KERNELS[config, index][1:]
-        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local, tokens, index] = found
+        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, tokens, index] = found
     return found
 
 

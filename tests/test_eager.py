@@ -135,18 +135,62 @@ def test_tokens_launch_is_the_decode_kernel_without_its_prologue(recorder, m, dt
     x = torch.zeros(m, k, dtype=dtype)
     b = torch.zeros(n, k // 2, dtype=torch.uint8)
     sfb = torch.zeros(blocked_scale_numel(n, k, 16), dtype=torch.uint8)
-    args = (b, sfb, 16, torch.ones((), dtype=torch.float32), torch.empty(m, n))
+    args = (b, sfb, 16, torch.ones((), dtype=torch.float32), torch.float16)
     found = r90.launch_for_tokens(x, *args)
     if m > 2048:
         assert found is None and not r90._KERNELS
         return
-    launch, copy = found
+    launch, copy, out = found
+    assert out.shape == (m, n) and out.dtype == torch.float16
     [((config, _), (kernel, _))] = [(key, value[:2]) for key, value in r90._KERNELS.items()]
     assert config.tokens_converted and config.path == "decode" and not kernel.prologue
     rows = -(-m // kernel.tile_cols) * kernel.tile_cols
     assert copy is launch.workspace[1] and copy.shape == (1, rows, k)
     with pytest.raises(ValueError, match="tokens' grid quantizes"):
         r90.launch_for_tokens(x.to(torch.int32), *args)
+
+
+@pytest.mark.parametrize(
+    "format, activations", [("nvfp4", "dynamic"), ("nvfp4", "static")] + [("mxfp4", "dynamic")]
+)
+@pytest.mark.parametrize("m", [4, 40], ids=["local-amax", "amax-grid"])
+def test_token_route_binds_and_orders_its_two_grids(recorder, monkeypatch, format, activations, m):
+    """FP4Linear's token route on the CPU with recording kernels: the tokens grid first, taking
+    x and writing the GEMM's copy and a global scale of its own (never the layer's static
+    scale), then the prologue-free GEMM reading that copy, alpha (the static scale, or the one
+    the quantizer wrote) and the weight's global scale."""
+    from fp4_ops import quantizer
+
+    calls = recorder.launches  # (the GEMM's launches land here too: one order for both)
+    monkeypatch.setattr(quantizer, "_kernel", lambda *a, **kw: (lambda *x: calls.append(x), 2))
+    monkeypatch.setattr(quantizer, "stream_handle", lambda _: 5)
+    monkeypatch.setattr(quantizer, "_TOKEN_SCALES", {})
+    monkeypatch.setattr(quantizer, "_PARTIALS", {})
+    monkeypatch.setattr(fpnn, "stream_handle", lambda _: 5)
+    monkeypatch.setattr(fpnn, "current_device", lambda: -1)
+    monkeypatch.setattr(fpnn, "runs_hopper_kernels", lambda _: True)
+    k, n = 512, 64
+    linear = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
+    gs = 0.25 if activations == "static" else None
+    layer = fp4_ops.FP4Linear.from_linear(linear, format, activations, gs)
+    x = torch.zeros(m, k, dtype=torch.bfloat16)
+    y = layer._forward_tokens(x, 16 if format == "nvfp4" else 32)
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    assert len(calls) == 2
+    q_args, g_args = calls
+    copy = g_args[6]  # (the workspace's converted kernel B)
+    assert q_args[0] == x.data_ptr() and q_args[1] == copy == g_args[0]
+    gs_in, gs_out = q_args[3], q_args[4]
+    static = layer.input_global_scale
+    assert gs_out != (static.data_ptr() if static is not None else None)
+    assert gs_in == (static.data_ptr() if static is not None else gs_out)
+    amax_grid = format == "nvfp4" and static is None and m * k * 2 > quantizer.LOCAL_AMAX_BYTES
+    assert (q_args[5] != gs_out) == amax_grid  # (the amax partials, or a stand-in)
+    assert q_args[-3:] == ((m, k, 1), 2, 5)
+    # GEMM: A (the copy), B, SFA stand-in, SFB, D, workspace x 3, alpha, offsets, scale
+    assert g_args[1] == layer.weight_data.data_ptr() and g_args[3] == layer.weight_scale.data_ptr()
+    assert g_args[4] == y.data_ptr() and g_args[8] == gs_in
+    assert g_args[10] == layer.weight_global_scale.data_ptr()
 
 
 def test_eager_goes_direct_only_for_plain_untracked_cuda_tensors():
@@ -534,7 +578,7 @@ def test_gpu_quantizer_token_copy_gives_the_prologue_bits(format, activations, m
     layer = fp4_ops.FP4Linear.from_linear(linear, format, activations, gs)
     with torch.no_grad():
         x = torch.randn(m, k, device="cuda", dtype=dtype)
-        assert layer._tokens_launch(x, 16 if format == "nvfp4" else 32) is not None
+        assert layer._tokens_route(x, 16 if format == "nvfp4" else 32) is not None
         for scale in (1.0, 3.0, 0.5):
             x = torch.randn(m, k, device="cuda", dtype=dtype) * scale
             y = layer(x)

@@ -253,6 +253,12 @@ def fp4x16_to_mma(packed: Uint64, factors: list, f16: bool, prescaled=False) -> 
     return fp4x8_to_bf16x2(lo, factors[:4], prescaled) + fp4x8_to_bf16x2(hi, factors[4:], prescaled)
 
 
+def decode_tokens_f16(sf_vec_size: int) -> bool:
+    """The W4A4 decode path's MMA type, that of its token copy: F16 for NVFP4 (the cheaper exact
+    conversion of e2m1 x E4M3), BF16 for MXFP4 (E8M0 exceeds F16)."""
+    return sf_vec_size == 16
+
+
 def token_chunk_layout(chunk):
     """The tokens' K permutation in ``convert_operands``: 16-byte output chunk ``chunk`` (0..7)
     of a converted 64-wide k-block holds pair P_chunk of each 16-group q = 0..3.  Returns (byte

@@ -37,7 +37,8 @@ waits for it): on W4A4 decode its producer requests the first stage's weights, t
 prologue grid ahead waited for the kernel before it); elsewhere it waits first. The consumers
 wait before they read alpha. On decode tiles of up to 32 tokens the prologue is PDL-launched too.
 ``tokens_converted`` (W4A4 decode) drops the prologue grid: the grid ahead, the quantizer's
-tokens mode, wrote the tokens' copy from the activations themselves, launched without PDL.
+tokens mode, wrote the tokens' copy from the activations themselves, after waiting for the
+kernel before it (as the prologue does), so the weights requested before the wait are final.
 
 Warp roles (128 x (1 + row warpgroups x k_groups) threads)
 ----------------------------------------------------------
@@ -721,7 +722,8 @@ class BlockwiseGemmFp4Sm90:
         # W4A4: NVFP4 on decode runs F16 wgmma (a cheaper exact conversion in the mainloop);
         # MXFP4, and prefill (converted once per launch), BF16 (docs/sm90_design.md).  W4A16: the
         # activations' type.
-        self.f16 = a_dtype == "Float16" if self.w4a16 else sf_vec_size == 16 and path == "decode"
+        w4a4_f16 = path == "decode" and dq.decode_tokens_f16(sf_vec_size)
+        self.f16 = a_dtype == "Float16" if self.w4a16 else w4a4_f16
         self.mma_dtype = cutlass.Float16 if self.f16 else cutlass.BFloat16
         self.acc_scale = acc_scale(sf_vec_size, path, a_dtype)
         # W4A16 NVFP4 in BF16 on decode: scale factors hold the 2^126 of the e2m1 bits (2^-8 left)
@@ -1176,7 +1178,8 @@ class BlockwiseGemmFp4Sm90:
         # k-tiles of the first work unit already requested (decode: its first stage)
         issued = Int32(0)
         if cutlass.const_expr(self.swap_ab and self.convert_b):
-            # (the prologue grid ahead waited for the kernel before it: the weights are final)
+            # (the grid ahead, the prologue or the quantizer's tokens grid, waited for the
+            # kernel before it: the weights are final)
             issued, state = self._first_stage_across_pdl_wait(
                 ab_pipeline, state, a_copies, b_copies, scheduler, unit, k_tiles
             )
@@ -1223,12 +1226,13 @@ class BlockwiseGemmFp4Sm90:
     def _first_stage_across_pdl_wait(
         self, ab_pipeline, state, a_copies, b_copies, scheduler, unit, k_tiles
     ):
-        """Decode: request the first stage's weights, wait for the prologue grid
-        (``griddepcontrol.wait``), then request its tokens.  Returns the k-tiles issued (0 for
+        """Decode: request the first stage's weights, wait for the grid that converts the
+        tokens (the prologue, or with ``tokens_converted`` the quantizer's tokens grid;
+        ``griddepcontrol.wait``), then request its tokens.  Returns the k-tiles issued (0 for
         a CTA without work or a first unit without k-tiles) and the advanced pipeline state.
 
         NOTE: PDL launch: the converted tokens are complete only after the wait; the weights
-        and their scales do not depend on it, so their DRAM latency overlaps the prologue."""
+        and their scales do not depend on it, so their DRAM latency overlaps that grid."""
         row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
             scheduler, unit, k_tiles
         )

@@ -291,37 +291,23 @@ class BoundGemm:
         self.fn(a, *self.head, out, *self.tail, stream_handle)
 
 
-def _prepare(
-    a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale=None, tokens=False
-) -> Launch | None:
+def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale=None) -> Launch:
     """Every check of ``gemm``'s arguments (configuration checks once per configuration and
     problem), the compiled kernel and the workspace: a ``Launch`` for them on ``stream``
-    (None: the current one). ``tokens`` (no ``config``): ``a`` is the activations [L, M, K]
-    that the grid ahead quantizes into the tokens' copy, ``sfa`` None, and the configuration
-    the W4A4 pick's with ``tokens_converted``; None off the decode path."""
+    (None: the current one). ``config`` None takes ``_pick``'s for the operands."""
     if config is None:
-        a_dtype = W4A4 if tokens else _a_dtype(a)
+        a_dtype = _a_dtype(a)
         vec = _sf_vec_size(sfa, sfb, sf_vec_size)
         c_dtype = DSL_DTYPE_NAMES.get(out.dtype)
         if c_dtype is None:
             raise ValueError(f"out must be bfloat16, float16 or float32, got {out.dtype}")
-        mnkl = _problem(a, b, "tokens" if tokens else a_dtype)
-        key = (mnkl, vec, c_dtype, a_dtype, a.device)
-        if key not in _PICKED:
-            # (default_config's search once per problem and device, not at every call)
-            num_sms = gpu_sm_count(a.device) if a.is_cuda else None
-            _PICKED[key] = GemmConfig.for_problem(mnkl, vec, c_dtype, a_dtype, num_sms)
-        config = _PICKED[key]
-        if tokens:
-            if config.path != "decode":
-                return None
-            config = replace(config, tokens_converted=True)
-    else:
-        if sf_vec_size is not None and sf_vec_size != config.sf_vec_size:
-            raise ValueError(
-                f"sf_vec_size={sf_vec_size}, but config.sf_vec_size is {config.sf_vec_size}"
-            )
-        mnkl = _problem(a, b, config.a_dtype)
+        config = _pick(_problem(a, b, a_dtype == W4A4), vec, c_dtype, a_dtype, a.device)
+    elif sf_vec_size is not None and sf_vec_size != config.sf_vec_size:
+        raise ValueError(
+            f"sf_vec_size={sf_vec_size}, but config.sf_vec_size is {config.sf_vec_size}"
+        )
+    # (tokens_converted: a holds the activations themselves, not packed FP4)
+    mnkl = _problem(a, b, config.a_dtype == W4A4 and not config.tokens_converted)
     reasons = operand_reasons(a, b, sfa, sfb, alpha, out, mnkl, config)
     if scale is not None and not device_scalars(scale, a.get_device()):
         reasons.append(f"scale must be None or a one-element float32 tensor on {a.device}")
@@ -337,6 +323,15 @@ def _prepare(
     index = a.get_device()
     fn = _compiled(config, a.device.index)[1]
     return Launch(fn, mnkl, workspace, index, unit_scale(a.device))
+
+
+def _pick(mnkl, vec: int, c_dtype: str, a_dtype: str, device) -> GemmConfig:
+    """``GemmConfig.for_problem``'s pick, searched once per problem and device."""
+    key = (mnkl, vec, c_dtype, a_dtype, device)
+    if key not in _PICKED:
+        num_sms = gpu_sm_count(device) if device.type == "cuda" else None
+        _PICKED[key] = GemmConfig.for_problem(mnkl, vec, c_dtype, a_dtype, num_sms)
+    return _PICKED[key]
 
 
 def _a_dtype(a) -> str:
@@ -368,14 +363,13 @@ def _sf_vec_size(sfa, sfb, sf_vec_size) -> int:
     return named.pop()
 
 
-def _problem(a, b, a_dtype: str) -> tuple[int, int, int, int]:
-    """(M, N, K, L) from a [L, M, K/2 or K] and b [L, N, ...] (a_dtype "tokens": a holds the
-    activations [L, M, K] of a W4A4 problem)."""
+def _problem(a, b, packed: bool) -> tuple[int, int, int, int]:
+    """(M, N, K, L) from a [L, M, K/2 (``packed``) or K] and b [L, N, ...]."""
     for name, t in (("a", a), ("b", b)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [L, rows, K], got shape {tuple(t.shape)}")
     l, m, cols = a.shape  # noqa: E741
-    return m, b.shape[1], 2 * cols if a_dtype == W4A4 else cols, l
+    return m, b.shape[1], 2 * cols if packed else cols, l
 
 
 _TOKEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -580,21 +574,30 @@ def launch_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4, 
     return _checked(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale)[0]
 
 
-def launch_for_tokens(x, b, sfb, sf_vec_size, alpha, out, scale=None):
+def launch_for_tokens(x, b, sfb, sf_vec_size, alpha, out_dtype, scale=None):
     """W4A4 decode with the activations x [M, K] quantized by the grid ahead into this launch's
-    converted copy (``fp4_ops.quantizer.bind_tokens``) rather than by a prologue grid: the
-    checked ``Launch`` (``tokens_converted``) against b [N, K/2] into out [M, N] on the current
-    stream, and the copy, [1, rows, K_pad]; None off the decode path. The launch takes any A
-    (the copy, say: not read) and SFA None. Whatever launches it launches the tokens' grid
-    right before it on the same stream."""
+    converted copy (``fp4_ops.quantizer.bind_tokens``) rather than by a prologue grid:
+    (the checked ``Launch``, ``tokens_converted``, against b [N, K/2] on the current stream;
+    the copy it reads, [1, rows, K_pad]; a new D [M, N] in ``out_dtype``), or None off the
+    decode path. The launch takes any A (the copy, say: not read) and SFA None. Whoever
+    launches it launches the tokens grid right before it, on the same stream."""
     if b.dim() != 2 or x.dim() != 2:
         raise ValueError(f"x and b must be 2-D, got {tuple(x.shape)}, {tuple(b.shape)}")
+    c_dtype = DSL_DTYPE_NAMES.get(out_dtype)
+    if c_dtype is None:
+        raise ValueError(f"out must be bfloat16, float16 or float32, got {out_dtype}")
+    (m, k), n = x.shape, b.shape[0]
+    config = _pick((m, n, k, 1), sf_vec_size, c_dtype, W4A4, x.device)
+    if config.path != "decode":
+        return None
+    config = replace(config, tokens_converted=True)
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     sfb = sfb.contiguous().view(torch.uint8).reshape(1, -1)
     x3, b3, out3 = x.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0)
     with torch.cuda.device(x.device):
         stream = torch.cuda.current_stream()
-        launch = _prepare(x3, b3, None, sfb, alpha, out3, None, sf_vec_size, stream, scale, True)
-    return None if launch is None else (launch, launch.workspace[1])
+        launch = _prepare(x3, b3, None, sfb, alpha, out3, config, sf_vec_size, stream, scale)
+    return launch, launch.workspace[1], out
 
 
 def _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale=None) -> Launch:
