@@ -404,6 +404,19 @@ def test_gpu_static_alpha_follows_its_scales():
             assert (got - want).abs().max() <= want.abs().max() * 2.0**-8
 
 
+def _square_layers(activations: str, k: int, count: int, static_scale: float) -> list:
+    """``count`` W4A4 layers [k, k] without bias on the GPU, at ``static_scale`` if static."""
+    gs = static_scale if activations == "static" else None
+    return [
+        fp4_ops.FP4Linear.from_linear(
+            torch.nn.Linear(k, k, bias=False, device="cuda", dtype=torch.bfloat16),
+            activations=activations,
+            input_global_scale=gs,
+        )
+        for _ in range(count)
+    ]
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("activations", ["dynamic", "static"])
@@ -413,15 +426,7 @@ def test_gpu_layers_of_one_shape_share_scratch_safely(activations):
     dispatcher's path, eagerly, on a second stream, and replayed from a CUDA graph with new
     inputs while eager calls run between replays."""
     torch.manual_seed(2)
-    gs = 0.125 if activations == "static" else None
-    layers = [
-        fp4_ops.FP4Linear.from_linear(
-            torch.nn.Linear(256, 256, bias=False, device="cuda", dtype=torch.bfloat16),
-            activations=activations,
-            input_global_scale=gs,
-        )
-        for _ in range(3)
-    ]
+    layers = _square_layers(activations, 256, 3, 0.125)
 
     def chain(x):
         for layer in layers:
@@ -462,15 +467,7 @@ def test_gpu_back_to_back_layers_read_what_the_one_ahead_wrote(activations):
     each quantizer must wait for the GEMM ahead (which releases dependent grids early) before
     it reads x or rewrites the token copy, for the dispatcher's bits at every call."""
     torch.manual_seed(3)
-    gs = 0.05 if activations == "static" else None
-    layers = [
-        fp4_ops.FP4Linear.from_linear(
-            torch.nn.Linear(2048, 2048, bias=False, device="cuda", dtype=torch.bfloat16),
-            activations=activations,
-            input_global_scale=gs,
-        )
-        for _ in range(4)
-    ]
+    layers = _square_layers(activations, 2048, 4, 0.05)
 
     def chain(x):
         for layer in layers:
