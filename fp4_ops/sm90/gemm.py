@@ -1924,8 +1924,18 @@ def compile_gemm(
     import cuda.bindings.driver as cuda_driver
 
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
-    config = (sf_vec_size, path, mma_tiler_mn, cluster, split_k, tma_store, k_groups, a_dtype)
-    gemm = BlockwiseGemmFp4Sm90(*config, grouped, tokens_converted)
+    gemm = BlockwiseGemmFp4Sm90(
+        sf_vec_size,
+        path,
+        mma_tiler_mn,
+        cluster,
+        split_k,
+        tma_store,
+        k_groups,
+        a_dtype,
+        grouped,
+        tokens_converted,
+    )
     # placeholder addresses: compilation only needs the element types and alignments
     ptrs = gmem_pointers(gemm, c_dtype, [0] * 11)
     problem, stream = (Int32(1),) * 4, cuda_driver.CUstream(0)
