@@ -384,12 +384,11 @@ class FP4Linear(FP4Buffers):
         """W4A4 on rows [M, K] (checked): eagerly on Hopper's decode path, one quantizer grid
         writes the GEMM's token copy (no prologue grid); else the activations' FP4 parts, then
         the GEMM."""
+        gs_in = self.input_global_scale
         if direct:
             y = self._forward_tokens(rows, vec)
             if y is not None:
                 return y
-        gs_in = self.input_global_scale
-        if direct:
             # (eager on CUDA: the activations' FP4 parts go to scratch that the GEMM reads next
             # on this stream, rather than to three new tensors per call)
             from fp4_ops import quantizer

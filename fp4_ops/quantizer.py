@@ -938,13 +938,8 @@ def tokens_scale(x):
     stream: a 0-d float32 kept per stream outside every graph pool (a new one under CUDA-graph
     capture). Whatever reads it must do so on that stream before the next quantization there:
     the GEMM launched right after."""
-    index = x.get_device()
-
-    def make():
-        return torch.empty((), dtype=torch.float32, device=x.device)
-
-    found = kept(_TOKEN_SCALES, (index, stream_handle(index)), make, x.device)
-    return make() if found is None else found
+    stream = stream_handle(x.get_device())
+    return _stream_buffer(_TOKEN_SCALES, x.device, stream, (), torch.float32)
 
 
 def bind_tokens(x, sf_vec_size: int, copy: torch.Tensor, global_scale, gs_out: torch.Tensor):
@@ -993,11 +988,17 @@ def _partials(device, stream: int):
     """The amax pass's per-CTA maxima: one buffer per stream, made outside every graph pool
     (the quantize pass of the same call reads it before the next call's amax pass can start,
     which waits for the stream); a new one under CUDA-graph capture."""
+    return _stream_buffer(_PARTIALS, device, stream, MAX_PARTIALS, torch.int32)
+
+
+def _stream_buffer(cache: dict, device, stream: int, shape, dtype):
+    """A tensor of ``shape`` and ``dtype`` kept per (device, stream) in ``cache`` outside every
+    graph pool (``memory.kept``), or a new one under CUDA-graph capture."""
 
     def make():
-        return torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device)
+        return torch.empty(shape, dtype=dtype, device=device)
 
-    found = kept(_PARTIALS, (device.index, stream), make, device)
+    found = kept(cache, (device.index, stream), make, device)
     return make() if found is None else found
 
 
