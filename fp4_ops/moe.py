@@ -24,8 +24,10 @@ expert with its own dynamic global scale.
         out[t] = sum_slots w * (y + w2_bias[e])  in float32, then rounded to x's dtype
     ``activation="silu"``: silu(gate) * up with the gate rows first (w13 = [w1; w3]).
     ``activation="swigluoai"``: gpt-oss's clamped SwiGLU (below), rows interleaved.
-    Routing metadata (pairs sorted by expert, the group offsets) is built with torch ops on
-    the device: argsort, searchsorted; no host sync.
+    On CUDA tensors outside tracing, three kernels (``fp4_ops.moe_kernels``) do the routing
+    (one CTA: group offsets and each pair's row), the activation and the weighted combine;
+    traced and gradient-tracking calls run the same steps as torch ops (argsort,
+    searchsorted, gathers). No host sync either way.
 ``FP4MoE``
     The experts as buffers (``from_experts`` quantizes 16-bit ones), forward(x, topk_weights,
     topk_ids); state dict with the format and activation as extra state.
@@ -44,7 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fp4_ops import cpu
+from fp4_ops import cpu, moe_kernels
 from fp4_ops.buffers import FP4Buffers
 from fp4_ops.layout import FORMATS, PACKED_DTYPES, from_blocked
 from fp4_ops.ops import (
@@ -327,7 +329,8 @@ def _grouped_w4a16(a, b: FP4Tensor, alpha, offsets, out_dtype, prepacked_data=No
 
 def check_routing(topk_weights, topk_ids, tokens: int, num_experts: int, device) -> None:
     """topk_ids int32 / int64 [T, k] in [0, E), topk_weights floating-point [T, k], on
-    ``device`` (ids checked on the host for CPU tensors, by a device assert otherwise)."""
+    ``device``. The ids' values are checked here for CPU tensors; for CUDA and traced ones by
+    a device assert in the layer (``_moe``), without a host sync."""
     check_type(topk_ids, torch.Tensor, "topk_ids", "an int32 / int64 tensor [T, k]")
     check_type(topk_weights, torch.Tensor, "topk_weights", "a floating-point tensor [T, k]")
     if topk_ids.dtype not in (torch.int32, torch.int64):
@@ -344,9 +347,16 @@ def check_routing(topk_weights, topk_ids, tokens: int, num_experts: int, device)
     for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, x on {device}")
-    in_range = (topk_ids >= 0) & (topk_ids < num_experts)
-    message = f"topk_ids must lie in [0, {num_experts}) (the experts of w13 and w2)"
-    _require(in_range, message, _host_checks(topk_ids))
+    if _host_checks(topk_ids):
+        _require(_ids_in_range(topk_ids, num_experts), _range_message(num_experts), True)
+
+
+def _ids_in_range(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    return (topk_ids >= 0) & (topk_ids < num_experts)
+
+
+def _range_message(num_experts: int) -> str:
+    return f"topk_ids must lie in [0, {num_experts}) (the experts of w13 and w2)"
 
 
 def expert_routing(topk_ids: torch.Tensor, num_experts: int):
@@ -461,6 +471,14 @@ def _moe(
     tokens, k = topk_ids.shape
     if tokens == 0:
         return x.new_empty(x.shape)
+    weights = (w13, w2, gs13, gs2, prepacked)
+    if eager(x, topk_weights, topk_ids, w13_bias, w2_bias):
+        return _moe_kernels(
+            x, *weights, topk_weights, topk_ids, activation, mode, w13_bias, w2_bias
+        )
+    if not _host_checks(topk_ids):
+        in_range = _ids_in_range(topk_ids, w13.shape[0])
+        _require(in_range, _range_message(w13.shape[0]), False)
     order, sorted_ids, offsets = expert_routing(topk_ids, w13.shape[0])
     rows = x.index_select(0, order // k)
     h = _expert_gemm(rows, w13, gs13, offsets, mode, prepacked[0])
@@ -475,6 +493,29 @@ def _moe(
     pairs = y.new_empty(y.shape).index_copy_(0, order, y)
     weighted = pairs.view(tokens, k, -1) * topk_weights.float().unsqueeze(-1)
     return weighted.sum(1).to(x.dtype)
+
+
+def _moe_kernels(
+    x, w13, w2, gs13, gs2, prepacked, topk_weights, topk_ids, activation, mode, w13_bias, w2_bias
+):
+    """``_moe`` on plain CUDA tensors outside tracing: the routing, the activation and the
+    combine as ``fp4_ops.moe_kernels``' three kernels around the grouped GEMMs."""
+    check_sm90(x, GPU_GROUPED)
+    num_experts = w13.shape[0]
+    routes = moe_kernels.route(topk_ids.contiguous(), num_experts)
+    torch._assert_async(routes.ok, _range_message(num_experts))
+    rows = x.index_select(0, routes.token_of)
+    h = _expert_gemm(rows, w13, gs13, routes.offsets, mode, prepacked[0])
+    a = moe_kernels.activate(h, activation, _float_bias(w13_bias), routes.expert_of)
+    y = _expert_gemm(a, w2, gs2, routes.offsets, mode, prepacked[1])
+    weights = topk_weights if topk_weights.dtype in IN_DTYPES else topk_weights.float()
+    return moe_kernels.combine_tokens(y, weights, routes, _float_bias(w2_bias))
+
+
+def _float_bias(bias):
+    """A bias in a dtype the kernels read (float64 ones as float32, as the float32 math
+    of the torch path rounds them)."""
+    return bias if bias is None or bias.dtype in IN_DTYPES else bias.float()
 
 
 def _expert_gemm(rows, w: FP4Tensor, gs, offsets, mode, prepacked_data):

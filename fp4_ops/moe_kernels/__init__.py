@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The MoE layer's kernels around its grouped GEMMs, for CUDA tensors on any GPU the DSL targets:
+
+    routing = route(topk_ids, num_experts)           # one CTA: offsets and the row order
+    rows = x.index_select(0, routing.token_of)
+    h = <grouped GEMM of rows against w13, routing.offsets>
+    a = activate(h, activation, w13_bias, routing.expert_of)
+    y = <grouped GEMM of a against w2, routing.offsets>
+    out = combine_tokens(y, topk_weights, routing, w2_bias)
+
+Three kernels (``routing``, ``activation``, ``combine``, one class a file) in place of the two
+dozen small torch kernels the same steps take as torch ops. Each is compiled once per process
+and configuration (the frozen ``*Config`` dataclasses, with the device index the cache key) and
+launched through TVM-FFI on the current stream, with no host synchronization. The callers
+(``fp4_ops.moe``) check the operands; these functions only shape what the kernels take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fp4_ops.memory import stream_handle
+
+_NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+_IDS = {torch.int32: "Int32", torch.int64: "Int64"}
+
+
+def experts_cap(num_experts: int) -> int:
+    """The routing kernel's count slots for E experts: a power of two > E, at least a warp."""
+    return max(32, 1 << num_experts.bit_length())
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    ids_dtype: str  # a key of routing.IDS_DTYPES
+    experts_cap: int  # experts_cap(E)
+
+    def compile(self, options: str):
+        from fp4_ops.moe_kernels import routing  # (the DSL: imported when a kernel is built)
+
+        return routing.compile_routing(self.ids_dtype, self.experts_cap, options)
+
+
+@dataclass(frozen=True)
+class ActivationConfig:
+    dtype: str  # h's and a's, a key of activation.DTYPES
+    activation: str  # a key of activation.INTERLEAVED
+    bias_dtype: str | None
+
+    def compile(self, options: str):
+        from fp4_ops.moe_kernels import activation
+
+        return activation.compile_activation(self.dtype, self.activation, self.bias_dtype, options)
+
+
+@dataclass(frozen=True)
+class CombineConfig:
+    dtype: str  # y's and out's
+    weights_dtype: str  # topk_weights'
+    bias_dtype: str | None
+
+    def compile(self, options: str):
+        from fp4_ops.moe_kernels import combine
+
+        return combine.compile_combine(self.dtype, self.weights_dtype, self.bias_dtype, options)
+
+
+# (config, device index) -> (compiled kernel, its TVM-FFI function, the SM count)
+_KERNELS: dict[tuple, tuple] = {}
+
+
+def _function(config, device: torch.device):
+    """(TVM-FFI function, SM count) of ``config`` on ``device``, compiled at its first use."""
+    found = _KERNELS.get((config, device.index))
+    if found is None:
+        with torch.cuda.device(device):
+            compiled = config.compile("--enable-tvm-ffi")
+        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        found = _KERNELS[config, device.index] = (compiled, compiled.__tvm_ffi_object__(), sm_count)
+    return found[1], found[2]
+
+
+@dataclass(frozen=True)
+class Routing:
+    """``route``'s outputs (int32 tensors on the ids' device; P = T * k pairs)."""
+
+    offsets: torch.Tensor  # [E + 1]: expert e's rows are offsets[e] .. offsets[e + 1] - 1
+    row_of: torch.Tensor  # [P]: the row of pair t * k + s
+    token_of: torch.Tensor  # [P]: the token of each row
+    expert_of: torch.Tensor  # [P]: the expert of each row (0 for a pair whose id is out of range)
+    ok: torch.Tensor  # [1]: 1 if every id lies in [0, E)
+
+
+def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
+    """The row order of the grouped GEMMs for contiguous ``topk_ids`` [T, k] (int32 / int64,
+    CUDA) with E = ``num_experts``; ids out of range are flagged in ``ok``, not raised."""
+    device = topk_ids.device
+    pairs, top_k = topk_ids.numel(), topk_ids.shape[1]
+    config = RoutingConfig(_IDS[topk_ids.dtype], experts_cap(num_experts))
+    fn, _ = _function(config, device)
+    out = Routing(
+        torch.empty(num_experts + 1, dtype=torch.int32, device=device),
+        *(torch.empty(pairs, dtype=torch.int32, device=device) for _ in range(3)),
+        torch.empty(1, dtype=torch.int32, device=device),
+    )
+    ptrs = (out.offsets, out.row_of, out.token_of, out.expert_of, out.ok)
+    fn(
+        topk_ids.data_ptr(),
+        *(t.data_ptr() for t in ptrs),
+        (pairs, top_k, num_experts),
+        stream_handle(device.index),
+    )
+    return out
+
+
+def _aligned(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t contiguous and 16-byte aligned (the kernels' vector loads), copied only if not."""
+    if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def activate(h: torch.Tensor, name: str, bias, expert_of: torch.Tensor) -> torch.Tensor:
+    """a [P, I] in h's dtype from h [P, 2I] (contiguous, I a multiple of 32), the activation
+    ``name`` and the optional bias [E, 2I] of each row's expert."""
+    rows, inter = h.shape[0], h.shape[1] // 2
+    bias = _aligned(bias)
+    bias_dtype = None if bias is None else _NAMES[bias.dtype]
+    fn, sm_count = _function(ActivationConfig(_NAMES[h.dtype], name, bias_dtype), h.device)
+    out = torch.empty((rows, inter), dtype=h.dtype, device=h.device)
+    experts = 1 if bias is None else bias.shape[0]
+    fn(
+        h.data_ptr(),
+        out.data_ptr(),
+        (h if bias is None else bias).data_ptr(),
+        expert_of.data_ptr(),
+        (rows, inter, experts),
+        sm_count,
+        stream_handle(h.device.index),
+    )
+    return out
+
+
+def combine_tokens(
+    y: torch.Tensor, topk_weights: torch.Tensor, routes: Routing, bias
+) -> torch.Tensor:
+    """out [T, H] in y's dtype: each token's rows of y [P, H] (contiguous, H a multiple of
+    32) plus the optional bias [E, H] of their experts, weighted by ``topk_weights`` [T, k]."""
+    tokens, top_k = topk_weights.shape
+    hidden = y.shape[1]
+    weights = topk_weights.contiguous()
+    bias = _aligned(bias)
+    bias_dtype = None if bias is None else _NAMES[bias.dtype]
+    config = CombineConfig(_NAMES[y.dtype], _NAMES[weights.dtype], bias_dtype)
+    fn, sm_count = _function(config, y.device)
+    out = torch.empty((tokens, hidden), dtype=y.dtype, device=y.device)
+    experts = 1 if bias is None else bias.shape[0]
+    fn(
+        y.data_ptr(),
+        weights.data_ptr(),
+        routes.row_of.data_ptr(),
+        (y if bias is None else bias).data_ptr(),
+        routes.expert_of.data_ptr(),
+        out.data_ptr(),
+        (tokens, top_k, hidden, experts),
+        sm_count,
+        stream_handle(y.device.index),
+    )
+    return out

@@ -1,0 +1,188 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""MoE routing in one CTA: topk_ids [T, k] -> the grouped GEMMs' row order.
+
+For the P = T * k (token, slot) pairs, pair p = t * k + s with expert e = topk_ids[t, s]:
+
+    offsets [E + 1] int32   rows of expert e: offsets[e] .. offsets[e + 1] - 1
+    row_of  [P] int32       the row of pair p
+    token_of [P] int32      the token whose x fills row r (x.index_select(0, token_of))
+    expert_of [P] int32     the expert of row r (its biases' row)
+    ok [1] int32            1 if every id lies in [0, E), else 0 (a device assert reads it)
+
+Three passes over the ids, with the counts in shared memory: count the pairs per expert
+(shared atomics), scan the counts into offsets (warp 0), place each pair at its expert's next
+free row (shared atomics again). Rows within an expert come in the order the atomics happen
+to run; each row's result depends only on its token and expert, so every output of the MoE
+layer is the same whatever that order. A pair with an id out of range gets a row past
+offsets[E] (no GEMM computes it) and expert 0, so that nothing downstream reads out of bounds
+before the assert on ``ok`` fires.
+
+One CTA: routing is a few microseconds of a decode step, and one CTA needs no grid-wide
+synchronization between its passes.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+THREADS = 512
+WARP = 32
+LOG_WARP = 5
+IDS_DTYPES = {"Int32": Int32, "Int64": Int64}
+
+
+class MoeRouting:
+    """topk_ids -> (offsets, row_of, token_of, expert_of, ok); see the module docstring."""
+
+    def __init__(self, ids_dtype: str, experts_cap: int):
+        self.ids_dtype = IDS_DTYPES[ids_dtype]
+        # (a power of two > E, at least a warp: the scan gives each lane cap / 32 counts)
+        self.experts_cap = experts_cap
+        self._setup_attributes()
+
+    def _setup_attributes(self):
+        self.counts_per_lane = self.experts_cap // WARP
+
+    @cute.jit
+    def __call__(
+        self,
+        ids_ptr: cute.Pointer,
+        offsets_ptr: cute.Pointer,
+        row_of_ptr: cute.Pointer,
+        token_of_ptr: cute.Pointer,
+        expert_of_ptr: cute.Pointer,
+        ok_ptr: cute.Pointer,
+        problem: tuple[Int32, Int32, Int32],
+        stream,
+    ):
+        pairs, top_k, experts = problem
+        mIds = cute.make_tensor(ids_ptr, cute.make_layout(pairs))
+        mOffsets = cute.make_tensor(offsets_ptr, cute.make_layout(experts + 1))
+        mRowOf = cute.make_tensor(row_of_ptr, cute.make_layout(pairs))
+        mTokenOf = cute.make_tensor(token_of_ptr, cute.make_layout(pairs))
+        mExpertOf = cute.make_tensor(expert_of_ptr, cute.make_layout(pairs))
+        mOk = cute.make_tensor(ok_ptr, cute.make_layout(1))
+        self.kernel(mIds, mOffsets, mRowOf, mTokenOf, mExpertOf, mOk, top_k, experts).launch(
+            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        mIds: cute.Tensor,
+        mOffsets: cute.Tensor,
+        mRowOf: cute.Tensor,
+        mTokenOf: cute.Tensor,
+        mExpertOf: cute.Tensor,
+        mOk: cute.Tensor,
+        top_k: Int32,
+        experts: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        smem = cutlass.memory.SmemAllocator()
+        sCount = smem.allocate_tensor(Int32, cute.make_layout(self.experts_cap), byte_alignment=16)
+        # [0]: pairs with an id out of range, [1]: rows handed to them so far, [2]: valid pairs
+        sMisc = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
+        for e in range(tidx, self.experts_cap, THREADS):
+            sCount[e] = Int32(0)
+        if tidx < 4:
+            sMisc[tidx] = Int32(0)
+        cute.arch.sync_threads()
+        self._count(mIds, sCount, sMisc, experts)
+        cute.arch.sync_threads()
+        if tidx < WARP:
+            self._scan(sCount, sMisc, mOffsets, mOk, experts)
+        cute.arch.sync_threads()
+        self._place(mIds, mRowOf, mTokenOf, mExpertOf, sCount, sMisc, top_k, experts)
+
+    @cute.jit
+    def _expert(self, mIds: cute.Tensor, p: Int32, experts: Int32):
+        """(pair p's expert as Int32, whether its id lies in [0, experts))."""
+        raw = mIds[p]
+        valid = (raw >= self.ids_dtype(0)) & (raw < self.ids_dtype(experts))
+        return Int32(raw), valid
+
+    @cute.jit
+    def _count(self, mIds: cute.Tensor, sCount: cute.Tensor, sMisc: cute.Tensor, experts: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        for p in range(tidx, cute.size(mIds), THREADS):
+            e, valid = self._expert(mIds, p, experts)
+            if valid:
+                cute.arch.atomic_add(sCount.iterator + e, Int32(1), scope="cta")
+            else:
+                cute.arch.atomic_add(sMisc.iterator, Int32(1), scope="cta")
+
+    @cute.jit
+    def _scan(
+        self,
+        sCount: cute.Tensor,
+        sMisc: cute.Tensor,
+        mOffsets: cute.Tensor,
+        mOk: cute.Tensor,
+        experts: Int32,
+    ):
+        """Warp 0: counts -> exclusive prefix sums in sCount (each expert's next free row) and
+        in mOffsets[0 .. E]; the valid pairs' count into sMisc[2]; mOk."""
+        lane = cute.arch.lane_idx()
+        first = lane * self.counts_per_lane
+        own = Int32(0)
+        for j in cutlass.range_constexpr(self.counts_per_lane):
+            own += sCount[first + j]
+        inclusive = own
+        for step in cutlass.range_constexpr(LOG_WARP):
+            below = cute.arch.shuffle_sync_up(inclusive, offset=1 << step)
+            if lane >= (1 << step):
+                inclusive += below
+        start = inclusive - own
+        for j in cutlass.range_constexpr(self.counts_per_lane):
+            e = first + j
+            count = sCount[e]
+            sCount[e] = start
+            # (counts past E are zero: offsets[E] is the valid pairs' count)
+            if e <= experts:
+                mOffsets[e] = start
+            start += count
+        if lane == WARP - 1:
+            sMisc[2] = inclusive
+            mOk[0] = Int32(sMisc[0] == 0)
+
+    @cute.jit
+    def _place(
+        self,
+        mIds: cute.Tensor,
+        mRowOf: cute.Tensor,
+        mTokenOf: cute.Tensor,
+        mExpertOf: cute.Tensor,
+        sCount: cute.Tensor,
+        sMisc: cute.Tensor,
+        top_k: Int32,
+        experts: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        for p in range(tidx, cute.size(mIds), THREADS):
+            e, valid = self._expert(mIds, p, experts)
+            row = Int32(0)
+            if valid:
+                row = cute.arch.atomic_add(sCount.iterator + e, Int32(1), scope="cta")
+            else:
+                row = sMisc[2] + cute.arch.atomic_add(sMisc.iterator + 1, Int32(1), scope="cta")
+                e = Int32(0)
+            mRowOf[p] = row
+            mTokenOf[row] = p // top_k
+            mExpertOf[row] = e
+
+
+def compile_routing(ids_dtype: str, cap: int, options: str = ""):
+    """Compile for any T, k and E < ``cap`` (runtime extents); returns the executor.
+    ``options="--gpu-arch sm_90a --keep-ptx"`` cross-compiles without a GPU."""
+    import cuda.bindings.driver as cuda_driver
+    from cutlass.cute.runtime import make_ptr
+
+    op = MoeRouting(ids_dtype, cap)
+    gmem = cute.AddressSpace.gmem
+    ptrs = [make_ptr(IDS_DTYPES[ids_dtype], 0, gmem, assumed_align=4)]
+    ptrs += [make_ptr(Int32, 0, gmem, assumed_align=4) for _ in range(5)]
+    problem = (Int32(1), Int32(1), Int32(1))
+    return cute.compile(op, *ptrs, problem, cuda_driver.CUstream(0), options=options)

@@ -1,0 +1,242 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The MoE layer's routing, activation and combine kernels (fp4_ops/moe_kernels).
+
+GPU: each kernel against an independent statement of what it computes: the routing's offsets
+against a count of the ids on the host and its rows as a permutation that puts every pair in
+its expert's range (at the count slots' power-of-two boundaries, more pairs than threads, ids
+out of range); the activation and the combine against float64 formulas with bounds derived
+from float32 arithmetic and one rounding to the output dtype. The layer built on them is
+tested against the per-expert loop in test_moe.py.
+CPU: every configuration cross-compiles for sm_90a and sm_100a, and the PTX moves 16-byte
+vectors, keeps nothing in local memory and uses shared-memory atomics only for the counts.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from fp4_ops import moe_kernels
+from fp4_ops.moe_kernels import activation, combine, routing
+
+U32 = 2.0**-24
+ACT_REL = 2.0**-19  # float32 activation (accurate exp, a division, three products): << 2^-19
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (H200)")
+
+
+def _half_ulp(mag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Half an ulp of ``dtype`` at float64 magnitudes ``mag`` (the error of one rounding)."""
+    _, e = torch.frexp(mag)
+    return torch.ldexp(torch.full_like(mag, torch.finfo(dtype).eps / 2), e - 1)
+
+
+def _assert_within(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, what: str):
+    err = (got.double().cpu() - want).abs()
+    bad = err > bound
+    worst = int((err - bound).argmax())
+    assert not bool(bad.any()), (
+        f"{what}: {int(bad.sum())} of {err.numel()} outside the bound; worst at {worst}: "
+        f"{got.flatten()[worst].item()} vs {want.flatten()[worst].item()}"
+    )
+
+
+# ----------------------------------------------------------------------------- routing (GPU)
+
+# (T, k, E): E at the count slots' boundaries (32 = one warp of slots, 33 needs 64), pairs
+# past one pass of the CTA's threads, one expert
+ROUTING_SHAPES = [(1, 8, 128), (3, 2, 1), (16, 4, 31), (16, 4, 32), (9, 5, 33), (300, 8, 256)]
+
+
+def _check_routing(ids: torch.Tensor, num_experts: int, got: moe_kernels.Routing):
+    """Offsets = the prefix sums of the per-expert counts; row_of a permutation that puts
+    every valid pair in its expert's rows and every invalid one past offsets[E]; token_of and
+    expert_of read back through it."""
+    flat = ids.reshape(-1).long()
+    k = ids.shape[1]
+    valid = (flat >= 0) & (flat < num_experts)
+    counts = torch.bincount(flat[valid], minlength=num_experts)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    assert got.offsets.cpu().tolist() == offsets.tolist()
+    row_of = got.row_of.cpu().long()
+    assert sorted(row_of.tolist()) == list(range(flat.numel()))
+    lo = torch.where(valid, offsets[flat.clamp(0, num_experts - 1)], offsets[-1])
+    hi = torch.where(valid, offsets[flat.clamp(0, num_experts - 1) + 1], flat.numel())
+    assert bool(((row_of >= lo) & (row_of < hi)).all())
+    pairs = torch.arange(flat.numel())
+    assert torch.equal(got.token_of.cpu().long()[row_of], pairs // k)
+    assert torch.equal(got.expert_of.cpu().long()[row_of], torch.where(valid, flat, 0))
+    assert got.ok.cpu().tolist() == [int(bool(valid.all()))]
+
+
+@needs_cuda
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", ROUTING_SHAPES, ids=[str(s) for s in ROUTING_SHAPES])
+def test_gpu_routing_places_every_pair_in_its_experts_rows(shape, ids_dtype):
+    t, k, e = shape
+    gen = torch.Generator().manual_seed(t * 1000 + e)
+    ids = torch.randint(0, e, (t, k), generator=gen, dtype=ids_dtype)
+    _check_routing(ids, e, moe_kernels.route(ids.cuda(), e))
+    skewed = torch.where(torch.rand(t, k, generator=gen) < 0.8, e - 1, ids)  # one busy expert
+    _check_routing(skewed, e, moe_kernels.route(skewed.cuda(), e))
+
+
+@needs_cuda
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_gpu_routing_flags_ids_out_of_range_and_keeps_rows_in_bounds(ids_dtype):
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 6, (40, 3), generator=gen, dtype=ids_dtype)
+    ids[5, 1], ids[17, 0], ids[39, 2] = 6, -1, 2**31 - 1 if ids_dtype == torch.int32 else 2**40
+    got = moe_kernels.route(ids.cuda(), 6)
+    _check_routing(ids, 6, got)
+    assert got.ok.item() == 0
+
+
+@needs_cuda
+def test_gpu_layer_with_an_id_out_of_range_raises_the_routing_message():
+    """A device assert ends the process's CUDA context, so the layer runs in a child."""
+    script = textwrap.dedent(
+        """
+        import torch, fp4_ops
+        w13 = fp4_ops.quantize_experts(torch.randn(4, 64, 64, device="cuda"))
+        w2 = fp4_ops.quantize_experts(torch.randn(4, 64, 32, device="cuda"))
+        x = torch.randn(3, 64, device="cuda", dtype=torch.bfloat16)
+        ids = torch.tensor([[0, 1], [2, 4], [3, 0]], device="cuda", dtype=torch.int32)
+        fp4_ops.fp4_moe(x, w13, w2, torch.rand(3, 2, device="cuda"), ids)
+        torch.cuda.synchronize()
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "topk_ids must lie in [0, 4)" in run.stderr, run.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- activation (GPU)
+
+
+def _ref_activation(h: torch.Tensor, name: str) -> torch.Tensor:
+    """float64 activation of float64 h [..., 2I] (gate half first, or interleaved for gpt-oss)."""
+    if name == "silu":
+        gate, up = h.chunk(2, dim=-1)
+        return gate * torch.sigmoid(gate) * up
+    gate, up = h[..., 0::2].clamp(max=7.0), h[..., 1::2].clamp(-7.0, 7.0)
+    return (up + 1) * gate * torch.sigmoid(1.702 * gate)
+
+
+# (rows, I): one vector, a partial CTA, more vectors than the grid's threads (grid-stride)
+ACT_SHAPES = [(1, 32), (7, 96), (300, 4096)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["silu", "swigluoai"])
+@pytest.mark.parametrize("shape", ACT_SHAPES, ids=[str(s) for s in ACT_SHAPES])
+def test_gpu_activation_is_the_float64_formula(shape, name, dtype, bias_dtype):
+    rows, inter = shape
+    gen = torch.Generator().manual_seed(rows + inter)
+    h = (torch.randn(rows, 2 * inter, generator=gen) * 4).to(dtype)
+    experts = 5
+    expert_of = torch.randint(0, experts, (rows,), generator=gen, dtype=torch.int32)
+    bias = None if bias_dtype is None else torch.randn(experts, 2 * inter, generator=gen)
+    bias = None if bias is None else bias.to(bias_dtype)
+    bias_cuda = None if bias is None else bias.cuda()
+    got = moe_kernels.activate(h.cuda(), name, bias_cuda, expert_of.cuda())
+    assert got.dtype == dtype and got.shape == (rows, inter)
+    h64 = h.double() + (0 if bias is None else bias.double()[expert_of.long()])
+    want = _ref_activation(h64, name)
+    # h + bias rounds once in float32 (bias only); the activation's slopes on these inputs
+    # are at most 1.1 (|up| + 1) in the gate (d/dz z sigmoid(c z) <= 1.1) and |gate| in up
+    if name == "silu":
+        gate, up = h64.abs().chunk(2, dim=-1)
+    else:
+        gate, up = h64.abs()[:, 0::2], h64.abs()[:, 1::2]
+    rounding = 0 if bias is None else U32
+    d_in = rounding * (1.1 * (up + 1) * gate + gate * up)
+    d = ACT_REL * want.abs() + d_in
+    _assert_within(got, want, d + _half_ulp(want.abs() + d, dtype), f"{name} {dtype}")
+
+
+# ----------------------------------------------------------------------------- combine (GPU)
+
+COMBINE_SHAPES = [(1, 8, 64), (5, 3, 96), (300, 4, 4096)]  # (T, k, H)
+
+
+@needs_cuda
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16])
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", COMBINE_SHAPES, ids=[str(s) for s in COMBINE_SHAPES])
+def test_gpu_combine_is_the_weighted_sum_of_each_tokens_rows(
+    shape, dtype, weights_dtype, bias_dtype
+):
+    t, k, hidden = shape
+    experts = 6
+    gen = torch.Generator().manual_seed(t * k)
+    ids = torch.randint(0, experts, (t, k), generator=gen, dtype=torch.int32)
+    routes = moe_kernels.route(ids.cuda(), experts)
+    y = torch.randn(t * k, hidden, generator=gen).to(dtype)
+    weights = torch.rand(t, k, generator=gen).to(weights_dtype)
+    bias = None if bias_dtype is None else torch.randn(experts, hidden, generator=gen)
+    bias = None if bias is None else bias.to(bias_dtype)
+    got = moe_kernels.combine_tokens(
+        y.cuda(), weights.cuda(), routes, None if bias is None else bias.cuda()
+    )
+    assert got.dtype == dtype and got.shape == (t, hidden)
+    row_of = routes.row_of.cpu().long()
+    # pair p's term: y at its row, plus the bias of its expert
+    terms = y.double()[row_of] + (0 if bias is None else bias.double()[ids.reshape(-1).long()])
+    w = weights.double().reshape(-1, 1)
+    want = (w * terms).view(t, k, -1).sum(1)
+    d = ((k + 2) * U32 * (w.abs() * terms.abs())).view(t, k, -1).sum(1)
+    _assert_within(got, want, d + _half_ulp(want.abs() + d, dtype), f"combine {dtype}")
+
+
+# ----------------------------------------------------------------------------- PTX (CPU)
+
+CONFIGS = {
+    "routing-int32-32": (routing.compile_routing, ("Int32", 32)),
+    "routing-int64-256": (routing.compile_routing, ("Int64", 256)),
+    "silu-bf16": (activation.compile_activation, ("BFloat16", "silu", None)),
+    "silu-f32-bias-bf16": (activation.compile_activation, ("Float32", "silu", "BFloat16")),
+    "swigluoai-f16-bias-f32": (activation.compile_activation, ("Float16", "swigluoai", "Float32")),
+    "combine-bf16": (combine.compile_combine, ("BFloat16", "Float32", None)),
+    "combine-f32-bias-bf16": (combine.compile_combine, ("Float32", "BFloat16", "BFloat16")),
+}
+
+
+def _vector_bytes(op: str) -> int:
+    """Bytes one PTX global load / store moves: ld.global.v4.b32 -> 16, st.global.b16 -> 2."""
+    found = re.fullmatch(r"(?:ld|st)\.global(?:\.v(\d))?\.[bfsu](\d+)", op)
+    assert found, op
+    return int(found.group(1) or 1) * int(found.group(2)) // 8
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_kernels_cross_compile_with_vector_moves_and_no_local_memory(name, arch):
+    make, args = CONFIGS[name]
+    ptx = make(*args, f"--gpu-arch {arch} --keep-ptx").__ptx__
+    assert ".local" not in ptx and "ld.local" not in ptx and "st.local" not in ptx
+    if name.startswith("routing"):
+        atomics = [line for line in ptx.splitlines() if "atom." in line]
+        assert atomics and all("atom.shared" in line for line in atomics)
+        assert "shfl.sync.up" in ptx
+        return
+    # every store of a row is a vector of 16 bytes or more (sm_100 has 32-byte ones), and so
+    # are the loads of h / y / bias rows; scalar loads are the index and weight tables only
+    ops = [line.split()[0] for line in ptx.splitlines() if ".global" in line]
+    stores = [op for op in ops if op.startswith("st.")]
+    assert stores and all(_vector_bytes(op) >= 16 for op in stores)
+    assert sum(_vector_bytes(op) >= 16 for op in ops if op.startswith("ld.")) >= 2
+    if not name.startswith("combine"):
+        # the IEEE division or reciprocal of sigmoid / silu, no fast-math approximation
+        assert "div.rn.f32" in ptx or "rcp.rn.f32" in ptx
+        assert "div.approx" not in ptx and "div.full" not in ptx and "rcp.approx" not in ptx
