@@ -240,3 +240,35 @@ def test_kernels_cross_compile_with_vector_moves_and_no_local_memory(name, arch)
         # the IEEE division or reciprocal of sigmoid / silu, no fast-math approximation
         assert "div.rn.f32" in ptx or "rcp.rn.f32" in ptx
         assert "div.approx" not in ptx and "div.full" not in ptx and "rcp.approx" not in ptx
+
+
+# ----------------------------------------------------------------------------- the layer (GPU)
+
+
+@needs_cuda
+def test_gpu_layer_runs_the_kernels_eagerly_and_the_torch_steps_when_tracked(monkeypatch):
+    """Plain CUDA calls take the three kernels; a gradient-tracking call takes the torch steps
+    (the registered ops); both agree up to their float32 roundings (exp, sum order), far
+    below what a wrong routing or activation would change."""
+    import fp4_ops
+    from fp4_ops import moe
+
+    calls = []
+    for name in ("route", "activate", "combine_tokens"):
+        real = getattr(moe_kernels, name)
+        monkeypatch.setattr(
+            moe.moe_kernels, name, lambda *a, _f=real, _n=name: calls.append(_n) or _f(*a)
+        )
+    gen = torch.Generator().manual_seed(4)
+    w13 = fp4_ops.quantize_experts(torch.randn(6, 128, 64, generator=gen).cuda())
+    w2 = fp4_ops.quantize_experts(torch.randn(6, 64, 64, generator=gen).cuda())
+    x = torch.randn(5, 64, generator=gen).bfloat16().cuda()
+    ids = torch.randint(0, 6, (5, 2), generator=gen).cuda()
+    tw = torch.rand(5, 2, generator=gen).cuda()
+    with torch.no_grad():
+        fused = fp4_ops.fp4_moe(x, w13, w2, tw, ids)
+    assert calls == ["route", "activate", "combine_tokens"]
+    tracked = fp4_ops.fp4_moe(x.clone().requires_grad_(True), w13, w2, tw, ids)
+    assert calls == ["route", "activate", "combine_tokens"] and tracked.requires_grad
+    scale = tracked.detach().float().abs().amax()
+    torch.testing.assert_close(fused.float(), tracked.detach().float(), atol=scale * 2**-5, rtol=0)
