@@ -557,6 +557,12 @@ class Grid:
         self.set(ins.args[0], f32_bits(fma_f32(a, b, c)), m)
 
     def op_div(self, ins, parts, m):
+        if parts == ["div", "s32"]:  # (truncating toward zero, as C; a zero divisor raises)
+            a, b = (np.asarray(self.val(v, 32)).view(np.int32) for v in ins.args[1:])
+            if np.any(np.broadcast_to(b, (self.n,))[m] == 0):
+                raise PtxError(f"division by zero: {ins.text}")
+            quotient = np.trunc(a.astype(np.float64) / np.where(b == 0, 1, b))
+            return self.set(ins.args[0], quotient.astype(np.int64).astype(np.uint32), m)
         self._float_mods(ins, parts, True)
         a, b = self._fvals(ins.args[1:])
         self.set(ins.args[0], f32_bits(a / b), m)  # numpy's float32 division: IEEE, to nearest
@@ -679,6 +685,8 @@ class Grid:
             r = self.val(args[1], 32).astype(np.uint16)
         elif form == "u64.u32":
             r = self.val(args[1], 32).astype(np.uint64)
+        elif form == "u32.u64":  # (the low word)
+            r = self.val(args[1], 64).astype(np.uint32)
         elif form == "s64.s32":
             r = np.asarray(self.val(args[1], 32)).view(np.int32).astype(np.int64).view(np.uint64)
         elif form == "rn.satfinite.e4m3x2.f32":  # a in the high byte, b in the low one
@@ -794,3 +802,23 @@ class Grid:
             self.smem_set[cta, off] = True
         else:
             raise PtxError(ins.text)
+
+    def op_atom(self, ins, parts, m):
+        """atom.shared[.cta].add.u32 / .s32: the active threads' adds applied one thread after
+        another in thread order (one of the orders the hardware may take), each getting the
+        value it found."""
+        if parts[1] != "shared" or parts[-2] != "add" or parts[-1] not in ("u32", "s32"):
+            raise PtxError(f"atomic not emulated: {ins.text}")
+        dst, ref, value = ins.args
+        cta, off = self._shared(ref, m, 4)
+        adds = np.broadcast_to(self.val(value, 32), (self.n,))[m]
+        old = np.zeros(self.n, np.uint32)
+        found = old[m]
+        for i, (c, o) in enumerate(zip(cta[:, 0], off, strict=True)):
+            if not self.smem_set[c, o].all():
+                raise PtxError(f"atom.shared on bytes never stored: {ins.text}")
+            word = self.smem[c, o].view(np.uint32)
+            found[i] = word[0]
+            self.smem[c, o] = (word + adds[i]).view(np.uint8)
+        old[m] = found
+        self.set(dst, old, m)

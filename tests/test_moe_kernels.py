@@ -13,13 +13,16 @@ vectors, keeps nothing in local memory and uses shared-memory atomics only for t
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
+from ptx_emulator import GlobalMemory, Grid, Params, parse_ptx
 
 from fp4_ops import moe_kernels
 from fp4_ops.moe_kernels import activation, combine, routing
@@ -116,6 +119,64 @@ def test_gpu_layer_with_an_id_out_of_range_raises_the_routing_message():
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert run.returncode != 0
     assert "topk_ids must lie in [0, 4)" in run.stderr, run.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- routing (CPU)
+
+
+@functools.cache
+def _routing_entry(ids_dtype: str, cap: int):
+    ptx = routing.compile_routing(ids_dtype, cap, "--gpu-arch sm_90a --keep-ptx").__ptx__
+    (entry,) = parse_ptx(ptx).values()
+    return entry
+
+
+def emulate_routing(ids: torch.Tensor, num_experts: int) -> moe_kernels.Routing:
+    """The routing kernel's PTX run on the CPU (tests/ptx_emulator.py; shared atomics in
+    thread order) over ids [T, k]: its outputs as a Routing of CPU tensors."""
+    cap = moe_kernels.experts_cap(num_experts)
+    entry = _routing_entry({torch.int32: "Int32", torch.int64: "Int64"}[ids.dtype], cap)
+    pairs = ids.numel()
+    gmem = GlobalMemory()
+    ids_ptr = gmem.alloc(ids.contiguous().numpy().tobytes())
+    sizes = (num_experts + 1, pairs, pairs, pairs, 1)
+    ptrs = [gmem.alloc(4 * n) for n in sizes]
+    params = Params(entry)
+    params.put(0, ids_ptr, 8)
+    params.put(0, pairs, 4, 8)
+    for i, (ptr, n) in enumerate(zip(ptrs[:4], sizes[:4], strict=True)):
+        params.put(1 + i, ptr, 8)
+        params.put(1 + i, n, 4, 8)  # (each tensor's dynamic extent follows its pointer)
+    params.put(5, ptrs[4], 8)
+    params.put(6, ids.shape[1], 4)
+    params.put(7, num_experts, 4)
+    Grid(entry, 1, routing.THREADS, params, gmem, 4 * cap + 16).run()
+    out = [
+        torch.from_numpy(gmem.read(p, 4 * n).view(np.int32).copy())
+        for p, n in zip(ptrs, sizes, strict=True)
+    ]
+    for p, n in zip(ptrs, sizes, strict=True):
+        assert (gmem.store_counts(p, 4 * n) == 1).all() or n == num_experts + 1
+    return moe_kernels.Routing(*out)
+
+
+# (T, k, E): E = 1, at the 32-slot boundary, past it; pairs past one pass of 512 threads
+EMULATED_ROUTING = [(3, 2, 1), (7, 3, 31), (7, 3, 32), (5, 4, 33), (130, 4, 8)]
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", EMULATED_ROUTING, ids=[str(s) for s in EMULATED_ROUTING])
+def test_routing_ptx_places_every_pair_in_its_experts_rows(shape, ids_dtype):
+    t, k, e = shape
+    gen = torch.Generator().manual_seed(t + e)
+    ids = torch.randint(0, e, (t, k), generator=gen, dtype=ids_dtype)
+    _check_routing(ids, e, emulate_routing(ids, e))
+    if t * k > 20:  # ids out of range (both signs, and past 32 bits for int64) flagged
+        bad = [e, -1, 2**40 if ids_dtype == torch.int64 else -5]
+        ids.view(-1)[[3, 11, 19]] = torch.tensor(bad, dtype=ids_dtype)
+        got = emulate_routing(ids, e)
+        _check_routing(ids, e, got)
+        assert got.ok.tolist() == [0]
 
 
 # ----------------------------------------------------------------------------- activation (GPU)
