@@ -71,6 +71,29 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         return s.astype(np.float32)
 
 
+def fma_f32_rm(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fl32(a * b + c) rounded once, toward minus infinity: the float64 sum and its exact
+    error (TwoSum), then the float32 nearest stepped down where it lies above the exact sum."""
+    with np.errstate(all="ignore"):
+        p = a.astype(np.float64) * b.astype(np.float64)
+        c64 = c.astype(np.float64)
+        s = p + c64
+        bb = s - p
+        err = (p - (s - bb)) + (c64 - bb)
+        r = s.astype(np.float32)
+        r64 = r.astype(np.float64)
+        above = np.isfinite(s) & ((r64 > s) | ((r64 == s) & (err < 0)))
+        return np.where(above, np.nextafter(r, np.float32(-np.inf)), r)
+
+
+def bf16_bits_rn(v: np.ndarray) -> np.ndarray:
+    """BF16 bits of float32 values, to nearest even (NaN stays NaN)."""
+    bits = np.ascontiguousarray(v, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = np.isnan(v)
+    return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
+
+
 def e4m3_from_f32(v: np.ndarray) -> np.ndarray:
     """E4M3 (fn: no Inf, NaN 0x7F) bytes of float32 values, to nearest even, saturating to
     +-448 (``cvt.rn.satfinite``); NaN gives 0x7F."""
@@ -551,7 +574,27 @@ class Grid:
         (a,) = self._fvals(ins.args[1:])
         self.set(ins.args[0], f32_bits(-a), m)
 
+    def op_abs(self, ins, parts, m):
+        if parts[1:] != ["s32"]:
+            raise PtxError(ins.text)
+        a = np.asarray(self.val(ins.args[1], 32)).view(np.int32)
+        self.set(ins.args[0], np.abs(a).view(np.uint32), m)
+
+    def op_ex2(self, ins, parts, m):
+        """ex2.approx.ftz.f32 modelled as 2^a rounded once (the hardware's is within 2 ulp):
+        subnormal inputs and results flushed to zero."""
+        if parts[1:] != ["approx", "ftz", "f32"]:
+            raise PtxError(ins.text)
+        (a,) = self._fvals(ins.args[1:])
+        a = np.where(np.abs(a) < np.float32(2.0**-126), np.float32(0), a)
+        r = np.exp2(a.astype(np.float64)).astype(np.float32)
+        r = np.where(np.abs(r) < np.float32(2.0**-126), np.float32(0), r)
+        self.set(ins.args[0], f32_bits(r), m)
+
     def op_fma(self, ins, parts, m):
+        if parts[1:] == ["rm", "f32"]:
+            a, b, c = self._fvals(ins.args[1:])
+            return self.set(ins.args[0], f32_bits(fma_f32_rm(a, b, c)), m)
         self._float_mods(ins, parts, True)
         a, b, c = self._fvals(ins.args[1:])
         self.set(ins.args[0], f32_bits(fma_f32(a, b, c)), m)
@@ -685,6 +728,19 @@ class Grid:
             r = self.val(args[1], 32).astype(np.uint16)
         elif form == "u64.u32":
             r = self.val(args[1], 32).astype(np.uint64)
+        elif form == "sat.f32.f32":  # (clamped to [0, 1]; NaN to 0)
+            (a,) = self._fvals(args[1:])
+            r = f32_bits(np.where(np.isnan(a), np.float32(0), np.clip(a, 0, 1)))
+        elif form in ("rn.bf16x2.f32", "rn.f16x2.f32"):  # a into the high half, b the low
+            hi, lo = (np.broadcast_to(f, (self.n,)) for f in self._fvals(args[1:]))
+            if form == "rn.bf16x2.f32":
+                hi, lo = bf16_bits_rn(hi), bf16_bits_rn(lo)
+            else:
+                hi, lo = (
+                    hi.astype(np.float16).view(np.uint16),
+                    lo.astype(np.float16).view(np.uint16),
+                )
+            r = (hi.astype(np.uint32) << np.uint32(16)) | lo.astype(np.uint32)
         elif form == "u32.u64":  # (the low word)
             r = self.val(args[1], 64).astype(np.uint32)
         elif form == "s64.s32":

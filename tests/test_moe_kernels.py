@@ -7,8 +7,11 @@ its expert's range (at the count slots' power-of-two boundaries, more pairs than
 out of range); the activation and the combine against float64 formulas with bounds derived
 from float32 arithmetic and one rounding to the output dtype. The layer built on them is
 tested against the per-expert loop in test_moe.py.
-CPU: every configuration cross-compiles for sm_90a and sm_100a, and the PTX moves 16-byte
-vectors, keeps nothing in local memory and uses shared-memory atomics only for the counts.
+CPU: each kernel's PTX runs on tests/ptx_emulator.py against the same oracles (small grids,
+so that the grid-stride loops turn; shared atomics in thread order; ex2.approx modelled as
+2^x rounded once); every configuration cross-compiles for sm_90a and sm_100a, and the PTX
+moves 16-byte vectors, keeps nothing in local memory and uses shared-memory atomics only for
+the counts.
 """
 
 from __future__ import annotations
@@ -193,24 +196,23 @@ def _ref_activation(h: torch.Tensor, name: str) -> torch.Tensor:
 
 # (rows, I): one vector, a partial CTA, more vectors than the grid's threads (grid-stride)
 ACT_SHAPES = [(1, 32), (7, 96), (300, 4096)]
+ACT_EXPERTS = 5
 
 
-@needs_cuda
-@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["silu", "swigluoai"])
-@pytest.mark.parametrize("shape", ACT_SHAPES, ids=[str(s) for s in ACT_SHAPES])
-def test_gpu_activation_is_the_float64_formula(shape, name, dtype, bias_dtype):
+def _activation_case(shape, dtype, bias_dtype):
+    """(h [rows, 2I], bias [E, 2I] or None, expert_of [rows]) on the CPU."""
     rows, inter = shape
     gen = torch.Generator().manual_seed(rows + inter)
     h = (torch.randn(rows, 2 * inter, generator=gen) * 4).to(dtype)
-    experts = 5
-    expert_of = torch.randint(0, experts, (rows,), generator=gen, dtype=torch.int32)
-    bias = None if bias_dtype is None else torch.randn(experts, 2 * inter, generator=gen)
-    bias = None if bias is None else bias.to(bias_dtype)
-    bias_cuda = None if bias is None else bias.cuda()
-    got = moe_kernels.activate(h.cuda(), name, bias_cuda, expert_of.cuda())
-    assert got.dtype == dtype and got.shape == (rows, inter)
+    expert_of = torch.randint(0, ACT_EXPERTS, (rows,), generator=gen, dtype=torch.int32)
+    bias = None
+    if bias_dtype is not None:
+        bias = torch.randn(ACT_EXPERTS, 2 * inter, generator=gen).to(bias_dtype)
+    return h, bias, expert_of
+
+
+def _check_activation(got, h, bias, expert_of, name):
+    assert got.dtype == h.dtype and got.shape == (h.shape[0], h.shape[1] // 2)
     h64 = h.double() + (0 if bias is None else bias.double()[expert_of.long()])
     want = _ref_activation(h64, name)
     # h + bias rounds once in float32 (bias only); the activation's slopes on these inputs
@@ -220,14 +222,51 @@ def test_gpu_activation_is_the_float64_formula(shape, name, dtype, bias_dtype):
     else:
         gate, up = h64.abs()[:, 0::2], h64.abs()[:, 1::2]
     rounding = 0 if bias is None else U32
-    d_in = rounding * (1.1 * (up + 1) * gate + gate * up)
-    d = ACT_REL * want.abs() + d_in
-    _assert_within(got, want, d + _half_ulp(want.abs() + d, dtype), f"{name} {dtype}")
+    d = ACT_REL * want.abs() + rounding * (1.1 * (up + 1) * gate + gate * up)
+    _assert_within(got, want, d + _half_ulp(want.abs() + d, h.dtype), f"{name} {h.dtype}")
+
+
+@needs_cuda
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["silu", "swigluoai"])
+@pytest.mark.parametrize("shape", ACT_SHAPES, ids=[str(s) for s in ACT_SHAPES])
+def test_gpu_activation_is_the_float64_formula(shape, name, dtype, bias_dtype):
+    h, bias, expert_of = _activation_case(shape, dtype, bias_dtype)
+    bias_cuda = None if bias is None else bias.cuda()
+    got = moe_kernels.activate(h.cuda(), name, bias_cuda, expert_of.cuda())
+    _check_activation(got.cpu(), h, bias, expert_of, name)
 
 
 # ----------------------------------------------------------------------------- combine (GPU)
 
 COMBINE_SHAPES = [(1, 8, 64), (5, 3, 96), (300, 4, 4096)]  # (T, k, H)
+COMBINE_EXPERTS = 6
+
+
+def _combine_case(shape, dtype, weights_dtype, bias_dtype):
+    """(ids [T, k], y [T k, H], topk_weights [T, k], bias [E, H] or None) on the CPU."""
+    t, k, hidden = shape
+    gen = torch.Generator().manual_seed(t * k)
+    ids = torch.randint(0, COMBINE_EXPERTS, (t, k), generator=gen, dtype=torch.int32)
+    y = torch.randn(t * k, hidden, generator=gen).to(dtype)
+    weights = torch.rand(t, k, generator=gen).to(weights_dtype)
+    bias = None
+    if bias_dtype is not None:
+        bias = torch.randn(COMBINE_EXPERTS, hidden, generator=gen).to(bias_dtype)
+    return ids, y, weights, bias
+
+
+def _check_combine(got, ids, y, weights, bias, row_of):
+    """out[t] = sum_s w[t, s] (y[row_of[t k + s]] + bias[ids[t, s]]) within float32's error."""
+    (t, k), dtype = ids.shape, y.dtype
+    assert got.dtype == dtype and got.shape == (t, y.shape[1])
+    terms = y.double()[row_of.long()]
+    terms = terms + (0 if bias is None else bias.double()[ids.reshape(-1).long()])
+    w = weights.double().reshape(-1, 1)
+    want = (w * terms).view(t, k, -1).sum(1)
+    d = ((k + 2) * U32 * (w.abs() * terms.abs())).view(t, k, -1).sum(1)
+    _assert_within(got, want, d + _half_ulp(want.abs() + d, dtype), f"combine {dtype}")
 
 
 @needs_cuda
@@ -238,26 +277,115 @@ COMBINE_SHAPES = [(1, 8, 64), (5, 3, 96), (300, 4, 4096)]  # (T, k, H)
 def test_gpu_combine_is_the_weighted_sum_of_each_tokens_rows(
     shape, dtype, weights_dtype, bias_dtype
 ):
-    t, k, hidden = shape
-    experts = 6
-    gen = torch.Generator().manual_seed(t * k)
-    ids = torch.randint(0, experts, (t, k), generator=gen, dtype=torch.int32)
-    routes = moe_kernels.route(ids.cuda(), experts)
-    y = torch.randn(t * k, hidden, generator=gen).to(dtype)
-    weights = torch.rand(t, k, generator=gen).to(weights_dtype)
-    bias = None if bias_dtype is None else torch.randn(experts, hidden, generator=gen)
-    bias = None if bias is None else bias.to(bias_dtype)
-    got = moe_kernels.combine_tokens(
-        y.cuda(), weights.cuda(), routes, None if bias is None else bias.cuda()
-    )
-    assert got.dtype == dtype and got.shape == (t, hidden)
-    row_of = routes.row_of.cpu().long()
-    # pair p's term: y at its row, plus the bias of its expert
-    terms = y.double()[row_of] + (0 if bias is None else bias.double()[ids.reshape(-1).long()])
-    w = weights.double().reshape(-1, 1)
-    want = (w * terms).view(t, k, -1).sum(1)
-    d = ((k + 2) * U32 * (w.abs() * terms.abs())).view(t, k, -1).sum(1)
-    _assert_within(got, want, d + _half_ulp(want.abs() + d, dtype), f"combine {dtype}")
+    ids, y, weights, bias = _combine_case(shape, dtype, weights_dtype, bias_dtype)
+    routes = moe_kernels.route(ids.cuda(), COMBINE_EXPERTS)
+    bias_cuda = None if bias is None else bias.cuda()
+    got = moe_kernels.combine_tokens(y.cuda(), weights.cuda(), routes, bias_cuda)
+    _check_combine(got.cpu(), ids, y, weights, bias, routes.row_of.cpu())
+
+
+# ----------------------------------------------------------------------------- activation and
+# combine PTX on the CPU (the emulator's ex2.approx is 2^x rounded once: a model)
+
+CTAS = 2  # a small grid: the grid-stride loops turn
+
+
+def _tensor_param(params, index, ptr, dynamic):
+    """A tensor argument: its pointer, then the layout's dynamic extents and strides."""
+    params.put(index, ptr, 8)
+    for i, value in enumerate(dynamic):
+        params.put(index, value, 4, 8 + 4 * i)
+
+
+def _put(gmem, t):
+    return gmem.alloc(t.contiguous().view(torch.uint8).numpy().tobytes())
+
+
+@functools.cache
+def _entry(make, *args):
+    (entry,) = parse_ptx(make(*args, "--gpu-arch sm_90a --keep-ptx").__ptx__).values()
+    return entry
+
+
+def emulate_activation(h, name, bias, expert_of):
+    rows, inter = h.shape[0], h.shape[1] // 2
+    bias_name = None if bias is None else NAMES[bias.dtype]
+    entry = _entry(activation.compile_activation, NAMES[h.dtype], name, bias_name)
+    gmem = GlobalMemory()
+    out = gmem.alloc(rows * inter * h.element_size())
+    experts = ACT_EXPERTS if bias is not None else 1
+    gated = (2 * inter,) if activation.INTERLEAVED[name] else (2 * inter, inter)
+    p = Params(entry)
+    cols = inter // activation.VEC
+    _tensor_param(p, 0, _put(gmem, h), (rows, cols, *gated))
+    _tensor_param(p, 1, _put(gmem, h if bias is None else bias), (experts, cols, *gated))
+    _tensor_param(p, 2, out, (rows, cols, inter))
+    _tensor_param(p, 3, _put(gmem, expert_of), (rows,))
+    p.put(4, cols, 4)
+    p.put(5, rows * cols, 4)
+    Grid(entry, CTAS, activation.THREADS, p, gmem).run()
+    assert (gmem.store_counts(out, rows * inter * h.element_size()) == 1).all()
+    raw = torch.from_numpy(gmem.read(out, rows * inter * h.element_size()).copy())
+    return raw.view(h.dtype).view(rows, inter)
+
+
+@pytest.mark.parametrize(
+    "name, dtype, bias_dtype",
+    [
+        ("silu", torch.bfloat16, None),
+        ("silu", torch.float32, torch.bfloat16),
+        ("swigluoai", torch.float16, torch.float32),
+        ("swigluoai", torch.bfloat16, torch.bfloat16),
+    ],
+)
+def test_activation_ptx_is_the_float64_formula(name, dtype, bias_dtype):
+    h, bias, expert_of = _activation_case((70, 64), dtype, bias_dtype)  # 560 vectors > 2 x 256
+    got = emulate_activation(h, name, bias, expert_of)
+    _check_activation(got, h, bias, expert_of, name)
+
+
+def emulate_combine(y, weights, row_of, bias, expert_of, top_k):
+    pairs, hidden = y.shape
+    tokens = pairs // top_k
+    bias_name = None if bias is None else NAMES[bias.dtype]
+    entry = _entry(combine.compile_combine, NAMES[y.dtype], NAMES[weights.dtype], bias_name)
+    gmem = GlobalMemory()
+    nbytes = tokens * hidden * y.element_size()
+    out = gmem.alloc(nbytes)
+    cols = hidden // combine.VEC
+    experts = COMBINE_EXPERTS if bias is not None else 1
+    p = Params(entry)
+    _tensor_param(p, 0, _put(gmem, y), (pairs, cols, hidden))
+    _tensor_param(p, 1, _put(gmem, weights), (pairs,))
+    _tensor_param(p, 2, _put(gmem, row_of), (pairs,))
+    _tensor_param(p, 3, _put(gmem, y if bias is None else bias), (experts, cols, hidden))
+    _tensor_param(p, 4, _put(gmem, expert_of), (pairs,))
+    _tensor_param(p, 5, out, (tokens, cols, hidden))
+    for i, v in enumerate((top_k, cols, tokens * cols)):
+        p.put(6 + i, v, 4)
+    Grid(entry, CTAS, combine.THREADS, p, gmem).run()
+    assert (gmem.store_counts(out, nbytes) == 1).all()
+    raw = torch.from_numpy(gmem.read(out, nbytes).copy())
+    return raw.view(y.dtype).view(tokens, hidden)
+
+
+@pytest.mark.parametrize(
+    "dtype, weights_dtype, bias_dtype",
+    [
+        (torch.bfloat16, torch.float32, None),
+        (torch.float16, torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32, torch.bfloat16),
+    ],
+)
+def test_combine_ptx_is_the_weighted_sum_of_each_tokens_rows(dtype, weights_dtype, bias_dtype):
+    shape = (40, 3, 128)  # 640 vectors > 2 x 256
+    ids, y, weights, bias = _combine_case(shape, dtype, weights_dtype, bias_dtype)
+    # rows grouped by expert as the routing places them: a stable sort's inverse
+    order = torch.argsort(ids.reshape(-1), stable=True)
+    row_of = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel()))
+    expert_of = ids.reshape(-1)[order].int()
+    got = emulate_combine(y, weights, row_of.int(), bias, expert_of, shape[1])
+    _check_combine(got, ids, y, weights, bias, row_of)
 
 
 # ----------------------------------------------------------------------------- PTX (CPU)
