@@ -34,6 +34,7 @@ U32 = 2.0**-24
 ACT_REL = 2.0**-19  # float32 activation (accurate exp, a division, three products): << 2^-19
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+NAMES_IDS = {torch.int32: "Int32", torch.int64: "Int64"}
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (H200)")
 
@@ -461,3 +462,59 @@ def test_gpu_layer_runs_the_kernels_eagerly_and_the_torch_steps_when_tracked(mon
     assert calls == ["route", "activate", "combine_tokens"] and tracked.requires_grad
     scale = tracked.detach().float().abs().amax()
     torch.testing.assert_close(fused.float(), tracked.detach().float(), atol=scale * 2**-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------- launches (CPU)
+
+
+def _recorded_launches(monkeypatch):
+    """moe_kernels' launches as (config, arguments), with no kernel compiled or run."""
+    launches = []
+
+    def function(config, device):
+        return (lambda *args: launches.append((config, args))), 132
+
+    monkeypatch.setattr(moe_kernels, "_function", function)
+    monkeypatch.setattr(moe_kernels, "stream_handle", lambda index: 7)
+    return launches
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_route_hands_the_kernel_its_ids_and_outputs_in_order(monkeypatch, ids_dtype):
+    launches = _recorded_launches(monkeypatch)
+    ids = torch.zeros(3, 4, dtype=ids_dtype)
+    got = moe_kernels.route(ids, 33)
+    ((config, args),) = launches
+    assert config == moe_kernels.RoutingConfig(NAMES_IDS[ids_dtype], 64)
+    outputs = (got.offsets, got.row_of, got.token_of, got.expert_of, got.ok)
+    assert args[:6] == (ids.data_ptr(), *(t.data_ptr() for t in outputs))
+    assert args[6:] == ((12, 4, 33), 7)
+    assert [tuple(t.shape) for t in outputs] == [(34,), (12,), (12,), (12,), (1,)]
+    assert all(t.dtype == torch.int32 for t in outputs)
+
+
+def test_activation_and_combine_hand_their_kernels_16_byte_aligned_rows(monkeypatch):
+    """A bias view that starts off a 16-byte boundary reaches the kernel as an aligned copy
+    of the same values; every other operand goes as it is, in the kernel's order."""
+    launches = _recorded_launches(monkeypatch)
+    h = torch.randn(4, 64, dtype=torch.bfloat16)
+    expert_of = torch.zeros(4, dtype=torch.int32)
+    storage = torch.randn(3 * 64 + 1)
+    bias = storage[1:].view(3, 64)  # (4 bytes past an aligned base)
+    assert bias.data_ptr() % 16
+    out = moe_kernels.activate(h, "swigluoai", bias, expert_of)
+    ((config, args),) = launches
+    assert config == moe_kernels.ActivationConfig("BFloat16", "swigluoai", "Float32")
+    assert args[0] == h.data_ptr() and args[1] == out.data_ptr() and args[3] == expert_of.data_ptr()
+    assert args[2] % 16 == 0 and args[2] != bias.data_ptr()
+    assert args[4:] == ((4, 32, 3), 132, 7)
+    launches.clear()
+    routes = moe_kernels.Routing(*(torch.zeros(n, dtype=torch.int32) for n in (4, 6, 6, 6, 1)))
+    y, weights = torch.randn(6, 64), torch.rand(3, 2, dtype=torch.bfloat16)
+    out = moe_kernels.combine_tokens(y, weights, routes, bias)
+    ((config, args),) = launches
+    assert config == moe_kernels.CombineConfig("Float32", "BFloat16", "Float32")
+    want = (y.data_ptr(), weights.data_ptr(), routes.row_of.data_ptr())
+    assert args[:3] == want and args[3] % 16 == 0 and args[3] != bias.data_ptr()
+    assert args[4:6] == (routes.expert_of.data_ptr(), out.data_ptr())
+    assert args[6:] == ((3, 2, 64, 3), 132, 7)
