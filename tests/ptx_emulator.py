@@ -55,16 +55,21 @@ def as_f32(bits: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(bits, dtype=np.uint32).view(np.float32)
 
 
+def _exact_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray):
+    """(s, err): a * b + c = s + err exactly, s its float64 rounding (the product is exact in
+    float64; TwoSum gives the sum's error)."""
+    p = a.astype(np.float64) * b.astype(np.float64)
+    c64 = c.astype(np.float64)
+    s = p + c64
+    bb = s - p
+    return s, (p - (s - bb)) + (c64 - bb)
+
+
 def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """fl32(a * b + c) rounded once, to nearest even. The product is exact in float64; TwoSum
-    gives the sum's exact error, which rounds the float64 sum to odd: then one rounding to float32
-    is correct (53 >= 24 + 2 bits)."""
+    """fl32(a * b + c) rounded once, to nearest even: the exact error rounds the float64 sum to
+    odd, then one rounding to float32 is correct (53 >= 24 + 2 bits)."""
     with np.errstate(all="ignore"):
-        p = a.astype(np.float64) * b.astype(np.float64)
-        c64 = c.astype(np.float64)
-        s = p + c64
-        bb = s - p
-        err = (p - (s - bb)) + (c64 - bb)
+        s, err = _exact_fma(a, b, c)
         inexact = np.isfinite(s) & (err != 0) & ((s.view(np.uint64) & np.uint64(1)) == 0)
         toward = np.where(err > 0, np.inf, -np.inf)
         s = np.where(inexact, np.nextafter(s, toward), s)
@@ -72,14 +77,10 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def fma_f32_rm(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """fl32(a * b + c) rounded once, toward minus infinity: the float64 sum and its exact
-    error (TwoSum), then the float32 nearest stepped down where it lies above the exact sum."""
+    """fl32(a * b + c) rounded once, toward minus infinity: the float32 nearest of the exact
+    sum, stepped down where it lies above it."""
     with np.errstate(all="ignore"):
-        p = a.astype(np.float64) * b.astype(np.float64)
-        c64 = c.astype(np.float64)
-        s = p + c64
-        bb = s - p
-        err = (p - (s - bb)) + (c64 - bb)
+        s, err = _exact_fma(a, b, c)
         r = s.astype(np.float32)
         r64 = r.astype(np.float64)
         above = np.isfinite(s) & ((r64 > s) | ((r64 == s) & (err < 0)))
