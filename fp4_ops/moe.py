@@ -43,6 +43,8 @@ BF16 values (``exact_bf16_rows``). Other GPUs: ValueError (no grouped kernel for
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -499,17 +501,20 @@ def _moe_kernels(
     x, w13, w2, gs13, gs2, prepacked, topk_weights, topk_ids, activation, mode, w13_bias, w2_bias
 ):
     """``_moe`` on plain CUDA tensors outside tracing: the routing, the activation and the
-    combine as ``fp4_ops.moe_kernels``' three kernels around the grouped GEMMs."""
+    combine as ``fp4_ops.moe_kernels``' three kernels around the grouped GEMMs, on x's device
+    (made current for the call if it is not)."""
     check_sm90(x, GPU_GROUPED)
-    num_experts = w13.shape[0]
-    routes = moe_kernels.route(topk_ids.contiguous(), num_experts)
-    torch._assert_async(routes.ok, _range_message(num_experts))
-    rows = x.index_select(0, routes.token_of)
-    h = _expert_gemm(rows, w13, gs13, routes.offsets, mode, prepacked[0])
-    a = moe_kernels.activate(h, activation, _float_bias(w13_bias), routes.expert_of)
-    y = _expert_gemm(a, w2, gs2, routes.offsets, mode, prepacked[1])
-    weights = topk_weights if topk_weights.dtype in IN_DTYPES else topk_weights.float()
-    return moe_kernels.combine_tokens(y, weights, routes, _float_bias(w2_bias))
+    here = x.device.index == torch.cuda.current_device()
+    with contextlib.nullcontext() if here else torch.cuda.device(x.device):
+        num_experts = w13.shape[0]
+        routes = moe_kernels.route(topk_ids.contiguous(), num_experts)
+        torch._assert_async(routes.ok, _range_message(num_experts))
+        rows = x.index_select(0, routes.token_of)
+        h = _expert_gemm(rows, w13, gs13, routes.offsets, mode, prepacked[0])
+        a = moe_kernels.activate(h, activation, _float_bias(w13_bias), routes.expert_of)
+        y = _expert_gemm(a, w2, gs2, routes.offsets, mode, prepacked[1])
+        weights = topk_weights if topk_weights.dtype in IN_DTYPES else topk_weights.float()
+        return moe_kernels.combine_tokens(y, weights, routes, _float_bias(w2_bias))
 
 
 def _float_bias(bias):

@@ -518,3 +518,13 @@ def test_activation_and_combine_hand_their_kernels_16_byte_aligned_rows(monkeypa
     assert args[:3] == want and args[3] % 16 == 0 and args[3] != bias.data_ptr()
     assert args[4:6] == (routes.expert_of.data_ptr(), out.data_ptr())
     assert args[6:] == ((3, 2, 64, 3), 132, 7)
+
+
+def test_route_refuses_more_experts_than_its_count_slots_hold(monkeypatch):
+    _recorded_launches(monkeypatch)
+    ids = torch.zeros(2, 2, dtype=torch.int32)
+    moe_kernels.route(ids, moe_kernels.MAX_EXPERTS)
+    with pytest.raises(ValueError, match="at most 8191 experts, got 8192"):
+        moe_kernels.route(ids, moe_kernels.MAX_EXPERTS + 1)
+    # (the largest cap's counts and the four words beside them fit 48 KB of static SMEM)
+    assert 4 * moe_kernels.experts_cap(moe_kernels.MAX_EXPERTS) + 16 <= 48 * 1024

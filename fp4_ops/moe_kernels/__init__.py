@@ -27,6 +27,10 @@ _NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "
 _IDS = {torch.int32: "Int32", torch.int64: "Int64"}
 
 
+# the routing kernel's count slots live in static shared memory (48 KB at most)
+MAX_EXPERTS = 8191
+
+
 def experts_cap(num_experts: int) -> int:
     """The routing kernel's count slots for E experts: a power of two > E, at least a warp."""
     return max(32, 1 << num_experts.bit_length())
@@ -96,6 +100,10 @@ class Routing:
 def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     """The row order of the grouped GEMMs for contiguous ``topk_ids`` [T, k] (int32 / int64,
     CUDA) with E = ``num_experts``; ids out of range are flagged in ``ok``, not raised."""
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(
+            f"the CUDA MoE layer routes at most {MAX_EXPERTS} experts, got {num_experts}"
+        )
     device = topk_ids.device
     pairs, top_k = topk_ids.numel(), topk_ids.shape[1]
     config = RoutingConfig(_IDS[topk_ids.dtype], experts_cap(num_experts))
