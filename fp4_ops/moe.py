@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from fp4_ops import cpu, moe_kernels
 from fp4_ops.buffers import FP4Buffers
 from fp4_ops.layout import FORMATS, PACKED_DTYPES, from_blocked
+from fp4_ops.moe_kernels.gating import ACTIVATIONS, SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from fp4_ops.ops import (
     IN_DTYPES,
     NO_BACKWARD,
@@ -64,12 +65,6 @@ from fp4_ops.ops import (
 from fp4_ops.sm90 import k_order
 from fp4_ops.tensor import FP4Tensor, check_format, check_global_scale_value, check_type
 
-#: fp4_moe's activations: name -> whether w13's gate and up rows are interleaved
-ACTIVATIONS = {"silu": False, "swigluoai": True}
-# gpt-oss's SwiGLU (transformers' GptOssExperts and vLLM's swigluoai_and_mul): gate = even rows,
-# up = odd rows; gate clamped above, up on both sides; (up + 1) * gate * sigmoid(alpha * gate)
-SWIGLUOAI_ALPHA = 1.702
-SWIGLUOAI_LIMIT = 7.0
 #: fp4_moe's activation modes: 16-bit activations (W4A16) or quantized per call (W4A4)
 MODES = ("bf16", "dynamic")
 # W4A4 grouped GEMMs on Hopper: MXFP4 activations carry this power of two in BF16 (exact)
@@ -474,7 +469,10 @@ def _moe(
     if tokens == 0:
         return x.new_empty(x.shape)
     weights = (w13, w2, gs13, gs2, prepacked)
-    if eager(x, topk_weights, topk_ids, w13_bias, w2_bias):
+    if not torch.is_grad_enabled():  # (nn.Parameter biases, e.g. transformers' own, as tensors)
+        w13_bias, w2_bias = (_plain(b) for b in (w13_bias, w2_bias))
+    kernels = w13.shape[0] <= moe_kernels.MAX_EXPERTS
+    if kernels and eager(x, topk_weights, topk_ids, w13_bias, w2_bias):
         return _moe_kernels(
             x, *weights, topk_weights, topk_ids, activation, mode, w13_bias, w2_bias
         )
@@ -515,6 +513,10 @@ def _moe_kernels(
         y = _expert_gemm(a, w2, gs2, routes.offsets, mode, prepacked[1])
         weights = topk_weights if topk_weights.dtype in IN_DTYPES else topk_weights.float()
         return moe_kernels.combine_tokens(y, weights, routes, _float_bias(w2_bias))
+
+
+def _plain(t):
+    return t if t is None or type(t) is torch.Tensor else t.detach()
 
 
 def _float_bias(bias):

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""A CPU emulator of the PTX that the quantizer kernels compile to (tests only).
+"""A CPU emulator of the PTX that the quantizer and MoE kernels compile to (tests only).
 
 It runs a whole grid: every thread of every CTA, vectorized with numpy over all threads at once.
 All threads share one instruction stream (SIMT): each step runs the instruction at the lowest
@@ -10,9 +10,12 @@ lane (thread) they name is there, and raise otherwise: a schedule that diverges 
 undefined behaviour on a GPU, never silently emulated.
 
 Registers hold bits (uint16 / uint32 / uint64, bool predicates); ``.f32`` instructions view them
-as IEEE float32 and round as PTX says: .rn everywhere in these kernels (add, mul, fma, div, rcp;
-no .ftz, so subnormals are kept), fma exact through float64 with round-to-odd. NaN results are
-the GPU's canonical 0x7FFFFFFF. Conversions (bf16, f16, E4M3 with .satfinite) are exact.
+as IEEE float32 and round as PTX says: .rn (add, mul, fma, div, rcp; no .ftz, so subnormals are
+kept), fma exact through float64 with round-to-odd, fma.rm stepped down from the nearest. NaN
+results are the GPU's canonical 0x7FFFFFFF. Conversions (bf16, f16, E4M3 with .satfinite) are
+exact. ``ex2.approx.ftz`` is a model: 2^x rounded once, subnormals flushed (the hardware's is
+within 2 ulp). Shared-memory atomics apply thread by thread in thread order. The whole CTA runs
+in lockstep, so a missing ``bar.sync`` goes unseen (the tests count them in the PTX).
 
 Memory: a global arena of the buffers the caller allocates, with guards between them; an access
 out of a buffer, misaligned, or a load of shared memory never stored raises. The arena counts the

@@ -614,8 +614,9 @@ def _cuda(t: FP4Tensor) -> FP4Tensor:
 
 @needs_cuda
 def test_routing_and_checks_gpu_run_without_host_sync():
-    """The routing metadata and every value check on CUDA tensors: no host sync (the sync
-    debug mode turns one into an error), the same metadata as on the CPU."""
+    """The torch routing steps (the traced path's) and the offsets check on CUDA tensors: no
+    host sync (the sync debug mode turns one into an error), the same metadata as on the
+    CPU. The kernel path's own no-sync test is in test_moe_kernels.py."""
     gen = torch.Generator().manual_seed(10)
     ids_cpu, tw_cpu = _routing("random", 16, 4, 32, gen)
     ids, tw = ids_cpu.int().cuda(), tw_cpu.cuda()

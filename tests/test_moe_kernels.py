@@ -28,7 +28,7 @@ import torch
 from ptx_emulator import GlobalMemory, Grid, Params, parse_ptx
 
 from fp4_ops import moe_kernels
-from fp4_ops.moe_kernels import activation, combine, routing
+from fp4_ops.moe_kernels import activation, combine, gating, routing
 
 U32 = 2.0**-24
 ACT_REL = 2.0**-19  # float32 activation (accurate exp, a division, three products): << 2^-19
@@ -160,7 +160,7 @@ def emulate_routing(ids: torch.Tensor, num_experts: int) -> moe_kernels.Routing:
         for p, n in zip(ptrs, sizes, strict=True)
     ]
     for p, n in zip(ptrs, sizes, strict=True):
-        assert (gmem.store_counts(p, 4 * n) == 1).all() or n == num_experts + 1
+        assert (gmem.store_counts(p, 4 * n) == 1).all()
     return moe_kernels.Routing(*out)
 
 
@@ -315,7 +315,7 @@ def emulate_activation(h, name, bias, expert_of):
     gmem = GlobalMemory()
     out = gmem.alloc(rows * inter * h.element_size())
     experts = ACT_EXPERTS if bias is not None else 1
-    gated = (2 * inter,) if activation.INTERLEAVED[name] else (2 * inter, inter)
+    gated = (2 * inter,) if gating.ACTIVATIONS[name] else (2 * inter, inter)
     p = Params(entry)
     cols = inter // activation.VEC
     _tensor_param(p, 0, _put(gmem, h), (rows, cols, *gated))
@@ -419,6 +419,9 @@ def test_kernels_cross_compile_with_vector_moves_and_no_local_memory(name, arch)
         atomics = [line for line in ptx.splitlines() if "atom." in line]
         assert atomics and all("atom.shared" in line for line in atomics)
         assert "shfl.sync.up" in ptx
+        # a barrier between the passes (zero, count, scan, place): the emulator runs a CTA in
+        # lockstep and cannot see one missing
+        assert ptx.count("bar.sync") == 3
         return
     # every store of a row is a vector of 16 bytes or more (sm_100 has 32-byte ones), and so
     # are the loads of h / y / bias rows; scalar loads are the index and weight tables only
@@ -435,30 +438,51 @@ def test_kernels_cross_compile_with_vector_moves_and_no_local_memory(name, arch)
 # ----------------------------------------------------------------------------- the layer (GPU)
 
 
+LAYER_CASES = {  # (format, activation, ids dtype, weights / bias dtype)
+    "nvfp4-silu": ("nvfp4", "silu", torch.int64, torch.float32),
+    "mxfp4-swigluoai-biases": ("mxfp4", "swigluoai", torch.int32, torch.float64),
+}
+
+
 @needs_cuda
-def test_gpu_layer_runs_the_kernels_eagerly_and_the_torch_steps_when_tracked(monkeypatch):
-    """Plain CUDA calls take the three kernels; a gradient-tracking call takes the torch steps
-    (the registered ops); both agree up to their float32 roundings (exp, sum order), far
-    below what a wrong routing or activation would change."""
+@pytest.mark.parametrize("case", list(LAYER_CASES))
+def test_gpu_layer_runs_the_kernels_eagerly_and_the_torch_steps_when_tracked(monkeypatch, case):
+    """Plain CUDA calls take the three kernels, with no host sync; a gradient-tracking call
+    takes the torch steps (the registered ops); both agree up to their float32 roundings
+    (exp, sum order), far below what a wrong routing or activation would change."""
     import fp4_ops
     from fp4_ops import moe
 
+    fmt, name, ids_dtype, float_dtype = LAYER_CASES[case]
     calls = []
-    for name in ("route", "activate", "combine_tokens"):
-        real = getattr(moe_kernels, name)
+    for fn in ("route", "activate", "combine_tokens"):
+        real = getattr(moe_kernels, fn)
         monkeypatch.setattr(
-            moe.moe_kernels, name, lambda *a, _f=real, _n=name: calls.append(_n) or _f(*a)
+            moe.moe_kernels, fn, lambda *a, _f=real, _n=fn: calls.append(_n) or _f(*a)
         )
     gen = torch.Generator().manual_seed(4)
-    w13 = fp4_ops.quantize_experts(torch.randn(6, 128, 64, generator=gen).cuda())
-    w2 = fp4_ops.quantize_experts(torch.randn(6, 64, 64, generator=gen).cuda())
+    w13 = fp4_ops.quantize_experts(torch.randn(6, 128, 64, generator=gen).cuda(), fmt)
+    w2 = fp4_ops.quantize_experts(torch.randn(6, 64, 64, generator=gen).cuda(), fmt)
     x = torch.randn(5, 64, generator=gen).bfloat16().cuda()
-    ids = torch.randint(0, 6, (5, 2), generator=gen).cuda()
-    tw = torch.rand(5, 2, generator=gen).cuda()
-    with torch.no_grad():
-        fused = fp4_ops.fp4_moe(x, w13, w2, tw, ids)
+    ids = torch.randint(0, 6, (5, 2), generator=gen, dtype=ids_dtype).cuda()
+    tw = torch.rand(5, 2, generator=gen, dtype=float_dtype).cuda()
+    biases = {}
+    if name == "swigluoai":
+        biases = dict(
+            w13_bias=torch.randn(6, 128, generator=gen, dtype=float_dtype).cuda(),
+            w2_bias=torch.randn(6, 64, generator=gen, dtype=float_dtype).cuda(),
+        )
+    fp4_ops.fp4_moe(x, w13, w2, tw, ids, name, **biases)  # (compiles first)
+    calls.clear()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad():
+            fused = fp4_ops.fp4_moe(x, w13, w2, tw, ids, name, **biases)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     assert calls == ["route", "activate", "combine_tokens"]
-    tracked = fp4_ops.fp4_moe(x.clone().requires_grad_(True), w13, w2, tw, ids)
+    tracked = fp4_ops.fp4_moe(x.clone().requires_grad_(True), w13, w2, tw, ids, name, **biases)
     assert calls == ["route", "activate", "combine_tokens"] and tracked.requires_grad
     scale = tracked.detach().float().abs().amax()
     torch.testing.assert_close(fused.float(), tracked.detach().float(), atol=scale * 2**-5, rtol=0)

@@ -12,7 +12,8 @@ Three kernels (``routing``, ``activation``, ``combine``, one class a file) in pl
 dozen small torch kernels the same steps take as torch ops. Each is compiled once per process
 and configuration (the frozen ``*Config`` dataclasses, with the device index the cache key) and
 launched through TVM-FFI on the current stream, with no host synchronization. The callers
-(``fp4_ops.moe``) check the operands; these functions only shape what the kernels take.
+(``fp4_ops.moe``) check the operands and make their device current; these functions only
+shape what the kernels take (rows copied where they are not contiguous and 16-byte aligned).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "
 _IDS = {torch.int32: "Int32", torch.int64: "Int64"}
 
 
-# the routing kernel's count slots live in static shared memory (48 KB at most)
+# the routing kernel's count slots live in shared memory (48 KB without an opt-in)
 MAX_EXPERTS = 8191
 
 
@@ -50,7 +51,7 @@ class RoutingConfig:
 @dataclass(frozen=True)
 class ActivationConfig:
     dtype: str  # h's and a's, a key of activation.DTYPES
-    activation: str  # a key of activation.INTERLEAVED
+    activation: str  # a key of gating.ACTIVATIONS
     bias_dtype: str | None
 
     def compile(self, options: str):
@@ -134,7 +135,7 @@ def activate(h: torch.Tensor, name: str, bias, expert_of: torch.Tensor) -> torch
     """a [P, I] in h's dtype from h [P, 2I] (contiguous, I a multiple of 32), the activation
     ``name`` and the optional bias [E, 2I] of each row's expert."""
     rows, inter = h.shape[0], h.shape[1] // 2
-    bias = _aligned(bias)
+    h, bias = _aligned(h), _aligned(bias)
     bias_dtype = None if bias is None else _NAMES[bias.dtype]
     fn, sm_count = _function(ActivationConfig(_NAMES[h.dtype], name, bias_dtype), h.device)
     out = torch.empty((rows, inter), dtype=h.dtype, device=h.device)
@@ -159,7 +160,7 @@ def combine_tokens(
     tokens, top_k = topk_weights.shape
     hidden = y.shape[1]
     weights = topk_weights.contiguous()
-    bias = _aligned(bias)
+    y, bias = _aligned(y), _aligned(bias)
     bias_dtype = None if bias is None else _NAMES[bias.dtype]
     config = CombineConfig(_NAMES[y.dtype], _NAMES[weights.dtype], bias_dtype)
     fn, sm_count = _function(config, y.device)

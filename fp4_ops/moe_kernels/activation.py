@@ -20,14 +20,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, const_expr
 
+from fp4_ops.moe_kernels.gating import ACTIVATIONS, SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
+
 THREADS = 256
 VEC = 8  # outputs per thread and step
 CTAS_PER_SM = 4
 DTYPES = {"BFloat16": BFloat16, "Float16": Float16, "Float32": Float32}
-# fp4_ops.moe's activations: name -> whether gate and up columns are interleaved
-INTERLEAVED = {"silu": False, "swigluoai": True}
-SWIGLUOAI_ALPHA = 1.702
-SWIGLUOAI_LIMIT = 7.0
 
 
 class MoeActivation:
@@ -40,7 +38,7 @@ class MoeActivation:
         self._setup_attributes()
 
     def _setup_attributes(self):
-        self.interleaved = INTERLEAVED[self.activation]
+        self.interleaved = ACTIVATIONS[self.activation]
         self.has_bias = self.bias_dtype is not None
         # registers in the order of memory, so that the copies vectorize
         self.gated_regs = ((2, VEC), (1, 2) if self.interleaved else (VEC, 1))

@@ -182,7 +182,8 @@ def compile_routing(ids_dtype: str, cap: int, options: str = ""):
 
     op = MoeRouting(ids_dtype, cap)
     gmem = cute.AddressSpace.gmem
-    ptrs = [make_ptr(IDS_DTYPES[ids_dtype], 0, gmem, assumed_align=4)]
+    ids_type = IDS_DTYPES[ids_dtype]
+    ptrs = [make_ptr(ids_type, 0, gmem, assumed_align=ids_type.width // 8)]
     ptrs += [make_ptr(Int32, 0, gmem, assumed_align=4) for _ in range(5)]
     problem = (Int32(1), Int32(1), Int32(1))
     return cute.compile(op, *ptrs, problem, cuda_driver.CUstream(0), options=options)
