@@ -40,9 +40,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _half_ulp(mag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Half an ulp of ``dtype`` at float64 magnitudes ``mag`` (the error of one rounding)."""
+    """Half an ulp of ``dtype`` at float64 magnitudes ``mag`` (the error of one rounding), at
+    least half the subnormal spacing (float16's subnormals start at 2^-14)."""
     _, e = torch.frexp(mag)
-    return torch.ldexp(torch.full_like(mag, torch.finfo(dtype).eps / 2), e - 1)
+    info = torch.finfo(dtype)
+    relative = torch.ldexp(torch.full_like(mag, info.eps / 2), e - 1)
+    return relative.clamp(min=info.eps * info.tiny / 2)
 
 
 def _assert_within(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, what: str):
