@@ -17,8 +17,8 @@ layer is the same whatever that order. A pair with an id out of range gets a row
 offsets[E] (no GEMM computes it) and expert 0, so that nothing downstream reads out of bounds
 before the assert on ``ok`` fires.
 
-One CTA: routing is a few microseconds of a decode step, and one CTA needs no grid-wide
-synchronization between its passes.
+One CTA: decode routes tens to hundreds of pairs, and one CTA needs no grid-wide
+synchronization between its passes (its time at prefill sizes is not measured yet).
 """
 
 from __future__ import annotations
