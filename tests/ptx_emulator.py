@@ -15,7 +15,9 @@ kept), fma exact through float64 with round-to-odd, fma.rm stepped down from the
 results are the GPU's canonical 0x7FFFFFFF. Conversions (bf16, f16, E4M3 with .satfinite) are
 exact. ``ex2.approx.ftz`` is a model: 2^x rounded once, subnormals flushed (the hardware's is
 within 2 ulp). Shared-memory atomics apply thread by thread in thread order. The whole CTA runs
-in lockstep, so a missing ``bar.sync`` goes unseen (the tests count them in the PTX).
+in lockstep, so a missing ``bar.sync`` cannot change a result here; instead each shared byte
+remembers who stored it since the CTA's last ``bar.sync``, and a load or store by another thread
+(atomics among atomics excepted) raises as a race.
 
 Memory: a global arena of the buffers the caller allocates, with guards between them; an access
 out of a buffer, misaligned, or a load of shared memory never stored raises. The arena counts the
@@ -315,6 +317,7 @@ class Params:
 # ------------------------------------------------------------------------------ execution
 
 SHARED_BASE = 0  # the shared-window address of __dynamic_shmem__0
+FREE, ATOMIC = -1, -2  # shared bytes not stored since the last bar.sync / stored by atomics
 _SPECIAL = ("%tid.x", "%ctaid.x", "%ntid.x", "%nctaid.x", "%laneid", "%warpid")
 _FLOAT_CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal}
 _FLOAT_CMP.update({"gt": np.greater, "ge": np.greater_equal})
@@ -334,6 +337,8 @@ class Grid:
         self.regs = {}
         self.smem = np.zeros((ctas, smem_bytes), np.uint8)
         self.smem_set = np.zeros((ctas, smem_bytes), bool)
+        # who stored each shared byte since the CTA's last bar.sync: FREE, ATOMIC or a thread
+        self.smem_owner = np.full((ctas, smem_bytes), FREE, np.int64)
         self.max_steps = max_steps
 
     # -------------------------------------------------------------------- operands
@@ -801,6 +806,24 @@ class Grid:
         if parts[1:] != ["sync"] or ins.args != ["0"] or ins.guard is not None:
             raise PtxError(ins.text)
         self._whole(m, self.threads, "bar.sync")
+        self.smem_owner[np.unique(self.cta[m])] = FREE
+
+    def _race(self, ins, cta, off, m, atomic: bool, store: bool) -> None:
+        """Raise on a shared access that no bar.sync orders after another thread's store since
+        the last one (read or store after a store; atomics only after atomics); else record a
+        store's owner."""
+        me = np.broadcast_to(ATOMIC if atomic else self.tid[m].astype(np.int64)[:, None], off.shape)
+        owner = self.smem_owner[cta, off]
+        ok = (owner == FREE) | (owner == me) if not atomic else (owner == FREE) | (owner == ATOMIC)
+        if store and not atomic:  # (two threads storing one byte in the same instruction)
+            keys = (cta * self.smem.shape[1] + off).ravel()
+            _, first = np.unique(keys, return_index=True)
+            if first.size != keys.size:
+                raise PtxError(f"shared race: threads store the same bytes at once: {ins.text}")
+        if not ok.all():
+            raise PtxError(f"shared race: no bar.sync since another thread stored: {ins.text}")
+        if store:
+            self.smem_owner[cta, off] = me
 
     def _address(self, ref: str, m: np.ndarray, width: int):
         inner = ref[1:-1]
@@ -830,6 +853,7 @@ class Grid:
             cta, off = self._shared(ref, m, vec * size)
             if not self.smem_set[cta, off].all():
                 raise PtxError(f"ld.shared of bytes never stored: {ins.text}")
+            self._race(ins, cta, off, m, atomic=False, store=False)
             raw = self.smem[cta, off]
         else:
             raise PtxError(ins.text)
@@ -858,6 +882,7 @@ class Grid:
             self.gmem.store(self._address(ref, m, 64), data)
         elif space == "shared":
             cta, off = self._shared(ref, m, vec * size)
+            self._race(ins, cta, off, m, atomic=False, store=True)
             self.smem[cta, off] = data
             self.smem_set[cta, off] = True
         else:
@@ -871,6 +896,7 @@ class Grid:
             raise PtxError(f"atomic not emulated: {ins.text}")
         dst, ref, value = ins.args
         cta, off = self._shared(ref, m, 4)
+        self._race(ins, cta, off, m, atomic=True, store=True)
         adds = np.broadcast_to(self.val(value, 32), (self.n,))[m]
         old = np.zeros(self.n, np.uint32)
         found = old[m]

@@ -25,7 +25,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from ptx_emulator import GlobalMemory, Grid, Params, parse_ptx
+from ptx_emulator import GlobalMemory, Grid, Params, PtxError, parse_ptx
 
 from fp4_ops import moe_kernels
 from fp4_ops.moe_kernels import activation, combine, gating, routing
@@ -138,11 +138,11 @@ def _routing_entry(ids_dtype: str, cap: int):
     return entry
 
 
-def emulate_routing(ids: torch.Tensor, num_experts: int) -> moe_kernels.Routing:
-    """The routing kernel's PTX run on the CPU (tests/ptx_emulator.py; shared atomics in
-    thread order) over ids [T, k]: its outputs as a Routing of CPU tensors."""
+def emulate_routing(ids: torch.Tensor, num_experts: int, entry=None) -> moe_kernels.Routing:
+    """The routing kernel's PTX (or ``entry``'s) run on the CPU (tests/ptx_emulator.py; shared
+    atomics in thread order) over ids [T, k]: its outputs as a Routing of CPU tensors."""
     cap = moe_kernels.experts_cap(num_experts)
-    entry = _routing_entry({torch.int32: "Int32", torch.int64: "Int64"}[ids.dtype], cap)
+    entry = entry or _routing_entry(NAMES_IDS[ids.dtype], cap)
     pairs = ids.numel()
     gmem = GlobalMemory()
     ids_ptr = gmem.alloc(ids.contiguous().numpy().tobytes())
@@ -184,6 +184,20 @@ def test_routing_ptx_places_every_pair_in_its_experts_rows(shape, ids_dtype):
         got = emulate_routing(ids, e)
         _check_routing(ids, e, got)
         assert got.ok.tolist() == [0]
+
+
+def test_emulator_sees_a_routing_kernel_without_its_barriers(monkeypatch):
+    """The emulator runs a CTA in lockstep, where a missing barrier changes nothing; its
+    shared-memory race check must refuse the kernel built without them."""
+    import cutlass.cute as cute
+
+    monkeypatch.setattr(cute.arch, "sync_threads", lambda *args, **kwargs: None)
+    ptx = routing.compile_routing("Int32", 128, "--gpu-arch sm_90a --keep-ptx").__ptx__
+    assert "bar.sync" not in ptx
+    (entry,) = parse_ptx(ptx).values()
+    ids = torch.randint(0, 100, (6, 4), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(PtxError, match="shared race"):
+        emulate_routing(ids.int(), 100, entry)
 
 
 # ----------------------------------------------------------------------------- activation (GPU)
