@@ -199,6 +199,8 @@ def _parse_statement(stmt: str, entry: Entry) -> None:
         m = _REGDECL.match(stmt + ";")
         _declare(entry.regs, m.group(1), m.group(2))
         return
+    if stmt.startswith(".pragma"):  # (an optimization hint such as "nounroll": no semantics)
+        return
     instr = Instr("", [], text=stmt)
     m = _GUARD.match(stmt)
     if m:

@@ -167,8 +167,9 @@ def emulate_routing(ids: torch.Tensor, num_experts: int, entry=None) -> moe_kern
     return moe_kernels.Routing(*out)
 
 
-# (T, k, E): E = 1, at the 32-slot boundary, past it; pairs past one pass of 512 threads
-EMULATED_ROUTING = [(3, 2, 1), (7, 3, 31), (7, 3, 32), (5, 4, 33), (130, 4, 8)]
+# (T, k, E): E = 1, at the 32-slot boundary, past it, the most the slots hold; pairs past one
+# pass of 512 threads; one slot per token
+EMULATED_ROUTING = [(3, 2, 1), (7, 3, 31), (7, 3, 32), (5, 4, 33), (130, 4, 8), (9, 1, 8191)]
 
 
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
@@ -356,8 +357,9 @@ def emulate_activation(h, name, bias, expert_of):
         ("swigluoai", torch.bfloat16, torch.bfloat16),
     ],
 )
-def test_activation_ptx_is_the_float64_formula(name, dtype, bias_dtype):
-    h, bias, expert_of = _activation_case((70, 64), dtype, bias_dtype)  # 560 vectors > 2 x 256
+@pytest.mark.parametrize("shape", [(70, 64), (3, 32)], ids=["grid-stride", "one-vector-rows"])
+def test_activation_ptx_is_the_float64_formula(shape, name, dtype, bias_dtype):
+    h, bias, expert_of = _activation_case(shape, dtype, bias_dtype)  # (560 vectors > 2 x 256)
     got = emulate_activation(h, name, bias, expert_of)
     _check_activation(got, h, bias, expert_of, name)
 
@@ -395,8 +397,10 @@ def emulate_combine(y, weights, row_of, bias, expert_of, top_k):
         (torch.float32, torch.float32, torch.bfloat16),
     ],
 )
-def test_combine_ptx_is_the_weighted_sum_of_each_tokens_rows(dtype, weights_dtype, bias_dtype):
-    shape = (40, 3, 128)  # 640 vectors > 2 x 256
+@pytest.mark.parametrize("shape", [(40, 3, 128), (5, 1, 32)], ids=["grid-stride", "k1-h32"])
+def test_combine_ptx_is_the_weighted_sum_of_each_tokens_rows(
+    shape, dtype, weights_dtype, bias_dtype
+):
     ids, y, weights, bias = _combine_case(shape, dtype, weights_dtype, bias_dtype)
     # rows grouped by expert as the routing places them: a stable sort's inverse
     order = torch.argsort(ids.reshape(-1), stable=True)

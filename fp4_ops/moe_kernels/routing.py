@@ -128,7 +128,7 @@ class MoeRouting:
         lane = cute.arch.lane_idx()
         first = lane * self.counts_per_lane
         own = Int32(0)
-        for j in cutlass.range_constexpr(self.counts_per_lane):
+        for j in cutlass.range(self.counts_per_lane, unroll=4):
             own += sCount[first + j]
         inclusive = own
         for step in cutlass.range_constexpr(LOG_WARP):
@@ -136,7 +136,7 @@ class MoeRouting:
             if lane >= (1 << step):
                 inclusive += below
         start = inclusive - own
-        for j in cutlass.range_constexpr(self.counts_per_lane):
+        for j in cutlass.range(self.counts_per_lane, unroll=4):
             e = first + j
             count = sCount[e]
             sCount[e] = start
