@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Memory that an op keeps across calls (workspaces, index tables), made outside every CUDA graph's
-memory pool; and the current stream's handle, device and capture state, which every eager
-launch asks for.
+memory pool; the one rule for the operand memory the kernels read (``aligned_rows``); and the
+current stream's handle, device and capture state, which every eager launch asks for.
 
 While CUDA-graph trees (``torch.compile(mode="reduce-overhead")``) warm up or record a graph, torch
 routes the allocations of the recording thread and stream into the graph's private pool, and it
@@ -50,6 +50,14 @@ def kept(cache: dict, key, make, device: torch.device):
     if found is None:
         found = cache[key] = persistent(make, device)
     return found
+
+
+def aligned_rows(t: torch.Tensor) -> torch.Tensor:
+    """t, contiguous from a 16-byte aligned base (what TMA and the kernels' 16-byte vector
+    loads read): copied only if it is not."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def stream_handle(device_index: int) -> int:

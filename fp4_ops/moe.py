@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from fp4_ops import cpu, moe_kernels
 from fp4_ops.buffers import FP4Buffers
 from fp4_ops.layout import FORMATS, PACKED_DTYPES, from_blocked
+from fp4_ops.memory import aligned_rows
 from fp4_ops.moe_kernels.gating import ACTIVATIONS, SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from fp4_ops.ops import (
     IN_DTYPES,
@@ -137,9 +138,7 @@ def gpu_grouped_w4a16(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype
     from fp4_ops.sm90 import launcher
 
     b = b_data if prepacked else k_order.prepack_weights(b_data.view(torch.uint8))
-    a = a.contiguous()
-    if a.data_ptr() % 16:  # (TMA reads from 16-byte aligned bases only)
-        a = a.clone()
+    a = aligned_rows(a)
     scale = b_scale.reshape(b.shape[0], -1)
     return launcher.grouped_gemm_for_ops(a, b, scale, sf_vec_size, alpha, offsets, out_dtype)
 

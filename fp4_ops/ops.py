@@ -27,7 +27,7 @@ from fp4_ops.layout import (
     SCALE_DTYPES,
     to_blocked,
 )
-from fp4_ops.memory import capturing, current_device, stream_handle
+from fp4_ops.memory import aligned_rows, capturing, current_device, stream_handle
 from fp4_ops.sm90 import k_order
 from fp4_ops.tensor import (
     FP4Tensor,
@@ -306,9 +306,7 @@ def gemm_w4a16_impl(a, b_data, b_scale, alpha, sf_vec_size: int, out_dtype, b_pr
     from fp4_ops.sm90 import launcher
 
     b = b_data if b_prepacked else k_order.prepack_weights(b_data.view(torch.uint8))
-    a = a.contiguous()
-    if a.data_ptr() % 16:  # (TMA reads from 16-byte aligned bases only)
-        a = a.clone()
+    a = aligned_rows(a)
     a_dtype = _A_DTYPES[a.dtype]
     return launcher.gemm_for_ops(a, b, None, b_scale, sf_vec_size, alpha, out_dtype, a_dtype)
 

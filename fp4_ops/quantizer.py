@@ -80,7 +80,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from fp4_ops import cpu
 from fp4_ops.devtools import time_eager_us, time_graph_us
 from fp4_ops.layout import SCALE_DTYPES, blocked_numel, blocked_scale_shape
-from fp4_ops.memory import kept, stream_handle
+from fp4_ops.memory import aligned_rows, kept, stream_handle
 from fp4_ops.sm90 import dequant as dq
 from fp4_ops.sm90.k_order import K_BLOCK
 
@@ -848,8 +848,7 @@ def launch_quantize(x, sf_vec_size: int, global_scale=None, scratch=None):
     (codes, blocked scales shaped by atoms in the format's dtype, global scale). ``scratch``:
     ``scratch_buffers``' (codes, scales, global scale) to write instead of new tensors, for a
     consumer that reads them on this stream before the next call does (returned as given)."""
-    if not x.is_contiguous() or x.data_ptr() % 16:
-        x = x.clone(memory_format=torch.contiguous_format)
+    x = aligned_rows(x)
     plan = plan_quantize(x, sf_vec_size, global_scale)
     stream = stream_handle(x.get_device())
     if x.device.index == torch.cuda.current_device():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fp4_ops.memory import stream_handle
+from fp4_ops.memory import aligned_rows, stream_handle
 
 _NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
 _IDS = {torch.int32: "Int32", torch.int64: "Int64"}
@@ -124,18 +124,12 @@ def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     return out
 
 
-def _aligned(t: torch.Tensor | None) -> torch.Tensor | None:
-    """t contiguous and 16-byte aligned (the kernels' vector loads), copied only if not."""
-    if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
-
-
 def activate(h: torch.Tensor, name: str, bias, expert_of: torch.Tensor) -> torch.Tensor:
     """a [P, I] in h's dtype from h [P, 2I] (contiguous, I a multiple of 32), the activation
     ``name`` and the optional bias [E, 2I] of each row's expert."""
     rows, inter = h.shape[0], h.shape[1] // 2
-    h, bias = _aligned(h), _aligned(bias)
+    h = aligned_rows(h)
+    bias = None if bias is None else aligned_rows(bias)
     bias_dtype = None if bias is None else _NAMES[bias.dtype]
     fn, sm_count = _function(ActivationConfig(_NAMES[h.dtype], name, bias_dtype), h.device)
     out = torch.empty((rows, inter), dtype=h.dtype, device=h.device)
@@ -160,7 +154,8 @@ def combine_tokens(
     tokens, top_k = topk_weights.shape
     hidden = y.shape[1]
     weights = topk_weights.contiguous()
-    y, bias = _aligned(y), _aligned(bias)
+    y = aligned_rows(y)
+    bias = None if bias is None else aligned_rows(bias)
     bias_dtype = None if bias is None else _NAMES[bias.dtype]
     config = CombineConfig(_NAMES[y.dtype], _NAMES[weights.dtype], bias_dtype)
     fn, sm_count = _function(config, y.device)
