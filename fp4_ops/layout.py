@@ -27,7 +27,7 @@ SCALE_DTYPES = {16: torch.float8_e4m3fn, 32: torch.float8_e8m0fnu}
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: one-byte dtypes that hold packed E2M1 pairs
 PACKED_DTYPES = (torch.uint8, torch.float4_e2m1fn_x2)
-#: the CuTe DSL's names of the output dtypes
+#: the CuTe DSL's names of the float dtypes the kernels read and write
 DSL_DTYPE_NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0

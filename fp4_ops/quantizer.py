@@ -79,7 +79,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from fp4_ops import cpu
 from fp4_ops.devtools import time_eager_us, time_graph_us
-from fp4_ops.layout import SCALE_DTYPES, blocked_numel, blocked_scale_shape
+from fp4_ops.layout import DSL_DTYPE_NAMES, SCALE_DTYPES, blocked_numel, blocked_scale_shape
 from fp4_ops.memory import aligned_rows, kept, stream_handle
 from fp4_ops.sm90 import dequant as dq
 from fp4_ops.sm90.k_order import K_BLOCK
@@ -770,9 +770,6 @@ def compile_quantizer(
     return cute.compile(op, *ptrs, problem, sm_count, cuda_driver.CUstream(0), options=options)
 
 
-_TORCH_IN = {"BFloat16": "bfloat16", "Float16": "float16", "Float32": "float32"}
-
-
 def shape_reason(shape: tuple, sf_vec_size: int) -> str:
     """Why x of this shape cannot be quantized ("" if it can): [rows, K] or [L, rows, K], K a
     multiple of 32; the kernel's 32-bit offsets need fewer than 2^31 elements and 2^31 padded
@@ -820,7 +817,7 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
     float32)``, all on x's device; ``global_scale`` (NVFP4 only): a 0-d float32 tensor on x's
     device, or None for the dynamic one. Nothing synchronizes with the host.
     """
-    if not x.is_cuda or x.dtype not in _torch_in_names():
+    if not x.is_cuda or x.dtype not in DSL_DTYPE_NAMES:
         raise ValueError(f"x must be a bfloat16, float16 or float32 CUDA tensor, got {x.dtype}")
     if sf_vec_size not in SF_VEC_SIZES:
         raise ValueError(f"sf_vec_size must be 16 (NVFP4) or 32 (MXFP4), got {sf_vec_size}")
@@ -836,11 +833,6 @@ def quantize_cuda(x, sf_vec_size: int, global_scale=None):
             raise ValueError("global_scale must be a float32 tensor on x's device")
     q, sf, gs = launch_quantize(x, sf_vec_size, global_scale)
     return q, sf.view(*q.shape[:-2], -1), gs
-
-
-def _torch_in_names() -> dict:
-    """torch dtype -> IN_DTYPES key."""
-    return {getattr(torch, v): k for k, v in _TORCH_IN.items()}
 
 
 def launch_quantize(x, sf_vec_size: int, global_scale=None, scratch=None):
@@ -1006,7 +998,7 @@ def _kernel(in_dtype, sf_vec_size: int, dynamic, index: int, local_amax=False, t
     ``in_dtype`` on CUDA device ``index``, compiled once per process (``QuantizerConfig``)."""
     found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, tokens, index))
     if found is None:
-        name = _torch_in_names()[in_dtype]
+        name = DSL_DTYPE_NAMES[in_dtype]
         config = QuantizerConfig(name, sf_vec_size, dynamic, local_amax, tokens)
         if (config, index) not in _KERNELS:
             with torch.cuda.device(index):
@@ -1105,7 +1097,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device (use --compile_only)", file=sys.stderr)
         return 2
-    x = torch.randn(shape, device="cuda").to(getattr(torch, _TORCH_IN[args.in_dtype]))
+    x = torch.randn(shape, device="cuda").to(
+        {v: k for k, v in DSL_DTYPE_NAMES.items()}[args.in_dtype]
+    )
     gs = None if args.global_scale is None else torch.tensor(args.global_scale, device="cuda")
     q, sf, g = quantize_cuda(x, vec, gs)
     # the check: the torch implementation of the same definition, on the CPU

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from fp4_ops.layout import DSL_DTYPE_NAMES
 from fp4_ops.memory import aligned_rows, stream_handle
 
-_NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
 _IDS = {torch.int32: "Int32", torch.int64: "Int64"}
 
 
@@ -130,8 +130,8 @@ def activate(h: torch.Tensor, name: str, bias, expert_of: torch.Tensor) -> torch
     rows, inter = h.shape[0], h.shape[1] // 2
     h = aligned_rows(h)
     bias = None if bias is None else aligned_rows(bias)
-    bias_dtype = None if bias is None else _NAMES[bias.dtype]
-    fn, sm_count = _function(ActivationConfig(_NAMES[h.dtype], name, bias_dtype), h.device)
+    bias_dtype = None if bias is None else DSL_DTYPE_NAMES[bias.dtype]
+    fn, sm_count = _function(ActivationConfig(DSL_DTYPE_NAMES[h.dtype], name, bias_dtype), h.device)
     out = torch.empty((rows, inter), dtype=h.dtype, device=h.device)
     experts = 1 if bias is None else bias.shape[0]
     fn(
@@ -156,8 +156,8 @@ def combine_tokens(
     weights = topk_weights.contiguous()
     y = aligned_rows(y)
     bias = None if bias is None else aligned_rows(bias)
-    bias_dtype = None if bias is None else _NAMES[bias.dtype]
-    config = CombineConfig(_NAMES[y.dtype], _NAMES[weights.dtype], bias_dtype)
+    bias_dtype = None if bias is None else DSL_DTYPE_NAMES[bias.dtype]
+    config = CombineConfig(DSL_DTYPE_NAMES[y.dtype], DSL_DTYPE_NAMES[weights.dtype], bias_dtype)
     fn, sm_count = _function(config, y.device)
     out = torch.empty((tokens, hidden), dtype=y.dtype, device=y.device)
     experts = 1 if bias is None else bias.shape[0]
