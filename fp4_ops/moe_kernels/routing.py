@@ -23,6 +23,8 @@ synchronization between its passes (its time at prefill sizes is not measured ye
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
@@ -31,6 +33,14 @@ THREADS = 512
 WARP = 32
 LOG_WARP = 5
 IDS_DTYPES = {"Int32": Int32, "Int64": Int64}
+
+
+class Misc(IntEnum):
+    """The routing kernel's shared counters beside the per-expert counts."""
+
+    INVALID = 0  # pairs whose id lies out of range
+    INVALID_PLACED = 1  # rows past offsets[E] handed to them so far
+    VALID = 2  # pairs with an id in range: offsets[E]
 
 
 class MoeRouting:
@@ -83,7 +93,6 @@ class MoeRouting:
         tidx, _, _ = cute.arch.thread_idx()
         smem = cutlass.memory.SmemAllocator()
         sCount = smem.allocate_tensor(Int32, cute.make_layout(self.experts_cap), byte_alignment=16)
-        # [0]: pairs with an id out of range, [1]: rows handed to them so far, [2]: valid pairs
         sMisc = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
         for e in range(tidx, self.experts_cap, THREADS):
             sCount[e] = Int32(0)
@@ -112,7 +121,7 @@ class MoeRouting:
             if valid:
                 cute.arch.atomic_add(sCount.iterator + e, Int32(1), scope="cta")
             else:
-                cute.arch.atomic_add(sMisc.iterator, Int32(1), scope="cta")
+                cute.arch.atomic_add(sMisc.iterator + Misc.INVALID, Int32(1), scope="cta")
 
     @cute.jit
     def _scan(
@@ -124,7 +133,7 @@ class MoeRouting:
         experts: Int32,
     ):
         """Warp 0: counts -> exclusive prefix sums in sCount (each expert's next free row) and
-        in mOffsets[0 .. E]; the valid pairs' count into sMisc[2]; mOk."""
+        in mOffsets[0 .. E]; the valid pairs' count into sMisc; mOk."""
         lane = cute.arch.lane_idx()
         first = lane * self.counts_per_lane
         own = Int32(0)
@@ -145,8 +154,8 @@ class MoeRouting:
                 mOffsets[e] = start
             start += count
         if lane == WARP - 1:
-            sMisc[2] = inclusive
-            mOk[0] = Int32(sMisc[0] == 0)
+            sMisc[Misc.VALID] = inclusive
+            mOk[0] = Int32(sMisc[Misc.INVALID] == 0)
 
     @cute.jit
     def _place(
@@ -167,7 +176,8 @@ class MoeRouting:
             if valid:
                 row = cute.arch.atomic_add(sCount.iterator + e, Int32(1), scope="cta")
             else:
-                row = sMisc[2] + cute.arch.atomic_add(sMisc.iterator + 1, Int32(1), scope="cta")
+                placed = sMisc.iterator + Misc.INVALID_PLACED
+                row = sMisc[Misc.VALID] + cute.arch.atomic_add(placed, Int32(1), scope="cta")
                 e = Int32(0)
             mRowOf[p] = row
             mTokenOf[row] = p // top_k
