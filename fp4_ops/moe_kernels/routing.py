@@ -18,7 +18,7 @@ offsets[E] (no GEMM computes it) and expert 0, so that nothing downstream reads 
 before the assert on ``ok`` fires.
 
 One CTA: decode routes tens to hundreds of pairs, and one CTA needs no grid-wide
-synchronization between its passes (its time at prefill sizes is not measured yet).
+synchronization between its passes.
 """
 
 from __future__ import annotations
