@@ -320,18 +320,23 @@ class Params:
 
 SHARED_BASE = 0  # the shared-window address of __dynamic_shmem__0
 FREE, ATOMIC = -1, -2  # shared bytes not stored since the last bar.sync / stored by atomics
-_SPECIAL = ("%tid.x", "%ctaid.x", "%ntid.x", "%nctaid.x", "%laneid", "%warpid")
+_SPECIAL = ("%tid.x", "%ntid.x", "%laneid", "%warpid")
+_SPECIAL += tuple(f"%{r}.{a}" for r in ("ctaid", "nctaid") for a in "xyz")
 _FLOAT_CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal}
 _FLOAT_CMP.update({"gt": np.greater, "ge": np.greater_equal})
 _INT_CMP = dict(_FLOAT_CMP, lo=np.less, ls=np.less_equal, hi=np.greater, hs=np.greater_equal)
 
 
 class Grid:
-    """One launch of ``entry`` over ``ctas`` CTAs of ``threads`` threads (1-D)."""
+    """One launch of ``entry`` over ``ctas`` CTAs of ``threads`` threads, the CTAs along grid
+    ``axis`` (the grid's other extents 1)."""
 
-    def __init__(self, entry, ctas, threads, params, gmem, smem_bytes=0, max_steps=10**6):
+    def __init__(
+        self, entry, ctas, threads, params, gmem, smem_bytes=0, max_steps=10**6, axis="x"
+    ):
         if threads % 32:
             raise PtxError("CTAs of whole warps only")
+        self.axis = axis
         self.entry, self.params, self.gmem = entry, params, gmem
         self.ctas, self.threads, self.n = ctas, threads, ctas * threads
         self.tid = np.tile(np.arange(threads, dtype=np.uint32), ctas)
@@ -357,12 +362,16 @@ class Grid:
         if arg in _SPECIAL:
             value = {
                 "%tid.x": self.tid,
-                "%ctaid.x": self.cta.astype(np.uint32),
                 "%ntid.x": np.uint32(self.threads),
-                "%nctaid.x": np.uint32(self.ctas),
                 "%laneid": self.tid % 32,
                 "%warpid": self.tid // 32,
-            }[arg]
+            }.get(arg)
+            if value is None:
+                along = arg.endswith("." + self.axis)
+                if arg.startswith("%ctaid"):
+                    value = self.cta.astype(np.uint32) if along else np.uint32(0)
+                else:
+                    value = np.uint32(self.ctas if along else 1)
         elif arg.startswith("%") or re.fullmatch(r"[a-z]\w*", arg) and arg in self.entry.regs:
             if arg not in self.regs:
                 raise PtxError(f"read of never-written register {arg}")
@@ -444,6 +453,8 @@ class Grid:
 
     def op_mov(self, ins, parts, m):
         d, a = ins.args
+        if parts[-1] == "pred":
+            return self.set(d, self.val(a, 1), m)
         w = WIDTH[parts[-1]]
         if isinstance(d, list):  # unpack into halves, low first
             v = self.val(a, w).astype(np.uint64)
@@ -803,6 +814,23 @@ class Grid:
         j = np.where(ok, j, lane)
         src = np.arange(self.n) - lane + j
         self.set(d, np.broadcast_to(self.val(a, 32), (self.n,))[src], m)
+
+    def op_vote(self, ins, parts, m):
+        d, a, mask = ins.args
+        if parts[1:] != ["sync", "ballot", "b32"] or int(mask, 0) % (1 << 32) != 0xFFFFFFFF:
+            raise PtxError(f"vote form not emulated: {ins.text}")
+        self._whole(m, 32, "vote.sync with a full member mask")
+        bits = (np.broadcast_to(self.val(a, 1), (self.n,)) & m).reshape(-1, 32).astype(np.uint64)
+        ballot = (bits << np.arange(32, dtype=np.uint64)).sum(1).astype(np.uint32)
+        self.set(d, np.repeat(ballot, 32), m)
+
+    def op_popc(self, ins, parts, m):
+        if parts[1:] != ["b32"]:
+            raise PtxError(ins.text)
+        d, a = ins.args
+        v = np.asarray(self.val(a, 32)).astype(np.uint32)
+        count = np.unpackbits(v.reshape(-1, 1).view(np.uint8), axis=1).sum(1)
+        self.set(d, count.reshape(v.shape).astype(np.uint32), m)
 
     def op_bar(self, ins, parts, m):
         if parts[1:] != ["sync"] or ins.args != ["0"] or ins.guard is not None:
