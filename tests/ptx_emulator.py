@@ -331,9 +331,7 @@ class Grid:
     """One launch of ``entry`` over ``ctas`` CTAs of ``threads`` threads, the CTAs along grid
     ``axis`` (the grid's other extents 1)."""
 
-    def __init__(
-        self, entry, ctas, threads, params, gmem, smem_bytes=0, max_steps=10**6, axis="x"
-    ):
+    def __init__(self, entry, ctas, threads, params, gmem, smem_bytes=0, max_steps=10**6, axis="x"):
         if threads % 32:
             raise PtxError("CTAs of whole warps only")
         self.axis = axis

@@ -632,6 +632,19 @@ def test_only_sm90_takes_the_hopper_only_paths(capability, monkeypatch):
             check()
 
 
+@pytest.mark.parametrize(
+    "rows, experts, cols",
+    # (rows = tokens x top-k: DeepSeek-V3 at 1 and 16 tokens, Qwen3-30B-A3B at 256 and 4096
+    # tokens, fewer rows than experts, one expert)
+    [(8, 256, 8), (128, 256, 8), (2048, 128, 32), (32768, 128, 128), (8, 4, 8), (40, 1, 64)],
+)
+def test_grouped_token_tile_holds_twice_the_even_share(rows, experts, cols):
+    """The grouped pick's token tile is the smallest that holds twice the rows of an even
+    share over the experts the rows can touch (at most all rows, at most 128)."""
+    config = r90.GemmConfig.for_groups(rows, 2048, 7168, experts, num_sms=k90.H200_SM_COUNT)
+    assert config.mma_tiler_mn[0] == cols
+
+
 def test_grouped_configuration_rules():
     """for_groups: the decode path without split-K or TMA stores; the grouped extents are
     M x N and M x K (not x L); W4A4, prefill and split-K are refused by name, in the launcher's

@@ -28,8 +28,13 @@ import warnings
 from collections import Counter
 from types import SimpleNamespace
 
+import cutlass
+import cutlass.cute as cute
+import numpy as np
 import pytest
 import torch
+from cutlass.cutlass_dsl import Int32
+from ptx_emulator import GlobalMemory, Grid, Params, parse_ptx
 from test_hopper import _ptx_model
 
 import reference
@@ -700,12 +705,11 @@ def test_ptx_split_k_counters_are_left_zero_for_the_next_launch(name, compiled):
         assert [consts.get(reg) for reg in resets] == ["0"], (addr, resets)
 
 
-def test_grouped_schedule_alpha_and_rows_run_on_plain_integers():
-    """The grouped kernel's own helpers, run eagerly on integers: every role's walk over its
-    units visits exactly the units whose token tile holds rows of its expert, each once, and
-    ends; the unit's alpha is its expert's times the scale and acc_scale; D's view of an expert
-    starts at its first row and ends with its rows. (In a fresh process: once a kernel has been
-    compiled in one, the DSL's integers build IR instead of computing.)"""
+def test_grouped_alpha_and_rows_run_on_plain_integers():
+    """The grouped kernel's own helpers, run eagerly on integers: the unit's alpha is its
+    expert's times the scale and acc_scale; D's view of an expert starts at its first row and
+    ends with its rows. (In a fresh process: once a kernel has been compiled in one, the DSL's
+    integers build IR instead of computing.)"""
     code = "import test_hopper_facts as t; t.grouped_helpers_on_integers()"
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((here, os.path.dirname(here))))
@@ -728,38 +732,9 @@ def grouped_helpers_on_integers() -> None:
 
     kernel_cls = k90.BlockwiseGemmFp4Sm90
     gemm = kernel_cls(16, "decode", (16, 128), (1, 1), 1, False, 1, "BFloat16", True)
-    gemm._is_empty = lambda *args: kernel_cls._is_empty.__wrapped__(gemm, *args)
-    counts = [3, 0, 20, 0, 40, 0]  # (the last expert empty: a walk must still end)
+    counts = [3, 0, 20, 0, 40, 0]
     bounds = [0, *itertools.accumulate(counts)]
     offsets = [Int32(v) for v in bounds]
-    row_tiles, col_tiles, ctas = 2, 4, 3
-
-    class Scheduler:  # StaticTileScheduler's order: row tiles fastest, then cols, then experts
-        def coords(self, unit, cluster_m):
-            rest, row = divmod(int(unit), row_tiles)
-            lk, col = divmod(rest, col_tiles)
-            return Int32(row), Int32(col), Int32(lk)
-
-        def is_valid(self, unit):
-            return int(unit) < row_tiles * col_tiles * len(counts)
-
-        def next_unit(self, unit):
-            assert int(unit) < 100 * row_tiles * col_tiles, "the walk over units does not end"
-            return unit + ctas
-
-    sched, walked = Scheduler(), []
-    with mock.patch.object(k90.cute, "size", len):
-        for cta in range(ctas):
-            unit = kernel_cls._skip_empty.__wrapped__(gemm, sched, Int32(cta), offsets)
-            while sched.is_valid(unit):
-                walked.append(int(unit))
-                unit = sched.next_unit(unit)
-                unit = kernel_cls._skip_empty.__wrapped__(gemm, sched, unit, offsets)
-    per_expert = row_tiles * col_tiles
-    units = range(per_expert * len(counts))
-    live = [u for u in units if (u // row_tiles) % col_tiles * 16 < counts[u // per_expert]]
-    assert sorted(walked) == live and len(set(walked)) == len(walked), walked
-
     alphas = [Float32(2.0**-e) for e in range(len(counts))]
     scale = [Float32(3.0)]
     for e in range(len(counts)):
@@ -777,3 +752,100 @@ def grouped_helpers_on_integers() -> None:
             base, (shape, stride) = view
             assert int(base) == 1000 + bounds[e] * pitch and int(shape[1]) == rows, e
             assert int(shape[0]) == pitch and int(stride[1]) == pitch, e
+
+
+# -------------------------------------------------------------- grouped schedule (emulated PTX)
+class _WalkUnits:
+    """A kernel whose one-warp CTAs walk the grouped GEMM's units as its roles do
+    (``first_unit``, ``_unit``, ``_valid``, ``_coords``, ``next_unit``) and write each unit's
+    (row tile, token tile, group) at the unit's index."""
+
+    def __init__(self, gemm, num_tiles, ctas):
+        self.gemm, self.num_tiles, self.ctas = gemm, num_tiles, ctas
+
+    @cute.jit
+    def __call__(self, offsets: cute.Pointer, groups: Int32, out: cute.Pointer, units: Int32):
+        mOffsets = cute.make_tensor(offsets, cute.make_layout(groups + 1))
+        mOut = cute.make_tensor(out, cute.make_layout((units, 3), stride=(3, 1)))
+        self.kernel(mOffsets, mOut).launch(grid=(1, 1, self.ctas), block=(32, 1, 1))
+
+    @cute.kernel
+    def kernel(self, mOffsets: cute.Tensor, mOut: cute.Tensor):
+        scheduler, _ = k90.StaticTileScheduler.create(self.num_tiles, 1, self.ctas)
+        unit = scheduler.first_unit()
+        valid, found, cursor = self.gemm._unit(scheduler, unit, None, mOffsets)
+        while self.gemm._valid(scheduler, unit, valid):
+            coords = self.gemm._coords(scheduler, unit, found)
+            if cute.arch.lane_idx() == 0:
+                for i in cutlass.range_constexpr(3):
+                    mOut[unit, i] = coords[i]
+            unit = scheduler.next_unit(unit)
+            valid, found, cursor = self.gemm._unit(scheduler, unit, cursor, mOffsets)
+
+
+def _walk_units(counts, tile_cols, row_tiles, ctas):
+    """The units every CTA of the grouped schedule reaches for groups of ``counts`` rows: the
+    emulated walk's (row tile, token tile, group) per unit, and how often each was written."""
+    groups, rows = len(counts), sum(counts)
+    tiler = (tile_cols, 128)
+    gemm = k90.BlockwiseGemmFp4Sm90(16, "decode", tiler, (1, 1), 1, False, 1, "BFloat16", True)
+    # the launcher's bound: every group's tiles for all M rows
+    bound = (row_tiles, max(1, -(-rows // tile_cols)), groups)
+    units = bound[0] * bound[1] * bound[2]
+    assert units >= ctas
+    null = cute.runtime.make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
+    compiled = cute.compile(
+        _WalkUnits(gemm, bound, ctas),
+        null,
+        Int32(groups),
+        null,
+        Int32(units),
+        options="--gpu-arch sm_90a --keep-ptx",
+    )
+    (entry,) = parse_ptx(compiled.__ptx__).values()
+    gmem = GlobalMemory()
+    offsets = np.cumsum([0, *counts]).astype(np.int32)
+    offsets_ptr, out_ptr = gmem.alloc(offsets.tobytes()), gmem.alloc(12 * units)
+    params = Params(entry)
+    params.put(0, offsets_ptr, 8)
+    params.put(0, groups + 1, 4, 8)
+    params.put(1, out_ptr, 8)
+    params.put(1, units, 4, 8)
+    Grid(entry, ctas, 32, params, gmem, axis="z").run()
+    written = gmem.store_counts(out_ptr, 12 * units).reshape(units, 3, 4)
+    got = gmem.read(out_ptr, 12 * units).view(np.int32).reshape(units, 3)
+    return got, written
+
+
+# (rows per group, token tile, weight row tiles, CTAs): empty groups first, last and between;
+# one group with every row; chunks of 32 groups crossed with and without tiles in them; more
+# CTAs than units; groups of several token tiles; ragged last tiles; whole chunks of groups
+GROUPED_WALKS = [
+    ([0] * 31 + [3], 8, 2, 3),
+    ([2] * 64, 16, 1, 9),
+    ([3, 0, 20, 0, 40, 0], 16, 2, 3),
+    ([0, 0, 9], 8, 3, 5),
+    ([0] * 40 + [5] + [0] * 30 + [17, 1], 8, 1, 7),
+    ([1] * 70, 8, 2, 132),
+    ([7, 0, 64, 33] * 9, 32, 4, 11),
+    ([0] * 5, 16, 2, 4),
+]
+
+
+@pytest.mark.parametrize("walk", GROUPED_WALKS, ids=range(len(GROUPED_WALKS)))
+def test_grouped_schedule_visits_every_token_tile_once(walk):
+    """Every unit of the dense grouped schedule runs once, on the CTA the static deal gives it,
+    and units are the groups' token tiles in group order, row tiles fastest: unit u is
+    (u mod row tiles, the tile's place in its group, its group)."""
+    counts, tile_cols, row_tiles, ctas = walk
+    got, written = _walk_units(counts, tile_cols, row_tiles, ctas)
+    expected = [
+        (row, tile, group)
+        for group, rows in enumerate(counts)
+        for tile in range(-(-rows // tile_cols))
+        for row in range(row_tiles)
+    ]
+    live = len(expected)
+    assert (written[:live] == 1).all(), "a unit run twice or not at all"
+    assert (written[live:] == 0).all(), "a unit past the groups' tiles ran"
+    assert got[:live].tolist() == [list(e) for e in expected]

@@ -655,6 +655,9 @@ GROUPED_GPU_CASES = {
     "tiles-per-group": (4, 256, 192, [300, 0, 5, 0], torch.bfloat16),
     "ragged-n-k-f16": (3, 200, 160, [17, 40, 0], torch.float16),
     "mid-tile-groups": (5, 128, 256, [70, 1, 0, 90, 33], torch.bfloat16),
+    # (the schedule sums the groups' tiles 32 groups at a time)
+    "groups-past-a-warp": (70, 256, 256, [0] * 40 + [5] + [0] * 27 + [17, 1], torch.bfloat16),
+    "whole-warps-of-groups": (64, 128, 256, [e % 3 for e in range(64)], torch.bfloat16),
 }
 
 

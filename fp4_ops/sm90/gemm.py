@@ -63,11 +63,11 @@ on the order of the work units (tile x K split) without talking.
 Grouped (MoE experts; W4A16 decode path, ``grouped``)
 -----------------------------------------------------
 L = E experts of weights [E, N, K] against one matrix of token rows [M, K]: expert e takes rows
-offsets[e] .. offsets[e + 1] - 1 (E + 1 int32 in device memory) and alpha[e]. Every role reads
-the offsets after the PDL wait and skips the same units, those whose token tile starts past
-its group's rows, before any weight is loaded; kernel B's TMA box starts at the group's first
-row (rows past it belong to the next group or lie beyond M: zero-filled), and the predicated
-stores end where the group does.
+offsets[e] .. offsets[e + 1] - 1 (E + 1 int32 in device memory) and alpha[e]. The units are
+dense over the token tiles the groups hold (``group_tile``): every role reads the offsets after
+the PDL wait and finds the same group and token tile for a unit, so an empty group costs
+nothing; kernel B's TMA box starts at the group's first row (rows past it belong to the next
+group or lie beyond M: zero-filled), and the predicated stores end where the group does.
 
 Constraints (``check_fp4_gemm_config`` explains each refusal)
 ------------------------------------------------------------
@@ -135,6 +135,8 @@ VALID_TILE_ROWS = (64, 128)
 VALID_TILE_COLS = (8, 16, 32, 64, 128, 256)
 # shfl.sync segments of 4 lanes (a wgmma A-fragment quad: one row), source lane 0..3 in it
 QUAD_SHUFFLE = ((32 - 4) << 8) | 3
+WARP = 32
+LOG_WARP = 5
 # K elements per pipeline stage over packed FP4 (64 bytes per row) and per wgmma k-block.
 K_TILE = 128
 K_BLOCK = 64
@@ -631,6 +633,47 @@ class StaticTileScheduler:
         return uniform(row_tile), uniform(Int32(col_tile)), uniform(Int32(lk))
 
 
+@cute.jit
+def group_tile(tile: Int32, cursor: tuple, mOffsets: cute.Tensor, tile_cols: cutlass.Constexpr):
+    """Grouped units, dense: (valid, group, token tile in the group, cursor) of token tile
+    ``tile`` of all groups in group order, group e holding ceil(rows_e / ``tile_cols``) of them.
+
+    Warp-collective: a warp sums 32 groups' tiles at a time from ``cursor`` = (the first group
+    of a 32-group chunk, the tiles of the groups before it), which a warp's next call, for a
+    larger ``tile``, passes back in, so its calls read each offset about once."""
+    groups = cute.size(mOffsets) - 1
+    base, before = cursor
+    tiles, inclusive = _chunk_tiles(base, groups, mOffsets, tile_cols)
+    total = cute.arch.shuffle_sync(inclusive, WARP - 1)
+    while (base < groups) & (before + total <= tile):
+        base += WARP
+        before += total
+        tiles, inclusive = _chunk_tiles(base, groups, mOffsets, tile_cols)
+        total = cute.arch.shuffle_sync(inclusive, WARP - 1)
+    # groups of this chunk that end at or before the tile: the tile is in the next one
+    ended = cute.arch.popc(cute.arch.vote_ballot_sync(before + inclusive <= tile))
+    group_first = before + cute.arch.shuffle_sync(inclusive - tiles, cutlass.min(ended, WARP - 1))
+    return base < groups, base + ended, tile - group_first, (base, before)
+
+
+@cute.jit
+def _chunk_tiles(base: Int32, groups: Int32, mOffsets: cute.Tensor, tile_cols: cutlass.Constexpr):
+    """(this lane's group's token tiles, the inclusive sum over the lanes up to it) for groups
+    ``base`` + lane (none past the last group, or where offsets fall)."""
+    lane = cute.arch.lane_idx()
+    group = base + lane
+    tiles = Int32(0)
+    if group < groups:
+        rows = mOffsets[group + 1] - mOffsets[group]
+        tiles = cutlass.max(Int32(0), (rows + tile_cols - 1) // tile_cols)
+    inclusive = tiles
+    for step in cutlass.range_constexpr(LOG_WARP):
+        below = cute.arch.shuffle_sync_up(inclusive, offset=1 << step)
+        if lane >= (1 << step):
+            inclusive += below
+    return tiles, inclusive
+
+
 # ---------------------------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------------------------
@@ -1114,22 +1157,29 @@ class BlockwiseGemmFp4Sm90:
         return alpha
 
     @cute.jit
-    def _skip_empty(self, scheduler, unit, mOffsets):
-        """Grouped: the first of this CTA's units from ``unit`` on whose token tile holds rows
-        of its group (or past the last unit); every role skips the same units.  Else ``unit``."""
+    def _unit(self, scheduler, unit, cursor, mOffsets):
+        """Grouped: (valid, found, cursor) of ``unit``, ``found`` its (row tile, token tile,
+        group) that ``group_tile`` finds from ``cursor`` (None: from the first group); every
+        role walks the same units, so finds the same ones.  Else (None, None, None): the static
+        schedule's ``_valid`` and ``_coords`` need nothing carried from unit to unit."""
+        valid, found = None, None
         if cutlass.const_expr(self.grouped):
-            while self._is_empty(scheduler, unit, mOffsets):
-                unit = scheduler.next_unit(unit)
-        return unit
+            cursor = (Int32(0), Int32(0)) if cursor is None else cursor
+            tile, row_cluster = divmod(unit, scheduler.row_clusters)
+            valid, group, col_tile, cursor = group_tile(tile, cursor, mOffsets, self.tile_cols)
+            cta = Int32(cute.arch.block_idx()[0] % self.cluster_m)
+            uniform = cute.arch.make_warp_uniform
+            found = (uniform(row_cluster * self.cluster_m + cta), col_tile, group)
+        return valid, found, cursor
 
-    @cute.jit
-    def _is_empty(self, scheduler, unit, mOffsets):
-        """Whether ``unit`` is a valid grouped unit whose token tile starts past its group."""
-        _, col_tile, lk = scheduler.coords(unit, self.cluster_m)
-        # (a unit past the last reads group E - 1's offsets: in bounds, then ignored)
-        batch = cutlass.min(lk // self.split_k, cute.size(mOffsets) - 2)
-        rows = mOffsets[batch + 1] - mOffsets[batch]
-        return scheduler.is_valid(unit) & (col_tile * self.tile_cols >= rows)
+    def _valid(self, scheduler, unit, valid):
+        """Whether ``unit`` is one of this launch's units (grouped: as ``_unit`` found)."""
+        return valid if self.grouped else scheduler.is_valid(unit)
+
+    def _coords(self, scheduler, unit, found):
+        """(row tile, col tile, L x split_k index) of a valid ``unit`` (grouped: as ``_unit``
+        found)."""
+        return found if self.grouped else scheduler.coords(unit, self.cluster_m)
 
     # ======================================= TMA producer ======================================
     @cute.jit
@@ -1188,10 +1238,10 @@ class BlockwiseGemmFp4Sm90:
             # weights and group offsets a kernel ahead may still write, are complete only after
             # this wait.
             cute.arch.griddepcontrol_wait()
-        unit = self._skip_empty(scheduler, unit, mOffsets)
-        while scheduler.is_valid(unit):
+        valid, found, cursor = self._unit(scheduler, unit, None, mOffsets)
+        while self._valid(scheduler, unit, valid):
             row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
-                scheduler, unit, k_tiles
+                self._coords(scheduler, unit, found), k_tiles
             )
             unit_b_copies, batch_b = b_copies, batch
             if cutlass.const_expr(self.grouped):
@@ -1210,7 +1260,8 @@ class BlockwiseGemmFp4Sm90:
                 self._copy_b(unit_b_copies, kt, state.index, bar, col_tile, batch_b)
                 ab_pipeline.producer_commit(state)
                 state.advance()
-            unit = self._skip_empty(scheduler, scheduler.next_unit(unit), mOffsets)
+            unit = scheduler.next_unit(unit)
+            valid, found, cursor = self._unit(scheduler, unit, cursor, mOffsets)
         # every load of this CTA is issued: a PDL-launched successor (the next prologue) may
         # start; it waits for this grid to complete before it touches memory
         cute.arch.griddepcontrol_launch_dependents()
@@ -1234,7 +1285,7 @@ class BlockwiseGemmFp4Sm90:
         NOTE: PDL launch: the converted tokens are complete only after the wait; the weights
         and their scales do not depend on it, so their DRAM latency overlaps that grid."""
         row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
-            scheduler, unit, k_tiles
+            scheduler.coords(unit, self.cluster_m), k_tiles
         )
         issued = cutlass.min(Int32(1), kt_end - kt_begin)
         if not scheduler.is_valid(unit):
@@ -1254,10 +1305,10 @@ class BlockwiseGemmFp4Sm90:
         return issued, state
 
     @cute.jit
-    def _producer_unit(self, scheduler, unit, k_tiles):
+    def _producer_unit(self, coords, k_tiles):
         """A work unit's coordinates for the TMA copies: row tile, col tile, batch, its k-tiles
         [begin, end) and kernel A's scale row block."""
-        row_tile, col_tile, lk = scheduler.coords(unit, self.cluster_m)
+        row_tile, col_tile, lk = coords
         batch = lk // self.split_k
         kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
         # scale row block of this tile (tiles narrower than an atom share one)
@@ -1358,9 +1409,11 @@ class BlockwiseGemmFp4Sm90:
         unit_state = None
         if cutlass.const_expr(self.k_groups > 1):
             unit_state = pipeline.make_pipeline_state(consumer, self.num_stages)
-        unit = self._skip_empty(scheduler, scheduler.first_unit(), mOffsets)
-        while scheduler.is_valid(unit):
-            row_tile, col_tile, lk = scheduler.coords(unit, self.cluster_m)
+        unit = scheduler.first_unit()
+        valid, found, cursor = self._unit(scheduler, unit, None, mOffsets)
+        while self._valid(scheduler, unit, valid):
+            coords = self._coords(scheduler, unit, found)
+            row_tile, col_tile, lk = coords
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
             # this thread's k-tiles: kt_first, kt_first + k_groups, ... < kt_end
             kt_first = kt_begin
@@ -1391,14 +1444,14 @@ class BlockwiseGemmFp4Sm90:
                 self._reduce_k_groups(tCrAcc, kgroup, tidx, storage.sRed.data_ptr().toint())
             # (k_groups > 1: group 0 holds the sum)
             if kgroup == 0:
-                coords = (row_tile, col_tile, lk)
                 unit_alpha = alpha
                 if cutlass.const_expr(self.grouped):
                     unit_alpha = self._alpha(alphas, lk // self.split_k)
                 self._epilogue(
                     tCrAcc, epi_tensors, unit_alpha, coords, thr_mma, tidx, flag_addr, epi_smem
                 )
-            unit = self._skip_empty(scheduler, scheduler.next_unit(unit), mOffsets)
+            unit = scheduler.next_unit(unit)
+            valid, found, cursor = self._unit(scheduler, unit, cursor, mOffsets)
         if cutlass.const_expr(self.tma_store):
             # warp 0 of group 0, which issued them (both terms >= 0; kgroup is 0 without groups)
             if tidx // 32 + kgroup == 0:

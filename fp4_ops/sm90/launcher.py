@@ -43,6 +43,7 @@ scales, alpha, the workspace).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -167,11 +168,14 @@ class GemmConfig:
     ) -> GemmConfig:
         """The grouped W4A16 kernel for ``rows`` token rows over ``experts`` groups: the decode
         path's token tile and K groups that ``default_config`` picks for the experts those rows
-        can touch (at most min(rows, experts) of them), without split-K."""
+        can touch (at most min(rows, experts) of them) holding twice their even share of the
+        rows each (headroom for uneven routing; the kernel runs as many token tiles as a group
+        needs), without split-K."""
         num_sms = gpu_sm_count() if num_sms is None else num_sms
         rows, n, k = (max(1, v) for v in (rows, n, k))
         touched = max(1, min(rows, experts))
-        picked = default_config(rows, n, k, touched, num_sms, "decode", True, a_dtype)
+        per_group = min(rows, 2 * math.ceil(rows / touched))
+        picked = default_config(per_group, n, k, touched, num_sms, "decode", True, a_dtype)
         tiler, k_groups = picked[1], picked[3]
         return cls(sf_vec_size, c_dtype, a_dtype, "decode", tiler, 1, k_groups, grouped=True)
 
