@@ -532,42 +532,23 @@ def test_grouped_launch_matches_the_tvm_ffi_signature(monkeypatch, tmp_path):
         r90.grouped_gemm_for_ops(*operands, torch.bfloat16)
 
 
-def test_grouped_experts_past_32_bit_offsets_run_in_chunks(monkeypatch):
-    """Experts whose weights together pass the kernel's 32-bit offsets run as several launches
-    into one D, each with its experts, alpha and offsets as views (the offsets stay absolute);
-    DeepSeek-V3's w13 (256 x 4096 x 7168, refused as one problem) splits into problems the
-    configuration accepts."""
-    import torch
+def test_grouped_offsets_limit_one_experts_weights_not_all():
+    """The experts' weights and scales are read by TMA only: DeepSeek-V3's w13 (256 x 4096 x
+    7168, 3.7 GB of FP4) runs as one problem at every token count (a batch of dense problems
+    that size is refused), and only an expert whose own weights or scales pass 2^31 is refused,
+    by name."""
+    import dataclasses
 
-    counts, n, k = [3, 0, 1, 4, 0, 0, 2, 1], 256, 512
-    a, b, sfb, vec, alpha, offsets = _grouped_cpu_operands(counts, n, k)
-    per_expert = n * k // 2
-    monkeypatch.setattr(r90, "OFFSET_LIMIT", 3 * per_expert + 1)
-    assert r90.expert_chunks(8, n, k, vec) == [(0, 3), (3, 6), (6, 8)]
-    calls = []
-    monkeypatch.setattr(r90, "_grouped_launch", lambda *args: calls.append(args))
-    out = r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha, offsets, torch.bfloat16)
-    assert out.shape == (sum(counts), n) and len(calls) == 3
-    for (e0, e1), (a_, b_, sfb_, vec_, alpha_, offsets_, out_) in zip(
-        [(0, 3), (3, 6), (6, 8)], calls, strict=True
-    ):
-        assert a_ is a and out_ is out and vec_ == vec
-        for part, whole in ((b_, b), (sfb_, sfb), (alpha_, alpha), (offsets_, offsets)):
-            assert part.data_ptr() == whole[e0].data_ptr() and part.shape[0] == e1 - e0 + (
-                part is offsets_
-            )
-    with pytest.raises(ValueError, match=r"offsets must be .* \[E \+ 1\] = \[9\]"):
-        r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha, offsets[:-1], torch.bfloat16)
-    with pytest.raises(ValueError, match="alpha must be a float32 tensor of 8"):
-        r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha[:4], offsets, torch.bfloat16)
-    monkeypatch.undo()
-    rows, n, k, e = 64, 4096, 7168, 256
-    config = r90.GemmConfig.for_groups(rows, n, k, e, num_sms=k90.H200_SM_COUNT)
-    assert any("32-bit offsets" in r for r in config.reasons((rows, n, k, e)))
-    chunks = r90.expert_chunks(e, n, k, 16)
-    assert len(chunks) == 2 and chunks[0][0] == 0 and chunks[-1][1] == e
-    for e0, e1 in chunks:
-        assert config.reasons((rows, n, k, e1 - e0)) == []
+    for rows in (8, 32768):
+        mnkl = (rows, 4096, 7168, 256)
+        config = r90.GemmConfig.for_groups(*mnkl, num_sms=k90.H200_SM_COUNT)
+        assert config.reasons(mnkl) == [], rows
+        dense = dataclasses.replace(config, grouped=False)
+        assert any("N*K_pad/2*L" in r for r in dense.reasons(mnkl))
+    n, k = 65536, 65536  # (one expert: 2^31 bytes of FP4)
+    config = r90.GemmConfig.for_groups(8, n, k, 2, num_sms=k90.H200_SM_COUNT)
+    reasons = config.reasons((8, n, k, 2))
+    assert any("N*K_pad/2 (one expert) = 2147483648" in r for r in reasons), reasons
 
 
 def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):

@@ -681,6 +681,35 @@ def test_grouped_gemm_w4a16_gpu_cases(fmt, case):
 
 
 @needs_hopper
+def test_grouped_gemm_gpu_experts_past_2_31_bytes():
+    """One launch over experts whose weights together pass 2^31 bytes (TMA steps from expert
+    to expert in 64 bits; 146 of these experts fit below 2^31): the groups of experts below,
+    astride and past that mark against their experts' reference GEMMs. Each expert's codes
+    differ (a byte of its own XORed in) and so does its global scale."""
+    e, n, k = 160, 4096, 7168  # (160 x 14.7 MB of FP4)
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    base = fp4_ops.quantize_experts(torch.randn(4, n, k, device="cuda", generator=gen), "nvfp4")
+    flip = (torch.arange(e, device="cuda") * 37 % 256).to(torch.uint8)
+    data = base.data.repeat(e // 4, 1, 1) ^ flip[:, None, None]
+    gs = base.global_scale.repeat(e // 4) * (1 + torch.arange(e, device="cuda") / e)
+    b = FP4Tensor(data, base.scale.repeat(e // 4, 1, 1, 1), gs, "nvfp4")
+    counts = [0] * e
+    for expert, rows in ((0, 2), (145, 1), (146, 3), (147, 2), (151, 1), (159, 4)):
+        counts[expert] = rows
+    a = torch.randn(sum(counts), k, device="cuda", generator=gen).bfloat16()
+    offsets = _offsets(counts)
+    d = fp4_ops.fp4_grouped_gemm(a, b, offsets.cuda(), out_dtype=torch.float32).cpu()
+    bounds = offsets.tolist()
+    for expert in (x for x in range(e) if counts[x]):
+        r0, r1 = bounds[expert], bounds[expert + 1]
+        plain = reference.from_blocked(b.scale[expert].reshape(-1).cpu(), n, k // 16)
+        ok, info = reference.check_gemm_w4a16(
+            d[r0:r1], a[r0:r1].cpu(), b.data[expert].cpu(), plain, 16, gs[expert].cpu()
+        )
+        assert ok, (expert, info)
+
+
+@needs_hopper
 def test_grouped_gemm_gpu_graph_replay_reads_new_offsets():
     """Captured once, replayed with other group offsets (the same rows): the kernel reads them
     on the device at every replay."""

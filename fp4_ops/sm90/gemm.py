@@ -75,7 +75,8 @@ Constraints (``check_fp4_gemm_config`` explains each refusal)
 * kernel tile rows 64 or 128, cols 8..256 (powers of two); cluster (1, 1), or (2, 1) on prefill;
   split_k 1..16 on tiles at most 128 wide; K groups 2..4 on decode tiles of <= 32 tokens.
 * |alpha| * ``acc_scale`` finite (F16 FP4 operands carry 2^-7 each: W4A4 NVFP4 decode |alpha| <
-  2^114); 32-bit offsets: every tensor, copy and scale array below 2^31 elements. MXFP4 W4A16
+  2^114); 32-bit offsets: every tensor, copy and scale array below 2^31 elements (grouped: each
+  expert's weights and scales; TMA steps between experts in 64 bits). MXFP4 W4A16
   needs BF16 activations (E8M0 exceeds F16).
 * Operands contiguous and 16-byte aligned (TMA); the blocked scales' padding holds zeros, as
   ``fp4_ops.layout.to_blocked`` writes it. An E8M0 NaN scale (255) reads as +inf.
@@ -419,11 +420,15 @@ def problem_reasons(
     if sf_vec_size in SF_FORMATS:
         for name, rows in (("SFA", m), ("SFB", n)):
             extents.append((f"{name} blocked bytes", blocked_sf_bytes(rows, k, l, sf_vec_size)))
-    if a_dtype != W4A4:
+    if grouped:
+        # NOTE: the experts' weights and scales are read by TMA only, whose descriptor steps
+        # from expert to expert in 64 bits: only one expert's must fit (its batch stride).
+        sfb = blocked_sf_bytes(n, k, 1, sf_vec_size) if sf_vec_size in SF_FORMATS else 0
+        extents = [("M*N", m * n), ("M*K", m * k), ("N*K_pad/2 (one expert)", n * k_pad // 2)]
+        extents.append(("SFB blocked bytes (one expert)", sfb))
+    elif a_dtype != W4A4:
         # W4A16: activations M*K*L, prepacked weights N*K_pad/2*L, converted on prefill
         extents[1] = ("M*K*L", m * k * l)
-        if grouped:
-            extents[:2] = [("M*N", m * n), ("M*K", m * k)]
         extents[2] = ("N*K_pad/2*L", n * k_pad // 2 * l)
         if path == "prefill":
             extents.append(("N*K_pad*L (converted B)", n * k_pad * l))

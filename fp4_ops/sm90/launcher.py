@@ -61,11 +61,9 @@ from fp4_ops.sm90.gemm import (
     C_DTYPES,
     H200_SM_COUNT,
     K_BLOCK,
-    OFFSET_LIMIT,
     SF_FORMATS,
     W4A4,
     BlockwiseGemmFp4Sm90,
-    blocked_sf_bytes,
     compile_gemm,
     config_reasons,
     default_cluster,
@@ -635,9 +633,7 @@ def grouped_gemm_for_ops(a, b, sfb, sf_vec_size, alpha, offsets, out_dtype):
     offsets[e] .. offsets[e + 1] - 1 of ``a`` (bfloat16 / float16 [rows, K]) times expert e of
     ``b`` (prepacked weights [E, N, K_pad / 2]) with its blocked scales (``sfb`` [E, ...]) and
     alpha[e] (float32 [E]); ``offsets`` int32 [E + 1] on a's device, read by the kernel.
-    Experts whose weights or scales together pass the kernel's 32-bit offsets run as several
-    launches (``expert_chunks``) into the one D: the offsets are absolute row indices, so
-    each launch takes its slice of them as they are. Checked once per shape and stream as
+    Checked once per shape and stream as
     ``gemm_for_ops`` does; the offsets' values are the caller's to check
     (``fp4_ops.moe.check_group_offsets``)."""
     out = torch.empty((a.shape[0], b.shape[-2]), dtype=out_dtype, device=a.device)
@@ -654,23 +650,12 @@ def grouped_gemm_for_ops(a, b, sfb, sf_vec_size, alpha, offsets, out_dtype):
     if not isinstance(alpha, torch.Tensor) or alpha.numel() != experts:
         raise ValueError(f"alpha must be a float32 tensor of {experts} (one per group)")
     sfb = sfb.contiguous().view(torch.uint8).reshape(experts, -1)
-    for e0, e1 in expert_chunks(b.shape[0], b.shape[1], a.shape[1], sf_vec_size):
-        part = (b[e0:e1], sfb[e0:e1], sf_vec_size, alpha[e0:e1], offsets[e0 : e1 + 1])
-        _grouped_launch(a, *part, out)
+    _grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out)
     return out
 
 
-def expert_chunks(experts: int, n: int, k: int, sf_vec_size: int) -> list[tuple[int, int]]:
-    """[e0, e1) runs of experts whose prepacked weights (N x K_pad / 2 bytes each) and blocked
-    scales stay below the kernel's 32-bit offsets (2^31 elements); one expert per run at
-    least (a single expert beyond the limit is refused by the checks)."""
-    per_expert = max(n * round_up(k, K_BLOCK) // 2, blocked_sf_bytes(n, k, 1, sf_vec_size))
-    size = max(1, (OFFSET_LIMIT - 1) // max(1, per_expert))
-    return [(e0, min(e0 + size, experts)) for e0 in range(0, experts, size)]
-
-
 def _grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> None:
-    """One grouped launch into ``out`` (experts b [E', N, K_pad / 2], offsets [E' + 1]):
+    """The grouped launch into ``out`` (experts b [E, N, K_pad / 2], offsets [E + 1]):
     checked at the first call of its shapes on a stream, then straight to the kernel."""
     index = a.get_device()
     stream = stream_handle(index)
@@ -695,9 +680,8 @@ def _offsets_fit(offsets, experts: int, index: int) -> bool:
 
 
 def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> Launch:
-    """One launch's operands (a run of experts, its views of the offsets and alpha, which
-    ``grouped_gemm_for_ops`` checked for the whole call) through every other check, launched:
-    their Launch."""
+    """The grouped operands (the offsets and alpha checked by ``grouped_gemm_for_ops``)
+    through every other check, launched: their Launch."""
     experts = b.shape[0]
     a_dtype = _a_dtype(a)
     if a_dtype == W4A4:
