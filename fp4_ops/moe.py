@@ -52,6 +52,7 @@ from fp4_ops import cpu, moe_kernels
 from fp4_ops.buffers import FP4Buffers
 from fp4_ops.layout import FORMATS, PACKED_DTYPES, from_blocked
 from fp4_ops.memory import aligned_rows
+from fp4_ops.moe_kernels import MXFP4_BF16_SHIFT
 from fp4_ops.moe_kernels.gating import ACTIVATIONS, SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from fp4_ops.ops import (
     IN_DTYPES,
@@ -70,7 +71,6 @@ from fp4_ops.tensor import FP4Tensor, check_format, check_global_scale_value, ch
 MODES = ("bf16", "dynamic")
 # W4A4 grouped GEMMs on Hopper: MXFP4 activations carry this power of two in BF16 (exact)
 MXFP4_VEC = 32
-MXFP4_BF16_SHIFT = 0.25
 GPU_GROUPED = "fp4_grouped_gemm / fp4_moe / FP4MoE on CUDA (the grouped GEMM)"
 
 
@@ -507,9 +507,9 @@ def _moe_kernels(
         routes = moe_kernels.route(topk_ids.contiguous(), num_experts)
         torch._assert_async(routes.ok, _range_message(num_experts))
         rows = x.index_select(0, routes.token_of)
-        h = _expert_gemm(rows, w13, gs13, routes.offsets, mode, prepacked[0])
+        h = _expert_gemm(rows, w13, gs13, routes.offsets, mode, prepacked[0], kernels=True)
         a = moe_kernels.activate(h, activation, _float_bias(w13_bias), routes.expert_of)
-        y = _expert_gemm(a, w2, gs2, routes.offsets, mode, prepacked[1])
+        y = _expert_gemm(a, w2, gs2, routes.offsets, mode, prepacked[1], kernels=True)
         weights = topk_weights if topk_weights.dtype in IN_DTYPES else topk_weights.float()
         return moe_kernels.combine_tokens(y, weights, routes, _float_bias(w2_bias))
 
@@ -524,12 +524,19 @@ def _float_bias(bias):
     return bias if bias is None or bias.dtype in IN_DTYPES else bias.float()
 
 
-def _expert_gemm(rows, w: FP4Tensor, gs, offsets, mode, prepacked_data):
-    """One grouped GEMM of fp4_moe: rows in their dtype against the experts ``w``."""
+def _expert_gemm(rows, w: FP4Tensor, gs, offsets, mode, prepacked_data, kernels=False):
+    """One grouped GEMM of fp4_moe: rows in their dtype against the experts ``w``;
+    ``kernels`` (plain CUDA tensors): W4A4's quantized rows made exact BF16 by
+    ``moe_kernels.exact_bf16`` (the registered op does it with torch steps)."""
     if mode == "bf16":
         return _grouped_w4a16(rows, w, gs, offsets, rows.dtype, prepacked_data)
     a = quantize(rows, w.format)
     alpha = a.global_scale * gs
+    if kernels:
+        values = moe_kernels.exact_bf16(a.data, a.scale, w.sf_vec_size)
+        if w.sf_vec_size == MXFP4_VEC:
+            alpha = alpha / MXFP4_BF16_SHIFT
+        return _grouped_w4a16(values, w, alpha, offsets, rows.dtype, prepacked_data)
     data = w.data if prepacked_data is None else prepacked_data
     args = (a.data, a.scale, data, w.scale, alpha, offsets, w.sf_vec_size, rows.dtype)
     run = grouped_w4a4_impl if eager(*args[:6]) else grouped_w4a4_op

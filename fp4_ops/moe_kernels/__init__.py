@@ -9,7 +9,9 @@
     out = combine_tokens(y, topk_weights, routing, w2_bias)
 
 Three kernels (``routing``, ``activation``, ``combine``, one class a file) in place of the two
-dozen small torch kernels the same steps take as torch ops. Each is compiled once per process
+dozen small torch kernels the same steps take as torch ops. W4A4 layers quantize each GEMM's
+rows and add a fourth, ``exact_bf16`` (``exact_rows.py``): the exact BF16 values that the
+grouped kernel takes, in place of about eight torch kernels. Each is compiled once per process
 and configuration (the frozen ``*Config`` dataclasses, with the device index the cache key) and
 launched through TVM-FFI on the current stream, with no host synchronization. The callers
 (``fp4_ops.moe``) check the operands and make their device current; these functions only
@@ -30,6 +32,8 @@ _IDS = {torch.int32: "Int32", torch.int64: "Int64"}
 
 # the routing kernel's count slots live in shared memory (48 KB without an opt-in)
 MAX_EXPERTS = 8191
+# exact BF16 MXFP4 values carry it (6 x 2^127 would overflow), the GEMM's alpha its inverse
+MXFP4_BF16_SHIFT = 0.25
 
 
 def experts_cap(num_experts: int) -> int:
@@ -70,6 +74,16 @@ class CombineConfig:
         from fp4_ops.moe_kernels import combine
 
         return combine.compile_combine(self.dtype, self.weights_dtype, self.bias_dtype, options)
+
+
+@dataclass(frozen=True)
+class ExactRowsConfig:
+    sf_vec_size: int  # 16 NVFP4, 32 MXFP4
+
+    def compile(self, options: str):
+        from fp4_ops.moe_kernels import exact_rows
+
+        return exact_rows.compile_exact_rows(self.sf_vec_size, options)
 
 
 # (config, device index) -> (compiled kernel, its TVM-FFI function, the SM count)
@@ -171,5 +185,26 @@ def combine_tokens(
         (tokens, top_k, hidden, experts),
         sm_count,
         stream_handle(y.device.index),
+    )
+    return out
+
+
+def exact_bf16(data: torch.Tensor, scale: torch.Tensor, sf_vec_size: int) -> torch.Tensor:
+    """BF16 [P, K]: e2m1 x block scale (x 2^-2 for MXFP4, ``exact_rows.py``) of packed FP4
+    rows ``data`` [P, K/2] (K a multiple of 32) and their blocked scales, exact."""
+    rows, k = data.shape[0], 2 * data.shape[1]
+    out = torch.empty((rows, k), dtype=torch.bfloat16, device=data.device)
+    if rows == 0:
+        return out
+    data = aligned_rows(data.view(torch.uint8))
+    scale = scale.contiguous().view(torch.uint8)
+    fn, sm_count = _function(ExactRowsConfig(sf_vec_size), data.device)
+    fn(
+        data.data_ptr(),
+        scale.data_ptr(),
+        out.data_ptr(),
+        (rows, k, scale.numel()),
+        sm_count,
+        stream_handle(data.device.index),
     )
     return out
