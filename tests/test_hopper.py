@@ -549,6 +549,10 @@ def test_grouped_offsets_limit_one_experts_weights_not_all():
     config = r90.GemmConfig.for_groups(8, n, k, 2, num_sms=k90.H200_SM_COUNT)
     reasons = config.reasons((8, n, k, 2))
     assert any("N*K_pad/2 (one expert) = 2147483648" in r for r in reasons), reasons
+    # (one weight row: its scales, padded to a 128-row atom, outgrow its codes)
+    config = r90.GemmConfig.for_groups(8, 1, 2**28, 2, num_sms=k90.H200_SM_COUNT)
+    reasons = config.reasons((8, 1, 2**28, 2))
+    assert any("SFB blocked bytes (one expert) = 2147483648" in r for r in reasons), reasons
 
 
 def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
@@ -617,13 +621,21 @@ def test_only_sm90_takes_the_hopper_only_paths(capability, monkeypatch):
     "rows, experts, cols",
     # (rows = tokens x top-k: DeepSeek-V3 at 1 and 16 tokens, Qwen3-30B-A3B at 256 and 4096
     # tokens, fewer rows than experts, one expert)
-    [(8, 256, 8), (128, 256, 8), (2048, 128, 32), (32768, 128, 128), (8, 4, 8), (40, 1, 64)],
+    [
+        *[(8, 256, 8), (128, 256, 8), (2048, 128, 32), (32768, 128, 128), (8, 4, 8)],
+        *[(40, 1, 64), (37, 8, 16)],  # (a share of 4.6 rows: twice 5)
+    ],
 )
 def test_grouped_token_tile_holds_twice_the_even_share(rows, experts, cols):
     """The grouped pick's token tile is the smallest that holds twice the rows of an even
-    share over the experts the rows can touch (at most all rows, at most 128)."""
+    share, rounded up, over the experts the rows can touch (at most all rows, at most 128);
+    experts beyond the rows' count, which no row can reach, change nothing in the pick."""
     config = r90.GemmConfig.for_groups(rows, 2048, 7168, experts, num_sms=k90.H200_SM_COUNT)
     assert config.mma_tiler_mn[0] == cols
+    if experts >= rows:
+        for n, k in ((2048, 7168), (4096, 7168), (768, 2048)):
+            fewer = r90.GemmConfig.for_groups(rows, n, k, rows, num_sms=k90.H200_SM_COUNT)
+            assert r90.GemmConfig.for_groups(rows, n, k, experts, num_sms=132) == fewer
 
 
 def test_grouped_configuration_rules():
