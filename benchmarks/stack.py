@@ -66,6 +66,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from importlib import metadata
 from types import SimpleNamespace
 
@@ -405,7 +406,13 @@ def finish_row(row: dict, copy_bps: float | None = None) -> None:
 
 
 def describe(err: Exception) -> str:
-    return f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+    """The error's type and first line, or (a bare assert) where it was raised and its source."""
+    text = str(err).splitlines()[0][:160] if str(err) else ""
+    if not text and err.__traceback__ is not None:
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        where = "/".join(frame.filename.split(os.sep)[-2:])
+        text = f"at {where}:{frame.lineno} ({(frame.line or '').strip()[:120]})"
+    return f"{type(err).__name__}: {text}"
 
 
 def note(notes: list, text: str) -> None:

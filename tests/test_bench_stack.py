@@ -370,3 +370,22 @@ def test_main_prints_the_table_and_writes_json(monkeypatch, tmp_path, capsys):
         ours = r["contestants"]["ours_w4a16"]
         assert ours["check"]["ok"] and ours["per_layer_us"] > 0
         assert f"| {ours['per_layer_us']:.1f} |" in printed
+
+
+def test_describe_names_where_a_bare_assert_was_raised(tmp_path):
+    """A peer's error reaches the results as its type and message; a bare ``assert`` (no
+    message) as the file, line and source of the assert, so a reader knows what failed."""
+    import importlib.util
+
+    from benchmarks.stack import describe
+
+    assert describe(ValueError("bad shape\nmore")) == "ValueError: bad shape"
+    source = tmp_path / "peer" / "kernel.py"  # (outside pytest's assert rewriting)
+    source.parent.mkdir()
+    source.write_text("def check(k):\n    assert k % 128 == 0\n")
+    spec = importlib.util.spec_from_file_location("peer_kernel", source)
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    with pytest.raises(AssertionError) as info:
+        peer.check(2880)
+    assert describe(info.value) == "AssertionError: at peer/kernel.py:2 (assert k % 128 == 0)"
