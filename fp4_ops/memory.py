@@ -91,13 +91,19 @@ _CAPTURING = getattr(
 
 
 def unit_scale(device: torch.device) -> torch.Tensor:
-    """A float32 1.0 on ``device``, made once outside every graph pool: the scale of a kernel's
-    alpha where the caller gives none."""
-    key = (device.type, device.index)
-    if key not in _UNITS:
-        _UNITS[key] = persistent(lambda: torch.ones((), dtype=torch.float32, device=device), device)
-    return _UNITS[key]
+    """A float32 1.0 on ``device``: the scale of a kernel's alpha where the caller gives none."""
+    return device_scalar(1.0, device)
 
 
-# ((device type, index) -> its unit_scale)
-_UNITS: dict[tuple, torch.Tensor] = {}
+def device_scalar(value: float, device: torch.device) -> torch.Tensor:
+    """A 0-d float32 ``value`` on ``device``, made once outside every graph pool, for kernels
+    that read a constant scale from device memory."""
+    key = (value, device.type, device.index)
+    if key not in _SCALARS:
+        make = lambda: torch.full((), value, dtype=torch.float32, device=device)  # noqa: E731
+        _SCALARS[key] = persistent(make, device)
+    return _SCALARS[key]
+
+
+# ((value, device type, index) -> its device_scalar)
+_SCALARS: dict[tuple, torch.Tensor] = {}

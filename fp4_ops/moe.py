@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from fp4_ops import cpu, moe_kernels
 from fp4_ops.buffers import FP4Buffers
 from fp4_ops.layout import FORMATS, PACKED_DTYPES, from_blocked
-from fp4_ops.memory import aligned_rows
+from fp4_ops.memory import aligned_rows, device_scalar
 from fp4_ops.moe_kernels import MXFP4_BF16_SHIFT
 from fp4_ops.moe_kernels.gating import ACTIVATIONS, SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from fp4_ops.ops import (
@@ -131,16 +131,19 @@ def _cpu_groups(offsets: torch.Tensor):
     ]
 
 
-def gpu_grouped_w4a16(a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked):
-    """The CUDA side of the W4A16 grouped op: sm_90's grouped kernel (it reads the offsets on
-    the device: no host sync) on the weights prepacked, as given or here."""
+def gpu_grouped_w4a16(
+    a, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked, scale=None
+):
+    """The CUDA side of the W4A16 grouped op: sm_90's grouped kernel (it reads the offsets, and
+    ``scale`` times each alpha, on the device: no host sync) on the weights prepacked, as given
+    or here."""
     check_sm90(a, GPU_GROUPED)
     from fp4_ops.sm90 import launcher
 
     b = b_data if prepacked else k_order.prepack_weights(b_data.view(torch.uint8))
     a = aligned_rows(a)
-    scale = b_scale.reshape(b.shape[0], -1)
-    return launcher.grouped_gemm_for_ops(a, b, scale, sf_vec_size, alpha, offsets, out_dtype)
+    sfb = b_scale.reshape(b.shape[0], -1)
+    return launcher.grouped_gemm_for_ops(a, b, sfb, sf_vec_size, alpha, offsets, out_dtype, scale)
 
 
 def gpu_grouped_w4a4(
@@ -531,12 +534,17 @@ def _expert_gemm(rows, w: FP4Tensor, gs, offsets, mode, prepacked_data, kernels=
     if mode == "bf16":
         return _grouped_w4a16(rows, w, gs, offsets, rows.dtype, prepacked_data)
     a = quantize(rows, w.format)
-    alpha = a.global_scale * gs
     if kernels:
+        # (the kernel multiplies each expert's global scale by the activations': no product
+        # kernel; MXFP4's activations have none, their exact rows carry the shift)
         values = moe_kernels.exact_bf16(a.data, a.scale, w.sf_vec_size)
+        scale = a.global_scale
         if w.sf_vec_size == MXFP4_VEC:
-            alpha = alpha / MXFP4_BF16_SHIFT
-        return _grouped_w4a16(values, w, alpha, offsets, rows.dtype, prepacked_data)
+            scale = device_scalar(1.0 / MXFP4_BF16_SHIFT, rows.device)
+        data = w.data if prepacked_data is None else prepacked_data
+        args = (values, data, w.scale, gs, offsets, w.sf_vec_size, rows.dtype)
+        return gpu_grouped_w4a16(*args, prepacked_data is not None, scale)
+    alpha = a.global_scale * gs
     data = w.data if prepacked_data is None else prepacked_data
     args = (a.data, a.scale, data, w.scale, alpha, offsets, w.sf_vec_size, rows.dtype)
     run = grouped_w4a4_impl if eager(*args[:6]) else grouped_w4a4_op

@@ -598,6 +598,15 @@ def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
         unit = unit_scale(torch.device("cpu")).data_ptr()
         assert addresses[8:] == [alpha.data_ptr(), offsets.data_ptr(), unit]
         assert out.shape == (sum(counts), n) and out.dtype == out_dtype
+    # a scale for every alpha (W4A4 MoE: the activations' global scale), new at each call
+    for first in (True, False):
+        before, scale = len(compiled), torch.full((), 3.0)
+        r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha, offsets, torch.float16, scale)
+        assert (len(compiled) > before) == first
+        assert launches[-1][10] == scale.data_ptr()
+    for bad in (torch.full((), 3.0, dtype=torch.float64), torch.ones(2)):
+        with pytest.raises(ValueError, match="scale must be a float32 scalar on cpu"):
+            r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha, offsets, torch.float16, bad)
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (9, 0), (10, 0), (12, 0)])

@@ -628,12 +628,13 @@ def _checked(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale):
     return launch, a3, b3, sfa, sfb, out3
 
 
-def grouped_gemm_for_ops(a, b, sfb, sf_vec_size, alpha, offsets, out_dtype):
+def grouped_gemm_for_ops(a, b, sfb, sf_vec_size, alpha, offsets, out_dtype, scale=None):
     """The grouped W4A16 GEMM into a new D [rows, N] in ``out_dtype``: token rows
     offsets[e] .. offsets[e + 1] - 1 of ``a`` (bfloat16 / float16 [rows, K]) times expert e of
     ``b`` (prepacked weights [E, N, K_pad / 2]) with its blocked scales (``sfb`` [E, ...]) and
-    alpha[e] (float32 [E]); ``offsets`` int32 [E + 1] on a's device, read by the kernel.
-    Checked once per shape and stream as
+    alpha[e] (float32 [E]) times ``scale`` (a float32 scalar on a's device, None: 1.0, read by
+    the kernel); ``offsets`` int32 [E + 1] on a's device, read by the kernel. Checked once per
+    shape and stream as
     ``gemm_for_ops`` does; the offsets' values are the caller's to check
     (``fp4_ops.moe.check_group_offsets``)."""
     out = torch.empty((a.shape[0], b.shape[-2]), dtype=out_dtype, device=a.device)
@@ -650,11 +651,13 @@ def grouped_gemm_for_ops(a, b, sfb, sf_vec_size, alpha, offsets, out_dtype):
     if not isinstance(alpha, torch.Tensor) or alpha.numel() != experts:
         raise ValueError(f"alpha must be a float32 tensor of {experts} (one per group)")
     sfb = sfb.contiguous().view(torch.uint8).reshape(experts, -1)
-    _grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out)
+    if scale is not None and not device_scalars(scale, a.get_device()):
+        raise ValueError(f"scale must be a float32 scalar on {a.device}")
+    _grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out, scale)
     return out
 
 
-def _grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> None:
+def _grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out, scale=None) -> None:
     """The grouped launch into ``out`` (experts b [E, N, K_pad / 2], offsets [E + 1]):
     checked at the first call of its shapes on a stream, then straight to the kernel."""
     index = a.get_device()
@@ -664,9 +667,9 @@ def _grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> None:
     launch = _LAUNCHES.get(key)
     if launch is not None and _offsets_fit(offsets, b.shape[0], index):
         if launch.fits(a, b, None, sfb, alpha, out):
-            launch(a, b, None, sfb, out, alpha, stream, offsets)
+            launch(a, b, None, sfb, out, alpha, stream, offsets, scale)
             return
-    _LAUNCHES[key] = _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out)
+    _LAUNCHES[key] = _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out, scale)
 
 
 def _offsets_fit(offsets, experts: int, index: int) -> bool:
@@ -679,7 +682,7 @@ def _offsets_fit(offsets, experts: int, index: int) -> bool:
     )
 
 
-def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> Launch:
+def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out, scale) -> Launch:
     """The grouped operands (the offsets and alpha checked by ``grouped_gemm_for_ops``)
     through every other check, launched: their Launch."""
     experts = b.shape[0]
@@ -703,5 +706,5 @@ def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out) -> Launch
         workspace = _workspace(config, mnkl, stream)
         fn = _compiled(config, a.device.index)[1]
         launch = Launch(fn, mnkl, workspace, a.get_device(), unit_scale(a.device), grouped=True)
-        launch(a, b, None, sfb, out, alpha, stream.cuda_stream, offsets)
+        launch(a, b, None, sfb, out, alpha, stream.cuda_stream, offsets, scale)
     return launch
