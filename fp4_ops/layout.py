@@ -27,6 +27,8 @@ SCALE_DTYPES = {16: torch.float8_e4m3fn, 32: torch.float8_e8m0fnu}
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: one-byte dtypes that hold packed E2M1 pairs
 PACKED_DTYPES = (torch.uint8, torch.float4_e2m1fn_x2)
+#: MXFP4 values made exact BF16 carry it (6 x 2^127 would overflow), the GEMM's alpha 1 / it
+MXFP4_BF16_SHIFT = 0.25
 #: the CuTe DSL's names of the float dtypes the kernels read and write
 DSL_DTYPE_NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
 E2M1_MAX = 6.0

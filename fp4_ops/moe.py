@@ -50,9 +50,8 @@ import torch.nn.functional as F
 
 from fp4_ops import cpu, moe_kernels
 from fp4_ops.buffers import FP4Buffers
-from fp4_ops.layout import FORMATS, PACKED_DTYPES, from_blocked
+from fp4_ops.layout import FORMATS, MXFP4_BF16_SHIFT, PACKED_DTYPES, from_blocked
 from fp4_ops.memory import aligned_rows, device_scalar
-from fp4_ops.moe_kernels import MXFP4_BF16_SHIFT
 from fp4_ops.moe_kernels.gating import ACTIVATIONS, SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from fp4_ops.ops import (
     IN_DTYPES,

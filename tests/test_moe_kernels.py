@@ -29,6 +29,7 @@ from ptx_emulator import GlobalMemory, Grid, Params, PtxError, parse_ptx
 
 import reference
 from fp4_ops import moe_kernels
+from fp4_ops.layout import MXFP4_BF16_SHIFT
 from fp4_ops.moe_kernels import activation, combine, exact_rows, gating, routing
 
 U32 = 2.0**-24
@@ -433,7 +434,7 @@ def _exact_want(data: torch.Tensor, plain: torch.Tensor, vec: int) -> torch.Tens
     e2m1 = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64)
     codes = torch.stack((data & 15, data >> 4), dim=-1).reshape(data.shape[0], -1).long()
     scales = plain.to(torch.float64).repeat_interleave(vec, dim=1)
-    shift = 1.0 if vec == 16 else moe_kernels.MXFP4_BF16_SHIFT
+    shift = 1.0 if vec == 16 else MXFP4_BF16_SHIFT
     return (e2m1[codes] * scales * shift).to(torch.bfloat16)
 
 

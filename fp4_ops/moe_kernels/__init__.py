@@ -32,8 +32,6 @@ _IDS = {torch.int32: "Int32", torch.int64: "Int64"}
 
 # the routing kernel's count slots live in shared memory (48 KB without an opt-in)
 MAX_EXPERTS = 8191
-# exact BF16 MXFP4 values carry it (6 x 2^127 would overflow), the GEMM's alpha its inverse
-MXFP4_BF16_SHIFT = 0.25
 
 
 def experts_cap(num_experts: int) -> int:

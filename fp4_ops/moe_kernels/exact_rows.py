@@ -23,7 +23,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
 
-from fp4_ops.moe_kernels import MXFP4_BF16_SHIFT
+from fp4_ops.layout import MXFP4_BF16_SHIFT
 from fp4_ops.sm90.gemm import SF_ATOM_COLS, blocked_sf_byte
 
 THREADS = 256
