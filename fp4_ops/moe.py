@@ -24,10 +24,10 @@ expert with its own dynamic global scale.
         out[t] = sum_slots w * (y + w2_bias[e])  in float32, then rounded to x's dtype
     ``activation="silu"``: silu(gate) * up with the gate rows first (w13 = [w1; w3]).
     ``activation="swigluoai"``: gpt-oss's clamped SwiGLU (below), rows interleaved.
-    On CUDA tensors outside tracing, three kernels (``fp4_ops.moe_kernels``) do the routing
-    (one CTA: group offsets and each pair's row), the activation and the weighted combine;
-    traced and gradient-tracking calls run the same steps as torch ops (argsort,
-    searchsorted, gathers). No host sync either way.
+    On CUDA tensors outside tracing, kernels of ``fp4_ops.moe_kernels`` do the routing (one
+    CTA: group offsets, each pair's row and, for decode, the rows' gather), the activation, the
+    weighted combine and (W4A4) the exact BF16 rows; traced and gradient-tracking calls run
+    the same steps as torch ops (argsort, searchsorted, gathers). No host sync either way.
 ``FP4MoE``
     The experts as buffers (``from_experts`` quantizes 16-bit ones), forward(x, topk_weights,
     topk_ids); state dict with the format and activation as extra state.
@@ -36,9 +36,10 @@ Every op is a ``torch.library`` custom op with a fake kernel (``torch.compile(fu
 and inference only (a backward raises ``fp4_ops.ops.NO_BACKWARD``). CPU: each expert that has
 rows is dequantized to float32 and multiplied (``fp4_ops.cpu``). CUDA (sm_90): the routing and
 checks run on the device; the grouped GEMMs run the Hopper kernel's grouped W4A16 variant
-(``fp4_ops.sm90.gemm``, ``grouped``), which reads the group offsets on the device and skips
-empty experts before it loads their weights; W4A4 first turns its FP4 activations into exact
-BF16 values (``exact_bf16_rows``). Other GPUs: ValueError (no grouped kernel for them yet).
+(``fp4_ops.sm90.gemm``, ``grouped``), which reads the group offsets on the device and runs
+only the touched experts' token tiles; W4A4 first turns its FP4 activations into exact BF16
+values (``moe_kernels.exact_bf16``, or ``exact_bf16_rows`` in the registered op). Other GPUs:
+ValueError (no grouped kernel for them yet).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import torch.nn.functional as F
 from fp4_ops import cpu, moe_kernels
 from fp4_ops.buffers import FP4Buffers
 from fp4_ops.layout import FORMATS, MXFP4_BF16_SHIFT, PACKED_DTYPES, from_blocked
-from fp4_ops.memory import aligned_rows, device_scalar
+from fp4_ops.memory import aligned_rows
 from fp4_ops.moe_kernels.gating import ACTIVATIONS, SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from fp4_ops.ops import (
     IN_DTYPES,
@@ -68,7 +69,6 @@ from fp4_ops.tensor import FP4Tensor, check_format, check_global_scale_value, ch
 
 #: fp4_moe's activation modes: 16-bit activations (W4A16) or quantized per call (W4A4)
 MODES = ("bf16", "dynamic")
-# W4A4 grouped GEMMs on Hopper: MXFP4 activations carry this power of two in BF16 (exact)
 MXFP4_VEC = 32
 GPU_GROUPED = "fp4_grouped_gemm / fp4_moe / FP4MoE on CUDA (the grouped GEMM)"
 
@@ -499,17 +499,16 @@ def _moe(
 def _moe_kernels(
     x, w13, w2, gs13, gs2, prepacked, topk_weights, topk_ids, activation, mode, w13_bias, w2_bias
 ):
-    """``_moe`` on plain CUDA tensors outside tracing: the routing, the activation and the
-    combine as ``fp4_ops.moe_kernels``' three kernels around the grouped GEMMs, on x's device
-    (made current for the call if it is not)."""
+    """``_moe`` on plain CUDA tensors outside tracing: the routing (with the rows' gather),
+    the activation, the combine and W4A4's exact rows as ``fp4_ops.moe_kernels``' kernels
+    around the grouped GEMMs, on x's device (made current for the call if it is not)."""
     check_sm90(x, GPU_GROUPED)
     here = x.device.index == torch.cuda.current_device()
     with contextlib.nullcontext() if here else torch.cuda.device(x.device):
         num_experts = w13.shape[0]
-        routes = moe_kernels.route(topk_ids.contiguous(), num_experts)
+        routes = moe_kernels.route(topk_ids.contiguous(), num_experts, x)
         torch._assert_async(routes.ok, _range_message(num_experts))
-        rows = x.index_select(0, routes.token_of)
-        h = _expert_gemm(rows, w13, gs13, routes.offsets, mode, prepacked[0], kernels=True)
+        h = _expert_gemm(routes.rows, w13, gs13, routes.offsets, mode, prepacked[0], kernels=True)
         a = moe_kernels.activate(h, activation, _float_bias(w13_bias), routes.expert_of)
         y = _expert_gemm(a, w2, gs2, routes.offsets, mode, prepacked[1], kernels=True)
         weights = topk_weights if topk_weights.dtype in IN_DTYPES else topk_weights.float()
@@ -533,18 +532,14 @@ def _expert_gemm(rows, w: FP4Tensor, gs, offsets, mode, prepacked_data, kernels=
     if mode == "bf16":
         return _grouped_w4a16(rows, w, gs, offsets, rows.dtype, prepacked_data)
     a = quantize(rows, w.format)
+    data = w.data if prepacked_data is None else prepacked_data
     if kernels:
-        # (the kernel multiplies each expert's global scale by the activations': no product
-        # kernel; MXFP4's activations have none, their exact rows carry the shift)
-        values = moe_kernels.exact_bf16(a.data, a.scale, w.sf_vec_size)
-        scale = a.global_scale
-        if w.sf_vec_size == MXFP4_VEC:
-            scale = device_scalar(1.0 / MXFP4_BF16_SHIFT, rows.device)
-        data = w.data if prepacked_data is None else prepacked_data
+        # (the kernel multiplies each expert's global scale by the activations' scale: no
+        # product kernel)
+        values, scale = moe_kernels.exact_bf16(a)
         args = (values, data, w.scale, gs, offsets, w.sf_vec_size, rows.dtype)
         return gpu_grouped_w4a16(*args, prepacked_data is not None, scale)
     alpha = a.global_scale * gs
-    data = w.data if prepacked_data is None else prepacked_data
     args = (a.data, a.scale, data, w.scale, alpha, offsets, w.sf_vec_size, rows.dtype)
     run = grouped_w4a4_impl if eager(*args[:6]) else grouped_w4a4_op
     return run(*args, prepacked_data is not None)

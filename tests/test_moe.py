@@ -552,8 +552,9 @@ def test_gpu_side_hands_the_kernel_what_it_reads(fmt, monkeypatch):
     for data, is_prepacked in ((prepacked, True), (b.data, False)):
         args = (a, data, b.scale, alpha, offsets, b.sf_vec_size, torch.float32, is_prepacked)
         moe.gpu_grouped_w4a16(*args)
-        got_a, got_b, got_scale, vec, got_alpha, got_offsets, out_dtype = calls.pop()
+        got_a, got_b, got_scale, vec, got_alpha, got_offsets, out_dtype, scale = calls.pop()
         assert torch.equal(got_a, a) and torch.equal(got_b, prepacked), is_prepacked
+        assert scale is None
         assert got_b is data if is_prepacked else got_b is not data
         same_scales = torch.equal(
             got_scale.view(torch.uint8), b.scale.reshape(3, -1).view(torch.uint8)
@@ -564,11 +565,40 @@ def test_gpu_side_hands_the_kernel_what_it_reads(fmt, monkeypatch):
     a_alpha = q.global_scale * alpha
     args = (q.data, q.scale, prepacked, b.scale, a_alpha, offsets, b.sf_vec_size, torch.bfloat16)
     moe.gpu_grouped_w4a4(*args, True)
-    got_a, got_b, _, _, got_alpha, _, out_dtype = calls.pop()
+    got_a, got_b, _, _, got_alpha, _, out_dtype, _ = calls.pop()
     exact = reference.dequantize_fp4(q.data, _plain_scales_2d(q), b.sf_vec_size).double()
     assert got_a.dtype == torch.bfloat16 and out_dtype == torch.bfloat16
     assert torch.equal(got_a.double() * (got_alpha / a_alpha).double()[0], exact)
     assert torch.equal(got_b, prepacked)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_w4a4_kernel_path_scales_alpha_by_what_undoes_its_exact_rows(fmt, monkeypatch):
+    """The W4A4 layer's kernel path (CPU tensors, kernels stubbed): the grouped GEMM gets the
+    exact rows, each expert's global scale as alpha as it is, and one scalar for all alphas:
+    the quantized rows' global scale (NVFP4), or 1 / MXFP4_BF16_SHIFT, which the exact rows
+    of MXFP4 carry (their values: test_moe_kernels.py)."""
+    from fp4_ops import moe_kernels
+    from fp4_ops.layout import MXFP4_BF16_SHIFT
+    from fp4_ops.sm90 import k_order, launcher
+
+    calls = []
+    monkeypatch.setattr(moe, "check_sm90", lambda *_: None)
+    monkeypatch.setattr(launcher, "grouped_gemm_for_ops", lambda *args: calls.append(args))
+    monkeypatch.setattr(moe_kernels, "_function", lambda *_: ((lambda *args: None), 132))
+    monkeypatch.setattr(moe_kernels, "stream_handle", lambda index: 0)
+    gen = torch.Generator().manual_seed(15)
+    w = fp4_ops.quantize_experts(torch.randn(3, 64, 96, generator=gen), fmt)
+    rows = torch.randn(5, 96, generator=gen).bfloat16() * 7
+    offsets, gs = _offsets([2, 0, 3]), w.global_scale.float().expand(3).contiguous()
+    prepacked = k_order.prepack_weights(w.data)
+    moe._expert_gemm(rows, w, gs, offsets, "dynamic", prepacked, kernels=True)
+    values, got_b, _, vec, alpha, got_offsets, out_dtype, scale = calls.pop()
+    assert values.shape == rows.shape and values.dtype == torch.bfloat16
+    assert got_b is prepacked and vec == w.sf_vec_size and got_offsets is offsets
+    assert alpha is gs and out_dtype == torch.bfloat16
+    want = fp4_ops.quantize(rows, fmt).global_scale if fmt == "nvfp4" else 1 / MXFP4_BF16_SHIFT
+    assert scale.dtype == torch.float32 and scale.numel() == 1 and float(scale) == float(want)
 
 
 def _plain_scales_2d(t: FP4Tensor) -> torch.Tensor:

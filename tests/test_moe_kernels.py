@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ from ptx_emulator import GlobalMemory, Grid, Params, PtxError, parse_ptx
 
 import reference
 from fp4_ops import moe_kernels
-from fp4_ops.layout import MXFP4_BF16_SHIFT
+from fp4_ops.layout import MXFP4_BF16_SHIFT, SCALE_DTYPES
 from fp4_ops.moe_kernels import activation, combine, exact_rows, gating, routing
 
 U32 = 2.0**-24
@@ -67,10 +68,13 @@ def _assert_within(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, w
 ROUTING_SHAPES = [(1, 8, 128), (3, 2, 1), (16, 4, 31), (16, 4, 32), (9, 5, 33), (300, 8, 256)]
 
 
-def _check_routing(ids: torch.Tensor, num_experts: int, got: moe_kernels.Routing):
+def _check_routing(ids: torch.Tensor, num_experts: int, got: moe_kernels.Routing, x=None):
     """Offsets = the prefix sums of the per-expert counts; row_of a permutation that puts
     every valid pair in its expert's rows and every invalid one past offsets[E]; token_of and
-    expert_of read back through it."""
+    expert_of read back through it; (x given) each row x's row of its token, bit for bit."""
+    if x is not None:
+        want = x.cpu()[got.token_of.cpu().long()]
+        assert torch.equal(got.rows.cpu().view(torch.uint8), want.view(torch.uint8))
     flat = ids.reshape(-1).long()
     k = ids.shape[1]
     valid = (flat >= 0) & (flat < num_experts)
@@ -95,9 +99,10 @@ def test_gpu_routing_places_every_pair_in_its_experts_rows(shape, ids_dtype):
     t, k, e = shape
     gen = torch.Generator().manual_seed(t * 1000 + e)
     ids = torch.randint(0, e, (t, k), generator=gen, dtype=ids_dtype)
-    _check_routing(ids, e, moe_kernels.route(ids.cuda(), e))
+    x = torch.randn(t, 64, generator=gen).bfloat16().cuda()
+    _check_routing(ids, e, moe_kernels.route(ids.cuda(), e, x), x)
     skewed = torch.where(torch.rand(t, k, generator=gen) < 0.8, e - 1, ids)  # one busy expert
-    _check_routing(skewed, e, moe_kernels.route(skewed.cuda(), e))
+    _check_routing(skewed, e, moe_kernels.route(skewed.cuda(), e, x), x)
 
 
 @needs_cuda
@@ -106,8 +111,9 @@ def test_gpu_routing_flags_ids_out_of_range_and_keeps_rows_in_bounds(ids_dtype):
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 6, (40, 3), generator=gen, dtype=ids_dtype)
     ids[5, 1], ids[17, 0], ids[39, 2] = 6, -1, 2**31 - 1 if ids_dtype == torch.int32 else 2**40
-    got = moe_kernels.route(ids.cuda(), 6)
-    _check_routing(ids, 6, got)
+    x = torch.randn(40, 32, generator=gen).cuda()
+    got = moe_kernels.route(ids.cuda(), 6, x)
+    _check_routing(ids, 6, got, x)
     assert got.ok.item() == 0
 
 
@@ -134,17 +140,20 @@ def test_gpu_layer_with_an_id_out_of_range_raises_the_routing_message():
 
 
 @functools.cache
-def _routing_entry(ids_dtype: str, cap: int):
-    ptx = routing.compile_routing(ids_dtype, cap, "--gpu-arch sm_90a --keep-ptx").__ptx__
+def _routing_entry(ids_dtype: str, cap: int, x_dtype: str | None = None):
+    options = "--gpu-arch sm_90a --keep-ptx"
+    ptx = routing.compile_routing(ids_dtype, cap, options, x_dtype).__ptx__
     (entry,) = parse_ptx(ptx).values()
     return entry
 
 
-def emulate_routing(ids: torch.Tensor, num_experts: int, entry=None) -> moe_kernels.Routing:
+def emulate_routing(ids: torch.Tensor, num_experts: int, entry=None, x=None):
     """The routing kernel's PTX (or ``entry``'s) run on the CPU (tests/ptx_emulator.py; shared
-    atomics in thread order) over ids [T, k]: its outputs as a Routing of CPU tensors."""
+    atomics in thread order) over ids [T, k] (and x [T, H]: the gathering variant): its
+    outputs as a Routing of CPU tensors."""
     cap = moe_kernels.experts_cap(num_experts)
-    entry = entry or _routing_entry(NAMES_IDS[ids.dtype], cap)
+    x_dtype = None if x is None else NAMES[x.dtype]
+    entry = entry or _routing_entry(NAMES_IDS[ids.dtype], cap, x_dtype)
     pairs = ids.numel()
     gmem = GlobalMemory()
     ids_ptr = gmem.alloc(ids.contiguous().numpy().tobytes())
@@ -159,6 +168,12 @@ def emulate_routing(ids: torch.Tensor, num_experts: int, entry=None) -> moe_kern
     params.put(5, ptrs[4], 8)
     params.put(6, ids.shape[1], 4)
     params.put(7, num_experts, 4)
+    if x is not None:
+        hidden, vec = x.shape[1], 16 // x.element_size()
+        rows_bytes = pairs * hidden * x.element_size()
+        rows_ptr = gmem.alloc(rows_bytes)
+        _tensor_param(params, 8, _put(gmem, x), (x.shape[0], hidden // vec, hidden))
+        _tensor_param(params, 9, rows_ptr, (pairs, hidden // vec, hidden))
     Grid(entry, 1, routing.THREADS, params, gmem, 4 * cap + 16).run()
     out = [
         torch.from_numpy(gmem.read(p, 4 * n).view(np.int32).copy())
@@ -166,7 +181,12 @@ def emulate_routing(ids: torch.Tensor, num_experts: int, entry=None) -> moe_kern
     ]
     for p, n in zip(ptrs, sizes, strict=True):
         assert (gmem.store_counts(p, 4 * n) == 1).all()
-    return moe_kernels.Routing(*out)
+    rows = None
+    if x is not None:
+        assert (gmem.store_counts(rows_ptr, rows_bytes) == 1).all()
+        raw = torch.from_numpy(gmem.read(rows_ptr, rows_bytes).copy())
+        rows = raw.view(x.dtype).view(pairs, x.shape[1])
+    return moe_kernels.Routing(*out, rows)
 
 
 # (T, k, E): E = 1, at the 32-slot boundary, past it, the most the slots hold; pairs past one
@@ -187,6 +207,25 @@ def test_routing_ptx_places_every_pair_in_its_experts_rows(shape, ids_dtype):
         got = emulate_routing(ids, e)
         _check_routing(ids, e, got)
         assert got.ok.tolist() == [0]
+
+
+# (T, k, E, H, x dtype): more rows than threads, float32 rows, the most experts
+GATHERS = [(3, 2, 5, 64, torch.bfloat16), (130, 4, 8, 32, torch.float32)]
+GATHERS += [(9, 1, 8191, 64, torch.float16)]
+
+
+@pytest.mark.parametrize("case", GATHERS, ids=[str(c[:4]) for c in GATHERS])
+def test_routing_ptx_gathers_each_rows_token(case):
+    """The gathering variant: the same routing, and row r holds x[token_of[r]] bit for bit,
+    each written once (ids out of range too: their rows hold their tokens)."""
+    t, k, e, hidden, dtype = case
+    gen = torch.Generator().manual_seed(t * k)
+    ids = torch.randint(0, e, (t, k), generator=gen, dtype=torch.int32)
+    ids.view(-1)[1] = e  # (out of range)
+    x = torch.randn(t, hidden, generator=gen).to(dtype)
+    got = emulate_routing(ids, e, x=x)
+    _check_routing(ids, e, got)
+    assert torch.equal(got.rows.view(torch.uint8), x[got.token_of.long()].view(torch.uint8))
 
 
 def test_emulator_sees_a_routing_kernel_without_its_barriers(monkeypatch):
@@ -299,7 +338,7 @@ def test_gpu_combine_is_the_weighted_sum_of_each_tokens_rows(
     shape, dtype, weights_dtype, bias_dtype
 ):
     ids, y, weights, bias = _combine_case(shape, dtype, weights_dtype, bias_dtype)
-    routes = moe_kernels.route(ids.cuda(), COMBINE_EXPERTS)
+    routes = moe_kernels.route(ids.cuda(), COMBINE_EXPERTS, y.new_zeros(ids.shape[0], 32).cuda())
     bias_cuda = None if bias is None else bias.cuda()
     got = moe_kernels.combine_tokens(y.cuda(), weights.cuda(), routes, bias_cuda)
     _check_combine(got.cpu(), ids, y, weights, bias, routes.row_of.cpu())
@@ -417,7 +456,6 @@ def test_combine_ptx_is_the_weighted_sum_of_each_tokens_rows(
 # ----------------------------------------------------------------------------- exact rows
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-SCALE_DTYPES = {16: torch.float8_e4m3fn, 32: torch.float8_e8m0fnu}
 
 
 def _exact_case(rows: int, k: int, vec: int, seed: int):
@@ -483,7 +521,9 @@ def test_exact_rows_ptx_is_every_code_times_every_scale(shape, vec):
 @pytest.mark.parametrize("shape", EXACT_SHAPES + [(3000, 2048)], ids=str)
 def test_gpu_exact_rows_is_every_code_times_every_scale(shape, vec):
     data, blocked, plain = _exact_case(*shape, vec, seed=shape[1])
-    got = moe_kernels.exact_bf16(data.cuda(), blocked.cuda(), vec)
+    rows = SimpleNamespace(data=data.cuda(), scale=blocked.cuda(), sf_vec_size=vec)
+    rows.global_scale = torch.ones((), device="cuda")
+    got, _ = moe_kernels.exact_bf16(rows)
     _assert_same_values(got.cpu(), _exact_want(data, plain, vec))
 
 
@@ -615,16 +655,30 @@ def _recorded_launches(monkeypatch):
 
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
 def test_route_hands_the_kernel_its_ids_and_outputs_in_order(monkeypatch, ids_dtype):
+    """Decode-sized x goes to the gathering variant with a new [P, H] for the rows; x past
+    GATHER_BYTES (or rows not whole 16-byte vectors) to the plain one, its rows gathered by
+    index_select in token_of's order."""
     launches = _recorded_launches(monkeypatch)
     ids = torch.zeros(3, 4, dtype=ids_dtype)
-    got = moe_kernels.route(ids, 33)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    got = moe_kernels.route(ids, 33, x)
     ((config, args),) = launches
-    assert config == moe_kernels.RoutingConfig(NAMES_IDS[ids_dtype], 64)
+    assert config == moe_kernels.RoutingConfig(NAMES_IDS[ids_dtype], 64, "BFloat16")
     outputs = (got.offsets, got.row_of, got.token_of, got.expert_of, got.ok)
     assert args[:6] == (ids.data_ptr(), *(t.data_ptr() for t in outputs))
-    assert args[6:] == ((12, 4, 33), 7)
+    assert args[6:8] == (x.data_ptr(), got.rows.data_ptr())
+    assert args[8:] == ((12, 4, 33, 64), 7)
     assert [tuple(t.shape) for t in outputs] == [(34,), (12,), (12,), (12,), (1,)]
     assert all(t.dtype == torch.int32 for t in outputs)
+    assert got.rows.shape == (12, 64) and got.rows.dtype == torch.bfloat16
+    big = moe_kernels.GATHER_BYTES // (12 * 4) + 8  # (float32 columns just past the limit)
+    monkeypatch.setattr(torch, "empty", torch.zeros)  # (no kernel runs: token_of stays 0)
+    for x in (torch.randn(3, big), torch.randn(3, 6, dtype=torch.bfloat16)):
+        launches.clear()
+        got = moe_kernels.route(ids, 33, x)
+        ((config, args),) = launches
+        assert config == moe_kernels.RoutingConfig(NAMES_IDS[ids_dtype], 64)
+        assert torch.equal(got.rows, x[got.token_of.long()])
 
 
 def test_activation_and_combine_hand_their_kernels_16_byte_aligned_rows(monkeypatch):
@@ -657,26 +711,32 @@ def test_activation_and_combine_hand_their_kernels_16_byte_aligned_rows(monkeypa
 @pytest.mark.parametrize("vec", [16, 32])
 def test_exact_bf16_hands_its_kernel_codes_scales_and_output_in_order(monkeypatch, vec):
     """Codes as bytes (packed FP4 dtypes too), the scales' byte count, a new BF16 [P, K];
-    no launch for zero rows."""
+    the scale that undoes the rows' shift (NVFP4: the global scale itself); no launch for
+    zero rows; rows of K % 32 != 0 refused."""
     launches = _recorded_launches(monkeypatch)
     data = torch.zeros(5, 48, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
-    scale = torch.zeros(512 * 2, dtype=torch.uint8).view(SCALE_DTYPES[vec])
-    out = moe_kernels.exact_bf16(data, scale, vec)
+    blocked = torch.zeros(512 * 2, dtype=torch.uint8).view(SCALE_DTYPES[vec])
+    a = SimpleNamespace(data=data, scale=blocked, sf_vec_size=vec, global_scale=torch.ones(()))
+    out, scale = moe_kernels.exact_bf16(a)
     ((config, args),) = launches
     assert config == moe_kernels.ExactRowsConfig(vec)
-    assert args[:3] == (data.data_ptr(), scale.data_ptr(), out.data_ptr())
+    assert args[:3] == (data.data_ptr(), blocked.data_ptr(), out.data_ptr())
     assert args[3:] == ((5, 96, 1024), 132, 7)
     assert out.shape == (5, 96) and out.dtype == torch.bfloat16
+    assert scale is a.global_scale if vec == 16 else float(scale) == 1 / MXFP4_BF16_SHIFT
     launches.clear()
-    empty = moe_kernels.exact_bf16(data[:0], scale, vec)
+    empty, _ = moe_kernels.exact_bf16(SimpleNamespace(**{**vars(a), "data": data[:0]}))
     assert empty.shape == (0, 96) and launches == []
+    with pytest.raises(ValueError, match="a multiple of 32 values, got K=48"):
+        moe_kernels.exact_bf16(SimpleNamespace(**{**vars(a), "data": data[:, :24]}))
 
 
 def test_route_refuses_more_experts_than_its_count_slots_hold(monkeypatch):
     _recorded_launches(monkeypatch)
     ids = torch.zeros(2, 2, dtype=torch.int32)
-    moe_kernels.route(ids, moe_kernels.MAX_EXPERTS)
+    x = torch.zeros(2, 32)
+    moe_kernels.route(ids, moe_kernels.MAX_EXPERTS, x)
     with pytest.raises(ValueError, match="at most 8191 experts, got 8192"):
-        moe_kernels.route(ids, moe_kernels.MAX_EXPERTS + 1)
+        moe_kernels.route(ids, moe_kernels.MAX_EXPERTS + 1, x)
     # (the largest cap's counts and the four words beside them fit 48 KB of static SMEM)
     assert 4 * moe_kernels.experts_cap(moe_kernels.MAX_EXPERTS) + 16 <= 48 * 1024

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """The MoE layer's kernels around its grouped GEMMs, for CUDA tensors on any GPU the DSL targets:
 
-    routing = route(topk_ids, num_experts)           # one CTA: offsets and the row order
-    rows = x.index_select(0, routing.token_of)
+    routing = route(topk_ids, num_experts, x)        # one CTA: offsets, the row order and
+    rows = routing.rows                              #   (decode) x's rows in that order
     h = <grouped GEMM of rows against w13, routing.offsets>
     a = activate(h, activation, w13_bias, routing.expert_of)
     y = <grouped GEMM of a against w2, routing.offsets>
@@ -24,14 +24,16 @@ from dataclasses import dataclass
 
 import torch
 
-from fp4_ops.layout import DSL_DTYPE_NAMES
-from fp4_ops.memory import aligned_rows, stream_handle
+from fp4_ops.layout import DSL_DTYPE_NAMES, MXFP4_BF16_SHIFT
+from fp4_ops.memory import aligned_rows, device_scalar, stream_handle
 
 _IDS = {torch.int32: "Int32", torch.int64: "Int64"}
 
 
 # the routing kernel's count slots live in shared memory (48 KB without an opt-in)
 MAX_EXPERTS = 8191
+# rows the routing CTA gathers itself (decode); more go through one grid-wide gather
+GATHER_BYTES = 64 * 1024
 
 
 def experts_cap(num_experts: int) -> int:
@@ -43,11 +45,12 @@ def experts_cap(num_experts: int) -> int:
 class RoutingConfig:
     ids_dtype: str  # a key of routing.IDS_DTYPES
     experts_cap: int  # experts_cap(E)
+    x_dtype: str | None = None  # the rows' (gathered by the kernel), a key of routing.X_DTYPES
 
     def compile(self, options: str):
         from fp4_ops.moe_kernels import routing  # (the DSL: imported when a kernel is built)
 
-        return routing.compile_routing(self.ids_dtype, self.experts_cap, options)
+        return routing.compile_routing(self.ids_dtype, self.experts_cap, options, self.x_dtype)
 
 
 @dataclass(frozen=True)
@@ -108,32 +111,39 @@ class Routing:
     token_of: torch.Tensor  # [P]: the token of each row
     expert_of: torch.Tensor  # [P]: the expert of each row (0 for a pair whose id is out of range)
     ok: torch.Tensor  # [1]: 1 if every id lies in [0, E)
+    rows: torch.Tensor | None = None  # [P, H]: x[token_of[r]] for each row r (from route)
 
 
-def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
+def route(topk_ids: torch.Tensor, num_experts: int, x: torch.Tensor) -> Routing:
     """The row order of the grouped GEMMs for contiguous ``topk_ids`` [T, k] (int32 / int64,
-    CUDA) with E = ``num_experts``; ids out of range are flagged in ``ok``, not raised."""
+    CUDA) with E = ``num_experts``, and x [T, H]'s rows in it (gathered by the routing kernel
+    up to ``GATHER_BYTES``, else by ``index_select``); ids out of range are flagged in ``ok``,
+    not raised."""
     if num_experts > MAX_EXPERTS:
         raise ValueError(
             f"the CUDA MoE layer routes at most {MAX_EXPERTS} experts, got {num_experts}"
         )
     device = topk_ids.device
     pairs, top_k = topk_ids.numel(), topk_ids.shape[1]
-    config = RoutingConfig(_IDS[topk_ids.dtype], experts_cap(num_experts))
+    row_bytes = x.shape[1] * x.element_size()
+    gather = pairs * row_bytes <= GATHER_BYTES and row_bytes % 16 == 0
+    x_dtype = DSL_DTYPE_NAMES[x.dtype] if gather else None
+    config = RoutingConfig(_IDS[topk_ids.dtype], experts_cap(num_experts), x_dtype)
     fn, _ = _function(config, device)
-    out = Routing(
-        torch.empty(num_experts + 1, dtype=torch.int32, device=device),
-        *(torch.empty(pairs, dtype=torch.int32, device=device) for _ in range(3)),
-        torch.empty(1, dtype=torch.int32, device=device),
-    )
-    ptrs = (out.offsets, out.row_of, out.token_of, out.expert_of, out.ok)
+    indices = [torch.empty(num_experts + 1, dtype=torch.int32, device=device)]
+    indices += [torch.empty(pairs, dtype=torch.int32, device=device) for _ in range(3)]
+    ok = torch.empty(1, dtype=torch.int32, device=device)
+    x = aligned_rows(x) if gather else x
+    rows = torch.empty((pairs, x.shape[1]), dtype=x.dtype, device=device) if gather else x
     fn(
         topk_ids.data_ptr(),
-        *(t.data_ptr() for t in ptrs),
-        (pairs, top_k, num_experts),
+        *(t.data_ptr() for t in (*indices, ok, x, rows)),
+        (pairs, top_k, num_experts, x.shape[1]),
         stream_handle(device.index),
     )
-    return out
+    if not gather:
+        rows = x.index_select(0, indices[2])
+    return Routing(*indices, ok, rows)
 
 
 def activate(h: torch.Tensor, name: str, bias, expert_of: torch.Tensor) -> torch.Tensor:
@@ -187,22 +197,28 @@ def combine_tokens(
     return out
 
 
-def exact_bf16(data: torch.Tensor, scale: torch.Tensor, sf_vec_size: int) -> torch.Tensor:
-    """BF16 [P, K]: e2m1 x block scale (x 2^-2 for MXFP4, ``exact_rows.py``) of packed FP4
-    rows ``data`` [P, K/2] (K a multiple of 32) and their blocked scales, exact."""
+def exact_bf16(a) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scale) of rows ``a`` quantized by ``fp4_ops.quantize`` (an FP4Tensor [P, K],
+    K a multiple of 32; MXFP4's global scale is 1): BF16 [P, K] e2m1 x block scale, exact
+    (``exact_rows.py``; MXFP4 times MXFP4_BF16_SHIFT), and the float32 scalar on a's device
+    that turns them into a's values (a's global scale, or 1 / the shift)."""
+    data, vec = a.data, a.sf_vec_size
     rows, k = data.shape[0], 2 * data.shape[1]
+    if k % 32:
+        raise ValueError(f"exact_bf16 takes rows of a multiple of 32 values, got K={k}")
     out = torch.empty((rows, k), dtype=torch.bfloat16, device=data.device)
+    scale = a.global_scale if vec == 16 else device_scalar(1 / MXFP4_BF16_SHIFT, data.device)
     if rows == 0:
-        return out
+        return out, scale
     data = aligned_rows(data.view(torch.uint8))
-    scale = scale.contiguous().view(torch.uint8)
-    fn, sm_count = _function(ExactRowsConfig(sf_vec_size), data.device)
+    blocked = a.scale.contiguous().view(torch.uint8)
+    fn, sm_count = _function(ExactRowsConfig(vec), data.device)
     fn(
         data.data_ptr(),
-        scale.data_ptr(),
+        blocked.data_ptr(),
         out.data_ptr(),
-        (rows, k, scale.numel()),
+        (rows, k, blocked.numel()),
         sm_count,
         stream_handle(data.device.index),
     )
-    return out
+    return out, scale

@@ -134,7 +134,7 @@ class MoeExactRows:
                 value = -value
             return value
         # E8M0 byte b times the shift 2^s: 2^(b - 127 + s), a float32 subnormal for b < 1 - s
-        bits = Uint32(1) << (byte + Uint32(22 + SHIFT_EXP))
+        bits = Uint32(1) << (cutlass.min(byte, Uint32(-SHIFT_EXP)) + Uint32(22 + SHIFT_EXP))
         if byte >= Uint32(1 - SHIFT_EXP):
             bits = (byte - Uint32(-SHIFT_EXP)) << Uint32(23)
         value = bits.bitcast(Float32)

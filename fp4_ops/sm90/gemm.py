@@ -645,7 +645,7 @@ def group_tile(tile: Int32, cursor: tuple, mOffsets: cute.Tensor, tile_cols: cut
 
     Warp-collective: a warp sums 32 groups' tiles at a time from ``cursor`` = (the first group
     of a 32-group chunk, the tiles of the groups before it), which a warp's next call, for a
-    larger ``tile``, passes back in, so its calls read each offset about once."""
+    larger ``tile``, passes back in: a call reads the cursor's chunk and the chunks it walks."""
     groups = cute.size(mOffsets) - 1
     base, before = cursor
     tiles, inclusive = _chunk_tiles(base, groups, mOffsets, tile_cols)
@@ -1174,7 +1174,7 @@ class BlockwiseGemmFp4Sm90:
             valid, group, col_tile, cursor = group_tile(tile, cursor, mOffsets, self.tile_cols)
             cta = Int32(cute.arch.block_idx()[0] % self.cluster_m)
             uniform = cute.arch.make_warp_uniform
-            found = (uniform(row_cluster * self.cluster_m + cta), col_tile, group)
+            found = (uniform(row_cluster * self.cluster_m + cta), uniform(col_tile), uniform(group))
         return valid, found, cursor
 
     def _valid(self, scheduler, unit, valid):
