@@ -426,7 +426,7 @@ $L__done:
     [
         ("shfl.sync.bfly.b32 %r2, %r1, 1, 31, -1;", "part of a 32-thread group"),
         ("bar.sync 0;", "part of a 128-thread group"),
-        ("popc.b32 %r2, %r1;", "not emulated"),
+        ("brev.b32 %r2, %r1;", "not emulated"),
         ("add.rz.f32 %r2, %r1, %r1;", "not emulated"),
         ("mov.b32 %r2, %r5;", "never-written"),
     ],

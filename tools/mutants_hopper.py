@@ -513,23 +513,23 @@ MUTANTS = [
     # ------------------------------------------------------------------ the grouped kernel
     {
         **mutant(
-            "h-grouped-offsets-past-the-end",
+            "h-grouped-skips-partial-tiles",
             "grouped schedule",
-            "cute.size(mOffsets) - 2)",
-            "cute.size(mOffsets) - 1)",
+            "cutlass.max(Int32(0), (rows + tile_cols - 1) // tile_cols)",
+            "cutlass.max(Int32(0), rows // tile_cols)",
             "",
         ),
-        "tests": [FACTS, "-k", "plain_integers"],
+        "tests": [FACTS, "-k", "grouped_schedule"],
     },
     {
         **mutant(
-            "h-grouped-skips-partial-tiles",
+            "h-grouped-tile-given-to-the-group-before",
             "grouped schedule",
-            "(col_tile * self.tile_cols >= rows)",
-            "(col_tile * self.tile_cols + self.tile_cols > rows)",
+            "vote_ballot_sync(before + inclusive <= tile)",
+            "vote_ballot_sync(before + inclusive < tile)",
             "",
         ),
-        "tests": [FACTS, "-k", "plain_integers"],
+        "tests": [FACTS, "-k", "grouped_schedule"],
     },
     {
         **mutant(
