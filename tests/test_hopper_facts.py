@@ -756,9 +756,10 @@ def grouped_helpers_on_integers() -> None:
 
 # -------------------------------------------------------------- grouped schedule (emulated PTX)
 class _WalkUnits:
-    """A kernel whose one-warp CTAs walk the grouped GEMM's units as its roles do
-    (``first_unit``, ``_unit``, ``_valid``, ``_coords``, ``next_unit``) and write each unit's
-    (row tile, token tile, group) at the unit's index."""
+    """A kernel whose CTAs of WALK_WARPS warps walk the grouped GEMM's units as its roles do,
+    each warp on its own (``first_unit``, ``_unit``, ``_valid``, ``_coords``, ``next_unit``),
+    and write each unit's (row tile, token tile, group) at the unit's index, one slot per
+    warp."""
 
     def __init__(self, gemm, num_tiles, ctas):
         self.gemm, self.num_tiles, self.ctas = gemm, num_tiles, ctas
@@ -766,21 +767,28 @@ class _WalkUnits:
     @cute.jit
     def __call__(self, offsets: cute.Pointer, groups: Int32, out: cute.Pointer, units: Int32):
         mOffsets = cute.make_tensor(offsets, cute.make_layout(groups + 1))
-        mOut = cute.make_tensor(out, cute.make_layout((units, 3), stride=(3, 1)))
-        self.kernel(mOffsets, mOut).launch(grid=(1, 1, self.ctas), block=(32, 1, 1))
+        mOut = cute.make_tensor(
+            out, cute.make_layout((units, WALK_WARPS, 3), stride=(3 * WALK_WARPS, 3, 1))
+        )
+        self.kernel(mOffsets, mOut).launch(grid=(1, 1, self.ctas), block=(32 * WALK_WARPS, 1, 1))
 
     @cute.kernel
     def kernel(self, mOffsets: cute.Tensor, mOut: cute.Tensor):
         scheduler, _ = k90.StaticTileScheduler.create(self.num_tiles, 1, self.ctas)
+        # (outside the one-lane store below: warp_idx() is a warp-wide shuffle)
+        warp = cute.arch.warp_idx()
         unit = scheduler.first_unit()
         valid, found, cursor = self.gemm._unit(scheduler, unit, None, mOffsets)
         while self.gemm._valid(scheduler, unit, valid):
             coords = self.gemm._coords(scheduler, unit, found)
             if cute.arch.lane_idx() == 0:
                 for i in cutlass.range_constexpr(3):
-                    mOut[unit, i] = coords[i]
+                    mOut[unit, warp, i] = coords[i]
             unit = scheduler.next_unit(unit)
             valid, found, cursor = self.gemm._unit(scheduler, unit, cursor, mOffsets)
+
+
+WALK_WARPS = 2  # (a producer warp and consumer warps walk the same units apart)
 
 
 def _walk_units(counts, tile_cols, row_tiles, ctas):
@@ -805,15 +813,16 @@ def _walk_units(counts, tile_cols, row_tiles, ctas):
     (entry,) = parse_ptx(compiled.__ptx__).values()
     gmem = GlobalMemory()
     offsets = np.cumsum([0, *counts]).astype(np.int32)
-    offsets_ptr, out_ptr = gmem.alloc(offsets.tobytes()), gmem.alloc(12 * units)
+    out_bytes = 12 * WALK_WARPS * units
+    offsets_ptr, out_ptr = gmem.alloc(offsets.tobytes()), gmem.alloc(out_bytes)
     params = Params(entry)
     params.put(0, offsets_ptr, 8)
     params.put(0, groups + 1, 4, 8)
     params.put(1, out_ptr, 8)
     params.put(1, units, 4, 8)
-    Grid(entry, ctas, 32, params, gmem, axis="z").run()
-    written = gmem.store_counts(out_ptr, 12 * units).reshape(units, 3, 4)
-    got = gmem.read(out_ptr, 12 * units).view(np.int32).reshape(units, 3)
+    Grid(entry, ctas, 32 * WALK_WARPS, params, gmem, axis="z").run()
+    written = gmem.store_counts(out_ptr, out_bytes).reshape(units, WALK_WARPS, 3, 4)
+    got = gmem.read(out_ptr, out_bytes).view(np.int32).reshape(units, WALK_WARPS, 3)
     return got, written
 
 
@@ -848,6 +857,7 @@ def test_grouped_schedule_visits_every_token_tile_once(walk):
         for row in range(row_tiles)
     ]
     live = len(expected)
-    assert (written[:live] == 1).all(), "a unit run twice or not at all"
+    assert (written[:live] == 1).all(), "a unit run twice or not at all, by some warp"
     assert (written[live:] == 0).all(), "a unit past the groups' tiles ran"
-    assert got[:live].tolist() == [list(e) for e in expected]
+    for warp in range(WALK_WARPS):
+        assert got[:live, warp].tolist() == [list(e) for e in expected], warp
