@@ -21,8 +21,8 @@ before the assert on ``ok`` fires.
 
 One CTA: decode routes tens to hundreds of pairs, and one CTA needs no grid-wide
 synchronization between its passes. The gather, after a fourth barrier, moves 16-byte vectors,
-each thread several at once; it pays only while the rows are a few tens of KB (the host's
-``GATHER_BYTES``), beyond which a grid-wide copy is faster.
+each thread several at once; it is meant for decode's few tens of KB of rows (the host's
+``GATHER_BYTES``): one CTA copying much more would outlast the grid-wide copy it replaces.
 """
 
 from __future__ import annotations
