@@ -45,7 +45,7 @@ def experts_cap(num_experts: int) -> int:
 class RoutingConfig:
     ids_dtype: str  # a key of routing.IDS_DTYPES
     experts_cap: int  # experts_cap(E)
-    x_dtype: str | None = None  # the rows' (gathered by the kernel), a key of routing.X_DTYPES
+    x_dtype: str | None = None  # the rows' (gathered by the kernel), a key of dtypes.DTYPES
 
     def compile(self, options: str):
         from fp4_ops.moe_kernels import routing  # (the DSL: imported when a kernel is built)
@@ -55,7 +55,7 @@ class RoutingConfig:
 
 @dataclass(frozen=True)
 class ActivationConfig:
-    dtype: str  # h's and a's, a key of activation.DTYPES
+    dtype: str  # h's and a's, a key of dtypes.DTYPES
     activation: str  # a key of gating.ACTIVATIONS
     bias_dtype: str | None
 

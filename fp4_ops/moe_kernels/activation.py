@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float16, Float32, Int32, const_expr
+from cutlass import Float32, Int32, const_expr
 
+from fp4_ops.moe_kernels.dtypes import DTYPES
 from fp4_ops.moe_kernels.gating import ACTIVATIONS, SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 
 THREADS = 256
 VEC = 8  # outputs per thread and step
 CTAS_PER_SM = 4
-DTYPES = {"BFloat16": BFloat16, "Float16": Float16, "Float32": Float32}
 
 
 class MoeActivation:

@@ -13,12 +13,13 @@ VEC consecutive columns of one token from 16-byte loads (H is a multiple of 32).
 from __future__ import annotations
 
 import cutlass.cute as cute
-from cutlass import BFloat16, Float16, Float32, Int32, const_expr
+from cutlass import Float32, Int32, const_expr
+
+from fp4_ops.moe_kernels.dtypes import DTYPES
 
 THREADS = 256
 VEC = 8  # columns per thread and step
 CTAS_PER_SM = 4
-DTYPES = {"BFloat16": BFloat16, "Float16": Float16, "Float32": Float32}
 
 
 class MoeCombine:

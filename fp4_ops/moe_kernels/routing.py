@@ -31,13 +31,14 @@ from enum import IntEnum
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float16, Float32, Int32, Int64, const_expr
+from cutlass import Int32, Int64, const_expr
+
+from fp4_ops.moe_kernels.dtypes import DTYPES
 
 THREADS = 512
 WARP = 32
 LOG_WARP = 5
 IDS_DTYPES = {"Int32": Int32, "Int64": Int64}
-X_DTYPES = {"BFloat16": BFloat16, "Float16": Float16, "Float32": Float32}
 VEC_BYTES = 16
 GATHER_UNROLL = 4
 
@@ -57,7 +58,7 @@ class MoeRouting:
         self.ids_dtype = IDS_DTYPES[ids_dtype]
         # (a power of two > E, at least a warp: the scan gives each lane cap / 32 counts)
         self.experts_cap = experts_cap
-        self.x_dtype = None if x_dtype is None else X_DTYPES[x_dtype]
+        self.x_dtype = None if x_dtype is None else DTYPES[x_dtype]
         self._setup_attributes()
 
     def _setup_attributes(self):
@@ -235,7 +236,7 @@ def compile_routing(ids_dtype: str, cap: int, options: str = "", x_dtype: str | 
     op = MoeRouting(ids_dtype, cap, x_dtype)
     gmem = cute.AddressSpace.gmem
     ids_type = IDS_DTYPES[ids_dtype]
-    x_type = X_DTYPES[x_dtype or "Float32"]
+    x_type = DTYPES[x_dtype or "Float32"]
     ptrs = [make_ptr(ids_type, 0, gmem, assumed_align=ids_type.width // 8)]
     ptrs += [make_ptr(Int32, 0, gmem, assumed_align=4) for _ in range(5)]
     ptrs += [make_ptr(x_type, 0, gmem, assumed_align=VEC_BYTES) for _ in range(2)]
