@@ -685,23 +685,25 @@ class BlockwiseGemmFp4Sm100:
         )
         # One fp32 value in global memory: the kernel reads alpha when it runs, not at launch.
         mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(1))
+        tile_schedule, grid = self._compute_grid(
+            mC_mnl, self.cta_tile_shape_mnk, self.cluster_shape_mn, max_active_clusters
+        )
+        self._launch(
+            mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl, mAlpha, tile_schedule, grid, stream
+        )
 
+    @cute.jit
+    def _launch(
+        self, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl, mAlpha, tile_schedule, grid, stream
+    ):
+        """Host side: TMA descriptors, shared storage, launch of ``kernel`` on ``grid``."""
         (
             (tma_atom_a, tma_tensor_a),
             (tma_atom_b, tma_tensor_b),
             (tma_atom_sfa, tma_tensor_sfa),
             (tma_atom_sfb, tma_tensor_sfb),
         ) = self._make_tma_loads(mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl)
-
-        # TMA store of D, one epilogue subtile at a time.
-        epi_smem_layout = cute.slice_(self.c_smem_layout_staged, (None, None, 0))
-        tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mC_mnl, epi_smem_layout, self.epi_tile
-        )
-
-        tile_schedule, grid = self._compute_grid(
-            mC_mnl, self.cta_tile_shape_mnk, self.cluster_shape_mn, max_active_clusters
-        )
+        tma_atom_c, tma_tensor_c = self._make_tma_store(mC_mnl)
 
         @cute.struct
         class SharedStorage:
@@ -770,6 +772,13 @@ class BlockwiseGemmFp4Sm100:
             cluster=(*self.cluster_shape_mn, 1),
             stream=stream,
             min_blocks_per_mp=1,
+        )
+
+    def _make_tma_store(self, mC_mnl):
+        """(atom, coordinate tensor) of the TMA store of D, one epilogue subtile at a time."""
+        epi_smem_layout = cute.slice_(self.c_smem_layout_staged, (None, None, 0))
+        return cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mC_mnl, epi_smem_layout, self.epi_tile
         )
 
     def _make_tma_loads(self, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl):
@@ -1405,6 +1414,7 @@ class BlockwiseGemmFp4Sm100:
         tiles_done = cutlass.Int32(0)
         while tile_schedule.is_valid(work):
             tile_mnl = tile_schedule.mma_tile(work, self.cluster_shape_mn, cta_pair)
+            tile_alpha = self._tile_alpha(alpha, mAlpha, tile_mnl)
             # ((ATOM_V, REST_V), EPI_M * EPI_N)
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, *tile_mnl)], 1, 3)
             acc_buffer = acc_consumer_state.index
@@ -1434,7 +1444,7 @@ class BlockwiseGemmFp4Sm100:
                         acc_pipeline.consumer_release(acc_consumer_state)
                         acc_consumer_state.advance()
                 acc = tiled_copy_r2s.retile(tTR_rAcc).load()
-                tRS_rC.store((acc * alpha).to(self.c_dtype))
+                tRS_rC.store((acc * tile_alpha).to(self.c_dtype))
                 c_stage = (subtiles_before + subtile) % self.num_c_stage
                 cute.copy(tiled_copy_r2s, tRS_rC, tRS_sC[(None, None, None, c_stage)])
                 # NOTE: generic-proxy SMEM writes must be fenced before the async-proxy TMA
@@ -1457,6 +1467,11 @@ class BlockwiseGemmFp4Sm100:
         epilogue_barrier.arrive_and_wait()
         tmem.free(acc_tmem_ptr)
         c_pipeline.producer_tail()
+
+    def _tile_alpha(self, alpha, mAlpha: cute.Tensor, tile_mnl: tuple):
+        """The alpha of the tile at ``tile_mnl``: the one loaded at the start (a grouped kernel
+        overrides this to read its group's)."""
+        return alpha
 
     def _epilogue_copies(self, tidx, tCtAcc_base, tCgC, sC, epi_tile):
         """The epilogue's TMEM -> register -> SMEM copies for thread ``tidx``, one subtile at a
@@ -1820,7 +1835,7 @@ def run_compile_only(args: argparse.Namespace) -> int:
     return 0
 
 
-def _blackwell_gpu(gpu_arch: str = DEFAULT_GPU_ARCH, device=None) -> tuple[bool, str]:
+def blackwell_gpu(gpu_arch: str = DEFAULT_GPU_ARCH, device=None) -> tuple[bool, str]:
     """(can a ``gpu_arch`` cubin run on ``device`` (default: the current GPU), its description)."""
     import torch
 
@@ -1895,7 +1910,7 @@ def _torch_c_dtypes() -> dict:
     return {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}
 
 
-def _reference_beside_this_file():
+def reference_beside_this_file():
     """``reference.py``, which the GPU run uses to quantize its operands and check D: it sits
     beside this file in the repository (a copy of this file alone runs ``--compile_only``)."""
     try:
@@ -1989,7 +2004,7 @@ def _check_cuda_operands(**tensors) -> None:
             raise ValueError(f"{name} must be a contiguous CUDA tensor")
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, a is on {device}")
-    runs, gpu = _blackwell_gpu(DEFAULT_GPU_ARCH, device)
+    runs, gpu = blackwell_gpu(DEFAULT_GPU_ARCH, device)
     if not runs:
         raise ValueError(f"this kernel needs a datacenter Blackwell GPU (sm_100, sm_103); {gpu}")
 
@@ -2276,7 +2291,7 @@ def second_oracle(d_cublas, why_not: str, c_dtype: str):
 def run_on_gpu(args: argparse.Namespace) -> int:
     """Quantize random data, run the kernel, check it against reference.py (and cuBLASLt as a
     second oracle), time it and cuBLASLt."""
-    is_blackwell, gpu = _blackwell_gpu(args.gpu_arch)
+    is_blackwell, gpu = blackwell_gpu(args.gpu_arch)
     if not is_blackwell:
         targets = " or ".join(f"sm_{ma}{mi}" for ma, mi in GPU_ARCHS[args.gpu_arch])
         raise UsageError(
@@ -2287,7 +2302,7 @@ def run_on_gpu(args: argparse.Namespace) -> int:
         )
     import torch
 
-    reference = _reference_beside_this_file()
+    reference = reference_beside_this_file()
     m, n, k, l = args.mnkl  # noqa: E741
     ops = reference.make_fp4_operands(m, n, k, l, args.sf_vec_size, "cuda", seed=args.seed)
     alpha = float(ops.alpha) if args.alpha is None else args.alpha

@@ -962,7 +962,7 @@ def test_cli_gpu_check_per_target(monkeypatch, arch, capability, runs):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a stand-in GPU")
-    ok, description = bw._blackwell_gpu(arch)
+    ok, description = bw.blackwell_gpu(arch)
     assert ok == runs
     assert description == f"a stand-in GPU (sm_{capability[0]}{capability[1]})"
 
@@ -1207,7 +1207,7 @@ def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys, extra, check_line,
         scaled_mm_calls.append(torch.cuda.current_stream())
         return out.zero_()
 
-    monkeypatch.setattr(bw, "_blackwell_gpu", lambda *_: (True, "a stand-in"))
+    monkeypatch.setattr(bw, "blackwell_gpu", lambda *_: (True, "a stand-in"))
     monkeypatch.setattr(bw, "prepare_gemm", stand_in)
     monkeypatch.setattr(torch, "_scaled_mm", stand_in_scaled_mm)
     rc = bw.main(["--mnkl", "200,136,512,1", "--iterations", "4", "--use_cold_l2", *extra])
