@@ -18,13 +18,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "fp4_ops"
 TEMPLATE = ROOT / "blockwise_gemm_fp4.py"
+# its grouped sibling, which extends it (so it is copied together with it)
+GROUPED_TEMPLATE = ROOT / "blockwise_grouped_gemm_fp4.py"
 # the one place that may import the oracle: the standalone template's GPU run, from beside it
 ORACLE_USERS = {("blockwise_gemm_fp4", "reference_beside_this_file")}
 
 
 def _library_modules() -> dict[str, Path]:
     """Module name -> file of every module of the installed library."""
-    modules = {"blockwise_gemm_fp4": TEMPLATE}
+    modules = {"blockwise_gemm_fp4": TEMPLATE, "blockwise_grouped_gemm_fp4": GROUPED_TEMPLATE}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -172,8 +174,8 @@ def test_import_from_another_folder_needs_no_dsl(tmp_path):
 
 
 def test_wheel_installs_only_the_projects_names(tmp_path):
-    """The wheel holds the package and the template module, nothing named reference, hopper,
-    tools, tests or benchmarks."""
+    """The wheel holds the package and the two template modules, nothing named reference,
+    hopper, tools, tests or benchmarks."""
     r = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
         capture_output=True,
@@ -185,7 +187,11 @@ def test_wheel_installs_only_the_projects_names(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         top = {name.split("/")[0] for name in z.namelist()}
         files = set(z.namelist())
-    assert {t for t in top if not t.endswith(".dist-info")} == {"fp4_ops", "blockwise_gemm_fp4.py"}
+    assert {t for t in top if not t.endswith(".dist-info")} == {
+        "fp4_ops",
+        TEMPLATE.name,
+        GROUPED_TEMPLATE.name,
+    }
     for module in _library_modules().values():
         assert str(module.relative_to(ROOT)) in files
 

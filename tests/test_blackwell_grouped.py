@@ -1,0 +1,409 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Tests of blockwise_grouped_gemm_fp4.py (the Blackwell contiguous grouped kernel).
+
+CPU: the contiguous grouped layout against hand-derived offsets; the operands a run builds
+against an independent emulation of the kernel's arithmetic and each group's own reference GEMM;
+every refusal of bad input; cross-compilation with the PTX of the warp roles executed by the
+PTX interpreter of test_blackwell_facts.py for a routing held in (simulated) global memory: the
+M tiles each CTA walks, the group each B / SFB load and each alpha read names, that A, SFA and
+D are addressed without a group, and that no tile past num_m_tiles is touched.  The mainloop
+instructions are the dense kernel's (same configuration), compared class by class.
+GPU: none here; the kernel needs a datacenter Blackwell GPU, which no test machine has.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import re
+import tempfile
+import warnings
+
+import pytest
+import torch
+from test_blackwell import _kernel_param
+from test_blackwell_facts import PtxThread, _fast_divisor
+
+import blockwise_gemm_fp4 as bw
+import blockwise_grouped_gemm_fp4 as grouped
+import reference
+
+NVFP4, MXFP4 = (16, "Float8E4M3FN"), (32, "Float8E8M0FNU")
+# (format, c_dtype, mma_tiler_mn, cluster_shape_mn): 1-CTA, CTA pair, N multicast, N 64
+CONFIGS = [
+    (NVFP4, "BFloat16", (128, 128), (1, 1)),
+    (MXFP4, "Float16", (256, 128), (2, 1)),
+    (NVFP4, "Float32", (128, 64), (1, 2)),
+    (NVFP4, "BFloat16", (256, 256), (2, 2)),
+]
+
+
+def _config_id(cfg) -> str:
+    (vec, _), c_dtype, tile, cluster = cfg
+    return f"v{vec}-{c_dtype}-{tile[0]}x{tile[1]}-cl{cluster[0]}x{cluster[1]}"
+
+
+# ------------------------------------------------------------------------------------------
+# The contiguous grouped layout (pure Python)
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "rows, tile_m, offsets, tile_group",
+    [
+        ((200, 0, 37, 512), 128, (0, 256, 256, 384, 896), (0, 0, 2, 3, 3, 3, 3)),
+        ((200, 0, 37, 512), 256, (0, 256, 256, 512, 1024), (0, 2, 3, 3)),
+        ((1, 1, 1), 128, (0, 128, 256, 384), (0, 1, 2)),
+        ((128, 129), 128, (0, 128, 384), (0, 1, 1)),
+        ((0, 0), 128, (0, 0, 0), ()),
+    ],
+)
+def test_group_layout_pads_each_group_to_whole_tiles(rows, tile_m, offsets, tile_group):
+    layout = grouped.group_layout(rows, tile_m)
+    assert layout.row_offsets == offsets
+    assert layout.tile_group == tile_group
+    assert layout.num_m_tiles == len(tile_group) and layout.rows == offsets[-1]
+
+
+@pytest.mark.parametrize(
+    "rows, tile_m, message",
+    [
+        ((), 128, "one or more integers"),
+        ((3, -1), 128, "integers >= 0"),
+        ((3, 2.0), 128, "integers >= 0"),
+        ((True, 2), 128, "integers >= 0"),
+        ("12", 128, "integers >= 0"),
+        ((3,), 64, "128 or 256"),
+    ],
+)
+def test_group_layout_refuses_bad_input(rows, tile_m, message):
+    with pytest.raises(ValueError, match=message):
+        grouped.group_layout(rows, tile_m)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(cluster_shape_mn=(2, 1)), "cluster shape M=2.*must be 1 for MMA tile M 128"),
+        (dict(mma_tiler_mn=(256, 128)), "cluster shape M must be even"),
+        (
+            dict(mma_tiler_mn=(256, 128), cluster_shape_mn=(4, 1)),
+            "cluster shape M=4.*must be 2 for MMA tile M 256",
+        ),
+        (dict(mnkg=(200, 4096, 7168, 4)), "M=200 is not a multiple of the MMA tile M 128"),
+        (dict(mnkg=(256, 4096, 7000, 4)), "K=7000 is not a multiple of 32"),
+        (dict(cluster_shape_mn=(1, 8)), "exceeds 4"),
+    ],
+)
+def test_check_grouped_config_refusals(change, message):
+    args = dict(
+        mnkg=(256, 4096, 7168, 4),
+        sf_vec_size=16,
+        sf_dtype="Float8E4M3FN",
+        c_dtype="BFloat16",
+        mma_tiler_mn=(128, 128),
+        cluster_shape_mn=(1, 1),
+    )
+    assert grouped.check_grouped_config(**args) == []
+    args.update(change)
+    reasons = grouped.check_grouped_config(**args)
+    assert any(re.search(message, r) for r in reasons), reasons
+
+
+@pytest.mark.parametrize(
+    "n, given, tile, cluster",
+    [
+        (4096, {}, (128, 128), (1, 1)),
+        (64, {}, (128, 64), (1, 1)),
+        (4096, dict(mma_tiler_mn=(256, 256)), (256, 256), (2, 1)),
+        (4096, dict(cluster_shape_mn=(1, 4)), (128, 128), (1, 4)),
+    ],
+)
+def test_grouped_config_fills_in_what_is_missing(n, given, tile, cluster):
+    config = grouped.grouped_config(n, **given)
+    assert (config.mma_tiler_mn, config.cluster_shape_mn) == (tile, cluster)
+
+
+# ------------------------------------------------------------------------------------------
+# The operands of a run, against an emulation of the kernel and each group's own GEMM
+# ------------------------------------------------------------------------------------------
+def _emulated_kernel(ops, layout, n: int, k: int, vec: int) -> torch.Tensor:
+    """D as the module docstring defines it, read from the kernel's operands only: M tile t of
+    tile_group[t] < num_m_tiles, A's rows and SFA's blocked scales, the group's B, SFB, alpha."""
+    m = ops.a.shape[0]
+    sfa = reference.from_blocked(ops.sfa_blocked, m, k // vec)
+    d = torch.full((m, n), float("nan"))
+    for t in range(int(ops.num_m_tiles[0])):
+        g = int(ops.tile_group[t])
+        rows = slice(t * layout.tile_m, (t + 1) * layout.tile_m)
+        sfb = reference.from_blocked(ops.sfb_blocked[g], n, k // vec)
+        d[rows] = reference.reference_gemm(
+            ops.a[rows], ops.b[g], sfa[rows], sfb, vec, ops.alpha[g], out_dtype=torch.float32
+        )
+    return d
+
+
+@pytest.mark.parametrize("vec", [16, 32])
+@pytest.mark.parametrize("rows, tile_m", [((200, 0, 37, 129), 128), ((5, 300, 0, 1), 256)])
+def test_grouped_operands_give_each_group_its_own_gemm(vec, rows, tile_m):
+    n, k = 72, 256
+    layout = grouped.group_layout(rows, tile_m)
+    ops = grouped.make_grouped_operands(layout, n, k, vec, "cpu", seed=3)
+    assert ops.tile_group.dtype == ops.num_m_tiles.dtype == torch.int32
+    assert ops.tile_group.tolist() == list(layout.tile_group)
+    d = _emulated_kernel(ops, layout, n, k, vec)
+    for g, start in enumerate(layout.row_offsets[:-1]):
+        a_g, b_g, sfa_g, sfb_g, alpha_g = ops.groups[g]
+        assert a_g.shape[0] == rows[g]
+        if rows[g]:
+            ok, info = reference.check_gemm(
+                d[start : start + rows[g]].float(), a_g, b_g, sfa_g, sfb_g, vec, alpha_g
+            )
+            assert ok, (g, info)
+        # padding rows: zero codes, so zero products
+        pad_end = layout.row_offsets[g + 1]
+        assert torch.all(d[start + rows[g] : pad_end] == 0)
+    # the groups differ (a swapped group shows)
+    assert len({float(a) for a in ops.alpha}) == len(rows) or vec == 32
+
+
+# ------------------------------------------------------------------------------------------
+# The torch entry point's refusals (checked before anything touches a GPU)
+# ------------------------------------------------------------------------------------------
+def _cpu_operands(m=256, n=128, k=256, groups=3, vec=16):
+    sf = bw.torch_scale_dtype(vec)
+    k_cols = -(-(k // vec) // 4) * 4
+    return dict(
+        a=torch.zeros(m, k // 2, dtype=torch.uint8),
+        b=torch.zeros(groups, n, k // 2, dtype=torch.uint8),
+        sfa_blocked=torch.zeros(-(-m // 128) * 128 * k_cols, dtype=torch.uint8).view(sf),
+        sfb_blocked=torch.zeros(groups, -(-n // 128) * 128 * k_cols, dtype=torch.uint8).view(sf),
+        alpha=torch.ones(groups),
+        tile_group=torch.zeros(m // 128, dtype=torch.int32),
+        num_m_tiles=torch.ones(1, dtype=torch.int32),
+        d=torch.empty(m, n, dtype=torch.bfloat16),
+    )
+
+
+@pytest.mark.parametrize(
+    "name, bad, message",
+    [
+        ("a", torch.zeros(256, 128, dtype=torch.int8), "a must be torch.uint8"),
+        ("a", torch.zeros(256, 64, dtype=torch.uint8), r"a must be \[M, K/2\] and b"),
+        ("b", torch.zeros(3, 128, 128, dtype=torch.float16), "b must be torch.uint8"),
+        ("sfa_blocked", torch.zeros(100, dtype=torch.uint8).view(torch.float8_e4m3fn), "sfa"),
+        ("sfb_blocked", torch.zeros(2, 2048, dtype=torch.uint8).view(torch.float8_e4m3fn), "sfb"),
+        ("alpha", torch.ones(3, dtype=torch.float64), "alpha must be torch.float32"),
+        ("alpha", torch.ones(2), r"alpha must be .* shape \(3,\)"),
+        ("tile_group", torch.zeros(2, dtype=torch.int64), "tile_group must be torch.int32"),
+        ("num_m_tiles", torch.ones(2, dtype=torch.int32), r"num_m_tiles must be .* \(1,\)"),
+        ("d", torch.empty(256, 128, dtype=torch.float16), "config is for"),
+        ("d", torch.empty(255, 128, dtype=torch.bfloat16), r"d must be .* \(256, 128\)"),
+    ],
+)
+def test_grouped_gemm_refuses_bad_operands(name, bad, message):
+    operands = _cpu_operands()
+    operands[name] = bad
+    with pytest.raises(ValueError, match=message):
+        grouped.grouped_gemm(**operands, config=grouped.grouped_config(128))
+
+
+def test_grouped_gemm_refuses_host_tensors_and_bad_configs():
+    with pytest.raises(ValueError, match="a must be a contiguous tensor on a's CUDA device"):
+        grouped.grouped_gemm(**_cpu_operands())
+    operands = _cpu_operands(m=384)
+    config = grouped.grouped_config(128, mma_tiler_mn=(256, 128))
+    with pytest.raises(ValueError, match="tile_group must be"):  # (M / 256 tiles: 1, not 3)
+        grouped.grouped_gemm(**operands, config=config)
+
+
+# ------------------------------------------------------------------------------------------
+# Cross-compilation, and the warp roles' PTX run for a routing in global memory
+# ------------------------------------------------------------------------------------------
+@functools.cache
+def _compiled(cfg, arch: str = bw.DEFAULT_GPU_ARCH):
+    (vec, sf_dtype), c_dtype, tile, cluster = cfg
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gemm, compiled = grouped.compile_grouped_gemm(
+            vec,
+            sf_dtype,
+            c_dtype,
+            tile,
+            cluster,
+            148 // (cluster[0] * cluster[1]),
+            arch,
+            tempfile.mkdtemp(),
+        )
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    return gemm, compiled.__ptx__, deprecations
+
+
+@functools.cache
+def _dense_ptx(cfg) -> str:
+    (vec, sf_dtype), c_dtype, tile, cluster = cfg
+    _, compiled = bw.compile_gemm(
+        vec,
+        sf_dtype,
+        c_dtype,
+        tile,
+        cluster,
+        148 // (cluster[0] * cluster[1]),
+        dump_dir=tempfile.mkdtemp(),
+    )
+    return compiled.__ptx__
+
+
+def _opcodes(ptx: str) -> collections.Counter:
+    """PTX instruction names of the kernel (host functions excluded)."""
+    body = ptx[ptx.index(".entry") :]
+    names = re.findall(r"^\s+(?:@!?%p\d+\s+)?([a-z][\w.:]*)\s", body, re.M)
+    return collections.Counter(names)
+
+
+MAINLOOP = ("tcgen05.mma", "tcgen05.cp", "cp.async.bulk.tensor", "tcgen05.ld", "mbarrier")
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_config_id)
+def test_compiles_without_deprecated_api_and_keeps_the_dense_instructions(cfg):
+    """The grouped kernel is the dense one with another schedule: the same MMA, scale copies,
+    TMA loads and stores, TMEM loads and barriers, instruction for instruction (the counts of
+    loop bodies); no local memory."""
+    _, ptx, deprecations = _compiled(cfg)
+    assert deprecations == [], [str(w.message) for w in deprecations]
+    ours, dense = _opcodes(ptx), _opcodes(_dense_ptx(cfg))
+    for prefix in MAINLOOP:
+
+        def picked(counts, prefix=prefix):
+            # (A, SFA and D lose their batch mode: one dimension fewer in those descriptors)
+            names = (re.sub(r"\.\dd\.", ".", op) for op in counts.elements())
+            return collections.Counter(op for op in names if op.startswith(prefix))
+
+        assert picked(ours) == picked(dense), prefix
+    assert ".local" not in ptx
+
+
+# A routing: 8 M tiles in the buffers, 6 in use, groups out of order and one tile of group 4.
+TILE_GROUP = (3, 3, 0, 4, 1, 1, 2, 2)
+NUM_M_TILES = 6
+GROUPS, K_TILES, N_CLUSTERS, GRID = 5, 3, 3, 4
+TABLE, COUNT, ALPHA = 0x10000, 0x20000, 0x30000
+
+
+class _Routed(PtxThread):
+    """The interpreter with global loads from a memory of the routing and alpha (recorded)."""
+
+    def __init__(self, ptx: str, memory: dict):
+        super().__init__(ptx)
+        self.memory = memory
+
+    def _step(self, op: str, ops: list):
+        if op.startswith("ld.global"):
+            address = self.addr(ops[1])
+            self.set(ops[0], self.memory.get(address))
+            return ("ld.global", address)
+        return super()._step(op, ops)
+
+
+def _run(cfg, warp: int, rank: int, z: int) -> list[tuple]:
+    gemm, ptx, _ = _compiled(cfg)
+    _, _, (tile_m, tile_n), (cm, cn) = cfg
+    pair = 2 if tile_m == 256 else 1
+    m, n, k = len(TILE_GROUP) * tile_m, N_CLUSTERS * cn * tile_n - 8, K_TILES * 256 - 32
+    memory = {TABLE + 4 * t: g for t, g in enumerate(TILE_GROUP)}
+    memory[COUNT] = NUM_M_TILES
+    params = {(i, b): 0 for i in (0, 1) for b in range(12)}
+    # (the schedule's fields follow alpha: the layouts between them are static)
+    schedule = _kernel_param("mAlpha") + 1
+    params.update({(_kernel_param("mA_mkl"), 0): m, (_kernel_param("mA_mkl"), 4): k})
+    params[(_kernel_param("mAlpha"), 0)] = ALPHA
+    params[(schedule, 0)] = len(TILE_GROUP) * N_CLUSTERS
+    # (fields in order: tile count, the M and N divisors (two parameters each), the tables)
+    for index, count in ((schedule + 1, len(TILE_GROUP)), (schedule + 3, N_CLUSTERS)):
+        for offset, value in zip((0, 4, 8, 9), _fast_divisor(count), strict=True):
+            params[(index, offset)] = value
+    params[(schedule + 5, 0)] = TABLE
+    params[(schedule + 6, 0)] = COUNT
+    special = {
+        "%tid.x": 32 * warp,
+        "%ctaid.x": rank % cm,
+        "%ctaid.y": rank // cm,
+        "%ctaid.z": z,
+        "%nctaid.z": GRID,
+        "%cluster_ctarank": rank,
+    }
+    del pair, n
+    return _Routed(ptx, memory).run(special, params)
+
+
+def _expected_tiles(cfg, rank: int, z: int) -> list[tuple[int, int, int]]:
+    """(CTA tile M, CTA tile N, group) of CTA ``rank`` in cluster ``z``, derived by hand: cluster
+    tiles z, z + GRID, ... numbered N fastest, below NUM_M_TILES M tiles."""
+    _, _, _, (cm, cn) = cfg
+    x, y = rank % cm, rank // cm
+    return [
+        (w // N_CLUSTERS * cm + x, w % N_CLUSTERS * cn + y, TILE_GROUP[w // N_CLUSTERS])
+        for w in range(z, NUM_M_TILES * N_CLUSTERS, GRID)
+    ]
+
+
+SIM_CONFIGS = [CONFIGS[0], CONFIGS[3]]
+
+
+@pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=_config_id)
+def test_sim_tma_warp_loads_its_tiles_with_their_groups(cfg):
+    """Every k-tile step of every tile a CTA walks: A's and SFA's coordinates carry no group,
+    A's rows are the tile's; B's and SFB's last coordinate is the tile's group; B's rows are the
+    N tile's; no tile at or past num_m_tiles is loaded."""
+    _, _, (tile_m, tile_n), (cm, cn) = cfg
+    pair = 2 if tile_m == 256 else 1
+    atoms = ("tma_atom_a", "tma_atom_b", "tma_atom_sfa", "tma_atom_sfb")
+    names = {_kernel_param(name): name for name in atoms}
+    for z in range(GRID):
+        for rank in range(cm * cn):
+            tiles = _expected_tiles(cfg, rank, z)
+            loads = [e for e in _run(cfg, 5, rank, z) if e[0] == "load"]
+            assert len(loads) == 4 * K_TILES * len(tiles), (rank, z, len(loads))
+            for i in range(0, len(loads), 4):
+                (m_cta, n_cta, group), kt = tiles[i // (4 * K_TILES)], i // 4 % K_TILES
+                step = {names[e[1]]: e[2] for e in loads[i : i + 4]}
+                a, b, sfa, sfb = (step[name] for name in atoms)
+                where = (rank, z, m_cta, n_cta, kt)
+                cta_m = tile_m // pair
+                assert len(a) == 2 and a[0] == kt * 256, (where, a)
+                assert m_cta * cta_m <= a[1] < (m_cta + 1) * cta_m, (where, a)
+                assert len(b) == 3 and b[0] == kt * 256 and b[2] == group, (where, b)
+                assert n_cta * tile_n <= b[1] < (n_cta + 1) * tile_n, (where, b)
+                assert len(sfa) == 3 and sfa[2] == m_cta, (where, sfa)
+                assert len(sfb) == 4 and sfb[3] == group, (where, sfb)
+
+
+@pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=_config_id)
+def test_sim_epilogue_reads_each_tiles_alpha_and_stores_its_rows(cfg):
+    """The epilogue's first warp: per tile, alpha of the tile's group (4 bytes apart), and TMA
+    stores of D without a group coordinate inside the tile's rows and N columns."""
+    _, _, (tile_m, tile_n), (cm, cn) = cfg
+    cta_m = tile_m // (2 if tile_m == 256 else 1)
+    for z in range(GRID):
+        for rank in range(cm * cn):
+            tiles = _expected_tiles(cfg, rank, z)
+            events = _run(cfg, 0, rank, z)
+            alphas = [e[1] for e in events if e[0] == "ld.global" and e[1] >= ALPHA]
+            assert alphas == [ALPHA + 4 * g for _, _, g in tiles], (rank, z, alphas)
+            stores = [e[2] for e in events if e[0] == "store"]
+            assert len(stores) % max(len(tiles), 1) == 0
+            per_tile = len(stores) // max(len(tiles), 1)
+            for i, (col, row) in enumerate(stores):
+                m_cta, n_cta, _ = tiles[i // per_tile]
+                assert m_cta * cta_m <= row < (m_cta + 1) * cta_m, (rank, z, i, row)
+                assert n_cta * tile_n <= col < (n_cta + 1) * tile_n, (rank, z, i, col)
+
+
+@pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=_config_id)
+def test_sim_no_role_reads_the_routing_past_its_table(cfg):
+    """Every routing read is the count or an entry of the first num_m_tiles tiles."""
+    _, _, _, (cm, cn) = cfg
+    for warp in (0, 4, 5):
+        for rank in range(cm * cn):
+            reads = {e[1] for e in _run(cfg, warp, rank, 0) if e[0] == "ld.global"}
+            table = {a for a in reads if TABLE <= a < COUNT}
+            assert COUNT in reads, warp
+            assert table <= {TABLE + 4 * t for t in range(NUM_M_TILES)}, (warp, table)
