@@ -383,6 +383,9 @@ def _operand_problem(a, b, sfa_blocked, sfb_blocked, alpha, tile_group, num_m_ti
             raise ValueError(f"{name} must be a contiguous tensor on a's CUDA device")
         if t.data_ptr() % align:
             raise ValueError(f"{name} must start on a {align}-byte boundary")
+    runs, gpu = bw.blackwell_gpu(bw.DEFAULT_GPU_ARCH, a.device)
+    if not runs:
+        raise ValueError(f"this kernel needs a datacenter Blackwell GPU (sm_100, sm_103); {gpu}")
     pitch = bw.c_row_pitch(n, config.c_dtype)
     if d.stride() != (pitch, 1):
         raise ValueError(f"d must have rows {pitch} elements apart (blockwise_gemm_fp4.empty_d)")

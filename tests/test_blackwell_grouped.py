@@ -141,12 +141,32 @@ def _emulated_kernel(ops, layout, n: int, k: int, vec: int) -> torch.Tensor:
     return d
 
 
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            not torch.cuda.is_available(), reason="the CUDA run of the host code needs a GPU"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vec", [16, 32])
 @pytest.mark.parametrize("rows, tile_m", [((200, 0, 37, 129), 128), ((5, 300, 0, 1), 256)])
-def test_grouped_operands_give_each_group_its_own_gemm(vec, rows, tile_m):
+def test_grouped_operands_give_each_group_its_own_gemm(vec, rows, tile_m, device):
+    """The operands a GPU run builds (on the CPU, and on a GPU as a B200 run builds them)."""
     n, k = 72, 256
     layout = grouped.group_layout(rows, tile_m)
-    ops = grouped.make_grouped_operands(layout, n, k, vec, "cpu", seed=3)
+    ops = grouped.make_grouped_operands(layout, n, k, vec, device, seed=3)
+    assert ops.a.device.type == device
+    ops = grouped.GroupedOperands(
+        *(getattr(ops, f).cpu() for f in ("a", "b", "sfa_blocked", "sfb_blocked", "alpha")),
+        ops.tile_group.cpu(),
+        ops.num_m_tiles.cpu(),
+        [tuple(t.cpu() for t in group) for group in ops.groups],
+    )
     assert ops.tile_group.dtype == ops.num_m_tiles.dtype == torch.int32
     assert ops.tile_group.tolist() == list(layout.tile_group)
     d = _emulated_kernel(ops, layout, n, k, vec)
@@ -213,6 +233,17 @@ def test_grouped_gemm_refuses_host_tensors_and_bad_configs():
     config = grouped.grouped_config(128, mma_tiler_mn=(256, 128))
     with pytest.raises(ValueError, match="tile_group must be"):  # (M / 256 tiles: 1, not 3)
         grouped.grouped_gemm(**operands, config=config)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or bw.blackwell_gpu()[0],
+    reason="the refusal of a GPU that is not a datacenter Blackwell needs such a GPU",
+)
+def test_gpu_grouped_gemm_refuses_a_gpu_that_is_not_blackwell():
+    operands = {name: t.cuda() for name, t in _cpu_operands().items()}
+    operands["d"] = bw.empty_d(1, 256, 128, "BFloat16", "cuda")[0]
+    with pytest.raises(ValueError, match="needs a datacenter Blackwell GPU"):
+        grouped.grouped_gemm(**operands)
 
 
 # ------------------------------------------------------------------------------------------
