@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import re
 import tempfile
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -89,6 +91,10 @@ def test_group_layout_refuses_bad_input(rows, tile_m, message):
             "cluster shape M=4.*must be 2 for MMA tile M 256",
         ),
         (dict(mnkg=(200, 4096, 7168, 4)), "M=200 is not a multiple of the MMA tile M 128"),
+        (
+            dict(mnkg=(384, 4096, 7168, 4), mma_tiler_mn=(256, 128), cluster_shape_mn=(2, 1)),
+            "M=384 is not a multiple of the MMA tile M 256",
+        ),
         (dict(mnkg=(256, 4096, 7000, 4)), "K=7000 is not a multiple of 32"),
         (dict(cluster_shape_mn=(1, 8)), "exceeds 4"),
     ],
@@ -106,6 +112,9 @@ def test_check_grouped_config_refusals(change, message):
     args.update(change)
     reasons = grouped.check_grouped_config(**args)
     assert any(re.search(message, r) for r in reasons), reasons
+    # (the kernel class answers the same, in the CUTLASS examples' shape)
+    ok, why = grouped.BlockwiseGroupedGemmFp4Sm100.can_implement(*args.values())
+    assert (ok, why) == (False, reasons)
 
 
 @pytest.mark.parametrize(
@@ -224,6 +233,54 @@ def test_grouped_gemm_refuses_bad_operands(name, bad, message):
     operands[name] = bad
     with pytest.raises(ValueError, match=message):
         grouped.grouped_gemm(**operands, config=grouped.grouped_config(128))
+
+
+@pytest.mark.parametrize("vec", [16, 32])
+@pytest.mark.parametrize("m, n, k", [(128, 64, 96), (256, 200, 160), (384, 128, 7168)])
+def test_grouped_gemm_accepts_the_blocked_scales_of_every_shape(vec, m, n, k):
+    """Operands of the exact sizes reference.to_blocked writes (K / V not a multiple of 4, N
+    not of 128 included) pass every shape check: the refusal is the CPU placement."""
+    groups = 2
+    sf = bw.torch_scale_dtype(vec)
+    operands = _cpu_operands(m, n, k, groups, vec)
+    operands["sfa_blocked"] = reference.to_blocked(torch.zeros(m, k // vec, dtype=sf))
+    operands["sfb_blocked"] = reference.to_blocked(torch.zeros(groups, n, k // vec, dtype=sf))
+    config = grouped.grouped_config(n, vec)
+    with pytest.raises(ValueError, match="a must be a contiguous tensor on a's CUDA device"):
+        grouped.grouped_gemm(**operands, config=config)
+
+
+def test_kernel_args_name_each_operand_for_its_parameter():
+    """Each pointer the launch passes holds its own operand's address and element type, under
+    the name of the kernel's parameter for it; the problem is (M, N, K, G)."""
+    import cutlass
+
+    operands = _cpu_operands(m=256, n=128, k=256, groups=3)
+    config = grouped.grouped_config(128)
+    order = ("a", "b", "sfa_blocked", "sfb_blocked", "d", "tile_group", "num_m_tiles", "alpha")
+    args = grouped._kernel_args(
+        config,
+        (256, 128, 256, 3),
+        tuple(operands[name] for name in order),
+        SimpleNamespace(cuda_stream=0),
+    )
+    sf = cutlass.Float8E4M3FN
+    want = {
+        "a_ptr": ("a", cutlass.Float4E2M1FN),
+        "b_ptr": ("b", cutlass.Float4E2M1FN),
+        "sfa_ptr": ("sfa_blocked", sf),
+        "sfb_ptr": ("sfb_blocked", sf),
+        "c_ptr": ("d", cutlass.BFloat16),
+        "tile_group_ptr": ("tile_group", cutlass.Int32),
+        "num_m_tiles_ptr": ("num_m_tiles", cutlass.Int32),
+        "alpha_ptr": ("alpha", cutlass.Float32),
+    }
+    call = inspect.signature(grouped.BlockwiseGroupedGemmFp4Sm100.__call__).parameters
+    assert set(args) == set(call) - {"self", "max_active_clusters"}
+    for param, (name, dtype) in want.items():
+        assert int(args[param].__tvm_ffi_opaque_ptr__()) == operands[name].data_ptr(), param
+        assert args[param].dtype is dtype, param
+    assert [int(v) for v in args["problem_mnkg"]] == [256, 128, 256, 3]
 
 
 def test_grouped_gemm_refuses_host_tensors_and_bad_configs():

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Single-line mutants of blockwise_gemm_fp4.py, and of fp4_ops/sm100.py (its Blackwell adapter),
-for the mutation harness (tools/mutate.py).
+"""Single-line mutants of blockwise_gemm_fp4.py, of its grouped sibling and of fp4_ops/sm100.py (its
+Blackwell adapter), for the mutation harness (tools/mutate.py).
 
 Each mutant is a realistic one-line bug: ``old`` (exact text, unique in ``file``) becomes
 ``new``; ``tests`` are the pytest arguments that must catch it on a machine without a GPU.
@@ -9,6 +9,7 @@ Keep the list current as the kernel changes: a mutant whose ``old`` text is gone
 
 _T = "tests/test_blackwell.py"
 _OPS = "tests/test_fp4_ops.py"
+_G = "tests/test_blackwell_grouped.py"
 
 MUTANTS = [
     # --- scale-factor layout and per-tile coordinates ------------------------------------
@@ -504,5 +505,103 @@ MUTANTS = [
         old="c_stage = (subtiles_before + subtile) % self.num_c_stage",
         new="c_stage = subtile % self.num_c_stage",
         tests=[_T],
+    ),
+    dict(
+        id="grouped-tiles-m-fastest",
+        klass="grouped schedule",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="mma_tile_m, cluster_n = divmod(work, self.clusters_n)",
+        new="cluster_n, mma_tile_m = divmod(work, self.clusters_m)",
+        tests=[_G, "-k", "sim_"],
+    ),
+    dict(
+        id="grouped-group-of-cta-tile",
+        klass="grouped schedule",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="uniform(self.mTileGroup[mma_tile_m]),",
+        new="uniform(self.mTileGroup[mma_tile_m * cm + bidx % cm]),",
+        tests=[_G, "-k", "sim_"],
+    ),
+    dict(
+        id="grouped-count-inclusive",
+        klass="grouped schedule",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="& (mma_tile_m < self.mNumMTiles[0])",
+        new="& (mma_tile_m <= self.mNumMTiles[0])",
+        tests=[_G, "-k", "sim_"],
+    ),
+    dict(
+        id="grouped-alpha-of-m-tile",
+        klass="grouped alpha",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="return mAlpha[tile_mnl[2]]",
+        new="return mAlpha[tile_mnl[0]]",
+        tests=[_G, "-k", "sim_epilogue"],
+    ),
+    dict(
+        id="grouped-alpha-loaded-once",
+        klass="grouped alpha",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="return mAlpha[tile_mnl[2]]",
+        new="return alpha",
+        tests=[_G, "-k", "sim_epilogue"],
+    ),
+    dict(
+        id="grouped-layout-rounds-down",
+        klass="grouped layout",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="tiles = -(-count // tile_m)",
+        new="tiles = count // tile_m",
+        tests=[_G, "-k", "group_layout"],
+    ),
+    dict(
+        id="grouped-cluster-m-below-pair",
+        klass="grouped config",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="if cluster_shape_mn[0] != pair:",
+        new="if cluster_shape_mn[0] < pair:",
+        tests=[_G, "-k", "refusals"],
+    ),
+    dict(
+        id="grouped-m-multiple-of-128",
+        klass="grouped config",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="if mnkg[0] % tile_m:",
+        new="if mnkg[0] % 128:",
+        tests=[_G, "-k", "refusals"],
+    ),
+    dict(
+        id="grouped-scale-columns-unpadded",
+        klass="grouped operands",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="k_cols = -(-(k // config.sf_vec_size) // 4) * 4",
+        new="k_cols = k // config.sf_vec_size",
+        tests=[_G, "-k", "accepts or refuses"],
+    ),
+    dict(
+        id="grouped-count-is-groups",
+        klass="grouped operands",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="num_m_tiles=torch.tensor([layout.num_m_tiles], dtype=torch.int32, device=device),",
+        new="num_m_tiles=torch.tensor([len(layout.group_rows)], dtype=torch.int32, device=device),",
+        tests=[_G, "-k", "operands_give"],
+    ),
+    dict(
+        id="grouped-scale-pointers-swapped",
+        klass="grouped operands",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="sfa_ptr=ptr(sf_dtype, sfa_blocked),",
+        new="sfa_ptr=ptr(sf_dtype, sfb_blocked),",
+        tests=[_G, "-k", "kernel_args"],
+    ),
+    dict(
+        id="grouped-a-coordinates-not-shared",
+        klass="grouped coordinates",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="(a[0], shared_by_groups(a[1], self.num_groups)),",
+        new="(a[0], a[1]),",
+        tests=[_G, "-k", "sim_"],
+        equivalent="A's batch mode is static 1 with stride 0 already: every group index gives "
+        "batch 0's coordinates; shared_by_groups only makes the indices in range",
     ),
 ]
