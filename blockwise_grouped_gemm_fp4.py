@@ -58,8 +58,8 @@ class GroupedTileSchedule(bw.TileSchedule):
 
     Cluster tiles are numbered N fastest, then M: cluster tile w is M tile w // clusters_n (a
     cluster's M extent is one MMA tile) and N cluster w % clusters_n.  The grid covers every M
-    tile of the buffers (``num_cluster_tiles``, of ``clusters_m`` M tiles); cluster ``z`` works
-    on cluster tiles z, z + G, ... below num_m_tiles x clusters_n.
+    tile of the buffers (``num_cluster_tiles``, of ``clusters_m`` M tiles); persistent cluster
+    ``z`` of a grid of P works on cluster tiles z, z + P, ... below num_m_tiles x clusters_n.
     """
 
     mTileGroup: cute.Tensor  # (M tiles,) int32: the group of each M tile
@@ -187,6 +187,21 @@ class BlockwiseGroupedGemmFp4Sm100(bw.BlockwiseGemmFp4Sm100):
     def _tile_alpha(self, alpha, mAlpha: cute.Tensor, tile_mnl: tuple):
         """The alpha of the tile's group."""
         return mAlpha[tile_mnl[2]]
+
+    @staticmethod
+    def can_implement(
+        mnkg: tuple[int, int, int, int],
+        sf_vec_size: int,
+        sf_dtype: str,
+        c_dtype: str,
+        mma_tiler_mn: tuple[int, int],
+        cluster_shape_mn: tuple[int, int],
+    ) -> tuple[bool, list[str]]:
+        """(ok, reasons): ``check_grouped_config`` in the CUTLASS-example shape."""
+        reasons = check_grouped_config(
+            mnkg, sf_vec_size, sf_dtype, c_dtype, mma_tiler_mn, cluster_shape_mn
+        )
+        return not reasons, reasons
 
 
 def compile_grouped_gemm(
@@ -395,10 +410,15 @@ def _operand_problem(a, b, sfa_blocked, sfb_blocked, alpha, tile_group, num_m_ti
 def grouped_gemm(a, b, sfa_blocked, sfb_blocked, alpha, tile_group, num_m_tiles, d, config=None):
     """D = alpha[g] * (A x SFA)(B[g] x SFB[g])^T per M tile of group g: one launch on the
     current stream.  Operands as the module docstring says: a [M, K/2] and b [G, N, K/2] packed
-    FP4, sfa_blocked [n] and sfb_blocked [G, n] in the 128x4 blocked layout (float8_e4m3fn for
-    NVFP4, float8_e8m0fnu for MXFP4), alpha [G] float32, tile_group [M / TILE_M] and num_m_tiles
-    [1] int32, d [M, N] with rows ``c_row_pitch(N)`` apart.  ``config`` None takes
-    ``grouped_config``'s choice.  Returns ``d``."""
+    FP4, sfa_blocked [bytes] and sfb_blocked [G, bytes] in the 128x4 blocked layout
+    (float8_e4m3fn for NVFP4, float8_e8m0fnu for MXFP4), alpha [G] float32, tile_group
+    [M / TILE_M] and num_m_tiles [1] int32, d [M, N] with rows ``c_row_pitch(N)`` apart.
+    ``config`` None takes ``grouped_config``'s choice.  Returns ``d``.
+
+    The routing is read on the device, not here (that would cost a synchronisation): the
+    caller keeps num_m_tiles <= M / TILE_M (the kernel stops at the buffers' end regardless)
+    and the first num_m_tiles entries of tile_group in [0, G), and must not write them, alpha
+    or the operands while the kernel runs."""
     import torch
 
     vec = {torch.float8_e4m3fn: 16, torch.float8_e8m0fnu: 32}.get(sfa_blocked.dtype)
