@@ -650,3 +650,52 @@ def test_main_prints_the_table_and_writes_json(monkeypatch, tmp_path, capsys):
         assert f"| {c['ours_w4a16']['us']:.1f} |" in printed
         for name in ("ours_w4a4", "bf16_grouped"):
             assert c[name]["status"] == "measured"
+
+
+# ----------------------------------------------------------------------------- the profile
+
+
+def test_profile_arguments_and_refusals():
+    from benchmarks import moe_profile
+
+    args = moe_profile.parse_args([])
+    assert args.tokens == [1] and args.contestants == ["ours_w4a16"]
+    assert args.config == list(bench_moe.CONFIGS)
+    for bad in (["--tokens", "0"], ["--config", "llama"], ["--contestants", "cublas"]):
+        with pytest.raises(SystemExit) as exit_info:
+            moe_profile.parse_args(bad)
+        assert exit_info.value.code == 2
+
+
+def test_profile_without_a_gpu_exits_2():
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.moe_profile"], cwd=ROOT, capture_output=True, text=True
+    )
+    if torch.cuda.is_available():
+        pytest.skip("the refusal of a machine without a GPU needs such a machine")
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "kernels, count, means",
+    [
+        ([("a", 1.0), ("b", 4.0), ("a", 3.0), ("b", 6.0)], 2, [("a", 2.0), ("b", 5.0)]),
+        ([("a", 1.0), ("a", 2.0), ("a", 6.0)], 3, [("a", 3.0)]),
+        ([("a", 1.0), ("b", 2.0), ("c", 3.0)], 1, [("a", 1.0), ("b", 2.0), ("c", 3.0)]),
+    ],
+)
+def test_profile_means_per_kernel_in_launch_order(kernels, count, means):
+    from benchmarks import moe_profile
+
+    assert moe_profile.per_call_means(kernels, count) == means
+
+
+@pytest.mark.parametrize(
+    "kernels, count",
+    [([("a", 1.0), ("b", 1.0), ("a", 1.0)], 2), ([("a", 1.0), ("b", 1.0)], 2), ([], 1)],
+)
+def test_profile_refuses_calls_that_differ(kernels, count):
+    from benchmarks import moe_profile
+
+    with pytest.raises(ValueError, match="the calls differ"):
+        moe_profile.per_call_means(kernels, count)
