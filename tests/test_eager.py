@@ -68,6 +68,8 @@ def recorder(monkeypatch):
         monkeypatch.setattr(r90, cache, {})
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: stream[0])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
+    # (the configuration rule's SM count: an H200's, also where a real GPU is present)
+    monkeypatch.setattr(r90, "gpu_sm_count", lambda *_: k90.H200_SM_COUNT)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
     return SimpleNamespace(launches=launches, prepared=prepared, stream=stream)

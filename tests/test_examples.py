@@ -144,6 +144,9 @@ def test_moe_checkpoint_generates_with_a_dequantized_baseline(moe_checkpoint, ca
 
 
 def _run(argv, capsys) -> tuple[int, str, str]:
+    """The command line's CPU path, on any machine: "--device cpu" unless a device is given
+    (its default is the GPU where there is one)."""
+    argv = argv if "--device" in argv else [*argv, "--device", "cpu"]
     code = generate.main(argv)
     out = capsys.readouterr()
     return code, out.out, out.err

@@ -319,7 +319,7 @@ MUTANTS = [
         id="epilogue-ignores-alpha",
         klass="alpha",
         file="blockwise_gemm_fp4.py",
-        old="tRS_rC.store((acc * alpha).to(self.c_dtype))",
+        old="tRS_rC.store((acc * tile_alpha).to(self.c_dtype))",
         new="tRS_rC.store(acc.to(self.c_dtype))",
         tests=[_T, "-k", "by_alpha"],
     ),
