@@ -67,6 +67,8 @@ def recorder(monkeypatch):
     for cache in ("_LAUNCHES", "_KERNELS", "_WORKSPACES"):
         monkeypatch.setattr(r90, cache, {})
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: stream[0])
+    # (a CUDA build of torch has a raw stream getter, which the launcher prefers)
+    monkeypatch.setattr(r90, "stream_handle", lambda *_: stream[0].cuda_stream)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
     # (the configuration rule's SM count: an H200's, also where a real GPU is present)
     monkeypatch.setattr(r90, "gpu_sm_count", lambda *_: k90.H200_SM_COUNT)
