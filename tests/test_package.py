@@ -244,6 +244,30 @@ def test_template_runs_copied_alone(tmp_path):
     assert "cubin:" in r.stdout and list(dump.rglob("*.cubin"))
 
 
+def test_grouped_template_runs_copied_with_its_dense_sibling(tmp_path):
+    """blockwise_grouped_gemm_fp4.py and the template it extends, copied alone into an empty
+    folder: the grouped one imports the dense one from there (not the package, not the oracle)
+    and --compile_only writes its cubin."""
+    for path in (TEMPLATE, GROUPED_TEMPLATE):
+        (tmp_path / path.name).write_text(path.read_text())
+    r = _python(
+        """
+        import os, sys
+        import blockwise_grouped_gemm_fp4 as grouped
+        assert os.path.dirname(grouped.bw.__file__) == os.getcwd(), grouped.bw.__file__
+        assert "fp4_ops" not in sys.modules and "reference" not in sys.modules
+        """,
+        tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    args = ["--group_rows", "8,0,300", "--nk", "256,256", "--compile_only", "--dump_dir", str(dump)]
+    r = _python("", tmp_path, GROUPED_TEMPLATE.name, *args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Compiled for sm_100f" in r.stdout and list(dump.rglob("*.cubin"))
+
+
 def test_readme_python_snippet_runs_from_another_folder(tmp_path):
     """The README's first Python example, as a new user runs it: installed package, CPU tensors,
     a folder outside the checkout."""
