@@ -297,7 +297,8 @@ def check_grouped_config(
         mnkg, sf_vec_size, sf_dtype, c_dtype, mma_tiler_mn, cluster_shape_mn
     )
     if reasons:
-        return reasons
+        # (the dense check names the batch L: here it is the group count G)
+        return [r.replace("L must be", "G (groups) must be") for r in reasons]
     tile_m, pair = mma_tiler_mn[0], 2 if mma_tiler_mn[0] == 256 else 1
     if cluster_shape_mn[0] != pair:
         reasons.append(
