@@ -613,7 +613,7 @@ class BlockwiseGemmFp4Sm100:
         self.acc_release_subtile = num_sf_tmem_cols // cute.size(self.epi_tile[1])
         assert budget.tmem_columns <= self.num_tmem_alloc_cols, "TMEM overflow"
 
-    def _global_tensors(self, a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, problem_mnkl):
+    def global_tensors(self, a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, problem_mnkl):
         """(mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl): the operands over their coordinates."""
         m, n, k, l = problem_mnkl  # noqa: E741 (CUTLASS names the batch extent l)
         # K-major packed FP4: (M, K, L) with K contiguous.  K % 32 == 0 keeps rows 16B-aligned.
@@ -680,7 +680,7 @@ class BlockwiseGemmFp4Sm100:
         self.sf_dtype = sfa_ptr.value_type
         self.c_dtype = c_ptr.value_type
         self._setup_attributes()
-        mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl = self._global_tensors(
+        mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl = self.global_tensors(
             a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, problem_mnkl
         )
         # One fp32 value in global memory: the kernel reads alpha when it runs, not at launch.
@@ -688,12 +688,10 @@ class BlockwiseGemmFp4Sm100:
         tile_schedule, grid = self._compute_grid(
             mC_mnl, self.cta_tile_shape_mnk, self.cluster_shape_mn, max_active_clusters
         )
-        self._launch(
-            mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl, mAlpha, tile_schedule, grid, stream
-        )
+        self.launch(mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl, mAlpha, tile_schedule, grid, stream)
 
     @cute.jit
-    def _launch(
+    def launch(
         self, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl, mAlpha, tile_schedule, grid, stream
     ):
         """Host side: TMA descriptors, shared storage, launch of ``kernel`` on ``grid``."""
@@ -702,8 +700,8 @@ class BlockwiseGemmFp4Sm100:
             (tma_atom_b, tma_tensor_b),
             (tma_atom_sfa, tma_tensor_sfa),
             (tma_atom_sfb, tma_tensor_sfb),
-        ) = self._make_tma_loads(mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl)
-        tma_atom_c, tma_tensor_c = self._make_tma_store(mC_mnl)
+        ) = self.make_tma_loads(mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl)
+        tma_atom_c, tma_tensor_c = self.make_tma_store(mC_mnl)
 
         @cute.struct
         class SharedStorage:
@@ -774,14 +772,14 @@ class BlockwiseGemmFp4Sm100:
             min_blocks_per_mp=1,
         )
 
-    def _make_tma_store(self, mC_mnl):
+    def make_tma_store(self, mC_mnl):
         """(atom, coordinate tensor) of the TMA store of D, one epilogue subtile at a time."""
         epi_smem_layout = cute.slice_(self.c_smem_layout_staged, (None, None, 0))
         return cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mC_mnl, epi_smem_layout, self.epi_tile
         )
 
-    def _make_tma_loads(self, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl):
+    def make_tma_loads(self, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl):
         """TMA atoms and coordinate tensors of the four loads, ((atom, tensor) for A, B, SFA,
         SFB); sets ``num_tma_load_bytes``, the bytes one k-tile stage receives."""
         # TMA loads.  A and SFA are multicast along the cluster's N mode, B and SFB along M.
@@ -1414,7 +1412,7 @@ class BlockwiseGemmFp4Sm100:
         tiles_done = cutlass.Int32(0)
         while tile_schedule.is_valid(work):
             tile_mnl = tile_schedule.mma_tile(work, self.cluster_shape_mn, cta_pair)
-            tile_alpha = self._tile_alpha(alpha, mAlpha, tile_mnl)
+            tile_alpha = self.tile_alpha(alpha, mAlpha, tile_mnl)
             # ((ATOM_V, REST_V), EPI_M * EPI_N)
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, *tile_mnl)], 1, 3)
             acc_buffer = acc_consumer_state.index
@@ -1468,7 +1466,7 @@ class BlockwiseGemmFp4Sm100:
         tmem.free(acc_tmem_ptr)
         c_pipeline.producer_tail()
 
-    def _tile_alpha(self, alpha, mAlpha: cute.Tensor, tile_mnl: tuple):
+    def tile_alpha(self, alpha, mAlpha: cute.Tensor, tile_mnl: tuple):
         """The alpha of the tile at ``tile_mnl``: the one loaded at the start (a grouped kernel
         overrides this to read its group's)."""
         return alpha

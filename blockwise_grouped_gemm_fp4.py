@@ -143,10 +143,10 @@ class BlockwiseGroupedGemmFp4Sm100(bw.BlockwiseGemmFp4Sm100):
         self._setup_attributes()
         m, n, k, num_groups = problem_mnkg
         # A, SFA and D: one batch; B and SFB: one per group.
-        mA_mkl, _, mSFA_mkl, _, mC_mnl = self._global_tensors(
+        mA_mkl, _, mSFA_mkl, _, mC_mnl = self.global_tensors(
             a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, (m, n, k, 1)
         )
-        _, mB_nkl, _, mSFB_nkl, _ = self._global_tensors(
+        _, mB_nkl, _, mSFB_nkl, _ = self.global_tensors(
             a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, (m, n, k, num_groups)
         )
         self.num_groups = num_groups
@@ -163,13 +163,11 @@ class BlockwiseGroupedGemmFp4Sm100(bw.BlockwiseGemmFp4Sm100):
             mNumMTiles,
         )
         grid = tile_schedule.grid(self.cluster_shape_mn, max_active_clusters)
-        self._launch(
-            mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl, mAlpha, tile_schedule, grid, stream
-        )
+        self.launch(mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mC_mnl, mAlpha, tile_schedule, grid, stream)
 
-    def _make_tma_loads(self, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl):
+    def make_tma_loads(self, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl):
         """The dense loads, with A's and SFA's coordinates shared by every group."""
-        a, b, sfa, sfb = bw.BlockwiseGemmFp4Sm100._make_tma_loads(
+        a, b, sfa, sfb = bw.BlockwiseGemmFp4Sm100.make_tma_loads(
             self, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl
         )
         return (
@@ -179,12 +177,12 @@ class BlockwiseGroupedGemmFp4Sm100(bw.BlockwiseGemmFp4Sm100):
             sfb,
         )
 
-    def _make_tma_store(self, mC_mnl):
+    def make_tma_store(self, mC_mnl):
         """The dense store of D, its coordinates shared by every group."""
-        atom, tensor = bw.BlockwiseGemmFp4Sm100._make_tma_store(self, mC_mnl)
+        atom, tensor = bw.BlockwiseGemmFp4Sm100.make_tma_store(self, mC_mnl)
         return atom, shared_by_groups(tensor, self.num_groups)
 
-    def _tile_alpha(self, alpha, mAlpha: cute.Tensor, tile_mnl: tuple):
+    def tile_alpha(self, alpha, mAlpha: cute.Tensor, tile_mnl: tuple):
         """The alpha of the tile's group."""
         return mAlpha[tile_mnl[2]]
 
@@ -273,8 +271,8 @@ def group_layout(group_rows, tile_m: int) -> GroupLayout:
     rows = _ints(group_rows)
     if not rows or min(rows) < 0:
         raise ValueError(f"group_rows must be one or more integers >= 0, got {group_rows!r}")
-    if tile_m not in (128, 256):
-        raise ValueError(f"tile_m must be the MMA tile M, 128 or 256, got {tile_m!r}")
+    if _ints((tile_m,)) not in ((128,), (256,)):
+        raise ValueError(f"tile_m must be the MMA tile M, the integer 128 or 256, got {tile_m!r}")
     offsets, tile_group = [0], []
     for group, count in enumerate(rows):
         tiles = -(-count // tile_m)
@@ -322,9 +320,11 @@ def grouped_config(
     cluster_shape_mn: tuple[int, int] | None = None,
 ) -> bw.GemmConfig:
     """The configuration, with what is None chosen: tile M 128 (groups of a MoE layer are short,
-    and padding costs a tile's rows per group), tile N as the dense rule, the CTA pair."""
+    and padding costs a tile's rows per group) unless the cluster is a CTA pair, tile N as the
+    dense rule, the CTA pair of the tile M."""
     if mma_tiler_mn is None:
-        mma_tiler_mn = (128, 64 if n <= 64 else 128)
+        pair = cluster_shape_mn is not None and cluster_shape_mn[0] == 2
+        mma_tiler_mn = (256 if pair else 128, 64 if n <= 64 else 128)
     if cluster_shape_mn is None:
         cluster_shape_mn = (2 if mma_tiler_mn[0] == 256 else 1, 1)
     return bw.GemmConfig(sf_vec_size, c_dtype, mma_tiler_mn, cluster_shape_mn)
@@ -427,7 +427,15 @@ def grouped_gemm(a, b, sfa_blocked, sfb_blocked, alpha, tile_group, num_m_tiles,
         raise ValueError(
             f"sfa_blocked must be float8_e4m3fn or float8_e8m0fnu, got {sfa_blocked.dtype}"
         )
-    c_dtype = {v: k for k, v in _torch_c_dtypes().items()}.get(d.dtype, str(d.dtype))
+    c_dtype = {v: k for k, v in _torch_c_dtypes().items()}.get(d.dtype)
+    if c_dtype is None:
+        raise ValueError(
+            f"d must be {' or '.join(map(str, _torch_c_dtypes().values()))}, got {d.dtype}"
+        )
+    if a.dim() != 2 or b.dim() != 3:
+        raise ValueError(
+            f"a must be [M, K/2] and b [G, N, K/2], got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     if config is None:
         config = grouped_config(b.shape[-2], vec, c_dtype)
     if (config.sf_vec_size, config.c_dtype) != (vec, c_dtype):
@@ -447,11 +455,11 @@ def grouped_gemm(a, b, sfa_blocked, sfb_blocked, alpha, tile_group, num_m_tiles,
     operands = (a, b, sfa_blocked, sfb_blocked, d, tile_group, num_m_tiles, alpha)
     stream = torch.cuda.current_stream(a.device)
     with torch.cuda.device(a.device.index):
-        compiled(**_kernel_args(config, mnkg, operands, stream))
+        compiled(**kernel_args(config, mnkg, operands, stream))
     return d
 
 
-def _kernel_args(config: bw.GemmConfig, mnkg, operands, stream) -> dict:
+def kernel_args(config: bw.GemmConfig, mnkg, operands, stream) -> dict:
     """The compiled kernel's keyword arguments (``BlockwiseGroupedGemmFp4Sm100.__call__``'s)."""
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
@@ -593,8 +601,11 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
     args.config = grouped_config(
         n, args.sf_vec_size, args.c_dtype, args.mma_tiler_mn, args.cluster_shape_mn
     )
+    tile_m = args.config.mma_tiler_mn[0]
+    if tile_m not in (128, 256):
+        raise bw.UsageError(f"--mma_tiler_mn: tile M must be 128 or 256, got {tile_m}")
     try:
-        args.layout = group_layout(args.group_rows, args.config.mma_tiler_mn[0])
+        args.layout = group_layout(args.group_rows, tile_m)
     except ValueError as err:
         raise bw.UsageError(f"--group_rows: {err}") from None
     if args.layout.rows == 0:

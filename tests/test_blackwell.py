@@ -85,7 +85,7 @@ ARCH_MATRIX = [
 ]
 
 
-def _arch_config_id(arch_cfg) -> str:
+def arch_config_id(arch_cfg) -> str:
     arch, cfg = arch_cfg
     return f"{arch}-{_config_id(cfg)}"
 
@@ -142,7 +142,7 @@ class _CompiledMatrix(dict):
     def __init__(self, tmp_path_factory):
         super().__init__()
         self._tmp = tmp_path_factory
-        self._by_id = {_arch_config_id(ac): ac for ac in ARCH_MATRIX}
+        self._by_id = {arch_config_id(ac): ac for ac in ARCH_MATRIX}
 
     def __missing__(self, key: str) -> Compiled:
         self[key] = _compile(*self._by_id[key], self._tmp.mktemp(key))
@@ -160,18 +160,18 @@ def compiled_matrix(tmp_path_factory):
     return _MATRIX[0]
 
 
-@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=arch_config_id)
 def test_compile_uses_no_deprecated_dsl_api(arch_cfg, compiled_matrix):
     """No DeprecationWarning while tracing and compiling, wherever the DSL attributes it (the
     DSL's own modules too: pytest.ini's filter sees only warnings attributed to our files)."""
-    deprecations = compiled_matrix[_arch_config_id(arch_cfg)].deprecations
+    deprecations = compiled_matrix[arch_config_id(arch_cfg)].deprecations
     assert [f"{w.filename}:{w.lineno}: {w.message}" for w in deprecations] == []
 
 
-@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=arch_config_id)
 def test_ptx_block_scaled_fp4_mma(arch_cfg, compiled_matrix):
     arch, ((vec, _), _, tile, _) = arch_cfg
-    ptx = compiled_matrix[_arch_config_id(arch_cfg)].ptx
+    ptx = compiled_matrix[arch_config_id(arch_cfg)].ptx
     assert re.search(rf"^\.target {arch}$", ptx, re.M), "PTX for another target"
     cta_group = 2 if tile[0] == 256 else 1
     mmas = set(re.findall(r"tcgen05\.mma\.[a-z0-9_.:]+", ptx))
@@ -185,10 +185,10 @@ def test_ptx_block_scaled_fp4_mma(arch_cfg, compiled_matrix):
     assert f"tcgen05.alloc.cta_group::{cta_group}" in ptx
 
 
-@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=arch_config_id)
 def test_ptx_tma_loads_multicast_and_store(arch_cfg, compiled_matrix):
     _, (_, _, _, cluster) = arch_cfg
-    ptx = compiled_matrix[_arch_config_id(arch_cfg)].ptx
+    ptx = compiled_matrix[arch_config_id(arch_cfg)].ptx
     loads = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::[a-z]+\.global[a-z0-9_.:]*", ptx)
     # A and B are 3-D (rows, K, L) boxes, SFA and SFB 4-D: one TMA load instruction each.
     assert sorted(loads) == ["3", "3", "4", "4"], loads
@@ -198,10 +198,10 @@ def test_ptx_tma_loads_multicast_and_store(arch_cfg, compiled_matrix):
     assert re.search(r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta", ptx), "no TMA store"
 
 
-@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=arch_config_id)
 def test_no_local_memory_and_sass(arch_cfg, compiled_matrix):
     _, (_, _, tile, _) = arch_cfg
-    cubin = compiled_matrix[_arch_config_id(arch_cfg)].cubin
+    cubin = compiled_matrix[arch_config_id(arch_cfg)].cubin
     if bw.find_cuobjdump() is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     usage = bw.cubin_resource_usage(str(cubin))
@@ -220,22 +220,22 @@ def test_no_local_memory_and_sass(arch_cfg, compiled_matrix):
 @pytest.mark.parametrize(
     "arch_cfg",
     [a for a in ARCH_MATRIX if a[1][2:] in (((256, 128), (2, 1)), ((128, 128), (4, 4)))],
-    ids=_arch_config_id,
+    ids=arch_config_id,
 )
 def test_sass_epilogue_four_tmem_loads_and_tma_stores(arch_cfg, compiled_matrix):
     """The default configuration and 128x128 on 4x4: 4 TMEM loads + 4 TMA stores per tile."""
-    cubin = compiled_matrix[_arch_config_id(arch_cfg)].cubin
+    cubin = compiled_matrix[arch_config_id(arch_cfg)].cubin
     sass = _sass(cubin)
     assert len(re.findall(r"\bLDTM\b", sass)) == 4
     assert len(re.findall(r"\bUTMASTG\b", sass)) == 4
 
 
-@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", ARCH_MATRIX, ids=arch_config_id)
 def test_budget_matches_compiled_kernel(arch_cfg, compiled_matrix):
     """tile_budget's byte arithmetic is what the kernel runs with, and it agrees with the
     kernel's real SMEM layouts (the TMA transaction bytes per stage are counted from them)."""
     _, ((vec, _), c_dtype, tile, _) = arch_cfg
-    gemm = compiled_matrix[_arch_config_id(arch_cfg)].gemm
+    gemm = compiled_matrix[arch_config_id(arch_cfg)].gemm
     budget = bw.tile_budget(tile, vec, c_dtype)
     cta_pair = 2 if tile[0] == 256 else 1
     assert gemm.num_tma_load_bytes == cta_pair * budget.ab_stage_bytes
@@ -357,7 +357,7 @@ class _Ptx:
         return int(re.search(r"_param_(\d+)$", args[0]).group(1))
 
 
-def _kernel_param(name: str) -> int:
+def kernel_param(name: str) -> int:
     """PTX parameter index of a kernel argument (the PTX numbers them in order, self excluded)."""
     params = list(inspect.signature(bw.BlockwiseGemmFp4Sm100.kernel).parameters)
     return params.index(name) - 1
@@ -366,13 +366,13 @@ def _kernel_param(name: str) -> int:
 FAMILY_MATRIX = [(bw.DEFAULT_GPU_ARCH, cfg) for cfg in COMPILE_MATRIX]
 
 
-@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=arch_config_id)
 def test_ptx_scale_factors_tmem_columns(arch_cfg, compiled_matrix):
     """tcgen05.cp writes SFA at the columns right after the accumulators and SFB right after
     SFA; each MMA reads the scale columns of its K block, and on N tiles of 64 and 192 the SFB
     columns move by (tile % 2) * 2."""
     _, ((vec, _), _, tile, _) = arch_cfg
-    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    ptx = _Ptx(compiled_matrix[arch_config_id(arch_cfg)].ptx)
     tile_n = tile[1]
     # Accumulators: two of tile N columns; for N 256 two that share the 16 + 32 scale columns.
     sfa_col = 2 * tile_n if tile_n < 256 else 2 * tile_n - 16 - 32
@@ -426,21 +426,21 @@ def _expected_masks(tile_m: int, cluster: tuple[int, int]) -> dict[str, int | No
     }
 
 
-@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=arch_config_id)
 def test_ptx_tma_multicast_mask_of_each_load(arch_cfg, compiled_matrix):
     """Which of the four TMA loads multicast, with which mask: A and SFA to the CTAs of their
     cluster row, B to the CTAs of its column (pairs of CTAs for tile M 256), SFB to every CTA of
     its column."""
     _, (_, _, tile, cluster) = arch_cfg
-    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    ptx = _Ptx(compiled_matrix[arch_config_id(arch_cfg)].ptx)
     loads = {
         param: None if mask is None else ptx.value(mask)
         for param, (_, _, mask) in ptx.tma_loads().items()
     }
     expected = _expected_masks(tile[0], cluster)
-    assert sorted(loads) == sorted(_kernel_param(name) for name in expected)
+    assert sorted(loads) == sorted(kernel_param(name) for name in expected)
     for name, pattern in expected.items():
-        mask = loads[_kernel_param(name)]
+        mask = loads[kernel_param(name)]
         if pattern is None:
             assert mask is None, (name, mask)
             continue
@@ -450,11 +450,11 @@ def test_ptx_tma_multicast_mask_of_each_load(arch_cfg, compiled_matrix):
         assert (symbol is None and constant == pattern) or (
             symbol is not None and symbol.startswith(f"shl({pattern},")
         ), (name, mask, pattern)
-    a, sfa = loads[_kernel_param("tma_atom_a")], loads[_kernel_param("tma_atom_sfa")]
+    a, sfa = loads[kernel_param("tma_atom_a")], loads[kernel_param("tma_atom_sfa")]
     assert a == sfa  # the same mask, shifted by the same coordinate
 
 
-@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=arch_config_id)
 def test_ptx_barrier_arrival_counts(arch_cfg, compiled_matrix):
     """Arrivals each mbarrier waits for, in allocation order, from the roles' sizes: a stage
     fills with one TMA transaction arrival and is freed by one MMA-warp arrival from every CTA
@@ -465,7 +465,7 @@ def test_ptx_barrier_arrival_counts(arch_cfg, compiled_matrix):
     (vec, _), c_dtype, tile, cluster = arch_cfg[1]
     pair = 2 if tile[0] == 256 else 1
     budget = bw.tile_budget(tile, vec, c_dtype)
-    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    ptx = _Ptx(compiled_matrix[arch_config_id(arch_cfg)].ptx)
     counts = [ptx.value(ops[1]) for op, ops in ptx.instructions if op.startswith("mbarrier.init")]
     ab, acc = budget.num_ab_stage, budget.num_acc_stage
     expected = (
@@ -476,11 +476,11 @@ def test_ptx_barrier_arrival_counts(arch_cfg, compiled_matrix):
     assert named - {("0",)} == {("1", "128"), ("2", "160")}, named  # (0: the whole CTA)
 
 
-@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=arch_config_id)
 def test_ptx_mma_overwrites_then_accumulates(arch_cfg, compiled_matrix):
     """The enable-input-d operand of each tcgen05.mma: the k-tile's first MMA takes a flag that
     is false at a tile's start and true once MMAs have run; its other MMAs always accumulate."""
-    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    ptx = _Ptx(compiled_matrix[arch_config_id(arch_cfg)].ptx)
     flags = [ops[-1] for op, ops in ptx.instructions if op.startswith("tcgen05.mma")]
     values = [{args[0] for op, args in ptx.defs.get(f, ()) if op == "mov.pred"} for f in flags]
     assert len(flags) % bw.MMA_INSTS_PER_K_TILE == 0 and flags, flags
@@ -489,17 +489,17 @@ def test_ptx_mma_overwrites_then_accumulates(arch_cfg, compiled_matrix):
         assert flag_values == ({"0", "-1"} if first_of_k_tile else {"-1"}), (i, flags, values)
 
 
-@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=arch_config_id)
 def test_ptx_tile_coordinates_come_from_their_own_grid_axis(arch_cfg, compiled_matrix):
     """The grid's x extent is the cluster's M, y its N: A and SFA tiles are picked without
     %ctaid.y, SFB tiles and the MMA's SFB column shift without %ctaid.x (B too, unless a CTA
     pair splits it along x)."""
     _, (_, _, tile, cluster) = arch_cfg
-    ptx = _Ptx(compiled_matrix[_arch_config_id(arch_cfg)].ptx)
+    ptx = _Ptx(compiled_matrix[arch_config_id(arch_cfg)].ptx)
     loads = ptx.tma_loads()
 
     def sources(name):
-        return set().union(*(ptx.grid_sources(c) for c in loads[_kernel_param(name)][1]))
+        return set().union(*(ptx.grid_sources(c) for c in loads[kernel_param(name)][1]))
 
     assert "%ctaid.y" not in sources("tma_atom_a") | sources("tma_atom_sfa")
     assert "%ctaid.x" not in sources("tma_atom_sfb")
@@ -516,15 +516,15 @@ def test_ptx_tile_coordinates_come_from_their_own_grid_axis(arch_cfg, compiled_m
         assert "%ctaid.y" in shift_sources
 
 
-@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=arch_config_id)
 def test_ptx_epilogue_scales_every_value_by_alpha(arch_cfg, compiled_matrix):
     """alpha comes from global memory: the kernel's alpha parameter holds an address and nothing
     else, the kernel's only global load reads alpha there (once, before any TMEM load), and the
     value loaded multiplies every accumulator value the epilogue stores: 32 values per thread
     and 32-column subtile, two per mul.f32x2."""
     _, (_, _, tile, _) = arch_cfg
-    ptx = compiled_matrix[_arch_config_id(arch_cfg)].ptx
-    param = _kernel_param("mAlpha")
+    ptx = compiled_matrix[arch_config_id(arch_cfg)].ptx
+    param = kernel_param("mAlpha")
     reads = re.findall(rf"ld\.param\.(\w+)\s+(%\w+), \[\w+_param_{param}(?:\+\d+)?\];", ptx)
     assert [kind for kind, _ in reads] == ["b64"], f"alpha's parameter is not one address: {reads}"
     loads = re.findall(r"ld\.global(?:\.\w+)*\s+(%r\d+), \[(%rd\d+)\];", ptx)
@@ -538,11 +538,11 @@ def test_ptx_epilogue_scales_every_value_by_alpha(arch_cfg, compiled_matrix):
     assert len(muls) == tile[1] // 32 * 16
 
 
-@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX[:4], ids=_arch_config_id)
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX[:4], ids=arch_config_id)
 def test_host_builds_each_descriptor_from_its_own_pointer(arch_cfg, compiled_matrix):
     """The host function turns its pointer arguments (A, B, SFA, SFB, D) into TMA descriptors
     in that order, each once, and passes alpha's pointer on to the kernel launch."""
-    host = compiled_matrix[_arch_config_id(arch_cfg)].host_ir
+    host = compiled_matrix[arch_config_id(arch_cfg)].host_ir
     signature = host[: host.index(") -> ")]
     args = re.findall(r"(%arg\d+): ", signature)
     params = list(inspect.signature(bw.BlockwiseGemmFp4Sm100.__call__).parameters)[1:]
@@ -717,7 +717,7 @@ def test_global_tensors_each_on_its_own_pointer_and_shape(vec):
     ):
         gemm = bw.BlockwiseGemmFp4Sm100(vec, (128, 128), (1, 1))
         gemm.c_dtype = c.value_type
-        tensors = gemm._global_tensors(a, b, sfa, sfb, c, (m, n, k, batches))
+        tensors = gemm.global_tensors(a, b, sfa, sfb, c, (m, n, k, batches))
         found["align"] = [t.iterator.alignment for t in tensors]
         found["shapes"] = [tuple(cute.size(t, mode=[i]) for i in range(3)) for t in tensors]
         checks = []

@@ -26,9 +26,9 @@ import pytest
 import torch
 from test_blackwell import (  # noqa: F401  (compiled_matrix: the same compiles, once a process)
     FAMILY_MATRIX,
-    _arch_config_id,
-    _kernel_param,
+    arch_config_id,
     compiled_matrix,
+    kernel_param,
 )
 
 import blockwise_gemm_fp4 as bw
@@ -314,7 +314,7 @@ def _setup(arch_cfg, compiled) -> Setup:
         BATCHES,
     )
     return Setup(
-        id=_arch_config_id(arch_cfg),
+        id=arch_config_id(arch_cfg),
         ptx=compiled.ptx,
         vec=vec,
         c_bytes=bw.C_DTYPES[c_dtype].width // 8,
@@ -336,7 +336,7 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _fast_divisor(d: int) -> tuple[int, int, int, int]:
+def fast_divisor(d: int) -> tuple[int, int, int, int]:
     """(divisor, multiplier, shift 1, shift 2) of unsigned 32-bit division by d as
     q = (((x - mulhi(x, m)) >> s1) + mulhi(x, m)) >> s2 (Granlund-Montgomery, round-up)."""
     ell = (d - 1).bit_length()
@@ -355,12 +355,12 @@ def _params(s: Setup) -> dict:
     clusters_m = _ceil(_ceil(m, s.cta_m), s.cm)
     clusters_n = _ceil(_ceil(n, s.tile_n), s.cn)
     params = {(i, b): 0 for i in (0, 1) for b in range(12)}  # the MMAs' runtime fields
-    a = _kernel_param("mA_mkl")
+    a = kernel_param("mA_mkl")
     params.update({(a, 0): m, (a, 4): k, (a, 8): batches})
-    schedule = _kernel_param("mAlpha") + 1
+    schedule = kernel_param("mAlpha") + 1
     params[(schedule, 0)] = clusters_m * clusters_n * batches
     for index, count in ((schedule + 1, clusters_m), (schedule + 3, clusters_n)):
-        for offset, value in zip((0, 4, 8, 9), _fast_divisor(count), strict=True):
+        for offset, value in zip((0, 4, 8, 9), fast_divisor(count), strict=True):
             params[(index, offset)] = value
     return params
 
@@ -405,7 +405,7 @@ def _sim(s: Setup, warp: int, rank: int = 0, z: int = 0, peek: bool = False) -> 
 @pytest.fixture
 def setup(request) -> Setup:
     matrix = request.getfixturevalue("compiled_matrix")
-    return _setup(request.param, matrix[_arch_config_id(request.param)])
+    return _setup(request.param, matrix[arch_config_id(request.param)])
 
 
 def _mask(ranks) -> int:
@@ -426,7 +426,7 @@ def _barriers(s: Setup) -> dict[str, int]:
 
 EPILOGUE, MMA, TMA = 0, 4, 5
 OPERANDS = ("tma_atom_a", "tma_atom_b", "tma_atom_sfa", "tma_atom_sfb")
-family = pytest.mark.parametrize("setup", FAMILY_MATRIX, ids=_arch_config_id, indirect=True)
+family = pytest.mark.parametrize("setup", FAMILY_MATRIX, ids=arch_config_id, indirect=True)
 
 
 # ------------------------------------------------------------------------------------------
@@ -466,7 +466,7 @@ def _sfb_atoms(s: Setup, n_cta: int) -> set[int]:
 def _tma_loads(s: Setup, rank: int, z: int) -> list[dict[str, tuple]]:
     """The loads of CTA ``rank`` in cluster ``z``, grouped per k-tile: operand -> record."""
     loads = [e for e in _sim(s, TMA, rank, z) if e[0] == "load"]
-    params = {_kernel_param(name): name for name in OPERANDS}
+    params = {kernel_param(name): name for name in OPERANDS}
     assert len(loads) % 4 == 0, loads
     steps = []
     for i in range(0, len(loads), 4):
@@ -684,7 +684,7 @@ def _smem_c_buffers(s: Setup) -> tuple[int, int, int]:
     PTX uses: D's buffers start where the stores read the lowest address and end where A's
     stages begin (SharedStorage: sC, then sA); one buffer is 128 rows x 32 columns of D."""
     first = min(e[3] for e in _sim(s, EPILOGUE) if e[0] == "store")
-    a_param = _kernel_param("tma_atom_a")
+    a_param = kernel_param("tma_atom_a")
     a_start = min(e[3] for e in _sim(s, TMA) if e[0] == "load" and e[1] == a_param)
     size = s.cta_m * 32 * s.c_bytes
     assert (a_start - first) % size == 0, (first, a_start, size)
@@ -869,7 +869,7 @@ def test_host_layouts_modes_pitch_and_tile_counts(c_dtype, n, pitch):
         gemm.a_dtype, gemm.b_dtype, gemm.sf_dtype = a.value_type, b.value_type, sfa.value_type
         gemm.c_dtype = c.value_type
         gemm._setup_attributes()
-        tensors = gemm._global_tensors(a, b, sfa, sfb, c, (m, n, k, batches))
+        tensors = gemm.global_tensors(a, b, sfa, sfb, c, (m, n, k, batches))
         found["layouts"] = [(t.shape, t.stride) for t in (tensors[0], tensors[1], tensors[4])]
         parts = gemm._partition_global_tiles(gemm.tiled_mma, gemm.tiled_mma_sfb, 0, *tensors)
         found["rest"] = [p.shape[3:] for p in (parts[0], parts[1], parts[4])]

@@ -826,7 +826,7 @@ def test_the_kernel_needs_the_pinned_dsl():
         "any between 1 and 32",  # strictly between: 1 and 32 pass
         "on the FP8 example's own path",  # a faithful copy, not the example run as is
         "four substitutions",  # SFB differs in more: see the SFB excerpt
-        "BlockwiseGemmFp4Sm100.__call__)",  # the TMA atoms live in _make_tma_loads
+        "BlockwiseGemmFp4Sm100.__call__)",  # the TMA atoms live in make_tma_loads
     ],
 )
 def test_reviewed_overstatements_stay_out(overstatement):

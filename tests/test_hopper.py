@@ -899,7 +899,7 @@ def _lanes(a: int, b: int, to_value, to_bits) -> int:
     return (hi << 16) | lo
 
 
-def _ptx_model(result, operands, asm, constraints, **_):
+def ptx_model(result, operands, asm, constraints, **_):
     """Stand-in for the kernel's ``_ptx``: evaluates the instruction on Python integers."""
     args = [int(dtype(v).value) & 0xFFFFFFFF for dtype, v in operands]
     if asm.startswith("prmt.b32 "):
@@ -930,7 +930,7 @@ def _ptx_model(result, operands, asm, constraints, **_):
 def ptx_models(monkeypatch):
     import warnings
 
-    monkeypatch.setattr(dq, "_ptx", _ptx_model)
+    monkeypatch.setattr(dq, "_ptx", ptx_model)
     with warnings.catch_warnings():
         # eager DSL integers warn when a shift drops high bits, as the 32-bit PTX ops do
         warnings.simplefilter("ignore")

@@ -35,7 +35,7 @@ import pytest
 import torch
 from cutlass.cutlass_dsl import Int32
 from ptx_emulator import GlobalMemory, Grid, Params, parse_ptx
-from test_hopper import _ptx_model
+from test_hopper import ptx_model
 
 import reference
 from fp4_ops.sm90 import dequant as dq
@@ -517,7 +517,7 @@ def _run_prologue(monkeypatch, gemm, packed, sf_blocked, rows_conv, k):
         for i, v in enumerate(values):
             stored[_address(addr) + 4 * i] = _address(v) & 0xFFFFFFFF
 
-    monkeypatch.setattr(dq, "_ptx", _ptx_model)
+    monkeypatch.setattr(dq, "_ptx", ptx_model)
     monkeypatch.setattr(dq, "ld_global_nc_u32", load)
     monkeypatch.setattr(dq, "st_global_v4_b32", store)
     monkeypatch.setattr(cutlass, "range_constexpr", range)

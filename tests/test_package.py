@@ -108,15 +108,23 @@ def test_no_private_name_crosses_a_module():
             if f"{getattr(node, 'module', None)}.{alias.name}" in modules or alias.name in modules
         }
         for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Name)
-                and node.value.id in aliases
-                and node.attr.startswith("_")
-                and not node.attr.startswith("__")
-            ):
-                crossing.append(f"{name}: {node.value.id}.{node.attr}")
+            chain = _attribute_chain(node)
+            if chain and chain[0] in aliases and any(_private(a) for a in chain[1:]):
+                crossing.append(f"{name}: {'.'.join(chain)}")
     assert crossing == []
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _attribute_chain(node) -> list[str]:
+    """``a.b.c`` as ["a", "b", "c"] for the outermost Attribute of a chain over a Name, else []."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if parts and isinstance(node, ast.Name) else []
 
 
 def test_library_code_never_imports_the_oracle():

@@ -158,7 +158,7 @@ needs_gpu = pytest.mark.skipif(
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
-def _inputs(kind: str, shape, dtype, seed=0) -> torch.Tensor:
+def quantizer_inputs(kind: str, shape, dtype, seed=0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=gen)
     k = shape[-1]
@@ -201,7 +201,7 @@ def _check(x: torch.Tensor, vec: int, global_scale=None) -> None:
 @pytest.mark.parametrize("shape", [(1, 32), (127, 96), (129, 160), (2, 200, 64), (300, 1056)])
 @pytest.mark.parametrize("mode", ["nvfp4-dynamic", "nvfp4-static", "mxfp4"])
 def test_bit_exact_on_ragged_shapes(dtype, shape, mode):
-    x = _inputs("normal", shape, dtype)
+    x = quantizer_inputs("normal", shape, dtype)
     vec = 32 if mode == "mxfp4" else 16
     _check(x, vec, 0.0013 if mode == "nvfp4-static" else None)
 
@@ -211,7 +211,7 @@ def test_bit_exact_on_ragged_shapes(dtype, shape, mode):
 @pytest.mark.parametrize("kind", ["wide", "zeros", "denormal", "ties"])
 @pytest.mark.parametrize("mode", ["nvfp4-dynamic", "nvfp4-static", "mxfp4"])
 def test_bit_exact_on_special_values(dtype, kind, mode):
-    x = _inputs(kind, (130, 256), dtype, seed=1)
+    x = quantizer_inputs(kind, (130, 256), dtype, seed=1)
     vec = 32 if mode == "mxfp4" else 16
     static = None
     if mode == "nvfp4-static":
@@ -267,7 +267,7 @@ def test_dynamic_global_scale_of_a_tiny_tensor():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_bit_exact_saturating(dtype):
     # a static global scale 1000x too small: block scales clamp at 448 and codes saturate at 6
-    x = _inputs("normal", (64, 128), dtype, seed=2)
+    x = quantizer_inputs("normal", (64, 128), dtype, seed=2)
     _check(x, 16, float(x.float().abs().amax()) / 2688.0 / 1000.0)
 
 
@@ -275,7 +275,7 @@ def test_bit_exact_saturating(dtype):
 @pytest.mark.parametrize("vec", [16, 32], ids=["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=str)
 def test_non_finite_blocks_get_nan_scales(vec, bad):
-    x = _inputs("normal", (4, 128), torch.bfloat16, seed=3)
+    x = quantizer_inputs("normal", (4, 128), torch.bfloat16, seed=3)
     x[1, 5] = bad  # block (1, 0)
     nan_byte = 0x7F if vec == 16 else 0xFF
     gs = torch.tensor(0.01, device="cuda") if vec == 16 else None
@@ -305,7 +305,7 @@ def test_non_finite_blocks_get_nan_scales(vec, bad):
 def test_fp4_ops_quantize_on_cuda_matches_cpu():
     import fp4_ops
 
-    x = _inputs("wide", (3, 70, 192), torch.bfloat16, seed=4)
+    x = quantizer_inputs("wide", (3, 70, 192), torch.bfloat16, seed=4)
     for fmt, gs in (("nvfp4", None), ("nvfp4", 0.05), ("mxfp4", None)):
         gpu, cpu = fp4_ops.quantize(x.cuda(), fmt, gs), fp4_ops.quantize(x, fmt, gs)
         assert torch.equal(gpu.data.cpu(), cpu.data)
@@ -316,7 +316,7 @@ def test_fp4_ops_quantize_on_cuda_matches_cpu():
 @needs_gpu
 @pytest.mark.parametrize("gs", [0.0, -0.5, float("inf"), float("nan")], ids=str)
 def test_bad_static_global_scale_gives_nan_scales(gs):
-    x = _inputs("normal", (4, 64), torch.bfloat16, seed=5)
+    x = quantizer_inputs("normal", (4, 64), torch.bfloat16, seed=5)
     q, sf, _ = quantize_fp4.quantize_cuda(x.cuda(), 16, torch.tensor(gs, device="cuda"))
     plain = reference.from_blocked(sf.cpu(), 4, 4).view(torch.uint8)
     assert bool((plain == 0x7F).all()) and not bool(q.any())

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from ptx_emulator import GlobalMemory, Grid, Params, PtxError, e4m3_from_f32, fma_f32, parse_ptx
-from test_quantize_fp4 import _inputs
+from test_quantize_fp4 import quantizer_inputs
 from test_quantize_midpoints import (
     dynamic_direction,
     dynamic_rounding,
@@ -207,7 +207,7 @@ def test_token_copy_matches_reference(k, kind, mode, dtype):
     codes and scales give it (K = 32, 96: a half k-block at the end; K = 128: whole blocks),
     every byte of the live rows once, the padding rows never; and the global scale."""
     vec, gs = TOKEN_MODES[mode]
-    x = _inputs(kind, (1, 37, k), dtype, seed=11)[0]
+    x = quantizer_inputs(kind, (1, 37, k), dtype, seed=11)[0]
     words, counts, got_gs = emulate_tokens(x, vec, gs, ctas=3)
     want = token_copy_reference(x, vec, gs)
     rows = x.shape[0]
@@ -240,7 +240,7 @@ SHAPE = (2, 130, 96)
 def test_grid_matches_reference(kind, mode, dtype):
     """Random, zero (blocks, rows, -0), E2M1-tie, wide-range and subnormal inputs."""
     vec, gs, local = MODES[mode]
-    x = _inputs(kind, SHAPE, dtype, seed=3)
+    x = quantizer_inputs(kind, SHAPE, dtype, seed=3)
     check(x, vec, gs, local=local)
 
 
@@ -250,7 +250,7 @@ def test_any_grid_size(ctas, amax_ctas, mode):
     """The persistent grids walk any grid size: one CTA (many turns of the loops), a few, and
     more CTAs than the thread space needs (idle warps)."""
     vec, gs, local = MODES[mode]
-    x = _inputs("normal", (1, 200, 64), torch.bfloat16, seed=4)
+    x = quantizer_inputs("normal", (1, 200, 64), torch.bfloat16, seed=4)
     check(x, vec, gs, ctas=ctas, amax_ctas=amax_ctas, local=local)
 
 
@@ -273,7 +273,7 @@ def test_static_scale_outside_the_fast_range(gs):
     """Static global scales outside [2^-60, 2^60]: the walk with IEEE divisions for the block
     scales (at E4M3 midpoints), and for elements whose divisor lies outside [2^-100, 2^100]."""
     if gs < 2.0**100:
-        check(_inputs("wide", (1, 130, 64), torch.float32, seed=6) * (gs * 2.0**4), 16, gs)
+        check(quantizer_inputs("wide", (1, 130, 64), torch.float32, seed=6) * (gs * 2.0**4), 16, gs)
     mids = e4m3_scale_midpoints(gs)
     check(mids[torch.isfinite(mids).all(1)].unsqueeze(0), 16, gs, ctas=4)
 
@@ -285,7 +285,7 @@ def test_non_finite_blocks(mode, bad):
     bytes and zero codes; the other blocks as reference.py's with those blocks zeroed. A dynamic
     global scale turns non-finite: every scale byte NaN, every code zero."""
     vec, gs, local = MODES[mode]
-    x = _inputs("normal", SHAPE, torch.bfloat16, seed=7)
+    x = quantizer_inputs("normal", SHAPE, torch.bfloat16, seed=7)
     spots = [(0, 0, 5), (0, 129, 95), (1, 64, 40)]
     clean = x.clone()
     for b, r, c in spots:
@@ -334,7 +334,9 @@ def test_grid_at_midpoints(make, vec, gs, dtype):
 def test_dynamic_scale_from_many_partials(cta):
     """An amax grid of 600 CTAs, the maximum in CTA ``cta``'s partial (the second and the fifth
     partial of a quantize thread): the reduction of 5 partials per thread reaches it."""
-    x = _inputs("normal", (1, 128, (cta + 1) * THREADS * 32 // 128), torch.bfloat16, seed=5)
+    x = quantizer_inputs(
+        "normal", (1, 128, (cta + 1) * THREADS * 32 // 128), torch.bfloat16, seed=5
+    )
     x.view(-1)[cta * THREADS * 32 + 77] = 1000.0
     check(x, 16, None, ctas=64, amax_ctas=600)
 
