@@ -8,7 +8,8 @@ PTX interpreter of test_blackwell_facts.py for a routing held in (simulated) glo
 M tiles each CTA walks, the group each B / SFB load and each alpha read names, that A, SFA and
 D are addressed without a group, and that no tile past num_m_tiles is touched.  The mainloop
 instructions are the dense kernel's (same configuration), compared class by class.
-GPU: none here; the kernel needs a datacenter Blackwell GPU, which no test machine has.
+GPU: each group against its reference on a datacenter Blackwell GPU (skipped elsewhere: no test
+machine has one); the refusal of other GPUs.
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ import collections
 import functools
 import inspect
 import re
+import subprocess
+import sys
 import tempfile
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from test_blackwell import _kernel_param
-from test_blackwell_facts import PtxThread, _fast_divisor
+from test_blackwell import kernel_param
+from test_blackwell_facts import PtxThread, fast_divisor
 
 import blockwise_gemm_fp4 as bw
 import blockwise_grouped_gemm_fp4 as grouped
@@ -74,6 +78,7 @@ def test_group_layout_pads_each_group_to_whole_tiles(rows, tile_m, offsets, tile
         ((True, 2), 128, "integers >= 0"),
         ("12", 128, "integers >= 0"),
         ((3,), 64, "128 or 256"),
+        ((3,), 128.0, "the integer 128 or 256"),
     ],
 )
 def test_group_layout_refuses_bad_input(rows, tile_m, message):
@@ -125,6 +130,7 @@ def test_check_grouped_config_refusals(change, message):
         (64, {}, (128, 64), (1, 1)),
         (4096, dict(mma_tiler_mn=(256, 256)), (256, 256), (2, 1)),
         (4096, dict(cluster_shape_mn=(1, 4)), (128, 128), (1, 4)),
+        (4096, dict(cluster_shape_mn=(2, 1)), (256, 128), (2, 1)),
     ],
 )
 def test_grouped_config_fills_in_what_is_missing(n, given, tile, cluster):
@@ -227,6 +233,12 @@ def _cpu_operands(m=256, n=128, k=256, groups=3, vec=16):
         ("num_m_tiles", torch.ones(2, dtype=torch.int32), r"num_m_tiles must be .* \(1,\)"),
         ("d", torch.empty(256, 128, dtype=torch.float16), "config is for"),
         ("d", torch.empty(255, 128, dtype=torch.bfloat16), r"d must be .* \(256, 128\)"),
+        (
+            "d",
+            torch.empty(256, 128, dtype=torch.int8),
+            "d must be torch.bfloat16 or .* got torch.int8",
+        ),
+        ("b", torch.zeros(128, 128, dtype=torch.uint8), r"a must be \[M, K/2\] and b \[G, N"),
     ],
 )
 def test_grouped_gemm_refuses_bad_operands(name, bad, message):
@@ -259,7 +271,7 @@ def test_kernel_args_name_each_operand_for_its_parameter():
     operands = _cpu_operands(m=256, n=128, k=256, groups=3)
     config = grouped.grouped_config(128)
     order = ("a", "b", "sfa_blocked", "sfb_blocked", "d", "tile_group", "num_m_tiles", "alpha")
-    args = grouped._kernel_args(
+    args = grouped.kernel_args(
         config,
         (256, 128, 256, 3),
         tuple(operands[name] for name in order),
@@ -302,6 +314,88 @@ def test_gpu_grouped_gemm_refuses_a_gpu_that_is_not_blackwell():
     operands["d"] = bw.empty_d(1, 256, 128, "BFloat16", "cuda")[0]
     with pytest.raises(ValueError, match="needs a datacenter Blackwell GPU"):
         grouped.grouped_gemm(**operands)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not bw.blackwell_gpu()[0],
+    reason="the kernel runs on a datacenter Blackwell GPU (sm_100 / sm_103) only",
+)
+@pytest.mark.parametrize("vec", [16, 32])
+@pytest.mark.parametrize("tile_m", [128, 256])
+def test_gpu_grouped_gemm_matches_each_groups_reference(vec, tile_m):
+    """Ragged and empty groups, and a count below the buffers: each group's rows equal its own
+    reference GEMM, padding rows are zero, rows of tiles past num_m_tiles keep their sentinel."""
+    n, k, sentinel = 320, 512, -3.0
+    layout = grouped.group_layout((200, 0, 37, 129, 0, 300), tile_m)
+    ops = grouped.make_grouped_operands(layout, n, k, vec, "cuda", seed=11)
+    used = layout.row_offsets[5] // tile_m  # the last group lies past the count
+    ops.num_m_tiles.fill_(used)
+    config = grouped.grouped_config(n, vec, mma_tiler_mn=(tile_m, 128))
+    d = bw.empty_d(1, layout.rows, n, "BFloat16", "cuda")[0].fill_(sentinel)
+    operands = (ops.a, ops.b, ops.sfa_blocked, ops.sfb_blocked, ops.alpha)
+    grouped.grouped_gemm(*operands, ops.tile_group, ops.num_m_tiles, d, config)
+    torch.cuda.synchronize()
+    for g, start in enumerate(layout.row_offsets[:5]):
+        rows = layout.group_rows[g]
+        if rows:
+            ok, info = reference.check_gemm(
+                d[start : start + rows], *ops.groups[g][:4], vec, ops.groups[g][4]
+            )
+            assert ok, (g, info)
+        assert torch.all(d[start + rows : layout.row_offsets[g + 1]] == 0), g
+    assert torch.all(d[used * tile_m :] == sentinel)
+
+
+# ------------------------------------------------------------------------------------------
+# The command line
+# ------------------------------------------------------------------------------------------
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    script = Path(grouped.__file__)
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        cwd=script.parent,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--group_rows", "3,-1"], "--group_rows: group_rows must be one or more integers >= 0"),
+        (["--group_rows", "3,x"], "--group_rows expects comma-separated integers"),
+        (["--group_rows", "0,0"], "--group_rows: every group is empty"),
+        (["--mma_tiler_mn", "64,128"], "--mma_tiler_mn: tile M must be 128 or 256, got 64"),
+        (["--nk", "4096,7000"], "K=7000 is not a multiple of 32"),
+        (["--mma_tiler_mn", "256,128", "--cluster_shape_mn", "1,1"], "M must be even"),
+        (["--cluster_shape_mn", "4,1"], "cluster shape M=4"),
+        (["--iterations", "0"], "--iterations must be >= 1"),
+        (["--dump_dir", "no/such/folder"], "--dump_dir no/such/folder is not an existing folder"),
+        (["--sf_vec_size", "24"], "invalid choice"),
+    ],
+)
+def test_cli_bad_input_exits_2_without_traceback(args, message):
+    proc = _cli(*args, "--compile_only")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(bw.blackwell_gpu()[0], reason="this machine has the GPU the run needs")
+def test_cli_run_without_a_blackwell_gpu_exits_2_pointing_to_compile_only():
+    proc = _cli("--group_rows", "8,8")
+    assert proc.returncode == 2, proc.stderr
+    assert "needs a datacenter Blackwell GPU" in proc.stderr and "--compile_only" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_compile_only_picks_the_cta_pair_tile_for_a_pair_cluster(tmp_path):
+    proc = _cli("--cluster_shape_mn", "2,1", "--compile_only", "--dump_dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "MMA tiler (M, N): (256, 128), cluster shape (M, N): (2, 1)" in proc.stdout
+    assert f"Compiled for {bw.DEFAULT_GPU_ARCH}:" in proc.stdout
+    assert list(tmp_path.glob("*.ptx")) and list(tmp_path.glob("*.cubin"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -370,9 +464,10 @@ def test_compiles_without_deprecated_api_and_keeps_the_dense_instructions(cfg):
     assert ".local" not in ptx
 
 
-# A routing: 8 M tiles in the buffers, 6 in use, groups out of order and one tile of group 4.
+# A routing: 8 M tiles in the buffers, groups out of order and one tile of group 4; the count of
+# M tiles in use is none, some, or past the buffers (the kernel stops at their end).
 TILE_GROUP = (3, 3, 0, 4, 1, 1, 2, 2)
-NUM_M_TILES = 6
+COUNTS = (0, 6, 10)
 GROUPS, K_TILES, N_CLUSTERS, GRID = 5, 3, 3, 4
 TABLE, COUNT, ALPHA = 0x10000, 0x20000, 0x30000
 
@@ -392,22 +487,21 @@ class _Routed(PtxThread):
         return super()._step(op, ops)
 
 
-def _run(cfg, warp: int, rank: int, z: int) -> list[tuple]:
-    gemm, ptx, _ = _compiled(cfg)
-    _, _, (tile_m, tile_n), (cm, cn) = cfg
-    pair = 2 if tile_m == 256 else 1
-    m, n, k = len(TILE_GROUP) * tile_m, N_CLUSTERS * cn * tile_n - 8, K_TILES * 256 - 32
+def _run(cfg, count: int, warp: int, rank: int, z: int) -> list[tuple]:
+    _, ptx, _ = _compiled(cfg)
+    _, _, (tile_m, _), (cm, _) = cfg
+    m, k = len(TILE_GROUP) * tile_m, K_TILES * 256 - 32
     memory = {TABLE + 4 * t: g for t, g in enumerate(TILE_GROUP)}
-    memory[COUNT] = NUM_M_TILES
+    memory[COUNT] = count
     params = {(i, b): 0 for i in (0, 1) for b in range(12)}
     # (the schedule's fields follow alpha: the layouts between them are static)
-    schedule = _kernel_param("mAlpha") + 1
-    params.update({(_kernel_param("mA_mkl"), 0): m, (_kernel_param("mA_mkl"), 4): k})
-    params[(_kernel_param("mAlpha"), 0)] = ALPHA
+    schedule = kernel_param("mAlpha") + 1
+    params.update({(kernel_param("mA_mkl"), 0): m, (kernel_param("mA_mkl"), 4): k})
+    params[(kernel_param("mAlpha"), 0)] = ALPHA
     params[(schedule, 0)] = len(TILE_GROUP) * N_CLUSTERS
     # (fields in order: tile count, the M and N divisors (two parameters each), the tables)
     for index, count in ((schedule + 1, len(TILE_GROUP)), (schedule + 3, N_CLUSTERS)):
-        for offset, value in zip((0, 4, 8, 9), _fast_divisor(count), strict=True):
+        for offset, value in zip((0, 4, 8, 9), fast_divisor(count), strict=True):
             params[(index, offset)] = value
     params[(schedule + 5, 0)] = TABLE
     params[(schedule + 6, 0)] = COUNT
@@ -419,37 +513,38 @@ def _run(cfg, warp: int, rank: int, z: int) -> list[tuple]:
         "%nctaid.z": GRID,
         "%cluster_ctarank": rank,
     }
-    del pair, n
     return _Routed(ptx, memory).run(special, params)
 
 
-def _expected_tiles(cfg, rank: int, z: int) -> list[tuple[int, int, int]]:
+def _expected_tiles(cfg, count: int, rank: int, z: int) -> list[tuple[int, int, int]]:
     """(CTA tile M, CTA tile N, group) of CTA ``rank`` in cluster ``z``, derived by hand: cluster
-    tiles z, z + GRID, ... numbered N fastest, below NUM_M_TILES M tiles."""
+    tiles z, z + GRID, ... numbered N fastest, below ``count`` M tiles and the buffers' end."""
     _, _, _, (cm, cn) = cfg
     x, y = rank % cm, rank // cm
+    m_tiles = min(count, len(TILE_GROUP))
     return [
         (w // N_CLUSTERS * cm + x, w % N_CLUSTERS * cn + y, TILE_GROUP[w // N_CLUSTERS])
-        for w in range(z, NUM_M_TILES * N_CLUSTERS, GRID)
+        for w in range(z, m_tiles * N_CLUSTERS, GRID)
     ]
 
 
 SIM_CONFIGS = [CONFIGS[0], CONFIGS[3]]
 
 
+@pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=_config_id)
-def test_sim_tma_warp_loads_its_tiles_with_their_groups(cfg):
+def test_sim_tma_warp_loads_its_tiles_with_their_groups(cfg, count):
     """Every k-tile step of every tile a CTA walks: A's and SFA's coordinates carry no group,
     A's rows are the tile's; B's and SFB's last coordinate is the tile's group; B's rows are the
     N tile's; no tile at or past num_m_tiles is loaded."""
     _, _, (tile_m, tile_n), (cm, cn) = cfg
     pair = 2 if tile_m == 256 else 1
     atoms = ("tma_atom_a", "tma_atom_b", "tma_atom_sfa", "tma_atom_sfb")
-    names = {_kernel_param(name): name for name in atoms}
+    names = {kernel_param(name): name for name in atoms}
     for z in range(GRID):
         for rank in range(cm * cn):
-            tiles = _expected_tiles(cfg, rank, z)
-            loads = [e for e in _run(cfg, 5, rank, z) if e[0] == "load"]
+            tiles = _expected_tiles(cfg, count, rank, z)
+            loads = [e for e in _run(cfg, count, 5, rank, z) if e[0] == "load"]
             assert len(loads) == 4 * K_TILES * len(tiles), (rank, z, len(loads))
             for i in range(0, len(loads), 4):
                 (m_cta, n_cta, group), kt = tiles[i // (4 * K_TILES)], i // 4 % K_TILES
@@ -465,34 +560,52 @@ def test_sim_tma_warp_loads_its_tiles_with_their_groups(cfg):
                 assert len(sfb) == 4 and sfb[3] == group, (where, sfb)
 
 
+@pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=_config_id)
-def test_sim_epilogue_reads_each_tiles_alpha_and_stores_its_rows(cfg):
+def test_sim_epilogue_reads_each_tiles_alpha_and_stores_its_rows(cfg, count):
     """The epilogue's first warp: per tile, alpha of the tile's group (4 bytes apart), and TMA
-    stores of D without a group coordinate inside the tile's rows and N columns."""
+    stores of D without a group coordinate that cover the tile's rows and N columns once, as a
+    grid of equal epilogue tiles; nothing for a CTA without tiles."""
     _, _, (tile_m, tile_n), (cm, cn) = cfg
     cta_m = tile_m // (2 if tile_m == 256 else 1)
     for z in range(GRID):
         for rank in range(cm * cn):
-            tiles = _expected_tiles(cfg, rank, z)
-            events = _run(cfg, 0, rank, z)
+            tiles = _expected_tiles(cfg, count, rank, z)
+            events = _run(cfg, count, 0, rank, z)
             alphas = [e[1] for e in events if e[0] == "ld.global" and e[1] >= ALPHA]
             assert alphas == [ALPHA + 4 * g for _, _, g in tiles], (rank, z, alphas)
-            stores = [e[2] for e in events if e[0] == "store"]
-            assert len(stores) % max(len(tiles), 1) == 0
-            per_tile = len(stores) // max(len(tiles), 1)
-            for i, (col, row) in enumerate(stores):
-                m_cta, n_cta, _ = tiles[i // per_tile]
-                assert m_cta * cta_m <= row < (m_cta + 1) * cta_m, (rank, z, i, row)
-                assert n_cta * tile_n <= col < (n_cta + 1) * tile_n, (rank, z, i, col)
+            stores = [tuple(e[2]) for e in events if e[0] == "store"]
+            if not tiles:
+                assert stores == [], (rank, z)
+                continue
+            per_tile, left = divmod(len(stores), len(tiles))
+            assert per_tile > 0 and left == 0, (rank, z, len(stores))
+            for t, (m_cta, n_cta, _) in enumerate(tiles):
+                mine = stores[t * per_tile : (t + 1) * per_tile]
+                _assert_grid_covers(mine, (n_cta * tile_n, m_cta * cta_m), (tile_n, cta_m))
 
 
+def _assert_grid_covers(stores: list[tuple], origin: tuple, extent: tuple) -> None:
+    """``stores`` (col, row) start a grid of equal tiles that covers ``extent`` from ``origin``
+    once: distinct, a full product of its columns and rows, evenly spaced, ending at the edge."""
+    assert len(set(stores)) == len(stores), stores
+    axes = [sorted({s[i] for s in stores}) for i in (0, 1)]
+    assert len(stores) == len(axes[0]) * len(axes[1]), stores
+    for values, start, size in zip(axes, origin, extent, strict=True):
+        step = size // len(values)
+        assert values == list(range(start, start + size, step)), (values, start, size)
+
+
+@pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=_config_id)
-def test_sim_no_role_reads_the_routing_past_its_table(cfg):
-    """Every routing read is the count or an entry of the first num_m_tiles tiles."""
+def test_sim_no_role_reads_the_routing_past_its_table(cfg, count):
+    """Every routing read is the count or an entry of the first num_m_tiles tiles that the
+    buffers hold."""
     _, _, _, (cm, cn) = cfg
+    in_use = {TABLE + 4 * t for t in range(min(count, len(TILE_GROUP)))}
     for warp in (0, 4, 5):
         for rank in range(cm * cn):
-            reads = {e[1] for e in _run(cfg, warp, rank, 0) if e[0] == "ld.global"}
+            reads = {e[1] for e in _run(cfg, count, warp, rank, 0) if e[0] == "ld.global"}
             table = {a for a in reads if TABLE <= a < COUNT}
             assert COUNT in reads, warp
-            assert table <= {TABLE + 4 * t for t in range(NUM_M_TILES)}, (warp, table)
+            assert table <= in_use, (warp, table)

@@ -531,6 +531,14 @@ MUTANTS = [
         tests=[_G, "-k", "sim_"],
     ),
     dict(
+        id="grouped-count-past-buffers",
+        klass="grouped schedule",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="return (work < self.num_cluster_tiles) & (mma_tile_m < self.mNumMTiles[0])",
+        new="return mma_tile_m < self.mNumMTiles[0]",
+        tests=[_G, "-k", "sim_"],
+    ),
+    dict(
         id="grouped-alpha-of-m-tile",
         klass="grouped alpha",
         file="blockwise_grouped_gemm_fp4.py",
