@@ -184,6 +184,19 @@ def test_generates_and_times_decode(fmt, stored, flag, modes, checkpoints, capsy
     assert "prefill (prompt -> first token):" in out and "BF16" not in out
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the default device is a GPU's only")
+def test_runs_on_the_gpu_by_default_with_the_cpu_tokens(checkpoints, capsys):
+    folder = checkpoints["compressed-tensors", "static"]
+    argv = ["--model", str(folder), "--max_new_tokens", "6"]
+    assert generate.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"on {torch.cuda.get_device_name()}: W4A4 static; greedy, dynamic cache, eager" in out
+    code, cpu_out, _ = _run(argv, capsys)
+    assert code == 0
+    rows = [re.findall(r"^\[0\] '.*'$", text, re.MULTILINE) for text in (out, cpu_out)]
+    assert rows[0] == rows[1] and len(rows[0]) == 1, rows
+
+
 def test_tokens_are_the_models_greedy_tokens(checkpoints, capsys):
     folder = checkpoints["compressed-tensors", "static"]
     code, out, _ = _run(["--model", str(folder), "--max_new_tokens", "6"], capsys)
