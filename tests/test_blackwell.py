@@ -1651,7 +1651,7 @@ def test_second_oracle_rule(ours, library, passed, rule):
         assert info.library_max_abs_err > 0
 
 
-class _FakeGrid:
+class FakeGrid:
     """Stands in for the device's block and grid indices, so that ``TileSchedule``'s own code
     runs on the CPU with Python integers (plain ints as the fast-divmod divisors)."""
 
@@ -1686,7 +1686,7 @@ def test_tile_schedule_visits_every_cta_tile_once(
     which sits at that tile's place in its cluster; the clusters take the cluster tiles M
     fastest, then N, then L (CUTLASS's order); the CTAs of a cluster walk the same cluster
     tiles (their multicast loads and barriers must pair up)."""
-    fake = _FakeGrid(monkeypatch)
+    fake = FakeGrid(monkeypatch)
     cm, cn = cluster
     schedule = bw.TileSchedule.create(num_ctas_mnl, cluster)
     clusters_m, clusters_n = -(-num_ctas_mnl[0] // cm), -(-num_ctas_mnl[1] // cn)
@@ -1749,7 +1749,7 @@ def test_tile_schedule_cta_pairs_share_their_mma_tile(monkeypatch, num_ctas_mnl,
     """MMA tile M 256 on CTA pairs: the two CTAs of a pair (cluster places 2i, 2i + 1 along M)
     work on the same MMA tile at every step, and the pairs cover every MMA tile exactly once.
     With one CTA per MMA tile, the MMA tile is the CTA tile."""
-    fake = _FakeGrid(monkeypatch)
+    fake = FakeGrid(monkeypatch)
     cm, cn = cluster
     schedule = bw.TileSchedule.create(num_ctas_mnl, cluster)
     fake.grid = schedule.grid(cluster, 3)

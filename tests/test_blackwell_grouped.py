@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_blackwell import kernel_param
+from test_blackwell import FakeGrid, kernel_param
 from test_blackwell_facts import PtxThread, fast_divisor
 
 import blockwise_gemm_fp4 as bw
@@ -136,6 +136,51 @@ def test_check_grouped_config_refusals(change, message):
 def test_grouped_config_fills_in_what_is_missing(n, given, tile, cluster):
     config = grouped.grouped_config(n, **given)
     assert (config.mma_tiler_mn, config.cluster_shape_mn) == (tile, cluster)
+
+
+@pytest.mark.parametrize(
+    "num_tiles_m, num_ctas_n, cluster, count, max_active_clusters",
+    [
+        (8, 5, (1, 1), 6, 148),
+        (8, 3, (1, 2), 8, 4),  # N tiles not a whole number of clusters
+        (4, 7, (2, 4), 3, 5),
+        (6, 1, (1, 4), 9, 3),  # a count past the buffers; one N tile in a cluster of 4
+        (5, 4, (1, 2), 0, 7),  # no tile in use
+    ],
+)
+def test_grouped_schedule_visits_every_tile_in_use_once(
+    monkeypatch, num_tiles_m, num_ctas_n, cluster, count, max_active_clusters
+):
+    """The host-built schedule run on the CPU (plain ints for the device's indices): every CTA
+    tile of the first min(count, buffers) M tiles, across the cluster-rounded N tiles, is worked
+    on once, with its M tile's group, by the CTA at its place in the cluster; nothing else is."""
+    fake = FakeGrid(monkeypatch)
+    cm, cn = cluster
+    tile_group = [(7 * t + 3) % 5 for t in range(num_tiles_m)]
+    schedule = grouped.GroupedTileSchedule.create_grouped(
+        num_tiles_m, num_ctas_n, cn, tile_group, [count]
+    )
+    clusters_n = -(-num_ctas_n // cn)
+    fake.grid = schedule.grid(cluster, max_active_clusters)
+    assert fake.grid == (cm, cn, min(num_tiles_m * clusters_n, max_active_clusters))
+    visits = collections.Counter()
+    for z in range(fake.grid[2]):
+        for x in range(cm):
+            for y in range(cn):
+                fake.block = (x, y, z)
+                work = schedule.first_work()
+                while schedule.is_valid(work):
+                    tile = schedule.cta_tile(work, cluster)
+                    assert (tile[0] % cm, tile[1] % cn) == (x, y)
+                    visits[tile] += 1
+                    work = schedule.next_work(work)
+    in_use = min(count, num_tiles_m)
+    assert visits == {
+        (mt * cm + x, n, tile_group[mt]): 1
+        for mt in range(in_use)
+        for x in range(cm)
+        for n in range(clusters_n * cn)
+    }
 
 
 # ------------------------------------------------------------------------------------------

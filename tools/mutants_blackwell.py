@@ -539,6 +539,14 @@ MUTANTS = [
         tests=[_G, "-k", "sim_"],
     ),
     dict(
+        id="grouped-n-clusters-floor",
+        klass="grouped schedule",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="num_clusters_n = cute.ceil_div(num_ctas_n, cluster_n)",
+        new="num_clusters_n = num_ctas_n // cluster_n",
+        tests=[_G, "-k", "schedule_visits"],
+    ),
+    dict(
         id="grouped-alpha-of-m-tile",
         klass="grouped alpha",
         file="blockwise_grouped_gemm_fp4.py",
@@ -611,5 +619,15 @@ MUTANTS = [
         tests=[_G, "-k", "sim_"],
         equivalent="A's batch mode is static 1 with stride 0 already: every group index gives "
         "batch 0's coordinates; shared_by_groups only makes the indices in range",
+    ),
+    dict(
+        id="grouped-d-coordinates-not-shared",
+        klass="grouped coordinates",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="return atom, shared_by_groups(tensor, self.num_groups)",
+        new="return atom, tensor",
+        tests=[_G, "-k", "sim_epilogue"],
+        equivalent="D's batch mode is static 1 with stride 0 already (its store is 2-D in both "
+        "builds); shared_by_groups only makes the group indices in range",
     ),
 ]
