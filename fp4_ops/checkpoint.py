@@ -37,6 +37,7 @@ import fnmatch
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -652,9 +653,13 @@ def _plan_linear_experts(ck, qconfig, name: str, module: nn.Module) -> _LinearEx
 
 def _build_linear_experts(plan: _LinearExperts, t: dict, activations: str) -> FP4Experts:
     """FP4Experts from per-expert Linears: gate and up stacked as w13 (they must share their
-    global scale, as llm-compressor and ModelOpt write them), down as w2."""
+    global scale, as llm-compressor and ModelOpt write them), down as w2. Stored input scales
+    are checked as a Linear's are; FP4Experts has no static-scale W4A4 and does not use them."""
     fmt = plan.layers[0][0].scheme.format
     w13, w2, gs13, gs2 = [], [], [], []
+    for layer in (layer for row in plan.layers for layer in row if "input" in layer.keys):
+        key = layer.keys["input"]
+        _read_scalar(t[key].cpu(), key, layer.scheme.reciprocal)
     for gate, up, down in plan.layers:
         (gd, gsc, ggs), (ud, usc, ugs) = _weight_parts(gate, t), _weight_parts(up, t)
         if not torch.equal(ggs, ugs):
@@ -675,6 +680,24 @@ def _build_linear_experts(plan: _LinearExperts, t: dict, activations: str) -> FP
         return FP4Tensor(data, blocked.scale, torch.stack(scales).to(data.device), fmt)
 
     return FP4Experts(stacked(w13, gs13), stacked(w2, gs2), "silu", activations)
+
+
+def _warn_unused_expert_input_scales(experts: list, activations: str | None) -> None:
+    """One UserWarning naming the experts modules whose checkpoint stores static input scales,
+    which FP4Experts does not use (W4A16, or W4A4 with per-call scales)."""
+    stored = [
+        plan.name
+        for plan in experts
+        if isinstance(plan, _LinearExperts) and "input" in plan.layers[0][0].keys
+    ]
+    if stored and activations not in ("bf16", "dynamic"):
+        mode = "W4A4 with per-call scales" if activations == "fp4" else "W4A16"
+        warnings.warn(
+            f"{len(stored)} experts modules ({stored[0]}, ...) store static input scales: they "
+            f"are checked and not used, as FP4Experts has no static-scale W4A4; they run {mode} "
+            "(activations='bf16' or 'dynamic' asks for this explicitly)",
+            stacklevel=3,
+        )
 
 
 # ----------------------------------------------------------------------------- the model
@@ -760,7 +783,10 @@ def load_quantized(
     (``"dynamic"``) for MXFP4 W4A4, W4A16 (``"bf16"``) for weight-only checkpoints. ``"bf16"``
     forces W4A16 and ``"dynamic"`` W4A4 with per-call scales (stored input scales are checked,
     then unused); ``"fp4"`` W4A4 for every layer: static where the checkpoint stores input
-    scales, per-call scales where it is weight-only.
+    scales, per-call scales where it is weight-only. Experts modules (``FP4Experts``) have no
+    static-scale W4A4: W4A16 unless ``activations`` is ``"fp4"`` or ``"dynamic"`` (per-call
+    scales); their stored input scales are checked, then unused (a UserWarning says so where
+    ``activations`` did not ask for that).
 
     ValueError naming the config entry or tensor and what was expected, for: an unsupported
     format or scheme (another group size, asymmetric, dynamic weights, NVFP4 activations without
@@ -867,6 +893,8 @@ def load_quantized(
             )
     if left:
         raise ValueError(f"unexpected tensors that no module of the model holds: {_listed(left)}")
+
+    _warn_unused_expert_input_scales(experts, activations)
 
     # load
     mode = {"static": "static", "dynamic": "dynamic", "none": "bf16"}

@@ -8,6 +8,7 @@ and the refusals."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,63 @@ def test_per_expert_checkpoint_refusals(tmp_path):
     (tmp_path / "mixed" / "hf_quant_config.json").write_text(json.dumps(quant))
     with pytest.raises(ValueError, match="quantizes some of its experts' projections"):
         fp4_ops.load_quantized(tmp_path / "mixed")
+
+
+def _write_static_inputs(folder: Path, model, parts, input_scale: float, bad_key=None) -> None:
+    """A ModelOpt NVFP4 (W4A4) checkpoint: every expert projection with an ``input_scale``."""
+
+    def add(tensors):
+        for key in [k for k in tensors if k.endswith(".weight_scale_2")]:
+            value = -1.0 if key.replace("weight_scale_2", "input_scale") == bad_key else input_scale
+            tensors[key.replace("weight_scale_2", "input_scale")] = torch.tensor(value)
+
+    _write(folder, model, "modelopt", parts, add)
+    quant = json.loads((folder / "hf_quant_config.json").read_text())
+    quant["quantization"]["quant_algo"] = "NVFP4"
+    (folder / "hf_quant_config.json").write_text(json.dumps(quant))
+
+
+@pytest.mark.parametrize(
+    "activations, mode, warns",
+    [
+        (None, "bf16", True),
+        ("fp4", "dynamic", True),
+        ("bf16", "bf16", False),
+        ("dynamic", "dynamic", False),
+    ],
+)
+def test_static_input_scales_of_experts_are_checked_and_not_used(
+    activations, mode, warns, tmp_path
+):
+    """FP4Experts has no static-scale W4A4: a W4A4 checkpoint's experts run W4A16 or per-call
+    W4A4, with a warning unless asked for; their weights load as a weight-only checkpoint's."""
+    model = _qwen3_moe()
+    parts = _per_expert(model)
+    _write_static_inputs(tmp_path, model, parts, 0.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = fp4_ops.load_quantized(tmp_path, activations=activations)
+    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    unused = [m for m in said if "store static input scales" in m]
+    assert len(unused) == (1 if warns else 0), said
+    if warns:
+        assert unused[0].startswith(f"{LAYERS} experts modules (model.layers.0.mlp.experts, ")
+    want = _dequantized_model(_qwen3_moe(), parts)
+    for i, layer in enumerate(ours.model.layers):
+        assert layer.mlp.experts.activations == mode
+        w13 = layer.mlp.experts.expert_weights("w13").dequantize(torch.float32)
+        assert torch.equal(w13.bfloat16(), want.model.layers[i].mlp.experts.gate_up_proj)
+
+
+@pytest.mark.parametrize("activations", [None, "bf16"])
+def test_a_bad_input_scale_of_an_expert_is_refused(activations, tmp_path):
+    model = _qwen3_moe()
+    key = "model.layers.1.mlp.experts.2.up_proj.input_scale"
+    _write_static_inputs(tmp_path, model, _per_expert(model), 0.01, bad_key=key)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match=rf"{key}.*finite and positive"):
+            fp4_ops.load_quantized(tmp_path, activations=activations)
 
 
 @pytest.mark.parametrize(
