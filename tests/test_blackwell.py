@@ -822,7 +822,8 @@ def test_mma_guard_accepts_block_scaled_and_rejects_dense():
         except TypeError as err:
             outcome["wrong_sf_dtype"] = str(err)
 
-    probe()
+    # (compiled for Blackwell, not run: on a GPU machine a jit call targets that GPU's arch)
+    cute.compile(probe, options=f"--gpu-arch {bw.DEFAULT_GPU_ARCH}")
     assert outcome["scaled"] == "accepted"
     assert "sf_vec_size=32" in outcome["wrong_vec"]
     assert "got MmaF8F6F4Op" in outcome["dense"]

@@ -575,6 +575,8 @@ def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
     monkeypatch.setattr(r90, "compile_gemm", compile_gemm)
     monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
     monkeypatch.setattr(r90, "stream_handle", lambda *_: 5)
+    # (the configuration rule's SM count: an H200's, also where a real GPU is present)
+    monkeypatch.setattr(r90, "gpu_sm_count", lambda *_: k90.H200_SM_COUNT)
     for cache in ("_LAUNCHES", "_KERNELS", "_WORKSPACES", "_PICKED"):
         monkeypatch.setattr(r90, cache, {})
     monkeypatch.setattr(r90, "_CHECKED", set())
