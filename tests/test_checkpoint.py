@@ -70,6 +70,8 @@ def _config(arch: str, tie: bool = False):
         return transformers.LlamaConfig(**common)
     if arch == "qwen2":  # (q, k, v with biases)
         return transformers.Qwen2Config(**common)
+    if arch == "mistral":
+        return transformers.MistralConfig(head_dim=16, **common)
     return transformers.Qwen3Config(head_dim=16, **common)
 
 
@@ -229,6 +231,8 @@ CASES = [
     Case("qwen2", "modelopt", {LAYERS: ("nvfp4", "bf16")}),
     Case("qwen3", "compressed-tensors", {LAYERS: ("nvfp4", "bf16")}, shard=30_000),
     Case("qwen3", "compressed-tensors", {LAYERS: ("mxfp4", "bf16")}),
+    Case("mistral", "modelopt", {LAYERS: ("nvfp4", "static")}),
+    Case("mistral", "compressed-tensors", {LAYERS: ("nvfp4", "bf16")}),
     # a quantized output embedding of a tied model: saved untied
     Case("qwen2", "compressed-tensors", {"*": ("nvfp4", "static")}, tie=True),
     # tied 16-bit embeddings: stored once, tied again on load

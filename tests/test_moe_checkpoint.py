@@ -216,24 +216,75 @@ def test_a_bad_input_scale_of_an_expert_is_refused(activations, tmp_path):
             fp4_ops.load_quantized(tmp_path, activations=activations)
 
 
+def _deepseek_v3():
+    """A DeepSeek-V3-style model: layer 0 dense, layer 1 routed experts beside a shared one."""
+    config = transformers.DeepseekV3Config(
+        vocab_size=96,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        moe_intermediate_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        first_k_dense_replace=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
+    torch.manual_seed(0)
+    # (built in BF16 as from_pretrained builds it: the router in fp32, as its class demands)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    assert model.model.layers[1].mlp.gate.weight.dtype == torch.float32
+    return model.eval()
+
+
+# (what is quantized: the experts, and DeepSeek-V3's dense MLP and shared expert as Linears)
+ARCHS = {
+    "qwen3-moe": (_qwen3_moe, ["*.mlp.experts"]),
+    "deepseek-v3": (_deepseek_v3, ["*.mlp.experts", "*.mlp.shared_experts.*", "*.0.mlp.*"]),
+}
+
+
 @pytest.mark.parametrize(
-    "checkpoint, fmt",
-    [("modelopt", "nvfp4"), ("compressed-tensors", "nvfp4"), ("compressed-tensors", "mxfp4")],
+    "arch, checkpoint, fmt",
+    [
+        ("qwen3-moe", "modelopt", "nvfp4"),
+        ("qwen3-moe", "compressed-tensors", "nvfp4"),
+        ("qwen3-moe", "compressed-tensors", "mxfp4"),
+        ("deepseek-v3", "modelopt", "nvfp4"),
+        ("deepseek-v3", "compressed-tensors", "mxfp4"),
+    ],
 )
-def test_quantize_model_experts_save_and_load_back(checkpoint, fmt, tmp_path):
-    """quantize_model's FP4Experts saved as per-expert Linears and loaded back: the same
-    experts bit for bit (one compressed-tensors global scale may come back one ulp off: its
-    reciprocal convention), the same logits."""
-    model = _qwen3_moe()
-    fp4_ops.quantize_model(model, ["*.mlp.experts"], fmt, activations="bf16")
+def test_quantize_model_experts_save_and_load_back(arch, checkpoint, fmt, tmp_path):
+    """quantize_model's FP4Experts (and FP4Linears) saved as per-expert Linears and loaded
+    back: the same experts bit for bit (one compressed-tensors global scale may come back one
+    ulp off: its reciprocal convention), the same logits."""
+    build, patterns = ARCHS[arch]
+    model = build()
+    report = fp4_ops.quantize_model(model, patterns, fmt, activations="bf16")
+    assert report.replaced and not report.skipped
     fp4_ops.save_quantized(model, tmp_path, checkpoint)
     back = fp4_ops.load_quantized(tmp_path)
-    for mine, theirs in zip(model.model.layers, back.model.layers, strict=True):
+    experts = [n for n, m in model.named_modules() if isinstance(m, fp4_ops.FP4Experts)]
+    assert experts == [n for n, m in back.named_modules() if isinstance(m, fp4_ops.FP4Experts)]
+    assert len(experts) == (LAYERS if arch == "qwen3-moe" else 1)
+    for name in experts:
+        mine, theirs = model.get_submodule(name), back.get_submodule(name)
         for w in ("w13", "w2"):
-            a, b = mine.mlp.experts.expert_weights(w), theirs.mlp.experts.expert_weights(w)
+            a, b = mine.expert_weights(w), theirs.expert_weights(w)
             assert torch.equal(a.data, b.data) and torch.equal(a.plain_scales(), b.plain_scales())
             ratio = b.global_scale / a.global_scale
             assert bool(((ratio - 1).abs() <= 2.0**-23).all()), w
+    linears = {n for n, m in model.named_modules() if isinstance(m, fp4_ops.FP4Linear)}
+    assert linears == {n for n, m in back.named_modules() if isinstance(m, fp4_ops.FP4Linear)}
     ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         got, want = back(ids).logits, model(ids).logits
