@@ -11,7 +11,8 @@ Configurations (``CONFIGS``: experts E, top-k, hidden H, expert width I, activat
     qwen3-30b-a3b     128, 8, 2048,  768, SiLU, NVFP4
     qwen3-235b-a22b   128, 8, 4096, 1536, SiLU, NVFP4
     deepseek-v3       256 routed experts, 8, 7168, 2048, SiLU, NVFP4 (no shared expert)
-    gpt-oss-120b      128, 4, 2880, 2880, gpt-oss's clamped SwiGLU ("swigluoai") with biases, MXFP4
+    gpt-oss-20b        32, 4, 2880, 2880, gpt-oss's clamped SwiGLU ("swigluoai") with biases, MXFP4
+    gpt-oss-120b      128, 4, 2880, 2880, the same
 Experts: w13 [E, 2I, H] = randn / sqrt(H) (gate rows first; interleaved with the up rows for
 swigluoai, as ``fp4_ops.moe`` reads them), w2 [E, H, I] = randn / sqrt(I), drawn on the device
 (seeded) and quantized once, one global scale per expert (``fp4_ops.quantize_experts``; 1.0 for
@@ -147,6 +148,7 @@ CONFIGS = {
     "qwen3-30b-a3b": MoEConfig(128, 8, 2048, 768, "silu", "nvfp4", False),
     "qwen3-235b-a22b": MoEConfig(128, 8, 4096, 1536, "silu", "nvfp4", False),
     "deepseek-v3": MoEConfig(256, 8, 7168, 2048, "silu", "nvfp4", False),
+    "gpt-oss-20b": MoEConfig(32, 4, 2880, 2880, "swigluoai", "mxfp4", True),
     "gpt-oss-120b": MoEConfig(128, 4, 2880, 2880, "swigluoai", "mxfp4", True),
 }
 TOKENS_DEFAULT = (1, 4, 16, 64, 256, 4096)

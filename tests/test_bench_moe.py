@@ -35,7 +35,13 @@ TINY_CONFIGS = {"tiny": TINY, "tiny-oss": TINY_OSS}
 def test_defaults():
     args = bench_moe.parse_args([])
     assert args.tokens == [1, 4, 16, 64, 256, 4096] and args.reps == 5 and args.json is None
-    assert args.config == ["qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"]
+    assert args.config == [
+        "qwen3-30b-a3b",
+        "qwen3-235b-a22b",
+        "deepseek-v3",
+        "gpt-oss-20b",
+        "gpt-oss-120b",
+    ]
     assert args.contestants == list(bench_moe.CONTESTANTS)
     args = bench_moe.parse_args(["--tokens", "4,1,4", "--config", "deepseek-v3", "--reps", "2"])
     assert args.tokens == [4, 1] and args.config == ["deepseek-v3"] and args.reps == 2
@@ -49,6 +55,7 @@ def test_configurations_are_the_issue_s():
     assert c["qwen3-30b-a3b"] == MoEConfig(128, 8, 2048, 768, "silu", "nvfp4", False)
     assert c["qwen3-235b-a22b"] == MoEConfig(128, 8, 4096, 1536, "silu", "nvfp4", False)
     assert c["deepseek-v3"] == MoEConfig(256, 8, 7168, 2048, "silu", "nvfp4", False)
+    assert c["gpt-oss-20b"] == MoEConfig(32, 4, 2880, 2880, "swigluoai", "mxfp4", True)
     assert c["gpt-oss-120b"] == MoEConfig(128, 4, 2880, 2880, "swigluoai", "mxfp4", True)
 
 
