@@ -1262,6 +1262,30 @@ def test_gpu_greedy_generate_gives_the_cpu_tokens(checkpoint, mode, gpu_checkpoi
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("mode", list(GPU_MODES))
+def test_gpu_greedy_generate_under_cuda_graphs_gives_the_cpu_tokens(mode, gpu_checkpoints):
+    """generate with a static cache, compiled in reduce-overhead mode (CUDA graphs), as
+    ``examples/generate.py --compile`` runs it: twice (the second call replays the captured
+    graphs), each time the CPU's greedy tokens for a prompt without a near tie."""
+    _needs_w4a16(mode)
+    folder, _ = gpu_checkpoints["compressed-tensors", mode]
+    cpu = fp4_ops.load_quantized(folder)
+    gpu = fp4_ops.load_quantized(folder, device="cuda")
+    kwargs = dict(max_new_tokens=8, do_sample=False, disable_compile=True, pad_token_id=0)
+    kwargs.update(output_logits=True, return_dict_in_generate=True)
+    ids, on_cpu, _ = _clear_cpu_prompt(cpu, kwargs)
+    graphs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    graphs["cache_implementation"] = "static"
+    graphs["compile_config"] = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
+    mask = torch.ones_like(ids).cuda()
+    with torch.inference_mode():
+        for _ in range(2):
+            out = gpu.generate(ids.cuda(), attention_mask=mask, **graphs)
+            assert torch.equal(out.cpu(), on_cpu.sequences)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", list(GPU_MODES))
 def test_gpu_decode_step_under_a_cuda_graph(mode, gpu_checkpoints):
     """A loaded model's decode step (``benchmarks.model.DecodeStep``: static cache, device-side
     position) captured in a CUDA graph and replayed gives the eager step's logits, bit for bit,
