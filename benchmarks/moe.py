@@ -13,6 +13,10 @@ Configurations (``CONFIGS``: experts E, top-k, hidden H, expert width I, activat
     deepseek-v3       256 routed experts, 8, 7168, 2048, SiLU, NVFP4 (no shared expert)
     gpt-oss-20b        32, 4, 2880, 2880, gpt-oss's clamped SwiGLU ("swigluoai") with biases, MXFP4
     gpt-oss-120b      128, 4, 2880, 2880, the same
+    llama-4-scout      16, 1, 5120, 8192, SiLU, NVFP4 (no shared expert; the router weight
+                      multiplies the expert's output, vLLM's default, where Llama-4 scales its
+                      input: the same work)
+    llama-4-maverick  128, 1, 5120, 8192, the same
 Experts: w13 [E, 2I, H] = randn / sqrt(H) (gate rows first; interleaved with the up rows for
 swigluoai, as ``fp4_ops.moe`` reads them), w2 [E, H, I] = randn / sqrt(I), drawn on the device
 (seeded) and quantized once, one global scale per expert (``fp4_ops.quantize_experts``; 1.0 for
@@ -150,6 +154,8 @@ CONFIGS = {
     "deepseek-v3": MoEConfig(256, 8, 7168, 2048, "silu", "nvfp4", False),
     "gpt-oss-20b": MoEConfig(32, 4, 2880, 2880, "swigluoai", "mxfp4", True),
     "gpt-oss-120b": MoEConfig(128, 4, 2880, 2880, "swigluoai", "mxfp4", True),
+    "llama-4-scout": MoEConfig(16, 1, 5120, 8192, "silu", "nvfp4", False),
+    "llama-4-maverick": MoEConfig(128, 1, 5120, 8192, "silu", "nvfp4", False),
 }
 TOKENS_DEFAULT = (1, 4, 16, 64, 256, 4096)
 REPS_DEFAULT = 5

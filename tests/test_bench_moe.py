@@ -41,6 +41,8 @@ def test_defaults():
         "deepseek-v3",
         "gpt-oss-20b",
         "gpt-oss-120b",
+        "llama-4-scout",
+        "llama-4-maverick",
     ]
     assert args.contestants == list(bench_moe.CONTESTANTS)
     args = bench_moe.parse_args(["--tokens", "4,1,4", "--config", "deepseek-v3", "--reps", "2"])
@@ -57,6 +59,8 @@ def test_configurations_are_the_issue_s():
     assert c["deepseek-v3"] == MoEConfig(256, 8, 7168, 2048, "silu", "nvfp4", False)
     assert c["gpt-oss-20b"] == MoEConfig(32, 4, 2880, 2880, "swigluoai", "mxfp4", True)
     assert c["gpt-oss-120b"] == MoEConfig(128, 4, 2880, 2880, "swigluoai", "mxfp4", True)
+    assert c["llama-4-scout"] == MoEConfig(16, 1, 5120, 8192, "silu", "nvfp4", False)
+    assert c["llama-4-maverick"] == MoEConfig(128, 1, 5120, 8192, "silu", "nvfp4", False)
 
 
 @pytest.mark.parametrize(
