@@ -609,10 +609,13 @@ def test_sim_tma_warp_loads_its_tiles_with_their_groups(cfg, count):
 @pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=_config_id)
 def test_sim_epilogue_reads_each_tiles_alpha_and_stores_its_rows(cfg, count):
     """The epilogue's first warp: per tile, alpha of the tile's group (4 bytes apart), and TMA
-    stores of D without a group coordinate that cover the tile's rows and N columns once, as a
-    grid of equal epilogue tiles; nothing for a CTA without tiles."""
-    _, _, (tile_m, tile_n), (cm, cn) = cfg
+    stores of D without a group coordinate: one per epilogue subtile of the tile (the CTA's rows
+    by the subtile's columns, tile_budget's rule), each once, tile after tile; nothing for a
+    CTA without tiles."""
+    (vec, _), c_dtype, (tile_m, tile_n), (cm, cn) = cfg
     cta_m = tile_m // (2 if tile_m == 256 else 1)
+    budget = bw.tile_budget((tile_m, tile_n), vec, c_dtype)
+    epi_n = budget.epi_bytes_per_stage // (cta_m * bw.C_DTYPES[c_dtype].width // 8)
     for z in range(GRID):
         for rank in range(cm * cn):
             tiles = _expected_tiles(cfg, count, rank, z)
@@ -620,25 +623,13 @@ def test_sim_epilogue_reads_each_tiles_alpha_and_stores_its_rows(cfg, count):
             alphas = [e[1] for e in events if e[0] == "ld.global" and e[1] >= ALPHA]
             assert alphas == [ALPHA + 4 * g for _, _, g in tiles], (rank, z, alphas)
             stores = [tuple(e[2]) for e in events if e[0] == "store"]
-            if not tiles:
-                assert stores == [], (rank, z)
-                continue
-            per_tile, left = divmod(len(stores), len(tiles))
-            assert per_tile > 0 and left == 0, (rank, z, len(stores))
+            subtiles = tile_n // epi_n
+            assert len(stores) == subtiles * len(tiles), (rank, z, len(stores))
             for t, (m_cta, n_cta, _) in enumerate(tiles):
-                mine = stores[t * per_tile : (t + 1) * per_tile]
-                _assert_grid_covers(mine, (n_cta * tile_n, m_cta * cta_m), (tile_n, cta_m))
-
-
-def _assert_grid_covers(stores: list[tuple], origin: tuple, extent: tuple) -> None:
-    """``stores`` (col, row) start a grid of equal tiles that covers ``extent`` from ``origin``
-    once: distinct, a full product of its columns and rows, evenly spaced, ending at the edge."""
-    assert len(set(stores)) == len(stores), stores
-    axes = [sorted({s[i] for s in stores}) for i in (0, 1)]
-    assert len(stores) == len(axes[0]) * len(axes[1]), stores
-    for values, start, size in zip(axes, origin, extent, strict=True):
-        step = size // len(values)
-        assert values == list(range(start, start + size, step)), (values, start, size)
+                # (a tile's subtiles in the order its accumulator frees them)
+                mine = sorted(stores[t * subtiles : (t + 1) * subtiles])
+                want = [(n_cta * tile_n + col, m_cta * cta_m) for col in range(0, tile_n, epi_n)]
+                assert mine == want, (rank, z, t, mine)
 
 
 @pytest.mark.parametrize("count", COUNTS)
