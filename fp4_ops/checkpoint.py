@@ -688,7 +688,8 @@ def _warn_unused_expert_input_scales(experts: list, activations: str | None) -> 
     stored = [
         plan.name
         for plan in experts
-        if isinstance(plan, _LinearExperts) and "input" in plan.layers[0][0].keys
+        if isinstance(plan, _LinearExperts)
+        and any("input" in layer.keys for row in plan.layers for layer in row)
     ]
     if stored and activations not in ("bf16", "dynamic"):
         mode = "W4A4 with per-call scales" if activations == "fp4" else "W4A16"
@@ -696,7 +697,7 @@ def _warn_unused_expert_input_scales(experts: list, activations: str | None) -> 
             f"{len(stored)} experts modules ({stored[0]}, ...) store static input scales: they "
             f"are checked and not used, as FP4Experts has no static-scale W4A4; they run {mode} "
             "(activations='bf16' or 'dynamic' asks for this explicitly)",
-            stacklevel=3,
+            stacklevel=3,  # (load_quantized's caller)
         )
 
 
@@ -894,9 +895,8 @@ def load_quantized(
     if left:
         raise ValueError(f"unexpected tensors that no module of the model holds: {_listed(left)}")
 
-    _warn_unused_expert_input_scales(experts, activations)
-
     # load
+    asked = activations
     mode = {"static": "static", "dynamic": "dynamic", "none": "bf16"}
     # (FP4Experts take no static input scale: W4A16 unless W4A4 is asked for, per-call then)
     experts_mode = {None: "bf16", "fp4": "dynamic"}.get(activations, activations)
@@ -923,6 +923,7 @@ def load_quantized(
             for name in names:
                 owner, attr = _owner(model, name)
                 setattr(owner, attr, value)
+    _warn_unused_expert_input_scales(experts, asked)
     if (folder / "generation_config.json").is_file() and hasattr(model, "generation_config"):
         model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
     return model.to(device).eval()

@@ -193,11 +193,13 @@ def test_static_input_scales_of_experts_are_checked_and_not_used(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ours = fp4_ops.load_quantized(tmp_path, activations=activations)
-    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
-    unused = [m for m in said if "store static input scales" in m]
-    assert len(unused) == (1 if warns else 0), said
+    said = [w for w in caught if issubclass(w.category, UserWarning)]
+    unused = [w for w in said if "store static input scales" in str(w.message)]
+    assert len(unused) == (1 if warns else 0), [str(w.message) for w in said]
     if warns:
-        assert unused[0].startswith(f"{LAYERS} experts modules (model.layers.0.mlp.experts, ")
+        message = str(unused[0].message)
+        assert message.startswith(f"{LAYERS} experts modules (model.layers.0.mlp.experts, ")
+        assert unused[0].filename == __file__  # (it points at the caller of load_quantized)
     want = _dequantized_model(_qwen3_moe(), parts)
     for i, layer in enumerate(ours.model.layers):
         assert layer.mlp.experts.activations == mode
@@ -210,10 +212,12 @@ def test_a_bad_input_scale_of_an_expert_is_refused(activations, tmp_path):
     model = _qwen3_moe()
     key = "model.layers.1.mlp.experts.2.up_proj.input_scale"
     _write_static_inputs(tmp_path, model, _per_expert(model), 0.01, bad_key=key)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         with pytest.raises(ValueError, match=rf"{key}.*finite and positive"):
             fp4_ops.load_quantized(tmp_path, activations=activations)
+    # (no word that the scales were checked: one was refused)
+    assert not [w for w in caught if "store static input scales" in str(w.message)]
 
 
 def _deepseek_v3():
