@@ -1901,7 +1901,7 @@ def torch_scale_dtype(sf_vec_size: int):
     return torch.float8_e4m3fn if sf_vec_size == 16 else torch.float8_e8m0fnu
 
 
-def _torch_c_dtypes() -> dict:
+def torch_c_dtypes() -> dict:
     """D's type names -> torch dtypes."""
     import torch
 
@@ -2033,7 +2033,7 @@ def _compiled_kernel(config: GemmConfig, mnkl: tuple[int, int, int, int], device
     return _KERNELS[key]
 
 
-def _kernel_args(config: GemmConfig, mnkl, a, b, sfa_blocked, sfb_blocked, d, alpha, stream):
+def kernel_args(config: GemmConfig, mnkl, a, b, sfa_blocked, sfb_blocked, d, alpha, stream):
     """The compiled kernel's keyword arguments (``BlockwiseGemmFp4Sm100.__call__``'s names)."""
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
@@ -2066,7 +2066,7 @@ def _empty_padded_d(l: int, m: int, n: int, c_dtype: str, device):  # noqa: E741
     import torch
 
     pitch = c_row_pitch(n, c_dtype)
-    return torch.empty(l, m, pitch, dtype=_torch_c_dtypes()[c_dtype], device=device)
+    return torch.empty(l, m, pitch, dtype=torch_c_dtypes()[c_dtype], device=device)
 
 
 def gemm(a, b, sfa_blocked, sfb_blocked, alpha, d, config: GemmConfig | None = None):
@@ -2090,7 +2090,7 @@ def gemm(a, b, sfa_blocked, sfb_blocked, alpha, d, config: GemmConfig | None = N
             f"{sfa_blocked.dtype}"
         )
     mnkl = _problem(a, b, sfa_blocked, sfb_blocked, vec)
-    c_dtype = {v: k for k, v in _torch_c_dtypes().items()}.get(d.dtype)
+    c_dtype = {v: k for k, v in torch_c_dtypes().items()}.get(d.dtype)
     m, n, _, l = mnkl  # noqa: E741
     if c_dtype is None or tuple(d.shape) != (l, m, n):
         raise ValueError(f"d must be a bfloat16, float16 or float32 [{l}, {m}, {n}] tensor")
@@ -2109,7 +2109,7 @@ def gemm(a, b, sfa_blocked, sfb_blocked, alpha, d, config: GemmConfig | None = N
     compiled = _compiled_kernel(config, mnkl, a.device)
     stream = torch.cuda.current_stream(a.device)
     with torch.cuda.device(a.device.index):
-        compiled(**_kernel_args(config, mnkl, a, b, sfa_blocked, sfb_blocked, d, alpha, stream))
+        compiled(**kernel_args(config, mnkl, a, b, sfa_blocked, sfb_blocked, d, alpha, stream))
     return d
 
 
@@ -2191,9 +2191,9 @@ def prepare_gemm(
         # (a fill kernel on the current stream, not a host copy: allowed during graph capture)
         alpha = torch.full((1,), alpha, dtype=torch.float32, device=a.device)
     stream = torch.cuda.current_stream(a.device)
-    kernel_args = _kernel_args(config, mnkl, a, b, sfa_blocked, sfb_blocked, d, alpha, stream)
+    args = kernel_args(config, mnkl, a, b, sfa_blocked, sfb_blocked, d, alpha, stream)
     operands = (a, b, sfa_blocked, sfb_blocked)
-    launch = PreparedGemm(compiled, kernel_args, operands, d_padded, alpha, a.device)
+    launch = PreparedGemm(compiled, args, operands, d_padded, alpha, a.device)
     return launch, d
 
 

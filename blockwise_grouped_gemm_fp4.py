@@ -374,7 +374,7 @@ def _operand_problem(a, b, sfa_blocked, sfb_blocked, alpha, tile_group, num_m_ti
         "alpha": ((num_groups,), (torch.float32,)),
         "tile_group": ((m // config.mma_tiler_mn[0],), (torch.int32,)),
         "num_m_tiles": ((1,), (torch.int32,)),
-        "d": ((m, n), (_torch_c_dtypes()[config.c_dtype],)),
+        "d": ((m, n), (bw.torch_c_dtypes()[config.c_dtype],)),
     }
     given = dict(
         a=a,
@@ -427,10 +427,10 @@ def grouped_gemm(a, b, sfa_blocked, sfb_blocked, alpha, tile_group, num_m_tiles,
         raise ValueError(
             f"sfa_blocked must be float8_e4m3fn or float8_e8m0fnu, got {sfa_blocked.dtype}"
         )
-    c_dtype = {v: k for k, v in _torch_c_dtypes().items()}.get(d.dtype)
+    c_dtype = {v: k for k, v in bw.torch_c_dtypes().items()}.get(d.dtype)
     if c_dtype is None:
         raise ValueError(
-            f"d must be {' or '.join(map(str, _torch_c_dtypes().values()))}, got {d.dtype}"
+            f"d must be {' or '.join(map(str, bw.torch_c_dtypes().values()))}, got {d.dtype}"
         )
     if a.dim() != 2 or b.dim() != 3:
         raise ValueError(
@@ -495,12 +495,6 @@ def _ints(values) -> tuple[int, ...] | None:
         return tuple(operator.index(v) for v in values)
     except TypeError:
         return None
-
-
-def _torch_c_dtypes() -> dict:
-    import torch
-
-    return {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}
 
 
 # ---------------------------------------------------------------------------------------------

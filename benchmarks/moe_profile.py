@@ -94,6 +94,18 @@ def profile_one(cfg, tokens, contestant, weights, humming, l2_bytes):
     return touched, times
 
 
+def profile_or_report(name, tokens, contestant, weights, humming, l2_bytes):
+    """``profile_one`` of configuration ``name``; None, said on stdout, where humming refuses
+    the shapes; any other failure (ours included) raises."""
+    try:
+        return profile_one(bench_moe.CONFIGS[name], tokens, contestant, weights, humming, l2_bytes)
+    except Exception as err:
+        if contestant != "humming_moe":
+            raise
+        print(f"\n## {name} T={tokens} {contestant}: not profiled: {describe(err)}")
+        return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -117,17 +129,11 @@ def main(argv=None) -> int:
             for contestant in args.contestants:
                 if contestant == "humming_moe" and humming is None:
                     continue
-                try:
-                    touched, times = profile_one(
-                        cfg, tokens, contestant, weights, humming, l2_bytes
-                    )
-                except Exception as err:
-                    if contestant != "humming_moe":
-                        raise
-                    # (a peer that refuses these shapes: say so, go on)
-                    print(f"\n## {name} T={tokens} {contestant}: not profiled: {describe(err)}")
+                profiled = profile_or_report(name, tokens, contestant, weights, humming, l2_bytes)
+                if profiled is None:
                     bench_moe.free(device)
                     continue
+                touched, times = profiled
                 total = sum(us for _, us in times)
                 print(
                     f"\n## {name} T={tokens} {contestant}: {len(times)} kernels, "

@@ -688,6 +688,25 @@ def test_profile_without_a_gpu_exits_2():
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("contestant", ["ours_w4a16", "ours_w4a4", "humming_moe"])
+def test_profile_reports_humming_refusals_and_raises_our_failures(contestant, monkeypatch, capsys):
+    def refuses(*_):
+        raise RuntimeError("these shapes are refused")
+
+    from benchmarks import moe_profile
+
+    monkeypatch.setattr(moe_profile, "profile_one", refuses)
+    args = ("gpt-oss-120b", 4, contestant, None, None, 0)
+    if contestant != "humming_moe":
+        with pytest.raises(RuntimeError, match="these shapes are refused"):
+            moe_profile.profile_or_report(*args)
+        return
+    assert moe_profile.profile_or_report(*args) is None
+    out = capsys.readouterr().out
+    assert "## gpt-oss-120b T=4 humming_moe: not profiled: " in out
+    assert "these shapes are refused" in out
+
+
 @pytest.mark.parametrize(
     "kernels, count, means",
     [

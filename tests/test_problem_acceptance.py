@@ -94,7 +94,7 @@ def test_blackwell_gemm_checks_every_new_problem(monkeypatch, changed):
     monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=0))
-    monkeypatch.setattr(bw, "_kernel_args", lambda *a, **k: {})
+    monkeypatch.setattr(bw, "kernel_args", lambda *a, **k: {})
     alpha = torch.ones(1, device="meta")
     m, n, k, l = GOOD  # noqa: E741
     ops = _bw_operands(m, n, k, l)
