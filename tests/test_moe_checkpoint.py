@@ -159,18 +159,43 @@ def test_per_expert_checkpoint_refusals(tmp_path):
         fp4_ops.load_quantized(tmp_path / "mixed")
 
 
-def _write_static_inputs(folder: Path, model, parts, input_scale: float, bad_key=None) -> None:
-    """A ModelOpt NVFP4 (W4A4) checkpoint: every expert projection with an ``input_scale``."""
+def _write_static_inputs(
+    folder: Path, model, parts, checkpoint: str, bad_key=None, gate_weight_only=False
+) -> None:
+    """A W4A4 checkpoint (ModelOpt NVFP4, or compressed-tensors NVFP4 with a stored global
+    activation scale) whose expert projections store input scales: every one, or all but the
+    gate projections (one more config group for those, weight-only); ``bad_key``'s is -1."""
+    names = {"modelopt": ("weight_scale_2", "input_scale"), "compressed-tensors": None}
+    old, new = names[checkpoint] or ("weight_global_scale", "input_global_scale")
 
     def add(tensors):
-        for key in [k for k in tensors if k.endswith(".weight_scale_2")]:
-            value = -1.0 if key.replace("weight_scale_2", "input_scale") == bad_key else input_scale
-            tensors[key.replace("weight_scale_2", "input_scale")] = torch.tensor(value)
+        for key in [k for k in tensors if k.endswith(old)]:
+            if gate_weight_only and ".gate_proj." in key:
+                continue
+            name = key.replace(old, new)
+            value = -1.0 if name == bad_key else 0.01
+            # (compressed-tensors stores the reciprocal, [1])
+            tensors[name] = (
+                torch.tensor(value) if new == "input_scale" else torch.tensor([1 / value])
+            )
 
-    _write(folder, model, "modelopt", parts, add)
-    quant = json.loads((folder / "hf_quant_config.json").read_text())
-    quant["quantization"]["quant_algo"] = "NVFP4"
-    (folder / "hf_quant_config.json").write_text(json.dumps(quant))
+    _write(folder, model, checkpoint, parts, add)
+    if checkpoint == "modelopt":
+        quant = json.loads((folder / "hf_quant_config.json").read_text())
+        quant["quantization"]["quant_algo"] = "NVFP4"
+        (folder / "hf_quant_config.json").write_text(json.dumps(quant))
+        return
+    config = json.loads((folder / "config.json").read_text())
+    groups = config["quantization_config"]["config_groups"]
+    weights = groups["group_0"]["weights"]
+    groups["group_0"]["input_activations"] = {**weights, "dynamic": "local"}
+    if gate_weight_only:
+        groups["group_0"]["targets"] = ["re:.*(up|down)_proj$"]
+        groups["group_1"] = {"targets": ["re:.*gate_proj$"], "weights": weights}
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+CHECKPOINTS = ["modelopt", "compressed-tensors"]
 
 
 @pytest.mark.parametrize(
@@ -182,14 +207,19 @@ def _write_static_inputs(folder: Path, model, parts, input_scale: float, bad_key
         ("dynamic", "dynamic", False),
     ],
 )
+@pytest.mark.parametrize("gate_weight_only", [False, True], ids=["all", "not-gate"])
+@pytest.mark.parametrize("checkpoint", CHECKPOINTS)
 def test_static_input_scales_of_experts_are_checked_and_not_used(
-    activations, mode, warns, tmp_path
+    checkpoint, gate_weight_only, activations, mode, warns, tmp_path
 ):
     """FP4Experts has no static-scale W4A4: a W4A4 checkpoint's experts run W4A16 or per-call
-    W4A4, with a warning unless asked for; their weights load as a weight-only checkpoint's."""
+    W4A4, with a warning unless asked for, also where only some projections store input scales;
+    their weights load as a weight-only checkpoint's."""
+    if gate_weight_only and checkpoint == "modelopt":
+        pytest.skip("ModelOpt's quant_algo is one scheme for every layer")
     model = _qwen3_moe()
     parts = _per_expert(model)
-    _write_static_inputs(tmp_path, model, parts, 0.01)
+    _write_static_inputs(tmp_path, model, parts, checkpoint, gate_weight_only=gate_weight_only)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ours = fp4_ops.load_quantized(tmp_path, activations=activations)
@@ -208,10 +238,12 @@ def test_static_input_scales_of_experts_are_checked_and_not_used(
 
 
 @pytest.mark.parametrize("activations", [None, "bf16"])
-def test_a_bad_input_scale_of_an_expert_is_refused(activations, tmp_path):
+@pytest.mark.parametrize("checkpoint", CHECKPOINTS)
+def test_a_bad_input_scale_of_an_expert_is_refused(checkpoint, activations, tmp_path):
     model = _qwen3_moe()
-    key = "model.layers.1.mlp.experts.2.up_proj.input_scale"
-    _write_static_inputs(tmp_path, model, _per_expert(model), 0.01, bad_key=key)
+    name = "input_scale" if checkpoint == "modelopt" else "input_global_scale"
+    key = f"model.layers.1.mlp.experts.2.up_proj.{name}"
+    _write_static_inputs(tmp_path, model, _per_expert(model), checkpoint, bad_key=key)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(ValueError, match=rf"{key}.*finite and positive"):
