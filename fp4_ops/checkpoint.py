@@ -823,6 +823,22 @@ def load_quantized(
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
 
     # plan: every check on the headers, nothing read yet
+    layers, experts = _plan_quantized(ck, qconfig, model, output if ties else None)
+    consumed = {key for layer in [*layers, *experts] for key in layer.keys.values()}
+    plain = _plan_plain(ck, model, {layer.name for layer in [*layers, *experts]})
+    consumed.update(n for _, names, _ in plain for n in names if n in ck)
+    _refuse_left_over(set(ck.keys()) - consumed, [*layers, *experts])
+
+    _load(model, ck, device, (layers, experts, plain), activations, dtype)
+    _warn_unused_expert_input_scales(experts, activations)
+    if (folder / "generation_config.json").is_file() and hasattr(model, "generation_config"):
+        model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
+    return model.to(device).eval()
+
+
+def _plan_quantized(ck: _Checkpoint, qconfig, model: nn.Module, tied_output) -> tuple:
+    """(the FP4 Linear layers, the experts modules) the checkpoint quantizes, their tensors
+    checked on the headers; ``tied_output`` the output embedding where the config ties it."""
     layers: list[_Layer] = []
     for name, module in model.named_modules():
         scheme = qconfig.scheme_for(name, module)
@@ -835,7 +851,7 @@ def load_quantized(
             )
         if not isinstance(module, nn.Linear):
             continue  # (as compressed-tensors: a container that a pattern matches)
-        if module is output and ties:
+        if module is tied_output:
             raise ValueError(
                 f"{name}: the checkpoint quantizes the output embedding, but the config ties it "
                 "to the input embedding (tie_word_embeddings)"
@@ -851,13 +867,16 @@ def load_quantized(
             if is_experts_module(module):
                 plan = _plan_linear_experts(ck, qconfig, name, module)
                 experts += [] if plan is None else [plan]
-    quantized = {layer.name for layer in [*layers, *experts]}
-    consumed = {key for layer in [*layers, *experts] for key in layer.keys.values()}
+    return layers, experts
+
+
+def _plan_plain(ck: _Checkpoint, model: nn.Module, quantized: set[str]) -> list[tuple]:
+    """(checkpoint key, the model's names for it, its tensor) of every other parameter and
+    persistent buffer, grouped by tensor (tied names share one), checked on the headers."""
 
     def in_quantized(name: str) -> bool:
         return name.rpartition(".")[0] in quantized
 
-    # the other parameters and persistent buffers, grouped by tensor (tied names share one)
     aliases: dict[int, tuple[torch.Tensor, list[str]]] = {}
     for name, t in model.named_parameters(remove_duplicate=False):
         if not in_quantized(name):
@@ -879,11 +898,13 @@ def load_quantized(
                 _expect(ck, n, (), (tuple(t.shape),), f"{names[0]}")
             else:
                 _expect(ck, n, (t.dtype,), (tuple(t.shape),), f"{names[0]}")
-        consumed.update(present)
         plain.append((present[0], names, t))
+    return plain
 
-    left = set(ck.keys()) - consumed
-    for layer in [*layers, *experts]:
+
+def _refuse_left_over(left: set[str], planned: list) -> None:
+    """ValueError naming the checkpoint's tensors that no module takes, by layer if one's."""
+    for layer in planned:
         prefix = f"{layer.name}."
         extra = {k for k in left if k.startswith(prefix)}
         if extra:
@@ -895,8 +916,10 @@ def load_quantized(
     if left:
         raise ValueError(f"unexpected tensors that no module of the model holds: {_listed(left)}")
 
-    # load
-    asked = activations
+
+def _load(model: nn.Module, ck: _Checkpoint, device, planned: tuple, activations, dtype) -> None:
+    """Reads the planned tensors and sets the FP4 layers, the experts and the other tensors."""
+    layers, experts, plain = planned
     mode = {"static": "static", "dynamic": "dynamic", "none": "bf16"}
     # (FP4Experts take no static input scale: W4A16 unless W4A4 is asked for, per-call then)
     experts_mode = {None: "bf16", "fp4": "dynamic"}.get(activations, activations)
@@ -923,10 +946,6 @@ def load_quantized(
             for name in names:
                 owner, attr = _owner(model, name)
                 setattr(owner, attr, value)
-    _warn_unused_expert_input_scales(experts, asked)
-    if (folder / "generation_config.json").is_file() and hasattr(model, "generation_config"):
-        model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
-    return model.to(device).eval()
 
 
 # ----------------------------------------------------------------------------- save
