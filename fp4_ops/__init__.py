@@ -24,11 +24,12 @@
     Blackwell kernel (``blockwise_gemm_fp4``). alpha = a.global_scale * b.global_scale (* alpha)
     is formed on the device, and the kernels read it there. ``a`` a bfloat16 / float16 tensor:
     W4A16 (weight-only FP4, Hopper).
-``FP4Linear``, ``quantize_model``
+``FP4Linear``, ``quantize_model``, ``calibrate``
     FP4 linear layers: weights quantized once, activations quantized per call (W4A4, dynamic or
     static global scale) or kept in 16 bits (``activations="bf16"``, W4A16), ``fp4_gemm``, bias.
     They keep their FP4 buffers through dtype casts, carry format and mode in their state dict,
-    and are inference only (no backward). ``quantize_model`` returns a ``QuantizeReport``.
+    and are inference only (no backward). ``quantize_model`` returns a ``QuantizeReport``;
+    ``calibrate`` gives dynamic NVFP4 layers static input scales from calibration data.
 ``fp4_grouped_gemm``, ``fp4_moe``, ``FP4MoE``, ``FP4Experts``, ``quantize_experts``
     Mixture-of-experts (``fp4_ops.moe``): experts [E, N, K] with a global scale each, routing
     on the device; ``quantize_model`` puts ``FP4Experts`` in place of transformers' experts.
@@ -39,7 +40,7 @@ Importing this package needs no GPU and no CuTe DSL: the kernels are imported on
 from fp4_ops.checkpoint import load_quantized, save_quantized
 from fp4_ops.layout import FORMATS, GLOBAL_SCALE_DIVISOR, blocked_scale_numel, blocked_scale_shape
 from fp4_ops.moe import FP4Experts, FP4MoE, fp4_grouped_gemm, fp4_moe, quantize_experts
-from fp4_ops.nn import FP4Linear, QuantizeReport, quantize_model
+from fp4_ops.nn import FP4Linear, QuantizeReport, calibrate, quantize_model
 from fp4_ops.ops import fp4_gemm, quantize
 from fp4_ops.tensor import FP4Tensor
 
@@ -53,6 +54,7 @@ __all__ = [
     "QuantizeReport",
     "blocked_scale_numel",
     "blocked_scale_shape",
+    "calibrate",
     "fp4_gemm",
     "fp4_grouped_gemm",
     "fp4_moe",

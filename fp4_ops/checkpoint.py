@@ -964,9 +964,10 @@ def _inputs_of(name: str, layer: FP4Linear, activations: str | None) -> str:
     if layer.activations == "dynamic" and layer.format == "nvfp4":
         raise ValueError(
             f"{name}: NVFP4 activations with dynamic (per-call) global scales have no checkpoint "
-            "form (compressed-tensors and ModelOpt store a calibrated static input scale): give "
-            "the layer a static input_global_scale, or pass activations='bf16' to save a "
-            "weight-only (W4A16) checkpoint (load it back with activations='dynamic' for W4A4)"
+            "form (compressed-tensors and ModelOpt store a calibrated static input scale): "
+            "fp4_ops.calibrate(model, forward_loop) gives the layers one; or pass "
+            "activations='bf16' to save a weight-only (W4A16) checkpoint (load it back with "
+            "activations='dynamic' for W4A4)"
         )
     return layer.activations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
+import math
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -15,7 +16,13 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from fp4_ops import cpu
 from fp4_ops.buffers import FP4Buffers
-from fp4_ops.layout import DSL_DTYPE_NAMES, FORMATS, PACKED_DTYPES, SCALE_DTYPES
+from fp4_ops.layout import (
+    DSL_DTYPE_NAMES,
+    FORMATS,
+    GLOBAL_SCALE_DIVISOR,
+    PACKED_DTYPES,
+    SCALE_DTYPES,
+)
 from fp4_ops.memory import capturing, current_device, stream_handle
 from fp4_ops.moe import FP4Experts, is_experts_module
 from fp4_ops.ops import (
@@ -721,3 +728,63 @@ def _replace_experts(model, name: str, module: nn.Module, how: tuple, report) ->
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, fp4)
     report.replaced.append(name)
+
+
+# ----------------------------------------------------------------------------- calibrate
+
+
+def calibrate(model: nn.Module, forward_loop: Callable[[nn.Module], object]) -> list[str]:
+    """Static activation scales for ``model``'s NVFP4 FP4Linear layers with dynamic ones, in
+    place: ``forward_loop(model)`` runs the model on calibration data (gradients off), the
+    largest |x| each such layer sees over all its calls is recorded, and the layer becomes
+    ``activations="static"`` with ``input_global_scale = amax / (448 * 6)`` (the decoding
+    convention; ModelOpt's ``input_scale``, the reciprocal of compressed-tensors'
+    ``input_global_scale``; 1.0 where every input was zero). ``save_quantized`` then writes a
+    W4A4 checkpoint with static input scales, the form vLLM serves. Returns the names of the
+    layers made static (each name of a layer reachable by several). ValueError, with no layer
+    changed, where there is none to calibrate, or one saw no input or a non-finite one.
+    """
+    check_type(model, nn.Module, "model", "an nn.Module")
+    if not callable(forward_loop):
+        raise TypeError(
+            f"forward_loop must be callable as forward_loop(model), got {forward_loop!r}"
+        )
+    names: dict[int, list[str]] = {}
+    layers: dict[int, FP4Linear] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, FP4Linear) and module.format == "nvfp4":
+            if module.activations == "dynamic":
+                names.setdefault(id(module), []).append(name)
+                layers[id(module)] = module
+    if not layers:
+        raise ValueError("model has no NVFP4 FP4Linear with dynamic activation scales to calibrate")
+    if "" in names.get(id(model), []):
+        raise ValueError("model is itself an FP4Linear: calibrate a module that holds it")
+    amax: dict[int, torch.Tensor] = {}
+
+    def record(module: nn.Module, args) -> None:
+        seen = args[0].detach().abs().amax().float()
+        key = id(module)
+        amax[key] = seen if key not in amax else torch.maximum(amax[key], seen)
+
+    hooks = [layer.register_forward_pre_hook(record) for layer in layers.values()]
+    try:
+        with torch.no_grad():
+            forward_loop(model)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    unseen = [names[key][0] for key in layers if key not in amax]
+    if unseen:
+        raise ValueError(f"calibrate: forward_loop ran no input through {', '.join(unseen)}")
+    scales = {key: float(a) for key, a in amax.items()}  # (one host sync, at the end)
+    bad = [names[key][0] for key, a in scales.items() if not math.isfinite(a)]
+    if bad:
+        raise ValueError(f"calibrate: a non-finite input reached {', '.join(bad)}")
+    for key, layer in layers.items():
+        gs = scales[key] / GLOBAL_SCALE_DIVISOR if scales[key] > 0 else 1.0
+        static = FP4Linear(layer.weight, layer.bias, "static", gs)
+        for name in names[key]:
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, static)
+    return [name for key in layers for name in names[key]]

@@ -1415,3 +1415,106 @@ def _quantize_for_memory(model: nn.Module, mode: str) -> None:
             parent, _, attr = name.rpartition(".")
             layer = FP4Linear.from_linear(m, "nvfp4", "static", 0.01)
             setattr(model.get_submodule(parent), attr, layer)
+
+
+# ----------------------------------------------------------------------------- calibrate
+
+
+def _calibration_batches() -> list[torch.Tensor]:
+    # (the second batch's inputs are larger at some layers: a max over calls, not the last)
+    return [_ids(21), _ids(22)[:, :3], _ids(23)]
+
+
+def _loop(batches):
+    def forward_loop(model):
+        for ids in batches:
+            model(ids)
+
+    return forward_loop
+
+
+def _per_call_amax(model, batches) -> dict[str, list[float]]:
+    """Every FP4Linear's largest |input| in each call, by name (a separate record of the run)."""
+    seen: dict[str, list[float]] = {}
+    handles = [
+        m.register_forward_pre_hook(
+            lambda _m, args, n=n: seen.setdefault(n, []).append(float(args[0].abs().max()))
+        )
+        for n, m in model.named_modules()
+        if isinstance(m, FP4Linear)
+    ]
+    with torch.no_grad():
+        _loop(batches)(model)
+    for h in handles:
+        h.remove()
+    return seen
+
+
+def test_calibrate_sets_each_layers_input_amax_as_its_static_scale():
+    model = _model("llama", seed=4)
+    fp4_ops.quantize_model(model, [LAYERS])
+    batches = _calibration_batches()
+    calls = _per_call_amax(copy.deepcopy(model), batches)
+    assert any(max(c) != c[-1] for c in calls.values())  # (the batches test the max over calls)
+    names = fp4_ops.calibrate(model, _loop(batches))
+    assert sorted(names) == sorted(calls)
+    for name, amaxes in calls.items():
+        layer = model.get_submodule(name)
+        assert isinstance(layer, FP4Linear) and layer.activations == "static", name
+        want = torch.tensor(max(amaxes) / (448.0 * 6.0), dtype=torch.float32)
+        assert torch.equal(layer.input_global_scale, want), name
+    ct = pytest.importorskip("compressed_tensors.quantization.utils.helpers")
+    # (compressed-tensors' calibration convention: the reciprocal, equal to one ulp)
+    for name, amaxes in calls.items():
+        a = torch.tensor(max(amaxes))
+        theirs = 1.0 / ct.generate_gparam(-a, a).reshape(())
+        ours = model.get_submodule(name).input_global_scale
+        assert abs(float(theirs / ours) - 1.0) <= 2.0**-23, name
+
+
+@pytest.mark.parametrize("checkpoint", ["modelopt", "compressed-tensors"])
+def test_calibrated_model_saves_as_static_w4a4_and_loads_back(checkpoint, tmp_path):
+    model = _model("qwen3", seed=5)
+    fp4_ops.quantize_model(model, [LAYERS])
+    fp4_ops.calibrate(model, _loop(_calibration_batches()))
+    fp4_ops.save_quantized(model, tmp_path, checkpoint)
+    back = fp4_ops.load_quantized(tmp_path)
+    ours = {n: m for n, m in model.named_modules() if isinstance(m, FP4Linear)}
+    theirs = {n: m for n, m in back.named_modules() if isinstance(m, FP4Linear)}
+    assert ours.keys() == theirs.keys()
+    for name, layer in ours.items():
+        assert theirs[name].activations == "static", name
+        ratio = float(theirs[name].input_global_scale / layer.input_global_scale)
+        # (ModelOpt stores the decoding scale; compressed-tensors its reciprocal: one ulp)
+        assert ratio == 1.0 if checkpoint == "modelopt" else abs(ratio - 1.0) <= 2.0**-23, name
+    if checkpoint == "modelopt":
+        assert torch.equal(_logits(back, _ids(7)), _logits(model, _ids(7)))
+
+
+def test_calibrate_refusals_leave_the_model_as_it_was():
+    model = _model("llama", seed=6)
+    with pytest.raises(ValueError, match="no NVFP4 FP4Linear with dynamic activation scales"):
+        fp4_ops.calibrate(model, _loop([_ids(1)]))
+    fp4_ops.quantize_model(model, [LAYERS])
+    with pytest.raises(TypeError, match="forward_loop must be callable"):
+        fp4_ops.calibrate(model, None)
+    before = {n: type(m) for n, m in model.named_modules()}
+
+    def attention_only(m):  # (the MLPs never see an input)
+        m.model.layers[0].self_attn.q_proj(torch.randn(2, 64))
+
+    with pytest.raises(ValueError, match=r"forward_loop ran no input through model\.layers\.0\."):
+        fp4_ops.calibrate(model, attention_only)
+
+    def poisoned(m):
+        m(_ids(2))
+        try:  # (the CPU path refuses it as it runs; a GPU's quantizer poisons instead)
+            m.model.layers[1].mlp.down_proj(torch.full((1, 128), float("inf")))
+        except ValueError:
+            pass
+
+    with pytest.raises(ValueError, match=r"a non-finite input reached model\.layers\.1\.mlp\.down"):
+        fp4_ops.calibrate(model, poisoned)
+    after = {n: type(m) for n, m in model.named_modules()}
+    assert before == after
+    assert all(m.activations == "dynamic" for m in model.modules() if isinstance(m, FP4Linear))
