@@ -1262,7 +1262,7 @@ def test_gpu_greedy_generate_gives_the_cpu_tokens(checkpoint, mode, gpu_checkpoi
 W4A4_GRAPH_TOKENS = pytest.mark.xfail(
     raises=AssertionError,
     strict=False,
-    reason="W4A4 static: the tokens differed from the CPU's on the H200, not diagnosed; eager "
+    reason="W4A4 static: the tokens differ from the CPU's on an H200, not diagnosed; eager "
     "generate and a hand-captured decode step agree, so the suspects are the static cache's "
     "attention, Inductor's kernels and the compiled FP4 path (a bug is not excluded)",
 )

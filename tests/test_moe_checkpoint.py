@@ -165,8 +165,9 @@ def _write_static_inputs(
     """A W4A4 checkpoint (ModelOpt NVFP4, or compressed-tensors NVFP4 with a stored global
     activation scale) whose expert projections store input scales: every one, or all but the
     gate projections (one more config group for those, weight-only); ``bad_key``'s is -1."""
-    names = {"modelopt": ("weight_scale_2", "input_scale"), "compressed-tensors": None}
-    old, new = names[checkpoint] or ("weight_global_scale", "input_global_scale")
+    old, new = ("weight_scale_2", "input_scale")
+    if checkpoint == "compressed-tensors":
+        old, new = ("weight_global_scale", "input_global_scale")
 
     def add(tensors):
         for key in [k for k in tensors if k.endswith(old)]:
@@ -254,29 +255,11 @@ def test_a_bad_input_scale_of_an_expert_is_refused(checkpoint, activations, tmp_
 
 def _deepseek_v3():
     """A DeepSeek-V3-style model: layer 0 dense, layer 1 routed experts beside a shared one."""
-    config = transformers.DeepseekV3Config(
-        vocab_size=96,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        moe_intermediate_size=WIDTH,
-        num_hidden_layers=LAYERS,
-        first_k_dense_replace=1,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
-        q_lora_rank=None,
-        kv_lora_rank=16,
-        qk_rope_head_dim=16,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-        tie_word_embeddings=False,
-        initializer_range=0.1,
-    )
+    from test_moe_transformers import other_moe_config
+
     torch.manual_seed(0)
     # (built in BF16 as from_pretrained builds it: the router in fp32, as its class demands)
+    config = other_moe_config("deepseek-v3")
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     assert model.model.layers[1].mlp.gate.weight.dtype == torch.float32
     return model.eval()

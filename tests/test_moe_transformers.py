@@ -183,7 +183,7 @@ def test_moe_block_with_fp4experts_compiles_fullgraph(activations):
     assert torch.equal(got, want)
 
 
-def _other_moe_config(arch: str):
+def other_moe_config(arch: str):
     common = dict(vocab_size=96, hidden_size=64, num_attention_heads=4, num_experts_per_tok=2)
     if arch == "mixtral":
         return transformers.MixtralConfig(
@@ -227,7 +227,7 @@ def test_quantize_model_takes_other_architectures_experts(arch):
     hold their experts alike: each experts module becomes FP4Experts, and the model computes
     what it computes on the dequantized weights, up to BF16 roundings."""
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_other_moe_config(arch))
+    model = transformers.AutoModelForCausalLM.from_config(other_moe_config(arch))
     model = model.to(torch.bfloat16).eval()
     reference = copy.deepcopy(model)
     report = fp4_ops.quantize_model(model, ["*.mlp.experts"], activations="bf16")
