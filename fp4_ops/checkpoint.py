@@ -824,10 +824,11 @@ def load_quantized(
 
     # plan: every check on the headers, nothing read yet
     layers, experts = _plan_quantized(ck, qconfig, model, output if ties else None)
-    consumed = {key for layer in [*layers, *experts] for key in layer.keys.values()}
-    plain = _plan_plain(ck, model, {layer.name for layer in [*layers, *experts]})
+    planned = [*layers, *experts]
+    consumed = {key for layer in planned for key in layer.keys.values()}
+    plain = _plan_plain(ck, model, {layer.name for layer in planned})
     consumed.update(n for _, names, _ in plain for n in names if n in ck)
-    _refuse_left_over(set(ck.keys()) - consumed, [*layers, *experts])
+    _refuse_left_over(set(ck.keys()) - consumed, planned)
 
     _load(model, ck, device, (layers, experts, plain), activations, dtype)
     _warn_unused_expert_input_scales(experts, activations)

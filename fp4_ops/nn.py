@@ -725,8 +725,7 @@ def _replace_experts(model, name: str, module: nn.Module, how: tuple, report) ->
             raise ValueError(f"{name}: {err}") from None
         report.skipped[name] = str(err)
         return
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, fp4)
+    model.set_submodule(name, fp4)
     report.replaced.append(name)
 
 
@@ -785,6 +784,5 @@ def calibrate(model: nn.Module, forward_loop: Callable[[nn.Module], object]) -> 
         gs = scales[key] / GLOBAL_SCALE_DIVISOR if scales[key] > 0 else 1.0
         static = FP4Linear(layer.weight, layer.bias, "static", gs)
         for name in names[key]:
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, static)
+            model.set_submodule(name, static)
     return [name for key in layers for name in names[key]]
