@@ -17,7 +17,11 @@ The timeouts come from pytest-timeout (``pip install -e .[test]``); without it t
 report header says so.
 """
 
+import atexit
+import functools
 import re
+import shutil
+import tempfile
 
 import pytest
 
@@ -66,6 +70,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.gpu)
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(GPU_TIMEOUT_S, method="thread"))
+
+
+@functools.cache
+def _ptx_folder() -> str:
+    folder = tempfile.mkdtemp(prefix="fp4-ptx-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def ptx_options(arch: str = "sm_90a") -> str:
+    """``cute.compile`` options that cross-compile for ``arch`` and keep the PTX (``__ptx__``)
+    in a folder of this process, not in the working directory (where PTX kept without a dump
+    folder goes)."""
+    return f"--gpu-arch {arch} --keep-ptx --dump-dir={_ptx_folder()}"
 
 
 def exported_tvm_ffi_function(compiled, tmp_path):

@@ -33,6 +33,7 @@ import cutlass.cute as cute
 import numpy as np
 import pytest
 import torch
+from conftest import ptx_options
 from cutlass.cutlass_dsl import Int32
 from ptx_emulator import GlobalMemory, Grid, Params, parse_ptx
 from test_hopper import ptx_model
@@ -808,7 +809,7 @@ def _walk_units(counts, tile_cols, row_tiles, ctas):
         Int32(groups),
         null,
         Int32(units),
-        options="--gpu-arch sm_90a --keep-ptx",
+        options=ptx_options(),
     )
     (entry,) = parse_ptx(compiled.__ptx__).values()
     gmem = GlobalMemory()

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import ptx_options
 from ptx_emulator import GlobalMemory, Grid, Params, PtxError, parse_ptx
 
 import reference
@@ -141,7 +142,7 @@ def test_gpu_layer_with_an_id_out_of_range_raises_the_routing_message():
 
 @functools.cache
 def _routing_entry(ids_dtype: str, cap: int, x_dtype: str | None = None):
-    options = "--gpu-arch sm_90a --keep-ptx"
+    options = ptx_options()
     ptx = routing.compile_routing(ids_dtype, cap, options, x_dtype).__ptx__
     (entry,) = parse_ptx(ptx).values()
     return entry
@@ -234,7 +235,7 @@ def test_emulator_sees_a_routing_kernel_without_its_barriers(monkeypatch):
     import cutlass.cute as cute
 
     monkeypatch.setattr(cute.arch, "sync_threads", lambda *args, **kwargs: None)
-    ptx = routing.compile_routing("Int32", 128, "--gpu-arch sm_90a --keep-ptx").__ptx__
+    ptx = routing.compile_routing("Int32", 128, ptx_options()).__ptx__
     assert "bar.sync" not in ptx
     (entry,) = parse_ptx(ptx).values()
     ids = torch.randint(0, 100, (6, 4), generator=torch.Generator().manual_seed(1))
@@ -363,7 +364,7 @@ def _put(gmem, t):
 
 @functools.cache
 def _entry(make, *args):
-    (entry,) = parse_ptx(make(*args, "--gpu-arch sm_90a --keep-ptx").__ptx__).values()
+    (entry,) = parse_ptx(make(*args, ptx_options()).__ptx__).values()
     return entry
 
 
@@ -551,7 +552,7 @@ def _vector_bytes(op: str) -> int:
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_kernels_cross_compile_with_vector_moves_and_no_local_memory(name, arch):
     make, args = CONFIGS[name]
-    ptx = make(*args, f"--gpu-arch {arch} --keep-ptx").__ptx__
+    ptx = make(*args, ptx_options(arch)).__ptx__
     assert ".local" not in ptx and "ld.local" not in ptx and "st.local" not in ptx
     if name.startswith("routing"):
         atomics = [line for line in ptx.splitlines() if "atom." in line]

@@ -22,6 +22,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from conftest import ptx_options
 from ptx_emulator import GlobalMemory, Grid, Params, PtxError, e4m3_from_f32, fma_f32, parse_ptx
 from test_quantize_fp4 import quantizer_inputs
 from test_quantize_midpoints import (
@@ -46,7 +47,7 @@ TORCH_IN = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32:
 @functools.cache
 def _entries(in_dtype: str, vec: int, dynamic: bool, local: bool = False, tokens=False) -> tuple:
     """(amax Entry or None, quantize Entry) of the config's PTX, compiled once per process."""
-    options = "--gpu-arch sm_90a --keep-ptx"
+    options = ptx_options()
     ex = quantizer.compile_quantizer(in_dtype, vec, dynamic, options, local, tokens)
     entries = parse_ptx(ex.__ptx__)
     amax = [e for name, e in entries.items() if "amax_kernel" in name]

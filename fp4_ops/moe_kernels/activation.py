@@ -121,7 +121,7 @@ class MoeActivation:
 
 def compile_activation(dtype: str, activation: str, bias_dtype: str | None, options: str = ""):
     """Compile for any P, I (a multiple of VEC) and E; returns the executor.
-    ``options="--gpu-arch sm_90a --keep-ptx"`` cross-compiles without a GPU."""
+    ``options="--gpu-arch sm_90a --keep-ptx --dump-dir=DIR"`` cross-compiles without a GPU."""
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 

@@ -106,7 +106,7 @@ class MoeCombine:
 
 def compile_combine(dtype: str, weights_dtype: str, bias_dtype: str | None, options: str = ""):
     """Compile for any T, k, H (a multiple of VEC) and E; returns the executor.
-    ``options="--gpu-arch sm_90a --keep-ptx"`` cross-compiles without a GPU."""
+    ``options="--gpu-arch sm_90a --keep-ptx --dump-dir=DIR"`` cross-compiles without a GPU."""
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 

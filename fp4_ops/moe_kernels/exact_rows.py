@@ -145,7 +145,7 @@ class MoeExactRows:
 
 def compile_exact_rows(sf_vec_size: int, options: str = ""):
     """Compile for any P and K (a multiple of 32); returns the executor.
-    ``options="--gpu-arch sm_90a --keep-ptx"`` cross-compiles without a GPU."""
+    ``options="--gpu-arch sm_90a --keep-ptx --dump-dir=DIR"`` cross-compiles without a GPU."""
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 

@@ -229,7 +229,7 @@ class MoeRouting:
 def compile_routing(ids_dtype: str, cap: int, options: str = "", x_dtype: str | None = None):
     """Compile for any T, k, H and E < ``cap`` (runtime extents); ``x_dtype`` given: the
     variant that also gathers the rows. Returns the executor.
-    ``options="--gpu-arch sm_90a --keep-ptx"`` cross-compiles without a GPU."""
+    ``options="--gpu-arch sm_90a --keep-ptx --dump-dir=DIR"`` cross-compiles without a GPU."""
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
