@@ -666,42 +666,23 @@ def quantize_model(
     if patterns is not None:
         names = [name for name, _ in modules]
         report.unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
+    # (every replacement is built, and every refusal raised, before the model changes)
+    planned: list[tuple[str, nn.Module]] = []
     converted: dict[int, nn.Module] = {}
     for name, module in modules:
-        if patterns is not None:
-            chosen = any(fnmatch.fnmatchcase(name, p) for p in patterns)
-        elif predicate is not None:
-            chosen = predicate(name, module)
-            if not isinstance(chosen, bool):
-                raise TypeError(
-                    f"include(name, module) must return a bool, got {type(chosen).__name__}"
-                )
+        if not _chosen(name, module, patterns, predicate):
+            continue
+        how = (format, activations, include, converted.get(id(module)))
+        if isinstance(module, nn.Linear):
+            fp4 = _linear_replacement(model, name, module, how, report)
         else:
-            chosen = True
-        if not chosen:
-            continue
-        if not isinstance(module, nn.Linear):
-            _replace_experts(model, name, module, (format, activations, include), report)
-            continue
-        if not name:
-            report.skipped[name] = "the model is an nn.Linear itself: FP4Linear.from_linear"
-            continue
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        why = _direct_reader(module, parent)
-        if why is None and module.in_features % 32:
-            if include is not None:
-                raise ValueError(
-                    f"{name}: in_features = {module.in_features} is not a multiple of 32"
-                )
-            why = f"in_features = {module.in_features} is not a multiple of 32"
-        if why is not None:
-            report.skipped[name] = why
-            continue
-        if id(module) not in converted:
-            converted[id(module)] = FP4Linear.from_linear(module, format, activations)
-        setattr(parent, child, converted[id(module)])
-        report.replaced.append(name)
+            fp4 = _experts_replacement(name, module, how, report)
+        if fp4 is not None:
+            converted[id(module)] = fp4
+            planned.append((name, fp4))
+            report.replaced.append(name)
+    for name, fp4 in planned:
+        model.set_submodule(name, fp4)
     if report.unmatched:
         warnings.warn(
             "quantize_model: include patterns that matched no nn.Linear or experts module: "
@@ -711,22 +692,56 @@ def quantize_model(
     return report
 
 
-def _replace_experts(model, name: str, module: nn.Module, how: tuple, report) -> None:
-    """quantize_model's step for one experts module: FP4Experts in its place, or the reason
-    in the report (ValueError where ``include`` chose it)."""
-    format, activations, include = how
+def _chosen(name: str, module: nn.Module, patterns, predicate) -> bool:
+    """Whether quantize_model's ``include`` (patterns, a predicate, or None) takes the module."""
+    if patterns is not None:
+        return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    if predicate is None:
+        return True
+    chosen = predicate(name, module)
+    if not isinstance(chosen, bool):
+        raise TypeError(f"include(name, module) must return a bool, got {type(chosen).__name__}")
+    return chosen
+
+
+def _linear_replacement(model, name: str, module: nn.Linear, how: tuple, report):
+    """quantize_model's FP4Linear for one Linear (``made``, the one built for another name of
+    it, if any), or None with the reason in the report (ValueError where ``include`` chose a
+    Linear it cannot take)."""
+    format, activations, include, made = how
+    if not name:
+        report.skipped[name] = "the model is an nn.Linear itself: FP4Linear.from_linear"
+        return None
+    parent_name, _, _ = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    why = _direct_reader(module, parent)
+    if why is None and module.in_features % 32:
+        if include is not None:
+            raise ValueError(f"{name}: in_features = {module.in_features} is not a multiple of 32")
+        why = f"in_features = {module.in_features} is not a multiple of 32"
+    if why is not None:
+        report.skipped[name] = why
+        return None
+    return made if made is not None else FP4Linear.from_linear(module, format, activations)
+
+
+def _experts_replacement(name: str, module: nn.Module, how: tuple, report):
+    """quantize_model's FP4Experts for one experts module (``made``, the one built for another
+    name of it, if any), or None with the reason in the report (ValueError where ``include``
+    chose it)."""
+    format, activations, include, made = how
     if not name:
         report.skipped[name] = "the model is an experts module itself: FP4Experts"
-        return
+        return None
+    if made is not None:
+        return made
     try:
-        fp4 = FP4Experts.from_transformers(module, format, activations)
+        return FP4Experts.from_transformers(module, format, activations)
     except ValueError as err:
         if include is not None:
             raise ValueError(f"{name}: {err}") from None
         report.skipped[name] = str(err)
-        return
-    model.set_submodule(name, fp4)
-    report.replaced.append(name)
+        return None
 
 
 # ----------------------------------------------------------------------------- calibrate
@@ -761,12 +776,15 @@ def calibrate(model: nn.Module, forward_loop: Callable[[nn.Module], object]) -> 
         raise ValueError("model is itself an FP4Linear: calibrate a module that holds it")
     amax: dict[int, torch.Tensor] = {}
 
-    def record(module: nn.Module, args) -> None:
-        seen = args[0].detach().abs().amax().float()
+    def record(module: nn.Module, args, kwargs) -> None:
+        x = args[0] if args else kwargs["x"]
+        if not x.numel():  # (an input without rows has no amax: it calibrates nothing)
+            return
+        seen = x.detach().abs().amax().float()
         key = id(module)
         amax[key] = seen if key not in amax else torch.maximum(amax[key], seen)
 
-    hooks = [layer.register_forward_pre_hook(record) for layer in layers.values()]
+    hooks = [layer.register_forward_pre_hook(record, with_kwargs=True) for layer in layers.values()]
     try:
         with torch.no_grad():
             forward_loop(model)

@@ -526,14 +526,22 @@ def check_out_dtype(out_dtype, name: str = "out_dtype") -> None:
 
 
 def check_alpha(alpha) -> None:
-    """alpha: None, a number or a one-element floating-point tensor."""
-    if alpha is None or is_number(alpha):
+    """alpha: None, a finite number or a one-element floating-point tensor, finite where it is
+    on the CPU (a CUDA one is read as the kernel runs: no host sync)."""
+    if alpha is None:
+        return
+    if is_number(alpha):
+        if not math.isfinite(alpha):
+            raise ValueError(f"alpha must be finite, got {alpha}")
         return
     check_type(alpha, torch.Tensor, "alpha", "None, a number or a one-element tensor")
     if alpha.numel() != 1:
         raise ValueError(f"alpha must be a number or a one-element tensor, got {alpha.shape}")
     if not alpha.is_floating_point():
         raise ValueError(f"alpha must be a floating-point tensor, got {alpha.dtype}")
+    if alpha.device.type == "cpu" and not torch.compiler.is_compiling():
+        if not math.isfinite(float(alpha)):
+            raise ValueError(f"alpha must be finite, got {float(alpha)}")
 
 
 def check_w4a16_activations(a, format: str, what: str) -> None:

@@ -101,10 +101,11 @@ def global_scale_tensor(value, like: torch.Tensor, name: str = "global_scale") -
         raise TypeError(
             f"{name} must be a number or a one-element tensor, got {type(value).__name__}"
         )
-    value = float(value)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and positive, got {value}")
-    return torch.tensor(value, dtype=torch.float32, device=like.device)
+    # (checked as the float32 it becomes: 1e39 would be inf there, 1e-50 zero)
+    scale = torch.tensor(float(value), dtype=torch.float32)
+    if not (math.isfinite(float(scale)) and float(scale) > 0):
+        raise ValueError(f"{name} must be finite and positive as a float32, got {float(value)}")
+    return scale.to(like.device)
 
 
 def blocked_shape_of(data: torch.Tensor, sf_vec_size: int) -> tuple[int, ...]:

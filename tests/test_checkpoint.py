@@ -1491,6 +1491,24 @@ def test_calibrated_model_saves_as_static_w4a4_and_loads_back(checkpoint, tmp_pa
         assert torch.equal(_logits(back, _ids(7)), _logits(model, _ids(7)))
 
 
+def test_calibrate_takes_keyword_inputs_and_skips_empty_ones():
+    """A layer called as ``layer(x=...)`` is calibrated like one called positionally, and an
+    input without rows (which the layers take) adds nothing to the max."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    fp4_ops.quantize_model(model)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+
+    def loop(m):
+        m(torch.zeros(0, 64))
+        m[2](x=m[1](m[0](x=x)))
+
+    fp4_ops.calibrate(model, loop)
+    assert torch.equal(model[0].input_global_scale, x.abs().amax() / (448.0 * 6.0))
+    with torch.no_grad():
+        hidden = torch.relu(fp4_ops.FP4Linear(model[0].weight, model[0].bias, "dynamic")(x))
+    assert torch.equal(model[2].input_global_scale, hidden.abs().amax() / (448.0 * 6.0))
+
+
 def test_calibrate_refusals_leave_the_model_as_it_was():
     model = _model("llama", seed=6)
     with pytest.raises(ValueError, match="no NVFP4 FP4Linear with dynamic activation scales"):

@@ -245,10 +245,16 @@ def test_fp4_gemm_refuses_bad_operands():
         ((a, b_k), {}, "K mismatch"),
         ((a, b), {"out_dtype": torch.int8}, "out_dtype"),
         ((a, b), {"alpha": torch.ones(2)}, "one-element tensor"),
+        ((a, b), {"alpha": float("nan")}, "alpha must be finite"),
+        ((a, b), {"alpha": -float("inf")}, "alpha must be finite"),
+        ((a, b), {"alpha": torch.tensor(float("inf"))}, "alpha must be finite"),
     ]
     for args, kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
             fp4_ops.fp4_gemm(*args, **kwargs)
+        if "alpha" in kwargs:  # (the W4A16 entry takes the same alpha)
+            with pytest.raises(ValueError, match=match):
+                fp4_ops.fp4_gemm(torch.randn(3, 64, dtype=torch.bfloat16), b, **kwargs)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])

@@ -325,7 +325,7 @@ def test_state_dict_load_names_the_layer_inside_a_model():
 
 # ----------------------------------------------------------------------------- global scales
 
-BAD_SCALES = [-1.0, 0.0, -0.0, float("nan"), float("inf"), -float("inf")]
+BAD_SCALES = [-1.0, 0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e39, 1e-50]
 
 
 def _global_scale_calls():
@@ -642,6 +642,19 @@ def test_quantize_model_reports_patterns_and_shared_linears():
     assert "nothing*" in str(report) and "attn.out_proj" in str(report)
     default = fp4_ops.quantize_model(nn.Sequential(nn.Linear(40, 8), nn.Linear(8, 8)))
     assert default.replaced == [] and "not a multiple of 32" in default.skipped["0"]
+
+
+@pytest.mark.parametrize(
+    "include", [["*"], lambda name, module: True], ids=["patterns", "predicate"]
+)
+def test_quantize_model_refusal_leaves_the_model_as_it_was(include):
+    """A module that ``include`` chooses and quantize_model cannot take raises before any
+    module is replaced, wherever it stands among the chosen ones."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 40), nn.Linear(40, 8))
+    before = [type(m) for m in model]
+    with pytest.raises(ValueError, match="2: in_features = 40 is not a multiple of 32"):
+        fp4_ops.quantize_model(model, include=include)
+    assert [type(m) for m in model] == before
 
 
 # ----------------------------------------------------------------------------- argument checks
