@@ -149,7 +149,6 @@ class FP4Linear(FP4Buffers):
         self.register_buffer("weight_global_scale", weight.global_scale)
         self.register_buffer("input_global_scale", gs)
         self.bias = bias
-        self._cpu_weight_cache = None
         # (x's shape, dtype, device index, stream) -> _Plan of an eager CUDA forward
         self._plans: dict[tuple, _Plan] | None = None
 
@@ -201,7 +200,7 @@ class FP4Linear(FP4Buffers):
 
     # -- casts, moves and the state dict
 
-    CACHES = ("_cpu_weight_cache", "_plans")
+    CACHES = ("_plans",)
 
     def kept_buffers(self) -> dict[str, torch.Tensor]:
         return {n: self._buffers[n] for n in _FP4_BUFFERS if self._buffers.get(n) is not None}
@@ -448,19 +447,10 @@ class FP4Linear(FP4Buffers):
 
     def _cpu_weight(self) -> torch.Tensor:
         """The weight dequantized (e2m1 x block scale, float32: exact) for the eager CPU path,
-        made at its first use and made again once a weight buffer is replaced or changed in
-        place (the buffers' version counters say so). Inference tensors (made under
-        ``torch.inference_mode``) have no version counter: their weight is made at every call."""
-        data = self.weight_prepacked if self.activations == "bf16" else self.weight_data
-        parts = (data, self.weight_scale)
+        made at every call: a copy kept across calls goes stale when the buffers are written
+        through ``.data`` or a NumPy view, which no version counter sees."""
         vec = FORMATS[self.format]
-        if any(t.is_inference() for t in parts):
-            return cpu.plain_operand(self._plain_weight_data(), self.weight_scale, vec)
-        key = tuple((t.data_ptr(), t._version) for t in parts)
-        if self._cpu_weight_cache is None or self._cpu_weight_cache[0] != key:
-            weight = cpu.plain_operand(self._plain_weight_data(), self.weight_scale, vec)
-            self._cpu_weight_cache = (key, weight)
-        return self._cpu_weight_cache[1]
+        return cpu.plain_operand(self._plain_weight_data(), self.weight_scale, vec)
 
     def extra_repr(self) -> str:
         return (

@@ -254,8 +254,12 @@ class FP4Tensor:
         return from_blocked(self.scale.flatten(-3), rows, k // self.sf_vec_size)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """``e2m1 * scale * global_scale`` as ``dtype`` (computed in float32)."""
+        """``e2m1 * scale * global_scale`` as ``dtype`` (computed in float32). On the CPU, scale
+        bytes that no kernel gives a meaning (a signed or NaN E4M3, E8M0 0xFF) raise ValueError,
+        as in ``fp4_gemm``; on CUDA they decode to what they encode (no host sync)."""
         check_type(dtype, torch.dtype, "dtype", "a torch.dtype")
+        if self.scale.device.type == "cpu" and not torch.compiler.is_compiling():
+            cpu.check_scales(self.scale)
         values = cpu.dequantize(self.data, self.plain_scales(), self.sf_vec_size)
         gs = self.global_scale
         return (values * gs.reshape(*gs.shape, 1, 1)).to(dtype)

@@ -55,6 +55,30 @@ def test_from_plain_swizzles_and_dequantizes(shape, fmt):
     assert torch.equal(t.dequantize(), want)
 
 
+@pytest.mark.parametrize(
+    "fmt, byte, match",
+    [
+        ("nvfp4", 0x7F, "NaN encoding"),
+        ("nvfp4", 0xB8, "sign bit set"),
+        ("mxfp4", 0xFF, "NaN encoding"),
+    ],
+)
+def test_dequantize_refuses_scale_bytes_without_a_meaning(fmt, byte, match):
+    """As fp4_gemm and reference.dequantize_fp4 do: a checkpoint's bad byte never decodes to
+    NaN or a sign-flipped block."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(3))
+    if fmt == "nvfp4":
+        data, sc, gs = reference.quantize_nvfp4(x)
+    else:
+        (data, sc), gs = reference.quantize_mxfp4(x), torch.tensor(1.0)
+    sc = sc.clone()
+    sc.view(torch.uint8)[1, 1] = byte
+    with pytest.raises(ValueError, match=match):
+        reference.dequantize_fp4(data, sc, fp4_ops.FORMATS[fmt], gs)
+    with pytest.raises(ValueError, match=match):
+        FP4Tensor.from_plain(data, sc, gs, fmt).dequantize()
+
+
 def test_plain_scales_are_refused_even_when_the_byte_count_matches():
     # 128 rows x K 64: plain [128, 4] scales have exactly the blocked layout's 512 bytes
     _, (data, sc, gs) = _nvfp4((128, 64))
