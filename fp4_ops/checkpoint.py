@@ -46,7 +46,7 @@ from torch import nn
 
 from fp4_ops.cpu import check_scales
 from fp4_ops.layout import FORMATS, SCALE_DTYPES
-from fp4_ops.moe import FP4Experts, check_silu, check_swigluoai, is_experts_module
+from fp4_ops.moe import FP4Experts, check_experts_forward, is_experts_module
 from fp4_ops.nn import FP4Linear
 from fp4_ops.tensor import FP4Tensor, check_type, global_scale_tensor
 
@@ -552,7 +552,7 @@ def _plan_experts(ck: _Checkpoint, name: str, module: nn.Module) -> _Experts:
     kind = type(module).__name__
     if {"gate_up_proj_bias", "down_proj_bias"} - set(params):
         raise ValueError(f"{name}: a {kind} without biases; gpt-oss MXFP4 holds GptOssExperts")
-    check_swigluoai(module, name)
+    check_experts_forward(module, name, "swigluoai")
     # (GptOssExperts' own layout: gate_up_proj [E, H, 2I], down_proj [E, I, H])
     e, h, two_i = params["gate_up_proj"].shape
     i = two_i // 2
@@ -643,7 +643,7 @@ def _plan_linear_experts(ck, qconfig, name: str, module: nn.Module) -> _LinearEx
             f"{name}: a {type(module).__name__} other than gate_up_proj [E, 2I, H] and "
             "down_proj [E, H, I]; per-expert FP4 Linears load into those only"
         )
-    check_silu(module, name)
+    check_experts_forward(module, name, "silu")
     layers = [
         [_plan_layer(ck, f"{name}.{x}.{p}", stand_in[p], schemes[x, p]) for p in _PROJECTIONS]
         for x in range(e)

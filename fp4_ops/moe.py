@@ -45,6 +45,7 @@ ValueError (no grouped kernel for them yet).
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -816,6 +817,28 @@ def transformers_experts(module: torch.nn.Module):
         )
     _check_forward(module, w13, w2, activation, b13, b2)
     return w13, w2, activation, b13, b2
+
+
+def check_experts_forward(module: torch.nn.Module, name: str, activation: str) -> None:
+    """ValueError unless the experts module's forward is ``fp4_moe``'s ``activation`` layer on
+    its own layout (``transformers_experts``' check), also for a module built on the meta
+    device (a loader's): its forward runs on a CPU copy whose experts all hold one expert's
+    seeded random weights (expanded: one expert's memory). A module whose class computes more
+    than its act_fn says (a clamp, a scale) is refused here."""
+    probe = module
+    params = dict(module.named_parameters(recurse=False))
+    if any(p.is_meta for p in params.values()):
+        probe = copy.deepcopy(module)
+        gen = torch.Generator().manual_seed(0)
+        for key, p in params.items():
+            one = (torch.randn((1, *p.shape[1:]), generator=gen) * 0.5).to(p.dtype)
+            probe._parameters[key] = torch.nn.Parameter(one.expand(p.shape), requires_grad=False)
+    try:
+        found = transformers_experts(probe)[2]
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    if found != activation:
+        raise ValueError(f"{name}: its forward is a {found} layer, not {activation}")
 
 
 def _check_forward(module, w13, w2, activation, b13, b2) -> None:

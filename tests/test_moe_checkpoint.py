@@ -159,6 +159,24 @@ def test_per_expert_checkpoint_refusals(tmp_path):
         fp4_ops.load_quantized(tmp_path / "mixed")
 
 
+@pytest.mark.parametrize("checkpoint", ["modelopt", "compressed-tensors"])
+def test_experts_whose_forward_is_not_their_act_fn_are_refused(checkpoint, tmp_path, monkeypatch):
+    """An experts class whose forward does more than its SiLU act_fn says (DeepSeek-V4 clamps
+    its SwiGLU) must not load as plain-SiLU FP4Experts: the loader runs the class's forward on
+    a probe, as quantize_model does on the weights."""
+    model = _qwen3_moe()
+    _write(tmp_path, model, checkpoint, _per_expert(model))
+    experts = type(model.model.layers[0].mlp.experts)
+    plain = experts.forward
+
+    def clamped(self, hidden, *args, **kwargs):
+        return plain(self, hidden, *args, **kwargs).clamp(-0.01, 0.01)
+
+    monkeypatch.setattr(experts, "forward", clamped)
+    with pytest.raises(ValueError, match=r"layers\.0\.mlp\.experts: .*its forward does not"):
+        fp4_ops.load_quantized(tmp_path)
+
+
 def _write_static_inputs(
     folder: Path, model, parts, checkpoint: str, bad_key=None, gate_weight_only=False
 ) -> None:
