@@ -819,6 +819,10 @@ def transformers_experts(module: torch.nn.Module):
     return w13, w2, activation, b13, b2
 
 
+#: how far ``_check_forward``'s large tokens drive the gate / up values (past any clamp in use)
+PROBE_REACH = 32.0
+
+
 def check_experts_forward(module: torch.nn.Module, name: str, activation: str) -> None:
     """ValueError unless the experts module's forward is ``fp4_moe``'s ``activation`` layer on
     its own layout (``transformers_experts``' check), also for a module built on the meta
@@ -830,8 +834,9 @@ def check_experts_forward(module: torch.nn.Module, name: str, activation: str) -
     if any(p.is_meta for p in params.values()):
         probe = copy.deepcopy(module)
         gen = torch.Generator().manual_seed(0)
-        for key, p in params.items():
-            one = (torch.randn((1, *p.shape[1:]), generator=gen) * 0.5).to(p.dtype)
+        for key, p in params.items():  # (weights ~ 1 / sqrt(fan-in); biases ~ 1)
+            spread = p.shape[-1] ** -0.5 if p.ndim == 3 else 1.0
+            one = (torch.randn((1, *p.shape[1:]), generator=gen) * spread).to(p.dtype)
             probe._parameters[key] = torch.nn.Parameter(one.expand(p.shape), requires_grad=False)
     try:
         found = transformers_experts(probe)[2]
@@ -843,17 +848,25 @@ def check_experts_forward(module: torch.nn.Module, name: str, activation: str) -
 
 def _check_forward(module, w13, w2, activation, b13, b2) -> None:
     """ValueError unless the module's forward computes fp4_moe's definition on its own weights
-    (float32, two tokens routed to three experts) to within its dtype's rounding."""
+    (float32, four tokens routed to three experts) to within its dtype's rounding. Two tokens
+    are scaled so that the largest gate / up value reaches ``PROBE_REACH``: a forward that
+    clamps them (DeepSeek-V4's ``swiglu_limit``) differs there, whatever the weights' scale."""
     e, h = w13.shape[0], w13.shape[2]
     gen = torch.Generator().manual_seed(0)
     dtype, device = w13.dtype, w13.device
-    x = torch.randn(2, h, generator=gen).to(device=device, dtype=dtype)
-    ids = torch.tensor([[0, e - 1], [e // 2, 0]], device=device)
-    weights = torch.tensor([[0.75, 0.25], [0.5, 0.5]], device=device, dtype=dtype)
+    ids = torch.tensor([[0, e - 1], [e // 2, 0]] * 2, device=device)
+    x = torch.randn(4, h, generator=gen).to(device)
+    with torch.no_grad():
+        for t in (2, 3):
+            reach = max(float((w13[int(ex)].float() @ x[t]).abs().max()) for ex in ids[t])
+            if reach > 0:
+                x[t] *= PROBE_REACH / reach
+    x = x.to(dtype)
+    weights = torch.tensor([[0.75, 0.25], [0.5, 0.5]] * 2, device=device, dtype=dtype)
     with torch.no_grad():
         got = module(x, ids, weights).float()
-        want = torch.zeros(2, h, device=device)
-        for t in range(2):
+        want = torch.zeros(4, h, device=device)
+        for t in range(4):
             for slot in range(2):
                 ex = int(ids[t, slot])
                 hid = x[t].float() @ w13[ex].float().t()
@@ -864,9 +877,9 @@ def _check_forward(module, w13, w2, activation, b13, b2) -> None:
                     y = y + b2[ex].float()
                 want[t] += float(weights[t, slot]) * y
     # (the module rounds h, the activation, y and the weighted sum in its dtype, each by at
-    # most eps / 2 relative: 8 eps covers them; a misread layout is off by order one)
-    tol = 8 * torch.finfo(dtype).eps * float(want.norm()) + 1e-6
-    if not bool(torch.isfinite(got).all()) or float((got - want).norm()) > tol:
+    # most eps / 2 relative: 8 eps a token covers them; a misread layout is off by order one)
+    tol = 8 * torch.finfo(dtype).eps * want.norm(dim=1) + 1e-6
+    if not bool(torch.isfinite(got).all()) or bool(((got - want).norm(dim=1) > tol).any()):
         raise ValueError(
             f"{type(module).__name__}: its forward does not compute the experts as "
             "gate_up_proj / down_proj are read here (gate and up order, transposes, biases)"

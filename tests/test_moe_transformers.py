@@ -132,6 +132,26 @@ def test_transformers_experts_refuses_what_it_cannot_stand_in_for():
     swapped.__class__ = UpFirst
     with pytest.raises(ValueError, match="does not compute the experts"):
         moe.transformers_experts(swapped)
+
+    class Clamped(type(module)):
+        """DeepSeek-V4's experts: SiLU act_fn, gate and up clamped at 10 in the forward."""
+
+        def forward(self, hidden_states, top_k_index, top_k_weights):
+            out = torch.zeros_like(hidden_states)
+            for t in range(hidden_states.shape[0]):
+                for slot, e in enumerate(top_k_index[t].tolist()):
+                    gate, up = (hidden_states[t] @ self.gate_up_proj[e].t()).chunk(2)
+                    glu = self.act_fn(gate.clamp(max=10.0)) * up.clamp(-10.0, 10.0)
+                    out[t] += top_k_weights[t, slot] * (glu @ self.down_proj[e].t())
+            return out
+
+    clamped = copy.deepcopy(module)
+    clamped.__class__ = Clamped
+    with torch.no_grad():  # (a trained model's scale: unit inputs never reach the clamp)
+        for p in clamped.parameters():
+            p.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="does not compute the experts"):
+        moe.transformers_experts(clamped)
     extra = copy.deepcopy(module)
     extra.register_parameter("gate_bias", torch.nn.Parameter(torch.zeros(3)))
     with pytest.raises(ValueError, match="beyond the experts'"):
