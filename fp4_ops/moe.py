@@ -421,6 +421,11 @@ def check_moe(x, w13, w2, activation, mode, w13_bias, w2_bias):
         check_w4a16_activations(x, w13.format, 'x with activations="bf16" must be')
     elif x.dtype not in IN_DTYPES:
         raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    elif h % 32 or i % 32:  # (W4A4 quantizes x [T, H] and the activation [rows, I] per call)
+        raise ValueError(
+            f'activations="dynamic" quantizes rows of H = {h} and I = {i} per call: both must '
+            "be multiples of 32"
+        )
     _check_bias(w13_bias, "w13_bias", (e, two_i), x.device)
     _check_bias(w2_bias, "w2_bias", (e, h), x.device)
     return gs13, gs2

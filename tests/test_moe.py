@@ -439,6 +439,15 @@ def test_bad_moe_arguments_are_refused():
         (dict(x=x[:, :32]), ValueError, r"x must be \[T, H\]"),
         (dict(w13_bias=torch.zeros(4, 63)), ValueError, r"w13_bias must be floating point"),
         (dict(w2_bias=torch.zeros(4, 64, dtype=torch.int32)), ValueError, "w2_bias"),
+        (
+            dict(  # (NVFP4 experts of I = 48: valid for W4A16, not for per-call quantization)
+                w13=FP4Tensor.from_plain(*reference.quantize_nvfp4(torch.randn(4, 96, 64))),
+                w2=FP4Tensor.from_plain(*reference.quantize_nvfp4(torch.randn(4, 64, 48))),
+                activations="dynamic",
+            ),
+            ValueError,
+            r"H = 64 and I = 48 per call: both must be multiples of 32",
+        ),
     ]
     for change, error, match in cases:
         args = dict(x=x, w13=w13, w2=w2, topk_weights=w, topk_ids=ids) | change
