@@ -1012,6 +1012,11 @@ def _expert_linears(name: str, experts: FP4Experts) -> dict[str, FP4Tensor]:
             f"{name}: FP4Experts with the {experts.activation!r} activation; save_quantized "
             "writes SiLU experts (as per-expert gate / up / down Linears) only"
         )
+    if experts.w13_bias is not None or experts.w2_bias is not None:
+        raise ValueError(
+            f"{name}: SiLU FP4Experts with biases; the per-expert Linears save_quantized "
+            "writes have none, and the checkpoint would compute another layer"
+        )
     w13, w2 = experts.expert_weights("w13"), experts.expert_weights("w2")
     i = experts.intermediate
     plain13, plain2 = w13.plain_scales(), w2.plain_scales()

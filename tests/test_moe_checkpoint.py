@@ -338,3 +338,18 @@ def test_save_quantized_refuses_experts_without_a_checkpoint_form(tmp_path):
         mx = _qwen3_moe()
         fp4_ops.quantize_model(mx, ["*.mlp.experts"], "mxfp4", activations="bf16")
         fp4_ops.save_quantized(mx, tmp_path, "modelopt")
+    biased = _qwen3_moe()
+    fp4_ops.quantize_model(biased, ["*.mlp.experts"], "nvfp4", activations="bf16")
+    ex = biased.model.layers[0].mlp.experts
+    e, two_i = ex.num_experts, 2 * ex.intermediate
+    biased.model.layers[0].mlp.experts = fp4_ops.FP4Experts(
+        ex.expert_weights("w13"),
+        ex.expert_weights("w2"),
+        "silu",
+        "bf16",
+        torch.ones(e, two_i),
+        None,
+    )
+    for checkpoint in ("compressed-tensors", "modelopt"):
+        with pytest.raises(ValueError, match=r"layers\.0\.mlp\.experts: SiLU FP4Experts with bias"):
+            fp4_ops.save_quantized(biased, tmp_path / checkpoint, checkpoint)
