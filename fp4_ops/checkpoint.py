@@ -989,6 +989,11 @@ def _layer_tensors(prefix: str, layer: FP4Linear | FP4Tensor, inputs: str, forma
         if w.format == "nvfp4":
             out[prefix + "weight_scale"] = w.plain_scales()
             out[prefix + "weight_global_scale"] = (1.0 / w.global_scale).reshape(1)
+        elif not bool((w.global_scale == 1.0).all()):
+            where = prefix.rstrip(".")
+            raise ValueError(
+                f"{where}: an MXFP4 global scale other than 1 has no compressed-tensors form"
+            )
         else:  # (E8M0 bytes, as compressed-tensors stores them)
             out[prefix + "weight_scale"] = w.plain_scales().view(torch.uint8)
         if inputs == "static":

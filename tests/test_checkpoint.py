@@ -1020,6 +1020,15 @@ class _Extra(nn.Module):
         pass
 
 
+def _mxfp4_layer_scaled(model):
+    """An MXFP4 layer with a global scale other than 1 (from_plain takes one)."""
+    layer = model.model.layers[0].mlp.down_proj
+    w = fp4_ops.quantize(layer.weight.dequantize(), "mxfp4")
+    half = fp4_ops.FP4Tensor.from_plain(w.data, w.plain_scales(), 0.5, "mxfp4")
+    model.model.layers[0].mlp.down_proj = FP4Linear(half, layer.bias, "bf16")
+    return model
+
+
 def _with_extra_state(model):
     model.model.extra = _Extra()
     return model
@@ -1030,8 +1039,9 @@ def _with_extra_state(model):
     [
         (_with_extra_state, "model.extra._extra_state: not a tensor"),
         (lambda model: nn.Sequential(*_fp4(model).values()), "no transformers config"),
+        (_mxfp4_layer_scaled, r"mlp\.down_proj: an MXFP4 global scale other than 1 has no"),
     ],
-    ids=["extra-state", "no-config"],
+    ids=["extra-state", "no-config", "mxfp4-global-scale"],
 )
 def test_save_refusals_of_the_model(wrap, match, tmp_path):
     model = _model("llama")
