@@ -872,8 +872,9 @@ def _plan_quantized(ck: _Checkpoint, qconfig, model: nn.Module, tied_output) -> 
 
 
 def _plan_plain(ck: _Checkpoint, model: nn.Module, quantized: set[str]) -> list[tuple]:
-    """(checkpoint key, the model's names for it, its tensor) of every other parameter and
-    persistent buffer, grouped by tensor (tied names share one), checked on the headers."""
+    """(checkpoint keys, the model's names for it, its tensor) of every other parameter and
+    persistent buffer, grouped by tensor (tied names share one: every key the checkpoint holds
+    for them, the first read, the others compared with it), checked on the headers."""
 
     def in_quantized(name: str) -> bool:
         return name.rpartition(".")[0] in quantized
@@ -886,7 +887,7 @@ def _plan_plain(ck: _Checkpoint, model: nn.Module, quantized: set[str]) -> list[
         owner, attr = _owner(model, name)
         if not in_quantized(name) and attr not in owner._non_persistent_buffers_set:
             aliases.setdefault(id(t), (t, []))[1].append(name)
-    plain: list[tuple[str, list[str], torch.Tensor]] = []
+    plain: list[tuple[list[str], list[str], torch.Tensor]] = []
     for t, names in aliases.values():
         present = [n for n in names if n in ck]
         if not present:
@@ -899,7 +900,7 @@ def _plan_plain(ck: _Checkpoint, model: nn.Module, quantized: set[str]) -> list[
                 _expect(ck, n, (), (tuple(t.shape),), f"{names[0]}")
             else:
                 _expect(ck, n, (t.dtype,), (tuple(t.shape),), f"{names[0]}")
-        plain.append((present[0], names, t))
+        plain.append((present, names, t))
     return plain
 
 
@@ -939,8 +940,14 @@ def _load(model: nn.Module, ck: _Checkpoint, device, planned: tuple, activations
                 setattr(owner, attr, _build_linear_experts(plan, tensors, experts_mode))
             else:
                 setattr(owner, attr, _build_experts(plan, tensors, experts_mode, dtype))
-        for key, names, t in plain:
+        for (key, *tied), names, t in plain:
             value = read(key)
+            for other in tied:
+                if not torch.equal(read(other), value):
+                    raise ValueError(
+                        f"{other}: differs from {key} in the checkpoint, and the model ties "
+                        "them (tie_word_embeddings): one tensor cannot hold both"
+                    )
             value = value.to(t.dtype) if t.is_floating_point() else value
             if isinstance(t, nn.Parameter):
                 value = nn.Parameter(value, requires_grad=False)

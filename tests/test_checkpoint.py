@@ -1546,3 +1546,22 @@ def test_calibrate_refusals_leave_the_model_as_it_was():
     after = {n: type(m) for n, m in model.named_modules()}
     assert before == after
     assert all(m.activations == "dynamic" for m in model.modules() if isinstance(m, FP4Linear))
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["equal", "different"])
+def test_tied_model_takes_a_stored_head_only_if_it_equals_the_embedding(same, tmp_path):
+    """A tied config whose checkpoint also stores ``lm_head.weight``: equal to the embedding,
+    it loads; different, one tied tensor cannot hold both, and the loader names it."""
+    model = _model("qwen3", tie=True)
+    _quantize(model, {LAYERS: ("nvfp4", "bf16")})
+    fp4_ops.save_quantized(model, tmp_path, "compressed-tensors")
+    embed = model.model.embed_tokens.weight.detach()
+    head = embed.clone() if same else embed + 1.0
+    _tensors(_set("lm_head.weight", lambda t: head))(tmp_path)
+    if same:
+        back = fp4_ops.load_quantized(tmp_path)
+        assert back.lm_head.weight is back.model.embed_tokens.weight
+        assert torch.equal(_logits(back, _ids(3)), _logits(model, _ids(3)))
+    else:
+        with pytest.raises(ValueError, match=r"lm_head\.weight: differs from model\.embed_"):
+            fp4_ops.load_quantized(tmp_path)
