@@ -767,7 +767,7 @@ def load_quantized(
     (``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``) or ModelOpt (``NVFP4`` /
     ``W4A16_NVFP4``) checkpoint, its quantized Linear modules as ``FP4Linear``, or a gpt-oss
     MXFP4 one (``quant_method: mxfp4``), its experts modules as ``FP4Experts`` (W4A16 unless
-    ``activations`` asks for W4A4).
+    the checkpoint or ``activations`` asks for W4A4).
 
     The model is built by ``AutoModelForCausalLM.from_config`` with its parameters on the meta
     device (no 16-bit weight is made or initialized for a quantized layer); the checkpoint's
@@ -785,9 +785,10 @@ def load_quantized(
     forces W4A16 and ``"dynamic"`` W4A4 with per-call scales (stored input scales are checked,
     then unused); ``"fp4"`` W4A4 for every layer: static where the checkpoint stores input
     scales, per-call scales where it is weight-only. Experts modules (``FP4Experts``) have no
-    static-scale W4A4: W4A16 unless ``activations`` is ``"fp4"`` or ``"dynamic"`` (per-call
-    scales); their stored input scales are checked, then unused (a UserWarning says so where
-    ``activations`` did not ask for that).
+    static-scale W4A4: W4A4 with per-call scales where the checkpoint's experts have dynamic
+    input scales or ``activations`` is ``"fp4"`` or ``"dynamic"``, else W4A16; their stored
+    input scales are checked, then unused (a UserWarning says so where ``activations`` did not
+    ask for that).
 
     ValueError naming the config entry or tensor and what was expected, for: an unsupported
     format or scheme (another group size, asymmetric, dynamic weights, NVFP4 activations without
@@ -923,8 +924,9 @@ def _load(model: nn.Module, ck: _Checkpoint, device, planned: tuple, activations
     """Reads the planned tensors and sets the FP4 layers, the experts and the other tensors."""
     layers, experts, plain = planned
     mode = {"static": "static", "dynamic": "dynamic", "none": "bf16"}
-    # (FP4Experts take no static input scale: W4A16 unless W4A4 is asked for, per-call then)
-    experts_mode = {None: "bf16", "fp4": "dynamic"}.get(activations, activations)
+    # (FP4Experts take no static input scale: the checkpoint's per-call W4A4 where it says so,
+    # else W4A16, unless W4A4 is asked for, per call then)
+    asked = {"fp4": "dynamic"}.get(activations, activations)
     if activations == "fp4":  # (W4A4: the stored input scales where there are, else per call)
         mode, activations = {**mode, "none": "dynamic"}, None
     with torch.no_grad(), ck.reader(device) as read:
@@ -937,9 +939,11 @@ def _load(model: nn.Module, ck: _Checkpoint, device, planned: tuple, activations
             tensors = {key: read(key) for key in plan.keys.values()}
             owner, attr = _owner(model, plan.name)
             if isinstance(plan, _LinearExperts):
+                inputs = plan.layers[0][0].scheme.inputs
+                experts_mode = asked or ("dynamic" if inputs == "dynamic" else "bf16")
                 setattr(owner, attr, _build_linear_experts(plan, tensors, experts_mode))
             else:
-                setattr(owner, attr, _build_experts(plan, tensors, experts_mode, dtype))
+                setattr(owner, attr, _build_experts(plan, tensors, asked or "bf16", dtype))
         for (key, *tied), names, t in plain:
             value = read(key)
             for other in tied:

@@ -291,22 +291,25 @@ ARCHS = {
 
 
 @pytest.mark.parametrize(
-    "arch, checkpoint, fmt",
+    "arch, checkpoint, fmt, activations",
     [
-        ("qwen3-moe", "modelopt", "nvfp4"),
-        ("qwen3-moe", "compressed-tensors", "nvfp4"),
-        ("qwen3-moe", "compressed-tensors", "mxfp4"),
-        ("deepseek-v3", "modelopt", "nvfp4"),
-        ("deepseek-v3", "compressed-tensors", "mxfp4"),
+        ("qwen3-moe", "modelopt", "nvfp4", "bf16"),
+        ("qwen3-moe", "compressed-tensors", "nvfp4", "bf16"),
+        ("qwen3-moe", "compressed-tensors", "mxfp4", "bf16"),
+        ("qwen3-moe", "compressed-tensors", "mxfp4", "dynamic"),
+        ("deepseek-v3", "modelopt", "nvfp4", "bf16"),
+        ("deepseek-v3", "compressed-tensors", "mxfp4", "bf16"),
+        ("deepseek-v3", "compressed-tensors", "mxfp4", "dynamic"),
     ],
 )
-def test_quantize_model_experts_save_and_load_back(arch, checkpoint, fmt, tmp_path):
+def test_quantize_model_experts_save_and_load_back(arch, checkpoint, fmt, activations, tmp_path):
     """quantize_model's FP4Experts (and FP4Linears) saved as per-expert Linears and loaded
-    back: the same experts bit for bit (one compressed-tensors global scale may come back one
-    ulp off: its reciprocal convention), the same logits."""
+    back in the checkpoint's own mode (W4A16, or MXFP4 W4A4 with per-call scales): the same
+    experts bit for bit (one compressed-tensors global scale may come back one ulp off: its
+    reciprocal convention), the same outputs, the same logits."""
     build, patterns = ARCHS[arch]
     model = build()
-    report = fp4_ops.quantize_model(model, patterns, fmt, activations="bf16")
+    report = fp4_ops.quantize_model(model, patterns, fmt, activations=activations)
     assert report.replaced and not report.skipped
     fp4_ops.save_quantized(model, tmp_path, checkpoint)
     back = fp4_ops.load_quantized(tmp_path)
@@ -320,8 +323,18 @@ def test_quantize_model_experts_save_and_load_back(arch, checkpoint, fmt, tmp_pa
             assert torch.equal(a.data, b.data) and torch.equal(a.plain_scales(), b.plain_scales())
             ratio = b.global_scale / a.global_scale
             assert bool(((ratio - 1).abs() <= 2.0**-23).all()), w
+        assert theirs.activations == mine.activations == activations
+        x = torch.randn(5, mine.hidden, generator=torch.Generator().manual_seed(1)).bfloat16()
+        ids, weights = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 3], [2, 0]]), torch.rand(5, 2)
+        with torch.no_grad():
+            assert torch.equal(theirs(x, ids, weights), mine(x, ids, weights))
     linears = {n for n, m in model.named_modules() if isinstance(m, fp4_ops.FP4Linear)}
     assert linears == {n for n, m in back.named_modules() if isinstance(m, fp4_ops.FP4Linear)}
+    # (the test's .to(bfloat16) cast RoPE's inv_freq too; the loader keeps it float32, as
+    # from_pretrained does: W4A4 re-quantizes what that difference moves)
+    for name, buffer in back.named_buffers():
+        if name.endswith("inv_freq"):
+            model.get_buffer(name).data = buffer.clone()
     ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         got, want = back(ids).logits, model(ids).logits
