@@ -1233,6 +1233,10 @@ def save_quantized(
         for n, m in model.named_modules(remove_duplicate=False)
         if isinstance(m, nn.Linear) and n not in layers
     )
+    # (16-bit experts modules: every reader would take their per-expert Linears as quantized)
+    plain_experts = sorted(
+        n for n, m in model.named_modules(remove_duplicate=False) if is_experts_module(m)
+    )
 
     # the tensors, in state-dict order; a tensor shared by several names is stored once
     tensors: dict[str, torch.Tensor] = {}
@@ -1279,11 +1283,12 @@ def save_quantized(
         config_dict[key] = _dtype_str(dtype)
     hf_quant_config = None
     if format == "compressed-tensors":
-        config_dict["quantization_config"] = _ct_quantization_config(modes, unquantized)
+        ignore = unquantized + [f"re:^{re.escape(n)}\\." for n in plain_experts]
+        config_dict["quantization_config"] = _ct_quantization_config(modes, ignore)
     elif format == GPT_OSS_MXFP4:
         config_dict["quantization_config"] = {
             "quant_method": "mxfp4",
-            "modules_to_not_convert": unquantized,
+            "modules_to_not_convert": unquantized + plain_experts,
         }
     else:
         inputs = {m[1] for m in modes.values()}
@@ -1296,7 +1301,7 @@ def save_quantized(
             "quant_algo": "NVFP4" if inputs == {"static"} else "W4A16_NVFP4",
             "kv_cache_quant_algo": None,
             "group_size": FORMATS["nvfp4"],
-            "exclude_modules": unquantized,
+            "exclude_modules": unquantized + [f"{n}.*" for n in plain_experts],
         }
         producer = {"name": "fp4_ops", "version": _version()}
         hf_quant_config = {"producer": producer, "quantization": quantization}

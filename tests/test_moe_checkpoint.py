@@ -366,3 +366,31 @@ def test_save_quantized_refuses_experts_without_a_checkpoint_form(tmp_path):
     for checkpoint in ("compressed-tensors", "modelopt"):
         with pytest.raises(ValueError, match=r"layers\.0\.mlp\.experts: SiLU FP4Experts with bias"):
             fp4_ops.save_quantized(biased, tmp_path / checkpoint, checkpoint)
+
+
+@pytest.mark.parametrize(
+    "arch, patterns, checkpoint",
+    [
+        ("qwen3-moe", ["*.self_attn.*"], "compressed-tensors"),
+        ("qwen3-moe", ["*.self_attn.*"], "modelopt"),
+        ("gpt-oss", ["model.layers.0.mlp.experts"], "gpt-oss-mxfp4"),
+    ],
+)
+def test_experts_left_16_bit_save_and_load_back(arch, patterns, checkpoint, tmp_path):
+    """A model whose experts modules stay 16-bit (some or all): the checkpoint's config names
+    them as not quantized (every reader would take their per-expert Linears for FP4), and they
+    load back as the same 16-bit modules."""
+    if arch == "gpt-oss":
+        from test_gpt_oss_checkpoint import _gpt_oss as build
+    else:
+        build = _qwen3_moe
+    model = build()
+    fp4_ops.quantize_model(model, patterns, "mxfp4" if arch == "gpt-oss" else "nvfp4", "bf16")
+    fp4_ops.save_quantized(model, tmp_path, checkpoint)
+    back = fp4_ops.load_quantized(tmp_path)
+    kinds = {n: type(m) for n, m in model.named_modules() if fp4_ops.moe.is_experts_module(m)}
+    assert kinds and kinds == {n: type(m) for n, m in back.named_modules() if n in kinds}
+    for name in kinds:
+        theirs = dict(back.get_submodule(name).named_parameters())
+        for key, p in model.get_submodule(name).named_parameters():
+            assert torch.equal(p, theirs[key]), f"{name}.{key}"
