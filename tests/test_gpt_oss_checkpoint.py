@@ -183,3 +183,21 @@ def test_save_quantized_gpt_oss_mxfp4_refusals(tmp_path):
     fp4_ops.quantize_model(both, ["*.mlp.experts", "*.q_proj"], "mxfp4", activations="bf16")
     with pytest.raises(ValueError, match="q_proj: gpt-oss MXFP4 checkpoints hold FP4 experts only"):
         fp4_ops.save_quantized(both, tmp_path, "gpt-oss-mxfp4")
+
+
+def test_expert_biases_load_in_the_config_dtype(tmp_path):
+    """Biases stored in float32 under a bfloat16 config load as bfloat16, both of them, as every
+    other tensor does: what the state dict holds, and what a save writes back."""
+
+    def float32_biases(tensors):
+        for key in tensors:
+            if key.endswith("_proj_bias"):
+                tensors[key] = tensors[key].float() + 2.0**-12  # (not a BF16 value)
+
+    _write(tmp_path, _gpt_oss(), float32_biases)
+    ours = fp4_ops.load_quantized(tmp_path)
+    for layer in ours.model.layers:
+        ex = layer.mlp.experts
+        assert ex.w13_bias.dtype == ex.w2_bias.dtype == torch.bfloat16
+    biases = {k: v for k, v in ours.state_dict().items() if k.endswith("_bias")}
+    assert biases and {v.dtype for v in biases.values()} == {torch.bfloat16}
