@@ -31,6 +31,6 @@ def names(p: argparse.ArgumentParser, flag: str, text: str, allowed, ordered: bo
 
 
 def positive_int(p: argparse.ArgumentParser, flag: str, text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         p.error(f"{flag} takes a positive integer, got {text!r}")
     return int(text)

@@ -100,6 +100,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--device {args.device!r}: cuda or cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         p.error(f"--device {args.device}: torch sees no CUDA GPU")
+    if device.type == "cpu" and device.index not in (None, 0):
+        p.error(f"--device {args.device}: the CPU has no index but 0")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        p.error(f"--device {args.device}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     if args.compile and device.type != "cuda":
         p.error("--compile captures CUDA graphs: it needs --device cuda")
     args.prompt = args.prompt or [DEFAULT_PROMPT]

@@ -360,7 +360,7 @@ class _Checkpoint:
     tensors on demand."""
 
     def __init__(self, folder: Path):
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         single, index = folder / _WEIGHTS_NAME, folder / _INDEX_NAME
         if single.exists() and index.exists():
@@ -380,7 +380,11 @@ class _Checkpoint:
             path = folder / name
             if not path.is_file():
                 raise FileNotFoundError(f"{_INDEX_NAME} names {name}, which is not in {folder}")
-            with safe_open(path, framework="pt") as f:
+            try:
+                opened = safe_open(path, framework="pt")
+            except SafetensorError as err:
+                raise ValueError(f"{path}: not a safetensors file ({err})") from None
+            with opened as f:
                 for key in f.keys():
                     if key in self.file_of:
                         raise ValueError(f"{key}: in both {self.file_of[key]} and {name}")

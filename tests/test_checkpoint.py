@@ -935,6 +935,18 @@ def test_missing_files(base, missing, bases, tmp_path):
         fp4_ops.load_quantized(folder)
 
 
+@pytest.mark.parametrize("content", [b"", b"\x08\x00\x00\x00\x00\x00\x00\x00not json"])
+@pytest.mark.parametrize(
+    "base, damaged", [("ct", "model.safetensors"), ("sharded", "model-00002-of-00003.safetensors")]
+)
+def test_damaged_weight_files_are_refused_by_name(base, damaged, content, bases, tmp_path):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(bases[base], folder)
+    (folder / damaged).write_bytes(content)
+    with pytest.raises(ValueError, match=rf"{damaged}: not a safetensors file"):
+        fp4_ops.load_quantized(folder)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [

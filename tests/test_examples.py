@@ -257,6 +257,7 @@ def test_dequantized_baseline_computes_the_fp4_weights(checkpoints):
         (["--baseline_model", "{source}"], "give --baseline too"),
         (["--device", "meta"], "--device 'meta': cuda or cpu"),
         (["--device", "nonsense"], "not a device"),
+        (["--device", "cpu:5"], "the CPU has no index but 0"),
         (["--compile"], "--compile captures CUDA graphs: it needs --device cuda"),
         (["--tokenizer", "{missing}"], "not a model folder (no config.json)"),
     ],

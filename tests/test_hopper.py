@@ -1493,6 +1493,8 @@ def _cli(*args):
         (["--cluster_shape_mn", "1,2"], "takes (1, 1)"),
         (["--iterations", "0"], "--iterations must be >= 1"),
         (["--tolerance", "nan"], "--tolerance must be a finite number > 0"),
+        (["--seed", str(2**64)], "--seed must be in [0, 2^64)"),
+        (["--seed", "-1"], "--seed must be in [0, 2^64)"),
         (["--alpha", "nan"], "--alpha: alpha must be a finite fp32 number"),
         (["--mnkl", "16,4096,4096,1", "--alpha", "1e38"], "NVFP4 here needs |alpha| < 2^114"),
         (["--mnkl", "1,64,256,1", "--k_groups", "4", "--mma_tiler_mn", "64,64"], "K groups"),
@@ -1506,6 +1508,14 @@ def test_cli_bad_input_exits_2(args, message, tmp_path, capsys):
         code = exit_.code
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tolerance", ["2048", "4096"])
+def test_cli_refuses_a_tolerance_past_the_bounds_reach(tolerance, capsys):
+    """The bound's gamma_K needs K u < 1 (u = 2^-24 x tolerance): at K = 8192 a tolerance of
+    2048 would divide by zero and a larger one make the bound negative (a false FAIL)."""
+    assert cli.main(["--mnkl", "128,128,8192,1", "--tolerance", tolerance]) == 2
+    assert "is too large for K = 8192" in capsys.readouterr().err
 
 
 def test_cli_compile_only_keeps_each_configuration_apart(tmp_path, capsys):

@@ -86,3 +86,29 @@ def test_harness_on_a_toy_repository(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert rows["toy-minus"][1] == "tests/test_mod.py::test_add"
     assert "arith                        caught   1 of   2  50.0%" in out
     assert "old text not found in mod.py" in out and "old text found 2 times in mod.py" in out
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["extra"]])
+def test_sanitize_moe_refuses_arguments_it_does_not_take(argv, capsys):
+    """tools.sanitize_moe takes no option: anything given is refused (exit 2), not ignored
+    while a full sanitizer run starts."""
+    from tools import sanitize_moe
+
+    with pytest.raises(SystemExit) as exit_:
+        sanitize_moe.main(argv)
+    assert exit_.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "\u0663", "0", "-1", "1.5", ""])
+def test_benchmark_positive_int_refuses_what_int_does_not_take(text, capsys):
+    """str.isdigit() accepts superscripts and other scripts' digits, which int() refuses:
+    such a --reps must be refused by argparse (exit 2), never a traceback."""
+    import argparse
+
+    from benchmarks import args
+
+    with pytest.raises(SystemExit) as exit_:
+        args.positive_int(argparse.ArgumentParser(), "--reps", text)
+    assert exit_.value.code == 2
+    assert "--reps takes a positive integer" in capsys.readouterr().err

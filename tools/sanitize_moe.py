@@ -12,6 +12,7 @@ must give finite values; their correctness is the GPU tests' subject, not this d
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -88,7 +89,8 @@ def run_grouped(gen: torch.Generator) -> bool:
     return ok
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
     if not torch.cuda.is_available():
         print("error: tools.sanitize_moe runs the GPU paths: it needs a CUDA GPU", file=sys.stderr)
         return 2

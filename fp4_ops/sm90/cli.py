@@ -153,6 +153,15 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
         raise UsageError("--iterations must be >= 1 and --warmup_iterations >= 0")
     if not math.isfinite(args.tolerance) or args.tolerance <= 0:
         raise UsageError("--tolerance must be a finite number > 0")
+    # (the bound's gamma_K needs K u < 1: past it the bound divides by zero or turns negative)
+    k_limit = 1.0 / (args.mnkl[2] * 2.0**-24)
+    if not args.compile_only and args.tolerance >= k_limit:
+        raise UsageError(
+            f"--tolerance {args.tolerance:g} is too large for K = {args.mnkl[2]}: the bound "
+            f"needs --tolerance < {k_limit:g}"
+        )
+    if not 0 <= args.seed < 2**64:
+        raise UsageError(f"--seed must be in [0, 2^64), got {args.seed}")
     # (a tile or a split given completes the pick without K groups)
     args.config = GemmConfig.for_problem(
         args.mnkl,
