@@ -5,6 +5,7 @@ and positive integers, each refused through ``argparse`` (exit 2, the option nam
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def positive_ints(p: argparse.ArgumentParser, flag: str, text: str, example: str) -> list[int]:
@@ -34,3 +35,19 @@ def positive_int(p: argparse.ArgumentParser, flag: str, text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
         p.error(f"{flag} takes a positive integer, got {text!r}")
     return int(text)
+
+
+def output_path(p: argparse.ArgumentParser, flag: str, text: str | None) -> str | None:
+    """``text`` as a file path (or prefix) the run can write at its end: not a folder, and under
+    a writable folder once its missing folders are made; refused now, not after the run."""
+    if text is None:
+        return None
+    path = os.path.abspath(text)
+    if not text or text.endswith(os.sep) or os.path.isdir(path):
+        p.error(f"{flag} {text!r}: a folder, not a file path")
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        p.error(f"{flag} {text}: {parent} is not a folder this run can write in")
+    return text

@@ -46,6 +46,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks import args as cli
+
 M_DEFAULT = (1, 16, 128, 1024, 4096, 8192)
 NK_DEFAULT = ((8192, 8192), (7168, 2048), (4096, 7168), (18432, 7168))
 M_QUICK = (16, 1024)
@@ -71,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warm_l2", action="store_true", help="time one copy of each layer")
     p.add_argument("--out", default=None, help="results path prefix (default results/<gpu>_linear)")
     args = p.parse_args(argv)
+    args.out = cli.output_path(p, "--out", args.out)
     try:
         m = M_QUICK if args.quick and args.m is None else _ints(args.m, M_DEFAULT)
         nk = NK_QUICK if args.quick and args.nk is None else _pairs(args.nk, NK_DEFAULT)

@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 import fp4_ops
+from benchmarks import args as cli
 from fp4_ops import devtools
 
 # From the models' config.json on the Hugging Face Hub.
@@ -162,6 +163,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="torch.profiler breakdown of a step")
     p.add_argument("--out", help="JSON path (default results/<gpu>_model.json on a GPU)")
     args = p.parse_args(argv)
+    args.out = cli.output_path(p, "--out", args.out)
     if args.layers is not None and args.layers < 1:
         p.error(f"--layers must be at least 1, got {args.layers}")
     if args.context < 1:

@@ -211,6 +211,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--json", default=None, metavar="PATH", help="write every figure here")
     args = p.parse_args(argv)
+    args.json = cli.output_path(p, "--json", args.json)
     args.tokens = cli.positive_ints(p, "--tokens", args.tokens, "1,16,4096")
     args.config = cli.names(p, "--config", args.config, list(CONFIGS), ordered=False)
     args.contestants = cli.names(p, "--contestants", args.contestants, CONTESTANTS, True)

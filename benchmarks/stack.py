@@ -115,6 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--json", default=None, metavar="PATH", help="write every figure here")
     args = p.parse_args(argv)
+    args.json = cli.output_path(p, "--json", args.json)
     args.m = cli.positive_ints(p, "--m", args.m, "1,16,64,128")
     args.stack = cli.names(p, "--stack", args.stack, list(STACKS), ordered=False)
     args.contestants = cli.names(p, "--contestants", args.contestants, CONTESTANTS, True)

@@ -112,3 +112,31 @@ def test_benchmark_positive_int_refuses_what_int_does_not_take(text, capsys):
         args.positive_int(argparse.ArgumentParser(), "--reps", text)
     assert exit_.value.code == 2
     assert "--reps takes a positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "module, flag",
+    [
+        ("linear", "--out"),
+        ("model", "--out"),
+        ("moe", "--json"),
+        ("stack", "--json"),
+    ],
+)
+@pytest.mark.parametrize("where", ["folder", "under-a-file"])
+def test_benchmark_output_paths_are_refused_before_the_run(module, flag, where, tmp_path, capsys):
+    """A results path the run could not write at its end (a folder; a path under a file) is
+    refused with exit 2 as the arguments are read, not by a traceback after the measurements;
+    a path under folders still to be made is taken."""
+    import importlib
+
+    bench = importlib.import_module(f"benchmarks.{module}")
+    (tmp_path / "afile").write_text("")
+    bad = str(tmp_path) if where == "folder" else str(tmp_path / "afile" / "out.json")
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args([flag, bad])
+    assert exit_.value.code == 2
+    assert f"{flag} " in capsys.readouterr().err
+    good = str(tmp_path / "new" / "deeper" / "out.json")
+    runs_here = ["--config", "tiny", "--device", "cpu"] if module == "model" else []
+    assert getattr(bench.parse_args([*runs_here, flag, good]), flag[2:]) == good
