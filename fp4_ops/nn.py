@@ -546,7 +546,7 @@ class _Plan:
         return cls(parts, layer._parameters.get("bias"), out_shape, quantize, gemm, a)
 
     def __call__(self, x: torch.Tensor, stream: int) -> torch.Tensor:
-        y = x.new_empty(self.out_shape)
+        y = x.new_empty(*self.out_shape)
         if self.quantize is None:
             self.gemm(x.data_ptr(), y.data_ptr(), stream)
         else:

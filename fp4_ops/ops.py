@@ -393,7 +393,7 @@ def _fp4_gemm_planned(a: FP4Tensor, b: FP4Tensor, out_dtype) -> torch.Tensor:
     key += (stream_handle(index),)
     launch = _GEMM_PLANS.get(key)
     if launch is not None and _gemm_takes(a, b, index):
-        out = torch.empty((*ad.shape[:-1], bd.shape[-2]), dtype=out_dtype, device=ad.device)
+        out = ad.new_empty(*ad.shape[:-1], bd.shape[-2], dtype=out_dtype)
         launch(ad, bd, a.scale, b.scale, out, a.global_scale, key[-1], scale=b.global_scale)
         return out
     d = _fp4_gemm(a, b, out_dtype, None)

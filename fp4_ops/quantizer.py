@@ -871,12 +871,14 @@ class QuantizePlan:
     sf_dtype: torch.dtype
     tail: tuple  # (rows, K, L), SM count
     partials: torch.Tensor | None  # dynamic NVFP4: the amax pass's per-CTA maxima
+    device: torch.device
 
     def __call__(self, x, global_scale, stream_handle: int):
-        device = x.device
-        q = torch.empty(self.q_shape, dtype=torch.uint8, device=device)
-        sf = torch.empty(self.sf_shape, dtype=self.sf_dtype, device=device)
-        gs = torch.empty((), dtype=torch.float32, device=device)
+        # (sizes as separate arguments and a keyword 0-d size: torch parses them faster)
+        device = self.device
+        q = torch.empty(*self.q_shape, dtype=torch.uint8, device=device)
+        sf = torch.empty(*self.sf_shape, dtype=self.sf_dtype, device=device)
+        gs = torch.empty(size=(), dtype=torch.float32, device=device)
         gs_in = gs if global_scale is None else global_scale
         partials = gs if self.partials is None else self.partials
         ptrs = (q.data_ptr(), sf.data_ptr(), gs_in.data_ptr(), gs.data_ptr(), partials.data_ptr())
@@ -920,7 +922,13 @@ def plan_quantize(x, sf_vec_size: int, global_scale=None) -> QuantizePlan:
     sf_shape = (*lead, *blocked_scale_shape(rows, k, sf_vec_size))
     q_shape = (*lead, rows, k // 2)
     return QuantizePlan(
-        kernel, q_shape, sf_shape, SCALE_DTYPES[sf_vec_size], ((rows, k, l), sm_count), partials
+        kernel,
+        q_shape,
+        sf_shape,
+        SCALE_DTYPES[sf_vec_size],
+        ((rows, k, l), sm_count),
+        partials,
+        x.device,
     )
 
 

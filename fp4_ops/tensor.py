@@ -210,13 +210,10 @@ class FP4Tensor:
         """An FP4Tensor from parts that are right by construction (this package's ops' outputs):
         no validation, for the hot path."""
         self = object.__new__(cls)
-        for name, value in (
-            ("data", data),
-            ("scale", scale),
-            ("global_scale", global_scale),
-            ("format", format),
-        ):
-            object.__setattr__(self, name, value)
+        # (a frozen dataclass's fields live in its __dict__: one dict, no __setattr__ calls)
+        fields = self.__dict__
+        fields["data"], fields["scale"] = data, scale
+        fields["global_scale"], fields["format"] = global_scale, format
         return self
 
     def __getstate__(self) -> dict:

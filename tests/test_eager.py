@@ -350,6 +350,7 @@ def test_bound_quantize_passes_what_a_planned_call_passes(vec, static, local):
         torch.uint8,
         ((2, 64, 1), 132),
         partials,
+        torch.device("cpu"),
     )
     x = torch.zeros(2, 64)
     gs = torch.full((), 0.5) if static else None
