@@ -29,6 +29,10 @@ CUDA graph (the first call, compiles included, runs before the capture), replaye
 times; the mean per forward pass. The same stack with only its SiLUs (same shapes, no GEMM) is
 timed the same way, and
     per-layer time = (stack time - SiLU-only stack time) / layers.
+The same stack with a bare read in place of each GEMM (``bare_read_layers``: one kernel
+reading as many bytes as the FP4 layer's weights, its own, then broadcast to [M, N]) is timed
+the same way: not a GEMM and nothing to check, it shows what one kernel streaming a layer's
+bytes takes between the same SiLUs, the reference point of the bandwidth targets.
 The copy bandwidth is measured in the same run (a COPY_BYTES device-to-device copy, bytes read +
 written / time, run eagerly: captured in a graph, a copy may run on a slower copy engine), and
     % of copy bandwidth = weight bytes per layer / per-layer time / copy bandwidth,
@@ -235,6 +239,21 @@ def forward(layers, x, trace: list | None = None):
     return h
 
 
+def bare_read_layers(shapes, device) -> list:
+    """Per layer, one kernel reading as many bytes as the FP4 layer's weights (data and block
+    scales: N K / 2 + N K / 16) from a buffer of its own: a sum over each of N rows of them as
+    BF16, [N], broadcast to the layer's output [M, N] (so the SiLU after it reads N values, not
+    M N: at M = 128 a few percent of its time)."""
+    layers = []
+    for n, k in shapes:
+        row_bytes = k // 2 + k // 16
+        if row_bytes % 2:
+            raise ValueError(f"K = {k}: a row's FP4 bytes ({row_bytes}) are not BF16 values")
+        buf = torch.rand(n, row_bytes // 2, device=device).to(torch.bfloat16)
+        layers.append(lambda h, buf=buf: buf.sum(dim=1).expand(h.shape[0], -1))
+    return layers
+
+
 def silu_only(buffers) -> None:
     """The stack's SiLUs alone, on tensors of the shapes they see in the stack."""
     for b in buffers:
@@ -329,6 +348,12 @@ def measure_stack(name, shapes, ms, device, run: SimpleNamespace, notes: list) -
     for m in ms:
         buffers = [torch.randn(m, n, device=device).to(torch.bfloat16) for n, _ in shapes[:-1]]
         rows[m]["silu_only_us"] = timer(lambda b=buffers: silu_only(b), FORWARDS_PER_GRAPH, reps)
+    reads = bare_read_layers(shapes, device)
+    for m in ms:
+        x = activations(m, shapes[0][1], device)
+        read_us = timer(lambda x=x, r=reads: forward(r, x), FORWARDS_PER_GRAPH, reps)
+        rows[m]["bare_read"] = new_result(shapes, "ours_w4a16", read_us)
+    del reads
     refs = {m: reference_stack(weights, activations(m, shapes[0][1], device)) for m in ms}
     for contestant in run.contestants:
         if contestant == "humming_w4a16" and humming_cls is None:
@@ -357,14 +382,20 @@ def measure_stack(name, shapes, ms, device, run: SimpleNamespace, notes: list) -
 def measure_one(contestant, layers, weights, stack_ref, shapes, reps, timer, m) -> dict:
     """Check one contestant at one M, then time it (no time where the check fails)."""
     x = activations(m, shapes[0][1], stack_ref.device)
-    result = {"stack_us": None, "per_layer_us": None, "pct_copy_bandwidth": None}
-    result["weight_bytes_per_layer"] = weight_bytes(shapes, contestant)
+    result = new_result(shapes, contestant)
     try:
         result["check"] = check_stack(contestant, layers, weights, x, stack_ref)
         if result["check"]["ok"]:
             result["stack_us"] = timer(lambda: forward(layers, x), FORWARDS_PER_GRAPH, reps)
     except Exception as err:  # (its first call or its capture raised: reported, not timed)
         result["error"] = describe(err)
+    return result
+
+
+def new_result(shapes, contestant: str, stack_us: float | None = None) -> dict:
+    """A contestant's figures (those finish_row derives still None) for the stack's shapes."""
+    result = {"stack_us": stack_us, "per_layer_us": None, "pct_copy_bandwidth": None}
+    result["weight_bytes_per_layer"] = weight_bytes(shapes, contestant)
     return result
 
 
@@ -387,7 +418,7 @@ def failure(result: dict) -> str | None:
 def new_row(name, shapes, m) -> dict:
     shape_list = [list(s) for s in shapes]
     row = {"stack": name, "m": m, "layers": len(shapes), "shapes": shape_list}
-    row.update(silu_only_us=None, contestants={})
+    row.update(silu_only_us=None, bare_read=None, contestants={})
     return row
 
 
@@ -395,15 +426,24 @@ def finish_row(row: dict, copy_bps: float | None = None) -> None:
     """Per-layer times, % of copy bandwidth and ratios from the row's measured times."""
     times = {}
     for name, r in row["contestants"].items():
-        if r.get("stack_us") is None or row.get("silu_only_us") is None:
-            continue
-        r["per_layer_us"] = per_layer_us(r["stack_us"], row["silu_only_us"], row["layers"])
-        times[name] = r["per_layer_us"]
-        if copy_bps and r["per_layer_us"] > 0:
-            r["pct_copy_bandwidth"] = pct_of_copy_bandwidth(
-                r["weight_bytes_per_layer"], r["per_layer_us"], copy_bps
-            )
+        finish_result(row, r, copy_bps)
+        if r.get("per_layer_us") is not None:
+            times[name] = r["per_layer_us"]
+    if row.get("bare_read") is not None:
+        finish_result(row, row["bare_read"], copy_bps)
     row["ratios"] = ratios(times)
+
+
+def finish_result(row: dict, r: dict, copy_bps: float | None) -> None:
+    """One result's per-layer time and % of copy bandwidth, where its stack was timed."""
+    if r.get("stack_us") is None or row.get("silu_only_us") is None:
+        r.setdefault("per_layer_us", None)
+        return
+    r["per_layer_us"] = per_layer_us(r["stack_us"], row["silu_only_us"], row["layers"])
+    if copy_bps and r["per_layer_us"] > 0:
+        r["pct_copy_bandwidth"] = pct_of_copy_bandwidth(
+            r["weight_bytes_per_layer"], r["per_layer_us"], copy_bps
+        )
 
 
 def describe(err: Exception) -> str:
@@ -428,7 +468,8 @@ STACK_LABELS = {
     "llama70b_mlp": "Llama-70B MLP (28672 x 8192, 8192 x 28672)",
 }
 HEAD = (
-    "| stack | M | ours W4A16 (us / layer) | % of copy bandwidth | humming W4A16 (us / layer, "
+    "| stack | M | ours W4A16 (us / layer) | % of copy bandwidth | bare read of the same bytes "
+    "(us / layer, % of copy bandwidth) | humming W4A16 (us / layer, "
     "ours' speed-up) | cuBLAS BF16 (us / layer, ours' speed-up) | ours W4A4 incl. activation "
     "quantization (us / layer) | W4A4 / W4A16 |"
 )
@@ -448,6 +489,13 @@ def cell(row: dict, contestant: str, ratio_key: str | None = None) -> str:
     return text if ratio is None else f"{text} ({ratio:.2f}x)"
 
 
+def bare_read_cell(r: dict | None) -> str:
+    if r is None or r["per_layer_us"] is None:
+        return NOT_MEASURED
+    pct = r["pct_copy_bandwidth"]
+    return f"{r['per_layer_us']:.1f}" + ("" if pct is None else f" ({pct:.0f}%)")
+
+
 def format_row(row: dict) -> str:
     ours = row["contestants"].get("ours_w4a16") or {}
     pct = ours.get("pct_copy_bandwidth")
@@ -457,6 +505,7 @@ def format_row(row: dict) -> str:
         str(row["m"]),
         cell(row, "ours_w4a16"),
         NOT_MEASURED if pct is None else f"{pct:.0f}%",
+        bare_read_cell(row.get("bare_read")),
         cell(row, "humming_w4a16", "humming_vs_ours_w4a16"),
         cell(row, "cublas_bf16", "cublas_vs_ours_w4a16"),
         cell(row, "ours_w4a4"),
@@ -475,7 +524,7 @@ def header_lines(env: dict, copy_bps: float | None, args) -> list[str]:
         f"{FORWARDS_PER_GRAPH} per CUDA graph, {args.reps} replays; copy bandwidth {bandwidth}",
         "",
         HEAD,
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
 
@@ -485,7 +534,8 @@ def footer_lines(notes: list) -> list[str]:
         "per-layer time = (stack time - the same stack's SiLU-only time) / layers; % of copy "
         "bandwidth: FP4 data + block scales",
         "per layer / per-layer time / copy bandwidth; speed-up = peer time / ours W4A16; every "
-        "time follows a passed check",
+        "GEMM's time follows a passed check; the bare read is one kernel reading as many bytes "
+        "as the FP4 layer (a row sum), not a GEMM",
         *(f"note: {n}" for n in notes),
     ]
 

@@ -137,6 +137,20 @@ def test_finish_row_from_measured_times():
     assert row["ratios"]["cublas_vs_ours_w4a16"] is None
 
 
+def test_bare_read_layers_read_the_fp4_layer_s_bytes_once():
+    shapes = [(8, 64), (4, 32), (16, 96)]
+    layers = bench_stack.bare_read_layers(shapes, CPU)
+    for layer, (n, k) in zip(layers, shapes, strict=True):
+        (buf,) = layer.__defaults__
+        assert buf.dtype == torch.bfloat16 and buf.is_contiguous()
+        assert buf.numel() * buf.element_size() == n * k // 2 + n * k // 16
+        y = layer(torch.zeros(3, k))
+        assert y.shape == (3, n)
+        assert torch.equal(y, buf.sum(dim=1).expand(3, n))
+    with pytest.raises(ValueError, match="K = 16"):
+        bench_stack.bare_read_layers([(2, 16)], CPU)
+
+
 def test_copy_bandwidth_counts_bytes_read_and_written(monkeypatch):
     seen = []
 
@@ -259,10 +273,16 @@ def test_the_humming_stack_goes_through_the_sm90_adapter(monkeypatch):
 def test_all_contestants_checked_then_timed_on_the_cpu():
     rows, notes, calls = _run()
     assert notes == [] and [r["m"] for r in rows] == [1, 5]
-    # per M: the SiLU-only stack, then each contestant (four) once
-    assert len(calls) == 2 + 4 * 2
+    # per M: the SiLU-only stack, the bare-read stack, then each contestant (four) once
+    assert len(calls) == 2 + 2 + 4 * 2
     for row in rows:
         assert row["layers"] == 3 and row["silu_only_us"] in (10.0, 20.0)
+        read = row["bare_read"]
+        assert read["stack_us"] in (30.0, 40.0) and read["stack_us"] - row["silu_only_us"] == 20
+        assert read["weight_bytes_per_layer"] == sum(n * k * 9 // 16 for n, k in SMALL) / 3
+        assert read["pct_copy_bandwidth"] == pytest.approx(
+            100 * read["weight_bytes_per_layer"] / (20 / 3 * 1e-6) / 4e12
+        )
         for name in bench_stack.CONTESTANTS:
             r = row["contestants"][name]
             assert r["check"]["ok"] and r["stack_us"] is not None
@@ -287,7 +307,7 @@ def test_a_wrong_contestant_gets_no_time(monkeypatch):
 
     monkeypatch.setattr(bench_stack, "build_layers", build)
     rows, notes, calls = _run()
-    assert len(calls) == 2 + 3 * 2  # cuBLAS never timed
+    assert len(calls) == 2 + 2 + 3 * 2  # cuBLAS never timed
     for row in rows:
         r = row["contestants"]["cublas_bf16"]
         assert not r["check"]["ok"] and r["stack_us"] is None and r["per_layer_us"] is None
@@ -352,7 +372,7 @@ def test_main_prints_the_table_and_writes_json(monkeypatch, tmp_path, capsys):
     assert bench_stack.HEAD in printed and "copy bandwidth 4.00 TB/s" in printed
     table = [line for line in printed.splitlines() if line.startswith("| ") and "M |" not in line]
     assert len(table) == 4  # two stacks x two M
-    assert all(line.count(" | ") == 7 and "| not measured |" in line for line in table)
+    assert all(line.count(" | ") == 8 and "| not measured |" in line for line in table)
     assert table[0].startswith("| 8192 x 8192 | 1 |")
     assert table[2].startswith("| Llama-70B MLP (28672 x 8192, 8192 x 28672) | 1 |")
     data = json.loads(out.read_text())
