@@ -30,9 +30,10 @@ times; the mean per forward pass. The same stack with only its SiLUs (same shape
 timed the same way, and
     per-layer time = (stack time - SiLU-only stack time) / layers.
 The same stack with a bare read in place of each GEMM (``bare_read_layers``: one kernel
-reading as many bytes as the FP4 layer's weights, its own, then broadcast to [M, N]) is timed
-the same way: not a GEMM and nothing to check, it shows what one kernel streaming a layer's
-bytes takes between the same SiLUs, the reference point of the bandwidth targets.
+reading as many bytes as the FP4 layer's weights, its own) is timed the same way, once per
+stack (it reads no tokens: one row of SiLU inputs, and that SiLU-only stack subtracted): not a
+GEMM and nothing to check, it shows what one kernel streaming a layer's bytes takes between
+SiLUs, the reference point of the bandwidth targets.
 The copy bandwidth is measured in the same run (a COPY_BYTES device-to-device copy, bytes read +
 written / time, run eagerly: captured in a graph, a copy may run on a slower copy engine), and
     % of copy bandwidth = weight bytes per layer / per-layer time / copy bandwidth,
@@ -242,15 +243,14 @@ def forward(layers, x, trace: list | None = None):
 def bare_read_layers(shapes, device) -> list:
     """Per layer, one kernel reading as many bytes as the FP4 layer's weights (data and block
     scales: N K / 2 + N K / 16) from a buffer of its own: a sum over each of N rows of them as
-    BF16, [N], broadcast to the layer's output [M, N] (so the SiLU after it reads N values, not
-    M N: at M = 128 a few percent of its time)."""
+    BF16, [1, N] whatever its input."""
     layers = []
     for n, k in shapes:
         row_bytes = k // 2 + k // 16
         if row_bytes % 2:
             raise ValueError(f"K = {k}: a row's FP4 bytes ({row_bytes}) are not BF16 values")
         buf = torch.rand(n, row_bytes // 2, device=device).to(torch.bfloat16)
-        layers.append(lambda h, buf=buf: buf.sum(dim=1).expand(h.shape[0], -1))
+        layers.append(lambda h, buf=buf: buf.sum(dim=1).unsqueeze(0))
     return layers
 
 
@@ -348,12 +348,9 @@ def measure_stack(name, shapes, ms, device, run: SimpleNamespace, notes: list) -
     for m in ms:
         buffers = [torch.randn(m, n, device=device).to(torch.bfloat16) for n, _ in shapes[:-1]]
         rows[m]["silu_only_us"] = timer(lambda b=buffers: silu_only(b), FORWARDS_PER_GRAPH, reps)
-    reads = bare_read_layers(shapes, device)
+    bare_read = time_bare_read(shapes, device, timer, reps)
     for m in ms:
-        x = activations(m, shapes[0][1], device)
-        read_us = timer(lambda x=x, r=reads: forward(r, x), FORWARDS_PER_GRAPH, reps)
-        rows[m]["bare_read"] = new_result(shapes, "ours_w4a16", read_us)
-    del reads
+        rows[m]["bare_read"] = dict(bare_read)
     refs = {m: reference_stack(weights, activations(m, shapes[0][1], device)) for m in ms}
     for contestant in run.contestants:
         if contestant == "humming_w4a16" and humming_cls is None:
@@ -377,6 +374,20 @@ def measure_stack(name, shapes, ms, device, run: SimpleNamespace, notes: list) -
     for row in rows.values():
         finish_row(row, run.copy_bps)
     return list(rows.values())
+
+
+def time_bare_read(shapes, device, timer, reps) -> dict:
+    """The bare-read stack's figures: ``new_result``'s, with its layers and the one-row
+    SiLU-only time that its per-layer time subtracts."""
+    buffers = [torch.randn(1, n, device=device).to(torch.bfloat16) for n, _ in shapes[:-1]]
+    silu_us = timer(lambda: silu_only(buffers), FORWARDS_PER_GRAPH, reps)
+    reads = bare_read_layers(shapes, device)
+    x = activations(1, shapes[0][1], device)
+    result = new_result(
+        shapes, "ours_w4a16", timer(lambda: forward(reads, x), FORWARDS_PER_GRAPH, reps)
+    )
+    result.update(silu_only_us=silu_us, layers=len(shapes))
+    return result
 
 
 def measure_one(contestant, layers, weights, stack_ref, shapes, reps, timer, m) -> dict:
@@ -430,16 +441,17 @@ def finish_row(row: dict, copy_bps: float | None = None) -> None:
         if r.get("per_layer_us") is not None:
             times[name] = r["per_layer_us"]
     if row.get("bare_read") is not None:
-        finish_result(row, row["bare_read"], copy_bps)
+        finish_result(row["bare_read"], row["bare_read"], copy_bps)
     row["ratios"] = ratios(times)
 
 
-def finish_result(row: dict, r: dict, copy_bps: float | None) -> None:
-    """One result's per-layer time and % of copy bandwidth, where its stack was timed."""
-    if r.get("stack_us") is None or row.get("silu_only_us") is None:
+def finish_result(base: dict, r: dict, copy_bps: float | None) -> None:
+    """One result's per-layer time (less ``base``'s SiLU-only time) and % of copy bandwidth,
+    where its stack was timed."""
+    if r.get("stack_us") is None or base.get("silu_only_us") is None:
         r.setdefault("per_layer_us", None)
         return
-    r["per_layer_us"] = per_layer_us(r["stack_us"], row["silu_only_us"], row["layers"])
+    r["per_layer_us"] = per_layer_us(r["stack_us"], base["silu_only_us"], base["layers"])
     if copy_bps and r["per_layer_us"] > 0:
         r["pct_copy_bandwidth"] = pct_of_copy_bandwidth(
             r["weight_bytes_per_layer"], r["per_layer_us"], copy_bps
