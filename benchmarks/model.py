@@ -178,11 +178,53 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(
             "--device cuda: torch sees no CUDA GPU (--config tiny --device cpu runs on the CPU)"
         )
+    for name in args.config:
+        if reason := size_reason(name, args.batch, args.context, args.layers, args.device):
+            p.error(reason)
     if args.device == "cpu" and args.eager:
         p.error(
             "--eager adds eager timing to the CUDA-graph timing; on the CPU every step is eager"
         )
     return args
+
+
+def cache_length(context: int) -> int:
+    """The static cache's positions: ``context`` + CACHE_MARGIN, rounded up to a multiple of 64
+    (the SDPA kernels' alignment for the mask's last dimension)."""
+    return -(-(context + CACHE_MARGIN) // 64) * 64
+
+
+def kv_cache_bytes(name: str, batch: int, context: int, layers: int | None) -> int:
+    """BF16 keys and values of the static cache of ``CONFIGS[name]`` (first ``layers`` layers)."""
+    c = CONFIGS[name]
+    head_dim = c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
+    per_position = 2 * c["num_key_value_heads"] * head_dim * 2
+    return (layers or c["num_hidden_layers"]) * batch * cache_length(context) * per_position
+
+
+def memory_bytes(device: str) -> int:
+    """The memory of the device the run would use: the current GPU's, or the host's."""
+    if device == "cuda":
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def size_reason(name: str, batches, context: int, layers: int | None, device: str) -> str:
+    """Why ``CONFIGS[name]`` cannot run these sizes ("" if it can): a cache longer than the
+    model's positions, or a KV cache alone larger than the device's memory."""
+    positions = CONFIGS[name]["max_position_embeddings"]
+    if cache_length(context) > positions:
+        return (
+            f"--context {context}: {name} takes at most {positions} positions and the cache "
+            f"holds {cache_length(context)} ({CACHE_MARGIN} more, rounded up to 64)"
+        )
+    need, have = kv_cache_bytes(name, max(batches), context, layers), memory_bytes(device)
+    if need > have:
+        return (
+            f"--batch {max(batches)} --context {context}: {name}'s KV cache alone needs "
+            f"{need / 2**30:.1f} GiB, the {device} device has {have / 2**30:.1f} GiB"
+        )
+    return ""
 
 
 # ----------------------------------------------------------------------------- the model
@@ -247,8 +289,7 @@ class DecodeStep:
         import transformers
 
         self.model, self.batch, self.context = model, batch, context
-        # (a multiple of 64: the SDPA kernels' alignment for the mask's last dimension)
-        length = -(-(context + CACHE_MARGIN) // 64) * 64
+        length = cache_length(context)
         self.cache = transformers.StaticCache(config=model.config, max_cache_len=length)
         for layer in self.cache.layers:
             if not isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):

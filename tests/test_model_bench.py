@@ -51,6 +51,7 @@ def test_arguments_parse():
         (["--device", "tpu"], "--device must be cuda or cpu"),
         (["--eager"], "on the CPU every step is eager"),
         (["--lm_head", "int8"], "invalid choice"),
+        (["--config", "tiny", "--context", "897"], "tiny takes at most 1024 positions"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )
@@ -59,6 +60,24 @@ def test_bad_arguments_exit_2(argv, message, capsys):
         bench.parse_args([*argv, "--device", "cpu"] if "--device" not in argv else argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_longest_context_the_model_takes_is_accepted():
+    assert bench.parse_args(["--config", "tiny", "--context", "896", "--device", "cpu"])
+    assert bench.cache_length(896) == 1024 and bench.cache_length(897) == 1088
+
+
+def test_a_kv_cache_larger_than_the_device_exits_2(monkeypatch, capsys):
+    # tiny: 2 layers x 2 KV heads x 32 dims, keys and values in BF16: 512 bytes a position
+    assert bench.kv_cache_bytes("tiny", 3, 100, None) == 2 * 3 * 256 * 2 * 2 * 32 * 2
+    assert bench.kv_cache_bytes("tiny", 3, 100, 1) == 3 * 256 * 2 * 2 * 32 * 2
+    # (the default --context 512 keeps 640 positions)
+    monkeypatch.setattr(bench, "memory_bytes", lambda device: 3 * 640 * 512)
+    assert bench.parse_args(["--config", "tiny", "--batch", "1,3", "--device", "cpu"])
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--config", "tiny", "--batch", "1,4", "--device", "cpu"])
+    assert exc.value.code == 2
+    assert "--batch 4 --context 512: tiny's KV cache alone needs" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a GPU")
