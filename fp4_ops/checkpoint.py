@@ -797,7 +797,8 @@ def load_quantized(
     ValueError naming the config entry or tensor and what was expected, for: an unsupported
     format or scheme (another group size, asymmetric, dynamic weights, NVFP4 activations without
     a stored global scale, static group scales, output or kv-cache quantization, transforms,
-    sparsity, a quantized embedding), a tensor missing, mis-shaped, of the wrong dtype or left
+    sparsity, a quantized embedding), a config.json transformers cannot build a model from, a
+    tensor missing, mis-shaped, of the wrong dtype or left
     over (all checked on the safetensors headers before any tensor is read), a global scale that
     is not finite and positive, a NaN or negative block scale (checked as they are read). A
     missing config.json or safetensors file: FileNotFoundError. Nothing is returned unless all
@@ -820,9 +821,7 @@ def load_quantized(
     dtype = _config_dtype(config_dict)
     ck = _Checkpoint(folder)
 
-    config = transformers.AutoConfig.from_pretrained(folder)
-    with _parameters_on_meta():
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = _build_model(transformers, folder, dtype)
     # (tied parameters are one object from here on: the model ties them as it is built)
     ties = _ties_output_embeddings(model)
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -840,6 +839,23 @@ def load_quantized(
     if (folder / "generation_config.json").is_file() and hasattr(model, "generation_config"):
         model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
     return model.to(device).eval()
+
+
+def _build_model(transformers, folder: Path, dtype: torch.dtype) -> nn.Module:
+    """``AutoModelForCausalLM.from_config`` of the folder's config.json, parameters on the meta
+    device; ValueError naming config.json where transformers cannot build what it describes."""
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder)
+        with _parameters_on_meta():
+            return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except (ImportError, OSError):  # (a model class that needs another package; files)
+        raise
+    except Exception as err:  # (transformers' config and module checks raise several types)
+        text = " ".join(str(err).split())  # (one line: some of them span several)
+        raise ValueError(
+            f"{folder / 'config.json'}: transformers cannot build the model it describes: "
+            f"{type(err).__name__}: {text}"
+        ) from err
 
 
 def _plan_quantized(ck: _Checkpoint, qconfig, model: nn.Module, tied_output) -> tuple:

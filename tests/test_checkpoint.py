@@ -892,6 +892,22 @@ REFUSALS = {
         "1 / .*input_global_scale must be finite",
     ),
     "nan-scale": ("mo", _tensors(_nan_scale), f"{DOWN}.weight_scale: .*NaN"),
+    # config values transformers refuses or cannot build from
+    "negative-size": (
+        "ct",
+        _json_edit("config.json", lambda c: c.update(hidden_size=-c["hidden_size"])),
+        "config.json: transformers cannot build the model it describes: RuntimeError",
+    ),
+    "heads-not-dividing": (
+        "mo",
+        _json_edit("config.json", lambda c: c.update(num_attention_heads=3)),
+        "config.json: transformers cannot build .*not a multiple of the number of attention",
+    ),
+    "unknown-model-type": (
+        "ct",
+        _json_edit("config.json", lambda c: c.update(model_type="no-such-model")),
+        "config.json: transformers cannot build .*no-such-model",
+    ),
     # files
     "two-weight-files": ("sharded", _second_file, "both model.safetensors and"),
     "unlisted-tensor": (

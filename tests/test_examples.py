@@ -7,7 +7,9 @@ sentence and no traceback."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -296,6 +298,13 @@ def test_unusable_folders_exit_2(checkpoints, capsys, tmp_path):
         ["--model", str(bare), "--tokenizer", tokenizer, "--device", "cpu"], capsys
     )
     assert code == 0, err
+    # a config.json whose sizes transformers cannot build a model from
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoints["modelopt", "static"], broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "hidden_size": -8}))
+    code, _, err = _run(["--model", str(broken), "--device", "cpu"], capsys)
+    assert code == 2 and "config.json: transformers cannot build the model" in err, err
 
 
 def test_command_line(checkpoints):
