@@ -3,7 +3,7 @@
 them, in a CUDA graph, for our W4A16 and W4A4 layers, humming-kernels' W4A16 and cuBLAS BF16,
 all on the same ModelOpt-convention NVFP4 weights.
 
-    python -m benchmarks.stack                      # both stacks, M = 1, 16, 64, 128
+    python -m benchmarks.stack                      # both stacks, M = 1, 16, 64, 128, 4096
     python -m benchmarks.stack --stack llama70b_mlp --m 1,16 --layers 8 --reps 10
     python -m benchmarks.stack --json results/h200_stack.json
 
@@ -90,7 +90,8 @@ STACKS = {
     "8192x8192": [(8192, 8192)],
     "llama70b_mlp": [(28672, 8192), (8192, 28672)],
 }
-M_DEFAULT = (1, 16, 64, 128)
+#: decode token counts and a 4096-token prefill
+M_DEFAULT = (1, 16, 64, 128, 4096)
 LAYERS_DEFAULT = 8
 REPS_DEFAULT = 10
 FORWARDS_PER_GRAPH = 5

@@ -29,7 +29,7 @@ SMALL = [(128, 64), (64, 128), (128, 64)]  # three layers, each K the N before i
 
 def test_defaults():
     args = bench_stack.parse_args([])
-    assert args.m == [1, 16, 64, 128] and args.stack == ["8192x8192", "llama70b_mlp"]
+    assert args.m == [1, 16, 64, 128, 4096] and args.stack == ["8192x8192", "llama70b_mlp"]
     assert args.layers == 8 and args.reps == 10 and args.json is None
     args = bench_stack.parse_args(["--m", "2,3", "--stack", "llama70b_mlp", "--layers", "4"])
     assert args.m == [2, 3] and args.stack == ["llama70b_mlp"] and args.layers == 4
