@@ -334,6 +334,36 @@ def test_a_contestant_that_raises_is_not_measured():
     ]
 
 
+def test_a_bare_read_that_raises_leaves_the_gemms_measured(monkeypatch):
+    def broken(shapes, device):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(bench_stack, "bare_read_layers", broken)
+    rows, notes, calls = _run(ms=(2,))
+    (row,) = rows
+    assert row["bare_read"] is None and len(calls) == 1 + 1 + 4  # (its SiLU-only stack ran)
+    assert all(r["per_layer_us"] is not None for r in row["contestants"].values())
+    assert notes == ["small bare read: not measured, it raised RuntimeError: out of memory"]
+    assert "| 10.0 | not measured |" not in bench_stack.format_row(row)
+    assert bench_stack.format_row(row).split(" | ")[4] == "not measured"
+
+
+def test_the_bare_read_s_silus_see_one_row_between_its_layers(monkeypatch):
+    seen = []
+    real = bench_stack.F.silu
+    monkeypatch.setattr(bench_stack.F, "silu", lambda t: seen.append(tuple(t.shape)) or real(t))
+    read = bench_stack.time_bare_read(SMALL, CPU, lambda fn, forwards, reps: (fn(), 1.0)[1], 3)
+    # its SiLU-only stack, then its forward pass: the outputs of every layer but the last
+    assert seen == [(1, n) for n, _ in SMALL[:-1]] * 2 and read["layers"] == 3
+
+
+def test_table_rows_have_the_head_s_columns():
+    rows, _, _ = _run(ms=(1,))
+    head = bench_stack.header_lines(FAKE_ENV, 4e12, bench_stack.SimpleNamespace(layers=3, reps=3))
+    widths = {line.count("|") for line in head[3:5]} | {bench_stack.format_row(rows[0]).count("|")}
+    assert widths == {bench_stack.HEAD.count("|")}
+
+
 # ----------------------------------------------------------------------------- main, faked
 
 FAKE_ENV = {
