@@ -848,8 +848,8 @@ def _build_model(transformers, folder: Path, dtype: torch.dtype) -> nn.Module:
         config = transformers.AutoConfig.from_pretrained(folder)
         with _parameters_on_meta():
             return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    except (ImportError, OSError):  # (a model class that needs another package; files)
-        raise
+    except (ImportError, OSError, MemoryError, torch.OutOfMemoryError):
+        raise  # (a model class that needs another package; files; memory: not the config)
     except Exception as err:  # (transformers' config and module checks raise several types)
         text = " ".join(str(err).split())  # (one line: some of them span several)
         raise ValueError(

@@ -978,6 +978,20 @@ def test_load_arguments(kwargs, error, match, bases):
         fp4_ops.load_quantized(**kwargs)
 
 
+@pytest.mark.parametrize("error", [ImportError, FileNotFoundError, MemoryError])
+def test_errors_that_are_not_the_config_s_pass_through(error, bases, monkeypatch):
+    """Only what transformers says of the config becomes a ValueError naming config.json: a
+    missing package, a file or memory keep their own type and message."""
+    import transformers
+
+    def build(*args, **kwargs):
+        raise error("not the config's fault")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", build)
+    with pytest.raises(error, match="not the config's fault"):
+        fp4_ops.load_quantized(bases["ct"])
+
+
 @pytest.mark.parametrize(
     "base, activations, want",
     [
