@@ -331,6 +331,33 @@ def test_bound_gemm_passes_what_the_full_launch_passes(w4a16, scale):
     assert seen[0] == seen[1]
 
 
+def test_unchecked_holds_the_parts_it_is_given():
+    data, scale = torch.zeros(2, 16, dtype=torch.uint8), torch.zeros(1, 1, 512, dtype=torch.uint8)
+    gs = torch.ones(())
+    t = fp4_ops.FP4Tensor.unchecked(data, scale, gs, "mxfp4")
+    assert t.data is data and t.scale is scale and t.global_scale is gs and t.format == "mxfp4"
+
+
+def test_a_quantize_plan_makes_outputs_of_its_shapes():
+    """Outputs of the plan's shapes (batched too), dtypes and device, new at every call."""
+    from fp4_ops import quantizer
+
+    plan = quantizer.QuantizePlan(
+        lambda *args: None,
+        (3, 2, 32),
+        (3, 1, 1, 512),
+        torch.float8_e4m3fn,
+        ((2, 64, 3), 132),
+        None,
+        torch.device("cpu"),
+    )
+    q, sf, g = plan(torch.zeros(3, 2, 64), None, 0)
+    assert (q.shape, q.dtype) == ((3, 2, 32), torch.uint8)
+    assert (sf.shape, sf.dtype) == ((3, 1, 1, 512), torch.float8_e4m3fn)
+    assert (g.shape, g.dtype) == ((), torch.float32)
+    assert plan(torch.zeros(3, 2, 64), None, 0)[0].data_ptr() != q.data_ptr()
+
+
 @pytest.mark.parametrize(
     "vec, static, local",
     [(16, False, False), (16, False, True), (16, True, False), (32, False, False)],

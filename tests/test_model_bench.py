@@ -71,6 +71,8 @@ def test_a_kv_cache_larger_than_the_device_exits_2(monkeypatch, capsys):
     # tiny: 2 layers x 2 KV heads x 32 dims, keys and values in BF16: 512 bytes a position
     assert bench.kv_cache_bytes("tiny", 3, 100, None) == 2 * 3 * 256 * 2 * 2 * 32 * 2
     assert bench.kv_cache_bytes("tiny", 3, 100, 1) == 3 * 256 * 2 * 2 * 32 * 2
+    # a config's own head_dim (Qwen3: 128, not 5120 / 64 = 80)
+    assert bench.kv_cache_bytes("qwen3-32b", 1, 512, None) == 64 * 640 * 2 * 8 * 128 * 2
     # (the default --context 512 keeps 640 positions)
     monkeypatch.setattr(bench, "memory_bytes", lambda device: 3 * 640 * 512)
     assert bench.parse_args(["--config", "tiny", "--batch", "1,3", "--device", "cpu"])
