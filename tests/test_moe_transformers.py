@@ -109,6 +109,17 @@ def test_fp4experts_computes_the_module_on_its_dequantized_weights(kind, fmt):
     assert 0.0 < _rel(w4a4(x, ids, weights), got) < 0.5
 
 
+def _routed(experts, glu, hidden_states, top_k_index, top_k_weights):
+    """A transformers experts forward, token by token: ``glu`` of each chosen expert's
+    gate_up_proj product, through its down_proj, weighted and summed."""
+    out = torch.zeros_like(hidden_states)
+    for t in range(hidden_states.shape[0]):
+        for slot, e in enumerate(top_k_index[t].tolist()):
+            y = glu(hidden_states[t] @ experts.gate_up_proj[e].t()) @ experts.down_proj[e].t()
+            out[t] += top_k_weights[t, slot] * y
+    return out
+
+
 def test_transformers_experts_refuses_what_it_cannot_stand_in_for():
     module = _experts("qwen3-moe")
     gelu = copy.deepcopy(module)
@@ -120,13 +131,11 @@ def test_transformers_experts_refuses_what_it_cannot_stand_in_for():
         """Up rows first: the same parameters, another layout."""
 
         def forward(self, hidden_states, top_k_index, top_k_weights):
-            out = torch.zeros_like(hidden_states)
-            for t in range(hidden_states.shape[0]):
-                for slot, e in enumerate(top_k_index[t].tolist()):
-                    up, gate = (hidden_states[t] @ self.gate_up_proj[e].t()).chunk(2)
-                    y = (self.act_fn(gate) * up) @ self.down_proj[e].t()
-                    out[t] += top_k_weights[t, slot] * y
-            return out
+            def glu(gate_up):
+                up, gate = gate_up.chunk(2)
+                return self.act_fn(gate) * up
+
+            return _routed(self, glu, hidden_states, top_k_index, top_k_weights)
 
     swapped = copy.deepcopy(module)
     swapped.__class__ = UpFirst
@@ -137,13 +146,11 @@ def test_transformers_experts_refuses_what_it_cannot_stand_in_for():
         """DeepSeek-V4's experts: SiLU act_fn, gate and up clamped at 10 in the forward."""
 
         def forward(self, hidden_states, top_k_index, top_k_weights):
-            out = torch.zeros_like(hidden_states)
-            for t in range(hidden_states.shape[0]):
-                for slot, e in enumerate(top_k_index[t].tolist()):
-                    gate, up = (hidden_states[t] @ self.gate_up_proj[e].t()).chunk(2)
-                    glu = self.act_fn(gate.clamp(max=10.0)) * up.clamp(-10.0, 10.0)
-                    out[t] += top_k_weights[t, slot] * (glu @ self.down_proj[e].t())
-            return out
+            def glu(gate_up):
+                gate, up = gate_up.chunk(2)
+                return self.act_fn(gate.clamp(max=10.0)) * up.clamp(-10.0, 10.0)
+
+            return _routed(self, glu, hidden_states, top_k_index, top_k_weights)
 
     clamped = copy.deepcopy(module)
     clamped.__class__ = Clamped
