@@ -255,6 +255,11 @@ def bare_read_layers(shapes, device) -> list:
     return layers
 
 
+def silu_inputs(m: int, shapes, device) -> list:
+    """BF16 [M, N] of every layer but the last: what the stack's SiLUs see."""
+    return [torch.randn(m, n, device=device).to(torch.bfloat16) for n, _ in shapes[:-1]]
+
+
 def silu_only(buffers) -> None:
     """The stack's SiLUs alone, on tensors of the shapes they see in the stack."""
     for b in buffers:
@@ -347,7 +352,7 @@ def measure_stack(name, shapes, ms, device, run: SimpleNamespace, notes: list) -
     weights = modelopt_weights(shapes, device)
     rows = {m: new_row(name, shapes, m) for m in ms}
     for m in ms:
-        buffers = [torch.randn(m, n, device=device).to(torch.bfloat16) for n, _ in shapes[:-1]]
+        buffers = silu_inputs(m, shapes, device)
         rows[m]["silu_only_us"] = timer(lambda b=buffers: silu_only(b), FORWARDS_PER_GRAPH, reps)
     try:
         bare_read = time_bare_read(shapes, device, timer, reps)
@@ -384,7 +389,7 @@ def measure_stack(name, shapes, ms, device, run: SimpleNamespace, notes: list) -
 def time_bare_read(shapes, device, timer, reps) -> dict:
     """The bare-read stack's figures: ``new_result``'s, with its layers and the one-row
     SiLU-only time that its per-layer time subtracts."""
-    buffers = [torch.randn(1, n, device=device).to(torch.bfloat16) for n, _ in shapes[:-1]]
+    buffers = silu_inputs(1, shapes, device)
     silu_us = timer(lambda: silu_only(buffers), FORWARDS_PER_GRAPH, reps)
     reads = bare_read_layers(shapes, device)
     x = activations(1, shapes[0][1], device)
