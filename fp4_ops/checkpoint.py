@@ -798,11 +798,10 @@ def load_quantized(
     format or scheme (another group size, asymmetric, dynamic weights, NVFP4 activations without
     a stored global scale, static group scales, output or kv-cache quantization, transforms,
     sparsity, a quantized embedding), a config.json transformers cannot build a model from, a
-    tensor missing, mis-shaped, of the wrong dtype or left
-    over (all checked on the safetensors headers before any tensor is read), a global scale that
-    is not finite and positive, a NaN or negative block scale (checked as they are read). A
-    missing config.json or safetensors file: FileNotFoundError. Nothing is returned unless all
-    of it passed.
+    tensor missing, mis-shaped, of the wrong dtype or left over (all checked on the safetensors
+    headers before any tensor is read), a global scale that is not finite and positive, a NaN
+    or negative block scale (checked as they are read). A missing config.json or safetensors
+    file: FileNotFoundError. Nothing is returned unless all of it passed.
     """
     check_type(path, (str, os.PathLike), "path", "a str or os.PathLike folder")
     if activations not in _LOAD_ACTIVATIONS:
