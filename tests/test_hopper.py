@@ -1440,6 +1440,16 @@ def test_default_config_paths():
     assert k90.default_config(16, 7168, 16384, 1, **w4a16) == ("decode", (16, 64), 1, 4)
     assert k90.default_config(16, 1000, 2080, 1, **w4a16) == ("decode", (16, 64), 2, 1)
     assert k90.default_config(1024, 8192, 8192, 1, **w4a16) == ("decode", (128, 128), 1, 1)
+    # W4A16, one tile of 65-128 tokens: 128 rows where units of >= 24 k-tiles fill 3/4 of the
+    # SMs (224 tiles unsplit: 2 rounds, no fix-up; 64 tiles split 2: 128 units of 112 k-tiles)
+    assert k90.default_config(128, 28672, 8192, 1, **w4a16) == ("decode", (128, 128), 1, 1)
+    assert k90.default_config(80, 8192, 28672, 1, **w4a16) == ("decode", (128, 128), 2, 1)
+    # ... not where they would not (32 tiles of 28 k-tiles split 2: 64 units), nor for W4A4, nor
+    # for the grouped kernel (no split-K)
+    assert k90.default_config(128, 4096, 7168, 1, **w4a16) == ("decode", (128, 64), 2, 1)
+    assert k90.default_config(128, 28672, 8192, 1) == ("decode", (128, 64), 2, 1)
+    wide = k90.default_config(128, 28672, 8192, 1, grouped=True, **w4a16)
+    assert wide == ("decode", (128, 64), 2, 1)
     for argv, want in (
         (["--split_k", "3"], ("decode", (8, 64), 3, 1)),
         (["--k_groups", "2"], ("decode", (8, 64), 1, 2)),

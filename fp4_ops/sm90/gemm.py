@@ -164,6 +164,10 @@ UNIT_COST = 384
 # default_config, W4A16 decode: the busiest SM's units count at least this much each (its CTAs
 # share the issue slots; docs/sm90_design.md)
 W4A16_SM_SHARE = 0.75
+# default_config, W4A16 decode with one 128-token tile of 128 rows: a unit's end costs four
+# UNIT_COST (a 4x larger fp32 tile), and its units keep at least this many k-tiles
+W4A16_WIDE_UNIT_COST = 4 * UNIT_COST
+W4A16_WIDE_MIN_K_TILES = 24
 # default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
 # NVFP4 on F16: each FP4 operand converted to F16 carries 2^-7, so D = acc * 2^14 * alpha
@@ -250,6 +254,8 @@ def default_config(
     path: str | None = None,
     allow_k_groups: bool = True,
     a_dtype: str = W4A4,
+    *,
+    grouped: bool = False,
 ):
     """(path, mma_tiler_mn, split_k, k_groups) for a problem; ``path`` given: that path's
     tile, split and K groups; ``allow_k_groups`` False: the pick without K groups (the CLI's
@@ -270,7 +276,9 @@ def default_config(
     * W4A16 (``a_dtype`` BFloat16 / Float16; no token copy to bound): its decode mainloop is
       issue-bound, so two CTAs on one SM share its issue slots: a unit counts at least
       W4A16_SM_SHARE x ceil(units / SMs) times, and one wave of K groups is taken whatever the
-      units' length.
+      units' length.  One tile of 65-128 tokens takes 128 rows (two warpgroups convert) where
+      units of at least W4A16_WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs; not ``grouped``
+      (the grouped kernel runs without split-K).
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
@@ -282,6 +290,10 @@ def default_config(
         return path, (128, 256), 1, 1
     slots = num_sms * occupancy("decode", (cols, 128))
     k_tiles = math.ceil(k / K_TILE)
+    if a_dtype != W4A4 and cols == 128 and m <= cols and not grouped:
+        wide_split = _wide_w4a16_split(n, l, k_tiles, num_sms)
+        if wide_split is not None:
+            return "decode", (cols, 128), wide_split, 1
     best = None
     for rows in VALID_TILE_ROWS[::-1]:
         if m > cols and rows != 128:
@@ -308,6 +320,23 @@ def default_config(
         if kg_split is not None:
             return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
     return "decode", tiler, split, 1
+
+
+def _wide_w4a16_split(n, l, k_tiles, num_sms):  # noqa: E741
+    """``default_config``'s W4A16 pick for one tile of 65-128 tokens: the K split of 128-row
+    tiles (two converting warpgroups, one CTA per SM) whose busiest CTA streams the least,
+    among splits whose units fill 3/4 of the SMs or more with at least W4A16_WIDE_MIN_K_TILES
+    k-tiles each; a unit's end costs W4A16_WIDE_UNIT_COST.  None if no split qualifies."""
+    tiles = math.ceil(n / 128) * l
+    best = None
+    for split in (1, 2, 3, 4, 6, 8):
+        units, unit_k_tiles = tiles * split, math.ceil(k_tiles / split)
+        if units < 0.75 * num_sms or unit_k_tiles < W4A16_WIDE_MIN_K_TILES:
+            continue
+        busiest = math.ceil(units / num_sms) * (128 * unit_k_tiles + W4A16_WIDE_UNIT_COST)
+        if best is None or (busiest, units) < best[0]:
+            best = ((busiest, units), split)
+    return None if best is None else best[1]
 
 
 def _one_wave_k_group_split(n, l, k_tiles, num_sms):  # noqa: E741

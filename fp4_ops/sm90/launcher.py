@@ -173,7 +173,9 @@ class GemmConfig:
         rows, n, k = (max(1, v) for v in (rows, n, k))
         touched = max(1, min(rows, experts))
         per_group = min(rows, 2 * math.ceil(rows / touched))
-        picked = default_config(per_group, n, k, touched, num_sms, "decode", True, a_dtype)
+        picked = default_config(
+            per_group, n, k, touched, num_sms, "decode", True, a_dtype, grouped=True
+        )
         tiler, k_groups = picked[1], picked[3]
         return cls(sf_vec_size, c_dtype, a_dtype, "decode", tiler, 1, k_groups, grouped=True)
 
