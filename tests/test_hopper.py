@@ -1450,6 +1450,28 @@ def test_default_config_paths():
     assert k90.default_config(128, 28672, 8192, 1) == ("decode", (128, 64), 2, 1)
     wide = k90.default_config(128, 28672, 8192, 1, grouped=True, **w4a16)
     assert wide == ("decode", (128, 64), 2, 1)
+    # ... and for_groups asks for the grouped pick
+    grouped = r90.GemmConfig.for_groups(128, 28672, 8192, 1, num_sms=k90.H200_SM_COUNT)
+    assert (grouped.mma_tiler_mn, grouped.split_k) == ((128, 64), 1)
+    # the busiest CTA, in units of 128 rows x k-tiles plus 4 x 384 per unit end:
+    # 144 tiles x 56 k-tiles: split 1 = 2 x (7168 + 1536), split 2 = 3 x (3584 + 1536)
+    assert k90.default_config(128, 18432, 7168, 1, **w4a16) == ("decode", (128, 128), 2, 1)
+    # L = 2: 128 unsplit tiles fill the SMs (9728 against split 2's 2 x 5632)
+    assert k90.default_config(128, 8192, 8192, 2, **w4a16) == ("decode", (128, 128), 1, 1)
+    # 416 tiles x 128 k-tiles: split 2 (7 x 9728) beats 1 (4 x 17920), 3 (10 x 7040), 4 (13 x 5632)
+    assert k90.default_config(128, 53248, 16384, 1, **w4a16) == ("decode", (128, 128), 2, 1)
+    # a tie (3 x 6144 = 4 x 4608) goes to fewer units
+    assert k90.default_config(128, 18432, 9216, 1, **w4a16) == ("decode", (128, 128), 2, 1)
+    # 114 SMs: 40 tiles x 8 = 320 units of 27 k-tiles (3 x 4992) beat split 4 (2 x 8448)
+    assert k90.default_config(128, 5120, 27648, 1, 114, **w4a16) == ("decode", (128, 128), 8, 1)
+    # every unit keeps >= 24 k-tiles: 72 k-tiles split 3 qualify, 70 do not (nor 96 units of 35)
+    assert k90.default_config(128, 6144, 9216, 1, **w4a16) == ("decode", (128, 128), 3, 1)
+    assert k90.default_config(128, 6144, 8960, 1, **w4a16) == ("decode", (128, 64), 4, 1)
+    assert k90.default_config(128, 16384, 3072, 1, **w4a16) == ("decode", (128, 128), 1, 1)
+    assert k90.default_config(128, 7168, 4096, 1, **w4a16) == ("decode", (128, 64), 1, 1)
+    # F16 activations too
+    wide_f16 = k90.default_config(128, 28672, 8192, 1, a_dtype="Float16")
+    assert wide_f16 == ("decode", (128, 128), 1, 1)
     for argv, want in (
         (["--split_k", "3"], ("decode", (8, 64), 3, 1)),
         (["--k_groups", "2"], ("decode", (8, 64), 1, 2)),

@@ -330,10 +330,11 @@ def _wide_w4a16_split(n, l, k_tiles, num_sms):  # noqa: E741
     tiles = math.ceil(n / 128) * l
     best = None
     for split in (1, 2, 3, 4, 6, 8):
-        units, unit_k_tiles = tiles * split, math.ceil(k_tiles / split)
-        if units < 0.75 * num_sms or unit_k_tiles < W4A16_WIDE_MIN_K_TILES:
+        units = tiles * split
+        if units < 0.75 * num_sms or k_tiles // split < W4A16_WIDE_MIN_K_TILES:
             continue
-        busiest = math.ceil(units / num_sms) * (128 * unit_k_tiles + W4A16_WIDE_UNIT_COST)
+        longest = math.ceil(k_tiles / split)
+        busiest = math.ceil(units / num_sms) * (128 * longest + W4A16_WIDE_UNIT_COST)
         if best is None or (busiest, units) < best[0]:
             best = ((busiest, units), split)
     return None if best is None else best[1]
