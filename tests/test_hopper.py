@@ -1444,8 +1444,8 @@ def test_default_config_paths():
     # SMs (224 tiles unsplit: 2 rounds, no fix-up; 64 tiles split 2: 128 units of 112 k-tiles)
     assert k90.default_config(128, 28672, 8192, 1, **w4a16) == ("decode", (128, 128), 1, 1)
     assert k90.default_config(80, 8192, 28672, 1, **w4a16) == ("decode", (128, 128), 2, 1)
-    # ... not where they would not (32 tiles of 28 k-tiles split 2: 64 units), nor for W4A4, nor
-    # for the grouped kernel (no split-K)
+    # ... not where they would not (32 tiles x 56 k-tiles: <= 96 units, or units of < 24 k-tiles),
+    # nor for W4A4, nor for the grouped kernel (no split-K)
     assert k90.default_config(128, 4096, 7168, 1, **w4a16) == ("decode", (128, 64), 2, 1)
     assert k90.default_config(128, 28672, 8192, 1) == ("decode", (128, 64), 2, 1)
     wide = k90.default_config(128, 28672, 8192, 1, grouped=True, **w4a16)
@@ -1453,7 +1453,7 @@ def test_default_config_paths():
     # ... and for_groups asks for the grouped pick
     grouped = r90.GemmConfig.for_groups(128, 28672, 8192, 1, num_sms=k90.H200_SM_COUNT)
     assert (grouped.mma_tiler_mn, grouped.split_k) == ((128, 64), 1)
-    # the busiest CTA, in units of 128 rows x k-tiles plus 4 x 384 per unit end:
+    # the busiest CTA's weight rows x k-tiles, plus 4 x 384 per unit end:
     # 144 tiles x 56 k-tiles: split 1 = 2 x (7168 + 1536), split 2 = 3 x (3584 + 1536)
     assert k90.default_config(128, 18432, 7168, 1, **w4a16) == ("decode", (128, 128), 2, 1)
     # L = 2: 128 unsplit tiles fill the SMs (9728 against split 2's 2 x 5632)
