@@ -2030,6 +2030,7 @@ W4A16_COMPILE = [
     # (sf_vec_size, a_dtype, c_dtype, path, mma_tiler_mn, split_k, tma_store, k_groups)
     (16, "BFloat16", "BFloat16", "decode", (16, 128), 1, True, 1),
     (16, "Float16", "Float32", "decode", (64, 128), 4, True, 1),
+    (16, "BFloat16", "BFloat16", "decode", (128, 128), 2, True, 1),
     (32, "BFloat16", "Float16", "decode", (8, 64), 2, False, 4),
     (16, "BFloat16", "BFloat16", "prefill", (128, 256), 1, True, 1),
     (16, "Float16", "Float16", "prefill", (128, 256), 1, True, 1),
@@ -2159,6 +2160,15 @@ W4A16_GPU_CASES = [
     (16, 777, 1056, 2, 16, "Float16", "Float32", "decode", (16, 64), 3, 0.25, 1),
     (30, 520, 1056, 2, 32, "BFloat16", "Float16", "decode", (32, 128), 2, -1.5, 1),
     (100, 300, 800, 1, 16, "Float16", "Float16", "decode", (128, 128), 1, 1.0, 1),
+    # a ragged token tile read in 32-row boxes (box 3 wholly past M), both batches, split-K;
+    # one read whole (its last box, rows 96-127, holds rows 96-112)
+    (70, 520, 1056, 2, 16, "BFloat16", "BFloat16", "decode", (128, 128), 2, 1.0, 1),
+    (113, 520, 1056, 2, 16, "BFloat16", "BFloat16", "decode", (128, 128), 2, 1.0, 1),
+    # ragged token tiles of 64 tokens (16-row boxes) and 32 (read whole, K groups); M > K (the
+    # boxes past M are M's, not K's)
+    (40, 520, 1056, 1, 32, "BFloat16", "Float32", "decode", (64, 128), 1, 1.0, 1),
+    (10, 520, 1056, 1, 16, "Float16", "BFloat16", "decode", (32, 64), 1, 1.0, 4),
+    (200, 264, 64, 1, 16, "BFloat16", "BFloat16", "decode", (128, 128), 1, 1.0, 1),
     (8, 1001, 1024, 1, 16, "BFloat16", "BFloat16", "decode", (8, 128), 1, 1.0, 1),
     (20, 520, 64, 1, 16, "BFloat16", "BFloat16", "decode", (32, 64), 2, 1.0, 4),
     (1, 1000, 2080, 1, 16, "Float16", "BFloat16", "decode", (8, 64), 1, 2.0, 4),

@@ -60,6 +60,12 @@ PTX_CONFIGS = {
         (1, 1),
         4,
     ),
+    # token tiles that end past M read in 16-row boxes, through their own TMA atom
+    "decode-w4a16-boxes": (
+        (16, "BFloat16", "decode", (128, 128), 2, True, 1, "BFloat16"),
+        (1, 1),
+        8,
+    ),
     # (a ninth field: the grouped kernel)
     "decode-w4a16-grouped": (
         (16, "BFloat16", "decode", (16, 128), 1, False, 1, "BFloat16", True),
@@ -67,11 +73,11 @@ PTX_CONFIGS = {
         8,
     ),
 }
-# The GEMM kernel's PTX parameters: kernel(tma_ab = (atom A, A, atom B, B, atom SFA, SFA),
-# epi_tensors = (D, atom D, D's TMA tensor, workspace, group offsets), alphas = (alpha, its
-# scale), ...), flattened in order.
-PARAM_A, PARAM_B, PARAM_SFA, PARAM_D, PARAM_OFFSETS, PARAM_ALPHA = 0, 2, 4, 7, 10, 11
-PARAM_SCALE = 12
+# The GEMM kernel's PTX parameters: kernel(tma_ab = (atom A, A, atom B, B, atom SFA, SFA,
+# atom of B's token boxes, B), epi_tensors = (D, atom D, D's TMA tensor, workspace, group
+# offsets), alphas = (alpha, its scale), ...), flattened in order.
+PARAM_A, PARAM_B, PARAM_SFA, PARAM_B_BOX, PARAM_D = 0, 2, 4, 6, 9
+PARAM_OFFSETS, PARAM_ALPHA, PARAM_SCALE = 12, 13, 14
 
 
 class _Compiled(dict):
@@ -400,6 +406,38 @@ def test_ptx_multicast_masks_and_coordinates_per_cluster_rank(name, compiled):
                 assert delta == [0, step[param], 0], (param, delta)
 
 
+@pytest.mark.parametrize("name", list(PTX_CONFIGS))
+def test_ptx_token_boxes_tile_the_token_tile(name, compiled):
+    """W4A16 decode (not grouped) on token tiles of TOKEN_BOX_MIN_COLS or more has a second way
+    to load a stage's tokens, through its own descriptor: for each k-block load of the whole
+    tile, TOKEN_BOXES loads, box i at i box sizes past the tile's SMEM address, at the tile's K
+    and batch coordinates and at its own rows or the tile's first box's. Every other kernel
+    loads B through B's descriptor alone."""
+    gemm, kern = _gemm(compiled, name)
+    loads = kern.tma_loads()
+    w4a16_decode = gemm.path == "decode" and gemm.a_dtype != W4A4 and not gemm.grouped
+    boxed = w4a16_decode and gemm.tile_cols >= k90.TOKEN_BOX_MIN_COLS
+    boxes = k90.TOKEN_BOXES if boxed else 0
+    tiles, box_loads = loads[PARAM_B], loads.get(PARAM_B_BOX, [])
+    assert len(box_loads) == boxes * len(tiles), sorted(loads)
+    if not boxed:
+        return
+    box_rows = gemm.tile_cols // boxes
+
+    def address(i):
+        base, _, offset = kern.ins[i][1][0].strip("[]").partition("+")
+        return kern.value(base, {}) + int(offset or 0)
+
+    box_bytes = box_rows * k90.K_BLOCK * 2
+    for t, (i, coords, _) in enumerate(tiles):
+        k, row, batch = (kern.value(c, {}) for c in coords)
+        for b, (j, box_coords, _) in enumerate(box_loads[t * boxes : (t + 1) * boxes]):
+            assert address(j) - address(i) == b * box_bytes, (t, b)
+            box_k, box_row, box_batch = (kern.value(c, {}) for c in box_coords)
+            assert (box_k, box_batch) == (k, batch), (t, b)
+            assert (box_row - row) & 0xFFFFFFFF in (0, b * box_rows), (t, b)
+
+
 @pytest.mark.parametrize("name", [n for n in PTX_CONFIGS if PTX_CONFIGS[n][0][5]])
 def test_ptx_d_staging_is_fenced_before_each_tma_store(name, compiled):
     """Every path into a TMA store of D from a shared-memory store (the staged subtile) passes
@@ -706,12 +744,12 @@ def test_ptx_split_k_counters_are_left_zero_for_the_next_launch(name, compiled):
         assert [consts.get(reg) for reg in resets] == ["0"], (addr, resets)
 
 
-def test_grouped_alpha_and_rows_run_on_plain_integers():
-    """The grouped kernel's own helpers, run eagerly on integers: the unit's alpha is its
-    expert's times the scale and acc_scale; D's view of an expert starts at its first row and
-    ends with its rows. (In a fresh process: once a kernel has been compiled in one, the DSL's
-    integers build IR instead of computing.)"""
-    code = "import test_hopper_facts as t; t.grouped_helpers_on_integers()"
+@pytest.mark.parametrize("helpers", ["grouped_helpers_on_integers", "token_boxes_on_integers"])
+def test_kernel_helpers_run_on_plain_integers(helpers):
+    """The kernel's own helpers, run eagerly on integers (``helpers``' checks). (In a fresh
+    process: once a kernel has been compiled in one, the DSL's integers build IR instead of
+    computing.)"""
+    code = f"import test_hopper_facts as t; t.{helpers}()"
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((here, os.path.dirname(here))))
     proc = subprocess.run(
@@ -725,8 +763,38 @@ def test_grouped_alpha_and_rows_run_on_plain_integers():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+def token_boxes_on_integers() -> None:
+    """A token tile is read in boxes exactly where one of its boxes holds no token row; then
+    each box loads itself where it holds one, else the tile's first box (which always does)."""
+    from cutlass.cutlass_dsl import Int32
+
+    kernel_cls = k90.BlockwiseGemmFp4Sm90
+    for cols in (64, 128):
+        gemm = kernel_cls(16, "decode", (cols, 128), (1, 1), 1, True, 1, "BFloat16")
+        rows = gemm.token_box_rows
+        assert rows * k90.TOKEN_BOXES == cols >= k90.TOKEN_BOX_MIN_COLS, (cols, rows)
+        # (narrower tiles, other paths and kernels read whole tiles)
+        for kw in ({"tiler": (32, 64)}, {"a_dtype": W4A4}, {"grouped": True}):
+            args = {"tiler": (cols, 128), "a_dtype": "BFloat16", "grouped": False} | kw
+            other = kernel_cls(
+                16, "decode", args["tiler"], (1, 1), 1, False, 1, args["a_dtype"], args["grouped"]
+            )
+            assert other.token_box_rows == other.tile_cols, kw
+        for m in range(1, 3 * cols + 1):
+            for tile in range(-(-m // cols)):
+                starts = range(tile * cols, (tile + 1) * cols, rows)
+                empty = [start >= m for start in starts]
+                ragged = kernel_cls._ragged_token_tile.__wrapped__(gemm, Int32(tile), Int32(m))
+                assert bool(ragged) == any(empty), (cols, m, tile)
+                for i, start in enumerate(starts):
+                    want = tile * cols // rows if empty[i] else start // rows
+                    box = kernel_cls._token_box.__wrapped__(gemm, Int32(tile), i, Int32(m))
+                    assert int(box) == want, (cols, m, tile, i)
+
+
 def grouped_helpers_on_integers() -> None:
-    """The checks of the test above, in the process that runs them."""
+    """The grouped kernel's alpha is its expert's times the scale and acc_scale; D's view of
+    an expert starts at its first row and ends with its rows."""
     from unittest import mock
 
     from cutlass.cutlass_dsl import Float32, Int32

@@ -152,6 +152,10 @@ DECODE_CONVERT_MAX_REGS = 32
 CHUNKS_PER_KBLOCK = 8
 # The kernel's offsets are 32-bit: every tensor, copy and scale array holds fewer elements.
 OFFSET_LIMIT = 2**31
+# W4A16 decode: a token tile of >= TOKEN_BOX_MIN_COLS rows with a quarter wholly past M is read
+# in TOKEN_BOXES boxes, those past M loading its first again (docs/sm90_design.md, section 2)
+TOKEN_BOXES = 4
+TOKEN_BOX_MIN_COLS = 64
 # Ring depth caps (docs/sm90_design.md): decode at most 6 stages, 8 with K groups.
 MAX_STAGES = 12
 DECODE_MAX_STAGES = 6
@@ -768,6 +772,10 @@ class BlockwiseGemmFp4Sm90:
         self.split_k = split_k
         self.k_groups = k_groups
         self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
+        # W4A16 decode reads the activations as they are: a ragged token tile in smaller boxes
+        boxed = self.w4a16 and self.swap_ab and not grouped and self.cluster_m == 1
+        boxed = boxed and self.tile_cols >= TOKEN_BOX_MIN_COLS
+        self.token_box_rows = self.tile_cols // TOKEN_BOXES if boxed else self.tile_cols
         # grouped: batch e of the weights meets token rows offsets[e] .. offsets[e + 1] - 1;
         # D's rows of one group end inside a tile, so the stores are predicated, not TMA
         self.grouped = grouped
@@ -869,6 +877,10 @@ class BlockwiseGemmFp4Sm90:
         # (cols, 64, k-blocks x stage): converted kernel B as wgmma reads it (K-major SW128)
         self.b_smem_layout_staged = cute.tile_to_shape(
             converted_atom, (self.tile_cols, K_BLOCK, kblocks), order=(0, 1, 2)
+        )
+        # (box rows, 64, 1): one TMA box of kernel B, whole 8-row swizzle atoms of the above
+        self.b_box_layout = cute.tile_to_shape(
+            converted_atom, (self.token_box_rows, K_BLOCK, 1), order=(0, 1, 2)
         )
         # (256 bytes, 2 x atoms_k, row blocks, stage): whole 512-byte scale atoms
         self.sfa_smem_layout_staged = cute.make_ordered_layout(
@@ -1030,8 +1042,9 @@ class BlockwiseGemmFp4Sm90:
         return mKApacked, mKBpacked, mKA, mKB, mSFKA, mSFKB, mD, mWork
 
     def _tma_atoms_ab(self, mKA, mKB, mSFKA):
-        """(atom, TMA tensor) of kernel A (packed or converted), converted kernel B and, on
-        decode, kernel A's scales (kernel A's pair stands in for them on prefill)."""
+        """(atom, TMA tensor) of kernel A (packed or converted), converted kernel B, on decode
+        kernel A's scales (kernel A's pair stands in for them on prefill), and kernel B's token
+        boxes (kernel B's pair stands in where tiles are read whole)."""
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         a_tile = (self.tile_rows, K_BLOCK if self.a_converted else K_TILE // 2)
         a_stage = cute.slice_(self.a_smem_layout_staged, (None, None, 0))
@@ -1044,6 +1057,15 @@ class BlockwiseGemmFp4Sm90:
             (self.tile_cols, K_BLOCK),
             num_multicast=self.cluster_m,
         )
+        # token boxes of kernel B for tiles that end past M (B's own pair stands in without)
+        tma_atom_b_box, tma_tensor_b_box = tma_atom_b, tma_tensor_b
+        if cutlass.const_expr(self.token_box_rows < self.tile_cols):
+            tma_atom_b_box, tma_tensor_b_box = cpasync.make_tiled_tma_atom(
+                g2s,
+                mKB,
+                cute.slice_(self.b_box_layout, (None, None, 0)),
+                (self.token_box_rows, K_BLOCK),
+            )
         tma_atom_sfa, tma_tensor_sfa = tma_atom_a, tma_tensor_a
         if not self.a_converted:
             tma_atom_sfa, tma_tensor_sfa = cpasync.make_tiled_tma_atom(
@@ -1052,7 +1074,8 @@ class BlockwiseGemmFp4Sm90:
                 cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0)),
                 (256, 2 * self.sf_atoms_k, self.sfa_row_blocks),
             )
-        return tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b, tma_atom_sfa, tma_tensor_sfa
+        pairs = (tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b, tma_atom_sfa, tma_tensor_sfa)
+        return *pairs, tma_atom_b_box, tma_tensor_b_box
 
     def _tma_atom_d(self, mD, tma_atom_a, tma_tensor_a):
         """(atom, TMA tensor) of D's subtile stores; kernel A's pair with direct stores."""
@@ -1131,12 +1154,14 @@ class BlockwiseGemmFp4Sm90:
         layouts: tuple,
     ):
         """Dispatcher: shared storage and the pipeline, then one branch per warp role."""
-        tma_atom_a, _, tma_atom_b, _, tma_atom_sfa, _ = tma_ab
+        tma_atom_a, _, tma_atom_b, _, tma_atom_sfa, _, tma_atom_b_box, _ = tma_ab
         tma_atom_d = epi_tensors[1]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == self.producer_warp:
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
+            if cutlass.const_expr(self.token_box_rows < self.tile_cols):
+                cpasync.prefetch_descriptor(tma_atom_b_box)
             # (the scale and D atoms stand in for A's where they are not used)
             if cutlass.const_expr(not self.a_converted):
                 cpasync.prefetch_descriptor(tma_atom_sfa)
@@ -1224,7 +1249,8 @@ class BlockwiseGemmFp4Sm90:
         before the PDL wait; every load of the prologue's output comes after it.  Grouped:
         kernel B's tile starts at its group's first token row."""
         a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged, _ = layouts
-        tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl = tma
+        tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl = tma[:6]
+        tma_atom_b_box, mB_box_nkl = tma[6:]
         # packed: (rows, 64 bytes, stage); converted: (rows, 64, k-blocks x stage)
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
         # (cols, 64, k-blocks x stage)
@@ -1244,8 +1270,20 @@ class BlockwiseGemmFp4Sm90:
             b_mcast_mask = cpasync.create_tma_multicast_mask(
                 cta_layout_vmnk, cta_layout_vmnk.get_flat_coord(cta_rank), mcast_mode=1
             )
-        # (TMA, stage) / (TMA, RestCols, RestK64, L)
+        # (TMA, k-block x stage) / (TMA, RestCols, RestK64, L)
         tBsB, tBgB = self._partition_b(tma_atom_b, sB, gB, cta_rank)
+        token_boxes = None
+        if cutlass.const_expr(self.token_box_rows < self.tile_cols):
+            # (box rows, 64, boxes, k-block x stage): whole 8-row swizzle atoms per box
+            sB_boxes = cute.flat_divide(sB, (self.token_box_rows, K_BLOCK))
+            # (box rows, 64, RestBoxes, RestK64, L)
+            gB_box = cute.local_tile(mB_box_nkl, (self.token_box_rows, K_BLOCK), (None,) * 3)
+            # (TMA, box, k-block x stage) / (TMA, RestBoxes, RestK64, L)
+            tBsB_box, tBgB_box = _tma_partition(
+                tma_atom_b_box, sB_boxes[(None, None, None, 0, None)], gB_box, 2
+            )
+            token_rows = cute.size(mB_nkl, mode=[0])
+            token_boxes = (tma_atom_b_box, tBgB_box, tBsB_box, token_rows)
         tAsSFA, tAgSFA = None, None
         if cutlass.const_expr(not self.a_converted):
             # (256, 2 * atoms_k, row_blocks, stage)
@@ -1257,7 +1295,7 @@ class BlockwiseGemmFp4Sm90:
             # (TMA, stage) / (TMA, RestK, RestRowBlocks, L)
             tAsSFA, tAgSFA = _tma_partition(tma_atom_sfa, sSFA, gSFA, 3)
         a_copies = (tma_atom_a, tAgA, tAsA, tma_atom_sfa, tAgSFA, tAsSFA)
-        b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask)
+        b_copies = (tma_atom_b, tBgB, tBsB, b_mcast_mask, token_boxes)
         unit = scheduler.first_unit()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         # k-tiles of the first work unit already requested (decode: its first stage)
@@ -1285,7 +1323,8 @@ class BlockwiseGemmFp4Sm90:
                 group_b = cute.domain_offset((mOffsets[batch], 0, 0), mB_nkl)
                 gB_group = cute.local_tile(group_b, (self.tile_cols, K_BLOCK), (None, None, None))
                 _, tBgB_group = self._partition_b(tma_atom_b, sB, gB_group, cta_rank)
-                unit_b_copies, batch_b = (tma_atom_b, tBgB_group, tBsB, b_mcast_mask), 0
+                unit_b_copies = (tma_atom_b, tBgB_group, tBsB, b_mcast_mask, b_copies[4])
+                batch_b = 0
             kt_first = kt_begin + issued
             issued = Int32(0)
             for kt in cutlass.range(kt_first, kt_end, unroll=1):
@@ -1303,8 +1342,8 @@ class BlockwiseGemmFp4Sm90:
         ab_pipeline.producer_tail(state)
 
     def _partition_b(self, tma_atom_b, sB, gB, cta_rank):
-        """(TMA, stage) / (TMA, RestCols, RestK64, L) views of kernel B's copies for this CTA
-        (its half of a tile multicast to a 2x1 cluster)."""
+        """(TMA, k-block x stage) / (TMA, RestCols, RestK64, L) views of kernel B's copies for
+        this CTA (its half of a tile multicast to a 2x1 cluster)."""
         cta_layout = cute.make_layout(self.cluster_m)
         return _tma_partition(tma_atom_b, sB, gB, 2, cta_rank % self.cluster_m, cta_layout)
 
@@ -1367,9 +1406,21 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _copy_b(self, b_copies, kt, stage, bar, col_tile, batch):
-        """Converted kernel B of k-tile ``kt`` into ``stage``, one TMA copy per k-block
-        (multicast on a 2x1 cluster)."""
-        tma_atom_b, tBgB, tBsB, b_mcast_mask = b_copies
+        """Converted kernel B of k-tile ``kt`` into ``stage``: ``_copy_b_tile``, or
+        ``_copy_b_boxes`` where the token tile is ragged."""
+        token_boxes = b_copies[4]
+        if cutlass.const_expr(token_boxes is None):
+            self._copy_b_tile(b_copies, kt, stage, bar, col_tile, batch)
+        else:
+            if self._ragged_token_tile(col_tile, token_boxes[3]):
+                self._copy_b_boxes(token_boxes, kt, stage, bar, col_tile, batch)
+            else:
+                self._copy_b_tile(b_copies, kt, stage, bar, col_tile, batch)
+
+    @cute.jit
+    def _copy_b_tile(self, b_copies, kt, stage, bar, col_tile, batch):
+        """One TMA copy of the whole token tile per k-block (multicast on a 2x1 cluster)."""
+        tma_atom_b, tBgB, tBsB, b_mcast_mask, _ = b_copies
         kbs = self.kblocks_per_stage
         for j in cutlass.range_constexpr(kbs):
             cute.copy(
@@ -1379,6 +1430,34 @@ class BlockwiseGemmFp4Sm90:
                 tma_bar_ptr=bar,
                 mcast_mask=b_mcast_mask,
             )
+
+    @cute.jit
+    def _copy_b_boxes(self, token_boxes, kt, stage, bar, col_tile, batch):
+        """``_copy_b`` of a ragged token tile, one TMA copy per token box and k-block."""
+        tma_atom_b_box, tBgB_box, tBsB_box, token_rows = token_boxes
+        kbs = self.kblocks_per_stage
+        for j in cutlass.range_constexpr(kbs):
+            for i in cutlass.range_constexpr(self.tile_cols // self.token_box_rows):
+                cute.copy(
+                    tma_atom_b_box,
+                    tBgB_box[(None, self._token_box(col_tile, i, token_rows), kbs * kt + j, batch)],
+                    tBsB_box[(None, i, kbs * stage + j)],
+                    tma_bar_ptr=bar,
+                )
+
+    @cute.jit
+    def _ragged_token_tile(self, col_tile, token_rows):
+        """Whether token tile ``col_tile`` holds a token box wholly past the last token row
+        (a TMA box running that far past a tensor's end is slow): then it is read in boxes."""
+        return (col_tile + 1) * self.tile_cols - self.token_box_rows >= token_rows
+
+    @cute.jit
+    def _token_box(self, col_tile, i, token_rows):
+        """The token box that box ``i`` of token tile ``col_tile`` loads: its own, or the tile's
+        first where its own lies wholly past the last token row (the same bytes for the stage
+        barrier; those rows reach only D columns past M, which are not stored)."""
+        first = col_tile * (self.tile_cols // self.token_box_rows)
+        return first + i * Int32((first + i) * self.token_box_rows < token_rows)
 
     @cute.jit
     def _split_range(self, split, k_tiles):
