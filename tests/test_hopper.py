@@ -1445,9 +1445,8 @@ def test_default_config_paths():
     assert k90.default_config(128, 28672, 8192, 1, **w4a16) == ("decode", (128, 128), 1, 1)
     assert k90.default_config(80, 8192, 28672, 1, **w4a16) == ("decode", (128, 128), 2, 1)
     # ... not where they would not (32 tiles x 56 k-tiles: <= 96 units, or units of < 24 k-tiles),
-    # nor for W4A4, nor for the grouped kernel (no split-K)
+    # nor for the grouped kernel (no split-K)
     assert k90.default_config(128, 4096, 7168, 1, **w4a16) == ("decode", (128, 64), 2, 1)
-    assert k90.default_config(128, 28672, 8192, 1) == ("decode", (128, 64), 2, 1)
     wide = k90.default_config(128, 28672, 8192, 1, grouped=True, **w4a16)
     assert wide == ("decode", (128, 64), 2, 1)
     # ... and for_groups asks for the grouped pick
@@ -1472,6 +1471,17 @@ def test_default_config_paths():
     # F16 activations too
     wide_f16 = k90.default_config(128, 28672, 8192, 1, a_dtype="Float16")
     assert wide_f16 == ("decode", (128, 128), 1, 1)
+    # W4A4 takes the same pick where its busiest SM streams >= 48 k-tiles: 224 tiles x 64
+    # unsplit (2 rounds: 128); 64 tiles x 224 split 2 (1 round of 112); 144 tiles x 56 split 2
+    # (3 rounds of 28: 84) ...
+    assert k90.default_config(128, 28672, 8192, 1) == ("decode", (128, 128), 1, 1)
+    assert k90.default_config(96, 8192, 28672, 1) == ("decode", (128, 128), 2, 1)
+    assert k90.default_config(128, 18432, 7168, 1) == ("decode", (128, 128), 2, 1)
+    # ... 100 units of 96 / 2 k-tiles in one round qualify, of 94 / 2 not; nor 8192 x 8192 split
+    # 2 (one round of 32, above) or 32 tiles x 112 split 4 (one round of 28)
+    assert k90.default_config(128, 6400, 12288, 1) == ("decode", (128, 128), 2, 1)
+    assert k90.default_config(128, 6400, 12032, 1) == ("decode", (128, 64), 1, 1)
+    assert k90.default_config(128, 4096, 14336, 1) == ("decode", (128, 64), 2, 1)
     for argv, want in (
         (["--split_k", "3"], ("decode", (8, 64), 3, 1)),
         (["--k_groups", "2"], ("decode", (8, 64), 1, 2)),
@@ -1711,6 +1721,8 @@ GPU_CASES = [
     # several 128-token tiles (M > 128, default_config's decode range), the last one ragged
     (300, 520, 2080, 2, 16, "BFloat16", "decode", (128, 128), 1, 0.7, "wide"),
     (260, 1000, 4000, 1, 32, "Float32", "decode", (128, 128), 2, 1.0, "normal"),
+    # one tile of 65-128 tokens on 128 rows split 2 (default_config's pick on long units), L > 1
+    (96, 520, 2080, 2, 16, "BFloat16", "decode", (128, 128), 2, 1.0, "wide"),
     # 864 split-K units on 264 CTA slots: CTAs run splits of several tiles in turn
     (16, 18432, 2048, 2, 16, "BFloat16", "decode", (16, 128), 3, 1.0, "wide"),
     # k_groups (12th field): 17 k-tiles over 4 groups; split-K, L > 1, K = 32 x odd; 3 groups;

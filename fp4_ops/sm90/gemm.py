@@ -168,10 +168,12 @@ UNIT_COST = 384
 # default_config, W4A16 decode: the busiest SM's units count at least this much each (its CTAs
 # share the issue slots; docs/sm90_design.md)
 W4A16_SM_SHARE = 0.75
-# default_config, W4A16 decode with one 128-token tile of 128 rows: a unit's end costs four
-# UNIT_COST (a 4x larger fp32 tile), and its units keep at least this many k-tiles
+# default_config, decode with one 128-token tile of 128 rows: a unit's end costs four UNIT_COST
+# (a 4x larger fp32 tile), and its units keep at least this many k-tiles
 W4A16_WIDE_UNIT_COST = 4 * UNIT_COST
 W4A16_WIDE_MIN_K_TILES = 24
+# ... W4A4 only where the busiest SM streams at least this many k-tiles (docs/sm90_design.md)
+W4A4_WIDE_MIN_SM_K_TILES = 48
 # default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
 # NVFP4 on F16: each FP4 operand converted to F16 carries 2^-7, so D = acc * 2^14 * alpha
@@ -280,9 +282,10 @@ def default_config(
     * W4A16 (``a_dtype`` BFloat16 / Float16; no token copy to bound): its decode mainloop is
       issue-bound, so two CTAs on one SM share its issue slots: a unit counts at least
       W4A16_SM_SHARE x ceil(units / SMs) times, and one wave of K groups is taken whatever the
-      units' length.  One tile of 65-128 tokens takes 128 rows (two warpgroups convert) where
-      units of at least W4A16_WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs; not ``grouped``
-      (the grouped kernel runs without split-K).
+      units' length.
+    * One tile of 65-128 tokens takes 128 rows (two warpgroups convert) where units of at least
+      W4A16_WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs (W4A4: and its busiest SM streams at
+      least W4A4_WIDE_MIN_SM_K_TILES); not ``grouped`` (the grouped kernel has no split-K).
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
@@ -294,8 +297,9 @@ def default_config(
         return path, (128, 256), 1, 1
     slots = num_sms * occupancy("decode", (cols, 128))
     k_tiles = math.ceil(k / K_TILE)
-    if a_dtype != W4A4 and cols == 128 and m <= cols and not grouped:
-        wide_split = _wide_w4a16_split(n, l, k_tiles, num_sms)
+    if cols == 128 and m <= cols and not grouped:
+        min_sm_k_tiles = W4A4_WIDE_MIN_SM_K_TILES if a_dtype == W4A4 else 0
+        wide_split = _wide_split(n, l, k_tiles, num_sms, min_sm_k_tiles)
         if wide_split is not None:
             return "decode", (cols, 128), wide_split, 1
     best = None
@@ -326,22 +330,25 @@ def default_config(
     return "decode", tiler, split, 1
 
 
-def _wide_w4a16_split(n, l, k_tiles, num_sms):  # noqa: E741
-    """``default_config``'s W4A16 pick for one tile of 65-128 tokens: the K split of 128-row
-    tiles (two converting warpgroups, one CTA per SM) whose busiest CTA streams the least,
-    among splits whose units fill 3/4 of the SMs or more with at least W4A16_WIDE_MIN_K_TILES
-    k-tiles each; a unit's end costs W4A16_WIDE_UNIT_COST.  None if no split qualifies."""
+def _wide_split(n, l, k_tiles, num_sms, min_sm_k_tiles):  # noqa: E741
+    """``default_config``'s pick for one tile of 65-128 tokens: the K split of 128-row tiles
+    (two converting warpgroups, one CTA per SM) whose busiest CTA streams the least, among
+    splits whose units fill 3/4 of the SMs or more with at least W4A16_WIDE_MIN_K_TILES k-tiles
+    each; a unit's end costs W4A16_WIDE_UNIT_COST.  None if no split qualifies, or if the
+    busiest CTA of the pick streams fewer than ``min_sm_k_tiles`` k-tiles."""
     tiles = math.ceil(n / 128) * l
     best = None
     for split in (1, 2, 3, 4, 6, 8):
         units = tiles * split
         if units < 0.75 * num_sms or k_tiles // split < W4A16_WIDE_MIN_K_TILES:
             continue
-        longest = math.ceil(k_tiles / split)
-        busiest = math.ceil(units / num_sms) * (128 * longest + W4A16_WIDE_UNIT_COST)
+        rounds, longest = math.ceil(units / num_sms), math.ceil(k_tiles / split)
+        busiest = rounds * (128 * longest + W4A16_WIDE_UNIT_COST)
         if best is None or (busiest, units) < best[0]:
-            best = ((busiest, units), split)
-    return None if best is None else best[1]
+            best = ((busiest, units), split, rounds * longest)
+    if best is None or best[2] < min_sm_k_tiles:
+        return None
+    return best[1]
 
 
 def _one_wave_k_group_split(n, l, k_tiles, num_sms):  # noqa: E741
