@@ -1477,11 +1477,20 @@ def test_default_config_paths():
     assert k90.default_config(128, 28672, 8192, 1) == ("decode", (128, 128), 1, 1)
     assert k90.default_config(96, 8192, 28672, 1) == ("decode", (128, 128), 2, 1)
     assert k90.default_config(128, 18432, 7168, 1) == ("decode", (128, 128), 2, 1)
-    # ... 100 units of 96 / 2 k-tiles in one round qualify, of 94 / 2 not; nor 8192 x 8192 split
-    # 2 (one round of 32, above) or 32 tiles x 112 split 4 (one round of 28)
+    # ... 100 units of 96 / 2 or ceil(95 / 2) k-tiles in one round qualify, of 94 / 2 not; nor
+    # 8192 x 8192 split 2 (one round of 32, above; W4A16 takes it) or 32 tiles x 112 split 4
+    # (one round of 28)
     assert k90.default_config(128, 6400, 12288, 1) == ("decode", (128, 128), 2, 1)
+    assert k90.default_config(128, 6400, 12160, 1) == ("decode", (128, 128), 2, 1)
     assert k90.default_config(128, 6400, 12032, 1) == ("decode", (128, 64), 1, 1)
+    assert k90.default_config(128, 8192, 8192, 1, **w4a16) == ("decode", (128, 128), 2, 1)
     assert k90.default_config(128, 4096, 14336, 1) == ("decode", (128, 64), 2, 1)
+    # 99 tiles fill exactly 3/4 of 132 SMs: unsplit (7680) beats split 2 (2 x 4608)
+    assert k90.default_config(128, 12672, 6144, 1) == ("decode", (128, 128), 1, 1)
+    assert k90.default_config(128, 12672, 6144, 1, **w4a16) == ("decode", (128, 128), 1, 1)
+    # the grouped kernel keeps its pick (no split-K)
+    wide_grouped = k90.default_config(128, 28672, 8192, 1, grouped=True)
+    assert wide_grouped == ("decode", (128, 64), 2, 1)
     for argv, want in (
         (["--split_k", "3"], ("decode", (8, 64), 3, 1)),
         (["--k_groups", "2"], ("decode", (8, 64), 1, 2)),
@@ -1721,7 +1730,8 @@ GPU_CASES = [
     # several 128-token tiles (M > 128, default_config's decode range), the last one ragged
     (300, 520, 2080, 2, 16, "BFloat16", "decode", (128, 128), 1, 0.7, "wide"),
     (260, 1000, 4000, 1, 32, "Float32", "decode", (128, 128), 2, 1.0, "normal"),
-    # one tile of 65-128 tokens on 128 rows split 2 (default_config's pick on long units), L > 1
+    # one tile of 65-128 tokens on 128 rows split 2 (the configuration of default_config's
+    # 128-row pick), L > 1
     (96, 520, 2080, 2, 16, "BFloat16", "decode", (128, 128), 2, 1.0, "wide"),
     # 864 split-K units on 264 CTA slots: CTAs run splits of several tiles in turn
     (16, 18432, 2048, 2, 16, "BFloat16", "decode", (16, 128), 3, 1.0, "wide"),

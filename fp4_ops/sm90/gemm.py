@@ -168,10 +168,10 @@ UNIT_COST = 384
 # default_config, W4A16 decode: the busiest SM's units count at least this much each (its CTAs
 # share the issue slots; docs/sm90_design.md)
 W4A16_SM_SHARE = 0.75
-# default_config, decode with one 128-token tile of 128 rows: a unit's end costs four UNIT_COST
-# (a 4x larger fp32 tile), and its units keep at least this many k-tiles
-W4A16_WIDE_UNIT_COST = 4 * UNIT_COST
-W4A16_WIDE_MIN_K_TILES = 24
+# default_config, one tile of 65-128 tokens on 128 rows: a unit's end costs four UNIT_COST (a
+# 4x larger fp32 tile), and its units keep at least this many k-tiles
+WIDE_UNIT_COST = 4 * UNIT_COST
+WIDE_MIN_K_TILES = 24
 # ... W4A4 only where the busiest SM streams at least this many k-tiles (docs/sm90_design.md)
 W4A4_WIDE_MIN_SM_K_TILES = 48
 # default_config: the decode path up to this M, the prefill path beyond it
@@ -284,7 +284,7 @@ def default_config(
       W4A16_SM_SHARE x ceil(units / SMs) times, and one wave of K groups is taken whatever the
       units' length.
     * One tile of 65-128 tokens takes 128 rows (two warpgroups convert) where units of at least
-      W4A16_WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs (W4A4: and its busiest SM streams at
+      WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs (W4A4: and its busiest SM streams at
       least W4A4_WIDE_MIN_SM_K_TILES); not ``grouped`` (the grouped kernel has no split-K).
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
@@ -333,17 +333,17 @@ def default_config(
 def _wide_split(n, l, k_tiles, num_sms, min_sm_k_tiles):  # noqa: E741
     """``default_config``'s pick for one tile of 65-128 tokens: the K split of 128-row tiles
     (two converting warpgroups, one CTA per SM) whose busiest CTA streams the least, among
-    splits whose units fill 3/4 of the SMs or more with at least W4A16_WIDE_MIN_K_TILES k-tiles
-    each; a unit's end costs W4A16_WIDE_UNIT_COST.  None if no split qualifies, or if the
+    splits whose units fill 3/4 of the SMs or more with at least WIDE_MIN_K_TILES k-tiles
+    each; a unit's end costs WIDE_UNIT_COST.  None if no split qualifies, or if the
     busiest CTA of the pick streams fewer than ``min_sm_k_tiles`` k-tiles."""
     tiles = math.ceil(n / 128) * l
     best = None
     for split in (1, 2, 3, 4, 6, 8):
         units = tiles * split
-        if units < 0.75 * num_sms or k_tiles // split < W4A16_WIDE_MIN_K_TILES:
+        if units < 0.75 * num_sms or k_tiles // split < WIDE_MIN_K_TILES:
             continue
         rounds, longest = math.ceil(units / num_sms), math.ceil(k_tiles / split)
-        busiest = rounds * (128 * longest + W4A16_WIDE_UNIT_COST)
+        busiest = rounds * (128 * longest + WIDE_UNIT_COST)
         if best is None or (busiest, units) < best[0]:
             best = ((busiest, units), split, rounds * longest)
     if best is None or best[2] < min_sm_k_tiles:
