@@ -1284,9 +1284,10 @@ def test_small_e8m0_scales_predicate(a_dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("k", [32, 64, 96, 160, 256])
-def test_prepack_weights_is_a_permutation_within_k_blocks(k):
-    """``prepack_weights`` keeps every nibble of a 64-wide k-block inside it (zeros pad K to
-    64), ``unprepack_weights`` restores the bytes, on [L, N, K/2] and [N, K/2] uint8 and
+def test_prepack_weights_keeps_each_k_blocks_bits(k):
+    """``prepack_weights`` keeps every bit of a 64-wide k-block inside it (zeros pad K to
+    64; ``PAIR_BITS`` places each of a word's 32 bits once), ``unprepack_weights`` restores
+    the bytes, on [L, N, K/2] and [N, K/2] uint8 and
     float4_e2m1fn_x2 data."""
     import torch
 
@@ -1299,12 +1300,14 @@ def test_prepack_weights_is_a_permutation_within_k_blocks(k):
     assert torch.equal(k_order.prepack_weights(b[0]), prepacked[0])
     if hasattr(torch, "float4_e2m1fn_x2"):
         assert torch.equal(k_order.prepack_weights(b.view(torch.float4_e2m1fn_x2)), prepacked)
-    nib = torch.stack((b & 15, b >> 4), -1).flatten(-2)
-    nib = torch.nn.functional.pad(nib, (0, k_pad - k))
-    pre = torch.stack((prepacked & 15, prepacked >> 4), -1).flatten(-2)
+    bits = [torch.nn.functional.pad(b, (0, (k_pad - k) // 2)), prepacked]
+    bits = [(x[..., None] >> torch.arange(8)) & 1 for x in bits]
     for kb in range(k_pad // 64):
-        block = slice(64 * kb, 64 * kb + 64)
-        assert torch.equal(pre[..., block].sort(-1).values, nib[..., block].sort(-1).values)
+        block = slice(32 * kb, 32 * kb + 32)
+        ones = [x[..., block, :].sum((-2, -1)) for x in bits]
+        assert torch.equal(ones[0], ones[1]), kb
+    placed = [bit for pair in k_order.PAIR_BITS for lane in pair for bit in lane]
+    assert sorted(placed) == list(range(32))
     assert sorted(k_order.prepacked_k_order()) == list(range(64))
     assert k_order.prepacked_k_order() != list(range(64))
     with pytest.raises(ValueError, match="prepacked rows hold"):

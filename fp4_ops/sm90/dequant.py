@@ -10,7 +10,10 @@ before the tensor cores.
 Pairs: 16 e2m1 values (8 bytes, one 16-group of a 64-wide k-block) become 8 words P_0..P_7;
 P_i holds nibbles (i % 4, i % 4 + 4) of 32-bit word i // 4.  ``a_fragment_word`` places them in
 the wgmma A fragment, which fixes the K permutation that ``token_chunk_layout`` gives the other
-operand.  All functions here are DSL ops or take Python / DSL integers.
+operand.  W4A16's prepacked words hold the same pairs with their bits spread
+(``k_order.PAIR_BITS``): ``prepacked_pair_bits`` takes a pair's BF16 bits out with one to three
+instructions instead of three or four.  All functions here are DSL ops or take Python / DSL
+integers.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ BF16X2_2POW120 = 0x7B807B80
 F16X2_2POW7 = 0x58005800
 # fp32 bits of 2^118: ``e4m3_low_factor``'s prescale
 E4M3_BF16_PRESCALE_BITS = 0x7A800000
+# where a pair's e2m1 bits sit in BF16x2 (sign 15, magnitude 6..8: e2m1 x 2^-126) and in F16x2
+# (sign 15, magnitude 9..11: e2m1 x 2^-14), both halves
+BF16_PAIR_BITS = 0x81C081C0
+F16_PAIR_BITS = 0x8E008E00
+# prepacked pair 3's bits (k_order.PAIR_BITS), and x << 3 | x << 8 | x << 14 (disjoint terms),
+# which moves them onto BF16_PAIR_BITS
+PAIR3_BITS = 0x001B001B
+PAIR3_SPREAD = 0x4108
 
 
 def _ptx(result, operands, asm: str, constraints: str, *, side_effects=True, loc=None, ip=None):
@@ -176,13 +187,59 @@ def fp4_pair_to_bf16x2(word: Uint32, p: int, factor: Uint32, prescaled=False) ->
     ``word`` is already shifted right by 8 for p = 2, 3 (one shift serves two pairs)."""
     if p % 2 == 0:
         # x * 0x1040 = x << 6 | x << 12 (disjoint bits): magnitude bits to 6..8, sign to 15.
-        raw = ((word & Uint32(0x000F000F)) * Uint32(0x1040)) & Uint32(0x81C081C0)
+        raw = ((word & Uint32(0x000F000F)) * Uint32(0x1040)) & Uint32(BF16_PAIR_BITS)
     else:
         # the nibble sits 4 bits higher: x << 2 | x << 8 lands on the same bits.
-        raw = ((word & Uint32(0x00F000F0)) * Uint32(0x0104)) & Uint32(0x81C081C0)
+        raw = ((word & Uint32(0x00F000F0)) * Uint32(0x0104)) & Uint32(BF16_PAIR_BITS)
+    return _bf16_bits_times(raw, factor, prescaled)
+
+
+def _bf16_bits_times(raw: Uint32, factor: Uint32, prescaled: bool) -> Uint32:
+    """BF16x2 bits e2m1 x 2^-126 -> e2m1 x ``factor`` (``prescaled``: the factor holds the
+    2^126)."""
     if prescaled:
         return mul_bf16x2(raw, factor)
     return mul_bf16x2(mul_bf16x2(raw, Uint32(BF16X2_2POW126)), factor)
+
+
+def prepacked_pair_bits(word: Uint32, p: int) -> Uint32:
+    """Pair p (0..3) of a prepacked W4A16 word -> its BF16_PAIR_BITS: pair 0 as it sits, pairs
+    1 and 2 rotated right by 3 p bits, pair 3 spread by one multiply."""
+    if p == 3:
+        return ((word & Uint32(PAIR3_BITS)) * Uint32(PAIR3_SPREAD)) & Uint32(BF16_PAIR_BITS)
+    if p > 0:
+        word = (word >> Uint32(3 * p)) | (word << Uint32(32 - 3 * p))
+    return word & Uint32(BF16_PAIR_BITS)
+
+
+def prepacked_pair_bits_at(word: Uint32, p: Uint32) -> Uint32:
+    """``prepacked_pair_bits`` for a pair p chosen at run time."""
+    shift = Uint32(3) * p
+    rotated = ((word >> shift) | (word << ((Uint32(32) - shift) & Uint32(31)))) & Uint32(
+        BF16_PAIR_BITS
+    )
+    spread = prepacked_pair_bits(word, 3)
+    is_3 = Uint32(0) - Uint32(p == Uint32(3))
+    return rotated ^ ((rotated ^ spread) & is_3)
+
+
+def pair_bits_to_mma(bits: Uint32, factor: Uint32, f16: bool, prescaled=False) -> Uint32:
+    """A pair's BF16_PAIR_BITS -> F16x2 / BF16x2 of e2m1 x ``factor``, the values of
+    ``fp4_pair_lo_to_mma`` (``prescaled``: as ``fp4_pair_to_bf16x2``)."""
+    if f16:
+        # bits * 9 = bits | bits << 3 (disjoint): the magnitude to 9..11, the sign stays at 15
+        return mul_f16x2((bits * Uint32(9)) & Uint32(F16_PAIR_BITS), factor)
+    return _bf16_bits_times(bits, factor, prescaled)
+
+
+def prepacked_fp4x16_to_mma(packed: Uint64, factors: list, f16: bool, prescaled=False) -> list:
+    """``fp4x16_to_mma`` on 8 bytes of prepacked W4A16 weights: P_i is pair i % 4 of 32-bit
+    word i // 4, times ``factors[i]``."""
+    words = (Uint32(packed & Uint64(0xFFFFFFFF)), Uint32(packed >> 32))
+    return [
+        pair_bits_to_mma(prepacked_pair_bits(words[i // 4], i % 4), factors[i], f16, prescaled)
+        for i in range(8)
+    ]
 
 
 def fp4x8_to_bf16x2(word: Uint32, factors: list, prescaled=False) -> list:
@@ -274,7 +331,8 @@ def convert_chunk_words(words, sf4, keep, col0, shift, sf_vec_size: int, f16: bo
     (zero for the missing groups 2, 3 of a K = 32 x odd tail), ``col0`` the block's first scale
     column, ``shift`` the pair's shift (``token_chunk_layout``) -> the chunk's 4 words.
     ``chunk`` given: prepacked weights (W4A16), whose chunk holds the pair's K values of every
-    group, all under the scale of ``pair_k(chunk, 0)``."""
+    group, all under the scale of ``pair_k(chunk, 0)``, its bits placed by ``PAIR_BITS``
+    (``shift`` unused)."""
     if chunk is not None:
         # one scale for the chunk: bring its byte to byte 0 of sf4 and read that byte below
         sf_col = pair_k(chunk, 0) // sf_vec_size
@@ -300,5 +358,8 @@ def convert_chunk_words(words, sf4, keep, col0, shift, sf_vec_size: int, f16: bo
             factor = scale_factor(sf, f16)
         if q >= 2:
             word = word & keep
-        out.append(fp4_pair_lo_to_mma(word >> shift, factor, f16))
+        if chunk is None:
+            out.append(fp4_pair_lo_to_mma(word >> shift, factor, f16))
+        else:
+            out.append(pair_bits_to_mma(prepacked_pair_bits_at(word, chunk % 4), factor, f16))
     return out

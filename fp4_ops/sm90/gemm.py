@@ -1714,7 +1714,8 @@ class BlockwiseGemmFp4Sm90:
         for r in range(2):
             packed, sf = a_bytes[r]
             factors = self._kblock_factors(sf, j, q, small)
-            pairs = dq.fp4x16_to_mma(packed, factors, self.f16, self.bf16_prescaled or small)
+            convert = dq.prepacked_fp4x16_to_mma if self.w4a16 else dq.fp4x16_to_mma
+            pairs = convert(packed, factors, self.f16, self.bf16_prescaled or small)
             for i in range(8):
                 rA[k_order.a_fragment_word(r, i)] = pairs[i]
 

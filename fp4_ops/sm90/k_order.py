@@ -6,7 +6,9 @@ The register dequantizer (``dequant.fp4x16_to_mma``) turns the 16 packed FP4 val
 thread's 16-group q of a 64-wide k-block into pairs P_0..P_7 (P_i = nibbles (i % 4, i % 4 + 4)
 of 32-bit word i // 4), and the wgmma A fragment places P_i at K = ``pair_k(i, q)`` (+1), not
 in memory order.  W4A4 permutes the other operand to match; W4A16 permutes the weights once
-(``prepack_weights``) so that 16-bit activations go to the tensor cores as they are.
+(``prepack_weights``) so that 16-bit activations go to the tensor cores as they are, and
+spreads each 32-bit word's bits (``PAIR_BITS``) so that the W4A16 dequantizer extracts a pair's
+BF16 bits with one to three instructions (``dequant.prepacked_pair_bits``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,20 @@ from fp4_ops.memory import persistent
 K_BLOCK = 64
 # rows prepack_weights permutes at a time
 PREPACK_ROWS = 256
+# Bit of a prepacked 32-bit word that holds bit b (mantissa, exponent 0, 1, sign) of pair p's
+# low (lane 0) and high (lane 1) e2m1 value: PAIR_BITS[p][lane][b].  Pair 0 sits where BF16
+# wants it (magnitude at 6..8, sign at 15, +16 for the high half); pairs 1 and 2 sit there after
+# a rotation right by 3 and 6 bits; pair 3 fills the rest, placed by one multiply.
+PAIR_BITS = (
+    ((6, 7, 8, 15), (22, 23, 24, 31)),
+    ((9, 10, 11, 18), (25, 26, 27, 2)),
+    ((12, 13, 14, 21), (28, 29, 30, 5)),
+    ((3, 4, 0, 1), (19, 20, 16, 17)),
+)
 # (device, inverse) -> the permutation as an index tensor on that device
 _ORDERS: dict = {}
+# (device, inverse) -> the bit placement of PAIR_BITS as four 256-entry byte tables
+_BIT_TABLES: dict = {}
 
 
 def a_fragment_word(r: int, i: int) -> int:
@@ -47,9 +61,10 @@ def prepack_weights(b):
     """W4A16: packed FP4 weights [..., N, K/2] (uint8 or a one-byte type) -> uint8
     [..., N, K_pad/2], K_pad = K rounded up to 64: each 64-wide k-block permuted
     (``prepacked_k_order``) so that the kernel dequantizes it into the wgmma A fragment in plain
-    K order, and the activations need no permutation.  Meant for load time; CPU or GPU (the
-    first call on a GPU must come before any CUDA-graph capture).  ``unprepack_weights``
-    inverts it."""
+    K order, and the activations need no permutation; then the bits of every 32-bit word placed
+    by ``PAIR_BITS`` (nibble n of the permuted word is pair n % 4, lane n // 4).  Meant for
+    load time; CPU or GPU (the first call on a GPU must come before any CUDA-graph capture).
+    ``unprepack_weights`` inverts it."""
     import torch
 
     _check_packed(b)
@@ -63,13 +78,17 @@ def prepack_weights(b):
         nibbles = torch.nn.functional.pad(nibbles, (0, k_pad - k))
         blocks = nibbles.reshape(nibbles.shape[0], k_pad // K_BLOCK, K_BLOCK)
         order = _order(b.device, inverse=False)
-        out[start : start + PREPACK_ROWS] = _pack(blocks[..., order].reshape(nibbles.shape))
+        permuted = _pack(blocks[..., order].reshape(nibbles.shape))
+        out[start : start + PREPACK_ROWS] = _place_bits(permuted, inverse=False)
     return out.reshape(*b.shape[:-1], k_pad // 2)
 
 
 def unprepack_weights(prepacked, k: int):
     """The inverse of ``prepack_weights`` for K = ``k``: [..., N, K/2] uint8 in plain order."""
-    nibbles, k_pad = _nibbles(prepacked)
+    import torch
+
+    _check_packed(prepacked)
+    nibbles, k_pad = _nibbles(_place_bits(prepacked.view(torch.uint8), inverse=True))
     if k_pad != -(-k // K_BLOCK) * K_BLOCK:
         raise ValueError(
             f"prepacked rows hold {k_pad} values; K = {k} needs {-(-k // K_BLOCK) * K_BLOCK}"
@@ -94,6 +113,42 @@ def _order(device, inverse: bool):
         order = torch.argsort(order) if inverse else order
         _ORDERS[key] = persistent(lambda: order.to(device), device)
     return _ORDERS[key]
+
+
+def _place_bits(packed, inverse: bool):
+    """uint8 [..., 4w] -> the same shape with each little-endian 32-bit word's bits moved from
+    plain nibble order to ``PAIR_BITS`` (or back): an OR of one table entry per byte."""
+    import torch
+
+    key = (packed.device, inverse)
+    if key not in _BIT_TABLES:
+        if packed.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "prepack_weights: the first call on a GPU copies its bit tables to the device; "
+                "make it before capturing a CUDA graph"
+            )
+        tables = torch.tensor(_bit_tables(inverse), dtype=torch.int64)
+        _BIT_TABLES[key] = persistent(lambda: tables.to(packed.device), packed.device)
+    tables = _BIT_TABLES[key]
+    words = packed.reshape(*packed.shape[:-1], -1, 4).to(torch.int64)
+    placed = tables[0][words[..., 0]]
+    for j in range(1, 4):
+        placed |= tables[j][words[..., j]]
+    shifts = torch.arange(0, 32, 8, device=packed.device)
+    return ((placed[..., None] >> shifts) & 0xFF).to(torch.uint8).reshape(packed.shape)
+
+
+def _bit_tables(inverse: bool) -> list[list[int]]:
+    """Four tables: byte j's value -> its bits' contribution to the placed word (``inverse``:
+    from a placed word to the plain one)."""
+    # plain bit 4n + b (nibble n = pair n % 4, lane n // 4) -> its PAIR_BITS position
+    to = {4 * n + b: PAIR_BITS[n % 4][n // 4][b] for n in range(8) for b in range(4)}
+    if inverse:
+        to = {placed: plain for plain, placed in to.items()}
+    return [
+        [sum(1 << to[8 * j + i] for i in range(8) if v >> i & 1) for v in range(256)]
+        for j in range(4)
+    ]
 
 
 def _check_packed(packed) -> None:
