@@ -1312,6 +1312,56 @@ def test_prepack_weights_keeps_each_k_blocks_bits(k):
     assert k_order.prepacked_k_order() != list(range(64))
     with pytest.raises(ValueError, match="prepacked rows hold"):
         k_order.unprepack_weights(prepacked, k + 64)
+    with pytest.raises(ValueError, match="prepacked rows hold"):
+        k_order.unprepack_weights(prepacked[..., :-2], k)
+    # more rows than one pass takes, and none
+    tall = torch.randint(0, 256, (k_order.PREPACK_ROWS + 3, k // 2), dtype=torch.uint8)
+    assert torch.equal(k_order.unprepack_weights(k_order.prepack_weights(tall), k), tall)
+    empty = k_order.prepack_weights(tall[:0])
+    assert empty.shape == (0, k_pad // 2)
+    assert k_order.unprepack_weights(empty, k).shape == (0, k // 2)
+
+
+class _StrictUint32(int):
+    """A 32-bit unsigned integer whose shifts must stay below 32 (a PTX / LLVM shift by 32 or
+    more is undefined, where Python's is not)."""
+
+    def __new__(cls, value):
+        return int.__new__(cls, int(value) & 0xFFFFFFFF)
+
+    def _shift(self, amount, op):
+        assert 0 <= int(amount) < 32, f"shift by {int(amount)}"
+        return _StrictUint32(op(int(self), int(amount)))
+
+    def __lshift__(self, amount):
+        return self._shift(amount, int.__lshift__)
+
+    def __rshift__(self, amount):
+        return self._shift(amount, int.__rshift__)
+
+
+def _wrapping(op: str):
+    """int's ``op`` on two operands, the result wrapped to 32 bits."""
+    return lambda a, b: _StrictUint32(getattr(int, op)(int(a), int(b)))
+
+
+for _name in ("and", "or", "xor", "mul", "add", "sub", "mod"):
+    setattr(_StrictUint32, f"__{_name}__", _wrapping(f"__{_name}__"))
+    setattr(_StrictUint32, f"__r{_name}__", _wrapping(f"__r{_name}__"))
+
+
+def test_prepacked_pair_pick_at_run_time_shifts_below_32(monkeypatch):
+    """``prepacked_pair_bits_at`` (the prefill conversion's pair, known at run time) equals the
+    compile-time ``prepacked_pair_bits`` for every pair, with no shift by 32 or more."""
+    import random
+
+    monkeypatch.setattr(dq, "Uint32", _StrictUint32)
+    rng = random.Random(3)
+    for word in [0, 0xFFFFFFFF, 0x80000001] + [rng.getrandbits(32) for _ in range(200)]:
+        for p in range(4):
+            word32 = _StrictUint32(word)
+            want = dq.prepacked_pair_bits(word32, p)
+            assert dq.prepacked_pair_bits_at(word32, _StrictUint32(p)) == want, (hex(word), p)
 
 
 def test_blocked_scale_offsets_match_to_blocked():

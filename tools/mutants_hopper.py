@@ -419,6 +419,14 @@ MUTANTS = [
         file=DEQUANT,
     ),
     mutant(
+        "h-w4a16-prefill-rotation-by-32",
+        "W4A16",
+        "rotated = ((word >> shift) | (word << ((Uint32(32) - shift) & Uint32(31)))) & Uint32(",
+        "rotated = ((word >> shift) | (word << (Uint32(32) - shift))) & Uint32(",
+        "w4a16_prepacked or run_time_shifts",
+        file=DEQUANT,
+    ),
+    mutant(
         "h-w4a16-f16-pair-spread",
         "W4A16",
         "return mul_f16x2((bits * Uint32(9)) & Uint32(F16_PAIR_BITS), factor)",

@@ -13,6 +13,8 @@ BF16 bits with one to three instructions (``dequant.prepacked_pair_bits``).
 
 from __future__ import annotations
 
+import math
+
 from fp4_ops.layout import pack_fp4, unpack_fp4
 from fp4_ops.memory import persistent
 
@@ -70,7 +72,7 @@ def prepack_weights(b):
     _check_packed(b)
     k = 2 * b.shape[-1]
     k_pad = -(-k // K_BLOCK) * K_BLOCK
-    rows = b.reshape(-1, b.shape[-1])
+    rows = b.reshape(math.prod(b.shape[:-1]), b.shape[-1])
     out = torch.empty((rows.shape[0], k_pad // 2), dtype=torch.uint8, device=b.device)
     # (a few rows at a time: the nibble copies stay a small multiple of one chunk, not of b)
     for start in range(0, rows.shape[0], PREPACK_ROWS):
@@ -88,14 +90,19 @@ def unprepack_weights(prepacked, k: int):
     import torch
 
     _check_packed(prepacked)
-    nibbles, k_pad = _nibbles(_place_bits(prepacked.view(torch.uint8), inverse=True))
+    k_pad = 2 * prepacked.shape[-1]
     if k_pad != -(-k // K_BLOCK) * K_BLOCK:
         raise ValueError(
             f"prepacked rows hold {k_pad} values; K = {k} needs {-(-k // K_BLOCK) * K_BLOCK}"
         )
-    blocks = nibbles.reshape(*nibbles.shape[:-1], k_pad // K_BLOCK, K_BLOCK)
-    plain = blocks[..., _order(prepacked.device, inverse=True)].reshape(nibbles.shape)
-    return _pack(plain[..., :k])
+    rows = prepacked.view(torch.uint8).reshape(math.prod(prepacked.shape[:-1]), k_pad // 2)
+    out = torch.empty((rows.shape[0], k // 2), dtype=torch.uint8, device=prepacked.device)
+    for start in range(0, rows.shape[0], PREPACK_ROWS):
+        nibbles, _ = _nibbles(_place_bits(rows[start : start + PREPACK_ROWS], inverse=True))
+        blocks = nibbles.reshape(nibbles.shape[0], k_pad // K_BLOCK, K_BLOCK)
+        plain = blocks[..., _order(prepacked.device, inverse=True)].reshape(nibbles.shape)
+        out[start : start + PREPACK_ROWS] = _pack(plain[..., :k])
+    return out.reshape(*prepacked.shape[:-1], k // 2)
 
 
 def _order(device, inverse: bool):
@@ -130,7 +137,7 @@ def _place_bits(packed, inverse: bool):
         tables = torch.tensor(_bit_tables(inverse), dtype=torch.int64)
         _BIT_TABLES[key] = persistent(lambda: tables.to(packed.device), packed.device)
     tables = _BIT_TABLES[key]
-    words = packed.reshape(*packed.shape[:-1], -1, 4).to(torch.int64)
+    words = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 4, 4).to(torch.int64)
     placed = tables[0][words[..., 0]]
     for j in range(1, 4):
         placed |= tables[j][words[..., j]]
