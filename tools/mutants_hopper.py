@@ -389,8 +389,8 @@ MUTANTS = [
     mutant(
         "h-w4a16-prepacked-rotation",
         "W4A16",
-        "word = (word >> Uint32(3 * p)) | (word << Uint32(32 - 3 * p))",
-        "word = (word >> Uint32(3 * p)) | (word << Uint32(31 - 3 * p))",
+        "return _rotate_right(word, Uint32(3 * p)) & Uint32(BF16_PAIR_BITS)",
+        "return _rotate_right(word, Uint32(3 * p + 1)) & Uint32(BF16_PAIR_BITS)",
         "w4a16_prepacked",
         file=DEQUANT,
     ),
@@ -421,8 +421,8 @@ MUTANTS = [
     mutant(
         "h-w4a16-prefill-rotation-by-32",
         "W4A16",
-        "rotated = ((word >> shift) | (word << ((Uint32(32) - shift) & Uint32(31)))) & Uint32(",
-        "rotated = ((word >> shift) | (word << (Uint32(32) - shift))) & Uint32(",
+        "return (word >> shift) | (word << ((Uint32(32) - shift) & Uint32(31)))",
+        "return (word >> shift) | (word << (Uint32(32) - shift))",
         "w4a16_prepacked or run_time_shifts",
         file=DEQUANT,
     ),

@@ -202,22 +202,23 @@ def _bf16_bits_times(raw: Uint32, factor: Uint32, prescaled: bool) -> Uint32:
     return mul_bf16x2(mul_bf16x2(raw, Uint32(BF16X2_2POW126)), factor)
 
 
+def _rotate_right(word: Uint32, shift: Uint32) -> Uint32:
+    """``word`` rotated right by ``shift`` (0..31) bits; no shift reaches 32, which PTX leaves
+    undefined."""
+    return (word >> shift) | (word << ((Uint32(32) - shift) & Uint32(31)))
+
+
 def prepacked_pair_bits(word: Uint32, p: int) -> Uint32:
     """Pair p (0..3) of a prepacked W4A16 word -> its BF16_PAIR_BITS: pair 0 as it sits, pairs
     1 and 2 rotated right by 3 p bits, pair 3 spread by one multiply."""
     if p == 3:
         return ((word & Uint32(PAIR3_BITS)) * Uint32(PAIR3_SPREAD)) & Uint32(BF16_PAIR_BITS)
-    if p > 0:
-        word = (word >> Uint32(3 * p)) | (word << Uint32(32 - 3 * p))
-    return word & Uint32(BF16_PAIR_BITS)
+    return _rotate_right(word, Uint32(3 * p)) & Uint32(BF16_PAIR_BITS)
 
 
 def prepacked_pair_bits_at(word: Uint32, p: Uint32) -> Uint32:
     """``prepacked_pair_bits`` for a pair p chosen at run time."""
-    shift = Uint32(3) * p
-    rotated = ((word >> shift) | (word << ((Uint32(32) - shift) & Uint32(31)))) & Uint32(
-        BF16_PAIR_BITS
-    )
+    rotated = _rotate_right(word, Uint32(3) * p) & Uint32(BF16_PAIR_BITS)
     spread = prepacked_pair_bits(word, 3)
     is_3 = Uint32(0) - Uint32(p == Uint32(3))
     return rotated ^ ((rotated ^ spread) & is_3)
