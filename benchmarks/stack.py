@@ -19,8 +19,12 @@ ModelOpt NVFP4 checkpoint holds them (``weight`` uint8 [N, K/2], ``weight_scale`
 [N, K/16], ``weight_scale_2`` the decoding global scale). Contestants made from those tensors:
     ours_w4a16     ``FP4Linear(FP4Tensor.from_modelopt(...), activations="bf16")``: BF16
                    activations, weights prepacked once for the Hopper kernel
-    ours_w4a4      ``FP4Linear.from_modelopt(...)``: each layer quantizes its activations
-                   (dynamic global scale) before its GEMM, both timed
+    ours_w4a4      ``FP4Linear(..., activations="dynamic")``: each layer quantizes its
+                   activations (dynamic global scale) before its GEMM, both timed
+    ours_w4a4_static  ``activations="static"``: the same with a static global scale, as a
+                   ModelOpt checkpoint's ``input_scale`` gives one: the layer's input amax over
+                   a calibration batch through the float64 stack (CALIBRATION_TOKENS rows drawn
+                   apart from the timed ones) / (448 x 6)
     humming_w4a16  humming-kernels' HummingLayer through its ModelOpt NVFP4 loader
                    (``benchmarks.sm90.humming_layer``); optional: absent, not measured
     cublas_bf16    ``F.linear`` on the weights dequantized to BF16 beforehand
@@ -39,19 +43,20 @@ written / time, run eagerly: captured in a graph, a copy may run on a slower cop
     % of copy bandwidth = weight bytes per layer / per-layer time / copy bandwidth,
 with weight bytes the FP4 data + E4M3 block scales (N K / 2 + N K / 16) for the FP4
 contestants, 2 N K for cuBLAS BF16 (a layer's mean over the stack). Ratios: humming / ours
-W4A16 and cuBLAS / ours W4A16 (speed-ups of ours), ours W4A4 / ours W4A16.
+W4A16 and cuBLAS / ours W4A16 (speed-ups of ours), ours W4A4 (dynamic, static) / ours W4A16.
 
 Correctness, once per contestant and M before any timing (``check_stack``): the stack runs
 eagerly through the same code as the timed forward pass, keeping each layer's input and output.
-Each layer's output is held against the float64 product of the same input (ours_w4a4: the
-input quantized by ``reference.quantize_nvfp4``, the oracle) and the exact dequantized weights
-(e2m1 x block scale, the global scales applied to the sum). Tolerance, relative Frobenius norm:
+Each layer's output is held against the float64 product of the same input (W4A4: the input
+quantized by ``reference.quantize_nvfp4``, the oracle, with the layer's static scale if it has
+one) and the exact dequantized weights (e2m1 x block scale, the global scales applied to the
+sum). Tolerance, relative Frobenius norm:
 one BF16 unit roundoff (2^-8) per rounding of the layer's result to BF16 (ROUNDINGS: ours
 round their fp32 result once; humming sums partials in BF16, then rounds; cuBLAS holds BF16
 weights, may reduce split-K partials in BF16 as torch allows by default, then rounds), plus
 gamma_K (fp32) x ||sum of |products| ||. The stack's output is then held against the float64
 stack on the same x (SiLU in float64): tolerance the layers' tolerances summed plus 2^-8 per
-SiLU, as rounding errors that each layer passes on at most unamplified add up. ours_w4a4's
+SiLU, as rounding errors that each layer passes on at most unamplified add up. W4A4's
 stack output is not held to that (its activation quantization is a discontinuous function
 of its input); its stack error is recorded. A contestant that fails gets no time: the table
 says "check failed". (Elementwise bounds propagated through eight layers via |W| would be
@@ -98,9 +103,14 @@ FORWARDS_PER_GRAPH = 5
 COPY_BYTES = 1 << 30
 #: weights: randn * GAIN / sqrt(K) keeps the activations' size about level through the SiLUs
 GAIN = 1.7
-CONTESTANTS = ("ours_w4a16", "ours_w4a4", "humming_w4a16", "cublas_bf16")
+CONTESTANTS = ("ours_w4a16", "ours_w4a4", "ours_w4a4_static", "humming_w4a16", "cublas_bf16")
+#: the contestants that quantize their activations, and how (FP4Linear's ``activations``)
+W4A4_MODES = {"ours_w4a4": "dynamic", "ours_w4a4_static": "static"}
 #: roundings to BF16 of a layer's result (see the module docstring)
-ROUNDINGS = {"ours_w4a16": 1, "ours_w4a4": 1, "humming_w4a16": 2, "cublas_bf16": 3}
+ROUNDINGS = {"ours_w4a16": 1, "humming_w4a16": 2, "cublas_bf16": 3} | dict.fromkeys(W4A4_MODES, 1)
+#: the static input scales' calibration batch: rows, and the seed of their draw
+CALIBRATION_TOKENS = 128
+CALIBRATION_SEED = 7
 BF16_U = 2.0**-8
 FP32_U = 2.0**-24
 NOT_MEASURED = "not measured"
@@ -162,14 +172,20 @@ def pct_of_copy_bandwidth(bytes_per_layer: float, layer_us: float, copy_bps: flo
 PEERS = (("humming_vs_ours_w4a16", "humming_w4a16"), ("cublas_vs_ours_w4a16", "cublas_bf16"))
 
 
+#: ratios' keys and the W4A4 contestants they hold against ours W4A16
+W4A4_RATIOS = (("w4a4_over_w4a16", "ours_w4a4"), ("w4a4_static_over_w4a16", "ours_w4a4_static"))
+
+
 def ratios(times: dict, peers=PEERS) -> dict:
     """Speed-ups of ours W4A16 (peer time / ours) and W4A4 / W4A16; None where not measured."""
-    ours, w4a4 = times.get("ours_w4a16"), times.get("ours_w4a4")
+    ours = times.get("ours_w4a16")
     out = {}
     for key, peer in peers:
         theirs = times.get(peer)
         out[key] = theirs / ours if ours and theirs else None
-    out["w4a4_over_w4a16"] = w4a4 / ours if ours and w4a4 else None
+    for key, name in W4A4_RATIOS:
+        w4a4 = times.get(name)
+        out[key] = w4a4 / ours if ours and w4a4 else None
     return out
 
 
@@ -206,11 +222,18 @@ def fp4_weight(t: dict) -> fp4_ops.FP4Tensor:
     return fp4_ops.FP4Tensor.from_modelopt(t["weight"], t["weight_scale"], t["weight_scale_2"])
 
 
-def build_layers(contestant: str, weights: list[dict], humming_cls=None) -> list:
-    """The stack's layers (callables, BF16 [M, K] -> [M, N]) of one contestant."""
-    if contestant in ("ours_w4a16", "ours_w4a4"):
-        mode = "bf16" if contestant == "ours_w4a16" else "dynamic"
-        return [fp4_ops.FP4Linear(fp4_weight(t), None, mode) for t in weights]
+def build_layers(contestant: str, weights: list[dict], humming_cls=None, input_scales=None):
+    """The stack's layers (callables, BF16 [M, K] -> [M, N]) of one contestant;
+    ``input_scales``: ``calibrated_input_scales``' (ours_w4a4_static only)."""
+    if contestant == "ours_w4a16":
+        return [fp4_ops.FP4Linear(fp4_weight(t), None, "bf16") for t in weights]
+    if contestant == "ours_w4a4":
+        return [fp4_ops.FP4Linear(fp4_weight(t), None, "dynamic") for t in weights]
+    if contestant == "ours_w4a4_static":
+        if input_scales is None or len(input_scales) != len(weights):
+            raise ValueError("ours_w4a4_static needs one calibrated input scale per layer")
+        pairs = zip(weights, input_scales, strict=True)
+        return [fp4_ops.FP4Linear(fp4_weight(t), None, "static", s) for t, s in pairs]
     if contestant == "humming_w4a16":
         return [bench_sm90.humming_layer(humming_cls, as_operands(t)) for t in weights]
     if contestant == "cublas_bf16":
@@ -280,11 +303,12 @@ def exact_weight(t: dict) -> torch.Tensor:
     return reference.dequantize_fp4(t["weight"], t["weight_scale"], 16).double()
 
 
-def layer_reference(a, t: dict, quantize_input: bool):
-    """(float64 output, float64 sum of |products|) of one layer on its input a."""
+def layer_reference(a, t: dict, quantize_input: bool, input_scale=None):
+    """(float64 output, float64 sum of |products|) of one layer on its input a, quantized
+    first if ``quantize_input`` (with the static ``input_scale``, or a dynamic one)."""
     scale = float(t["weight_scale_2"])
     if quantize_input:
-        data, scales, gs = reference.quantize_nvfp4(a)
+        data, scales, gs = reference.quantize_nvfp4(a, input_scale)
         a64 = reference.dequantize_fp4(data, scales, 16).double()
         scale *= float(gs)
     else:
@@ -306,25 +330,42 @@ def layer_tolerance(contestant: str, k: int, ref, abs_sum) -> float:
     return ROUNDINGS[contestant] * BF16_U + gamma * float(abs_sum.norm() / ref.norm())
 
 
-def reference_stack(weights: list[dict], x) -> torch.Tensor:
-    """The stack in float64 on the exact dequantized weights, x as given (BF16)."""
+def reference_stack(weights: list[dict], x, inputs: list | None = None) -> torch.Tensor:
+    """The stack in float64 on the exact dequantized weights, x as given (BF16); ``inputs``
+    gets each layer's input."""
     h = x.double()
     for i, t in enumerate(weights):
+        if inputs is not None:
+            inputs.append(h)
         h = (h @ exact_weight(t).t()) * float(t["weight_scale_2"])
         if i + 1 < len(weights):
             h = F.silu(h)
     return h
 
 
-def check_stack(contestant: str, layers, weights: list[dict], x, stack_ref) -> dict:
-    """Run the stack eagerly and hold each layer and the output to their tolerances."""
+def calibrated_input_scales(weights: list[dict], device) -> list[torch.Tensor]:
+    """Each layer's static input scale as a calibration gives one (ModelOpt's ``input_scale``):
+    the amax of the layer's input over CALIBRATION_TOKENS rows of the float64 stack, / (448 x
+    6); float32 0-d tensors on ``device``."""
+    gen = torch.Generator().manual_seed(CALIBRATION_SEED)
+    k = 2 * weights[0]["weight"].shape[1]
+    x = torch.randn(CALIBRATION_TOKENS, k, generator=gen).to(torch.bfloat16).to(device)
+    inputs: list = []
+    reference_stack(weights, x, inputs)
+    return [(h.abs().amax() / (448.0 * 6.0)).float() for h in inputs]
+
+
+def check_stack(contestant: str, layers, weights: list[dict], x, stack_ref, input_scales=None):
+    """Run the stack eagerly and hold each layer and the output to their tolerances
+    (``input_scales``: ours_w4a4_static's)."""
     trace: list = []
     with torch.no_grad():
         out = forward(layers, x, trace)
-    quantized = contestant == "ours_w4a4"
+    quantized = contestant in W4A4_MODES
+    scales = input_scales if contestant == "ours_w4a4_static" else [None] * len(weights)
     errs, tols = [], []
-    for (a, y), t in zip(trace, weights, strict=True):
-        ref, abs_sum = layer_reference(a, t, quantized)
+    for (a, y), t, s in zip(trace, weights, scales, strict=True):
+        ref, abs_sum = layer_reference(a, t, quantized, s)
         errs.append(rel_err(y, ref))
         tols.append(layer_tolerance(contestant, a.shape[-1], ref, abs_sum))
         del ref, abs_sum
@@ -362,18 +403,22 @@ def measure_stack(name, shapes, ms, device, run: SimpleNamespace, notes: list) -
     for m in ms:
         rows[m]["bare_read"] = None if bare_read is None else dict(bare_read)
     refs = {m: reference_stack(weights, activations(m, shapes[0][1], device)) for m in ms}
+    static = "ours_w4a4_static" in run.contestants
+    input_scales = calibrated_input_scales(weights, device) if static else None
     for contestant in run.contestants:
         if contestant == "humming_w4a16" and humming_cls is None:
             continue
         run.progress(f"{name} {contestant}: building the layers")
         try:
-            layers = build_layers(contestant, weights, humming_cls)
+            layers = build_layers(contestant, weights, humming_cls, input_scales)
         except Exception as err:  # (a peer or a library that refuses these shapes)
             note(notes, f"{name} {contestant}: not measured, building it raised {describe(err)}")
             continue
         for m in ms:
             run.progress(f"{name} {contestant} M={m}: checking, then timing")
-            result = measure_one(contestant, layers, weights, refs[m], shapes, reps, timer, m)
+            result = measure_one(
+                contestant, layers, weights, refs[m], shapes, reps, timer, m, input_scales
+            )
             rows[m]["contestants"][contestant] = result
             why = failure(result)
             if why:
@@ -400,12 +445,12 @@ def time_bare_read(shapes, device, timer, reps) -> dict:
     return result
 
 
-def measure_one(contestant, layers, weights, stack_ref, shapes, reps, timer, m) -> dict:
+def measure_one(contestant, layers, weights, stack_ref, shapes, reps, timer, m, input_scales=None):
     """Check one contestant at one M, then time it (no time where the check fails)."""
     x = activations(m, shapes[0][1], stack_ref.device)
     result = new_result(shapes, contestant)
     try:
-        result["check"] = check_stack(contestant, layers, weights, x, stack_ref)
+        result["check"] = check_stack(contestant, layers, weights, x, stack_ref, input_scales)
         if result["check"]["ok"]:
             result["stack_us"] = timer(lambda: forward(layers, x), FORWARDS_PER_GRAPH, reps)
     except Exception as err:  # (its first call or its capture raised: reported, not timed)
@@ -493,7 +538,8 @@ HEAD = (
     "| stack | M | ours W4A16 (us / layer) | % of copy bandwidth | bare read of the same bytes "
     "(us / layer, % of copy bandwidth) | humming W4A16 (us / layer, "
     "ours' speed-up) | cuBLAS BF16 (us / layer, ours' speed-up) | ours W4A4 incl. activation "
-    "quantization (us / layer) | W4A4 / W4A16 |"
+    "quantization (us / layer) | W4A4 / W4A16 | ours W4A4, static input scale (us / layer) | "
+    "W4A4 static / W4A16 |"
 )
 
 
@@ -521,7 +567,7 @@ def bare_read_cell(r: dict | None) -> str:
 def format_row(row: dict) -> str:
     ours = row["contestants"].get("ours_w4a16") or {}
     pct = ours.get("pct_copy_bandwidth")
-    w4a4 = row["ratios"].get("w4a4_over_w4a16")
+    w4a4, static = (row["ratios"].get(key) for key, _ in W4A4_RATIOS)
     cells = [
         STACK_LABELS.get(row["stack"], row["stack"]),
         str(row["m"]),
@@ -532,6 +578,8 @@ def format_row(row: dict) -> str:
         cell(row, "cublas_bf16", "cublas_vs_ours_w4a16"),
         cell(row, "ours_w4a4"),
         NOT_MEASURED if w4a4 is None else f"{w4a4:.2f}",
+        cell(row, "ours_w4a4_static"),
+        NOT_MEASURED if static is None else f"{static:.2f}",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -546,7 +594,7 @@ def header_lines(env: dict, copy_bps: float | None, args) -> list[str]:
         f"{FORWARDS_PER_GRAPH} per CUDA graph, {args.reps} replays; copy bandwidth {bandwidth}",
         "",
         HEAD,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
 

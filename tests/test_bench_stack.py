@@ -115,14 +115,15 @@ def test_percent_of_copy_bandwidth():
 
 
 def test_ratios():
-    r = bench_stack.ratios(
-        {"ours_w4a16": 16.5, "humming_w4a16": 19.4, "cublas_bf16": 34.2, "ours_w4a4": 21.9}
-    )
+    times = {"ours_w4a16": 16.5, "humming_w4a16": 19.4, "cublas_bf16": 34.2, "ours_w4a4": 21.9}
+    r = bench_stack.ratios(times | {"ours_w4a4_static": 17.0})
     assert r["humming_vs_ours_w4a16"] == pytest.approx(1.1758, abs=1e-4)
     assert r["cublas_vs_ours_w4a16"] == pytest.approx(2.0727, abs=1e-4)
     assert r["w4a4_over_w4a16"] == pytest.approx(1.3273, abs=1e-4)
+    assert r["w4a4_static_over_w4a16"] == pytest.approx(1.0303, abs=1e-4)
     r = bench_stack.ratios({"ours_w4a16": 16.5, "cublas_bf16": 34.2})
     assert r["humming_vs_ours_w4a16"] is None and r["w4a4_over_w4a16"] is None
+    assert r["w4a4_static_over_w4a16"] is None
     assert all(v is None for v in bench_stack.ratios({"humming_w4a16": 1.0}).values())
 
 
@@ -205,15 +206,16 @@ def _run(timer=None, humming=FakeHummingLayer, shapes=SMALL, ms=(1, 5)):
     return rows, notes, calls
 
 
-def _float64_stack(weights, x, quantize_input=False):
+def _float64_stack(weights, x, quantize_input=False, input_scale=None):
     """The stack written out here, apart from the module's reference: float64 GEMMs on the
-    dequantized weights (W4A4: on the activations quantized by the oracle), float64 SiLU."""
+    dequantized weights (W4A4: on the activations quantized by the oracle, with the static
+    ``input_scale`` if given), float64 SiLU."""
     h = x
     for i, t in enumerate(weights):
         w = reference.dequantize_fp4(t["weight"], t["weight_scale"], 16).double()
         a, scale = h.double(), float(t["weight_scale_2"])
         if quantize_input:
-            data, scales, gs = reference.quantize_nvfp4(h)
+            data, scales, gs = reference.quantize_nvfp4(h, input_scale)
             a, scale = reference.dequantize_fp4(data, scales, 16).double(), scale * float(gs)
         h = (a @ w.t()) * scale
         if i + 1 < len(weights):
@@ -225,7 +227,8 @@ def _float64_stack(weights, x, quantize_input=False):
 def test_each_contestant_s_stack_matches_a_float64_reference(contestant):
     weights = bench_stack.modelopt_weights(SMALL, CPU)
     humming = FakeHummingLayer if contestant == "humming_w4a16" else None
-    layers = bench_stack.build_layers(contestant, weights, humming)
+    scales = bench_stack.calibrated_input_scales(weights, CPU)
+    layers = bench_stack.build_layers(contestant, weights, humming, scales)
     assert len(layers) == len(SMALL)
     x = bench_stack.activations(5, SMALL[0][1], CPU)
     with torch.no_grad():
@@ -233,22 +236,36 @@ def test_each_contestant_s_stack_matches_a_float64_reference(contestant):
     assert y.dtype == torch.bfloat16 and y.shape == (5, SMALL[-1][0])
     exact = _float64_stack(weights, x)
     err = math.sqrt(((y.double() - exact) ** 2).sum() / (exact**2).sum())
-    if contestant == "ours_w4a4":
+    if contestant in bench_stack.W4A4_MODES:
         # FP4 activations: some percent off the BF16-activation stack, but exact on its own
         assert 0.02 < err < 0.4
         trace: list = []
         bench_stack.forward(layers, x, trace)
-        for (a, out), t in zip(trace, weights, strict=True):
-            want = _float64_stack([t], a, quantize_input=True)
+        static = scales if contestant == "ours_w4a4_static" else [None] * len(weights)
+        for (a, out), t, s in zip(trace, weights, static, strict=True):
+            want = _float64_stack([t], a, quantize_input=True, input_scale=s)
             assert ((out.double() - want).norm() / want.norm()) < 2.0**-8
     else:
         assert err < len(SMALL) * 2 * 2.0**-8
     check = bench_stack.check_stack(
-        contestant, layers, weights, x, bench_stack.reference_stack(weights, x)
+        contestant, layers, weights, x, bench_stack.reference_stack(weights, x), scales
     )
     assert check["ok"], check
     assert all(e < t / 1.5 for e, t in zip(check["layer_rel_err"], check["layer_tol"], strict=True))
     assert check["stack_rel_err"] == pytest.approx(err, rel=1e-9)
+
+
+def test_static_input_scales_are_each_layer_s_calibration_amax():
+    weights = bench_stack.modelopt_weights(SMALL, CPU)
+    scales = bench_stack.calibrated_input_scales(weights, CPU)
+    gen = torch.Generator().manual_seed(bench_stack.CALIBRATION_SEED)
+    x = torch.randn(bench_stack.CALIBRATION_TOKENS, SMALL[0][1], generator=gen)
+    h = x.to(torch.bfloat16).double()
+    assert not torch.equal(h, bench_stack.activations(len(h), SMALL[0][1], CPU).double())
+    for t, s in zip(weights, scales, strict=True):
+        assert s.dtype == torch.float32 and s.shape == ()
+        assert float(s) == pytest.approx(float(h.abs().max()) / (448 * 6), rel=2**-23)
+        h = torch.nn.functional.silu(_float64_stack([t], h))
 
 
 def test_the_humming_stack_goes_through_the_sm90_adapter(monkeypatch):
@@ -272,8 +289,8 @@ def test_the_humming_stack_goes_through_the_sm90_adapter(monkeypatch):
 def test_all_contestants_checked_then_timed_on_the_cpu():
     rows, notes, calls = _run()
     assert notes == [] and [r["m"] for r in rows] == [1, 5]
-    # the SiLU-only stack per M, the bare read (two stacks), then each contestant (four) per M
-    assert len(calls) == 2 + 2 + 4 * 2
+    # the SiLU-only stack per M, the bare read (two stacks), then each contestant (five) per M
+    assert len(calls) == 2 + 2 + 5 * 2
     for row in rows:
         assert row["layers"] == 3 and row["silu_only_us"] in (10.0, 20.0)
         # (once per stack, M = 1: its own one-row SiLU-only stack, then the bare reads)
@@ -291,7 +308,8 @@ def test_all_contestants_checked_then_timed_on_the_cpu():
             assert r["pct_copy_bandwidth"] == pytest.approx(
                 100 * r["weight_bytes_per_layer"] / (r["per_layer_us"] * 1e-6) / 4e12
             )
-        assert row["contestants"]["ours_w4a4"]["check"]["stack_tol"] is None
+        for name in bench_stack.W4A4_MODES:
+            assert row["contestants"][name]["check"]["stack_tol"] is None
         line = bench_stack.format_row(row)
         assert "not measured" not in line and "check failed" not in line
 
@@ -299,8 +317,8 @@ def test_all_contestants_checked_then_timed_on_the_cpu():
 def test_a_wrong_contestant_gets_no_time(monkeypatch):
     original = bench_stack.build_layers
 
-    def build(contestant, weights, humming_cls=None):
-        layers = original(contestant, weights, humming_cls)
+    def build(contestant, weights, humming_cls=None, input_scales=None):
+        layers = original(contestant, weights, humming_cls, input_scales)
         if contestant == "cublas_bf16":  # a layer one percent off
             wrong = layers[1]
             layers[1] = lambda h: wrong(h) * 1.02
@@ -308,7 +326,7 @@ def test_a_wrong_contestant_gets_no_time(monkeypatch):
 
     monkeypatch.setattr(bench_stack, "build_layers", build)
     rows, notes, calls = _run()
-    assert len(calls) == 2 + 2 + 3 * 2  # cuBLAS never timed
+    assert len(calls) == 2 + 2 + 4 * 2  # cuBLAS never timed
     for row in rows:
         r = row["contestants"]["cublas_bf16"]
         assert not r["check"]["ok"] and r["stack_us"] is None and r["per_layer_us"] is None
@@ -341,7 +359,7 @@ def test_a_bare_read_that_raises_leaves_the_gemms_measured(monkeypatch):
     monkeypatch.setattr(bench_stack, "bare_read_layers", broken)
     rows, notes, calls = _run(ms=(2,))
     (row,) = rows
-    assert row["bare_read"] is None and len(calls) == 1 + 1 + 4  # (its SiLU-only stack ran)
+    assert row["bare_read"] is None and len(calls) == 1 + 1 + 5  # (its SiLU-only stack ran)
     assert all(r["per_layer_us"] is not None for r in row["contestants"].values())
     assert notes == ["small bare read: not measured, it raised RuntimeError: out of memory"]
     assert "| 10.0 | not measured |" not in bench_stack.format_row(row)
@@ -403,7 +421,7 @@ def test_main_prints_the_table_and_writes_json(monkeypatch, tmp_path, capsys):
     assert bench_stack.HEAD in printed and "copy bandwidth 4.00 TB/s" in printed
     table = [line for line in printed.splitlines() if line.startswith("| ") and "M |" not in line]
     assert len(table) == 4  # two stacks x two M
-    assert all(line.count(" | ") == 8 and "| not measured |" in line for line in table)
+    assert all(line.count(" | ") == 10 and "| not measured |" in line for line in table)
     assert table[0].startswith("| 8192 x 8192 | 1 |")
     assert table[2].startswith("| Llama-70B MLP (28672 x 8192, 8192 x 28672) | 1 |")
     data = json.loads(out.read_text())
