@@ -1642,8 +1642,24 @@ class BlockwiseGemmFp4Sm90:
                     if kt > kt_first:
                         ab_pipeline.consumer_release(free_state)
                         free_state.advance()
-            read_state.advance(self.k_groups)
+            read_state = self._next_owned_stage(read_state)
         return read_state, free_state
+
+    @cute.jit
+    def _next_owned_stage(self, state):
+        """The state k_groups stages on (``advance(k_groups)``): the ring holds a multiple of
+        k_groups stages, so it wraps at most once, a compare where ``advance`` divides."""
+        if cutlass.const_expr(self.k_groups == 1):
+            state.advance()
+            return state
+        index = state.index + self.k_groups
+        wrapped = Int32(index >= self.num_stages)
+        return pipeline.PipelineState(
+            self.num_stages,
+            state.count + self.k_groups,
+            index - wrapped * self.num_stages,
+            state.phase ^ wrapped,
+        )
 
     @cute.jit
     def _mainloop_prefill(
