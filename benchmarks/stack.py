@@ -449,6 +449,8 @@ def measure_one(contestant, layers, weights, stack_ref, shapes, reps, timer, m, 
     """Check one contestant at one M, then time it (no time where the check fails)."""
     x = activations(m, shapes[0][1], stack_ref.device)
     result = new_result(shapes, contestant)
+    if contestant == "ours_w4a4_static":
+        result["input_scales"] = [float(s) for s in input_scales]
     try:
         result["check"] = check_stack(contestant, layers, weights, x, stack_ref, input_scales)
         if result["check"]["ok"]:
@@ -645,6 +647,7 @@ def write_json(path: str, env: dict, args, copy_bps, notes: list, rows: list) ->
         "forwards_per_graph": FORWARDS_PER_GRAPH,
         "copy_bytes": COPY_BYTES,
         "roundings": ROUNDINGS,
+        "calibration": {"tokens": CALIBRATION_TOKENS, "seed": CALIBRATION_SEED},
     }
     data = {"environment": env, "settings": settings, "copy_bandwidth_Bps": copy_bps}
     data.update(notes=notes, rows=rows)

@@ -382,6 +382,53 @@ def test_table_rows_have_the_head_s_columns():
     assert widths == {bench_stack.HEAD.count("|")}
 
 
+def test_each_figure_sits_under_its_own_header():
+    """Per-layer times and ratios all distinct, so a cell in another column shows."""
+    row = bench_stack.new_row("8192x8192", [(8192, 8192)] * 8, 1)
+    row["silu_only_us"] = 0.0
+    times = {"ours_w4a16": 16.0, "humming_w4a16": 20.0, "cublas_bf16": 36.0}
+    times |= {"ours_w4a4": 24.0, "ours_w4a4_static": 17.6}
+    for name, us in times.items():
+        row["contestants"][name] = {"stack_us": 8 * us, "weight_bytes_per_layer": 1.0}
+        row["contestants"][name]["check"] = {"ok": True}
+    bench_stack.finish_row(row)
+    head = bench_stack.HEAD.strip("| ").split(" | ")
+    cells = dict(zip(head, bench_stack.format_row(row).strip("| ").split(" | "), strict=True))
+    want = {
+        "ours W4A16 (us / layer)": "16.0",
+        "humming W4A16 (us / layer, ours' speed-up)": "20.0 (1.25x)",
+        "cuBLAS BF16 (us / layer, ours' speed-up)": "36.0 (2.25x)",
+        "ours W4A4 incl. activation quantization (us / layer)": "24.0",
+        "W4A4 / W4A16": "1.50",
+        "ours W4A4, static input scale (us / layer)": "17.6",
+        "W4A4 static / W4A16": "1.10",
+    }
+    assert {k: cells[k] for k in want} == want
+
+
+def test_static_layers_keep_the_calibration_s_scales_at_every_m(monkeypatch):
+    """The static scales come from the calibration batch, not from the timed inputs."""
+    held, original = [], bench_stack.build_layers
+
+    def build(contestant, weights, humming_cls=None, input_scales=None):
+        layers = original(contestant, weights, humming_cls, input_scales)
+        if contestant == "ours_w4a4_static":
+            held.append([float(layer.input_global_scale) for layer in layers])
+        return layers
+
+    monkeypatch.setattr(bench_stack, "build_layers", build)
+    rows = _run(ms=(1,))[0] + _run(ms=(5,))[0]
+    weights = bench_stack.modelopt_weights(SMALL, CPU)
+    want = [float(s) for s in bench_stack.calibrated_input_scales(weights, CPU)]
+    assert held == [want, want]
+    assert all(r["contestants"]["ours_w4a4_static"]["input_scales"] == want for r in rows)
+
+
+def test_every_ours_layer_rounds_its_result_once():
+    ours = ("ours_w4a16", *bench_stack.W4A4_MODES)
+    assert {name: bench_stack.ROUNDINGS[name] for name in ours} == dict.fromkeys(ours, 1)
+
+
 # ----------------------------------------------------------------------------- main, faked
 
 FAKE_ENV = {
@@ -427,6 +474,8 @@ def test_main_prints_the_table_and_writes_json(monkeypatch, tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["environment"] == FAKE_ENV and data["copy_bandwidth_Bps"] == 4.0e12
     assert data["settings"]["layers"] == 3 and data["settings"]["m"] == [1, 4]
+    calibration = {"tokens": bench_stack.CALIBRATION_TOKENS, "seed": bench_stack.CALIBRATION_SEED}
+    assert data["settings"]["calibration"] == calibration
     assert data["notes"] == [f"{bench_stack.HUMMING_ABSENT} (absent here)"]
     assert [(r["stack"], r["m"]) for r in data["rows"]] == [
         ("8192x8192", 1),

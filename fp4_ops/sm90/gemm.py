@@ -1647,17 +1647,17 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _next_owned_stage(self, state):
-        """The state k_groups stages on (``advance(k_groups)``): the ring holds a multiple of
-        k_groups stages, so it wraps at most once, a compare where ``advance`` divides."""
+        """The state k_groups stages on (``advance(k_groups)``): the ring holds at least
+        k_groups stages, so the step wraps at most once, a compare where ``advance`` divides."""
         if cutlass.const_expr(self.k_groups == 1):
             state.advance()
             return state
         index = state.index + self.k_groups
-        wrapped = Int32(index >= self.num_stages)
+        wrapped = Int32(index >= state.stages)
         return pipeline.PipelineState(
-            self.num_stages,
+            state.stages,
             state.count + self.k_groups,
-            index - wrapped * self.num_stages,
+            index - wrapped * state.stages,
             state.phase ^ wrapped,
         )
 
