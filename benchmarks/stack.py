@@ -227,13 +227,13 @@ def build_layers(contestant: str, weights: list[dict], humming_cls=None, input_s
     ``input_scales``: ``calibrated_input_scales``' (ours_w4a4_static only)."""
     if contestant == "ours_w4a16":
         return [fp4_ops.FP4Linear(fp4_weight(t), None, "bf16") for t in weights]
-    if contestant == "ours_w4a4":
-        return [fp4_ops.FP4Linear(fp4_weight(t), None, "dynamic") for t in weights]
-    if contestant == "ours_w4a4_static":
-        if input_scales is None or len(input_scales) != len(weights):
-            raise ValueError("ours_w4a4_static needs one calibrated input scale per layer")
-        pairs = zip(weights, input_scales, strict=True)
-        return [fp4_ops.FP4Linear(fp4_weight(t), None, "static", s) for t, s in pairs]
+    if contestant in W4A4_MODES:
+        mode = W4A4_MODES[contestant]
+        if mode == "static" and (input_scales is None or len(input_scales) != len(weights)):
+            raise ValueError(f"{contestant} needs one calibrated input scale per layer")
+        scales = input_scales if mode == "static" else [None] * len(weights)
+        pairs = zip(weights, scales, strict=True)
+        return [fp4_ops.FP4Linear(fp4_weight(t), None, mode, s) for t, s in pairs]
     if contestant == "humming_w4a16":
         return [bench_sm90.humming_layer(humming_cls, as_operands(t)) for t in weights]
     if contestant == "cublas_bf16":
