@@ -744,7 +744,10 @@ def test_ptx_split_k_counters_are_left_zero_for_the_next_launch(name, compiled):
         assert [consts.get(reg) for reg in resets] == ["0"], (addr, resets)
 
 
-@pytest.mark.parametrize("helpers", ["grouped_helpers_on_integers", "token_boxes_on_integers"])
+@pytest.mark.parametrize(
+    "helpers",
+    ["grouped_helpers_on_integers", "token_boxes_on_integers", "k_group_steps_on_integers"],
+)
 def test_kernel_helpers_run_on_plain_integers(helpers):
     """The kernel's own helpers, run eagerly on integers (``helpers``' checks). (In a fresh
     process: once a kernel has been compiled in one, the DSL's integers build IR instead of
@@ -761,6 +764,31 @@ def test_kernel_helpers_run_on_plain_integers(helpers):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def k_group_steps_on_integers() -> None:
+    """A K group's step to its next stage is ``PipelineState.advance(k_groups)``: k_groups on,
+    modulo the ring, the phase flipped per wrap, the count k_groups more; for every ring the
+    kernel can hold (a multiple of k_groups, at least two per group) and every state in it."""
+    import cutlass.pipeline as pipeline
+    from cutlass.cutlass_dsl import Int32
+
+    step = k90.BlockwiseGemmFp4Sm90._next_owned_stage.__wrapped__
+    for k_groups in (2, 3, 4):
+        gemm = k90.BlockwiseGemmFp4Sm90(16, "decode", (8, 64), (1, 1), 1, True, k_groups)
+        for stages in range(2 * k_groups, 4 * k90.DECODE_K_GROUP_MAX_STAGES + 1, k_groups):
+            for index in range(stages):
+                for phase, count in ((0, index), (1, index + 3 * stages)):
+                    state = pipeline.PipelineState(stages, Int32(count), Int32(index), Int32(phase))
+                    got = step(gemm, state)
+                    want_index = (index + k_groups) % stages
+                    want_phase = phase ^ ((index + k_groups) // stages) % 2
+                    assert got.stages == stages, (k_groups, stages)
+                    assert (int(got.index), int(got.phase), int(got.count)) == (
+                        want_index,
+                        want_phase,
+                        count + k_groups,
+                    ), (k_groups, stages, index, phase)
 
 
 def token_boxes_on_integers() -> None:
