@@ -156,10 +156,10 @@ OFFSET_LIMIT = 2**31
 # in TOKEN_BOXES boxes, those past M loading its first again (docs/sm90_design.md, section 2)
 TOKEN_BOXES = 4
 TOKEN_BOX_MIN_COLS = 64
-# Ring depth caps (docs/sm90_design.md): decode at most 6 stages, 8 with K groups.
+# Ring depth caps (docs/sm90_design.md): decode at most 6 stages, 16 with K groups.
 MAX_STAGES = 12
 DECODE_MAX_STAGES = 6
-DECODE_K_GROUP_MAX_STAGES = 8
+DECODE_K_GROUP_MAX_STAGES = 16
 # default_config: consumer warpgroup groups of the one-wave K-group configuration
 DECODE_K_GROUPS = 4
 # default_config: the fixed cost of a decode work unit (fix-up and store), in weight rows x
