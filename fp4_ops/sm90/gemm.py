@@ -156,7 +156,7 @@ OFFSET_LIMIT = 2**31
 # in TOKEN_BOXES boxes, those past M loading its first again (docs/sm90_design.md, section 2)
 TOKEN_BOXES = 4
 TOKEN_BOX_MIN_COLS = 64
-# Ring depth caps (docs/sm90_design.md): decode at most 6 stages, 16 with K groups.
+# Ring depth caps (docs/sm90_design.md): decode at most 6 stages; K groups 16, four per group.
 MAX_STAGES = 12
 DECODE_MAX_STAGES = 6
 DECODE_K_GROUP_MAX_STAGES = 16
