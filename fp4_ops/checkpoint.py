@@ -1195,26 +1195,7 @@ def save_quantized(
     ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``; earlier weight
     files of those names in the folder are removed first.
     """
-    check_type(model, nn.Module, "model", "an nn.Module (a transformers model)")
-    check_type(path, (str, os.PathLike), "path", "a str or os.PathLike folder")
-    check_type(format, str, "format", f"one of {CHECKPOINT_FORMATS}")
-    if format not in CHECKPOINT_FORMATS:
-        raise ValueError(f"format must be one of {CHECKPOINT_FORMATS}, got {format!r}")
-    if activations not in (None, "bf16"):
-        raise ValueError(
-            f"activations must be None (as the layers are) or 'bf16', got {activations!r}"
-        )
-    if max_shard_size is not None and (
-        isinstance(max_shard_size, bool)
-        or not isinstance(max_shard_size, int)
-        or max_shard_size < 1
-    ):
-        raise ValueError(
-            f"max_shard_size must be None or a positive int (bytes), got {max_shard_size!r}"
-        )
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "to_dict"):
-        raise ValueError("model has no transformers config (model.config): config.json needs one")
+    _check_save_arguments(model, path, format, activations, max_shard_size)
     _hf()
     layers = _fp4_layers(model)
     experts = _experts_layers(model)
@@ -1222,6 +1203,7 @@ def save_quantized(
         raise ValueError(
             "model has no FP4Linear or FP4Experts: nothing quantized (use save_pretrained)"
         )
+    gpt_oss = {}
     if format == GPT_OSS_MXFP4:
         if layers:
             raise ValueError(
@@ -1229,101 +1211,12 @@ def save_quantized(
                 "model has FP4Linear layers too (save it as compressed-tensors)"
             )
         gpt_oss = {k: v for n, m in experts.items() for k, v in _gpt_oss_tensors(n, m).items()}
-    modes = {}
-    for name, layer in layers.items():
-        if format == "modelopt" and layer.format != "nvfp4":
-            raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, this layer is mxfp4")
-        modes[name] = (layer.format, _inputs_of(name, layer, activations))
-    expert_weights: dict[str, FP4Tensor] = {}
-    for name, module in experts.items() if format != GPT_OSS_MXFP4 else ():
-        if format == "modelopt" and module.format != "nvfp4":
-            raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, these are mxfp4")
-        inputs = "none" if activations == "bf16" or module.activations == "bf16" else "dynamic"
-        if inputs == "dynamic" and module.format == "nvfp4":
-            raise ValueError(
-                f"{name}: NVFP4 experts with dynamic (per-call) activation scales have no "
-                "checkpoint form: pass activations='bf16' to save them weight-only (W4A16)"
-            )
-        for linear, weight in _expert_linears(name, module).items():
-            expert_weights[linear] = weight
-            modes[linear] = (module.format, inputs)
-    unquantized = sorted(
-        n
-        for n, m in model.named_modules(remove_duplicate=False)
-        if isinstance(m, nn.Linear) and n not in layers
+    modes, expert_weights = _save_modes(layers, experts, format, activations)
+    tensors, floats = _checkpoint_tensors(
+        model, layers, experts, modes, format, expert_weights, gpt_oss
     )
-    # (16-bit experts modules: every reader would take their per-expert Linears as quantized)
-    plain_experts = sorted(
-        n for n, m in model.named_modules(remove_duplicate=False) if is_experts_module(m)
-    )
-
-    # the tensors, in state-dict order; a tensor shared by several names is stored once
-    tensors: dict[str, torch.Tensor] = {}
-    seen: set = set()
-    done: set[str] = set()
-    floats: list[torch.dtype] = []  # (the 16-bit tensors' dtypes: config.json's dtype)
-    for linear, weight in expert_weights.items():
-        tensors.update(_layer_tensors(f"{linear}.", weight, modes[linear][1], format))
-    if format == GPT_OSS_MXFP4:
-        tensors.update(gpt_oss)
-    for key, t in model.state_dict(keep_vars=True).items():
-        module_name = key.rpartition(".")[0]
-        if module_name in experts:
-            continue
-        if module_name in layers:
-            if module_name not in done:
-                done.add(module_name)
-                prefix = f"{module_name}." if module_name else ""
-                inputs = modes[module_name][1]
-                tensors.update(_layer_tensors(prefix, layers[module_name], inputs, format))
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{key}: not a tensor ({type(t).__name__}), safetensors holds tensors")
-        identity = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.device)
-        if identity in seen and t.numel():
-            continue
-        seen.add(identity)
-        tensors[key] = t
-        if t.is_floating_point():
-            floats.append(t.dtype)
     tensors = {k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}
-
-    config_dict = config.to_dict()
-    config_dict.pop("quantization_config", None)
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if isinstance(output, FP4Linear):
-        # (quantize_model untied a tied output embedding: the checkpoint holds both)
-        for d in (config_dict, config_dict.get("text_config")):
-            if isinstance(d, dict) and d.get("tie_word_embeddings"):
-                d["tie_word_embeddings"] = False
-    if floats:
-        dtype = max(set(floats), key=floats.count)
-        key = "dtype" if "dtype" in config_dict else "torch_dtype"
-        config_dict[key] = _dtype_str(dtype)
-    hf_quant_config = None
-    if format == "compressed-tensors":
-        ignore = unquantized + [f"re:^{re.escape(n)}\\." for n in plain_experts]
-        config_dict["quantization_config"] = _ct_quantization_config(modes, ignore)
-    elif format == GPT_OSS_MXFP4:
-        config_dict["quantization_config"] = {
-            "quant_method": "mxfp4",
-            "modules_to_not_convert": unquantized + plain_experts,
-        }
-    else:
-        inputs = {m[1] for m in modes.values()}
-        if len(inputs) > 1:
-            raise ValueError(
-                "ModelOpt checkpoints have one mode: these layers mix W4A4 (static) and W4A16; "
-                "pass activations='bf16' for a W4A16_NVFP4 checkpoint"
-            )
-        quantization = {
-            "quant_algo": "NVFP4" if inputs == {"static"} else "W4A16_NVFP4",
-            "kv_cache_quant_algo": None,
-            "group_size": FORMATS["nvfp4"],
-            "exclude_modules": unquantized + [f"{n}.*" for n in plain_experts],
-        }
-        producer = {"name": "fp4_ops", "version": _version()}
-        hf_quant_config = {"producer": producer, "quantization": quantization}
+    config_dict, hf_quant_config = _checkpoint_configs(model, layers, modes, floats, format)
 
     # (everything checked: now it is written)
     folder = Path(path)
@@ -1345,6 +1238,138 @@ def save_quantized(
         generation_config.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
+
+
+def _check_save_arguments(model, path, format, activations, max_shard_size) -> None:
+    """``save_quantized``'s argument checks (the model's contents are checked later)."""
+    check_type(model, nn.Module, "model", "an nn.Module (a transformers model)")
+    check_type(path, (str, os.PathLike), "path", "a str or os.PathLike folder")
+    check_type(format, str, "format", f"one of {CHECKPOINT_FORMATS}")
+    if format not in CHECKPOINT_FORMATS:
+        raise ValueError(f"format must be one of {CHECKPOINT_FORMATS}, got {format!r}")
+    if activations not in (None, "bf16"):
+        raise ValueError(
+            f"activations must be None (as the layers are) or 'bf16', got {activations!r}"
+        )
+    if max_shard_size is not None and (
+        isinstance(max_shard_size, bool)
+        or not isinstance(max_shard_size, int)
+        or max_shard_size < 1
+    ):
+        raise ValueError(
+            f"max_shard_size must be None or a positive int (bytes), got {max_shard_size!r}"
+        )
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise ValueError("model has no transformers config (model.config): config.json needs one")
+
+
+def _save_modes(layers: dict, experts: dict, format: str, activations: str | None):
+    """(name -> (format, inputs) of every quantized Linear, FP4Experts' per-expert Linears
+    included; those Linears' weights), refusing what ``format`` cannot hold."""
+    modes = {}
+    for name, layer in layers.items():
+        if format == "modelopt" and layer.format != "nvfp4":
+            raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, this layer is mxfp4")
+        modes[name] = (layer.format, _inputs_of(name, layer, activations))
+    expert_weights: dict[str, FP4Tensor] = {}
+    for name, module in experts.items() if format != GPT_OSS_MXFP4 else ():
+        if format == "modelopt" and module.format != "nvfp4":
+            raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, these are mxfp4")
+        inputs = "none" if activations == "bf16" or module.activations == "bf16" else "dynamic"
+        if inputs == "dynamic" and module.format == "nvfp4":
+            raise ValueError(
+                f"{name}: NVFP4 experts with dynamic (per-call) activation scales have no "
+                "checkpoint form: pass activations='bf16' to save them weight-only (W4A16)"
+            )
+        for linear, weight in _expert_linears(name, module).items():
+            expert_weights[linear] = weight
+            modes[linear] = (module.format, inputs)
+    return modes, expert_weights
+
+
+def _checkpoint_tensors(model, layers, experts, modes, format: str, expert_weights, gpt_oss):
+    """(the checkpoint's tensors: the experts' (per-expert Linears, or gpt-oss's), then the
+    rest in state-dict order, a tensor shared by several names stored once; the dtypes of the
+    16-bit tensors, one per tensor)."""
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set = set()
+    done: set[str] = set()
+    floats: list[torch.dtype] = []
+    for linear, weight in expert_weights.items():
+        tensors.update(_layer_tensors(f"{linear}.", weight, modes[linear][1], format))
+    tensors.update(gpt_oss)
+    for key, t in model.state_dict(keep_vars=True).items():
+        module_name = key.rpartition(".")[0]
+        if module_name in experts:
+            continue
+        if module_name in layers:
+            if module_name not in done:
+                done.add(module_name)
+                prefix = f"{module_name}." if module_name else ""
+                inputs = modes[module_name][1]
+                tensors.update(_layer_tensors(prefix, layers[module_name], inputs, format))
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{key}: not a tensor ({type(t).__name__}), safetensors holds tensors")
+        identity = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.device)
+        if identity in seen and t.numel():
+            continue
+        seen.add(identity)
+        tensors[key] = t
+        if t.is_floating_point():
+            floats.append(t.dtype)
+    return tensors, floats
+
+
+def _checkpoint_configs(model, layers, modes, floats, format: str):
+    """(config.json's dict with the format's quantization config, hf_quant_config.json's dict
+    or None)."""
+    unquantized = sorted(
+        n
+        for n, m in model.named_modules(remove_duplicate=False)
+        if isinstance(m, nn.Linear) and n not in layers
+    )
+    # (16-bit experts modules: every reader would take their per-expert Linears as quantized)
+    plain_experts = sorted(
+        n for n, m in model.named_modules(remove_duplicate=False) if is_experts_module(m)
+    )
+    config_dict = model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(output, FP4Linear):
+        # (quantize_model untied a tied output embedding: the checkpoint holds both)
+        for d in (config_dict, config_dict.get("text_config")):
+            if isinstance(d, dict) and d.get("tie_word_embeddings"):
+                d["tie_word_embeddings"] = False
+    if floats:
+        dtype = max(set(floats), key=floats.count)
+        key = "dtype" if "dtype" in config_dict else "torch_dtype"
+        config_dict[key] = _dtype_str(dtype)
+    if format == "compressed-tensors":
+        ignore = unquantized + [f"re:^{re.escape(n)}\\." for n in plain_experts]
+        config_dict["quantization_config"] = _ct_quantization_config(modes, ignore)
+        return config_dict, None
+    if format == GPT_OSS_MXFP4:
+        config_dict["quantization_config"] = {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": unquantized + plain_experts,
+        }
+        return config_dict, None
+    inputs = {m[1] for m in modes.values()}
+    if len(inputs) > 1:
+        raise ValueError(
+            "ModelOpt checkpoints have one mode: these layers mix W4A4 (static) and W4A16; "
+            "pass activations='bf16' for a W4A16_NVFP4 checkpoint"
+        )
+    quantization = {
+        "quant_algo": "NVFP4" if inputs == {"static"} else "W4A16_NVFP4",
+        "kv_cache_quant_algo": None,
+        "group_size": FORMATS["nvfp4"],
+        "exclude_modules": unquantized + [f"{n}.*" for n in plain_experts],
+    }
+    producer = {"name": "fp4_ops", "version": _version()}
+    return config_dict, {"producer": producer, "quantization": quantization}
 
 
 def _version() -> str:
