@@ -30,15 +30,12 @@ The two paths (picked by ``default_config``; docs/sm90_design.md has the evidenc
                                                    multicasting the B tile
     =======  =======  ==========================  ===========================================
 A prologue grid, ``convert_operands``, converts the FP4 SMEM operand(s) once per launch into F16
-/ BF16 copies in the wgmma's K order (W4A16: the prefill weights only; W4A16 decode has none:
-TMA takes the activations as they are). The GEMM is launched with programmatic dependent
-launch (PDL: a grid may start before the one ahead of it ends, and ``griddepcontrol.wait``
-waits for it): on W4A4 decode its producer requests the first stage's weights, then waits (the
-prologue grid ahead waited for the kernel before it); elsewhere it waits first. The consumers
-wait before they read alpha. On decode tiles of up to 32 tokens the prologue is PDL-launched too.
-``tokens_converted`` (W4A4 decode) drops the prologue grid: the grid ahead, the quantizer's
-tokens mode, wrote the tokens' copy from the activations themselves, after waiting for the
-kernel before it (as the prologue does), so the weights requested before the wait are final.
+/ BF16 copies in the wgmma's K order (W4A16: the prefill weights only; its decode has none). The
+GEMM is launched with programmatic dependent launch (PDL): on W4A4 decode its producer requests
+the first stage's weights before ``griddepcontrol.wait`` (the prologue ahead waited for the
+kernel before it), elsewhere it waits first; the consumers wait before they read alpha.
+``tokens_converted`` (W4A4 decode) drops the prologue grid: the quantizer's tokens mode, the grid
+ahead, wrote the tokens' copy after the same wait, so the weights requested early are final.
 
 Warp roles (128 x (1 + row warpgroups x k_groups) threads)
 ----------------------------------------------------------
@@ -62,12 +59,10 @@ on the order of the work units (tile x K split) without talking.
 
 Grouped (MoE experts; W4A16 decode path, ``grouped``)
 -----------------------------------------------------
-L = E experts of weights [E, N, K] against one matrix of token rows [M, K]: expert e takes rows
-offsets[e] .. offsets[e + 1] - 1 (E + 1 int32 in device memory) and alpha[e]. The units are
-dense over the token tiles the groups hold (``group_tile``): every role reads the offsets after
-the PDL wait and finds the same group and token tile for a unit, so an empty group costs
-nothing; kernel B's TMA box starts at the group's first row (rows past it belong to the next
-group or lie beyond M: zero-filled), and the predicated stores end where the group does.
+L = E experts of weights [E, N, K] against token rows [M, K]: expert e takes rows offsets[e] ..
+offsets[e + 1] - 1 (E + 1 int32 in device memory) and alpha[e]. Units are dense over the groups'
+token tiles (``group_tile``), which every role finds from the offsets after the PDL wait: an empty
+group costs nothing; kernel B's TMA box starts at the group's first row, the stores end with it.
 
 Constraints (``check_fp4_gemm_config`` explains each refusal)
 ------------------------------------------------------------
@@ -75,18 +70,14 @@ Constraints (``check_fp4_gemm_config`` explains each refusal)
 * kernel tile rows 64 or 128, cols 8..256 (powers of two); cluster (1, 1), or (2, 1) on prefill;
   split_k 1..16 on tiles at most 128 wide; K groups 2..4 on decode tiles of <= 32 tokens.
 * |alpha| * ``acc_scale`` finite (F16 FP4 operands carry 2^-7 each: W4A4 NVFP4 decode |alpha| <
-  2^114); 32-bit offsets: every tensor, copy and scale array below 2^31 elements (grouped: each
-  expert's weights and scales; TMA steps between experts in 64 bits). MXFP4 W4A16
-  needs BF16 activations (E8M0 exceeds F16).
+  2^114); every tensor, copy and scale array below 2^31 elements (grouped: per expert); MXFP4
+  W4A16 needs BF16 activations (E8M0 exceeds F16).
 * Operands contiguous and 16-byte aligned (TMA); the blocked scales' padding holds zeros, as
   ``fp4_ops.layout.to_blocked`` writes it. An E8M0 NaN scale (255) reads as +inf.
-* ``fp4_ops.sm90.launcher`` keeps a workspace per shape and stream (split-K partials and the
-  converted copies).
 
 Run
 ---
     python -m fp4_ops.sm90 --mnkl 8192,8192,8192,1     # H200 (H100: untested)
-    python -m fp4_ops.sm90 --mnkl 16,8192,8192,1 --sf_vec_size 32
     python -m fp4_ops.sm90 --mnkl 16,8192,8192,1 --a_dtype BFloat16  # W4A16
     python -m fp4_ops.sm90 --mnkl 1,8192,8192,1 --compile_only  # any machine
 """
