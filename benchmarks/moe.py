@@ -49,12 +49,8 @@ on the device (no host sync) and reads the same quantized tensors:
                   gemm_type="indexed")`` with lo < T k <= hi, the kernel humming's launcher picks
                   for T k rows (as humming's benchmarks/bench_humming.py drives it); its
                   block_shape[0] is the routing's block size. ``humming_routing`` lays the pairs
-                  out as vLLM's ``moe_align_block_size`` does: sorted_ids int32 holds each
-                  expert's pairs in pair order, padded with T k to a multiple of the block, the
-                  experts one after another; expert_ids int32 the expert of each block;
-                  num_tokens_post_padded int32 [1] the padded length. The buffers have fixed,
-                  worst-case sizes (T k + min(E, T k) (block - 1), in whole blocks), so the call
-                  needs no host sync; the kernel reads only num_tokens_post_padded's blocks.
+                  out as vLLM's ``moe_align_block_size`` does, in fixed worst-case buffers (no
+                  host sync; ``padded_capacity``).
     bf16_grouped  ``torch._grouped_mm`` on the experts dequantized to BF16 beforehand (global
                   scales in): the routing of ``fp4_ops.moe.expert_routing``, x's rows gathered,
                   gate/up grouped GEMM, ``apply_activation`` in float32, down grouped GEMM, the
@@ -74,27 +70,10 @@ COPY_BYTES device-to-device copy run eagerly, timed with events, bytes read + wr
 humming / ours W4A16 and BF16 grouped / ours W4A16 (speed-ups of ours), ours W4A4 / W4A16.
 
 Correctness, per contestant and T before any timing (``check_output``): the output against a
-float64 MoE on the exact experts (e2m1 x block scale x global scale, ``moe_reference``), per
-(token, slot) pair h = x W13[e]^T + b13[e], a = act(h), y = a W2[e]^T + b2[e], out = sum over
-slots of w y; ours_w4a4's reference quantizes x and the activation with reference.py's oracle
-(one dynamic global scale each) and mirrors ``fp4_moe``'s roundings before those quantizations
-(h in BF16, bias and activation in float32, then BF16): quantization is discontinuous, so a code
-that lands across a rounding boundary fails its check rather than passing unseen. The reference
-takes the first CHECK_TOKENS tokens (every token is its own problem; at T = 4096 a float64 MoE
-of every token would cost more than the timing), all tokens for ours_w4a4 (its global scales are
-over every token). Tolerance, relative Frobenius norm (``moe_tolerance``), first order, counting
-BF16 roundings as stack.py does (2^-8 each; ROUNDINGS per GEMM: ours round once; humming sums
-partials in BF16, then rounds; BF16 grouped holds BF16 weights, may reduce in BF16, then rounds)
-and fp32 sums by gamma_K = K 2^-24 / (1 - K 2^-24) on the sums of |products|:
-    e_h   = n1 2^-8 + gamma_H rho1                  rho1 = ||sum |x||W13| || / ||h||
-    e_a   = kappa_act e_h + 2^-8 + 2^-19            the activation's rounding, fp32 error
-    e_y   = e_a + n2 2^-8 + gamma_I rho2            rho2 = ||sum |a||W2| || / ||y||
-    tol   = kappa_comb (e_y + gamma_k) + 2^-8       the output's rounding
-kappa_act = || |d act/d gate| |gate| + |d act/d up| |up| || / ||a||: how a relative error of h
-grows through the gated activation (about 2: both inputs of a product err); kappa_comb = || sum
-|w| |y| || / ||out||: the combine's cancellation; both from the reference itself. As in stack.py,
-a rounding error passes the down GEMM unamplified (it is uncorrelated with the weights). A
-contestant that fails gets no time: the table says "check failed".
+float64 MoE on the exact experts (``moe_reference``; ours_w4a4's quantizes x and the activation
+with reference.py's oracle and mirrors ``fp4_moe``'s roundings), within a first-order tolerance
+(``moe_tolerance``) derived in docs/moe_design.md section 7. A contestant that fails gets no
+time: the table says "check failed".
 
 Output: a markdown table (per configuration and T: us per layer call, % of copy bandwidth,
 speed-ups), the issue's targets for ours W4A16 beside it (at T = 1 ... 64: at least 1.3x humming
