@@ -2,8 +2,9 @@
 """fp4_ops as a PyTorch library, on the CPU (issue 39): FP4Linear through casts, moves, copies,
 pickling and checkpoints; quantize_model on torch's and Hugging Face-style transformer blocks;
 the state dict's refusals; global scales that would give a silent wrong result; the blocked
-scale layout told apart by its shape; leading dimensions and empty inputs; the inference-only
-backward; and the type and value checks of every public argument.
+scale layout told apart by its shape; leading dimensions, input strides and empty inputs; layers
+that share no storage with their source; the inference-only backward; and the type and value
+checks of every public argument.
 
 Every layer output is held bit for bit against ``reference.py`` (the CPU path is exact: the
 same products and the same fp32 sums), computed from the float layer the FP4 one was made of.
@@ -290,6 +291,49 @@ REFUSALS = {
         True,
         "input_global_scale must be finite and positive",
     ),
+    # (every part is checked before any is assigned: bias, each global scale)
+    "bias-one-element": (
+        ("nvfp4", "dynamic", 48, 64),
+        ("nvfp4", "dynamic", 48, 64),
+        _set("bias", torch.ones(1)),
+        True,
+        "shape differs: the checkpoint's bias is torch.float32 \\(1,\\)",
+    ),
+    "bias-short": (
+        ("mxfp4", "bf16", 48, 64),
+        ("mxfp4", "bf16", 48, 64),
+        _set("bias", torch.ones(47)),
+        True,
+        "shape differs: the checkpoint's bias",
+    ),
+    "zero-weight-global-scale": (
+        ("nvfp4", "dynamic", 48, 64),
+        ("nvfp4", "dynamic", 48, 64),
+        _set("weight_global_scale", torch.tensor(0.0)),
+        True,
+        "weight_global_scale must be finite and positive",
+    ),
+    "nan-weight-global-scale": (
+        ("nvfp4", "bf16", 48, 64),
+        ("nvfp4", "bf16", 48, 64),
+        _set("weight_global_scale", torch.tensor(float("nan"))),
+        True,
+        "weight_global_scale must be finite and positive",
+    ),
+    "float64-weight-global-scale": (
+        ("nvfp4", "static", 48, 64),
+        ("nvfp4", "static", 48, 64),
+        _set("weight_global_scale", torch.tensor(0.5, dtype=torch.float64)),
+        True,
+        "weight_global_scale must be a 0-d float32 tensor, got torch.float64",
+    ),
+    "1-d-input-global-scale": (
+        ("nvfp4", "static", 48, 64),
+        ("nvfp4", "static", 48, 64),
+        _set("input_global_scale", torch.tensor([0.5])),
+        True,
+        "input_global_scale must be a 0-d float32 tensor",
+    ),
     "not-an-fp4-extra-state": (
         ("nvfp4", "dynamic", 48, 64),
         ("nvfp4", "dynamic", 48, 64),
@@ -409,6 +453,49 @@ def test_from_plain_and_quantize_share_the_default_global_scale(fmt):
 
 
 # ----------------------------------------------------------------------------- leading dims
+
+
+def _strided(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """x's values in a tensor of another memory layout (not contiguous)."""
+    if layout == "transposed":  # (leading dims swapped: rows not in memory order)
+        return x.transpose(0, 1).contiguous().transpose(0, 1)
+    if layout == "every-other-row":
+        wide = torch.zeros((x.shape[0] * 2, *x.shape[1:]), dtype=x.dtype)
+        wide[::2] = x
+        return wide[::2]
+    wide = torch.zeros((*x.shape[:-1], x.shape[-1] + 32), dtype=x.dtype)  # ("row-pitch")
+    wide[..., :-32] = x
+    return wide[..., :-32]
+
+
+@pytest.mark.parametrize("layout", ["transposed", "every-other-row", "row-pitch"])
+@pytest.mark.parametrize("fmt, mode", LAYER_KINDS)
+def test_fp4_linear_takes_any_input_layout(fmt, mode, layout):
+    """As nn.Linear, any strides: x not contiguous gives what its contiguous copy gives."""
+    lin = _linear(64, 40, seed=15)
+    layer = _layer(lin, fmt, mode)
+    x = _x((3, 5, 64), _dtype(mode), seed=16)
+    xs = _strided(x, layout)
+    assert not xs.is_contiguous() and torch.equal(xs, x)
+    assert torch.equal(layer(xs), layer(x))
+    assert torch.equal(layer(xs), _reference_linear(lin, fmt, mode, x))
+
+
+@pytest.mark.parametrize("fmt, mode", LAYER_KINDS)
+def test_fp4_linear_shares_no_storage_with_its_source(fmt, mode):
+    """from_linear copies what it keeps: changing the source Linear afterwards (or loading a
+    state dict into the layer) leaves the other one as it was."""
+    lin = _linear(64, 40, seed=21)
+    layer = _layer(lin, fmt, mode)
+    x = _x((3, 64), _dtype(mode), seed=22)
+    y = layer(x)
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+        lin.bias.add_(1.0)
+    assert torch.equal(layer(x), y)
+    source = {n: t.clone() for n, t in lin.state_dict().items()}
+    layer.load_state_dict(_layer(_linear(64, 40, seed=23), fmt, mode).state_dict())
+    assert all(torch.equal(lin.state_dict()[n], t) for n, t in source.items())
 
 
 @pytest.mark.parametrize("lead", [(), (5,), (2, 3), (2, 1, 3), (0,), (2, 0, 3)], ids=str)
