@@ -201,3 +201,31 @@ def test_expert_biases_load_in_the_config_dtype(tmp_path):
         assert ex.w13_bias.dtype == ex.w2_bias.dtype == torch.bfloat16
     biases = {k: v for k, v in ours.state_dict().items() if k.endswith("_bias")}
     assert biases and {v.dtype for v in biases.values()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize(
+    "entry", ["model.layers.1.mlp", "model.layers.1.mlp.experts", "model.layers.1.*"]
+)
+def test_modules_not_converted_keep_their_experts_16_bit(entry, tmp_path):
+    """``modules_to_not_convert`` naming an experts module, a parent of one, or a glob over one:
+    those experts are read as the 16-bit tensors the checkpoint holds for them, bit for bit, and
+    the others as MXFP4."""
+    model = _gpt_oss()
+    prefix = "model.layers.1.mlp.experts"
+    ex = model.model.layers[1].mlp.experts
+
+    def keep_layer_1_in_bf16(tensors):
+        for proj in ("gate_up_proj", "down_proj"):
+            del tensors[f"{prefix}.{proj}_blocks"], tensors[f"{prefix}.{proj}_scales"]
+            tensors[f"{prefix}.{proj}"] = getattr(ex, proj).detach().contiguous()
+
+    _write(tmp_path, model, keep_layer_1_in_bf16)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"]["modules_to_not_convert"].append(entry)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ours = fp4_ops.load_quantized(tmp_path)
+    assert isinstance(ours.model.layers[0].mlp.experts, fp4_ops.FP4Experts)
+    kept = ours.model.layers[1].mlp.experts
+    assert not isinstance(kept, fp4_ops.FP4Experts)
+    for proj in ("gate_up_proj", "down_proj"):
+        assert torch.equal(getattr(kept, proj), getattr(ex, proj)), proj
