@@ -374,6 +374,28 @@ def test_fp4_moe_w4a16_is_the_per_expert_loop(fmt, activation, routing):
 
 @pytest.mark.parametrize("activation", ["silu", "swigluoai"])
 @pytest.mark.parametrize("fmt", FMTS)
+def test_fp4_moe_combine_rounds_once(fmt, activation):
+    """The combine, bit for bit: each (token, slot) pair's expert output y (the layer run on that
+    token alone, one slot of weight 1: y exactly) times its weight, summed in float32 and rounded
+    to x's dtype once. Signed weights and a token whose slots repeat one expert with weights that
+    cancel (1, -0.99) make a rounding per slot visible."""
+    x, w13, w2, _, _, gen = _moe_case(fmt, activation, t=5, k=4)
+    ids = torch.randint(0, 4, (5, 4), generator=gen)
+    tw = torch.randn(5, 4, generator=gen)
+    ids[0], tw[0] = torch.tensor([1, 1, 1, 2]), torch.tensor([1.0, -0.99, 0.25, 0.5])
+    out = fp4_ops.fp4_moe(x, w13, w2, tw, ids.int(), activation)
+    one = torch.ones(1, 1)
+    want = torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for s in range(ids.shape[1]):
+            pair = ids[t : t + 1, s : s + 1].int()
+            y = fp4_ops.fp4_moe(x[t : t + 1], w13, w2, one, pair, activation)
+            want[t] += tw[t, s] * y[0].float()
+    assert torch.equal(out, want.to(x.dtype))
+
+
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+@pytest.mark.parametrize("fmt", FMTS)
 def test_fp4_moe_w4a4_is_the_per_expert_loop(fmt, activation):
     x, w13, w2, b13, b2, gen = _moe_case(fmt, activation, dtype=torch.float32, bias=True)
     ids, tw = _routing("random", x.shape[0], 3, 4, gen)
