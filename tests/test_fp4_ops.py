@@ -95,6 +95,9 @@ def test_plain_scales_are_refused_even_when_the_byte_count_matches():
         (dict(scale="short"), "blocked layout needs"),
         (dict(global_scale="1-d"), "0-d float32"),
         (dict(data="int8"), "uint8 or float4_e2m1fn_x2"),
+        # (the meta device: a device that differs, reachable without a GPU)
+        (dict(global_scale="meta-gs"), "parts on different devices"),
+        (dict(scale="meta-scale"), "parts on different devices"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -107,11 +110,35 @@ def test_bad_fp4tensor_parts_are_refused(change, match):
         "short": parts["scale"][..., :-4],
         "1-d": gs.reshape(1),
         "int8": data.view(torch.int8),
+        "meta-gs": torch.ones((), device="meta"),
+        "meta-scale": torch.empty_like(blocked, device="meta"),
     }
     for key, value in change.items():
         parts[key] = swaps.get(value, value)
     with pytest.raises(ValueError, match=match):
         FP4Tensor(**parts)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_batched_dequantize_takes_each_batch_global_scale(fmt):
+    """[L, rows, K/2] data with one global scale per batch ([L]): batch e dequantizes with its
+    own scale, as reference.py does for that batch alone."""
+    x = torch.randn(3, 40, 64, generator=torch.Generator().manual_seed(31))
+    gs = torch.tensor([0.5, 2.0, 8.0]) if fmt == "nvfp4" else torch.ones(3)
+    vec = fp4_ops.FORMATS[fmt]
+    parts = []
+    for e in range(3):
+        if fmt == "nvfp4":
+            data, sc, _ = reference.quantize_nvfp4(x[e], gs[e])
+        else:
+            data, sc = reference.quantize_mxfp4(x[e])
+        parts.append((data, sc))
+    shape = fp4_ops.layout.blocked_scale_shape(40, 64, vec)
+    blocked = torch.stack([reference.to_blocked(p[1]).view(shape) for p in parts])
+    t = FP4Tensor(torch.stack([p[0] for p in parts]), blocked, gs, fmt)
+    got = t.dequantize(torch.float32)
+    for e, (d, s) in enumerate(parts):
+        assert torch.equal(got[e], reference.dequantize_fp4(d, s, vec, gs[e]).float()), e
 
 
 # ----------------------------------------------------------------------------- torchao
