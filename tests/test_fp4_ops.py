@@ -308,6 +308,46 @@ def test_fp4_gemm_refuses_bad_operands():
                 fp4_ops.fp4_gemm(torch.randn(3, 64, dtype=torch.bfloat16), b, **kwargs)
 
 
+def _on_meta(t: FP4Tensor) -> FP4Tensor:
+    return FP4Tensor.unchecked(
+        t.data.to("meta"), t.scale.to("meta"), t.global_scale.to("meta"), t.format
+    )
+
+
+def test_fp4_gemm_refuses_operands_on_different_devices():
+    """Operands on two devices (the meta device stands in for a GPU) are a ValueError naming
+    both, for W4A4 either way round and for W4A16."""
+    a, b = _pair()
+    for args in ((a, _on_meta(b)), (_on_meta(a), b), (torch.randn(4, 64).bfloat16(), _on_meta(b))):
+        with pytest.raises(ValueError, match="is on (cpu|meta) but b is on (meta|cpu)"):
+            fp4_ops.fp4_gemm(*args)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_gemm_gives_bfloat16_by_default(fmt):
+    a, b = _pair(fmt)
+    assert fp4_ops.fp4_gemm(a, b).dtype == torch.bfloat16
+    # (W4A16: not x's dtype either, where that can differ: MXFP4 takes BF16 activations only)
+    x16 = torch.randn(3, 64).to(torch.float16 if fmt == "nvfp4" else torch.bfloat16)
+    assert fp4_ops.fp4_gemm(x16, b).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (0, 5, 64), (2, 0, 64)], ids=str)
+@pytest.mark.parametrize("scale", [None, 2.0, "tensor"], ids=["dynamic", "number", "tensor"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_quantize_without_rows_gives_a_valid_fp4tensor(fmt, scale, shape):
+    """x without rows: an FP4Tensor of its format's parts (checked again by the constructor), no
+    rows of data, and the global scale it was given (a static one), else 1.0."""
+    if fmt == "mxfp4" and scale is not None:
+        pytest.skip("mxfp4 takes no global scale")
+    gs = torch.tensor(2.0) if scale == "tensor" else scale
+    q = fp4_ops.quantize(torch.randn(shape), fmt, gs)
+    again = FP4Tensor(q.data, q.scale, q.global_scale, q.format)
+    assert again.data.shape == (*shape[:-1], 32) and again.data.dtype == torch.uint8
+    assert q.global_scale.shape == () and q.global_scale.dtype == torch.float32
+    assert q.global_scale.item() == (1.0 if scale is None else 2.0)
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_ops_fake_kernels(fmt):
     a, b = _pair(fmt)
@@ -317,7 +357,9 @@ def test_ops_fake_kernels(fmt):
     for check in ("test_faketensor", "test_aot_dispatch_dynamic"):
         gemm_args = (a.data, a.scale, b.data, b.scale, alpha, None, vec, torch.bfloat16)
         torch.library.opcheck(fp4_ops.ops.gemm_op, gemm_args, test_utils=[check])
-        torch.library.opcheck(fp4_ops.ops.quantize_op, (x3, vec, None), test_utils=[check])
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):  # (fake outputs' dtypes)
+            x3d = (x3.to(dtype), vec, None)
+            torch.library.opcheck(fp4_ops.ops.quantize_op, x3d, test_utils=[check])
         w4a16_args = (x3[0].to(torch.bfloat16), b.data, b.scale, b.global_scale, vec)
         torch.library.opcheck(
             fp4_ops.ops.gemm_w4a16_op, (*w4a16_args, torch.float32, False), test_utils=[check]
