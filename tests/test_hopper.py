@@ -1472,6 +1472,9 @@ def test_default_config_paths():
     # per 64 weight rows fills 3/4 of the SMs or more ...
     assert k90.default_config(1, 7168, 2048, 1) == ("decode", (8, 64), 1, 4)
     assert k90.default_config(32, 7168, 2048, 1) == ("decode", (32, 64), 1, 4)
+    # (at exactly 3/4 of the 132 SMs: 6336 rows are 99 CTAs of 64)
+    assert k90.default_config(1, 6336, 2048, 1) == ("decode", (8, 64), 1, 4)
+    assert k90.default_config(1, 6336, 8192, 1, a_dtype="BFloat16") == ("decode", (8, 64), 1, 4)
     # ... not for longer units (K = 16384), fewer rows (1 x 1000 x 2080: 16 CTAs), more than
     # one wave (N = 18432) or more than one token tile
     assert k90.default_config(1, 7168, 16384, 1)[3] == 1
@@ -1597,6 +1600,7 @@ def _cli(*args):
         (["--cluster_shape_mn", "1,2"], "takes (1, 1)"),
         (["--iterations", "0"], "--iterations must be >= 1"),
         (["--tolerance", "nan"], "--tolerance must be a finite number > 0"),
+        (["--tolerance", "0"], "--tolerance must be a finite number > 0"),
         (["--seed", str(2**64)], "--seed must be in [0, 2^64)"),
         (["--seed", "-1"], "--seed must be in [0, 2^64)"),
         (["--alpha", "nan"], "--alpha: alpha must be a finite fp32 number"),
@@ -2174,6 +2178,9 @@ def test_w4a16_config_checks():
     assert check((16, 4096, 4096, 1), 16, "Float8E4M3FN", **base, a_dtype="BFloat16") == []
     assert check((16, 4096, 4096, 1), 16, "Float8E4M3FN", **base, a_dtype="Float16") == []
     reasons = check((16, 4096, 4096, 1), 32, "Float8E8M0FNU", **base, a_dtype="Float16")
+    assert any("MXFP4" in r and "BFloat16 activations" in r for r in reasons), reasons
+    prefill = base | dict(path="prefill", mma_tiler_mn=(128, 256), cluster_shape_mn=(2, 1))
+    reasons = check((4096, 4096, 4096, 1), 32, "Float8E8M0FNU", **prefill, a_dtype="Float16")
     assert any("MXFP4" in r and "BFloat16 activations" in r for r in reasons), reasons
     reasons = check((16, 4096, 4096, 1), 16, "Float8E4M3FN", **base, a_dtype="Float32")
     assert any("a_dtype=Float32 is not supported" in r for r in reasons), reasons
