@@ -237,6 +237,13 @@ def _set(key, value):
     return edit
 
 
+def _edited(fmt, mode, key, value, match):
+    """A REFUSALS case: a layer's own state dict with ``key`` set to ``value``, loaded strictly
+    into a layer of the same kind."""
+    layer = (fmt, mode, 48, 64)
+    return layer, layer, _set(key, value), True, match
+
+
 # name -> (checkpoint layer (format, activations, N, K), target layer, edit of the state
 # dict, strict, message)
 REFUSALS = {
@@ -284,55 +291,29 @@ REFUSALS = {
         False,
         "lacks weight_scale",
     ),
-    "negative-global-scale": (
-        ("nvfp4", "static", 48, 64),
-        ("nvfp4", "static", 48, 64),
-        _set("input_global_scale", torch.tensor(-0.5)),
-        True,
-        "input_global_scale must be finite and positive",
+    "negative-global-scale": _edited(
+        "nvfp4", "static", "input_global_scale", torch.tensor(-0.5), "must be finite and positive"
     ),
     # (every part is checked before any is assigned: bias, each global scale)
-    "bias-one-element": (
-        ("nvfp4", "dynamic", 48, 64),
-        ("nvfp4", "dynamic", 48, 64),
-        _set("bias", torch.ones(1)),
-        True,
-        "shape differs: the checkpoint's bias is torch.float32 \\(1,\\)",
+    "bias-one-element": _edited(
+        "nvfp4", "dynamic", "bias", torch.ones(1), r"the checkpoint's bias is torch.float32 \(1,\)"
     ),
-    "bias-short": (
-        ("mxfp4", "bf16", 48, 64),
-        ("mxfp4", "bf16", 48, 64),
-        _set("bias", torch.ones(47)),
-        True,
-        "shape differs: the checkpoint's bias",
+    "bias-short": _edited("mxfp4", "bf16", "bias", torch.ones(47), "the checkpoint's bias"),
+    "zero-weight-global-scale": _edited(
+        "nvfp4", "dynamic", "weight_global_scale", torch.tensor(0.0), "must be finite and positive"
     ),
-    "zero-weight-global-scale": (
-        ("nvfp4", "dynamic", 48, 64),
-        ("nvfp4", "dynamic", 48, 64),
-        _set("weight_global_scale", torch.tensor(0.0)),
-        True,
-        "weight_global_scale must be finite and positive",
+    "nan-weight-global-scale": _edited(
+        "nvfp4", "bf16", "weight_global_scale", torch.tensor(float("nan")), "finite and positive"
     ),
-    "nan-weight-global-scale": (
-        ("nvfp4", "bf16", 48, 64),
-        ("nvfp4", "bf16", 48, 64),
-        _set("weight_global_scale", torch.tensor(float("nan"))),
-        True,
-        "weight_global_scale must be finite and positive",
-    ),
-    "float64-weight-global-scale": (
-        ("nvfp4", "static", 48, 64),
-        ("nvfp4", "static", 48, 64),
-        _set("weight_global_scale", torch.tensor(0.5, dtype=torch.float64)),
-        True,
+    "float64-weight-global-scale": _edited(
+        "nvfp4",
+        "static",
+        "weight_global_scale",
+        torch.tensor(0.5, dtype=torch.float64),
         "weight_global_scale must be a 0-d float32 tensor, got torch.float64",
     ),
-    "1-d-input-global-scale": (
-        ("nvfp4", "static", 48, 64),
-        ("nvfp4", "static", 48, 64),
-        _set("input_global_scale", torch.tensor([0.5])),
-        True,
-        "input_global_scale must be a 0-d float32 tensor",
+    "1-d-input-global-scale": _edited(
+        "nvfp4", "static", "input_global_scale", torch.tensor([0.5]), "must be a 0-d float32"
     ),
     "not-an-fp4-extra-state": (
         ("nvfp4", "dynamic", 48, 64),
