@@ -835,20 +835,16 @@ REFUSALS = {
         "weight_scale: expected .*float8_e4m3fn .*got bfloat16",
     ),
     # (NVFP4 scales as their bytes: MXFP4 may store uint8, NVFP4 may not; refused on the header)
-    "nvfp4-scale-bytes-ct": (
-        "ct",
-        _tensors(
-            _set(f"{DOWN}.weight_scale", lambda t: t[f"{DOWN}.weight_scale"].view(torch.uint8))
-        ),
-        "weight_scale: expected .*float8_e4m3fn .*got uint8",
-    ),
-    "nvfp4-scale-bytes-mo": (
-        "mo",
-        _tensors(
-            _set(f"{DOWN}.weight_scale", lambda t: t[f"{DOWN}.weight_scale"].view(torch.uint8))
-        ),
-        "weight_scale: expected .*float8_e4m3fn .*got uint8",
-    ),
+    **{
+        f"nvfp4-scale-bytes-{base}": (
+            base,
+            _tensors(
+                _set(f"{DOWN}.weight_scale", lambda t: t[f"{DOWN}.weight_scale"].view(torch.uint8))
+            ),
+            "weight_scale: expected .*float8_e4m3fn .*got uint8",
+        )
+        for base in ("ct", "mo")
+    },
     "mx-scale-dtype": (
         "ct_mx",
         _tensors(
