@@ -711,6 +711,24 @@ def test_gpu_planned_quantize_matches_the_cpu_quantizer(format, static):
 
 @pytest.mark.gpu
 @needs_hopper
+def test_gpu_quantize_plans_of_one_shape_keep_their_kind_of_scale():
+    """One x shape quantized with a dynamic scale, then a static one, in turn: each call gives
+    the CPU quantizer's bytes for its own kind of scale (a plan of one kind never serves the
+    other)."""
+    torch.manual_seed(5)
+    x = torch.randn(8, 160, device="cuda")  # (a shape of its own: its first call is full)
+    gs = torch.full((), 0.004, device="cuda")
+    for static in (False, True, False, True, False):
+        scale = gs if static else None
+        got = fp4_ops.quantize(x, "nvfp4", scale)
+        want = ops._quantize(x.cpu(), "nvfp4", None if scale is None else scale.cpu())
+        for part in ("data", "scale", "global_scale"):
+            g, w = getattr(got, part).cpu().reshape(-1), getattr(want, part).reshape(-1)
+            assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), (static, part)
+
+
+@pytest.mark.gpu
+@needs_hopper
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")], ids=str)
 def test_gpu_bad_static_scale_on_the_device_poisons_every_scale(bad):
     """A float32 CUDA global scale is read by the quantizer as it runs: one that is not finite
