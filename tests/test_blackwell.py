@@ -538,6 +538,72 @@ def test_ptx_epilogue_scales_every_value_by_alpha(arch_cfg, compiled_matrix):
     assert len(muls) == tile[1] // 32 * 16
 
 
+def _stored_values(ptx: _Ptx) -> tuple[list, set]:
+    """Every 32-bit value the kernel stores to shared memory that depends on the accumulator,
+    as an expression over the values it loaded: ("tmem", load, column) for a tcgen05.ld result,
+    ("alpha",) for its one global load, (op, *operands) for anything computed, followed through
+    64-bit packing; and the (load, column) of every tcgen05.ld result."""
+    val: dict[str, object] = {}
+    pair: dict[str, tuple] = {}  # 64-bit register -> its two 32-bit lanes
+    stored, loaded, loads = [], set(), 0
+    for op, ops in ptx.instructions:
+        regs = re.findall(r"%\w+|_", ops[0]) if ops else []
+        if op.startswith("tcgen05.ld"):
+            val.update({r: ("tmem", loads, i) for i, r in enumerate(regs)})
+            loaded |= {(loads, i) for i in range(len(regs))}
+            loads += 1
+        elif op.startswith("st.shared"):
+            for r in re.findall(r"%\w+", ops[1]):
+                stored += pair[r] if r in pair else [val.get(r, r)]
+        elif op == "mov.b64" and ops[1].startswith("{"):
+            pair[ops[0]] = tuple(val.get(r, r) for r in re.findall(r"%\w+", ops[1]))
+        elif op == "mov.b64" and ops[0].startswith("{"):
+            lanes = pair.get(ops[1], (("?", ops[1]),) * 2)
+            val.update({r: lane for r, lane in zip(regs, lanes, strict=True) if r != "_"})
+        elif op == "mul.f32x2":
+            a, b = (pair.get(o, (("?", o),) * 2) for o in ops[1:])
+            pair[ops[0]] = tuple(("mul", x, y) for x, y in zip(a, b, strict=True))
+        elif op.startswith("ld.global"):
+            val[ops[0]] = ("alpha",)
+        elif len(regs) == 1 and regs[0] != "_":
+            val[regs[0]] = (op, *(val.get(o, o) for o in ops[1:]))
+    return [v for v in stored if "tmem" in str(v)], loaded
+
+
+def _scaled_column(expr) -> tuple[int, int] | None:
+    """(load, column) of alpha x one accumulator value, multiplied in fp32; else None."""
+    if not (isinstance(expr, tuple) and expr[0] == "mul" and ("alpha",) in expr[1:]):
+        return None
+    a, b = expr[1:]
+    other = b if a == ("alpha",) else a
+    return other[1:] if isinstance(other, tuple) and other[0] == "tmem" else None
+
+
+@pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX, ids=arch_config_id)
+def test_ptx_epilogue_rounds_each_product_once(arch_cfg, compiled_matrix):
+    """What the epilogue stores for D is each accumulator value times alpha in fp32, rounded
+    once to the output type by round-to-nearest (a 16-bit pair packs columns 2c and 2c + 1,
+    the lower in the low half; Float32 stores the products themselves), and every column of
+    every TMEM load is stored exactly once: no second rounding, no alpha after the rounding."""
+    _, (_, c_dtype, _, _) = arch_cfg
+    ptx = _Ptx(compiled_matrix[arch_config_id(arch_cfg)].ptx)
+    stored, loaded = _stored_values(ptx)
+    if c_dtype == "Float32":
+        columns = [_scaled_column(v) for v in stored]
+    else:
+        cvt = {"BFloat16": "cvt.rn.bf16x2.f32", "Float16": "cvt.rn.f16x2.f32"}[c_dtype]
+        assert all(isinstance(v, tuple) and v[0] == cvt and len(v) == 3 for v in stored), {
+            v[0] if isinstance(v, tuple) else v for v in stored
+        }
+        columns = [_scaled_column(part) for v in stored for part in (v[2], v[1])]
+    assert None not in columns, "a stored value is not alpha x one accumulator value"
+    assert all(
+        lo[0] == hi[0] and lo[1] % 2 == 0 and hi[1] == lo[1] + 1
+        for lo, hi in zip(columns[::2], columns[1::2], strict=True)
+    ), "columns paired out of order"
+    assert sorted(columns) == sorted(loaded), "a TMEM column stored twice or not at all"
+
+
 @pytest.mark.parametrize("arch_cfg", FAMILY_MATRIX[:4], ids=arch_config_id)
 def test_host_builds_each_descriptor_from_its_own_pointer(arch_cfg, compiled_matrix):
     """The host function turns its pointer arguments (A, B, SFA, SFB, D) into TMA descriptors
@@ -1169,24 +1235,15 @@ def test_operand_sets_cold_l2_copies():
     assert all(torch.equal(s[0], a) and s[0].data_ptr() != a.data_ptr() for s in sets[1:])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
-@pytest.mark.parametrize(
-    "extra,check_line,last_line",
-    [
-        ([], "rule that held: derived bound", "PASS"),
-        (["--skip_ref_check"], "Reference check: skipped", "NOT CHECKED (--skip_ref_check)"),
-    ],
-)
-def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys, extra, check_line, last_line):
-    """The CLI's host flow on a GPU (operand copies, the stream prepare_gemm binds, graph timing,
-    the checks, the output lines) with prepare_gemm replaced by a stand-in that writes the
-    reference result from the stream current at preparation, as the real launch does, and
-    torch._scaled_mm by one that returns the reference result too.  The kernel and cuBLASLt's
-    FP4 GEMM need a Blackwell GPU."""
-    launches, prepared = [], []
+def _stand_in_kernels(monkeypatch, launches: list, prepared: list) -> list:
+    """Blackwell stand-ins for the CLI on any CUDA GPU: prepare_gemm by one that records its
+    A operand and configuration in ``prepared`` and returns a launch writing the reference
+    result from the stream current at preparation (recorded in ``launches`` with whether it
+    is being captured), torch._scaled_mm by one that zeroes its output; returns the streams
+    _scaled_mm was called on."""
 
-    def stand_in(a, b, sfa_blocked, sfb_blocked, sf_vec_size, alpha=1.0, **_):
-        prepared.append(a)
+    def stand_in(a, b, sfa_blocked, sfb_blocked, sf_vec_size, alpha=1.0, **config):
+        prepared.append((a, dict(config, sf_vec_size=sf_vec_size, alpha=alpha)))
         l, m, half_k = a.shape  # noqa: E741
         n, cols = b.shape[1], 2 * half_k // sf_vec_size
         sfa = reference.from_blocked(sfa_blocked, m, cols)
@@ -1211,6 +1268,73 @@ def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys, extra, check_line,
     monkeypatch.setattr(bw, "blackwell_gpu", lambda *_: (True, "a stand-in"))
     monkeypatch.setattr(bw, "prepare_gemm", stand_in)
     monkeypatch.setattr(torch, "_scaled_mm", stand_in_scaled_mm)
+    return scaled_mm_calls
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
+@pytest.mark.parametrize(
+    "flags,want",
+    [
+        (["--alpha", "0"], {"alpha": 0.0}),
+        (["--alpha", "-0.0"], {"alpha": -0.0}),
+        (["--alpha", "0.37"], {"alpha": 0.37}),
+        ([], {}),
+        (["--sf_vec_size", "32"], {"sf_vec_size": 32}),
+        (["--c_dtype", "Float16"], {"c_dtype": "Float16"}),
+        (
+            ["--mma_tiler_mn", "256,64", "--cluster_shape_mn", "2,1"],
+            {"mma_tiler_mn": (256, 64), "cluster_shape_mn": (2, 1)},
+        ),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_cli_passes_each_option_to_the_kernel_as_given(monkeypatch, capsys, flags, want):
+    """Every configuration the CLI prepares carries the options as given (an alpha of 0 or
+    -0 too), and otherwise the defaults: the product of the operands' global scales for
+    alpha, NVFP4, BFloat16 output, the default tile and cluster."""
+    launches, prepared = [], []
+    _stand_in_kernels(monkeypatch, launches, prepared)
+    argv = ["--mnkl", "256,128,512,1", "--iterations", "2", "--skip_ref_check", *flags]
+    assert bw.main(argv) == 0, capsys.readouterr().out
+    vec = want.get("sf_vec_size", 16)
+    seed = bw.make_parser().parse_args(argv).seed
+    ops = reference.make_fp4_operands(256, 128, 512, 1, vec, "cuda", seed=seed)
+    tile, cluster = bw.pick_tile_and_cluster((256, 128, 512, 1), None, None)
+    expected = {
+        "sf_vec_size": vec,
+        "alpha": float(ops.alpha),
+        "c_dtype": "BFloat16",
+        "mma_tiler_mn": tuple(tile),
+        "cluster_shape_mn": tuple(cluster),
+    } | want
+    configs = [
+        dict(
+            c, mma_tiler_mn=tuple(c["mma_tiler_mn"]), cluster_shape_mn=tuple(c["cluster_shape_mn"])
+        )
+        for _, c in prepared
+    ]
+    assert configs and all(c == expected for c in configs), (configs, expected)
+    assert all(
+        math.copysign(1.0, c["alpha"]) == math.copysign(1.0, expected["alpha"]) for c in configs
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (any)")
+@pytest.mark.parametrize(
+    "extra,check_line,last_line",
+    [
+        ([], "rule that held: derived bound", "PASS"),
+        (["--skip_ref_check"], "Reference check: skipped", "NOT CHECKED (--skip_ref_check)"),
+    ],
+)
+def test_cli_flow_with_a_stand_in_kernel(monkeypatch, capsys, extra, check_line, last_line):
+    """The CLI's host flow on a GPU (operand copies, the stream prepare_gemm binds, graph timing,
+    the checks, the output lines) with prepare_gemm replaced by a stand-in that writes the
+    reference result from the stream current at preparation, as the real launch does, and
+    torch._scaled_mm by one that returns the reference result too.  The kernel and cuBLASLt's
+    FP4 GEMM need a Blackwell GPU."""
+    launches, prepared = [], []
+    scaled_mm_calls = _stand_in_kernels(monkeypatch, launches, prepared)
     rc = bw.main(["--mnkl", "200,136,512,1", "--iterations", "4", "--use_cold_l2", *extra])
     out = capsys.readouterr().out
     assert rc == 0, out
