@@ -46,8 +46,10 @@ def recorder(monkeypatch):
     real operand checks less the CUDA-only ones (no GPU here)."""
     cpu = torch.device("cpu")
     launches, prepared, stream = [], [], [SimpleNamespace(cuda_stream=5, device=cpu)]
+    compiled = []
 
     def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, **kw):
+        compiled.append(c_dtype)
         config = (vec, path, tiler, cluster, split, tma, groups, a)
         kernel = k90.BlockwiseGemmFp4Sm90(*config, kw["grouped"], kw["tokens_converted"])
         return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
@@ -74,7 +76,7 @@ def recorder(monkeypatch):
     monkeypatch.setattr(r90, "gpu_sm_count", lambda *_: k90.H200_SM_COUNT)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
-    return SimpleNamespace(launches=launches, prepared=prepared, stream=stream)
+    return SimpleNamespace(launches=launches, prepared=prepared, stream=stream, compiled=compiled)
 
 
 def _addresses(launch) -> list[int]:
@@ -117,6 +119,17 @@ def test_launch_cache_hit_rechecks_what_can_change(recorder, change, needle):
     launched = len(recorder.launches)
     r90.gemm_for_ops(*_operands())
     assert len(recorder.launches) == launched + 1
+
+
+def test_launch_cache_is_per_output_dtype(recorder):
+    """A kernel writes D in the type it was compiled for: each new D dtype is checked and
+    compiled anew, and a dtype seen before takes its own launch again."""
+    for dtype in (torch.bfloat16, torch.float32, torch.float16, torch.bfloat16, torch.float32):
+        ops = _operands()
+        ops[6] = dtype
+        assert r90.gemm_for_ops(*ops).dtype == dtype
+    assert recorder.compiled == ["BFloat16", "Float32", "Float16"]
+    assert len(recorder.prepared) == 3 and len(recorder.launches) == 5
 
 
 def test_launch_cache_is_per_stream(recorder):

@@ -1310,8 +1310,11 @@ def test_prepack_weights_keeps_each_k_blocks_bits(k):
     assert sorted(placed) == list(range(32))
     assert sorted(k_order.prepacked_k_order()) == list(range(64))
     assert k_order.prepacked_k_order() != list(range(64))
-    with pytest.raises(ValueError, match="prepacked rows hold"):
-        k_order.unprepack_weights(prepacked, k + 64)
+    # (every K whose rows would be wider or narrower: none is cut or padded silently)
+    for wrong in (k_pad - 64, k_pad + 32, k_pad + 64):
+        if wrong > 0:
+            with pytest.raises(ValueError, match="prepacked rows hold"):
+                k_order.unprepack_weights(prepacked, wrong)
     with pytest.raises(ValueError, match="prepacked rows hold"):
         k_order.unprepack_weights(prepacked[..., :-2], k)
     # more rows than one pass takes, and none
