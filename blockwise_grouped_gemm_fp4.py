@@ -393,18 +393,22 @@ def _operand_problem(a, b, sfa_blocked, sfb_blocked, alpha, tile_group, num_m_ti
                 f"{name} must be {' or '.join(map(str, dtypes))} of shape {shape}, got "
                 f"{t.dtype} of shape {tuple(t.shape)}"
             )
+    # (the layout first, the placement after, as blockwise_gemm_fp4.gemm checks them)
     for name, t in given.items():
         align = 16 if name in TMA_OPERANDS else 4
-        if not t.is_cuda or t.device != a.device or not (t.is_contiguous() or name == "d"):
-            raise ValueError(f"{name} must be a contiguous tensor on a's CUDA device")
         if t.data_ptr() % align:
             raise ValueError(f"{name} must start on a {align}-byte boundary")
-    runs, gpu = bw.blackwell_gpu(bw.DEFAULT_GPU_ARCH, a.device)
-    if not runs:
-        raise ValueError(f"this kernel needs a datacenter Blackwell GPU (sm_100, sm_103); {gpu}")
+        if not (t.is_contiguous() or name == "d"):
+            raise ValueError(f"{name} must be contiguous")
     pitch = bw.c_row_pitch(n, config.c_dtype)
     if d.stride() != (pitch, 1):
         raise ValueError(f"d must have rows {pitch} elements apart (blockwise_gemm_fp4.empty_d)")
+    for name, t in given.items():
+        if not t.is_cuda or t.device != a.device:
+            raise ValueError(f"{name} must be on a's CUDA device")
+    runs, gpu = bw.blackwell_gpu(bw.DEFAULT_GPU_ARCH, a.device)
+    if not runs:
+        raise ValueError(f"this kernel needs a datacenter Blackwell GPU (sm_100, sm_103); {gpu}")
     return m, n, k, num_groups
 
 
