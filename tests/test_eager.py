@@ -371,6 +371,30 @@ def test_a_quantize_plan_makes_outputs_of_its_shapes():
     assert plan(torch.zeros(3, 2, 64), None, 0)[0].data_ptr() != q.data_ptr()
 
 
+def test_scratch_buffers_are_kept_per_shape_format_and_stream(monkeypatch):
+    """A layer's activation scratch holds its own format's blocked scales (128-row atoms, 4
+    scale columns each): kept per x shape, format and stream, so that layers of one shape in
+    two formats, or on two streams, never write each other's."""
+    from fp4_ops import quantizer
+
+    stream = [5]
+    monkeypatch.setattr(quantizer, "stream_handle", lambda *_: stream[0])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(quantizer, "_SCRATCH", {})
+    x = torch.zeros(200, 320, dtype=torch.bfloat16)
+    seen = {}
+    for vec, handle in ((32, 5), (16, 5), (32, 5), (16, 6), (16, 5)):
+        stream[0] = handle
+        q, sf, gs = quantizer.scratch_buffers(x, vec)
+        assert (q.shape, q.dtype, gs.shape) == ((200, 160), torch.uint8, ())
+        assert sf.numel() == 256 * -(-(320 // vec) // 4) * 4, vec
+        key = (vec, handle)
+        if key in seen:
+            assert sf.data_ptr() == seen[key], key
+        seen.setdefault(key, sf.data_ptr())
+    assert len(set(seen.values())) == 3
+
+
 @pytest.mark.parametrize(
     "vec, static, local",
     [(16, False, False), (16, False, True), (16, True, False), (32, False, False)],

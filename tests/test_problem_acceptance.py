@@ -170,24 +170,28 @@ def test_hopper_workspaces_fit_every_problem_of_one_configuration(monkeypatch):
         assert conv_a.numel() >= l * m * k_pad and conv_b.numel() >= l * n * k_pad
 
 
+# (dtype, sf_vec_size, static global scale, rows of K = 64): 4 rows are within the one-grid
+# dynamic quantizer's reach, 512 are not (an amax grid first)
 QUANTIZER_CALLS = [
-    (torch.bfloat16, 16, None),
-    (torch.bfloat16, 16, 0.5),
-    (torch.float16, 16, None),
-    (torch.bfloat16, 32, None),
-    (torch.float32, 16, 0.5),
+    (torch.bfloat16, 16, None, 4),
+    (torch.bfloat16, 16, None, 512),
+    (torch.bfloat16, 16, 0.5, 4),
+    (torch.float16, 16, None, 4),
+    (torch.bfloat16, 32, None, 4),
+    (torch.float32, 16, 0.5, 512),
 ]
 
 
 def test_quantizer_launch_cache_gives_each_call_its_own_kernel(monkeypatch):
     """``launch_quantize`` after calls of every other kind, in both orders: each launch runs the
-    kernel compiled for its own input dtype, block size and dynamic / static global scale."""
+    kernel compiled for its own input dtype, block size, dynamic / static global scale and,
+    dynamic, for an x the one-grid quantizer takes (at most LOCAL_AMAX_BYTES) or not."""
     from fp4_ops import quantizer
 
     launched = []
 
     def compile_quantizer(in_dtype, vec, dynamic, options="", local_amax=False, tokens=False):
-        config = (in_dtype, vec, dynamic)
+        config = (in_dtype, vec, dynamic, local_amax)
         return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *a: launched.append(config))
 
     monkeypatch.setattr(quantizer, "compile_quantizer", compile_quantizer)
@@ -202,10 +206,12 @@ def test_quantizer_launch_cache_gives_each_call_its_own_kernel(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *_: props)
     names = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
     for first, second in itertools.permutations(QUANTIZER_CALLS, 2):
-        for dtype, vec, gs in (first, second):
-            x = torch.zeros(4, 64, dtype=dtype)
+        for dtype, vec, gs, rows in (first, second):
+            x = torch.zeros(rows, 64, dtype=dtype)
             quantizer.launch_quantize(x, vec, None if gs is None else torch.tensor(gs))
-            assert launched[-1] == (names[dtype], vec, vec == 16 and gs is None)
+            dynamic = vec == 16 and gs is None
+            local = dynamic and x.numel() * x.element_size() <= quantizer.LOCAL_AMAX_BYTES
+            assert launched[-1] == (names[dtype], vec, dynamic, local)
 
 
 @pytest.mark.parametrize("split", [2, 3])
