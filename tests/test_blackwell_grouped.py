@@ -29,6 +29,7 @@ import pytest
 import torch
 from test_blackwell import FakeGrid, kernel_param
 from test_blackwell_facts import PtxThread, fast_divisor
+from test_eager import aligned_buffer
 
 import blockwise_gemm_fp4 as bw
 import blockwise_grouped_gemm_fp4 as grouped
@@ -249,14 +250,6 @@ def test_grouped_operands_give_each_group_its_own_gemm(vec, rows, tile_m, device
 # ------------------------------------------------------------------------------------------
 # The torch entry point's refusals (checked before anything touches a GPU)
 # ------------------------------------------------------------------------------------------
-def _aligned(numel: int, offset_bytes: int, dtype) -> torch.Tensor:
-    """``numel`` zeros of ``dtype`` starting ``offset_bytes`` past a 16-byte boundary."""
-    size = torch.empty(0, dtype=dtype).element_size()
-    storage = torch.zeros(numel + 32 // size, dtype=dtype)
-    start = ((-storage.data_ptr()) % 16 + offset_bytes) // size
-    return storage[start : start + numel]
-
-
 def _cpu_operands(m=256, n=128, k=256, groups=3, vec=16):
     sf = bw.torch_scale_dtype(vec)
     k_cols = -(-(k // vec) // 4) * 4
@@ -293,8 +286,16 @@ def _cpu_operands(m=256, n=128, k=256, groups=3, vec=16):
         ),
         ("b", torch.zeros(128, 128, dtype=torch.uint8), r"a must be \[M, K/2\] and b \[G, N"),
         # the layout, refused on any device
-        ("a", _aligned(256 * 128, 8, torch.uint8).view(256, 128), "a must start on a 16-byte"),
-        ("d", _aligned(256 * 128, 8, torch.bfloat16).view(256, 128), "d must start on a 16-byte"),
+        (
+            "a",
+            aligned_buffer(256 * 128, 8, torch.uint8).view(256, 128),
+            "a must start on a 16-byte",
+        ),
+        (
+            "d",
+            aligned_buffer(256 * 128, 8, torch.bfloat16).view(256, 128),
+            "d must start on a 16-byte",
+        ),
         ("b", torch.zeros(3, 128, 256, dtype=torch.uint8)[..., ::2], "b must be contiguous"),
         ("tile_group", torch.zeros(4, dtype=torch.int32)[::2], "tile_group must be contiguous"),
         ("d", torch.empty(256, 136, dtype=torch.bfloat16)[:, :128], "d must have rows 128 elem"),

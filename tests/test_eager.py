@@ -267,7 +267,7 @@ def test_plans_are_dropped_by_moves_casts_and_pickles():
         assert change(layer)._plans is None
 
 
-def _aligned(n: int, offset: int = 0, dtype=torch.uint8) -> torch.Tensor:
+def aligned_buffer(n: int, offset: int = 0, dtype=torch.uint8) -> torch.Tensor:
     """n elements of a CPU buffer, ``offset`` bytes past a 16-byte boundary."""
     size = torch.tensor([], dtype=dtype).element_size()
     buf = torch.zeros(n * size + 64, dtype=torch.uint8)
@@ -287,10 +287,10 @@ def device_index(monkeypatch):
 
 def test_launchable_refuses_what_a_plan_cannot_launch(device_index):
     """A plan takes x contiguous, 16-byte aligned, on the current device, asking no gradient."""
-    x = _aligned(64, dtype=torch.float32).view(4, 16)
+    x = aligned_buffer(64, dtype=torch.float32).view(4, 16)
     assert ops.launchable(x, -1)
     assert not ops.launchable(x.t(), -1)
-    assert not ops.launchable(_aligned(64, 4, torch.float32).view(4, 16), -1)
+    assert not ops.launchable(aligned_buffer(64, 4, torch.float32).view(4, 16), -1)
     assert not ops.launchable(x.clone().requires_grad_(), -1)
     with torch.no_grad():
         assert ops.launchable(x.clone().requires_grad_(), -1)
@@ -301,7 +301,7 @@ def test_launchable_refuses_what_a_plan_cannot_launch(device_index):
 def test_quantize_plan_takes_only_its_kind_of_scale(device_index):
     """A planned quantize takes a dynamic scale outside capture, and a static one only as a
     float32 one-element tensor on x's device that asks no gradient."""
-    x = _aligned(64, dtype=torch.float32).view(2, 32)
+    x = aligned_buffer(64, dtype=torch.float32).view(2, 32)
     assert ops._quantize_takes(x, None, -1)
     device_index.capturing = True
     assert not ops._quantize_takes(x, None, -1)
@@ -319,7 +319,7 @@ def test_gemm_plan_takes_aligned_parts_and_one_global_scale_each(device_index):
     a = fp4_ops.quantize(torch.randn(4, 64))
     b = fp4_ops.quantize(torch.randn(8, 64))
     assert ops._gemm_takes(a, b, -1)
-    shifted = _aligned(a.scale.numel(), 8).view(a.scale.shape).view(a.scale.dtype)
+    shifted = aligned_buffer(a.scale.numel(), 8).view(a.scale.shape).view(a.scale.dtype)
     odd = fp4_ops.FP4Tensor(a.data, shifted.copy_(a.scale), a.global_scale, "nvfp4")
     assert not ops._gemm_takes(odd, b, -1) and not ops._gemm_takes(a, odd, -1)
     batched = fp4_ops.quantize(torch.randn(2, 8, 64))
