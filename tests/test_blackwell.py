@@ -567,7 +567,14 @@ def _stored_values(ptx: _Ptx) -> tuple[list, set]:
             val[ops[0]] = ("alpha",)
         elif len(regs) == 1 and regs[0] != "_":
             val[regs[0]] = (op, *(val.get(o, o) for o in ops[1:]))
-    return [v for v in stored if "tmem" in str(v)], loaded
+    return [v for v in stored if _reads_tmem(v)], loaded
+
+
+def _reads_tmem(expr) -> bool:
+    """Whether a ``_stored_values`` expression depends on a tcgen05.ld result."""
+    if not isinstance(expr, tuple):
+        return False
+    return expr[0] == "tmem" or any(_reads_tmem(e) for e in expr[1:])
 
 
 def _scaled_column(expr) -> tuple[int, int] | None:
