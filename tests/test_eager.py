@@ -716,6 +716,13 @@ def test_gpu_calls_a_plan_cannot_take_use_the_full_path(activations, how):
             y.sum().backward()
 
 
+def _assert_same_fp4(got, want, what) -> None:
+    """got holds want's codes, scale bytes and global scale bit for bit (either on any device)."""
+    for part in ("data", "scale", "global_scale"):
+        g, w = getattr(got, part).cpu().reshape(-1), getattr(want, part).cpu().reshape(-1)
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), (what, part)
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("format", ["nvfp4", "mxfp4"])
@@ -737,9 +744,7 @@ def test_gpu_planned_quantize_matches_the_cpu_quantizer(format, static):
                 gs.mul_(2.0)
             got = fp4_ops.quantize(x, format, gs)
             want = real(x.cpu(), format, None if gs is None else gs.cpu())
-            for part in ("data", "scale", "global_scale"):
-                g, w = getattr(got, part).cpu().reshape(-1), getattr(want, part).reshape(-1)
-                assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), part
+            _assert_same_fp4(got, want, step)
     finally:
         ops._quantize = real
 
@@ -757,9 +762,7 @@ def test_gpu_quantize_plans_of_one_shape_keep_their_kind_of_scale():
         scale = gs if static else None
         got = fp4_ops.quantize(x, "nvfp4", scale)
         want = ops._quantize(x.cpu(), "nvfp4", None if scale is None else scale.cpu())
-        for part in ("data", "scale", "global_scale"):
-            g, w = getattr(got, part).cpu().reshape(-1), getattr(want, part).reshape(-1)
-            assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), (static, part)
+        _assert_same_fp4(got, want, static)
 
 
 @pytest.mark.gpu
@@ -854,8 +857,7 @@ def test_gpu_plans_are_per_dtype_and_per_stream():
     for dtype in (torch.bfloat16, torch.float16, torch.bfloat16, torch.float16):
         x = torch.randn(24, 128, device="cuda").to(dtype)
         got, want = fp4_ops.quantize(x), fp4_ops.quantize(x.cpu())
-        assert torch.equal(got.data.cpu(), want.data), dtype
-        assert torch.equal(got.scale.cpu().view(torch.uint8), want.scale.view(torch.uint8))
+        _assert_same_fp4(got, want, dtype)
     layer = _layer("dynamic")
     x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
     want = _full_path(layer, x)
