@@ -338,6 +338,46 @@ def test_a_wrong_contestant_gets_no_time(monkeypatch):
     )
 
 
+@pytest.mark.parametrize("contestant", ["ours_w4a16", "cublas_bf16"])
+def test_the_stack_output_is_held_to_its_documented_tolerance(contestant):
+    """The layers' tolerances summed plus one BF16 unit roundoff per SiLU (one fewer than the
+    layers); a stack output off by twice that fails the check though every layer passes."""
+    weights = bench_stack.modelopt_weights(SMALL, CPU)
+    layers = bench_stack.build_layers(contestant, weights)
+    x = bench_stack.activations(5, SMALL[0][1], CPU)
+    exact = bench_stack.reference_stack(weights, x)
+    check = bench_stack.check_stack(contestant, layers, weights, x, exact)
+    rule = sum(check["layer_tol"]) + (len(SMALL) - 1) * 2.0**-8
+    assert check["ok"] and check["stack_tol"] == pytest.approx(rule, rel=1e-12)
+    wrong = bench_stack.check_stack(contestant, layers, weights, x, exact * (1 + 2 * rule))
+    assert all(e <= t for e, t in zip(wrong["layer_rel_err"], wrong["layer_tol"], strict=True))
+    assert wrong["stack_rel_err"] > wrong["stack_tol"] and not wrong["ok"]
+
+
+def test_a_stack_output_off_its_reference_gets_no_time(monkeypatch):
+    """Every layer right, the stack output held to a reference 5% off: the contestants held
+    to a stack tolerance get no time, and the note names the stack output, not a layer."""
+    original = bench_stack.reference_stack
+    monkeypatch.setattr(bench_stack, "reference_stack", lambda *a: original(*a) * 1.05)
+    rows, notes, calls = _run()
+    held = [n for n in bench_stack.CONTESTANTS if n not in bench_stack.W4A4_MODES]
+    assert len(calls) == 2 + 2 + (5 - len(held)) * 2
+    for row in rows:
+        for name in held:
+            r = row["contestants"][name]
+            assert not r["check"]["ok"] and r["stack_us"] is None
+            assert all(
+                e <= t
+                for e, t in zip(
+                    *(r["check"][k] for k in ("layer_rel_err", "layer_tol")), strict=True
+                )
+            )
+        for name in bench_stack.W4A4_MODES:
+            assert row["contestants"][name]["stack_us"] is not None
+    assert len(notes) == 2 * len(held)
+    assert all("check failed, not timed: stack output relative error" in n for n in notes)
+
+
 def test_a_contestant_that_raises_is_not_measured():
     class Broken(FakeHummingLayer):
         def __call__(self, inputs, outputs=None):
