@@ -857,6 +857,10 @@ def _run(plan: QuantizePlan, x, global_scale, scratch, stream: int):
     return scratch
 
 
+# (an expanded template is not dense: empty_like would otherwise pick a layout for it)
+DENSE = torch.contiguous_format
+
+
 @dataclass(frozen=True)
 class QuantizePlan:
     """The quantization of one x shape and dtype, format and kind of global scale (static or
@@ -866,19 +870,15 @@ class QuantizePlan:
     amax pass's partials buffer is this stream's."""
 
     fn: object
-    q_shape: tuple[int, ...]
-    sf_shape: tuple[int, ...]  # blocked, shaped by atoms
-    sf_dtype: torch.dtype
+    templates: tuple  # ``output_templates``: codes, blocked scales (shaped by atoms), global scale
     tail: tuple  # (rows, K, L), SM count
     partials: torch.Tensor | None  # dynamic NVFP4: the amax pass's per-CTA maxima
-    device: torch.device
 
     def __call__(self, x, global_scale, stream_handle: int):
-        # (sizes as separate arguments and a keyword 0-d size: torch parses them faster)
-        device = self.device
-        q = torch.empty(*self.q_shape, dtype=torch.uint8, device=device)
-        sf = torch.empty(*self.sf_shape, dtype=self.sf_dtype, device=device)
-        gs = torch.empty(size=(), dtype=torch.float32, device=device)
+        q_like, sf_like, gs_like = self.templates
+        q = torch.empty_like(q_like, memory_format=DENSE)
+        sf = torch.empty_like(sf_like, memory_format=DENSE)
+        gs = torch.empty_like(gs_like)
         gs_in = gs if global_scale is None else global_scale
         partials = gs if self.partials is None else self.partials
         ptrs = (q.data_ptr(), sf.data_ptr(), gs_in.data_ptr(), gs.data_ptr(), partials.data_ptr())
@@ -921,15 +921,16 @@ def plan_quantize(x, sf_vec_size: int, global_scale=None) -> QuantizePlan:
     partials = _partials(x.device, stream_handle(index)) if dynamic and not local else None
     sf_shape = (*lead, *blocked_scale_shape(rows, k, sf_vec_size))
     q_shape = (*lead, rows, k // 2)
-    return QuantizePlan(
-        kernel,
-        q_shape,
-        sf_shape,
-        SCALE_DTYPES[sf_vec_size],
-        ((rows, k, l), sm_count),
-        partials,
-        x.device,
-    )
+    templates = output_templates(q_shape, sf_shape, SCALE_DTYPES[sf_vec_size], x.device)
+    return QuantizePlan(kernel, templates, ((rows, k, l), sm_count), partials)
+
+
+def output_templates(q_shape, sf_shape, sf_dtype: torch.dtype, device) -> tuple:
+    """Templates of a quantization's outputs (codes, blocked scales, global scale): their
+    shapes and dtypes over one element each, for ``torch.empty_like``, which parses no sizes
+    (the cheapest new tensor); ``memory_format=DENSE`` makes them contiguous."""
+    one = (torch.empty((), dtype=d, device=device) for d in (torch.uint8, sf_dtype, torch.float32))
+    return tuple(t.expand(shape) for t, shape in zip(one, (q_shape, sf_shape, ()), strict=True))
 
 
 def tokens_scale(x):

@@ -355,20 +355,19 @@ def test_a_quantize_plan_makes_outputs_of_its_shapes():
     """Outputs of the plan's shapes (batched too), dtypes and device, new at every call."""
     from fp4_ops import quantizer
 
-    plan = quantizer.QuantizePlan(
-        lambda *args: None,
-        (3, 2, 32),
-        (3, 1, 1, 512),
-        torch.float8_e4m3fn,
-        ((2, 64, 3), 132),
-        None,
-        torch.device("cpu"),
+    templates = quantizer.output_templates(
+        (3, 2, 32), (3, 1, 1, 512), torch.float8_e4m3fn, torch.device("cpu")
     )
+    plan = quantizer.QuantizePlan(lambda *args: None, templates, ((2, 64, 3), 132), None)
     q, sf, g = plan(torch.zeros(3, 2, 64), None, 0)
     assert (q.shape, q.dtype) == ((3, 2, 32), torch.uint8)
     assert (sf.shape, sf.dtype) == ((3, 1, 1, 512), torch.float8_e4m3fn)
     assert (g.shape, g.dtype) == ((), torch.float32)
-    assert plan(torch.zeros(3, 2, 64), None, 0)[0].data_ptr() != q.data_ptr()
+    # (each its own dense storage, as the kernel writes them whole)
+    for t in (q, sf, g):
+        assert t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    again = plan(torch.zeros(3, 2, 64), None, 0)
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(again, (q, sf, g), strict=True))
 
 
 def test_scratch_buffers_are_kept_per_shape_format_and_stream(monkeypatch):
@@ -405,14 +404,9 @@ def test_bound_quantize_passes_what_a_planned_call_passes(vec, static, local):
 
     seen = []
     partials = None if static or local or vec == 32 else torch.zeros(640, dtype=torch.int32)
+    templates = quantizer.output_templates((2, 32), (1, 1, 512), torch.uint8, torch.device("cpu"))
     plan = quantizer.QuantizePlan(
-        lambda *args: seen.append(args),
-        (2, 32),
-        (1, 1, 512),
-        torch.uint8,
-        ((2, 64, 1), 132),
-        partials,
-        torch.device("cpu"),
+        lambda *args: seen.append(args), templates, ((2, 64, 1), 132), partials
     )
     x = torch.zeros(2, 64)
     gs = torch.full((), 0.5) if static else None
