@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """``benchmarks.model`` on the CPU: its arguments, the configurations' sizes (built on the meta
-device), a decode step that computes what a full forward computes, the variants it swaps, the
-profile's categories, and a whole run of the tiny configuration: table and JSON."""
+device), a decode step that computes what a full forward computes, the variants it swaps and
+their bytes counted by hand, the step timing and a row's figures against hand-computed values,
+the profile's categories, and a whole run of the tiny configuration: table and JSON."""
 
 from __future__ import annotations
 
@@ -159,6 +160,96 @@ def test_variants(lm_head):
     assert modes == {"w4a16": {"bf16"}, "w4a4": {"dynamic"}}
     # (the model is left BF16)
     assert not any(isinstance(m, fp4_ops.FP4Linear) for m in model.modules())
+
+
+def test_variants_refuse_a_model_with_skipped_linears():
+    """A Linear that quantize_model leaves as it is (its parent reads the weight directly) ends
+    the run: a variant timed with a BF16 layer in it would not be the model it names."""
+    model = nn.ModuleDict({"attn": nn.MultiheadAttention(64, 2), "proj": nn.Linear(64, 64)})
+    with pytest.raises(ValueError, match="skipped layers: {'attn.out_proj'"):
+        bench.make_variants(model.to(torch.bfloat16), "nvfp4", "bf16")
+
+
+def test_model_bytes_count_every_weight():
+    """Each variant's bytes, counted by hand from the tiny configuration: BF16 embedding,
+    norms and lm_head (kept BF16), the rotary buffers, and per decoder layer its seven Linear
+    weights in BF16 or as NVFP4 (codes N K / 2, 128 x 4 blocked E4M3 scales, global scale)."""
+    args = bench.parse_args(["--config", "tiny", "--device", "cpu", "--batch", "1"])
+    got = bench.run_config("tiny", args, lambda row: None)["bytes"]
+    hidden, inter, kv, vocab, layers = 128, 256, 2 * 32, 512, 2
+    linears = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden)]
+    linears += [(inter, hidden), (inter, hidden), (hidden, inter)]  # (N, K): q k v o gate up down
+    model = bench.build_model("tiny", None, "cpu")
+    rotary = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if "rotary" in n)
+    rest = 2 * (vocab * hidden + layers * 2 * hidden + hidden + hidden * vocab) + rotary
+
+    def nvfp4(n, k):
+        return n * k // 2 + -(-n // 128) * 128 * (-(-k // 64) * 4) + 4
+
+    assert got["bf16"] == rest + layers * sum(2 * n * k for n, k in linears)
+    for variant in ("w4a16", "w4a4"):
+        assert got[variant] == rest + layers * sum(nvfp4(n, k) for n, k in linears), variant
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def test_a_row_s_figures_by_hand():
+    """Step milliseconds, tokens per second (batch / step time) and speed-up over BF16."""
+    row = {"config": "tiny", "layers": 2, "batch": 4, "mode": "graph"}
+    row.update(bf16_us=2000.0, w4a16_us=1000.0, w4a4_us=500.0)
+    lead, *cells = (c.split() for c in bench.format_row(row).split(" | "))
+    assert lead == ["tiny", "2", "4", "graph"]
+    assert cells == [
+        ["2.000", "2000.0"],
+        ["1.000", "4000.0", "2.00x"],
+        ["0.500", "8000.0", "4.00x"],
+    ]
+
+
+class _Clock:
+    """A fake perf_counter and decode step: the first call after a reset takes 10 s (a
+    warm-up, untimed), each later one 0.25 s."""
+
+    def __init__(self):
+        self.now, self.calls, self.reset_to = 0.0, 0, None
+
+    def perf_counter(self):
+        return self.now
+
+    def reset(self, steps):
+        self.reset_to, self.calls = steps, 0
+
+    def __call__(self):
+        self.now += 10.0 if self.calls == 0 else 0.25
+        self.calls += 1
+
+
+def test_cpu_step_time_is_the_mean_of_the_timed_steps(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    assert bench.time_step_us(clock, "cpu") == 0.25e6
+    assert clock.calls == 1 + bench.CPU_STEPS and clock.reset_to == 1 + bench.CPU_STEPS
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_cuda_step_time_resets_the_cache_for_every_step_it_runs(mode, monkeypatch):
+    """The cache is set back for the warm-up and every timed step (a graph's capture too)."""
+    seen = {}
+
+    def timer(step, steps, replays=None):
+        seen.update(steps=steps, replays=replays)
+        return 7.0
+
+    monkeypatch.setattr(bench.devtools, "time_graph_us", timer)
+    monkeypatch.setattr(bench.devtools, "time_eager_us", timer)
+    clock = _Clock()
+    assert bench.time_step_us(clock, mode) == 7.0
+    if mode == "graph":
+        assert seen == {"steps": bench.GRAPH_STEPS, "replays": bench.GRAPH_REPLAYS}
+        assert clock.reset_to == 1 + bench.GRAPH_STEPS * (bench.GRAPH_REPLAYS + 1)
+    else:
+        assert seen["steps"] == bench.EAGER_STEPS and clock.reset_to == 1 + bench.EAGER_STEPS
 
 
 @pytest.mark.parametrize(
