@@ -159,6 +159,9 @@ UNIT_COST = 384
 # default_config, W4A16 decode: the busiest SM's units count at least this much each (its CTAs
 # share the issue slots; docs/sm90_design.md)
 W4A16_SM_SHARE = 0.75
+# default_config, W4A16 decode: picks whose busiest SM is within this fraction of the least
+# count as tied, and the fewest units wins among them (docs/sm90_design.md)
+W4A16_NEAR_TIE = 0.02
 # default_config, one tile of 65-128 tokens on 128 rows: a unit's end costs four UNIT_COST (a
 # 4x larger fp32 tile), and its units keep at least this many k-tiles
 WIDE_UNIT_COST = 4 * UNIT_COST
@@ -272,8 +275,9 @@ def default_config(
     * Larger M: prefill, 128 x 256 tiles on 2x1 clusters.
     * W4A16 (``a_dtype`` BFloat16 / Float16; no token copy to bound): its decode mainloop is
       issue-bound, so two CTAs on one SM share its issue slots: a unit counts at least
-      W4A16_SM_SHARE x ceil(units / SMs) times, and one wave of K groups is taken whatever the
-      units' length.
+      W4A16_SM_SHARE x ceil(units / SMs) times; picks within W4A16_NEAR_TIE of the least busiest
+      CTA tie, and the fewest units wins (not ``grouped``); one wave of K groups is taken
+      whatever the units' length.
     * One tile of 65-128 tokens takes 128 rows (two warpgroups convert) where units of at least
       WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs (W4A4: and its busiest SM streams at
       least W4A4_WIDE_MIN_SM_K_TILES); not ``grouped`` (the grouped kernel has no split-K).
@@ -293,7 +297,7 @@ def default_config(
         wide_split = _wide_split(n, l, k_tiles, num_sms, min_sm_k_tiles)
         if wide_split is not None:
             return "decode", (cols, 128), wide_split, 1
-    best = None
+    picks = []
     for rows in VALID_TILE_ROWS[::-1]:
         if m > cols and rows != 128:
             # several token tiles: compute-bound, both consumer warpgroups needed
@@ -309,10 +313,14 @@ def default_config(
             if a_dtype != W4A4:
                 rounds = max(rounds, W4A16_SM_SHARE * math.ceil(units / num_sms))
             busiest = rounds * (rows * math.ceil(k_tiles / split) + UNIT_COST)
-            key = (busiest, units, rows != (64 if cols >= 64 else 128))
-            if best is None or key < best[0]:
-                best = (key, (cols, rows), split)
-    _, tiler, split = best
+            picks.append((busiest, units, rows != (64 if cols >= 64 else 128), rows, split))
+    if a_dtype != W4A4 and not grouped:
+        # (the SM share makes near-ties: among them, fewer units measured faster)
+        least = min(busiest for busiest, *_ in picks)
+        near = [pick for pick in picks if pick[0] <= least * (1 + W4A16_NEAR_TIE)]
+        picks = [(units, busiest, *rest) for busiest, units, *rest in near]
+    *_, rows, split = min(picks)
+    tiler = (cols, rows)
     short_units = math.ceil(k_tiles / split) <= 8
     if allow_k_groups and cols <= 32 and (short_units or a_dtype != W4A4):
         kg_split = _one_wave_k_group_split(n, l, k_tiles, num_sms)
