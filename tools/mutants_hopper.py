@@ -615,4 +615,40 @@ MUTANTS = [
         "grouped_launches",
         file=LAUNCHER,
     ),
+    # ------------------------------------------------------------------ default_config
+    mutant(
+        "h-config-no-near-tie",
+        "configuration rule",
+        "W4A16_NEAR_TIE = 0.02",
+        "W4A16_NEAR_TIE = 0.0",
+        "default_config_paths",
+    ),
+    mutant(
+        "h-config-near-tie-too-wide",
+        "configuration rule",
+        "W4A16_NEAR_TIE = 0.02",
+        "W4A16_NEAR_TIE = 0.04",
+        "default_config_paths",
+    ),
+    mutant(
+        "h-config-near-tie-for-w4a4",
+        "configuration rule",
+        "    if a_dtype != W4A4 and not grouped:",
+        "    if not grouped:",
+        "default_config_paths",
+    ),
+    mutant(
+        "h-config-near-tie-most-units",
+        "configuration rule",
+        "picks = [(units, busiest, *rest) for busiest, units, *rest in near]",
+        "picks = [(-units, busiest, *rest) for busiest, units, *rest in near]",
+        "default_config_paths",
+    ),
+    mutant(
+        "h-config-no-sm-share",
+        "configuration rule",
+        "                rounds = max(rounds, W4A16_SM_SHARE * math.ceil(units / num_sms))",
+        "                rounds = max(rounds, W4A16_SM_SHARE * math.ceil(units / slots))",
+        "default_config_paths",
+    ),
 ]
