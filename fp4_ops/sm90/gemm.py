@@ -275,9 +275,9 @@ def default_config(
     * Larger M: prefill, 128 x 256 tiles on 2x1 clusters.
     * W4A16 (``a_dtype`` BFloat16 / Float16; no token copy to bound): its decode mainloop is
       issue-bound, so two CTAs on one SM share its issue slots: a unit counts at least
-      W4A16_SM_SHARE x ceil(units / SMs) times; picks within W4A16_NEAR_TIE of the least busiest
-      CTA tie, and the fewest units wins (not ``grouped``); one wave of K groups is taken
-      whatever the units' length.
+      W4A16_SM_SHARE x ceil(units / SMs) times; picks whose busiest CTA is within W4A16_NEAR_TIE
+      of the least tie, and the fewest units wins, then the least cost (not ``grouped``); one
+      wave of K groups is taken whatever the units' length.
     * One tile of 65-128 tokens takes 128 rows (two warpgroups convert) where units of at least
       WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs (W4A4: and its busiest SM streams at
       least W4A4_WIDE_MIN_SM_K_TILES); not ``grouped`` (the grouped kernel has no split-K).
@@ -315,7 +315,7 @@ def default_config(
             busiest = rounds * (rows * math.ceil(k_tiles / split) + UNIT_COST)
             picks.append((busiest, units, rows != (64 if cols >= 64 else 128), rows, split))
     if a_dtype != W4A4 and not grouped:
-        # (the SM share makes near-ties: among them, fewer units measured faster)
+        # (the SM share makes near-ties between an unsplit wave and a split one)
         least = min(busiest for busiest, *_ in picks)
         near = [pick for pick in picks if pick[0] <= least * (1 + W4A16_NEAR_TIE)]
         picks = [(units, busiest, *rest) for busiest, units, *rest in near]
