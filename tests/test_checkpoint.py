@@ -744,6 +744,11 @@ REFUSALS = {
         _group(lambda a: a.update(block_structure=[16, 16]), "weights"),
         "block_structure",
     ),
+    "actorder": (
+        "ct",
+        _group(lambda a: a.update(actorder="group"), "weights"),
+        "actorder 'group' is not supported",
+    ),
     "scale-dtype-arg": (
         "ct",
         _group(lambda a: a.update(scale_dtype="torch.uint8"), "weights"),
