@@ -348,6 +348,55 @@ def test_state_dict_load_names_the_layer_inside_a_model():
         other.load_state_dict(model.state_dict())
 
 
+def _edit_keys(case: str, sd: dict) -> dict:
+    """sd with a stray key under the layer's prefix, without its bias, or both."""
+    sd = dict(sd)
+    if case in ("stray-key", "both"):
+        sd["1.stray"] = torch.zeros(3)
+    if case in ("no-bias", "both"):
+        del sd["1.bias"]
+    return sd
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
+@pytest.mark.parametrize("case", ["stray-key", "no-bias", "both"])
+@pytest.mark.parametrize("fmt, mode", [("nvfp4", "dynamic"), ("mxfp4", "bf16")])
+def test_state_dict_keys_are_reported_as_nn_linear_reports_them(fmt, mode, case, strict):
+    """A stray key under the layer's prefix and a missing bias are reported as ``nn.Linear``
+    reports them (strict: the RuntimeError names them; lenient: the returned key lists)."""
+    lin = _linear(seed=13)
+    plain, fp4 = nn.Sequential(nn.ReLU(), lin), nn.Sequential(nn.ReLU(), _layer(lin, fmt, mode))
+    results = []
+    for model in (plain, fp4):
+        sd = _edit_keys(case, model.state_dict())
+        try:
+            keys = model.load_state_dict(sd, strict=strict)
+        except RuntimeError as err:
+            results.append(("raised", "1.stray" in str(err), "1.bias" in str(err)))
+        else:
+            results.append(("loaded", sorted(keys.unexpected_keys), sorted(keys.missing_keys)))
+    assert results[1] == results[0]
+    assert results[0][0] == ("raised" if strict else "loaded")
+
+
+def test_repr_says_whether_there_is_a_bias():
+    assert "bias=True" in repr(_layer(_linear(seed=14), "nvfp4", "dynamic"))
+    assert "bias=False" in repr(_layer(_linear(seed=14, bias=False), "nvfp4", "dynamic"))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_a_float64_linear_converts_as_its_float32_copy(fmt):
+    """Weights of another floating dtype are quantized from their float32 values, through
+    ``from_linear`` and ``quantize_model`` alike."""
+    lin = _linear(seed=15)
+    want = _layer(lin, fmt, "dynamic").weight
+    model = nn.Sequential(copy.deepcopy(lin).double())
+    assert fp4_ops.quantize_model(model, format=fmt).replaced == ["0"]
+    for got in (_layer(copy.deepcopy(lin).double(), fmt, "dynamic").weight, model[0].weight):
+        assert _same(got.data, want.data) and _same(got.scale, want.scale)
+        assert _same(got.global_scale, want.global_scale)
+
+
 # ----------------------------------------------------------------------------- global scales
 
 BAD_SCALES = [-1.0, 0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e39, 1e-50]
@@ -754,6 +803,11 @@ def _argument_cases():
             lambda: fp4_ops.quantize(x, global_scale=torch.tensor(1)),
             ValueError,
             "^global_scale must be a floating-point",
+        ),
+        "FP4Linear integer bias": (
+            lambda: FP4Linear(layer.weight, torch.arange(48)),
+            ValueError,
+            "^bias must be floating point",
         ),
         "fp4_gemm alpha str": (lambda: fp4_ops.fp4_gemm(a, b, alpha="2"), TypeError, "^alpha"),
         "fp4_gemm alpha bool": (lambda: fp4_ops.fp4_gemm(a, b, alpha=True), TypeError, "^alpha"),
