@@ -5,6 +5,9 @@ FP4Linear."""
 
 from __future__ import annotations
 
+import io
+import pickle
+
 import pytest
 import torch
 from torch import nn
@@ -95,6 +98,9 @@ def test_plain_scales_are_refused_even_when_the_byte_count_matches():
         (dict(scale="short"), "blocked layout needs"),
         (dict(global_scale="1-d"), "0-d float32"),
         (dict(data="int8"), "uint8 or float4_e2m1fn_x2"),
+        (dict(data="k0", scale="k0"), "K = 0 is not a positive multiple"),
+        (dict(scale="strided"), "must be contiguous"),
+        (dict(data="strided"), "must be contiguous"),
         # (the meta device: a device that differs, reachable without a GPU)
         (dict(global_scale="meta-gs"), "parts on different devices"),
         (dict(scale="meta-scale"), "parts on different devices"),
@@ -105,6 +111,11 @@ def test_bad_fp4tensor_parts_are_refused(change, match):
     _, (data, sc, gs) = _nvfp4((64, 64))
     blocked = reference.to_blocked(sc).view(fp4_ops.layout.blocked_scale_shape(64, 64, 16))
     parts = dict(data=data, scale=blocked, global_scale=gs, format="nvfp4")
+    # (a part of the right shape and values, every other element of a wider tensor)
+    wide_scale = torch.zeros(*blocked.shape[:-1], 2 * blocked.shape[-1], dtype=torch.uint8)
+    wide_scale[..., ::2] = blocked.view(torch.uint8)
+    wide_data = torch.zeros(64, 64, dtype=torch.uint8)
+    wide_data[:, ::2] = data
     swaps = {
         "e8m0": parts["scale"].view(torch.uint8).view(torch.float8_e8m0fnu),
         "short": parts["scale"][..., :-4],
@@ -112,11 +123,41 @@ def test_bad_fp4tensor_parts_are_refused(change, match):
         "int8": data.view(torch.int8),
         "meta-gs": torch.ones((), device="meta"),
         "meta-scale": torch.empty_like(blocked, device="meta"),
+        "strided": {"scale": wide_scale[..., ::2].view(blocked.dtype), "data": wide_data[:, ::2]},
+        "k0": {
+            "data": data[:, :0],
+            "scale": blocked.new_zeros(fp4_ops.layout.blocked_scale_shape(64, 0, 16)),
+        },
     }
     for key, value in change.items():
-        parts[key] = swaps.get(value, value)
+        swap = swaps.get(value, value)
+        parts[key] = swap[key] if isinstance(swap, dict) else swap
     with pytest.raises(ValueError, match=match):
         FP4Tensor(**parts)
+
+
+@pytest.mark.parametrize("how", ["pickle", "torch.save"])
+@pytest.mark.parametrize(
+    "fmt, shape", [("nvfp4", (64, 64)), ("mxfp4", (64, 64)), ("nvfp4", (2, 40, 64))]
+)
+def test_a_bare_fp4tensor_round_trips(fmt, shape, how):
+    """An FP4Tensor itself (not a layer holding one) pickles and saves with every part."""
+    t = fp4_ops.quantize(torch.randn(shape, generator=torch.Generator().manual_seed(4)), fmt)
+    if len(shape) == 3:  # (one global scale per batch)
+        t = FP4Tensor(t.data, t.scale, torch.tensor([0.5, 2.0]) * t.global_scale, fmt)
+    if how == "pickle":
+        back = pickle.loads(pickle.dumps(t))
+    else:
+        buffer = io.BytesIO()
+        torch.save(t, buffer)
+        buffer.seek(0)
+        back = torch.load(buffer, weights_only=False)
+    assert type(back) is FP4Tensor and back.format == t.format
+    for name in ("data", "scale", "global_scale"):
+        got, want = getattr(back, name).reshape(-1), getattr(t, name).reshape(-1)
+        assert got.dtype == want.dtype
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
+    assert torch.equal(back.dequantize(), t.dequantize())
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
