@@ -545,6 +545,10 @@ def test_fp4moe_state_dict_round_trip_and_refusals():
     other = fp4_ops.FP4MoE.from_experts(w13, w2, "mxfp4")
     with pytest.raises(ValueError, match="format differs"):
         other.load_state_dict(state)
+    # (same keys and shapes: only the extra state tells the gated activations apart)
+    swiglu = fp4_ops.FP4MoE.from_experts(w13, w2, "nvfp4", "swigluoai")
+    with pytest.raises(ValueError, match="activation differs: the checkpoint's is 'silu'"):
+        swiglu.load_state_dict(state)
     bad = dict(state, w2_global_scale=torch.tensor([1.0, -1.0, 1.0]))
     with pytest.raises(ValueError, match="w2_global_scale must be finite and positive"):
         fresh.load_state_dict(bad)

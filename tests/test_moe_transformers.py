@@ -96,6 +96,8 @@ def test_fp4experts_computes_the_module_on_its_dequantized_weights(kind, fmt):
     module = _experts(kind)
     e, h = module.gate_up_proj.shape[0], module.down_proj.shape[1 if kind == "qwen3-moe" else 2]
     fp4 = fp4_ops.FP4Experts.from_transformers(module, fmt, "bf16")
+    # (W4A16 is the default, as for FP4MoE)
+    assert fp4_ops.FP4Experts.from_transformers(module, fmt).activations == "bf16"
     ref = _dequantized_like(module, fp4)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(6, h, generator=gen).bfloat16()
