@@ -279,6 +279,7 @@ def test_quantize_cpu_is_the_reference(shape, dtype, mode):
     "x, kwargs, match",
     [
         (torch.randn(4, 48), {}, "not a multiple of 32"),
+        (torch.randn(4, 0), {}, r"K = 0 \(last dim of x\) is not a multiple of 32"),
         (torch.randn(4, 64), {"format": "mxfp4", "global_scale": 1.0}, "mxfp4 has no global"),
         (torch.randn(4, 64), {"format": "fp8"}, "format must be one of"),
         (torch.randn(4, 64).double(), {}, "float32, bfloat16 or float16"),
@@ -286,7 +287,7 @@ def test_quantize_cpu_is_the_reference(shape, dtype, mode):
         (torch.full((4, 64), float("nan")), {}, "NaN or Inf"),
         (torch.randn(4, 64), {"global_scale": -1.0}, "finite and positive"),
     ],
-    ids=["k48", "mx-gs", "format", "float64", "1-d", "nan", "negative-gs"],
+    ids=["k48", "k0", "mx-gs", "format", "float64", "1-d", "nan", "negative-gs"],
 )
 def test_quantize_refuses_bad_input(x, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -347,6 +348,19 @@ def test_fp4_gemm_refuses_bad_operands():
         if "alpha" in kwargs:  # (the W4A16 entry takes the same alpha)
             with pytest.raises(ValueError, match=match):
                 fp4_ops.fp4_gemm(torch.randn(3, 64, dtype=torch.bfloat16), b, **kwargs)
+
+
+@pytest.mark.parametrize("la, lb", [(1, 2), (2, 1), (3, 2)], ids=str)
+def test_fp4_gemm_refuses_batch_mismatch(la, lb):
+    """Batched weights [L, N, K] take activations of the same L only, fewer or more (W4A4 and
+    W4A16)."""
+    gen = torch.Generator().manual_seed(10)
+    b = fp4_ops.quantize(torch.randn(lb, 16, 64, generator=gen))
+    x = torch.randn(la, 8, 64, generator=gen)
+    match = f"batch mismatch: a has L = {la}, b has L = {lb}"
+    for a in (fp4_ops.quantize(x), x.bfloat16()):
+        with pytest.raises(ValueError, match=match):
+            fp4_ops.fp4_gemm(a, b)
 
 
 def _on_meta(t: FP4Tensor) -> FP4Tensor:
