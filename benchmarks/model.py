@@ -26,8 +26,10 @@ query head: its cost is the same in all three variants.
 Timing: CUDA graphs by ``fp4_ops.devtools.time_graph_us``: a warm-up step (first calls compile
 and allocate), then ``GRAPH_STEPS`` steps captured in one graph, replayed ``GRAPH_REPLAYS``
 times; the mean step time. ``--eager``: also ``devtools.time_eager_us`` over ``EAGER_STEPS``
-steps, nothing captured. On ``--device cpu``: eager steps timed with ``time.perf_counter``
-(no graphs; for smoke tests). Tokens per second = batch / step time.
+steps, nothing captured, the variants in turn over ``EAGER_ROUNDS`` rounds (a slow phase of
+the host falls on all of them alike), the median of each. On ``--device cpu``: eager steps
+timed with ``time.perf_counter`` (no graphs; for smoke tests). Tokens per second = batch /
+step time.
 
 ``--profile``: one eager step of each variant and batch under ``torch.profiler``; the time of
 its kernels (CPU: of its operators) split into GEMMs, attention (everything launched inside an
@@ -51,6 +53,7 @@ import inspect
 import json
 import os
 import re
+import statistics
 import sys
 import time
 
@@ -116,7 +119,7 @@ DEFAULT_CONFIGS = ("llama-3.1-8b", "qwen3-32b")
 VARIANTS = ("bf16", "w4a16", "w4a4")
 #: quantize_model's activations of each FP4 variant
 FP4_ACTIVATIONS = {"w4a16": "bf16", "w4a4": "dynamic"}
-GRAPH_STEPS, GRAPH_REPLAYS, EAGER_STEPS, CPU_STEPS = 16, 4, 16, 3
+GRAPH_STEPS, GRAPH_REPLAYS, EAGER_STEPS, EAGER_ROUNDS, CPU_STEPS = 16, 4, 16, 5, 3
 #: cache positions past --context: more than any one measurement's steps
 CACHE_MARGIN = 128
 _GEMM = re.compile(r"gemm|gemv|nvjet|xmma|cublas|cutlass|matmul|aten::(mm|addmm|bmm)$", re.I)
@@ -486,9 +489,13 @@ def run_config(name: str, args, emit) -> dict:
             step = DecodeStep(model, batch, args.context, args.device)
             for mode in modes:
                 row = {"config": name, "layers": layers, "batch": batch, "mode": mode}
-                for variant in VARIANTS:
-                    swap_modules(model, variants[variant])
-                    row[f"{variant}_us"] = time_step_us(step, mode)
+                times = {variant: [] for variant in VARIANTS}
+                for _ in range(EAGER_ROUNDS if mode == "eager" else 1):
+                    for variant in VARIANTS:
+                        swap_modules(model, variants[variant])
+                        times[variant].append(time_step_us(step, mode))
+                for variant, found in times.items():
+                    row[f"{variant}_us"] = statistics.median(found)
                 result["rows"].append(row)
                 emit(row)
             if args.profile:
@@ -606,7 +613,10 @@ def main(argv=None) -> int:
     steps = (
         "cpu: eager steps, time.perf_counter"
         if args.device == "cpu"
-        else (f"graph: {GRAPH_STEPS} steps per CUDA graph, {GRAPH_REPLAYS} replays (mean)")
+        else (
+            f"graph: {GRAPH_STEPS} steps per CUDA graph, {GRAPH_REPLAYS} replays (mean); eager: "
+            f"{EAGER_STEPS} steps, median of {EAGER_ROUNDS} rounds over the variants in turn"
+        )
     )
     print(f"ms: per decode step ({steps}); tok/s: batch / step time")
     print("attention: transformers' SDPA with a mask, which repeats K / V for every query head")
