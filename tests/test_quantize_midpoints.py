@@ -261,3 +261,79 @@ def test_quantizer_cache_key_names_every_kernel_choice(monkeypatch, dtype, vec, 
         for tokens in (0, 1)
     }
     assert len(configs) == 48
+
+
+def test_each_kernel_choice_gets_its_own_kernel_in_any_order(monkeypatch):
+    """``_kernel``'s caches (compiled kernels, launch functions) hand every choice of input
+    dtype, block size, dynamic scale, local amax and tokens mode its own kernel, whether it is
+    asked for before or after the others, and compile each once."""
+    import itertools
+    import types
+
+    compiled = []
+
+    def compile_quantizer(
+        in_dtype, sf_vec_size, dynamic, options="", local_amax=False, tokens=False
+    ):
+        choice = (in_dtype, sf_vec_size, dynamic, local_amax, tokens)
+        compiled.append(choice)
+        return types.SimpleNamespace(__tvm_ffi_object__=lambda: choice)
+
+    def properties(index):
+        return types.SimpleNamespace(multi_processor_count=132)
+
+    monkeypatch.setattr(q90, "compile_quantizer", compile_quantizer)
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setattr(q90, "_KERNELS", {})
+    monkeypatch.setattr(q90, "_LAUNCHERS", {})
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    bits = (False, True)
+    choices = list(itertools.product(dtypes, (16, 32), bits, bits, bits))
+    for order in (choices, choices[::-1], choices):
+        for dtype, vec, dynamic, local, tokens in order:
+            fn, sm_count = q90._kernel(dtype, vec, dynamic, 0, local, tokens)
+            assert fn == (q90.DSL_DTYPE_NAMES[dtype], vec, dynamic, local, tokens)
+            assert sm_count == 132
+    assert len(compiled) == len(set(compiled)) == len(choices)
+
+
+@pytest.mark.parametrize("k", [64, 256, 4096])
+def test_scratch_buffers_fit_their_format_and_shape(monkeypatch, k):
+    """The eager W4A4 layer's scratch (codes, scales, global scale) per shape, format and
+    stream: NVFP4 and MXFP4 of one shape, or two shapes, never share buffers, and each holds
+    what its quantization writes (K / 2 code bytes a row, the blocked scales of K / 16 or
+    K / 32 a row)."""
+    from fp4_ops.layout import blocked_numel
+
+    def kept(cache, key, make, device):
+        return cache.setdefault(key, make())
+
+    monkeypatch.setattr(q90, "_SCRATCH", {})
+    monkeypatch.setattr(q90, "stream_handle", lambda index: 7)
+    monkeypatch.setattr(q90, "kept", kept)
+    xs = [torch.zeros(8, k), torch.zeros(24, k)]
+    asks = [(x, vec) for x in xs for vec in (32, 16)]
+    seen = {}
+    for x, vec in asks + asks[::-1]:
+        codes, scales, gs = q90.scratch_buffers(x, vec)
+        assert codes.shape == (x.shape[0], k // 2) and codes.dtype == torch.uint8
+        assert scales.numel() == blocked_numel(x.shape[0], k // vec) and gs.numel() == 1
+        # (the same buffers at the next call of a shape and format)
+        assert seen.setdefault((x.shape, vec), scales.data_ptr()) == scales.data_ptr()
+    assert len(set(seen.values())) == len(asks)
+
+
+@pytest.mark.parametrize("vec", [16, 32])
+def test_output_templates_give_the_formats_outputs(vec):
+    """What a quantize plan makes its outputs from: empty_like of the templates gives
+    contiguous codes (uint8), blocked scales of the format's scale dtype (E4M3 / E8M0) and a
+    float32 global scale, of the shapes asked for."""
+    from fp4_ops.layout import SCALE_DTYPES
+
+    q_shape, sf_shape = (2, 130, 32), (2, 2, 512)
+    templates = q90.output_templates(q_shape, sf_shape, SCALE_DTYPES[vec], "cpu")
+    made = [torch.empty_like(t, memory_format=q90.DENSE) for t in templates]
+    assert [t.dtype for t in made] == [torch.uint8, SCALE_DTYPES[vec], torch.float32]
+    assert [tuple(t.shape) for t in made] == [q_shape, sf_shape, ()]
+    assert all(t.is_contiguous() for t in made)

@@ -309,6 +309,18 @@ def test_non_finite_blocks(mode, bad):
     assert torch.equal(codes, want_q)
 
 
+@pytest.mark.parametrize("gs", [0.0, -0.0, -0.5, float("inf"), float("nan")], ids=str)
+def test_bad_static_global_scale_makes_every_scale_nan(gs):
+    """A static NVFP4 global scale that is not finite and positive (+0 included), read as the
+    kernel runs: every scale byte the NaN byte and every code zero, so every product that
+    reads them is NaN (the module's contract; nothing can raise without a sync)."""
+    x = quantizer_inputs("normal", (1, 130, 64), torch.bfloat16, seed=5)
+    x[0, 7, :16] = 0.0  # an all-zero block too
+    codes, scales, _, _, _ = emulate(x, 16, gs)
+    plain = reference.from_blocked(scales, 130, 4)
+    assert bool((plain == 0x7F).all()) and not bool(codes.any())
+
+
 MIDPOINTS = [
     ("e4m3-mid-gs1", lambda: e4m3_scale_midpoints(1.0), 16, 1.0),
     ("e4m3-mid-gs0.3", lambda: e4m3_scale_midpoints(0.3), 16, 0.3),
