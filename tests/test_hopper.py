@@ -391,6 +391,29 @@ def test_gemm_config_for_problem_and_its_key():
     assert not r90.GemmConfig(path="decode", mma_tiler_mn=(64, 128), split_k=2).tma_store
 
 
+@pytest.mark.parametrize("operand", ["a", "b", "sfa", "sfb", "out"])
+@pytest.mark.parametrize("defect", ["strided", "misaligned"])
+def test_launch_fits_checks_every_operand(monkeypatch, operand, defect):
+    """``Launch.fits``, which a caller keeping a Launch asks before each call: every tensor the
+    kernel reads or writes through TMA, D included, must be contiguous with a 16-byte-aligned
+    base; one that is not makes it False (the full path then checks and copies)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
+    launch = r90.Launch(lambda *args: None, (128, 128, 256, 1), (), -1, torch.ones(1))
+    shapes = dict(a=(1, 128, 128), b=(1, 128, 128), sfa=(1, 2048), sfb=(1, 2048))
+    good = {name: torch.zeros(shape, dtype=torch.uint8) for name, shape in shapes.items()}
+    good["out"] = torch.zeros(1, 128, 128, dtype=torch.bfloat16)
+    alpha = torch.ones(1)
+    assert launch.fits(**good, alpha=alpha)
+    t = good[operand]
+    if defect == "strided":
+        bad = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)[..., ::2]
+    else:
+        bad = torch.zeros(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
+    assert launch.fits(**dict(good, **{operand: bad}), alpha=alpha) is False
+
+
 def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
     """``gemm``'s launch without a GPU (the device checks, the compile and the stream replaced):
     the kernel gets a, b, sfa, sfb, out, the stream's workspace, alpha and alpha's scale (the
