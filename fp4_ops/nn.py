@@ -417,10 +417,7 @@ class FP4Linear(FP4Buffers):
         route = self._tokens_route(rows, vec)
         if route is None:
             return None
-        stream = stream_handle(rows.get_device())
-        route.quantize(rows.data_ptr(), stream)
-        w, sw, gw = self.weight_data, self.weight_scale, self.weight_global_scale
-        route.launch(route.copy, w, None, sw, route.y, route.alpha, stream, scale=gw)
+        route.step(rows.data_ptr(), route.y.data_ptr(), stream_handle(rows.get_device()))
         return route.y
 
     def _tokens_route(self, rows, vec: int) -> _TokensRoute | None:
@@ -432,7 +429,7 @@ class FP4Linear(FP4Buffers):
         if not (runs_hopper_kernels(rows) and w.is_contiguous() and sw.is_contiguous()):
             return None
         from fp4_ops import quantizer
-        from fp4_ops.sm90 import launcher
+        from fp4_ops.sm90 import launcher, tokens_step
 
         gs_in = self.input_global_scale
         # (the quantizer writes the global scale it used: never into the layer's own buffer)
@@ -443,7 +440,9 @@ class FP4Linear(FP4Buffers):
             return None
         launch, copy, y = found
         quantize = quantizer.bind_tokens(rows, vec, copy, gs_in, gs_out)
-        return _TokensRoute(quantize, launch, copy, alpha, y)
+        # (the copy stands in for SFA, which the tokens_converted kernel does not read)
+        step = tokens_step.fuse(quantize, launch.bind(w, sw, sw, alpha, gw), copy)
+        return _TokensRoute(step, y)
 
     def _cpu_weight(self) -> torch.Tensor:
         """The weight dequantized (e2m1 x block scale, float32: exact) for the eager CPU path,
@@ -465,12 +464,10 @@ class FP4Linear(FP4Buffers):
 @dataclass(frozen=True)
 class _TokensRoute:
     """An eager W4A4 call on the Hopper decode path: the quantizer's tokens grid writes the
-    GEMM's token copy, then the GEMM runs without its prologue grid, on the same stream."""
+    GEMM's token copy, then the GEMM runs without its prologue grid, on the same stream, both
+    from one host call."""
 
-    quantize: object  # quantizer.BoundQuantize into ``copy``
-    launch: object  # launcher.Launch (tokens_converted)
-    copy: torch.Tensor  # the GEMM's token copy
-    alpha: torch.Tensor  # the activations' global scale, which the GEMM reads
+    step: object  # tokens_step.BoundStep: x's and D's addresses, the stream
     y: torch.Tensor  # a new D [M, N]
 
 
@@ -489,16 +486,17 @@ class _Plan:
     parts: tuple[tuple[str, torch.Tensor], ...]  # (buffer name, tensor) as bound
     bias: torch.Tensor | None
     out_shape: tuple[int, ...]
-    quantize: object | None  # W4A4: quantizer.BoundQuantize into the token copy or scratch
-    gemm: object  # launcher.BoundGemm
-    a: int | None  # W4A4: the token copy's or scratch codes' address; W4A16 reads x
+    quantize: object | None  # W4A4 off the token route: quantizer.BoundQuantize into scratch
+    gemm: object  # launcher.BoundGemm, or (token route) tokens_step.BoundStep; takes x or a
+    a: int | None  # W4A4 off the token route: the scratch codes' address
+    scratch: bool  # W4A4: it binds the activations' scratch (or token copy) of this stream
 
     def takes(self, x: torch.Tensor, index: int) -> bool:
         """Whether this call may launch the plan: ``launchable`` x and, where it binds scratch
         (W4A4), outside CUDA-graph capture, as a graph keeps its own."""
         if not launchable(x, index):
             return False
-        return self.quantize is None or not capturing()
+        return not self.scratch or not capturing()
 
     def current(self, layer: FP4Linear) -> bool:
         """Whether the layer still holds the buffers and bias this plan bound."""
@@ -529,21 +527,20 @@ class _Plan:
         else:
             names = ("weight_data", "weight_scale", "weight_global_scale", "input_global_scale")
             w, sw, gw, gs_in = (layer._buffers[n] for n in names)
-            # decode: the quantizer writes the GEMM's token copy itself (no prologue grid)
+            # decode: one host call launches the tokens grid and the GEMM behind it
             route = layer._tokens_route(rows, vec)
             if route is not None:
-                launch, quantize, gs = route.launch, route.quantize, route.alpha
-                q, sq = route.copy, sw  # (stand-ins for A and SFA: not read)
+                quantize, gemm, a = None, route.step, None
             else:
                 scratch = quantizer.scratch_buffers(rows, vec)
                 quantize = quantizer.plan_quantize(rows, vec, gs_in).bind(scratch, gs_in)
                 q, sq, gs = scratch
                 launch = launcher.launch_for_ops(q, w, sq, sw, vec, gs, x.dtype, scale=gw)
-            gemm = launch.bind(w, sq, sw, gs, gw)
-            a = q.data_ptr()
+                gemm, a = launch.bind(w, sq, sw, gs, gw), q.data_ptr()
         parts = tuple((n, layer._buffers[n]) for n in names)
         out_shape = (*x.shape[:-1], layer.out_features)
-        return cls(parts, layer._parameters.get("bias"), out_shape, quantize, gemm, a)
+        scratch = layer.activations != "bf16"
+        return cls(parts, layer._parameters.get("bias"), out_shape, quantize, gemm, a, scratch)
 
     def __call__(self, x: torch.Tensor, stream: int) -> torch.Tensor:
         y = x.new_empty(*self.out_shape)

@@ -753,21 +753,28 @@ def compile_quantizer(
 
     ``options="--gpu-arch sm_90a --keep-ptx --dump-dir=DIR"`` cross-compiles without a GPU."""
     import cuda.bindings.driver as cuda_driver
-    from cutlass.cute.runtime import make_ptr
 
     op = QuantizeFp4(in_dtype, sf_vec_size, dynamic, local_amax, tokens)
+    args = compile_arguments(op)
+    return cute.compile(op, *args, cuda_driver.CUstream(0), options=options)
+
+
+def compile_arguments(op: QuantizeFp4) -> tuple:
+    """Placeholders of the launch's arguments but the stream, for ``cute.compile``: the pointers
+    (x, codes, scales, input and output global scales, amax partials; compilation only needs
+    their element types and alignments), (rows, K, L) and the SM count."""
+    from cutlass.cute.runtime import make_ptr
+
     gmem = cute.AddressSpace.gmem
     ptrs = (
-        make_ptr(IN_DTYPES[in_dtype], 0, gmem, assumed_align=16),
+        make_ptr(op.in_dtype, 0, gmem, assumed_align=16),
         make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16),
         make_ptr(cutlass.Uint8, 0, gmem, assumed_align=16),
         make_ptr(Float32, 0, gmem, assumed_align=4),
         make_ptr(Float32, 0, gmem, assumed_align=4),
         make_ptr(Uint32, 0, gmem, assumed_align=4),
     )
-    problem = (Int32(1), Int32(32), Int32(1))
-    sm_count = Int32(1)
-    return cute.compile(op, *ptrs, problem, sm_count, cuda_driver.CUstream(0), options=options)
+    return (*ptrs, (Int32(1), Int32(32), Int32(1)), Int32(1))
 
 
 def shape_reason(shape: tuple, sf_vec_size: int) -> str:
@@ -794,6 +801,12 @@ class QuantizerConfig:
     dynamic: bool  # NVFP4 with the global scale found on the device (the amax grid first)
     local_amax: bool = False  # dynamic, x of LOCAL_AMAX_BYTES at most: no amax grid
     tokens: bool = False  # the Hopper W4A4 decode GEMM's token copy instead of codes and scales
+
+    def kernel(self) -> QuantizeFp4:
+        """A new kernel object of this configuration (what ``compile_quantizer`` compiles)."""
+        return QuantizeFp4(
+            self.in_dtype, self.sf_vec_size, self.dynamic, self.local_amax, self.tokens
+        )
 
 
 # (QuantizerConfig, device index) -> (compiled kernel, its TVM-FFI function, the SM count)
@@ -873,6 +886,7 @@ class QuantizePlan:
     templates: tuple  # ``output_templates``: codes, blocked scales (shaped by atoms), global scale
     tail: tuple  # (rows, K, L), SM count
     partials: torch.Tensor | None  # dynamic NVFP4: the amax pass's per-CTA maxima
+    config: QuantizerConfig
 
     def __call__(self, x, global_scale, stream_handle: int):
         q_like, sf_like, gs_like = self.templates
@@ -892,7 +906,7 @@ class QuantizePlan:
         held = (q, sf, gs if global_scale is None else global_scale, gs)
         held += (gs if self.partials is None else self.partials,)
         ptrs = tuple(t.data_ptr() for t in held)
-        return BoundQuantize(self.fn, (*ptrs, *self.tail), held)
+        return BoundQuantize(self.fn, (*ptrs, *self.tail), held, self.config)
 
 
 @dataclass(frozen=True)
@@ -903,6 +917,7 @@ class BoundQuantize:
     fn: object
     tail: tuple  # the outputs' (and the input scale's) addresses, (rows, K, L), SM count
     held: tuple
+    config: QuantizerConfig
 
     def __call__(self, x: int, stream_handle: int) -> None:
         self.fn(x, *self.tail, stream_handle)
@@ -922,7 +937,8 @@ def plan_quantize(x, sf_vec_size: int, global_scale=None) -> QuantizePlan:
     sf_shape = (*lead, *blocked_scale_shape(rows, k, sf_vec_size))
     q_shape = (*lead, rows, k // 2)
     templates = output_templates(q_shape, sf_shape, SCALE_DTYPES[sf_vec_size], x.device)
-    return QuantizePlan(kernel, templates, ((rows, k, l), sm_count), partials)
+    config = QuantizerConfig(DSL_DTYPE_NAMES[x.dtype], sf_vec_size, dynamic, local)
+    return QuantizePlan(kernel, templates, ((rows, k, l), sm_count), partials, config)
 
 
 def output_templates(q_shape, sf_shape, sf_dtype: torch.dtype, device) -> tuple:
@@ -963,7 +979,8 @@ def bind_tokens(x, sf_vec_size: int, copy: torch.Tensor, global_scale, gs_out: t
     # (the copy stands in for the scales, which this kernel neither reads nor writes)
     held = (copy, copy, gs_out if global_scale is None else global_scale, gs_out, partials)
     ptrs = tuple(t.data_ptr() for t in held)
-    return BoundQuantize(kernel, (*ptrs, (rows, k, 1), sm_count), held)
+    config = QuantizerConfig(DSL_DTYPE_NAMES[x.dtype], sf_vec_size, dynamic, local, True)
+    return BoundQuantize(kernel, (*ptrs, (rows, k, 1), sm_count), held, config)
 
 
 def _outputs(rows: int, k: int, sf_vec_size: int, device):

@@ -48,11 +48,9 @@ def recorder(monkeypatch):
     launches, prepared, stream = [], [], [SimpleNamespace(cuda_stream=5, device=cpu)]
     compiled = []
 
-    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, **kw):
+    def compile_kernel(kernel, c_dtype, sms, options):
         compiled.append(c_dtype)
-        config = (vec, path, tiler, cluster, split, tma, groups, a)
-        kernel = k90.BlockwiseGemmFp4Sm90(*config, kw["grouped"], kw["tokens_converted"])
-        return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
+        return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
 
     real_reasons, real_prepare = r90.operand_reasons, r90._prepare
 
@@ -63,7 +61,7 @@ def recorder(monkeypatch):
         prepared.append(args)
         return real_prepare(*args, **kwargs)
 
-    monkeypatch.setattr(r90, "compile_gemm", compile_gemm)
+    monkeypatch.setattr(r90, "compile_kernel", compile_kernel)
     monkeypatch.setattr(r90, "operand_reasons", reasons)
     monkeypatch.setattr(r90, "_prepare", prepare)
     for cache in ("_LAUNCHES", "_KERNELS", "_WORKSPACES"):
@@ -172,14 +170,22 @@ def test_tokens_launch_is_the_decode_kernel_without_its_prologue(recorder, m, dt
 )
 @pytest.mark.parametrize("m", [4, 40], ids=["local-amax", "amax-grid"])
 def test_token_route_binds_and_orders_its_two_grids(recorder, monkeypatch, format, activations, m):
-    """FP4Linear's token route on the CPU with recording kernels: the tokens grid first, taking
-    x and writing the GEMM's copy and a global scale of its own (never the layer's static
-    scale), then the prologue-free GEMM reading that copy, alpha (the static scale, or the one
-    the quantizer wrote) and the weight's global scale."""
+    """FP4Linear's token route on the CPU with a recording step: one host call whose arguments
+    are the tokens grid's, taking x and writing the GEMM's copy and a global scale of its own
+    (never the layer's static scale), then the prologue-free GEMM's, reading that copy, alpha
+    (the static scale, or the one the quantizer wrote) and the weight's global scale; the
+    pair of kernels it compiles is the tokens mode and the tokens_converted GEMM."""
     from fp4_ops import quantizer
+    from fp4_ops.sm90 import tokens_step
 
-    calls = recorder.launches  # (the GEMM's launches land here too: one order for both)
-    monkeypatch.setattr(quantizer, "_kernel", lambda *a, **kw: (lambda *x: calls.append(x), 2))
+    calls, pairs = [], []
+
+    def function(q_config, gemm_config, index):
+        pairs.append((q_config, gemm_config))
+        return lambda *x: calls.append(x)
+
+    monkeypatch.setattr(tokens_step, "_function", function)
+    monkeypatch.setattr(quantizer, "_kernel", lambda *a, **kw: (None, 2))
     monkeypatch.setattr(quantizer, "stream_handle", lambda _: 5)
     monkeypatch.setattr(quantizer, "_TOKEN_SCALES", {})
     monkeypatch.setattr(quantizer, "_PARTIALS", {})
@@ -191,23 +197,31 @@ def test_token_route_binds_and_orders_its_two_grids(recorder, monkeypatch, forma
     gs = 0.25 if activations == "static" else None
     layer = fp4_ops.FP4Linear.from_linear(linear, format, activations, gs)
     x = torch.zeros(m, k, dtype=torch.bfloat16)
-    y = layer._forward_tokens(x, 16 if format == "nvfp4" else 32)
+    vec = 16 if format == "nvfp4" else 32
+    y = layer._forward_tokens(x, vec)
     assert y.shape == (m, n) and y.dtype == torch.bfloat16
-    assert len(calls) == 2
-    q_args, g_args = calls
+    assert len(calls) == 1 and not recorder.launches
+    [(q_config, gemm_config)] = pairs
+    dynamic = format == "nvfp4" and layer.input_global_scale is None
+    amax_grid = dynamic and m * k * 2 > quantizer.LOCAL_AMAX_BYTES
+    local = dynamic and not amax_grid
+    assert q_config == quantizer.QuantizerConfig("BFloat16", vec, dynamic, local, True)
+    assert gemm_config.tokens_converted and gemm_config.path == "decode"
+    q_args, g_args, stream = calls[0][:8], calls[0][8:-1], calls[0][-1]
+    assert stream == 5 and len(g_args) == 12  # (eleven addresses, (M, N, K, L))
     copy = g_args[6]  # (the workspace's converted kernel B)
     assert q_args[0] == x.data_ptr() and q_args[1] == copy == g_args[0]
     gs_in, gs_out = q_args[3], q_args[4]
     static = layer.input_global_scale
     assert gs_out != (static.data_ptr() if static is not None else None)
     assert gs_in == (static.data_ptr() if static is not None else gs_out)
-    amax_grid = format == "nvfp4" and static is None and m * k * 2 > quantizer.LOCAL_AMAX_BYTES
     assert (q_args[5] != gs_out) == amax_grid  # (the amax partials, or a stand-in)
-    assert q_args[-3:] == ((m, k, 1), 2, 5)
+    assert q_args[-2:] == ((m, k, 1), 2)
     # GEMM: A (the copy), B, SFA stand-in, SFB, D, workspace x 3, alpha, offsets, scale
     assert g_args[1] == layer.weight_data.data_ptr() and g_args[3] == layer.weight_scale.data_ptr()
     assert g_args[4] == y.data_ptr() and g_args[8] == gs_in
     assert g_args[10] == layer.weight_global_scale.data_ptr()
+    assert g_args[11] == (m, n, k, 1)
 
 
 def test_eager_goes_direct_only_for_plain_untracked_cuda_tensors():
@@ -229,7 +243,7 @@ def _plan_of(layer):
     """A plan as ``_Plan.make`` binds a layer's tensors (no kernels: the bookkeeping only)."""
     names = [n for n, t in layer._buffers.items() if t is not None]
     parts = tuple((n, layer._buffers[n]) for n in names)
-    return fpnn._Plan(parts, layer._parameters.get("bias"), (1, 32), None, None, None)
+    return fpnn._Plan(parts, layer._parameters.get("bias"), (1, 32), None, None, None, False)
 
 
 @pytest.mark.parametrize("activations", ["bf16", "dynamic", "static"])
@@ -336,7 +350,8 @@ def test_bound_gemm_passes_what_the_full_launch_passes(w4a16, scale):
     Launch it came from given the same operands."""
     seen = []
     t = [torch.zeros(16, dtype=torch.float32) for _ in range(10)]
-    launch = r90.Launch(lambda *args: seen.append(args), (1, 2, 3, 1), tuple(t[:3]), -1, t[3])
+    config = r90.GemmConfig()
+    launch = r90.Launch(lambda *a: seen.append(a), (1, 2, 3, 1), tuple(t[:3]), -1, t[3], config)
     a, b, sfa, sfb, out, alpha = t[4], t[5], None if w4a16 else t[6], t[7], t[8], t[9]
     gs = t[0] if scale else None
     launch(a, b, sfa, sfb, out, alpha, 7, scale=gs)
@@ -358,7 +373,8 @@ def test_a_quantize_plan_makes_outputs_of_its_shapes():
     templates = quantizer.output_templates(
         (3, 2, 32), (3, 1, 1, 512), torch.float8_e4m3fn, torch.device("cpu")
     )
-    plan = quantizer.QuantizePlan(lambda *args: None, templates, ((2, 64, 3), 132), None)
+    config = quantizer.QuantizerConfig("Float32", 16, True)
+    plan = quantizer.QuantizePlan(lambda *a: None, templates, ((2, 64, 3), 132), None, config)
     q, sf, g = plan(torch.zeros(3, 2, 64), None, 0)
     assert (q.shape, q.dtype) == ((3, 2, 32), torch.uint8)
     assert (sf.shape, sf.dtype) == ((3, 1, 1, 512), torch.float8_e4m3fn)
@@ -405,8 +421,9 @@ def test_bound_quantize_passes_what_a_planned_call_passes(vec, static, local):
     seen = []
     partials = None if static or local or vec == 32 else torch.zeros(640, dtype=torch.int32)
     templates = quantizer.output_templates((2, 32), (1, 1, 512), torch.uint8, torch.device("cpu"))
+    config = quantizer.QuantizerConfig("Float32", vec, vec == 16 and not static, local)
     plan = quantizer.QuantizePlan(
-        lambda *args: seen.append(args), templates, ((2, 64, 1), 132), partials
+        lambda *args: seen.append(args), templates, ((2, 64, 1), 132), partials, config
     )
     x = torch.zeros(2, 64)
     gs = torch.full((), 0.5) if static else None
@@ -865,7 +882,9 @@ def test_gpu_plans_are_per_dtype_and_per_stream():
             torch.cuda.current_stream().wait_stream(side)
             assert torch.equal(y, want)
     assert len(layer._plans) == 2
-    assert len({plan.a for plan in layer._plans.values()}) == 2
+    # (the token route's scratch is the GEMM's token copy, which its bound step writes)
+    copies = {plan.gemm.gemm_head[0] for plan in layer._plans.values()}
+    assert all(plan.a is None for plan in layer._plans.values()) and len(copies) == 2
 
 
 @pytest.mark.gpu

@@ -153,6 +153,52 @@ def test_tokens_converted_kernel_has_no_prologue_grid(vec, tmp_path):
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)) == 2
 
 
+def _kernel_bodies(dump) -> list[str]:
+    """The PTX kernels in ``dump``, in order, each with its own name replaced by one word and
+    its branch labels by the module's first kernel's."""
+    [path] = [os.path.join(dump, f) for f in os.listdir(dump) if f.endswith(".ptx")]
+    with open(path) as f:
+        ptx = f.read()
+    bodies = []
+    for name in re.findall(r"\.entry (\w+)\(", ptx):
+        body = _entry_ptx(ptx, name)
+        # (up to its closing brace; branch labels carry the kernel's index in the module)
+        body = body[: body.rindex("\n}\n") + 3].replace(name, "KERNEL")
+        bodies.append(re.sub(r"\$L__BB\d+_", "$L__BB_", body))
+    return bodies
+
+
+@pytest.mark.parametrize(
+    "in_dtype, vec, dynamic",
+    [("BFloat16", 16, True), ("Float32", 16, False), ("Float16", 32, False)],
+)
+def test_tokens_step_holds_the_two_kernels_as_they_are(in_dtype, vec, dynamic, tmp_path):
+    """``tokens_step``: one host function around the quantizer's tokens mode and the
+    tokens_converted GEMM compiles the very kernels that the two compile alone (PTX equal up
+    to their names: an amax grid, the tokens grid, the GEMM), in launch order."""
+    from dataclasses import replace
+
+    from fp4_ops import quantizer
+    from fp4_ops.sm90 import tokens_step
+
+    dirs = [tmp_path / d for d in ("step", "quantizer", "gemm")]
+    for d in dirs:
+        d.mkdir()
+    opts = [f"--gpu-arch sm_90a --keep-ptx --dump-dir={d}" for d in dirs]
+    q_config = quantizer.QuantizerConfig(in_dtype, vec, dynamic, False, True)
+    problem = (16, 4096, 4096, 1)
+    gemm_config = r90.GemmConfig.for_problem(problem, vec, "BFloat16", num_sms=k90.H200_SM_COUNT)
+    gemm_config = replace(gemm_config, tokens_converted=True)
+    tokens_step.compile_tokens_step(q_config, gemm_config, k90.H200_SM_COUNT, opts[0])
+    quantizer.compile_quantizer(in_dtype, vec, dynamic, opts[1], False, True)
+    k90.compile_kernel(gemm_config.kernel(), "BFloat16", k90.H200_SM_COUNT, opts[2])
+    step, alone = _kernel_bodies(dirs[0]), _kernel_bodies(dirs[1]) + _kernel_bodies(dirs[2])
+    assert len(step) == (3 if dynamic else 2) and step == alone
+    with pytest.raises(ValueError, match="tokens_converted"):
+        plain = replace(gemm_config, tokens_converted=False)
+        tokens_step.compile_tokens_step(q_config, plain, k90.H200_SM_COUNT, opts[0])
+
+
 @pytest.mark.parametrize(
     "path, a_dtype", [("prefill", "Float4E2M1FN"), ("decode", "BFloat16"), ("prefill", "BFloat16")]
 )
@@ -400,7 +446,9 @@ def test_launch_fits_checks_every_operand(monkeypatch, operand, defect):
     import torch
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
-    launch = r90.Launch(lambda *args: None, (128, 128, 256, 1), (), -1, torch.ones(1))
+    launch = r90.Launch(
+        lambda *args: None, (128, 128, 256, 1), (), -1, torch.ones(1), r90.GemmConfig()
+    )
     shapes = dict(a=(1, 128, 128), b=(1, 128, 128), sfa=(1, 2048), sfb=(1, 2048))
     good = {name: torch.zeros(shape, dtype=torch.uint8) for name, shape in shapes.items()}
     good["out"] = torch.zeros(1, 128, 128, dtype=torch.bfloat16)
@@ -424,14 +472,15 @@ def test_gemm_launch_arguments_workspaces_and_cache(monkeypatch):
 
     compiled, launches = [], []
 
-    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, **kw):
-        compiled.append((vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a))
-        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, **kw)
-        return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
+    def compile_kernel(kernel, c_dtype, sms, options):
+        fields = (kernel.sf_vec_size, c_dtype, kernel.path, kernel.mma_tiler_mn, kernel.split_k)
+        fields += (sms, options, kernel.cluster_shape_mn, kernel.tma_store, kernel.k_groups)
+        compiled.append((*fields, kernel.a_dtype))
+        return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
 
     streams = {h: SimpleNamespace(cuda_stream=h, device=torch.device("cpu")) for h in (5, 6, 7)}
     current, capturing = [streams[5]], [False]
-    monkeypatch.setattr(r90, "compile_gemm", compile_gemm)
+    monkeypatch.setattr(r90, "compile_kernel", compile_kernel)
     monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: current[0])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
@@ -589,13 +638,12 @@ def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
     counts, n, k = [1, 0, 3, 4], 256, 160  # (K % 64 == 32: the weights carry padding)
     compiled, launches = [], []
 
-    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, **kw):
-        compiled.append((c_dtype, kw["grouped"]))
-        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, **kw)
-        return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
+    def compile_kernel(kernel, c_dtype, sms, options):
+        compiled.append((c_dtype, kernel.grouped))
+        return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
 
     stream = SimpleNamespace(cuda_stream=5, device=torch.device("cpu"))
-    monkeypatch.setattr(r90, "compile_gemm", compile_gemm)
+    monkeypatch.setattr(r90, "compile_kernel", compile_kernel)
     monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
     monkeypatch.setattr(r90, "stream_handle", lambda *_: 5)
     # (the configuration rule's SM count: an H200's, also where a real GPU is present)

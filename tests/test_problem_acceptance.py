@@ -151,11 +151,10 @@ def test_hopper_workspaces_fit_every_problem_of_one_configuration(monkeypatch):
     by configuration alone would hand the second problem the first one's)."""
     calls = []
 
-    def compile_gemm(vec, c_dtype, path, tiler, split, sms, options, cluster, tma, groups, a, **kw):
-        kernel = k90.BlockwiseGemmFp4Sm90(vec, path, tiler, cluster, split, tma, groups, a, **kw)
-        return kernel, SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: calls.append(x))
+    def compile_kernel(kernel, c_dtype, sms, options):
+        return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: calls.append(x))
 
-    monkeypatch.setattr(r90, "compile_gemm", compile_gemm)
+    monkeypatch.setattr(r90, "compile_kernel", compile_kernel)
     monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
     for cache in ("_KERNELS", "_WORKSPACES", "_CHECKED"):
         monkeypatch.setattr(r90, cache, {} if cache != "_CHECKED" else set())

@@ -201,7 +201,7 @@ def test_from_torchao_refuses_what_it_cannot_convert(make, match):
 # ------------------------------------------------------------------------------ cache keys
 def test_gemm_config_key_changes_with_every_kernel_choice():
     """Every field of ``GemmConfig`` that changes the compiled kernel gives another key (and
-    ``_compiled`` hands each field to ``compile_gemm``): no two kernels share a cache slot."""
+    ``GemmConfig.kernel`` hands each field to the kernel): no two kernels share a cache slot."""
     base = r90.GemmConfig(16, "BFloat16", "Float4E2M1FN", "decode", (16, 128), 2, 1, (1, 1), True)
     variants = {
         "sf_vec_size": 32,

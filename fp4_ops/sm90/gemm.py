@@ -2111,8 +2111,6 @@ def compile_gemm(
     ``cluster_shape_mn`` None takes ``default_cluster(path)``; ``tma_store`` False compiles the
     direct-store epilogue (``tma_store_fits``); ``grouped`` the grouped W4A16 kernel;
     ``tokens_converted`` the W4A4 decode kernel without its prologue grid."""
-    import cuda.bindings.driver as cuda_driver
-
     cluster = default_cluster(path) if cluster_shape_mn is None else tuple(cluster_shape_mn)
     gemm = BlockwiseGemmFp4Sm90(
         sf_vec_size,
@@ -2126,11 +2124,17 @@ def compile_gemm(
         grouped,
         tokens_converted,
     )
+    return gemm, compile_kernel(gemm, c_dtype, num_sms, options)
+
+
+def compile_kernel(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, num_sms: int, options: str = ""):
+    """``compile_gemm``'s executor of a kernel object, for any M, N, K, L."""
+    import cuda.bindings.driver as cuda_driver
+
     # placeholder addresses: compilation only needs the element types and alignments
     ptrs = gmem_pointers(gemm, c_dtype, [0] * 11)
     problem, stream = (Int32(1),) * 4, cuda_driver.CUstream(0)
-    compiled = cute.compile(gemm, *ptrs, problem, num_sms, stream, options=options)
-    return gemm, compiled
+    return cute.compile(gemm, *ptrs, problem, num_sms, stream, options=options)
 
 
 def gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:

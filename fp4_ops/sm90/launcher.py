@@ -64,7 +64,7 @@ from fp4_ops.sm90.gemm import (
     SF_FORMATS,
     W4A4,
     BlockwiseGemmFp4Sm90,
-    compile_gemm,
+    compile_kernel,
     config_reasons,
     default_cluster,
     default_config,
@@ -183,6 +183,21 @@ class GemmConfig:
     def sf_dtype(self) -> str:
         return SF_FORMATS.get(self.sf_vec_size, ("?",))[0]
 
+    def kernel(self) -> BlockwiseGemmFp4Sm90:
+        """A new kernel object of this configuration (what ``compile_kernel`` compiles)."""
+        return BlockwiseGemmFp4Sm90(
+            self.sf_vec_size,
+            self.path,
+            self.mma_tiler_mn,
+            self.cluster_shape_mn,
+            self.split_k,
+            self.tma_store,
+            self.k_groups,
+            self.a_dtype,
+            self.grouped,
+            self.tokens_converted,
+        )
+
     def reasons(self, mnkl: tuple[int, int, int, int]) -> list[str]:
         """Why this configuration cannot run the problem ``mnkl`` (empty when it can): the kernel
         file's ``config_reasons`` and ``problem_reasons``, and D's row pitch for TMA stores."""
@@ -233,15 +248,15 @@ def gemm(
 @dataclass(frozen=True)
 class Launch:
     """One checked problem on one stream: the compiled kernel's TVM-FFI function, (M, N, K, L),
-    the workspace and the device's 1.0 (alpha's scale when none is given), ready to take the
-    operands' addresses."""
+    the workspace, the device's 1.0 (alpha's scale when none is given) and the configuration,
+    ready to take the operands' addresses."""
 
     fn: object
     mnkl: tuple[int, int, int, int]
     workspace: tuple[torch.Tensor, ...]
     device_index: int
     unit: torch.Tensor
-    grouped: bool = False
+    config: GemmConfig
 
     def __call__(
         self, a, b, sfa, sfb, out, alpha, stream_handle: int, offsets=None, scale=None
@@ -262,7 +277,8 @@ class Launch:
         scale = self.unit if scale is None else scale
         tensors = (b, sfa, sfb, *self.workspace, alpha, alpha, scale)
         ptrs = [t.data_ptr() for t in tensors]
-        return BoundGemm(self.fn, tuple(ptrs[:3]), (*ptrs[3:], self.mnkl), tensors)
+        tail = (*ptrs[3:], self.mnkl)
+        return BoundGemm(self.fn, tuple(ptrs[:3]), tail, tensors, self.config, self.device_index)
 
     def fits(self, a, b, sfa, sfb, alpha, out, scale=None) -> bool:
         """Whether operands of the shapes and dtypes it was checked for still pass what can
@@ -275,7 +291,7 @@ class Launch:
             ):
                 return False
         return (
-            device_scalars(alpha, index, self.mnkl[3] if self.grouped else 1)
+            device_scalars(alpha, index, self.mnkl[3] if self.config.grouped else 1)
             and (scale is None or device_scalars(scale, index))
             and torch.cuda.current_device() == index
         )
@@ -290,6 +306,8 @@ class BoundGemm:
     head: tuple[int, ...]  # B, SFA, SFB
     tail: tuple  # the workspace, alpha, group offsets (a stand-in), alpha's scale; (M, N, K, L)
     held: tuple[torch.Tensor, ...]
+    config: GemmConfig
+    device_index: int
 
     def __call__(self, a: int, out: int, stream_handle: int) -> None:
         self.fn(a, *self.head, out, *self.tail, stream_handle)
@@ -326,7 +344,7 @@ def _prepare(a, b, sfa, sfb, alpha, out, config, sf_vec_size, stream=None, scale
     workspace = _workspace(config, mnkl, stream)
     index = a.get_device()
     fn = _compiled(config, a.device.index)[1]
-    return Launch(fn, mnkl, workspace, index, unit_scale(a.device))
+    return Launch(fn, mnkl, workspace, index, unit_scale(a.device), config)
 
 
 def _pick(mnkl, vec: int, c_dtype: str, a_dtype: str, device) -> GemmConfig:
@@ -462,22 +480,10 @@ def _compiled(config: GemmConfig, device_index: int):
     the raw stream."""
     key = (config, device_index)
     if key not in _KERNELS:
+        kernel = config.kernel()
         # (--enable-tvm-ffi changes the host entry only: the same cubin, no per-call marshalling)
-        kernel, compiled = compile_gemm(
-            config.sf_vec_size,
-            config.c_dtype,
-            config.path,
-            config.mma_tiler_mn,
-            config.split_k,
-            gpu_sm_count(device_index),
-            "--enable-tvm-ffi",
-            config.cluster_shape_mn,
-            config.tma_store,
-            config.k_groups,
-            config.a_dtype,
-            grouped=config.grouped,
-            tokens_converted=config.tokens_converted,
-        )
+        sms = gpu_sm_count(device_index)
+        compiled = compile_kernel(kernel, config.c_dtype, sms, "--enable-tvm-ffi")
         _KERNELS[key] = (kernel, compiled.__tvm_ffi_object__(), compiled)
     return _KERNELS[key][:2]
 
@@ -707,6 +713,6 @@ def _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out, scale) ->
         stream = torch.cuda.current_stream()
         workspace = _workspace(config, mnkl, stream)
         fn = _compiled(config, a.device.index)[1]
-        launch = Launch(fn, mnkl, workspace, a.get_device(), unit_scale(a.device), grouped=True)
+        launch = Launch(fn, mnkl, workspace, a.get_device(), unit_scale(a.device), config)
         launch(a, b, None, sfb, out, alpha, stream.cuda_stream, offsets, scale)
     return launch
