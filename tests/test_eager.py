@@ -207,8 +207,8 @@ def test_token_route_binds_and_orders_its_two_grids(recorder, monkeypatch, forma
     local = dynamic and not amax_grid
     assert q_config == quantizer.QuantizerConfig("BFloat16", vec, dynamic, local, True)
     assert gemm_config.tokens_converted and gemm_config.path == "decode"
-    q_args, g_args, stream = calls[0][:8], calls[0][8:-1], calls[0][-1]
-    assert stream == 5 and len(g_args) == 12  # (eleven addresses, (M, N, K, L))
+    q_args, g_args, stream = calls[0]
+    assert stream == 5 and len(q_args) == 8 and len(g_args) == 12  # (addresses, then extents)
     copy = g_args[6]  # (the workspace's converted kernel B)
     assert q_args[0] == x.data_ptr() and q_args[1] == copy == g_args[0]
     gs_in, gs_out = q_args[3], q_args[4]

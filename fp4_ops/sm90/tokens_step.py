@@ -37,38 +37,12 @@ class TokensStep:
         self.gemm = gemm
 
     @cute.jit
-    def __call__(
-        self,
-        x_ptr: cute.Pointer,
-        q_ptr: cute.Pointer,
-        sf_ptr: cute.Pointer,
-        gs_in_ptr: cute.Pointer,
-        gs_out_ptr: cute.Pointer,
-        partials_ptr: cute.Pointer,
-        problem: tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32],
-        sm_count: cutlass.Int32,
-        a_ptr: cute.Pointer,
-        b_ptr: cute.Pointer,
-        sfa_ptr: cute.Pointer,
-        sfb_ptr: cute.Pointer,
-        c_ptr: cute.Pointer,
-        workspace_ptr: cute.Pointer,
-        conv_b_ptr: cute.Pointer,
-        conv_a_ptr: cute.Pointer,
-        alpha_ptr: cute.Pointer,
-        offsets_ptr: cute.Pointer,
-        scale_ptr: cute.Pointer,
-        problem_mnkl: tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32, cutlass.Int32],
-        num_sms: cutlass.Constexpr,
-        stream,
-    ):
-        """The quantizer's arguments (``QuantizeFp4.__call__``), then the GEMM's
-        (``BlockwiseGemmFp4Sm90.__call__``), then the stream both grids run on."""
-        q_ptrs = (x_ptr, q_ptr, sf_ptr, gs_in_ptr, gs_out_ptr, partials_ptr)
-        self.quantizer(*q_ptrs, problem, sm_count, stream)
-        gemm_ptrs = (a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, workspace_ptr, conv_b_ptr)
-        gemm_ptrs += (conv_a_ptr, alpha_ptr, offsets_ptr, scale_ptr)
-        self.gemm(*gemm_ptrs, problem_mnkl, num_sms, stream)
+    def __call__(self, quantizer_args: tuple, gemm_args: tuple, num_sms: cutlass.Constexpr, stream):
+        """``QuantizeFp4.__call__``'s arguments but the stream (pointers, (rows, K, L), SM
+        count), then ``BlockwiseGemmFp4Sm90.__call__``'s but the SM count and the stream
+        (eleven pointers, (M, N, K, L)): both grids on ``stream``, the quantizer's first."""
+        self.quantizer(*quantizer_args, stream)
+        self.gemm(*gemm_args, num_sms, stream)
 
 
 def compile_tokens_step(
@@ -88,10 +62,9 @@ def compile_tokens_step(
     step = TokensStep(quantizer.kernel(), gemm_kernel)
     # (placeholders: compilation only needs the element types and alignments)
     q_args = compile_arguments(step.quantizer)
-    gemm_ptrs = gmem_pointers(gemm_kernel, gemm.c_dtype, [0] * 11)
-    mnkl = (cutlass.Int32(1),) * 4
+    gemm_args = (*gmem_pointers(gemm_kernel, gemm.c_dtype, [0] * 11), (cutlass.Int32(1),) * 4)
     stream = cuda_driver.CUstream(0)
-    return cute.compile(step, *q_args, *gemm_ptrs, mnkl, num_sms, stream, options=options)
+    return cute.compile(step, q_args, gemm_args, num_sms, stream, options=options)
 
 
 def _function(quantizer: QuantizerConfig, gemm: GemmConfig, device_index: int):
@@ -121,7 +94,8 @@ class BoundStep:
     held: tuple
 
     def __call__(self, x: int, out: int, stream_handle: int) -> None:
-        self.fn(x, *self.quantize_tail, *self.gemm_head, out, *self.gemm_tail, stream_handle)
+        gemm_args = (*self.gemm_head, out, *self.gemm_tail)
+        self.fn((x, *self.quantize_tail), gemm_args, stream_handle)
 
 
 def fuse(quantize: BoundQuantize, gemm: BoundGemm, copy: torch.Tensor) -> BoundStep:
