@@ -165,24 +165,19 @@ def test_tokens_launch_is_the_decode_kernel_without_its_prologue(recorder, m, dt
         r90.launch_for_tokens(x.to(torch.int32), *args)
 
 
-@pytest.mark.parametrize(
-    "format, activations", [("nvfp4", "dynamic"), ("nvfp4", "static")] + [("mxfp4", "dynamic")]
-)
-@pytest.mark.parametrize("m", [4, 40], ids=["local-amax", "amax-grid"])
-def test_token_route_binds_and_orders_its_two_grids(recorder, monkeypatch, format, activations, m):
-    """FP4Linear's token route on the CPU with a recording step: one host call whose arguments
-    are the tokens grid's, taking x and writing the GEMM's copy and a global scale of its own
-    (never the layer's static scale), then the prologue-free GEMM's, reading that copy, alpha
-    (the static scale, or the one the quantizer wrote) and the weight's global scale; the
-    pair of kernels it compiles is the tokens mode and the tokens_converted GEMM."""
+@pytest.fixture
+def token_route(recorder, monkeypatch):
+    """FP4Linear's token route on the CPU: the Hopper GEMM's ``recorder``, a quantizer that
+    compiles nothing, and a step function that records the (quantizer config, GEMM config)
+    pairs it is asked for and each call's arguments."""
     from fp4_ops import quantizer
     from fp4_ops.sm90 import tokens_step
 
-    calls, pairs = [], []
+    state = SimpleNamespace(calls=[], pairs=[], gemm_launches=recorder.launches)
 
     def function(q_config, gemm_config, index):
-        pairs.append((q_config, gemm_config))
-        return lambda *x: calls.append(x)
+        state.pairs.append((q_config, gemm_config))
+        return lambda *x: state.calls.append(x)
 
     monkeypatch.setattr(tokens_step, "_function", function)
     monkeypatch.setattr(quantizer, "_kernel", lambda *a, **kw: (None, 2))
@@ -192,6 +187,21 @@ def test_token_route_binds_and_orders_its_two_grids(recorder, monkeypatch, forma
     monkeypatch.setattr(fpnn, "stream_handle", lambda _: 5)
     monkeypatch.setattr(fpnn, "current_device", lambda: -1)
     monkeypatch.setattr(fpnn, "runs_hopper_kernels", lambda _: True)
+    return state
+
+
+@pytest.mark.parametrize(
+    "format, activations", [("nvfp4", "dynamic"), ("nvfp4", "static")] + [("mxfp4", "dynamic")]
+)
+@pytest.mark.parametrize("m", [4, 40], ids=["local-amax", "amax-grid"])
+def test_token_route_binds_and_orders_its_two_grids(token_route, format, activations, m):
+    """FP4Linear's token route on the CPU with a recording step: one host call whose arguments
+    are the tokens grid's, taking x and writing the GEMM's copy and a global scale of its own
+    (never the layer's static scale), then the prologue-free GEMM's, reading that copy, alpha
+    (the static scale, or the one the quantizer wrote) and the weight's global scale; the
+    pair of kernels it compiles is the tokens mode and the tokens_converted GEMM."""
+    from fp4_ops import quantizer
+
     k, n = 512, 64
     linear = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
     gs = 0.25 if activations == "static" else None
@@ -200,8 +210,9 @@ def test_token_route_binds_and_orders_its_two_grids(recorder, monkeypatch, forma
     vec = 16 if format == "nvfp4" else 32
     y = layer._forward_tokens(x, vec)
     assert y.shape == (m, n) and y.dtype == torch.bfloat16
-    assert len(calls) == 1 and not recorder.launches
-    [(q_config, gemm_config)] = pairs
+    calls = token_route.calls
+    assert len(calls) == 1 and not token_route.gemm_launches
+    [(q_config, gemm_config)] = token_route.pairs
     dynamic = format == "nvfp4" and layer.input_global_scale is None
     amax_grid = dynamic and m * k * 2 > quantizer.LOCAL_AMAX_BYTES
     local = dynamic and not amax_grid
@@ -222,6 +233,113 @@ def test_token_route_binds_and_orders_its_two_grids(recorder, monkeypatch, forma
     assert g_args[4] == y.data_ptr() and g_args[8] == gs_in
     assert g_args[10] == layer.weight_global_scale.data_ptr()
     assert g_args[11] == (m, n, k, 1)
+
+
+@pytest.mark.parametrize("activations", ["dynamic", "static"])
+def test_token_route_plan_binds_scratch_and_every_buffer(token_route, monkeypatch, activations):
+    """A token-route plan (``_Plan.make``) launches the bound step, never under CUDA-graph
+    capture (it binds this stream's token copy and scale), and goes stale when the layer holds
+    another tensor for any buffer the step reads, the static input scale included."""
+    monkeypatch.setattr(ops, "current_device", lambda: -1)
+    capture = [False]
+    monkeypatch.setattr(fpnn, "capturing", lambda: capture[0])
+    gs = 0.25 if activations == "static" else None
+    linear = torch.nn.Linear(256, 64, bias=False, dtype=torch.bfloat16)
+    layer = fp4_ops.FP4Linear.from_linear(linear, "nvfp4", activations, gs)
+    x = aligned_buffer(4 * 256, dtype=torch.bfloat16).view(4, 256)
+    plan = fpnn._Plan.make(layer, x)
+    assert plan.scratch and plan.quantize is None and plan.takes(x, -1)
+    y = plan(x, 5)
+    [(q_args, g_args, stream)] = token_route.calls
+    assert (q_args[0], g_args[4], stream) == (x.data_ptr(), y.data_ptr(), 5)
+    capture[0] = True
+    assert not plan.takes(x, -1)
+    read = ["weight_data", "weight_scale", "weight_global_scale"]
+    read += ["input_global_scale"] if activations == "static" else []
+    for name in read:
+        held = layer._buffers[name]
+        assert plan.current(layer)
+        layer._buffers[name] = held.clone()
+        assert not plan.current(layer), name
+        layer._buffers[name] = held
+
+
+def _bound_pair(seen: list, gemm_config):
+    """A BoundQuantize (tokens mode) and a BoundGemm whose kernels record their arguments, and
+    the token copy they share."""
+    from fp4_ops import quantizer
+
+    t = [torch.zeros(16, dtype=torch.float32) for _ in range(10)]
+    copy, gs_in, gs_out, partials = t[:4]
+    q_config = quantizer.QuantizerConfig("BFloat16", 16, True, False, True)
+    held = (copy, copy, gs_in, gs_out, partials)
+    tail = (*(h.data_ptr() for h in held), (4, 256, 1), 132)
+    quantize = quantizer.BoundQuantize(lambda *a: seen.append(a), tail, held, q_config)
+    workspace, unit = tuple(t[4:7]), t[7]
+    launch = r90.Launch(
+        lambda *a: seen.append(a), (4, 64, 256, 1), workspace, -1, unit, gemm_config
+    )
+    gemm = launch.bind(t[8], t[9], t[9], gs_out, t[8])
+    return quantize, gemm, copy
+
+
+def test_fused_step_hands_each_kernel_what_its_own_call_would(monkeypatch):
+    """``tokens_step.fuse``: one call of the step, whose host function (run here with
+    recording kernels) calls the quantizer with the arguments of its bound call, then the
+    GEMM with those of its bound call, the SM count and the same stream; a copy the quantizer
+    is not bound to write is refused."""
+    from fp4_ops.sm90 import tokens_step
+
+    seen, compiled = [], []
+    gemm_config = r90.GemmConfig(16, "BFloat16", path="decode", mma_tiler_mn=(8, 128))
+    quantize, gemm, copy = _bound_pair(seen, gemm_config)
+    x, out, stream = 1001, 1002, 7
+    quantize(x, stream)
+    gemm(copy.data_ptr(), out, stream)
+    q_call, g_call = seen
+
+    def function(*key):
+        compiled.append(key)
+        return lambda *a: seen.append(a)
+
+    monkeypatch.setattr(tokens_step, "_function", function)
+    step = tokens_step.fuse(quantize, gemm, copy)
+    assert compiled == [(quantize.config, gemm_config, -1)]
+    step(x, out, stream)
+    q_args, g_args, step_stream = seen[2]
+    run = []
+    host = tokens_step.TokensStep(lambda *a: run.append(a), lambda *a: run.append(a))
+    tokens_step.TokensStep.__call__.__wrapped__(host, q_args, g_args, 132, step_stream)
+    assert run == [q_call, (*g_call[:-1], 132, stream)]
+    with pytest.raises(ValueError, match="token copy"):
+        tokens_step.fuse(quantize, gemm, torch.zeros(16))
+
+
+def test_step_functions_are_compiled_once_per_pair_and_device(monkeypatch):
+    """A step is compiled once per (quantizer config, GEMM config, device): another GEMM
+    configuration, quantizer configuration or device compiles its own."""
+    from dataclasses import replace
+
+    from fp4_ops import quantizer
+    from fp4_ops.sm90 import tokens_step
+
+    compiled = []
+
+    def compile_step(q_config, gemm_config, sms, options):
+        compiled.append((q_config, gemm_config))
+        fn = object()
+        return SimpleNamespace(__tvm_ffi_object__=lambda: fn)
+
+    monkeypatch.setattr(tokens_step, "compile_tokens_step", compile_step)
+    monkeypatch.setattr(tokens_step, "gpu_sm_count", lambda *_: 132)
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    monkeypatch.setattr(tokens_step, "_STEPS", {})
+    q = quantizer.QuantizerConfig("BFloat16", 16, True, True, True)
+    g = r90.GemmConfig(16, "BFloat16", path="decode", mma_tiler_mn=(8, 128), tokens_converted=True)
+    keys = [(q, g, 0), (q, replace(g, split_k=2), 0), (replace(q, dynamic=False), g, 0), (q, g, 1)]
+    fns = [tokens_step._function(*key) for key in keys]
+    assert len(compiled) == 4 and len({id(f) for f in fns}) == 4
+    assert [tokens_step._function(*key) for key in keys] == fns and len(compiled) == 4
 
 
 def test_eager_goes_direct_only_for_plain_untracked_cuda_tensors():

@@ -153,6 +153,32 @@ def test_tokens_converted_kernel_has_no_prologue_grid(vec, tmp_path):
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.\S*shared::\w+\.global", early)) == 2
 
 
+@pytest.mark.parametrize("c_dtype", ["BFloat16", "Float16", "Float32"])
+def test_compile_wrappers_hand_cute_compile_every_type(monkeypatch, c_dtype):
+    """``compile_kernel`` and ``compile_tokens_step`` give ``cute.compile`` D in ``c_dtype``,
+    the SM count and the options as asked (and the step the quantizer's x dtype): a wrapper
+    that dropped one would compile another kernel than its cache key names."""
+    from dataclasses import replace
+
+    import cutlass
+
+    from fp4_ops import quantizer
+    from fp4_ops.sm90 import tokens_step
+
+    seen = []
+    monkeypatch.setattr(k90.cute, "compile", lambda *args, **kw: seen.append((args, kw)))
+    config = r90.GemmConfig(16, c_dtype, path="decode", mma_tiler_mn=(8, 128))
+    k90.compile_kernel(config.kernel(), c_dtype, 77, "--opt")
+    tokens = replace(config, tokens_converted=True)
+    q_config = quantizer.QuantizerConfig("Float16", 16, False, False, True)
+    tokens_step.compile_tokens_step(q_config, tokens, 78, "--opt2")
+    (args, kw), (step_args, step_kw) = seen
+    assert args[5].dtype == k90.C_DTYPES[c_dtype] and args[13] == 77 and kw["options"] == "--opt"
+    q_args, g_args, sms = step_args[1:4]
+    assert q_args[0].dtype == cutlass.Float16 and g_args[4].dtype == k90.C_DTYPES[c_dtype]
+    assert sms == 78 and step_kw["options"] == "--opt2"
+
+
 def _kernel_bodies(dump) -> list[str]:
     """The PTX kernels in ``dump``, in order, each with its own name replaced by one word and
     its branch labels by the module's first kernel's."""
