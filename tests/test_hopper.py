@@ -1605,6 +1605,15 @@ def test_default_config_paths():
     # (W4A4, which counts no SM share, and the grouped kernel keep the least: 7040 against 7168)
     assert k90.default_config(64, 18432, 8192, 1)[1:] == ((64, 64), 4, 1)
     assert k90.default_config(64, 28672, 8192, 1, grouped=True, **w4a16)[1:] == ((64, 64), 2, 1)
+    # W4A16 on 64-token tiles: 64-row units of >= 32 k-tiles of 128 rows run as 128 rows split
+    # twice as far (8192 x 28672: 2 -> 4, 56 k-tiles; 5120 x 25600: 3 -> 6, 34); 8192 x 8192's
+    # units (16) stay, as do W4A4's and the grouped kernel's
+    assert k90.default_config(64, 8192, 28672, 1, **w4a16) == ("decode", (64, 128), 4, 1)
+    assert k90.default_config(40, 5120, 25600, 1, **w4a16) == ("decode", (64, 128), 6, 1)
+    assert k90.default_config(33, 57344, 8192, 1, **w4a16) == ("decode", (64, 128), 2, 1)
+    assert k90.default_config(64, 8192, 8192, 1, **w4a16) == ("decode", (64, 64), 2, 1)
+    assert k90.default_config(64, 8192, 28672, 1) == ("decode", (64, 64), 2, 1)
+    assert k90.default_config(64, 8192, 28672, 1, grouped=True, **w4a16)[1] == (64, 64)
     # W4A16, one tile of 65-128 tokens: 128 rows where units of >= 24 k-tiles fill 3/4 of the
     # SMs (224 tiles unsplit: 2 rounds, no fix-up; 64 tiles split 2: 128 units of 112 k-tiles)
     assert k90.default_config(128, 28672, 8192, 1, **w4a16) == ("decode", (128, 128), 1, 1)
@@ -2218,6 +2227,8 @@ W4A16_COMPILE = [
     # (sf_vec_size, a_dtype, c_dtype, path, mma_tiler_mn, split_k, tma_store, k_groups)
     (16, "BFloat16", "BFloat16", "decode", (16, 128), 1, True, 1),
     (16, "Float16", "Float32", "decode", (64, 128), 4, True, 1),
+    # (the W4A16 pick for long units on 64-token tiles: split-K 128 rows, no TMA-store staging)
+    (16, "BFloat16", "BFloat16", "decode", (64, 128), 4, False, 1),
     (16, "BFloat16", "BFloat16", "decode", (128, 128), 2, True, 1),
     (32, "BFloat16", "Float16", "decode", (8, 64), 2, False, 4),
     (16, "BFloat16", "BFloat16", "prefill", (128, 256), 1, True, 1),
@@ -2358,6 +2369,10 @@ W4A16_GPU_CASES = [
     # ragged token tiles of 64 tokens (16-row boxes) and 32 (read whole, K groups); M > K (the
     # boxes past M are M's, not K's)
     (40, 520, 1056, 1, 32, "BFloat16", "Float32", "decode", (64, 128), 1, 1.0, 1),
+    # split-K 128-row tiles of 64 tokens (default_config's pick for long units): ragged and whole
+    (40, 776, 4160, 2, 16, "BFloat16", "BFloat16", "decode", (64, 128), 4, 0.5, 1),
+    (64, 520, 4096, 1, 32, "BFloat16", "Float16", "decode", (64, 128), 2, 1.0, 1),
+    (64, 392, 4096, 1, 16, "Float16", "Float32", "decode", (64, 128), 8, 2.0, 1),
     (10, 520, 1056, 1, 16, "Float16", "BFloat16", "decode", (32, 64), 1, 1.0, 4),
     (200, 264, 64, 1, 16, "BFloat16", "BFloat16", "decode", (128, 128), 1, 1.0, 1),
     (8, 1001, 1024, 1, 16, "BFloat16", "BFloat16", "decode", (8, 128), 1, 1.0, 1),

@@ -162,12 +162,18 @@ W4A16_SM_SHARE = 0.75
 # default_config, W4A16 decode: picks whose busiest SM is within this fraction of the least
 # count as tied, and the fewest units wins among them (docs/sm90_design.md)
 W4A16_NEAR_TIE = 0.02
+# default_config, W4A16 on 64-token tiles: a 64-row pick whose units stream at least this many
+# k-tiles of 128 rows runs as 128 rows, split twice as far (docs/sm90_design.md)
+W4A16_TALL_MIN_K_TILES = 32
 # default_config, one tile of 65-128 tokens on 128 rows: a unit's end costs four UNIT_COST (a
 # 4x larger fp32 tile), and its units keep at least this many k-tiles
 WIDE_UNIT_COST = 4 * UNIT_COST
 WIDE_MIN_K_TILES = 24
 # ... W4A4 only where the busiest SM streams at least this many k-tiles (docs/sm90_design.md)
 W4A4_WIDE_MIN_SM_K_TILES = 48
+# default_config: the decode path's K splits, each unit keeping at least MIN_UNIT_K_TILES k-tiles
+DECODE_SPLITS = (1, 2, 3, 4, 6, 8)
+MIN_UNIT_K_TILES = 8
 # default_config: the decode path up to this M, the prefill path beyond it
 DECODE_MAX_M = 2048
 # NVFP4 on F16: each FP4 operand converted to F16 carries 2^-7, so D = acc * 2^14 * alpha
@@ -266,7 +272,9 @@ def default_config(
       to the persistent CTAs, so the tile rows (128 or 64 weight rows) and split (1, 2, 3, 4,
       6 or 8, keeping >= 8 k-tiles of 128 per unit) minimize the busiest CTA's work,
       ceil(units / CTA slots) x (rows x ceil(k-tiles / split) + UNIT_COST).  Ties go to fewer
-      units, then to 128 rows for tiles of <= 32 tokens and 64 rows for wider ones.  Several
+      units, then to 128 rows for tiles of <= 32 tokens and 64 rows for wider ones (W4A16,
+      not ``grouped``: 64-row units of at least W4A16_TALL_MIN_K_TILES k-tiles of 128 rows run
+      as 128 rows split twice as far).  Several
       token tiles (M > 128) take 128 rows, split only while the tiles leave CTA slots idle.
     * One wave of K groups: where the units of that pick have <= 8 k-tiles and one CTA per 64
       weight rows (x a K split) fills 3/4 of the SMs or more, at most all of them, a token tile
@@ -303,8 +311,8 @@ def default_config(
             # several token tiles: compute-bound, both consumer warpgroups needed
             continue
         tiles = math.ceil(m / cols) * math.ceil(n / rows) * l
-        for split in (1, 2, 3, 4, 6, 8):
-            if split > 1 and (k_tiles // split < 8 or (m > cols and tiles >= slots)):
+        for split in DECODE_SPLITS:
+            if split > 1 and (k_tiles // split < MIN_UNIT_K_TILES or (m > cols and tiles >= slots)):
                 continue
             if not epilogue_staging_fits("decode", (cols, rows), split):
                 continue
@@ -320,6 +328,8 @@ def default_config(
         near = [pick for pick in picks if pick[0] <= least * (1 + W4A16_NEAR_TIE)]
         picks = [(units, busiest, *rest) for busiest, units, *rest in near]
     *_, rows, split = min(picks)
+    if a_dtype != W4A4 and not grouped and cols == 64 and rows == 64:
+        rows, split = _tall_w4a16(k_tiles, split)
     tiler = (cols, rows)
     short_units = math.ceil(k_tiles / split) <= 8
     if allow_k_groups and cols <= 32 and (short_units or a_dtype != W4A4):
@@ -327,6 +337,18 @@ def default_config(
         if kg_split is not None:
             return "decode", (cols, 64), kg_split, DECODE_K_GROUPS
     return "decode", tiler, split, 1
+
+
+def _tall_w4a16(k_tiles: int, split: int) -> tuple[int, int]:
+    """(rows, split) for a W4A16 pick of 64-row units on 64-token tiles: where its units
+    stream at least W4A16_TALL_MIN_K_TILES k-tiles of 128 rows, 128 rows split twice as far (as
+    many units, as many weights each, two converting warpgroups per CTA); else as picked."""
+    tall_split = 2 * split
+    if tall_split not in DECODE_SPLITS or k_tiles // tall_split < MIN_UNIT_K_TILES:
+        return 64, split
+    if 64 * math.ceil(k_tiles / split) < 128 * W4A16_TALL_MIN_K_TILES:
+        return 64, split
+    return 128, tall_split
 
 
 def _wide_split(n, l, k_tiles, num_sms, min_sm_k_tiles):  # noqa: E741
@@ -337,7 +359,7 @@ def _wide_split(n, l, k_tiles, num_sms, min_sm_k_tiles):  # noqa: E741
     busiest CTA of the pick streams fewer than ``min_sm_k_tiles`` k-tiles."""
     tiles = math.ceil(n / 128) * l
     best = None
-    for split in (1, 2, 3, 4, 6, 8):
+    for split in DECODE_SPLITS:
         units = tiles * split
         if units < 0.75 * num_sms or k_tiles // split < WIDE_MIN_K_TILES:
             continue
@@ -355,7 +377,7 @@ def _one_wave_k_group_split(n, l, k_tiles, num_sms):  # noqa: E741
     64 weight rows and split fills between 3/4 of the SMs and all of them, with at least two
     k-tiles per group; None if there is none."""
     tiles = math.ceil(n / 64) * l
-    for kg_split in (1, 2, 3, 4, 6, 8):
+    for kg_split in DECODE_SPLITS:
         if k_tiles // kg_split < 2 * DECODE_K_GROUPS:
             return None
         if 0.75 * num_sms <= tiles * kg_split <= num_sms:
