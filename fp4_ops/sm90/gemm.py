@@ -344,9 +344,11 @@ def _tall_w4a16(k_tiles: int, split: int) -> tuple[int, int]:
     stream at least W4A16_TALL_MIN_K_TILES k-tiles of 128 rows, 128 rows split twice as far (as
     many units, as many weights each, two converting warpgroups per CTA); else as picked."""
     tall_split = 2 * split
-    if tall_split not in DECODE_SPLITS or k_tiles // tall_split < MIN_UNIT_K_TILES:
-        return 64, split
-    if 64 * math.ceil(k_tiles / split) < 128 * W4A16_TALL_MIN_K_TILES:
+    # (units of >= W4A16_TALL_MIN_K_TILES keep MIN_UNIT_K_TILES at the doubled split)
+    if (
+        tall_split not in DECODE_SPLITS
+        or 64 * math.ceil(k_tiles / split) < 128 * W4A16_TALL_MIN_K_TILES
+    ):
         return 64, split
     return 128, tall_split
 
