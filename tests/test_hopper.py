@@ -1612,6 +1612,8 @@ def test_default_config_paths():
     assert k90.default_config(40, 5120, 25600, 1, **w4a16) == ("decode", (64, 128), 6, 1)
     assert k90.default_config(33, 57344, 8192, 1, **w4a16) == ("decode", (64, 128), 2, 1)
     assert k90.default_config(64, 8192, 8192, 1, **w4a16) == ("decode", (64, 64), 2, 1)
+    # (split 8 has no split twice as far: 64 x 1024 x 65536 keeps 64 rows)
+    assert k90.default_config(64, 1024, 65536, 1, **w4a16) == ("decode", (64, 64), 8, 1)
     assert k90.default_config(64, 8192, 28672, 1) == ("decode", (64, 64), 2, 1)
     assert k90.default_config(64, 8192, 28672, 1, grouped=True, **w4a16)[1] == (64, 64)
     # W4A16, one tile of 65-128 tokens: 128 rows where units of >= 24 k-tiles fill 3/4 of the
