@@ -1572,6 +1572,8 @@ def test_default_config_paths():
     # per 64 weight rows fills 3/4 of the SMs or more ...
     assert k90.default_config(1, 7168, 2048, 1) == ("decode", (8, 64), 1, 4)
     assert k90.default_config(32, 7168, 2048, 1) == ("decode", (32, 64), 1, 4)
+    # (the first split that fills 3/4 of the SMs: 1280 rows are 20 CTAs of 64, 120 at split 6)
+    assert k90.default_config(1, 1280, 6144, 1) == ("decode", (8, 64), 6, 4)
     # (at exactly 3/4 of the 132 SMs: 6336 rows are 99 CTAs of 64)
     assert k90.default_config(1, 6336, 2048, 1) == ("decode", (8, 64), 1, 4)
     assert k90.default_config(1, 6336, 8192, 1, a_dtype="BFloat16") == ("decode", (8, 64), 1, 4)
@@ -1614,6 +1616,11 @@ def test_default_config_paths():
     assert k90.default_config(64, 8192, 8192, 1, **w4a16) == ("decode", (64, 64), 2, 1)
     # (split 8 has no split twice as far: 64 x 1024 x 65536 keeps 64 rows)
     assert k90.default_config(64, 1024, 65536, 1, **w4a16) == ("decode", (64, 64), 8, 1)
+    # (the threshold's two sides: 248 and 252 k-tiles split 4 -> 8, units of 31 and 32)
+    assert k90.default_config(64, 3584, 31744, 1, **w4a16) == ("decode", (64, 64), 4, 1)
+    assert k90.default_config(64, 3584, 32256, 1, **w4a16) == ("decode", (64, 128), 8, 1)
+    # (64-token tiles only: one 128-token tile of long 64-row units keeps them)
+    assert k90.default_config(128, 1536, 32768, 1, **w4a16) == ("decode", (128, 64), 4, 1)
     assert k90.default_config(64, 8192, 28672, 1) == ("decode", (64, 64), 2, 1)
     assert k90.default_config(64, 8192, 28672, 1, grouped=True, **w4a16)[1] == (64, 64)
     # W4A16, one tile of 65-128 tokens: 128 rows where units of >= 24 k-tiles fill 3/4 of the

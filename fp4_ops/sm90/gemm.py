@@ -272,10 +272,12 @@ def default_config(
       to the persistent CTAs, so the tile rows (128 or 64 weight rows) and split (1, 2, 3, 4,
       6 or 8, keeping >= 8 k-tiles of 128 per unit) minimize the busiest CTA's work,
       ceil(units / CTA slots) x (rows x ceil(k-tiles / split) + UNIT_COST).  Ties go to fewer
-      units, then to 128 rows for tiles of <= 32 tokens and 64 rows for wider ones (W4A16,
-      not ``grouped``: 64-row units of at least W4A16_TALL_MIN_K_TILES k-tiles of 128 rows run
-      as 128 rows split twice as far).  Several
+      units, then to 128 rows for tiles of <= 32 tokens and 64 rows for wider ones.  Several
       token tiles (M > 128) take 128 rows, split only while the tiles leave CTA slots idle.
+    * W4A16 (not ``grouped``) on 33-64 tokens: a 64-row pick split s runs as 128 rows split 2s
+      (as many units, as many weights each) where 2s is one of DECODE_SPLITS and its units
+      stream at least W4A16_TALL_MIN_K_TILES k-tiles; the loop above never offers these tiles,
+      which cannot stage D for TMA stores and store it directly.
     * One wave of K groups: where the units of that pick have <= 8 k-tiles and one CTA per 64
       weight rows (x a K split) fills 3/4 of the SMs or more, at most all of them, a token tile
       of <= 32 tokens runs as 64-row tiles with DECODE_K_GROUPS groups of consumer warpgroups
@@ -314,6 +316,7 @@ def default_config(
         for split in DECODE_SPLITS:
             if split > 1 and (k_tiles // split < MIN_UNIT_K_TILES or (m > cols and tiles >= slots)):
                 continue
+            # (split 128-row tiles of 64 tokens store D directly: offered by _tall_w4a16 only)
             if not epilogue_staging_fits("decode", (cols, rows), split):
                 continue
             units = tiles * split
@@ -340,15 +343,13 @@ def default_config(
 
 
 def _tall_w4a16(k_tiles: int, split: int) -> tuple[int, int]:
-    """(rows, split) for a W4A16 pick of 64-row units on 64-token tiles: where its units
-    stream at least W4A16_TALL_MIN_K_TILES k-tiles of 128 rows, 128 rows split twice as far (as
-    many units, as many weights each, two converting warpgroups per CTA); else as picked."""
+    """(rows, split) for a W4A16 pick of 64-row units split ``split`` on 64-token tiles: 128
+    rows split twice as far (two converting warpgroups per CTA) where that split is one of
+    DECODE_SPLITS and its units stream at least W4A16_TALL_MIN_K_TILES k-tiles; else as
+    picked."""
     tall_split = 2 * split
-    # (units of >= W4A16_TALL_MIN_K_TILES keep MIN_UNIT_K_TILES at the doubled split)
-    if (
-        tall_split not in DECODE_SPLITS
-        or 64 * math.ceil(k_tiles / split) < 128 * W4A16_TALL_MIN_K_TILES
-    ):
+    # (units of >= W4A16_TALL_MIN_K_TILES keep MIN_UNIT_K_TILES)
+    if tall_split not in DECODE_SPLITS or math.ceil(k_tiles / tall_split) < W4A16_TALL_MIN_K_TILES:
         return 64, split
     return 128, tall_split
 
