@@ -276,8 +276,8 @@ def default_config(
       token tiles (M > 128) take 128 rows, split only while the tiles leave CTA slots idle.
     * W4A16 (not ``grouped``) on 33-64 tokens: a 64-row pick split s runs as 128 rows split 2s
       (as many units, as many weights each) where 2s is one of DECODE_SPLITS and its units
-      stream at least W4A16_TALL_MIN_K_TILES k-tiles; the busiest-CTA search never offers them,
-      which cannot stage D for TMA stores and store it directly.
+      stream at least W4A16_TALL_MIN_K_TILES k-tiles.  The busiest-CTA search never offers
+      these tiles: they cannot stage D for TMA stores, and store it directly.
     * One wave of K groups: where the units of that pick have <= 8 k-tiles and one CTA per 64
       weight rows (x a K split) fills 3/4 of the SMs or more, at most all of them, a token tile
       of <= 32 tokens runs as 64-row tiles with DECODE_K_GROUPS groups of consumer warpgroups
