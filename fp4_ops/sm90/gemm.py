@@ -307,6 +307,7 @@ def default_config(
         wide_split = _wide_split(n, l, k_tiles, num_sms, min_sm_k_tiles)
         if wide_split is not None:
             return "decode", (cols, 128), wide_split, 1
+    w4a16_dense = a_dtype != W4A4 and not grouped
     picks = []
     for rows in VALID_TILE_ROWS[::-1]:
         if m > cols and rows != 128:
@@ -325,13 +326,13 @@ def default_config(
                 rounds = max(rounds, W4A16_SM_SHARE * math.ceil(units / num_sms))
             busiest = rounds * (rows * math.ceil(k_tiles / split) + UNIT_COST)
             picks.append((busiest, units, rows != (64 if cols >= 64 else 128), rows, split))
-    if a_dtype != W4A4 and not grouped:
+    if w4a16_dense:
         # (the SM share makes near-ties between an unsplit wave and a split one)
         least = min(busiest for busiest, *_ in picks)
         near = [pick for pick in picks if pick[0] <= least * (1 + W4A16_NEAR_TIE)]
         picks = [(units, busiest, *rest) for busiest, units, *rest in near]
     *_, rows, split = min(picks)
-    if a_dtype != W4A4 and not grouped and cols == 64 and rows == 64:
+    if w4a16_dense and cols == 64 and rows == 64:
         rows, split = _tall_w4a16(k_tiles, split)
     tiler = (cols, rows)
     short_units = math.ceil(k_tiles / split) <= 8
@@ -2156,10 +2157,15 @@ def compile_kernel(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, num_sms: int, optio
     """``compile_gemm``'s executor of a kernel object, for any M, N, K, L."""
     import cuda.bindings.driver as cuda_driver
 
-    # placeholder addresses: compilation only needs the element types and alignments
-    ptrs = gmem_pointers(gemm, c_dtype, [0] * 11)
-    problem, stream = (Int32(1),) * 4, cuda_driver.CUstream(0)
-    return cute.compile(gemm, *ptrs, problem, num_sms, stream, options=options)
+    args = compile_arguments(gemm, c_dtype)
+    return cute.compile(gemm, *args, num_sms, cuda_driver.CUstream(0), options=options)
+
+
+def compile_arguments(gemm: BlockwiseGemmFp4Sm90, c_dtype: str) -> tuple:
+    """Placeholders of the launch's arguments but the SM count and the stream, for
+    ``cute.compile``: the pointers (compilation only needs their element types and alignments)
+    and (M, N, K, L)."""
+    return (*gmem_pointers(gemm, c_dtype, [0] * 11), (Int32(1),) * 4)
 
 
 def gmem_pointers(gemm: BlockwiseGemmFp4Sm90, c_dtype: str, addresses) -> list:

@@ -24,8 +24,10 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from fp4_ops.quantizer import BoundQuantize, QuantizeFp4, QuantizerConfig, compile_arguments
-from fp4_ops.sm90.gemm import BlockwiseGemmFp4Sm90, gmem_pointers
+from fp4_ops.quantizer import BoundQuantize, QuantizeFp4, QuantizerConfig
+from fp4_ops.quantizer import compile_arguments as quantizer_arguments
+from fp4_ops.sm90.gemm import BlockwiseGemmFp4Sm90
+from fp4_ops.sm90.gemm import compile_arguments as gemm_arguments
 from fp4_ops.sm90.launcher import BoundGemm, GemmConfig, gpu_sm_count
 
 
@@ -60,9 +62,8 @@ def compile_tokens_step(
         )
     gemm_kernel = gemm.kernel()
     step = TokensStep(quantizer.kernel(), gemm_kernel)
-    # (placeholders: compilation only needs the element types and alignments)
-    q_args = compile_arguments(step.quantizer)
-    gemm_args = (*gmem_pointers(gemm_kernel, gemm.c_dtype, [0] * 11), (cutlass.Int32(1),) * 4)
+    q_args = quantizer_arguments(step.quantizer)
+    gemm_args = gemm_arguments(gemm_kernel, gemm.c_dtype)
     stream = cuda_driver.CUstream(0)
     return cute.compile(step, q_args, gemm_args, num_sms, stream, options=options)
 
