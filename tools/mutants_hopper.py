@@ -633,8 +633,22 @@ MUTANTS = [
     mutant(
         "h-config-near-tie-for-w4a4",
         "configuration rule",
-        "    if a_dtype != W4A4 and not grouped:",
+        "    if w4a16_dense:",
         "    if not grouped:",
+        "default_config_paths",
+    ),
+    mutant(
+        "h-config-tall-for-w4a4",
+        "configuration rule",
+        "    if w4a16_dense and cols == 64 and rows == 64:",
+        "    if not grouped and cols == 64 and rows == 64:",
+        "default_config_paths",
+    ),
+    mutant(
+        "h-config-tall-threshold-low",
+        "configuration rule",
+        "W4A16_TALL_MIN_K_TILES = 32",
+        "W4A16_TALL_MIN_K_TILES = 31",
         "default_config_paths",
     ),
     mutant(
