@@ -1733,6 +1733,12 @@ def _cli(*args):
         (["--alpha", "nan"], "--alpha: alpha must be a finite fp32 number"),
         (["--mnkl", "16,4096,4096,1", "--alpha", "1e38"], "NVFP4 here needs |alpha| < 2^114"),
         (["--mnkl", "1,64,256,1", "--k_groups", "4", "--mma_tiler_mn", "64,64"], "K groups"),
+        (["--k_groups", "0"], "k_groups=0 is not supported: use 1 (no K groups) or 2..4"),
+        (["--mnkl", "16,8192,0,1"], "K must be >= 1"),
+        (["--mnkl", "16,8192,-32,1"], "K must be >= 1"),
+        (["--mnkl", "0,8192,64,1"], "M must be >= 1"),
+        (["--mnkl", "1,-64,64,1"], "N must be >= 1"),
+        (["--mnkl", "1,64,64,0"], "L must be >= 1"),
     ],
 )
 def test_cli_bad_input_exits_2(args, message, tmp_path, capsys):

@@ -153,8 +153,9 @@ def _validated(args: argparse.Namespace) -> argparse.Namespace:
         raise UsageError("--iterations must be >= 1 and --warmup_iterations >= 0")
     if not math.isfinite(args.tolerance) or args.tolerance <= 0:
         raise UsageError("--tolerance must be a finite number > 0")
-    # (the bound's gamma_K needs K u < 1: past it the bound divides by zero or turns negative)
-    k_limit = 1.0 / (args.mnkl[2] * 2.0**-24)
+    # (the bound's gamma_K needs K u < 1: past it the bound divides by zero or turns negative;
+    # a K < 1 is the problem check's to refuse)
+    k_limit = 1.0 / (max(args.mnkl[2], 1) * 2.0**-24)
     if not args.compile_only and args.tolerance >= k_limit:
         raise UsageError(
             f"--tolerance {args.tolerance:g} is too large for K = {args.mnkl[2]}: the bound "

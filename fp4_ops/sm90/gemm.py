@@ -594,6 +594,8 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
     """Why ``k_groups`` cannot run with this path and tile, or None."""
     if k_groups == 1:
         return None
+    if k_groups < 1:
+        return f"k_groups={k_groups} is not supported: use 1 (no K groups) or 2..4"
     rows, cols = kernel_tile(path, mma_tiler_mn)
     # NOTE: 640 threads per CTA at most (setmaxregister budgets), and the ring must hold at
     # least two stages per group next to the groups' parked accumulators.
