@@ -132,6 +132,9 @@ def unpickled(value):
     return value
 
 
+# what ``FP4Tensor.dequantize`` may return: the float dtypes that hold its values as values
+DEQUANTIZE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
 _NOT_A_TENSOR = (
     "an FP4Tensor (e.g. FP4Linear.weight) is not a torch.Tensor but packed FP4 codes, block "
     "scales and a global scale: use fp4_ops.fp4_gemm, or .dequantize() for its values"
@@ -255,6 +258,10 @@ class FP4Tensor:
         bytes that no kernel gives a meaning (a signed or NaN E4M3, E8M0 0xFF) raise ValueError,
         as in ``fp4_gemm``; on CUDA they decode to what they encode (no host sync)."""
         check_type(dtype, torch.dtype, "dtype", "a torch.dtype")
+        if dtype not in DEQUANTIZE_DTYPES:
+            # (an integer or bool dtype would truncate the values, an FP8 one round them anew)
+            names = ", ".join(str(d) for d in DEQUANTIZE_DTYPES)
+            raise ValueError(f"dtype must be one of {names}, got {dtype}")
         if self.scale.device.type == "cpu" and not torch.compiler.is_compiling():
             cpu.check_scales(self.scale)
         values = cpu.dequantize(self.data, self.plain_scales(), self.sf_vec_size)

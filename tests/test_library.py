@@ -919,6 +919,13 @@ def _argument_cases():
             "^swizzled must be",
         ),
         "dequantize dtype": (lambda: a.dequantize("float32"), TypeError, "^dtype must be"),
+        "dequantize int dtype": (lambda: a.dequantize(torch.int32), ValueError, "^dtype must be"),
+        "dequantize bool dtype": (lambda: a.dequantize(torch.bool), ValueError, "^dtype must be"),
+        "dequantize FP8 dtype": (
+            lambda: a.dequantize(torch.float8_e4m3fn),
+            ValueError,
+            "^dtype must be one of torch.float32",
+        ),
         "F.linear with an FP4 weight": (
             lambda: F.linear(x, layer.weight),
             TypeError,
@@ -985,3 +992,35 @@ def test_unpickling_an_older_layer_gives_it_every_cache():
     x = torch.randn(3, 64)
     with torch.no_grad():
         assert torch.equal(other(x), layer(x))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_cpu_results_ignore_torch_default_dtype(fmt):
+    """torch's default dtype reaches none of the CPU path's constants: under a bfloat16 default,
+    quantize (dynamic and static scale), dequantize, fp4_gemm and an FP4Linear (W4A4 and W4A16)
+    give the same bits as under float32."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 64, generator=gen, dtype=torch.float32)
+    w = torch.randn(40, 64, generator=gen, dtype=torch.float32)
+    linear = nn.Linear(64, 40, dtype=torch.float32)
+    static = torch.tensor(0.01, dtype=torch.float32) if fmt == "nvfp4" else None
+
+    def results():
+        a, b = fp4_ops.quantize(x, fmt), fp4_ops.quantize(w, fmt, static)
+        w4a4 = FP4Linear.from_linear(linear, format=fmt)
+        w4a16 = FP4Linear.from_linear(
+            copy.deepcopy(linear).bfloat16(), format=fmt, activations="bf16"
+        )
+        outs = [t.data for t in (a, b)] + [t.scale.view(torch.uint8) for t in (a, b)]
+        outs += [a.global_scale, b.global_scale, a.dequantize(), fp4_ops.fp4_gemm(a, b)]
+        return outs + [w4a4(x), w4a16(x.bfloat16())]
+
+    want = results()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        got = results()
+    finally:
+        torch.set_default_dtype(old)
+    for i, (g, e) in enumerate(zip(got, want, strict=True)):
+        assert g.dtype == e.dtype and torch.equal(g, e), i
