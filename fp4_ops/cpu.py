@@ -71,7 +71,7 @@ def _finite_float(x: torch.Tensor) -> torch.Tensor:
 
 def dynamic_global_scale(xf: torch.Tensor) -> torch.Tensor:
     """amax / (448 * 6) of a float32 tensor, 1.0 where that is 0 (a 0-d tensor)."""
-    gs = xf.abs().amax() / torch.tensor(GLOBAL_SCALE_DIVISOR)
+    gs = xf.abs().amax() / torch.tensor(GLOBAL_SCALE_DIVISOR, dtype=torch.float32)
     return torch.where(gs > 0, gs, torch.ones_like(gs))
 
 
@@ -81,7 +81,7 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None):
     gs = dynamic_global_scale(xf) if global_scale is None else global_scale.float().reshape(())
     blocks = xf.unflatten(-1, (-1, 16))
     amax = blocks.abs().amax(dim=-1)
-    six = torch.tensor(E2M1_MAX)
+    six = torch.tensor(E2M1_MAX, dtype=torch.float32)
     scales = (amax / six / gs).clamp(max=448.0).to(torch.float8_e4m3fn)
     data = _encode(blocks, scales.float() * gs)
     return data, to_blocked(scales), gs.clone()

@@ -769,7 +769,7 @@ def check_silu(module: torch.nn.Module, name: str) -> None:
     """ValueError unless the experts module's ``act_fn`` is SiLU (checked on values: its class
     varies with the library that made it)."""
     act = getattr(module, "act_fn", None)
-    probe = torch.linspace(-8.0, 8.0, 65)
+    probe = torch.linspace(-8.0, 8.0, 65, dtype=torch.float32)
     if not callable(act) or not torch.equal(act(probe), F.silu(probe)):
         raise ValueError(f"{name}: its act_fn {act!r} is not SiLU")
 
@@ -841,7 +841,8 @@ def check_experts_forward(module: torch.nn.Module, name: str, activation: str) -
         gen = torch.Generator().manual_seed(0)
         for key, p in params.items():  # (weights ~ 1 / sqrt(fan-in); biases ~ 1)
             spread = p.shape[-1] ** -0.5 if p.ndim == 3 else 1.0
-            one = (torch.randn((1, *p.shape[1:]), generator=gen) * spread).to(p.dtype)
+            one = torch.randn((1, *p.shape[1:]), generator=gen, dtype=torch.float32)
+            one = (one * spread).to(p.dtype)
             probe._parameters[key] = torch.nn.Parameter(one.expand(p.shape), requires_grad=False)
     try:
         found = transformers_experts(probe)[2]
@@ -860,7 +861,8 @@ def _check_forward(module, w13, w2, activation, b13, b2) -> None:
     gen = torch.Generator().manual_seed(0)
     dtype, device = w13.dtype, w13.device
     ids = torch.tensor([[0, e - 1], [e // 2, 0]] * 2, device=device)
-    x = torch.randn(4, h, generator=gen).to(device)
+    # (float32 whatever torch's default dtype: the probe's sums are float32 throughout)
+    x = torch.randn(4, h, generator=gen, dtype=torch.float32).to(device)
     with torch.no_grad():
         for t in (2, 3):
             reach = max(float((w13[int(ex)].float() @ x[t]).abs().max()) for ex in ids[t])
@@ -870,7 +872,7 @@ def _check_forward(module, w13, w2, activation, b13, b2) -> None:
     weights = torch.tensor([[0.75, 0.25], [0.5, 0.5]] * 2, device=device, dtype=dtype)
     with torch.no_grad():
         got = module(x, ids, weights).float()
-        want = torch.zeros(4, h, device=device)
+        want = torch.zeros(4, h, device=device, dtype=torch.float32)
         for t in range(4):
             for slot in range(2):
                 ex = int(ids[t, slot])

@@ -270,3 +270,35 @@ def test_quantize_model_takes_other_architectures_experts(arch):
     with torch.no_grad():
         got, want = model(ids).logits, reference(ids).logits
     assert _rel(got, want) <= BF16_BOUND, _rel(got, want)
+
+
+def _same_bits(a, b) -> bool:
+    """State-dict values alike, tensors bit for bit (FP8 ones as bytes), others by ==."""
+    if isinstance(a, torch.Tensor):
+        if a.element_size() == 1:
+            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_bits(a[k], b[k]) for k in a)
+    return a == b
+
+
+@pytest.mark.parametrize("kind", ["qwen3-moe", "gpt-oss"])
+def test_quantize_model_ignores_torch_default_dtype(kind):
+    """torch's default dtype reaches none of quantize_model's probes of an experts module: under
+    a bfloat16 default it holds the same FP4 experts, bit for bit, as under float32."""
+    model = (_qwen3_moe() if kind == "qwen3-moe" else _gpt_oss()).to(torch.bfloat16)
+    states = []
+    for default in (torch.float32, torch.bfloat16):
+        quantized = copy.deepcopy(model)
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(default)
+        try:
+            report = fp4_ops.quantize_model(quantized, ["*.mlp.experts"], activations="bf16")
+        finally:
+            torch.set_default_dtype(old)
+        assert report.replaced == ["model.layers.0.mlp.experts"]
+        states.append(quantized.state_dict())
+    assert states[0].keys() == states[1].keys()
+    for key, value in states[0].items():
+        assert _same_bits(value, states[1][key]), key
