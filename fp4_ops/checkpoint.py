@@ -754,12 +754,24 @@ def _parse_device(device) -> torch.device:
         return torch.device("cpu")
     if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
         raise TypeError(f"device must be None, a str, an int or a torch.device, got {device!r}")
-    device = torch.device(device)
-    if device.type == "meta":
+    try:
+        # (an int is a CUDA device's index, as in torch.cuda)
+        parsed = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"device {device!r} is not a torch device, e.g. 'cpu' or 'cuda:0'"
+        ) from None
+    if parsed.type == "meta":
         raise ValueError("device 'meta' holds no data: load to a real device")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: FP4 layers run on the CPU or on CUDA devices")
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (parsed.index is not None and parsed.index >= count):
+            raise ValueError(f"device {device!r}: this machine has {count} CUDA device(s)")
+        if parsed.index is None:
+            parsed = torch.device("cuda", torch.cuda.current_device())
+    return parsed
 
 
 def load_quantized(
@@ -776,7 +788,8 @@ def load_quantized(
     The model is built by ``AutoModelForCausalLM.from_config`` with its parameters on the meta
     device (no 16-bit weight is made or initialized for a quantized layer); the checkpoint's
     FP4 tensors go straight into the FP4Linear buffers, everything else loads in the config's
-    dtype (bfloat16 where it names none), on ``device`` (default CPU). Tied weights stay tied
+    dtype (bfloat16 where it names none), on ``device`` (default CPU; a CPU or a present CUDA
+    device, an int naming a CUDA device's index, else ValueError). Tied weights stay tied
     as the model ties them when it is built (its config's ``tie_word_embeddings``); a quantized
     output embedding of a tied config is refused.
     Which Linear modules are quantized: compressed-tensors' ``config_groups`` targets less its
@@ -1195,7 +1208,7 @@ def save_quantized(
     ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``; earlier weight
     files of those names in the folder are removed first.
     """
-    _check_save_arguments(model, path, format, activations, max_shard_size)
+    _check_save_arguments(model, path, format, activations, max_shard_size, tokenizer)
     _hf()
     layers = _fp4_layers(model)
     experts = _experts_layers(model)
@@ -1240,7 +1253,7 @@ def save_quantized(
         tokenizer.save_pretrained(folder)
 
 
-def _check_save_arguments(model, path, format, activations, max_shard_size) -> None:
+def _check_save_arguments(model, path, format, activations, max_shard_size, tokenizer) -> None:
     """``save_quantized``'s argument checks (the model's contents are checked later)."""
     check_type(model, nn.Module, "model", "an nn.Module (a transformers model)")
     check_type(path, (str, os.PathLike), "path", "a str or os.PathLike folder")
@@ -1258,6 +1271,11 @@ def _check_save_arguments(model, path, format, activations, max_shard_size) -> N
     ):
         raise ValueError(
             f"max_shard_size must be None or a positive int (bytes), got {max_shard_size!r}"
+        )
+    if tokenizer is not None and not callable(getattr(tokenizer, "save_pretrained", None)):
+        raise TypeError(
+            "tokenizer must be None or have save_pretrained (a transformers tokenizer or "
+            f"processor), got {type(tokenizer).__name__}"
         )
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):

@@ -985,6 +985,9 @@ def test_damaged_weight_files_are_refused_by_name(base, damaged, content, bases,
         (dict(activations="static"), ValueError, "static scales come from the checkpoint"),
         (dict(activations=1), TypeError, "activations must be"),
         (dict(device="meta"), ValueError, "meta"),
+        (dict(device="tpu"), ValueError, "^device 'tpu' is not a torch device"),
+        (dict(device="xpu"), ValueError, "^device 'xpu': FP4 layers run on the CPU or on CUDA"),
+        (dict(device="cuda:64"), ValueError, r"^device 'cuda:64': this machine has \d+ CUDA"),
         (dict(path=1), TypeError, "path must be"),
     ],
 )
@@ -1068,6 +1071,14 @@ def test_save_refusals(layers, kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):
         fp4_ops.save_quantized(model, tmp_path / "out", **kwargs)
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_save_refuses_a_tokenizer_it_cannot_save_before_writing(tmp_path):
+    model = _model("llama")
+    _quantize(model, {LAYERS: ("nvfp4", "bf16")})
+    with pytest.raises(TypeError, match="^tokenizer must be None or have save_pretrained"):
+        fp4_ops.save_quantized(model, tmp_path / "out", tokenizer=5)
+    assert not (tmp_path / "out").exists()
 
 
 class _Extra(nn.Module):
