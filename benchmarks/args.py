@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 
 def positive_ints(p: argparse.ArgumentParser, flag: str, text: str, example: str) -> list[int]:
@@ -38,16 +39,20 @@ def positive_int(p: argparse.ArgumentParser, flag: str, text: str) -> int:
 
 
 def output_path(p: argparse.ArgumentParser, flag: str, text: str | None) -> str | None:
-    """``text`` as a file path (or prefix) the run can write at its end: not a folder, and under
-    a writable folder once its missing folders are made; refused now, not after the run."""
+    """``text`` as a file path (or prefix) the run can write at its end: not a folder, and in a
+    folder (made now where missing) that takes a new file; refused now, not after the run."""
     if text is None:
         return None
     path = os.path.abspath(text)
     if not text or text.endswith(os.sep) or os.path.isdir(path):
         p.error(f"{flag} {text!r}: a folder, not a file path")
     parent = os.path.dirname(path)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        p.error(f"{flag} {text}: {parent} is not a folder this run can write in")
+    try:
+        os.makedirs(parent, exist_ok=True)
+        # (a file made and removed, not os.access: root passes that even where no one can write)
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".write-probe-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as err:
+        p.error(f"{flag} {text}: {parent} is not a folder this run can write in ({err.strerror})")
     return text

@@ -4,6 +4,7 @@ caught, missed, excluded, stale and hanging mutants apart (on a toy repository).
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,20 +124,28 @@ def test_benchmark_positive_int_refuses_what_int_does_not_take(text, capsys):
         ("stack", "--json"),
     ],
 )
-@pytest.mark.parametrize("where", ["folder", "under-a-file"])
+@pytest.mark.parametrize("where", ["folder", "under-a-file", "virtual"])
 def test_benchmark_output_paths_are_refused_before_the_run(module, flag, where, tmp_path, capsys):
-    """A results path the run could not write at its end (a folder; a path under a file) is
-    refused with exit 2 as the arguments are read, not by a traceback after the measurements;
-    a path under folders still to be made is taken."""
+    """A results path the run could not write at its end (a folder; a path under a file; under a
+    virtual file system's folder, which root's os.access calls writable) is refused with exit 2
+    as the arguments are read, not by a traceback after the measurements; a path under folders
+    still to be made is taken."""
     import importlib
 
     bench = importlib.import_module(f"benchmarks.{module}")
     (tmp_path / "afile").write_text("")
-    bad = str(tmp_path) if where == "folder" else str(tmp_path / "afile" / "out.json")
-    with pytest.raises(SystemExit) as exit_:
-        bench.parse_args([flag, bad])
-    assert exit_.value.code == 2
-    assert f"{flag} " in capsys.readouterr().err
-    good = str(tmp_path / "new" / "deeper" / "out.json")
+    bad = {
+        "folder": str(tmp_path),
+        "under-a-file": str(tmp_path / "afile" / "out.json"),
+        "virtual": "/proc/fp4-ops-none/out.json",
+    }[where]
+    if where == "virtual" and not os.path.isdir("/proc"):
+        pytest.skip("no /proc on this machine")
+    # (benchmarks.model refuses a machine without a GPU unless told to run on the CPU)
     runs_here = ["--config", "tiny", "--device", "cpu"] if module == "model" else []
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args([*runs_here, flag, bad])
+    assert exit_.value.code == 2
+    assert f"{flag} " in (err := capsys.readouterr().err) and bad in err
+    good = str(tmp_path / "new" / "deeper" / "out.json")
     assert getattr(bench.parse_args([*runs_here, flag, good]), flag[2:]) == good
