@@ -9,6 +9,12 @@ import os
 import tempfile
 
 
+def parser(module: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of ``python -m <module>``, described by its docstring's first paragraph."""
+    first = " ".join(doc.split("\n\n")[0].split())
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=first.rstrip(":") + ".")
+
+
 def positive_ints(p: argparse.ArgumentParser, flag: str, text: str, example: str) -> list[int]:
     """``text`` as comma-separated positive integers, each once, in the order given."""
     try:

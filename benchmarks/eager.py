@@ -17,7 +17,6 @@ empty_like + op pair).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import fp4_ops
+from benchmarks import args as cli
 
 SHAPES = ((1, 8192, 8192), (16, 8192, 8192), (1, 4096, 4096))
 
@@ -88,7 +88,7 @@ def rows_for(m: int, n: int, k: int, calls: int) -> list[tuple[str, float, float
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.parser("benchmarks.eager", __doc__)
     p.add_argument(
         "--calls", type=int, default=100, help="calls per timed run (default 100, at most 150)"
     )

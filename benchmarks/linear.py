@@ -65,7 +65,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.parser("benchmarks.linear", __doc__)
     p.add_argument("--m", default=None, help="tokens, comma-separated (default: all)")
     p.add_argument("--nk", default=None, help="NxK pairs, comma-separated (default: all)")
     p.add_argument("--quick", action="store_true", help="2 shapes x 2 M; nothing written")

@@ -154,7 +154,7 @@ def _batches(text: str) -> list[int]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.parser("benchmarks.model", __doc__)
     p.add_argument("--config", type=_names, default=list(DEFAULT_CONFIGS), help="comma-separated")
     p.add_argument("--batch", type=_batches, default=[1, 16, 64], help="batch sizes (1,16,64)")
     p.add_argument("--layers", type=int, help="keep the first N decoder layers (default: all)")

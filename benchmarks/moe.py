@@ -177,7 +177,7 @@ TARGETS = (
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.parser("benchmarks.moe", __doc__)
     p.add_argument(
         "--tokens",
         default=",".join(map(str, TOKENS_DEFAULT)),

@@ -33,7 +33,7 @@ NAME_CHARS = 72
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.parser("benchmarks.moe_profile", __doc__)
     p.add_argument("--config", default=",".join(bench_moe.CONFIGS))
     p.add_argument("--tokens", default="1")
     p.add_argument("--contestants", default="ours_w4a16")

@@ -42,7 +42,6 @@ headers are installed, nvidia-cuda-cccl==13.0.85); without it they are reported 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -53,6 +52,7 @@ from dataclasses import dataclass
 import torch
 
 import reference
+from benchmarks import args as cli
 from fp4_ops.sm90 import k_order
 from fp4_ops.sm90 import launcher as r90
 
@@ -754,7 +754,7 @@ def l2_mode(warm: bool, l2_bytes: int) -> str:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = cli.parser("benchmarks.sm90", __doc__)
     ap.add_argument("--quick", action="store_true", help="four shapes instead of all")
     ap.add_argument(
         "--warm_l2",

@@ -121,7 +121,7 @@ HUMMING_ABSENT = "humming: not installed, not measured"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.parser("benchmarks.stack", __doc__)
     p.add_argument("--m", default=",".join(map(str, M_DEFAULT)), help="tokens, e.g. 1,16,64,128")
     p.add_argument("--stack", default=",".join(STACKS), help=f"of {', '.join(STACKS)}")
     p.add_argument("--layers", default=str(LAYERS_DEFAULT), help="distinct layers in the stack")

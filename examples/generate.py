@@ -62,7 +62,9 @@ class StepClock:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        description="Greedy generation from an FP4 checkpoint, with decode tokens per second."
+    )
     p.add_argument("--model", required=True, help="FP4 checkpoint folder")
     p.add_argument(
         "--activations",

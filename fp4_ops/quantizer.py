@@ -1087,7 +1087,10 @@ def benchmark(x, vec: int, gs) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m fp4_ops.quantizer",
+        description="NVFP4 / MXFP4 quantizer for the GPU, bit-exact with the formats' definition.",
+    )
     p.add_argument("--shape", default="8192,8192", help="rows,K or L,rows,K")
     p.add_argument("--format", choices=("nvfp4", "mxfp4"), default="nvfp4")
     p.add_argument("--in_dtype", choices=sorted(IN_DTYPES), default="BFloat16")
@@ -1096,10 +1099,14 @@ def main(argv=None) -> int:
     p.add_argument("--benchmark", action="store_true", help="time it against a copy and peers")
     p.add_argument("--gpu_arch", choices=GPU_ARCHS, default="sm_90a")
     args = p.parse_args(argv)
+    if args.benchmark and args.compile_only:
+        print("error: --benchmark runs the kernel: not with --compile_only", file=sys.stderr)
+        return 2
     try:
         shape = tuple(int(v) for v in args.shape.split(","))
     except ValueError:
-        shape = ()
+        print(f"error: --shape {args.shape}: integers, e.g. 16,8192", file=sys.stderr)
+        return 2
     vec = 16 if args.format == "nvfp4" else 32
     reason = shape_reason(shape, vec)
     if reason:

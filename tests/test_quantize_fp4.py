@@ -115,6 +115,8 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, tmp_
         (["--format", "mxfp4", "--global_scale", "0.5"], "NVFP4 only"),
         (["--gpu_arch", "garbage"], "invalid choice: 'garbage'"),
         (["--gpu_arch", "sm_80"], "invalid choice: 'sm_80'"),
+        (["--shape", "a,b"], "--shape a,b: integers, e.g. 16,8192"),
+        (["--benchmark"], "--benchmark runs the kernel: not with --compile_only"),
     ],
     ids=[
         "k-48",
@@ -126,6 +128,8 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, tmp_
         "mxfp4-gs",
         "arch",
         "sm80",
+        "shape-not-integers",
+        "benchmark-compile-only",
     ],
 )
 def test_cli_refuses_bad_input(args, why, capsys):

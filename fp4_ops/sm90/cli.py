@@ -72,7 +72,8 @@ def check_against_exact(d, a, b, alpha: float, tolerance: float = 1.0):
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="NVFP4/MXFP4 GEMM for Hopper (sm_90a): exact dequantization, F16/BF16 wgmma."
+        prog="python -m fp4_ops.sm90",
+        description="NVFP4/MXFP4 GEMM for Hopper (sm_90a): exact dequantization, F16/BF16 wgmma.",
     )
     parser.add_argument(
         "--mnkl", type=lambda s: parse_ints(s, 4, "--mnkl"), default=(8192, 8192, 8192, 1)
