@@ -417,8 +417,8 @@ def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -
     reserved = 1024  # mbarriers and the TMEM address slot
     num_ab_stage = (SM100_SMEM_CAPACITY - reserved - num_c_stage * epi_bytes) // ab_stage_bytes
     num_c_stage = (SM100_SMEM_CAPACITY - reserved - num_ab_stage * ab_stage_bytes) // epi_bytes
-    # One TMEM column holds 4 scales for each of 32 lanes: a 128-row atom x 4 scale columns
-    # (one per MMA of the k-tile) takes 4 columns.
+    # One TMEM column holds 4 scales for each of 32 lanes: a 128-row atom takes 4 columns, and
+    # NVFP4's 4 atoms per k-tile row block are reserved for MXFP4 too (it fills 2), as CUTLASS.
     sfa_columns = (cta_m // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
     sfb_columns = (sfb_rows // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
     acc_columns = tile_n
@@ -1635,7 +1635,10 @@ def make_parser() -> argparse.ArgumentParser:
         description="NVFP4/MXFP4 block-scaled GEMM with TMA for datacenter Blackwell, CuTe DSL."
     )
     parser.add_argument(
-        "--mnkl", type=lambda s: _parse_ints(s, 4, "--mnkl"), default=(8192, 8192, 8192, 1)
+        "--mnkl",
+        type=lambda s: _parse_ints(s, 4, "--mnkl"),
+        default=(8192, 8192, 8192, 1),
+        help="M,N,K,L: D [M, N, L] = A [M, K, L] x B [N, K, L]^T (default 8192,8192,8192,1)",
     )
     parser.add_argument(
         "--mma_tiler_mn",
