@@ -12,7 +12,7 @@ import tempfile
 def parser(module: str, doc: str) -> argparse.ArgumentParser:
     """The parser of ``python -m <module>``, described by its docstring's first paragraph."""
     first = " ".join(doc.split("\n\n")[0].split())
-    return argparse.ArgumentParser(prog=f"python -m {module}", description=first.rstrip(":") + ".")
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=first.rstrip(":.") + ".")
 
 
 def positive_ints(p: argparse.ArgumentParser, flag: str, text: str, example: str) -> list[int]:

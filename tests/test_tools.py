@@ -124,7 +124,7 @@ def test_benchmark_positive_int_refuses_what_int_does_not_take(text, capsys):
         ("stack", "--json"),
     ],
 )
-@pytest.mark.parametrize("where", ["folder", "under-a-file", "virtual"])
+@pytest.mark.parametrize("where", ["folder", "under-a-file", "virtual", "virtual-file"])
 def test_benchmark_output_paths_are_refused_before_the_run(module, flag, where, tmp_path, capsys):
     """A results path the run could not write at its end (a folder; a path under a file; under a
     virtual file system's folder, which root's os.access calls writable) is refused with exit 2
@@ -138,8 +138,9 @@ def test_benchmark_output_paths_are_refused_before_the_run(module, flag, where, 
         "folder": str(tmp_path),
         "under-a-file": str(tmp_path / "afile" / "out.json"),
         "virtual": "/proc/fp4-ops-none/out.json",
+        "virtual-file": "/proc/fp4-ops-out.json",
     }[where]
-    if where == "virtual" and not os.path.isdir("/proc"):
+    if where.startswith("virtual") and not os.path.isdir("/proc"):
         pytest.skip("no /proc on this machine")
     # (benchmarks.model refuses a machine without a GPU unless told to run on the CPU)
     runs_here = ["--config", "tiny", "--device", "cpu"] if module == "model" else []
@@ -149,3 +150,25 @@ def test_benchmark_output_paths_are_refused_before_the_run(module, flag, where, 
     assert f"{flag} " in (err := capsys.readouterr().err) and bad in err
     good = str(tmp_path / "new" / "deeper" / "out.json")
     assert getattr(bench.parse_args([*runs_here, flag, good]), flag[2:]) == good
+    # (the folders are made now; the probe that showed them writable is gone)
+    assert list((tmp_path / "new" / "deeper").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "module", ["eager", "linear", "model", "moe", "moe_profile", "sm90", "stack"]
+)
+def test_benchmark_help_names_the_command_and_describes_it(module, capsys):
+    """--help: usage names ``python -m benchmarks.<module>``, and the description is the
+    docstring's whole first paragraph, one sentence to its full stop."""
+    import importlib
+
+    bench = importlib.import_module(f"benchmarks.{module}")
+    entry = getattr(bench, "parse_args", None) or bench.main
+    with pytest.raises(SystemExit) as exit_:
+        entry(["--help"])
+    assert exit_.value.code == 0
+    # (argparse wraps lines, at hyphens too: compare with whitespace and hyphen breaks undone)
+    out = " ".join(capsys.readouterr().out.split()).replace("- ", "-")
+    assert out.startswith(f"usage: python -m benchmarks.{module} ")
+    first = " ".join(bench.__doc__.split("\n\n")[0].split()).rstrip(":.")
+    assert f"{first.replace('- ', '-')}. options:" in out
