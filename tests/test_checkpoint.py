@@ -21,6 +21,7 @@ import fnmatch
 import json
 import shutil
 import sys
+import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -997,6 +998,19 @@ def test_load_arguments(kwargs, error, match, bases):
         fp4_ops.load_quantized(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "count, device",
+    [(0, "cuda"), (0, "cuda:0"), (0, 0), (1, "cuda:1"), (1, 1), (2, torch.device("cuda", 2))],
+)
+def test_load_refuses_a_cuda_device_the_machine_lacks(count, device, bases, monkeypatch):
+    """As if the machine had ``count`` CUDA devices: a CUDA device past them (an int is an
+    index) is a ValueError naming it, before anything loads."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    with pytest.raises(ValueError, match=rf"^device .*: this machine has {count} CUDA device"):
+        fp4_ops.load_quantized(bases["ct"], device=device)
+
+
 @pytest.mark.parametrize("error", [ImportError, FileNotFoundError, MemoryError])
 def test_errors_that_are_not_the_config_s_pass_through(error, bases, monkeypatch):
     """Only what transformers says of the config becomes a ValueError naming config.json: a
@@ -1073,11 +1087,12 @@ def test_save_refusals(layers, kwargs, match, tmp_path):
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
-def test_save_refuses_a_tokenizer_it_cannot_save_before_writing(tmp_path):
+@pytest.mark.parametrize("tokenizer", [5, types.SimpleNamespace(save_pretrained=None)])
+def test_save_refuses_a_tokenizer_it_cannot_save_before_writing(tokenizer, tmp_path):
     model = _model("llama")
     _quantize(model, {LAYERS: ("nvfp4", "bf16")})
     with pytest.raises(TypeError, match="^tokenizer must be None or have save_pretrained"):
-        fp4_ops.save_quantized(model, tmp_path / "out", tokenizer=5)
+        fp4_ops.save_quantized(model, tmp_path / "out", tokenizer=tokenizer)
     assert not (tmp_path / "out").exists()
 
 

@@ -995,10 +995,11 @@ def test_unpickling_an_older_layer_gives_it_every_cache():
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_cpu_results_ignore_torch_default_dtype(fmt):
-    """torch's default dtype reaches none of the CPU path's constants: under a bfloat16 default,
-    quantize (dynamic and static scale), dequantize, fp4_gemm and an FP4Linear (W4A4 and W4A16)
-    give the same bits as under float32."""
+@pytest.mark.parametrize("default", [torch.bfloat16, torch.float64])
+def test_cpu_results_ignore_torch_default_dtype(fmt, default):
+    """torch's default dtype reaches none of the CPU path's constants: under a bfloat16 or a
+    float64 default, quantize (dynamic and static scale), dequantize, fp4_gemm and an FP4Linear
+    (W4A4 and W4A16) give the same bits as under float32."""
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(6, 64, generator=gen, dtype=torch.float32)
     w = torch.randn(40, 64, generator=gen, dtype=torch.float32)
@@ -1017,10 +1018,21 @@ def test_cpu_results_ignore_torch_default_dtype(fmt):
 
     want = results()
     old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(default)
     try:
         got = results()
     finally:
         torch.set_default_dtype(old)
     for i, (g, e) in enumerate(zip(got, want, strict=True)):
         assert g.dtype == e.dtype and torch.equal(g, e), i
+
+
+def test_dequantize_gives_its_values_in_every_float_dtype():
+    """float32 / float64 / bfloat16 / float16: the same values, rounded once into the dtype."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(9), dtype=torch.float32)
+    a = fp4_ops.quantize(x)
+    exact = a.dequantize(torch.float64)
+    assert exact.dtype == torch.float64 and torch.equal(a.dequantize(), exact.float())
+    for dtype in (torch.bfloat16, torch.float16):
+        got = a.dequantize(dtype)
+        assert got.dtype == dtype and torch.equal(got, exact.to(dtype))

@@ -116,6 +116,7 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, tmp_
         (["--gpu_arch", "garbage"], "invalid choice: 'garbage'"),
         (["--gpu_arch", "sm_80"], "invalid choice: 'sm_80'"),
         (["--shape", "a,b"], "--shape a,b: integers, e.g. 16,8192"),
+        (["--shape", "16.5,8192"], "--shape 16.5,8192: integers, e.g. 16,8192"),
         (["--benchmark"], "--benchmark runs the kernel: not with --compile_only"),
     ],
     ids=[
@@ -129,6 +130,7 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, tmp_
         "arch",
         "sm80",
         "shape-not-integers",
+        "shape-fraction",
         "benchmark-compile-only",
     ],
 )
