@@ -417,8 +417,8 @@ def tile_budget(mma_tiler_mn: tuple[int, int], sf_vec_size: int, c_dtype: str) -
     reserved = 1024  # mbarriers and the TMEM address slot
     num_ab_stage = (SM100_SMEM_CAPACITY - reserved - num_c_stage * epi_bytes) // ab_stage_bytes
     num_c_stage = (SM100_SMEM_CAPACITY - reserved - num_ab_stage * ab_stage_bytes) // epi_bytes
-    # One TMEM column holds 4 scales for each of 32 lanes: a 128-row atom takes 4 columns, and
-    # NVFP4's 4 atoms per k-tile row block are reserved for MXFP4 too (it fills 2), as CUTLASS.
+    # One TMEM column holds 4 scales for each of 32 lanes: a 128-row atom takes 4 columns. The
+    # budget reserves NVFP4's 4 atoms per k-tile for MXFP4 too (it fills 2), as CUTLASS does.
     sfa_columns = (cta_m // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
     sfb_columns = (sfb_rows // SF_ATOM_LANES) * MMA_INSTS_PER_K_TILE
     acc_columns = tile_n
