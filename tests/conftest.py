@@ -100,3 +100,13 @@ def exported_tvm_ffi_function(compiled, tmp_path):
         ["gcc", "-shared", "-o", str(so), str(tmp_path / "kernel.o"), *libraries], check=True
     )
     return cute.runtime.load_module(str(so), enable_tvm_ffi=True).kernel
+
+
+@pytest.fixture
+def set_default_dtype():
+    """``torch.set_default_dtype`` for the rest of a test; its end restores the default."""
+    import torch
+
+    old = torch.get_default_dtype()
+    yield torch.set_default_dtype
+    torch.set_default_dtype(old)

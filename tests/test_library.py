@@ -996,7 +996,7 @@ def test_unpickling_an_older_layer_gives_it_every_cache():
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("default", [torch.bfloat16, torch.float64])
-def test_cpu_results_ignore_torch_default_dtype(fmt, default):
+def test_cpu_results_ignore_torch_default_dtype(fmt, default, set_default_dtype):
     """torch's default dtype reaches none of the CPU path's constants: under a bfloat16 or a
     float64 default, quantize (dynamic and static scale), dequantize, fp4_gemm and an FP4Linear
     (W4A4 and W4A16) give the same bits as under float32."""
@@ -1017,12 +1017,8 @@ def test_cpu_results_ignore_torch_default_dtype(fmt, default):
         return outs + [w4a4(x), w4a16(x.bfloat16())]
 
     want = results()
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(default)
-    try:
-        got = results()
-    finally:
-        torch.set_default_dtype(old)
+    set_default_dtype(default)
+    got = results()
     for i, (g, e) in enumerate(zip(got, want, strict=True)):
         assert g.dtype == e.dtype and torch.equal(g, e), i
 

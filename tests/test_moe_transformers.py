@@ -284,19 +284,15 @@ def _same_bits(a, b) -> bool:
 
 
 @pytest.mark.parametrize("kind", ["qwen3-moe", "gpt-oss"])
-def test_quantize_model_ignores_torch_default_dtype(kind):
+def test_quantize_model_ignores_torch_default_dtype(kind, set_default_dtype):
     """torch's default dtype reaches none of quantize_model's probes of an experts module: under
     a bfloat16 default it holds the same FP4 experts, bit for bit, as under float32."""
     model = (_qwen3_moe() if kind == "qwen3-moe" else _gpt_oss()).to(torch.bfloat16)
     states = []
     for default in (torch.float32, torch.bfloat16):
         quantized = copy.deepcopy(model)
-        old = torch.get_default_dtype()
-        torch.set_default_dtype(default)
-        try:
-            report = fp4_ops.quantize_model(quantized, ["*.mlp.experts"], activations="bf16")
-        finally:
-            torch.set_default_dtype(old)
+        set_default_dtype(default)
+        report = fp4_ops.quantize_model(quantized, ["*.mlp.experts"], activations="bf16")
         assert report.replaced == ["model.layers.0.mlp.experts"]
         states.append(quantized.state_dict())
     assert states[0].keys() == states[1].keys()
