@@ -35,6 +35,23 @@ class FP4Buffers(nn.Module):
                 self._buffers[name] = old.to(new.device)
         return self
 
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+    ):
+        # (nn.Module's own runs the load pre-hooks first, then loads: so do these modules)
+        for hook in self._load_state_dict_pre_hooks.values():
+            hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors)
+        self._load_fp4_state(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys
+        )
+
+    def _load_fp4_state(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys
+    ) -> None:
+        """This module's part of ``load_state_dict``: every tensor checked (ValueError naming
+        what differs) before any is assigned."""
+        raise NotImplementedError
+
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}

@@ -568,7 +568,8 @@ class FP4MoE(FP4Buffers):
     ``.to(dtype)`` / ``.half()`` and follow device moves. State dict: ``{w}_data`` in plain K
     order, scales, global scales, biases, and the extra state {format, activation,
     activations}; loading checks everything before it assigns anything (ValueError naming
-    what differs). Inference only."""
+    what differs; a bias missing is a missing key, as ``nn.Module`` reports it). The layer
+    holds copies of ``w13``'s and ``w2``'s tensors. Inference only."""
 
     def __init__(
         self,
@@ -588,7 +589,8 @@ class FP4MoE(FP4Buffers):
         for name, w in (("w13", w13), ("w2", w2)):
             data = k_order.prepack_weights(w.data.view(torch.uint8))
             self.register_buffer(f"{name}_prepacked", data, persistent=False)
-            self.register_buffer(f"{name}_scale", w.scale)
+            # (copies: a load_state_dict writes into the layer's buffers, never the caller's)
+            self.register_buffer(f"{name}_scale", w.scale.clone())
             gs = w.global_scale.float().expand(self.num_experts).clone()
             self.register_buffer(f"{name}_global_scale", gs)
         for name, bias in (("w13_bias", w13_bias), ("w2_bias", w2_bias)):
@@ -693,20 +695,27 @@ class FP4MoE(FP4Buffers):
             destination[prefix + name] = t if keep_vars else t.detach()
         destination[prefix + _EXTRA_STATE] = self.get_extra_state()
 
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
-    ):
+    def _load_fp4_state(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys
+    ) -> None:
         expected = self._state_tensors()
         where = prefix.rstrip(".") or "FP4MoE"
+        known = (*expected, _EXTRA_STATE)
         if strict:
-            known = (*expected, _EXTRA_STATE)
             unexpected_keys.extend(
                 k for k in state_dict if k.startswith(prefix) and k[len(prefix) :] not in known
             )
+        if not any(prefix + name in state_dict for name in known):  # (nothing of this layer)
+            missing_keys.extend(prefix + name for name in known)
+            return
         if prefix + _EXTRA_STATE in state_dict:
             self.set_extra_state(state_dict[prefix + _EXTRA_STATE])
         else:
             missing_keys.append(prefix + _EXTRA_STATE)
+        # (a bias missing is torch's missing key; an FP4 part missing would mix two weights)
+        lacking = [n for n in expected if "bias" not in n and prefix + n not in state_dict]
+        if lacking:
+            raise ValueError(f"{where}: the checkpoint lacks {', '.join(lacking)}")
         found = {}
         for name, mine in expected.items():
             if prefix + name not in state_dict:
@@ -715,7 +724,9 @@ class FP4MoE(FP4Buffers):
             t = state_dict[prefix + name]
             check_type(t, torch.Tensor, f"{where}.{name}", "a torch.Tensor")
             plain = name.endswith("_data") and t.dtype in PACKED_DTYPES
-            if tuple(t.shape) != tuple(mine.shape) or not (plain or t.dtype == mine.dtype):
+            # (a bias loads from any floating dtype, cast as nn.Module's load casts it)
+            cast = "bias" in name and t.is_floating_point()
+            if tuple(t.shape) != tuple(mine.shape) or not (plain or cast or t.dtype == mine.dtype):
                 raise ValueError(
                     f"{where}: {name} differs: the checkpoint's is {t.dtype} {tuple(t.shape)}, "
                     f"this layer's {mine.dtype} {tuple(mine.shape)}"
@@ -723,11 +734,15 @@ class FP4MoE(FP4Buffers):
             if name.endswith("global_scale"):
                 check_global_scale_value(t, f"{where}.{name}")
             found[name] = t.view(torch.uint8) if plain else t
+        assign = local_metadata.get("assign_to_params_buffers", False)
         with torch.no_grad():  # (everything checked: now it all loads)
             for name, t in found.items():
                 if name.endswith("_data"):
                     name, t = name.replace("_data", "_prepacked"), k_order.prepack_weights(t)
-                getattr(self, name).copy_(t)
+                if assign:
+                    self._buffers[name] = t
+                else:
+                    getattr(self, name).copy_(t)
 
     def extra_repr(self) -> str:
         return (

@@ -80,12 +80,12 @@ class FP4Linear(FP4Buffers):
     ``input_scale``). Inference only: a backward through the layer raises
     ``fp4_ops.ops.NO_BACKWARD``.
 
-    The weight is held quantized, as buffers: ``weight_data`` (packed codes [N, K/2]; W4A16
-    holds ``weight_prepacked`` instead, prepacked once for the Hopper kernel,
-    ``fp4_ops.sm90.k_order.prepack_weights``), ``weight_scale`` (blocked, ``FP4Tensor.scale``),
-    ``weight_global_scale`` and ``input_global_scale`` (static only). These keep their dtypes
-    through ``.to(dtype)`` / ``.half()`` / ``.bfloat16()`` / ``.float()`` and follow device moves;
-    the bias follows both, and the output follows x.
+    The weight is held quantized, as buffers (copies of ``weight``'s tensors): ``weight_data``
+    (packed codes [N, K/2]; W4A16 holds ``weight_prepacked`` instead, prepacked once for the
+    Hopper kernel, ``fp4_ops.sm90.k_order.prepack_weights``), ``weight_scale`` (blocked,
+    ``FP4Tensor.scale``), ``weight_global_scale`` and ``input_global_scale`` (static only).
+    These keep their dtypes through ``.to(dtype)`` / ``.half()`` / ``.bfloat16()`` /
+    ``.float()`` and follow device moves; the bias follows both, and the output follows x.
 
     State dict: ``weight_data`` (plain K order, W4A16 too: a checkpoint of one mode loads into
     the other, prepacked at load), ``weight_scale``, ``weight_global_scale``,
@@ -144,10 +144,11 @@ class FP4Linear(FP4Buffers):
             prepacked = k_order.prepack_weights(data)
             self.register_buffer("weight_prepacked", prepacked, persistent=False)
         else:
-            self.register_buffer("weight_data", data)
-        self.register_buffer("weight_scale", weight.scale)
-        self.register_buffer("weight_global_scale", weight.global_scale)
-        self.register_buffer("input_global_scale", gs)
+            self.register_buffer("weight_data", data.clone())
+        # (copies: a load_state_dict writes into the layer's buffers, never into the caller's)
+        self.register_buffer("weight_scale", weight.scale.clone())
+        self.register_buffer("weight_global_scale", weight.global_scale.clone())
+        self.register_buffer("input_global_scale", None if gs is None else gs.clone())
         self.bias = bias
         # (x's shape, dtype, device index, stream) -> _Plan of an eager CUDA forward
         self._plans: dict[tuple, _Plan] | None = None
@@ -236,9 +237,9 @@ class FP4Linear(FP4Buffers):
             destination[prefix + name] = t if keep_vars else t.detach()
         destination[prefix + _EXTRA_STATE] = self.get_extra_state()
 
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
-    ):
+    def _load_fp4_state(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys
+    ) -> None:
         expected = list(self._state_tensors())
         found = {n: state_dict[prefix + n] for n in _STATE_NAMES if prefix + n in state_dict}
         extra = state_dict.get(prefix + _EXTRA_STATE)
@@ -636,7 +637,8 @@ def quantize_model(
     Skipped, with the reason in the report:
     Linears whose parent reads their weight directly (``nn.MultiheadAttention``'s ``out_proj``,
     any ``NonDynamicallyQuantizableLinear``), and, by default, those whose in_features is not a
-    multiple of 32 (one that ``include`` chooses raises ValueError). A Linear reachable by
+    multiple of 32 or whose class overrides ``nn.Linear.forward`` (one that ``include`` chooses
+    raises ValueError). The new modules keep the old ones' train / eval mode. A Linear reachable by
     several names becomes one FP4Linear. Returns a ``QuantizeReport`` (and warns about patterns
     that matched no nn.Linear).
     """
@@ -665,6 +667,7 @@ def quantize_model(
         else:
             fp4 = _experts_replacement(name, module, how, report)
         if fp4 is not None:
+            fp4.train(module.training)
             converted[id(module)] = fp4
             planned.append((name, fp4))
             report.replaced.append(name)
@@ -702,14 +705,23 @@ def _linear_replacement(model, name: str, module: nn.Linear, how: tuple, report)
     parent_name, _, _ = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     why = _direct_reader(module, parent)
-    if why is None and module.in_features % 32:
-        if include is not None:
-            raise ValueError(f"{name}: in_features = {module.in_features} is not a multiple of 32")
-        why = f"in_features = {module.in_features} is not a multiple of 32"
+    if why is None:
+        why = _unfit(module)
+        if why is not None and include is not None:
+            raise ValueError(f"{name}: {why}")
     if why is not None:
         report.skipped[name] = why
         return None
     return made if made is not None else FP4Linear.from_linear(module, format, activations)
+
+
+def _unfit(linear: nn.Linear) -> str | None:
+    """Why FP4Linear cannot stand in for ``linear``, or None."""
+    if type(linear).forward is not nn.Linear.forward:
+        return f"{type(linear).__name__} has its own forward, which FP4Linear would drop"
+    if linear.in_features % 32:
+        return f"in_features = {linear.in_features} is not a multiple of 32"
+    return None
 
 
 def _experts_replacement(name: str, module: nn.Module, how: tuple, report):

@@ -450,12 +450,11 @@ def _fp4_gemm(a, b, out_dtype, alpha) -> torch.Tensor:
     _check_k_and_device(a.shape, a.device, b)
     if b.data.ndim == 3:
         _check_batch(a.data.ndim, a.shape, b)
-        data, scale = a.data, a.scale
-    else:  # (the rows of a against one weight matrix)
-        data, scale = _as_rows(a)
     out_shape = (*a.shape[:-1], b.shape[-2])
     if math.prod(out_shape) == 0:
         return a.data.new_empty(out_shape, dtype=out_dtype)
+    # (batched b: batch by batch; else the rows of a against one weight matrix)
+    data, scale = (a.data, a.scale) if b.data.ndim == 3 else _as_rows(a)
     if alpha is None:
         # (the kernels multiply the two global scales themselves)
         alpha, alpha_scale = a.global_scale, b.global_scale

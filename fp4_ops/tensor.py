@@ -141,7 +141,7 @@ _NOT_A_TENSOR = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FP4Tensor:
     """A quantized NVFP4 / MXFP4 operand: ``x ~= e2m1(data) * scale * global_scale``.
 

@@ -3,8 +3,9 @@
 pickling and checkpoints; quantize_model on torch's and Hugging Face-style transformer blocks;
 the state dict's refusals; global scales that would give a silent wrong result; the blocked
 scale layout told apart by its shape; leading dimensions, input strides and empty inputs; layers
-that share no storage with their source; the inference-only backward; and the type and value
-checks of every public argument.
+that share no storage with their source; FP4Linear and FP4MoE loading state dicts as nn.Module
+does (pre-hooks, assign, cast biases, all FP4 parts or none); the inference-only backward;
+and the type and value checks of every public argument.
 
 Every layer output is held bit for bit against ``reference.py`` (the CPU path is exact: the
 same products and the same fp32 sums), computed from the float layer the FP4 one was made of.
@@ -397,6 +398,135 @@ def test_a_float64_linear_converts_as_its_float32_copy(fmt):
         assert _same(got.global_scale, want.global_scale)
 
 
+# ----------------------------------------------------------------------------- both modules
+# FP4Linear and FP4MoE load their state their own way: what nn.Module's load does for its own
+# modules (pre-hooks, assign, casts of floating tensors) must hold for them too, all or nothing.
+
+MODULE_KINDS = [
+    *(f"linear-{fmt}-{mode}" for fmt, mode in LAYER_KINDS),
+    "moe-nvfp4-bf16",
+    "moe-mxfp4-dynamic",
+]
+
+
+def _module(kind: str, seed: int) -> tuple[nn.Module, tuple]:
+    """(a module of this kind with biases, its forward's arguments): an FP4Linear from
+    ``_linear`` or an FP4MoE from random experts, both built from FP4Tensors held nowhere else."""
+    family, fmt, mode = kind.split("-")
+    x_dtype = _dtype(mode)
+    if family == "linear":
+        lin = _linear(64, 48, seed)
+        gs = STATIC_GS if mode == "static" else None
+        w = fp4_ops.quantize(lin.weight.detach(), fmt)
+        return FP4Linear(w, lin.bias.detach(), mode, gs), (_x((5, 64), x_dtype, seed + 1),)
+    gen = _gen(seed)
+    w13, w2 = torch.randn(3, 64, 64, generator=gen), torch.randn(3, 64, 32, generator=gen)
+    b13, b2 = torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen)
+    q13, q2 = fp4_ops.quantize_experts(w13, fmt), fp4_ops.quantize_experts(w2, fmt)
+    layer = fp4_ops.FP4MoE(q13, q2, "silu", mode, b13, b2)
+    ids = torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2]])
+    weights = torch.rand(4, 2, generator=gen)
+    return layer, (_x((4, 64), x_dtype, seed + 1), weights, ids)
+
+
+def _fp4_keys(module: nn.Module) -> list[str]:
+    """The state dict's keys of the module's FP4 parts (not its biases or extra state)."""
+    return [k for k in module.state_dict() if "bias" not in k and k != "_extra_state"]
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
+@pytest.mark.parametrize("kind", MODULE_KINDS)
+def test_fp4_modules_load_all_of_their_fp4_parts_or_nothing(kind, strict):
+    """A checkpoint lacking any one FP4 part (codes, scales, a global scale) is a ValueError
+    naming it, strict or not, and the module keeps every value it had: a part kept from before
+    would pair one weight's codes with another's scales."""
+    source = _module(kind, seed=40)[0].state_dict()
+    for key in _fp4_keys(_module(kind, seed=40)[0]):
+        target = _module(kind, seed=41)[0]
+        before = _snapshot(target)
+        partial = {k: v for k, v in source.items() if k != key}
+        with pytest.raises(ValueError, match=f"lacks {key}"):
+            target.load_state_dict(partial, strict=strict)
+        after = _snapshot(target)
+        assert all(_same(after[n], t) for n, t in before.items()), key
+
+
+@pytest.mark.parametrize("kind", MODULE_KINDS)
+def test_fp4_modules_load_with_assign(kind):
+    """``load_state_dict(assign=True)`` into a module on the meta device (how large models are
+    built) takes the checkpoint's tensors: no buffer stays on meta, the forward is the
+    source's bit for bit."""
+    source, args = _module(kind, seed=42)
+    empty = _module(kind, seed=43)[0].to("meta")
+    empty.load_state_dict(source.state_dict(), assign=True)
+    assert all(t.device.type == "cpu" for t in empty.state_dict().values() if torch.is_tensor(t))
+    assert torch.equal(empty(*args), source(*args))
+
+
+@pytest.mark.parametrize("kind", MODULE_KINDS)
+def test_fp4_modules_run_load_pre_hooks(kind):
+    """A load pre-hook registered on the module runs before it reads the state dict, as on any
+    nn.Module: one that renames a legacy checkpoint's keys makes it load."""
+    source, args = _module(kind, seed=44)
+    target = _module(kind, seed=45)[0]
+
+    def rename(module, state_dict, prefix, *_):
+        for key in [k for k in state_dict if k.startswith(prefix + "legacy_")]:
+            state_dict[prefix + key[len(prefix + "legacy_") :]] = state_dict.pop(key)
+
+    target.register_load_state_dict_pre_hook(rename)
+    target.load_state_dict({f"legacy_{k}": v for k, v in source.state_dict().items()})
+    assert torch.equal(target(*args), source(*args))
+
+
+@pytest.mark.parametrize("kind", MODULE_KINDS)
+def test_fp4_modules_hold_copies_of_the_fp4tensors_they_were_made_of(kind):
+    """The FP4Tensors a module is built from keep their values when a state dict loads into
+    the module (its buffers are its own), and the module keeps its when they change."""
+    family, fmt, mode = kind.split("-")
+    if family == "linear":
+        w = fp4_ops.quantize(_x((48, 64), seed=46), fmt)
+        sources = [w]
+        layer = FP4Linear(w, None, mode, STATIC_GS if mode == "static" else None)
+    else:
+        gen = _gen(46)
+        sources = [
+            fp4_ops.quantize_experts(torch.randn(3, *shape, generator=gen), fmt)
+            for shape in ((64, 64), (64, 32))
+        ]
+        layer = fp4_ops.FP4MoE(*sources, "silu", mode)
+    parts = [t for q in sources for t in (q.data, q.scale, q.global_scale)]
+    before = [t.clone() for t in parts]
+    other = _module(kind, seed=47)[0]
+    for name in ("bias", "w13_bias", "w2_bias"):  # (the layer under test has none)
+        if hasattr(other, name):
+            setattr(other, name, None)
+    other = other.state_dict()
+    layer.load_state_dict(other)
+    assert all(_same(t, b) for t, b in zip(parts, before, strict=True))
+    with torch.no_grad():
+        for t in parts:
+            t.reshape(-1).view(torch.uint8).zero_()
+    after = _snapshot(layer)
+    assert all(_same(after[n], other[n]) for n in after if torch.is_tensor(after[n]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", MODULE_KINDS)
+def test_fp4_modules_cast_a_checkpoints_biases_as_nn_module_does(kind, dtype):
+    """A module cast to 16 bits loads a float32 checkpoint: its biases take the checkpoint's
+    values in their own dtype (as ``nn.Linear`` does), its FP4 parts keep theirs."""
+    source = _module(kind, seed=48)[0].state_dict()
+    target = _module(kind, seed=49)[0].to(dtype)
+    target.load_state_dict(source)
+    got = target.state_dict()
+    for key, want in source.items():
+        if "bias" in key:
+            assert got[key].dtype == dtype and torch.equal(got[key], want.to(dtype)), key
+        elif torch.is_tensor(want):
+            assert _same(got[key], want), key
+
+
 # ----------------------------------------------------------------------------- global scales
 
 BAD_SCALES = [-1.0, 0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e39, 1e-50]
@@ -558,20 +688,21 @@ def test_fp4_gemm_w4a16_takes_any_leading_dims(fmt, lead):
         assert torch.equal(d, want.reshape(d.shape))
 
 
-@pytest.mark.parametrize("m", [50, 128, 0])  # (50: scales re-blocked as rows; 128: a view)
+# (M 50: scales re-blocked as rows; 128: a view; L or M 0: an empty D)
+@pytest.mark.parametrize("l, m", [(3, 50), (3, 128), (3, 0), (0, 50), (0, 128)], ids=str)
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_fp4_gemm_3d_fp4_activations_against_2d_weights(fmt, m):
+def test_fp4_gemm_3d_fp4_activations_against_2d_weights(fmt, l, m):  # noqa: E741
     """An FP4Tensor [L, M, K] against weights [N, K]: its L * M rows in one GEMM -> [L, M, N]."""
-    x, w = _x((3, m, 64), seed=19), _x((24, 64), seed=20) * 0.1
+    x, w = _x((l, m, 64), seed=19), _x((24, 64), seed=20) * 0.1
     a, b = fp4_ops.quantize(x, fmt), fp4_ops.quantize(w, fmt)
     d = fp4_ops.fp4_gemm(a, b, torch.float32)
-    assert d.shape == (3, m, 24) and d.dtype == torch.float32
-    if m:
+    assert d.shape == (l, m, 24) and d.dtype == torch.float32
+    if l * m:
         xd, xs, xg = _reference_quantize(x, fmt)
         wd, ws, wg = _reference_quantize(w, fmt)
-        xd, xs = xd.reshape(3 * m, 32), xs.reshape(3 * m, -1)
+        xd, xs = xd.reshape(l * m, 32), xs.reshape(l * m, -1)
         want = reference.reference_gemm(xd, wd, xs, ws, VEC[fmt], xg * wg, torch.float32)
-        assert torch.equal(d, want.reshape(3, m, 24))
+        assert torch.equal(d, want.reshape(l, m, 24))
 
 
 @pytest.mark.parametrize(
@@ -772,6 +903,48 @@ def test_quantize_model_refusal_leaves_the_model_as_it_was(include):
     with pytest.raises(ValueError, match="2: in_features = 40 is not a multiple of 32"):
         fp4_ops.quantize_model(model, include=include)
     assert [type(m) for m in model] == before
+
+
+class _DoubledLinear(nn.Linear):
+    """A Linear subclass with a forward of its own, which an FP4Linear would not run."""
+
+    def forward(self, x):
+        return 2.0 * super().forward(x)
+
+
+class _TaggedLinear(nn.Linear):
+    """A Linear subclass that keeps nn.Linear's forward: an FP4Linear stands in for it."""
+
+
+def test_quantize_model_skips_linears_with_a_forward_of_their_own():
+    """A Linear subclass that overrides forward is skipped with its reason (an FP4Linear would
+    drop what its forward adds), or refused where ``include`` chooses it; one that keeps
+    nn.Linear's forward is replaced."""
+    model = nn.Sequential(_DoubledLinear(64, 64), _TaggedLinear(64, 64), nn.Linear(64, 32))
+    report = fp4_ops.quantize_model(model)
+    assert report.replaced == ["1", "2"] and type(model[0]) is _DoubledLinear
+    assert "_DoubledLinear has its own forward" in report.skipped["0"]
+    chosen = nn.Sequential(_DoubledLinear(64, 64), nn.Linear(64, 32))
+    with pytest.raises(ValueError, match="^0: _DoubledLinear has its own forward"):
+        fp4_ops.quantize_model(chosen, include=["*"])
+    assert type(chosen[1]) is nn.Linear
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_quantize_model_keeps_each_modules_mode(train):
+    """The FP4 modules put in place keep the train / eval mode of the ones they replace."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Sequential(nn.Linear(64, 32))).train(train)
+    fp4_ops.quantize_model(model, activations="bf16")
+    assert [type(m) for m in model.modules()].count(FP4Linear) == 2
+    assert [m.training for m in model.modules()] == [train] * 4
+
+
+def test_fp4tensors_compare_by_identity():
+    """``==`` and ``in`` on FP4Tensors compare the objects (as for modules), never the tensors'
+    values (whose truth value is ambiguous)."""
+    a = fp4_ops.quantize(_x((8, 64), seed=51))
+    b = FP4Tensor(a.data, a.scale, a.global_scale, a.format)
+    assert a == a and a != b and a in [a] and b not in [a] and len({a, b, a}) == 2
 
 
 # ----------------------------------------------------------------------------- argument checks
