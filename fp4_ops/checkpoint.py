@@ -788,7 +788,8 @@ def load_quantized(
     The model is built by ``AutoModelForCausalLM.from_config`` with its parameters on the meta
     device (no 16-bit weight is made or initialized for a quantized layer); the checkpoint's
     FP4 tensors go straight into the FP4Linear buffers, everything else loads in the config's
-    dtype (bfloat16 where it names none), on ``device`` (default CPU; a CPU or a present CUDA
+    dtype (bfloat16 where it names none, or where W4A16 layers cannot take it: float32, float16
+    with MXFP4 weights; a UserWarning says so), on ``device`` (default CPU; a CPU or a present CUDA
     device, an int naming a CUDA device's index, else ValueError). Tied weights stay tied
     as the model ties them when it is built (its config's ``tie_word_embeddings``); a quantized
     output embedding of a tied config is refused.
@@ -833,13 +834,17 @@ def load_quantized(
     dtype = _config_dtype(config_dict)
     ck = _Checkpoint(folder)
 
-    model = _build_model(transformers, folder, dtype)
-    # (tied parameters are one object from here on: the model ties them as it is built)
-    ties = _ties_output_embeddings(model)
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-
-    # plan: every check on the headers, nothing read yet
-    layers, experts = _plan_quantized(ck, qconfig, model, output if ties else None)
+    model, layers, experts = _build_and_plan(transformers, folder, ck, qconfig, dtype)
+    fits = _w4a16_dtype(layers, experts, activations, dtype)
+    if fits != dtype:
+        warnings.warn(
+            f"{folder / 'config.json'}: dtype {_dtype_str(dtype)}, but W4A16 layers take "
+            f"16-bit activations: the model loads in {_dtype_str(fits)} (activations='fp4' "
+            "keeps the config's dtype, every layer W4A4)",
+            stacklevel=2,
+        )
+        dtype = fits
+        model, layers, experts = _build_and_plan(transformers, folder, ck, qconfig, dtype)
     planned = [*layers, *experts]
     consumed = {key for layer in planned for key in layer.keys.values()}
     plain = _plan_plain(ck, model, {layer.name for layer in planned})
@@ -851,6 +856,50 @@ def load_quantized(
     if (folder / "generation_config.json").is_file() and hasattr(model, "generation_config"):
         model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
     return model.to(device).eval()
+
+
+def _build_and_plan(transformers, folder: Path, ck, qconfig, dtype: torch.dtype) -> tuple:
+    """(model on meta, its planned FP4 layers, its planned experts): every check on the
+    headers, nothing read yet."""
+    model = _build_model(transformers, folder, dtype)
+    # (tied parameters are one object from here on: the model ties them as it is built)
+    ties = _ties_output_embeddings(model)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return model, *_plan_quantized(ck, qconfig, model, output if ties else None)
+
+
+def _w4a16_dtype(layers: list, experts: list, activations, dtype: torch.dtype) -> torch.dtype:
+    """``dtype``, or bfloat16 where the planned W4A16 layers cannot take it: float32, or float16
+    with MXFP4 weights (E8M0 scales exceed its range)."""
+    formats = {layer.scheme.format for layer in layers if _layer_mode(layer, activations) == "bf16"}
+    formats.update(
+        _experts_format(plan) for plan in experts if _experts_mode(plan, activations) == "bf16"
+    )
+    if not formats or dtype == torch.bfloat16 or dtype == torch.float16 and formats == {"nvfp4"}:
+        return dtype
+    return torch.bfloat16
+
+
+def _layer_mode(layer: _Layer, activations) -> str:
+    """The FP4Linear activation mode of a planned layer under ``load_quantized``'s
+    ``activations``: the checkpoint's where None; "fp4" keeps stored input scales, else per call."""
+    inputs = layer.scheme.inputs
+    if activations == "fp4":
+        return "dynamic" if inputs == "none" else inputs
+    return activations or {"none": "bf16"}.get(inputs, inputs)
+
+
+def _experts_mode(plan, activations) -> str:
+    """The FP4Experts activation mode of planned experts (no static-scale W4A4 there): per call
+    where ``activations`` asks for W4A4 or the checkpoint's experts have per-call scales, else
+    W4A16."""
+    asked = {"fp4": "dynamic"}.get(activations, activations)
+    dynamic = isinstance(plan, _LinearExperts) and plan.layers[0][0].scheme.inputs == "dynamic"
+    return asked or ("dynamic" if dynamic else "bf16")
+
+
+def _experts_format(plan) -> str:
+    return plan.layers[0][0].scheme.format if isinstance(plan, _LinearExperts) else "mxfp4"
 
 
 def _build_model(transformers, folder: Path, dtype: torch.dtype) -> nn.Module:
@@ -955,27 +1004,20 @@ def _refuse_left_over(left: set[str], planned: list) -> None:
 def _load(model: nn.Module, ck: _Checkpoint, device, planned: tuple, activations, dtype) -> None:
     """Reads the planned tensors and sets the FP4 layers, the experts and the other tensors."""
     layers, experts, plain = planned
-    mode = {"static": "static", "dynamic": "dynamic", "none": "bf16"}
-    # (FP4Experts take no static input scale: the checkpoint's per-call W4A4 where it says so,
-    # else W4A16, unless W4A4 is asked for, per call then)
-    asked = {"fp4": "dynamic"}.get(activations, activations)
-    if activations == "fp4":  # (W4A4: the stored input scales where there are, else per call)
-        mode, activations = {**mode, "none": "dynamic"}, None
     with torch.no_grad(), ck.reader(device) as read:
         for layer in layers:
             tensors = {key: read(key) for key in layer.keys.values()}
-            act = activations or mode[layer.scheme.inputs]
+            act = _layer_mode(layer, activations)
             owner, attr = _owner(model, layer.name)
             setattr(owner, attr, _build_layer(layer, tensors, act, dtype))
         for plan in experts:
             tensors = {key: read(key) for key in plan.keys.values()}
             owner, attr = _owner(model, plan.name)
+            mode = _experts_mode(plan, activations)
             if isinstance(plan, _LinearExperts):
-                inputs = plan.layers[0][0].scheme.inputs
-                experts_mode = asked or ("dynamic" if inputs == "dynamic" else "bf16")
-                setattr(owner, attr, _build_linear_experts(plan, tensors, experts_mode))
+                setattr(owner, attr, _build_linear_experts(plan, tensors, mode))
             else:
-                setattr(owner, attr, _build_experts(plan, tensors, asked or "bf16", dtype))
+                setattr(owner, attr, _build_experts(plan, tensors, mode, dtype))
         for (key, *tied), names, t in plain:
             value = read(key)
             for other in tied:

@@ -172,7 +172,8 @@ class FP4Linear(FP4Buffers):
         activations: str = "dynamic",
         input_global_scale: torch.Tensor | float | None = None,
     ) -> FP4Linear:
-        """Quantize ``linear``'s weight once (on its device: the GPU quantizer on CUDA)."""
+        """Quantize ``linear``'s weight once (on its device: the GPU quantizer on CUDA); a weight
+        holding NaN or Inf is a ValueError."""
         check_type(linear, nn.Linear, "linear", "an nn.Linear")
         check_format(format)
         _check_activations(activations)
@@ -181,6 +182,9 @@ class FP4Linear(FP4Buffers):
         w = linear.weight.detach()
         if w.dtype not in IN_DTYPES:
             w = w.float()
+        # (on CUDA the quantizer cannot raise: such a block would decode to NaN at every call)
+        if not bool(torch.isfinite(w).all()):
+            raise ValueError("weight contains NaN or Inf, which FP4 cannot encode")
         return cls(quantize(w, format), linear.bias, activations, input_global_scale)
 
     @classmethod
@@ -712,7 +716,12 @@ def _linear_replacement(model, name: str, module: nn.Linear, how: tuple, report)
     if why is not None:
         report.skipped[name] = why
         return None
-    return made if made is not None else FP4Linear.from_linear(module, format, activations)
+    if made is not None:
+        return made
+    try:
+        return FP4Linear.from_linear(module, format, activations)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
 
 
 def _unfit(linear: nn.Linear) -> str | None:

@@ -1153,29 +1153,44 @@ def test_save_over_previous_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "how, want",
+    "how, fmt, activations, want",
     [
-        ("config-float16", torch.float16),
-        ("config-none", torch.bfloat16),
-        ("model-half", torch.float16),
+        ("config-float16", "nvfp4", None, torch.float16),
+        ("config-none", "nvfp4", None, torch.bfloat16),
+        ("model-half", "nvfp4", None, torch.float16),
+        # (W4A16 layers take 16-bit activations, MXFP4 ones bfloat16 only: a warning says so)
+        ("config-float32", "nvfp4", None, torch.bfloat16),
+        ("config-float16", "mxfp4", None, torch.bfloat16),
+        ("config-float32", "nvfp4", "fp4", torch.float32),
+        ("config-float16", "mxfp4", "dynamic", torch.float16),
     ],
 )
-def test_dtype(how, want, tmp_path):
+def test_dtype(how, fmt, activations, want, tmp_path):
     """The 16-bit tensors load in config.json's dtype (bfloat16 where it names none), which
-    save_quantized writes as the model's."""
+    save_quantized writes as the model's, unless W4A16 layers cannot take it: then in bfloat16,
+    with a warning, and the model runs."""
     model = _model("qwen2")
-    _quantize(model, {LAYERS: ("nvfp4", "bf16")})
+    _quantize(model, {LAYERS: (fmt, "bf16")})
     if how == "model-half":
         model.half()
-    fp4_ops.save_quantized(model, tmp_path, "modelopt")
+    fp4_ops.save_quantized(model, tmp_path, "compressed-tensors")
     if how.startswith("config"):
-        dtype = "float16" if how == "config-float16" else None
+        dtype = None if how == "config-none" else how.removeprefix("config-")
         _json_edit("config.json", lambda c: c.update(dtype=dtype))(tmp_path)
-    loaded = fp4_ops.load_quantized(tmp_path)
+    moved = want == torch.bfloat16 and how not in ("config-none",)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = fp4_ops.load_quantized(tmp_path, activations=activations)
+    said = [str(w.message) for w in caught if "W4A16 layers take 16-bit" in str(w.message)]
+    assert len(said) == int(moved) and (not moved or "loads in bfloat16" in said[0]), said
     floats = {t.dtype for t in loaded.parameters()}
     assert floats == {want}, floats
     ids = _ids(1)
-    assert _rel(_logits(loaded, ids), _logits(model, ids)) < 0.05
+    if activations is None:
+        assert _rel(_logits(loaded, ids), _logits(model, ids)) < 0.05
+    else:  # (W4A4 layers: another model, which runs in the config's dtype)
+        assert {m.activations for m in _fp4(loaded).values()} == {"dynamic"}
+        assert _logits(loaded, ids).isfinite().all()
 
 
 def _scalars_as(shape):

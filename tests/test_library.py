@@ -930,6 +930,20 @@ def test_quantize_model_skips_linears_with_a_forward_of_their_own():
     assert type(chosen[1]) is nn.Linear
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_quantize_model_names_a_linear_whose_weight_fp4_cannot_encode(bad):
+    """A weight holding NaN or Inf is a ValueError naming the module (the GPU quantizer would
+    give it NaN scales instead), and the model is left as it was."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
+    with torch.no_grad():
+        model[1].weight[3, 5] = bad
+    with pytest.raises(ValueError, match="^1: weight contains NaN or Inf"):
+        fp4_ops.quantize_model(model)
+    assert [type(m) for m in model] == [nn.Linear, nn.Linear]
+    with pytest.raises(ValueError, match="^weight contains NaN or Inf"):
+        FP4Linear.from_linear(model[1])
+
+
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 def test_quantize_model_keeps_each_modules_mode(train):
     """The FP4 modules put in place keep the train / eval mode of the ones they replace."""
