@@ -1880,8 +1880,7 @@ class BlockwiseGemmFp4Sm90:
         value_stride = self.group_threads * 4
         my_frag = work + (Int64(tile_id * self.split_k + split) * frag_stride + Int64(tidx * 4))
         counter = work + Int64(num_tiles) * Int64(self.split_k) * frag_stride + Int64(tile_id * 4)
-        for i in cutlass.range_constexpr(nacc):
-            dq.st_global_f32(my_frag + i * value_stride, tCrAcc[i])
+        self._park_partial(tCrAcc, my_frag, value_stride)
         self._barrier(NamedBarrierId.SPLITK_FIXUP, self.group_threads)
         if tidx == 0:
             # NOTE: after the barrier, this acq_rel atomic's cumulative gpu-scope release publishes
@@ -1903,19 +1902,32 @@ class BlockwiseGemmFp4Sm90:
             chunk = max(1, min(nacc, loads // self.split_k))
             for c0 in cutlass.range_constexpr(0, nacc, chunk):
                 width = min(chunk, nacc - c0)
-                parts = [
-                    [
-                        dq.ld_global_cg_f32(tile_frags + sp * frag_stride + (c0 + v) * value_stride)
-                        for v in range(width)
-                    ]
-                    for sp in range(self.split_k)
-                ]
-                for v in cutlass.range_constexpr(width):
-                    total = cutlass.Float32(0.0)
-                    for sp in cutlass.range_constexpr(self.split_k):
-                        total = total + parts[sp][v]
-                    tCrAcc[c0 + v] = total
+                self._sum_partials(tCrAcc, tile_frags, (frag_stride, value_stride), c0, width)
         return is_last
+
+    # NOTE: the two helpers below are plain Python, unrolled as the kernel is traced: their
+    # loops index the accumulator fragment and Python lists with constants.
+    def _park_partial(self, tCrAcc, my_frag, value_stride: int):
+        """This thread's fp32 partial, value-major, at ``my_frag``."""
+        for i in range(cute.size(tCrAcc)):
+            dq.st_global_f32(my_frag + i * value_stride, tCrAcc[i])
+
+    def _sum_partials(self, tCrAcc, tile_frags, strides, c0: int, width: int):
+        """tCrAcc[c0 : c0 + width] = 0 + partial 0 + partial 1 + ... (split order), every
+        load issued before any add."""
+        frag_stride, value_stride = strides
+        parts = [
+            [
+                dq.ld_global_cg_f32(tile_frags + sp * frag_stride + (c0 + v) * value_stride)
+                for v in range(width)
+            ]
+            for sp in range(self.split_k)
+        ]
+        for v in range(width):
+            total = cutlass.Float32(0.0)
+            for sp in range(self.split_k):
+                total = total + parts[sp][v]
+            tCrAcc[c0 + v] = total
 
     @cute.jit
     def _store_tile_direct(self, tCrAcc, alpha, mD_mnl, thr_mma, tile_coord):
