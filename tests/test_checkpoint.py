@@ -460,8 +460,9 @@ def test_compressed_tensors_checkpoint_loads(scheme, tmp_path):
             {"nvfp4": ["re:.*mlp.*"], "mxfp4": ["model.layers.0.mlp.up_proj"]},
             [],
         ),  # (a name beats both)
+        ({"nvfp4": ["Linear"], "mxfp4": ["Linear"]}, ["lm_head"]),  # (two groups, one target)
     ],
-    ids=["regex", "class-and-ignore", "names", "anchored", "precedence", "name-first"],
+    ids=["regex", "class-and-ignore", "names", "anchored", "precedence", "name-first", "twice"],
 )
 def test_compressed_tensors_matching(groups, ignore, tmp_path):
     """Which Linear gets which scheme from config_groups' targets and ignore (exact names,
@@ -503,9 +504,17 @@ def test_compressed_tensors_matching(groups, ignore, tmp_path):
             FP4Linear.from_linear(model.get_submodule(name), fmt, "bf16"),
         )
     fp4_ops.save_quantized(model, tmp_path)
+    # (each format's group as save_quantized writes it, whichever formats this model holds)
+    both = _model("llama")
+    for name, fmt in (("model.layers.0.mlp.up_proj", "nvfp4"), ("lm_head", "mxfp4")):
+        parent, _, attr = name.rpartition(".")
+        layer = FP4Linear.from_linear(both.get_submodule(name), fmt, "bf16")
+        setattr(both.get_submodule(parent) if parent else both, attr, layer)
+    fp4_ops.save_quantized(both, tmp_path / "both")
+    written = json.loads((tmp_path / "both/config.json").read_text())["quantization_config"]
+    saved = {g["format"]: g for g in written["config_groups"].values()}
 
     def patterns(qc):
-        saved = {g["format"]: g for g in qc["config_groups"].values()}
         qc["config_groups"] = {
             fmt: {**saved[f"{fmt}-pack-quantized"], "targets": targets}
             for fmt, targets in groups.items()
@@ -1135,6 +1144,28 @@ def test_save_refusals_of_the_model(wrap, match, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_shards_hold_at_most_max_shard_size_bytes(tmp_path):
+    """max_shard_size is the most tensor bytes a file holds: every tensor in one file at the
+    total, two files one byte below it; the shards hold the same tensors as the one file."""
+    from safetensors import safe_open
+
+    model = _model("llama")
+    _quantize(model, {LAYERS: ("nvfp4", "bf16")})
+    fp4_ops.save_quantized(model, tmp_path / "one")
+    with safe_open(tmp_path / "one/model.safetensors", "pt") as f:
+        whole = {k: f.get_tensor(k) for k in f.keys()}
+    total = sum(t.numel() * t.element_size() for t in whole.values())
+    fp4_ops.save_quantized(model, tmp_path / "at", max_shard_size=total)
+    assert sorted(p.name for p in (tmp_path / "at").glob("*.safetensors*")) == ["model.safetensors"]
+    fp4_ops.save_quantized(model, tmp_path / "below", max_shard_size=total - 1)
+    index = json.loads((tmp_path / "below/model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
+    assert index["weight_map"].keys() == whole.keys()
+
+
 def test_save_over_previous_checkpoint(tmp_path):
     """Weight files and hf_quant_config.json of an earlier save into the folder go; other files
     stay."""
@@ -1248,7 +1279,10 @@ def test_compressed_tensors_in_features_not_a_multiple_of_32(tmp_path):
     torch.manual_seed(0)
     bf16 = transformers.AutoModelForCausalLM.from_config(config).eval()
     _ct_write(tmp_path, bf16, "NVFP4A16")
-    with pytest.raises(ValueError, match="in_features = 48 is not a multiple of 32"):
+    with pytest.raises(
+        ValueError,
+        match=r"^model.layers.0.self_attn.q_proj: in_features = 48 is not a multiple of 32",
+    ):
         fp4_ops.load_quantized(tmp_path)
 
 

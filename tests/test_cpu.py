@@ -94,12 +94,24 @@ def test_quantize_nvfp4_equals_the_oracle(dtype, dist, static):
     assert torch.equal(out_gs, want_gs) and out_gs.shape == ()
 
 
+def _tiny_blocks(gen: torch.Generator) -> torch.Tensor:
+    """MXFP4 blocks whose amax / 6 lies at or below E8M0's smallest scale, 2^-127 (float32
+    subnormals there): the amax itself, one ulp either side, and smaller values beside it."""
+    amax = torch.tensor([6 * 2.0**-127, 3 * 2.0**-127, 2.0**-126, 6 * 2.0**-126, 1e-40, 1e-45])
+    amax = torch.cat([amax, torch.nextafter(amax, amax + 1), torch.nextafter(amax, amax * 0)])
+    x = torch.rand(len(amax), 32, generator=gen) * amax[:, None]
+    x[:, 5] = amax
+    return x * torch.where(torch.rand(x.shape, generator=gen) < 0.5, -1.0, 1.0)
+
+
 @pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
-@pytest.mark.parametrize("dist", ["normal", "wide", "boundaries"])
+@pytest.mark.parametrize("dist", ["normal", "wide", "boundaries", "tiny"])
 def test_quantize_mxfp4_equals_the_oracle(dtype, dist):
     gen = torch.Generator().manual_seed(11)
     if dist == "boundaries":
         x = _boundary_values(gen)
+    elif dist == "tiny":
+        x = _tiny_blocks(gen)
     else:
         x = torch.randn(2, 33, 96, generator=gen)
         if dist == "wide":

@@ -41,7 +41,8 @@ def _nvfp4(shape, seed=0, gs=None):
 # ----------------------------------------------------------------------------- FP4Tensor
 
 
-@pytest.mark.parametrize("shape", [(200, 96), (3, 130, 64)], ids=str)
+# (K / vec below 4 or not a multiple of it: the blocked atoms' padding columns)
+@pytest.mark.parametrize("shape", [(200, 96), (3, 130, 64), (3, 32), (7, 96)], ids=str)
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_from_plain_swizzles_and_dequantizes(shape, fmt):
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
@@ -53,6 +54,7 @@ def test_from_plain_swizzles_and_dequantizes(shape, fmt):
     blocked = reference.to_blocked(sc).view(torch.uint8)
     assert torch.equal(t.scale.flatten(-3).view(torch.uint8), blocked)
     assert torch.equal(t.plain_scales().view(torch.uint8), sc.view(torch.uint8))
+    assert t.plain_scales().is_contiguous()
     assert t.shape == tuple(shape)
     want = reference.dequantize_fp4(data, sc, fp4_ops.FORMATS[fmt], gs)
     assert torch.equal(t.dequantize(), want)

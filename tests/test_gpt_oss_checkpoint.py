@@ -68,6 +68,11 @@ def _write(folder: Path, model, corrupt=None) -> None:
             tensors[f"{prefix}.{proj}_scales"] = plain.view(torch.uint8).contiguous()
     if corrupt is not None:
         corrupt(tensors)
+    _save(folder, model, tensors)
+
+
+def _save(folder: Path, model, tensors: dict) -> None:
+    """``tensors`` as the model's gpt-oss MXFP4 checkpoint in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     safetensors_torch.save_file(tensors, str(folder / "model.safetensors"))
     config = model.config.to_dict()
@@ -141,6 +146,25 @@ def _nan_scale(tensors):
 def test_gpt_oss_mxfp4_checkpoint_refusals(corrupt, match, tmp_path):
     _write(tmp_path, _gpt_oss(), corrupt)
     with pytest.raises(ValueError, match=match):
+        fp4_ops.load_quantized(tmp_path)
+
+
+def test_gpt_oss_experts_mxfp4_cannot_block_are_refused_on_the_headers(tmp_path):
+    """Experts of I = 48 (not whole 32-element blocks) are refused by name from the headers,
+    before any tensor is read, though the blocks' shapes agree with their own K // 32."""
+    model = _gpt_oss(width=48)
+    tensors = {
+        n: t.contiguous()
+        for n, t in model.state_dict().items()
+        if ".mlp.experts." not in n or n.endswith("_bias")
+    }
+    for i in range(len(model.model.layers)):
+        for proj, rows, blocks in (("gate_up_proj", 96, 2), ("down_proj", 64, 1)):
+            prefix = f"model.layers.{i}.mlp.experts.{proj}"
+            tensors[f"{prefix}_blocks"] = torch.zeros(4, rows, blocks, 16, dtype=torch.uint8)
+            tensors[f"{prefix}_scales"] = torch.full((4, rows, blocks), 127, dtype=torch.uint8)
+    _save(tmp_path, model, tensors)
+    with pytest.raises(ValueError, match=r"^model.layers.0.mlp.experts: .* not experts of MXFP4"):
         fp4_ops.load_quantized(tmp_path)
 
 

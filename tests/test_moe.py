@@ -101,6 +101,8 @@ def test_quantize_experts_is_reference_per_expert(fmt):
 def test_quantize_experts_refuses_bad_weights():
     with pytest.raises(ValueError, match=r"w must be \[E, N, K\]"):
         fp4_ops.quantize_experts(torch.randn(4, 64))
+    with pytest.raises(ValueError, match=r"E >= 1 experts, got \(0, 32, 32\)"):
+        fp4_ops.quantize_experts(torch.zeros(0, 32, 32))
     with pytest.raises(ValueError, match="multiple of 32"):
         fp4_ops.quantize_experts(torch.randn(2, 4, 48))
     with pytest.raises(TypeError, match="format"):
@@ -238,6 +240,11 @@ def test_bad_grouped_operands_are_refused():
         fp4_ops.fp4_grouped_gemm(a, b, offsets, out_dtype=torch.int32)
     with pytest.raises(TypeError, match="b must be"):
         fp4_ops.fp4_grouped_gemm(a, b.data, offsets)
+    # (W4A4: the caller's activations' block scales are checked as the weights' are)
+    q = fp4_ops.quantize(a.float())
+    q.scale.view(torch.uint8).view(-1)[1] = 0x7F  # an E4M3 NaN: row 0, block 1
+    with pytest.raises(ValueError, match="NaN"):
+        fp4_ops.fp4_grouped_gemm(q, b, offsets)
 
 
 # ----------------------------------------------------------------------------- fp4_moe oracle
