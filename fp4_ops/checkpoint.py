@@ -18,7 +18,9 @@ NVIDIA ModelOpt (``hf_quant_config.json``, ``quant_algo`` ``NVFP4`` (W4A4) or ``
 MoE models: transformers' fused experts modules (gate_up_proj / down_proj) load from one
 quantized Linear per expert and projection (``{experts}.{e}.gate_proj`` / ``up_proj`` /
 ``down_proj``, either format above, gate and up sharing their global scale) into
-``FP4Experts``.
+``FP4Experts``. Mixtral checkpoints name them ``block_sparse_moe.experts.{e}.w1`` / ``w3`` /
+``w2`` (what ``save_quantized`` writes) or, as llm-compressor writes them,
+``block_sparse_moe.experts.{e}.gate_proj`` / ...; both load (``_KEY_RENAMES``).
 OpenAI's gpt-oss MXFP4 (``config.json`` -> ``quantization_config``, ``quant_method: mxfp4``;
 ``format="gpt-oss-mxfp4"`` to write it)
     the experts only, per experts module ``gate_up_proj_blocks`` uint8 [E, 2I, H/32, 16] (rows:
@@ -355,11 +357,38 @@ def _quant_config(folder: Path, config: dict) -> _QuantConfig:
 # ----------------------------------------------------------------------------- the tensors
 
 
-class _Checkpoint:
-    """The safetensors of a folder: names, dtypes and shapes from the headers (no data read);
-    tensors on demand."""
+# Keys that some model types' checkpoints spell otherwise than transformers names the model's
+# tensors (what its checkpoint conversion mapping renames): (stored pattern, model's name).
+_KEY_RENAMES = {
+    "mixtral": (
+        (r"\.block_sparse_moe(?=\.|$)", ".mlp"),
+        (r"(\.experts\.\d+)\.w1(?=\.|$)", r"\1.gate_proj"),
+        (r"(\.experts\.\d+)\.w3(?=\.|$)", r"\1.up_proj"),
+        (r"(\.experts\.\d+)\.w2(?=\.|$)", r"\1.down_proj"),
+    ),
+}
+# How save_quantized spells them: the model type's original checkpoints' names.
+_KEY_SPELLINGS = {
+    "mixtral": (
+        (r"\.mlp(?=\.|$)", ".block_sparse_moe"),
+        (r"(\.experts\.\d+)\.gate_proj(?=\.|$)", r"\1.w1"),
+        (r"(\.experts\.\d+)\.up_proj(?=\.|$)", r"\1.w3"),
+        (r"(\.experts\.\d+)\.down_proj(?=\.|$)", r"\1.w2"),
+    ),
+}
 
-    def __init__(self, folder: Path):
+
+def _respelled(name: str, rules: tuple) -> str:
+    for pattern, replacement in rules:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+class _Checkpoint:
+    """The safetensors of a folder: names, dtypes and shapes from the headers (no data read),
+    under the model's names for them (``_KEY_RENAMES`` of ``model_type``); tensors on demand."""
+
+    def __init__(self, folder: Path, model_type: str | None = None):
         from safetensors import SafetensorError, safe_open
 
         single, index = folder / _WEIGHTS_NAME, folder / _INDEX_NAME
@@ -405,6 +434,29 @@ class _Checkpoint:
                     f"tensors in the shards but not in {_INDEX_NAME}: {_listed(unlisted)}"
                 )
         self.folder = folder
+        rules = _KEY_RENAMES.get(model_type, ())
+        by_name: dict[str, list[str]] = {}
+        for key in self.file_of:
+            by_name.setdefault(_respelled(key, rules), []).append(key)
+        for name, keys in by_name.items():
+            if len(keys) > 1:
+                raise ValueError(f"{_listed(keys)}: all name the model's {name}")
+        # model's name -> stored key; the headers and module names under the model's names
+        self.stored = {name: keys[0] for name, keys in by_name.items()}
+        self.header = {name: self.header[key] for name, key in self.stored.items()}
+        self.module_names = {
+            name.rpartition(".")[0]: key.rpartition(".")[0] for name, key in self.stored.items()
+        }
+
+    def stored_name(self, module: str) -> str:
+        """The checkpoint's name of a module the model calls ``module`` (what its quantization
+        config's targets and ignore lists name): as its nearest module with tensors there is
+        named, the rest of the name as the model's."""
+        head, rest = module, ""
+        while head and head not in self.module_names:
+            head, _, last = head.rpartition(".")
+            rest = f".{last}{rest}"
+        return self.module_names[head] + rest if head else module
 
     def __contains__(self, key: str) -> bool:
         return key in self.header
@@ -424,7 +476,7 @@ class _Checkpoint:
                 )
                 for name in sorted(set(self.file_of.values()))
             }
-            yield lambda key: files[self.file_of[key]].get_tensor(key)
+            yield lambda key: files[self.file_of[self.stored[key]]].get_tensor(self.stored[key])
 
 
 def _shape_str(shape) -> str:
@@ -626,7 +678,7 @@ def _plan_linear_experts(ck, qconfig, name: str, module: nn.Module) -> _LinearEx
             "down_proj": nn.Linear(i, h, bias=False),
         }
     schemes = {
-        (x, proj): qconfig.scheme_for(f"{name}.{x}.{proj}", stand_in[proj])
+        (x, proj): qconfig.scheme_for(ck.stored_name(f"{name}.{x}.{proj}"), stand_in[proj])
         for x in range(e)
         for proj in _PROJECTIONS
     }
@@ -832,7 +884,7 @@ def load_quantized(
     config_dict = _read_json(folder / "config.json")
     qconfig = _quant_config(folder, config_dict)
     dtype = _config_dtype(config_dict)
-    ck = _Checkpoint(folder)
+    ck = _Checkpoint(folder, config_dict.get("model_type"))
 
     model, layers, experts = _build_and_plan(transformers, folder, ck, qconfig, dtype)
     fits = _w4a16_dtype(layers, experts, activations, dtype)
@@ -924,7 +976,7 @@ def _plan_quantized(ck: _Checkpoint, qconfig, model: nn.Module, tied_output) -> 
     checked on the headers; ``tied_output`` the output embedding where the config ties it."""
     layers: list[_Layer] = []
     for name, module in model.named_modules():
-        scheme = qconfig.scheme_for(name, module)
+        scheme = qconfig.scheme_for(ck.stored_name(name), module)
         if scheme is None:
             continue
         if isinstance(module, nn.Embedding):
@@ -1270,8 +1322,11 @@ def save_quantized(
     tensors, floats = _checkpoint_tensors(
         model, layers, experts, modes, format, expert_weights, gpt_oss
     )
-    tensors = {k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}
-    config_dict, hf_quant_config = _checkpoint_configs(model, layers, modes, floats, format)
+    # (the model type's own checkpoint names, where transformers renames them: _KEY_SPELLINGS)
+    rules = _KEY_SPELLINGS.get(getattr(model.config, "model_type", None), ())
+    tensors = {_respelled(k, rules): t.detach().to("cpu").contiguous() for k, t in tensors.items()}
+    modes = {_respelled(name, rules): mode for name, mode in modes.items()}
+    config_dict, hf_quant_config = _checkpoint_configs(model, layers, modes, floats, format, rules)
 
     # (everything checked: now it is written)
     folder = Path(path)
@@ -1382,17 +1437,19 @@ def _checkpoint_tensors(model, layers, experts, modes, format: str, expert_weigh
     return tensors, floats
 
 
-def _checkpoint_configs(model, layers, modes, floats, format: str):
+def _checkpoint_configs(model, layers, modes, floats, format: str, rules: tuple):
     """(config.json's dict with the format's quantization config, hf_quant_config.json's dict
-    or None)."""
+    or None); module names as ``rules`` spell them in the checkpoint, as ``modes``' are."""
     unquantized = sorted(
-        n
+        _respelled(n, rules)
         for n, m in model.named_modules(remove_duplicate=False)
         if isinstance(m, nn.Linear) and n not in layers
     )
     # (16-bit experts modules: every reader would take their per-expert Linears as quantized)
     plain_experts = sorted(
-        n for n, m in model.named_modules(remove_duplicate=False) if is_experts_module(m)
+        _respelled(n, rules)
+        for n, m in model.named_modules(remove_duplicate=False)
+        if is_experts_module(m)
     )
     config_dict = model.config.to_dict()
     config_dict.pop("quantization_config", None)

@@ -8,6 +8,7 @@ and the refusals."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -339,6 +340,91 @@ def test_quantize_model_experts_save_and_load_back(arch, checkpoint, fmt, activa
     with torch.no_grad():
         got, want = back(ids).logits, model(ids).logits
     assert _rel(got, want) <= 2.0**-7
+
+
+def _mixtral():
+    config = transformers.MixtralConfig(
+        vocab_size=96,
+        hidden_size=HIDDEN,
+        intermediate_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=EXPERTS,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+
+
+# Mixtral's checkpoint spellings of what transformers calls model.layers.N.mlp.experts.E.*_proj:
+# its original checkpoints' (save_quantized writes them), llm-compressor's, transformers'
+MIXTRAL_SPELLINGS = {
+    "original": (".block_sparse_moe.", {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}),
+    "llm-compressor": (".block_sparse_moe.", {}),
+    "transformers": (".mlp.", {}),
+}
+
+
+def _respell(folder: Path, spelling: str) -> None:
+    """The checkpoint's keys and config names from the original spelling to ``spelling``."""
+    block, projections = MIXTRAL_SPELLINGS[spelling]
+    original = MIXTRAL_SPELLINGS["original"][1]
+
+    def name(n: str) -> str:
+        n = n.replace(".block_sparse_moe.", block).replace(".block_sparse_moe", block[:-1])
+        for proj, w in original.items():
+            n = re.sub(rf"(\.experts\.\d+)\.{w}(?=\.|$)", rf"\1.{projections.get(proj, proj)}", n)
+        return n
+
+    path = folder / "model.safetensors"
+    tensors = safetensors_torch.load_file(str(path))
+    safetensors_torch.save_file({name(k): v for k, v in tensors.items()}, str(path))
+    for config_file in ("config.json", "hf_quant_config.json"):
+        if (folder / config_file).exists():
+            text = (folder / config_file).read_text()
+            text = text.replace("block_sparse_moe", block.strip("."))  # (regexes too)
+            (folder / config_file).write_text(text)
+
+
+@pytest.mark.parametrize("spelling", list(MIXTRAL_SPELLINGS))
+@pytest.mark.parametrize("checkpoint", ["compressed-tensors", "modelopt"])
+def test_mixtral_checkpoints_load_in_each_spelling(checkpoint, spelling, tmp_path):
+    """save_quantized writes a Mixtral's experts as its original checkpoints name them
+    (block_sparse_moe.experts.E.w1 / w3 / w2, the router's gate beside them, the config's
+    names alike); load_quantized takes that, llm-compressor's (gate_proj / up_proj /
+    down_proj under block_sparse_moe) and transformers' own names: the same experts, the same
+    logits."""
+    model = _mixtral()
+    report = fp4_ops.quantize_model(model, ["model.layers.0.mlp.experts"], activations="bf16")
+    assert report.replaced == ["model.layers.0.mlp.experts"]  # (layer 1's stay 16-bit)
+    fp4_ops.save_quantized(model, tmp_path, checkpoint)
+    keys = list(safetensors_torch.load_file(str(tmp_path / "model.safetensors")))
+    assert "model.layers.0.block_sparse_moe.experts.3.w3.weight_scale" in keys
+    assert "model.layers.1.block_sparse_moe.experts.gate_up_proj" in keys
+    assert "model.layers.0.block_sparse_moe.gate.weight" in keys
+    assert not [k for k in keys if ".mlp." in k or "_proj." in k and ".experts." in k]
+    # (the config names layer 1's 16-bit experts as the keys do: as left out of FP4)
+    config = tmp_path / ("config.json" if checkpoint != "modelopt" else "hf_quant_config.json")
+    text = config.read_text()
+    assert "block_sparse_moe" in text and "mlp" not in text
+    _respell(tmp_path, spelling)
+    back = fp4_ops.load_quantized(tmp_path)
+    mine, theirs = model.model.layers[0].mlp.experts, back.model.layers[0].mlp.experts
+    for w in ("w13", "w2"):
+        a, b = mine.expert_weights(w), theirs.expert_weights(w)
+        assert torch.equal(a.data, b.data) and torch.equal(a.plain_scales(), b.plain_scales())
+    plain, loaded = model.model.layers[1].mlp.experts, back.model.layers[1].mlp.experts
+    assert torch.equal(loaded.gate_up_proj, plain.gate_up_proj)
+    for name, buffer in back.named_buffers():  # (see the round trip above: RoPE's inv_freq)
+        if name.endswith("inv_freq"):
+            model.get_buffer(name).data = buffer.clone()
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert _rel(back(ids).logits, model(ids).logits) <= 2.0**-7
 
 
 def test_save_quantized_refuses_experts_without_a_checkpoint_form(tmp_path):
