@@ -46,6 +46,8 @@ ACTIVATIONS = {"fp4": "fp4", "bf16": "bf16"}
 DEFAULT_PROMPT = "The quickest way to learn a new language is"
 #: rows of text printed (all rows are timed)
 SHOWN_ROWS = 4
+# (any of these makes a folder a tokenizer for AutoTokenizer: config.json names the model type)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "config.json")
 
 
 class StepClock:
@@ -89,10 +91,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         )
     if args.baseline_model is not None and not args.baseline:
         p.error("--baseline_model is the model of --baseline: give --baseline too")
-    for flag in ("model", "tokenizer", "baseline_model"):
+    for flag in ("model", "baseline_model"):
         folder = getattr(args, flag)
         if folder is not None and not (Path(folder) / "config.json").is_file():
             p.error(f"--{flag} {folder}: not a model folder (no config.json)")
+    if args.tokenizer is not None and not any(
+        (Path(args.tokenizer) / name).is_file() for name in TOKENIZER_FILES
+    ):
+        p.error(f"--tokenizer {args.tokenizer}: no {' / '.join(TOKENIZER_FILES)}")
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(args.device)

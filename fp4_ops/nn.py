@@ -758,9 +758,10 @@ def _experts_replacement(name: str, module: nn.Module, how: tuple, report):
 def calibrate(model: nn.Module, forward_loop: Callable[[nn.Module], object]) -> list[str]:
     """Static activation scales for ``model``'s NVFP4 FP4Linear layers with dynamic ones, in
     place: ``forward_loop(model)`` runs the model on calibration data (gradients off), the
-    largest |x| each such layer sees over all its calls is recorded, and the layer becomes
-    ``activations="static"`` with ``input_global_scale = amax / (448 * 6)`` (the decoding
-    convention; ModelOpt's ``input_scale``, the reciprocal of compressed-tensors'
+    largest |x| each such layer sees over all its calls is recorded, and the layer is replaced
+    by a new FP4Linear (in the same train / eval mode; references to the old module keep the
+    dynamic layer) with ``activations="static"`` and ``input_global_scale = amax / (448 * 6)``
+    (the decoding convention; ModelOpt's ``input_scale``, the reciprocal of compressed-tensors'
     ``input_global_scale``; 1.0 where every input was zero). ``save_quantized`` then writes a
     W4A4 checkpoint with static input scales, the form vLLM serves. Returns the names of the
     layers made static (each name of a layer reachable by several). ValueError, with no layer
@@ -808,7 +809,7 @@ def calibrate(model: nn.Module, forward_loop: Callable[[nn.Module], object]) -> 
         raise ValueError(f"calibrate: a non-finite input reached {', '.join(bad)}")
     for key, layer in layers.items():
         gs = scales[key] / GLOBAL_SCALE_DIVISOR if scales[key] > 0 else 1.0
-        static = FP4Linear(layer.weight, layer.bias, "static", gs)
+        static = FP4Linear(layer.weight, layer.bias, "static", gs).train(layer.training)
         for name in names[key]:
             model.set_submodule(name, static)
     return [name for key in layers for name in names[key]]

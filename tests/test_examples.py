@@ -261,7 +261,7 @@ def test_dequantized_baseline_computes_the_fp4_weights(checkpoints):
         (["--device", "nonsense"], "not a device"),
         (["--device", "cpu:5"], "the CPU has no index but 0"),
         (["--compile"], "--compile captures CUDA graphs: it needs --device cuda"),
-        (["--tokenizer", "{missing}"], "not a model folder (no config.json)"),
+        (["--tokenizer", "{missing}"], "no tokenizer.json / tokenizer_config.json"),
     ],
 )
 def test_bad_arguments_exit_2(argv, message, checkpoints, capsys, tmp_path):
@@ -293,9 +293,15 @@ def test_unusable_folders_exit_2(checkpoints, capsys, tmp_path):
     fp4_ops.save_quantized(model, bare)
     code, _, err = _run(["--model", str(bare), "--device", "cpu"], capsys)
     assert code == 2 and "no tokenizer that loads" in err and "--tokenizer DIR" in err, err
-    tokenizer = str(checkpoints["source"])
+    # (a folder of tokenizer files alone, without the model's config.json, will do)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    for f in Path(checkpoints["source"]).iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, tokenizer)
+    assert not (tokenizer / "config.json").exists() and any(tokenizer.iterdir())
     code, out, err = _run(
-        ["--model", str(bare), "--tokenizer", tokenizer, "--device", "cpu"], capsys
+        ["--model", str(bare), "--tokenizer", str(tokenizer), "--device", "cpu"], capsys
     )
     assert code == 0, err
     # a config.json whose sizes transformers cannot build a model from

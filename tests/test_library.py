@@ -953,6 +953,17 @@ def test_quantize_model_keeps_each_modules_mode(train):
     assert [m.training for m in model.modules()] == [train] * 4
 
 
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_calibrate_keeps_each_layers_mode(train):
+    """The static layers calibrate puts in place keep the train / eval mode of the dynamic
+    ones they replace."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32)).train(train)
+    fp4_ops.quantize_model(model)
+    assert fp4_ops.calibrate(model, lambda m: m(_x((4, 64), seed=52))) == ["0", "1"]
+    assert [m.activations for m in model] == ["static", "static"]
+    assert [m.training for m in model.modules()] == [train] * 3
+
+
 def test_fp4tensors_compare_by_identity():
     """``==`` and ``in`` on FP4Tensors compare the objects (as for modules), never the tensors'
     values (whose truth value is ambiguous)."""
