@@ -642,7 +642,8 @@ def quantize_model(
     Linears whose parent reads their weight directly (``nn.MultiheadAttention``'s ``out_proj``,
     any ``NonDynamicallyQuantizableLinear``), and, by default, those whose in_features is not a
     multiple of 32 or whose class overrides ``nn.Linear.forward`` (one that ``include`` chooses
-    raises ValueError). The new modules keep the old ones' train / eval mode. A Linear reachable by
+    raises ValueError). The new modules keep the old ones' train / eval mode; a module chosen
+    by one of its names is replaced under all of them. A Linear reachable by
     several names becomes one FP4Linear. Returns a ``QuantizeReport`` (and warns about patterns
     that matched no nn.Linear).
     """
@@ -674,6 +675,12 @@ def quantize_model(
             fp4.train(module.training)
             converted[id(module)] = fp4
             planned.append((name, fp4))
+            report.replaced.append(name)
+    # (a module reachable by several names is one module: every name of a chosen one changes)
+    chosen = {name for name, _ in planned}
+    for name, module in modules:
+        if id(module) in converted and name not in chosen:
+            planned.append((name, converted[id(module)]))
             report.replaced.append(name)
     for name, fp4 in planned:
         model.set_submodule(name, fp4)

@@ -892,6 +892,16 @@ def test_quantize_model_reports_patterns_and_shared_linears():
     assert default.replaced == [] and "not a multiple of 32" in default.skipped["0"]
 
 
+def test_quantize_model_replaces_a_shared_linear_under_every_name():
+    """A Linear reachable by two names that ``include`` chooses by one of them stays one
+    module: both names hold the same FP4Linear (the other would keep the 16-bit weight)."""
+    model = nn.ModuleDict({"mlp": nn.Sequential(nn.Linear(64, 64))})
+    model["shared"] = model["mlp"][0]
+    report = fp4_ops.quantize_model(model, include=["mlp.*"])
+    assert isinstance(model["shared"], FP4Linear) and model["shared"] is model["mlp"][0]
+    assert sorted(report.replaced) == ["mlp.0", "shared"]
+
+
 @pytest.mark.parametrize(
     "include", [["*"], lambda name, module: True], ids=["patterns", "predicate"]
 )
