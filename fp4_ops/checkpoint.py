@@ -20,7 +20,7 @@ quantized Linear per expert and projection (``{experts}.{e}.gate_proj`` / ``up_p
 ``down_proj``, either format above, gate and up sharing their global scale) into
 ``FP4Experts``. Mixtral checkpoints name them ``block_sparse_moe.experts.{e}.w1`` / ``w3`` /
 ``w2`` (what ``save_quantized`` writes) or, as llm-compressor writes them,
-``block_sparse_moe.experts.{e}.gate_proj`` / ...; both load (``_KEY_RENAMES``).
+``block_sparse_moe.experts.{e}.gate_proj`` / ...; both load (``_CHECKPOINT_SPELLINGS``).
 OpenAI's gpt-oss MXFP4 (``config.json`` -> ``quantization_config``, ``quant_method: mxfp4``;
 ``format="gpt-oss-mxfp4"`` to write it)
     the experts only, per experts module ``gate_up_proj_blocks`` uint8 [E, 2I, H/32, 16] (rows:
@@ -166,21 +166,22 @@ class _QuantConfig:
             fnmatch.fnmatchcase(name, p) or name.startswith(p + ".") for p in self.ignore
         )
 
-    def scheme_for(self, name: str, module: nn.Module) -> _Scheme | None:
+    def scheme_for(self, names: tuple[str, ...], module: nn.Module) -> _Scheme | None:
+        """The scheme of ``module``, which the checkpoint may name any of ``names``."""
         if self.checkpoint == GPT_OSS_MXFP4:  # (its experts only: ``quantizes_experts``)
             return None
         if self.checkpoint == "modelopt":
-            if any(name == p or fnmatch.fnmatchcase(name, p) for p in self.ignore):
+            if any(n == p or fnmatch.fnmatchcase(n, p) for n in names for p in self.ignore):
                 return None
             return self.scheme if isinstance(module, nn.Linear) else None
-        if any(_ct_match(name, module, p) for p in self.ignore):
+        if any(_ct_match(n, module, p) for n in names for p in self.ignore):
             return None
         # compressed-tensors' precedence: exact names, then regexes, then class names (each in
         # sorted order); a target of several groups belongs to the last group that lists it
         by_target = {t: scheme for _, targets, scheme in self.groups for t in targets}
         ordered = sorted(by_target, key=lambda t: (t.startswith("re:"), t))
         for target in ordered:
-            if _ct_match_name(name, target):
+            if any(_ct_match_name(n, target) for n in names):
                 return by_target[target]
         for target in ordered:
             if _ct_match_class(module, target):
@@ -357,36 +358,41 @@ def _quant_config(folder: Path, config: dict) -> _QuantConfig:
 # ----------------------------------------------------------------------------- the tensors
 
 
-# Keys that some model types' checkpoints spell otherwise than transformers names the model's
-# tensors (what its checkpoint conversion mapping renames): (stored pattern, model's name).
-_KEY_RENAMES = {
+# Name parts that some model types' checkpoints spell otherwise than transformers names the
+# model's modules (what its checkpoint conversion mapping renames): (what precedes the part,
+# the checkpoints' spelling, transformers'). save_quantized writes the checkpoints' spelling.
+_CHECKPOINT_SPELLINGS = {
     "mixtral": (
-        (r"\.block_sparse_moe(?=\.|$)", ".mlp"),
-        (r"(\.experts\.\d+)\.w1(?=\.|$)", r"\1.gate_proj"),
-        (r"(\.experts\.\d+)\.w3(?=\.|$)", r"\1.up_proj"),
-        (r"(\.experts\.\d+)\.w2(?=\.|$)", r"\1.down_proj"),
-    ),
-}
-# How save_quantized spells them: the model type's original checkpoints' names.
-_KEY_SPELLINGS = {
-    "mixtral": (
-        (r"\.mlp(?=\.|$)", ".block_sparse_moe"),
-        (r"(\.experts\.\d+)\.gate_proj(?=\.|$)", r"\1.w1"),
-        (r"(\.experts\.\d+)\.up_proj(?=\.|$)", r"\1.w3"),
-        (r"(\.experts\.\d+)\.down_proj(?=\.|$)", r"\1.w2"),
+        ("", "block_sparse_moe", "mlp"),
+        (r"\.experts\.\d+", "w1", "gate_proj"),
+        (r"\.experts\.\d+", "w3", "up_proj"),
+        (r"\.experts\.\d+", "w2", "down_proj"),
     ),
 }
 
 
-def _respelled(name: str, rules: tuple) -> str:
-    for pattern, replacement in rules:
-        name = re.sub(pattern, replacement, name)
+def _respelled(name: str, model_type: str | None, to_model: bool) -> str:
+    """``name`` (a key or module name) with ``model_type``'s checkpoint spelling of its parts
+    turned into transformers' (``to_model``) or back."""
+    for before, stored, model in _CHECKPOINT_SPELLINGS.get(model_type, ()):
+        old, new = (stored, model) if to_model else (model, stored)
+        name = re.sub(rf"({before}\.){old}(?=\.|$)", rf"\g<1>{new}", name)
     return name
+
+
+def _spelled_as_stored(model_type: str | None, model: nn.Module | None) -> bool:
+    """Whether ``model`` names a module as ``model_type``'s checkpoints spell it."""
+    spellings = _CHECKPOINT_SPELLINGS.get(model_type, ())
+    return model is not None and any(
+        re.search(rf"({before}\.){stored}(?=\.|$)", name)
+        for name, _ in model.named_modules()
+        for before, stored, _ in spellings
+    )
 
 
 class _Checkpoint:
     """The safetensors of a folder: names, dtypes and shapes from the headers (no data read),
-    under the model's names for them (``_KEY_RENAMES`` of ``model_type``); tensors on demand."""
+    under the model's names for them (``_CHECKPOINT_SPELLINGS``); tensors on demand."""
 
     def __init__(self, folder: Path, model_type: str | None = None):
         from safetensors import SafetensorError, safe_open
@@ -433,30 +439,39 @@ class _Checkpoint:
                 raise ValueError(
                     f"tensors in the shards but not in {_INDEX_NAME}: {_listed(unlisted)}"
                 )
-        self.folder = folder
-        rules = _KEY_RENAMES.get(model_type, ())
+        self.folder, self.model_type, self.file_header = folder, model_type, self.header
+        self.use_names_of(None)
+
+    def use_names_of(self, model: nn.Module | None) -> None:
+        """The keys under ``model``'s names from here on: its type's checkpoint spellings turned
+        into transformers' (``_CHECKPOINT_SPELLINGS``), unless the model is spelled as its
+        checkpoints are (older transformers versions)."""
+        kind = None if _spelled_as_stored(self.model_type, model) else self.model_type
+        self.kind = kind
         by_name: dict[str, list[str]] = {}
         for key in self.file_of:
-            by_name.setdefault(_respelled(key, rules), []).append(key)
+            by_name.setdefault(_respelled(key, kind, to_model=True), []).append(key)
         for name, keys in by_name.items():
             if len(keys) > 1:
                 raise ValueError(f"{_listed(keys)}: all name the model's {name}")
         # model's name -> stored key; the headers and module names under the model's names
         self.stored = {name: keys[0] for name, keys in by_name.items()}
-        self.header = {name: self.header[key] for name, key in self.stored.items()}
+        self.header = {name: self.file_header[key] for name, key in self.stored.items()}
         self.module_names = {
             name.rpartition(".")[0]: key.rpartition(".")[0] for name, key in self.stored.items()
         }
 
-    def stored_name(self, module: str) -> str:
-        """The checkpoint's name of a module the model calls ``module`` (what its quantization
+    def stored_names(self, module: str) -> tuple[str, ...]:
+        """The checkpoint's names of a module the model calls ``module`` (what its quantization
         config's targets and ignore lists name): as its nearest module with tensors there is
-        named, the rest of the name as the model's."""
+        named, the rest as the model names it; and in the model type's spelling throughout."""
         head, rest = module, ""
         while head and head not in self.module_names:
             head, _, last = head.rpartition(".")
             rest = f".{last}{rest}"
-        return self.module_names[head] + rest if head else module
+        near = self.module_names[head] + rest if head else module
+        spelled = _respelled(module, self.kind, to_model=False)
+        return (near,) if spelled == near else (near, spelled)
 
     def __contains__(self, key: str) -> bool:
         return key in self.header
@@ -678,7 +693,7 @@ def _plan_linear_experts(ck, qconfig, name: str, module: nn.Module) -> _LinearEx
             "down_proj": nn.Linear(i, h, bias=False),
         }
     schemes = {
-        (x, proj): qconfig.scheme_for(ck.stored_name(f"{name}.{x}.{proj}"), stand_in[proj])
+        (x, proj): qconfig.scheme_for(ck.stored_names(f"{name}.{x}.{proj}"), stand_in[proj])
         for x in range(e)
         for proj in _PROJECTIONS
     }
@@ -914,6 +929,7 @@ def _build_and_plan(transformers, folder: Path, ck, qconfig, dtype: torch.dtype)
     """(model on meta, its planned FP4 layers, its planned experts): every check on the
     headers, nothing read yet."""
     model = _build_model(transformers, folder, dtype)
+    ck.use_names_of(model)
     # (tied parameters are one object from here on: the model ties them as it is built)
     ties = _ties_output_embeddings(model)
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -976,7 +992,7 @@ def _plan_quantized(ck: _Checkpoint, qconfig, model: nn.Module, tied_output) -> 
     checked on the headers; ``tied_output`` the output embedding where the config ties it."""
     layers: list[_Layer] = []
     for name, module in model.named_modules():
-        scheme = qconfig.scheme_for(ck.stored_name(name), module)
+        scheme = qconfig.scheme_for(ck.stored_names(name), module)
         if scheme is None:
             continue
         if isinstance(module, nn.Embedding):
@@ -1322,11 +1338,14 @@ def save_quantized(
     tensors, floats = _checkpoint_tensors(
         model, layers, experts, modes, format, expert_weights, gpt_oss
     )
-    # (the model type's own checkpoint names, where transformers renames them: _KEY_SPELLINGS)
-    rules = _KEY_SPELLINGS.get(getattr(model.config, "model_type", None), ())
-    tensors = {_respelled(k, rules): t.detach().to("cpu").contiguous() for k, t in tensors.items()}
-    modes = {_respelled(name, rules): mode for name, mode in modes.items()}
-    config_dict, hf_quant_config = _checkpoint_configs(model, layers, modes, floats, format, rules)
+    # (the model type's own checkpoint names, where transformers renames them)
+    kind = getattr(model.config, "model_type", None)
+    tensors = {
+        _respelled(k, kind, to_model=False): t.detach().to("cpu").contiguous()
+        for k, t in tensors.items()
+    }
+    modes = {_respelled(name, kind, to_model=False): mode for name, mode in modes.items()}
+    config_dict, hf_quant_config = _checkpoint_configs(model, layers, modes, floats, format, kind)
 
     # (everything checked: now it is written)
     folder = Path(path)
@@ -1437,17 +1456,17 @@ def _checkpoint_tensors(model, layers, experts, modes, format: str, expert_weigh
     return tensors, floats
 
 
-def _checkpoint_configs(model, layers, modes, floats, format: str, rules: tuple):
+def _checkpoint_configs(model, layers, modes, floats, format: str, kind: str | None):
     """(config.json's dict with the format's quantization config, hf_quant_config.json's dict
-    or None); module names as ``rules`` spell them in the checkpoint, as ``modes``' are."""
+    or None); module names as model type ``kind``'s checkpoints spell them, as ``modes``' are."""
     unquantized = sorted(
-        _respelled(n, rules)
+        _respelled(n, kind, to_model=False)
         for n, m in model.named_modules(remove_duplicate=False)
         if isinstance(m, nn.Linear) and n not in layers
     )
     # (16-bit experts modules: every reader would take their per-expert Linears as quantized)
     plain_experts = sorted(
-        _respelled(n, rules)
+        _respelled(n, kind, to_model=False)
         for n, m in model.named_modules(remove_duplicate=False)
         if is_experts_module(m)
     )
