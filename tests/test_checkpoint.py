@@ -1194,6 +1194,7 @@ def test_save_over_previous_checkpoint(tmp_path):
         ("config-float16", "mxfp4", None, torch.bfloat16),
         ("config-float32", "nvfp4", "fp4", torch.float32),
         ("config-float16", "mxfp4", "dynamic", torch.float16),
+        ("config-float16", "mixed", None, torch.bfloat16),  # (one MXFP4 layer is enough)
     ],
 )
 def test_dtype(how, fmt, activations, want, tmp_path):
@@ -1201,7 +1202,10 @@ def test_dtype(how, fmt, activations, want, tmp_path):
     save_quantized writes as the model's, unless W4A16 layers cannot take it: then in bfloat16,
     with a warning, and the model runs."""
     model = _model("qwen2")
-    _quantize(model, {LAYERS: (fmt, "bf16")})
+    if fmt == "mixed":
+        _quantize(model, {"*.q_proj": ("nvfp4", "bf16"), "*.v_proj": ("mxfp4", "bf16")})
+    else:
+        _quantize(model, {LAYERS: (fmt, "bf16")})
     if how == "model-half":
         model.half()
     fp4_ops.save_quantized(model, tmp_path, "compressed-tensors")
@@ -1222,6 +1226,20 @@ def test_dtype(how, fmt, activations, want, tmp_path):
     else:  # (W4A4 layers: another model, which runs in the config's dtype)
         assert {m.activations for m in _fp4(loaded).values()} == {"dynamic"}
         assert _logits(loaded, ids).isfinite().all()
+
+
+def test_checkpoint_spellings_apply_to_models_named_otherwise_only(tmp_path, monkeypatch):
+    """A model type's checkpoint spellings become transformers' names only where the model is
+    not itself named so (older transformers versions name Mixtral's modules as its checkpoints
+    do): a pretend spelling of llama's mlp, which its modules use, changes nothing."""
+    from fp4_ops import checkpoint
+
+    model = _model("llama")
+    _quantize(model, {LAYERS: ("nvfp4", "bf16")})
+    fp4_ops.save_quantized(model, tmp_path)
+    want = _logits(fp4_ops.load_quantized(tmp_path), _ids(1))
+    monkeypatch.setitem(checkpoint._CHECKPOINT_SPELLINGS, "llama", (("", "mlp", "ffn"),))
+    assert torch.equal(_logits(fp4_ops.load_quantized(tmp_path), _ids(1)), want)
 
 
 def _scalars_as(shape):

@@ -6,6 +6,7 @@ and the refusals of malformed ones."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -225,6 +226,25 @@ def test_expert_biases_load_in_the_config_dtype(tmp_path):
         assert ex.w13_bias.dtype == ex.w2_bias.dtype == torch.bfloat16
     biases = {k: v for k, v in ours.state_dict().items() if k.endswith("_bias")}
     assert biases and {v.dtype for v in biases.values()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("activations, want", [(None, torch.bfloat16), ("fp4", torch.float16)])
+def test_float16_config_loads_w4a16_experts_in_bfloat16(activations, want, tmp_path):
+    """MXFP4 experts run W4A16 on bfloat16 only (E8M0 scales exceed float16): under a float16
+    config the model loads in bfloat16, with a warning, and runs; W4A4 keeps float16."""
+    _write(tmp_path, _gpt_oss())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "dtype": "float16"}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = fp4_ops.load_quantized(tmp_path, activations=activations)
+    said = [str(w.message) for w in caught if "W4A16 layers take 16-bit" in str(w.message)]
+    assert len(said) == (want == torch.bfloat16), said
+    assert {p.dtype for n, p in ours.named_parameters() if "norm" not in n} == {want}
+    ids = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert ours(ids).logits.isfinite().all()
 
 
 @pytest.mark.parametrize(

@@ -409,8 +409,8 @@ MODULE_KINDS = [
 ]
 
 
-def _module(kind: str, seed: int) -> tuple[nn.Module, tuple]:
-    """(a module of this kind with biases, its forward's arguments): an FP4Linear from
+def _module(kind: str, seed: int, bias: bool = True) -> tuple[nn.Module, tuple]:
+    """(a module of this kind, with biases or none, its forward's arguments): an FP4Linear from
     ``_linear`` or an FP4MoE from random experts, both built from FP4Tensors held nowhere else."""
     family, fmt, mode = kind.split("-")
     x_dtype = _dtype(mode)
@@ -418,12 +418,13 @@ def _module(kind: str, seed: int) -> tuple[nn.Module, tuple]:
         lin = _linear(64, 48, seed)
         gs = STATIC_GS if mode == "static" else None
         w = fp4_ops.quantize(lin.weight.detach(), fmt)
-        return FP4Linear(w, lin.bias.detach(), mode, gs), (_x((5, 64), x_dtype, seed + 1),)
+        b = lin.bias.detach() if bias else None
+        return FP4Linear(w, b, mode, gs), (_x((5, 64), x_dtype, seed + 1),)
     gen = _gen(seed)
     w13, w2 = torch.randn(3, 64, 64, generator=gen), torch.randn(3, 64, 32, generator=gen)
     b13, b2 = torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen)
     q13, q2 = fp4_ops.quantize_experts(w13, fmt), fp4_ops.quantize_experts(w2, fmt)
-    layer = fp4_ops.FP4MoE(q13, q2, "silu", mode, b13, b2)
+    layer = fp4_ops.FP4MoE(q13, q2, "silu", mode, *((b13, b2) if bias else ()))
     ids = torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2]])
     weights = torch.rand(4, 2, generator=gen)
     return layer, (_x((4, 64), x_dtype, seed + 1), weights, ids)
@@ -458,9 +459,15 @@ def test_fp4_modules_load_with_assign(kind):
     source's bit for bit."""
     source, args = _module(kind, seed=42)
     empty = _module(kind, seed=43)[0].to("meta")
-    empty.load_state_dict(source.state_dict(), assign=True)
+    state = source.state_dict()
+    empty.load_state_dict(state, assign=True)
     assert all(t.device.type == "cpu" for t in empty.state_dict().values() if torch.is_tensor(t))
     assert torch.equal(empty(*args), source(*args))
+    # (as nn.Module's assign: the module holds the checkpoint's tensors, but the codes, which
+    # the W4A16 layers hold prepacked)
+    mine = empty.state_dict()
+    held = [k for k in state if torch.is_tensor(state[k]) and not k.endswith("_data")]
+    assert all(mine[k].data_ptr() == state[k].data_ptr() for k in held), held
 
 
 @pytest.mark.parametrize("kind", MODULE_KINDS)
@@ -475,7 +482,8 @@ def test_fp4_modules_run_load_pre_hooks(kind):
             state_dict[prefix + key[len(prefix + "legacy_") :]] = state_dict.pop(key)
 
     target.register_load_state_dict_pre_hook(rename)
-    target.load_state_dict({f"legacy_{k}": v for k, v in source.state_dict().items()})
+    model = nn.Sequential(nn.Identity(), target)  # (the hook sees the module's own prefix)
+    model.load_state_dict({f"1.legacy_{k}": v for k, v in source.state_dict().items()})
     assert torch.equal(target(*args), source(*args))
 
 
@@ -485,23 +493,20 @@ def test_fp4_modules_hold_copies_of_the_fp4tensors_they_were_made_of(kind):
     the module (its buffers are its own), and the module keeps its when they change."""
     family, fmt, mode = kind.split("-")
     if family == "linear":
-        w = fp4_ops.quantize(_x((48, 64), seed=46), fmt)
-        sources = [w]
-        layer = FP4Linear(w, None, mode, STATIC_GS if mode == "static" else None)
+        w, b = fp4_ops.quantize(_x((48, 64), seed=46), fmt), _x((48,), seed=56)
+        sources, biases = [w], [b]
+        layer = FP4Linear(w, b, mode, STATIC_GS if mode == "static" else None)
     else:
         gen = _gen(46)
         sources = [
             fp4_ops.quantize_experts(torch.randn(3, *shape, generator=gen), fmt)
             for shape in ((64, 64), (64, 32))
         ]
-        layer = fp4_ops.FP4MoE(*sources, "silu", mode)
-    parts = [t for q in sources for t in (q.data, q.scale, q.global_scale)]
+        biases = [torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen)]
+        layer = fp4_ops.FP4MoE(*sources, "silu", mode, *biases)
+    parts = [t for q in sources for t in (q.data, q.scale, q.global_scale)] + biases
     before = [t.clone() for t in parts]
-    other = _module(kind, seed=47)[0]
-    for name in ("bias", "w13_bias", "w2_bias"):  # (the layer under test has none)
-        if hasattr(other, name):
-            setattr(other, name, None)
-    other = other.state_dict()
+    other = _module(kind, seed=47)[0].state_dict()
     layer.load_state_dict(other)
     assert all(_same(t, b) for t, b in zip(parts, before, strict=True))
     with torch.no_grad():
@@ -509,6 +514,54 @@ def test_fp4_modules_hold_copies_of_the_fp4tensors_they_were_made_of(kind):
             t.reshape(-1).view(torch.uint8).zero_()
     after = _snapshot(layer)
     assert all(_same(after[n], other[n]) for n in after if torch.is_tensor(after[n]))
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
+@pytest.mark.parametrize("kind", MODULE_KINDS)
+def test_fp4_modules_refuse_a_checkpoint_of_their_extra_state_alone(kind, strict):
+    """The extra state (format, modes) without the weights is a checkpoint of this layer that
+    lacks its FP4 parts: a ValueError, not missing keys that a lenient load would pass over."""
+    target = _module(kind, seed=57)[0]
+    before = _snapshot(target)
+    extra = {"_extra_state": _module(kind, seed=58)[0].state_dict()["_extra_state"]}
+    with pytest.raises(ValueError, match="lacks"):
+        target.load_state_dict(extra, strict=strict)
+    after = _snapshot(target)
+    assert all(_same(after[n], t) for n, t in before.items())
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
+@pytest.mark.parametrize("case", ["bias-missing", "bias-unexpected"])
+@pytest.mark.parametrize("kind", MODULE_KINDS)
+def test_fp4_modules_report_bias_keys_as_nn_module_does(kind, case, strict):
+    """A checkpoint without the biases the module has, or with biases it has not, is reported as
+    nn.Module reports keys (strict: the RuntimeError names them; lenient: the key lists)."""
+    has_bias = case == "bias-missing"
+    target = _module(kind, seed=59, bias=has_bias)[0]
+    state = _module(kind, seed=60, bias=not has_bias)[0].state_dict()
+    names = sorted(k for k in (state if not has_bias else target.state_dict()) if "bias" in k)
+    if strict:
+        with pytest.raises(RuntimeError) as err:
+            target.load_state_dict(state)
+        assert all(f'"{n}"' in str(err.value) for n in names), str(err.value)
+        return
+    keys = target.load_state_dict(state, strict=False)
+    reported = keys.missing_keys if has_bias else keys.unexpected_keys
+    assert sorted(reported) == names
+
+
+@pytest.mark.parametrize("kind", MODULE_KINDS)
+def test_fp4_modules_refuse_integer_biases(kind):
+    """A bias that is not floating point is a ValueError naming it, and nothing loads."""
+    target = _module(kind, seed=61)[0]
+    before = _snapshot(target)
+    state = dict(_module(kind, seed=62)[0].state_dict())
+    name = next(k for k in state if "bias" in k)
+    state[name] = state[name].round().long()
+    with pytest.raises(ValueError, match="bias"):
+        target.load_state_dict(state)
+    after = _snapshot(target)
+    assert all(_same(after[n], t) for n, t in before.items())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -958,9 +1011,10 @@ def test_quantize_model_names_a_linear_whose_weight_fp4_cannot_encode(bad):
 def test_quantize_model_keeps_each_modules_mode(train):
     """The FP4 modules put in place keep the train / eval mode of the ones they replace."""
     model = nn.Sequential(nn.Linear(64, 64), nn.Sequential(nn.Linear(64, 32))).train(train)
+    model[1][0].train(not train)  # (a module's own mode, not its model's)
     fp4_ops.quantize_model(model, activations="bf16")
     assert [type(m) for m in model.modules()].count(FP4Linear) == 2
-    assert [m.training for m in model.modules()] == [train] * 4
+    assert [m.training for m in model.modules()] == [train, train, train, not train]
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])

@@ -427,6 +427,69 @@ def test_mixtral_checkpoints_load_in_each_spelling(checkpoint, spelling, tmp_pat
         assert _rel(back(ids).logits, model(ids).logits) <= 2.0**-7
 
 
+@pytest.mark.parametrize("spelling", ["original", "llm-compressor"])
+@pytest.mark.parametrize("schemes", [1, 2])
+def test_mixtral_groups_and_ignore_lists_by_name_load(schemes, spelling, tmp_path):
+    """Layer 1's experts left 16-bit and named one projection at a time in ``ignore``, as a
+    tool that expands its patterns writes them (in either spelling); with two schemes
+    (attention in MXFP4 too) compressed-tensors lists each group's layers by name: the same
+    model loads."""
+    model = _mixtral()
+    fp4_ops.quantize_model(model, ["model.layers.0.mlp.experts"], activations="bf16")
+    if schemes == 2:
+        fp4_ops.quantize_model(model, ["*.self_attn.*"], "mxfp4", activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path)
+    _respell(tmp_path, spelling)
+    config = json.loads((tmp_path / "config.json").read_text())
+    qc = config["quantization_config"]
+    projections = MIXTRAL_SPELLINGS[spelling][1]
+    qc["ignore"] = [n for n in qc["ignore"] if not n.startswith("re:")] + [
+        f"model.layers.1.block_sparse_moe.experts.{e}.{projections.get(p, p)}"
+        for e in range(EXPERTS)
+        for p in ("gate_proj", "up_proj", "down_proj")
+    ]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    back = fp4_ops.load_quantized(tmp_path)
+    assert schemes == 1 or back.model.layers[0].self_attn.q_proj.format == "mxfp4"
+    mine, theirs = model.model.layers[0].mlp.experts, back.model.layers[0].mlp.experts
+    assert torch.equal(mine.expert_weights("w2").data, theirs.expert_weights("w2").data)
+    plain, loaded = model.model.layers[1].mlp.experts, back.model.layers[1].mlp.experts
+    assert torch.equal(loaded.down_proj, plain.down_proj)
+
+
+def test_mixtral_checkpoint_naming_one_tensor_twice_is_refused(tmp_path):
+    """A checkpoint holding a tensor under both spellings (block_sparse_moe and mlp) names one
+    tensor of the model twice: a ValueError naming both keys, not one of them taken."""
+    model = _mixtral()
+    fp4_ops.quantize_model(model, ["*.mlp.experts"], activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = safetensors_torch.load_file(str(path))
+    tensors["model.layers.0.mlp.gate.weight"] = tensors[
+        "model.layers.0.block_sparse_moe.gate.weight"
+    ]
+    safetensors_torch.save_file({k: v.clone() for k, v in tensors.items()}, str(path))
+    with pytest.raises(ValueError, match="block_sparse_moe.gate.weight, .*mlp.gate.weight: all"):
+        fp4_ops.load_quantized(tmp_path)
+
+
+def test_mixtral_w4a16_experts_under_a_float32_config_load_in_bfloat16(tmp_path):
+    """W4A16 experts (and no FP4 Linear) under a float32 config: the model loads in bfloat16,
+    with a warning, and runs."""
+    model = _mixtral()
+    fp4_ops.quantize_model(model, ["*.mlp.experts"], activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "dtype": "float32"}))
+    with pytest.warns(UserWarning, match="W4A16 layers take 16-bit activations"):
+        back = fp4_ops.load_quantized(tmp_path)
+    assert back.model.embed_tokens.weight.dtype == torch.bfloat16
+    ids = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert back(ids).logits.isfinite().all()
+
+
 def test_save_quantized_refuses_experts_without_a_checkpoint_form(tmp_path):
     model = _qwen3_moe()
     fp4_ops.quantize_model(model, ["*.mlp.experts"], "nvfp4", activations="dynamic")
