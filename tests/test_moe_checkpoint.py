@@ -30,23 +30,32 @@ LOGITS_BOUND = 2.0**-4
 NOT_QUANTIZED = ["lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"]
 
 
-def _qwen3_moe():
-    config = transformers.Qwen3MoeConfig(
+def _tiny_moe(config_class, **sizes):
+    """A BF16 model of ``config_class``: LAYERS layers of hidden size HIDDEN, 4 heads, 2 of
+    ``sizes``' EXPERTS experts per token, untied, seeded."""
+    config = config_class(
         vocab_size=96,
         hidden_size=HIDDEN,
-        intermediate_size=128,
-        moe_intermediate_size=WIDTH,
         num_hidden_layers=LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
-        num_experts=EXPERTS,
         num_experts_per_tok=2,
         tie_word_embeddings=False,
         initializer_range=0.1,
+        **sizes,
     )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+
+
+def _qwen3_moe():
+    return _tiny_moe(
+        transformers.Qwen3MoeConfig,
+        intermediate_size=128,
+        moe_intermediate_size=WIDTH,
+        num_experts=EXPERTS,
+    )
 
 
 def _per_expert(model, fuse_gate_up=True):
@@ -343,21 +352,7 @@ def test_quantize_model_experts_save_and_load_back(arch, checkpoint, fmt, activa
 
 
 def _mixtral():
-    config = transformers.MixtralConfig(
-        vocab_size=96,
-        hidden_size=HIDDEN,
-        intermediate_size=WIDTH,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_local_experts=EXPERTS,
-        num_experts_per_tok=2,
-        tie_word_embeddings=False,
-        initializer_range=0.1,
-    )
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+    return _tiny_moe(transformers.MixtralConfig, intermediate_size=WIDTH, num_local_experts=EXPERTS)
 
 
 # Mixtral's checkpoint spellings of what transformers calls model.layers.N.mlp.experts.E.*_proj:
