@@ -1344,7 +1344,6 @@ def save_quantized(
         _respelled(k, kind, to_model=False): t.detach().to("cpu").contiguous()
         for k, t in tensors.items()
     }
-    modes = {_respelled(name, kind, to_model=False): mode for name, mode in modes.items()}
     config_dict, hf_quant_config = _checkpoint_configs(model, layers, modes, floats, format, kind)
 
     # (everything checked: now it is written)
@@ -1458,7 +1457,8 @@ def _checkpoint_tensors(model, layers, experts, modes, format: str, expert_weigh
 
 def _checkpoint_configs(model, layers, modes, floats, format: str, kind: str | None):
     """(config.json's dict with the format's quantization config, hf_quant_config.json's dict
-    or None); module names as model type ``kind``'s checkpoints spell them, as ``modes``' are."""
+    or None); module names as model type ``kind``'s checkpoints spell them."""
+    modes = {_respelled(name, kind, to_model=False): mode for name, mode in modes.items()}
     unquantized = sorted(
         _respelled(n, kind, to_model=False)
         for n, m in model.named_modules(remove_duplicate=False)

@@ -642,10 +642,9 @@ def quantize_model(
     Linears whose parent reads their weight directly (``nn.MultiheadAttention``'s ``out_proj``,
     any ``NonDynamicallyQuantizableLinear``), and, by default, those whose in_features is not a
     multiple of 32 or whose class overrides ``nn.Linear.forward`` (one that ``include`` chooses
-    raises ValueError). The new modules keep the old ones' train / eval mode; a module chosen
-    by one of its names is replaced under all of them. A Linear reachable by
-    several names becomes one FP4Linear. Returns a ``QuantizeReport`` (and warns about patterns
-    that matched no nn.Linear).
+    raises ValueError). The new modules keep the old ones' train / eval mode. A module
+    reachable by several names becomes one FP4 module under all of them, whichever ``include``
+    chose. Returns a ``QuantizeReport`` (and warns about patterns that matched no nn.Linear).
     """
     check_type(model, nn.Module, "model", "an nn.Module")
     check_format(format)
