@@ -371,12 +371,17 @@ _CHECKPOINT_SPELLINGS = {
 }
 
 
+def _part(before: str, part: str) -> str:
+    """The regular expression of name part ``part`` after ``before`` (group 1), a whole part."""
+    return rf"({before}\.){part}(?=\.|$)"
+
+
 def _respelled(name: str, model_type: str | None, to_model: bool) -> str:
     """``name`` (a key or module name) with ``model_type``'s checkpoint spelling of its parts
     turned into transformers' (``to_model``) or back."""
     for before, stored, model in _CHECKPOINT_SPELLINGS.get(model_type, ()):
         old, new = (stored, model) if to_model else (model, stored)
-        name = re.sub(rf"({before}\.){old}(?=\.|$)", rf"\g<1>{new}", name)
+        name = re.sub(_part(before, old), rf"\g<1>{new}", name)
     return name
 
 
@@ -384,7 +389,7 @@ def _spelled_as_stored(model_type: str | None, model: nn.Module | None) -> bool:
     """Whether ``model`` names a module as ``model_type``'s checkpoints spell it."""
     spellings = _CHECKPOINT_SPELLINGS.get(model_type, ())
     return model is not None and any(
-        re.search(rf"({before}\.){stored}(?=\.|$)", name)
+        re.search(_part(before, stored), name)
         for name, _ in model.named_modules()
         for before, stored, _ in spellings
     )
