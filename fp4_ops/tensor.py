@@ -223,8 +223,15 @@ class FP4Tensor:
         return {name: picklable(getattr(self, name)) for name in self.__dataclass_fields__}
 
     def __setstate__(self, state: dict) -> None:
+        # (a pickle is input: exactly the fields, then every check the constructor makes)
+        if not isinstance(state, dict) or set(state) != set(self.__dataclass_fields__):
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(
+                f"a pickled FP4Tensor holds {list(self.__dataclass_fields__)}, got {got}"
+            )
         for name, value in state.items():
             object.__setattr__(self, name, unpickled(value))
+        self.__post_init__()
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -377,6 +384,10 @@ class FP4Tensor:
             "weight_scale": self.plain_scales(),
             "weight_global_scale": (1.0 / self.global_scale).reshape(1),
         }
+
+
+# (torch.load's default weights_only unpickler takes an FP4Tensor: its state is checked on load)
+torch.serialization.add_safe_globals([FP4Tensor])
 
 
 def _from_plain(data, scales, global_scale, format, names) -> FP4Tensor:

@@ -138,28 +138,61 @@ def test_bad_fp4tensor_parts_are_refused(change, match):
         FP4Tensor(**parts)
 
 
-@pytest.mark.parametrize("how", ["pickle", "torch.save"])
+def _saved(t) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(t, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+@pytest.mark.parametrize("how", ["pickle", "torch.save", "weights_only"])
 @pytest.mark.parametrize(
     "fmt, shape", [("nvfp4", (64, 64)), ("mxfp4", (64, 64)), ("nvfp4", (2, 40, 64))]
 )
 def test_a_bare_fp4tensor_round_trips(fmt, shape, how):
-    """An FP4Tensor itself (not a layer holding one) pickles and saves with every part."""
+    """An FP4Tensor itself (not a layer holding one) pickles and saves with every part, and
+    torch.load's default (weights_only) unpickler takes it."""
     t = fp4_ops.quantize(torch.randn(shape, generator=torch.Generator().manual_seed(4)), fmt)
     if len(shape) == 3:  # (one global scale per batch)
         t = FP4Tensor(t.data, t.scale, torch.tensor([0.5, 2.0]) * t.global_scale, fmt)
     if how == "pickle":
         back = pickle.loads(pickle.dumps(t))
     else:
-        buffer = io.BytesIO()
-        torch.save(t, buffer)
-        buffer.seek(0)
-        back = torch.load(buffer, weights_only=False)
+        back = torch.load(_saved(t), weights_only=how == "weights_only")
     assert type(back) is FP4Tensor and back.format == t.format
     for name in ("data", "scale", "global_scale"):
         got, want = getattr(back, name).reshape(-1), getattr(t, name).reshape(-1)
         assert got.dtype == want.dtype
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
     assert torch.equal(back.dequantize(), t.dequantize())
+
+
+@pytest.mark.parametrize(
+    "tamper, match",
+    [
+        (
+            lambda st: {**st, "scale": (st["scale"][0].reshape(-1), st["scale"][1])},
+            "blocked layout",
+        ),
+        (lambda st: {**st, "scale": st["scale"][0]}, "scales, got torch.uint8"),
+        (lambda st: {**st, "format": "nvfp8"}, "format"),
+        (lambda st: {**st, "global_scale": torch.tensor(-1.0)}, "finite and positive"),
+        (lambda st: {k: v for k, v in st.items() if k != "scale"}, "pickled FP4Tensor holds"),
+        (lambda st: {**st, "extra": 1}, "pickled FP4Tensor holds"),
+    ],
+    ids=["scale shape", "scale dtype", "format", "global scale", "missing part", "extra part"],
+)
+@pytest.mark.parametrize("weights_only", [False, True])
+def test_a_saved_fp4tensor_is_checked_on_load(tamper, match, weights_only, monkeypatch):
+    """A saved FP4Tensor whose parts break the constructor's rules does not load (ValueError),
+    with either unpickler: a file is input."""
+    t = fp4_ops.quantize(torch.randn(64, 64, generator=torch.Generator().manual_seed(5)))
+    saving = FP4Tensor.__getstate__
+    monkeypatch.setattr(FP4Tensor, "__getstate__", lambda self: tamper(saving(self)))
+    buffer = _saved(t)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=match):
+        torch.load(buffer, weights_only=weights_only)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
