@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from importlib import metadata
 
 import torch
 import torch.nn.functional as F
@@ -839,6 +840,14 @@ def transformers_experts(module: torch.nn.Module):
     return w13, w2, activation, b13, b2
 
 
+def _transformers_version() -> str:
+    """The installed transformers' version, for messages."""
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 #: how far ``_check_forward``'s large tokens drive the gate / up values (past any clamp in use)
 PROBE_REACH = 32.0
 
@@ -886,7 +895,14 @@ def _check_forward(module, w13, w2, activation, b13, b2) -> None:
     x = x.to(dtype)
     weights = torch.tensor([[0.75, 0.25], [0.5, 0.5]] * 2, device=device, dtype=dtype)
     with torch.no_grad():
-        got = module(x, ids, weights).float()
+        try:
+            got = module(x, ids, weights).float()
+        except Exception as err:  # (another signature: transformers 4.x, or not experts at all)
+            raise ValueError(
+                f"{type(module).__name__}: its forward does not take (hidden states [T, H], top-k "
+                f"expert ids [T, k], top-k weights [T, k]) as transformers 5's experts modules do "
+                f"(transformers {_transformers_version()} here): {type(err).__name__}: {err}"
+            ) from None
         want = torch.zeros(4, h, device=device, dtype=torch.float32)
         for t in range(4):
             for slot in range(2):

@@ -14,6 +14,7 @@ import fp4_ops
 from fp4_ops import moe
 
 transformers = pytest.importorskip("transformers", reason="the adapter's tests need transformers")
+pytestmark = pytest.mark.fused_experts
 
 # ours round h, the activation, y and the output to BF16 (2^-9 relative each), amplified by
 # the down projection's sums at most a few times: 2^-5 relative (Frobenius) holds them, a
@@ -161,6 +162,22 @@ def test_transformers_experts_refuses_what_it_cannot_stand_in_for():
             p.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(2))
     with pytest.raises(ValueError, match="does not compute the experts"):
         moe.transformers_experts(clamped)
+
+    class DenseScores(type(module)):
+        """Transformers 4.x's forward: routing scores over every expert, [T, E]."""
+
+        def forward(self, hidden_states, router_indices, routing_weights):
+            top_k = routing_weights.gather(1, router_indices)
+            return _routed(self, self._glu, hidden_states, router_indices, top_k)
+
+        def _glu(self, gate_up):
+            gate, up = gate_up.chunk(2)
+            return self.act_fn(gate) * up
+
+    dense = copy.deepcopy(module)
+    dense.__class__ = DenseScores
+    with pytest.raises(ValueError, match=r"DenseScores: its forward does not take .* top-k"):
+        moe.transformers_experts(dense)
     extra = copy.deepcopy(module)
     extra.register_parameter("gate_bias", torch.nn.Parameter(torch.zeros(3)))
     with pytest.raises(ValueError, match="beyond the experts'"):
