@@ -124,9 +124,9 @@ def load_tokenizer(folder: str):
 
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError, TypeError) as err:
+    except Exception as err:  # (transformers 4.x fails a folder without tokenizer files oddly)
         raise ValueError(
-            f"{folder}: no tokenizer that loads ({err}); pass --tokenizer DIR"
+            f"{folder}: no tokenizer that loads ({type(err).__name__}: {err}); pass --tokenizer DIR"
         ) from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
