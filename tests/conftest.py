@@ -13,6 +13,8 @@
 
 NOTE: the thread method is the one that ends a hang inside a CUDA call (a signal handler runs
 only once the call returns); it prints every thread's stack and exits pytest with an error.
+A test of FP4Experts standing in for transformers' experts modules is marked ``fused_experts``:
+it is skipped under transformers 4.x, whose MoE models hold per-expert MLPs instead.
 The timeouts come from pytest-timeout (``pip install -e .[test]``); without it they are off, and the
 report header says so.
 """
@@ -22,12 +24,18 @@ import functools
 import re
 import shutil
 import tempfile
+from importlib import metadata
 
 import pytest
 
 #: Seconds a GPU test may run: a JIT compile plus the run takes well under a minute.
 GPU_TIMEOUT_S = 300
 
+#: what a ``fused_experts`` test needs; skipped under transformers 4.x
+FUSED_EXPERTS_REASON = (
+    "needs transformers 5's fused experts modules (gate_up_proj / down_proj [E, ...], forward "
+    "on top-k ids and weights); transformers 4.x has per-expert MLPs (FP4Linear each)"
+)
 _GPU_NAME = re.compile(r"gpu|cuda", re.IGNORECASE)
 _GPU_REASON = re.compile(r"\b(CUDA|GPUs?|B200|GB200|B300|H100|H200|sm_\d+a?)\b")
 
@@ -38,10 +46,25 @@ def pytest_configure(config: pytest.Config) -> None:
         f"gpu: runs on a CUDA GPU; gets a {GPU_TIMEOUT_S} s timeout unless it has its own "
         "timeout mark (tests/conftest.py)",
     )
+    config.addinivalue_line("markers", f"fused_experts: {FUSED_EXPERTS_REASON}")
     if not config.pluginmanager.hasplugin("timeout"):
         config.addinivalue_line(
             "markers", "timeout(seconds, method): a time limit (needs pytest-timeout)"
         )
+
+
+def _transformers_major() -> int | None:
+    try:
+        return int(metadata.version("transformers").split(".")[0])
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # (transformers 4.x keeps MoE experts as a ModuleList of MLPs, with another forward)
+    major = _transformers_major()
+    if item.get_closest_marker("fused_experts") is not None and major is not None and major < 5:
+        pytest.skip(FUSED_EXPERTS_REASON)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

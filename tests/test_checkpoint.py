@@ -412,6 +412,13 @@ def _ct_dequantized(folder: Path):
             )
         except ImportError as err:  # (transformers 4.x loads quantized models with accelerate)
             pytest.skip(f"transformers' compressed-tensors loading needs {err.name}")
+    if any(
+        isinstance(m, torch.nn.Linear) and "weight" not in m._parameters for m in model.modules()
+    ):
+        pytest.skip(
+            f"transformers {transformers.__version__}'s compressed-tensors loading kept the "
+            "weights compressed (no 16-bit reference)"
+        )
     return model.eval()
 
 
@@ -431,7 +438,6 @@ def _check_against_ct(ours_bf16_mode, theirs, bf16, names) -> None:
 def test_compressed_tensors_checkpoint_loads(scheme, tmp_path):
     bf16 = _model("qwen2" if scheme.startswith("NV") else "llama")
     names = _ct_write(tmp_path, bf16, scheme)
-    theirs = _ct_dequantized(tmp_path)
     ours = fp4_ops.load_quantized(tmp_path)
     want = {"NVFP4A16": "bf16", "NVFP4": "static", "MXFP4A16": "bf16", "MXFP4": "dynamic"}[scheme]
     assert {n: m.activations for n, m in _fp4(ours).items()} == dict.fromkeys(names, want)
@@ -442,6 +448,7 @@ def test_compressed_tensors_checkpoint_loads(scheme, tmp_path):
             want_gs = 1.0 / raw[name + ".input_global_scale"].reshape(())
             assert torch.equal(layer.input_global_scale, want_gs)
         assert torch.equal(layer.weight.data, raw[name + ".weight_packed"])
+    theirs = _ct_dequantized(tmp_path)
     _check_against_ct(fp4_ops.load_quantized(tmp_path, activations="bf16"), theirs, bf16, names)
 
 
@@ -927,7 +934,9 @@ REFUSALS = {
     "heads-not-dividing": (
         "mo",
         _json_edit("config.json", lambda c: c.update(num_attention_heads=3)),
-        "config.json: transformers cannot build .*not a multiple of the number of attention",
+        # (transformers 4.x builds the model; its projections' shapes then refuse the weights)
+        "config.json: transformers cannot build .*not a multiple of the number of attention"
+        r"|self_attn\.q_proj\.weight: expected packed nvfp4 codes of \[48, 64\]",
     ),
     "unknown-model-type": (
         "ct",

@@ -126,6 +126,7 @@ def moe_checkpoint(tmp_path_factory):
     return folder
 
 
+@pytest.mark.fused_experts
 def test_moe_checkpoint_generates_with_a_dequantized_baseline(moe_checkpoint, capsys):
     """An MoE checkpoint: its experts load as FP4Experts and say so; the dequantized baseline
     replaces them too (its label counts them) and computes what they compute, up to the two

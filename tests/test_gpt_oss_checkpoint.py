@@ -17,6 +17,7 @@ from fp4_ops.layout import from_blocked
 
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safetensors")
+pytestmark = pytest.mark.fused_experts
 
 # both models round their activations to BF16 in different places (ours: h, the activation,
 # y; theirs: its own), each 2^-9 relative, through two layers and the head: 2^-4 holds them;

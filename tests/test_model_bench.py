@@ -20,6 +20,11 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (pip install -e .[hf])"
 )
 bench = pytest.importorskip("benchmarks.model")
+#: the decode steps reset transformers 5's StaticCache write position; 4.x's has none to reset
+needs_cache_position = pytest.mark.skipif(
+    int(transformers.__version__.split(".")[0]) < 5,
+    reason="benchmarks.model's decode steps need transformers 5's StaticCache (cumulative_length)",
+)
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -115,6 +120,7 @@ def test_configs_are_the_real_sizes(name, billions, linears):
 
 
 # (not W4A4: its dynamic global scale is the amax of all the rows quantized together)
+@needs_cache_position
 @pytest.mark.parametrize("variant", ["bf16", "w4a16"])
 def test_decode_steps_compute_a_full_forward(variant):
     """Tokens fed one step at a time from position 0 give the logits of one forward over the
@@ -136,6 +142,7 @@ def test_decode_steps_compute_a_full_forward(variant):
     torch.testing.assert_close(torch.cat(stepped, 1), full, rtol=0.02, atol=0.02)
 
 
+@needs_cache_position
 def test_reset_refuses_more_steps_than_the_cache_holds():
     step = bench.DecodeStep(bench.build_model("tiny", None, "cpu"), 1, 3, "cpu")
     with pytest.raises(ValueError, match="spare positions"):
@@ -170,6 +177,7 @@ def test_variants_refuse_a_model_with_skipped_linears():
         bench.make_variants(model.to(torch.bfloat16), "nvfp4", "bf16")
 
 
+@needs_cache_position
 def test_model_bytes_count_every_weight():
     """Each variant's bytes, counted by hand from the tiny configuration: BF16 embedding,
     norms and lm_head (kept BF16), the rotary buffers, and per decoder layer its seven Linear
@@ -310,6 +318,7 @@ def test_profile_counts_kernels_that_no_operator_launched():
 # ----------------------------------------------------------------------------- a whole run
 
 
+@needs_cache_position
 def test_tiny_run_on_the_cpu(tmp_path, capsys):
     out = tmp_path / "model.json"
     argv = ["--config", "tiny", "--device", "cpu", "--batch", "1,3", "--profile"]

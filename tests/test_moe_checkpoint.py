@@ -20,6 +20,7 @@ import reference
 
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safetensors")
+pytestmark = pytest.mark.fused_experts
 
 EXPERTS, HIDDEN, WIDTH, LAYERS = 4, 64, 32, 2
 GS_DIVISOR = 448.0 * 6.0
