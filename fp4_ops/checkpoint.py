@@ -157,6 +157,8 @@ class _QuantConfig:
     ignore: list = field(default_factory=list)
     # modelopt: the one scheme of every Linear not excluded
     scheme: _Scheme | None = None
+    # the FP8 KV-cache quantization the config declares (its scales are checked, not used)
+    kv_cache: str | None = None
 
     def quantizes_experts(self, name: str, module: nn.Module) -> bool:
         """Whether the checkpoint holds ``module``, an experts module, in FP4 (gpt-oss)."""
@@ -270,14 +272,21 @@ def _compressed_tensors_config(qc: dict) -> _QuantConfig:
     status = qc.get("quantization_status", "compressed")
     if status != "compressed":
         _fail(where, f"quantization_status {status!r}: only packed ('compressed') weights load")
-    for key in ("sparsity_config", "transform_config", "kv_cache_scheme"):
+    for key in ("sparsity_config", "transform_config"):
         if qc.get(key):
             _fail(f"{where}.{key}", f"{qc[key]!r} is not supported (only FP4 Linear weights)")
+    kv = qc.get("kv_cache_scheme")
+    if kv and not _ct_fp8_kv_cache(kv):
+        _fail(f"{where}.kv_cache_scheme", f"{kv!r}: only a per-tensor FP8 one is understood")
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         _fail(f"{where}.config_groups", f"expected a non-empty dict, got {groups!r}")
     top = qc.get("format")
-    config = _QuantConfig("compressed-tensors", ignore=_str_list(qc.get("ignore"), where))
+    config = _QuantConfig(
+        "compressed-tensors",
+        ignore=_str_list(qc.get("ignore"), where),
+        kv_cache="FP8" if kv else None,
+    )
     for name, group in groups.items():
         here = f"{where}.config_groups.{name}"
         if not isinstance(group, dict):
@@ -305,11 +314,23 @@ def _modelopt_config(q: dict, where: str) -> _QuantConfig:
     if group_size != FORMATS["nvfp4"]:
         _fail(where, f"group_size {group_size!r}: NVFP4 uses {FORMATS['nvfp4']}")
     kv = q.get("kv_cache_quant_algo", q.get("kv_cache_scheme"))
-    if kv:
-        _fail(where, f"kv-cache quantization {kv!r} is not supported")
+    if kv and str(kv).upper() != "FP8":
+        _fail(where, f"kv-cache quantization {kv!r}: only FP8 is understood")
     exclude = q["exclude_modules"] if "exclude_modules" in q else q.get("ignore")
     scheme = _Scheme("nvfp4", _MODELOPT_ALGOS[algo], "modelopt", f"{where} quant_algo {algo}")
-    return _QuantConfig("modelopt", ignore=_str_list(exclude, where), scheme=scheme)
+    ignore = _str_list(exclude, where)
+    return _QuantConfig("modelopt", ignore=ignore, scheme=scheme, kv_cache="FP8" if kv else None)
+
+
+def _ct_fp8_kv_cache(kv) -> bool:
+    """Whether a compressed-tensors ``kv_cache_scheme`` is per-tensor FP8 (E4M3), static."""
+    return (
+        isinstance(kv, dict)
+        and kv.get("num_bits") == 8
+        and kv.get("type") == "float"
+        and kv.get("strategy") == "tensor"
+        and not kv.get("dynamic")
+    )
 
 
 def _read_json(path: Path) -> dict:
@@ -878,11 +899,15 @@ def load_quantized(
     static-scale W4A4: W4A4 with per-call scales where the checkpoint's experts have dynamic
     input scales or ``activations`` is ``"fp4"`` or ``"dynamic"``, else W4A16; their stored
     input scales are checked, then unused (a UserWarning says so where ``activations`` did not
-    ask for that).
+    ask for that). A declared FP8 KV cache (ModelOpt's ``kv_cache_quant_algo``,
+    compressed-tensors' ``kv_cache_scheme``) loads: its scales (one finite, positive number each,
+    on a K / V projection or the module holding it) are checked and not used, the KV cache stays
+    16-bit (a UserWarning says so).
 
     ValueError naming the config entry or tensor and what was expected, for: an unsupported
     format or scheme (another group size, asymmetric, dynamic weights, NVFP4 activations without
-    a stored global scale, static group scales, output or kv-cache quantization, transforms,
+    a stored global scale, static group scales, output quantization, a KV cache other than
+    FP8, transforms,
     sparsity, a quantized embedding), a config.json transformers cannot build a model from, a
     tensor missing, mis-shaped, of the wrong dtype or left over (all checked on the safetensors
     headers before any tensor is read), a global scale that is not finite and positive, a NaN
@@ -921,10 +946,19 @@ def load_quantized(
     consumed = {key for layer in planned for key in layer.keys.values()}
     plain = _plan_plain(ck, model, {layer.name for layer in planned})
     consumed.update(n for _, names, _ in plain for n in names if n in ck)
-    _refuse_left_over(set(ck.keys()) - consumed, planned)
+    kv_scales = _plan_kv_scales(ck, model) if qconfig.kv_cache else []
+    _refuse_left_over(set(ck.keys()) - consumed - set(kv_scales), planned)
+    _check_kv_scales(ck, kv_scales)
 
     _load(model, ck, device, (layers, experts, plain), activations, dtype)
     _warn_unused_expert_input_scales(experts, activations)
+    if qconfig.kv_cache:
+        warnings.warn(
+            f"{folder}: the checkpoint declares an {qconfig.kv_cache} KV cache; its "
+            f"{len(kv_scales)} KV-cache scales are checked and not used: the KV cache stays "
+            f"in {_dtype_str(dtype)}",
+            stacklevel=2,
+        )
     if (folder / "generation_config.json").is_file() and hasattr(model, "generation_config"):
         model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
     return model.to(device).eval()
@@ -1072,6 +1106,40 @@ def _refuse_left_over(left: set[str], planned: list) -> None:
             )
     if left:
         raise ValueError(f"unexpected tensors that no module of the model holds: {_listed(left)}")
+
+
+#: KV-cache scales: ModelOpt's on the K and V projections, compressed-tensors' on the attention
+_KV_SCALE = re.compile(r"(?P<owner>.+)\.(?P<which>[kv])_scale")
+
+
+def _plan_kv_scales(ck: _Checkpoint, model: nn.Module) -> list[str]:
+    """The checkpoint's FP8 KV-cache scales (``{k,v}_proj.{k,v}_scale`` or ``{k,v}_scale`` on a
+    module holding that projection), one number each, checked on the headers."""
+    modules = dict(model.named_modules())
+    found = []
+    for key in ck.keys():
+        m = _KV_SCALE.fullmatch(key)
+        if m is None or m["owner"] not in modules:
+            continue
+        owner, proj = m["owner"], f"{m['which']}_proj"
+        if owner.rpartition(".")[2] != proj and f"{owner}.{proj}" not in modules:
+            continue
+        _expect(ck, key, (), ((), (1,)), "an FP8 KV-cache scale")
+        found.append(key)
+    return sorted(found)
+
+
+def _check_kv_scales(ck: _Checkpoint, keys: list[str]) -> None:
+    """ValueError naming a KV-cache scale that is not finite and positive."""
+    if not keys:
+        return
+    with ck.reader(torch.device("cpu")) as read:
+        for key in keys:
+            value = read(key).float()
+            if not bool(torch.isfinite(value).all() and (value > 0).all()):
+                raise ValueError(
+                    f"{key}: a KV-cache scale must be finite and positive, got {value}"
+                )
 
 
 def _load(model: nn.Module, ck: _Checkpoint, device, planned: tuple, activations, dtype) -> None:

@@ -698,7 +698,11 @@ REFUSALS = {
         _qc(lambda q: q.update(quantization_status="frozen")),
         "quantization_status 'frozen'",
     ),
-    "kv-cache": ("ct", _qc(lambda q: q.update(kv_cache_scheme={"num_bits": 8})), "kv_cache_scheme"),
+    "kv-cache": (
+        "ct",
+        _qc(lambda q: q.update(kv_cache_scheme={"num_bits": 8})),
+        "kv_cache_scheme.*only a per-tensor FP8",
+    ),
     "transform": (
         "ct",
         _qc(lambda q: q.update(transform_config={"hadamard": {}})),
@@ -755,7 +759,11 @@ REFUSALS = {
     ),
     "modelopt-fp8": ("mo", _mo(lambda q: q.update(quant_algo="FP8")), "quant_algo 'FP8'"),
     "modelopt-group-size": ("mo", _mo(lambda q: q.update(group_size=32)), "group_size 32"),
-    "modelopt-kv-cache": ("mo", _mo(lambda q: q.update(kv_cache_quant_algo="FP8")), "kv-cache"),
+    "modelopt-kv-cache": (
+        "mo",
+        _mo(lambda q: q.update(kv_cache_quant_algo="NVFP4")),
+        "kv-cache quantization 'NVFP4': only FP8",
+    ),
     "block-structure": (
         "ct",
         _group(lambda a: a.update(block_structure=[16, 16]), "weights"),
@@ -968,6 +976,89 @@ def test_refusals(name, bases, tmp_path):
     mutate(folder)
     with pytest.raises(ValueError, match=match):
         fp4_ops.load_quantized(folder)
+
+
+#: an FP8 KV cache as each tool declares it (and undeclares), where it puts the scales (per
+#: layer) and their shape
+FP8_KV = {
+    "mo": (
+        _mo(lambda q: q.update(kv_cache_quant_algo="FP8")),
+        _mo(lambda q: q.pop("kv_cache_quant_algo")),
+        ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"),
+        (),
+    ),
+    "ct": (
+        _qc(
+            lambda q: q.update(
+                kv_cache_scheme={
+                    "num_bits": 8,
+                    "type": "float",
+                    "strategy": "tensor",
+                    "dynamic": False,
+                    "symmetric": True,
+                }
+            )
+        ),
+        _qc(lambda q: q.pop("kv_cache_scheme")),
+        ("self_attn.k_scale", "self_attn.v_scale"),
+        (1,),
+    ),
+}
+
+
+def _with_fp8_kv(base: str, bases, folder: Path) -> list[str]:
+    """A copy of ``base`` with an FP8 KV cache declared and its scales stored; their keys."""
+    declare, _, names, shape = FP8_KV[base]
+    shutil.copytree(bases[base], folder)
+    declare(folder)
+    keys = [f"model.layers.{i}.{n}" for i in range(2) for n in names]
+    _tensors(lambda t: t.update({k: torch.full(shape, 0.05 + i) for i, k in enumerate(keys)}))(
+        folder
+    )
+    return keys
+
+
+@pytest.mark.parametrize("base", list(FP8_KV))
+def test_an_fp8_kv_cache_checkpoint_loads_with_its_scales_checked_and_unused(base, bases, tmp_path):
+    """ModelOpt's and compressed-tensors' NVFP4 checkpoints often declare an FP8 KV cache: they
+    load (the KV cache stays 16-bit, a UserWarning says so) into the model they hold without."""
+    _with_fp8_kv(base, bases, tmp_path / "ckpt")
+    with pytest.warns(UserWarning, match=r"FP8 KV cache; its 4 KV-cache scales are checked"):
+        model = fp4_ops.load_quantized(tmp_path / "ckpt")
+    ids = _ids(3)
+    assert torch.equal(_logits(model, ids), _logits(fp4_ops.load_quantized(bases[base]), ids))
+
+
+def _kv_edit(key: str, value):
+    return _tensors(lambda t: t.__setitem__(key, value))
+
+
+#: what -> (the edit of a checkpoint with an FP8 KV cache, from its base and scale keys; error)
+KV_REFUSALS = {
+    "nan": (lambda _, keys: _kv_edit(keys[1], torch.tensor(float("nan"))), "finite and positive"),
+    "zero": (lambda _, keys: _kv_edit(keys[0], torch.zeros(())), "finite and positive"),
+    "negative": (lambda _, keys: _kv_edit(keys[2], -torch.ones(1)), "finite and positive"),
+    "two values": (lambda _, keys: _kv_edit(keys[0], torch.ones(2)), "KV-cache scale: floating"),
+    "integer": (
+        lambda _, keys: _kv_edit(keys[3], torch.ones((), dtype=torch.int32)),
+        "KV-cache scale: floating",
+    ),
+    "not declared": (lambda base, _: FP8_KV[base][1], "unexpected"),
+    "another module": (
+        lambda _, keys: _kv_edit("model.layers.0.mlp.k_scale", torch.ones(())),
+        "unexpected tensors that no module of the model holds: model.layers.0.mlp.k_scale",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", list(KV_REFUSALS))
+@pytest.mark.parametrize("base", list(FP8_KV))
+def test_fp8_kv_cache_scales_are_checked(base, what, bases, tmp_path):
+    keys = _with_fp8_kv(base, bases, tmp_path / "ckpt")
+    edit, match = KV_REFUSALS[what]
+    edit(base, keys)(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=match):
+        fp4_ops.load_quantized(tmp_path / "ckpt")
 
 
 @pytest.mark.parametrize(
