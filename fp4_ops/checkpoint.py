@@ -313,8 +313,10 @@ def _modelopt_config(q: dict, where: str) -> _QuantConfig:
     group_size = q.get("group_size", FORMATS["nvfp4"])
     if group_size != FORMATS["nvfp4"]:
         _fail(where, f"group_size {group_size!r}: NVFP4 uses {FORMATS['nvfp4']}")
-    kv = q.get("kv_cache_quant_algo", q.get("kv_cache_scheme"))
-    if kv and str(kv).upper() != "FP8":
+    kv = q.get("kv_cache_quant_algo") or q.get("kv_cache_scheme")
+    # (config.json's embedded form may spell it as compressed-tensors does)
+    fp8 = _ct_fp8_kv_cache(kv) if isinstance(kv, dict) else str(kv).upper() == "FP8"
+    if kv and not fp8:
         _fail(where, f"kv-cache quantization {kv!r}: only FP8 is understood")
     exclude = q["exclude_modules"] if "exclude_modules" in q else q.get("ignore")
     scheme = _Scheme("nvfp4", _MODELOPT_ALGOS[algo], "modelopt", f"{where} quant_algo {algo}")

@@ -980,25 +980,26 @@ def test_refusals(name, bases, tmp_path):
 
 #: an FP8 KV cache as each tool declares it (and undeclares), where it puts the scales (per
 #: layer) and their shape
+_CT_FP8_KV = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}
 FP8_KV = {
-    "mo": (
+    "modelopt": (
+        "mo",
         _mo(lambda q: q.update(kv_cache_quant_algo="FP8")),
         _mo(lambda q: q.pop("kv_cache_quant_algo")),
         ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"),
         (),
     ),
-    "ct": (
-        _qc(
-            lambda q: q.update(
-                kv_cache_scheme={
-                    "num_bits": 8,
-                    "type": "float",
-                    "strategy": "tensor",
-                    "dynamic": False,
-                    "symmetric": True,
-                }
-            )
-        ),
+    # (the form of a ModelOpt config embedded in config.json)
+    "modelopt-scheme": (
+        "mo",
+        _mo(lambda q: q.update(kv_cache_scheme=_CT_FP8_KV)),
+        _mo(lambda q: q.pop("kv_cache_scheme")),
+        ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"),
+        (),
+    ),
+    "compressed-tensors": (
+        "ct",
+        _qc(lambda q: q.update(kv_cache_scheme={**_CT_FP8_KV, "symmetric": True})),
         _qc(lambda q: q.pop("kv_cache_scheme")),
         ("self_attn.k_scale", "self_attn.v_scale"),
         (1,),
@@ -1006,9 +1007,10 @@ FP8_KV = {
 }
 
 
-def _with_fp8_kv(base: str, bases, folder: Path) -> list[str]:
-    """A copy of ``base`` with an FP8 KV cache declared and its scales stored; their keys."""
-    declare, _, names, shape = FP8_KV[base]
+def _with_fp8_kv(kind: str, bases, folder: Path) -> list[str]:
+    """A copy of ``kind``'s base with an FP8 KV cache declared and its scales stored; their
+    keys."""
+    base, declare, _, names, shape = FP8_KV[kind]
     shutil.copytree(bases[base], folder)
     declare(folder)
     keys = [f"model.layers.{i}.{n}" for i in range(2) for n in names]
@@ -1018,14 +1020,14 @@ def _with_fp8_kv(base: str, bases, folder: Path) -> list[str]:
     return keys
 
 
-@pytest.mark.parametrize("base", list(FP8_KV))
-def test_an_fp8_kv_cache_checkpoint_loads_with_its_scales_checked_and_unused(base, bases, tmp_path):
+@pytest.mark.parametrize("kind", list(FP8_KV))
+def test_an_fp8_kv_cache_checkpoint_loads_with_its_scales_checked_and_unused(kind, bases, tmp_path):
     """ModelOpt's and compressed-tensors' NVFP4 checkpoints often declare an FP8 KV cache: they
     load (the KV cache stays 16-bit, a UserWarning says so) into the model they hold without."""
-    _with_fp8_kv(base, bases, tmp_path / "ckpt")
+    _with_fp8_kv(kind, bases, tmp_path / "ckpt")
     with pytest.warns(UserWarning, match=r"FP8 KV cache; its 4 KV-cache scales are checked"):
         model = fp4_ops.load_quantized(tmp_path / "ckpt")
-    ids = _ids(3)
+    ids, base = _ids(3), FP8_KV[kind][0]
     assert torch.equal(_logits(model, ids), _logits(fp4_ops.load_quantized(bases[base]), ids))
 
 
@@ -1033,7 +1035,7 @@ def _kv_edit(key: str, value):
     return _tensors(lambda t: t.__setitem__(key, value))
 
 
-#: what -> (the edit of a checkpoint with an FP8 KV cache, from its base and scale keys; error)
+#: what -> (the edit of a checkpoint with an FP8 KV cache, from its kind and scale keys; error)
 KV_REFUSALS = {
     "nan": (lambda _, keys: _kv_edit(keys[1], torch.tensor(float("nan"))), "finite and positive"),
     "zero": (lambda _, keys: _kv_edit(keys[0], torch.zeros(())), "finite and positive"),
@@ -1043,7 +1045,7 @@ KV_REFUSALS = {
         lambda _, keys: _kv_edit(keys[3], torch.ones((), dtype=torch.int32)),
         "KV-cache scale: floating",
     ),
-    "not declared": (lambda base, _: FP8_KV[base][1], "unexpected"),
+    "not declared": (lambda kind, _: FP8_KV[kind][2], "unexpected"),
     "another module": (
         lambda _, keys: _kv_edit("model.layers.0.mlp.k_scale", torch.ones(())),
         "unexpected tensors that no module of the model holds: model.layers.0.mlp.k_scale",
@@ -1052,11 +1054,11 @@ KV_REFUSALS = {
 
 
 @pytest.mark.parametrize("what", list(KV_REFUSALS))
-@pytest.mark.parametrize("base", list(FP8_KV))
-def test_fp8_kv_cache_scales_are_checked(base, what, bases, tmp_path):
-    keys = _with_fp8_kv(base, bases, tmp_path / "ckpt")
+@pytest.mark.parametrize("kind", list(FP8_KV))
+def test_fp8_kv_cache_scales_are_checked(kind, what, bases, tmp_path):
+    keys = _with_fp8_kv(kind, bases, tmp_path / "ckpt")
     edit, match = KV_REFUSALS[what]
-    edit(base, keys)(tmp_path / "ckpt")
+    edit(kind, keys)(tmp_path / "ckpt")
     with pytest.raises(ValueError, match=match):
         fp4_ops.load_quantized(tmp_path / "ckpt")
 
