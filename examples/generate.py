@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Greedy generation from an FP4 checkpoint folder, with decode tokens per second:
+"""Greedy generation from an FP4 checkpoint (folder or Hub repository), with decode tokens/s:
 
     python examples/generate.py --model DIR                      # the checkpoint's own mode
+    python examples/generate.py --model nvidia/Llama-3.1-8B-Instruct-FP4   # a Hub repository
     python examples/generate.py --model DIR --activations bf16   # W4A16 (Hopper, CPU)
     python examples/generate.py --model DIR --batch 16 --max_new_tokens 128 --baseline
     python examples/generate.py --model DIR --baseline --baseline_model BF16_DIR
 
 The folder is a compressed-tensors or ModelOpt NVFP4 / MXFP4 checkpoint (``fp4_ops.load_quantized``
-loads it); its tokenizer files, or ``--tokenizer DIR``'s, encode the prompts. ``--activations``:
+loads it; a Hub repository id, ``org/name``, is fetched first, ``fp4_ops.checkpoint_folder``);
+its tokenizer files, or ``--tokenizer DIR``'s, encode the prompts. ``--activations``:
 ``fp4`` is W4A4 in every layer (the checkpoint's static input scales where it has them, per-call
 scales where it is weight-only), ``bf16`` W4A16; left out, the checkpoint's own mode. The batch
 repeats the ``--prompt`` values (left-padded to one length).
@@ -40,6 +42,7 @@ import torch
 from torch import nn
 
 import fp4_ops
+from fp4_ops.checkpoint import REPO_ID
 from fp4_ops.moe import apply_activation
 
 ACTIVATIONS = {"fp4": "fp4", "bf16": "bf16"}
@@ -67,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Greedy generation from an FP4 checkpoint, with decode tokens per second."
     )
-    p.add_argument("--model", required=True, help="FP4 checkpoint folder")
+    p.add_argument("--model", required=True, help="FP4 checkpoint folder or Hub repository id")
     p.add_argument(
         "--activations",
         choices=sorted(ACTIVATIONS),
@@ -93,8 +96,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--baseline_model is the model of --baseline: give --baseline too")
     for flag in ("model", "baseline_model"):
         folder = getattr(args, flag)
-        if folder is not None and not (Path(folder) / "config.json").is_file():
-            p.error(f"--{flag} {folder}: not a model folder (no config.json)")
+        if folder is None or not Path(folder).exists() and REPO_ID.fullmatch(folder):
+            continue  # (a Hub repository: fetched, or refused, when the run starts)
+        if not (Path(folder) / "config.json").is_file():
+            p.error(f"--{flag} {folder}: not a model folder (no config.json) nor a Hub repository")
     if args.tokenizer is not None and not any(
         (Path(args.tokenizer) / name).is_file() for name in TOKENIZER_FILES
     ):
@@ -255,10 +260,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     try:
-        tokenizer = load_tokenizer(args.tokenizer or args.model)
+        folder = fp4_ops.checkpoint_folder(args.model)
+        tokenizer = load_tokenizer(args.tokenizer or str(folder))
         inputs = encode(tokenizer, args.prompt, args.batch, device)
-        model = fp4_ops.load_quantized(args.model, device, ACTIVATIONS.get(args.activations))
-    except (ValueError, FileNotFoundError, ImportError) as err:
+        model = fp4_ops.load_quantized(folder, device, ACTIVATIONS.get(args.activations))
+    except (ValueError, OSError, ImportError) as err:  # (OSError: the Hub's refusals too)
         print(f"error: {err}", file=sys.stderr)
         return 2
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"

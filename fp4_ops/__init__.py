@@ -37,7 +37,7 @@
 Importing this package needs no GPU and no CuTe DSL: the kernels are imported on first use.
 """
 
-from fp4_ops.checkpoint import load_quantized, save_quantized
+from fp4_ops.checkpoint import checkpoint_folder, load_quantized, save_quantized
 from fp4_ops.layout import FORMATS, GLOBAL_SCALE_DIVISOR, blocked_scale_numel, blocked_scale_shape
 from fp4_ops.moe import FP4Experts, FP4MoE, fp4_grouped_gemm, fp4_moe, quantize_experts
 from fp4_ops.nn import FP4Linear, QuantizeReport, calibrate, quantize_model
@@ -55,6 +55,7 @@ __all__ = [
     "blocked_scale_numel",
     "blocked_scale_shape",
     "calibrate",
+    "checkpoint_folder",
     "fp4_gemm",
     "fp4_grouped_gemm",
     "fp4_moe",

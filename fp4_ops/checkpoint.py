@@ -873,12 +873,18 @@ def load_quantized(
     path: str | os.PathLike,
     device: str | torch.device | None = None,
     activations: str | None = None,
+    *,
+    revision: str | None = None,
 ) -> nn.Module:
     """A transformers causal LM, in eval mode, from a folder holding a compressed-tensors
     (``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``) or ModelOpt (``NVFP4`` /
     ``W4A16_NVFP4``) checkpoint, its quantized Linear modules as ``FP4Linear``, or a gpt-oss
     MXFP4 one (``quant_method: mxfp4``), its experts modules as ``FP4Experts`` (W4A16 unless
     the checkpoint or ``activations`` asks for W4A4).
+
+    ``path`` may also be a Hugging Face Hub repository id (``"org/name"``, at ``revision``)
+    that is no local path: ``checkpoint_folder`` fetches the files this function reads into
+    huggingface_hub's cache (or finds them there: ``HF_HUB_OFFLINE=1`` works offline).
 
     The model is built by ``AutoModelForCausalLM.from_config`` with its parameters on the meta
     device (no 16-bit weight is made or initialized for a quantized layer); the checkpoint's
@@ -916,7 +922,6 @@ def load_quantized(
     or negative block scale (checked as they are read). A missing config.json or safetensors
     file: FileNotFoundError. Nothing is returned unless all of it passed.
     """
-    check_type(path, (str, os.PathLike), "path", "a str or os.PathLike folder")
     if activations not in _LOAD_ACTIVATIONS:
         check_type(activations, str, "activations", f"None or one of {_LOAD_ACTIVATIONS[1:]}")
         raise ValueError(
@@ -925,7 +930,7 @@ def load_quantized(
         )
     device = _parse_device(device)
     transformers = _hf()
-    folder = Path(path)
+    folder = checkpoint_folder(path, revision)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
     config_dict = _read_json(folder / "config.json")
@@ -964,6 +969,55 @@ def load_quantized(
     if (folder / "generation_config.json").is_file() and hasattr(model, "generation_config"):
         model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
     return model.to(device).eval()
+
+
+#: what checkpoint_folder fetches of a Hub repository besides the weight files: the configs and
+#: the tokenizer's files
+HUB_FILES = (
+    "config.json",
+    "generation_config.json",
+    "hf_quant_config.json",
+    _INDEX_NAME,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+#: a Hugging Face Hub repository id, org/name
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def checkpoint_folder(path: str | os.PathLike, revision: str | None = None) -> Path:
+    """The local folder of a checkpoint: ``path`` itself where it exists (``revision`` must be
+    None); else, for a Hub repository id (``"org/name"``), huggingface_hub's snapshot of the
+    files ``load_quantized`` reads: ``HUB_FILES`` that the repository has, then the weight
+    files (``model.safetensors``, or the shards its index names). FileNotFoundError for a
+    missing path that is no repository id; huggingface_hub's errors for the Hub's refusals."""
+    check_type(path, (str, os.PathLike), "path", "a str or os.PathLike folder")
+    if revision is not None:
+        check_type(revision, str, "revision", "None or a str")
+    local = Path(path)
+    if local.exists():
+        if revision is not None:
+            raise ValueError(f"revision={revision!r} is for a Hub repository; {local} is a folder")
+        return local
+    if not isinstance(path, str) or not REPO_ID.fullmatch(path):
+        raise FileNotFoundError(f"{path}: no such folder (nor a Hub repository id, org/name)")
+    from huggingface_hub import snapshot_download
+
+    folder = Path(snapshot_download(path, revision=revision, allow_patterns=list(HUB_FILES)))
+    weights = [_WEIGHTS_NAME]
+    if (folder / _INDEX_NAME).is_file():
+        weight_map = _read_json(folder / _INDEX_NAME).get("weight_map")
+        names = set(weight_map.values()) if isinstance(weight_map, dict) else set()
+        # (exact names: a pattern could also match a copy in a subfolder)
+        weights = sorted(n for n in names if isinstance(n, str) and "/" not in n)
+    # (the snapshot's commit, so that both sets of files come from one revision)
+    return Path(snapshot_download(path, revision=folder.name, allow_patterns=weights))
 
 
 def _build_and_plan(transformers, folder: Path, ck, qconfig, dtype: torch.dtype) -> tuple:

@@ -1063,6 +1063,69 @@ def test_fp8_kv_cache_scales_are_checked(kind, what, bases, tmp_path):
         fp4_ops.load_quantized(tmp_path / "ckpt")
 
 
+class _FakeHub:
+    """huggingface_hub.snapshot_download over local folders: a repository id's files that the
+    allow patterns match (relative paths, as huggingface_hub matches them) copied into a
+    snapshot folder named by the commit, as the cache is laid out."""
+
+    COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+    def __init__(self, repos: dict, cache: Path):
+        self.repos, self.cache, self.calls = repos, cache, []
+
+    def __call__(self, repo_id, revision=None, allow_patterns=None, **kwargs):
+        self.calls.append((repo_id, revision, list(allow_patterns)))
+        if repo_id not in self.repos:
+            from huggingface_hub.errors import LocalEntryNotFoundError
+
+            raise LocalEntryNotFoundError(f"{repo_id}: not in the cache, and offline")
+        source, snapshot = self.repos[repo_id], self.cache / repo_id / self.COMMIT
+        for f in source.rglob("*"):
+            rel = f.relative_to(source).as_posix()
+            if f.is_file() and any(fnmatch.fnmatchcase(rel, p) for p in allow_patterns):
+                (snapshot / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, snapshot / rel)
+        snapshot.mkdir(parents=True, exist_ok=True)
+        return str(snapshot)
+
+
+@pytest.mark.parametrize("base", ["ct", "sharded"])
+def test_a_hub_repository_id_loads_what_the_checkpoint_needs(base, bases, tmp_path, monkeypatch):
+    """``load_quantized("org/name")``: the configs, then exactly the weight files (the index's
+    shards), from one commit; not the repository's other weights; the model the folder gives."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    repo = tmp_path / "repo"
+    shutil.copytree(bases[base], repo)
+    (repo / "original").mkdir()
+    shutil.copy(next(repo.glob("model*.safetensors")), repo / "original" / "model.safetensors")
+    (repo / "pytorch_model.bin").write_bytes(b"other weights")
+    hub = _FakeHub({"org/name": repo}, tmp_path / "cache")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    model = fp4_ops.load_quantized("org/name", revision="v1")
+    ids = _ids(4)
+    assert torch.equal(_logits(model, ids), _logits(fp4_ops.load_quantized(bases[base]), ids))
+    (_, first, configs), (_, second, weights) = hub.calls
+    assert first == "v1" and second == hub.COMMIT and "config.json" in configs
+    fetched = {
+        f.relative_to(tmp_path / "cache" / "org/name" / hub.COMMIT).as_posix()
+        for f in (tmp_path / "cache").rglob("*")
+        if f.is_file()
+    }
+    stored = {f.name for f in bases[base].iterdir()}
+    assert fetched == stored, fetched ^ stored
+    assert sorted(weights) == sorted(n for n in stored if n.endswith(".safetensors"))
+
+
+def test_a_missing_path_or_repository_is_refused(bases, tmp_path, monkeypatch):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", _FakeHub({}, tmp_path))
+    for path in (str(tmp_path / "nope"), "a/b/c", "./x/y"):
+        with pytest.raises(FileNotFoundError, match="no such folder"):
+            fp4_ops.load_quantized(path)
+    with pytest.raises(OSError, match="not in the cache"):
+        fp4_ops.load_quantized("org/absent")
+
+
 @pytest.mark.parametrize(
     "base, missing",
     [
@@ -1101,6 +1164,8 @@ def test_damaged_weight_files_are_refused_by_name(base, damaged, content, bases,
         (dict(device="xpu"), ValueError, "^device 'xpu': FP4 layers run on the CPU or on CUDA"),
         (dict(device="cuda:64"), ValueError, r"^device 'cuda:64': this machine has \d+ CUDA"),
         (dict(path=1), TypeError, "path must be"),
+        (dict(revision="main"), ValueError, "revision='main' is for a Hub repository"),
+        (dict(revision=3), TypeError, "revision must be"),
     ],
 )
 def test_load_arguments(kwargs, error, match, bases):

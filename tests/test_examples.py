@@ -276,6 +276,31 @@ def test_bad_arguments_exit_2(argv, message, checkpoints, capsys, tmp_path):
     assert message in capsys.readouterr().err
 
 
+def test_a_hub_repository_generates_and_a_missing_one_exits_2(checkpoints, capsys, monkeypatch):
+    """``--model org/name``: the files fetched (here from a stand-in for the Hub's cache), the
+    tokenizer from them; a repository the Hub refuses, or a path that is neither: exit 2."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None, **kwargs):
+        if repo_id != "org/fp4":
+            raise LocalEntryNotFoundError(f"{repo_id}: not in the cache, and offline")
+        return str(checkpoints["compressed-tensors", "bf16"])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    code, out, err = _run(["--model", "org/fp4", "--max_new_tokens", "3"], capsys)
+    assert code == 0, err
+    assert "org/fp4 on CPU: W4A16" in out and re.search(r"^\[0\] '(w\d+ ?){3}'$", out, re.M)
+    code, _, err = _run(["--model", "org/absent"], capsys)
+    assert code == 2 and err == "error: org/absent: not in the cache, and offline\n", err
+    with pytest.raises(SystemExit) as exc:
+        generate.parse_args(["--model", "a/b/c"])
+    assert exc.value.code == 2
+    assert (
+        "a/b/c: not a model folder (no config.json) nor a Hub repository" in capsys.readouterr().err
+    )
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a CPU-only machine")
 def test_cuda_without_a_gpu_exits_2(checkpoints, capsys):
     with pytest.raises(SystemExit) as exc:
