@@ -277,7 +277,7 @@ def _compressed_tensors_config(qc: dict) -> _QuantConfig:
             _fail(f"{where}.{key}", f"{qc[key]!r} is not supported (only FP4 Linear weights)")
     kv = qc.get("kv_cache_scheme")
     if kv and not _ct_fp8_kv_cache(kv):
-        _fail(f"{where}.kv_cache_scheme", f"{kv!r}: only a per-tensor FP8 one is understood")
+        _fail(f"{where}.kv_cache_scheme", f"{kv!r}: only static per-tensor FP8 is understood")
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         _fail(f"{where}.config_groups", f"expected a non-empty dict, got {groups!r}")
@@ -317,7 +317,7 @@ def _modelopt_config(q: dict, where: str) -> _QuantConfig:
     # (config.json's embedded form may spell it as compressed-tensors does)
     fp8 = _ct_fp8_kv_cache(kv) if isinstance(kv, dict) else str(kv).upper() == "FP8"
     if kv and not fp8:
-        _fail(where, f"kv-cache quantization {kv!r}: only FP8 is understood")
+        _fail(where, f"kv-cache quantization {kv!r}: only static per-tensor FP8 is understood")
     exclude = q["exclude_modules"] if "exclude_modules" in q else q.get("ignore")
     scheme = _Scheme("nvfp4", _MODELOPT_ALGOS[algo], "modelopt", f"{where} quant_algo {algo}")
     ignore = _str_list(exclude, where)
@@ -325,12 +325,13 @@ def _modelopt_config(q: dict, where: str) -> _QuantConfig:
 
 
 def _ct_fp8_kv_cache(kv) -> bool:
-    """Whether a compressed-tensors ``kv_cache_scheme`` is per-tensor FP8 (E4M3), static."""
+    """Whether a ``kv_cache_scheme`` is static per-tensor FP8 (E4M3): compressed-tensors' form,
+    or ModelOpt's in config.json, which leaves the (per-tensor) strategy out."""
     return (
         isinstance(kv, dict)
         and kv.get("num_bits") == 8
         and kv.get("type") == "float"
-        and kv.get("strategy") == "tensor"
+        and kv.get("strategy", "tensor") == "tensor"
         and not kv.get("dynamic")
     )
 

@@ -701,7 +701,7 @@ REFUSALS = {
     "kv-cache": (
         "ct",
         _qc(lambda q: q.update(kv_cache_scheme={"num_bits": 8})),
-        "kv_cache_scheme.*only a per-tensor FP8",
+        "kv_cache_scheme.*only static per-tensor FP8",
     ),
     "transform": (
         "ct",
@@ -762,7 +762,7 @@ REFUSALS = {
     "modelopt-kv-cache": (
         "mo",
         _mo(lambda q: q.update(kv_cache_quant_algo="NVFP4")),
-        "kv-cache quantization 'NVFP4': only FP8",
+        "kv-cache quantization 'NVFP4': only static per-tensor FP8",
     ),
     "block-structure": (
         "ct",
@@ -989,11 +989,19 @@ FP8_KV = {
         ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"),
         (),
     ),
-    # (the form of a ModelOpt config embedded in config.json)
+    # (the form of a ModelOpt config embedded in config.json: no strategy, per-tensor)
     "modelopt-scheme": (
         "mo",
-        _mo(lambda q: q.update(kv_cache_scheme=_CT_FP8_KV)),
+        _mo(lambda q: q.update(kv_cache_scheme={"dynamic": False, "num_bits": 8, "type": "float"})),
         _mo(lambda q: q.pop("kv_cache_scheme")),
+        ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"),
+        (),
+    ),
+    # (newer ModelOpt exports: all of it in config.json, as ModelOpt converts it there)
+    "modelopt-config.json": (
+        "mo",
+        lambda folder: _modelopt_fp8_kv_in_config(folder),
+        _qc(lambda q: q.pop("kv_cache_scheme")),
         ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"),
         (),
     ),
@@ -1005,6 +1013,12 @@ FP8_KV = {
         (1,),
     ),
 }
+
+
+def _modelopt_fp8_kv_in_config(folder: Path) -> None:
+    _modelopt_in_config(nested=False)(folder)
+    kv = {"dynamic": False, "num_bits": 8, "type": "float"}
+    _qc(lambda q: q.update(kv_cache_scheme=kv))(folder)
 
 
 def _with_fp8_kv(kind: str, bases, folder: Path) -> list[str]:
