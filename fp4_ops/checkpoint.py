@@ -473,13 +473,15 @@ class _Checkpoint:
 
     def use_names_of(self, model: nn.Module | None) -> None:
         """The keys under ``model``'s names from here on: its type's checkpoint spellings turned
-        into transformers' (``_CHECKPOINT_SPELLINGS``), unless the model is spelled as its
-        checkpoints are (older transformers versions)."""
-        kind = None if _spelled_as_stored(self.model_type, model) else self.model_type
-        self.kind = kind
+        into transformers' (``_CHECKPOINT_SPELLINGS``), or, where the model is spelled as its
+        checkpoints are (transformers 4.x), transformers' spellings turned into those."""
+        as_stored = _spelled_as_stored(self.model_type, model)
+        self.kind = None if as_stored else self.model_type
         by_name: dict[str, list[str]] = {}
         for key in self.file_of:
-            by_name.setdefault(_respelled(key, kind, to_model=True), []).append(key)
+            # (a model spelled as the checkpoints: keys in transformers' spelling turned back)
+            name = _respelled(key, self.model_type, to_model=not as_stored)
+            by_name.setdefault(name, []).append(key)
         for name, keys in by_name.items():
             if len(keys) > 1:
                 raise ValueError(f"{_listed(keys)}: all name the model's {name}")
@@ -935,6 +937,7 @@ def load_quantized(
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
     config_dict = _read_json(folder / "config.json")
+    _warn_newer_transformers(folder, config_dict, transformers.__version__)
     qconfig = _quant_config(folder, config_dict)
     dtype = _config_dtype(config_dict)
     ck = _Checkpoint(folder, config_dict.get("model_type"))
@@ -970,6 +973,26 @@ def load_quantized(
     if (folder / "generation_config.json").is_file() and hasattr(model, "generation_config"):
         model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
     return model.to(device).eval()
+
+
+def _warn_newer_transformers(folder: Path, config: dict, installed: str) -> None:
+    """A UserWarning where config.json was written by a newer major transformers version than
+    the installed one, which may read its fields otherwise (and build another model)."""
+
+    def major(version) -> int | None:
+        head = str(version).split(".")[0]
+        return int(head) if head.isdigit() else None
+
+    written = config.get("transformers_version")
+    if major(written) is not None and major(installed) is not None:
+        if major(written) > major(installed):
+            warnings.warn(
+                f"{folder / 'config.json'}: written by transformers {written}, read by "
+                f"{installed}, which may read some of its fields otherwise (RoPE parameters, "
+                f"expert counts) and build another model: install transformers >= "
+                f"{major(written)}",
+                stacklevel=3,
+            )
 
 
 #: what checkpoint_folder fetches of a Hub repository besides the weight files: the configs and

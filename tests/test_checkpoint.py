@@ -1077,6 +1077,30 @@ def test_fp8_kv_cache_scales_are_checked(kind, what, bases, tmp_path):
         fp4_ops.load_quantized(tmp_path / "ckpt")
 
 
+@pytest.mark.parametrize(
+    "written, warns",
+    [("99.1.0", True), (f"{transformers.__version__.split('.')[0]}.99.0", False), ("4.0", False)]
+    + [(None, False), ("dev", False)],
+)
+def test_a_config_from_a_newer_transformers_major_warns(written, warns, bases, tmp_path):
+    """transformers 4.x reads some of 5.x's config fields otherwise (rope_parameters for
+    rope_theta, num_local_experts for num_experts): a model unlike the one quantized, which
+    a newer major version's config.json is warned about."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(bases["ct"], folder)
+    edit = (lambda c: c.pop("transformers_version", None)) if written is None else None
+    edit = edit or (lambda c: c.update(transformers_version=written))
+    _json_edit("config.json", edit)(folder)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fp4_ops.load_quantized(folder)
+    said = [str(w.message) for w in caught if "written by transformers" in str(w.message)]
+    assert bool(said) == warns, said
+    if warns:
+        assert f"written by transformers 99.1.0, read by {transformers.__version__}" in said[0]
+        assert said[0].endswith("install transformers >= 99")
+
+
 class _FakeHub:
     """huggingface_hub.snapshot_download over local folders: a repository id's files that the
     allow patterns match (relative paths, as huggingface_hub matches them) copied into a

@@ -9,6 +9,7 @@ anything loads. Under transformers 5 the ``fused_experts`` tests cover the MoE p
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -126,6 +127,49 @@ def test_per_expert_mlps_quantize_save_and_load_as_fp4linears(kind, tmp_path):
     # (both round to BF16 in the same places but for W4A16's product order: 2^-6 holds it, a
     # wrong expert, nibble or scale is off by order one)
     assert _rel(_logits(loaded, ids), _logits(base, ids)) < 2.0**-6
+
+
+#: Mixtral's spellings of its experts in other writers' checkpoints: (before, after) parts
+RESPELLINGS = {
+    # llm-compressor under transformers 5: the block's name kept, the projections' new
+    "llm-compressor": ((r"(experts\.\d+\.)w1\b", r"\1gate_proj"),),
+    "transformers 5": (
+        (r"\.block_sparse_moe\.", ".mlp."),
+        (r"(experts\.\d+\.)w1\b", r"\1gate_proj"),
+    ),
+}
+
+
+@pytest.mark.parametrize("writer", list(RESPELLINGS))
+def test_mixtral_experts_load_under_other_writers_names(writer, tmp_path):
+    """A Mixtral checkpoint that spells its experts as transformers 5 names them loads into
+    4.x's w1 / w3 / w2 modules: the same model as from the checkpoint in 4.x's names."""
+    model = _mixtral()
+    fp4_ops.quantize_model(model, ["*.block_sparse_moe.experts.*"], activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path / "ours")
+    folder = tmp_path / writer
+    folder.mkdir()
+    rules = RESPELLINGS[writer] + (
+        (r"(experts\.\d+\.)w3\b", r"\1up_proj"),
+        (r"(experts\.\d+\.)w2\b", r"\1down_proj"),
+    )
+
+    def respelled(name: str) -> str:
+        for before, after in rules:
+            name = re.sub(before, after, name)
+        return name
+
+    tensors = safetensors_torch.load_file(tmp_path / "ours" / "model.safetensors")
+    renamed = {respelled(k): v for k, v in tensors.items()}
+    assert len(renamed) == len(tensors) and renamed.keys() != tensors.keys()
+    safetensors_torch.save_file(renamed, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    qc = config["quantization_config"]
+    qc["ignore"] = [respelled(n) for n in qc["ignore"]]
+    (folder / "config.json").write_text(json.dumps(config))
+    ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(2))
+    want = _logits(fp4_ops.load_quantized(tmp_path / "ours"), ids)
+    assert torch.equal(_logits(fp4_ops.load_quantized(folder), ids), want)
 
 
 def test_fused_experts_are_refused_with_the_version_that_would_take_them(tmp_path):
