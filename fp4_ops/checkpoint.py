@@ -1608,6 +1608,14 @@ def _checkpoint_tensors(model, layers, experts, modes, format: str, expert_weigh
     return tensors, floats
 
 
+def _linear_like(module: nn.Module) -> bool:
+    """An nn.Linear, or a module that another transformers version builds as one: a 2-D weight
+    of its own that is no embedding (an MoE router, an nn.Linear in transformers 4.x)."""
+    weight = module._parameters.get("weight")
+    linear = isinstance(weight, torch.Tensor) and weight.ndim == 2
+    return isinstance(module, nn.Linear) or linear and not isinstance(module, nn.Embedding)
+
+
 def _checkpoint_configs(model, layers, modes, floats, format: str, kind: str | None):
     """(config.json's dict with the format's quantization config, hf_quant_config.json's dict
     or None); module names as model type ``kind``'s checkpoints spell them."""
@@ -1615,7 +1623,7 @@ def _checkpoint_configs(model, layers, modes, floats, format: str, kind: str | N
     unquantized = sorted(
         _respelled(n, kind, to_model=False)
         for n, m in model.named_modules(remove_duplicate=False)
-        if isinstance(m, nn.Linear) and n not in layers
+        if _linear_like(m) and n not in layers
     )
     # (16-bit experts modules: every reader would take their per-expert Linears as quantized)
     plain_experts = sorted(
