@@ -25,7 +25,8 @@ the count says so. ``--compile`` (CUDA only) decodes with a static cache under
 otherwise a dynamic cache, eager.
 
 ``--baseline`` then runs the same prompts with a BF16 model: ``--baseline_model DIR``'s weights
-(``from_pretrained``, e.g. the checkpoint's unquantized source), or, without it, the FP4 model
+(``from_pretrained``, e.g. the checkpoint's unquantized source; its config must describe the
+same architecture, checked before anything runs), or, without it, the FP4 model
 dequantized to BF16 (the same numbers without FP4 arithmetic; the FP4 model is converted in
 place, so memory holds the BF16 model once).
 """
@@ -49,8 +50,8 @@ ACTIVATIONS = {"fp4": "fp4", "bf16": "bf16"}
 DEFAULT_PROMPT = "The quickest way to learn a new language is"
 #: rows of text printed (all rows are timed)
 SHOWN_ROWS = 4
-# (any of these makes a folder a tokenizer for AutoTokenizer: config.json names the model type)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "config.json")
+# (a tokenizer's own files: from a config.json alone AutoTokenizer may build an empty one)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 class StepClock:
@@ -127,6 +128,11 @@ def load_tokenizer(folder: str):
     """The tokenizer of ``folder``, set up to left-pad a batch; ValueError when there is none."""
     import transformers
 
+    if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"{folder}: no tokenizer that loads (no {' / '.join(TOKENIZER_FILES)}); pass "
+            "--tokenizer DIR"
+        )
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     except Exception as err:  # (transformers 4.x fails a folder without tokenizer files oddly)
@@ -249,6 +255,21 @@ def report(label: str, tokenizer, result: dict, batch: int, max_new_tokens: int)
         print("decode: not measured (generation ended after the first token)")
 
 
+#: what a BF16 baseline must share with the FP4 checkpoint's model to be its baseline
+BASELINE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
+
+
+def check_baseline(path: str, config) -> None:
+    """ValueError unless ``path``'s config describes the FP4 model's architecture."""
+    import transformers
+
+    base = transformers.AutoConfig.from_pretrained(path)
+    theirs = {f: getattr(base, f, None) for f in BASELINE_FIELDS}
+    ours = {f: getattr(config, f, None) for f in BASELINE_FIELDS}
+    if theirs != ours:
+        raise ValueError(f"--baseline_model {path}: {theirs} is not the checkpoint's {ours}")
+
+
 def _modes(model) -> str:
     fp4 = (fp4_ops.FP4Linear, fp4_ops.FP4MoE)
     found = sorted({m.activations for m in model.modules() if isinstance(m, fp4)})
@@ -264,6 +285,8 @@ def main(argv=None) -> int:
         tokenizer = load_tokenizer(args.tokenizer or str(folder))
         inputs = encode(tokenizer, args.prompt, args.batch, device)
         model = fp4_ops.load_quantized(folder, device, ACTIVATIONS.get(args.activations))
+        if args.baseline_model is not None:
+            check_baseline(args.baseline_model, model.config)
     except (ValueError, OSError, ImportError) as err:  # (OSError: the Hub's refusals too)
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -282,9 +305,13 @@ def main(argv=None) -> int:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        source = transformers.AutoModelForCausalLM.from_pretrained(
-            args.baseline_model, dtype=torch.bfloat16
-        )
+        try:
+            source = transformers.AutoModelForCausalLM.from_pretrained(
+                args.baseline_model, dtype=torch.bfloat16
+            )
+        except (ValueError, OSError) as err:
+            print(f"error: --baseline_model {args.baseline_model}: {err}", file=sys.stderr)
+            return 2
         model, label = source.to(device).eval(), f"BF16 ({args.baseline_model})"
     else:
         count = dequantize_in_place(model)

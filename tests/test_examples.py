@@ -228,6 +228,20 @@ def test_baseline(source, checkpoints, capsys):
     assert re.search(r"greedy tokens equal to BF16's at [\d.]+% of positions", out)
 
 
+@pytest.mark.parametrize("broken", ["another model", "no weights"])
+def test_an_unusable_baseline_model_exits_2(broken, checkpoints, capsys, tmp_path):
+    """A baseline of another architecture is refused before anything runs; one whose weights do
+    not load, once it is loaded: exit 2 and one line naming it, no traceback."""
+    config = json.loads((checkpoints["source"] / "config.json").read_text())
+    if broken == "another model":
+        config["num_hidden_layers"] += 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    argv = ["--model", str(checkpoints["modelopt", "bf16"]), "--max_new_tokens", "3"]
+    code, out, err = _run([*argv, "--baseline", "--baseline_model", str(tmp_path)], capsys)
+    assert code == 2 and err.startswith(f"error: --baseline_model {tmp_path}: "), err
+    assert err.count("\n") == 1 and ("--- FP4" in out) == (broken == "no weights")
+
+
 def test_dequantized_baseline_computes_the_fp4_weights(checkpoints):
     model = fp4_ops.load_quantized(checkpoints["compressed-tensors", "bf16"])
     weights = {
@@ -274,6 +288,16 @@ def test_bad_arguments_exit_2(argv, message, checkpoints, capsys, tmp_path):
         generate.parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3_moe"])
+def test_a_folder_without_tokenizer_files_has_no_tokenizer(model_type, tmp_path):
+    """A config.json alone is no tokenizer (transformers 5 may build an empty one from it,
+    whose prompts encode to nothing): ValueError asking for --tokenizer."""
+    config = transformers.AutoConfig.for_model(model_type)
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"no tokenizer that loads .*pass --tokenizer DIR"):
+        generate.load_tokenizer(str(tmp_path))
 
 
 def test_a_hub_repository_generates_and_a_missing_one_exits_2(checkpoints, capsys, monkeypatch):
