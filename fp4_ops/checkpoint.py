@@ -324,6 +324,13 @@ def _modelopt_config(q: dict, where: str) -> _QuantConfig:
     return _QuantConfig("modelopt", ignore=ignore, scheme=scheme, kv_cache="FP8" if kv else None)
 
 
+def _modelopt_says(config: _QuantConfig) -> str:
+    """What a ModelOpt config decides of the layers and the KV cache (its exclusions are
+    spelled variously and the tensors check them)."""
+    mode = "W4A16" if config.scheme.inputs == "none" else "W4A4"
+    return f"{config.scheme.format} {mode}, KV cache {config.kv_cache or '16-bit'}"
+
+
 def _ct_fp8_kv_cache(kv) -> bool:
     """Whether a ``kv_cache_scheme`` is static per-tensor FP8 (E4M3): compressed-tensors' form,
     or ModelOpt's in config.json, which leaves the (per-tensor) strategy out."""
@@ -365,14 +372,20 @@ def _quant_config(folder: Path, config: dict) -> _QuantConfig:
                 f"config.json quantization_config: quant_method {method!r}: supported are "
                 "'compressed-tensors', 'modelopt' (NVFP4) and 'mxfp4' (gpt-oss)"
             )
+        embedded = _modelopt_config(qc.get("quantization", qc), "config.json quantization_config")
         if not hf_quant.exists():
-            q = qc.get("quantization", qc)
-            return _modelopt_config(q, "config.json quantization_config")
+            return embedded
     if hf_quant.exists():
         q = _read_json(hf_quant).get("quantization")
         if not isinstance(q, dict):
             raise ValueError("hf_quant_config.json: no 'quantization' object")
-        return _modelopt_config(q, "hf_quant_config.json quantization")
+        config = _modelopt_config(q, "hf_quant_config.json quantization")
+        if qc is not None and _modelopt_says(embedded) != _modelopt_says(config):
+            raise ValueError(
+                f"config.json's quantization_config says {_modelopt_says(embedded)}, "
+                f"hf_quant_config.json {_modelopt_says(config)}: which one holds?"
+            )
+        return config
     raise ValueError(
         "not a quantized checkpoint: config.json has no quantization_config and there is no "
         "hf_quant_config.json"
@@ -567,12 +580,14 @@ def _plan_layer(ck: _Checkpoint, name: str, module: nn.Linear, scheme: _Scheme) 
     vec = FORMATS[fmt]
     keys = {role: prefix + tensor for role, tensor in scheme.names.items()}
     data_key = keys["data"]
-    if data_key not in ck and prefix + "weight" in ck:
-        dtype, shape = ck.header[prefix + "weight"]
+    dtype, shape = ck.header.get(prefix + "weight", (None, None))
+    # (ModelOpt's packed codes are called weight too: a float one is a 16-bit layer)
+    floating = isinstance(dtype, torch.dtype) and dtype.is_floating_point
+    if dtype is not None and (data_key not in ck or floating):
         raise ValueError(
-            f"{data_key}: missing; {scheme.describe()} covers {name}, but the checkpoint holds "
-            f"{prefix}weight ({_dtype_str(dtype)} {_shape_str(shape)}) instead of packed codes "
-            "(is it missing from the config's ignore / exclude_modules?)"
+            f"{data_key}: {scheme.describe()} covers {name}, but the checkpoint holds "
+            f"{prefix}weight ({_dtype_str(dtype)} {_shape_str(shape)}), not packed codes (is "
+            f"{name} missing from the config's ignore / exclude_modules?)"
         )
     _expect(ck, data_key, (torch.uint8,), ((n, k // 2),), f"packed {fmt} codes of [{n}, {k}]")
     scale_dtypes = (SCALE_DTYPES[vec],) if fmt == "nvfp4" else (torch.uint8, SCALE_DTYPES[vec])
@@ -945,10 +960,15 @@ def load_quantized(
     model, layers, experts = _build_and_plan(transformers, folder, ck, qconfig, dtype)
     fits = _w4a16_dtype(layers, experts, activations, dtype)
     if fits != dtype:
+        why = (
+            "W4A16 layers take 16-bit activations"
+            if dtype == torch.float32
+            else "MXFP4 W4A16 layers take bfloat16 ones (E8M0 scales exceed float16's range)"
+        )
         warnings.warn(
-            f"{folder / 'config.json'}: dtype {_dtype_str(dtype)}, but W4A16 layers take "
-            f"16-bit activations: the model loads in {_dtype_str(fits)} (activations='fp4' "
-            "keeps the config's dtype, every layer W4A4)",
+            f"{folder / 'config.json'}: dtype {_dtype_str(dtype)}, but {why}: the model loads "
+            f"in {_dtype_str(fits)} (activations='fp4' keeps the config's dtype, every layer "
+            "W4A4)",
             stacklevel=2,
         )
         dtype = fits

@@ -759,6 +759,17 @@ REFUSALS = {
     ),
     "modelopt-fp8": ("mo", _mo(lambda q: q.update(quant_algo="FP8")), "quant_algo 'FP8'"),
     "modelopt-group-size": ("mo", _mo(lambda q: q.update(group_size=32)), "group_size 32"),
+    "modelopt-configs-disagree": (
+        "mo",
+        _json_edit(
+            "config.json",
+            lambda c: c.update(
+                quantization_config={"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4"}
+            ),
+        ),
+        "config.json's quantization_config says nvfp4 W4A16, KV cache 16-bit, "
+        "hf_quant_config.json nvfp4 W4A4, KV cache 16-bit: which one holds",
+    ),
     "modelopt-kv-cache": (
         "mo",
         _mo(lambda q: q.update(kv_cache_quant_algo="NVFP4")),
@@ -790,12 +801,14 @@ REFUSALS = {
     "ignore-dropped": (
         "ct",
         _qc(lambda q: q.update(ignore=[])),
-        "lm_head.weight_packed: missing.*holds lm_head.weight",
+        r"lm_head.weight_packed: .* holds lm_head.weight \(bfloat16 \[256, 64\]\), not packed "
+        r"codes \(is lm_head missing from the config's ignore / exclude_modules\?\)",
     ),
     "exclude-dropped": (
         "mo",
         _mo(lambda q: q.update(exclude_modules=[])),
-        r"lm_head.weight: expected packed nvfp4 codes.*got bfloat16 \[256, 64\]",
+        r"lm_head.weight: .* holds lm_head.weight \(bfloat16 \[256, 64\]\), not packed codes "
+        r"\(is lm_head missing from the config's ignore / exclude_modules\?\)",
     ),
     "tied-quantized-lm-head": (
         "ct_lm_head",
@@ -1043,6 +1056,20 @@ def test_an_fp8_kv_cache_checkpoint_loads_with_its_scales_checked_and_unused(kin
         model = fp4_ops.load_quantized(tmp_path / "ckpt")
     ids, base = _ids(3), FP8_KV[kind][0]
     assert torch.equal(_logits(model, ids), _logits(fp4_ops.load_quantized(bases[base]), ids))
+
+
+def test_modelopt_configs_in_both_files_that_agree_load(bases, tmp_path):
+    """Newer ModelOpt exports write the config twice (config.json and hf_quant_config.json);
+    where both say the same (their exclusions spelled as they like), the checkpoint loads."""
+    folder = tmp_path / "ckpt"
+    _with_fp8_kv("modelopt", bases, folder)
+    qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["lm_head*"]}
+    qc["kv_cache_scheme"] = {"dynamic": False, "num_bits": 8, "type": "float"}
+    _json_edit("config.json", lambda c: c.update(quantization_config=qc))(folder)
+    with pytest.warns(UserWarning, match="FP8 KV cache"):
+        model = fp4_ops.load_quantized(folder)
+    ids = _ids(5)
+    assert torch.equal(_logits(model, ids), _logits(fp4_ops.load_quantized(bases["mo"]), ids))
 
 
 def _kv_edit(key: str, value):
@@ -1421,8 +1448,10 @@ def test_dtype(how, fmt, activations, want, tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = fp4_ops.load_quantized(tmp_path, activations=activations)
-    said = [str(w.message) for w in caught if "W4A16 layers take 16-bit" in str(w.message)]
+    said = [str(w.message) for w in caught if "W4A16 layers take" in str(w.message)]
     assert len(said) == int(moved) and (not moved or "loads in bfloat16" in said[0]), said
+    why = "take 16-bit activations" if how == "config-float32" else "E8M0 scales exceed float16"
+    assert not moved or why in said[0], said
     floats = {t.dtype for t in loaded.parameters()}
     assert floats == {want}, floats
     ids = _ids(1)
