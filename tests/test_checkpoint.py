@@ -1087,11 +1087,49 @@ KV_REFUSALS = {
         "KV-cache scale: floating",
     ),
     "not declared": (lambda kind, _: FP8_KV[kind][2], "unexpected"),
+    "inf": (lambda _, keys: _kv_edit(keys[0], torch.tensor(float("inf"))), "finite and positive"),
     "another module": (
         lambda _, keys: _kv_edit("model.layers.0.mlp.k_scale", torch.ones(())),
         "unexpected tensors that no module of the model holds: model.layers.0.mlp.k_scale",
     ),
+    "a layer the model lacks": (
+        lambda _, keys: _kv_edit("model.layers.9.self_attn.k_proj.k_scale", torch.ones(())),
+        r"unexpected tensors .*: model.layers.9.self_attn.k_proj.k_scale",
+    ),
+    # (a query scale: attention quantization, which nothing here reads)
+    "query scale": (
+        lambda _, keys: _kv_edit("model.layers.0.self_attn.q_scale", torch.ones(1)),
+        r"unexpected tensors .*: model.layers.0.self_attn.q_scale",
+    ),
 }
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("num_bits", 4), ("type", "int"), ("strategy", "channel"), ("dynamic", True)],
+)
+@pytest.mark.parametrize("kind", ["compressed-tensors", "modelopt-scheme"])
+def test_kv_cache_schemes_other_than_static_per_tensor_fp8_are_refused(
+    kind, field, value, bases, tmp_path
+):
+    """Each part of the FP8 rule on its own: 4-bit, integer, per-channel or dynamic KV caches
+    are refused, not loaded under an 'FP8 KV cache' warning."""
+    _with_fp8_kv(kind, bases, tmp_path / "ckpt")
+    scheme = {**_CT_FP8_KV, field: value}
+    edit = _qc if kind == "compressed-tensors" else _mo
+    edit(lambda q: q.update(kv_cache_scheme=scheme))(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="only static per-tensor FP8 is understood"):
+        fp4_ops.load_quantized(tmp_path / "ckpt")
+
+
+def test_modelopt_fp8_kv_cache_in_any_case_loads_and_warns_at_the_caller(bases, tmp_path):
+    _with_fp8_kv("modelopt", bases, tmp_path / "ckpt")
+    _mo(lambda q: q.update(kv_cache_quant_algo="fp8"))(tmp_path / "ckpt")
+    with pytest.warns(UserWarning, match="FP8 KV cache") as caught:
+        fp4_ops.load_quantized(tmp_path / "ckpt")
+    assert {Path(w.filename).name for w in caught if "KV cache" in str(w.message)} == {
+        Path(__file__).name
+    }
 
 
 @pytest.mark.parametrize("what", list(KV_REFUSALS))
@@ -1154,7 +1192,7 @@ class _FakeHub:
         return str(snapshot)
 
 
-@pytest.mark.parametrize("base", ["ct", "sharded"])
+@pytest.mark.parametrize("base", ["ct", "sharded", "mo"])
 def test_a_hub_repository_id_loads_what_the_checkpoint_needs(base, bases, tmp_path, monkeypatch):
     """``load_quantized("org/name")``: the configs, then exactly the weight files (the index's
     shards), from one commit; not the repository's other weights; the model the folder gives."""
@@ -1182,11 +1220,15 @@ def test_a_hub_repository_id_loads_what_the_checkpoint_needs(base, bases, tmp_pa
 
 
 def test_a_missing_path_or_repository_is_refused(bases, tmp_path, monkeypatch):
+    """A missing path that is no org/name id (relative ones too) never reaches the Hub."""
     huggingface_hub = pytest.importorskip("huggingface_hub")
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", _FakeHub({}, tmp_path))
-    for path in (str(tmp_path / "nope"), "a/b/c", "./x/y"):
+    hub = _FakeHub({}, tmp_path)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    missing = [str(tmp_path / "nope"), tmp_path / "nope", "a/b/c", "./x/y", "../x", ".x/y"]
+    for path in [*missing, "ckpt", Path("org/name")]:
         with pytest.raises(FileNotFoundError, match="no such folder"):
             fp4_ops.load_quantized(path)
+    assert not hub.calls
     with pytest.raises(OSError, match="not in the cache"):
         fp4_ops.load_quantized("org/absent")
 

@@ -307,6 +307,8 @@ def test_a_hub_repository_generates_and_a_missing_one_exits_2(checkpoints, capsy
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     def snapshot_download(repo_id, revision=None, allow_patterns=None, **kwargs):
+        if repo_id == "org/gated":  # (online refusals are OSErrors, not FileNotFoundErrors)
+            raise OSError(f"403 Client Error: access to {repo_id} is restricted")
         if repo_id != "org/fp4":
             raise LocalEntryNotFoundError(f"{repo_id}: not in the cache, and offline")
         return str(checkpoints["compressed-tensors", "bf16"])
@@ -317,12 +319,20 @@ def test_a_hub_repository_generates_and_a_missing_one_exits_2(checkpoints, capsy
     assert "org/fp4 on CPU: W4A16" in out and re.search(r"^\[0\] '(w\d+ ?){3}'$", out, re.M)
     code, _, err = _run(["--model", "org/absent"], capsys)
     assert code == 2 and err == "error: org/absent: not in the cache, and offline\n", err
+    code, _, err = _run(["--model", "org/gated"], capsys)
+    assert code == 2 and err == "error: 403 Client Error: access to org/gated is restricted\n"
     with pytest.raises(SystemExit) as exc:
         generate.parse_args(["--model", "a/b/c"])
     assert exc.value.code == 2
     assert (
         "a/b/c: not a model folder (no config.json) nor a Hub repository" in capsys.readouterr().err
     )
+    # (a folder that exists is a folder, whatever its name looks like)
+    monkeypatch.chdir(checkpoints["source"].parent)
+    (checkpoints["source"].parent / "org" / "empty").mkdir(parents=True, exist_ok=True)
+    with pytest.raises(SystemExit):
+        generate.parse_args(["--model", "org/empty"])
+    assert "org/empty: not a model folder (no config.json)" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a CPU-only machine")

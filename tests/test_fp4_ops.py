@@ -179,8 +179,17 @@ def test_a_bare_fp4tensor_round_trips(fmt, shape, how):
         (lambda st: {**st, "global_scale": torch.tensor(-1.0)}, "finite and positive"),
         (lambda st: {k: v for k, v in st.items() if k != "scale"}, "pickled FP4Tensor holds"),
         (lambda st: {**st, "extra": 1}, "pickled FP4Tensor holds"),
+        (lambda st: list(st.items()), "pickled FP4Tensor holds .*got list"),
     ],
-    ids=["scale shape", "scale dtype", "format", "global scale", "missing part", "extra part"],
+    ids=[
+        "scale shape",
+        "scale dtype",
+        "format",
+        "global scale",
+        "missing part",
+        "extra part",
+        "not a dict",
+    ],
 )
 @pytest.mark.parametrize("weights_only", [False, True])
 def test_a_saved_fp4tensor_is_checked_on_load(tamper, match, weights_only, monkeypatch):
