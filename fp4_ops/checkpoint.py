@@ -372,19 +372,22 @@ def _quant_config(folder: Path, config: dict) -> _QuantConfig:
                 f"config.json quantization_config: quant_method {method!r}: supported are "
                 "'compressed-tensors', 'modelopt' (NVFP4) and 'mxfp4' (gpt-oss)"
             )
-        embedded = _modelopt_config(qc.get("quantization", qc), "config.json quantization_config")
+        embedded = qc.get("quantization", qc)
         if not hf_quant.exists():
-            return embedded
+            return _modelopt_config(embedded, "config.json quantization_config")
     if hf_quant.exists():
         q = _read_json(hf_quant).get("quantization")
         if not isinstance(q, dict):
             raise ValueError("hf_quant_config.json: no 'quantization' object")
         config = _modelopt_config(q, "hf_quant_config.json quantization")
-        if qc is not None and _modelopt_says(embedded) != _modelopt_says(config):
-            raise ValueError(
-                f"config.json's quantization_config says {_modelopt_says(embedded)}, "
-                f"hf_quant_config.json {_modelopt_says(config)}: which one holds?"
-            )
+        # (where config.json repeats the scheme, the two must agree)
+        if qc is not None and isinstance(embedded, dict) and "quant_algo" in embedded:
+            said = _modelopt_says(_modelopt_config(embedded, "config.json quantization_config"))
+            if said != _modelopt_says(config):
+                raise ValueError(
+                    f"config.json's quantization_config says {said}, hf_quant_config.json "
+                    f"{_modelopt_says(config)}: which one holds?"
+                )
         return config
     raise ValueError(
         "not a quantized checkpoint: config.json has no quantization_config and there is no "
@@ -933,12 +936,12 @@ def load_quantized(
     ValueError naming the config entry or tensor and what was expected, for: an unsupported
     format or scheme (another group size, asymmetric, dynamic weights, NVFP4 activations without
     a stored global scale, static group scales, output quantization, a KV cache other than
-    FP8, transforms,
-    sparsity, a quantized embedding), a config.json transformers cannot build a model from, a
-    tensor missing, mis-shaped, of the wrong dtype or left over (all checked on the safetensors
-    headers before any tensor is read), a global scale that is not finite and positive, a NaN
-    or negative block scale (checked as they are read). A missing config.json or safetensors
-    file: FileNotFoundError. Nothing is returned unless all of it passed.
+    static per-tensor FP8, transforms, sparsity, a quantized embedding), a config.json
+    transformers cannot build a model from, a tensor missing, mis-shaped, of the wrong dtype
+    or left over (all checked on the safetensors headers before any tensor is read), a global
+    or KV-cache scale that is not finite and positive, a NaN or negative block scale (checked
+    as they are read). A missing config.json or safetensors file: FileNotFoundError. Nothing
+    is returned unless all of it passed.
     """
     if activations not in _LOAD_ACTIVATIONS:
         check_type(activations, str, "activations", f"None or one of {_LOAD_ACTIVATIONS[1:]}")

@@ -1058,6 +1058,16 @@ def test_an_fp8_kv_cache_checkpoint_loads_with_its_scales_checked_and_unused(kin
     assert torch.equal(_logits(model, ids), _logits(fp4_ops.load_quantized(bases[base]), ids))
 
 
+def test_a_config_json_that_only_names_modelopt_defers_to_hf_quant_config(bases, tmp_path):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(bases["mo"], folder)
+    qc = {"quant_method": "modelopt"}
+    _json_edit("config.json", lambda c: c.update(quantization_config=qc))(folder)
+    ids = _ids(6)
+    want = _logits(fp4_ops.load_quantized(bases["mo"]), ids)
+    assert torch.equal(_logits(fp4_ops.load_quantized(folder), ids), want)
+
+
 def test_modelopt_configs_in_both_files_that_agree_load(bases, tmp_path):
     """Newer ModelOpt exports write the config twice (config.json and hf_quant_config.json);
     where both say the same (their exclusions spelled as they like), the checkpoint loads."""
