@@ -50,9 +50,14 @@ from fp4_ops.cpu import check_scales
 from fp4_ops.layout import FORMATS, SCALE_DTYPES
 from fp4_ops.moe import FP4Experts, check_experts_forward, is_experts_module
 from fp4_ops.nn import FP4Linear
-from fp4_ops.tensor import FP4Tensor, check_type, global_scale_tensor
+from fp4_ops.tensor import (
+    FP4Tensor,
+    check_global_scale_value,
+    check_type,
+    global_scale_tensor,
+)
 
-__all__ = ["load_quantized", "save_quantized", "CHECKPOINT_FORMATS"]
+__all__ = ["checkpoint_folder", "load_quantized", "save_quantized", "CHECKPOINT_FORMATS"]
 
 #: ``save_quantized``'s formats
 # OpenAI's gpt-oss MXFP4 (experts only)
@@ -1238,11 +1243,7 @@ def _check_kv_scales(ck: _Checkpoint, keys: list[str]) -> None:
         return
     with ck.reader(torch.device("cpu")) as read:
         for key in keys:
-            value = read(key).float()
-            if not bool(torch.isfinite(value).all() and (value > 0).all()):
-                raise ValueError(
-                    f"{key}: a KV-cache scale must be finite and positive, got {value}"
-                )
+            check_global_scale_value(read(key).float(), key)
 
 
 def _load(model: nn.Module, ck: _Checkpoint, device, planned: tuple, activations, dtype) -> None:

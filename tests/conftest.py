@@ -53,6 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+@functools.cache
 def _transformers_major() -> int | None:
     try:
         return int(metadata.version("transformers").split(".")[0])
@@ -62,8 +63,10 @@ def _transformers_major() -> int | None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # (transformers 4.x keeps MoE experts as a ModuleList of MLPs, with another forward)
+    if item.get_closest_marker("fused_experts") is None:
+        return
     major = _transformers_major()
-    if item.get_closest_marker("fused_experts") is not None and major is not None and major < 5:
+    if major is not None and major < 5:
         pytest.skip(FUSED_EXPERTS_REASON)
 
 
