@@ -581,6 +581,36 @@ class QuantizeReport:
         return "\n".join(lines)
 
 
+def _holds_experts(name: str, module: nn.Module) -> bool:
+    """Whether ``module``, a child ``name`` of its parent, holds an MoE block's experts: a
+    child ``experts`` (a ModuleList, transformers' fused 3-D weights), or a class named so
+    (FP4Experts, JetMoE's and GraniteMoE's parallel experts)."""
+    return (
+        name == "experts" or is_experts_module(module) or type(module).__name__.endswith("Experts")
+    )
+
+
+def _router(model: nn.Module, name: str) -> str | None:
+    """Why the Linear ``name`` stays as it is if it routes tokens in an MoE block, else None: a
+    Linear of a block that holds experts, outside them, that is the block's child (Mixtral's and
+    Qwen2-MoE's ``gate``, ``shared_expert_gate``) or the one Linear of a child (Hunyuan's
+    ``gate.wg``, JetMoE's ``router.layer``)."""
+    parts = name.split(".")
+    block = model.get_submodule(".".join(parts[:-1]))
+    if len(parts) > 1 and not any(_holds_experts(n, c) for n, c in block.named_children()):
+        child_name, child = parts[-2], block
+        block = model.get_submodule(".".join(parts[:-2]))
+        alone = sum(isinstance(m, nn.Linear) for m in child.modules()) == 1
+        if _holds_experts(child_name, child) or not alone:
+            return None
+    if any(_holds_experts(n, c) for n, c in block.named_children()):
+        return (
+            "an MoE router (its outputs choose or weigh experts): FP4 checkpoints and serving "
+            "engines keep routers in 16 bits"
+        )
+    return None
+
+
 def _direct_reader(linear: nn.Linear, parent: nn.Module) -> str | None:
     """Why ``parent`` reads ``linear``'s weight itself (not through its forward), or None."""
     if isinstance(parent, nn.MultiheadAttention) or isinstance(
@@ -638,9 +668,11 @@ def quantize_model(
     ``(name, module) -> bool``; None takes every Linear and experts module. Experts modules
     whose layout or forward ``fp4_ops.moe.transformers_experts`` does not recognise are
     skipped, with its reason in the report (one that ``include`` chooses raises ValueError).
-    Skipped, with the reason in the report:
-    Linears whose parent reads their weight directly (``nn.MultiheadAttention``'s ``out_proj``,
-    any ``NonDynamicallyQuantizableLinear``), and, by default, those whose in_features is not a
+    Skipped, with the reason in the report: MoE routers (a Linear of a block that holds
+    experts, outside them: Mixtral's ``gate``, Qwen2-MoE's ``shared_expert_gate``, Hunyuan's
+    ``gate.wg``), which FP4 checkpoints and serving engines keep in 16 bits; Linears whose
+    parent reads their weight directly (``nn.MultiheadAttention``'s ``out_proj``, any
+    ``NonDynamicallyQuantizableLinear``); and, by default, those whose in_features is not a
     multiple of 32 or whose class overrides ``nn.Linear.forward`` (one that ``include`` chooses
     raises ValueError). The new modules keep the old ones' train / eval mode. A module
     reachable by several names becomes one FP4 module under all of them, whichever ``include``
@@ -714,7 +746,7 @@ def _linear_replacement(model, name: str, module: nn.Linear, how: tuple, report)
         return None
     parent_name, _, _ = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
-    why = _direct_reader(module, parent)
+    why = _router(model, name) or _direct_reader(module, parent)
     if why is None:
         why = _unfit(module)
         if why is not None and include is not None:

@@ -993,6 +993,67 @@ def test_quantize_model_skips_linears_with_a_forward_of_their_own():
     assert type(chosen[1]) is nn.Linear
 
 
+class _GatedMLP(nn.Module):
+    """A dense gated MLP: its ``gate`` Linear is no router (nothing routes here)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(64, 96), nn.Linear(64, 96), nn.Linear(96, 64)
+
+
+class _Router(nn.Module):
+    """A router module around one Linear (Hunyuan's ``gate.wg``, JetMoE's ``router.layer``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 4)
+
+
+class _ParallelExperts(nn.Module):
+    """Experts as JetMoE and GraniteMoE hold them: no child named ``experts``."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(4, 64, 64))
+
+
+def _moe_block(experts: nn.Module, name: str = "experts") -> nn.Module:
+    block = nn.Module()
+    block.add_module(name, experts)
+    block.gate = nn.Linear(64, 4)  # (Mixtral's, Qwen-MoE's router in transformers 4.x)
+    block.shared = _GatedMLP()
+    block.shared_gate = nn.Linear(64, 32)
+    block.router = _Router()
+    return block
+
+
+def test_quantize_model_keeps_moe_routers_16_bit():
+    """MoE routers stay nn.Linear whatever ``include`` says: a Linear of a block holding
+    experts, outside them, as the block's child or the one Linear of a child. The experts' own
+    Linears, a shared expert's and a dense MLP's ``gate`` are quantized."""
+    per_expert = nn.ModuleList(_GatedMLP() for _ in range(2))
+    model = nn.ModuleDict(
+        {
+            "moe": _moe_block(per_expert),
+            "parallel": _moe_block(_ParallelExperts(), "input_linear"),
+            "dense": _GatedMLP(),
+        }
+    )
+    names = ("gate", "shared_gate", "router.proj")
+    routers = [f"{block}.{name}" for block in ("moe", "parallel") for name in names]
+    linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    kept = {n: model.get_submodule(n) for n in routers}
+    for include in (None, ["*"], lambda name, module: True):
+        copied = copy.deepcopy(model)
+        report = fp4_ops.quantize_model(copied, include=include, activations="bf16")
+        assert sorted(report.skipped) == sorted(routers)
+        assert all("an MoE router" in why for why in report.skipped.values())
+        assert sorted(report.replaced) == sorted(linears - set(routers))
+        assert all(type(copied.get_submodule(n)) is nn.Linear for n in routers)
+    fp4_ops.quantize_model(model, activations="bf16")
+    assert all(model.get_submodule(n) is kept[n] for n in routers)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_quantize_model_names_a_linear_whose_weight_fp4_cannot_encode(bad):
     """A weight holding NaN or Inf is a ValueError naming the module (the GPU quantizer would
