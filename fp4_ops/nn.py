@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import inspect
 import math
+import re
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -611,8 +613,11 @@ def _router(model: nn.Module, name: str) -> str | None:
     return None
 
 
-def _direct_reader(linear: nn.Linear, parent: nn.Module) -> str | None:
-    """Why ``parent`` reads ``linear``'s weight itself (not through its forward), or None."""
+def _direct_reader(linear: nn.Linear, attr: str, parent: nn.Module) -> str | None:
+    """Why ``parent`` reads ``linear``'s weight itself (not only through its forward), or
+    None: torch's attention modules, or a parent class whose code names ``self.{attr}.weight``
+    (to cast an input to the weight's dtype, or to pass it to a fused kernel, as some
+    transformers models do)."""
     if isinstance(parent, nn.MultiheadAttention) or isinstance(
         linear, NonDynamicallyQuantizableLinear
     ):
@@ -620,7 +625,27 @@ def _direct_reader(linear: nn.Linear, parent: nn.Module) -> str | None:
             f"its parent ({type(parent).__name__}) reads its weight directly, not through "
             "forward (e.g. nn.MultiheadAttention.out_proj)"
         )
+    if re.search(rf"\bself\.{re.escape(attr)}\.weight\b", _class_source(type(parent))):
+        return (
+            f"{type(parent).__name__} reads self.{attr}.weight itself, which an FP4Linear "
+            "holds as an FP4Tensor"
+        )
     return None
+
+
+@functools.cache
+def _class_source(cls: type) -> str:
+    """The source of ``cls`` and of its bases outside torch ("" for those Python has none
+    of, e.g. compiled ones)."""
+    sources = []
+    for base in cls.__mro__:
+        if base is object or base.__module__.split(".")[0] == "torch":
+            continue
+        try:
+            sources.append(inspect.getsource(base))
+        except (OSError, TypeError):
+            pass
+    return "\n".join(sources)
 
 
 def _selection(include):
@@ -671,10 +696,12 @@ def quantize_model(
     Skipped, with the reason in the report: MoE routers (a Linear of a block that holds
     experts, outside them: Mixtral's ``gate``, Qwen2-MoE's ``shared_expert_gate``, Hunyuan's
     ``gate.wg``), which FP4 checkpoints and serving engines keep in 16 bits; Linears whose
-    parent reads their weight directly (``nn.MultiheadAttention``'s ``out_proj``, any
-    ``NonDynamicallyQuantizableLinear``); and, by default, those whose in_features is not a
-    multiple of 32 or whose class overrides ``nn.Linear.forward`` (one that ``include`` chooses
-    raises ValueError). The new modules keep the old ones' train / eval mode. A module
+    parent reads their weight itself (``nn.MultiheadAttention``'s ``out_proj``, any
+    ``NonDynamicallyQuantizableLinear``, a parent class whose code names
+    ``self.<name>.weight``: Mamba's mixer, DeepSeek-V3.2's indexer); and, by default, those
+    whose in_features is not a multiple of 32 or whose class overrides ``nn.Linear.forward``
+    (one that ``include`` chooses raises ValueError). The new modules keep the old ones' train /
+    eval mode. A module
     reachable by several names becomes one FP4 module under all of them, whichever ``include``
     chose. Returns a ``QuantizeReport`` (and warns about patterns that matched no nn.Linear).
     """
@@ -746,7 +773,7 @@ def _linear_replacement(model, name: str, module: nn.Linear, how: tuple, report)
         return None
     parent_name, _, _ = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
-    why = _router(model, name) or _direct_reader(module, parent)
+    why = _router(model, name) or _direct_reader(module, name.rpartition(".")[2], parent)
     if why is None:
         why = _unfit(module)
         if why is not None and include is not None:

@@ -1054,6 +1054,36 @@ def test_quantize_model_keeps_moe_routers_16_bit():
     assert all(model.get_submodule(n) is kept[n] for n in routers)
 
 
+class _Kernel(nn.Module):
+    """Passes ``fused``'s weight to a kernel (a base class's code, as transformers' mixins)."""
+
+    def _kernel(self, x):
+        return F.linear(x, self.fused.weight)
+
+
+class _Casting(_Kernel):
+    """Casts its input to ``proj``'s weight dtype in forward; ``other`` it only calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.fused, self.other = (nn.Linear(64, 64) for _ in range(3))
+
+    def forward(self, x):
+        return self.other(self.proj(x.to(self.proj.weight.dtype))) + self._kernel(x)
+
+
+def test_quantize_model_keeps_linears_whose_parent_reads_their_weight():
+    """A Linear whose parent's code names ``self.<name>.weight`` (an FP4Linear's weight is an
+    FP4Tensor) stays as it is, with the reason, whatever ``include`` says; the model runs."""
+    for include in (None, ["*"]):
+        model = nn.Sequential(_Casting()).bfloat16()
+        report = fp4_ops.quantize_model(model, include=include, activations="bf16")
+        assert report.replaced == ["0.other"] and sorted(report.skipped) == ["0.fused", "0.proj"]
+        assert "_Casting reads self.proj.weight itself" in report.skipped["0.proj"]
+        y = model(_x((3, 64), seed=53).bfloat16())
+        assert y.shape == (3, 64) and bool(torch.isfinite(y).all())
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_quantize_model_names_a_linear_whose_weight_fp4_cannot_encode(bad):
     """A weight holding NaN or Inf is a ValueError naming the module (the GPU quantizer would

@@ -1,10 +1,15 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""quantize_model keeps the routers of transformers' MoE models in 16 bits (CPU), as FP4
-checkpoints and serving engines do, under transformers 4.x and 5.x: the routers that are
-nn.Linear there (Mixtral's and Qwen-MoE's ``gate`` in 4.x; Qwen2-MoE's ``shared_expert_gate``,
-Hunyuan's ``gate.wg``, AFMoE's ``router.gate``, PhiMoE's ``router`` in 5.x) stay the same
-modules, every other Linear of the decoder layers becomes an FP4Linear, and the model runs
-(Hunyuan's router reads its weight's dtype, which an FP4Linear's weight has not)."""
+"""Which Linears of transformers' models quantize_model keeps 16-bit (CPU), under transformers
+4.x and 5.x, each against a list written from the models' code:
+
+* MoE routers, as FP4 checkpoints and serving engines keep them: the routers that are nn.Linear
+  there (Mixtral's and Qwen-MoE's ``gate`` in 4.x; Qwen2-MoE's ``shared_expert_gate``,
+  Hunyuan's ``gate.wg``, AFMoE's ``router.gate``, PhiMoE's ``router`` in 5.x);
+* Linears whose weight their parent reads itself (Mamba's mixer passes ``x_proj``, ``dt_proj``
+  and ``out_proj``'s weights to its kernels, its LM casts to ``lm_head.weight.dtype``), which
+  an FP4Linear holds as an FP4Tensor.
+
+Every other Linear becomes an FP4Linear, and the model runs."""
 
 from __future__ import annotations
 
@@ -84,4 +89,34 @@ def test_quantize_model_keeps_transformers_routers(model_type):
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits = model.to(torch.bfloat16)(ids).logits
+    assert logits.shape == (1, 6, 96) and bool(torch.isfinite(logits).all())
+
+
+#: Mamba's Linears whose weights its code reads (modeling_mamba.py), per layer and at the top
+MAMBA_READS = ("mixer.x_proj", "mixer.dt_proj", "mixer.out_proj")
+
+
+def test_quantize_model_keeps_linears_mamba_reads():
+    config = transformers.MambaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        state_size=8,
+        intermediate_size=128,
+        time_step_rank=8,
+        num_hidden_layers=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.MambaForCausalLM(config).eval().bfloat16()
+    linears = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    read = {f"backbone.layers.{i}.{n}" for i in range(2) for n in MAMBA_READS} | {"lm_head"}
+    assert read < linears
+
+    report = fp4_ops.quantize_model(model, activations="bf16")
+    assert set(report.skipped) == read
+    assert all("itself, which an FP4Linear" in why for why in report.skipped.values())
+    assert set(report.replaced) == linears - read
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), warnings.catch_warnings():  # (its note on the slow path)
+        warnings.simplefilter("ignore")
+        logits = model(ids).logits
     assert logits.shape == (1, 6, 96) and bool(torch.isfinite(logits).all())
