@@ -1339,9 +1339,8 @@ def _experts_layers(model: nn.Module) -> dict[str, FP4Experts]:
     }
 
 
-def _expert_linears(name: str, experts: FP4Experts) -> dict[str, FP4Tensor]:
-    """``{name}.{e}.gate_proj`` / ``up_proj`` / ``down_proj`` of SiLU experts as FP4Tensors
-    (gate and up: w13's two row halves, sharing the expert's global scale)."""
+def _check_silu_experts(name: str, experts: FP4Experts) -> None:
+    """ValueError unless ``experts`` can be written as per-expert gate / up / down Linears."""
     if experts.activation != "silu":
         raise ValueError(
             f"{name}: FP4Experts with the {experts.activation!r} activation; save_quantized "
@@ -1352,7 +1351,28 @@ def _expert_linears(name: str, experts: FP4Experts) -> dict[str, FP4Tensor]:
             f"{name}: SiLU FP4Experts with biases; the per-expert Linears save_quantized "
             "writes have none, and the checkpoint would compute another layer"
         )
-    w13, w2 = experts.expert_weights("w13"), experts.expert_weights("w2")
+
+
+def _expert_linear_names(name: str, experts: FP4Experts) -> list[str]:
+    return [
+        f"{name}.{e}.{proj}"
+        for e in range(experts.num_experts)
+        for proj in ("gate_proj", "up_proj", "down_proj")
+    ]
+
+
+def _host_weights(experts: FP4Experts, which: str) -> FP4Tensor:
+    """``experts.expert_weights(which)`` copied to the host (one module's worth at a time: a
+    W4A16 module's plain copy is made on its device)."""
+    w = experts.expert_weights(which)
+    parts = (t.detach().to("cpu") for t in (w.data, w.scale, w.global_scale))
+    return FP4Tensor.unchecked(*parts, w.format)
+
+
+def _expert_linears(name: str, experts: FP4Experts) -> dict[str, FP4Tensor]:
+    """``{name}.{e}.gate_proj`` / ``up_proj`` / ``down_proj`` of SiLU experts as FP4Tensors on
+    the host (gate and up: w13's two row halves, sharing the expert's global scale)."""
+    w13, w2 = _host_weights(experts, "w13"), _host_weights(experts, "w2")
     i = experts.intermediate
     plain13, plain2 = w13.plain_scales(), w2.plain_scales()
     out = {}
@@ -1378,8 +1398,8 @@ def _gpt_oss_tensors(name: str, experts: FP4Experts) -> dict[str, torch.Tensor]:
         )
     out = {}
     for proj, w, bias in (
-        ("gate_up_proj", experts.expert_weights("w13"), experts.w13_bias),
-        ("down_proj", experts.expert_weights("w2"), experts.w2_bias),
+        ("gate_up_proj", _host_weights(experts, "w13"), experts.w13_bias),
+        ("down_proj", _host_weights(experts, "w2"), experts.w2_bias),
     ):
         if not bool((w.global_scale == 1.0).all()):
             raise ValueError(f"{name}: an MXFP4 global scale other than 1 has no gpt-oss form")
@@ -1387,8 +1407,8 @@ def _gpt_oss_tensors(name: str, experts: FP4Experts) -> dict[str, torch.Tensor]:
         out[f"{name}.{proj}_blocks"] = w.data.view(torch.uint8).reshape(e, rows, k // 32, 16)
         out[f"{name}.{proj}_scales"] = w.plain_scales().view(torch.uint8)
         if bias is None:
-            bias = torch.zeros((e, rows), dtype=torch.bfloat16, device=w.data.device)
-        out[f"{name}.{proj}_bias"] = bias
+            bias = torch.zeros((e, rows), dtype=torch.bfloat16)
+        out[f"{name}.{proj}_bias"] = bias.detach().to("cpu")
     return out
 
 
@@ -1511,10 +1531,8 @@ def save_quantized(
                 "model has FP4Linear layers too (save it as compressed-tensors)"
             )
         gpt_oss = {k: v for n, m in experts.items() for k, v in _gpt_oss_tensors(n, m).items()}
-    modes, expert_weights = _save_modes(layers, experts, format, activations)
-    tensors, floats = _checkpoint_tensors(
-        model, layers, experts, modes, format, expert_weights, gpt_oss
-    )
+    modes = _save_modes(layers, experts, format, activations)
+    tensors, floats = _checkpoint_tensors(model, layers, experts, modes, format, gpt_oss)
     # (the model type's own checkpoint names, where transformers renames them)
     kind = getattr(model.config, "model_type", None)
     tensors = {
@@ -1575,14 +1593,13 @@ def _check_save_arguments(model, path, format, activations, max_shard_size, toke
 
 
 def _save_modes(layers: dict, experts: dict, format: str, activations: str | None):
-    """(name -> (format, inputs) of every quantized Linear, FP4Experts' per-expert Linears
-    included; those Linears' weights), refusing what ``format`` cannot hold."""
+    """name -> (format, inputs) of every quantized Linear, FP4Experts' per-expert Linears
+    included, refusing what ``format`` cannot hold."""
     modes = {}
     for name, layer in layers.items():
         if format == "modelopt" and layer.format != "nvfp4":
             raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, this layer is mxfp4")
         modes[name] = (layer.format, _inputs_of(name, layer, activations))
-    expert_weights: dict[str, FP4Tensor] = {}
     for name, module in experts.items() if format != GPT_OSS_MXFP4 else ():
         if format == "modelopt" and module.format != "nvfp4":
             raise ValueError(f"{name}: ModelOpt checkpoints hold NVFP4 only, these are mxfp4")
@@ -1592,44 +1609,57 @@ def _save_modes(layers: dict, experts: dict, format: str, activations: str | Non
                 f"{name}: NVFP4 experts with dynamic (per-call) activation scales have no "
                 "checkpoint form: pass activations='bf16' to save them weight-only (W4A16)"
             )
-        for linear, weight in _expert_linears(name, module).items():
-            expert_weights[linear] = weight
-            modes[linear] = (module.format, inputs)
-    return modes, expert_weights
+        _check_silu_experts(name, module)
+        modes.update(dict.fromkeys(_expert_linear_names(name, module), (module.format, inputs)))
+    return modes
 
 
-def _checkpoint_tensors(model, layers, experts, modes, format: str, expert_weights, gpt_oss):
-    """(the checkpoint's tensors: the experts' (per-expert Linears, or gpt-oss's), then the
-    rest in state-dict order, a tensor shared by several names stored once; the dtypes of the
-    16-bit tensors, one per tensor)."""
+def _checkpoint_tensors(model, layers, experts, modes, format: str, gpt_oss):
+    """(the checkpoint's tensors on the host, each module's copied there before the next
+    one's are made: the experts' (per-expert Linears, or gpt-oss's), then the rest in
+    state-dict order, a tensor shared by several names stored once; the dtypes of the 16-bit
+    tensors, one per tensor)."""
     tensors: dict[str, torch.Tensor] = {}
     seen: set = set()
-    done: set[str] = set()
     floats: list[torch.dtype] = []
-    for linear, weight in expert_weights.items():
-        tensors.update(_layer_tensors(f"{linear}.", weight, modes[linear][1], format))
+    for name, module in experts.items() if format != GPT_OSS_MXFP4 else ():
+        for linear, weight in _expert_linears(name, module).items():
+            tensors.update(_layer_tensors(f"{linear}.", weight, modes[linear][1], format))
     tensors.update(gpt_oss)
-    for key, t in model.state_dict(keep_vars=True).items():
-        module_name = key.rpartition(".")[0]
-        if module_name in experts:
+    for name, module in _state_modules(model, set(experts) | set(layers)):
+        prefix = f"{name}." if name else ""
+        if name in layers:
+            parts = _layer_tensors(prefix, layers[name], modes[name][1], format).items()
+            tensors.update((k, v.detach().to("cpu")) for k, v in parts)
+            del parts  # (before the next layer's copy is made)
             continue
-        if module_name in layers:
-            if module_name not in done:
-                done.add(module_name)
-                prefix = f"{module_name}." if module_name else ""
-                inputs = modes[module_name][1]
-                tensors.update(_layer_tensors(prefix, layers[module_name], inputs, format))
+        if name in experts:
             continue
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{key}: not a tensor ({type(t).__name__}), safetensors holds tensors")
-        identity = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.device)
-        if identity in seen and t.numel():
-            continue
-        seen.add(identity)
-        tensors[key] = t
-        if t.is_floating_point():
-            floats.append(t.dtype)
+        own: dict = {}
+        module._save_to_state_dict(own, prefix, True)
+        for key, t in own.items():
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(
+                    f"{key}: not a tensor ({type(t).__name__}), safetensors holds tensors"
+                )
+            identity = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.device)
+            if identity in seen and t.numel():
+                continue
+            seen.add(identity)
+            tensors[key] = t.detach().to("cpu")
+            if t.is_floating_point():
+                floats.append(t.dtype)
     return tensors, floats
+
+
+def _state_modules(model: nn.Module, fp4: set[str]):
+    """(name, module) in ``model.state_dict``'s order, each name of a shared module, without
+    descending into the FP4 modules named in ``fp4`` (whose state-dict form would make every
+    W4A16 module's plain copy at once)."""
+    for name, module in model.named_modules(remove_duplicate=False):
+        parts = name.split(".")
+        if not any(".".join(parts[:i]) in fp4 for i in range(1, len(parts))):
+            yield name, module
 
 
 def _linear_like(module: nn.Module) -> bool:

@@ -547,3 +547,48 @@ def test_experts_left_16_bit_save_and_load_back(arch, patterns, checkpoint, tmp_
         theirs = dict(back.get_submodule(name).named_parameters())
         for key, p in model.get_submodule(name).named_parameters():
             assert torch.equal(p, theirs[key]), f"{name}.{key}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="W4A16 runs on sm_90 (H100 / H200) only",
+)
+def test_gpu_save_makes_one_modules_plain_copy_at_a_time(tmp_path):
+    """save_quantized of a W4A16 model on the GPU (FP4Linears and FP4Experts, whose weights
+    are held prepacked) copies each module's tensors to the host before it makes the next
+    one's plain copy: the GPU memory it adds stays under two modules' worth, where making every
+    plain copy first (as ``model.state_dict()`` does) adds the whole model's. On the CPU the
+    host copy is the tensor itself, so only a GPU can tell the two apart."""
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=96,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to("cuda", torch.bfloat16)
+    fp4_ops.quantize_model(model, ["model.layers.*"], activations="bf16")
+    fp4 = [m for m in model.modules() if isinstance(m, (fp4_ops.FP4Linear, fp4_ops.FP4Experts))]
+    held = [sum(b.numel() * b.element_size() for b in m.buffers()) for m in fp4]
+    assert len(fp4) == 6 * 5 and sum(held) > 4 * max(held)  # (the bound tells them apart)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fp4_ops.save_quantized(model, tmp_path)
+    added = torch.cuda.max_memory_allocated() - before
+    # (a module's plain copy: its bytes again; 64 KB for scalars and the allocator's rounding)
+    assert added <= 2 * max(held) + (1 << 16), (added, max(held), sum(held))
+    back = fp4_ops.load_quantized(tmp_path)
+    for name, module in model.named_modules():
+        if isinstance(module, fp4_ops.FP4Experts):
+            mine, theirs = module, back.get_submodule(name)
+            for w in ("w13", "w2"):
+                a, b = mine.expert_weights(w), theirs.expert_weights(w)
+                assert torch.equal(a.data.cpu(), b.data) and torch.equal(a.scale.cpu(), b.scale)
