@@ -4,6 +4,7 @@
     python examples/generate.py --model DIR                      # the checkpoint's own mode
     python examples/generate.py --model nvidia/Llama-3.1-8B-Instruct-FP4   # a Hub repository
     python examples/generate.py --model DIR --activations bf16   # W4A16 (Hopper, CPU)
+    python examples/generate.py --model DIR --chat --prompt "What is FP4?"  # an instruct model
     python examples/generate.py --model DIR --batch 16 --max_new_tokens 128 --baseline
     python examples/generate.py --model DIR --baseline --baseline_model BF16_DIR
 
@@ -12,7 +13,8 @@ loads it; a Hub repository id, ``org/name``, is fetched first, ``fp4_ops.checkpo
 its tokenizer files, or ``--tokenizer DIR``'s, encode the prompts. ``--activations``:
 ``fp4`` is W4A4 in every layer (the checkpoint's static input scales where it has them, per-call
 scales where it is weight-only), ``bf16`` W4A16; left out, the checkpoint's own mode. The batch
-repeats the ``--prompt`` values (left-padded to one length).
+repeats the ``--prompt`` values (left-padded to one length); ``--chat`` puts each in the
+tokenizer's chat template as a user message, ready for the assistant's reply (instruct models).
 
 Timing: one untimed warm-up ``generate`` of the same shapes (kernel compilation, allocations),
 then a timed one. A streamer notes the wall time at which ``generate`` hands it the prompt and
@@ -80,6 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1, help="sequences generated together")
     p.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate (>= 2)")
     p.add_argument("--prompt", action="append", help="a prompt (repeat the flag for several)")
+    p.add_argument("--chat", action="store_true", help="prompts as user messages (chat template)")
     p.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
     p.add_argument("--device", help="cuda or cpu (default: cuda when there is one)")
     p.add_argument("--compile", action="store_true", help="static cache + CUDA graphs (CUDA)")
@@ -145,17 +148,30 @@ def load_tokenizer(folder: str):
     return tokenizer
 
 
-def encode(tokenizer, prompts: list[str], batch: int, device) -> dict:
-    """The batch: ``prompts`` repeated to ``batch`` rows, left-padded."""
+def encode(tokenizer, prompts: list[str], batch: int, device, chat: bool = False) -> dict:
+    """The batch: ``prompts`` repeated to ``batch`` rows, left-padded; with ``chat``, each a
+    user message in the tokenizer's chat template followed by the assistant's turn (the
+    template holds the special tokens: none are added)."""
     rows = [prompts[i % len(prompts)] for i in range(batch)]
-    lengths = {len(tokenizer(r)["input_ids"]) for r in rows}
+    special = {}
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("--chat: the tokenizer has no chat template (leave out --chat)")
+        rows = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": r}], tokenize=False, add_generation_prompt=True
+            )
+            for r in rows
+        ]
+        special["add_special_tokens"] = False
+    lengths = {len(tokenizer(r, **special)["input_ids"]) for r in rows}
     if len(lengths) > 1 and tokenizer.pad_token is None:
         raise ValueError(
             "prompts of different lengths need padding: the tokenizer has no pad token"
         )
     if min(lengths) == 0:
         raise ValueError("a prompt encodes to no tokens")
-    encoded = tokenizer(rows, return_tensors="pt", padding=len(lengths) > 1)
+    encoded = tokenizer(rows, return_tensors="pt", padding=len(lengths) > 1, **special)
     return {k: v.to(device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
 
 
@@ -283,7 +299,7 @@ def main(argv=None) -> int:
     try:
         folder = fp4_ops.checkpoint_folder(args.model)
         tokenizer = load_tokenizer(args.tokenizer or str(folder))
-        inputs = encode(tokenizer, args.prompt, args.batch, device)
+        inputs = encode(tokenizer, args.prompt, args.batch, device, args.chat)
         model = fp4_ops.load_quantized(folder, device, ACTIVATIONS.get(args.activations))
         if args.baseline_model is not None:
             check_baseline(args.baseline_model, model.config)

@@ -214,6 +214,46 @@ def test_tokens_are_the_models_greedy_tokens(checkpoints, capsys):
     assert f"[0] {words!r}" in out
 
 
+#: a chat template in the test vocabulary: w1 opens a user turn, w2 closes it, w9 opens the reply
+CHAT_TEMPLATE = (
+    "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+    "{% if add_generation_prompt %}w9{% endif %}"
+)
+
+
+def test_chat_prompts_are_user_messages_in_the_chat_template(checkpoints, capsys, tmp_path):
+    """--chat: each prompt goes through the tokenizer's chat template as a user message with
+    the assistant's turn opened, and the tokens generated are the model's greedy ones after
+    exactly those ids; a tokenizer without a template exits 2 naming --chat."""
+    folder = tmp_path / "chat"
+    shutil.copytree(checkpoints["compressed-tensors", "bf16"], folder)
+    tokenizer = _tokenizer()
+    # (a tokenizer that adds a BOS, w0, to plain text: the template's text must not get one)
+    bos = tokenizers.processors.TemplateProcessing(single="w0 $A", special_tokens=[("w0", 0)])
+    tokenizer.backend_tokenizer.post_processor = bos
+    assert tokenizer(PROMPT)["input_ids"][0] == 0
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    inputs = generate.encode(generate.load_tokenizer(str(folder)), [PROMPT], 2, "cpu", chat=True)
+    want = torch.tensor([[1, 3, 5, 7, 11, 2, 9]] * 2)  # (w1 w3 w5 w7 w11 w2 w9)
+    assert torch.equal(inputs["input_ids"], want)
+    argv = ["--model", str(folder), "--chat", "--prompt", PROMPT, "--max_new_tokens", "4"]
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    model = fp4_ops.load_quantized(folder)
+    ids = want[:1]
+    with torch.no_grad():
+        for _ in range(4):
+            ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], 1)
+    assert f"[0] {tokenizer.decode(ids[0, 7:], skip_special_tokens=True)!r}" in out
+    argv = ["--model", str(checkpoints["modelopt", "bf16"]), "--chat"]
+    code, _, err = _run(argv, capsys)
+    assert (
+        code == 2
+        and err == "error: --chat: the tokenizer has no chat template (leave out --chat)\n"
+    )
+
+
 @pytest.mark.parametrize("source", [False, True], ids=["dequantized", "baseline_model"])
 def test_baseline(source, checkpoints, capsys):
     argv = ["--model", str(checkpoints["modelopt", "bf16"]), "--max_new_tokens", "4", "--baseline"]
