@@ -943,7 +943,9 @@ def load_quantized(
     a stored global scale, static group scales, output quantization, a KV cache other than
     static per-tensor FP8, transforms, sparsity, a quantized embedding), a config.json
     transformers cannot build a model from, a tensor missing, mis-shaped, of the wrong dtype
-    or left over (all checked on the safetensors headers before any tensor is read), a global
+    or left over (all checked on the safetensors headers before any tensor is read; what
+    transformers' own loading skips for the model, e.g. DeepSeek-V3's multi-token-prediction
+    layer, is not read), a global
     or KV-cache scale that is not finite and positive, a NaN or negative block scale (checked
     as they are read). A missing config.json or safetensors file: FileNotFoundError. Nothing
     is returned unless all of it passed.
@@ -986,7 +988,8 @@ def load_quantized(
     plain = _plan_plain(ck, model, {layer.name for layer in planned})
     consumed.update(n for _, names, _ in plain for n in names if n in ck)
     kv_scales = _plan_kv_scales(ck, model) if qconfig.kv_cache else []
-    _refuse_left_over(set(ck.keys()) - consumed - set(kv_scales), planned)
+    left = set(ck.keys()) - consumed - set(kv_scales)
+    _refuse_left_over(left - _ignored_by_transformers(model, left), planned)
     _check_kv_scales(ck, kv_scales)
 
     _load(model, ck, device, (layers, experts, plain), activations, dtype)
@@ -1199,6 +1202,28 @@ def _plan_plain(ck: _Checkpoint, model: nn.Module, quantized: set[str]) -> list[
                 _expect(ck, n, (t.dtype,), (tuple(t.shape),), f"{names[0]}")
         plain.append((present, names, t))
     return plain
+
+
+def _ignored_by_transformers(model: nn.Module, keys: set[str]) -> set[str]:
+    """The ``keys`` that transformers' own loading drops for ``model`` (``re.search``, as it
+    matches them): its modules' ``_keys_to_ignore_on_load_unexpected`` (multi-token-prediction
+    layers: DeepSeek-V3's ``model.layers.61``, Qwen3-Next's ``mtp``; transformers 4.x sets some
+    on the inner model only) and buffers that older checkpoints stored (``rotary_emb.inv_freq``,
+    ``position_ids``)."""
+    patterns = []
+    for module in model.modules():
+        found = getattr(module, "_keys_to_ignore_on_load_unexpected", None)
+        if isinstance(found, (list, tuple, set, frozenset)):
+            patterns += [p for p in found if isinstance(p, str)]
+    buffers = [name for name, _ in model.named_buffers()]
+    if any(name.endswith("rotary_emb.inv_freq") for name in buffers):
+        patterns.append(r"rotary_emb\.inv_freq")
+    if any(name.endswith("position_ids") for name in buffers):
+        patterns.append(r"(^|\.)position_ids$")
+    if not patterns:
+        return set()
+    ignored = re.compile("|".join(f"({p})" for p in patterns))
+    return {key for key in keys if ignored.search(key)}
 
 
 def _refuse_left_over(left: set[str], planned: list) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import json
+import re
 import shutil
 import sys
 import types
@@ -1080,6 +1081,58 @@ def test_modelopt_configs_in_both_files_that_agree_load(bases, tmp_path):
         model = fp4_ops.load_quantized(folder)
     ids = _ids(5)
     assert torch.equal(_logits(model, ids), _logits(fp4_ops.load_quantized(bases["mo"]), ids))
+
+
+def _deepseek_v3_dense() -> nn.Module:
+    """A tiny DeepSeek-V3 (MLA attention), every layer dense."""
+    config = transformers.DeepseekV3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        first_k_dense_replace=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=32,
+        q_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        initializer_range=0.1,
+        dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize(
+    "extra, loads",
+    [
+        # (DeepSeek-V3 checkpoints hold a multi-token-prediction layer after the last one)
+        ("model.layers.61.self_attn.kv_a_proj_with_mqa.weight_packed", True),
+        ("model.layers.61.enorm.weight", True),
+        ("model.layers.0.self_attn.rotary_emb.inv_freq", True),  # (an older checkpoint's buffer)
+        ("mtp.fc.weight", False),  # (Qwen3-Next's, not DeepSeek-V3's)
+        ("model.layers.2.mlp.up_proj.weight", False),
+    ],
+)
+def test_load_skips_the_tensors_transformers_skips(extra, loads, tmp_path):
+    """Tensors that transformers' own loading drops for the model class (its
+    ``_keys_to_ignore_on_load_unexpected``, old rotary buffers) are not read, and the model
+    loads as saved; any other tensor no module holds is refused."""
+    model = _deepseek_v3_dense()
+    fp4_ops.quantize_model(model, [LAYERS], activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path)
+    _tensors(lambda t: t.__setitem__(extra, torch.ones(4, 2, dtype=torch.uint8)))(tmp_path)
+    if not loads:
+        with pytest.raises(ValueError, match=f"^unexpected tensors .*: {re.escape(extra)}$"):
+            fp4_ops.load_quantized(tmp_path)
+        return
+    ids = _ids(6)
+    assert torch.equal(_logits(fp4_ops.load_quantized(tmp_path), ids), _logits(model, ids))
 
 
 def _kv_edit(key: str, value):
