@@ -395,8 +395,8 @@ def _quant_config(folder: Path, config: dict) -> _QuantConfig:
                 )
         return config
     raise ValueError(
-        "not a quantized checkpoint: config.json has no quantization_config and there is no "
-        "hf_quant_config.json"
+        f"{folder}: not a quantized checkpoint: config.json has no quantization_config and "
+        "there is no hf_quant_config.json"
     )
 
 
@@ -1632,7 +1632,9 @@ def _save_modes(layers: dict, experts: dict, format: str, activations: str | Non
         if inputs == "dynamic" and module.format == "nvfp4":
             raise ValueError(
                 f"{name}: NVFP4 experts with dynamic (per-call) activation scales have no "
-                "checkpoint form: pass activations='bf16' to save them weight-only (W4A16)"
+                "checkpoint form: quantize them W4A16 (quantize_model(model, ['*.experts'], "
+                "activations='bf16')), or pass activations='bf16' to save every layer "
+                "weight-only"
             )
         _check_silu_experts(name, module)
         modes.update(dict.fromkeys(_expert_linear_names(name, module), (module.format, inputs)))

@@ -386,7 +386,7 @@ def test_cuda_without_a_gpu_exits_2(checkpoints, capsys):
 def test_unusable_folders_exit_2(checkpoints, capsys, tmp_path):
     # a 16-bit model is no FP4 checkpoint; a checkpoint without tokenizer files needs --tokenizer
     code, _, err = _run(["--model", str(checkpoints["source"])], capsys)
-    assert code == 2 and err.startswith("error: not a quantized checkpoint"), err
+    assert code == 2 and err.startswith(f"error: {checkpoints['source']}: not a quantized"), err
     bare = tmp_path / "bare"
     model = _bf16_model()
     fp4_ops.quantize_model(model, ["model.layers.*"], activations="bf16")
