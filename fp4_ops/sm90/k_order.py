@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 
-from fp4_ops.layout import pack_fp4, unpack_fp4
 from fp4_ops.memory import persistent
 
 # K values per wgmma k-block (four k16 steps): the unit of every permutation here
@@ -32,10 +31,8 @@ PAIR_BITS = (
     ((12, 13, 14, 21), (28, 29, 30, 5)),
     ((3, 4, 0, 1), (19, 20, 16, 17)),
 )
-# (device, inverse) -> the permutation as an index tensor on that device
-_ORDERS: dict = {}
-# (device, inverse) -> the bit placement of PAIR_BITS as four 256-entry byte tables
-_BIT_TABLES: dict = {}
+# (kind, device, inverse) -> the byte order or the half-word tables of the prepacking there
+_TABLES: dict = {}
 
 
 def a_fragment_word(r: int, i: int) -> int:
@@ -72,16 +69,14 @@ def prepack_weights(b):
     _check_packed(b)
     k = 2 * b.shape[-1]
     k_pad = -(-k // K_BLOCK) * K_BLOCK
-    rows = b.reshape(math.prod(b.shape[:-1]), b.shape[-1])
+    rows = b.view(torch.uint8).reshape(math.prod(b.shape[:-1]), b.shape[-1])
     out = torch.empty((rows.shape[0], k_pad // 2), dtype=torch.uint8, device=b.device)
-    # (a few rows at a time: the nibble copies stay a small multiple of one chunk, not of b)
+    order, tables = _byte_order(b.device, inverse=False), _word_tables(b.device, inverse=False)
+    # (a few rows at a time: the 64-bit words stay a small multiple of one chunk, not of b)
     for start in range(0, rows.shape[0], PREPACK_ROWS):
-        nibbles, _ = _nibbles(rows[start : start + PREPACK_ROWS])
-        nibbles = torch.nn.functional.pad(nibbles, (0, k_pad - k))
-        blocks = nibbles.reshape(nibbles.shape[0], k_pad // K_BLOCK, K_BLOCK)
-        order = _order(b.device, inverse=False)
-        permuted = _pack(blocks[..., order].reshape(nibbles.shape))
-        out[start : start + PREPACK_ROWS] = _place_bits(permuted, inverse=False)
+        chunk = torch.nn.functional.pad(rows[start : start + PREPACK_ROWS], (0, (k_pad - k) // 2))
+        blocks = chunk.reshape(chunk.shape[0], k_pad // K_BLOCK, K_BLOCK // 2)[..., order]
+        out[start : start + PREPACK_ROWS] = _move_bits(blocks, tables).reshape(chunk.shape)
     return out.reshape(*b.shape[:-1], k_pad // 2)
 
 
@@ -97,78 +92,79 @@ def unprepack_weights(prepacked, k: int):
         )
     rows = prepacked.view(torch.uint8).reshape(math.prod(prepacked.shape[:-1]), k_pad // 2)
     out = torch.empty((rows.shape[0], k // 2), dtype=torch.uint8, device=prepacked.device)
+    device = prepacked.device
+    order, tables = _byte_order(device, inverse=True), _word_tables(device, inverse=True)
     for start in range(0, rows.shape[0], PREPACK_ROWS):
-        nibbles, _ = _nibbles(_place_bits(rows[start : start + PREPACK_ROWS], inverse=True))
-        blocks = nibbles.reshape(nibbles.shape[0], k_pad // K_BLOCK, K_BLOCK)
-        plain = blocks[..., _order(prepacked.device, inverse=True)].reshape(nibbles.shape)
-        out[start : start + PREPACK_ROWS] = _pack(plain[..., :k])
+        chunk = rows[start : start + PREPACK_ROWS]
+        words = _move_bits(chunk.reshape(chunk.shape[0], k_pad // K_BLOCK, K_BLOCK // 2), tables)
+        out[start : start + PREPACK_ROWS] = words[..., order].reshape(chunk.shape)[:, : k // 2]
     return out.reshape(*prepacked.shape[:-1], k // 2)
 
 
-def _order(device, inverse: bool):
-    """``prepacked_k_order`` (or its inverse) as an index tensor on ``device``, made once."""
+def _byte_order(device, inverse: bool):
+    """The bytes of a prepacked 64-wide k-block before its bits are placed: byte p of word
+    2q + w holds pair P_(4w + p) of 16-group q (low value in the low nibble), i.e. the plain
+    byte of K = ``pair_k(4w + p, q)``: that byte's index for each position (``inverse``: each
+    plain byte's position), an index tensor on ``device``, made once."""
     import torch
 
-    key = (device, inverse)
-    if key not in _ORDERS:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "prepack_weights: the first call on a GPU copies its index table to the device; "
-                "make it before capturing a CUDA graph"
-            )
-        order = torch.tensor(prepacked_k_order())
-        order = torch.argsort(order) if inverse else order
-        _ORDERS[key] = persistent(lambda: order.to(device), device)
-    return _ORDERS[key]
+    key = ("bytes", device, inverse)
+    if key not in _TABLES:
+        order = [pair_k(4 * w + p, q) // 2 for q in range(4) for w in range(2) for p in range(4)]
+        index = torch.tensor(order)
+        _TABLES[key] = _kept(torch.argsort(index) if inverse else index, device)
+    return _TABLES[key]
 
 
-def _place_bits(packed, inverse: bool):
-    """uint8 [..., 4w] -> the same shape with each little-endian 32-bit word's bits moved from
-    plain nibble order to ``PAIR_BITS`` (or back): an OR of one table entry per byte."""
+def _word_tables(device, inverse: bool):
+    """The bit placement of ``PAIR_BITS`` on 32-bit words whose byte p holds pair p (lane l in
+    nibble l): two int64 tables of the 65536 low and high half-words' placed bits (``inverse``:
+    from placed words back), on ``device``, made once."""
     import torch
 
-    key = (packed.device, inverse)
-    if key not in _BIT_TABLES:
-        if packed.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "prepack_weights: the first call on a GPU copies its bit tables to the device; "
-                "make it before capturing a CUDA graph"
-            )
-        tables = torch.tensor(_bit_tables(inverse), dtype=torch.int64)
-        _BIT_TABLES[key] = persistent(lambda: tables.to(packed.device), packed.device)
-    tables = _BIT_TABLES[key]
-    words = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 4, 4).to(torch.int64)
-    placed = tables[0][words[..., 0]]
-    for j in range(1, 4):
-        placed |= tables[j][words[..., j]]
-    shifts = torch.arange(0, 32, 8, device=packed.device)
-    return ((placed[..., None] >> shifts) & 0xFF).to(torch.uint8).reshape(packed.shape)
+    key = ("words", device, inverse)
+    if key not in _TABLES:
+        placed = {
+            8 * p + 4 * lane + b: PAIR_BITS[p][lane][b]
+            for p in range(4)
+            for lane in range(2)
+            for b in range(4)
+        }
+        if inverse:
+            placed = {dst: src for src, dst in placed.items()}
+        half = torch.arange(1 << 16, dtype=torch.int64)
+        tables = torch.zeros((2, 1 << 16), dtype=torch.int64)
+        for src, dst in placed.items():
+            tables[src // 16] |= (half >> (src % 16) & 1) << dst
+        _TABLES[key] = _kept(tables, device)
+    return _TABLES[key]
 
 
-def _bit_tables(inverse: bool) -> list[list[int]]:
-    """Four tables: byte j's value -> its bits' contribution to the placed word (``inverse``:
-    from a placed word to the plain one)."""
-    # plain bit 4n + b (nibble n = pair n % 4, lane n // 4) -> its PAIR_BITS position
-    to = {4 * n + b: PAIR_BITS[n % 4][n // 4][b] for n in range(8) for b in range(4)}
-    if inverse:
-        to = {placed: plain for plain, placed in to.items()}
-    return [
-        [sum(1 << to[8 * j + i] for i in range(8) if v >> i & 1) for v in range(256)]
-        for j in range(4)
-    ]
+def _kept(t, device):
+    """``t`` copied to ``device`` for keeping (refused under CUDA-graph capture, which would
+    keep it in a graph's pool)."""
+    import torch
+
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "prepack_weights: the first call on a GPU copies its tables to the device; make it "
+            "before capturing a CUDA graph"
+        )
+    return persistent(lambda: t.to(device), device)
+
+
+def _move_bits(blocks, tables):
+    """uint8 [..., 4w] -> the same shape with each little-endian 32-bit word's bits moved by
+    ``_word_tables``: one lookup per half-word."""
+    import torch
+
+    b = blocks.reshape(*blocks.shape[:-1], blocks.shape[-1] // 4, 4).to(torch.int64)
+    words = b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16 | b[..., 3] << 24
+    moved = tables[0][words & 0xFFFF] | tables[1][words >> 16]
+    shifts = torch.arange(0, 32, 8, device=blocks.device)
+    return ((moved[..., None] >> shifts) & 0xFF).to(torch.uint8).reshape(blocks.shape)
 
 
 def _check_packed(packed) -> None:
     if packed.element_size() != 1 or packed.dim() < 2:
         raise ValueError(f"packed FP4 must be [..., rows, K/2] bytes, got {packed.dtype}")
-
-
-def _nibbles(packed):
-    """[..., K/2] bytes of any one-byte type -> ([..., K] nibbles, low nibble first, K)."""
-    _check_packed(packed)
-    return unpack_fp4(packed), 2 * packed.shape[-1]
-
-
-def _pack(nibbles):
-    """[..., K] nibbles -> [..., K/2] uint8 bytes, low nibble first, contiguous."""
-    return pack_fp4(nibbles).contiguous()
