@@ -703,7 +703,9 @@ def quantize_model(
     (one that ``include`` chooses raises ValueError). The new modules keep the old ones' train /
     eval mode. A module
     reachable by several names becomes one FP4 module under all of them, whichever ``include``
-    chose. Returns a ``QuantizeReport`` (and warns about patterns that matched no nn.Linear).
+    chose, or stays as it is under all of them where one name may not hold an FP4Linear (a
+    router's, a weight reader's; each name skipped in the report). Returns a
+    ``QuantizeReport`` (and warns about patterns that matched no nn.Linear).
     """
     check_type(model, nn.Module, "model", "an nn.Module")
     check_format(format)
@@ -719,7 +721,6 @@ def quantize_model(
         names = [name for name, _ in modules]
         report.unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
     # (every replacement is built, and every refusal raised, before the model changes)
-    planned: list[tuple[str, nn.Module]] = []
     converted: dict[int, nn.Module] = {}
     for name, module in modules:
         if not _chosen(name, module, patterns, predicate):
@@ -730,18 +731,22 @@ def quantize_model(
         else:
             fp4 = _experts_replacement(name, module, how, report)
         if fp4 is not None:
-            fp4.train(module.training)
-            converted[id(module)] = fp4
-            planned.append((name, fp4))
-            report.replaced.append(name)
-    # (a module reachable by several names is one module: every name of a chosen one changes)
-    chosen = {name for name, _ in planned}
+            converted[id(module)] = fp4.train(module.training)
+    # (a module reachable by several names is one module: it changes under every name, or under
+    # none where one name may not hold an FP4Linear, e.g. a weight reader's)
+    kept: dict[int, tuple[str, str]] = {}
     for name, module in modules:
-        if id(module) in converted and name not in chosen:
-            planned.append((name, converted[id(module)]))
+        if id(module) in converted and isinstance(module, nn.Linear):
+            why = _held_as(model, name, module)
+            if why is not None:
+                kept.setdefault(id(module), (name, why))
+    for name, module in modules:
+        if id(module) in kept:
+            where, why = kept[id(module)]
+            report.skipped[name] = why if name == where else f"also reachable as {where}: {why}"
+        elif id(module) in converted:
             report.replaced.append(name)
-    for name, fp4 in planned:
-        model.set_submodule(name, fp4)
+            model.set_submodule(name, converted[id(module)])
     if report.unmatched:
         warnings.warn(
             "quantize_model: include patterns that matched no nn.Linear or experts module: "
@@ -768,12 +773,7 @@ def _linear_replacement(model, name: str, module: nn.Linear, how: tuple, report)
     it, if any), or None with the reason in the report (ValueError where ``include`` chose a
     Linear it cannot take)."""
     format, activations, include, made = how
-    if not name:
-        report.skipped[name] = "the model is an nn.Linear itself: FP4Linear.from_linear"
-        return None
-    parent_name, _, _ = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    why = _router(model, name) or _direct_reader(module, name.rpartition(".")[2], parent)
+    why = _held_as(model, name, module)
     if why is None:
         why = _unfit(module)
         if why is not None and include is not None:
@@ -787,6 +787,16 @@ def _linear_replacement(model, name: str, module: nn.Linear, how: tuple, report)
         return FP4Linear.from_linear(module, format, activations)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
+
+
+def _held_as(model: nn.Module, name: str, linear: nn.Linear) -> str | None:
+    """Why the Linear may not become an FP4Linear under ``name`` (where it stands, not what it
+    is), or None: the model itself, a router, or one whose parent reads its weight."""
+    if not name:
+        return "the model is an nn.Linear itself: FP4Linear.from_linear"
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name)
+    return _router(model, name) or _direct_reader(linear, attr, parent)
 
 
 def _unfit(linear: nn.Linear) -> str | None:

@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 import fp4_ops
 import reference
@@ -1052,6 +1053,12 @@ def test_quantize_model_keeps_moe_routers_16_bit():
         assert all(type(copied.get_submodule(n)) is nn.Linear for n in routers)
     fp4_ops.quantize_model(model, activations="bf16")
     assert all(model.get_submodule(n) is kept[n] for n in routers)
+    # the block as the model itself; experts held as one Linear in a module (not a router's)
+    lone = nn.Module()
+    lone.w = nn.Linear(64, 64)
+    block = _moe_block(lone)
+    report = fp4_ops.quantize_model(block, activations="bf16")
+    assert sorted(report.skipped) == sorted(names) and "experts.w" in report.replaced
 
 
 class _Kernel(nn.Module):
@@ -1069,6 +1076,8 @@ class _Casting(_Kernel):
         self.proj, self.fused, self.other = (nn.Linear(64, 64) for _ in range(3))
 
     def forward(self, x):
+        if hasattr(self.other, "weight_tied") and self.other.weight_tied:  # (not .weight)
+            x = -x
         return self.other(self.proj(x.to(self.proj.weight.dtype))) + self._kernel(x)
 
 
@@ -1082,6 +1091,102 @@ def test_quantize_model_keeps_linears_whose_parent_reads_their_weight():
         assert "_Casting reads self.proj.weight itself" in report.skipped["0.proj"]
         y = model(_x((3, 64), seed=53).bfloat16())
         assert y.shape == (3, 64) and bool(torch.isfinite(y).all())
+
+
+def _plain_block() -> type:
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    return Block
+
+
+def _reading_block() -> type:
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.proj(x.to(self.proj.weight.dtype))
+
+    return Block
+
+
+def test_quantize_model_reads_each_class_of_the_same_name():
+    """Two classes named alike, one reading ``self.proj.weight``: each is judged by its own
+    code, whichever comes first."""
+    plain, reader = _plain_block(), _reading_block()
+    assert plain.__name__ == reader.__name__
+    assert fp4_ops.quantize_model(nn.Sequential(plain())).replaced == ["0.proj"]
+    assert list(fp4_ops.quantize_model(nn.Sequential(reader())).skipped) == ["0.proj"]
+    assert list(fp4_ops.quantize_model(nn.Sequential(_reading_block()())).skipped) == ["0.proj"]
+    assert fp4_ops.quantize_model(nn.Sequential(_plain_block()())).replaced == ["0.proj"]
+
+
+@pytest.mark.parametrize(
+    "include", [None, ["a.*"], ["reader.*"]], ids=["all", "other-name", "reader-name"]
+)
+def test_quantize_model_keeps_a_shared_linear_a_reader_holds(include):
+    """One Linear under two names, one of whose parents reads its weight: it stays one
+    nn.Linear under both, each name in the report's skipped (the reader would get an FP4Tensor,
+    and the two names two modules)."""
+    shared = nn.Linear(64, 64)
+    reader = _Casting()
+    reader.proj = shared
+    model = nn.ModuleDict({"a": nn.Sequential(shared), "reader": reader})
+    report = fp4_ops.quantize_model(model, include=include, activations="bf16")
+    assert model["a"][0] is shared and model["reader"].proj is shared
+    assert "reader.proj" in report.skipped and "reader.proj" not in report.replaced
+    if include != ["reader.*"]:
+        assert report.skipped["a.0"].startswith("also reachable as reader.proj: _Casting reads")
+    assert "a.0" not in report.replaced
+
+
+def test_quantize_model_skips_a_non_dynamically_quantizable_linear():
+    """torch marks with NonDynamicallyQuantizableLinear the Linears whose parents read their
+    weight: one is skipped wherever it stands."""
+    model = nn.Sequential(NonDynamicallyQuantizableLinear(64, 64), nn.Linear(64, 64))
+    report = fp4_ops.quantize_model(model)
+    assert report.replaced == ["1"] and list(report.skipped) == ["0"]
+    assert type(model[0]) is NonDynamicallyQuantizableLinear
+
+
+def test_quantize_model_takes_a_string_as_one_pattern():
+    """``include="ab"`` is one glob pattern, not its characters."""
+    model = nn.ModuleDict({"a": nn.Linear(64, 64), "ab": nn.Linear(64, 64)})
+    report = fp4_ops.quantize_model(model, include="ab")
+    assert report.replaced == ["ab"] and report.unmatched == [] and type(model["a"]) is nn.Linear
+
+
+@pytest.mark.parametrize("k", [48, 80, 40])
+def test_quantize_model_skips_in_features_not_a_multiple_of_32(k):
+    model = nn.Sequential(nn.Linear(k, 64), nn.Linear(64, 64))
+    report = fp4_ops.quantize_model(model)
+    assert (
+        report.replaced == ["1"]
+        and f"in_features = {k} is not a multiple of 32" in (report.skipped["0"])
+    )
+
+
+def test_calibrate_takes_nvfp4_layers_under_every_name_without_gradients():
+    """calibrate makes static the NVFP4 layers with dynamic scales only (an MXFP4 layer keeps
+    its per-call scales), a layer under two names one static layer under both, and runs the
+    forward loop with gradients off."""
+    shared = nn.Linear(64, 64)
+    model = nn.Sequential(shared, nn.ReLU(), shared, nn.Linear(64, 64))
+    fp4_ops.quantize_model(model, include=["0", "2"])
+    fp4_ops.quantize_model(model, include="3", format="mxfp4")
+    outputs = []
+    x = _x((4, 64), seed=54).requires_grad_()
+    assert fp4_ops.calibrate(model, lambda m: outputs.append(m(x))) == ["0", "2"]
+    assert model[0] is model[2] and model[0].activations == "static"
+    assert model[3].format == "mxfp4" and model[3].activations == "dynamic"
+    assert not outputs[0].requires_grad
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
