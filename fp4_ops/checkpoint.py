@@ -49,7 +49,7 @@ from torch import nn
 from fp4_ops.cpu import check_scales
 from fp4_ops.layout import FORMATS, SCALE_DTYPES
 from fp4_ops.moe import FP4Experts, check_experts_forward, is_experts_module
-from fp4_ops.nn import FP4Linear
+from fp4_ops.nn import FUSED_SIBLINGS, FP4Linear
 from fp4_ops.tensor import (
     FP4Tensor,
     check_global_scale_value,
@@ -1557,6 +1557,7 @@ def save_quantized(
             )
         gpt_oss = {k: v for n, m in experts.items() for k, v in _gpt_oss_tensors(n, m).items()}
     modes = _save_modes(layers, experts, format, activations)
+    _warn_unshared_scales(layers, modes)
     tensors, floats = _checkpoint_tensors(model, layers, experts, modes, format, gpt_oss)
     # (the model type's own checkpoint names, where transformers renames them)
     kind = getattr(model.config, "model_type", None)
@@ -1586,6 +1587,31 @@ def save_quantized(
         generation_config.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
+
+
+def _warn_unshared_scales(layers: dict[str, FP4Linear], modes: dict) -> None:
+    """A UserWarning naming the NVFP4 layers that serving engines run as one GEMM
+    (``FUSED_SIBLINGS``) but that hold different global scales: vLLM and SGLang take the
+    largest for all of them, which scales the others' values."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for name, layer in layers.items():
+        parent, _, attr = name.rpartition(".")
+        for i, siblings in enumerate(FUSED_SIBLINGS):
+            if attr in siblings and layer.format == "nvfp4":
+                groups.setdefault((parent, i), []).append(name)
+    unshared = []
+    for names in groups.values():
+        weight = {float(layers[n].weight_global_scale) for n in names}
+        inputs = {float(layers[n].input_global_scale) for n in names if modes[n][1] == "static"}
+        if len(weight) > 1 or len(inputs) > 1:
+            unshared.append(", ".join(names))
+    if unshared:
+        warnings.warn(
+            f"{'; '.join(unshared)}: layers that vLLM and SGLang run as one GEMM hold different "
+            "global scales; those engines take the largest for all of them, which scales the "
+            "others' values (quantize_model gives such layers one weight scale)",
+            stacklevel=3,
+        )
 
 
 def _check_save_arguments(model, path, format, activations, max_shard_size, tokenizer) -> None:

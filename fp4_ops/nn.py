@@ -66,6 +66,20 @@ _STATE_NAMES = ("weight_data", "weight_scale", "weight_global_scale", "input_glo
 _EXTRA_STATE = "_extra_state"
 
 
+def _check_weight_global_scale(scale, w: torch.Tensor, format: str) -> None:
+    """ValueError unless ``scale`` can be ``w``'s NVFP4 global scale: finite, positive and at
+    least its own ``amax / (448 * 6)`` (a smaller one would saturate its block scales)."""
+    if format != "nvfp4":
+        raise ValueError("weight_global_scale: mxfp4 has no global scale (E8M0 scales span it)")
+    given = global_scale_tensor(scale, w, "weight_global_scale")
+    own = w.abs().amax().float() / torch.tensor(GLOBAL_SCALE_DIVISOR, device=w.device)
+    if bool(given < own):
+        raise ValueError(
+            f"weight_global_scale {float(given)} is below the weight's amax / (448 * 6) = "
+            f"{float(own)}: its block scales would saturate"
+        )
+
+
 def _check_activations(activations, allowed=_ACTIVATIONS) -> None:
     check_type(activations, str, "activations", f"a str, one of {allowed}")
     if activations not in allowed:
@@ -173,9 +187,13 @@ class FP4Linear(FP4Buffers):
         format: str = "nvfp4",
         activations: str = "dynamic",
         input_global_scale: torch.Tensor | float | None = None,
+        *,
+        weight_global_scale: torch.Tensor | float | None = None,
     ) -> FP4Linear:
         """Quantize ``linear``'s weight once (on its device: the GPU quantizer on CUDA); a weight
-        holding NaN or Inf is a ValueError."""
+        holding NaN or Inf is a ValueError. ``weight_global_scale`` (NVFP4, decoding
+        convention): None takes the weight's ``amax / (448 * 6)``; a given one, e.g. shared by
+        layers that a serving engine fuses, must be finite, positive and at least that."""
         check_type(linear, nn.Linear, "linear", "an nn.Linear")
         check_format(format)
         _check_activations(activations)
@@ -187,7 +205,11 @@ class FP4Linear(FP4Buffers):
         # (on CUDA the quantizer cannot raise: such a block would decode to NaN at every call)
         if not bool(torch.isfinite(w).all()):
             raise ValueError("weight contains NaN or Inf, which FP4 cannot encode")
-        return cls(quantize(w, format), linear.bias, activations, input_global_scale)
+        if weight_global_scale is not None:
+            _check_weight_global_scale(weight_global_scale, w, format)
+        return cls(
+            quantize(w, format, weight_global_scale), linear.bias, activations, input_global_scale
+        )
 
     @classmethod
     def from_modelopt(
@@ -687,7 +709,9 @@ def quantize_model(
     """Replace ``model``'s ``nn.Linear`` modules by FP4Linear, and its transformers experts
     modules (3-D ``gate_up_proj`` / ``down_proj``: Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss,
     ...) by ``FP4Experts``, in place: W4A4 with dynamic activation scales, or
-    ``activations="bf16"`` (W4A16: 16-bit activations, Hopper).
+    ``activations="bf16"`` (W4A16: 16-bit activations, Hopper). NVFP4 Linears that serving
+    engines run as one GEMM (``FUSED_SIBLINGS``: q / k / v, gate / up) share one weight global
+    scale, the largest of theirs.
 
     ``include``: glob patterns of module names (``["*.mlp.*"]``) or a predicate
     ``(name, module) -> bool``; None takes every Linear and experts module. Experts modules
@@ -721,25 +745,37 @@ def quantize_model(
         names = [name for name, _ in modules]
         report.unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
     # (every replacement is built, and every refusal raised, before the model changes)
+    linears: dict[int, tuple[str, nn.Linear]] = {}  # (to quantize: a name of each, the module)
     converted: dict[int, nn.Module] = {}
     for name, module in modules:
         if not _chosen(name, module, patterns, predicate):
             continue
-        how = (format, activations, include, converted.get(id(module)))
         if isinstance(module, nn.Linear):
-            fp4 = _linear_replacement(model, name, module, how, report)
-        else:
-            fp4 = _experts_replacement(name, module, how, report)
+            if _linear_fits(model, name, module, include, report):
+                linears.setdefault(id(module), (name, module))
+            continue
+        how = (format, activations, include, converted.get(id(module)))
+        fp4 = _experts_replacement(name, module, how, report)
         if fp4 is not None:
             converted[id(module)] = fp4.train(module.training)
     # (a module reachable by several names is one module: it changes under every name, or under
     # none where one name may not hold an FP4Linear, e.g. a weight reader's)
     kept: dict[int, tuple[str, str]] = {}
     for name, module in modules:
-        if id(module) in converted and isinstance(module, nn.Linear):
+        if id(module) in linears:
             why = _held_as(model, name, module)
             if why is not None:
                 kept.setdefault(id(module), (name, why))
+    linears = {key: found for key, found in linears.items() if key not in kept}
+    shared = _shared_global_scales(linears) if format == "nvfp4" else {}
+    for key, (name, module) in linears.items():
+        try:
+            fp4 = FP4Linear.from_linear(
+                module, format, activations, weight_global_scale=shared.get(key)
+            )
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}") from None
+        converted[key] = fp4.train(module.training)
     for name, module in modules:
         if id(module) in kept:
             where, why = kept[id(module)]
@@ -768,11 +804,9 @@ def _chosen(name: str, module: nn.Module, patterns, predicate) -> bool:
     return chosen
 
 
-def _linear_replacement(model, name: str, module: nn.Linear, how: tuple, report):
-    """quantize_model's FP4Linear for one Linear (``made``, the one built for another name of
-    it, if any), or None with the reason in the report (ValueError where ``include`` chose a
-    Linear it cannot take)."""
-    format, activations, include, made = how
+def _linear_fits(model, name: str, module: nn.Linear, include, report) -> bool:
+    """Whether quantize_model quantizes the Linear ``name``: else False with the reason in the
+    report (ValueError where ``include`` chose a Linear that FP4Linear cannot stand in for)."""
     why = _held_as(model, name, module)
     if why is None:
         why = _unfit(module)
@@ -780,13 +814,44 @@ def _linear_replacement(model, name: str, module: nn.Linear, how: tuple, report)
             raise ValueError(f"{name}: {why}")
     if why is not None:
         report.skipped[name] = why
-        return None
-    if made is not None:
-        return made
-    try:
-        return FP4Linear.from_linear(module, format, activations)
-    except ValueError as err:
-        raise ValueError(f"{name}: {err}") from None
+        return False
+    return True
+
+
+#: sibling Linears that serving engines run as one GEMM with one global weight scale (vLLM's
+#: and SGLang's qkv_proj, gate_up_proj, Mixtral's w13, MLA's fused_qkv_a_proj): it is the
+#: largest of theirs, so a checkpoint holds theirs shared (as llm-compressor and ModelOpt write)
+FUSED_SIBLINGS = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("gate_proj", "up_proj"),
+    ("w1", "w3"),
+    ("q_a_proj", "kv_a_proj_with_mqa"),
+)
+
+
+def _shared_global_scales(linears: dict[int, tuple[str, nn.Linear]]) -> dict[int, torch.Tensor]:
+    """The NVFP4 weight global scale of each Linear that ``FUSED_SIBLINGS`` groups with others
+    among ``linears`` (id -> a name of it, the module): the largest of the group's own
+    ``amax / (448 * 6)``, which its largest weight would take alone."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for key, (name, _) in linears.items():
+        parent, _, attr = name.rpartition(".")
+        for i, siblings in enumerate(FUSED_SIBLINGS):
+            if attr in siblings:
+                groups.setdefault((parent, i), []).append(key)
+    shared: dict[int, torch.Tensor] = {}
+    for keys in groups.values():
+        if len(keys) < 2:
+            continue
+        weights = [(linears[k][0], linears[k][1].weight.detach()) for k in keys]
+        for name, w in weights:  # (the refusal FP4Linear.from_linear would give it)
+            if not bool(torch.isfinite(w).all()):
+                raise ValueError(f"{name}: weight contains NaN or Inf, which FP4 cannot encode")
+        device = weights[0][1].device
+        amax = torch.stack([w.abs().amax().float().to(device) for _, w in weights]).amax()
+        scale = amax / torch.tensor(GLOBAL_SCALE_DIVISOR, dtype=torch.float32, device=device)
+        shared.update(dict.fromkeys(keys, torch.where(scale > 0, scale, torch.ones_like(scale))))
+    return shared
 
 
 def _held_as(model: nn.Module, name: str, linear: nn.Linear) -> str | None:

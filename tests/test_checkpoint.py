@@ -1083,6 +1083,26 @@ def test_modelopt_configs_in_both_files_that_agree_load(bases, tmp_path):
     assert torch.equal(_logits(model, ids), _logits(fp4_ops.load_quantized(bases["mo"]), ids))
 
 
+def test_save_warns_where_fused_layers_hold_different_scales(tmp_path):
+    """Layers that vLLM runs as one GEMM (q / k / v, gate / up) with their own weight global
+    scales: save_quantized warns, naming them (those engines take the largest for all); the ones
+    quantize_model makes share one, and save without a word."""
+    model = _model("llama")
+    for name, m in list(model.named_modules()):
+        if isinstance(m, nn.Linear) and name.startswith("model.layers."):
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, FP4Linear.from_linear(m, "nvfp4", "bf16"))
+    attn, mlp = "model.layers.0.self_attn", "model.layers.0.mlp"
+    unshared = f"{attn}.q_proj, {attn}.k_proj, {attn}.v_proj; {mlp}.gate_proj, {mlp}.up_proj"
+    with pytest.warns(UserWarning, match=f"^{re.escape(unshared)}; .*hold different global"):
+        fp4_ops.save_quantized(model, tmp_path / "own")
+    model = _model("llama")
+    fp4_ops.quantize_model(model, [LAYERS], activations="bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fp4_ops.save_quantized(model, tmp_path / "shared")
+
+
 def _deepseek_v3_dense() -> nn.Module:
     """A tiny DeepSeek-V3 (MLA attention), every layer dense."""
     config = transformers.DeepseekV3Config(

@@ -78,12 +78,12 @@ def _reference_quantize(x: torch.Tensor, fmt: str, gs=None):
     return data, scales, torch.tensor(1.0)
 
 
-def _reference_linear(lin: nn.Linear, fmt: str, mode: str, x: torch.Tensor) -> torch.Tensor:
-    """What FP4Linear.from_linear(lin, fmt, mode) gives for x, by reference.py alone: the float
-    weight quantized there, x's rows quantized there (W4A4) or taken as they are (W4A16), the
-    GEMM in x's dtype, plus the bias in x's dtype."""
+def _reference_linear(lin: nn.Linear, fmt: str, mode: str, x: torch.Tensor, wgs=None):
+    """What FP4Linear.from_linear(lin, fmt, mode, weight_global_scale=wgs) gives for x, by
+    reference.py alone: the float weight quantized there, x's rows quantized there (W4A4) or
+    taken as they are (W4A16), the GEMM in x's dtype, plus the bias in x's dtype."""
     vec, n, k = VEC[fmt], lin.out_features, lin.in_features
-    wd, ws, wg = _reference_quantize(lin.weight.detach(), fmt)
+    wd, ws, wg = _reference_quantize(lin.weight.detach(), fmt, wgs)
     rows = x.reshape(-1, k)
     if mode == "bf16":
         y = reference.reference_gemm_w4a16(rows, wd, ws, vec, wg, x.dtype)
@@ -830,6 +830,28 @@ def test_fp4_gemm_backward_says_inference_only():
 # ----------------------------------------------------------------------------- quantize_model
 
 
+def test_from_linear_takes_a_shared_weight_global_scale():
+    """``weight_global_scale``: the given NVFP4 global scale (reference.py quantizes the weight
+    with it), refused below the weight's own amax / (448 * 6) (its block scales would
+    saturate), for MXFP4, and where not finite and positive."""
+    lin = nn.Linear(64, 32)
+    with torch.no_grad():
+        lin.weight.mul_(3.0)
+    own = float(lin.weight.detach().abs().amax()) / (448.0 * 6.0)
+    layer = FP4Linear.from_linear(lin, weight_global_scale=2 * own, activations="bf16")
+    data, scales, gs = reference.quantize_nvfp4(lin.weight.detach(), torch.tensor(2 * own))
+    assert torch.equal(layer.weight_global_scale, gs)
+    assert torch.equal(layer.weight.data.view(torch.uint8), data.view(torch.uint8))
+    assert _same(layer.weight.plain_scales(), scales)
+    with pytest.raises(ValueError, match="below the weight's amax / \\(448 \\* 6\\)"):
+        FP4Linear.from_linear(lin, weight_global_scale=0.99 * own)
+    with pytest.raises(ValueError, match="^weight_global_scale: mxfp4 has no global scale"):
+        FP4Linear.from_linear(lin, "mxfp4", weight_global_scale=own)
+    for bad in (float("nan"), 0.0, -own, float("inf")):
+        with pytest.raises(ValueError, match="^weight_global_scale must be finite and positive"):
+            FP4Linear.from_linear(lin, weight_global_scale=bad)
+
+
 class _HFAttention(nn.Module):
     """A Hugging Face-style attention block: q / k / v / o projections, SDPA, a gated MLP."""
 
@@ -867,13 +889,13 @@ class _ReferenceFP4Linear(nn.Module):
     (Its forward hook turns nn.TransformerEncoderLayer's fused fast path off, as an FP4Linear
     does: both models then run the same path.)"""
 
-    def __init__(self, lin: nn.Linear, fmt: str, mode: str):
+    def __init__(self, lin: nn.Linear, fmt: str, mode: str, wgs=None):
         super().__init__()
-        self.lin, self.fmt, self.mode = copy.deepcopy(lin), fmt, mode
+        self.lin, self.fmt, self.mode, self.wgs = copy.deepcopy(lin), fmt, mode, wgs
         self.register_forward_hook(lambda *_: None)
 
     def forward(self, x):
-        return _reference_linear(self.lin, self.fmt, self.mode, x)
+        return _reference_linear(self.lin, self.fmt, self.mode, x, self.wgs)
 
 
 def _block(kind: str) -> nn.Module:
@@ -885,6 +907,24 @@ def _block(kind: str) -> nn.Module:
     else:
         block = _HFAttention()
     return block.eval()
+
+
+#: the layers of a block that vLLM runs as one GEMM: NVFP4 gives them one weight global scale
+FUSED = (("q_proj", "k_proj", "v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
+
+
+def _fused_scales(block: nn.Module, fmt: str) -> dict[str, torch.Tensor]:
+    """name -> the NVFP4 weight global scale FUSED layers share: the largest amax / (448 * 6)
+    of the group, in float32 (as the quantizer's own)."""
+    out = {}
+    for group in FUSED if fmt == "nvfp4" else ():
+        linears = dict(block.named_modules())
+        names = [n for n in group if isinstance(linears.get(n), nn.Linear)]
+        if len(names) > 1:
+            amax = max(float(block.get_submodule(n).weight.detach().abs().amax()) for n in names)
+            gs = torch.tensor(amax, dtype=torch.float32) / torch.tensor(448.0 * 6.0)
+            out.update(dict.fromkeys(names, gs))
+    return out
 
 
 BLOCKS = {
@@ -912,10 +952,15 @@ def test_quantize_model_runs_transformer_blocks(kind, fmt, mode, grad):
     assert report.replaced == replaced and list(report.skipped) == skipped
     assert all("reads its weight directly" in why for why in report.skipped.values())
     assert report.unmatched == [] and all(name in str(report) for name in replaced + skipped)
+    shared = _fused_scales(ref, fmt)
+    assert (kind == "hf") == bool(shared) or fmt == "mxfp4"
     for name in replaced:
         parent, _, child = name.rpartition(".")
         linear = ref.get_submodule(name)
-        setattr(ref.get_submodule(parent), child, _ReferenceFP4Linear(linear, fmt, mode))
+        fp4 = _ReferenceFP4Linear(linear, fmt, mode, shared.get(name))
+        setattr(ref.get_submodule(parent), child, fp4)
+    for name, gs in shared.items():
+        assert torch.equal(block.get_submodule(name).weight_global_scale, gs), name
     x = _x((2, 6, 64), dtype, seed=30)
     args = (x, _x((2, 5, 64), dtype, seed=31)) if kind == "decoder" else (x,)
     context = {

@@ -99,6 +99,11 @@ def test_per_expert_mlps_quantize_save_and_load_as_fp4linears(kind, tmp_path):
     what the BF16 model on reference.py's dequantized weights computes."""
     build, path, projections = PER_EXPERT[kind]
     model, base = build(), build()
+    base_weights = {
+        n: m.weight.detach().clone()
+        for n, m in base.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    }
     report = fp4_ops.quantize_model(model, [f"*.{path}.*"], activations="bf16")
     names = [
         f"model.layers.{i}.{path}.{e}.{proj}"
@@ -123,6 +128,17 @@ def test_per_expert_mlps_quantize_save_and_load_as_fp4linears(kind, tmp_path):
         dequantized = reference.dequantize_fp4(w.data, plain, 16, w.global_scale)
         with torch.no_grad():
             base.get_submodule(name).weight.copy_(dequantized.to(torch.bfloat16))
+    for i in range(2):  # (gate and up of an expert: one GEMM in vLLM, one global scale)
+        for e in range(EXPERTS):
+            gate, up, down = (f"model.layers.{i}.{path}.{e}.{p}" for p in projections)
+            weights = [base_weights[n] for n in (gate, up)]
+            shared = max(float(w.abs().amax()) for w in weights) / (448.0 * 6.0)
+            for n in (gate, up):
+                assert float(model.get_submodule(n).weight_global_scale) == pytest.approx(
+                    shared, rel=2**-23
+                ), n
+            own = float(base_weights[down].abs().amax()) / (448.0 * 6.0)
+            assert float(model.get_submodule(down).weight_global_scale) == pytest.approx(own)
     ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(1))
     # (both round to BF16 in the same places but for W4A16's product order: 2^-6 holds it, a
     # wrong expert, nibble or scale is off by order one)
