@@ -1103,6 +1103,62 @@ def test_save_warns_where_fused_layers_hold_different_scales(tmp_path):
         fp4_ops.save_quantized(model, tmp_path / "shared")
 
 
+@pytest.mark.parametrize("case", ["input scales", "mxfp4 sibling"])
+def test_save_warns_about_fused_input_scales_not_formats(case, tmp_path):
+    """One weight scale but different static input scales among q / k / v: a warning naming
+    them; an NVFP4 gate beside an MXFP4 up (no one GEMM, no shared scale to have): none."""
+    model = _model("llama")
+    mlp, attn = model.model.layers[0].mlp, model.model.layers[0].self_attn
+    if case == "input scales":
+        names = ("q_proj", "k_proj", "v_proj")
+        gs = max(float(getattr(attn, n).weight.abs().amax()) for n in names) / GS_DIVISOR
+        for i, n in enumerate(names):
+            lin = getattr(attn, n)
+            setattr(
+                attn,
+                n,
+                FP4Linear.from_linear(
+                    lin, "nvfp4", "static", 0.01 * (i + 1), weight_global_scale=gs
+                ),
+            )
+        prefix = "model.layers.0.self_attn"
+        with pytest.warns(
+            UserWarning, match=f"^{prefix}.q_proj, {prefix}.k_proj, {prefix}.v_proj:"
+        ):
+            fp4_ops.save_quantized(model, tmp_path)
+        return
+    mlp.gate_proj = FP4Linear.from_linear(mlp.gate_proj, "nvfp4", "bf16")
+    mlp.up_proj = FP4Linear.from_linear(mlp.up_proj, "mxfp4", "bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fp4_ops.save_quantized(model, tmp_path)
+
+
+def test_save_writes_every_name_and_what_extends_one(tmp_path):
+    """A module under two names (an FP4Linear, a 16-bit one) is written under both, and a
+    module whose name merely extends an FP4 module's (``q_proj_norm`` beside ``q_proj``) with
+    its own tensors; an empty buffer beside another is written too."""
+    model = _model("llama")
+    attn = model.model.layers[0].self_attn
+    attn.q_proj_norm = nn.LayerNorm(64)
+    model.model.layers[0].mlp.alias = model.model.layers[0].mlp.up_proj
+    model.model.register_buffer("a", torch.zeros(0))
+    model.model.register_buffer("b", torch.zeros(0))
+    fp4_ops.quantize_model(model, ["*.q_proj", "*.mlp.up_proj"], activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path)
+    keys = set(_raw(tmp_path))
+    layer = "model.layers.0"
+    for key in (
+        f"{layer}.self_attn.q_proj_norm.weight",
+        f"{layer}.self_attn.q_proj_norm.bias",
+        f"{layer}.mlp.up_proj.weight_packed",
+        f"{layer}.mlp.alias.weight_packed",
+        "model.a",
+        "model.b",
+    ):
+        assert key in keys, key
+
+
 def _deepseek_v3_dense() -> nn.Module:
     """A tiny DeepSeek-V3 (MLA attention), every layer dense."""
     config = transformers.DeepseekV3Config(
@@ -1135,6 +1191,7 @@ def _deepseek_v3_dense() -> nn.Module:
         ("model.layers.61.self_attn.kv_a_proj_with_mqa.weight_packed", True),
         ("model.layers.61.enorm.weight", True),
         ("model.layers.0.self_attn.rotary_emb.inv_freq", True),  # (an older checkpoint's buffer)
+        ("llama: model.layers.0.self_attn.rotary_emb.inv_freq", True),  # (no class patterns)
         ("mtp.fc.weight", False),  # (Qwen3-Next's, not DeepSeek-V3's)
         ("model.layers.2.mlp.up_proj.weight", False),
     ],
@@ -1143,7 +1200,9 @@ def test_load_skips_the_tensors_transformers_skips(extra, loads, tmp_path):
     """Tensors that transformers' own loading drops for the model class (its
     ``_keys_to_ignore_on_load_unexpected``, old rotary buffers) are not read, and the model
     loads as saved; any other tensor no module holds is refused."""
-    model = _deepseek_v3_dense()
+    arch, _, key = extra.rpartition(": ")
+    model = _model("llama") if arch == "llama" else _deepseek_v3_dense()
+    extra = key
     fp4_ops.quantize_model(model, [LAYERS], activations="bf16")
     fp4_ops.save_quantized(model, tmp_path)
     _tensors(lambda t: t.__setitem__(extra, torch.ones(4, 2, dtype=torch.uint8)))(tmp_path)

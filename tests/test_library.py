@@ -852,6 +852,59 @@ def test_from_linear_takes_a_shared_weight_global_scale():
             FP4Linear.from_linear(lin, weight_global_scale=bad)
 
 
+def _attention(scales=(1.0, 1.0, 1.0), names=("q_proj", "k_proj", "v_proj")) -> nn.Module:
+    """Linears named ``names`` whose weights are scaled by ``scales`` (0: all zero)."""
+    torch.manual_seed(55)
+    block = nn.Module()
+    for name, scale in zip(names, scales, strict=True):
+        lin = nn.Linear(64, 64)
+        with torch.no_grad():
+            lin.weight.mul_(scale)
+        block.add_module(name, lin)
+    return block
+
+
+def _own_scale(lin: nn.Linear) -> float:
+    return float(lin.weight.detach().abs().amax()) / (448.0 * 6.0)
+
+
+def test_quantize_model_shares_scales_among_the_quantized_siblings_only():
+    """The shared scale is the largest own scale among the group's Linears that quantize_model
+    quantizes: MLA's q_a / kv_a too; not a sibling left out by include, nor one kept 16-bit
+    (a weight reader's); 1.0 for a group of zero weights."""
+    mla = _attention((3.0, 1.0), ("q_a_proj", "kv_a_proj_with_mqa"))
+    want = _own_scale(mla.q_a_proj)
+    fp4_ops.quantize_model(mla)
+    assert [float(m.weight_global_scale) for m in mla.children()] == [pytest.approx(want)] * 2
+    chosen = _attention((1.0, 2.0, 10.0))
+    want = _own_scale(chosen.k_proj)
+    fp4_ops.quantize_model(chosen, include=["q_proj", "k_proj"])
+    assert float(chosen.q_proj.weight_global_scale) == pytest.approx(want)
+    reader = _attention((10.0, 1.0, 2.0))
+    model = nn.ModuleDict({"attn": reader, "reader": _Casting()})
+    model["reader"].proj = reader.q_proj  # (16-bit: its reader reads the weight)
+    want = _own_scale(reader.v_proj)
+    report = fp4_ops.quantize_model(model, include=["attn.*"])
+    assert "attn.q_proj" in report.skipped and type(reader.q_proj) is nn.Linear
+    assert float(reader.k_proj.weight_global_scale) == pytest.approx(want)
+    zeros = _attention((0.0, 0.0, 0.0))
+    fp4_ops.quantize_model(zeros)
+    assert [float(m.weight_global_scale) for m in zeros.children()] == [1.0] * 3
+
+
+def test_from_linear_refuses_a_scale_below_a_negative_amax():
+    """The weight's own scale is its largest |w| / (448 * 6), a negative entry's included;
+    anything below it, however close, is refused."""
+    lin = nn.Linear(64, 32)
+    with torch.no_grad():
+        lin.weight.clamp_(-0.5, 0.5)[3, 7] = -3.0
+    own = torch.tensor(3.0) / torch.tensor(448.0 * 6.0)
+    below = torch.nextafter(own, torch.tensor(0.0))
+    with pytest.raises(ValueError, match="below the weight's amax"):
+        FP4Linear.from_linear(lin, weight_global_scale=below)
+    assert float(FP4Linear.from_linear(lin, weight_global_scale=own).weight_global_scale) == own
+
+
 class _HFAttention(nn.Module):
     """A Hugging Face-style attention block: q / k / v / o projections, SDPA, a gated MLP."""
 
