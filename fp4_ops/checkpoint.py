@@ -49,7 +49,7 @@ from torch import nn
 from fp4_ops.cpu import check_scales
 from fp4_ops.layout import FORMATS, SCALE_DTYPES
 from fp4_ops.moe import FP4Experts, check_experts_forward, is_experts_module
-from fp4_ops.nn import FUSED_SIBLINGS, FP4Linear
+from fp4_ops.nn import FP4Linear, fused_groups
 from fp4_ops.tensor import (
     FP4Tensor,
     check_global_scale_value,
@@ -1593,14 +1593,8 @@ def _warn_unshared_scales(layers: dict[str, FP4Linear], modes: dict) -> None:
     """A UserWarning naming the NVFP4 layers that serving engines run as one GEMM
     (``FUSED_SIBLINGS``) but that hold different global scales: vLLM and SGLang take the
     largest for all of them, which scales the others' values."""
-    groups: dict[tuple[str, int], list[str]] = {}
-    for name, layer in layers.items():
-        parent, _, attr = name.rpartition(".")
-        for i, siblings in enumerate(FUSED_SIBLINGS):
-            if attr in siblings and layer.format == "nvfp4":
-                groups.setdefault((parent, i), []).append(name)
     unshared = []
-    for names in groups.values():
+    for names in fused_groups(n for n, layer in layers.items() if layer.format == "nvfp4"):
         weight = {float(layers[n].weight_global_scale) for n in names}
         inputs = {float(layers[n].input_global_scale) for n in names if modes[n][1] == "static"}
         if len(weight) > 1 or len(inputs) > 1:

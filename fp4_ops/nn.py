@@ -829,20 +829,26 @@ FUSED_SIBLINGS = (
 )
 
 
+def fused_groups(names) -> list[list[str]]:
+    """The groups of two or more among the module ``names`` that ``FUSED_SIBLINGS`` makes
+    siblings (one parent, one group's names), in ``names``' order."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for name in names:
+        parent, _, attr = name.rpartition(".")
+        for i, siblings in enumerate(FUSED_SIBLINGS):
+            if attr in siblings:
+                groups.setdefault((parent, i), []).append(name)
+    return [group for group in groups.values() if len(group) > 1]
+
+
 def _shared_global_scales(linears: dict[int, tuple[str, nn.Linear]]) -> dict[int, torch.Tensor]:
     """The NVFP4 weight global scale of each Linear that ``FUSED_SIBLINGS`` groups with others
     among ``linears`` (id -> a name of it, the module): the largest of the group's own
     ``amax / (448 * 6)``, which its largest weight would take alone."""
-    groups: dict[tuple[str, int], list[int]] = {}
-    for key, (name, _) in linears.items():
-        parent, _, attr = name.rpartition(".")
-        for i, siblings in enumerate(FUSED_SIBLINGS):
-            if attr in siblings:
-                groups.setdefault((parent, i), []).append(key)
+    by_name = {name: key for key, (name, _) in linears.items()}
     shared: dict[int, torch.Tensor] = {}
-    for keys in groups.values():
-        if len(keys) < 2:
-            continue
+    for names in fused_groups(by_name):
+        keys = [by_name[n] for n in names]
         weights = [(linears[k][0], linears[k][1].weight.detach()) for k in keys]
         for name, w in weights:  # (the refusal FP4Linear.from_linear would give it)
             if not bool(torch.isfinite(w).all()):
