@@ -17,6 +17,7 @@ import torch
 
 import fp4_ops
 import reference
+from fp4_ops.sm90.k_order import PREPACK_ROWS, unprepack_weights
 
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safetensors")
@@ -557,9 +558,10 @@ def test_experts_left_16_bit_save_and_load_back(arch, patterns, checkpoint, tmp_
 def test_gpu_save_makes_one_modules_plain_copy_at_a_time(tmp_path):
     """save_quantized of a W4A16 model on the GPU (FP4Linears and FP4Experts, whose weights
     are held prepacked) copies each module's tensors to the host before it makes the next
-    one's plain copy: the GPU memory it adds stays under two modules' worth, where making every
-    plain copy first (as ``model.state_dict()`` does) adds the whole model's. On the CPU the
-    host copy is the tensor itself, so only a GPU can tell the two apart."""
+    one's plain copy: the GPU memory it adds stays under two modules' worth and the
+    unprepacking's temporaries, where making every plain copy first (as ``model.state_dict()``
+    does) adds the whole model's, and it keeps none of it. On the CPU the host copy is the
+    tensor itself, so only a GPU can tell the two apart."""
     config = transformers.Qwen3MoeConfig(
         vocab_size=96,
         hidden_size=256,
@@ -567,7 +569,7 @@ def test_gpu_save_makes_one_modules_plain_copy_at_a_time(tmp_path):
         moe_intermediate_size=128,
         num_experts=8,
         num_experts_per_tok=2,
-        num_hidden_layers=6,
+        num_hidden_layers=12,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=64,
@@ -577,14 +579,20 @@ def test_gpu_save_makes_one_modules_plain_copy_at_a_time(tmp_path):
     fp4_ops.quantize_model(model, ["model.layers.*"], activations="bf16")
     fp4 = [m for m in model.modules() if isinstance(m, (fp4_ops.FP4Linear, fp4_ops.FP4Experts))]
     held = [sum(b.numel() * b.element_size() for b in m.buffers()) for m in fp4]
-    assert len(fp4) == 6 * 5 and sum(held) > 4 * max(held)  # (the bound tells them apart)
+    # (unprepack_weights's int64 words and their shifted copies: under 32 bytes per byte of one
+    # PREPACK_ROWS-row chunk, whose rows hold at most hidden_size / 2 bytes here)
+    temporaries = 32 * PREPACK_ROWS * config.hidden_size // 2
+    bound = 2 * max(held) + temporaries + (1 << 16)  # (64 KB: scalars, the allocator's rounding)
+    assert len(fp4) == 12 * 5 and sum(held) > 2 * bound  # (the bound tells them apart)
+    # (the unprepacking's bit tables are made once per device and kept: made before measuring)
+    unprepack_weights(torch.zeros((1, 32), dtype=torch.uint8, device="cuda"), 64)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     fp4_ops.save_quantized(model, tmp_path)
     added = torch.cuda.max_memory_allocated() - before
-    # (a module's plain copy: its bytes again; 64 KB for scalars and the allocator's rounding)
-    assert added <= 2 * max(held) + (1 << 16), (added, max(held), sum(held))
+    assert added <= bound, (added, max(held), sum(held))
+    assert torch.cuda.memory_allocated() - before < 1 << 16  # (it keeps no copy)
     back = fp4_ops.load_quantized(tmp_path)
     for name, module in model.named_modules():
         if isinstance(module, fp4_ops.FP4Experts):
