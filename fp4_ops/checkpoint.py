@@ -49,7 +49,7 @@ from torch import nn
 from fp4_ops.cpu import check_scales
 from fp4_ops.layout import FORMATS, SCALE_DTYPES
 from fp4_ops.moe import FP4Experts, check_experts_forward, is_experts_module
-from fp4_ops.nn import FP4Linear, fused_groups
+from fp4_ops.nn import FP4Linear, fused_groups, weight_reader
 from fp4_ops.tensor import (
     FP4Tensor,
     check_global_scale_value,
@@ -642,21 +642,37 @@ def _weight_parts(layer: _Layer, t: dict):
     return t[keys["data"]], scales, gs
 
 
+def _layer_weight(layer: _Layer, t: dict) -> FP4Tensor:
+    """The FP4 weight of one planned layer from its loaded tensors."""
+    data, scales, gs = _weight_parts(layer, t)
+    try:
+        return FP4Tensor.from_plain(data, scales, gs, layer.scheme.format)
+    except ValueError as err:
+        raise ValueError(f"{layer.name}: {err}") from None
+
+
 def _build_layer(layer: _Layer, t: dict, activations: str, dtype: torch.dtype) -> FP4Linear:
     """The FP4Linear of one planned layer from its loaded tensors."""
     keys, scheme = layer.keys, layer.scheme
-    data, scales, gs = _weight_parts(layer, t)
     input_gs = None
     if "input" in keys:
         input_gs = _read_scalar(t[keys["input"]].cpu(), keys["input"], scheme.reciprocal)
-    try:
-        weight = FP4Tensor.from_plain(data, scales, gs, scheme.format)
-    except ValueError as err:
-        raise ValueError(f"{layer.name}: {err}") from None
+    weight = _layer_weight(layer, t)
     bias = t[keys["bias"]].to(dtype) if "bias" in keys else None
     if activations != "static":
         input_gs = None
     return FP4Linear(weight, bias, activations, input_gs)
+
+
+def _dequantize_into(linear: nn.Linear, layer: _Layer, t: dict, dtype: torch.dtype) -> None:
+    """``linear`` (its parent reads its weight itself) given the planned layer's weight
+    dequantized to ``dtype``, and its bias; its input scale, if any, is checked and unused."""
+    keys, scheme = layer.keys, layer.scheme
+    if "input" in keys:
+        _read_scalar(t[keys["input"]].cpu(), keys["input"], scheme.reciprocal)
+    linear.weight = nn.Parameter(_layer_weight(layer, t).dequantize(dtype), requires_grad=False)
+    if "bias" in keys:
+        linear.bias = nn.Parameter(t[keys["bias"]].to(dtype), requires_grad=False)
 
 
 @dataclass
@@ -922,7 +938,9 @@ def load_quantized(
     output embedding of a tied config is refused.
     Which Linear modules are quantized: compressed-tensors' ``config_groups`` targets less its
     ``ignore`` list (exact names, ``re:`` regexes, class names, as compressed-tensors matches);
-    ModelOpt's every Linear not in ``exclude_modules`` (names or glob patterns).
+    ModelOpt's every Linear not in ``exclude_modules`` (names or glob patterns). One whose parent
+    reads its weight itself (``fp4_ops.nn.weight_reader``, e.g. Mamba's mixers) loads as a
+    16-bit Linear holding the dequantized weight (a UserWarning names them).
 
     ``activations``: None takes the checkpoint's mode: W4A4 with a static input scale
     (FP4Linear ``"static"``) where it stores input scales (NVFP4), W4A4 with per-call scales
@@ -992,7 +1010,14 @@ def load_quantized(
     _refuse_left_over(left - _ignored_by_transformers(model, left), planned)
     _check_kv_scales(ck, kv_scales)
 
-    _load(model, ck, device, (layers, experts, plain), activations, dtype)
+    dequantized = _load(model, ck, device, (layers, experts, plain), activations, dtype)
+    if dequantized:
+        warnings.warn(
+            f"{_listed(dequantized)}: loaded as {_dtype_str(dtype)} Linear layers, their FP4 "
+            f"weights dequantized (16-bit inputs), as their parents read their weights "
+            f"themselves ({next(iter(dequantized.values()))})",
+            stacklevel=2,
+        )
     _warn_unused_expert_input_scales(experts, activations)
     if qconfig.kv_cache:
         warnings.warn(
@@ -1271,14 +1296,22 @@ def _check_kv_scales(ck: _Checkpoint, keys: list[str]) -> None:
             check_global_scale_value(read(key).float(), key)
 
 
-def _load(model: nn.Module, ck: _Checkpoint, device, planned: tuple, activations, dtype) -> None:
-    """Reads the planned tensors and sets the FP4 layers, the experts and the other tensors."""
+def _load(model: nn.Module, ck: _Checkpoint, device, planned: tuple, activations, dtype) -> dict:
+    """Reads the planned tensors and sets the FP4 layers, the experts and the other tensors:
+    {name: why} of the quantized Linears that stay Linears, dequantized (``weight_reader``)."""
     layers, experts, plain = planned
+    dequantized = {}
     with torch.no_grad(), ck.reader(device) as read:
         for layer in layers:
             tensors = {key: read(key) for key in layer.keys.values()}
-            act = _layer_mode(layer, activations)
             owner, attr = _owner(model, layer.name)
+            linear = getattr(owner, attr)
+            why = weight_reader(linear, attr, owner)
+            if why is not None:
+                _dequantize_into(linear, layer, tensors, dtype)
+                dequantized[layer.name] = why
+                continue
+            act = _layer_mode(layer, activations)
             setattr(owner, attr, _build_layer(layer, tensors, act, dtype))
         for plan in experts:
             tensors = {key: read(key) for key in plan.keys.values()}
@@ -1302,6 +1335,7 @@ def _load(model: nn.Module, ck: _Checkpoint, device, planned: tuple, activations
             for name in names:
                 owner, attr = _owner(model, name)
                 setattr(owner, attr, value)
+    return dequantized
 
 
 # ----------------------------------------------------------------------------- save

@@ -635,11 +635,11 @@ def _router(model: nn.Module, name: str) -> str | None:
     return None
 
 
-def _direct_reader(linear: nn.Linear, attr: str, parent: nn.Module) -> str | None:
-    """Why ``parent`` reads ``linear``'s weight itself (not only through its forward), or
-    None: torch's attention modules, or a parent class whose code names ``self.{attr}.weight``
-    (to cast an input to the weight's dtype, or to pass it to a fused kernel, as some
-    transformers models do)."""
+def weight_reader(linear: nn.Linear, attr: str, parent: nn.Module) -> str | None:
+    """Why ``parent`` reads its Linear ``linear`` (its attribute ``attr``)'s weight itself, not
+    only through its forward, or None: torch's attention modules, or a parent class whose code
+    names ``self.{attr}.weight`` (to cast an input to the weight's dtype, or to pass it to a
+    fused kernel, as some transformers models do). Such a Linear cannot be an FP4Linear."""
     if isinstance(parent, nn.MultiheadAttention) or isinstance(
         linear, NonDynamicallyQuantizableLinear
     ):
@@ -867,7 +867,7 @@ def _held_as(model: nn.Module, name: str, linear: nn.Linear) -> str | None:
         return "the model is an nn.Linear itself: FP4Linear.from_linear"
     parent_name, _, attr = name.rpartition(".")
     parent = model.get_submodule(parent_name)
-    return _router(model, name) or _direct_reader(linear, attr, parent)
+    return _router(model, name) or weight_reader(linear, attr, parent)
 
 
 def _unfit(linear: nn.Linear) -> str | None:

@@ -120,3 +120,51 @@ def test_quantize_model_keeps_linears_mamba_reads():
         warnings.simplefilter("ignore")
         logits = model(ids).logits
     assert logits.shape == (1, 6, 96) and bool(torch.isfinite(logits).all())
+
+
+def test_load_quantized_dequantizes_linears_mamba_reads(tmp_path):
+    """A checkpoint that quantizes Linears whose weights Mamba's code reads (as a writer that
+    quantizes every Linear does) loads them as 16-bit Linears holding the dequantized FP4
+    weights, with a warning that names them; the other quantized Linears load as FP4Linear,
+    and the model gives the logits of the same layers held that way before saving."""
+    config = transformers.MambaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        state_size=8,
+        intermediate_size=128,
+        time_step_rank=8,
+        num_hidden_layers=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.MambaForCausalLM(config).eval().bfloat16()
+    read = [f"backbone.layers.{i}.mixer.{n}" for i in range(2) for n in ("x_proj", "out_proj")]
+    fp4 = [f"backbone.layers.{i}.mixer.in_proj" for i in range(2)]
+    for name in read + fp4:
+        parent, _, attr = name.rpartition(".")
+        linear = model.get_submodule(name)
+        setattr(
+            model.get_submodule(parent),
+            attr,
+            fp4_ops.FP4Linear.from_linear(linear, activations="bf16"),
+        )
+    fp4_ops.save_quantized(model, tmp_path)
+    with pytest.warns(UserWarning, match="dequantized") as caught:
+        back = fp4_ops.load_quantized(tmp_path)
+    assert all(name in str(caught[0].message) for name in read)
+
+    for name in read:  # (the reference: the same FP4 weights, dequantized by hand)
+        parent, _, attr = name.rpartition(".")
+        layer = model.get_submodule(name)
+        linear = torch.nn.Linear(layer.in_features, layer.out_features, layer.bias is not None)
+        linear = linear.bfloat16().requires_grad_(False)
+        linear.weight.copy_(layer.weight.dequantize(torch.bfloat16))
+        if layer.bias is not None:
+            linear.bias.copy_(layer.bias)
+        setattr(model.get_submodule(parent), attr, linear)
+        got = back.get_submodule(name)
+        assert type(got) is torch.nn.Linear and torch.equal(got.weight, linear.weight), name
+    assert all(isinstance(back.get_submodule(name), fp4_ops.FP4Linear) for name in fp4)
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), warnings.catch_warnings():  # (its note on the slow path)
+        warnings.simplefilter("ignore")
+        assert torch.equal(back(ids).logits, model(ids).logits)
