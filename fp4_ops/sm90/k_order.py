@@ -72,7 +72,7 @@ def prepack_weights(b):
     rows = b.view(torch.uint8).reshape(math.prod(b.shape[:-1]), b.shape[-1])
     out = torch.empty((rows.shape[0], k_pad // 2), dtype=torch.uint8, device=b.device)
     order, tables = _byte_order(b.device, inverse=False), _word_tables(b.device, inverse=False)
-    # (a few rows at a time: the 64-bit words stay a small multiple of one chunk, not of b)
+    # (a few rows at a time: the 32-bit half-words stay a small multiple of one chunk, not of b)
     for start in range(0, rows.shape[0], PREPACK_ROWS):
         chunk = torch.nn.functional.pad(rows[start : start + PREPACK_ROWS], (0, (k_pad - k) // 2))
         blocks = chunk.reshape(chunk.shape[0], k_pad // K_BLOCK, K_BLOCK // 2)[..., order]
@@ -118,8 +118,8 @@ def _byte_order(device, inverse: bool):
 
 def _word_tables(device, inverse: bool):
     """The bit placement of ``PAIR_BITS`` on 32-bit words whose byte p holds pair p (lane l in
-    nibble l): two int64 tables of the 65536 low and high half-words' placed bits (``inverse``:
-    from placed words back), on ``device``, made once."""
+    nibble l): two tables of the 65536 low and high half-words' placed bits, as int32 (bit 31
+    the sign) (``inverse``: from placed words back), on ``device``, made once."""
     import torch
 
     key = ("words", device, inverse)
@@ -136,6 +136,7 @@ def _word_tables(device, inverse: bool):
         tables = torch.zeros((2, 1 << 16), dtype=torch.int64)
         for src, dst in placed.items():
             tables[src // 16] |= (half >> (src % 16) & 1) << dst
+        tables = torch.where(tables >= 1 << 31, tables - (1 << 32), tables).to(torch.int32)
         _TABLES[key] = _kept(tables, device)
     return _TABLES[key]
 
@@ -155,14 +156,14 @@ def _kept(t, device):
 
 def _move_bits(blocks, tables):
     """uint8 [..., 4w] -> the same shape with each little-endian 32-bit word's bits moved by
-    ``_word_tables``: one lookup per half-word."""
+    ``_word_tables``: one lookup per half-word, the two results ORed (a little-endian int32's
+    bytes are the word's)."""
     import torch
 
-    b = blocks.reshape(*blocks.shape[:-1], blocks.shape[-1] // 4, 4).to(torch.int64)
-    words = b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16 | b[..., 3] << 24
-    moved = tables[0][words & 0xFFFF] | tables[1][words >> 16]
-    shifts = torch.arange(0, 32, 8, device=blocks.device)
-    return ((moved[..., None] >> shifts) & 0xFF).to(torch.uint8).reshape(blocks.shape)
+    halves = blocks.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    low, high = halves[..., 0::2].flatten(), halves[..., 1::2].flatten()
+    moved = tables[0].index_select(0, low) | tables[1].index_select(0, high)
+    return moved.view(torch.uint8).reshape(blocks.shape)
 
 
 def _check_packed(packed) -> None:
