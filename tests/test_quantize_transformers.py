@@ -9,10 +9,12 @@
   and ``out_proj``'s weights to its kernels, its LM casts to ``lm_head.weight.dtype``), which
   an FP4Linear holds as an FP4Tensor.
 
-Every other Linear becomes an FP4Linear, and the model runs."""
+Every other Linear becomes an FP4Linear, and the model runs. A checkpoint that quantizes
+Linears of the second kind anyway loads them dequantized (load_quantized)."""
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 
@@ -22,6 +24,7 @@ import torch
 import fp4_ops
 
 transformers = pytest.importorskip("transformers", reason="needs transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safetensors")
 
 #: model type -> its routers' names inside a decoder layer, as either transformers major
 #: spells them (the ones that are nn.Linear in the installed version are expected)
@@ -122,11 +125,10 @@ def test_quantize_model_keeps_linears_mamba_reads():
     assert logits.shape == (1, 6, 96) and bool(torch.isfinite(logits).all())
 
 
-def test_load_quantized_dequantizes_linears_mamba_reads(tmp_path):
-    """A checkpoint that quantizes Linears whose weights Mamba's code reads (as a writer that
-    quantizes every Linear does) loads them as 16-bit Linears holding the dequantized FP4
-    weights, with a warning that names them; the other quantized Linears load as FP4Linear,
-    and the model gives the logits of the same layers held that way before saving."""
+def _mamba_with_fp4_reads(dtype: torch.dtype, activations: str):
+    """A tiny Mamba (biased projections) whose Linears are FP4Linears, as a writer that
+    quantizes every Linear makes them, Mamba's weight reads included: (model, the Linears it
+    reads, the others)."""
     config = transformers.MambaConfig(
         vocab_size=96,
         hidden_size=64,
@@ -134,37 +136,131 @@ def test_load_quantized_dequantizes_linears_mamba_reads(tmp_path):
         intermediate_size=128,
         time_step_rank=8,
         num_hidden_layers=2,
+        use_bias=True,
     )
     torch.manual_seed(0)
-    model = transformers.MambaForCausalLM(config).eval().bfloat16()
+    model = transformers.MambaForCausalLM(config).eval().to(dtype)
     read = [f"backbone.layers.{i}.mixer.{n}" for i in range(2) for n in ("x_proj", "out_proj")]
     fp4 = [f"backbone.layers.{i}.mixer.in_proj" for i in range(2)]
+    gs = {"input_global_scale": 0.01} if activations == "static" else {}
     for name in read + fp4:
         parent, _, attr = name.rpartition(".")
-        linear = model.get_submodule(name)
-        setattr(
-            model.get_submodule(parent),
-            attr,
-            fp4_ops.FP4Linear.from_linear(linear, activations="bf16"),
+        layer = fp4_ops.FP4Linear.from_linear(
+            model.get_submodule(name), activations=activations, **gs
         )
+        setattr(model.get_submodule(parent), attr, layer)
+    return model, read, fp4
+
+
+@pytest.mark.parametrize(
+    "dtype, activations", [(torch.bfloat16, "bf16"), (torch.float16, "static")]
+)
+def test_load_quantized_dequantizes_linears_mamba_reads(tmp_path, dtype, activations):
+    """A checkpoint that quantizes Linears whose weights Mamba's code reads loads them as Linears
+    of the model's dtype holding the dequantized FP4 weights and their biases, frozen as every
+    loaded tensor, with a warning that names them; the other quantized Linears load as
+    FP4Linear, and the model gives the logits of the same layers held that way before saving."""
+    model, read, fp4 = _mamba_with_fp4_reads(dtype, activations)
     fp4_ops.save_quantized(model, tmp_path)
     with pytest.warns(UserWarning, match="dequantized") as caught:
         back = fp4_ops.load_quantized(tmp_path)
-    assert all(name in str(caught[0].message) for name in read)
+    message = str(caught[0].message)
+    assert all(name in message for name in read) and f"as {str(dtype)[6:]} Linear" in message
+    assert not any(p.requires_grad for p in back.parameters())
 
     for name in read:  # (the reference: the same FP4 weights, dequantized by hand)
         parent, _, attr = name.rpartition(".")
         layer = model.get_submodule(name)
         linear = torch.nn.Linear(layer.in_features, layer.out_features, layer.bias is not None)
-        linear = linear.bfloat16().requires_grad_(False)
-        linear.weight.copy_(layer.weight.dequantize(torch.bfloat16))
+        linear = linear.to(dtype).requires_grad_(False)
+        linear.weight.copy_(layer.weight.dequantize(dtype))
         if layer.bias is not None:
             linear.bias.copy_(layer.bias)
         setattr(model.get_submodule(parent), attr, linear)
         got = back.get_submodule(name)
         assert type(got) is torch.nn.Linear and torch.equal(got.weight, linear.weight), name
+        assert (got.bias is None) == (linear.bias is None), name
+        assert got.bias is None or torch.equal(got.bias, linear.bias), name
+    assert any(model.get_submodule(name).bias is not None for name in read)
     assert all(isinstance(back.get_submodule(name), fp4_ops.FP4Linear) for name in fp4)
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), warnings.catch_warnings():  # (its note on the slow path)
         warnings.simplefilter("ignore")
         assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), 1e-40])
+def test_load_quantized_checks_input_scales_of_dequantized_linears(tmp_path, bad):
+    """A dequantized Linear's stored input scale is unused, and checked as any other: a scale
+    that is not a finite positive number (either way round) is refused, naming its tensor."""
+    model, read, _ = _mamba_with_fp4_reads(torch.bfloat16, "static")
+    fp4_ops.save_quantized(model, tmp_path)
+    (file,) = tmp_path.glob("*.safetensors")
+    tensors = safetensors_torch.load_file(file)
+    key = f"{read[-1]}.input_global_scale"
+    tensors[key] = torch.full_like(tensors[key], bad)
+    safetensors_torch.save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=re.escape(key)):
+        fp4_ops.load_quantized(tmp_path)
+
+
+def test_load_quantized_dequantized_linears_take_the_config_dtype(tmp_path):
+    """A dequantized Linear's weight and bias are of the config's dtype, whatever the stored
+    bias's."""
+    model, read, _ = _mamba_with_fp4_reads(torch.bfloat16, "bf16")
+    fp4_ops.save_quantized(model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    config["dtype"] = "float16"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        back = fp4_ops.load_quantized(tmp_path)
+    for name in read:
+        layer, got = model.get_submodule(name), back.get_submodule(name)
+        assert torch.equal(got.weight, layer.weight.dequantize(torch.float16)), name
+        want = None if layer.bias is None else layer.bias.to(torch.float16)
+        assert got.bias is want is None or torch.equal(got.bias, want), name
+        assert {p.dtype for p in got.parameters()} == {torch.float16}, name
+
+
+class _Mixer(transformers.models.mamba.modeling_mamba.MambaMixer):
+    """Mamba's mixer with its own constructor only: the weight reads are its base's."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+
+
+def test_quantize_model_keeps_linears_a_base_class_reads():
+    config = transformers.MambaConfig(
+        vocab_size=96, hidden_size=64, state_size=8, intermediate_size=128, num_hidden_layers=2
+    )
+    model = transformers.MambaForCausalLM(config).eval().bfloat16()
+    for layer in model.backbone.layers:
+        layer.mixer.__class__ = _Mixer
+    report = fp4_ops.quantize_model(model, ["backbone.*"], activations="bf16")
+    read = {f"backbone.layers.{i}.{n}" for i in range(2) for n in MAMBA_READS}
+    assert read <= set(report.skipped)
+
+
+def test_quantize_model_keeps_multihead_attentions_out_proj():
+    """nn.MultiheadAttention passes its out_proj's weight to its functional form: out_proj
+    stays an nn.Linear, the model's other Linear becomes an FP4Linear, and the model runs."""
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+            self.fc = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.fc(self.attn(x, x, x, need_weights=False)[0])
+
+    torch.manual_seed(0)
+    block = Block().bfloat16().eval()
+    report = fp4_ops.quantize_model(block, activations="bf16")
+    assert list(report.replaced) == ["fc"] and list(report.skipped) == ["attn.out_proj"]
+    assert type(block.attn.out_proj) is torch.nn.modules.linear.NonDynamicallyQuantizableLinear
+    with torch.no_grad():
+        y = block(torch.randn(1, 5, 64, dtype=torch.bfloat16))
+    assert y.shape == (1, 5, 64) and bool(torch.isfinite(y).all())
