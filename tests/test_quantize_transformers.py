@@ -99,7 +99,8 @@ def test_quantize_model_keeps_transformers_routers(model_type):
 MAMBA_READS = ("mixer.x_proj", "mixer.dt_proj", "mixer.out_proj")
 
 
-def test_quantize_model_keeps_linears_mamba_reads():
+def _mamba(use_bias: bool = False):
+    """A tiny two-layer Mamba LM in eval mode, float32, its weights from seed 0."""
     config = transformers.MambaConfig(
         vocab_size=96,
         hidden_size=64,
@@ -107,9 +108,14 @@ def test_quantize_model_keeps_linears_mamba_reads():
         intermediate_size=128,
         time_step_rank=8,
         num_hidden_layers=2,
+        use_bias=use_bias,
     )
     torch.manual_seed(0)
-    model = transformers.MambaForCausalLM(config).eval().bfloat16()
+    return transformers.MambaForCausalLM(config).eval()
+
+
+def test_quantize_model_keeps_linears_mamba_reads():
+    model = _mamba().bfloat16()
     linears = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     read = {f"backbone.layers.{i}.{n}" for i in range(2) for n in MAMBA_READS} | {"lm_head"}
     assert read < linears
@@ -129,17 +135,7 @@ def _mamba_with_fp4_reads(dtype: torch.dtype, activations: str):
     """A tiny Mamba (biased projections) whose Linears are FP4Linears, as a writer that
     quantizes every Linear makes them, Mamba's weight reads included: (model, the Linears it
     reads, the others)."""
-    config = transformers.MambaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        state_size=8,
-        intermediate_size=128,
-        time_step_rank=8,
-        num_hidden_layers=2,
-        use_bias=True,
-    )
-    torch.manual_seed(0)
-    model = transformers.MambaForCausalLM(config).eval().to(dtype)
+    model = _mamba(use_bias=True).to(dtype)
     read = [f"backbone.layers.{i}.mixer.{n}" for i in range(2) for n in ("x_proj", "out_proj")]
     fp4 = [f"backbone.layers.{i}.mixer.in_proj" for i in range(2)]
     gs = {"input_global_scale": 0.01} if activations == "static" else {}
@@ -232,10 +228,7 @@ class _Mixer(transformers.models.mamba.modeling_mamba.MambaMixer):
 
 
 def test_quantize_model_keeps_linears_a_base_class_reads():
-    config = transformers.MambaConfig(
-        vocab_size=96, hidden_size=64, state_size=8, intermediate_size=128, num_hidden_layers=2
-    )
-    model = transformers.MambaForCausalLM(config).eval().bfloat16()
+    model = _mamba().bfloat16()
     for layer in model.backbone.layers:
         layer.mixer.__class__ = _Mixer
     report = fp4_ops.quantize_model(model, ["backbone.*"], activations="bf16")
