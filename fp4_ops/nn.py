@@ -590,8 +590,8 @@ class _Plan:
 @dataclass
 class QuantizeReport:
     """What ``quantize_model`` did: ``replaced``, the names of the nn.Linear modules now
-    FP4Linear; ``skipped``, name -> why a chosen nn.Linear stays as it is; ``unmatched``, the
-    ``include`` patterns that matched no nn.Linear."""
+    FP4Linear; ``skipped``, name -> why a chosen nn.Linear (or transformers Conv1D) stays as
+    it is; ``unmatched``, the ``include`` patterns that matched no nn.Linear."""
 
     replaced: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -723,9 +723,9 @@ def quantize_model(
     parent reads their weight itself (``nn.MultiheadAttention``'s ``out_proj``, any
     ``NonDynamicallyQuantizableLinear``, a parent class whose code names
     ``self.<name>.weight``: Mamba's mixer, DeepSeek-V3.2's indexer); and, by default, those
-    whose in_features is not a multiple of 32 or whose class overrides ``nn.Linear.forward``
-    (one that ``include`` chooses raises ValueError). The new modules keep the old ones' train /
-    eval mode. A module
+    whose in_features is not a multiple of 32 or whose class overrides ``nn.Linear.forward``,
+    and transformers' ``Conv1D`` (GPT-2's; one that ``include`` chooses raises ValueError).
+    The new modules keep the old ones' train / eval mode. A module
     reachable by several names becomes one FP4 module under all of them, whichever ``include``
     chose, or stays as it is under all of them where one name may not hold an FP4Linear (a
     router's, a weight reader's; each name skipped in the report). Returns a
@@ -738,7 +738,9 @@ def quantize_model(
     modules = [
         (name, module)
         for name, module in model.named_modules(remove_duplicate=False)
-        if isinstance(module, nn.Linear) or is_experts_module(module)
+        if isinstance(module, nn.Linear)
+        or is_experts_module(module)
+        or (_is_conv1d(module) and predicate is None)  # (a predicate is asked of Linears)
     ]
     report = QuantizeReport()
     if patterns is not None:
@@ -749,6 +751,11 @@ def quantize_model(
     converted: dict[int, nn.Module] = {}
     for name, module in modules:
         if not _chosen(name, module, patterns, predicate):
+            continue
+        if _is_conv1d(module):
+            if include is not None:
+                raise ValueError(f"{name}: {CONV1D_REASON}")
+            report.skipped[name] = CONV1D_REASON
             continue
         if isinstance(module, nn.Linear):
             if _linear_fits(model, name, module, include, report):
@@ -802,6 +809,17 @@ def _chosen(name: str, module: nn.Module, patterns, predicate) -> bool:
     if not isinstance(chosen, bool):
         raise TypeError(f"include(name, module) must return a bool, got {type(chosen).__name__}")
     return chosen
+
+
+CONV1D_REASON = (
+    "transformers' Conv1D (GPT-2's Linear, its weight stored transposed), which FP4Linear does "
+    "not replace"
+)
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    cls = type(module)
+    return cls.__name__ == "Conv1D" and cls.__module__.split(".")[0] == "transformers"
 
 
 def _linear_fits(model, name: str, module: nn.Linear, include, report) -> bool:

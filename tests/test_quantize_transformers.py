@@ -257,3 +257,31 @@ def test_quantize_model_keeps_multihead_attentions_out_proj():
     with torch.no_grad():
         y = block(torch.randn(1, 5, 64, dtype=torch.bfloat16))
     assert y.shape == (1, 5, 64) and bool(torch.isfinite(y).all())
+
+
+def test_quantize_model_names_gpt2s_conv1d():
+    """GPT-2's projections are transformers' Conv1D (a Linear storing its weight transposed),
+    which FP4Linear does not replace: skipped with the reason by default, refused where
+    ``include`` chooses one, left alone by a predicate (which is asked of Linears)."""
+    config = transformers.GPT2Config(
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        vocab_size=96,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = transformers.GPT2LMHeadModel(config).eval().bfloat16()
+    conv = [f"transformer.h.{i}.{n}" for i in range(2) for n in GPT2_CONV1D]
+    with pytest.raises(ValueError, match=r"transformer\.h\.0\.mlp\.c_fc: transformers' Conv1D"):
+        fp4_ops.quantize_model(model, ["*.mlp.*"], activations="bf16")
+    report = fp4_ops.quantize_model(model, lambda name, m: m.in_features > 0, "nvfp4", "bf16")
+    assert not set(conv) & {*report.replaced, *report.skipped}
+    report = fp4_ops.quantize_model(model, activations="bf16")
+    assert set(conv) <= set(report.skipped) and not set(conv) & set(report.replaced)
+    assert all("Conv1D" in report.skipped[name] for name in conv)
+
+
+#: GPT-2's Conv1D modules in each block (modeling_gpt2.py)
+GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
