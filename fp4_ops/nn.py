@@ -723,8 +723,9 @@ def quantize_model(
     parent reads their weight itself (``nn.MultiheadAttention``'s ``out_proj``, any
     ``NonDynamicallyQuantizableLinear``, a parent class whose code names
     ``self.<name>.weight``: Mamba's mixer, DeepSeek-V3.2's indexer); and, by default, those
-    whose in_features is not a multiple of 32 or whose class overrides ``nn.Linear.forward``,
-    and transformers' ``Conv1D`` (GPT-2's; one that ``include`` chooses raises ValueError).
+    whose in_features is not a multiple of 32 or whose class overrides ``nn.Linear.forward``
+    (one that ``include`` chooses raises ValueError); transformers' ``Conv1D`` (GPT-2's),
+    whatever a predicate says (one that ``include`` patterns choose raises ValueError).
     The new modules keep the old ones' train / eval mode. A module
     reachable by several names becomes one FP4 module under all of them, whichever ``include``
     chose, or stays as it is under all of them where one name may not hold an FP4Linear (a
@@ -738,9 +739,7 @@ def quantize_model(
     modules = [
         (name, module)
         for name, module in model.named_modules(remove_duplicate=False)
-        if isinstance(module, nn.Linear)
-        or is_experts_module(module)
-        or (_is_conv1d(module) and predicate is None)  # (a predicate is asked of Linears)
+        if isinstance(module, nn.Linear) or is_experts_module(module) or _is_conv1d(module)
     ]
     report = QuantizeReport()
     if patterns is not None:
@@ -750,12 +749,13 @@ def quantize_model(
     linears: dict[int, tuple[str, nn.Linear]] = {}  # (to quantize: a name of each, the module)
     converted: dict[int, nn.Module] = {}
     for name, module in modules:
-        if not _chosen(name, module, patterns, predicate):
-            continue
         if _is_conv1d(module):
-            if include is not None:
+            if patterns is None:  # (every one, whatever a predicate says: it is asked of Linears)
+                report.skipped[name] = CONV1D_REASON
+            elif _chosen(name, module, patterns, None):
                 raise ValueError(f"{name}: {CONV1D_REASON}")
-            report.skipped[name] = CONV1D_REASON
+            continue
+        if not _chosen(name, module, patterns, predicate):
             continue
         if isinstance(module, nn.Linear):
             if _linear_fits(model, name, module, include, report):
@@ -818,8 +818,11 @@ CONV1D_REASON = (
 
 
 def _is_conv1d(module: nn.Module) -> bool:
-    cls = type(module)
-    return cls.__name__ == "Conv1D" and cls.__module__.split(".")[0] == "transformers"
+    """An instance of transformers' Conv1D (or of a subclass), without importing transformers."""
+    return any(
+        cls.__name__ == "Conv1D" and cls.__module__ == "transformers.pytorch_utils"
+        for cls in type(module).__mro__
+    )
 
 
 def _linear_fits(model, name: str, module: nn.Linear, include, report) -> bool:

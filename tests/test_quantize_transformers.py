@@ -261,8 +261,9 @@ def test_quantize_model_keeps_multihead_attentions_out_proj():
 
 def test_quantize_model_names_gpt2s_conv1d():
     """GPT-2's projections are transformers' Conv1D (a Linear storing its weight transposed),
-    which FP4Linear does not replace: skipped with the reason by default, refused where
-    ``include`` chooses one, left alone by a predicate (which is asked of Linears)."""
+    which FP4Linear does not replace: named with the reason by default and under a predicate
+    (which is asked of Linears only), refused where ``include`` patterns choose one, before the
+    model changes."""
     config = transformers.GPT2Config(
         n_embd=64,
         n_layer=2,
@@ -273,14 +274,34 @@ def test_quantize_model_names_gpt2s_conv1d():
         eos_token_id=0,
     )
     model = transformers.GPT2LMHeadModel(config).eval().bfloat16()
-    conv = [f"transformer.h.{i}.{n}" for i in range(2) for n in GPT2_CONV1D]
-    with pytest.raises(ValueError, match=r"transformer\.h\.0\.mlp\.c_fc: transformers' Conv1D"):
-        fp4_ops.quantize_model(model, ["*.mlp.*"], activations="bf16")
-    report = fp4_ops.quantize_model(model, lambda name, m: m.in_features > 0, "nvfp4", "bf16")
-    assert not set(conv) & {*report.replaced, *report.skipped}
-    report = fp4_ops.quantize_model(model, activations="bf16")
-    assert set(conv) <= set(report.skipped) and not set(conv) & set(report.replaced)
-    assert all("Conv1D" in report.skipped[name] for name in conv)
+    conv = {f"transformer.h.{i}.{n}" for i in range(2) for n in GPT2_CONV1D}
+    with pytest.raises(ValueError, match=r"^transformer\.h\.0\.mlp\.c_fc: transformers' Conv1D"):
+        fp4_ops.quantize_model(model, ["lm_head", "*.mlp.*"], activations="bf16")
+    assert type(model.lm_head) is torch.nn.Linear  # (nothing changed before the refusal)
+    report = fp4_ops.quantize_model(model, ["lm_head"], activations="bf16")
+    assert not conv & {*report.replaced, *report.skipped}
+    for include in (None, lambda name, m: m.in_features > 0):
+        report = fp4_ops.quantize_model(model, include, activations="bf16")
+        assert {n: why for n, why in report.skipped.items() if n in conv} == dict.fromkeys(
+            conv, fp4_ops.nn.CONV1D_REASON
+        )
+        assert not conv & set(report.replaced)
+
+
+def test_quantize_model_names_subclasses_of_conv1d_only():
+    """A subclass of transformers' Conv1D is one (named); another class called Conv1D is not."""
+
+    class Conv1D(torch.nn.Module):  # (a convolution of one's own, named alike)
+        pass
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = type("MyConv1D", (transformers.pytorch_utils.Conv1D,), {})(64, 64)
+            self.conv = Conv1D()
+
+    report = fp4_ops.quantize_model(Net(), activations="bf16")
+    assert report.skipped == {"proj": fp4_ops.nn.CONV1D_REASON} and not report.replaced
 
 
 #: GPT-2's Conv1D modules in each block (modeling_gpt2.py)
