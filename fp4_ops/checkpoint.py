@@ -651,12 +651,16 @@ def _layer_weight(layer: _Layer, t: dict) -> FP4Tensor:
         raise ValueError(f"{layer.name}: {err}") from None
 
 
+def _input_scale(layer: _Layer, t: dict) -> torch.Tensor | None:
+    """The planned layer's static input scale, checked, or None where it stores none."""
+    key = layer.keys.get("input")
+    return None if key is None else _read_scalar(t[key].cpu(), key, layer.scheme.reciprocal)
+
+
 def _build_layer(layer: _Layer, t: dict, activations: str, dtype: torch.dtype) -> FP4Linear:
     """The FP4Linear of one planned layer from its loaded tensors."""
-    keys, scheme = layer.keys, layer.scheme
-    input_gs = None
-    if "input" in keys:
-        input_gs = _read_scalar(t[keys["input"]].cpu(), keys["input"], scheme.reciprocal)
+    keys = layer.keys
+    input_gs = _input_scale(layer, t)
     weight = _layer_weight(layer, t)
     bias = t[keys["bias"]].to(dtype) if "bias" in keys else None
     if activations != "static":
@@ -667,9 +671,8 @@ def _build_layer(layer: _Layer, t: dict, activations: str, dtype: torch.dtype) -
 def _dequantize_into(linear: nn.Linear, layer: _Layer, t: dict, dtype: torch.dtype) -> None:
     """``linear`` (its parent reads its weight itself) given the planned layer's weight
     dequantized to ``dtype``, and its bias; its input scale, if any, is checked and unused."""
-    keys, scheme = layer.keys, layer.scheme
-    if "input" in keys:
-        _read_scalar(t[keys["input"]].cpu(), keys["input"], scheme.reciprocal)
+    keys = layer.keys
+    _input_scale(layer, t)
     linear.weight = nn.Parameter(_layer_weight(layer, t).dequantize(dtype), requires_grad=False)
     if "bias" in keys:
         linear.bias = nn.Parameter(t[keys["bias"]].to(dtype), requires_grad=False)
