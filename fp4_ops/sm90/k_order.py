@@ -14,6 +14,7 @@ BF16 bits with one to three instructions (``dequant.prepacked_pair_bits``).
 from __future__ import annotations
 
 import math
+import sys
 
 from fp4_ops.memory import persistent
 
@@ -124,6 +125,8 @@ def _word_tables(device, inverse: bool):
 
     key = ("words", device, inverse)
     if key not in _TABLES:
+        if sys.byteorder != "little":  # (_move_bits reads bytes as little-endian half-words)
+            raise RuntimeError("prepack_weights needs a little-endian host")
         placed = {
             8 * p + 4 * lane + b: PAIR_BITS[p][lane][b]
             for p in range(4)
