@@ -875,9 +875,8 @@ def _shared_global_scales(linears: dict[int, tuple[str, nn.Linear]]) -> dict[int
             if not bool(torch.isfinite(w).all()):
                 raise ValueError(f"{name}: weight contains NaN or Inf, which FP4 cannot encode")
         device = weights[0][1].device
-        amax = torch.stack([w.abs().amax().float().to(device) for _, w in weights]).amax()
-        scale = amax / torch.tensor(GLOBAL_SCALE_DIVISOR, dtype=torch.float32, device=device)
-        shared.update(dict.fromkeys(keys, torch.where(scale > 0, scale, torch.ones_like(scale))))
+        amax = torch.stack([w.abs().amax().float().to(device) for _, w in weights])
+        shared.update(dict.fromkeys(keys, cpu.dynamic_global_scale(amax)))
     return shared
 
 
