@@ -591,15 +591,19 @@ class _Plan:
 class QuantizeReport:
     """What ``quantize_model`` did: ``replaced``, the names of the nn.Linear modules now
     FP4Linear; ``skipped``, name -> why a chosen nn.Linear (or transformers Conv1D) stays as
-    it is; ``unmatched``, the ``include`` patterns that matched no nn.Linear."""
+    it is; ``unmatched``, the ``include`` patterns that matched no nn.Linear; ``untied``, name
+    -> the other modules that shared a parameter with a replaced Linear (a tied ``lm_head``'s
+    input embedding) and keep it, while the FP4Linear holds its own copy."""
 
     replaced: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     unmatched: list[str] = field(default_factory=list)
+    untied: dict[str, list[str]] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"replaced {len(self.replaced)}: {', '.join(self.replaced) or '-'}"]
         lines += [f"skipped {name or '(the model)'}: {why}" for name, why in self.skipped.items()]
+        lines += [f"untied {name} from {', '.join(o)}" for name, o in self.untied.items()]
         if self.unmatched:
             lines.append(f"patterns that matched no nn.Linear: {', '.join(self.unmatched)}")
         return "\n".join(lines)
@@ -729,7 +733,10 @@ def quantize_model(
     The new modules keep the old ones' train / eval mode. A module
     reachable by several names becomes one FP4 module under all of them, whichever ``include``
     chose, or stays as it is under all of them where one name may not hold an FP4Linear (a
-    router's, a weight reader's; each name skipped in the report). Returns a
+    router's, a weight reader's; each name skipped in the report). A Linear whose weight
+    another module holds too (a tied ``lm_head``'s input embedding) gets an FP4 copy of its
+    own (``untied`` in the report, and a warning: the model grows); a transformers model's
+    configs then say ``tie_word_embeddings=False``, as ``save_quantized`` writes. Returns a
     ``QuantizeReport`` (and warns about patterns that matched no nn.Linear).
     """
     check_type(model, nn.Module, "model", "an nn.Module")
@@ -774,6 +781,7 @@ def quantize_model(
             if why is not None:
                 kept.setdefault(id(module), (name, why))
     linears = {key: found for key, found in linears.items() if key not in kept}
+    report.untied = _sharers(model, linears)
     shared = _shared_global_scales(linears) if format == "nvfp4" else {}
     for key, (name, module) in linears.items():
         try:
@@ -790,6 +798,15 @@ def quantize_model(
         elif id(module) in converted:
             report.replaced.append(name)
             model.set_submodule(name, converted[id(module)])
+    if report.untied:
+        _untie_output_embedding(model, report.untied)
+        pairs = "; ".join(f"{n} from {', '.join(o)}" for n, o in report.untied.items())
+        warnings.warn(
+            f"quantize_model: untied {pairs}: the FP4Linear holds an FP4 copy of the weight, "
+            "the other modules keep it in 16 bits, so the model grows (a tied output "
+            "embedding's config now says tie_word_embeddings=False, as save_quantized writes)",
+            stacklevel=2,
+        )
     if report.unmatched:
         warnings.warn(
             "quantize_model: include patterns that matched no nn.Linear or experts module: "
@@ -878,6 +895,41 @@ def _shared_global_scales(linears: dict[int, tuple[str, nn.Linear]]) -> dict[int
         amax = torch.stack([w.abs().amax().float().to(device) for _, w in weights])
         shared.update(dict.fromkeys(keys, cpu.dynamic_global_scale(amax)))
     return shared
+
+
+def _sharers(model: nn.Module, linears: dict[int, tuple[str, nn.Linear]]) -> dict[str, list[str]]:
+    """name -> the other modules holding its weight, for each Linear in ``linears`` (id -> a
+    name of it, the module) whose weight another module holds too (a tied lm_head's input
+    embedding): an FP4Linear in its place unties them."""
+    holders: dict[int, dict[int, str]] = {}
+    for name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            holders.setdefault(id(p), {}).setdefault(id(module), name)
+    sharers = {}
+    for key, (name, linear) in linears.items():
+        others = [n for k, n in holders[id(linear.weight)].items() if k != key]
+        if others:
+            sharers[name] = others
+    return sharers
+
+
+def _untie_output_embedding(model: nn.Module, untied) -> None:
+    """Where a transformers model's output embedding is among the ``untied`` FP4Linears, make
+    its configs and tied-weights map say it is untied (as save_quantized writes it), so that
+    ``model.tie_weights()`` does not tie it back (an FP4Linear has no weight parameter)."""
+    output = getattr(model, "get_output_embeddings", None)
+    output = output() if callable(output) else None
+    if output is None or not any(model.get_submodule(n) is output for n in untied):
+        return
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "tie_word_embeddings", False):  # (a submodel's: its text config)
+            config.tie_word_embeddings = False
+    tied = getattr(model, "all_tied_weights_keys", None)
+    if isinstance(tied, dict):
+        for target, source in list(tied.items()):
+            if {target.rpartition(".")[0], source.rpartition(".")[0]} & set(untied):
+                del tied[target]
 
 
 def _held_as(model: nn.Module, name: str, linear: nn.Linear) -> str | None:

@@ -306,3 +306,80 @@ def test_quantize_model_names_subclasses_of_conv1d_only():
 
 #: GPT-2's Conv1D modules in each block (modeling_gpt2.py)
 GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def _tied_lm(arch: str, tie: bool) -> torch.nn.Module:
+    """A tiny Qwen2 LM, or a Llava model around one (its text config a submodel's)."""
+    text = transformers.Qwen2Config(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tie,
+    )
+    torch.manual_seed(0)
+    if arch == "qwen2":
+        return transformers.Qwen2ForCausalLM(text).eval().bfloat16()
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    config = transformers.LlavaConfig(
+        text_config=text, vision_config=vision, image_token_index=95, tie_word_embeddings=tie
+    )
+    return transformers.LlavaForConditionalGeneration(config).eval().bfloat16()
+
+
+@pytest.mark.parametrize("include", [None, ["lm_head"]], ids=["all", "lm_head"])
+@pytest.mark.parametrize("arch", ["qwen2", "llava"])
+def test_quantize_model_unties_a_tied_lm_head(arch, include):
+    """A tied lm_head becomes an FP4Linear of its own (the input embedding keeps the 16-bit
+    weight): named in the report and a warning, the configs say untied, so that
+    ``model.tie_weights()`` leaves it be; the logits are those of the same weights untied."""
+    tied, untied = _tied_lm(arch, tie=True), _tied_lm(arch, tie=False)
+    untied.load_state_dict(tied.state_dict() | {"lm_head.weight": tied.lm_head.weight})
+    embedding_name = next(n for n, m in tied.named_modules() if m is tied.get_input_embeddings())
+    embedding = tied.get_input_embeddings().weight.clone()
+    with pytest.warns(UserWarning, match=rf"untied lm_head from {re.escape(embedding_name)}: "):
+        report = fp4_ops.quantize_model(tied, include, activations="bf16")
+    assert report.untied == {"lm_head": [embedding_name]}
+    assert f"untied lm_head from {embedding_name}" in str(report)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not fp4_ops.quantize_model(untied, include, activations="bf16").untied
+    for config in {id(m.config): m.config for m in tied.modules() if hasattr(m, "config")}.values():
+        for c in (config, config.get_text_config(decoder=True)):
+            assert not getattr(c, "tie_word_embeddings", False)
+    tied.tie_weights()
+    if hasattr(tied, "all_tied_weights_keys"):  # (transformers 5: the map its loaders use)
+        tied.tie_weights(recompute_mapping=False)
+    assert isinstance(tied.lm_head, fp4_ops.FP4Linear)
+    assert torch.equal(tied.get_input_embeddings().weight, embedding)
+    ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(tied(ids).logits, untied(ids).logits)
+
+
+def test_quantize_model_unties_linears_sharing_a_weight():
+    """Two Linears holding one weight each become an FP4Linear of their own (a model without a
+    config); one Linear under two names is one module, shared with no other."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = (torch.nn.Linear(64, 64) for _ in range(3))
+            self.d = self.c
+
+    net = Net()
+    net.b.weight = net.a.weight  # (here: a class whose code names it reads it, to quantize_model)
+    with pytest.warns(UserWarning, match=r"untied a from b; b from a: "):
+        report = fp4_ops.quantize_model(net, activations="bf16")
+    assert report.untied == {"a": ["b"], "b": ["a"]}
+    assert sorted(report.replaced) == ["a", "b", "c", "d"] and net.c is net.d
+    assert torch.equal(net.a.weight.data, net.b.weight.data)
