@@ -1,6 +1,7 @@
 """The package as users install it: the names it installs, imports from any folder without the
-CuTe DSL, no edits of the module search path, no import cycles, no private names across
-modules, the oracle kept out of the library, and the Blackwell template running copied alone.
+CuTe DSL, its CPU path without the GPU stack (installed on Linux only), no edits of the module
+search path, no import cycles, no private names across modules, the oracle kept out of the
+library, and the Blackwell template running copied alone.
 """
 
 from __future__ import annotations
@@ -203,6 +204,69 @@ def test_wheel_installs_only_the_projects_names(tmp_path):
     }
     for module in _library_modules().values():
         assert str(module.relative_to(ROOT)) in files
+    # (the GPU stack is Linux-only: elsewhere the CPU path installs and runs without it)
+    with zipfile.ZipFile(wheel) as z:
+        (metadata,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        requires = [
+            line.split(":", 1)[1].strip()
+            for line in z.read(metadata).decode().splitlines()
+            if line.startswith("Requires-Dist:") and "extra ==" not in line
+        ]
+    gpu = [r for r in requires if r.startswith(GPU_STACK)]
+    assert len(gpu) == len(GPU_STACK), requires
+    assert all(r.endswith('; sys_platform == "linux"') for r in gpu), gpu
+    assert all("sys_platform" not in r for r in set(requires) - set(gpu)), requires
+
+
+#: the GPU kernels' distributions and the modules they install
+GPU_STACK = ("nvidia-cutlass-dsl", "cuda-bindings", "apache-tvm-ffi")
+GPU_MODULES = ("cutlass", "cuda", "tvm_ffi")
+
+#: CPU work through the public API: quantize, both GEMMs, FP4Linear, quantize_model, fp4_moe;
+#: prints a digest of every result
+CPU_WORK = """
+    import hashlib, torch, fp4_ops
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 64), torch.randn(32, 64)
+    qx, qw = fp4_ops.quantize(x), fp4_ops.quantize(w)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    fp4_ops.quantize_model(model)
+    w13 = fp4_ops.quantize_experts(torch.randn(4, 64, 64))
+    w2 = fp4_ops.quantize_experts(torch.randn(4, 64, 32))
+    ids = torch.tensor([[0, 3], [1, 2], [2, 0], [3, 1]])
+    outs = [
+        qx.dequantize(),
+        fp4_ops.fp4_gemm(qx, qw),
+        fp4_ops.fp4_gemm(x.bfloat16(), qw),
+        fp4_ops.FP4Linear.from_linear(torch.nn.Linear(64, 32), activations="bf16")(x.bfloat16()),
+        model(x),
+        fp4_ops.fp4_moe(x.bfloat16(), w13, w2, torch.full((4, 2), 0.5), ids),
+    ]
+    digest = hashlib.sha256()
+    for out in outs:
+        digest.update(out.float().contiguous().numpy().tobytes())
+    print(digest.hexdigest())
+"""
+
+
+def test_cpu_path_runs_without_the_gpu_stack(tmp_path):
+    """Where the GPU stack is not installed (any system but Linux), the CPU path imports and
+    runs, and gives the results it gives beside the stack."""
+    blocked = f"""
+        import importlib.abc, sys
+
+        class NotInstalled(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.partition(".")[0] in {GPU_MODULES!r}:
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+        sys.meta_path.insert(0, NotInstalled())
+    """
+    without = _python(textwrap.dedent(blocked) + textwrap.dedent(CPU_WORK), tmp_path)
+    assert without.returncode == 0, without.stderr
+    beside = _python(CPU_WORK, tmp_path)
+    assert beside.returncode == 0, beside.stderr
+    assert without.stdout == beside.stdout and len(without.stdout.strip()) == 64
 
 
 def test_template_runs_copied_alone(tmp_path):
