@@ -907,7 +907,8 @@ def _sharers(model: nn.Module, linears: dict[int, tuple[str, nn.Linear]]) -> dic
             holders.setdefault(id(p), {}).setdefault(id(module), name)
     sharers = {}
     for key, (name, linear) in linears.items():
-        others = [n for k, n in holders[id(linear.weight)].items() if k != key]
+        # (a parametrized weight is computed at each read: held by no module)
+        others = [n for k, n in holders.get(id(linear.weight), {}).items() if k != key]
         if others:
             sharers[name] = others
     return sharers

@@ -383,3 +383,19 @@ def test_quantize_model_unties_linears_sharing_a_weight():
     assert report.untied == {"a": ["b"], "b": ["a"]}
     assert sorted(report.replaced) == ["a", "b", "c", "d"] and net.c is net.d
     assert torch.equal(net.a.weight.data, net.b.weight.data)
+
+
+def test_quantize_model_takes_a_parametrized_linear():
+    """A Linear whose weight a parametrization computes (weight_norm) quantizes that weight,
+    as a plain Linear holding it does; it shares the weight with no other module."""
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    torch.nn.utils.parametrizations.weight_norm(net[0])
+    plain = torch.nn.Linear(64, 32)
+    with torch.no_grad():
+        plain.weight.copy_(net[0].weight)
+        plain.bias.copy_(net[0].bias)
+    report = fp4_ops.quantize_model(net, activations="bf16")
+    assert report.replaced == ["0"] and not report.untied
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    want = fp4_ops.FP4Linear.from_linear(plain, activations="bf16")(x)
+    assert torch.equal(net(x), want)
