@@ -366,6 +366,50 @@ def test_quantize_model_unties_a_tied_lm_head(arch, include):
         assert torch.equal(tied(ids).logits, untied(ids).logits)
 
 
+def test_quantize_model_unties_a_tied_lm_head_beside_other_shared_linears():
+    """A second pair of Linears sharing a weight does not hide the tied lm_head: the config
+    says untied, and tie_weights leaves every FP4Linear in place."""
+    model = _tied_lm("qwen2", tie=True)
+    mlp = model.model.layers[0].mlp
+    mlp.up_proj.weight = mlp.gate_proj.weight
+    with pytest.warns(UserWarning, match="untied"):
+        report = fp4_ops.quantize_model(model, activations="bf16")
+    assert set(report.untied) == {
+        "lm_head",
+        "model.layers.0.mlp.gate_proj",
+        *["model.layers.0.mlp.up_proj"],
+    }
+    assert model.config.tie_word_embeddings is False
+    model.tie_weights()
+    assert isinstance(model.lm_head, fp4_ops.FP4Linear)
+
+
+def test_quantize_model_unties_nothing_it_keeps():
+    """A Linear that shares its weight and stays 16-bit (its parent reads its weight) is not
+    untied: not in the report, no warning."""
+
+    class Reader(torch.nn.Module):
+        def forward(self, x):
+            return x @ self.proj.weight.t()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(64, 64)
+            self.lin = torch.nn.Linear(64, 64, bias=False)
+            self.reader = Reader()
+
+    net = Net()
+    net.lin.weight = net.emb.weight
+    net.reader.proj = net.lin
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = fp4_ops.quantize_model(net, activations="bf16")
+    assert (
+        not report.untied and not report.replaced and set(report.skipped) == {"lin", "reader.proj"}
+    )
+
+
 def test_quantize_model_unties_linears_sharing_a_weight():
     """Two Linears holding one weight each become an FP4Linear of their own (a model without a
     config); one Linear under two names is one module, shared with no other."""
