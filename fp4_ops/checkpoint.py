@@ -48,8 +48,14 @@ from torch import nn
 
 from fp4_ops.cpu import check_scales
 from fp4_ops.layout import FORMATS, SCALE_DTYPES
-from fp4_ops.moe import FP4Experts, check_experts_forward, is_experts_module
-from fp4_ops.nn import FP4Linear, fused_groups, weight_reader
+from fp4_ops.moe import (
+    FP4Experts,
+    FP4Llama4Experts,
+    check_experts_forward,
+    is_experts_module,
+    takes_scaled_tokens,
+)
+from fp4_ops.nn import FP4Linear, block_top_k, fused_groups, weight_reader
 from fp4_ops.tensor import (
     FP4Tensor,
     check_global_scale_value,
@@ -743,6 +749,7 @@ class _LinearExperts:
     name: str
     layers: list[list[_Layer]]
     shape: tuple[int, int, int]
+    top_k: int | None  # (Llama-4's experts: its block's; None for the others)
 
     @property
     def keys(self) -> dict[str, str]:
@@ -752,12 +759,17 @@ class _LinearExperts:
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-def _plan_linear_experts(ck, qconfig, name: str, module: nn.Module) -> _LinearExperts | None:
+def _plan_linear_experts(ck, qconfig, model, name: str, module) -> _LinearExperts | None:
     """Checks (headers only) the per-expert FP4 Linears of a fused experts module
-    (gate_up_proj [E, 2I, H], gate rows first; down_proj [E, H, I]; SiLU), or None where the
-    checkpoint holds no quantized Linear for its first expert."""
+    (gate_up_proj [E, 2I, H], gate rows first, and down_proj [E, H, I]; Llama-4's [E, H, 2I]
+    and [E, I, H]; SiLU), or None where the checkpoint holds no quantized Linear for its first
+    expert."""
     params = dict(module.named_parameters(recurse=False))
-    e, two_i, h = params["gate_up_proj"].shape
+    scaled = takes_scaled_tokens(module)
+    if scaled:
+        e, h, two_i = params["gate_up_proj"].shape
+    else:
+        e, two_i, h = params["gate_up_proj"].shape
     i = two_i // 2
     with torch.device("meta"):  # (stand-ins, for the config's class and name matching)
         stand_in = {
@@ -778,21 +790,23 @@ def _plan_linear_experts(ck, qconfig, name: str, module: nn.Module) -> _LinearEx
             f"{name}: the config quantizes some of its experts' projections and not others "
             f"({sorted(map(str, formats))}); FP4Experts holds all of them in one format"
         )
-    if set(params) != {"gate_up_proj", "down_proj"} or tuple(params["down_proj"].shape) != (
-        e,
-        h,
-        i,
-    ):
+    down = (e, i, h) if scaled else (e, h, i)
+    if set(params) != {"gate_up_proj", "down_proj"} or tuple(params["down_proj"].shape) != down:
         raise ValueError(
             f"{name}: a {type(module).__name__} other than gate_up_proj [E, 2I, H] and "
-            "down_proj [E, H, I]; per-expert FP4 Linears load into those only"
+            "down_proj [E, H, I] (Llama-4's: [E, H, 2I] and [E, I, H]); per-expert FP4 Linears "
+            "load into those only"
         )
     check_experts_forward(module, name, "silu")
+    try:
+        top_k = block_top_k(model, name) if scaled else None
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
     layers = [
         [_plan_layer(ck, f"{name}.{x}.{p}", stand_in[p], schemes[x, p]) for p in _PROJECTIONS]
         for x in range(e)
     ]
-    return _LinearExperts(name, layers, (e, h, i))
+    return _LinearExperts(name, layers, (e, h, i), top_k)
 
 
 def _build_linear_experts(plan: _LinearExperts, t: dict, activations: str) -> FP4Experts:
@@ -823,7 +837,10 @@ def _build_linear_experts(plan: _LinearExperts, t: dict, activations: str) -> FP
         # (one decoding global scale per expert)
         return FP4Tensor(data, blocked.scale, torch.stack(scales).to(data.device), fmt)
 
-    return FP4Experts(stacked(w13, gs13), stacked(w2, gs2), "silu", activations)
+    w13, w2 = stacked(w13, gs13), stacked(w2, gs2)
+    if plan.top_k is None:
+        return FP4Experts(w13, w2, "silu", activations)
+    return FP4Llama4Experts(w13, w2, "silu", activations, top_k=plan.top_k)
 
 
 def _warn_unused_expert_input_scales(experts: list, activations: str | None) -> None:
@@ -1194,7 +1211,7 @@ def _plan_quantized(ck: _Checkpoint, qconfig, model: nn.Module, tied_output) -> 
     if qconfig.checkpoint != GPT_OSS_MXFP4:
         for name, module in model.named_modules():
             if is_experts_module(module):
-                plan = _plan_linear_experts(ck, qconfig, name, module)
+                plan = _plan_linear_experts(ck, qconfig, model, name, module)
                 experts += [] if plan is None else [plan]
     return layers, experts
 

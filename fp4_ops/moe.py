@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from importlib import metadata
 
 import torch
@@ -775,6 +776,120 @@ class FP4Experts(FP4MoE):
         return cls(q13, q2, activation, activations, b13, b2)
 
 
+class FP4Llama4Experts(FP4Experts):
+    """Llama-4's experts module (``Llama4TextExperts``) in FP4. Its block runs every expert
+    on every token, scaled first by the token's router score for it (0 for experts not among
+    its ``top_k``): forward(hidden_states [E * T, H]) -> [E * T, H], row e * T + t for expert
+    e and token t. Here each token's ``top_k`` rows of largest magnitude (the chosen experts';
+    where fewer are nonzero, the others are zero rows, which give zero) run through
+    ``fp4_moe`` with unit weights, and every other row of the output is zero, as theirs."""
+
+    def __init__(self, w13, w2, activation="silu", activations="bf16", *, top_k: int):
+        super().__init__(w13, w2, activation, activations)
+        if isinstance(top_k, bool) or not isinstance(top_k, int):
+            raise TypeError(f"top_k must be an int, got {type(top_k).__name__}")
+        if not 1 <= top_k <= self.num_experts:
+            raise ValueError(f"top_k must be in [1, {self.num_experts}] (E), got {top_k}")
+        self.top_k = top_k
+
+    def forward(self, hidden_states):
+        check_type(hidden_states, torch.Tensor, "hidden_states", "a torch.Tensor [E * T, H]")
+        e, h = self.num_experts, self.hidden
+        if hidden_states.ndim != 2 or hidden_states.shape[1] != h or hidden_states.shape[0] % e:
+            raise ValueError(
+                f"hidden_states must be [E * T, H] = [{e} * T, {h}], got "
+                f"{tuple(hidden_states.shape)}"
+            )
+        t, k = hidden_states.shape[0] // e, self.top_k
+        size = hidden_states.abs().amax(-1).view(e, t)
+        chosen = size.topk(k, dim=0).indices.t().reshape(t * k, 1)  # (token, slot) -> expert
+        tokens = torch.arange(t, device=hidden_states.device).repeat_interleave(k)
+        at = chosen.view(-1) * t + tokens  # (their rows)
+        rows = hidden_states.index_select(0, at)
+        ones = torch.ones((t * k, 1), dtype=torch.float32, device=hidden_states.device)
+        y = FP4Experts.forward(self, rows, chosen, ones)
+        return hidden_states.new_zeros(hidden_states.shape).index_copy_(0, at, y)
+
+    @classmethod
+    def from_transformers(
+        cls,
+        module: torch.nn.Module,
+        format: str = "nvfp4",
+        activations: str = "bf16",
+        *,
+        top_k: int,
+    ) -> FP4Llama4Experts:
+        """The experts of ``module`` quantized once per expert on their device; ValueError
+        where ``llama4_experts`` refuses it. ``top_k``: its block's (``Llama4TextMoe.top_k``)."""
+        w13, w2 = llama4_experts(module)
+        q13, q2 = quantize_experts(w13, format), quantize_experts(w2, format)
+        return cls(q13, q2, "silu", activations, top_k=top_k)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, top_k={self.top_k}"
+
+
+def takes_scaled_tokens(module: torch.nn.Module) -> bool:
+    """Whether an experts module's forward takes one argument, the tokens already scaled per
+    expert (Llama-4's), rather than tokens and their routing (transformers 5's others)."""
+    try:
+        return len(inspect.signature(module.forward).parameters) == 1
+    except (TypeError, ValueError):
+        return False
+
+
+def llama4_experts(module: torch.nn.Module):
+    """(w13 [E, 2I, H], w2 [E, H, I]) of a Llama-4 experts module, in ``fp4_moe``'s
+    conventions: gate_up_proj [E, H, 2I] (gate columns first) and down_proj [E, I, H], SiLU,
+    forward(hidden_states [E * T, H]) as ``FP4Llama4Experts`` describes, checked on the module's
+    own forward (rows of three tokens per expert, one of them zero); ValueError names what does
+    not fit."""
+    params = dict(module.named_parameters(recurse=False))
+    name = type(module).__name__
+    gate_up, down = params.get("gate_up_proj"), params.get("down_proj")
+    if gate_up is None or down is None or gate_up.ndim != 3 or down.ndim != 3:
+        raise ValueError(f"{name}: no 3-D gate_up_proj and down_proj parameters")
+    act = getattr(module, "act_fn", None)
+    if set(params) != {"gate_up_proj", "down_proj"} or list(module.children()) not in ([], [act]):
+        raise ValueError(f"{name}: parameters or submodules beyond gate_up_proj and down_proj")
+    check_silu(module, name)
+    (e, h, two_i), (e2, i, h2) = gate_up.shape, down.shape
+    if e2 != e or h2 != h or two_i != 2 * i:
+        raise ValueError(
+            f"{name}: gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are "
+            "not Llama-4's [E, H, 2I] and [E, I, H]"
+        )
+    w13, w2 = gate_up.detach().transpose(1, 2), down.detach().transpose(1, 2)
+    _check_scaled_forward(module, w13, w2)
+    return w13, w2
+
+
+def _check_scaled_forward(module, w13, w2) -> None:
+    """ValueError unless the module's forward on rows [E * 3, H] is each expert's SiLU MLP of
+    its rows, to within its dtype's rounding (``_check_forward``'s bound)."""
+    e, h = w13.shape[0], w13.shape[2]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(e, 3, h, generator=gen, dtype=torch.float32).to(w13.device, w13.dtype)
+    with torch.no_grad():
+        try:
+            got = module(x.reshape(e * 3, h)).float().view(e, 3, h)
+        except Exception as err:  # (not Llama-4's forward)
+            raise ValueError(
+                f"{type(module).__name__}: its forward does not take the scaled tokens [E * T, "
+                f"H] as Llama-4's experts do: {type(err).__name__}: {err}"
+            ) from None
+        hid = torch.bmm(x.float(), w13.float().transpose(1, 2))
+        want = torch.bmm(apply_activation(hid, "silu"), w2.float().transpose(1, 2))
+    tol = 8 * torch.finfo(w13.dtype).eps * want.norm(dim=2, keepdim=True) + 1e-6
+    if not bool(torch.isfinite(got).all()) or bool(
+        ((got - want).norm(dim=2, keepdim=True) > tol).any()
+    ):
+        raise ValueError(
+            f"{type(module).__name__}: its forward does not compute the experts as "
+            "gate_up_proj [E, H, 2I] (gate columns first) and down_proj [E, I, H] read here"
+        )
+
+
 def is_experts_module(module: torch.nn.Module) -> bool:
     """Whether ``module`` holds its experts as transformers does: a 3-D ``gate_up_proj``."""
     w = module._parameters.get("gate_up_proj")
@@ -854,7 +969,8 @@ PROBE_REACH = 32.0
 
 def check_experts_forward(module: torch.nn.Module, name: str, activation: str) -> None:
     """ValueError unless the experts module's forward is ``fp4_moe``'s ``activation`` layer on
-    its own layout (``transformers_experts``' check), also for a module built on the meta
+    its own layout (``transformers_experts``' check, or ``llama4_experts``'), also for a module
+    built on the meta
     device (a loader's): its forward runs on a CPU copy whose experts all hold one expert's
     seeded random weights (expanded: one expert's memory). A module whose class computes more
     than its act_fn says (a clamp, a scale) is refused here."""
@@ -869,7 +985,11 @@ def check_experts_forward(module: torch.nn.Module, name: str, activation: str) -
             one = (one * spread).to(p.dtype)
             probe._parameters[key] = torch.nn.Parameter(one.expand(p.shape), requires_grad=False)
     try:
-        found = transformers_experts(probe)[2]
+        if takes_scaled_tokens(probe):
+            llama4_experts(probe)
+            found = "silu"
+        else:
+            found = transformers_experts(probe)[2]
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
     if found != activation:

@@ -26,7 +26,7 @@ from fp4_ops.layout import (
     SCALE_DTYPES,
 )
 from fp4_ops.memory import capturing, current_device, stream_handle
-from fp4_ops.moe import FP4Experts, is_experts_module
+from fp4_ops.moe import FP4Experts, FP4Llama4Experts, is_experts_module, takes_scaled_tokens
 from fp4_ops.ops import (
     IN_DTYPES,
     check_quantize_input,
@@ -769,7 +769,7 @@ def quantize_model(
                 linears.setdefault(id(module), (name, module))
             continue
         how = (format, activations, include, converted.get(id(module)))
-        fp4 = _experts_replacement(name, module, how, report)
+        fp4 = _experts_replacement(model, name, module, how, report)
         if fp4 is not None:
             converted[id(module)] = fp4.train(module.training)
     # (a module reachable by several names is one module: it changes under every name, or under
@@ -952,10 +952,10 @@ def _unfit(linear: nn.Linear) -> str | None:
     return None
 
 
-def _experts_replacement(name: str, module: nn.Module, how: tuple, report):
-    """quantize_model's FP4Experts for one experts module (``made``, the one built for another
-    name of it, if any), or None with the reason in the report (ValueError where ``include``
-    chose it)."""
+def _experts_replacement(model: nn.Module, name: str, module: nn.Module, how: tuple, report):
+    """quantize_model's FP4Experts (FP4Llama4Experts for Llama-4's) for one experts module
+    (``made``, the one built for another name of it, if any), or None with the reason in the
+    report (ValueError where ``include`` chose it)."""
     format, activations, include, made = how
     if not name:
         report.skipped[name] = "the model is an experts module itself: FP4Experts"
@@ -963,12 +963,28 @@ def _experts_replacement(name: str, module: nn.Module, how: tuple, report):
     if made is not None:
         return made
     try:
+        if takes_scaled_tokens(module):
+            top_k = block_top_k(model, name)
+            return FP4Llama4Experts.from_transformers(module, format, activations, top_k=top_k)
         return FP4Experts.from_transformers(module, format, activations)
     except ValueError as err:
         if include is not None:
             raise ValueError(f"{name}: {err}") from None
         report.skipped[name] = str(err)
         return None
+
+
+def block_top_k(model: nn.Module, name: str) -> int:
+    """The ``top_k`` of the MoE block holding Llama-4's experts module ``name`` (how many
+    experts each token's scores choose); ValueError where the block has none."""
+    block = model.get_submodule(name.rpartition(".")[0])
+    top_k = getattr(block, "top_k", None)
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise ValueError(
+            f"its block ({type(block).__name__}) has no int top_k, which its scaled tokens "
+            "need to be routed"
+        )
+    return top_k
 
 
 # ----------------------------------------------------------------------------- calibrate

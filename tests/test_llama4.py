@@ -1,0 +1,291 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Llama-4's experts in FP4 (CPU, transformers 4.x and 5.x): ``FP4Llama4Experts`` against the
+module's own forward on the dequantized weights, its refusals, ``quantize_model`` on a tiny
+Llama-4 model, and checkpoints of per-expert Linears (as llm-compressor writes Llama-4) written
+here with ``reference.py``'s quantizer, loaded by ``load_quantized`` and held against the same
+model on the dequantized weights."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import fp4_ops
+import reference
+from fp4_ops import moe
+
+transformers = pytest.importorskip("transformers", reason="needs transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safetensors")
+
+EXPERTS, HIDDEN, WIDTH, LAYERS = 4, 64, 96, 2  # (no square weight: a transpose shows)
+GS_DIVISOR = 448.0 * 6.0
+# ours and theirs round h, the activation and y to BF16 in different places (2^-9 relative
+# each): 2^-5 of a module's output norm holds them, and 2^-4 of the logits through two layers
+# and the head; a misread layout (gate / up order, a transpose, an expert's rows) is off by
+# order one
+MODULE_BOUND = 2.0**-5
+LOGITS_BOUND = 2.0**-4
+# W4A4 adds two FP4 roundings, of x and of the activation: about 2^-3 relative each with
+# NVFP4's E4M3 block scales, up to 2^-2 with MXFP4's powers of two; a misread layout gives
+# uncorrelated values, about sqrt(2) relative
+W4A4_BOUND = 0.4
+
+
+def _llama4(top_k: int = 1):
+    config = transformers.Llama4TextConfig(
+        vocab_size=96,
+        hidden_size=HIDDEN,
+        intermediate_size=WIDTH,
+        intermediate_size_mlp=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=EXPERTS,
+        num_experts_per_tok=top_k,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    with torch.no_grad():  # (from_config leaves the experts at zero: give them values)
+        for layer in model.model.layers:
+            layer.feed_forward.experts.gate_up_proj.normal_(0.0, 0.1)
+            layer.feed_forward.experts.down_proj.normal_(0.0, 0.1)
+    return model.eval()
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _dequantized_like(module, fp4: moe.FP4Llama4Experts):
+    """A copy of Llama-4's experts ``module`` holding ``fp4``'s dequantized weights."""
+    ref = copy.deepcopy(module)
+    with torch.no_grad():
+        w13 = fp4.expert_weights("w13").dequantize(torch.float32)
+        w2 = fp4.expert_weights("w2").dequantize(torch.float32)
+        ref.gate_up_proj.copy_(w13.transpose(1, 2))
+        ref.down_proj.copy_(w2.transpose(1, 2))
+    return ref
+
+
+def _scaled_tokens(tokens: int, top_k: int, seed: int) -> torch.Tensor:
+    """Rows [E * T, H] as Llama4TextMoe makes them: each token times its sigmoid router score
+    for each of its top_k experts, zero for the others; token 1 is zero (no nonzero row),
+    token 2 negative throughout (its rows' largest values below the zero rows')."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, HIDDEN, generator=gen)
+    x[1] = 0
+    x[2] = -x[2].abs()
+    logits = torch.randn(tokens, EXPERTS, generator=gen)
+    top = logits.topk(top_k, dim=1)
+    scores = torch.full_like(logits, float("-inf")).scatter_(1, top.indices, top.values)
+    routed = x.repeat(EXPERTS, 1) * torch.sigmoid(scores).t().reshape(-1, 1)
+    return routed.bfloat16()
+
+
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_llama4_experts_compute_the_modules_forward(fmt, top_k, activations):
+    """Each row of the output is the module's own on the dequantized weights: the chosen
+    experts' rows within BF16's roundings, every other row exactly zero."""
+    module = _llama4(top_k).model.layers[0].feed_forward.experts
+    fp4 = moe.FP4Llama4Experts.from_transformers(module, fmt, activations, top_k=top_k)
+    routed = _scaled_tokens(tokens=6, top_k=top_k, seed=1)
+    with torch.no_grad():
+        got = fp4(routed)
+        want = _dequantized_like(module, fp4)(routed)
+    zero = routed.view(EXPERTS, 6, HIDDEN).abs().amax(-1) == 0
+    assert got.shape == want.shape and got.dtype == routed.dtype
+    assert bool((got.view(EXPERTS, 6, HIDDEN)[zero] == 0).all())
+    assert _rel(got, want) <= (MODULE_BOUND if activations == "bf16" else W4A4_BOUND)
+
+
+def test_fp4_llama4_experts_refusals():
+    module = _llama4().model.layers[0].feed_forward.experts
+    fp4 = moe.FP4Llama4Experts.from_transformers(module, top_k=1)
+    with pytest.raises(ValueError, match=r"hidden_states must be \[E \* T, H\] = \[4 \* T, 64\]"):
+        fp4(torch.zeros(6, HIDDEN, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, 4\] \(E\), got 5"):
+        moe.FP4Llama4Experts.from_transformers(module, top_k=5)
+    with pytest.raises(TypeError, match="top_k must be an int"):
+        moe.FP4Llama4Experts.from_transformers(module, top_k=1.0)
+    gelu = copy.deepcopy(module)
+    gelu.act_fn = torch.nn.GELU()
+    with pytest.raises(ValueError, match="is not SiLU"):
+        moe.llama4_experts(gelu)
+
+    class UpFirst(type(module)):  # (reads the halves the other way round)
+        def forward(self, hidden_states):
+            x = hidden_states.view(self.gate_up_proj.shape[0], -1, self.hidden_size)
+            up, gate = torch.bmm(x, self.gate_up_proj).chunk(2, dim=-1)
+            return torch.bmm(up * self.act_fn(gate), self.down_proj).view(-1, self.hidden_size)
+
+    swapped = copy.deepcopy(module)
+    swapped.__class__ = UpFirst
+    with pytest.raises(ValueError, match="does not compute the experts as gate_up_proj"):
+        moe.llama4_experts(swapped)
+
+
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_quantize_model_replaces_llama4_experts(top_k, activations):
+    """Every Llama-4 experts module becomes an FP4Llama4Experts with its block's top_k; the
+    logits are the model's on the dequantized experts; routers stay 16-bit."""
+    model = _llama4(top_k)
+    reference_model = copy.deepcopy(model)
+    report = fp4_ops.quantize_model(model, ["*.experts"], activations=activations)
+    names = [f"model.layers.{i}.feed_forward.experts" for i in range(LAYERS)]
+    assert report.replaced == names and not report.skipped
+    for name in names:
+        fp4 = model.get_submodule(name)
+        assert isinstance(fp4, moe.FP4Llama4Experts) and fp4.top_k == top_k
+        parent, _, attr = name.rpartition(".")
+        old = reference_model.get_submodule(name)
+        setattr(reference_model.get_submodule(parent), attr, _dequantized_like(old, fp4))
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = model(ids).logits, reference_model(ids).logits
+    assert _rel(got, want) <= (LOGITS_BOUND if activations == "bf16" else W4A4_BOUND)
+    every = fp4_ops.quantize_model(_llama4(top_k), activations="bf16")
+    routers = {f"model.layers.{i}.feed_forward.router" for i in range(LAYERS)}
+    assert set(every.skipped) == routers and set(names) <= set(every.replaced)
+
+
+def test_quantize_model_names_a_block_without_top_k():
+    """Skipped with the reason by default, refused where ``include`` chooses it."""
+
+    def without_top_k():
+        model = _llama4()
+        del model.model.layers[0].feed_forward.top_k
+        return model
+
+    report = fp4_ops.quantize_model(without_top_k(), activations="bf16")
+    why = report.skipped["model.layers.0.feed_forward.experts"]
+    assert why.startswith("its block (Llama4TextMoe) has no int top_k")
+    with pytest.raises(ValueError, match=r"^model\.layers\.0\.feed_forward\.experts: its block"):
+        fp4_ops.quantize_model(without_top_k(), ["*.experts"], activations="bf16")
+
+
+def _per_expert(model):
+    """{(layer, expert, projection): (packed, E4M3 scales, decoding global scale)} of the
+    model's experts as per-expert Linears [out, in] (llm-compressor's Llama-4 layout), by
+    reference.quantize_nvfp4; gate and up share their expert's global scale."""
+    out = {}
+    for i, layer in enumerate(model.model.layers):
+        ex = layer.feed_forward.experts
+        for e in range(EXPERTS):
+            gate, up = ex.gate_up_proj[e].detach().float().t().chunk(2)
+            down = ex.down_proj[e].detach().float().t()
+            shared = torch.maximum(gate.abs().amax(), up.abs().amax()) / GS_DIVISOR
+            for proj, w in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
+                gs = shared if proj != "down_proj" else w.abs().amax() / GS_DIVISOR
+                out[i, e, proj] = reference.quantize_nvfp4(w, gs)
+    return out
+
+
+def _write(folder: Path, model, checkpoint: str, parts) -> None:
+    """The experts as per-expert Linears in ``checkpoint``'s names and global-scale convention,
+    every other tensor in BF16 (nothing else quantized)."""
+    tensors = {n: t.contiguous() for n, t in model.state_dict().items() if ".experts." not in n}
+    for (i, e, proj), (data, scales, gs) in parts.items():
+        prefix = f"model.layers.{i}.feed_forward.experts.{e}.{proj}"
+        if checkpoint == "modelopt":
+            named = {"weight": data, "weight_scale": scales, "weight_scale_2": gs.reshape(())}
+        else:
+            encoding = (1.0 / gs).reshape(1)
+            named = {"weight_packed": data, "weight_scale": scales, "weight_global_scale": encoding}
+        tensors |= {f"{prefix}.{k}": v.clone() for k, v in named.items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    safetensors_torch.save_file(tensors, str(folder / "model.safetensors"))
+    config = model.config.to_dict()
+    kept = ["lm_head", "re:.*self_attn.*", "re:.*router$", "re:.*shared_expert.*"]
+    if checkpoint == "modelopt":
+        exclude = ["lm_head", "*self_attn*", "*router", "*shared_expert*"]
+        quant = {"quant_algo": "W4A16_NVFP4", "group_size": 16, "exclude_modules": exclude}
+        (folder / "hf_quant_config.json").write_text(json.dumps({"quantization": quant}))
+    else:
+        weights = dict(num_bits=4, type="float", symmetric=True, group_size=16)
+        weights |= dict(strategy="tensor_group", dynamic=False, scale_dtype="torch.float8_e4m3fn")
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors",
+            "format": "nvfp4-pack-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+            "ignore": kept,
+        }
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _dequantized_model(model, parts):
+    """The model with its fused experts set to the checkpoint's dequantized values (BF16)."""
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            ex = layer.feed_forward.experts
+            for e in range(EXPERTS):
+                w = {
+                    p: reference.dequantize_fp4(*parts[i, e, p][:2], 16, parts[i, e, p][2])
+                    for p in ("gate_proj", "up_proj", "down_proj")
+                }
+                ex.gate_up_proj[e].copy_(torch.cat((w["gate_proj"], w["up_proj"])).t())
+                ex.down_proj[e].copy_(w["down_proj"].t())
+    return model
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("checkpoint", ["modelopt", "compressed-tensors"])
+def test_per_expert_checkpoint_loads_into_llama4_experts(checkpoint, top_k, tmp_path):
+    model = _llama4(top_k)
+    parts = _per_expert(model)
+    _write(tmp_path, model, checkpoint, parts)
+    ours = fp4_ops.load_quantized(tmp_path)
+    want = _dequantized_model(model, parts)
+    for i, layer in enumerate(ours.model.layers):
+        ex = layer.feed_forward.experts
+        assert isinstance(ex, moe.FP4Llama4Experts) and ex.top_k == top_k, i
+        w13 = ex.expert_weights("w13").dequantize(torch.float32).transpose(1, 2)
+        assert torch.equal(w13.bfloat16(), want.model.layers[i].feed_forward.experts.gate_up_proj)
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got, ref = ours(ids).logits, want(ids).logits
+    assert _rel(got, ref) <= LOGITS_BOUND, _rel(got, ref)
+    out = ours.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 10)
+
+
+@pytest.mark.parametrize("checkpoint", ["modelopt", "compressed-tensors"])
+def test_quantize_model_llama4_saves_and_loads_back(checkpoint, tmp_path):
+    """save_quantized writes Llama-4's FP4 experts as per-expert Linears; load_quantized gives
+    the saved model's logits (bit for bit with ModelOpt's decoding global scales; within
+    compressed-tensors' reciprocal's fp32 rounding)."""
+    model = _llama4()
+    fp4_ops.quantize_model(model, activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path, format=checkpoint)
+    loaded = fp4_ops.load_quantized(tmp_path)
+    assert isinstance(loaded.model.layers[1].feed_forward.experts, moe.FP4Llama4Experts)
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got, want = loaded(ids).logits, model(ids).logits
+    if checkpoint == "modelopt":
+        assert torch.equal(got, want)
+    else:
+        assert _rel(got, want) <= 2.0**-16, _rel(got, want)
+
+
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+def test_llama4_block_with_fp4_experts_compiles_fullgraph(activations):
+    """Llama4TextMoe (its router, the scaled tokens, FP4Llama4Experts, the shared expert) under
+    torch.compile(fullgraph=True): no graph break, the eager block's values."""
+    model = _llama4(top_k=2)
+    fp4_ops.quantize_model(model, ["*.experts"], activations=activations)
+    block = model.model.layers[0].feed_forward
+    x = torch.randn(2, 5, HIDDEN, generator=torch.Generator().manual_seed(7)).bfloat16()
+    with torch.no_grad():
+        want = block(x)
+        got = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
+    assert all(map(torch.equal, got, want))
