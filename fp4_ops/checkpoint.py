@@ -411,7 +411,8 @@ def _quant_config(folder: Path, config: dict) -> _QuantConfig:
 
 # Name parts that some model types' checkpoints spell otherwise than transformers names the
 # model's modules (what its checkpoint conversion mapping renames): (what precedes the part,
-# the checkpoints' spelling, transformers'). save_quantized writes the checkpoints' spelling.
+# or None for the name's start; the checkpoints' spelling; transformers'). save_quantized
+# writes the checkpoints' spelling.
 _CHECKPOINT_SPELLINGS = {
     "mixtral": (
         ("", "block_sparse_moe", "mlp"),
@@ -419,12 +420,22 @@ _CHECKPOINT_SPELLINGS = {
         (r"\.experts\.\d+", "w3", "up_proj"),
         (r"\.experts\.\d+", "w2", "down_proj"),
     ),
+    "gpt_neox": ((None, "embed_out", "lm_head"),),
+    # (Gemma-3's vision-language checkpoints, as llava's)
+    "gemma3": (
+        (None, "language_model.model", "model.language_model"),
+        (None, "language_model.lm_head", "lm_head"),
+        (None, "vision_tower", "model.vision_tower"),
+        (None, "multi_modal_projector", "model.multi_modal_projector"),
+    ),
 }
 
 
-def _part(before: str, part: str) -> str:
-    """The regular expression of name part ``part`` after ``before`` (group 1), a whole part."""
-    return rf"({before}\.){part}(?=\.|$)"
+def _part(before: str | None, part: str) -> str:
+    """The regular expression of name part ``part`` after ``before`` (group 1; the name's
+    start where None), a whole part."""
+    start = "^()" if before is None else rf"({before}\.)"
+    return rf"{start}{re.escape(part)}(?=\.|$)"
 
 
 def _respelled(name: str, model_type: str | None, to_model: bool) -> str:
@@ -529,7 +540,8 @@ class _Checkpoint:
             rest = f".{last}{rest}"
         near = self.module_names[head] + rest if head else module
         spelled = _respelled(module, self.kind, to_model=False)
-        return (near,) if spelled == near else (near, spelled)
+        # (and as the model names it: writers name modules either way in their configs)
+        return tuple(dict.fromkeys((near, spelled, module)))
 
     def __contains__(self, key: str) -> bool:
         return key in self.header

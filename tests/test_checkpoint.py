@@ -453,6 +453,88 @@ def test_compressed_tensors_checkpoint_loads(scheme, tmp_path):
     _check_against_ct(fp4_ops.load_quantized(tmp_path, activations="bf16"), theirs, bf16, names)
 
 
+#: how each model type's checkpoints spell what transformers 5 names otherwise (written out here,
+#: from transformers' conversion mappings): (transformers' prefix, the checkpoints')
+STORED_PREFIXES = {
+    "gpt_neox": [("lm_head.", "embed_out.")],
+    "gemma3": [
+        ("model.language_model.", "language_model.model."),
+        ("lm_head.", "language_model.lm_head."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+    ],
+}
+
+
+def _renamed_model(model_type: str) -> nn.Module:
+    """A tiny BF16 model of a type whose checkpoints spell some modules otherwise."""
+    if model_type == "gpt_neox":
+        config = transformers.GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+        )
+    else:  # (Gemma-3 with its vision tower, as the 4B-27B checkpoints; SigLIP without a head)
+        text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, head_dim=16)
+        text |= dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1)
+        vision |= dict(num_attention_heads=4, image_size=32, patch_size=8, vision_use_head=False)
+        text["tie_word_embeddings"] = False  # (its lm_head stored too, under its spelling)
+        config = transformers.Gemma3Config(
+            text_config=text,
+            vision_config=vision,
+            mm_tokens_per_image=4,
+            image_token_index=255,
+            tie_word_embeddings=False,
+        )
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return model.to(torch.bfloat16).eval()
+
+
+def _stored_spelling(folder: Path, model_type: str) -> None:
+    """The folder's tensors renamed to the checkpoints' spelling, where transformers' own
+    save_pretrained (4.x) wrote its model's names."""
+    raw = _raw(folder)
+    renamed = {}
+    for key, t in raw.items():
+        for model_prefix, stored in STORED_PREFIXES[model_type]:
+            if key.startswith(model_prefix):
+                key = stored + key[len(model_prefix) :]
+                break
+        renamed[key] = t
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    (folder / "model.safetensors.index.json").unlink(missing_ok=True)
+    safetensors_torch.save_file(renamed, str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("model_type", sorted(STORED_PREFIXES))
+def test_checkpoints_spelled_otherwise_than_the_model_load(model_type, tmp_path):
+    """GPT-NeoX's checkpoints name lm_head embed_out, Gemma-3's vision-language ones put the
+    language model under language_model.model (and so on), which transformers 5 renames: such
+    a checkpoint written by compressed-tensors loads, within BF16 of compressed-tensors' own
+    decompressed model; save_quantized writes that spelling, which transformers reads."""
+    bf16 = _renamed_model(model_type)
+    skipped = ("re:.*lm_head", "re:.*embed_out", "re:.*vision_tower.*", "re:.*multi_modal.*")
+    names = _ct_write(tmp_path, bf16, "NVFP4A16", ignore=skipped)
+    _stored_spelling(tmp_path, model_type)
+    stored = {k for k in _raw(tmp_path)}
+    assert any(k.startswith(s) for k in stored for _, s in STORED_PREFIXES[model_type][:1])
+    ours = fp4_ops.load_quantized(tmp_path)
+    assert set(_fp4(ours)) == set(names)
+    theirs = _ct_dequantized(tmp_path)
+    _check_against_ct(ours, theirs, bf16, names)
+    saved = tmp_path / "saved"
+    fp4_ops.save_quantized(ours, saved)
+    assert {k for k in _raw(saved) if "weight_packed" not in k} <= stored
+    _check_against_ct(ours, _ct_dequantized(saved), bf16, names)
+
+
 @pytest.mark.parametrize(
     "groups, ignore",
     [
