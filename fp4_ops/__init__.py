@@ -30,16 +30,25 @@
     They keep their FP4 buffers through dtype casts, carry format and mode in their state dict,
     and are inference only (no backward). ``quantize_model`` returns a ``QuantizeReport``;
     ``calibrate`` gives dynamic NVFP4 layers static input scales from calibration data.
-``fp4_grouped_gemm``, ``fp4_moe``, ``FP4MoE``, ``FP4Experts``, ``quantize_experts``
+``fp4_grouped_gemm``, ``fp4_moe``, ``FP4MoE``, ``FP4Experts``, ``FP4Llama4Experts``,
+``quantize_experts``
     Mixture-of-experts (``fp4_ops.moe``): experts [E, N, K] with a global scale each, routing
-    on the device; ``quantize_model`` puts ``FP4Experts`` in place of transformers' experts.
+    on the device; ``quantize_model`` puts ``FP4Experts`` in place of transformers' experts
+    (``FP4Llama4Experts`` in place of Llama-4's, which take tokens scaled per expert).
 
 Importing this package needs no GPU and no CuTe DSL: the kernels are imported on first use.
 """
 
 from fp4_ops.checkpoint import checkpoint_folder, load_quantized, save_quantized
 from fp4_ops.layout import FORMATS, GLOBAL_SCALE_DIVISOR, blocked_scale_numel, blocked_scale_shape
-from fp4_ops.moe import FP4Experts, FP4MoE, fp4_grouped_gemm, fp4_moe, quantize_experts
+from fp4_ops.moe import (
+    FP4Experts,
+    FP4Llama4Experts,
+    FP4MoE,
+    fp4_grouped_gemm,
+    fp4_moe,
+    quantize_experts,
+)
 from fp4_ops.nn import FP4Linear, QuantizeReport, calibrate, quantize_model
 from fp4_ops.ops import fp4_gemm, quantize
 from fp4_ops.tensor import FP4Tensor
@@ -49,6 +58,7 @@ __all__ = [
     "GLOBAL_SCALE_DIVISOR",
     "FP4Linear",
     "FP4Experts",
+    "FP4Llama4Experts",
     "FP4MoE",
     "FP4Tensor",
     "QuantizeReport",

@@ -62,7 +62,7 @@ def _rel(a, b) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def _dequantized_like(module, fp4: moe.FP4Llama4Experts):
+def _dequantized_like(module, fp4: fp4_ops.FP4Llama4Experts):
     """A copy of Llama-4's experts ``module`` holding ``fp4``'s dequantized weights."""
     ref = copy.deepcopy(module)
     with torch.no_grad():
@@ -95,7 +95,7 @@ def test_fp4_llama4_experts_compute_the_modules_forward(fmt, top_k, activations)
     """Each row of the output is the module's own on the dequantized weights: the chosen
     experts' rows within BF16's roundings, every other row exactly zero."""
     module = _llama4(top_k).model.layers[0].feed_forward.experts
-    fp4 = moe.FP4Llama4Experts.from_transformers(module, fmt, activations, top_k=top_k)
+    fp4 = fp4_ops.FP4Llama4Experts.from_transformers(module, fmt, activations, top_k=top_k)
     routed = _scaled_tokens(tokens=6, top_k=top_k, seed=1)
     with torch.no_grad():
         got = fp4(routed)
@@ -108,13 +108,13 @@ def test_fp4_llama4_experts_compute_the_modules_forward(fmt, top_k, activations)
 
 def test_fp4_llama4_experts_refusals():
     module = _llama4().model.layers[0].feed_forward.experts
-    fp4 = moe.FP4Llama4Experts.from_transformers(module, top_k=1)
+    fp4 = fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=1)
     with pytest.raises(ValueError, match=r"hidden_states must be \[E \* T, H\] = \[4 \* T, 64\]"):
         fp4(torch.zeros(6, HIDDEN, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match=r"top_k must be in \[1, 4\] \(E\), got 5"):
-        moe.FP4Llama4Experts.from_transformers(module, top_k=5)
+        fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=5)
     with pytest.raises(TypeError, match="top_k must be an int"):
-        moe.FP4Llama4Experts.from_transformers(module, top_k=1.0)
+        fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=1.0)
     gelu = copy.deepcopy(module)
     gelu.act_fn = torch.nn.GELU()
     with pytest.raises(ValueError, match="is not SiLU"):
@@ -144,7 +144,7 @@ def test_quantize_model_replaces_llama4_experts(top_k, activations):
     assert report.replaced == names and not report.skipped
     for name in names:
         fp4 = model.get_submodule(name)
-        assert isinstance(fp4, moe.FP4Llama4Experts) and fp4.top_k == top_k
+        assert isinstance(fp4, fp4_ops.FP4Llama4Experts) and fp4.top_k == top_k
         parent, _, attr = name.rpartition(".")
         old = reference_model.get_submodule(name)
         setattr(reference_model.get_submodule(parent), attr, _dequantized_like(old, fp4))
@@ -247,7 +247,7 @@ def test_per_expert_checkpoint_loads_into_llama4_experts(checkpoint, top_k, tmp_
     want = _dequantized_model(model, parts)
     for i, layer in enumerate(ours.model.layers):
         ex = layer.feed_forward.experts
-        assert isinstance(ex, moe.FP4Llama4Experts) and ex.top_k == top_k, i
+        assert isinstance(ex, fp4_ops.FP4Llama4Experts) and ex.top_k == top_k, i
         w13 = ex.expert_weights("w13").dequantize(torch.float32).transpose(1, 2)
         assert torch.equal(w13.bfloat16(), want.model.layers[i].feed_forward.experts.gate_up_proj)
     ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(5))
@@ -267,7 +267,7 @@ def test_quantize_model_llama4_saves_and_loads_back(checkpoint, tmp_path):
     fp4_ops.quantize_model(model, activations="bf16")
     fp4_ops.save_quantized(model, tmp_path, format=checkpoint)
     loaded = fp4_ops.load_quantized(tmp_path)
-    assert isinstance(loaded.model.layers[1].feed_forward.experts, moe.FP4Llama4Experts)
+    assert isinstance(loaded.model.layers[1].feed_forward.experts, fp4_ops.FP4Llama4Experts)
     ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         got, want = loaded(ids).logits, model(ids).logits
