@@ -829,6 +829,33 @@ class FP4Llama4Experts(FP4Experts):
         return f"{super().extra_repr()}, top_k={self.top_k}"
 
 
+def _experts_params(module: torch.nn.Module, extra=frozenset()) -> dict:
+    """An experts module's own parameters: 3-D gate_up_proj and down_proj, and ``extra``;
+    ValueError where it holds others, or a submodule but its act_fn."""
+    params = dict(module.named_parameters(recurse=False))
+    name = type(module).__name__
+    gate_up, down = params.get("gate_up_proj"), params.get("down_proj")
+    if gate_up is None or down is None or gate_up.ndim != 3 or down.ndim != 3:
+        raise ValueError(f"{name}: no 3-D gate_up_proj and down_proj parameters")
+    known = {"gate_up_proj", "down_proj", *extra}
+    act = getattr(module, "act_fn", None)
+    if set(params) != known or list(module.children()) not in ([], [act]):
+        raise ValueError(f"{name}: parameters or submodules beyond the experts' {sorted(known)}")
+    return params
+
+
+def _check_paired(module: torch.nn.Module, w13, w2, why: str) -> None:
+    """ValueError (``why``) unless w13 [E, 2I, H] and w2 [E, H, I], as read from the module's
+    gate_up_proj and down_proj, pair as experts."""
+    (e, two_i, h), (e2, h2, i) = w13.shape, w2.shape
+    if e2 != e or h2 != h or two_i != 2 * i:
+        gate_up, down = module.gate_up_proj.shape, module.down_proj.shape
+        raise ValueError(
+            f"{type(module).__name__}: gate_up_proj {tuple(gate_up)} and down_proj "
+            f"{tuple(down)} {why}"
+        )
+
+
 def takes_scaled_tokens(module: torch.nn.Module) -> bool:
     """Whether an experts module's forward takes one argument, the tokens already scaled per
     expert (Llama-4's), rather than tokens and their routing (transformers 5's others)."""
@@ -842,24 +869,13 @@ def llama4_experts(module: torch.nn.Module):
     """(w13 [E, 2I, H], w2 [E, H, I]) of a Llama-4 experts module, in ``fp4_moe``'s
     conventions: gate_up_proj [E, H, 2I] (gate columns first) and down_proj [E, I, H], SiLU,
     forward(hidden_states [E * T, H]) as ``FP4Llama4Experts`` describes, checked on the module's
-    own forward (rows of three tokens per expert, one of them zero); ValueError names what does
-    not fit."""
-    params = dict(module.named_parameters(recurse=False))
+    own forward (rows of three tokens per expert); ValueError names what does not fit."""
     name = type(module).__name__
-    gate_up, down = params.get("gate_up_proj"), params.get("down_proj")
-    if gate_up is None or down is None or gate_up.ndim != 3 or down.ndim != 3:
-        raise ValueError(f"{name}: no 3-D gate_up_proj and down_proj parameters")
-    act = getattr(module, "act_fn", None)
-    if set(params) != {"gate_up_proj", "down_proj"} or list(module.children()) not in ([], [act]):
-        raise ValueError(f"{name}: parameters or submodules beyond gate_up_proj and down_proj")
+    params = _experts_params(module)
+    gate_up, down = params["gate_up_proj"], params["down_proj"]
     check_silu(module, name)
-    (e, h, two_i), (e2, i, h2) = gate_up.shape, down.shape
-    if e2 != e or h2 != h or two_i != 2 * i:
-        raise ValueError(
-            f"{name}: gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are "
-            "not Llama-4's [E, H, 2I] and [E, I, H]"
-        )
     w13, w2 = gate_up.detach().transpose(1, 2), down.detach().transpose(1, 2)
+    _check_paired(module, w13, w2, "are not Llama-4's [E, H, 2I] and [E, I, H]")
     _check_scaled_forward(module, w13, w2)
     return w13, w2
 
@@ -925,18 +941,11 @@ def transformers_experts(module: torch.nn.Module):
         biases and gpt-oss's clamped SwiGLU (``alpha``, ``limit``): "swigluoai".
     The convention is checked on the module's own forward (two tokens, routed to three
     experts, on the weights as they are); ValueError names what does not fit."""
-    params = dict(module.named_parameters(recurse=False))
     name = type(module).__name__
-    gate_up, down = params.get("gate_up_proj"), params.get("down_proj")
-    biased = {"gate_up_proj_bias", "down_proj_bias"} <= set(params)
-    known = {"gate_up_proj", "down_proj"} | (
-        {"gate_up_proj_bias", "down_proj_bias"} if biased else set()
-    )
-    if gate_up is None or down is None or gate_up.ndim != 3 or down.ndim != 3:
-        raise ValueError(f"{name}: no 3-D gate_up_proj and down_proj parameters")
-    act = getattr(module, "act_fn", None)
-    if set(params) != known or list(module.children()) not in ([], [act]):
-        raise ValueError(f"{name}: parameters or submodules beyond the experts' {sorted(known)}")
+    biases = {"gate_up_proj_bias", "down_proj_bias"}
+    biased = biases <= set(module._parameters)
+    params = _experts_params(module, biases if biased else set())
+    gate_up, down = params["gate_up_proj"], params["down_proj"]
     if biased:
         w13, w2 = gate_up.detach().transpose(1, 2), down.detach().transpose(1, 2)
         b13, b2 = params["gate_up_proj_bias"].detach(), params["down_proj_bias"].detach()
@@ -945,12 +954,7 @@ def transformers_experts(module: torch.nn.Module):
     else:
         w13, w2, b13, b2, activation = gate_up.detach(), down.detach(), None, None, "silu"
         check_silu(module, name)
-    (e, two_i, h), (e2, h2, i) = w13.shape, w2.shape
-    if e2 != e or h2 != h or two_i != 2 * i:
-        raise ValueError(
-            f"{name}: gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} do "
-            "not pair as experts"
-        )
+    _check_paired(module, w13, w2, "do not pair as experts")
     _check_forward(module, w13, w2, activation, b13, b2)
     return w13, w2, activation, b13, b2
 

@@ -115,6 +115,10 @@ def test_fp4_llama4_experts_refusals():
         fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=5)
     with pytest.raises(TypeError, match="top_k must be an int"):
         fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=1.0)
+    narrow = copy.deepcopy(module)
+    narrow.down_proj = torch.nn.Parameter(narrow.down_proj[:, :, :32].clone())
+    with pytest.raises(ValueError, match=r"are not Llama-4's \[E, H, 2I\] and \[E, I, H\]"):
+        moe.llama4_experts(narrow)
     gelu = copy.deepcopy(module)
     gelu.act_fn = torch.nn.GELU()
     with pytest.raises(ValueError, match="is not SiLU"):
