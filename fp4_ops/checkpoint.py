@@ -421,6 +421,11 @@ _CHECKPOINT_SPELLINGS = {
         (r"\.experts\.\d+", "w2", "down_proj"),
     ),
     "gpt_neox": ((None, "embed_out", "lm_head"),),
+    # (Llama-4's vision-language checkpoints, whose text model AutoModelForCausalLM builds)
+    "llama4": (
+        (None, "language_model.model", "model"),
+        (None, "language_model.lm_head", "lm_head"),
+    ),
     # (Gemma-3's vision-language checkpoints, as llava's)
     "gemma3": (
         (None, "language_model.model", "model.language_model"),
@@ -1039,7 +1044,8 @@ def load_quantized(
     consumed.update(n for _, names, _ in plain for n in names if n in ck)
     kv_scales = _plan_kv_scales(ck, model) if qconfig.kv_cache else []
     left = set(ck.keys()) - consumed - set(kv_scales)
-    _refuse_left_over(left - _ignored_by_transformers(model, left), planned)
+    towers = _other_towers(ck.model_type, model, left)
+    _refuse_left_over(left - towers - _ignored_by_transformers(model, left), planned)
     _check_kv_scales(ck, kv_scales)
 
     dequantized = _load(model, ck, device, (layers, experts, plain), activations, dtype)
@@ -1051,6 +1057,12 @@ def load_quantized(
             stacklevel=2,
         )
     _warn_unused_expert_input_scales(experts, activations)
+    if towers:
+        warnings.warn(
+            f"{_listed(towers)}: not loaded: AutoModelForCausalLM builds the checkpoint's text "
+            "model only",
+            stacklevel=2,
+        )
     if qconfig.kv_cache:
         warnings.warn(
             f"{folder}: the checkpoint declares an {qconfig.kv_cache} KV cache; its "
@@ -1259,6 +1271,17 @@ def _plan_plain(ck: _Checkpoint, model: nn.Module, quantized: set[str]) -> list[
                 _expect(ck, n, (t.dtype,), (tuple(t.shape),), f"{names[0]}")
         plain.append((present, names, t))
     return plain
+
+
+#: the parts of vision-language checkpoints that AutoModelForCausalLM leaves out (its text model)
+_OTHER_TOWERS = {"llama4": ("vision_model", "multi_modal_projector")}
+
+
+def _other_towers(model_type: str | None, model: nn.Module, keys: set[str]) -> set[str]:
+    """The ``keys`` of the parts of a vision-language checkpoint that ``model``, its text model,
+    does not hold (``_OTHER_TOWERS``)."""
+    towers = set(_OTHER_TOWERS.get(model_type, ())) - {n for n, _ in model.named_children()}
+    return {key for key in keys if key.partition(".")[0] in towers}
 
 
 def _ignored_by_transformers(model: nn.Module, keys: set[str]) -> set[str]:

@@ -193,12 +193,12 @@ def _per_expert(model):
     return out
 
 
-def _write(folder: Path, model, checkpoint: str, parts) -> None:
+def _write(folder: Path, model, checkpoint: str, parts, lm: str = "") -> None:
     """The experts as per-expert Linears in ``checkpoint``'s names and global-scale convention,
-    every other tensor in BF16 (nothing else quantized)."""
+    every other tensor in BF16 (nothing else quantized); ``lm``: the language model's prefix."""
     tensors = {n: t.contiguous() for n, t in model.state_dict().items() if ".experts." not in n}
     for (i, e, proj), (data, scales, gs) in parts.items():
-        prefix = f"model.layers.{i}.feed_forward.experts.{e}.{proj}"
+        prefix = f"{lm}model.layers.{i}.feed_forward.experts.{e}.{proj}"
         if checkpoint == "modelopt":
             named = {"weight": data, "weight_scale": scales, "weight_scale_2": gs.reshape(())}
         else:
@@ -293,3 +293,52 @@ def test_llama4_block_with_fp4_experts_compiles_fullgraph(activations):
         want = block(x)
         got = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
     assert all(map(torch.equal, got, want))
+
+
+def _llama4_vision_language():
+    """A tiny Llama-4 with its vision tower (Llama4ForConditionalGeneration, as Scout and
+    Maverick are published), its experts given values."""
+    text = _llama4().config.to_dict()
+    vision = transformers.Llama4VisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+        vision_output_dim=64,
+        projector_input_dim=64,
+        projector_output_dim=64,
+    )
+    config = transformers.Llama4Config(text_config=text, vision_config=vision.to_dict())
+    torch.manual_seed(0)
+    model = transformers.Llama4ForConditionalGeneration(config).eval()
+    model.language_model.to(torch.bfloat16)  # (the vision tower keeps its complex buffers)
+    with torch.no_grad():
+        for layer in model.language_model.model.layers:
+            layer.feed_forward.experts.gate_up_proj.normal_(0.0, 0.1)
+            layer.feed_forward.experts.down_proj.normal_(0.0, 0.1)
+    return model
+
+
+@pytest.mark.parametrize("checkpoint", ["modelopt", "compressed-tensors"])
+def test_vision_language_checkpoint_loads_its_text_model(checkpoint, tmp_path):
+    """A Llama-4 checkpoint as published (language_model.model.*, the vision tower beside):
+    AutoModelForCausalLM builds its text model (transformers 5), which loads the experts as
+    FP4Llama4Experts, leaves the vision tower out with a warning, and gives the language
+    model's logits on the dequantized experts; transformers 4 cannot build it (refused)."""
+    vlm = _llama4_vision_language()
+    parts = _per_expert(vlm.language_model)
+    _write(tmp_path, vlm, checkpoint, parts, lm="language_model.")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        with pytest.raises(ValueError, match="transformers cannot build the model"):
+            fp4_ops.load_quantized(tmp_path)
+        return
+    with pytest.warns(UserWarning, match=r"vision_model\..*: not loaded: AutoModelForCausalLM"):
+        ours = fp4_ops.load_quantized(tmp_path)
+    assert isinstance(ours.model.layers[0].feed_forward.experts, fp4_ops.FP4Llama4Experts)
+    want = _dequantized_model(vlm.language_model, parts)
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got, ref = ours(ids).logits, want(ids).logits
+    assert _rel(got, ref) <= LOGITS_BOUND, _rel(got, ref)
