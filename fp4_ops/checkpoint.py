@@ -413,13 +413,26 @@ def _quant_config(folder: Path, config: dict) -> _QuantConfig:
 # model's modules (what its checkpoint conversion mapping renames): (what precedes the part,
 # or None for the name's start; the checkpoints' spelling; transformers'). save_quantized
 # writes the checkpoints' spelling.
+_MIXTRAL = (
+    ("", "block_sparse_moe", "mlp"),
+    (r"\.experts\.\d+", "w1", "gate_proj"),
+    (r"\.experts\.\d+", "w3", "up_proj"),
+    (r"\.experts\.\d+", "w2", "down_proj"),
+)
+_GRANITE_MOE = (
+    (r"\.block_sparse_moe", "router.layer", "router"),
+    (r"\.block_sparse_moe", "input_linear.weight", "experts.gate_up_proj"),
+    (r"\.block_sparse_moe", "output_linear.weight", "experts.down_proj"),
+)
 _CHECKPOINT_SPELLINGS = {
-    "mixtral": (
-        ("", "block_sparse_moe", "mlp"),
-        (r"\.experts\.\d+", "w1", "gate_proj"),
-        (r"\.experts\.\d+", "w3", "up_proj"),
-        (r"\.experts\.\d+", "w2", "down_proj"),
-    ),
+    "mixtral": _MIXTRAL,
+    "minimax": _MIXTRAL,
+    "minimax_m2": _MIXTRAL,
+    # (its router: the checkpoints' gate; a rule that reads either spelling of the block)
+    "phimoe": (*_MIXTRAL, (r"\.(?:block_sparse_moe|mlp)", "gate", "router")),
+    "granitemoe": _GRANITE_MOE,
+    "granitemoeshared": _GRANITE_MOE,
+    "ernie4_5_moe": ((r"\.mlp", "moe_statics", "gate.moe_statics"),),
     "gpt_neox": ((None, "embed_out", "lm_head"),),
     # (Llama-4's vision-language checkpoints, whose text model AutoModelForCausalLM builds)
     "llama4": (
@@ -446,10 +459,25 @@ def _part(before: str | None, part: str) -> str:
 def _respelled(name: str, model_type: str | None, to_model: bool) -> str:
     """``name`` (a key or module name) with ``model_type``'s checkpoint spelling of its parts
     turned into transformers' (``to_model``) or back."""
-    for before, stored, model in _CHECKPOINT_SPELLINGS.get(model_type, ()):
-        old, new = (stored, model) if to_model else (model, stored)
-        name = re.sub(_part(before, old), rf"\g<1>{new}", name)
+    for rule in _CHECKPOINT_SPELLINGS.get(model_type, ()):
+        name = _respell(name, rule, to_model)
     return name
+
+
+def _respell(name: str, rule: tuple, to_model: bool) -> str:
+    before, stored, model = rule
+    old, new = (stored, model) if to_model else (model, stored)
+    return re.sub(_part(before, old), rf"\g<1>{new}", name)
+
+
+def _spellings(name: str, model_type: str | None) -> set[str]:
+    """Every spelling of the model's module ``name`` with some of ``model_type``'s rules turned
+    back into the checkpoints' (writers' configs mix them: PhiMoE's name the router
+    ``block_sparse_moe.router``, stored as ``block_sparse_moe.gate``)."""
+    names = {name}
+    for rule in _CHECKPOINT_SPELLINGS.get(model_type, ()):
+        names |= {_respell(n, rule, to_model=False) for n in names}
+    return names
 
 
 def _spelled_as_stored(model_type: str | None, model: nn.Module | None) -> bool:
@@ -538,15 +566,14 @@ class _Checkpoint:
     def stored_names(self, module: str) -> tuple[str, ...]:
         """The checkpoint's names of a module the model calls ``module`` (what its quantization
         config's targets and ignore lists name): as its nearest module with tensors there is
-        named, the rest as the model names it; and in the model type's spelling throughout."""
+        named, the rest as the model names it; and in any mix of the model type's spellings
+        and the model's (``_spellings``)."""
         head, rest = module, ""
         while head and head not in self.module_names:
             head, _, last = head.rpartition(".")
             rest = f".{last}{rest}"
         near = self.module_names[head] + rest if head else module
-        spelled = _respelled(module, self.kind, to_model=False)
-        # (and as the model names it: writers name modules either way in their configs)
-        return tuple(dict.fromkeys((near, spelled, module)))
+        return (near, *sorted(_spellings(module, self.kind) - {near}))
 
     def __contains__(self, key: str) -> bool:
         return key in self.header

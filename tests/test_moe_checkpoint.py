@@ -600,3 +600,79 @@ def test_gpu_save_makes_one_modules_plain_copy_at_a_time(tmp_path):
             for w in ("w13", "w2"):
                 a, b = mine.expert_weights(w), theirs.expert_weights(w)
                 assert torch.equal(a.data.cpu(), b.data) and torch.equal(a.scale.cpu(), b.scale)
+
+
+def _spelled_moe(model_type: str):
+    """A tiny BF16 MoE model of a type whose checkpoints spell some names otherwise."""
+    common = dict(
+        vocab_size=96,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
+    if model_type == "ernie4_5_moe":
+        config = transformers.Ernie4_5_MoeConfig(
+            intermediate_size=128,
+            moe_intermediate_size=WIDTH,
+            moe_num_experts=EXPERTS,
+            moe_k=2,
+            moe_layer_start_index=0,
+            **common,
+        )
+    else:
+        config = transformers.AutoConfig.for_model(
+            model_type,
+            intermediate_size=WIDTH,
+            num_local_experts=EXPERTS,
+            num_experts_per_tok=2,
+            head_dim=16,
+            **common,
+        )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+
+
+#: a key each model type's checkpoints hold under their own spelling (from transformers'
+#: conversion mappings), with its experts and attention quantized: (the key, how transformers
+#: names it)
+STORED_KEYS = {
+    "minimax": ("model.layers.0.block_sparse_moe.experts.1.w3.weight_scale", ".mlp."),
+    "phimoe": ("model.layers.0.block_sparse_moe.gate.weight", ".mlp.router."),
+    "granitemoe": ("model.layers.0.block_sparse_moe.router.layer.weight", ".router.weight"),
+    "ernie4_5_moe": ("model.layers.0.mlp.moe_statics.e_score_correction_bias", ".gate.moe_"),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(STORED_KEYS))
+def test_moe_checkpoints_in_their_own_spelling_load(model_type, tmp_path):
+    """MiniMax (as Mixtral), PhiMoE (its router stored as gate), Granite-MoE (router.layer,
+    input_linear / output_linear) and ERNIE-4.5-MoE (moe_statics outside the gate) checkpoints
+    spell names otherwise than transformers 5's models: save_quantized writes their spelling,
+    load_quantized reads it back (the same experts, the same logits), also where the config's
+    ignore list mixes both spellings (PhiMoE's, as llm-compressor writes it)."""
+    model = _spelled_moe(model_type)
+    fp4_ops.quantize_model(model, ["*.experts", "*.self_attn.*"], activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path, "modelopt")
+    keys = set(safetensors_torch.load_file(str(tmp_path / "model.safetensors")))
+    stored, model_spelling = STORED_KEYS[model_type]
+    assert stored in keys and not [k for k in keys if model_spelling in k]
+    if model_type == "phimoe":  # (the router named as transformers' module, under the block's)
+        path = tmp_path / "hf_quant_config.json"
+        quant = json.loads(path.read_text())
+        quant["quantization"]["exclude_modules"] = ["lm_head", "*.block_sparse_moe.router"]
+        path.write_text(json.dumps(quant))
+    back = fp4_ops.load_quantized(tmp_path)
+    for name, module in model.named_modules():
+        if isinstance(module, fp4_ops.FP4Experts):
+            theirs = back.get_submodule(name)
+            for w in ("w13", "w2"):
+                assert torch.equal(module.expert_weights(w).data, theirs.expert_weights(w).data)
+    for name, buffer in back.named_buffers():  # (RoPE's inv_freq: see the round trip above)
+        if name.endswith("inv_freq"):
+            model.get_buffer(name).data = buffer.clone()
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, model(ids).logits)
