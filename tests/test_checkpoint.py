@@ -2215,3 +2215,62 @@ def test_tied_model_takes_a_stored_head_only_if_it_equals_the_embedding(same, tm
     else:
         with pytest.raises(ValueError, match=r"lm_head\.weight: differs from model\.embed_"):
             fp4_ops.load_quantized(tmp_path)
+
+
+def _mixtral(layers: int = 2) -> nn.Module:
+    config = transformers.MixtralConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        initializer_range=0.1,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+
+
+#: Mixtral's checkpoint names (save_quantized's) -> transformers 5's
+MIXTRAL_TO_TRANSFORMERS = (
+    (r"\.block_sparse_moe(?=\.|\b)", ".mlp"),
+    (r"(\.experts\.\d+)\.w1(?=\.|\b)", r"\1.gate_proj"),
+    (r"(\.experts\.\d+)\.w3(?=\.|\b)", r"\1.up_proj"),
+    (r"(\.experts\.\d+)\.w2(?=\.|\b)", r"\1.down_proj"),
+)
+
+
+def test_mixtral_checkpoint_in_transformers_spelling_loads_under_either_major(tmp_path):
+    """A Mixtral checkpoint whose keys and exclude list use transformers 5's names (mlp,
+    gate_proj, its router mlp.gate excluded by name) loads into transformers 4's model too
+    (block_sparse_moe, w1): every name matched through the key it stands for; the same
+    logits."""
+    model = _mixtral()
+    fp4_ops.quantize_model(model, activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path, "modelopt")
+
+    def respelled(text: str) -> str:
+        for pattern, name in MIXTRAL_TO_TRANSFORMERS:
+            text = re.sub(pattern, name, text)
+        return text
+
+    raw = _raw(tmp_path)
+    safetensors_torch.save_file(
+        {respelled(k): v for k, v in raw.items()}, str(tmp_path / "model.safetensors")
+    )
+    path = tmp_path / "hf_quant_config.json"
+    quant = json.loads(path.read_text())
+    quant["quantization"]["exclude_modules"] = [f"model.layers.{i}.mlp.gate" for i in range(2)]
+    path.write_text(json.dumps(quant))
+    assert any(".mlp.experts.0.gate_proj." in k for k in _raw(tmp_path))
+    back = fp4_ops.load_quantized(tmp_path)
+    for layer in back.model.layers:  # (block_sparse_moe in transformers 4, mlp in 5)
+        block = getattr(layer, "block_sparse_moe", None) or layer.mlp
+        assert not isinstance(block.gate, fp4_ops.FP4Linear)
+    for name, buffer in back.named_buffers():  # (RoPE's: float32 there, cast here)
+        if name.endswith("inv_freq"):
+            model.get_buffer(name).data = buffer.clone()
+    with torch.no_grad():
+        assert torch.equal(back(_ids(3)).logits, model(_ids(3)).logits)

@@ -89,7 +89,7 @@ def _scaled_tokens(tokens: int, top_k: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("activations", ["bf16", "dynamic"])
-@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("top_k", [1, 2, EXPERTS])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_fp4_llama4_experts_compute_the_modules_forward(fmt, top_k, activations):
     """Each row of the output is the module's own on the dequantized weights: the chosen
@@ -104,6 +104,24 @@ def test_fp4_llama4_experts_compute_the_modules_forward(fmt, top_k, activations)
     assert got.shape == want.shape and got.dtype == routed.dtype
     assert bool((got.view(EXPERTS, 6, HIDDEN)[zero] == 0).all())
     assert _rel(got, want) <= (MODULE_BOUND if activations == "bf16" else W4A4_BOUND)
+
+
+def test_fp4_llama4_experts_run_each_tokens_top_k_rows_only():
+    """Rows outside the block's contract (every row of a token nonzero): each token's top_k
+    rows of largest magnitude are its experts', every other output row is zero."""
+    module = _llama4(top_k=2).model.layers[0].feed_forward.experts
+    fp4 = fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=2)
+    gen = torch.Generator().manual_seed(2)
+    scales = torch.rand(EXPERTS, 5, 1, generator=gen) + 0.1  # (distinct magnitudes per row)
+    rows = (torch.randn(1, 5, HIDDEN, generator=gen).sign() * scales).bfloat16()
+    with torch.no_grad():
+        got = fp4(rows.reshape(EXPERTS * 5, HIDDEN)).view(EXPERTS, 5, HIDDEN)
+        want = _dequantized_like(module, fp4)(rows.reshape(EXPERTS * 5, HIDDEN))
+    chosen = torch.zeros(EXPERTS, 5, dtype=torch.bool)
+    chosen.scatter_(0, scales.squeeze(-1).topk(2, dim=0).indices, True)
+    assert bool((got[~chosen] == 0).all())
+    want = want.view(EXPERTS, 5, HIDDEN)[chosen]
+    assert _rel(got[chosen], want) <= MODULE_BOUND
 
 
 def test_fp4_llama4_experts_refusals():
