@@ -8,21 +8,18 @@ model on the dequantized weights."""
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 
 import pytest
 import torch
+from expert_checkpoints import quantize_per_expert, set_dequantized, write_per_expert
 
 import fp4_ops
-import reference
 from fp4_ops import moe
 
 transformers = pytest.importorskip("transformers", reason="needs transformers")
-safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safetensors")
+pytest.importorskip("safetensors.torch", reason="needs safetensors")
 
 EXPERTS, HIDDEN, WIDTH, LAYERS = 4, 64, 96, 2  # (no square weight: a transpose shows)
-GS_DIVISOR = 448.0 * 6.0
 # ours and theirs round h, the activation and y to BF16 in different places (2^-9 relative
 # each): 2^-5 of a module's output norm holds them, and 2^-4 of the logits through two layers
 # and the head; a misread layout (gate / up order, a transpose, an expert's rows) is off by
@@ -194,79 +191,29 @@ def test_quantize_model_names_a_block_without_top_k():
         fp4_ops.quantize_model(without_top_k(), ["*.experts"], activations="bf16")
 
 
-def _per_expert(model):
-    """{(layer, expert, projection): (packed, E4M3 scales, decoding global scale)} of the
-    model's experts as per-expert Linears [out, in] (llm-compressor's Llama-4 layout), by
-    reference.quantize_nvfp4; gate and up share their expert's global scale."""
-    out = {}
-    for i, layer in enumerate(model.model.layers):
-        ex = layer.feed_forward.experts
-        for e in range(EXPERTS):
-            gate, up = ex.gate_up_proj[e].detach().float().t().chunk(2)
-            down = ex.down_proj[e].detach().float().t()
-            shared = torch.maximum(gate.abs().amax(), up.abs().amax()) / GS_DIVISOR
-            for proj, w in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
-                gs = shared if proj != "down_proj" else w.abs().amax() / GS_DIVISOR
-                out[i, e, proj] = reference.quantize_nvfp4(w, gs)
-    return out
+def _experts(lm) -> list:
+    return [layer.feed_forward.experts for layer in lm.model.layers]
 
 
-def _write(folder: Path, model, checkpoint: str, parts, lm: str = "") -> None:
-    """The experts as per-expert Linears in ``checkpoint``'s names and global-scale convention,
-    every other tensor in BF16 (nothing else quantized); ``lm``: the language model's prefix."""
-    tensors = {n: t.contiguous() for n, t in model.state_dict().items() if ".experts." not in n}
-    for (i, e, proj), (data, scales, gs) in parts.items():
-        prefix = f"{lm}model.layers.{i}.feed_forward.experts.{e}.{proj}"
-        if checkpoint == "modelopt":
-            named = {"weight": data, "weight_scale": scales, "weight_scale_2": gs.reshape(())}
-        else:
-            encoding = (1.0 / gs).reshape(1)
-            named = {"weight_packed": data, "weight_scale": scales, "weight_global_scale": encoding}
-        tensors |= {f"{prefix}.{k}": v.clone() for k, v in named.items()}
-    folder.mkdir(parents=True, exist_ok=True)
-    safetensors_torch.save_file(tensors, str(folder / "model.safetensors"))
-    config = model.config.to_dict()
-    kept = ["lm_head", "re:.*self_attn.*", "re:.*router$", "re:.*shared_expert.*"]
-    if checkpoint == "modelopt":
-        exclude = ["lm_head", "*self_attn*", "*router", "*shared_expert*"]
-        quant = {"quant_algo": "W4A16_NVFP4", "group_size": 16, "exclude_modules": exclude}
-        (folder / "hf_quant_config.json").write_text(json.dumps({"quantization": quant}))
-    else:
-        weights = dict(num_bits=4, type="float", symmetric=True, group_size=16)
-        weights |= dict(strategy="tensor_group", dynamic=False, scale_dtype="torch.float8_e4m3fn")
-        config["quantization_config"] = {
-            "quant_method": "compressed-tensors",
-            "format": "nvfp4-pack-quantized",
-            "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
-            "ignore": kept,
-        }
-    (folder / "config.json").write_text(json.dumps(config))
-
-
-def _dequantized_model(model, parts):
-    """The model with its fused experts set to the checkpoint's dequantized values (BF16)."""
-    with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
-            ex = layer.feed_forward.experts
-            for e in range(EXPERTS):
-                w = {
-                    p: reference.dequantize_fp4(*parts[i, e, p][:2], 16, parts[i, e, p][2])
-                    for p in ("gate_proj", "up_proj", "down_proj")
-                }
-                ex.gate_up_proj[e].copy_(torch.cat((w["gate_proj"], w["up_proj"])).t())
-                ex.down_proj[e].copy_(w["down_proj"].t())
-    return model
+def _names(lm: str = "") -> dict:
+    """Per-expert Linears under the language model's prefix ``lm``; everything but the
+    experts left out of FP4."""
+    return {
+        "experts": lm + "model.layers.{}.feed_forward.experts",
+        "exclude": ["lm_head", "*self_attn*", "*router", "*shared_expert*"],
+        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*router$", "re:.*shared_expert.*"],
+    }
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("checkpoint", ["modelopt", "compressed-tensors"])
 def test_per_expert_checkpoint_loads_into_llama4_experts(checkpoint, top_k, tmp_path):
     model = _llama4(top_k)
-    parts = _per_expert(model)
-    _write(tmp_path, model, checkpoint, parts)
+    parts = quantize_per_expert(_experts(model), "llama4")
+    write_per_expert(tmp_path, model, checkpoint, parts, _names())
     ours = fp4_ops.load_quantized(tmp_path)
-    want = _dequantized_model(model, parts)
+    want = copy.deepcopy(model)
+    set_dequantized(_experts(want), parts, "llama4")
     for i, layer in enumerate(ours.model.layers):
         ex = layer.feed_forward.experts
         assert isinstance(ex, fp4_ops.FP4Llama4Experts) and ex.top_k == top_k, i
@@ -346,8 +293,8 @@ def test_vision_language_checkpoint_loads_its_text_model(checkpoint, tmp_path):
     FP4Llama4Experts, leaves the vision tower out with a warning, and gives the language
     model's logits on the dequantized experts; transformers 4 cannot build it (refused)."""
     vlm = _llama4_vision_language()
-    parts = _per_expert(vlm.language_model)
-    _write(tmp_path, vlm, checkpoint, parts, lm="language_model.")
+    parts = quantize_per_expert(_experts(vlm.language_model), "llama4")
+    write_per_expert(tmp_path, vlm, checkpoint, parts, _names("language_model."))
     if int(transformers.__version__.split(".")[0]) < 5:
         with pytest.raises(ValueError, match="transformers cannot build the model"):
             fp4_ops.load_quantized(tmp_path)
@@ -355,7 +302,8 @@ def test_vision_language_checkpoint_loads_its_text_model(checkpoint, tmp_path):
     with pytest.warns(UserWarning, match=r"vision_model\..*: not loaded: AutoModelForCausalLM"):
         ours = fp4_ops.load_quantized(tmp_path)
     assert isinstance(ours.model.layers[0].feed_forward.experts, fp4_ops.FP4Llama4Experts)
-    want = _dequantized_model(vlm.language_model, parts)
+    want = vlm.language_model
+    set_dequantized(_experts(want), parts, "llama4")
     ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         got, ref = ours(ids).logits, want(ids).logits

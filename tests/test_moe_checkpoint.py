@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from expert_checkpoints import quantize_per_expert, set_dequantized, write_per_expert
 
 import fp4_ops
-import reference
 from fp4_ops.sm90.k_order import PREPACK_ROWS, unprepack_weights
 
 transformers = pytest.importorskip("transformers", reason="needs transformers")
@@ -24,7 +24,6 @@ safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safet
 pytestmark = pytest.mark.fused_experts
 
 EXPERTS, HIDDEN, WIDTH, LAYERS = 4, 64, 32, 2
-GS_DIVISOR = 448.0 * 6.0
 # both models round to BF16 in different places (ours: h, the activation, y; theirs: its
 # own), 2^-9 relative each, through two layers and the head: 2^-4 holds them; a misread
 # projection, expert order or global-scale convention is off by order one
@@ -60,68 +59,27 @@ def _qwen3_moe():
     )
 
 
+#: the names this file's checkpoints give the experts, and what their configs leave out
+NAMES = {
+    "experts": "model.layers.{}.mlp.experts",
+    "exclude": NOT_QUANTIZED,
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp\\.gate$"],
+}
+
+
 def _per_expert(model, fuse_gate_up=True):
-    """{(layer, expert, projection): (packed, plain E4M3 scales, decoding global scale)} by
-    reference.quantize_nvfp4; gate and up share their expert's global scale when fused."""
-    out = {}
-    for i, layer in enumerate(model.model.layers):
-        ex = layer.mlp.experts
-        for e in range(EXPERTS):
-            gate, up = ex.gate_up_proj[e].detach().float().chunk(2)
-            down = ex.down_proj[e].detach().float()
-            shared = torch.maximum(gate.abs().amax(), up.abs().amax()) / GS_DIVISOR
-            for proj, w in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
-                gs = shared if fuse_gate_up and proj != "down_proj" else w.abs().amax() / GS_DIVISOR
-                out[i, e, proj] = reference.quantize_nvfp4(w, gs)
-    return out
+    return quantize_per_expert(
+        [layer.mlp.experts for layer in model.model.layers], "fused", fuse_gate_up
+    )
 
 
 def _write(folder: Path, model, checkpoint: str, parts, corrupt=None) -> None:
-    """The model's experts as per-expert Linears in ``checkpoint``'s names and global-scale
-    convention (ModelOpt: weight / weight_scale / weight_scale_2, decoding; compressed-tensors:
-    weight_packed / weight_scale / weight_global_scale, its reciprocal), the rest in BF16."""
-    tensors = {n: t.contiguous() for n, t in model.state_dict().items() if ".experts." not in n}
-    for (i, e, proj), (data, scales, gs) in parts.items():
-        prefix = f"model.layers.{i}.mlp.experts.{e}.{proj}"
-        if checkpoint == "modelopt":
-            named = {"weight": data, "weight_scale": scales, "weight_scale_2": gs.reshape(())}
-        else:
-            encoding = (1.0 / gs).reshape(1)
-            named = {"weight_packed": data, "weight_scale": scales, "weight_global_scale": encoding}
-        tensors |= {f"{prefix}.{k}": v.clone() for k, v in named.items()}
-    if corrupt is not None:
-        corrupt(tensors)
-    folder.mkdir(parents=True, exist_ok=True)
-    safetensors_torch.save_file(tensors, str(folder / "model.safetensors"))
-    config = model.config.to_dict()
-    if checkpoint == "modelopt":
-        quant = {"quant_algo": "W4A16_NVFP4", "group_size": 16, "exclude_modules": NOT_QUANTIZED}
-        (folder / "hf_quant_config.json").write_text(json.dumps({"quantization": quant}))
-    else:
-        weights = dict(num_bits=4, type="float", symmetric=True, group_size=16)
-        weights |= dict(strategy="tensor_group", dynamic=False, scale_dtype="torch.float8_e4m3fn")
-        config["quantization_config"] = {
-            "quant_method": "compressed-tensors",
-            "format": "nvfp4-pack-quantized",
-            "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
-            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp\\.gate$"],
-        }
-    (folder / "config.json").write_text(json.dumps(config))
+    write_per_expert(folder, model, checkpoint, parts, NAMES, corrupt)
 
 
 def _dequantized_model(model, parts):
     """The model with its fused experts set to the checkpoint's dequantized values (BF16)."""
-    with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
-            ex = layer.mlp.experts
-            for e in range(EXPERTS):
-                w = {
-                    p: reference.dequantize_fp4(*parts[i, e, p][:2], 16, parts[i, e, p][2])
-                    for p in ("gate_proj", "up_proj", "down_proj")
-                }
-                ex.gate_up_proj[e].copy_(torch.cat((w["gate_proj"], w["up_proj"])))
-                ex.down_proj[e].copy_(w["down_proj"])
+    set_dequantized([layer.mlp.experts for layer in model.model.layers], parts, "fused")
     return model
 
 
