@@ -909,6 +909,19 @@ def _warn_unused_expert_input_scales(experts: list, activations: str | None) -> 
 # ----------------------------------------------------------------------------- the model
 
 
+def _remake_buffers(model: nn.Module) -> None:
+    """The model's non-persistent buffers made again by its own initializer, outside the
+    16-bit default dtype of its construction, as from_pretrained does (GPT-J's sinusoid table
+    divides integers: in BF16 it is off by up to 1e-2); parameters are on the meta device."""
+    init = getattr(model, "_init_weights", None)
+    if not callable(init):
+        return
+    with torch.no_grad():
+        for module in model.modules():
+            if module._non_persistent_buffers_set:
+                init(module)
+
+
 @contextlib.contextmanager
 def _parameters_on_meta():
     """Parameters made inside go to the meta device as they are registered, before any
@@ -1222,7 +1235,9 @@ def _build_model(transformers, folder: Path, dtype: torch.dtype) -> nn.Module:
     try:
         config = transformers.AutoConfig.from_pretrained(folder)
         with _parameters_on_meta():
-            return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        _remake_buffers(model)
+        return model
     except (ImportError, OSError, MemoryError, torch.OutOfMemoryError):
         raise  # (a model class that needs another package; files; memory: not the config)
     except Exception as err:  # (transformers' config and module checks raise several types)

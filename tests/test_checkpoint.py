@@ -2274,3 +2274,31 @@ def test_mixtral_checkpoint_in_transformers_spelling_loads_under_either_major(tm
             model.get_buffer(name).data = buffer.clone()
     with torch.no_grad():
         assert torch.equal(back(_ids(3)).logits, model(_ids(3)).logits)
+
+
+@pytest.mark.parametrize("arch", ["gptj", "llama"])
+def test_loaded_buffers_are_from_pretrained_s(arch, tmp_path):
+    """The buffers a model makes as it is built (rotary tables) are those of transformers'
+    from_pretrained in the same dtype, not made in the 16-bit default dtype of construction
+    (GPT-J's sinusoid table divides integers: in BF16 it is off by 1e-2); a saved model
+    loads back with bit-identical logits."""
+    if arch == "gptj":
+        config = transformers.GPTJConfig(
+            vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4, rotary_dim=8
+        )
+    else:
+        config = _config("llama")
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "bf16")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "bf16", dtype=torch.bfloat16
+    )
+    fp4_ops.quantize_model(model.eval(), activations="bf16")
+    fp4_ops.save_quantized(model, tmp_path / "fp4", "modelopt")
+    back = fp4_ops.load_quantized(tmp_path / "fp4")
+    theirs = dict(model.named_buffers())
+    for name, buffer in back.named_buffers():
+        if name in theirs and buffer.is_floating_point():
+            assert buffer.dtype == theirs[name].dtype and torch.equal(buffer, theirs[name]), name
+    with torch.no_grad():
+        assert torch.equal(back(_ids(4)).logits, model(_ids(4)).logits)
