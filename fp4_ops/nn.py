@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import functools
 import inspect
 import math
-import re
+import textwrap
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -643,7 +644,8 @@ def weight_reader(linear: nn.Linear, attr: str, parent: nn.Module) -> str | None
     """Why ``parent`` reads its Linear ``linear`` (its attribute ``attr``)'s weight itself, not
     only through its forward, or None: torch's attention modules, or a parent class whose code
     names ``self.{attr}.weight`` (to cast an input to the weight's dtype, or to pass it to a
-    fused kernel, as some transformers models do). Such a Linear cannot be an FP4Linear."""
+    fused kernel, as some transformers models do) outside branches that the parent's own
+    attributes rule out (``_reads``). Such a Linear cannot be an FP4Linear."""
     if isinstance(parent, nn.MultiheadAttention) or isinstance(
         linear, NonDynamicallyQuantizableLinear
     ):
@@ -651,7 +653,7 @@ def weight_reader(linear: nn.Linear, attr: str, parent: nn.Module) -> str | None
             f"its parent ({type(parent).__name__}) reads its weight directly, not through "
             "forward (e.g. nn.MultiheadAttention.out_proj)"
         )
-    if re.search(rf"\bself\.{re.escape(attr)}\.weight\b", _class_source(type(parent))):
+    if any(_reads(tree, attr, parent) for tree in _class_trees(type(parent))):
         return (
             f"{type(parent).__name__} reads self.{attr}.weight itself, which an FP4Linear "
             "holds as an FP4Tensor"
@@ -660,18 +662,93 @@ def weight_reader(linear: nn.Linear, attr: str, parent: nn.Module) -> str | None
 
 
 @functools.cache
-def _class_source(cls: type) -> str:
-    """The source of ``cls`` and of its bases outside torch ("" for those Python has none
-    of, e.g. compiled ones)."""
-    sources = []
+def _class_trees(cls: type) -> tuple[ast.AST, ...]:
+    """The parsed source of ``cls`` and of its bases outside torch (none for those Python has
+    no source of, e.g. compiled ones)."""
+    trees = []
     for base in cls.__mro__:
         if base is object or base.__module__.split(".")[0] == "torch":
             continue
         try:
-            sources.append(inspect.getsource(base))
-        except (OSError, TypeError):
+            trees.append(ast.parse(textwrap.dedent(inspect.getsource(base))))
+        except (OSError, TypeError, SyntaxError):
             pass
-    return "\n".join(sources)
+    return tuple(trees)
+
+
+def _reads(node: ast.AST, attr: str, parent: nn.Module) -> bool:
+    """Whether code ``node`` names ``self.{attr}.weight`` outside the branches that ``parent``'s
+    own attributes rule out (Bloom's ``if self.pretraining_tp > 1 and self.slow_but_exact``,
+    GPT-2's ``if self.model_parallel``, false as configured)."""
+    if isinstance(node, (ast.If, ast.IfExp)):
+        taken = _truth(node.test, parent)
+        body = node.body if isinstance(node.body, list) else [node.body]
+        orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
+        live = [node.test, *(body if taken is not False else ()), *(orelse if not taken else ())]
+        return any(_reads(n, attr, parent) for n in live)
+    if isinstance(node, ast.BoolOp):  # (operands after a deciding one are not evaluated)
+        decisive = isinstance(node.op, ast.Or)
+        for value in node.values:
+            if _reads(value, attr, parent):
+                return True
+            known = _truth(value, parent)
+            if known is not None and bool(known) is decisive:
+                return False
+        return False
+    if (
+        isinstance(node, ast.Attribute)
+        and node.attr == "weight"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == attr
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "self"
+    ):
+        return True
+    return any(_reads(n, attr, parent) for n in ast.iter_child_nodes(node))
+
+
+_COMPARE = {
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+    ast.Is: lambda a, b: a is b,
+    ast.IsNot: lambda a, b: a is not b,
+}
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _truth(test: ast.AST, parent: nn.Module):
+    """The value of a condition made of constants, ``self.<name>`` attributes of plain types
+    (not ``self.training``), comparisons, ``not``, ``and`` and ``or``; None where it is
+    anything else."""
+    if isinstance(test, ast.Constant) and isinstance(test.value, _PLAIN):
+        return test.value
+    if isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name):
+        # (not the train / eval mode, which changes: Mamba's fused training path reads them)
+        own = test.value.id == "self" and test.attr != "training"
+        value = getattr(parent, test.attr, None) if own else None
+        return value if isinstance(value, _PLAIN) else None
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        value = _truth(test.operand, parent)
+        return None if value is None else not value
+    if isinstance(test, ast.BoolOp):
+        values = [_truth(v, parent) for v in test.values]
+        decisive = isinstance(test.op, ast.Or)  # (a true value decides an or, a false an and)
+        if any(v is not None and bool(v) is decisive for v in values):
+            return decisive
+        return None if None in values else not decisive
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _COMPARE:
+        a, b = _truth(test.left, parent), _truth(test.comparators[0], parent)
+        if a is None or b is None:
+            return None
+        try:
+            return bool(_COMPARE[type(test.ops[0])](a, b))
+        except TypeError:
+            return None
+    return None
 
 
 def _selection(include):

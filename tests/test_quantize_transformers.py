@@ -443,3 +443,85 @@ def test_quantize_model_takes_a_parametrized_linear():
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     want = fp4_ops.FP4Linear.from_linear(plain, activations="bf16")(x)
     assert torch.equal(net(x), want)
+
+
+FLAG = True  # (a module-level condition: unknown to quantize_model)
+
+
+class _Gated(torch.nn.Module):
+    """Reads ``proj.weight`` only where ``mode`` selects it."""
+
+    def __init__(self, mode: str, value=False):
+        super().__init__()
+        self.mode, self.value, self.proj = mode, value, torch.nn.Linear(64, 64)
+        self.depth = 1
+
+    def forward(self, x):
+        if self.mode == "flag" and self.value:
+            return x @ self.proj.weight.t()
+        if self.mode == "else":
+            if not self.value:
+                return self.proj(x)
+            else:
+                return x @ self.proj.weight.t()
+        if self.mode == "depth" and self.depth > 1 and self.value:
+            return x @ self.proj.weight.t()
+        if self.mode == "training" and self.training:
+            return x @ self.proj.weight.t()
+        if self.mode == "global" and FLAG and self.value:
+            return x @ self.proj.weight.t()
+        if self.mode == "global-else":
+            y = self.proj(x)
+            if FLAG and self.value:
+                y = y + 1
+            else:
+                y = x @ self.proj.weight.t()
+            return y
+        if self.mode == "test" and self.proj.weight.dtype == x.dtype:
+            return self.proj(x)
+        return self.proj(x)
+
+
+@pytest.mark.parametrize(
+    "mode, value, reads",
+    [
+        ("flag", False, False),  # (the read's branch is off as configured)
+        ("flag", True, True),
+        ("else", False, False),
+        ("else", True, True),
+        ("depth", True, False),  # (depth 1: the comparison rules it out)
+        ("training", False, True),  # (train / eval is a mode, not configuration)
+        ("global", True, True),  # (a module global: not known, taken as a read)
+        ("global-else", True, True),  # (so is an unknown condition's other branch)
+        ("test", False, True),  # (the condition itself reads it)
+    ],
+)
+def test_quantize_model_reads_only_the_branches_its_configuration_takes(mode, value, reads):
+    """A parent class's ``self.proj.weight`` counts unless its branch is ruled out by the
+    parent's own attributes (constants, comparisons, not / and / or): then it quantizes."""
+    parent = _Gated(mode, value).eval()
+    report = fp4_ops.quantize_model(parent, activations="bf16")
+    assert ("proj" in report.skipped) is reads and ("proj" in report.replaced) is not reads
+
+
+@pytest.mark.parametrize("slow_but_exact", [False, True])
+def test_quantize_model_takes_blooms_projections_unless_slow_but_exact(slow_but_exact):
+    """Bloom reads its dense projections' weights only under ``pretraining_tp > 1 and
+    slow_but_exact``: otherwise they quantize, and the model runs."""
+    config = transformers.BloomConfig(
+        vocab_size=96, hidden_size=64, n_layer=2, n_head=4, pretraining_tp=2
+    )
+    config.slow_but_exact = slow_but_exact
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+    report = fp4_ops.quantize_model(model, activations="bf16")
+    dense = {f"transformer.h.{i}.{n}" for i in range(2) for n in BLOOM_READS}
+    assert (dense <= set(report.skipped)) is slow_but_exact
+    assert (dense <= set(report.replaced)) is not slow_but_exact
+    with torch.no_grad():
+        logits = model(torch.tensor([[3, 4, 5, 6]])).logits
+    assert bool(torch.isfinite(logits).all())
+
+
+#: Bloom's Linears whose weights its code reads when slow_but_exact (modeling_bloom.py)
+BLOOM_READS = ("self_attention.dense", "mlp.dense_4h_to_h")
