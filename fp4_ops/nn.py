@@ -653,7 +653,8 @@ def weight_reader(linear: nn.Linear, attr: str, parent: nn.Module) -> str | None
             f"its parent ({type(parent).__name__}) reads its weight directly, not through "
             "forward (e.g. nn.MultiheadAttention.out_proj)"
         )
-    if any(_reads(tree, attr, parent) for tree in _class_trees(type(parent))):
+    trees = _class_trees(type(parent))
+    if attr in _named_weights(type(parent)) and any(_reads(t, attr, parent) for t in trees):
         return (
             f"{type(parent).__name__} reads self.{attr}.weight itself, which an FP4Linear "
             "holds as an FP4Tensor"
@@ -676,6 +677,30 @@ def _class_trees(cls: type) -> tuple[ast.AST, ...]:
     return tuple(trees)
 
 
+@functools.cache
+def _named_weights(cls: type) -> frozenset[str]:
+    """The attributes ``a`` whose ``self.a.weight`` the code of ``cls`` names anywhere (only
+    these need ``_reads``' walk, which depends on the instance)."""
+    return frozenset(
+        node.value.attr
+        for tree in _class_trees(cls)
+        for node in ast.walk(tree)
+        if _is_weight_of(node)
+    )
+
+
+def _is_weight_of(node: ast.AST, attr: str | None = None) -> bool:
+    """Whether ``node`` is ``self.<attr>.weight`` (any attribute where ``attr`` is None)."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "weight"
+        and isinstance(node.value, ast.Attribute)
+        and attr in (None, node.value.attr)
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "self"
+    )
+
+
 def _reads(node: ast.AST, attr: str, parent: nn.Module) -> bool:
     """Whether code ``node`` names ``self.{attr}.weight`` outside the branches that ``parent``'s
     own attributes rule out (Bloom's ``if self.pretraining_tp > 1 and self.slow_but_exact``,
@@ -695,14 +720,7 @@ def _reads(node: ast.AST, attr: str, parent: nn.Module) -> bool:
             if known is not None and bool(known) is decisive:
                 return False
         return False
-    if (
-        isinstance(node, ast.Attribute)
-        and node.attr == "weight"
-        and isinstance(node.value, ast.Attribute)
-        and node.value.attr == attr
-        and isinstance(node.value.value, ast.Name)
-        and node.value.value.id == "self"
-    ):
+    if _is_weight_of(node, attr):
         return True
     return any(_reads(n, attr, parent) for n in ast.iter_child_nodes(node))
 
