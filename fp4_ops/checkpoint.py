@@ -912,7 +912,7 @@ def _warn_unused_expert_input_scales(experts: list, activations: str | None) -> 
 def _remake_buffers(model: nn.Module) -> None:
     """The model's non-persistent buffers made again by its own initializer, outside the
     16-bit default dtype of its construction, as from_pretrained does (GPT-J's sinusoid table
-    divides integers: in BF16 it is off by up to 1e-2); parameters are on the meta device."""
+    divides integers, which BF16 rounds); parameters are on the meta device."""
     init = getattr(model, "_init_weights", None)
     if not callable(init):
         return

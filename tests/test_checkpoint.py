@@ -2280,7 +2280,7 @@ def test_mixtral_checkpoint_in_transformers_spelling_loads_under_either_major(tm
 def test_loaded_buffers_are_from_pretrained_s(arch, tmp_path):
     """The buffers a model makes as it is built (rotary tables) are those of transformers'
     from_pretrained in the same dtype, not made in the 16-bit default dtype of construction
-    (GPT-J's sinusoid table divides integers: in BF16 it is off by 1e-2); a saved model
+    (GPT-J's sinusoid table divides integers, which BF16 rounds); a saved model
     loads back with bit-identical logits."""
     if arch == "gptj":
         config = transformers.GPTJConfig(
