@@ -619,11 +619,23 @@ def _holds_experts(name: str, module: nn.Module) -> bool:
     )
 
 
+def _expert_count(experts: nn.Module) -> int | None:
+    """How many experts an MoE block's ``experts`` holds, where it says so: a list's length, a
+    ``num_experts`` attribute, or the first dim of a 3-D weight of its own; else None."""
+    if isinstance(experts, (nn.ModuleList, nn.ModuleDict)):
+        return len(experts)
+    count = getattr(experts, "num_experts", None)
+    if isinstance(count, int):
+        return count
+    return next((p.shape[0] for p in experts.parameters(recurse=False) if p.ndim == 3), None)
+
+
 def _router(model: nn.Module, name: str) -> str | None:
     """Why the Linear ``name`` stays as it is if it routes tokens in an MoE block, else None: a
     Linear of a block that holds experts, outside them, that is the block's child (Mixtral's and
     Qwen2-MoE's ``gate``, ``shared_expert_gate``) or the one Linear of a child (Hunyuan's
-    ``gate.wg``, JetMoE's ``router.layer``)."""
+    ``gate.wg``, JetMoE's ``router.layer``), and gives one score per expert or one gate where
+    the experts' count is known (JetMoE attention's ``kv_proj`` is no router)."""
     parts = name.split(".")
     block = model.get_submodule(".".join(parts[:-1]))
     if len(parts) > 1 and not any(_holds_experts(n, c) for n, c in block.named_children()):
@@ -632,12 +644,16 @@ def _router(model: nn.Module, name: str) -> str | None:
         alone = sum(isinstance(m, nn.Linear) for m in child.modules()) == 1
         if _holds_experts(child_name, child) or not alone:
             return None
-    if any(_holds_experts(n, c) for n, c in block.named_children()):
-        return (
-            "an MoE router (its outputs choose or weigh experts): FP4 checkpoints and serving "
-            "engines keep routers in 16 bits"
-        )
-    return None
+    experts = [c for n, c in block.named_children() if _holds_experts(n, c)]
+    if not experts:
+        return None
+    counts = {_expert_count(c) for c in experts}
+    if None not in counts and model.get_submodule(name).out_features not in counts | {1}:
+        return None
+    return (
+        "an MoE router (its outputs choose or weigh experts): FP4 checkpoints and serving "
+        "engines keep routers in 16 bits"
+    )
 
 
 def weight_reader(linear: nn.Linear, attr: str, parent: nn.Module) -> str | None:

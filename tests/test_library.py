@@ -1121,8 +1121,9 @@ def _moe_block(experts: nn.Module, name: str = "experts") -> nn.Module:
     block.add_module(name, experts)
     block.gate = nn.Linear(64, 4)  # (Mixtral's, Qwen-MoE's router in transformers 4.x)
     block.shared = _GatedMLP()
-    block.shared_gate = nn.Linear(64, 32)
+    block.shared_gate = nn.Linear(64, 1)
     block.router = _Router()
+    block.kv_proj = nn.Linear(64, 32)  # (no router: neither one gate nor a score per expert)
     return block
 
 
@@ -1130,7 +1131,7 @@ def test_quantize_model_keeps_moe_routers_16_bit():
     """MoE routers stay nn.Linear whatever ``include`` says: a Linear of a block holding
     experts, outside them, as the block's child or the one Linear of a child. The experts' own
     Linears, a shared expert's and a dense MLP's ``gate`` are quantized."""
-    per_expert = nn.ModuleList(_GatedMLP() for _ in range(2))
+    per_expert = nn.ModuleList(_GatedMLP() for _ in range(4))
     model = nn.ModuleDict(
         {
             "moe": _moe_block(per_expert),
@@ -1152,11 +1153,13 @@ def test_quantize_model_keeps_moe_routers_16_bit():
     fp4_ops.quantize_model(model, activations="bf16")
     assert all(model.get_submodule(n) is kept[n] for n in routers)
     # the block as the model itself; experts held as one Linear in a module (not a router's)
+    # that does not say how many they are: every Linear beside them may route, and stays
     lone = nn.Module()
     lone.w = nn.Linear(64, 64)
     block = _moe_block(lone)
     report = fp4_ops.quantize_model(block, activations="bf16")
-    assert sorted(report.skipped) == sorted(names) and "experts.w" in report.replaced
+    assert sorted(report.skipped) == sorted((*names, "kv_proj"))
+    assert report.replaced == ["experts.w", "shared.gate", "shared.up", "shared.down"]
 
 
 class _Kernel(nn.Module):

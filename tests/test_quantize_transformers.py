@@ -35,6 +35,8 @@ ROUTERS = {
     "hunyuan_v1_moe": ("mlp.gate.wg",),
     "afmoe": ("mlp.router.gate",),
     "phimoe": ("block_sparse_moe.gate", "mlp.router"),
+    # (attention holds experts too; its kv_proj is no router)
+    "jetmoe": ("mlp.router.layer", "self_attention.experts.router.layer"),
 }
 
 
