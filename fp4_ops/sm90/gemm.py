@@ -1941,11 +1941,19 @@ class BlockwiseGemmFp4Sm90:
         tCcD = thr_mma.partition_C(cD)
         tCrD = cute.make_rmem_tensor_like(tCrAcc, mD_mnl.element_type)
         tCrD.store((tCrAcc.load() * alpha).to(mD_mnl.element_type))
-        rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
-        for i in cutlass.range_constexpr(cute.size(tCrAcc)):
-            crd = tCcD[i]
-            if crd[0] < rows and crd[1] < cols:
-                tCgD[i] = tCrD[i]
+        self._store_inside(tCrD, tCgD, tCcD, mD_mnl.shape[0], mD_mnl.shape[1])
+
+    def _store_inside(self, tCrD, tCgD, tCcD, rows, cols):
+        """tCgD[i] = tCrD[i] where D holds coordinate tCcD[i] (plain Python: the loop unrolls
+        as it is traced)."""
+        for i in range(cute.size(tCrD)):
+            self._store_if_inside(tCrD, tCgD, tCcD, i, rows, cols)
+
+    @cute.jit
+    def _store_if_inside(self, tCrD, tCgD, tCcD, i: cutlass.Constexpr, rows, cols):
+        crd = tCcD[i]
+        if crd[0] < rows and crd[1] < cols:
+            tCgD[i] = tCrD[i]
 
     @cute.jit
     def _store_tile_tma(self, tCrAcc, alpha, mD_tma, tma_atom_d, epi_smem, tile_coord, tidx):
