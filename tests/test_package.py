@@ -249,7 +249,7 @@ CPU_WORK = """
 """
 
 
-def test_cpu_path_runs_without_the_gpu_stack(tmp_path):
+def test_cpu_path_runs_without_the_kernel_stack(tmp_path):
     """Where the GPU stack is not installed (any system but Linux), the CPU path imports and
     runs, and gives the results it gives beside the stack."""
     blocked = f"""
