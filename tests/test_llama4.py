@@ -70,12 +70,12 @@ def _dequantized_like(module, fp4: fp4_ops.FP4Llama4Experts):
     return ref
 
 
-def _scaled_tokens(tokens: int, top_k: int, seed: int) -> torch.Tensor:
+def _scaled_tokens(tokens: int, top_k: int, seed: int, hidden: int = HIDDEN) -> torch.Tensor:
     """Rows [E * T, H] as Llama4TextMoe makes them: each token times its sigmoid router score
     for each of its top_k experts, zero for the others; token 1 is zero (no nonzero row),
     token 2 negative throughout (its rows' largest values below the zero rows')."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(tokens, HIDDEN, generator=gen)
+    x = torch.randn(tokens, hidden, generator=gen)
     x[1] = 0
     x[2] = -x[2].abs()
     logits = torch.randn(tokens, EXPERTS, generator=gen)
@@ -308,3 +308,66 @@ def test_vision_language_checkpoint_loads_its_text_model(checkpoint, tmp_path):
     with torch.no_grad():
         got, ref = ours(ids).logits, want(ids).logits
     assert _rel(got, ref) <= LOGITS_BOUND, _rel(got, ref)
+
+
+# ----------------------------------------------------------------------------- GPU (H100 / H200)
+
+needs_hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="needs an H100 / H200 GPU",
+)
+GPU_HIDDEN, GPU_WIDTH = 128, 64  # (the Hopper grouped kernels' K: multiples of 64)
+
+
+def _gpu_sized_experts():
+    """Llama-4's experts module (BF16, on the CPU) at sizes the Hopper kernels take."""
+    config = transformers.Llama4TextConfig(
+        hidden_size=GPU_HIDDEN, intermediate_size=GPU_WIDTH, num_local_experts=EXPERTS
+    )
+    torch.manual_seed(3)
+    module = transformers.models.llama4.modeling_llama4.Llama4TextExperts(config)
+    with torch.no_grad():
+        module.gate_up_proj.normal_(0.0, 0.1)
+        module.down_proj.normal_(0.0, 0.1)
+    return module.to(torch.bfloat16).eval()
+
+
+@needs_hopper
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+@pytest.mark.parametrize("top_k", [1, EXPERTS])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_llama4_experts_gpu_compute_the_modules_forward(fmt, top_k, activations):
+    """On the GPU (its grouped kernels, the gathers around them): each row is the module's own
+    on the dequantized weights (computed on the CPU), every row off a token's top_k zero."""
+    module = _gpu_sized_experts()
+    fp4 = fp4_ops.FP4Llama4Experts.from_transformers(module, fmt, activations, top_k=top_k)
+    fp4 = fp4.cuda()
+    routed = _scaled_tokens(tokens=7, top_k=top_k, seed=4, hidden=GPU_HIDDEN)
+    with torch.no_grad():
+        got = fp4(routed.cuda()).cpu()
+        want = _dequantized_like(module, fp4.cpu())(routed)
+    zero = routed.view(EXPERTS, 7, GPU_HIDDEN).abs().amax(-1) == 0
+    assert got.shape == want.shape and got.dtype == routed.dtype
+    assert bool((got.view(EXPERTS, 7, GPU_HIDDEN)[zero] == 0).all())
+    assert _rel(got, want) <= (MODULE_BOUND if activations == "bf16" else W4A4_BOUND)
+
+
+@needs_hopper
+def test_fp4_llama4_experts_gpu_cuda_graph_replays_new_tokens():
+    """Captured once, a graph of the module gives the eager module's values for new scaled
+    tokens (new top_k rows): the choice of rows is made on the device, no host sync."""
+    fp4 = fp4_ops.FP4Llama4Experts.from_transformers(_gpu_sized_experts(), top_k=2).cuda()
+    routed = _scaled_tokens(tokens=5, top_k=2, seed=5, hidden=GPU_HIDDEN).cuda()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(stream):
+        fp4(routed)  # (compile and workspaces before the capture)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = fp4(routed)
+        for seed in (6, 7, 8):
+            routed.copy_(_scaled_tokens(tokens=5, top_k=2, seed=seed, hidden=GPU_HIDDEN))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, fp4(routed))
