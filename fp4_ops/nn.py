@@ -329,8 +329,9 @@ class FP4Linear(FP4Buffers):
             )
         shape = (self.out_features, self.in_features // 2)
         if data.dtype not in PACKED_DTYPES or tuple(data.shape) != shape:
+            what = "shape" if data.dtype in PACKED_DTYPES else "dtype"
             raise ValueError(
-                f"{where}: shape differs: the checkpoint's weight_data is {data.dtype} "
+                f"{where}: {what} differs: the checkpoint's weight_data is {data.dtype} "
                 f"{tuple(data.shape)}, this [{self.out_features}, {self.in_features}] layer's "
                 f"uint8 {shape}"
             )
@@ -351,8 +352,9 @@ class FP4Linear(FP4Buffers):
         if self.bias is not None and "bias" in found:
             bias = checked["bias"] = found["bias"]
             if tuple(bias.shape) != (self.out_features,) or not bias.is_floating_point():
+                what = "dtype" if not bias.is_floating_point() else "shape"
                 raise ValueError(
-                    f"{where}: shape differs: the checkpoint's bias is {bias.dtype} "
+                    f"{where}: {what} differs: the checkpoint's bias is {bias.dtype} "
                     f"{tuple(bias.shape)}, this layer's [{self.out_features}]"
                 )
         return checked

@@ -300,7 +300,17 @@ REFUSALS = {
     "bias-one-element": _edited(
         "nvfp4", "dynamic", "bias", torch.ones(1), r"the checkpoint's bias is torch.float32 \(1,\)"
     ),
-    "bias-short": _edited("mxfp4", "bf16", "bias", torch.ones(47), "the checkpoint's bias"),
+    "bias-short": _edited("mxfp4", "bf16", "bias", torch.ones(47), "shape differs: .* bias"),
+    "bias-integer": _edited(
+        "nvfp4", "bf16", "bias", torch.ones(48, dtype=torch.int32), "dtype differs: .* bias"
+    ),
+    "float-codes": _edited(
+        "nvfp4",
+        "dynamic",
+        "weight_data",
+        torch.zeros(48, 32),
+        r"dtype differs: the checkpoint's weight_data is torch.float32 \(48, 32\)",
+    ),
     "zero-weight-global-scale": _edited(
         "nvfp4", "dynamic", "weight_global_scale", torch.tensor(0.0), "must be finite and positive"
     ),
