@@ -1189,10 +1189,28 @@ def _build_and_plan(transformers, folder: Path, ck, qconfig, dtype: torch.dtype)
     headers, nothing read yet."""
     model = _build_model(transformers, folder, dtype)
     ck.use_names_of(model)
+    _check_not_a_base_model(ck, model)
     # (tied parameters are one object from here on: the model ties them as it is built)
     ties = _ties_output_embeddings(model)
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return model, *_plan_quantized(ck, qconfig, model, output if ties else None)
+
+
+def _check_not_a_base_model(ck: _Checkpoint, model: nn.Module) -> None:
+    """ValueError where the checkpoint names the tensors of ``model``'s base model without its
+    prefix (as a base model saved without its head names them), which no name matches."""
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None) if prefix else None
+    if not isinstance(base, nn.Module) or any(k.startswith(f"{prefix}.") for k in ck.keys()):
+        return
+    children = {name for name, _ in base.named_children()}
+    stray = sorted(k for k in ck.keys() if k.partition(".")[0] in children)
+    if stray:
+        raise ValueError(
+            f"{ck.folder}: the checkpoint names {type(base).__name__}'s tensors without "
+            f"'{prefix}.' (e.g. {stray[0]}), as a base model saved without its head does; "
+            f"load_quantized builds {type(model).__name__}: save the model with its head"
+        )
 
 
 def _w4a16_dtype(layers: list, experts: list, activations, dtype: torch.dtype) -> torch.dtype:

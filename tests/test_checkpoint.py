@@ -1505,6 +1505,18 @@ def test_load_arguments(kwargs, error, match, bases):
         fp4_ops.load_quantized(**kwargs)
 
 
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "modelopt"])
+def test_load_refuses_a_base_model_saved_without_its_head(fmt, tie, tmp_path):
+    """A base model (LlamaModel) saves, but its names lack the causal LM's ``model.``: the load
+    names that, whether or not a tied head would need no tensor of its own."""
+    base = _model("llama", tie).model
+    fp4_ops.quantize_model(base, activations="bf16")
+    fp4_ops.save_quantized(base, tmp_path, fmt)
+    with pytest.raises(ValueError, match=r"names LlamaModel's tensors without 'model\.' "):
+        fp4_ops.load_quantized(tmp_path)
+
+
 @pytest.mark.parametrize(
     "count, device",
     [(0, "cuda"), (0, "cuda:0"), (0, 0), (1, "cuda:1"), (1, 1), (2, torch.device("cuda", 2))],
