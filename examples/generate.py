@@ -13,7 +13,8 @@ loads it; a Hub repository id, ``org/name``, is fetched first, ``fp4_ops.checkpo
 its tokenizer files, or ``--tokenizer DIR``'s, encode the prompts. ``--activations``:
 ``fp4`` is W4A4 in every layer (the checkpoint's static input scales where it has them, per-call
 scales where it is weight-only), ``bf16`` W4A16; left out, the checkpoint's own mode. The batch
-repeats the ``--prompt`` values (left-padded to one length); ``--chat`` puts each in the
+holds the ``--prompt`` values, one row each or repeated to ``--batch`` rows (left-padded to one
+length; fewer rows than prompts are refused); ``--chat`` puts each in the
 tokenizer's chat template as a user message, ready for the assistant's reply (instruct models).
 
 Timing: one untimed warm-up ``generate`` of the same shapes (kernel compilation, allocations),
@@ -27,10 +28,10 @@ the count says so. ``--compile`` (CUDA only) decodes with a static cache under
 otherwise a dynamic cache, eager.
 
 ``--baseline`` then runs the same prompts with a BF16 model: ``--baseline_model DIR``'s weights
-(``from_pretrained``, e.g. the checkpoint's unquantized source; its config must describe the
-same architecture, checked before anything runs), or, without it, the FP4 model
-dequantized to BF16 (the same numbers without FP4 arithmetic; the FP4 model is converted in
-place, so memory holds the BF16 model once).
+(``from_pretrained``, e.g. the checkpoint's unquantized source; its config must be an
+unquantized model's and describe the same architecture, checked before anything runs), or,
+without it, the FP4 model dequantized to BF16 (the same numbers without FP4 arithmetic; the FP4
+model is converted in place, so memory holds the BF16 model once).
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=sorted(ACTIVATIONS),
         help="fp4: W4A4, bf16: W4A16 (default: as stored)",
     )
-    p.add_argument("--batch", type=int, default=1, help="sequences generated together")
+    p.add_argument(
+        "--batch", type=int, help="sequences generated together (default: one per --prompt)"
+    )
     p.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate (>= 2)")
     p.add_argument("--prompt", action="append", help="a prompt (repeat the flag for several)")
     p.add_argument("--chat", action="store_true", help="prompts as user messages (chat template)")
@@ -89,8 +92,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--baseline", action="store_true", help="also time a BF16 model")
     p.add_argument("--baseline_model", help="BF16 model folder for --baseline")
     args = p.parse_args(argv)
+    args.prompt = args.prompt or [DEFAULT_PROMPT]
+    args.batch = len(args.prompt) if args.batch is None else args.batch
     if args.batch < 1:
         p.error(f"--batch must be at least 1, got {args.batch}")
+    if args.batch < len(args.prompt):
+        p.error(f"--batch {args.batch} leaves out prompts: {len(args.prompt)} are given")
     if args.max_new_tokens < 2:
         p.error(
             f"--max_new_tokens must be at least 2 (decode is timed after the first token), "
@@ -123,7 +130,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--device {args.device}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     if args.compile and device.type != "cuda":
         p.error("--compile captures CUDA graphs: it needs --device cuda")
-    args.prompt = args.prompt or [DEFAULT_PROMPT]
     return args
 
 
@@ -272,18 +278,34 @@ def report(label: str, tokenizer, result: dict, batch: int, max_new_tokens: int)
 
 
 #: what a BF16 baseline must share with the FP4 checkpoint's model to be its baseline
-BASELINE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
+#: text-config fields that two configs of one architecture may hold differently
+NOT_ARCHITECTURE = frozenset(
+    {"bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range"}
+    | {"tie_word_embeddings", "quantization_config", "dtype", "torch_dtype"}
+)
 
 
 def check_baseline(path: str, config) -> None:
-    """ValueError unless ``path``'s config describes the FP4 model's architecture."""
+    """ValueError unless ``path`` holds an unquantized model whose config describes the FP4
+    model's architecture: its model type and every field of its text config but
+    ``PretrainedConfig``'s generic ones and ``NOT_ARCHITECTURE``."""
     import transformers
 
     base = transformers.AutoConfig.from_pretrained(path)
-    theirs = {f: getattr(base, f, None) for f in BASELINE_FIELDS}
-    ours = {f: getattr(config, f, None) for f in BASELINE_FIELDS}
-    if theirs != ours:
-        raise ValueError(f"--baseline_model {path}: {theirs} is not the checkpoint's {ours}")
+    if getattr(base, "quantization_config", None) or (Path(path) / "hf_quant_config.json").exists():
+        raise ValueError(f"--baseline_model {path}: a quantized checkpoint, not a BF16 model")
+    generic = set(transformers.PretrainedConfig().to_dict()) - {"model_type"}
+
+    def fields(c) -> dict:
+        items = c.get_text_config().to_dict().items()
+        return {k: v for k, v in items if k not in generic and k not in NOT_ARCHITECTURE}
+
+    theirs, ours = fields(base), fields(config)
+    differ = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
+    if differ:
+        pairs = ((k, theirs.get(k), ours.get(k)) for k in differ)
+        shown = "; ".join(f"{k} {a!r}, the checkpoint's {b!r}" for k, a, b in pairs)
+        raise ValueError(f"--baseline_model {path}: another architecture ({shown})")
 
 
 def _modes(model) -> str:
@@ -325,7 +347,7 @@ def main(argv=None) -> int:
             source = transformers.AutoModelForCausalLM.from_pretrained(
                 args.baseline_model, dtype=torch.bfloat16
             )
-        except (ValueError, OSError) as err:
+        except (ValueError, OSError, RuntimeError) as err:  # (RuntimeError: sizes that differ)
             print(f"error: --baseline_model {args.baseline_model}: {err}", file=sys.stderr)
             return 2
         model, label = source.to(device).eval(), f"BF16 ({args.baseline_model})"

@@ -268,18 +268,53 @@ def test_baseline(source, checkpoints, capsys):
     assert re.search(r"greedy tokens equal to BF16's at [\d.]+% of positions", out)
 
 
-@pytest.mark.parametrize("broken", ["another model", "no weights"])
+#: a baseline that cannot stand for the checkpoint -> (its config.json's edit, the error)
+BROKEN_BASELINES = {
+    "more layers": ({"num_hidden_layers": 3}, "another architecture (num_hidden_layers 3, "),
+    "another width": ({"intermediate_size": 96}, "another architecture (intermediate_size 96, "),
+    "fewer kv heads": ({"num_key_value_heads": 1}, "another architecture (num_key_value_heads"),
+    "no weights": ({}, "no file named"),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_BASELINES)
 def test_an_unusable_baseline_model_exits_2(broken, checkpoints, capsys, tmp_path):
     """A baseline of another architecture is refused before anything runs; one whose weights do
     not load, once it is loaded: exit 2 and one line naming it, no traceback."""
-    config = json.loads((checkpoints["source"] / "config.json").read_text())
-    if broken == "another model":
-        config["num_hidden_layers"] += 1
+    edit, message = BROKEN_BASELINES[broken]
+    config = json.loads((checkpoints["source"] / "config.json").read_text()) | edit
     (tmp_path / "config.json").write_text(json.dumps(config))
     argv = ["--model", str(checkpoints["modelopt", "bf16"]), "--max_new_tokens", "3"]
     code, out, err = _run([*argv, "--baseline", "--baseline_model", str(tmp_path)], capsys)
     assert code == 2 and err.startswith(f"error: --baseline_model {tmp_path}: "), err
-    assert err.count("\n") == 1 and ("--- FP4" in out) == (broken == "no weights")
+    assert message in err and err.count("\n") == 1
+    assert ("--- FP4" in out) == (broken == "no weights")
+
+
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "modelopt"])
+def test_a_quantized_baseline_model_exits_2(fmt, checkpoints, capsys):
+    """An FP4 checkpoint is no BF16 baseline: refused before anything runs."""
+    folder = checkpoints[fmt, "bf16"]
+    argv = ["--model", str(checkpoints["compressed-tensors", "static"]), "--max_new_tokens", "3"]
+    code, out, err = _run([*argv, "--baseline", "--baseline_model", str(folder)], capsys)
+    assert code == 2 and "--- FP4" not in out
+    assert err == f"error: --baseline_model {folder}: a quantized checkpoint, not a BF16 model\n"
+
+
+def test_each_prompt_is_a_row(checkpoints, capsys):
+    """Without --batch, one row per --prompt, each its own; a --batch with fewer rows than
+    prompts is refused."""
+    prompts = ["w3 w4 w5", "w6", "w7 w8"]
+    argv = ["--model", str(checkpoints["compressed-tensors", "bf16"]), "--max_new_tokens", "3"]
+    argv += [a for p in prompts for a in ("--prompt", p)]
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    assert re.findall(r"^\[(\d)\] ", out, re.MULTILINE) == ["0", "1", "2"]
+    assert "decode: 2 steps x batch 3 in" in out
+    with pytest.raises(SystemExit) as exc:
+        generate.parse_args([*argv, "--batch", "2"])
+    assert exc.value.code == 2
+    assert "--batch 2 leaves out prompts: 3 are given" in capsys.readouterr().err
 
 
 def test_dequantized_baseline_computes_the_fp4_weights(checkpoints):
