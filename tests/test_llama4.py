@@ -149,21 +149,72 @@ def test_fp4_llama4_experts_refusals():
     swapped.__class__ = UpFirst
     with pytest.raises(ValueError, match="does not compute the experts as gate_up_proj"):
         moe.llama4_experts(swapped)
+    with pytest.raises(TypeError, match="top_k must be an int"):
+        fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=True)
 
 
-@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
-@pytest.mark.parametrize("top_k", [1, 2])
-def test_quantize_model_replaces_llama4_experts(top_k, activations):
-    """Every Llama-4 experts module becomes an FP4Llama4Experts with its block's top_k; the
-    logits are the model's on the dequantized experts; routers stay 16-bit."""
+class _Scaled(transformers.models.llama4.modeling_llama4.Llama4TextExperts):
+    """Llama-4's experts with a stray factor on their output."""
+
+    def forward(self, hidden_states):
+        return super().forward(hidden_states) * 1.1
+
+
+class _NaNRows(transformers.models.llama4.modeling_llama4.Llama4TextExperts):
+    """Llama-4's experts whose first expert's rows come out NaN."""
+
+    def forward(self, hidden_states):
+        y = super().forward(hidden_states)
+        return torch.cat([torch.full_like(y[:1], float("nan")), y[1:]])
+
+
+class _Clamp(torch.nn.Module):
+    def forward(self, x):
+        return x.clamp(-7.0, 7.0)
+
+
+@pytest.mark.parametrize("variant", ["scaled", "nan rows", "a child module", "2-D down_proj"])
+def test_llama4_experts_refuse_what_they_do_not_compute(variant):
+    """A module that is not exactly Llama-4's experts is no stand-in: one whose output differs
+    by a factor of 1.1 or holds NaN (probed), one with a submodule the probe may not reach, one
+    with weights of the wrong rank; quantize_model refuses it where asked to replace it, and
+    skips it otherwise."""
+    model = _llama4(top_k=2)
+    module = model.model.layers[0].feed_forward.experts
+    if variant in ("scaled", "nan rows"):
+        module.__class__ = _Scaled if variant == "scaled" else _NaNRows
+    elif variant == "a child module":
+        module.clamp = _Clamp()
+    else:
+        module.down_proj = torch.nn.Parameter(module.down_proj[0].clone())
+    with pytest.raises(ValueError):
+        moe.llama4_experts(module)
+    name = "model.layers.0.feed_forward.experts"
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        fp4_ops.quantize_model(model, ["*.experts"])
+    report = fp4_ops.quantize_model(model, activations="bf16")
+    assert name in report.skipped and name not in report.replaced
+    assert model.get_submodule(name) is module
+
+
+# (MXFP4 W4A4: its per-call roundings through two layers exceed W4A4_BOUND)
+@pytest.mark.parametrize(
+    "top_k, fmt, activations",
+    [(k, "nvfp4", a) for k in (1, 2) for a in ("bf16", "dynamic")] + [(2, "mxfp4", "bf16")],
+)
+def test_quantize_model_replaces_llama4_experts(top_k, fmt, activations):
+    """Every Llama-4 experts module becomes an FP4Llama4Experts of the format asked for, with
+    its block's top_k; the logits are the model's on the dequantized experts; routers stay
+    16-bit."""
     model = _llama4(top_k)
     reference_model = copy.deepcopy(model)
-    report = fp4_ops.quantize_model(model, ["*.experts"], activations=activations)
+    report = fp4_ops.quantize_model(model, ["*.experts"], fmt, activations=activations)
     names = [f"model.layers.{i}.feed_forward.experts" for i in range(LAYERS)]
     assert report.replaced == names and not report.skipped
     for name in names:
         fp4 = model.get_submodule(name)
         assert isinstance(fp4, fp4_ops.FP4Llama4Experts) and fp4.top_k == top_k
+        assert fp4.expert_weights("w13").format == fp4.expert_weights("w2").format == fmt
         parent, _, attr = name.rpartition(".")
         old = reference_model.get_submodule(name)
         setattr(reference_model.get_submodule(parent), attr, _dequantized_like(old, fp4))
