@@ -457,6 +457,7 @@ class _Gated(torch.nn.Module):
         super().__init__()
         self.mode, self.value, self.proj = mode, value, torch.nn.Linear(64, 64)
         self.depth = 1
+        self.gate = torch.nn.Parameter(torch.zeros(()))  # (a weight: no configuration)
 
     def forward(self, x):
         if self.mode == "flag" and self.value:
@@ -481,6 +482,17 @@ class _Gated(torch.nn.Module):
             return y
         if self.mode == "test" and self.proj.weight.dtype == x.dtype:
             return self.proj(x)
+        if self.mode == "param" and self.gate > 0:
+            return x @ self.proj.weight.t()
+        if self.mode == "later" and self.fused:  # (set after quantize_model, if ever)
+            return x @ self.proj.weight.t()
+        if self.mode == "chain":
+            if 1 < self.value < 4:
+                return self.proj(x)
+            else:
+                return x @ self.proj.weight.t()
+        if self.mode == "and-expr":  # (an and / or as an expression, not a condition)
+            return (self.value and x @ self.proj.weight.t()) or self.proj(x)
         return self.proj(x)
 
 
@@ -496,6 +508,13 @@ class _Gated(torch.nn.Module):
         ("global", True, True),  # (a module global: not known, taken as a read)
         ("global-else", True, True),  # (so is an unknown condition's other branch)
         ("test", False, True),  # (the condition itself reads it)
+        ("flag", 0, False),  # (falsy values that are no bool rule it out too)
+        ("flag", "", False),
+        ("param", False, True),  # (a parameter's value is no configuration)
+        ("later", False, True),  # (an attribute the parent does not hold yet)
+        ("chain", 8, True),  # (a chained comparison, false as a whole)
+        ("and-expr", 0, False),
+        ("and-expr", 1, True),
     ],
 )
 def test_quantize_model_reads_only_the_branches_its_configuration_takes(mode, value, reads):
