@@ -600,6 +600,11 @@ STORED_KEYS = {
     "minimax": ("model.layers.0.block_sparse_moe.experts.1.w3.weight_scale", ".mlp."),
     "phimoe": ("model.layers.0.block_sparse_moe.gate.weight", ".mlp.router."),
     "granitemoe": ("model.layers.0.block_sparse_moe.router.layer.weight", ".router.weight"),
+    "granitemoeshared": (
+        "model.layers.0.block_sparse_moe.router.layer.weight",
+        ".router.weight",
+    ),
+    "minimax_m2": ("model.layers.0.block_sparse_moe.experts.1.w3.weight_scale", ".mlp."),
     "ernie4_5_moe": ("model.layers.0.mlp.moe_statics.e_score_correction_bias", ".gate.moe_"),
 }
 
