@@ -277,7 +277,6 @@ def report(label: str, tokenizer, result: dict, batch: int, max_new_tokens: int)
         print("decode: not measured (generation ended after the first token)")
 
 
-#: what a BF16 baseline must share with the FP4 checkpoint's model to be its baseline
 #: text-config fields that two configs of one architecture may hold differently
 NOT_ARCHITECTURE = frozenset(
     {"bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range"}

@@ -352,7 +352,7 @@ class FP4Linear(FP4Buffers):
         if self.bias is not None and "bias" in found:
             bias = checked["bias"] = found["bias"]
             if tuple(bias.shape) != (self.out_features,) or not bias.is_floating_point():
-                what = "dtype" if not bias.is_floating_point() else "shape"
+                what = "shape" if bias.is_floating_point() else "dtype"
                 raise ValueError(
                     f"{where}: {what} differs: the checkpoint's bias is {bias.dtype} "
                     f"{tuple(bias.shape)}, this layer's [{self.out_features}]"
