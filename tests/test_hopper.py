@@ -22,6 +22,7 @@ import re
 import struct
 import subprocess
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -2108,6 +2109,77 @@ def test_gpu_splitk_is_bitwise_deterministic(case):
         _assert_guards_untouched(guarded, d)
     first, second = outs[0][1], outs[2][1]
     assert torch.equal(first.view(torch.uint8), second.view(torch.uint8))
+
+
+SPLIT_CLUSTER_CASES = [
+    # (m, n, k, l, sf_vec_size, a_dtype, c_dtype, mma_tiler_mn): split_k 2 on a 2x1 cluster
+    # one wave of clusters, L > 1, K = 32 x odd; ragged tokens and rows, MXFP4, fp32 D
+    (128, 1000, 4000, 2, 16, k90.W4A4, "BFloat16", (128, 128)),
+    (100, 8000, 2080, 1, 32, k90.W4A4, "Float32", (128, 128)),
+    # more tiles than clusters: a cluster runs several units, each reusing the ring
+    (128, 16384, 1056, 1, 16, k90.W4A4, "BFloat16", (128, 128)),
+    (260, 4096, 2080, 3, 16, k90.W4A4, "Float16", (128, 128)),
+    # direct stores: N x 2 bytes not a multiple of 16; 64 x 128 tiles (no D staging)
+    (8, 1001, 1024, 1, 16, k90.W4A4, "BFloat16", (8, 128)),
+    (64, 520, 1056, 1, 16, k90.W4A4, "BFloat16", (64, 128)),
+    # one k-tile: split 1 has none, and sends zeros
+    (20, 520, 64, 1, 16, k90.W4A4, "BFloat16", (32, 128)),
+    # W4A16 (the activations read by TMA as they are, ragged tiles in boxes)
+    (96, 4096, 4096, 1, 16, "BFloat16", "BFloat16", (128, 128)),
+    (128, 8192, 2048, 2, 32, "BFloat16", "BFloat16", (128, 128)),
+]
+
+
+@gpu
+@pytest.mark.parametrize(
+    "case", SPLIT_CLUSTER_CASES, ids=lambda c: "-".join(str(x) for x in c).replace(" ", "")
+)
+def test_gpu_split_cluster_is_the_global_fixup(case):
+    """split_k 2 on a 2x1 decode cluster (split 1's partial through distributed SMEM) on X, then
+    Y, then X, queued back to back: each D has the bits of the global fix-up's D on the same
+    operands (the same order of the fp32 sums), matches the reference and is stored inside D
+    only; X twice gives the same bits (nothing of a launch leaks into the next)."""
+    import torch
+
+    import reference
+
+    m, n, k, l, vec, a_dtype, c_dtype, tiler = case  # noqa: E741
+    w4a16 = a_dtype != k90.W4A4
+    base = _config((m, n, k, l), vec, c_dtype, "decode", tiler, 2, 1, a_dtype)
+    clustered = replace(base, cluster_shape_mn=(2, 1))
+    assert clustered.reasons((m, n, k, l)) == []
+    runs = []
+    for seed in (3, 4):
+        if w4a16:
+            a, ops = _w4a16_operands(m, n, k, l, vec, a_dtype, seed)
+            operands = (a, k_order.prepack_weights(ops.b), None, r90.blocked_scales(ops.sfb))
+        else:
+            ops = reference.make_fp4_operands(m, n, k, l, vec, "cuda", seed=seed, dist="wide")
+            operands = (ops.a, ops.b, r90.blocked_scales(ops.sfa), r90.blocked_scales(ops.sfb))
+        runs.append((ops, operands, _alpha(float(ops.alpha))))
+    outs = {}
+    for config in (base, clustered):
+        scratch = torch.empty((l, m, n), dtype=k90.torch_dtype(c_dtype), device="cuda")
+        _warm_up(config, *runs[0][1], scratch)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(2_000_000)
+        for ops, operands, alpha in (runs[0], runs[1], runs[0]):
+            d, guarded = _nan_filled_d((l, m, n), k90.torch_dtype(c_dtype))
+            r90.gemm(*operands, alpha, d, config)
+            outs.setdefault(config, []).append((ops, operands, d, guarded))
+        torch.cuda.synchronize()
+    pairs = zip(outs[clustered], outs[base], strict=True)
+    for (ops, operands, d, guarded), (_, _, want, _) in pairs:
+        alpha = float(ops.alpha)
+        if w4a16:
+            ok, info = reference.check_gemm_w4a16(d, operands[0], ops.b, ops.sfb, vec, alpha)
+        else:
+            ok, info = reference.check_gemm(d, ops.a, ops.b, ops.sfa, ops.sfb, vec, alpha)
+        assert ok, str(info)
+        _assert_guards_untouched(guarded, d)
+        assert torch.equal(d.view(torch.uint8), want.view(torch.uint8))
+    first, again = outs[clustered][0][2], outs[clustered][2][2]
+    assert torch.equal(first.view(torch.uint8), again.view(torch.uint8))
 
 
 _B = 2.0**25

@@ -66,6 +66,12 @@ PTX_CONFIGS = {
         (1, 1),
         8,
     ),
+    # a tile's two K splits on a 2x1 cluster, summed through DSMEM
+    "decode-w4a16-split-cluster": (
+        (16, "BFloat16", "decode", (128, 128), 2, True, 1, "BFloat16"),
+        (2, 1),
+        8,
+    ),
     # (a ninth field: the grouped kernel)
     "decode-w4a16-grouped": (
         (16, "BFloat16", "decode", (16, 128), 1, False, 1, "BFloat16", True),
@@ -356,8 +362,12 @@ def test_ptx_stage_barriers_count_every_consumer_warp_of_the_cluster(name, compi
     gemm, kern = _gemm(compiled, name)
     _, cluster, warps = PTX_CONFIGS[name]
     counts = [kern.value(ops[1], {}) for op, ops, _ in kern.ins if op.startswith("mbarrier.init")]
+    # (split_cluster: first its exchange barriers, FULL, FREE and DONE)
+    exchange = [1, warps, warps] if gemm.split_cluster else []
+    assert counts[: len(exchange)] == exchange
+    counts = counts[len(exchange) :]
     stages = len(counts) // 2
-    assert stages == gemm.num_stages and counts == [1] * stages + [warps * cluster[0]] * stages
+    assert stages == gemm.num_stages and counts == [1] * stages + [warps * gemm.mcast] * stages
     arrives = kern.where(r"mbarrier\.arrive\.shared(::cluster|::cta)?\.b64")
     arrives = [i for i in arrives if "expect_tx" not in kern.ins[i][0]]
     assert arrives
@@ -366,7 +376,7 @@ def test_ptx_stage_barriers_count_every_consumer_warp_of_the_cluster(name, compi
         guard = kern.guard(i)
         lanes = [t for t in warp if not kern.taken(guard, {"%tid.x": t})]
         op, ops, _ = kern.ins[i]
-        if cluster[0] == 1:
+        if gemm.mcast == 1:
             assert ".shared::cluster" not in op and len(lanes) == 1, (op, lanes)
             continue
         # the peer's barrier through mapa: one lane per cluster rank
@@ -383,18 +393,22 @@ def test_ptx_multicast_masks_and_coordinates_per_cluster_rank(name, compiled):
     together): on a 2x1 prefill cluster the B tile is multicast to both CTAs (mask 0b11 at
     either rank), each CTA loading its half (rows + 128 at rank 1), while A is loaded by each
     CTA alone, its own M tile (rows + 128 at rank 1); without a cluster nothing multicasts and
-    no coordinate depends on the rank. K and batch coordinates never depend on it."""
+    no coordinate depends on the rank. K and batch coordinates never depend on it. A decode
+    2x1 cluster (a tile's two K splits) multicasts nothing and loads the same rows and batch at
+    either rank."""
     gemm, kern = _gemm(compiled, name)
     _, cluster, _ = PTX_CONFIGS[name]
     # tile rows for A; B is split over the cluster's CTAs
     step = {PARAM_A: gemm.tile_rows, PARAM_B: gemm.tile_cols // cluster[0], PARAM_SFA: 0}
+    if gemm.split_cluster:
+        step = dict.fromkeys(step, 0)
     for param, found in kern.tma_loads().items():
         for _, coords, mask in found:
             at = []
             for rank in range(2):
                 env = {"%cluster_ctarank": rank, "%ctaid.x": 6 + rank}
                 at.append([kern.value(c, env) for c in coords])
-                if param == PARAM_B and cluster[0] == 2:
+                if param == PARAM_B and gemm.mcast == 2:
                     assert mask is not None and kern.value(mask, env) == 0b11, (rank, mask)
                 else:
                     assert mask is None, (param, mask)
@@ -734,8 +748,8 @@ def test_ptx_split_k_counters_are_left_zero_for_the_next_launch(name, compiled):
         for i, line in enumerate(lines)
         if (m := re.match(r"st\.[\w.]*global\.u32 \[(%rd\d+)\], (%r\d+);", line))
     ]
-    if split == 1:
-        assert adds == [], "a counter without split-K"
+    if split == 1 or compiled[name][0].split_cluster:
+        assert adds == [], "a counter without split-K through global memory"
         return
     assert adds, "split-K without a tile counter"
     for at, addr, one in adds:

@@ -112,6 +112,31 @@ def atomic_add_global_u32(addr: Int64, value: Uint32, *, loc=None, ip=None) -> U
 
 
 @dsl_user_op
+def mapa_shared(addr: Int32, rank: Int32, *, loc=None, ip=None) -> Int32:
+    """The shared::cluster address of this CTA's SMEM address ``addr`` in CTA ``rank``."""
+    operands = [(Int32, addr), (Int32, rank)]
+    asm = "mapa.shared::cluster.u32 $0, $1, $2;"
+    return _ptx(Int32, operands, asm, "=r,r,r", side_effects=False, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def mbarrier_arrive_cluster(mbar: Int32, *, loc=None, ip=None) -> None:
+    """Arrive, releasing at cluster scope, on the mbarrier at shared::cluster address ``mbar``."""
+    asm = "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];"
+    _ptx(None, [(Int32, mbar)], asm, "r", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def st_async_v4_f32(addr: Int32, values: list, mbar: Int32, *, loc=None, ip=None) -> None:
+    """Four fp32 to the shared::cluster address ``addr``; their bytes complete the transaction
+    count of the mbarrier at shared::cluster address ``mbar`` (in the same CTA as ``addr``)."""
+    operands = [(Int32, addr)] + [(cutlass.Float32, v) for v in values] + [(Int32, mbar)]
+    asm = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32"
+    asm += " [$0], {$1, $2, $3, $4}, [$5];"
+    _ptx(None, operands, asm, "r,f,f,f,f,r", loc=loc, ip=ip)
+
+
+@dsl_user_op
 def st_global_v4_b32(addr: Int64, values: list, *, loc=None, ip=None) -> None:
     operands = [(Int64, addr)] + [(Uint32, v) for v in values]
     asm = "st.global.v4.b32 [$0], {$1, $2, $3, $4};"

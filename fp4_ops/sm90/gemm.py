@@ -184,6 +184,14 @@ W4A16_BF16_ACC_SCALE = 2.0**8
 FP32_MAX = (2.0 - 2.0**-23) * 2.0**127
 
 
+class ExchangeBarrier(enum.IntEnum):
+    """``split_cluster``'s mbarriers (``xchg_mbar``), each completing one phase per unit."""
+
+    FULL = 0  # split 0: split 1's partial has landed in the ring (st.async bytes)
+    FREE = 1  # split 1: split 0's consumer warps have done with the ring
+    DONE = 2  # split 0: its consumer warps have read the partial; its producer may load again
+
+
 class NamedBarrierId(enum.IntEnum):
     """Hardware named barriers (id 0 is __syncthreads)."""
 
@@ -571,10 +579,13 @@ def config_reasons(
             "scale atom)"
         )
     cluster = tuple(cluster_shape_mn)
-    if cluster not in ((1, 1), (2, 1)) or (cluster == (2, 1) and path != "prefill"):
+    split_pair = path == "decode" and split_k == 2 and k_groups == 1
+    pair_ok = path == "prefill" or split_pair
+    if cluster not in ((1, 1), (2, 1)) or (cluster == (2, 1) and not pair_ok):
         reasons.append(
             f"cluster shape {cluster} is not supported: this Hopper kernel takes (1, 1), or "
-            "(2, 1) on the prefill path (two M tiles share one multicast B tile)"
+            "(2, 1) on the prefill path (two M tiles share one multicast B tile) and on decode "
+            "with split_k=2 and no K groups (a tile's two K splits, summed through DSMEM)"
         )
     if split_k < 1 or split_k > 16:
         reasons.append(f"split_k={split_k} is not supported: use 1..16")
@@ -803,11 +814,16 @@ class BlockwiseGemmFp4Sm90:
         self.mma_tiler_mn = tuple(mma_tiler_mn)
         self.cluster_shape_mn = tuple(cluster_shape_mn)
         self.cluster_m = self.cluster_shape_mn[0]
+        # decode on a 2x1 cluster: its CTAs run the two K splits of one tile, and split 1 hands
+        # its partial to split 0 through distributed SMEM instead of the global fix-up
+        self.split_cluster = path == "decode" and self.cluster_m == 2
+        # CTAs sharing one multicast kernel-B tile (prefill's 2x1 cluster)
+        self.mcast = 1 if self.split_cluster else self.cluster_m
         self.split_k = split_k
         self.k_groups = k_groups
         self.tile_rows, self.tile_cols = kernel_tile(path, mma_tiler_mn)
         # W4A16 decode reads the activations as they are: a ragged token tile in smaller boxes
-        boxed = self.w4a16 and self.swap_ab and not grouped and self.cluster_m == 1
+        boxed = self.w4a16 and self.swap_ab and not grouped and self.mcast == 1
         boxed = boxed and self.tile_cols >= TOKEN_BOX_MIN_COLS
         self.token_box_rows = self.tile_cols // TOKEN_BOXES if boxed else self.tile_cols
         # grouped: batch e of the weights meets token rows offsets[e] .. offsets[e + 1] - 1;
@@ -1007,9 +1023,14 @@ class BlockwiseGemmFp4Sm90:
         row_tiles = (rows_a + self.tile_rows - 1) // self.tile_rows
         col_tiles = (rows_b + self.tile_cols - 1) // self.tile_cols
         max_clusters = num_sms * self.occupancy // self.cluster_m
-        scheduler, grid = StaticTileScheduler.create(
-            (row_tiles, col_tiles, l * self.split_k), self.cluster_m, max_clusters
-        )
+        if cutlass.const_expr(self.split_cluster):
+            # one unit per tile: the cluster's CTAs are its K splits
+            scheduler, grid = StaticTileScheduler.create((row_tiles, col_tiles, l), 1, max_clusters)
+            grid = (self.cluster_m, 1, grid[2])
+        else:
+            scheduler, grid = StaticTileScheduler.create(
+                (row_tiles, col_tiles, l * self.split_k), self.cluster_m, max_clusters
+            )
         if cutlass.const_expr(self.prologue):
             kernel_b, kernel_a = (mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA)
             self._launch_prologue(kernel_b, kernel_a, k, k_pad, stream)
@@ -1085,11 +1106,11 @@ class BlockwiseGemmFp4Sm90:
         tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(g2s, mKA, a_stage, a_tile)
         # NOTE: with a 2x1 cluster each CTA loads half of the shared B tile and multicasts it.
         tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_m > 1 else g2s,
+            cpasync.CopyBulkTensorTileG2SMulticastOp() if self.mcast > 1 else g2s,
             mKB,
             cute.slice_(self.b_smem_layout_staged, (None, None, 0)),
             (self.tile_cols, K_BLOCK),
-            num_multicast=self.cluster_m,
+            num_multicast=self.mcast,
         )
         # token boxes of kernel B for tiles that end past M (B's own pair stands in without)
         tma_atom_b_box, tma_tensor_b_box = tma_atom_b, tma_tensor_b
@@ -1134,6 +1155,8 @@ class BlockwiseGemmFp4Sm90:
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             splitk_flag: cute.struct.MemRange[cutlass.Int32, 4]
+            if cutlass.const_expr(self.split_cluster):
+                xchg_mbar: cute.struct.MemRange[cutlass.Int64, len(ExchangeBarrier)]
             sA: cute.struct.Align[cute.struct.MemRange[a_smem_dtype, a_elems], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, b_elems], 1024]
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, sfa_bytes], 128]
@@ -1204,6 +1227,14 @@ class BlockwiseGemmFp4Sm90:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
+        if cutlass.const_expr(self.split_cluster):
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    xchg = storage.xchg_mbar.data_ptr()
+                    consumer_warps = self.group_threads // 32
+                    cute.arch.mbarrier_init(xchg + ExchangeBarrier.FULL, 1)
+                    cute.arch.mbarrier_init(xchg + ExchangeBarrier.FREE, consumer_warps)
+                    cute.arch.mbarrier_init(xchg + ExchangeBarrier.DONE, consumer_warps)
         ab_pipeline = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.num_stages,
@@ -1211,11 +1242,16 @@ class BlockwiseGemmFp4Sm90:
             # one arrive per consumer warp of the K group that reads the stage, in every CTA
             # whose producer writes into this one
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.group_threads // 32 * self.cluster_m
+                pipeline.Agent.Thread, self.group_threads // 32 * self.mcast
             ),
             tx_count=self.tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)),
+            cta_layout_vmnk=cute.make_layout((1, self.mcast, 1, 1)),
         )
+        if cutlass.const_expr(self.split_cluster):
+            # NOTE: the peer signals this CTA's exchange barriers: their init (fenced by the
+            # pipeline's creation) must be visible to it first.
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
         k_tiles = (k + self.stage_k - 1) // self.stage_k
 
         mOffsets = epi_tensors[4]
@@ -1273,7 +1309,16 @@ class BlockwiseGemmFp4Sm90:
     def _coords(self, scheduler, unit, found):
         """(row tile, col tile, L x split_k index) of a valid ``unit`` (grouped: as ``_unit``
         found)."""
-        return found if self.grouped else scheduler.coords(unit, self.cluster_m)
+        return found if self.grouped else self._static_coords(scheduler, unit)
+
+    def _static_coords(self, scheduler, unit):
+        """The static schedule's (row tile, col tile, L x split_k index) of ``unit``; with
+        ``split_cluster`` the split is this CTA's rank in its cluster."""
+        if cutlass.const_expr(self.split_cluster):
+            row_tile, col_tile, batch = scheduler.coords(unit, 1)
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            return row_tile, col_tile, batch * self.split_k + rank
+        return scheduler.coords(unit, self.cluster_m)
 
     # ======================================= TMA producer ======================================
     @cute.jit
@@ -1298,9 +1343,9 @@ class BlockwiseGemmFp4Sm90:
         tAsA, tAgA = _tma_partition(tma_atom_a, sA, gA, 2)
         # 2x1 cluster: this CTA loads its half of the B tile, multicast to both CTAs
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        cta_layout_vmnk = cute.make_layout((1, self.cluster_m, 1, 1))
+        cta_layout_vmnk = cute.make_layout((1, self.mcast, 1, 1))
         b_mcast_mask = None
-        if cutlass.const_expr(self.cluster_m > 1):
+        if cutlass.const_expr(self.mcast > 1):
             b_mcast_mask = cpasync.create_tma_multicast_mask(
                 cta_layout_vmnk, cta_layout_vmnk.get_flat_coord(cta_rank), mcast_mode=1
             )
@@ -1346,7 +1391,12 @@ class BlockwiseGemmFp4Sm90:
             # this wait.
             cute.arch.griddepcontrol_wait()
         valid, found, cursor = self._unit(scheduler, unit, None, mOffsets)
+        # units this CTA has loaded
+        units = Int32(0)
         while self._valid(scheduler, unit, valid):
+            if cutlass.const_expr(self.split_cluster):
+                self._wait_ring_free(storage, units)
+            units += 1
             row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
                 self._coords(scheduler, unit, found), k_tiles
             )
@@ -1375,11 +1425,20 @@ class BlockwiseGemmFp4Sm90:
         cute.arch.griddepcontrol_launch_dependents()
         ab_pipeline.producer_tail(state)
 
+    @cute.jit
+    def _wait_ring_free(self, storage, units):
+        """``split_cluster``, split 0: before the first load of its next unit, its consumers have
+        read split 1's partial of the unit before out of the ring."""
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        if units > 0 and rank == 0:
+            done = storage.xchg_mbar.data_ptr() + ExchangeBarrier.DONE
+            cute.arch.mbarrier_wait(done, (units - 1) % 2)
+
     def _partition_b(self, tma_atom_b, sB, gB, cta_rank):
         """(TMA, k-block x stage) / (TMA, RestCols, RestK64, L) views of kernel B's copies for
         this CTA (its half of a tile multicast to a 2x1 cluster)."""
-        cta_layout = cute.make_layout(self.cluster_m)
-        return _tma_partition(tma_atom_b, sB, gB, 2, cta_rank % self.cluster_m, cta_layout)
+        cta_layout = cute.make_layout(self.mcast)
+        return _tma_partition(tma_atom_b, sB, gB, 2, cta_rank % self.mcast, cta_layout)
 
     @cute.jit
     def _first_stage_across_pdl_wait(
@@ -1393,7 +1452,7 @@ class BlockwiseGemmFp4Sm90:
         NOTE: PDL launch: the converted tokens are complete only after the wait; the weights
         and their scales do not depend on it, so their DRAM latency overlaps that grid."""
         row_tile, col_tile, batch, kt_begin, kt_end, sfa_rb = self._producer_unit(
-            scheduler.coords(unit, self.cluster_m), k_tiles
+            self._static_coords(scheduler, unit), k_tiles
         )
         issued = cutlass.min(Int32(1), kt_end - kt_begin)
         if not scheduler.is_valid(unit):
@@ -1548,7 +1607,11 @@ class BlockwiseGemmFp4Sm90:
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.group_threads),
             )
             epi_smem = (sD, epi_mma, d_pipeline)
-        flag_addr = storage.splitk_flag.data_ptr().toint()
+        # the split-K fix-up's SMEM: the last split's flag, or (split_cluster) the exchange
+        # barriers and the kernel-B ring, where split 1's partial lands in split 0
+        fixup_smem = storage.splitk_flag.data_ptr().toint()
+        if cutlass.const_expr(self.split_cluster):
+            fixup_smem = (storage.xchg_mbar.data_ptr(), storage.sB.data_ptr().toint())
         consumer = pipeline.PipelineUserType.Consumer
         # the stage of this thread's next k-tile, and (k_groups == 1) the next stage to free
         read_state = pipeline.make_pipeline_state(consumer, self.num_stages)
@@ -1559,6 +1622,8 @@ class BlockwiseGemmFp4Sm90:
             unit_state = pipeline.make_pipeline_state(consumer, self.num_stages)
         unit = scheduler.first_unit()
         valid, found, cursor = self._unit(scheduler, unit, None, mOffsets)
+        # units this CTA has finished (split_cluster: the exchange barriers' phase)
+        units = Int32(0)
         while self._valid(scheduler, unit, valid):
             coords = self._coords(scheduler, unit, found)
             row_tile, col_tile, lk = coords
@@ -1595,9 +1660,13 @@ class BlockwiseGemmFp4Sm90:
                 unit_alpha = alpha
                 if cutlass.const_expr(self.grouped):
                     unit_alpha = self._alpha(alphas, lk // self.split_k)
+                fixup = fixup_smem
+                if cutlass.const_expr(self.split_cluster):
+                    fixup = (*fixup_smem, units % 2)
                 self._epilogue(
-                    tCrAcc, epi_tensors, unit_alpha, coords, thr_mma, tidx, flag_addr, epi_smem
+                    tCrAcc, epi_tensors, unit_alpha, coords, thr_mma, tidx, fixup, epi_smem
                 )
+            units += 1
             unit = scheduler.next_unit(unit)
             valid, found, cursor = self._unit(scheduler, unit, cursor, mOffsets)
         if cutlass.const_expr(self.tma_store):
@@ -1830,15 +1899,18 @@ class BlockwiseGemmFp4Sm90:
 
     # ======================================= epilogue ==========================================
     @cute.jit
-    def _epilogue(self, tCrAcc, epi_tensors, alpha, coords, thr_mma, tidx, flag_addr, epi_smem):
-        """acc * alpha -> D: with split-K, after ``_splitk_fixup`` and by the last split only;
-        through SMEM and TMA stores (``_store_tile_tma``) or direct stores."""
+    def _epilogue(self, tCrAcc, epi_tensors, alpha, coords, thr_mma, tidx, fixup, epi_smem):
+        """acc * alpha -> D: with split-K, after ``_splitk_fixup`` (``_cluster_fixup``) and by
+        the last split (split 0) only; through SMEM and TMA stores (``_store_tile_tma``) or
+        direct stores."""
         mD_mnl, tma_atom_d, mD_tma, mWork, mOffsets = epi_tensors
         row_tile, col_tile, lk = coords
         tile_coord = (row_tile, col_tile, lk // self.split_k)
         is_last = True
-        if cutlass.const_expr(self.split_k > 1):
-            is_last = self._splitk_fixup(tCrAcc, mD_mnl, mWork, coords, tidx, flag_addr)
+        if cutlass.const_expr(self.split_cluster):
+            is_last = self._cluster_fixup(tCrAcc, tidx, *fixup)
+        elif cutlass.const_expr(self.split_k > 1):
+            is_last = self._splitk_fixup(tCrAcc, mD_mnl, mWork, coords, tidx, fixup)
         if is_last:
             if cutlass.const_expr(self.tma_store):
                 self._store_tile_tma(tCrAcc, alpha, mD_tma, tma_atom_d, epi_smem, tile_coord, tidx)
@@ -1905,8 +1977,54 @@ class BlockwiseGemmFp4Sm90:
                 self._sum_partials(tCrAcc, tile_frags, (frag_stride, value_stride), c0, width)
         return is_last
 
-    # NOTE: the two helpers below are plain Python, unrolled as the kernel is traced: their
+    @cute.jit
+    def _cluster_fixup(self, tCrAcc, tidx, xchg, buf, phase):
+        """Split-K on a 2x1 cluster: split 1 stores its fp32 fragment into split 0's ring through
+        distributed SMEM (``st.async``, counted by split 0's FULL barrier) once split 0's last
+        wgmma of the unit has completed (FREE); split 0 sums 0 + its own + split 1's, in
+        ``_splitk_fixup``'s order, and frees the ring for its producer's next unit (DONE).
+        ``phase``: the barriers' parity for this unit.  Returns whether this CTA stores D."""
+        nacc = cute.size(tCrAcc)
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        # 16-byte chunks, chunk c of thread t at 16 * (c * threads + t): a warp writes 512 bytes
+        chunk_stride = self.group_threads * 16
+        mine = buf + tidx * 16
+        full = xchg + ExchangeBarrier.FULL
+        if rank == 0:
+            # every wgmma of this warp has completed: its reads of the ring are done
+            cute.arch.sync_warp()
+            if tidx % 32 == 0:
+                free = xchg + ExchangeBarrier.FREE
+                dq.mbarrier_arrive_cluster(dq.mapa_shared(free.toint(), Int32(1)))
+            if tidx == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(full, nacc * self.group_threads * 4)
+            cute.arch.mbarrier_wait(full, phase)
+            self._add_peer_partial(tCrAcc, mine, chunk_stride)
+            cute.arch.sync_warp()
+            if tidx % 32 == 0:
+                cute.arch.mbarrier_arrive(xchg + ExchangeBarrier.DONE)
+        else:
+            cute.arch.mbarrier_wait(xchg + ExchangeBarrier.FREE, phase)
+            remote_full = dq.mapa_shared(full.toint(), Int32(0))
+            self._send_partial(tCrAcc, dq.mapa_shared(mine, Int32(0)), chunk_stride, remote_full)
+        return rank == 0
+
+    # NOTE: the four helpers below are plain Python, unrolled as the kernel is traced: their
     # loops index the accumulator fragment and Python lists with constants.
+    def _send_partial(self, tCrAcc, remote, chunk_stride: int, remote_full):
+        """This thread's fp32 partial, in 16-byte chunks, to the peer's SMEM at ``remote``."""
+        for c in range(cute.size(tCrAcc) // 4):
+            values = [tCrAcc[4 * c + j] for j in range(4)]
+            dq.st_async_v4_f32(remote + c * chunk_stride, values, remote_full)
+
+    def _add_peer_partial(self, tCrAcc, mine, chunk_stride: int):
+        """tCrAcc = 0 + tCrAcc + the peer's partial at ``mine`` (``_send_partial``'s chunks)."""
+        for c in range(cute.size(tCrAcc) // 4):
+            for j in range(4):
+                theirs = dq.ld_shared_f32(mine + c * chunk_stride + j * 4)
+                i = 4 * c + j
+                tCrAcc[i] = (cutlass.Float32(0.0) + tCrAcc[i]) + theirs
+
     def _park_partial(self, tCrAcc, my_frag, value_stride: int):
         """This thread's fp32 partial, value-major, at ``my_frag``."""
         for i in range(cute.size(tCrAcc)):
