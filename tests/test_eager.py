@@ -778,6 +778,35 @@ def test_gpu_quantizer_token_copy_gives_the_prologue_bits(format, activations, m
             assert y.dtype == dtype and torch.equal(y, _full_path(layer, x))
 
 
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("activations", ["bf16", "dynamic", "static"])
+def test_gpu_split_cluster_pick_gives_the_global_fixups_bits(activations, monkeypatch):
+    """128 tokens through a 12288 -> 8192 layer, where ``default_config``'s pick (128 x 128
+    tiles split 2, one wave) runs each tile's two K splits as a 2x1 cluster: the eager call
+    (W4A4: the quantizer's token copy, no prologue grid) and the registered ops give the bits
+    of the same layer on the global split-K fix-up (the cluster rule patched off)."""
+    shape = (128, 12288, 8192)
+    layer = _layer(activations, n=shape[2], k=shape[1])
+    x = torch.randn(shape[:2], device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        clustered = [layer(x) for _ in range(2)]
+    picks = list(r90._PICKED.values())
+    assert any(c.cluster_shape_mn == (2, 1) and c.path == "decode" for c in picks), picks
+    full = _full_path(layer, x)
+    # the same layer with the rule off, and no pick, launch or plan kept from above
+    monkeypatch.setattr(r90, "split_cluster_fits", lambda *_: False)
+    monkeypatch.setattr(r90, "_PICKED", {})
+    monkeypatch.setattr(r90, "_LAUNCHES", {})
+    monkeypatch.setattr(ops, "_GEMM_PLANS", {})
+    plain = _layer(activations, n=shape[2], k=shape[1])
+    with torch.no_grad():
+        want = plain(x)
+    assert all(c.cluster_shape_mn == (1, 1) for c in r90._PICKED.values())
+    for y in (*clustered, full):
+        assert torch.equal(y, want)
+
+
 def _replace_weights(layer, other):
     layer.load_state_dict(other.state_dict(), assign=True)
 

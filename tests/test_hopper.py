@@ -464,6 +464,42 @@ def test_gemm_config_for_problem_and_its_key():
     assert not r90.GemmConfig(path="decode", mma_tiler_mn=(64, 128), split_k=2).tma_store
 
 
+SPLIT_CLUSTER_PICKS = [
+    # (M, N, K, L, a_dtype, SMs, tile / split / K groups given, cluster of the pick)
+    # 128 x 128 tiles split 2, as many tiles as 2x1 clusters fit at once or fewer
+    (128, 8192, 8192, 1, "BFloat16", 132, {}, (2, 1)),
+    (65, 8448, 8192, 1, "BFloat16", 132, {}, (2, 1)),
+    (128, 4096, 8192, 2, "BFloat16", 132, {}, (2, 1)),
+    (128, 8192, 28672, 1, k90.W4A4, 132, {}, (2, 1)),
+    # one tile more than the clusters (67 > 66), or fewer SMs: no second wave of clusters
+    (128, 8576, 8192, 1, "BFloat16", 132, {}, (1, 1)),
+    (128, 8192, 8192, 1, "BFloat16", 100, {}, (1, 1)),
+    # other picks: unsplit 128 x 64 tiles, two token tiles, one token (K groups), 64 tokens
+    (128, 8192, 8192, 1, k90.W4A4, 132, {}, (1, 1)),
+    (256, 8192, 8192, 1, "BFloat16", 132, {}, (1, 1)),
+    (1, 8192, 8192, 1, "BFloat16", 132, {}, (1, 1)),
+    (64, 8192, 8192, 1, "BFloat16", 132, {}, (1, 1)),
+    # a tile or a split given: the configuration as asked, without a cluster on decode
+    (128, 8192, 8192, 1, "BFloat16", 132, {"split_k": 2}, (1, 1)),
+    (128, 8192, 8192, 1, "BFloat16", 132, {"mma_tiler_mn": (128, 128)}, (1, 1)),
+    # (K groups given as none: still the pick's tile and split)
+    (128, 8192, 8192, 1, "BFloat16", 132, {"k_groups": 1}, (2, 1)),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CLUSTER_PICKS, ids=lambda c: "-".join(map(str, c[:6])))
+def test_for_problem_runs_a_wave_of_split_pairs_on_clusters(case):
+    """``for_problem`` puts a pick's two K splits on 2x1 clusters where ``split_cluster_fits``:
+    128-token x 128-row tiles split 2 without K groups, every tile's cluster in one wave."""
+    *mnkl, a_dtype, sms, given, cluster = case
+    config = r90.GemmConfig.for_problem(tuple(mnkl), 16, "BFloat16", a_dtype, sms, **given)
+    assert config.cluster_shape_mn == cluster
+    assert config.reasons(tuple(mnkl)) == []
+    if cluster == (2, 1):
+        assert (config.mma_tiler_mn, config.split_k, config.k_groups) == ((128, 128), 2, 1)
+        assert config.kernel().split_cluster and config.kernel().mcast == 1
+
+
 @pytest.mark.parametrize("operand", ["a", "b", "sfa", "sfb", "out"])
 @pytest.mark.parametrize("defect", ["strided", "misaligned"])
 def test_launch_fits_checks_every_operand(monkeypatch, operand, defect):
@@ -788,8 +824,8 @@ CONFIG_REFUSALS = [
     (dict(sf_vec_size=8), "sf_vec_size=8"),
     (dict(c_dtype="Float64"), "c_dtype=Float64"),
     (
-        dict(path="decode", mma_tiler_mn=(16, 128), split_k=2, cluster_shape_mn=(2, 1)),
-        "prefill path",
+        dict(path="decode", mma_tiler_mn=(16, 128), split_k=3, cluster_shape_mn=(2, 1)),
+        "on decode with split_k=2",
     ),
     (dict(path="decode", mma_tiler_mn=(16, 128), split_k=0), "split_k=0"),
     (dict(path="sideways", mma_tiler_mn=(16, 128)), "path=sideways"),
@@ -874,6 +910,10 @@ REFUSALS = [
     (dict(path="decode", mma_tiler_mn=(24, 128)), "MMA tile M (tokens)=24"),
     (dict(cluster_shape_mn=(1, 2)), "takes (1, 1)"),
     (dict(path="decode", mma_tiler_mn=(16, 128), cluster_shape_mn=(2, 1)), "on the prefill path"),
+    (
+        dict(path="decode", mma_tiler_mn=(8, 64), cluster_shape_mn=(2, 1), split_k=2, k_groups=2),
+        "with split_k=2 and no K groups",
+    ),
     (dict(split_k=0), "split_k=0 is not supported"),
     (dict(split_k=3), "split-K needs tiles of at most 128 x 128"),
     (dict(k_groups=2), "K groups (2..4) run on the decode path"),

@@ -89,7 +89,8 @@ def make_parser() -> argparse.ArgumentParser:
         "--cluster_shape_mn",
         type=lambda s: parse_ints(s, 2, "--cluster_shape_mn"),
         default=None,
-        help="CTAs per cluster along M,N; default: 2,1 on prefill, 1,1 on decode",
+        help="CTAs per cluster along M,N (decode 2,1: a tile's two K splits, --split_k 2); "
+        "default: 2,1 on prefill, on decode default_config's",
     )
     parser.add_argument("--split_k", type=int, default=None, help="default: default_config")
     parser.add_argument(

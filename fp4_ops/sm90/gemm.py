@@ -25,7 +25,8 @@ The two paths (picked by ``default_config``; docs/sm90_design.md has the evidenc
     =======  =======  ==========================  ===========================================
     decode   <= 2048  weights / tokens: D^T        RS wgmma (A from registers): weights
                       = B A^T, tiles of 8..128     dequantized from SMEM into the A fragment;
-                      tokens x 64 or 128 rows      split-K or K groups; 1-2 CTAs per SM
+                      tokens x 64 or 128 rows      split-K (a split pair: 2x1 cluster) or
+                                                   K groups; 1-2 CTAs per SM
     prefill  > 2048   A / B, both converted once   SS wgmma over 128 x 256 tiles, 2x1 clusters
                                                    multicasting the B tile
     =======  =======  ==========================  ===========================================
@@ -54,6 +55,7 @@ Pipelines and barriers
                  K groups: group g reads the stages s with s % k_groups == g.
     d_pipeline   PipelineTmaStore: consumers -> TMA store unit, one buffer per subtile in flight
     NamedBarrierId.EPILOGUE / SPLITK_FIXUP / K_GROUP_REDUCE: consumer threads only
+    ExchangeBarrier  split pair on a decode 2x1 cluster: split 1's partial into split 0's ring
 Every role walks the same static persistent schedule (``StaticTileScheduler``), so they agree
 on the order of the work units (tile x K split) without talking.
 
@@ -67,7 +69,8 @@ group costs nothing; kernel B's TMA box starts at the group's first row, the sto
 Constraints (``check_fp4_gemm_config`` explains each refusal)
 ------------------------------------------------------------
 * K % 32 == 0 (16-byte TMA rows of packed FP4); M, N, L >= 1, ragged M and N welcome.
-* kernel tile rows 64 or 128, cols 8..256 (powers of two); cluster (1, 1), or (2, 1) on prefill;
+* kernel tile rows 64 or 128, cols 8..256 (powers of two); cluster (1, 1), or (2, 1) on prefill
+  and on decode with split_k 2 (its splits summed through DSMEM);
   split_k 1..16 on tiles at most 128 wide; K groups 2..4 on decode tiles of <= 32 tokens.
 * |alpha| * ``acc_scale`` finite (F16 FP4 operands carry 2^-7 each: W4A4 NVFP4 decode |alpha| <
   2^114); every tensor, copy and scale array below 2^31 elements (grouped: per expert); MXFP4
@@ -399,8 +402,19 @@ def _one_wave_k_group_split(n, l, k_tiles, num_sms):  # noqa: E741
 
 def default_cluster(path: str) -> tuple[int, int]:
     """Prefill pairs two M tiles in a cluster that multicasts their common B tile (half the
-    L2 -> SMEM traffic of B); decode runs without clusters."""
+    L2 -> SMEM traffic of B); decode runs without clusters but for ``split_cluster_fits``."""
     return (2, 1) if path == "prefill" else (1, 1)
+
+
+def split_cluster_fits(mnkl, mma_tiler_mn, split_k: int, k_groups: int, num_sms: int) -> bool:
+    """Whether ``default_config``'s decode pick runs its two K splits of each tile as one 2x1
+    cluster, split 1's partial summed through distributed SMEM instead of the global fix-up:
+    128-token x 128-row tiles split 2 without K groups, one tile per cluster, all clusters in
+    one wave (docs/sm90_design.md, section 3)."""
+    m, n, _, l = mnkl  # noqa: E741
+    if kernel_tile("decode", mma_tiler_mn) != (128, 128) or (split_k, k_groups) != (2, 1):
+        return False
+    return math.ceil(m / 128) * math.ceil(n / 128) * l <= num_sms // 2
 
 
 def occupancy(path: str, mma_tiler_mn: tuple[int, int], k_groups: int = 1) -> int:
@@ -768,7 +782,8 @@ class BlockwiseGemmFp4Sm90:
     :param sf_vec_size: 16 (NVFP4) or 32 (MXFP4).
     :param path: "decode" (weights dequantized into the wgmma A registers) or "prefill".
     :param mma_tiler_mn: output tile (M, N); on decode M is the token tile, N the weight rows.
-    :param cluster_shape_mn: (1, 1), or (2, 1) on prefill.
+    :param cluster_shape_mn: (1, 1), or (2, 1): on prefill two M tiles sharing a multicast B
+        tile; on decode with split_k 2 a tile's two K splits, summed through DSMEM.
     :param split_k: K splits summed by a deterministic fix-up through global memory.
     :param tma_store: False compiles direct stores (D's row pitch not a multiple of 16 bytes).
     :param k_groups: decode: groups of consumer warpgroups splitting K inside a CTA.

@@ -72,6 +72,7 @@ from fp4_ops.sm90.gemm import (
     grouped_reason,
     output_tiles,
     problem_reasons,
+    split_cluster_fits,
     tma_store_fits,
     tokens_converted_reason,
 )
@@ -132,22 +133,29 @@ class GemmConfig:
         cluster_shape_mn: tuple[int, int] | None = None,
     ) -> GemmConfig:
         """``default_config``'s path, tile, split and K groups for ``mnkl`` on ``num_sms`` SMs
-        (None: the current GPU's); a keyword given replaces its pick, as the command line's
-        options do (a tile or a split given: the pick without K groups).  TMA stores where N
-        allows them."""
+        (None: the current GPU's), and its decode splits on 2x1 clusters where
+        ``split_cluster_fits``; a keyword given replaces its pick, as the command line's
+        options do (a tile or a split given: the pick without K groups, and without clusters
+        on decode).  TMA stores where N allows them."""
         num_sms = gpu_sm_count() if num_sms is None else num_sms
         # (extents < 1 still get a configuration: reasons() then refuses the problem)
         m, n, k, l = (max(1, v) for v in mnkl)  # noqa: E741
         allow_k_groups = mma_tiler_mn is None and split_k is None
-        picked = default_config(m, n, k, l, num_sms, path, allow_k_groups, a_dtype)
+        path, tiler, split, groups = default_config(
+            m, n, k, l, num_sms, path, allow_k_groups, a_dtype
+        )
+        groups = groups if k_groups is None else k_groups
+        if allow_k_groups and cluster_shape_mn is None and path == "decode":
+            if split_cluster_fits((m, n, k, l), tiler, split, groups, num_sms):
+                cluster_shape_mn = (2, 1)
         return cls(
             sf_vec_size,
             c_dtype,
             a_dtype,
-            picked[0],
-            picked[1] if mma_tiler_mn is None else mma_tiler_mn,
-            picked[2] if split_k is None else split_k,
-            picked[3] if k_groups is None else k_groups,
+            path,
+            tiler if mma_tiler_mn is None else mma_tiler_mn,
+            split if split_k is None else split_k,
+            groups,
             cluster_shape_mn,
             c_dtype not in C_DTYPES or tma_store_fits(mnkl[1], c_dtype),
         )
