@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Persistent, warp-specialized NVFP4 / MXFP4 GEMM for Hopper (sm_90a; run on an H200): W4A4, and
-W4A16 (BF16 / F16 activations with FP4 weights).
+"""Persistent, warp-specialized NVFP4 / MXFP4 GEMM for Hopper (sm_90a; run on H200 and H100):
+W4A4, and W4A16 (BF16 / F16 activations with FP4 weights).
 
 What it computes
 ----------------
@@ -25,8 +25,7 @@ The two paths (picked by ``default_config``; docs/sm90_design.md has the evidenc
     =======  =======  ==========================  ===========================================
     decode   <= 2048  weights / tokens: D^T        RS wgmma (A from registers): weights
                       = B A^T, tiles of 8..128     dequantized from SMEM into the A fragment;
-                      tokens x 64 or 128 rows      split-K (a split pair: 2x1 cluster) or
-                                                   K groups; 1-2 CTAs per SM
+                      tokens x 64 or 128 rows      split-K (pairs on 2x1 clusters) or K groups
     prefill  > 2048   A / B, both converted once   SS wgmma over 128 x 256 tiles, 2x1 clusters
                                                    multicasting the B tile
     =======  =======  ==========================  ===========================================
@@ -43,10 +42,9 @@ Warp roles (128 x (1 + row warpgroups x k_groups) threads)
     warp 0       TMA producer: per stage, packed kernel A + scales (decode) or converted
                  kernel A (prefill), and converted kernel B (multicast on a 2x1 cluster)
     warps 1-3    idle: give their registers back to the consumers (``setmaxregister``)
-    warps 4-     consumers, one or two warpgroups of 64 rows per K group: ``_mainloop_decode``
-                 or ``_mainloop_prefill``, then (K group 0) ``_epilogue``: split-K fix-up,
-                 * alpha, TMA store of (rows x 32) subtiles (direct stores when D's row pitch
-                 is not a multiple of 16 bytes)
+    warps 4-     consumers, 1-2 warpgroups of 64 rows per K group: ``_mainloop_decode`` or
+                 ``_mainloop_prefill``, then (K group 0) ``_epilogue``: split-K fix-up, * alpha,
+                 TMA stores of (rows x 32) subtiles (direct stores: D's row pitch not 16 B)
 
 Pipelines and barriers
 ----------------------
@@ -54,8 +52,8 @@ Pipelines and barriers
                  cluster); a stage is freed once the wgmma that read it has completed.
                  K groups: group g reads the stages s with s % k_groups == g.
     d_pipeline   PipelineTmaStore: consumers -> TMA store unit, one buffer per subtile in flight
-    NamedBarrierId.EPILOGUE / SPLITK_FIXUP / K_GROUP_REDUCE: consumer threads only
-    ExchangeBarrier  split pair on a decode 2x1 cluster: split 1's partial into split 0's ring
+    NamedBarrierId.EPILOGUE / SPLITK_FIXUP / K_GROUP_REDUCE: consumer threads only;
+    ExchangeBarrier: a decode 2x1 cluster's split 1 hands its partial to split 0
 Every role walks the same static persistent schedule (``StaticTileScheduler``), so they agree
 on the order of the work units (tile x K split) without talking.
 
@@ -69,9 +67,9 @@ group costs nothing; kernel B's TMA box starts at the group's first row, the sto
 Constraints (``check_fp4_gemm_config`` explains each refusal)
 ------------------------------------------------------------
 * K % 32 == 0 (16-byte TMA rows of packed FP4); M, N, L >= 1, ragged M and N welcome.
-* kernel tile rows 64 or 128, cols 8..256 (powers of two); cluster (1, 1), or (2, 1) on prefill
-  and on decode with split_k 2 (its splits summed through DSMEM);
-  split_k 1..16 on tiles at most 128 wide; K groups 2..4 on decode tiles of <= 32 tokens.
+* kernel tile rows 64 or 128, cols 8..256 (powers of two); split_k 1..16 on tiles at most 128
+  wide; K groups 2..4 on decode tiles of <= 32 tokens; cluster (1, 1), or (2, 1) on prefill and
+  on decode with split_k 2 (the splits summed through DSMEM).
 * |alpha| * ``acc_scale`` finite (F16 FP4 operands carry 2^-7 each: W4A4 NVFP4 decode |alpha| <
   2^114); every tensor, copy and scale array below 2^31 elements (grouped: per expert); MXFP4
   W4A16 needs BF16 activations (E8M0 exceeds F16).
@@ -80,7 +78,7 @@ Constraints (``check_fp4_gemm_config`` explains each refusal)
 
 Run
 ---
-    python -m fp4_ops.sm90 --mnkl 8192,8192,8192,1     # H200 (H100: untested)
+    python -m fp4_ops.sm90 --mnkl 8192,8192,8192,1     # H200 / H100
     python -m fp4_ops.sm90 --mnkl 16,8192,8192,1 --a_dtype BFloat16  # W4A16
     python -m fp4_ops.sm90 --mnkl 1,8192,8192,1 --compile_only  # any machine
 """
