@@ -949,6 +949,20 @@ def test_kernel_refuses_bad_k_groups():
         k90.BlockwiseGemmFp4Sm90(16, "prefill", (128, 256), k_groups=2)
 
 
+@pytest.mark.parametrize(
+    "split_k, k_groups, cluster",
+    [(1, 1, (2, 1)), (3, 1, (2, 1)), (2, 2, (2, 1)), (2, 1, (1, 2)), (2, 1, (4, 1))],
+)
+def test_kernel_refuses_clusters_other_than_a_split_pair_on_decode(split_k, k_groups, cluster):
+    """A decode 2x1 cluster is a tile's two K splits: any other split, K groups or cluster
+    shape is refused by the kernel object itself (``compile_gemm`` builds it first), not only
+    by ``config_reasons``."""
+    tiler = (8, 64) if k_groups > 1 else (128, 128)
+    with pytest.raises(ValueError, match=r"cluster shape \("):
+        k90.BlockwiseGemmFp4Sm90(16, "decode", tiler, cluster, split_k, k_groups=k_groups)
+    assert k90.BlockwiseGemmFp4Sm90(16, "decode", (128, 128), (2, 1), 2).split_cluster
+
+
 def test_can_implement_accepts_good_config():
     ok, reasons = k90.BlockwiseGemmFp4Sm90.can_implement(**GOOD)
     assert ok and not reasons

@@ -730,6 +730,45 @@ def test_global_tensors_strides_and_batches(path, a_dtype):
 
 
 @pytest.mark.parametrize("name", list(PTX_CONFIGS))
+def test_ptx_split_pair_hands_its_whole_partial_to_split_0(name, compiled):
+    """A decode 2x1 cluster's exchange: split 1's ``st.async`` stores cover its whole fp32
+    fragment (one 16-byte store per four accumulators, every consumer thread) and all complete
+    the one barrier, the peer's FULL (``mapa`` to rank 0); split 0 expects exactly those bytes on
+    its FULL barrier and waits there with a cluster-scope acquire, as split 1 does on FREE; the
+    producer fences the async proxy before TMA reuses the ring. Nothing of it elsewhere."""
+    gemm, kern = _gemm(compiled, name)
+    stores = kern.where(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.f32")
+    waits = kern.where(r"mbarrier\.try_wait\.parity\.acquire\.cluster\.shared::cta\.b64")
+    if not gemm.split_cluster:
+        assert stores == [] and waits == []
+        return
+    rows, cols = gemm.tile_rows, gemm.tile_cols
+    fragment = rows * cols // gemm.group_threads
+    assert len(stores) == fragment // 4
+    (mbar,) = {kern.ins[i][1][-1].strip("[]") for i in stores}
+    (j,) = kern.defs[mbar]
+    assert kern.ins[j][0].startswith("mapa") and kern.value(kern.ins[j][1][2], {}) == 0
+    full = kern.ins[j][1][1]
+    expects = [i for i in kern.where(r"mbarrier\.arrive\.expect_tx.*") if full in kern.ins[i][1][1]]
+    assert [kern.value(kern.ins[i][1][2], {}) for i in expects] == [rows * cols * 4]
+    assert len(waits) == 2 and full in {kern.ins[i][1][1].strip("[]") for i in waits}
+    # DONE is two barriers (16 bytes) past FULL: the producer's wait on it, then the fence
+    (d,) = kern.defs[full]
+    _, (_, base, offset), _ = kern.ins[d]
+    done = ("add.s32", base, str(int(offset) + 16))
+    at_done = [
+        i
+        for i in kern.where(r"mbarrier\.try_wait\.parity\.shared\.b64")
+        if any(
+            kern.ins[e][0] == done[0] and kern.ins[e][1][1:] == list(done[1:])
+            for e in kern.defs.get(kern.ins[i][1][1].strip("[]"), ())
+        )
+    ]
+    assert len(at_done) == 1
+    assert kern.ins[at_done[0] + 1][0] == "fence.proxy.async.shared::cta"
+
+
+@pytest.mark.parametrize("name", list(PTX_CONFIGS))
 def test_ptx_split_k_counters_are_left_zero_for_the_next_launch(name, compiled):
     """The split-K workspace is zeroed once, when it is made, so every launch must leave it so:
     each tile counter the splits count up on (one atomic add of 1) is stored back to 0 after

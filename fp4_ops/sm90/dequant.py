@@ -120,6 +120,18 @@ def mapa_shared(addr: Int32, rank: Int32, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def mbarrier_wait_cluster(mbar: Int32, phase: Int32, *, loc=None, ip=None) -> None:
+    """Wait for the phase of parity ``phase`` of this CTA's mbarrier at ``mbar``, acquiring at
+    cluster scope: what another CTA of the cluster released on it is visible after."""
+    asm = (
+        "{\n.reg .pred P1;\nLAB_WAIT:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [$0], $1;\n"
+        "@!P1 bra LAB_WAIT;\n}"
+    )
+    _ptx(None, [(Int32, mbar), (Int32, phase)], asm, "r,r", loc=loc, ip=ip)
+
+
+@dsl_user_op
 def mbarrier_arrive_cluster(mbar: Int32, *, loc=None, ip=None) -> None:
     """Arrive, releasing at cluster scope, on the mbarrier at shared::cluster address ``mbar``."""
     asm = "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];"

@@ -40,7 +40,7 @@ ahead, wrote the tokens' copy after the same wait, so the weights requested earl
 Warp roles (128 x (1 + row warpgroups x k_groups) threads)
 ----------------------------------------------------------
     warp 0       TMA producer: per stage, packed kernel A + scales (decode) or converted
-                 kernel A (prefill), and converted kernel B (multicast on a 2x1 cluster)
+                 kernel A (prefill), and converted kernel B (multicast on a prefill cluster)
     warps 1-3    idle: give their registers back to the consumers (``setmaxregister``)
     warps 4-     consumers, 1-2 warpgroups of 64 rows per K group: ``_mainloop_decode`` or
                  ``_mainloop_prefill``, then (K group 0) ``_epilogue``: split-K fix-up, * alpha,
@@ -49,7 +49,7 @@ Warp roles (128 x (1 + row warpgroups x k_groups) threads)
 Pipelines and barriers
 ----------------------
     ab_pipeline  PipelineTmaAsync, ``num_stages`` deep: producer -> consumers (of both CTAs of a
-                 cluster); a stage is freed once the wgmma that read it has completed.
+                 prefill cluster); a stage is freed once the wgmma that read it has completed.
                  K groups: group g reads the stages s with s % k_groups == g.
     d_pipeline   PipelineTmaStore: consumers -> TMA store unit, one buffer per subtile in flight
     NamedBarrierId.EPILOGUE / SPLITK_FIXUP / K_GROUP_REDUCE: consumer threads only;
@@ -69,7 +69,7 @@ Constraints (``check_fp4_gemm_config`` explains each refusal)
 * K % 32 == 0 (16-byte TMA rows of packed FP4); M, N, L >= 1, ragged M and N welcome.
 * kernel tile rows 64 or 128, cols 8..256 (powers of two); split_k 1..16 on tiles at most 128
   wide; K groups 2..4 on decode tiles of <= 32 tokens; cluster (1, 1), or (2, 1) on prefill and
-  on decode with split_k 2 (the splits summed through DSMEM).
+  on decode with split_k 2 and no K groups (the splits summed through DSMEM).
 * |alpha| * ``acc_scale`` finite (F16 FP4 operands carry 2^-7 each: W4A4 NVFP4 decode |alpha| <
   2^114); every tensor, copy and scale array below 2^31 elements (grouped: per expert); MXFP4
   W4A16 needs BF16 activations (E8M0 exceeds F16).
@@ -590,15 +590,9 @@ def config_reasons(
             f"{list(VALID_TILE_COLS)} rows (wgmma N, and a divisor or multiple of the 128-row "
             "scale atom)"
         )
-    cluster = tuple(cluster_shape_mn)
-    split_pair = path == "decode" and split_k == 2 and k_groups == 1
-    pair_ok = path == "prefill" or split_pair
-    if cluster not in ((1, 1), (2, 1)) or (cluster == (2, 1) and not pair_ok):
-        reasons.append(
-            f"cluster shape {cluster} is not supported: this Hopper kernel takes (1, 1), or "
-            "(2, 1) on the prefill path (two M tiles share one multicast B tile) and on decode "
-            "with split_k=2 and no K groups (a tile's two K splits, summed through DSMEM)"
-        )
+    reason = cluster_reason(path, tuple(cluster_shape_mn), split_k, k_groups)
+    if reason:
+        reasons.append(reason)
     if split_k < 1 or split_k > 16:
         reasons.append(f"split_k={split_k} is not supported: use 1..16")
     elif split_k > 1 and cols > 128:
@@ -611,6 +605,18 @@ def config_reasons(
     if reason:
         reasons.append(reason)
     return reasons
+
+
+def cluster_reason(path: str, cluster: tuple, split_k: int, k_groups: int) -> str | None:
+    """Why ``cluster`` cannot run with this path, split and K groups, or None."""
+    pair_ok = path == "prefill" or (path == "decode" and split_k == 2 and k_groups == 1)
+    if cluster in ((1, 1), (2, 1)) and (cluster == (1, 1) or pair_ok):
+        return None
+    return (
+        f"cluster shape {cluster} is not supported: this Hopper kernel takes (1, 1), or (2, 1) "
+        "on the prefill path (two M tiles share one multicast B tile) and on decode with "
+        "split_k=2 and no K groups (a tile's two K splits, summed through DSMEM)"
+    )
 
 
 def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> str | None:
@@ -782,7 +788,8 @@ class BlockwiseGemmFp4Sm90:
     :param mma_tiler_mn: output tile (M, N); on decode M is the token tile, N the weight rows.
     :param cluster_shape_mn: (1, 1), or (2, 1): on prefill two M tiles sharing a multicast B
         tile; on decode with split_k 2 a tile's two K splits, summed through DSMEM.
-    :param split_k: K splits summed by a deterministic fix-up through global memory.
+    :param split_k: K splits summed by a deterministic fix-up through global memory (through
+        DSMEM on a decode 2x1 cluster).
     :param tma_store: False compiles direct stores (D's row pitch not a multiple of 16 bytes).
     :param k_groups: decode: groups of consumer warpgroups splitting K inside a CTA.
     :param a_dtype: Float4E2M1FN (W4A4) or BFloat16 / Float16 activations (W4A16).
@@ -806,6 +813,7 @@ class BlockwiseGemmFp4Sm90:
         tokens_converted: bool = False,
     ):
         reason = k_groups_reason(path, mma_tiler_mn, k_groups)
+        reason = reason or cluster_reason(path, tuple(cluster_shape_mn), split_k, k_groups)
         reason = reason or grouped_reason(grouped, path, split_k, a_dtype)
         reason = reason or tokens_converted_reason(tokens_converted, path, a_dtype)
         if reason:
@@ -1446,6 +1454,9 @@ class BlockwiseGemmFp4Sm90:
         if units > 0 and rank == 0:
             done = storage.xchg_mbar.data_ptr() + ExchangeBarrier.DONE
             cute.arch.mbarrier_wait(done, (units - 1) % 2)
+            # NOTE: split 1's st.async wrote the ring through the generic proxy; TMA (the async
+            # proxy) overwrites it next.
+            cute.arch.fence_proxy("async.shared", space="cta")
 
     def _partition_b(self, tma_atom_b, sB, gB, cta_rank):
         """(TMA, k-block x stage) / (TMA, RestCols, RestK64, L) views of kernel B's copies for
@@ -2011,13 +2022,13 @@ class BlockwiseGemmFp4Sm90:
                 dq.mbarrier_arrive_cluster(dq.mapa_shared(free.toint(), Int32(1)))
             if tidx == 0:
                 cute.arch.mbarrier_arrive_and_expect_tx(full, nacc * self.group_threads * 4)
-            cute.arch.mbarrier_wait(full, phase)
+            dq.mbarrier_wait_cluster(full.toint(), phase)
             self._add_peer_partial(tCrAcc, mine, chunk_stride)
             cute.arch.sync_warp()
             if tidx % 32 == 0:
                 cute.arch.mbarrier_arrive(xchg + ExchangeBarrier.DONE)
         else:
-            cute.arch.mbarrier_wait(xchg + ExchangeBarrier.FREE, phase)
+            dq.mbarrier_wait_cluster((xchg + ExchangeBarrier.FREE).toint(), phase)
             remote_full = dq.mapa_shared(full.toint(), Int32(0))
             self._send_partial(tCrAcc, dq.mapa_shared(mine, Int32(0)), chunk_stride, remote_full)
         return rank == 0

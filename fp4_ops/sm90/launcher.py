@@ -529,7 +529,9 @@ def workspace_elems(gemm: BlockwiseGemmFp4Sm90, m, n, l):  # noqa: E741
     rows, cols = (n, m) if gemm.swap_ab else (m, n)
     tr, tc = gemm.tile_rows, gemm.tile_cols
     tiles = output_tiles(rows, cols, l, tr, tc, gemm.cluster_m)[2]
-    return tiles * gemm.split_k * tr * tc + tiles if gemm.split_k > 1 else 1
+    # (split pairs on clusters sum through DSMEM)
+    global_fixup = gemm.split_k > 1 and not gemm.split_cluster
+    return tiles * gemm.split_k * tr * tc + tiles if global_fixup else 1
 
 
 def converted_shapes(gemm: BlockwiseGemmFp4Sm90, m, n, k, l):  # noqa: E741
