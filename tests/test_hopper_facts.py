@@ -729,6 +729,28 @@ def test_global_tensors_strides_and_batches(path, a_dtype):
         assert found[name][3] == ptr, name
 
 
+WARPGROUP = 128
+
+
+def _shared_address(kern, operand: str, env: dict) -> int:
+    """The value of a ``[reg]`` or ``[reg+imm]`` address operand."""
+    reg, _, imm = operand.partition("+")
+    return kern.value(reg, env) + int(imm or 0)
+
+
+def _mapa_source_address(kern, reg: str, env: dict) -> int:
+    """The local SMEM address that ``mapa`` mapped to the peer, plus the constants added to the
+    mapped address on the way to ``reg``."""
+    offset = 0
+    while True:
+        (d,) = kern.defs[reg]
+        op, ops, _ = kern.ins[d]
+        if op.startswith("mapa"):
+            return kern.value(ops[1], env) + offset
+        assert op == "add.s32" and re.fullmatch(r"-?\d+", ops[2]), (op, ops)
+        reg, offset = ops[1], offset + int(ops[2])
+
+
 @pytest.mark.parametrize("name", list(PTX_CONFIGS))
 def test_ptx_split_pair_hands_its_whole_partial_to_split_0(name, compiled):
     """A decode 2x1 cluster's exchange: split 1's ``st.async`` stores cover its whole fp32
@@ -766,6 +788,20 @@ def test_ptx_split_pair_hands_its_whole_partial_to_split_0(name, compiled):
     ]
     assert len(at_done) == 1
     assert kern.ins[at_done[0] + 1][0] == "fence.proxy.async.shared::cta"
+    # where each consumer thread's chunks land in split 0's SMEM (the address mapa maps), and
+    # where split 0's same thread reads them back: the chunks tile one fragment-sized buffer,
+    # and read j of a thread is word j % 4 of its chunk j // 4
+    loads = kern.where(r"ld\.shared\.f32")
+    assert len(loads) == fragment
+    chunks = set()
+    for t in range(WARPGROUP, WARPGROUP + gemm.group_threads):
+        env = {"%tid.x": t}
+        sent = [_mapa_source_address(kern, kern.ins[i][1][0].strip("[]"), env) for i in stores]
+        read = [_shared_address(kern, kern.ins[i][1][1].strip("[]"), env) for i in loads]
+        assert read == [sent[j // 4] + 4 * (j % 4) for j in range(fragment)], t
+        chunks.update(sent)
+    first = min(chunks)
+    assert sorted(chunks) == list(range(first, first + rows * cols * 4, 16))
 
 
 @pytest.mark.parametrize("name", list(PTX_CONFIGS))
