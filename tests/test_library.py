@@ -1142,15 +1142,22 @@ def test_quantize_model_keeps_moe_routers_16_bit():
     experts, outside them, as the block's child or the one Linear of a child. The experts' own
     Linears, a shared expert's and a dense MLP's ``gate`` are quantized."""
     per_expert = nn.ModuleList(_GatedMLP() for _ in range(4))
+    # experts counted by a dict's length, or by a num_experts attribute
+    by_name = nn.ModuleDict({f"e{i}": _GatedMLP() for i in range(4)})
+    counted = _GatedMLP()
+    counted.num_experts = 4
     model = nn.ModuleDict(
         {
             "moe": _moe_block(per_expert),
             "parallel": _moe_block(_ParallelExperts(), "input_linear"),
+            "by_name": _moe_block(by_name),
+            "counted": _moe_block(counted),
             "dense": _GatedMLP(),
         }
     )
     names = ("gate", "shared_gate", "router.proj")
-    routers = [f"{block}.{name}" for block in ("moe", "parallel") for name in names]
+    blocks = ("moe", "parallel", "by_name", "counted")
+    routers = [f"{block}.{name}" for block in blocks for name in names]
     linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     kept = {n: model.get_submodule(n) for n in routers}
     for include in (None, ["*"], lambda name, module: True):
