@@ -1089,13 +1089,18 @@ def _experts_replacement(model: nn.Module, name: str, module: nn.Module, how: tu
 
 def block_top_k(model: nn.Module, name: str) -> int:
     """The ``top_k`` of the MoE block holding Llama-4's experts module ``name`` (how many
-    experts each token's scores choose); ValueError where the block has none."""
+    experts each token's scores choose); ValueError where the block has none, or one < 1."""
     block = model.get_submodule(name.rpartition(".")[0])
     top_k = getattr(block, "top_k", None)
     if isinstance(top_k, bool) or not isinstance(top_k, int):
         raise ValueError(
             f"its block ({type(block).__name__}) has no int top_k, which its scaled tokens "
             "need to be routed"
+        )
+    if top_k < 1:
+        raise ValueError(
+            f"its block ({type(block).__name__}) has top_k {top_k}: each token must choose at "
+            "least one expert"
         )
     return top_k
 

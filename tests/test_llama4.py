@@ -8,6 +8,7 @@ model on the dequantized weights."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -227,19 +228,46 @@ def test_quantize_model_replaces_llama4_experts(top_k, fmt, activations):
     assert set(every.skipped) == routers and set(names) <= set(every.replaced)
 
 
-def test_quantize_model_names_a_block_without_top_k():
+def _without_top_k(model):
+    del model.model.layers[0].feed_forward.top_k
+
+
+def _zero_top_k(model):
+    model.model.layers[0].feed_forward.top_k = 0
+
+
+@pytest.mark.parametrize(
+    "defect, why",
+    [(_without_top_k, "has no int top_k"), (_zero_top_k, "has top_k 0")],
+    ids=["missing", "zero"],
+)
+def test_quantize_model_names_a_block_without_top_k(defect, why):
     """Skipped with the reason by default, refused where ``include`` chooses it."""
 
-    def without_top_k():
+    def broken():
         model = _llama4()
-        del model.model.layers[0].feed_forward.top_k
+        defect(model)
         return model
 
-    report = fp4_ops.quantize_model(without_top_k(), activations="bf16")
-    why = report.skipped["model.layers.0.feed_forward.experts"]
-    assert why.startswith("its block (Llama4TextMoe) has no int top_k")
+    report = fp4_ops.quantize_model(broken(), activations="bf16")
+    reason = report.skipped["model.layers.0.feed_forward.experts"]
+    assert reason.startswith(f"its block (Llama4TextMoe) {why}")
     with pytest.raises(ValueError, match=r"^model\.layers\.0\.feed_forward\.experts: its block"):
-        fp4_ops.quantize_model(without_top_k(), ["*.experts"], activations="bf16")
+        fp4_ops.quantize_model(broken(), ["*.experts"], activations="bf16")
+
+
+def test_per_expert_checkpoint_refuses_a_config_without_experts_per_token(tmp_path):
+    """A checkpoint whose config routes each token to no expert (``num_experts_per_tok`` 0):
+    refused, naming the experts and their block's top_k, before any weight is loaded."""
+    model = _llama4()
+    parts = quantize_per_expert(_experts(model), "llama4")
+    write_per_expert(tmp_path, model, "modelopt", parts, _names())
+    config = json.loads((tmp_path / "config.json").read_text())
+    text = config.get("text_config", config)
+    text["num_experts_per_tok"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"feed_forward\.experts: its block \(\w+\) has top_k 0"):
+        fp4_ops.load_quantized(tmp_path)
 
 
 def _experts(lm) -> list:
