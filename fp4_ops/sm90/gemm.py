@@ -410,9 +410,11 @@ def split_cluster_fits(mnkl, mma_tiler_mn, split_k: int, k_groups: int, num_sms:
     128-token x 128-row tiles split 2 without K groups, one tile per cluster, all clusters in
     one wave (docs/sm90_design.md, section 3)."""
     m, n, _, l = mnkl  # noqa: E741
-    if kernel_tile("decode", mma_tiler_mn) != (128, 128) or (split_k, k_groups) != (2, 1):
+    tile = kernel_tile("decode", mma_tiler_mn)
+    if tile != (128, 128) or (split_k, k_groups) != (2, 1):
         return False
-    return math.ceil(m / 128) * math.ceil(n / 128) * l <= num_sms // 2
+    # (decode's kernel rows are the weights' N, its cols the tokens)
+    return output_tiles(n, m, l, *tile, 1)[2] <= num_sms // 2
 
 
 def occupancy(path: str, mma_tiler_mn: tuple[int, int], k_groups: int = 1) -> int:
