@@ -780,13 +780,14 @@ def test_gpu_quantizer_token_copy_gives_the_prologue_bits(format, activations, m
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize("shape", [(128, 12288, 8192), (96, 8192, 8192)])
 @pytest.mark.parametrize("activations", ["bf16", "dynamic", "static"])
-def test_gpu_split_cluster_pick_gives_the_global_fixups_bits(activations, monkeypatch):
-    """128 tokens through a 12288 -> 8192 layer, where ``default_config``'s pick (128 x 128
-    tiles split 2, one wave) runs each tile's two K splits as a 2x1 cluster: the eager call
-    (W4A4: the quantizer's token copy, no prologue grid) and the registered ops give the bits
-    of the same layer on the global split-K fix-up (the cluster rule patched off)."""
-    shape = (128, 12288, 8192)
+def test_gpu_split_cluster_pick_gives_the_global_fixups_bits(activations, shape, monkeypatch):
+    """M tokens through a K -> N layer (``shape``), where ``default_config``'s pick (128 x 128
+    tiles split 2, one wave; W4A4 at K = 8192 only because the split runs on clusters) runs
+    each tile's two K splits as a 2x1 cluster: the eager call (W4A4: the quantizer's token
+    copy, no prologue grid) and the registered ops give the bits of the same layer on the
+    global split-K fix-up (the cluster rule patched off)."""
     layer = _layer(activations, n=shape[2], k=shape[1])
     x = torch.randn(shape[:2], device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():

@@ -471,11 +471,13 @@ SPLIT_CLUSTER_PICKS = [
     (65, 8448, 8192, 1, "BFloat16", 132, {}, (2, 1)),
     (128, 4096, 8192, 2, "BFloat16", 132, {}, (2, 1)),
     (128, 8192, 28672, 1, k90.W4A4, 132, {}, (2, 1)),
+    (128, 8192, 8192, 1, k90.W4A4, 132, {}, (2, 1)),
     # one tile more than the clusters (67 > 66), or fewer SMs: no second wave of clusters
     (128, 8576, 8192, 1, "BFloat16", 132, {}, (1, 1)),
     (128, 8192, 8192, 1, "BFloat16", 100, {}, (1, 1)),
-    # other picks: unsplit 128 x 64 tiles, two token tiles, one token (K groups), 64 tokens
-    (128, 8192, 8192, 1, k90.W4A4, 132, {}, (1, 1)),
+    # other picks: W4A4's 128 x 64 tiles split 2, two token tiles, one token (K groups), 64
+    # tokens
+    (128, 4096, 14336, 1, k90.W4A4, 132, {}, (1, 1)),
     (256, 8192, 8192, 1, "BFloat16", 132, {}, (1, 1)),
     (1, 8192, 8192, 1, "BFloat16", 132, {}, (1, 1)),
     (64, 8192, 8192, 1, "BFloat16", 132, {}, (1, 1)),
@@ -1602,7 +1604,8 @@ def test_default_config_paths():
     assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2, 1)
     # tiles of > 32 tokens: on a tie, 64 weight rows unsplit rather than 128 rows split in two
     assert k90.default_config(128, 7168, 2048, 1)[1:] == ((128, 64), 1, 1)
-    assert k90.default_config(128, 8192, 8192, 1)[1:] == ((128, 64), 1, 1)
+    # (grouped: no 128-row wide pick ahead of the search)
+    assert k90.default_config(128, 8192, 8192, 1, grouped=True)[1:] == ((128, 64), 1, 1)
     # UNIT_COST: 64 x 18432 x 7168 takes split 3, not split 4
     assert k90.default_config(64, 18432, 7168, 1)[1:] == ((64, 64), 3, 1)
     # the busiest CTA's work decides: 224 tiles of 128 rows fit the 264 CTA slots unsplit ...
@@ -1716,14 +1719,14 @@ def test_default_config_paths():
     assert k90.default_config(128, 28672, 8192, 1) == ("decode", (128, 128), 1, 1)
     assert k90.default_config(96, 8192, 28672, 1) == ("decode", (128, 128), 2, 1)
     assert k90.default_config(128, 18432, 7168, 1) == ("decode", (128, 128), 2, 1)
-    # ... 100 units of 96 / 2 or ceil(95 / 2) k-tiles in one round qualify, of 94 / 2 not; nor
-    # 8192 x 8192 split 2 (one round of 32, above; W4A16 takes it) or 32 tiles x 112 split 4
-    # (one round of 28)
-    assert k90.default_config(128, 6400, 12288, 1) == ("decode", (128, 128), 2, 1)
-    assert k90.default_config(128, 6400, 12160, 1) == ("decode", (128, 128), 2, 1)
-    assert k90.default_config(128, 6400, 12032, 1) == ("decode", (128, 64), 1, 1)
+    # ... or where its split runs on 2x1 clusters (split 2, <= 66 tiles: 8192 x 8192, one
+    # round of 32; 50 tiles x 94 split 2) ...
+    assert k90.default_config(128, 8192, 8192, 1) == ("decode", (128, 128), 2, 1)
+    assert k90.default_config(65, 6400, 12032, 1) == ("decode", (128, 128), 2, 1)
     assert k90.default_config(128, 8192, 8192, 1, **w4a16) == ("decode", (128, 128), 2, 1)
+    # ... not on one short round of units that no cluster pairs: 32 tiles x 112 split 4 (28)
     assert k90.default_config(128, 4096, 14336, 1) == ("decode", (128, 64), 2, 1)
+    assert k90.default_config(128, 4096, 14336, 1, **w4a16) == ("decode", (128, 128), 4, 1)
     # 99 tiles fill exactly 3/4 of 132 SMs: unsplit (7680) beats split 2 (2 x 4608)
     assert k90.default_config(128, 12672, 6144, 1) == ("decode", (128, 128), 1, 1)
     assert k90.default_config(128, 12672, 6144, 1, **w4a16) == ("decode", (128, 128), 1, 1)

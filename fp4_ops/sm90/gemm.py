@@ -170,7 +170,8 @@ W4A16_TALL_MIN_K_TILES = 32
 # 4x larger fp32 tile), and its units keep at least this many k-tiles
 WIDE_UNIT_COST = 4 * UNIT_COST
 WIDE_MIN_K_TILES = 24
-# ... W4A4 only where the busiest SM streams at least this many k-tiles (docs/sm90_design.md)
+# ... W4A4 only where the busiest SM streams at least this many k-tiles, or where the split
+# runs on 2x1 clusters (split_cluster_fits; docs/sm90_design.md)
 W4A4_WIDE_MIN_SM_K_TILES = 48
 # default_config: the decode path's K splits, each unit keeping at least MIN_UNIT_K_TILES k-tiles
 DECODE_SPLITS = (1, 2, 3, 4, 6, 8)
@@ -298,8 +299,9 @@ def default_config(
       of the least tie, and the fewest units wins, then the least cost (not ``grouped``); one
       wave of K groups is taken whatever the units' length.
     * One tile of 65-128 tokens takes 128 rows (two warpgroups convert) where units of at least
-      WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs (W4A4: and its busiest SM streams at
-      least W4A4_WIDE_MIN_SM_K_TILES); not ``grouped`` (the grouped kernel has no split-K).
+      WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs (W4A4: where its busiest SM streams
+      at least W4A4_WIDE_MIN_SM_K_TILES, or its split runs on 2x1 clusters where
+      ``split_cluster_fits``); not ``grouped`` (the grouped kernel has no split-K).
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
@@ -312,9 +314,11 @@ def default_config(
     slots = num_sms * occupancy("decode", (cols, 128))
     k_tiles = math.ceil(k / K_TILE)
     if cols == 128 and m <= cols and not grouped:
-        min_sm_k_tiles = W4A4_WIDE_MIN_SM_K_TILES if a_dtype == W4A4 else 0
-        wide_split = _wide_split(n, l, k_tiles, num_sms, min_sm_k_tiles)
-        if wide_split is not None:
+        wide_split, sm_k_tiles = _wide_split(n, l, k_tiles, num_sms)
+        # (W4A4: a short round loses to 64-row tiles unless the split's fix-up stays in a cluster)
+        paired = split_cluster_fits((m, n, k, l), (cols, 128), wide_split, 1, num_sms)
+        long = sm_k_tiles >= W4A4_WIDE_MIN_SM_K_TILES
+        if wide_split is not None and (a_dtype != W4A4 or long or paired):
             return "decode", (cols, 128), wide_split, 1
     w4a16_dense = a_dtype != W4A4 and not grouped
     picks = []
@@ -364,12 +368,12 @@ def _tall_w4a16(k_tiles: int, split: int) -> tuple[int, int]:
     return 128, tall_split
 
 
-def _wide_split(n, l, k_tiles, num_sms, min_sm_k_tiles):  # noqa: E741
-    """``default_config``'s pick for one tile of 65-128 tokens: the K split of 128-row tiles
-    (two converting warpgroups, one CTA per SM) whose busiest CTA streams the least, among
-    splits whose units fill 3/4 of the SMs or more with at least WIDE_MIN_K_TILES k-tiles
-    each; a unit's end costs WIDE_UNIT_COST.  None if no split qualifies, or if the
-    busiest CTA of the pick streams fewer than ``min_sm_k_tiles`` k-tiles."""
+def _wide_split(n, l, k_tiles, num_sms):  # noqa: E741
+    """``default_config``'s pick for one tile of 65-128 tokens: (the K split of 128-row tiles
+    (two converting warpgroups, one CTA per SM) whose busiest CTA streams the least, the
+    k-tiles that CTA streams), among splits whose units fill 3/4 of the SMs or more with at
+    least WIDE_MIN_K_TILES k-tiles each; a unit's end costs WIDE_UNIT_COST.  (None, 0) if no
+    split qualifies."""
     tiles = math.ceil(n / 128) * l
     best = None
     for split in DECODE_SPLITS:
@@ -380,9 +384,7 @@ def _wide_split(n, l, k_tiles, num_sms, min_sm_k_tiles):  # noqa: E741
         busiest = rounds * (128 * longest + WIDE_UNIT_COST)
         if best is None or (busiest, units) < best[0]:
             best = ((busiest, units), split, rounds * longest)
-    if best is None or best[2] < min_sm_k_tiles:
-        return None
-    return best[1]
+    return (None, 0) if best is None else best[1:]
 
 
 def _one_wave_k_group_split(n, l, k_tiles, num_sms):  # noqa: E741
