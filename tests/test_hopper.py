@@ -1724,8 +1724,11 @@ def test_default_config_paths():
     assert k90.default_config(128, 8192, 8192, 1) == ("decode", (128, 128), 2, 1)
     assert k90.default_config(65, 6400, 12032, 1) == ("decode", (128, 128), 2, 1)
     assert k90.default_config(128, 8192, 8192, 1, **w4a16) == ("decode", (128, 128), 2, 1)
-    # ... not on one short round of units that no cluster pairs: 32 tiles x 112 split 4 (28)
+    # ... not on one short round of units that no cluster pairs: 32 tiles x 112 split 4 (28);
+    # the bound's two sides, 32 tiles x 189 or 188 k-tiles split 4 (one round of 48 or 47)
     assert k90.default_config(128, 4096, 14336, 1) == ("decode", (128, 64), 2, 1)
+    assert k90.default_config(128, 4096, 189 * 128, 1) == ("decode", (128, 128), 4, 1)
+    assert k90.default_config(128, 4096, 188 * 128, 1) == ("decode", (128, 64), 2, 1)
     assert k90.default_config(128, 4096, 14336, 1, **w4a16) == ("decode", (128, 128), 4, 1)
     # 99 tiles fill exactly 3/4 of 132 SMs: unsplit (7680) beats split 2 (2 x 4608)
     assert k90.default_config(128, 12672, 6144, 1) == ("decode", (128, 128), 1, 1)
