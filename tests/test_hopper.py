@@ -502,6 +502,18 @@ def test_for_problem_runs_a_wave_of_split_pairs_on_clusters(case):
         assert config.kernel().split_cluster and config.kernel().mcast == 1
 
 
+@pytest.mark.parametrize("given", [{"cluster_shape_mn": (1, 1)}, {"split_k": 2}, {"split_k": 1}])
+def test_w4a4_takes_split_pairs_only_on_clusters(given):
+    """W4A4's 128-row tiles split 2 on one short round pay only as 2x1 cluster pairs: with
+    nothing given ``for_problem`` takes them on clusters; a cluster or a split given keeps the
+    64-row tiles that the global fix-up needs there."""
+    mnkl = (128, 8192, 8192, 1)
+    pick = r90.GemmConfig.for_problem(mnkl, 16, "BFloat16", k90.W4A4, 132)
+    assert (pick.mma_tiler_mn, pick.split_k, pick.cluster_shape_mn) == ((128, 128), 2, (2, 1))
+    config = r90.GemmConfig.for_problem(mnkl, 16, "BFloat16", k90.W4A4, 132, **given)
+    assert (config.mma_tiler_mn, config.cluster_shape_mn) == ((128, 64), (1, 1))
+
+
 @pytest.mark.parametrize("operand", ["a", "b", "sfa", "sfb", "out"])
 @pytest.mark.parametrize("defect", ["strided", "misaligned"])
 def test_launch_fits_checks_every_operand(monkeypatch, operand, defect):
@@ -1604,8 +1616,7 @@ def test_default_config_paths():
     assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2, 1)
     # tiles of > 32 tokens: on a tie, 64 weight rows unsplit rather than 128 rows split in two
     assert k90.default_config(128, 7168, 2048, 1)[1:] == ((128, 64), 1, 1)
-    # (grouped: no 128-row wide pick ahead of the search)
-    assert k90.default_config(128, 8192, 8192, 1, grouped=True)[1:] == ((128, 64), 1, 1)
+    assert k90.default_config(128, 8192, 8192, 1)[1:] == ((128, 64), 1, 1)
     # UNIT_COST: 64 x 18432 x 7168 takes split 3, not split 4
     assert k90.default_config(64, 18432, 7168, 1)[1:] == ((64, 64), 3, 1)
     # the busiest CTA's work decides: 224 tiles of 128 rows fit the 264 CTA slots unsplit ...
@@ -1719,10 +1730,13 @@ def test_default_config_paths():
     assert k90.default_config(128, 28672, 8192, 1) == ("decode", (128, 128), 1, 1)
     assert k90.default_config(96, 8192, 28672, 1) == ("decode", (128, 128), 2, 1)
     assert k90.default_config(128, 18432, 7168, 1) == ("decode", (128, 128), 2, 1)
-    # ... or where its split runs on 2x1 clusters (split 2, <= 66 tiles: 8192 x 8192, one
-    # round of 32; 50 tiles x 94 split 2) ...
-    assert k90.default_config(128, 8192, 8192, 1) == ("decode", (128, 128), 2, 1)
-    assert k90.default_config(65, 6400, 12032, 1) == ("decode", (128, 128), 2, 1)
+    # ... or where the caller runs its split on 2x1 clusters (split_pairs) and they fit (split
+    # 2, <= 66 tiles: 8192 x 8192, one round of 32; 50 tiles x 94; 66 tiles x 64) ...
+    pairs = dict(split_pairs=True)
+    assert k90.default_config(128, 8192, 8192, 1, **pairs) == ("decode", (128, 128), 2, 1)
+    assert k90.default_config(65, 6400, 12032, 1, **pairs) == ("decode", (128, 128), 2, 1)
+    assert k90.default_config(128, 8448, 8192, 1, **pairs) == ("decode", (128, 128), 2, 1)
+    assert k90.default_config(128, 6400, 12032, 1) == ("decode", (128, 64), 1, 1)
     assert k90.default_config(128, 8192, 8192, 1, **w4a16) == ("decode", (128, 128), 2, 1)
     # ... not on one short round of units that no cluster pairs: 32 tiles x 112 split 4 (28);
     # the bound's two sides, 32 tiles x 189 or 188 k-tiles split 4 (one round of 48 or 47)

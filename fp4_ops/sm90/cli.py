@@ -90,7 +90,7 @@ def make_parser() -> argparse.ArgumentParser:
         type=lambda s: parse_ints(s, 2, "--cluster_shape_mn"),
         default=None,
         help="CTAs per cluster along M,N (decode 2,1: a tile's two K splits, --split_k 2); "
-        "default: 2,1 on prefill, on decode default_config's",
+        "default: 2,1 on prefill, on decode GemmConfig.for_problem's",
     )
     parser.add_argument("--split_k", type=int, default=None, help="default: default_config")
     parser.add_argument(

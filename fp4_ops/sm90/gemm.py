@@ -170,8 +170,8 @@ W4A16_TALL_MIN_K_TILES = 32
 # 4x larger fp32 tile), and its units keep at least this many k-tiles
 WIDE_UNIT_COST = 4 * UNIT_COST
 WIDE_MIN_K_TILES = 24
-# ... W4A4 only where the busiest SM streams at least this many k-tiles, or where the split
-# runs on 2x1 clusters (split_cluster_fits; docs/sm90_design.md)
+# ... W4A4 only where the busiest SM streams at least this many k-tiles, or where the caller
+# runs the split on 2x1 clusters (split_pairs; docs/sm90_design.md)
 W4A4_WIDE_MIN_SM_K_TILES = 48
 # default_config: the decode path's K splits, each unit keeping at least MIN_UNIT_K_TILES k-tiles
 DECODE_SPLITS = (1, 2, 3, 4, 6, 8)
@@ -272,10 +272,13 @@ def default_config(
     a_dtype: str = W4A4,
     *,
     grouped: bool = False,
+    split_pairs: bool = False,
 ):
     """(path, mma_tiler_mn, split_k, k_groups) for a problem; ``path`` given: that path's
     tile, split and K groups; ``allow_k_groups`` False: the pick without K groups (the CLI's
-    base when the tile or the split is given).  The evidence for each rule: docs/sm90_design.md.
+    base when the tile or the split is given); ``split_pairs``: the caller runs the pick on 2x1
+    clusters where ``split_cluster_fits`` (``GemmConfig.for_problem`` with nothing given).  The
+    evidence for each rule: docs/sm90_design.md.
 
     * M <= DECODE_MAX_M (and a padded token copy within the 32-bit offsets): decode, token tile
       the next power of two >= M in 8..128.  Work units (tiles x K splits) are dealt statically
@@ -300,8 +303,8 @@ def default_config(
       wave of K groups is taken whatever the units' length.
     * One tile of 65-128 tokens takes 128 rows (two warpgroups convert) where units of at least
       WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs (W4A4: where its busiest SM streams
-      at least W4A4_WIDE_MIN_SM_K_TILES, or its split runs on 2x1 clusters where
-      ``split_cluster_fits``); not ``grouped`` (the grouped kernel has no split-K).
+      at least W4A4_WIDE_MIN_SM_K_TILES, or with ``split_pairs`` where ``split_cluster_fits``);
+      not ``grouped`` (the grouped kernel has no split-K).
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
@@ -316,8 +319,10 @@ def default_config(
     if cols == 128 and m <= cols and not grouped:
         wide_split, sm_k_tiles = _wide_split(n, l, k_tiles, num_sms)
         # (W4A4: a short round loses to 64-row tiles unless the split's fix-up stays in a cluster)
-        paired = split_cluster_fits((m, n, k, l), (cols, 128), wide_split, 1, num_sms)
         long = sm_k_tiles >= W4A4_WIDE_MIN_SM_K_TILES
+        paired = split_pairs and split_cluster_fits(
+            (m, n, k, l), (cols, 128), wide_split, 1, num_sms
+        )
         if wide_split is not None and (a_dtype != W4A4 or long or paired):
             return "decode", (cols, 128), wide_split, 1
     w4a16_dense = a_dtype != W4A4 and not grouped

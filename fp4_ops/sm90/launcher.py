@@ -136,16 +136,18 @@ class GemmConfig:
         (None: the current GPU's), and its decode splits on 2x1 clusters where
         ``split_cluster_fits``; a keyword given replaces its pick, as the command line's
         options do (a tile or a split given: the pick without K groups, and without clusters
-        on decode).  TMA stores where N allows them."""
+        on decode; a tile, a split or a cluster given: the pick without ``split_pairs``).  TMA
+        stores where N allows them."""
         num_sms = gpu_sm_count() if num_sms is None else num_sms
         # (extents < 1 still get a configuration: reasons() then refuses the problem)
         m, n, k, l = (max(1, v) for v in mnkl)  # noqa: E741
         allow_k_groups = mma_tiler_mn is None and split_k is None
+        pairs = allow_k_groups and cluster_shape_mn is None
         path, tiler, split, groups = default_config(
-            m, n, k, l, num_sms, path, allow_k_groups, a_dtype
+            m, n, k, l, num_sms, path, allow_k_groups, a_dtype, split_pairs=pairs
         )
         groups = groups if k_groups is None else k_groups
-        if allow_k_groups and cluster_shape_mn is None and path == "decode":
+        if pairs and path == "decode":
             if split_cluster_fits((m, n, k, l), tiler, split, groups, num_sms):
                 cluster_shape_mn = (2, 1)
         return cls(
