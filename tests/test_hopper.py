@@ -472,9 +472,11 @@ SPLIT_CLUSTER_PICKS = [
     (128, 4096, 8192, 2, "BFloat16", 132, {}, (2, 1)),
     (128, 8192, 28672, 1, k90.W4A4, 132, {}, (2, 1)),
     (128, 8192, 8192, 1, k90.W4A4, 132, {}, (2, 1)),
-    # one tile more than the clusters (67 > 66), or fewer SMs: no second wave of clusters
+    # one tile more than the clusters (67 > 66, also on an odd 133 SMs), or fewer SMs: no
+    # second wave of clusters
     (128, 8576, 8192, 1, "BFloat16", 132, {}, (1, 1)),
     (128, 8192, 8192, 1, "BFloat16", 100, {}, (1, 1)),
+    (128, 8576, 8192, 1, "BFloat16", 133, {}, (1, 1)),
     # other picks: W4A4's 128 x 64 tiles split 2, two token tiles, one token (K groups), 64
     # tokens
     (128, 4096, 14336, 1, k90.W4A4, 132, {}, (1, 1)),
