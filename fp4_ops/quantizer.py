@@ -781,8 +781,10 @@ def shape_reason(shape: tuple, sf_vec_size: int) -> str:
     """Why x of this shape cannot be quantized ("" if it can): [rows, K] or [L, rows, K], K a
     multiple of 32; the kernel's 32-bit offsets need fewer than 2^31 elements and 2^31 padded
     scale bytes (rows padded to 128)."""
-    if len(shape) not in (2, 3) or min(shape) < 1 or shape[-1] % 32:
+    if len(shape) not in (2, 3) or shape[-1] % 32:
         return f"x must be [rows, K] or [L, rows, K] with K % 32 == 0, got {shape}"
+    if min(shape) < 1:
+        return f"x's extents must be >= 1, got {shape}"
     l, rows, k = (1, *shape) if len(shape) == 2 else shape  # noqa: E741
     if l * rows * k >= 2**31:
         return f"x {shape} has {l * rows * k} elements; the kernel's offsets are 32-bit (< 2^31)"

@@ -107,6 +107,8 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, tmp_
     "args, why",
     [
         (["--shape", "4,48"], "K % 32 == 0"),
+        (["--shape=-16,8192"], "extents must be >= 1, got (-16, 8192)"),
+        (["--shape", "0,4,64"], "extents must be >= 1, got (0, 4, 64)"),
         (["--shape", "65536,32768"], "elements"),  # 2^31 elements
         (["--shape", "524272,1,1024"], "padded scale bytes"),  # 2^29 elements, rows padded 128x
         (["--global_scale", "0"], "finite value > 0"),
@@ -121,6 +123,8 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, tmp_
     ],
     ids=[
         "k-48",
+        "rows-negative",
+        "batch-zero",
         "elements",
         "padded-scales",
         "gs-0",
