@@ -401,6 +401,8 @@ def _ct_dequantized(folder: Path):
     """The checkpoint as transformers' compressed-tensors integration loads it, decompressed to
     16-bit weights."""
     _needs_compressed_tensors()
+    from compressed_tensors.quantization import disable_quantization
+
     try:
         config = transformers.CompressedTensorsConfig(dequantize=True)
     except TypeError:
@@ -420,6 +422,8 @@ def _ct_dequantized(folder: Path):
             f"transformers {transformers.__version__}'s compressed-tensors loading kept the "
             "weights compressed (no 16-bit reference)"
         )
+    # (some versions keep the scheme's fake quantization of inputs and weights in forward)
+    model.apply(disable_quantization)
     return model.eval()
 
 
@@ -527,11 +531,16 @@ def test_checkpoints_spelled_otherwise_than_the_model_load(model_type, tmp_path)
     assert any(k.startswith(s) for k in stored for _, s in STORED_PREFIXES[model_type][:1])
     ours = fp4_ops.load_quantized(tmp_path)
     assert set(_fp4(ours)) == set(names)
-    theirs = _ct_dequantized(tmp_path)
-    _check_against_ct(ours, theirs, bf16, names)
     saved = tmp_path / "saved"
     fp4_ops.save_quantized(ours, saved)
     assert {k for k in _raw(saved) if "weight_packed" not in k} <= stored
+    major_minor = tuple(int(v) for v in transformers.__version__.split(".")[:2])
+    if (5, 0) <= major_minor < (5, 23):
+        pytest.skip(
+            f"transformers {transformers.__version__} loads these spellings of a "
+            "compressed-tensors checkpoint wrongly (5.23 on read them): no reference"
+        )
+    _check_against_ct(ours, _ct_dequantized(tmp_path), bf16, names)
     _check_against_ct(ours, _ct_dequantized(saved), bf16, names)
 
 
@@ -633,7 +642,12 @@ def test_our_checkpoint_loads_in_compressed_tensors(fmt, mode, tmp_path):
 def test_modelopt_tensors_convert_to_ours_with_compressed_tensors(tmp_path):
     """compressed-tensors' ModelOpt -> compressed-tensors converter (renames, 1 / x of the
     global scales) takes our ModelOpt checkpoint to our compressed-tensors one, bit for bit."""
-    _needs_compressed_tensors()
+    ct = _needs_compressed_tensors()
+    if tuple(int(v) for v in ct.__version__.split(".")[:2]) < (0, 20):
+        pytest.skip(
+            f"compressed-tensors {ct.__version__}'s converter renames unquantized weights too "
+            "(model.embed_tokens.weight -> weight_packed; 0.20 on do not)"
+        )
     from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import (
         ModelOptNvfp4Converter,
     )
