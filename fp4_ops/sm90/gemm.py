@@ -374,11 +374,11 @@ def _tall_w4a16(k_tiles: int, split: int) -> tuple[int, int]:
 
 
 def _wide_split(n, l, k_tiles, num_sms):  # noqa: E741
-    """``default_config``'s pick for one tile of 65-128 tokens: (the K split of 128-row tiles
-    (two converting warpgroups, one CTA per SM) whose busiest CTA streams the least, the
-    k-tiles that CTA streams), among splits whose units fill 3/4 of the SMs or more with at
-    least WIDE_MIN_K_TILES k-tiles each; a unit's end costs WIDE_UNIT_COST.  (None, 0) if no
-    split qualifies."""
+    """``default_config``'s pick for one tile of 65-128 tokens, as (split, k-tiles its busiest
+    CTA streams): the K split of 128-row tiles (two converting warpgroups, one CTA per SM)
+    whose busiest CTA streams the least, among splits whose units fill 3/4 of the SMs or more
+    with at least WIDE_MIN_K_TILES k-tiles each; a unit's end costs WIDE_UNIT_COST.  (None, 0)
+    if no split qualifies."""
     tiles = math.ceil(n / 128) * l
     best = None
     for split in DECODE_SPLITS:
