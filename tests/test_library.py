@@ -902,6 +902,56 @@ def test_quantize_model_shares_scales_among_the_quantized_siblings_only():
     assert [float(m.weight_global_scale) for m in zeros.children()] == [1.0] * 3
 
 
+#: module names of model blocks -> the groups of them that serving engines run as one GEMM
+#: (written out here, not read from fp4_ops): Llama's q / k / v and gate / up, the w1 / w3 of
+#: Mixtral's (transformers 4) and LFM2's MLPs, DeepSeek's MLA q_a / kv_a; siblings share a parent
+SIBLING_BLOCKS = {
+    "llama": (
+        "self_attn.q_proj self_attn.k_proj self_attn.v_proj self_attn.o_proj "
+        "mlp.gate_proj mlp.up_proj mlp.down_proj",
+        [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]]
+        + [["mlp.gate_proj", "mlp.up_proj"]],
+    ),
+    "w1_w3": (
+        "feed_forward.w1 feed_forward.w2 feed_forward.w3",
+        [["feed_forward.w1", "feed_forward.w3"]],
+    ),
+    "mla": (
+        "self_attn.q_a_proj self_attn.q_b_proj self_attn.kv_a_proj_with_mqa "
+        "self_attn.kv_b_proj self_attn.o_proj",
+        [["self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"]],
+    ),
+    "apart": ("a.q_proj b.k_proj c.v_proj a.gate_proj b.up_proj c.w1 d.w3", []),
+}
+
+
+@pytest.mark.parametrize("kind", SIBLING_BLOCKS)
+def test_quantize_model_shares_one_scale_in_each_fused_group(kind):
+    """Each group that serving engines fuse gets the largest own scale among its Linears (the
+    last of each group holds the largest weight), every other Linear its own scale."""
+    spelled, groups = SIBLING_BLOCKS[kind]
+    names = spelled.split()
+    model = nn.Module()
+    for i, name in enumerate(names):
+        parent, _, attr = name.rpartition(".")
+        if not hasattr(model, parent):
+            model.add_module(parent, nn.Module())
+        linear = nn.Linear(64, 32, bias=False)
+        with torch.no_grad():
+            linear.weight.mul_(1.0 + i)
+        setattr(model.get_submodule(parent), attr, linear)
+    amax = {name: float(model.get_submodule(name).weight.abs().amax()) for name in names}
+    for group in groups:
+        amax.update(dict.fromkeys(group, max(amax[n] for n in group)))
+    assert [sorted(g) for g in fp4_ops.nn.fused_groups(names)] == [sorted(g) for g in groups]
+    report = fp4_ops.quantize_model(model)
+    assert sorted(report.replaced) == sorted(names)
+    for name in names:
+        # (in float32, as the quantizer divides)
+        want = torch.tensor(amax[name]) / torch.tensor(448.0 * 6.0)
+        assert torch.equal(model.get_submodule(name).weight_global_scale, want), name
+
+
 def test_from_linear_refuses_a_scale_below_a_negative_amax():
     """The weight's own scale is its largest |w| / (448 * 6), a negative entry's included;
     anything below it, however close, is refused."""
