@@ -676,6 +676,34 @@ def test_sim_barrier_arrivals_match_their_init_counts(setup):
     )
 
 
+@family
+def test_sim_commits_follow_the_tensor_core_work_they_release(setup):
+    """A tcgen05.commit arrives once the tcgen05 work issued before it completes, so it may only
+    follow the work that reads what it releases: in each MMA-issuing CTA, the commit that frees
+    the k-th stage comes right after that k-step's scale copies and four MMAs (its SMEM is read
+    until then; later would stall the ring), and the commit that fills the t-th accumulator
+    right after the tile's last MMA."""
+    s = setup
+    bars = _barriers(s)
+    # per k-step: SFA's and SFB's copies (a column of 4 per MMA block group and 128-row atom)
+    copies_per_step = s.sf_units * (1 + _ceil(s.tile_n, bw.SF_ATOM_ROWS))
+    for rank in range(0, s.cm * s.cn, s.pair):
+        mmas = copies = 0
+        stage_commits, acc_commits = [], []
+        for e in _sim(s, MMA, rank):
+            if e[0] == "mma":
+                mmas += 1
+            elif e[0] == "cp":
+                copies += 1
+            elif e[0] == "commit" and e[1] < bars["acc_full"]:
+                stage_commits.append((mmas, copies))
+            elif e[0] == "commit":
+                acc_commits.append(mmas)
+        steps = len(_tiles(s, rank, 0)) * K_TILES
+        assert stage_commits == [(4 * (i + 1), copies_per_step * (i + 1)) for i in range(steps)]
+        assert acc_commits == [4 * K_TILES * (t + 1) for t in range(len(_tiles(s, rank, 0)))]
+
+
 # ------------------------------------------------------------------------------------------
 # 1. The epilogue's SMEM -> TMA-store hand-off
 # ------------------------------------------------------------------------------------------

@@ -1,17 +1,66 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Single-line mutants of blockwise_gemm_fp4.py, of its grouped sibling and of fp4_ops/sm100.py (its
+"""Mutants of blockwise_gemm_fp4.py, of its grouped sibling and of fp4_ops/sm100.py (its
 Blackwell adapter), for the mutation harness (tools/mutate.py).
 
-Each mutant is a realistic one-line bug: ``old`` (exact text, unique in ``file``) becomes
-``new``; ``tests`` are the pytest arguments that must catch it on a machine without a GPU.
+Each mutant is a realistic bug, most of them one line: ``old`` (exact text, unique in
+``file``) becomes ``new``; ``tests`` are the pytest arguments that must catch it on a machine
+without a GPU.
 Keep the list current as the kernel changes: a mutant whose ``old`` text is gone is an error.
 """
 
 _T = "tests/test_blackwell.py"
 _OPS = "tests/test_fp4_ops.py"
 _G = "tests/test_blackwell_grouped.py"
+_F = "tests/test_blackwell_facts.py"
+
+# the MMA warp's k-step: a stage's scale copies and MMAs, then its release (two mutants move it)
+_MMA_STEP = """                    stage = ab_consumer_state.index
+                    # NOTE: tcgen05.cp and tcgen05.mma issued by the same thread execute in
+                    # order, so the MMAs below see the scales copied here.
+                    cute.copy(copy_s2t_sfa, tCsSFA_s2t[(None, None, None, None, stage)], tCtSFA_s2t)
+                    cute.copy(copy_s2t_sfb, tCsSFB_s2t[(None, None, None, None, stage)], tCtSFB_s2t)
+                    for k_block in cutlass.range(num_k_blocks, unroll_full=True):
+                        k_coord = (None, None, k_block, stage)
+                        sf_coord = (None, None, k_block)
+                        cute.gemm(
+                            tiled_mma,
+                            tCtAcc,
+                            [tCrA[k_coord], tCtSFA[sf_coord]],
+                            [tCrB[k_coord], tCtSFB_mma[sf_coord]],
+                            tCtAcc,
+                        )
+                        tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
+                    # The stage is free once these MMAs complete (tcgen05.commit).
+                    ab_pipeline.consumer_release(ab_consumer_state)
+"""
+_RELEASE = "                    ab_pipeline.consumer_release(ab_consumer_state)\n"
+_LATE_RELEASE = (
+    "                    # The stage is free once these MMAs complete (tcgen05.commit).\n"
+    + _RELEASE
+)
 
 MUTANTS = [
+    # --- where a tcgen05.commit sits relative to the work it releases ----------------------
+    dict(
+        id="stage-released-before-its-mmas",
+        klass="barriers",
+        file="blockwise_gemm_fp4.py",
+        old=_MMA_STEP,
+        new=_MMA_STEP.replace(_LATE_RELEASE, "").replace(
+            "tCtSFB_s2t)\n", "tCtSFB_s2t)\n" + _RELEASE
+        ),
+        tests=[_F, "-k", "commits_follow"],
+    ),
+    dict(
+        id="stage-released-before-its-scale-copies",
+        klass="barriers",
+        file="blockwise_gemm_fp4.py",
+        old=_MMA_STEP,
+        new=_MMA_STEP.replace(_LATE_RELEASE, "").replace(
+            "stage = ab_consumer_state.index\n", "stage = ab_consumer_state.index\n" + _RELEASE
+        ),
+        tests=[_F, "-k", "commits_follow"],
+    ),
     # --- scale-factor layout and per-tile coordinates ------------------------------------
     dict(
         id="sfb-tile-index-n64",
