@@ -5,8 +5,8 @@
     python tools/mutate.py --only ref-       # the mutants whose id starts with "ref-"
     python tools/mutate.py --list            # list them (and any stale ones) without running
 
-The mutants come from ``MUTANTS`` in ``tools/mutants_reference.py``, ``tools/mutants_blackwell.py``
-and ``tools/mutants_hopper.py`` (those present). Each is a dict::
+The mutants come from ``MUTANTS`` in ``tools/mutants_reference.py``, ``tools/mutants_blackwell.py``,
+``tools/mutants_hopper.py`` and ``tools/mutants_library.py`` (those present). Each is a dict::
 
     {
         "id": "ref-abs-sum-factored",     # unique
@@ -47,7 +47,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LISTS = ("mutants_reference.py", "mutants_blackwell.py", "mutants_hopper.py")
+LISTS = (
+    "mutants_reference.py",
+    "mutants_blackwell.py",
+    "mutants_hopper.py",
+    "mutants_library.py",
+)
 REQUIRED = {"id": str, "klass": str, "file": str, "old": str, "new": str, "tests": list}
 OPTIONAL = {"equivalent": str}
 
