@@ -61,6 +61,115 @@ MUTANTS = [
         ),
         tests=[_F, "-k", "commits_follow"],
     ),
+    # --- from a blind review (planted without reading the tests) ---------------------------
+    # (K alignment rule 16 instead of 32 (accepts K=16 mod 32))
+    dict(
+        id="host-k-multiple-of-16",
+        klass="host config",
+        file="blockwise_gemm_fp4.py",
+        old="if k >= 1 and k % 32 != 0:",
+        new="if k >= 1 and k % 16 != 0:",
+        tests=["tests/test_problem_acceptance.py"],
+    ),
+    # (32-bit stride check counts packed bytes (M*K/2) not FP4 elements)
+    dict(
+        id="host-32bit-check-in-bytes",
+        klass="host config",
+        file="blockwise_gemm_fp4.py",
+        old='("M*K", m * k),\n            ("N*K", n * k),',
+        new='("M*K", m * k // 2),\n            ("N*K", n * k // 2),',
+        tests=[_T, "-k", "can_implement"],
+    ),
+    # (SFB SMEM bytes from tile_n rows, not whole 128-row atoms: too many stages at N 64 / 192)
+    dict(
+        id="sfb-smem-rows-unrounded",
+        klass="bookkeeping",
+        file="blockwise_gemm_fp4.py",
+        old="sfb_rows = -(-tile_n // SF_ATOM_ROWS) * SF_ATOM_ROWS",
+        new="sfb_rows = tile_n",
+        tests=[_F, "-k", "sim_tma_loads"],
+    ),
+    # (N tile = cluster_n * cluster M extent (cm instead of cn))
+    dict(
+        id="n-tile-by-cluster-m",
+        klass="tile schedule",
+        file="blockwise_gemm_fp4.py",
+        old="uniform(cluster_n * cn + bidy % cn),",
+        new="uniform(cluster_n * cm + bidy % cn),",
+        tests=[_F, "-k", "sim_tma_loads"],
+    ),
+    # (second divmod by clusters_m instead of clusters_n)
+    dict(
+        id="l-split-by-clusters-m",
+        klass="tile schedule",
+        file="blockwise_gemm_fp4.py",
+        old="tile_l, cluster_n = divmod(rest, self.clusters_n)",
+        new="tile_l, cluster_n = divmod(rest, self.clusters_m)",
+        tests=[_F, "-k", "sim_tma_loads"],
+    ),
+    # (A multicast mask built along cluster mode 1 (M) instead of 2 (N))
+    dict(
+        id="a-multicast-along-m",
+        klass="multicast masks",
+        file="blockwise_gemm_fp4.py",
+        old="cluster_layout_vmnk, cta_coord_vmnk, mcast_mode=2",
+        new="cluster_layout_vmnk, cta_coord_vmnk, mcast_mode=1",
+        tests=[_F, "-k", "sim_tma_loads"],
+    ),
+    # (SFB tile coordinate uses N tile index directly (no 64-wide sharing / 192 re-index))
+    dict(
+        id="sfb-coordinate-unshared",
+        klass="SF coordinates",
+        file="blockwise_gemm_fp4.py",
+        old="tile_n_sf, _ = self._sfb_coords(tile_n)",
+        new="tile_n_sf = tile_n",
+        tests=[_F, "-k", "sim_tma_loads"],
+    ),
+    # (expected tx bytes lack the CTA-pair factor)
+    dict(
+        id="tx-bytes-without-the-pair",
+        klass="barriers",
+        file="blockwise_gemm_fp4.py",
+        old="self.num_tma_load_bytes = cta_pair * (",
+        new="self.num_tma_load_bytes = (",
+        tests=[_F, "-k", "barrier_arrivals"],
+    ),
+    # (missing fence.proxy.async.shared before TMA store)
+    dict(
+        id="no-proxy-fence-before-the-store",
+        klass="epilogue hand-off",
+        file="blockwise_gemm_fp4.py",
+        old='cute.arch.fence_proxy("async.shared", space="cta")',
+        new="pass",
+        tests=[_F, "-k", "epilogue_fences"],
+    ),
+    # (overlapping accumulator released one subtile too early)
+    dict(
+        id="acc-released-a-subtile-early",
+        klass="epilogue hand-off",
+        file="blockwise_gemm_fp4.py",
+        old="self.acc_release_subtile = num_sf_tmem_cols // cute.size(self.epi_tile[1])",
+        new="self.acc_release_subtile = num_sf_tmem_cols // cute.size(self.epi_tile[1]) - 1",
+        tests=[_F, "-k", "epilogue_reads"],
+    ),
+    # (TMA store of subtile goes to gC[subtile] instead of gC[acc_subtile] (reversed read order))
+    dict(
+        id="store-in-read-order",
+        klass="epilogue hand-off",
+        file="blockwise_gemm_fp4.py",
+        old="cute.copy(tma_atom_c, bSG_sC[(None, c_stage)], bSG_gC[(None, acc_subtile)])",
+        new="cute.copy(tma_atom_c, bSG_sC[(None, c_stage)], bSG_gC[(None, subtile)])",
+        tests=[_F, "-k", "epilogue_reads"],
+    ),
+    # (k-tile count K // 256 (floor), drops a partial last k-tile)
+    dict(
+        id="k-tiles-rounded-down",
+        klass="tile schedule",
+        file="blockwise_gemm_fp4.py",
+        old="k_tile_cnt = cute.size(gA_mkl, mode=[3])",
+        new="k_tile_cnt = cute.size(mA_mkl, mode=[1]) // self.mma_tiler[2]",
+        tests=[_F, "-k", "sim_tma_loads"],
+    ),
     # --- scale-factor layout and per-tile coordinates ------------------------------------
     dict(
         id="sfb-tile-index-n64",
