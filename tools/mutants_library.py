@@ -1,11 +1,17 @@
-"""Mutants of fp4_ops/checkpoint.py and fp4_ops/nn.py (checkpoint loading and saving, FP4Linear's
-state dict, quantize_model, calibrate): small, realistic bugs that make a result silently wrong or
-let bad input load, planted by a reviewer who had not read the tests. The CPU tests below must
-catch each. Keep every ``old`` text current as the code changes (it must occur exactly once in
-its file)."""
+"""Mutants of the library: fp4_ops/checkpoint.py and fp4_ops/nn.py (checkpoint loading and saving,
+FP4Linear's state dict, quantize_model, calibrate), the CPU quantizer and GEMM, the scale layout,
+FP4Tensor, the ops' checks and the MoE host code: small, realistic bugs that make a result
+silently wrong or let bad input through, planted by reviewers who had not read the tests. The CPU
+tests named must catch each. Keep every ``old`` text current as the code changes (it must occur
+exactly once in its file)."""
 
 CHECKPOINT = "fp4_ops/checkpoint.py"
 NN = "fp4_ops/nn.py"
+CPU = "fp4_ops/cpu.py"
+LAYOUT = "fp4_ops/layout.py"
+TENSOR = "fp4_ops/tensor.py"
+OPS = "fp4_ops/ops.py"
+MOE = "fp4_ops/moe.py"
 TESTS = [
     "tests/test_checkpoint.py",
     "tests/test_moe_checkpoint.py",
@@ -13,9 +19,17 @@ TESTS = [
     "tests/test_quantize_transformers.py",
 ]
 
+OPS_TESTS = [
+    "tests/test_cpu.py",
+    "tests/test_fp4_ops.py",
+    "tests/test_semantics.py",
+    "tests/test_library.py",
+    "tests/test_moe.py",
+]
 
-def mutant(mutant_id: str, klass: str, file: str, old: str, new: str) -> dict:
-    return {"id": mutant_id, "klass": klass, "file": file, "old": old, "new": new, "tests": TESTS}
+
+def mutant(mutant_id: str, klass: str, file: str, old: str, new: str, tests=TESTS) -> dict:
+    return {"id": mutant_id, "klass": klass, "file": file, "old": old, "new": new, "tests": tests}
 
 
 MUTANTS = [
@@ -158,5 +172,142 @@ MUTANTS = [
         NN,
         "amax[key] = seen if key not in amax else torch.maximum(amax[key], seen)",
         "amax[key] = seen",
+    ),
+    # --------------------------------------- the CPU quantizer and GEMM, layouts, the ops' checks
+    mutant(
+        "lib-e2m1-ties-up",
+        "rounding",
+        CPU,
+        "code = torch.where(tie & (below % 2 == 1), below + 1, below)",
+        "code = torch.where(tie, below + 1, below)",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-e8m0-rounded-down",
+        "rounding",
+        CPU,
+        "exponent = exponent - (mantissa == 0.5).int()",
+        "exponent = exponent - 1",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-e8m0-power-of-two-up",
+        "rounding",
+        CPU,
+        "exponent = exponent - (mantissa == 0.5).int()",
+        "exponent = exponent",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-blocked-padding-ones",
+        "layout",
+        LAYOUT,
+        "padded = torch.nn.functional.pad(raw, (0, cp - cols, 0, rp - rows))",
+        "padded = torch.nn.functional.pad(raw, (0, cp - cols, 0, rp - rows), value=1)",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-dynamic-scale-over-448",
+        "scale convention",
+        CPU,
+        "gs = xf.abs().amax() / torch.tensor(GLOBAL_SCALE_DIVISOR, dtype=torch.float32)",
+        "gs = xf.abs().amax() / torch.tensor(448.0, dtype=torch.float32)",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-ct-weight-scale-not-inverted",
+        "scale convention",
+        TENSOR,
+        'return _from_plain(weight_packed, weight_scale, 1.0 / inv, "nvfp4", names)',
+        'return _from_plain(weight_packed, weight_scale, inv, "nvfp4", names)',
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-quantize-k-multiple-of-16",
+        "refusal weakened",
+        OPS,
+        "if x.shape[-1] == 0 or x.shape[-1] % 32:",
+        "if x.shape[-1] == 0 or x.shape[-1] % 16:",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-gemm-weight-scale-twice",
+        "alpha",
+        OPS,
+        "alpha, alpha_scale = device_alpha(a.global_scale * b.global_scale, alpha), None",
+        "alpha, alpha_scale = device_alpha(a.global_scale * b.global_scale, alpha), b.global_scale",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-w4a16-alpha-dropped",
+        "alpha",
+        OPS,
+        "alpha = device_alpha(b.global_scale, alpha)",
+        "alpha = device_alpha(b.global_scale, None)",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-batched-scales-as-view",
+        "layout",
+        OPS,
+        "if m % 128 == 0:",
+        "if True:",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-batch-mismatch-accepted",
+        "refusal weakened",
+        OPS,
+        "if a_shape[0] != b.data.shape[0]:",
+        "if False:",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-inf-accepted",
+        "refusal weakened",
+        CPU,
+        "if not bool(torch.isfinite(xf).all()):",
+        "if bool(torch.isnan(xf).any()):",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-tensor-scale-unchecked",
+        "refusal weakened",
+        TENSOR,
+        "check_global_scale_value(t, name)\n        return t.to(like.device).clone()",
+        "return t.to(like.device).clone()",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-scale-contiguity-unchecked",
+        "refusal weakened",
+        TENSOR,
+        "if not (d.is_contiguous() and s.is_contiguous()):",
+        "if not d.is_contiguous():",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-routing-id-e-accepted",
+        "refusal weakened",
+        MOE,
+        "return (topk_ids >= 0) & (topk_ids < num_experts)",
+        "return (topk_ids >= 0) & (topk_ids <= num_experts)",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-swigluoai-interleave-swapped",
+        "activation",
+        MOE,
+        "gate, up = h[:, 0::2], h[:, 1::2]",
+        "gate, up = h[:, 1::2], h[:, 0::2]",
+        OPS_TESTS,
+    ),
+    mutant(
+        "lib-negative-e4m3-scale-accepted",
+        "refusal weakened",
+        CPU,
+        "if bool((bits & 0x80).any()):",
+        "if False:",
+        OPS_TESTS,
     ),
 ]
