@@ -202,11 +202,13 @@ TOKEN_MODES = {"nvfp4-local": (16, None), "nvfp4-static": (16, 0.0013), "mxfp4":
 @pytest.mark.parametrize("dtype", list(TORCH_IN), ids=str)
 @pytest.mark.parametrize("mode", list(TOKEN_MODES))
 @pytest.mark.parametrize("kind", ["normal", "zeros", "wide", "denormal"])
-@pytest.mark.parametrize("k", [32, 96, 128], ids=["K=32", "K=96", "K=128"])
+@pytest.mark.parametrize("k", [32, 64, 96, 128, 192], ids=lambda k: f"K={k}")
 def test_token_copy_matches_reference(k, kind, mode, dtype):
     """The tokens kernel writes the decode GEMM's token copy bit for bit as the reference's
-    codes and scales give it (K = 32, 96: a half k-block at the end; K = 128: whole blocks),
-    every byte of the live rows once, the padding rows never; and the global scale."""
+    codes and scales give it (K = 32, 96: a half k-block at the end; 64, 128, 192: whole
+    blocks, K / 32 of each residue mod 4, so that a lane pair's scale columns lie wholly past
+    K at 64 and 192), every byte of the live rows once, the padding rows never; and the global
+    scale."""
     vec, gs = TOKEN_MODES[mode]
     x = quantizer_inputs(kind, (1, 37, k), dtype, seed=11)[0]
     words, counts, got_gs = emulate_tokens(x, vec, gs, ctas=3)
@@ -277,6 +279,36 @@ def test_static_scale_outside_the_fast_range(gs):
         check(quantizer_inputs("wide", (1, 130, 64), torch.float32, seed=6) * (gs * 2.0**4), 16, gs)
     mids = e4m3_scale_midpoints(gs)
     check(mids[torch.isfinite(mids).all(1)].unsqueeze(0), 16, gs, ctas=4)
+
+
+def _edge_blocks(gs: float, dtype: torch.dtype) -> torch.Tensor:
+    """Rows [1, rows, 32] of two blocks (the second the first negated) for a static global
+    scale: for each of the nine smallest E4M3 scale bytes, amax 6 * byte's value * gs over
+    zeros and small values (the smallest divisors), and, where x can hold it, amax
+    2^128 * 6 * gs (amax / 6 / gs overflows fp32, past any clamp at 448)."""
+    rows = []
+    for byte in range(1, 10):
+        scale = float(torch.tensor(byte, dtype=torch.uint8).view(torch.float8_e4m3fn).float())
+        amax = 6.0 * scale * gs
+        rows.append([amax, 0.0, -0.0, amax / 3, -amax / 7, amax * 2.0**-20] + [0.0] * 10)
+    huge = 2.0**128 * 6.0 * gs
+    if huge < torch.finfo(dtype).max:
+        rows.append([huge, 1.0, -1.0, 0.0] + [huge * 2.0**-30] * 12)
+    blocks = torch.tensor(rows, dtype=torch.float32)
+    return torch.cat([blocks, -blocks], dim=1).to(dtype).unsqueeze(0)
+
+
+# (the fast walk's window [2^-60, 2^60] at both ends, and just below it)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "gs", [2.0**-60, 0.99 * 2.0**60, 1.3 * 2.0**-125], ids=["2^-60", "0.99*2^60", "1.3*2^-125"]
+)
+def test_static_scale_edges_of_the_fast_walk(gs, dtype):
+    """Inside the window every step of the fast walk stays finite: the smallest scale bytes'
+    divisors have finite reciprocals and an amax whose quotient overflows still saturates at
+    448; just below it, where a divisor's reciprocal overflows, the IEEE walk gives the
+    reference's bytes."""
+    check(_edge_blocks(gs, dtype), 16, gs, ctas=2)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=str)
