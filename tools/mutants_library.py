@@ -1,9 +1,9 @@
 """Mutants of the library: fp4_ops/checkpoint.py and fp4_ops/nn.py (checkpoint loading and saving,
 FP4Linear's state dict, quantize_model, calibrate), the CPU quantizer and GEMM, the scale layout,
-FP4Tensor, the ops' checks and the MoE host code: small, realistic bugs that make a result
-silently wrong or let bad input through, planted by reviewers who had not read the tests. The CPU
-tests named must catch each. Keep every ``old`` text current as the code changes (it must occur
-exactly once in its file)."""
+FP4Tensor, the ops' checks, the MoE host code and the GPU quantizer: small, realistic bugs that
+make a result silently wrong or let bad input through, planted by reviewers who had not read the
+tests. The CPU tests named must catch each. Keep every ``old`` text current as the code changes
+(it must occur exactly once in its file)."""
 
 CHECKPOINT = "fp4_ops/checkpoint.py"
 NN = "fp4_ops/nn.py"
@@ -12,6 +12,7 @@ LAYOUT = "fp4_ops/layout.py"
 TENSOR = "fp4_ops/tensor.py"
 OPS = "fp4_ops/ops.py"
 MOE = "fp4_ops/moe.py"
+QUANTIZER = "fp4_ops/quantizer.py"
 TESTS = [
     "tests/test_checkpoint.py",
     "tests/test_moe_checkpoint.py",
@@ -26,6 +27,9 @@ OPS_TESTS = [
     "tests/test_library.py",
     "tests/test_moe.py",
 ]
+
+# the quantizer kernels' PTX in the emulator, bit for bit against reference.py
+QUANTIZER_TESTS = ["tests/test_quantizer_ptx.py", "tests/test_quantize_midpoints.py"]
 
 
 def mutant(mutant_id: str, klass: str, file: str, old: str, new: str, tests=TESTS) -> dict:
@@ -309,5 +313,142 @@ MUTANTS = [
         "if bool((bits & 0x80).any()):",
         "if False:",
         OPS_TESTS,
+    ),
+    # ------------------------------------------------- the GPU quantizer's PTX, run on the CPU
+    mutant(
+        "q-element-quotient-no-markstein",
+        "division",
+        QUANTIZER,
+        "q = self._markstein(ax, divisor, rcp)",
+        "q = ax * rcp",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-block-scale-divisions-reordered",
+        "division",
+        QUANTIZER,
+        "self._markstein(amax, Float32(E2M1_MAX), RCP_E2M1_MAX), gs, rcp_gs",
+        "self._markstein(amax, gs, rcp_gs), Float32(E2M1_MAX), RCP_E2M1_MAX",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-no-clamp-before-e4m3",
+        "saturation",
+        QUANTIZER,
+        "sf_byte = _e4m3_bits(cute.arch.fmin(s, Float32(E4M3_MAX)))",
+        "sf_byte = _e4m3_bits(s)",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-fast-window-to-2^-126",
+        "division",
+        QUANTIZER,
+        "SCALE_FAST_MIN = 2.0**-60",
+        "SCALE_FAST_MIN = 2.0**-126",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-e8m0-tie-rounds-up",
+        "rounding",
+        QUANTIZER,
+        "up = Int32((amax_bits & Uint32(0x7FFFFF)) > Uint32(0x400000))",
+        "up = Int32((amax_bits & Uint32(0x7FFFFF)) >= Uint32(0x400000))",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-scale-atom-batch-stride",
+        "layout",
+        QUANTIZER,
+        "atom = (batch * (rows_pad >> 7) + (r >> 7)) * (pairs_pad >> 1) + (col >> 2)",
+        "atom = (batch + (r >> 7)) * (pairs_pad >> 1) + (col >> 2)",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-padding-scale-words-unwritten",
+        "layout",
+        QUANTIZER,
+        "if live & (pair % 2 == 0):",
+        "if live & (pair % 2 == 0) & (r < rows):",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-partials-read-one-past",
+        "amax",
+        QUANTIZER,
+        "if tidx + j * THREADS < amax_count:",
+        "if tidx + j * THREADS <= amax_count:",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-partials-one-fewer-per-thread",
+        "amax",
+        QUANTIZER,
+        "for j in cutlass.range_constexpr(PARTIALS_PER_THREAD):",
+        "for j in cutlass.range_constexpr(PARTIALS_PER_THREAD - 1):",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-amax-loop-bound-short",
+        "amax",
+        QUANTIZER,
+        "amax = self._thread_amax(mXa, bidx * THREADS + tidx, gdim * THREADS, steps)",
+        "amax = self._thread_amax(mXa, bidx * THREADS + tidx, gdim * THREADS, steps - 1)",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-cta-max-drops-last-warp",
+        "amax",
+        QUANTIZER,
+        "for w in cutlass.range_constexpr(THREADS // WARP):",
+        "for w in cutlass.range_constexpr(THREADS // WARP - 1):",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-local-amax-cta-offset",
+        "amax",
+        QUANTIZER,
+        "self._thread_amax(mAmax, tidx, THREADS, amax_count)",
+        "self._thread_amax(mAmax, cute.arch.block_idx()[0] * THREADS + tidx, THREADS, amax_count)",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-divisor-table-no-sync",
+        "synchronization",
+        QUANTIZER,
+        "cute.arch.sync_threads()\n        return gs, Float32(1.0) / gs, valid, sDiv",
+        "return gs, Float32(1.0) / gs, valid, sDiv",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-negative-zero-sign-dropped",
+        "rounding",
+        QUANTIZER,
+        "word = word | (sign_bit(w * 8 + e) & Uint32(SIGN_BIT))",
+        "word = word | (sign_bit(w * 8 + e) & Uint32(SIGN_BIT) & -Uint32(ax > Float32(0.0)))",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-dynamic-scale-by-reciprocal",
+        "division",
+        QUANTIZER,
+        "gs_dynamic = amax / Float32(GLOBAL_DIVISOR)",
+        "gs_dynamic = amax * Float32(1.0 / GLOBAL_DIVISOR)",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-token-pair-past-k-live",
+        "layout",
+        QUANTIZER,
+        "live = live & (kb * Uint32(2) < Uint32(sf_cols))",
+        "live = live & (kb * Uint32(2) <= Uint32(sf_cols))",
+        QUANTIZER_TESTS,
+    ),
+    mutant(
+        "q-grid-stride-doubled",
+        "grid walk",
+        QUANTIZER,
+        "t += gdim * THREADS",
+        "t += gdim * THREADS * BLOCKS_PER_THREAD",
+        QUANTIZER_TESTS,
     ),
 ]
