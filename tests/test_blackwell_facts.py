@@ -699,9 +699,10 @@ def test_sim_commits_follow_the_tensor_core_work_they_release(setup):
                 stage_commits.append((mmas, copies))
             elif e[0] == "commit":
                 acc_commits.append(mmas)
-        steps = len(_tiles(s, rank, 0)) * K_TILES
+        tiles = len(_tiles(s, rank, 0))
+        steps = tiles * K_TILES
         assert stage_commits == [(4 * (i + 1), copies_per_step * (i + 1)) for i in range(steps)]
-        assert acc_commits == [4 * K_TILES * (t + 1) for t in range(len(_tiles(s, rank, 0)))]
+        assert acc_commits == [4 * K_TILES * (t + 1) for t in range(tiles)]
 
 
 # ------------------------------------------------------------------------------------------
