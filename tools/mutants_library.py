@@ -2,8 +2,8 @@
 FP4Linear's state dict, quantize_model, calibrate), the CPU quantizer and GEMM, the scale layout,
 FP4Tensor, the ops' checks, the MoE host code and the GPU quantizer: small, realistic bugs that
 make a result silently wrong or let bad input through, planted by reviewers who had not read the
-tests. The CPU tests named must catch each. Keep every ``old`` text current as the code changes
-(it must occur exactly once in its file)."""
+tests. The tests named must catch each (``-m gpu``: on an H100 / H200). Keep every ``old`` text
+current as the code changes (it must occur exactly once in its file)."""
 
 CHECKPOINT = "fp4_ops/checkpoint.py"
 NN = "fp4_ops/nn.py"
@@ -30,6 +30,9 @@ OPS_TESTS = [
 
 # the quantizer kernels' PTX in the emulator, bit for bit against reference.py
 QUANTIZER_TESTS = ["tests/test_quantizer_ptx.py", "tests/test_quantize_midpoints.py"]
+
+# the eager plan caches run on a GPU only
+EAGER_TESTS = ["tests/test_eager.py", "tests/test_fp4_ops.py", "-m", "gpu"]
 
 
 def mutant(mutant_id: str, klass: str, file: str, old: str, new: str, tests=TESTS) -> dict:
@@ -450,5 +453,70 @@ MUTANTS = [
         "t += gdim * THREADS",
         "t += gdim * THREADS * BLOCKS_PER_THREAD",
         QUANTIZER_TESTS,
+    ),
+    # ------------------------------------------- eager plans (GPU tests: on an H100 / H200 only)
+    mutant(
+        "eager-quantize-key-static",
+        "plan key",
+        OPS,
+        "key = (x.shape, x.dtype, format, global_scale is None, index, stream_handle(index))",
+        "key = (x.shape, x.dtype, format, index, stream_handle(index))",
+        EAGER_TESTS,
+    ),
+    mutant(
+        "eager-quantize-checks-skipped-on-a-hit",
+        "plan checks",
+        OPS,
+        "if plan is not None and _quantize_takes(x, global_scale, index):",
+        "if plan is not None:",
+        EAGER_TESTS,
+    ),
+    mutant(
+        "eager-gemm-key-out-dtype",
+        "plan key",
+        OPS,
+        "key = (ad.shape, ad.dtype, bd.shape, bd.dtype, a.format, b.format, out_dtype, index)",
+        "key = (ad.shape, ad.dtype, bd.shape, bd.dtype, a.format, b.format, index)",
+        EAGER_TESTS,
+    ),
+    mutant(
+        "eager-linear-key-dtype",
+        "plan key",
+        NN,
+        "key = (x.shape, x.dtype, index, stream_handle(index))",
+        "key = (x.shape, x.device.type, index, stream_handle(index))",
+        EAGER_TESTS,
+    ),
+    mutant(
+        "eager-linear-stale-bias",
+        "plan staleness",
+        NN,
+        'return layer._parameters.get("bias") is self.bias',
+        'return (layer._parameters.get("bias") is None) == (self.bias is None)',
+        EAGER_TESTS,
+    ),
+    mutant(
+        "eager-linear-plan-scale-bound",
+        "plan binding",
+        NN,
+        "quantize = quantizer.plan_quantize(rows, vec, gs_in).bind(scratch, gs_in)",
+        "quantize = quantizer.plan_quantize(rows, vec, gs_in).bind(scratch)",
+        EAGER_TESTS,
+    ),
+    mutant(
+        "eager-quantize-plan-shared-gs",
+        "plan outputs",
+        QUANTIZER,
+        "gs = torch.empty_like(gs_like)",
+        "gs = gs_like",
+        EAGER_TESTS,
+    ),
+    mutant(
+        "eager-launchers-key-tokens",
+        "plan key",
+        QUANTIZER,
+        "found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, tokens, index))",
+        "found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, False, index))",
+        EAGER_TESTS,
     ),
 ]
