@@ -89,6 +89,38 @@ def test_harness_on_a_toy_repository(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "old text not found in mod.py" in out and "old text found 2 times in mod.py" in out
 
 
+def test_harness_keeps_dependencies_found_through_pythonpath(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dependency that only PYTHONPATH finds (a DSL unpacked into a folder) stays importable
+    in the copies, while PYTHONPATH's entries inside the repository are dropped (the copy must
+    be the one imported): the baseline passes and a mutant is caught."""
+    repo, deps = tmp_path / "repo", tmp_path / "deps"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "tools").mkdir()
+    deps.mkdir()
+    (deps / "toydep.py").write_text("ONE = 1\n")
+    (repo / "mod.py").write_text("import toydep\n\n\ndef inc(a):\n    return a + toydep.ONE\n")
+    # (a file the copies lack: git ignores it; the root's PYTHONPATH entry must not reach it)
+    (repo / ".gitignore").write_text("leak.py\n")
+    (repo / "leak.py").write_text("")
+    (repo / "tests" / "test_mod.py").write_text(
+        "import importlib.util\n\nfrom mod import inc\n\n\ndef test_inc():\n"
+        "    assert inc(2) == 3\n    assert importlib.util.find_spec('leak') is None\n"
+    )
+    (repo / "tools" / "mutants_reference.py").write_text(
+        'MUTANTS = [{"id": "toy-dec", "klass": "arith", "file": "mod.py", '
+        '"old": "a + toydep.ONE", "new": "a - toydep.ONE", "tests": ["tests/test_mod.py"]}]\n'
+    )
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(repo), str(deps)]))
+
+    code = mutate.main(["--root", str(repo), "--timeout", "60"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "passes" in out and "caught   1 of   1 100.0%" in out
+
+
 @pytest.mark.parametrize("argv", [["--bogus"], ["extra"]])
 def test_sanitize_moe_refuses_arguments_it_does_not_take(argv, capsys):
     """tools.sanitize_moe takes no option: anything given is refused (exit 2), not ignored

@@ -146,11 +146,23 @@ def copy_repo(root: Path, files: list[str], dest: Path) -> None:
         shutil.copy2(root / rel, target)
 
 
-def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[int | None, str, str]:
+def child_env(checkout: Path) -> dict[str, str]:
+    """The tests' environment: PYTHONPATH without the checkout's folders (the copy, not the
+    checkout, must be the one imported); entries elsewhere (a dependency unpacked into a
+    folder) stay."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    paths = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if p]
+    kept = [p for p in paths if not Path(p).resolve().is_relative_to(checkout.resolve())]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    return env
+
+
+def run_tests(
+    tree: Path, tests: list[str], timeout: float, env: dict[str, str]
+) -> tuple[int | None, str, str]:
     """pytest's exit status in ``tree`` (None on timeout), the tail of its output and the first
     failing test."""
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    env.pop("PYTHONPATH", None)  # the copy, not this checkout, must be the one imported
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     try:
         proc = subprocess.run(
@@ -171,7 +183,7 @@ def first_failure(lines: list[str]) -> str:
 
 
 def run_one(
-    m: dict | None, tests: list[str], root: Path, files: list[str], timeout: float
+    m: dict | None, tests: list[str], root: Path, files: list[str], timeout: float, env: dict
 ) -> Outcome:
     """Apply ``m`` (None: the baseline) to a fresh copy of root's files; run ``tests`` there."""
     start = time.monotonic()
@@ -181,7 +193,7 @@ def run_one(
         if m is not None:
             path = tree / m["file"]
             path.write_text(path.read_text().replace(m["old"], m["new"], 1))
-        code, tail, failed = run_tests(tree, tests, timeout)
+        code, tail, failed = run_tests(tree, tests, timeout, env)
     seconds = time.monotonic() - start
     mutant = m or {"id": "baseline", "tests": tests}
     if code is None:
@@ -234,13 +246,16 @@ def _score_line(name: str, c: Counter) -> str:
 
 def run_all(mutants: list[dict], args: argparse.Namespace, root: Path, files: list[str]):
     """Baselines, then every mutant that applies; one Outcome per mutant, in list order."""
+    env = child_env(args.root)
     stale = {m["id"]: staleness(m, root) for m in mutants}
     live = [m for m in mutants if not stale[m["id"]]]
     broken: dict[tuple, Outcome] = {}  # test lists whose unmutated run does not pass
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         if not args.no_baseline:
             suites = sorted({tuple(m["tests"]) for m in live})
-            runs = pool.map(lambda t: run_one(None, list(t), root, files, args.timeout), suites)
+            runs = pool.map(
+                lambda t: run_one(None, list(t), root, files, args.timeout, env), suites
+            )
             for suite, o in zip(suites, runs, strict=True):
                 verdict = "passes" if o.code == 0 else "DOES NOT PASS"
                 print(f"baseline {' '.join(suite)}: {verdict} ({o.seconds:.0f} s)", flush=True)
@@ -249,7 +264,7 @@ def run_all(mutants: list[dict], args: argparse.Namespace, root: Path, files: li
         good = [m for m in live if tuple(m["tests"]) not in broken]
 
         def job(m: dict) -> Outcome:
-            o = run_one(m, m["tests"], root, files, args.timeout)
+            o = run_one(m, m["tests"], root, files, args.timeout, env)
             print(f"{o.status:<22} {m['id']} ({o.seconds:.0f} s)", flush=True)
             return o
 
