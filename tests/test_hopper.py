@@ -26,6 +26,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import exported_tvm_ffi_function
 
 from fp4_ops import devtools
@@ -953,6 +954,11 @@ REFUSALS = [
         dict(mnkl=(100, 64, 2**20, 16), path="decode", mma_tiler_mn=(128, 128)),
         "M_pad*K_pad*L (converted A, M_pad = 128) = 2147483648 elements does not fit",
     ),
+    # (padded to the 128-token tile, not to its 64 weight rows: 960 x 2^21 alone would fit)
+    (
+        dict(mnkl=(960, 64, 2**21, 1), path="decode", mma_tiler_mn=(128, 64)),
+        "M_pad*K_pad*L (converted A, M_pad = 1024) = 2147483648 elements does not fit",
+    ),
 ]
 
 
@@ -1579,7 +1585,8 @@ def test_split_k_ranges_partition_the_k_tiles():
 def test_split_k_tile_ids_are_distinct():
     """``output_tile_id`` (the split-K fix-up's slot for a tile's partials and counter) numbers
     the tiles of ``output_tiles`` 0 .. tiles - 1, each once, for more row tiles than column
-    tiles and the reverse, L > 1 and a 2x1 cluster."""
+    tiles and the reverse, L > 1 and a 2x1 cluster (an odd count of row tiles rounded up to
+    the cluster's, as its grid walks them)."""
     for rows, cols, l, tile_rows, tile_cols, cluster_m in (  # noqa: E741
         (1000, 20, 2, 64, 8, 1),
         (300, 100, 2, 128, 16, 1),
@@ -1588,6 +1595,11 @@ def test_split_k_tile_ids_are_distinct():
         row_tiles, col_tiles, tiles = k90.output_tiles(
             rows, cols, l, tile_rows, tile_cols, cluster_m
         )
+        # (the cluster grid walks whole clusters: the row tiles cover the rows, a multiple of
+        # the cluster's extent, less than one cluster more than needed)
+        needed = math.ceil(rows / tile_rows)
+        assert row_tiles % cluster_m == 0 and needed <= row_tiles < needed + cluster_m
+        assert col_tiles == math.ceil(cols / tile_cols)
         ids = [
             k90.output_tile_id(r, c, b, row_tiles, col_tiles)
             for b in range(l)
@@ -1595,6 +1607,25 @@ def test_split_k_tile_ids_are_distinct():
             for r in range(row_tiles)
         ]
         assert sorted(ids) == list(range(tiles)), (rows, cols, l)
+
+
+@pytest.mark.parametrize("w4a16", [False, True], ids=["w4a4", "w4a16"])
+@pytest.mark.parametrize("scale", [False, True], ids=["no-scale", "scale"])
+def test_bound_launch_passes_the_checked_launchs_arguments(w4a16, scale):
+    """A launch with B, the scales, alpha and its scale bound (a layer's plan) calls the kernel
+    with the very arguments, in the same order, as the launch given every operand."""
+    calls = []
+    t = [torch.zeros(16 * (i + 1), dtype=torch.uint8) for i in range(9)]
+    a, b, sfa, sfb, out, workspace, alpha, unit, s = t
+    sfa = None if w4a16 else sfa
+    s = s if scale else None
+    launch = r90.Launch(lambda *args: calls.append(args), (3, 5, 7, 1), (workspace,), 0, unit, None)
+    launch(a, b, sfa, sfb, out, alpha, 11, scale=s)
+    launch.bind(b, sfa, sfb, alpha, s)(a.data_ptr(), out.data_ptr(), 11)
+    assert len(calls) == 2 and calls[0] == calls[1]
+    # (A, B, SFA, SFB, D, the workspace, alpha, the group offsets' stand-in, alpha's scale)
+    want = (a, b, sfb if w4a16 else t[2], sfb, out, workspace, alpha, alpha, s if scale else unit)
+    assert calls[0] == (*[x.data_ptr() for x in want], (3, 5, 7, 1), 11)
 
 
 def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
