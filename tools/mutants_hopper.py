@@ -665,4 +665,27 @@ MUTANTS = [
         "                rounds = max(rounds, W4A16_SM_SHARE * math.ceil(units / slots))",
         "default_config_paths",
     ),
+    # ------------------------------------------------- host code (from a blind review)
+    mutant(
+        "h-token-copy-padded-to-rows",
+        "host checks",
+        "m_pad = decode_token_rows(m, max(8, kernel_tile(path, mma_tiler_mn)[1]))",
+        "m_pad = decode_token_rows(m, max(8, kernel_tile(path, mma_tiler_mn)[0]))",
+        "can_implement_refuses",
+    ),
+    mutant(
+        "h-cluster-row-tiles-not-rounded",
+        "host checks",
+        "row_tiles = (rows + tile_rows * cluster_m - 1) // (tile_rows * cluster_m) * cluster_m",
+        "row_tiles = (rows + tile_rows - 1) // tile_rows",
+        "tile_ids_are_distinct",
+    ),
+    mutant(
+        "h-bound-scales-swapped",
+        "launch arguments",
+        "tensors = (b, sfa, sfb, *self.workspace, alpha, alpha, scale)",
+        "tensors = (b, sfb, sfa, *self.workspace, alpha, alpha, scale)",
+        "bound_launch",
+        file=LAUNCHER,
+    ),
 ]
