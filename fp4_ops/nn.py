@@ -471,7 +471,8 @@ class FP4Linear(FP4Buffers):
         if found is None:
             return None
         launch, copy, y = found
-        quantize = quantizer.bind_tokens(rows, vec, copy, gs_in, gs_out)
+        sms = launcher.gpu_sm_count(rows.device)
+        quantize = quantizer.bind_tokens(rows, vec, copy, gs_in, gs_out, sms)
         # (the copy stands in for SFA, which the tokens_converted kernel does not read)
         step = tokens_step.fuse(quantize, launch.bind(w, sw, sw, alpha, gw), copy)
         return _TokensRoute(step, y)

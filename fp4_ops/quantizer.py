@@ -813,8 +813,8 @@ class QuantizerConfig:
 
 # (QuantizerConfig, device index) -> (compiled kernel, its TVM-FFI function, the SM count)
 _KERNELS: dict[tuple[QuantizerConfig, int], tuple] = {}
-# (x's torch dtype, sf_vec_size, dynamic, local amax, tokens, device index) -> _KERNELS'
-# (function, SM count): the launch's lookup, without building a QuantizerConfig per call
+# (x's torch dtype, sf_vec_size, dynamic, local amax, device index) -> _KERNELS' (function,
+# SM count): the launch's lookup, without building a QuantizerConfig per call
 _LAUNCHERS: dict[tuple, tuple] = {}
 # (x's shape, sf_vec_size, device index, stream handle) -> scratch_buffers' tensors
 _SCRATCH: dict[tuple, tuple] = {}
@@ -925,6 +925,17 @@ class BoundQuantize:
         self.fn(x, *self.tail, stream_handle)
 
 
+@dataclass(frozen=True)
+class TokensQuantize:
+    """The quantizer's tokens mode bound to one layer's token copy (``bind_tokens``): what
+    ``fp4_ops.sm90.tokens_step`` launches ahead of the GEMM, which compiles the kernel itself
+    (``config``) and passes x's address, then ``tail``."""
+
+    tail: tuple  # the copy's (twice), the scales' and the partials' addresses, (rows, K, 1), SMs
+    held: tuple
+    config: QuantizerConfig
+
+
 def plan_quantize(x, sf_vec_size: int, global_scale=None) -> QuantizePlan:
     """The ``QuantizePlan`` of contiguous x [rows, K] or [L, rows, K] (checked) on x's device's
     current stream; compiles the kernel at the first use of its configuration."""
@@ -960,12 +971,14 @@ def tokens_scale(x):
     return _stream_buffer(_TOKEN_SCALES, x.device, stream, (), torch.float32)
 
 
-def bind_tokens(x, sf_vec_size: int, copy: torch.Tensor, global_scale, gs_out: torch.Tensor):
+def bind_tokens(
+    x, sf_vec_size: int, copy: torch.Tensor, global_scale, gs_out: torch.Tensor, sm_count: int
+) -> TokensQuantize:
     """The quantization of x [rows, K] (checked, contiguous; L = 1) on x's device's current
     stream into the Hopper W4A4 decode GEMM's token copy instead of codes and scales (``copy``:
     the launcher's converted kernel B, [1, rows', K_pad] with rows' >= rows, whose padding rows
     it does not write), with ``global_scale`` (None: dynamic, or MXFP4) and the global scale
-    written to ``gs_out`` (``tokens_scale``): a ``BoundQuantize``."""
+    written to ``gs_out`` (``tokens_scale``), on ``sm_count`` SMs: a ``TokensQuantize``."""
     rows, k = x.shape
     index = x.get_device()
     need = rows * -(-k // K_BLOCK) * K_BLOCK
@@ -976,13 +989,12 @@ def bind_tokens(x, sf_vec_size: int, copy: torch.Tensor, global_scale, gs_out: t
         )
     dynamic = sf_vec_size == 16 and global_scale is None
     local = dynamic and x.numel() * x.element_size() <= LOCAL_AMAX_BYTES
-    kernel, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index, local, tokens=True)
     partials = _partials(x.device, stream_handle(index)) if dynamic and not local else gs_out
     # (the copy stands in for the scales, which this kernel neither reads nor writes)
     held = (copy, copy, gs_out if global_scale is None else global_scale, gs_out, partials)
     ptrs = tuple(t.data_ptr() for t in held)
     config = QuantizerConfig(DSL_DTYPE_NAMES[x.dtype], sf_vec_size, dynamic, local, True)
-    return BoundQuantize(kernel, (*ptrs, (rows, k, 1), sm_count), held, config)
+    return TokensQuantize((*ptrs, (rows, k, 1), sm_count), held, config)
 
 
 def _outputs(rows: int, k: int, sf_vec_size: int, device):
@@ -1021,13 +1033,13 @@ def _stream_buffer(cache: dict, device, stream: int, shape, dtype):
     return make() if found is None else found
 
 
-def _kernel(in_dtype, sf_vec_size: int, dynamic, index: int, local_amax=False, tokens=False):
+def _kernel(in_dtype, sf_vec_size: int, dynamic, index: int, local_amax=False):
     """(the compiled quantizer's TVM-FFI function, the device's SM count) for x of torch dtype
     ``in_dtype`` on CUDA device ``index``, compiled once per process (``QuantizerConfig``)."""
-    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, tokens, index))
+    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, index))
     if found is None:
         name = DSL_DTYPE_NAMES[in_dtype]
-        config = QuantizerConfig(name, sf_vec_size, dynamic, local_amax, tokens)
+        config = QuantizerConfig(name, sf_vec_size, dynamic, local_amax)
         if (config, index) not in _KERNELS:
             with torch.cuda.device(index):
                 # (TVM-FFI: the launch takes plain ints for pointers, extents and the stream)
@@ -1037,12 +1049,11 @@ def _kernel(in_dtype, sf_vec_size: int, dynamic, index: int, local_amax=False, t
                     config.dynamic,
                     "--enable-tvm-ffi",
                     config.local_amax,
-                    config.tokens,
                 )
             sm_count = torch.cuda.get_device_properties(index).multi_processor_count
             _KERNELS[config, index] = (compiled, compiled.__tvm_ffi_object__(), sm_count)
         found = _KERNELS[config, index][1:]
-        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, tokens, index] = found
+        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, index] = found
     return found
 
 

@@ -167,9 +167,9 @@ def test_tokens_launch_is_the_decode_kernel_without_its_prologue(recorder, m, dt
 
 @pytest.fixture
 def token_route(recorder, monkeypatch):
-    """FP4Linear's token route on the CPU: the Hopper GEMM's ``recorder``, a quantizer that
-    compiles nothing, and a step function that records the (quantizer config, GEMM config)
-    pairs it is asked for and each call's arguments."""
+    """FP4Linear's token route on the CPU: the Hopper GEMM's ``recorder`` and a step function
+    that records the (quantizer config, GEMM config) pairs it is asked for and each call's
+    arguments; nothing compiles a standalone quantizer (the step compiles its own)."""
     from fp4_ops import quantizer
     from fp4_ops.sm90 import tokens_step
 
@@ -180,7 +180,7 @@ def token_route(recorder, monkeypatch):
         return lambda *x: state.calls.append(x)
 
     monkeypatch.setattr(tokens_step, "_function", function)
-    monkeypatch.setattr(quantizer, "_kernel", lambda *a, **kw: (None, 2))
+    monkeypatch.setattr(quantizer, "_kernel", _no_standalone_quantizer)
     monkeypatch.setattr(quantizer, "stream_handle", lambda _: 5)
     monkeypatch.setattr(quantizer, "_TOKEN_SCALES", {})
     monkeypatch.setattr(quantizer, "_PARTIALS", {})
@@ -227,7 +227,7 @@ def test_token_route_binds_and_orders_its_two_grids(token_route, format, activat
     assert gs_out != (static.data_ptr() if static is not None else None)
     assert gs_in == (static.data_ptr() if static is not None else gs_out)
     assert (q_args[5] != gs_out) == amax_grid  # (the amax partials, or a stand-in)
-    assert q_args[-2:] == ((m, k, 1), 2)
+    assert q_args[-2:] == ((m, k, 1), k90.H200_SM_COUNT)  # (the recorder's GPU: an H200)
     # GEMM: A (the copy), B, SFA stand-in, SFB, D, workspace x 3, alpha, offsets, scale
     assert g_args[1] == layer.weight_data.data_ptr() and g_args[3] == layer.weight_scale.data_ptr()
     assert g_args[4] == y.data_ptr() and g_args[8] == gs_in
@@ -264,9 +264,13 @@ def test_token_route_plan_binds_scratch_and_every_buffer(token_route, monkeypatc
         layer._buffers[name] = held
 
 
+def _no_standalone_quantizer(*_, **__):
+    raise AssertionError("the token route compiled a quantizer of its own")
+
+
 def _bound_pair(seen: list, gemm_config):
-    """A BoundQuantize (tokens mode) and a BoundGemm whose kernels record their arguments, and
-    the token copy they share."""
+    """A TokensQuantize, a BoundGemm whose kernel records its arguments, and the token copy
+    they share."""
     from fp4_ops import quantizer
 
     t = [torch.zeros(16, dtype=torch.float32) for _ in range(10)]
@@ -274,7 +278,7 @@ def _bound_pair(seen: list, gemm_config):
     q_config = quantizer.QuantizerConfig("BFloat16", 16, True, False, True)
     held = (copy, copy, gs_in, gs_out, partials)
     tail = (*(h.data_ptr() for h in held), (4, 256, 1), 132)
-    quantize = quantizer.BoundQuantize(lambda *a: seen.append(a), tail, held, q_config)
+    quantize = quantizer.TokensQuantize(tail, held, q_config)
     workspace, unit = tuple(t[4:7]), t[7]
     launch = r90.Launch(
         lambda *a: seen.append(a), (4, 64, 256, 1), workspace, -1, unit, gemm_config
@@ -285,18 +289,18 @@ def _bound_pair(seen: list, gemm_config):
 
 def test_fused_step_hands_each_kernel_what_its_own_call_would(monkeypatch):
     """``tokens_step.fuse``: one call of the step, whose host function (run here with
-    recording kernels) calls the quantizer with the arguments of its bound call, then the
-    GEMM with those of its bound call, the SM count and the same stream; a copy the quantizer
-    is not bound to write is refused."""
+    recording kernels) calls the quantizer with x and its bound tail, then the GEMM with the
+    arguments of its bound call, the SM count and the same stream; a copy the quantizer is not
+    bound to write is refused."""
     from fp4_ops.sm90 import tokens_step
 
     seen, compiled = [], []
     gemm_config = r90.GemmConfig(16, "BFloat16", path="decode", mma_tiler_mn=(8, 128))
     quantize, gemm, copy = _bound_pair(seen, gemm_config)
     x, out, stream = 1001, 1002, 7
-    quantize(x, stream)
+    q_call = (x, *quantize.tail, stream)
     gemm(copy.data_ptr(), out, stream)
-    q_call, g_call = seen
+    [g_call] = seen
 
     def function(*key):
         compiled.append(key)
@@ -306,7 +310,7 @@ def test_fused_step_hands_each_kernel_what_its_own_call_would(monkeypatch):
     step = tokens_step.fuse(quantize, gemm, copy)
     assert compiled == [(quantize.config, gemm_config, -1)]
     step(x, out, stream)
-    q_args, g_args, step_stream = seen[2]
+    q_args, g_args, step_stream = seen[1]
     run = []
     host = tokens_step.TokensStep(lambda *a: run.append(a), lambda *a: run.append(a))
     tokens_step.TokensStep.__call__.__wrapped__(host, q_args, g_args, 132, step_stream)
@@ -708,10 +712,14 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
 # ----------------------------------------------------------------------------- plans (GPU)
 
 
+# (past the Hopper GEMM's decode path, where a W4A4 layer's plan quantizes, then multiplies)
+PREFILL_ROWS = 2100
+
+
 def _layer(activations, bias=True, n=384, k=512, seed=0):
     torch.manual_seed(seed)
     linear = torch.nn.Linear(k, n, bias=bias, device="cuda", dtype=torch.bfloat16)
-    gs = 0.25 if activations == "static" else None
+    gs = 0.25 * (seed + 1) if activations == "static" else None  # (layers of other seeds differ)
     return fp4_ops.FP4Linear.from_linear(linear, activations=activations, input_global_scale=gs)
 
 
@@ -728,11 +736,14 @@ def _no_full_path(*_):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("activations", ["bf16", "dynamic", "static"])
-@pytest.mark.parametrize("shape", [(5, 512), (2, 3, 512)], ids=["2d", "3d"])
+@pytest.mark.parametrize(
+    "shape", [(5, 512), (2, 3, 512), (PREFILL_ROWS, 512)], ids=["2d", "3d", "prefill"]
+)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_gpu_planned_forward_gives_the_full_paths_bits(activations, shape, bias):
     """The second eager call of a shape launches the layer's plan (the full path is not
-    reached) and gives the dispatcher's bits, for new inputs of that shape at every call."""
+    reached) and gives the dispatcher's bits, for new inputs of that shape at every call; a
+    prefill shape plans W4A4 as quantize-then-GEMM, not the decode tokens step."""
     layer = _layer(activations, bias)
     with torch.no_grad():
         layer(torch.randn(shape, device="cuda", dtype=torch.bfloat16))
@@ -833,11 +844,13 @@ def _new_bias(layer, other):
 @pytest.mark.parametrize(
     "change", [_replace_weights, _copy_weights, _move, _new_bias], ids=lambda f: f.__name__[1:]
 )
-def test_gpu_plan_follows_the_layers_tensors(activations, change):
+@pytest.mark.parametrize("rows", [4, PREFILL_ROWS], ids=["decode", "prefill"])
+def test_gpu_plan_follows_the_layers_tensors(activations, change, rows):
     """Weights, scales or bias replaced, copied in place, or the layer moved off the GPU and
-    back: the next call computes with the new tensors (the bits of a layer made from them)."""
+    back: the next call computes with the new tensors (the bits of a layer made from them),
+    on both of a W4A4 layer's plan routes."""
     layer, other = _layer(activations, seed=0), _layer(activations, seed=1)
-    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         for _ in range(2):  # (the second call is planned)
             before = layer(x)
@@ -875,6 +888,64 @@ def test_gpu_calls_a_plan_cannot_take_use_the_full_path(activations, how):
             y.sum().backward()
 
 
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+@pytest.mark.parametrize(
+    "how", ["transposed", "misaligned", "grad", "scale-float64", "scale-number"]
+)
+def test_gpu_quantize_calls_its_plan_cannot_take_use_the_full_path(static, how):
+    """After quantize has a plan for the shape: a non-contiguous x, an x 4 bytes off a 16-byte
+    boundary, an x that asks for a gradient and (static) a float64 or Python-number scale take
+    the full path, with the CPU quantizer's bytes."""
+    if how.startswith("scale") and not static:
+        pytest.skip("a dynamic scale has no scale argument")
+    torch.manual_seed(7)
+    x = torch.randn(12, 192, device="cuda")  # (a shape of its own)
+    gs = torch.full((), 0.02, device="cuda") if static else None
+    for _ in range(2):
+        fp4_ops.quantize(x, "nvfp4", gs)
+    odd, scale = x, gs
+    if how == "transposed":
+        odd = x.t().contiguous().t()
+    elif how == "misaligned":
+        odd = torch.empty(x.numel() + 4, device="cuda")[1:][: x.numel()].view(12, 192).copy_(x)
+    elif how == "grad":
+        odd = x.clone().requires_grad_()
+    elif how == "scale-float64":
+        scale = gs.double()
+    else:
+        scale = 0.02
+    got = fp4_ops.quantize(odd, "nvfp4", scale)
+    _assert_same_fp4(got, ops._quantize(x.cpu(), "nvfp4", None if gs is None else gs.cpu()), how)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("format", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("activations", ["dynamic", "static"])
+def test_gpu_plain_and_token_quantizers_of_one_kind_stay_apart(format, activations):
+    """quantize's kernel and a W4A4 decode layer's token-copy quantizer for the same x dtype,
+    format and kind of scale are different kernels: with the plain one compiled and cached
+    first, the layer's planned calls still give its full path's bits, and quantize after them
+    the CPU quantizer's bytes."""
+    if activations == "static" and format == "mxfp4":
+        pytest.skip("mxfp4 has no global scale")
+    torch.manual_seed(11)
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    gs = torch.full((), 0.25, device="cuda") if activations == "static" else None
+    want = ops._quantize(x.cpu(), format, None if gs is None else gs.cpu())
+    _assert_same_fp4(fp4_ops.quantize(x, format, gs), want, "plain first")
+    linear = torch.nn.Linear(512, 384, device="cuda", dtype=torch.bfloat16)
+    layer = fp4_ops.FP4Linear.from_linear(
+        linear, format, activations=activations, input_global_scale=None if gs is None else 0.25
+    )
+    with torch.no_grad():
+        for _ in range(3):  # (the second and third calls are planned)
+            assert torch.equal(layer(x), _full_path(layer, x))
+    _assert_same_fp4(fp4_ops.quantize(x, format, gs), want, "plain after")
+
+
 def _assert_same_fp4(got, want, what) -> None:
     """got holds want's codes, scale bytes and global scale bit for bit (either on any device)."""
     for part in ("data", "scale", "global_scale"):
@@ -888,7 +959,8 @@ def _assert_same_fp4(got, want, what) -> None:
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_gpu_planned_quantize_matches_the_cpu_quantizer(format, static):
     """quantize's plan (second and later calls of a shape) gives the CPU quantizer's bytes for
-    new inputs, a static scale read at each call (changed in place between calls)."""
+    new inputs, a static scale read at each call (changed in place between calls); each call's
+    FP4Tensor is its own (checked after every later call has run)."""
     if static and format == "mxfp4":
         pytest.skip("mxfp4 has no global scale")
     torch.manual_seed(3)
@@ -897,15 +969,17 @@ def test_gpu_planned_quantize_matches_the_cpu_quantizer(format, static):
     real = ops._quantize
     ops._quantize = _no_full_path
     try:
+        results = []
         for step in range(3):
             x = torch.randn(40, 256, device="cuda") * (step + 1)
             if static:
                 gs.mul_(2.0)
-            got = fp4_ops.quantize(x, format, gs)
             want = real(x.cpu(), format, None if gs is None else gs.cpu())
-            _assert_same_fp4(got, want, step)
+            results.append((fp4_ops.quantize(x, format, gs), want))
     finally:
         ops._quantize = real
+    for step, (got, want) in enumerate(results):
+        _assert_same_fp4(got, want, step)
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ compiled once per pair of configurations: one TVM-FFI call enqueues both grids, 
 with the same arguments in the same order on one stream (the GEMM with programmatic dependent
 launch, as it always is), so the results are those of the two calls, bit for bit.
 
-    step = fuse(quantize, gemm, copy)   # a BoundQuantize and a BoundGemm of one layer's call
+    step = fuse(quantize, gemm, copy)   # a TokensQuantize and a BoundGemm of one layer's call
     step(x.data_ptr(), y.data_ptr(), stream_handle)
 
 CUDA graphs capture the step as they capture the two calls: two kernel nodes.
@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from fp4_ops.quantizer import BoundQuantize, QuantizeFp4, QuantizerConfig
+from fp4_ops.quantizer import QuantizeFp4, QuantizerConfig, TokensQuantize
 from fp4_ops.quantizer import compile_arguments as quantizer_arguments
 from fp4_ops.sm90.gemm import BlockwiseGemmFp4Sm90
 from fp4_ops.sm90.gemm import compile_arguments as gemm_arguments
@@ -85,11 +85,11 @@ _STEPS: dict[tuple, tuple] = {}
 
 @dataclass(frozen=True)
 class BoundStep:
-    """A ``BoundQuantize`` and a ``BoundGemm`` of one call launched by one host call:
+    """A ``TokensQuantize`` and a ``BoundGemm`` of one call launched by one host call:
     ``step(x, out, stream)`` takes x's and D's addresses, no checks."""
 
     fn: object
-    quantize_tail: tuple  # BoundQuantize.tail: its outputs' addresses, (rows, K, L), SM count
+    quantize_tail: tuple  # TokensQuantize.tail: its outputs' addresses, (rows, K, 1), SMs
     gemm_head: tuple[int, ...]  # A (the token copy, not read), B, SFA, SFB
     gemm_tail: tuple  # BoundGemm.tail: the workspace, alpha, offsets, alpha's scale; (M, N, K, L)
     held: tuple
@@ -99,7 +99,7 @@ class BoundStep:
         self.fn((x, *self.quantize_tail), gemm_args, stream_handle)
 
 
-def fuse(quantize: BoundQuantize, gemm: BoundGemm, copy: torch.Tensor) -> BoundStep:
+def fuse(quantize: TokensQuantize, gemm: BoundGemm, copy: torch.Tensor) -> BoundStep:
     """One host call for ``quantize`` (the tokens mode, into ``copy``) and then ``gemm`` (its
     ``tokens_converted`` launch reading ``copy``), both bound for one layer and shape."""
     if copy.data_ptr() != quantize.tail[0]:
