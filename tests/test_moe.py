@@ -817,17 +817,27 @@ def test_grouped_gemm_w4a16_gpu_is_each_experts_gemm(fmt, counts):
     _check_groups(d.cpu(), a, b, offsets)
 
 
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """t's values as a column slice of a wider CUDA tensor: not contiguous, not at offset 0."""
+    wide = torch.zeros(t.shape[0], t.shape[1] + 3, dtype=t.dtype, device="cuda")
+    wide[:, 1 : t.shape[1] + 1] = t.cuda()
+    return wide[:, 1 : t.shape[1] + 1]
+
+
 @needs_hopper
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
 @pytest.mark.parametrize("routing", ROUTINGS)
-def test_fp4_moe_gpu_is_the_per_expert_loop(routing):
+def test_fp4_moe_gpu_is_the_per_expert_loop(routing, layout):
+    """Also with x, the routing weights and the ids as strided views (column slices)."""
     x, w13, w2, b13, b2, gen = _moe_case("mxfp4", "swigluoai", t=9, h=128, i=64, bias=True)
     ids, tw = _routing(routing, x.shape[0], 3, 4, gen)
+    place = _strided if layout == "strided" else torch.Tensor.cuda
     out = fp4_ops.fp4_moe(
-        x.cuda(),
+        place(x),
         _cuda(w13),
         _cuda(w2),
-        tw.cuda(),
-        ids.cuda(),
+        place(tw),
+        place(ids),
         "swigluoai",
         w13_bias=b13.cuda(),
         w2_bias=b2.cuda(),
