@@ -36,6 +36,11 @@ def gpu_mutant(mutant_id: str, klass: str, old: str, new: str, select: str) -> d
 
 DETERMINISM = "test_gpu_splitk_is_bitwise_deterministic and "
 ORDER = "test_gpu_partials_are_summed_in_documented_order and "
+# the blind review's device-code mutants: every GPU test of the kernel (the grouped kernel's
+# are the MoE layer's; the tokens grid's, the eager W4A4 layer's)
+HOPPER_GPU = [TEST, "-m", "gpu"]
+GROUPED_GPU = ["tests/test_moe.py", "-m", "gpu"]
+TOKENS_GPU = [TEST, "tests/test_eager.py", "-m", "gpu"]
 
 MUTANTS = [
     # ------------------------------------------------------------------ conversion constants
@@ -688,4 +693,228 @@ MUTANTS = [
         "bound_launch",
         file=LAUNCHER,
     ),
+    # global split-K fix-up (split_k > 1, no 2x1 cluster), a SECOND launch of the same shape on
+    # the same stream (the workspace and its counters are cached) with new inputs or a fresh out:
+    # the counter keeps counting past split_k - 1, no split is ever last, D is never written
+    # (stale / uninitialised out), e.g. 16x8192x8192 W4A4 default (split 4) called twice with
+    # different tokens; the first call is correct
+    {
+        "id": "gr-splitk-counter-no-reset",
+        "klass": "split-K fix-up",
+        "file": FILE,
+        "old": "            if last:\n                dq.st_global_u32(counter, Uint32(0))\n",
+        "new": "",
+        "tests": HOPPER_GPU,
+    },
+    # split_k >= 3 global fix-up (e.g. 1x8192x8192 W4A4 default, split 4; 16x18432x7168 split 3):
+    # partials summed last-to-first round differently from 0 + p0 + p1 + ...; only a bitwise
+    # comparison with the split-order sum catches it (split 2 is equivalent: a + b is commutative)
+    {
+        "id": "gr-splitk-sum-reversed",
+        "klass": "split-K fix-up order (determinism / bit pattern)",
+        "file": FILE,
+        "old": (
+            "            for sp in range(self.split_k):\n"
+            "                total = total + parts[sp][v]"
+        ),
+        "new": (
+            "            for sp in reversed(range(self.split_k)):\n"
+            "                total = total + parts[sp][v]"
+        ),
+        "tests": HOPPER_GPU,
+    },
+    # k_groups >= 3 (default k_groups 4, e.g. 1x8192x8192 W4A16 or --mma_tiler_mn 16,64 --k_groups
+    # 4): groups 2 and 3 park their accumulators on top of group 1's, group 0 reads unwritten
+    # slots -> wrong D; k_groups = 2 is unaffected
+    {
+        "id": "gr-kgroup-park-overlap",
+        "klass": "K-group SMEM reduction offset",
+        "file": FILE,
+        "old": "mine = base_red + ((kgroup - 1) * nacc * self.group_threads + tidx) * 4",
+        "new": "mine = base_red + ((kgroup - 1) * nacc + tidx) * 4",
+        "tests": HOPPER_GPU,
+    },
+    # K groups whose unit wraps the ring (more k-tiles per unit than ring stages, e.g. 1x8192x8192
+    # W4A16 K groups: 64 k-tiles on 16 stages): after the wrap a group waits on the wrong parity
+    # on odd ring passes: it reads a stage before its refill (wrong D) or, if the refill already
+    # landed, blocks on the next phase and the launch HANGS (timing-dependent); units of <=
+    # num_stages k-tiles are unaffected
+    {
+        "id": "gr-kgroup-phase-no-flip",
+        "klass": "pipeline phase bookkeeping (K groups stage step)",
+        "file": FILE,
+        "old": "            state.phase ^ wrapped,",
+        "new": "            state.phase,",
+        "tests": HOPPER_GPU,
+    },
+    # decode split_k 2 on a 2x1 cluster with two or more units per cluster (e.g. 96x16384x1056
+    # W4A16 --mma_tiler_mn 128,128 --split_k 2 --cluster_shape_mn 2,1, or 128x32768x2048): from
+    # the second unit on, split 0's FULL wait and split 1's FREE wait pass on the old phase ->
+    # split 1 overwrites split 0's live ring and split 0 adds a partial that has not landed: wrong
+    # D, or (timing-dependent) split 1 blocks on a FREE phase that never completes and the launch
+    # HANGS; one unit per cluster is unaffected
+    {
+        "id": "gr-cluster-phase-const",
+        "klass": "barrier wait phase (split-K on 2x1 clusters)",
+        "file": FILE,
+        "old": "fixup = (*fixup_smem, units % 2)",
+        "new": "fixup = (*fixup_smem, 0)",
+        "tests": [TEST, "-m", "gpu", "-k", "split_cluster"],
+    },
+    # W4A16 decode with a ragged last token tile that is not tile 0, i.e. M > 128 with a wholly
+    # empty last quarter (e.g. M = 200 or 130, x 4096 x 4096, BFloat16 activations): the boxes of
+    # tile 1 load tile 0's tokens -> D rows 128..M-1 wrong; M <= 128 is unaffected
+    {
+        "id": "gr-token-box-from-tile0",
+        "klass": "index math (W4A16 ragged token boxes)",
+        "file": FILE,
+        "old": "        return first + i * Int32((first + i) * self.token_box_rows < token_rows)",
+        "new": "        return i * Int32((first + i) * self.token_box_rows < token_rows)",
+        "tests": HOPPER_GPU,
+    },
+    # direct stores (N * sizeof(D) not a multiple of 16 bytes, e.g. N = 1004 BF16 or N = 1001
+    # Float32; 128x64 split tiles; the grouped kernel) with M not a multiple of the token tile:
+    # one extra D row (token M) is written: with L > 1 it overwrites row 0 of the next batch
+    # (race), in the grouped kernel the first row of the next group, with L = 1 one row past D's
+    # end
+    {
+        "id": "gr-direct-store-col-offbyone",
+        "klass": "edge predication (direct-store epilogue)",
+        "file": FILE,
+        "old": "        if crd[0] < rows and crd[1] < cols:",
+        "new": "        if crd[0] < rows and crd[1] <= cols:",
+        "tests": HOPPER_GPU,
+    },
+    # W4A4 decode with the prologue grid, L >= 2 and M not a multiple of the token tile (e.g.
+    # 5x4096x4096x2 or 20x2048x1024x3): batch l's converted tokens are written at row l*M instead
+    # of l*M_pad, so batches >= 1 read shifted tokens -> wrong D; L = 1 or M a multiple of the
+    # tile is unaffected
+    {
+        "id": "gr-convert-batch-rows-unpadded",
+        "klass": "index math (prologue token copy, L > 1)",
+        "file": FILE,
+        "old": "                row_id = Int64(batch) * Int64(mConv.shape[0]) + Int64(row)",
+        "new": "                row_id = Int64(batch) * Int64(rows) + Int64(row)",
+        "tests": HOPPER_GPU,
+    },
+    # W4A4 decode (prologue grid or tokens_converted quantizer grid): the first stage's tokens are
+    # requested before griddepcontrol.wait, racing the grid that writes the token copy; the first
+    # k-tile of each CTA's first unit reads the previous call's (or the zeroed) copy -> wrong D on
+    # a first call or when tokens change between calls of one shape
+    {
+        "id": "gr-pdl-tokens-before-wait",
+        "klass": "PDL wait placement",
+        "file": FILE,
+        "old": (
+            "        cute.arch.griddepcontrol_wait()\n"
+            "        for i in cutlass.range(issued, unroll=1):\n"
+            "            bar = ab_pipeline.producer_get_barrier(token_state)\n"
+            "            self._copy_b(b_copies, kt_begin + i, token_state.index, bar, c"
+            "ol_tile, batch)\n"
+            "            ab_pipeline.producer_commit(token_state)\n"
+            "            token_state.advance()\n"
+        ),
+        "new": (
+            "        for i in cutlass.range(issued, unroll=1):\n"
+            "            bar = ab_pipeline.producer_get_barrier(token_state)\n"
+            "            self._copy_b(b_copies, kt_begin + i, token_state.index, bar, c"
+            "ol_tile, batch)\n"
+            "            ab_pipeline.producer_commit(token_state)\n"
+            "            token_state.advance()\n"
+            "        cute.arch.griddepcontrol_wait()\n"
+        ),
+        "tests": TOKENS_GPU,
+    },
+    # K not a multiple of the stage K: decode K % 128 != 0 (e.g. K = 2080, 1056, 96, 32), prefill
+    # K % 64 != 0 (e.g. 4096x1024x1056): the last partial k-tile is dropped -> D misses those K
+    # terms (K < stage K gives D = 0)
+    {
+        "id": "gr-k-tiles-floor",
+        "klass": "K edge predication (k-tile count)",
+        "file": FILE,
+        "old": "        k_tiles = (k + self.stage_k - 1) // self.stage_k",
+        "new": "        k_tiles = k // self.stage_k",
+        "tests": HOPPER_GPU,
+    },
+    # decode 64-row tiles (K groups, or --mma_tiler_mn T,64) with N > 64: row tile t takes the
+    # scales of atom row block t instead of t // 2 -> wrong weight scales (past the end: TMA zero
+    # fill) for every tile but the first; 128-row tiles are unaffected
+    {
+        "id": "gr-sfa-rowblock-64",
+        "klass": "scale index (weight scale row block of 64-row tiles)",
+        "file": FILE,
+        "old": "        sfa_rb = row_tile * self.tile_rows // (SF_ATOM_ROWS * self.sfa_row_blocks)",
+        "new": "        sfa_rb = row_tile // self.sfa_row_blocks",
+        "tests": HOPPER_GPU,
+    },
+    # W4A16 MXFP4 decode (BFloat16 activations, sf_vec_size 32): the second 64-wide k-block of
+    # every stage takes scale columns 0, 1 instead of 2, 3 -> wrong D whenever those E8M0 scales
+    # differ; NVFP4 (four columns per k-block) is equivalent
+    {
+        "id": "gr-w4a16-mxfp4-scale-byte",
+        "klass": "scale handling (MXFP4 column per k-block, W4A16)",
+        "file": FILE,
+        "old": (
+            "            byte = (K_BLOCK * j + k_order.pair_k(i, 0)) // self.sf_vec_siz"
+            "e % SF_ATOM_COLS"
+        ),
+        "new": "            byte = k_order.pair_k(i, 0) // self.sf_vec_size % SF_ATOM_COLS",
+        "tests": HOPPER_GPU,
+    },
+    # grouped (MoE) W4A16 with more than 32 experts where the first token tile of chunk 2 (group
+    # >= 32) follows a non-empty group 31 (e.g. 64 or 70 experts with every group non-empty): that
+    # unit gets token tile tiles(31) of its group instead of 0 -> that expert's first token tile
+    # is never computed (its D rows unwritten) and the unit recomputes another tile of it or one
+    # past its rows; also, whatever E, a CTA whose walk ends exactly at tile == total tiles runs a
+    # bogus unit for the group after the last 32-group chunk (offsets and alpha read past the last
+    # expert), harmless only if the words past the offsets give rows <= 0
+    {
+        "id": "gr-grouped-chunk-boundary",
+        "klass": "grouped tile search (off-by-one at 32-group chunks)",
+        "file": FILE,
+        "old": "    while (base < groups) & (before + total <= tile):",
+        "new": "    while (base < groups) & (before + total < tile):",
+        "tests": GROUPED_GPU,
+    },
+    # MXFP4 on decode (W4A4 or W4A16 BFloat16) where every E8M0 scale a warp reads in a stage is
+    # <= 1 (scale byte <= 127, common for quantized activations/weights of magnitude < 6): the
+    # prescaled factor is multiplied by 2^126 again -> inf / huge D; stages with any scale > 1
+    # take the two-multiply path and are unaffected
+    {
+        "id": "gr-mxfp4-small-not-prescaled",
+        "klass": "FP4 -> BF16 conversion (MXFP4 one-multiply path)",
+        "file": FILE,
+        "old": (
+            "            pairs = convert(packed, factors, self.f16, self.bf16_prescaled or small)"
+        ),
+        "new": "            pairs = convert(packed, factors, self.f16, self.bf16_prescaled)",
+        "tests": HOPPER_GPU,
+    },
+    # grouped (MoE) kernel with distinct per-expert alphas: every expert's D is scaled by expert
+    # 0's alpha -> wrong D for experts >= 1; uniform alphas and dense kernels are unaffected
+    {
+        "id": "gr-grouped-alpha-expert0",
+        "klass": "alpha / global scale product (per-expert alpha)",
+        "file": FILE,
+        "old": (
+            "        alpha = mAlpha[batch if cutlass.const_expr(self.grouped) else 0] * mScale[0]"
+        ),
+        "new": "        alpha = mAlpha[0] * mScale[0]",
+        "tests": GROUPED_GPU,
+    },
+    # TMA-store epilogue whose D type differs from the MMA type: Float32 D anywhere (rounded to
+    # BF16/F16 first), Float16 D on BF16-MMA configs (MXFP4, prefill, W4A16 BF16: only 8
+    # significant bits), BF16 D on W4A4 NVFP4 decode (F16 MMA: |D| > 65504 becomes inf, tiny
+    # values flush, rare double rounding); direct stores unaffected
+    {
+        "id": "gr-epilogue-round-through-mma-dtype",
+        "klass": "epilogue output dtype (double rounding)",
+        "file": FILE,
+        "old": "            tRS_rD.store((tRS_rAcc.load() * alpha).to(self.c_dtype))",
+        "new": (
+            "            tRS_rD.store((tRS_rAcc.load() * alpha).to(self.mma_dtype).to(s"
+            "elf.c_dtype))"
+        ),
+        "tests": HOPPER_GPU,
+    },
 ]

@@ -34,6 +34,14 @@ QUANTIZER_TESTS = ["tests/test_quantizer_ptx.py", "tests/test_quantize_midpoints
 # the eager plan caches run on a GPU only
 EAGER_TESTS = ["tests/test_eager.py", "tests/test_fp4_ops.py", "-m", "gpu"]
 
+# the MoE layer's routing, activation, combine and exact-rows kernels run on a GPU only
+ROUTING = "fp4_ops/moe_kernels/routing.py"
+ACTIVATION = "fp4_ops/moe_kernels/activation.py"
+COMBINE = "fp4_ops/moe_kernels/combine.py"
+EXACT_ROWS = "fp4_ops/moe_kernels/exact_rows.py"
+MOE_KERNELS = "fp4_ops/moe_kernels/__init__.py"
+MOE_KERNEL_TESTS = ["tests/test_moe_kernels.py", "tests/test_moe.py", "-m", "gpu"]
+
 
 def mutant(mutant_id: str, klass: str, file: str, old: str, new: str, tests=TESTS) -> dict:
     return {"id": mutant_id, "klass": klass, "file": file, "old": old, "new": new, "tests": tests}
@@ -511,12 +519,153 @@ MUTANTS = [
         "gs = gs_like",
         EAGER_TESTS,
     ),
+    # E >= 16 with tokens on an expert below e - 15 for some used expert e >= 16 (cap 32: lane =
+    # expert; lanes 16..31 miss the sums of lanes 0..lane-16): offsets of experts >= 16 (and
+    # offsets[16] for E = 16) too small, rows overlap; with E <= 15 only the invalid pairs' base
+    # (sMisc VALID) is wrong, i.e. needs out-of-range ids
     mutant(
-        "eager-launchers-key-tokens",
-        "plan key",
-        QUANTIZER,
-        "found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, tokens, index))",
-        "found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, False, index))",
-        EAGER_TESTS,
+        "mk-route-scan-16-lanes",
+        "prefix sum",
+        ROUTING,
+        "for step in cutlass.range_constexpr(LOG_WARP):",
+        "for step in cutlass.range_constexpr(LOG_WARP - 1):",
+        MOE_KERNEL_TESTS,
+    ),
+    # P = T*k > 32 pairs (threads outside warp 0 take rows with atomics on the raw counts while
+    # warp 0 is still turning them into prefix sums): duplicate / out-of-range rows, wrong row_of
+    # / token_of; P <= 32 is all in warp 0 and stays correct
+    mutant(
+        "mk-route-no-barrier-scan-place",
+        "synchronization",
+        ROUTING,
+        "        cute.arch.sync_threads()\n        self._place(",
+        "        self._place(",
+        MOE_KERNEL_TESTS,
+    ),
+    # int64 topk_ids with an out-of-range id whose low 32 bits lie in [0, E), e.g. 2**32 + 1: ok
+    # stays 1 and the pair is routed to expert 1 instead of being flagged (int32 ids unaffected)
+    mutant(
+        "mk-route-int64-ids-truncated-check",
+        "int32 vs int64 ids",
+        ROUTING,
+        "valid = (raw >= self.ids_dtype(0)) & (raw < self.ids_dtype(experts))",
+        "valid = (Int32(raw) >= Int32(0)) & (Int32(raw) < experts)",
+        MOE_KERNEL_TESTS,
+    ),
+    # any out-of-range id (e.g. -1 or E) among valid ones: the invalid pair gets row 0, 1, ..
+    # which belong to valid pairs, overwriting their token_of / expert_of and row_of < offsets[E]
+    # (ok is still 0)
+    mutant(
+        "mk-route-invalid-rows-from-zero",
+        "index/offset",
+        ROUTING,
+        "row = sMisc[Misc.VALID] + cute.arch.atomic_add(placed",
+        "row = cute.arch.atomic_add(placed",
+        MOE_KERNEL_TESTS,
+    ),
+    # E a power of two >= 32 (32, 64, 128, ..): cap == E so no lane holds slot E and offsets[E] is
+    # never written (left as torch.empty garbage); E = 8, 60, 33 are unaffected
+    mutant(
+        "mk-host-experts-cap-not-greater",
+        "counts at edges",
+        MOE_KERNELS,
+        "return max(32, 1 << num_experts.bit_length())",
+        "return max(32, 1 << (num_experts - 1).bit_length())",
+        MOE_KERNEL_TESTS,
+    ),
+    # non-contiguous topk_weights [T, k] (a column slice of a wider tensor, or a transposed view)
+    # with T > 1 or k > 1: the kernel reads them as dense t*k+s and weighs tokens with other
+    # tokens' weights
+    mutant(
+        "mk-host-combine-weights-strided",
+        "host",
+        MOE_KERNELS,
+        "weights = topk_weights.contiguous()",
+        "weights = topk_weights",
+        MOE_KERNEL_TESTS,
+    ),
+    # swigluoai with some up value (odd column of h, + bias) below -7 and a gate not ~0: (u + 1)
+    # uses u instead of -7; silu and small-magnitude inputs are unaffected
+    mutant(
+        "mk-act-swiglu-up-clamp-one-sided",
+        "activation math",
+        ACTIVATION,
+        "u = max(min(u, Float32(SWIGLUOAI_LIMIT)), Float32(-SWIGLUOAI_LIMIT))",
+        "u = min(u, Float32(SWIGLUOAI_LIMIT))",
+        MOE_KERNEL_TESTS,
+    ),
+    # silu with gate half != up half (any random h): silu(up) * gate instead of silu(gate) * up;
+    # swigluoai unaffected
+    mutant(
+        "mk-act-silu-gate-up-swapped",
+        "gating order",
+        ACTIVATION,
+        "return g / (Float32(1.0) + cute.math.exp(-g)) * u",
+        "return u / (Float32(1.0) + cute.math.exp(-u)) * g",
+        MOE_KERNEL_TESTS,
+    ),
+    # bf16 / fp16 h with a w13 bias (whose sum with h is not representable in 16 bits): outputs
+    # off by ~1 ulp on some elements vs the float32 h + bias reference; float32 h and bias-free
+    # calls are unaffected, so only a bit-exact / ulp-tight check catches it
+    mutant(
+        "mk-act-bias-sum-rounded",
+        "dtype/rounding",
+        ACTIVATION,
+        "gu = gu + rBias.load().to(Float32)",
+        "gu = (gu + rBias.load().to(Float32)).to(self.dtype).to(Float32)",
+        MOE_KERNEL_TESTS,
+    ),
+    # w2 bias given and some topk weight != 1 (e.g. k = 2 with softmax weights): out gets sum_s
+    # bias[e_s] instead of sum_s w_s * bias[e_s]; k = 1 with weight 1 or no bias is unaffected
+    mutant(
+        "mk-comb-bias-unweighted",
+        "bias application",
+        COMBINE,
+        "y = y + rBias.load().to(Float32)",
+        "acc = acc + rBias.load().to(Float32)",
+        MOE_KERNEL_TESTS,
+    ),
+    # w2 bias with differing rows per expert, E > 1, and a routing whose row order differs from
+    # pair order (e.g. ids [[1],[0]]): a token gets the bias of the expert of row p; identity
+    # routings (ids sorted by pair) are unaffected
+    mutant(
+        "mk-comb-bias-expert-by-pair",
+        "index",
+        COMBINE,
+        "mBias[mExpertOf[r], c, None]",
+        "mBias[mExpertOf[p], c, None]",
+        MOE_KERNEL_TESTS,
+    ),
+    # NVFP4 rows with a nonzero subnormal E4M3 block scale (byte 0x01..0x07, a block whose amax is
+    # < ~2^-6/448 of the tensor amax): value m*2^-10 - 2^-7 instead of m*2^-9; zero blocks give
+    # -0.0 (== 0), MXFP4 unaffected
+    mutant(
+        "mk-exact-e4m3-subnormal",
+        "NVFP4 scale decode",
+        EXACT_ROWS,
+        "cutlass.max(e, Uint32(1))",
+        "e",
+        MOE_KERNEL_TESTS,
+    ),
+    # any MXFP4 input (32-value blocks = 2 steps): step c reads scale column c instead of c // 2
+    # (K = 32 reads padding for its second half); NVFP4 (1 step per block) is equivalent
+    mutant(
+        "mk-exact-mx-scale-column",
+        "MXFP4 vs NVFP4",
+        EXACT_ROWS,
+        "col = Uint32(c) // Uint32(self.steps_per_scale)",
+        "col = Uint32(c)",
+        MOE_KERNEL_TESTS,
+    ),
+    # P >= 128 rows AND K / vec not a multiple of 4 (NVFP4 K = 32, 96, 160; MXFP4 K = 32, 64, 96,
+    # 160): rows 128+ read scales of the wrong atom; P < 128 or K a multiple of 4 * vec is
+    # unaffected
+    mutant(
+        "mk-exact-atoms-k-floor",
+        "counts at edges",
+        EXACT_ROWS,
+        "atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS",
+        "atoms_k = k // self.sf_vec_size // SF_ATOM_COLS",
+        MOE_KERNEL_TESTS,
     ),
 ]
