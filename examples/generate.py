@@ -30,8 +30,8 @@ otherwise a dynamic cache, eager.
 ``--baseline`` then runs the same prompts with a BF16 model: ``--baseline_model DIR``'s weights
 (``from_pretrained``, e.g. the checkpoint's unquantized source; its config must be an
 unquantized model's and describe the same architecture, checked before anything runs), or,
-without it, the FP4 model dequantized to BF16 (the same numbers without FP4 arithmetic; the FP4
-model is converted in place, so memory holds the BF16 model once).
+without it, the FP4 model dequantized and made BF16 throughout (the same numbers without FP4
+arithmetic; the FP4 model is converted in place, so memory holds the BF16 model once).
 """
 
 from __future__ import annotations
@@ -352,6 +352,7 @@ def main(argv=None) -> int:
         model, label = source.to(device).eval(), f"BF16 ({args.baseline_model})"
     else:
         count = dequantize_in_place(model)
+        model.to(torch.bfloat16)  # (a checkpoint's float32 embeddings and norms too)
         label = f"BF16 (the FP4 model dequantized, {count} layers)"
     base = generate_timed(model, inputs, args.max_new_tokens, args.compile)
     report(label, tokenizer, base, args.batch, args.max_new_tokens)

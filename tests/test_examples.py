@@ -70,9 +70,10 @@ def _bf16_model() -> nn.Module:
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
-def _checkpoint(folder: Path, fmt: str, stored: str) -> Path:
-    """A tiny checkpoint: ``stored`` "bf16" (weight-only) or "static" (W4A4, input scale 0.01)."""
-    model = _bf16_model()
+def _checkpoint(folder: Path, fmt: str, stored: str, dtype=torch.bfloat16) -> Path:
+    """A tiny checkpoint: ``stored`` "bf16" (weight-only) or "static" (W4A4, input scale 0.01),
+    its other modules in ``dtype``."""
+    model = _bf16_model().to(dtype)
     if stored == "bf16":
         fp4_ops.quantize_model(model, ["model.layers.*"], activations="bf16")
     else:
@@ -315,6 +316,18 @@ def test_each_prompt_is_a_row(checkpoints, capsys):
         generate.parse_args([*argv, "--batch", "2"])
     assert exc.value.code == 2
     assert "--batch 2 leaves out prompts: 3 are given" in capsys.readouterr().err
+
+
+def test_dequantized_baseline_of_a_float32_checkpoint_is_a_bf16_model(tmp_path, capsys):
+    """A W4A4 checkpoint whose other modules are float32 (loaded in the config's dtype): its
+    dequantized baseline is a BF16 model throughout, as its label says, not float32 modules
+    feeding BF16 layers."""
+    folder = _checkpoint(tmp_path / "fp32", "modelopt", "static", torch.float32)
+    assert fp4_ops.load_quantized(folder).get_input_embeddings().weight.dtype == torch.float32
+    argv = ["--model", str(folder), "--max_new_tokens", "3", "--baseline", "--prompt", PROMPT]
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    assert "--- BF16 (the FP4 model dequantized, 14 layers)" in out
 
 
 def test_dequantized_baseline_computes_the_fp4_weights(checkpoints):
