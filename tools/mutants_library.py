@@ -34,13 +34,15 @@ QUANTIZER_TESTS = ["tests/test_quantizer_ptx.py", "tests/test_quantize_midpoints
 # the eager plan caches run on a GPU only
 EAGER_TESTS = ["tests/test_eager.py", "tests/test_fp4_ops.py", "-m", "gpu"]
 
-# the MoE layer's routing, activation, combine and exact-rows kernels run on a GPU only
+# the MoE layer's routing, activation, combine and exact-rows kernels: their PTX on the CPU
+# emulator catches 12 of these 14; strided routing weights and exact_rows' scale atoms per row
+# (computed by the host side that the emulator's harness stands in for) need the GPU tests
 ROUTING = "fp4_ops/moe_kernels/routing.py"
 ACTIVATION = "fp4_ops/moe_kernels/activation.py"
 COMBINE = "fp4_ops/moe_kernels/combine.py"
 EXACT_ROWS = "fp4_ops/moe_kernels/exact_rows.py"
 MOE_KERNELS = "fp4_ops/moe_kernels/__init__.py"
-MOE_KERNEL_TESTS = ["tests/test_moe_kernels.py", "tests/test_moe.py", "-m", "gpu"]
+MOE_KERNEL_TESTS = ["tests/test_moe_kernels.py", "tests/test_moe.py"]
 
 
 def mutant(mutant_id: str, klass: str, file: str, old: str, new: str, tests=TESTS) -> dict:
