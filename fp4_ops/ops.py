@@ -216,21 +216,22 @@ def gemm_impl(a_data, a_scale, b_data, b_scale, alpha, alpha_scale, sf_vec_size:
     """The W4A4 GEMM op's CPU and CUDA implementation, for operands ``fp4_gemm`` (or
     ``FP4Linear``) has checked: D = alpha * alpha_scale (None: 1, else a one-element float32
     tensor, typically the weights' global scale) * a @ b^T, the product formed in fp32."""
-    if a_data.device.type == "cpu":
-        a_scale, b_scale = _flat(a_scale, a_data), _flat(b_scale, b_data)
-        alpha = alpha if alpha_scale is None else alpha * alpha_scale
-        return cpu.gemm(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype)
-    if a_data.device.type != "cuda":
+    where = a_data.device.type
+    if where not in ("cpu", "cuda"):
         raise ValueError(f"fp4_gemm runs on CPU and CUDA tensors, got {a_data.device}")
-    if _capability(a_data) == (9, 0):
+    if where == "cuda" and _capability(a_data) == (9, 0):
         from fp4_ops.sm90 import launcher
 
         # (the kernel reads both scalars and multiplies them: no product kernel here)
         args = (a_data, b_data, a_scale, b_scale, sf_vec_size, alpha, out_dtype)
         return launcher.gemm_for_ops(*args, scale=alpha_scale)
+    # (one product for the CPU and the Blackwell kernel, which reads a single alpha)
+    alpha = alpha if alpha_scale is None else alpha * alpha_scale
+    if where == "cpu":
+        a_scale, b_scale = _flat(a_scale, a_data), _flat(b_scale, b_data)
+        return cpu.gemm(a_data, a_scale, b_data, b_scale, alpha, sf_vec_size, out_dtype)
     from fp4_ops import sm100
 
-    alpha = alpha if alpha_scale is None else alpha * alpha_scale
     return sm100.gemm_for_ops(a_data, b_data, a_scale, b_scale, sf_vec_size, alpha, out_dtype)
 
 

@@ -717,10 +717,10 @@ def test_blackwell_dispatch_configuration_compiles(fmt, mnkl):
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_blackwell_adapter_hands_the_kernel_alpha_and_out_dtype(monkeypatch, out_dtype):
     """The Blackwell backend through the template's real ``gemm`` (its CUDA-only checks, compile
-    and stream replaced; the kernel by a stand-in that writes a known D): the kernel's alpha
-    pointer is the op's alpha tensor, used in place (a replayed graph rereads it), D is written in
-    out_dtype at the address the kernel gets, and the op gets D [L, M, N] contiguous, without the
-    kernel's row padding."""
+    and stream replaced; the kernel by a stand-in that writes a known D): A, B, SFA and SFB
+    reach the kernel's parameters of their roles, its alpha pointer is the op's alpha tensor,
+    used in place (a replayed graph rereads it), D is written in out_dtype at the address the
+    kernel gets, and the op gets D [L, M, N] contiguous, without the kernel's row padding."""
     import contextlib
     from types import SimpleNamespace
 
@@ -749,6 +749,9 @@ def test_blackwell_adapter_hands_the_kernel_alpha_and_out_dtype(monkeypatch, out
     sfa, sfb = a.scale.reshape(1, -1), b.scale.reshape(1, -1)  # (the op's [L, n] scales)
     d = fp4_ops.sm100.gemm_for_ops(a.data[None], b.data[None], sfa, sfb, 16, alpha, out_dtype)
     (args,) = calls
+    roles = {"a_ptr": a.data, "b_ptr": b.data, "sfa_ptr": a.scale, "sfb_ptr": b.scale}
+    for name, operand in roles.items():
+        assert int(args[name].__tvm_ffi_opaque_ptr__()) == operand.data_ptr(), name
     assert int(args["alpha_ptr"].__tvm_ffi_opaque_ptr__()) == alpha.data_ptr()
     (written,) = outputs
     assert int(args["c_ptr"].__tvm_ffi_opaque_ptr__()) == written.data_ptr()
