@@ -280,6 +280,8 @@ def test_compressed_tensors_global_scale_is_inverted():
     assert float(f.global_scale) == 2.0**-7
     assert torch.equal(f.dequantize(), reference.dequantize_fp4(packed, sc, 16, gs))
     back = f.to_compressed_tensors()
+    for name, stored in ct.items():  # (the parts compressed-tensors stores, as it stores them)
+        assert (back[name].shape, back[name].dtype) == (stored.shape, stored.dtype), name
     assert float(back["weight_global_scale"]) == 2.0**7
     assert torch.equal(back["weight_packed"], packed)
     assert torch.equal(back["weight_scale"].view(torch.uint8), sc.view(torch.uint8))

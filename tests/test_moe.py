@@ -412,6 +412,50 @@ def test_fp4_moe_w4a4_is_the_per_expert_loop(fmt, activation):
     _assert_within(out, ref, bound, f"W4A4 {fmt} {activation}")
 
 
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_fp4_moe_adds_float32_biases_at_their_own_precision(dtype, activation):
+    """x = 0, so each pair's h is its expert's w13 bias as given: a float32 bias and the same
+    bias rounded to x's dtype (values that differ below x's precision) give different outputs;
+    the same bias gives the same bits."""
+    _, w13, w2, _, _, gen = _moe_case("nvfp4", activation, t=4, k=2)
+    x = torch.zeros(4, 64, dtype=dtype)
+    ids, tw = _routing("random", 4, 2, 4, gen)
+    b13 = torch.randn(4, 64, generator=gen) * 2  # (float32: not representable in x's dtype)
+    assert not torch.equal(b13, b13.to(dtype).float())
+
+    def run(bias):
+        return fp4_ops.fp4_moe(x, w13, w2, tw, ids, activation, w13_bias=bias)
+
+    assert torch.equal(run(b13), run(b13.clone()))
+    assert not torch.equal(run(b13), run(b13.to(dtype).float()))
+
+
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+def test_moe_activation_is_the_published_formula_past_every_clamp(activation):
+    """``apply_activation`` in float32 against the formulas written out in float64, with gate
+    and up values past gpt-oss's clamp (7) on both sides: SiLU(gate) * up with gate and up the
+    two halves; gpt-oss's (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7), gate
+    and up interleaved."""
+    gen = torch.Generator().manual_seed(9)
+    h = (torch.rand(16, 64, generator=gen) - 0.5) * 24  # (-12 .. 12)
+    got = moe.apply_activation(h, activation).double()
+    h = h.double()
+    if activation == "silu":
+        gate, up = h[:, :32], h[:, 32:]
+        z = gate
+        want = gate * torch.sigmoid(z) * up
+    else:
+        gate, up = h[:, 0::2].clamp(max=7.0), h[:, 1::2].clamp(-7.0, 7.0)
+        z = 1.702 * gate
+        want = (up + 1) * gate * torch.sigmoid(z)
+    assert bool((h[:, 0::2] < -7).any() and (h[:, 0::2] > 7).any())
+    # (float32: a few roundings of 2^-24 each, and sigmoid's tail e^z carries z's own rounding,
+    # |z| 2^-24 relative, into the result)
+    bound = (2.0**-20 + 2.0**-22 * z.abs()) * want.abs() + 2.0**-126
+    assert bool(((got - want).abs() <= bound).all())
+
+
 def test_fp4_moe_decode_token_and_no_tokens():
     x, w13, w2, _, _, gen = _moe_case("nvfp4", "silu", t=1)
     ids, tw = _routing("random", 1, 3, 4, gen)
@@ -562,6 +606,12 @@ def test_fp4moe_state_dict_round_trip_and_refusals():
     bigger = fp4_ops.FP4MoE.from_experts(torch.randn(4, 64, 32), torch.randn(4, 32, 32))
     with pytest.raises(ValueError, match="w13_data differs"):
         bigger.load_state_dict(state)
+    # (packed codes come as uint8 or float4_e2m1fn_x2 only: other bytes are other values)
+    for dtype in (torch.float16, torch.int8, torch.float8_e4m3fn):
+        wrong = dict(state, w2_data=state["w2_data"].view(dtype))
+        with pytest.raises(ValueError, match=f"w2_data differs: the checkpoint's is {dtype}"):
+            fresh.load_state_dict(wrong)
+    assert torch.equal(fresh(x, tw, ids), layer(x, tw, ids))  # (nothing loaded half-way)
 
 
 def test_fp4moe_keeps_fp4_dtypes_through_casts_and_pickles():
