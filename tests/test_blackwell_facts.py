@@ -105,6 +105,7 @@ class PtxThread:
 
     def run(self, special: dict, params: dict, peek: bool = False) -> list[tuple]:
         self.special, self.params, self.regs, self.peek = special, params, {}, peek
+        self.low_words: dict[str, int | None] = {}
         events, pc = [], 0
         for _ in range(3_000_000):
             if pc >= len(self.code):
@@ -178,9 +179,15 @@ class PtxThread:
             reg, pred = ops[0].split("|")
             self.set(reg, 0)
             self.regs[pred] = True
-        elif head == "mov" and "{" in ops[0] + ops[1]:
-            for reg in re.findall(r"%\w+", ops[0]):
-                self.regs[reg] = None
+        elif head == "mov" and "{" in ops[0]:  # (a 64-bit value split into its two words)
+            value = self.val(ops[1])
+            for i, reg in enumerate(w.strip() for w in ops[0].strip("{}").split(",")):
+                if reg != "_":
+                    known = isinstance(value, int)
+                    self.regs[reg] = value >> 32 * i & 0xFFFFFFFF if known else None
+        elif head == "mov" and "{" in ops[1]:  # (two words packed: only the low one is kept)
+            self.regs[ops[0]] = None
+            self.low_words[ops[0]] = self.val(re.findall(r"%\w+", ops[1])[0])
         elif op == "mov.pred":
             self.regs[ops[0]] = int(ops[1]) != 0
         elif head in ("mov", "shfl", "cvta"):  # (shfl.idx 0: lane 0's value, warp-uniform)
@@ -270,7 +277,7 @@ class PtxThread:
         if op.startswith("tcgen05.mma"):
             return ("mma", *(self.val(o) for o in ops))
         if op.startswith("tcgen05.cp"):
-            return ("cp", self.addr(ops[0]))
+            return ("cp", self.addr(ops[0]), self.low_words.get(ops[1]))
         if op.startswith("tcgen05.ld"):
             return ("tmem_ld", self.addr(ops[-1]))
         if op.startswith("tcgen05.commit"):
@@ -703,6 +710,43 @@ def test_sim_commits_follow_the_tensor_core_work_they_release(setup):
         steps = tiles * K_TILES
         assert stage_commits == [(4 * (i + 1), copies_per_step * (i + 1)) for i in range(steps)]
         assert acc_commits == [4 * K_TILES * (t + 1) for t in range(tiles)]
+
+
+# (a shared-memory matrix descriptor's bits 0-13: the start address in 16-byte units)
+DESC_ADDRESS_BITS, DESC_ADDRESS_UNIT = 0x3FFF, 16
+
+
+@family
+def test_sim_scale_copies_read_the_stage_their_k_step_loaded(setup):
+    """Each k-step's tcgen05.cp copies read SFA and SFB from the SMEM stage that the TMA warp's
+    loads of the same k-step wrote (the source descriptor's address): SFA's copies (one per
+    four-scale column) in SFA's stage, SFB's (one per column and 128-row atom) in SFB's. A copy
+    from another stage scales these MMAs with another k-tile's scales, racing its load."""
+    s = setup
+    assert s.stages >= 2
+    bars = _barriers(s)
+    sfb_copies = s.sf_units * _ceil(s.tile_n, bw.SF_ATOM_ROWS)
+    # (a cluster's CTAs each load a slice of a stage and multicast it: its start, the lowest)
+    per_rank = [_tma_loads(s, rank, 0) for rank in range(s.cm * s.cn)]
+    starts = {
+        name: [min(step[name][3] for step in steps) for steps in zip(*per_rank, strict=True)]
+        for name in ("tma_atom_sfa", "tma_atom_sfb")
+    }
+    for rank in range(0, s.cm * s.cn, s.pair):
+        steps, current = [], []
+        for e in _sim(s, MMA, rank):
+            if e[0] == "cp":
+                assert e[2] is not None, "a scale copy whose source the simulation lost"
+                current.append((e[2] & DESC_ADDRESS_BITS) * DESC_ADDRESS_UNIT)
+            elif e[0] == "commit" and e[1] < bars["acc_full"]:
+                steps.append(current)
+                current = []
+        assert len(steps) == len(per_rank[rank]) == len(_tiles(s, rank, 0)) * K_TILES
+        for name, count in (("tma_atom_sfa", s.sf_units), ("tma_atom_sfb", sfb_copies)):
+            stride = starts[name][1] - starts[name][0]  # (one stage's bytes)
+            for i, (sources, first) in enumerate(zip(steps, starts[name], strict=True)):
+                inside = [a for a in sources if first <= a < first + stride]
+                assert len(inside) == count, (name, i, sources, first, stride)
 
 
 # ------------------------------------------------------------------------------------------
