@@ -788,4 +788,246 @@ MUTANTS = [
         equivalent="D's batch mode is static 1 with stride 0 already (its store is 2-D in both "
         "builds); shared_by_groups only makes the group indices in range",
     ),
+    # --- a second blind review: the grouped kernel, and the dense kernel's code it runs -----
+    # (buffers sized for 8 M tiles, num_m_tiles 6 (any count below the buffers): the tile at index
+    # num_m_tiles is also processed - it reads tile_group[num_m_tiles] (a stale/garbage group,
+    # possibly past B's groups) and overwrites D rows past the count that must stay untouched)
+    dict(
+        id="bg-valid-count-le",
+        klass="tile-to-group bounds",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="return (work < self.num_cluster_tiles) & (mma_tile_m < self.mNumMTiles[0])",
+        new="return (work < self.num_cluster_tiles) & (mma_tile_m <= self.mNumMTiles[0])",
+        tests=[_G, "-k", "test_grouped_schedule_visits_every_tile_in_use_once"],
+    ),
+    # (tile M 256 on a CTA pair (cluster 2x1 or 2x2) with >= 2 groups, e.g. --group_rows
+    # 200,0,37,512 --mma_tiler_mn 256,128 --cluster_shape_mn 2,1: MMA tile t reads tile_group[2t +
+    # v] - the two CTAs of a pair disagree on the group, B/SFB/alpha of the wrong group, reads
+    # past the table for the upper half of the tiles: wrong values)
+    dict(
+        id="bg-pair-group-index",
+        klass="tile-to-group mapping (CTA pair)",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="uniform(self.mTileGroup[mma_tile_m]),",
+        new="uniform(self.mTileGroup[mma_tile_m * cm + bidx % cm]),",
+        tests=[_G, "-k", "test_grouped_schedule_visits_every_tile_in_use_once"],
+    ),
+    # (any routing whose M tile index differs from its group, e.g. --group_rows 200,0,37,512 at
+    # tile 128 (tiles 0,1 are group 0, tile 2 group 2, tiles 3..6 group 3): tiles are scaled by
+    # alpha[M tile] (another group's, or read past alpha's G entries) -> wrongly scaled D rows)
+    dict(
+        id="bg-alpha-m-tile",
+        klass="epilogue alpha per group",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="return mAlpha[tile_mnl[2]]",
+        new="return mAlpha[tile_mnl[0]]",
+        tests=[_G, "-k", "test_sim_epilogue_reads_each_tiles_alpha_and_stores_its_rows"],
+    ),
+    # (any routing with a non-empty group g >= 1: SFB's descriptor has one batch, so SFB loads at
+    # group coordinate g are out of bounds and zero-filled -> those groups' D rows are 0 (or
+    # garbage) on a B200)
+    dict(
+        id="bg-sfb-one-batch",
+        klass="scale-factor indexing per group",
+        file="blockwise_grouped_gemm_fp4.py",
+        old=(
+            "        mA_mkl, _, mSFA_mkl, _, mC_mnl = self.global_tensors(\n"
+            "            a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, (m, n, k, 1)\n"
+            "        )\n"
+            "        _, mB_nkl, _, mSFB_nkl, _ = self.global_tensors("
+        ),
+        new=(
+            "        mA_mkl, _, mSFA_mkl, mSFB_nkl, mC_mnl = self.global_tensors(\n"
+            "            a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, (m, n, k, 1)\n"
+            "        )\n"
+            "        _, mB_nkl, _, _, _ = self.global_tensors("
+        ),
+        tests=[_G, "-k", "test_sim_tma_warp_loads_its_tiles_with_their_groups"],
+    ),
+    # (a group whose rows are not a multiple of tile M, e.g. group_rows (200, 0, 37, 512) at tile
+    # 128: 200 rows get 1 tile and 37 rows none, offsets overlap the next group -> tail rows never
+    # computed / overwritten (M tail of a group lost))
+    dict(
+        id="bg-group-layout-floor",
+        klass="M tail of a group (padding)",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="tiles = -(-count // tile_m)",
+        new="tiles = count // tile_m",
+        tests=[_G, "-k", "test_group_layout_pads_each_group_to_whole_tiles"],
+    ),
+    # (a routing with an empty group, e.g. (200, 0, 37, 512): the empty group gets a tile,
+    # tile_group has more entries than M / TILE_M and every later tile is attributed to the wrong
+    # group (and num_m_tiles exceeds the buffers))
+    dict(
+        id="bg-empty-group-tile",
+        klass="empty groups",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="tile_group += [group] * tiles",
+        new="tile_group += [group] * max(tiles, 1)",
+        tests=[_G, "-k", "test_group_layout_pads_each_group_to_whole_tiles"],
+    ),
+    # (any MXFP4 (sf_vec_size 32) grouped_gemm call: the expected scale sizes are those of V=16
+    # (twice too many K columns), so correctly sized MXFP4 blocked scales are refused with
+    # ValueError (a wrong refusal of valid input))
+    dict(
+        id="bg-operand-sf-vec16",
+        klass="scale-factor size per format (host)",
+        file="blockwise_grouped_gemm_fp4.py",
+        old="k_cols = -(-(k // config.sf_vec_size) // 4) * 4",
+        new="k_cols = -(-(k // 16) // 4) * 4",
+        tests=[_G, "-k", "test_grouped_gemm_accepts_the_blocked_scales_of_every_shape"],
+    ),
+    # (any grouped_gemm launch: the kernel reads the tile count from tile_group[0] (a group id)
+    # and the tile groups from the one-element count buffer (then past it) -> wrong/no tiles
+    # computed, wrong groups, reads past num_m_tiles' buffer)
+    dict(
+        id="bg-kernel-args-swap",
+        klass="host argument order",
+        file="blockwise_grouped_gemm_fp4.py",
+        old=(
+            "tile_group_ptr=ptr(cutlass.Int32, tile_group, 4),\n"
+            "        num_m_tiles_ptr=ptr(cutlass.Int32, num_m_tiles, 4),"
+        ),
+        new=(
+            "tile_group_ptr=ptr(cutlass.Int32, num_m_tiles, 4),\n"
+            "        num_m_tiles_ptr=ptr(cutlass.Int32, tile_group, 4),"
+        ),
+        tests=[_G, "-k", "test_kernel_args_name_each_operand_for_its_parameter"],
+    ),
+    # (any CTA that runs >= 2 tiles on one TMEM accumulator buffer (more tiles than ~148 clusters
+    # x 2 buffers, e.g. --group_rows 200,0,37,512 --nk 4096,7168): the first MMA of a tile adds
+    # onto the previous tile's accumulator -> wrong values)
+    dict(
+        id="bg-accumulate-carry",
+        klass="accumulate flag",
+        file="blockwise_gemm_fp4.py",
+        old="            tiled_mma.set(tcgen05.Field.ACCUMULATE, False)\n",
+        new="            tiled_mma.set(tcgen05.Field.ACCUMULATE, True)\n",
+        tests=[_T, "-k", "test_ptx_mma_overwrites_then_accumulates"],
+    ),
+    # (any problem with more k-tiles than A/B stages (K > 5 x 256, e.g. K 7168): the empty
+    # barriers expect one arrival more than the MMA warp's commit gives, so the TMA warp waits
+    # forever when the ring wraps -> hang)
+    dict(
+        id="bg-ab-consumer-count",
+        klass="barrier arrive count",
+        file="blockwise_gemm_fp4.py",
+        old="pipeline.Agent.Thread, self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1",
+        new="pipeline.Agent.Thread, self.num_mcast_ctas_a + self.num_mcast_ctas_b",
+        tests=[_F, "-k", "test_sim_barrier_arrivals_match_their_init_counts"],
+    ),
+    # (any input with non-trivial scales: SFB is copied into SFA's TMEM columns (same start
+    # column), so the MMAs read SFB's scales for A (and stale columns for B) -> wrong values,
+    # NVFP4 and MXFP4)
+    dict(
+        id="bg-sfb-tmem-col",
+        klass="TMEM columns",
+        file="blockwise_gemm_fp4.py",
+        old="sfb_tmem_col = self.num_acc_tmem_cols + self.num_sfa_tmem_cols",
+        new="sfb_tmem_col = self.num_acc_tmem_cols",
+        tests=[_F, "-k", "test_sim_tmem_columns_of_accumulators_and_scales"],
+    ),
+    # (any CTA that runs >= 2 tiles (e.g. --group_rows 200,0,37,512 --nk 4096,7168): the MMA
+    # warp's k-tile count keeps growing, so from the second tile on the try-wait peek is skipped,
+    # full_peek stays True and consumer_wait never blocks -> MMAs read SMEM stages before TMA
+    # filled them (race, wrong values))
+    dict(
+        id="bg-mma-no-reset-count",
+        klass="pipeline stage/phase bookkeeping",
+        file="blockwise_gemm_fp4.py",
+        old="            ab_consumer_state.reset_count()\n",
+        new="",
+        tests=[_F, "-k", "test_sim_pipeline_waits_start_in_each_roles_phase"],
+    ),
+    # (any run with more than one k-tile per CTA in total (K >= 512, or >= 2 tiles per CTA), NVFP4
+    # or MXFP4, e.g. --group_rows 200,0,37,512 --nk 4096,7168: tcgen05.cp always copies SFA from
+    # SMEM stage 0, so k-tile i is scaled with the SFA of whatever k-tile last landed in stage 0
+    # (and races with its TMA) -> wrong values)
+    dict(
+        id="bg-s2t-sfa-stage0",
+        klass="scale-factor SMEM->TMEM copy stage",
+        file="blockwise_gemm_fp4.py",
+        old="tCsSFA_s2t[(None, None, None, None, stage)]",
+        new="tCsSFA_s2t[(None, None, None, None, 0)]",
+        tests=[_F, "-k", "scale_copies_read"],
+    ),
+    # (fp4_gemm on a B200 (sm_100 branch of fp4_ops.ops.gemm_impl -> sm100.gemm_for_ops): sfa and
+    # sfb are handed to blockwise_gemm_fp4.gemm swapped; with M and N padding to the same multiple
+    # of 128 (e.g. M = N = 256, or M 100 / N 128) the shapes pass and D uses B's scales for A's
+    # rows -> wrong values; otherwise a valid call is refused with ValueError)
+    dict(
+        id="bg-sm100-scales-swapped",
+        klass="host argument order (sm100 path)",
+        file="fp4_ops/sm100.py",
+        old="blockwise_gemm_fp4.gemm(a, b, sfa, sfb, alpha.reshape(1), d)",
+        new="blockwise_gemm_fp4.gemm(a, b, sfb, sfa, alpha.reshape(1), d)",
+        tests=[_OPS, "-k", "adapter_hands"],
+    ),
+    # (tile M 256 on a CTA pair with >= 2 tiles per cluster: the accumulator's empty barrier
+    # completes after 128 of the 256 epilogue arrivals (one CTA's), so the MMA warp overwrites an
+    # accumulator the peer CTA's epilogue is still reading -> race, and the phases drift)
+    dict(
+        id="bg-acc-consumer-pair",
+        klass="barrier arrive count (CTA pair)",
+        file="blockwise_gemm_fp4.py",
+        old=(
+            "            THREADS_PER_WARP * NUM_EPILOGUE_WARPS * cute.size(tiled_mma.th"
+            "r_id.shape)\n"
+        ),
+        new="            THREADS_PER_WARP * NUM_EPILOGUE_WARPS\n",
+        tests=[_F, "-k", "test_sim_barrier_arrivals_match_their_init_counts"],
+    ),
+    # (tile N 256 (overlapping accumulator buffers), e.g. --mma_tiler_mn 256,256
+    # --cluster_shape_mn 2,1: the epilogue reads the other buffer than the MMA wrote -> wrong
+    # values)
+    dict(
+        id="bg-overlap-phase",
+        klass="pipeline phase bookkeeping",
+        file="blockwise_gemm_fp4.py",
+        old="                acc_buffer = acc_consumer_state.phase\n",
+        new="                acc_buffer = acc_consumer_state.phase ^ 1\n",
+        tests=[_F, "-k", "test_sim_epilogue_reads_the_buffer_the_mma_wrote"],
+    ),
+    # (any routing whose groups have different alphas (NVFP4 global scales): every tile is scaled
+    # by alpha[0] (the dense kernel's preloaded value) instead of its group's)
+    dict(
+        id="bg-epilogue-alpha-bypass",
+        klass="epilogue alpha per group",
+        file="blockwise_gemm_fp4.py",
+        old="tRS_rC.store((acc * tile_alpha).to(self.c_dtype))",
+        new="tRS_rC.store((acc * alpha).to(self.c_dtype))",
+        tests=[_G, "-k", "test_sim_epilogue_reads_each_tiles_alpha_and_stores_its_rows"],
+    ),
+    # (any CTA with >= 2 tiles where subtiles per tile is not a multiple of the epilogue stages
+    # (128x128 BF16: 4 subtiles, 5 stages): a new tile restarts at stage 0 while a TMA store may
+    # still read it -> race, corrupted D)
+    dict(
+        id="bg-c-stage-restart",
+        klass="epilogue SMEM stage bookkeeping",
+        file="blockwise_gemm_fp4.py",
+        old="c_stage = (subtiles_before + subtile) % self.num_c_stage",
+        new="c_stage = subtile % self.num_c_stage",
+        tests=[_F, "-k", "test_sim_epilogue_fences_and_waits_around_every_tma_store"],
+    ),
+    # (tile N 64 or 192 with an odd N tile, e.g. N 384 at --mma_tiler_mn 128,192: odd tiles read
+    # SFB from the start of the 128-row scale atom instead of half-way -> wrong values)
+    dict(
+        id="bg-sfb-shift-dropped",
+        klass="scale-factor TMEM indexing (odd N tiles)",
+        file="blockwise_gemm_fp4.py",
+        old="[tCrB[k_coord], tCtSFB_mma[sf_coord]],",
+        new="[tCrB[k_coord], tCtSFB[sf_coord]],",
+        tests=[_F, "-k", "test_sim_tmem_columns_of_accumulators_and_scales"],
+    ),
+    # (tile N 256 (overlapping accumulators) with >= 2 tiles per CTA: the accumulator stage is
+    # released before the tcgen05.ld of the shared columns complete -> the next tile's MMAs can
+    # overwrite them (race))
+    dict(
+        id="bg-tmem-load-fence-dropped",
+        klass="TMEM release ordering (overlapping accumulators)",
+        file="blockwise_gemm_fp4.py",
+        old="                        cute.arch.fence_view_async_tmem_load()\n",
+        new="",
+        tests=[_F, "-k", "test_sim_epilogue_reads_the_buffer_the_mma_wrote"],
+    ),
 ]

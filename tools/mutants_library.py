@@ -670,4 +670,187 @@ MUTANTS = [
         "atoms_k = k // self.sf_vec_size // SF_ATOM_COLS",
         MOE_KERNEL_TESTS,
     ),
+    # --- a blind review of the MoE host code, FP4Tensor and the scale layout ---------------
+    # (swigluoai with an up value below -7 (gpt-oss probe tokens at PROBE_REACH 32): (up + 1) is
+    # no longer floored at -6)
+    mutant(
+        "mh-swiglu-up-clamp-upper-only",
+        "activation-clamp",
+        MOE,
+        "up = up.clamp(min=-SWIGLUOAI_LIMIT, max=SWIGLUOAI_LIMIT)",
+        "up = up.clamp(max=SWIGLUOAI_LIMIT)",
+        ["tests/test_moe.py"],
+    ),
+    # (swigluoai with a gate value below -7: gate*sigmoid(1.702 gate) becomes -7*sigmoid(-11.9) ~
+    # -4.6e-5 instead of ~0 (tiny absolute change, times (up + 1)))
+    mutant(
+        "mh-swiglu-gate-clamp-both-sides",
+        "activation-clamp",
+        MOE,
+        "gate = gate.clamp(max=SWIGLUOAI_LIMIT)",
+        "gate = gate.clamp(min=-SWIGLUOAI_LIMIT, max=SWIGLUOAI_LIMIT)",
+        ["tests/test_moe.py"],
+    ),
+    # (any bf16/fp16 fp4_moe on CPU: the activation stays float32 into the w2 GEMM (W4A16 skips
+    # one rounding; W4A4 quantizes unrounded values, codes flip) - differs from the documented
+    # 'then rounded to x's dtype')
+    mutant(
+        "mh-act-not-rounded-to-x-dtype",
+        "rounding",
+        MOE,
+        "act = apply_activation(hf, activation).to(x.dtype)",
+        "act = apply_activation(hf, activation)",
+        ["tests/test_moe.py"],
+    ),
+    # (float32 w13_bias with bf16/fp16 x: bias rounded to x's dtype before the float32 add (doc:
+    # bias added in float32))
+    mutant(
+        "mh-w13-bias-rounded-to-x-dtype",
+        "rounding",
+        MOE,
+        "hf = hf + w13_bias.float().index_select(0, sorted_ids)",
+        "hf = hf + w13_bias.to(x.dtype).float().index_select(0, sorted_ids)",
+        ["tests/test_moe.py"],
+    ),
+    # (FP4MoE with float32 biases, then .to(torch.bfloat16) / .half(): biases keep float32
+    # (nn.Module would cast them), state_dict bias dtype differs)
+    mutant(
+        "mh-kept-buffers-include-bias",
+        "dtype-cast",
+        MOE,
+        'if t is not None and "bias" not in n}',
+        "if t is not None}",
+        ["tests/test_library.py"],
+    ),
+    # (topk_ids containing E on CPU: accepted; the pair lands past offsets[E], its row is never
+    # computed (silent zero / garbage contribution))
+    mutant(
+        "mh-topk-ids-upper-inclusive",
+        "range-check",
+        MOE,
+        "(topk_ids < num_experts)",
+        "(topk_ids <= num_experts)",
+        ["tests/test_moe.py"],
+    ),
+    # (top-k > 1 with T > 1: pair p = t*k + s is read as token p % T (slot-major confusion); exact
+    # for k == 1)
+    mutant(
+        "mh-rows-slot-major",
+        "indexing",
+        MOE,
+        "rows = x.index_select(0, order // k)",
+        "rows = x.index_select(0, order % tokens)",
+        ["tests/test_moe.py"],
+    ),
+    # (load a swigluoai FP4MoE's state dict into a silu FP4MoE of the same shapes: accepted
+    # silently, the layer then computes silu on interleaved gate/up rows)
+    mutant(
+        "mh-extra-state-checks-format-only",
+        "state-dict",
+        MOE,
+        'for key in ("format", "activation"):',
+        'for key in ("format",):',
+        ["tests/test_moe.py"],
+    ),
+    # (FP4MoE.load_state_dict with w13_data / w2_data of the right shape but int8, float8 or
+    # float16 dtype: loaded silently (bytes reinterpreted; float16 is viewed as twice the bytes
+    # and still loads) instead of the ValueError 'w2_data differs')
+    mutant(
+        "mh-load-data-any-dtype",
+        "state-dict",
+        MOE,
+        'plain = name.endswith("_data") and t.dtype in PACKED_DTYPES',
+        'plain = name.endswith("_data")',
+        ["tests/test_moe.py"],
+    ),
+    # (FP4MoE(w13, w2) then load_state_dict(other layer's state): the caller's w13.scale /
+    # w2.scale are overwritten in place)
+    mutant(
+        "mh-fp4moe-scale-not-copied",
+        "aliasing",
+        MOE,
+        'self.register_buffer(f"{name}_scale", w.scale.clone())',
+        'self.register_buffer(f"{name}_scale", w.scale)',
+        ["tests/test_library.py"],
+    ),
+    # (activations='dynamic' NVFP4 with H = 48 or I = 16/48: accepted on the host (the kernels
+    # assume 32-aligned rows))
+    mutant(
+        "mh-dynamic-alignment-16",
+        "shape-check",
+        MOE,
+        "elif h % 32 or i % 32:",
+        "elif h % 16 or i % 16:",
+        ["tests/test_moe.py"],
+    ),
+    # (FP4Llama4Experts forward with T != E (e.g. E = 4, T = 3, top_k = 2): rows gathered /
+    # scattered at e*E + t instead of e*T + t, output sum 46.93 -> 43.72; exact when T == E)
+    mutant(
+        "mh-llama4-rows-stride-e",
+        "indexing",
+        MOE,
+        "at = chosen.view(-1) * t + tokens",
+        "at = chosen.view(-1) * e + tokens",
+        ["tests/test_llama4.py"],
+    ),
+    # (pickle.loads(pickle.dumps(mxfp4_tensor)) (or an MXFP4 FP4MoE / FP4Linear): E8M0 scales
+    # pickled as float8 cannot be read back (AttributeError))
+    mutant(
+        "mh-pickle-e4m3-only",
+        "pickling",
+        TENSOR,
+        ("if isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() == 1:"),
+        "if isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn:",
+        ["tests/test_library.py"],
+    ),
+    # (from_plain(data, scales, gs) with gs a float32 CPU tensor, then gs.mul_(2) (or zero_()):
+    # the FP4Tensor's global scale changes (bypassing its positivity check))
+    mutant(
+        "mh-global-scale-aliases-input",
+        "aliasing",
+        TENSOR,
+        "return t.to(like.device).clone()",
+        "return t.to(like.device)",
+        ["tests/test_moe_checkpoint.py"],
+    ),
+    # (FP4Tensor with data [2, rows, K/2] and global_scale of shape [3] (or [1]) accepted; fails
+    # later in dequantize / check_experts (or [1] silently shared))
+    mutant(
+        "mh-per-batch-gs-any-length",
+        "shape-check",
+        TENSOR,
+        "per_batch = d.ndim == 3 and tuple(g.shape) == d.shape[:1]",
+        "per_batch = d.ndim == 3 and g.ndim == 1",
+        ["tests/test_moe.py"],
+    ),
+    # (to_compressed_tensors(): weight_global_scale is 0-d instead of compressed-tensors' [1]; the
+    # values still round-trip)
+    mutant(
+        "mh-compressed-gs-0d",
+        "format-convention",
+        TENSOR,
+        '"weight_global_scale": (1.0 / self.global_scale).reshape(1),',
+        '"weight_global_scale": 1.0 / self.global_scale,',
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (FP4Tensor with a non-contiguous scale of the right blocked shape (e.g. a strided slice):
+    # accepted; kernels read its storage linearly)
+    mutant(
+        "mh-post-init-scale-contiguity",
+        "input-check",
+        TENSOR,
+        "if not (d.is_contiguous() and s.is_contiguous()):",
+        "if not d.is_contiguous():",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (rows % 128 != 0 or cols % 4 != 0: from_blocked / plain_scales / to_compressed_tensors
+    # return a non-contiguous view (safetensors save fails); values unchanged)
+    mutant(
+        "mh-from-blocked-noncontig",
+        "layout",
+        LAYOUT,
+        "return plain.reshape(*lead, rows, cols).contiguous().view(blocked.dtype)",
+        "return plain.reshape(*lead, rows, cols).view(blocked.dtype)",
+        ["tests/test_fp4_ops.py"],
+    ),
 ]
