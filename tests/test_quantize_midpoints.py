@@ -265,17 +265,16 @@ def test_quantizer_cache_key_names_every_kernel_choice(monkeypatch, dtype, vec, 
 
 def test_each_kernel_choice_gets_its_own_kernel_in_any_order(monkeypatch):
     """``_kernel``'s caches (compiled kernels, launch functions) hand every choice of input
-    dtype, block size, dynamic scale, local amax and tokens mode its own kernel, whether it is
-    asked for before or after the others, and compile each once."""
+    dtype, block size, dynamic scale and local amax its own kernel, whether it is asked for
+    before or after the others, and compile each once (the tokens mode is compiled only inside
+    ``fp4_ops.sm90.tokens_step``)."""
     import itertools
     import types
 
     compiled = []
 
-    def compile_quantizer(
-        in_dtype, sf_vec_size, dynamic, options="", local_amax=False, tokens=False
-    ):
-        choice = (in_dtype, sf_vec_size, dynamic, local_amax, tokens)
+    def compile_quantizer(in_dtype, sf_vec_size, dynamic, options="", local_amax=False):
+        choice = (in_dtype, sf_vec_size, dynamic, local_amax)
         compiled.append(choice)
         return types.SimpleNamespace(__tvm_ffi_object__=lambda: choice)
 
@@ -289,11 +288,11 @@ def test_each_kernel_choice_gets_its_own_kernel_in_any_order(monkeypatch):
     monkeypatch.setattr(q90, "_LAUNCHERS", {})
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
     bits = (False, True)
-    choices = list(itertools.product(dtypes, (16, 32), bits, bits, bits))
+    choices = list(itertools.product(dtypes, (16, 32), bits, bits))
     for order in (choices, choices[::-1], choices):
-        for dtype, vec, dynamic, local, tokens in order:
-            fn, sm_count = q90._kernel(dtype, vec, dynamic, 0, local, tokens)
-            assert fn == (q90.DSL_DTYPE_NAMES[dtype], vec, dynamic, local, tokens)
+        for dtype, vec, dynamic, local in order:
+            fn, sm_count = q90._kernel(dtype, vec, dynamic, 0, local)
+            assert fn == (q90.DSL_DTYPE_NAMES[dtype], vec, dynamic, local)
             assert sm_count == 132
     assert len(compiled) == len(set(compiled)) == len(choices)
 
