@@ -318,6 +318,44 @@ def test_each_prompt_is_a_row(checkpoints, capsys):
     assert "--batch 2 leaves out prompts: 3 are given" in capsys.readouterr().err
 
 
+def test_printed_timings_and_rates_are_what_the_clock_saw(checkpoints, capsys, monkeypatch):
+    """With a clock that the test sets (the FP4 run: the first token 1 s after the prompt, then
+    one every 0.5 s; the baseline: 2 s, then 1 s), every printed figure follows from it and the
+    printed steps and batch: prefill from the prompt to the first token, decode from the first
+    token to the last, tokens per second = batch x (steps - 1) / decode time, and the FP4 / BF16
+    ratio of the two runs' rates."""
+    clocks = []
+
+    def put(clock, value):
+        if not clock.times:
+            clocks.append(clock)
+        prefill, step = ((1.0, 0.5), (2.0, 1.0))[clocks.index(clock)]
+        n = len(clock.times)
+        clock.times.append(0.0 if n == 0 else prefill + (n - 1) * step)
+
+    monkeypatch.setattr(generate.StepClock, "put", put)
+    folder = checkpoints["compressed-tensors", "bf16"]
+    argv = ["--model", str(folder), "--max_new_tokens", "5", "--batch", "3", "--baseline"]
+    code, out, err = _run([*argv, "--prompt", PROMPT], capsys)
+    assert code == 0, err
+    decodes = re.findall(
+        r"^decode: (\d+) steps x batch 3 in ([\d.]+) s = ([\d.]+) tokens/s "
+        r"\(([\d.]+) ms/step\)$",
+        out,
+        re.MULTILINE,
+    )
+    prefills = re.findall(r"^prefill \(prompt -> first token\): ([\d.]+) ms", out, re.MULTILINE)
+    assert len(decodes) == len(prefills) == len(clocks) == 2, out
+    for (steps, seconds, rate, per_step), prefill, (first, step) in zip(
+        decodes, prefills, ((1.0, 0.5), (2.0, 1.0)), strict=True
+    ):
+        assert float(prefill) == 1e3 * first
+        assert float(seconds) == pytest.approx(int(steps) * step)
+        assert float(rate) == pytest.approx(3 / step, abs=0.05)
+        assert float(per_step) == pytest.approx(1e3 * step)
+    assert "FP4 / BF16 decode tokens per second: 2.00x" in out
+
+
 def test_dequantized_baseline_of_a_float32_checkpoint_is_a_bf16_model(tmp_path, capsys):
     """A W4A4 checkpoint whose other modules are float32 (loaded in the config's dtype): its
     dequantized baseline is a BF16 model throughout, as its label says, not float32 modules
