@@ -1674,7 +1674,8 @@ def test_cli_rejects_bad_numbers_before_running(args, message):
 
 
 def test_cli_tolerance_limit_is_the_bound_s_limit():
-    """The largest accepted --tolerance is one reference.gemm_tolerance accepts."""
+    """An accepted --tolerance is one reference.gemm_tolerance accepts, and the bound's own
+    limit (K * u * tolerance = 1/2) is refused by the command line, before any GPU work."""
     k = 8192
     parsed = bw.make_parser().parse_args(["--mnkl", f"256,256,{k},1", "--tolerance", "1000"])
     tol = bw._validated(parsed).tolerance
@@ -1687,6 +1688,9 @@ def test_cli_tolerance_limit_is_the_bound_s_limit():
         reference.gemm_tolerance(
             k, torch.float32, ref, ref, unit_roundoff=reference.FP32_UNIT_ROUNDOFF * too_big
         )
+    parsed = bw.make_parser().parse_args(["--mnkl", f"256,256,{k},1", "--tolerance", f"{too_big}"])
+    with pytest.raises(bw.UsageError, match=f"too large for K={k}"):
+        bw._validated(parsed)
 
 
 def _unwritable_folder(tmp_path: Path) -> Path:

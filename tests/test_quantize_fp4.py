@@ -150,6 +150,17 @@ def test_cli_refuses_bad_input(args, why, capsys):
     assert why in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("arch", quantize_fp4.GPU_ARCHS)
+def test_cli_compile_only_compiles_for_the_arch_it_names(arch, capsys, monkeypatch):
+    """``--compile_only --gpu_arch A`` compiles for A (the options the compiler gets) and says
+    so; nothing else claims an architecture."""
+    options = []
+    monkeypatch.setattr(quantize_fp4, "compile_quantizer", lambda *a: options.append(a[3]))
+    code = quantize_fp4.main(["--shape", "16,256", "--compile_only", "--gpu_arch", arch])
+    assert code == 0 and options == [f"--gpu-arch {arch}"]
+    assert capsys.readouterr().out.endswith(f"compiled for {arch}\n")
+
+
 def test_shape_reason_bounds_the_kernels_thread_space():
     """The quantize grid walks l x rows_pad x pairs of padded scale columns threads with 32-bit
     indices: just below each limit passes, at it fails."""
