@@ -853,4 +853,134 @@ MUTANTS = [
         "return plain.reshape(*lead, rows, cols).view(blocked.dtype)",
         ["tests/test_fp4_ops.py"],
     ),
+    # --- a blind review of the command lines (argument checks, exit codes, printed figures) --
+    # (python examples/generate.py --model DIR --max_new_tokens 8: decode tokens/s counts the
+    # first (prefill) token, printed rate x steps/(steps-1) too high and inconsistent with the
+    # printed 'N-1 steps x batch B in T s')
+    mutant(
+        "cli-gen-decode-tok-s-uses-steps",
+        "unit/count error in printed rate",
+        "examples/generate.py",
+        '"decode_tok_s": batch * (steps - 1) / decode_s',
+        '"decode_tok_s": batch * steps / decode_s',
+        ["tests/test_examples.py", "-k", "clock_saw"],
+    ),
+    # (python examples/generate.py --model DIR: decode time measured from the prompt hand-over
+    # (includes prefill), so decode s too large, tokens/s and ms/step too low)
+    mutant(
+        "cli-gen-decode-time-includes-prefill",
+        "wrong interval in printed rate",
+        "examples/generate.py",
+        "decode_s = clock.times[-1] - clock.times[1] if steps > 1",
+        "decode_s = clock.times[-1] - clock.times[0] if steps > 1",
+        ["tests/test_examples.py", "-k", "clock_saw"],
+    ),
+    # (python examples/generate.py --model DIR --max_new_tokens 1: accepted (exit 0, 'decode: not
+    # measured') instead of exit 2 with '--max_new_tokens must be at least 2')
+    mutant(
+        "cli-gen-max-new-tokens-off-by-one",
+        "off-by-one validation bound (lets bad input through)",
+        "examples/generate.py",
+        "if args.max_new_tokens < 2:",
+        "if args.max_new_tokens < 1:",
+        ["tests/test_examples.py", "-k", "test_bad_arguments_exit_2"],
+    ),
+    # (python examples/generate.py --model DIR_WITHOUT_TOKENIZER --tokenizer TOKDIR: --tokenizer
+    # ignored, 'error: DIR: no tokenizer that loads' exit 2 (or, where the model folder has one,
+    # silently the wrong tokenizer))
+    mutant(
+        "cli-gen-tokenizer-option-ignored",
+        "option ignored",
+        "examples/generate.py",
+        "tokenizer = load_tokenizer(args.tokenizer or str(folder))",
+        "tokenizer = load_tokenizer(str(folder))",
+        ["tests/test_examples.py", "-k", "test_unusable_folders_exit_2"],
+    ),
+    # (python examples/generate.py --model DIR --baseline: the line 'FP4 / BF16 decode tokens per
+    # second: R x' prints BF16/FP4 (the reciprocal))
+    mutant(
+        "cli-gen-baseline-ratio-inverted",
+        "wrong printed figure",
+        "examples/generate.py",
+        "{fp4['decode_tok_s'] / base['decode_tok_s']:.2f}x",
+        "{base['decode_tok_s'] / fp4['decode_tok_s']:.2f}x",
+        ["tests/test_examples.py", "-k", "clock_saw"],
+    ),
+    # (python examples/generate.py --model org/missing-repo (or an unreadable folder): an OSError
+    # from checkpoint_folder / load_quantized escapes as a traceback, exit 1)
+    mutant(
+        "cli-gen-hub-oserror-traceback",
+        "bad input gives traceback, not exit 2",
+        "examples/generate.py",
+        "except (ValueError, OSError, ImportError) as err:",
+        "except (ValueError, ImportError) as err:",
+        [
+            "tests/test_examples.py",
+            "-k",
+            "test_a_hub_repository_generates_and_a_missing_one_exits_2",
+        ],
+    ),
+    # (python -m fp4_ops.sm90 --iterations 0 (or any refused configuration): exit status 1 (the
+    # FAIL code) instead of 2)
+    mutant(
+        "cli-sm90-usage-exit-code-1",
+        "wrong exit code",
+        "fp4_ops/sm90/cli.py",
+        'print(f"error: {err}", file=sys.stderr)\n        return 2',
+        'print(f"error: {err}", file=sys.stderr)\n        return 1',
+        ["tests/test_hopper.py", "-k", "test_cli_bad_input_exits_2"],
+    ),
+    # (python -m fp4_ops.quantizer --compile_only --gpu_arch sm_100a: compiles for sm_90a yet
+    # prints 'compiled for sm_100a')
+    mutant(
+        "cli-quantizer-gpu-arch-ignored",
+        "option ignored",
+        "fp4_ops/quantizer.py",
+        'compile_quantizer(args.in_dtype, vec, dynamic, f"--gpu-arch {args.gpu_arch}")',
+        'compile_quantizer(args.in_dtype, vec, dynamic, "--gpu-arch sm_90a")',
+        ["tests/test_quantize_fp4.py", "-k", "arch_it_names"],
+    ),
+    # (python -m fp4_ops.quantizer --compile_only --global_scale 0: accepted (exit 0) instead of
+    # 'error: --global_scale 0.0: a finite value > 0' exit 2; on a GPU, a zero scale quantizes
+    # everything by 1/0)
+    mutant(
+        "cli-quantizer-global-scale-zero-accepted",
+        "check lets bad input through",
+        "fp4_ops/quantizer.py",
+        "not 0 < args.global_scale < math.inf",
+        "not 0 <= args.global_scale < math.inf",
+        ["tests/test_quantize_fp4.py", "-k", "test_cli_refuses_bad_input"],
+    ),
+    # (python blockwise_gemm_fp4.py --compile_only --gpu_arch sm_100a, then the same with
+    # --gpu_arch sm_103a: both write ./dump/<same folder>, the second overwrites the first's PTX
+    # and cubin; the folder no longer names the target)
+    mutant(
+        "cli-bw-dump-folder-drops-gpu-arch",
+        "option ignored (output folder collides)",
+        "blockwise_gemm_fp4.py",
+        'return f"{fmt}_{args.c_dtype}_tile{tm}x{tn}_cluster{cm}x{cn}_{args.gpu_arch}"',
+        'return f"{fmt}_{args.c_dtype}_tile{tm}x{tn}_cluster{cm}x{cn}"',
+        ["tests/test_blackwell.py", "-k", "test_cli_compile_only_summary"],
+    ),
+    # (python blockwise_gemm_fp4.py --mnkl 128,128,8192,1 --tolerance 1500: accepted (limit 2048
+    # instead of 1024) although the derived bound needs K u tol < 1/2; without a GPU it then fails
+    # with the no-GPU message instead of naming --tolerance)
+    mutant(
+        "cli-bw-tolerance-limit-doubled",
+        "off-by-factor validation bound",
+        "blockwise_gemm_fp4.py",
+        "k_limit = 0.5 / (args.mnkl[2] * 2.0**-24)",
+        "k_limit = 1.0 / (args.mnkl[2] * 2.0**-24)",
+        ["tests/test_blackwell.py", "-k", "tolerance_limit"],
+    ),
+    # (python blockwise_grouped_gemm_fp4.py --compile_only --iterations 0: accepted (exit 0)
+    # instead of exit 2 '--iterations must be >= 1'; on a GPU, time_us over zero iterations)
+    mutant(
+        "cli-grouped-iterations-zero-accepted",
+        "off-by-one validation bound",
+        "blockwise_grouped_gemm_fp4.py",
+        "if args.iterations < 1 or args.warmup_iterations < 0:\n        raise bw.UsageError",
+        "if args.iterations < 0 or args.warmup_iterations < 0:\n        raise bw.UsageError",
+        ["tests/test_blackwell_grouped.py", "-k", "test_cli_bad_input_exits_2_without_traceback"],
+    ),
 ]
