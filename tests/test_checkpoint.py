@@ -795,6 +795,11 @@ REFUSALS = {
         _qc(lambda q: q.update(quantization_status="frozen")),
         "quantization_status 'frozen'",
     ),
+    "status-null": (
+        "ct",
+        _qc(lambda q: q.update(quantization_status=None)),
+        "quantization_status None",
+    ),
     "kv-cache": (
         "ct",
         _qc(lambda q: q.update(kv_cache_scheme={"num_bits": 8})),
@@ -810,6 +815,11 @@ REFUSALS = {
         "ct",
         _group(lambda a: a.update(group_size=32), "weights"),
         "group_size 32: nvfp4-pack-quantized uses 16",
+    ),
+    "group-size-absent": (
+        "ct",
+        _group(lambda a: a.pop("group_size"), "weights"),
+        "group_size None: nvfp4-pack-quantized uses 16",
     ),
     "group-size-32": (
         "ct_mx",
@@ -1506,6 +1516,7 @@ def test_damaged_weight_files_are_refused_by_name(base, damaged, content, bases,
         (dict(activations=1), TypeError, "activations must be"),
         (dict(device="meta"), ValueError, "meta"),
         (dict(device="tpu"), ValueError, "^device 'tpu' is not a torch device"),
+        (dict(device=True), TypeError, "^device must be None, a str, an int"),  # (not index 1)
         (dict(device="xpu"), ValueError, "^device 'xpu': FP4 layers run on the CPU or on CUDA"),
         (dict(device="cuda:64"), ValueError, r"^device 'cuda:64': this machine has \d+ CUDA"),
         (dict(path=1), TypeError, "path must be"),

@@ -117,6 +117,14 @@ def test_per_expert_checkpoint_refusals(tmp_path):
     with pytest.raises(ValueError, match=r"experts.0.gate_proj and .*experts.0.up_proj: global"):
         fp4_ops.load_quantized(tmp_path / "unfused")
     parts = _per_expert(model)
+    up = "model.layers.0.mlp.experts.1.up_proj.weight_scale_2"
+
+    def one_ulp_apart(t):  # (a scale close to its gate's is still another scale)
+        t[up] = torch.nextafter(t[up], torch.full_like(t[up], float("inf")))
+
+    _write(tmp_path / "ulp", model, "modelopt", parts, one_ulp_apart)
+    with pytest.raises(ValueError, match=r"experts.1.gate_proj and .*experts.1.up_proj: global"):
+        fp4_ops.load_quantized(tmp_path / "ulp")
     key = "model.layers.1.mlp.experts.3.down_proj.weight_scale"
     _write(tmp_path / "missing", model, "modelopt", parts, lambda t: t.pop(key))
     with pytest.raises(ValueError, match=rf"{key}: missing from the checkpoint"):
