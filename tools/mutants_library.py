@@ -983,4 +983,250 @@ MUTANTS = [
         "if args.iterations < 0 or args.warmup_iterations < 0:\n        raise bw.UsageError",
         ["tests/test_blackwell_grouped.py", "-k", "test_cli_bad_input_exits_2_without_traceback"],
     ),
+    # --- a second blind review of checkpoint loading (config checks, scales, KV cache) ------
+    # (compressed-tensors NVFP4 W4A4 (input_global_scale stored as 448*6/amax): static input scale
+    # taken un-inverted, activations quantized with a scale off by amax^2/2688^2)
+    mutant(
+        "ck-ct-input-scale-no-reciprocal",
+        "missed-reciprocal",
+        CHECKPOINT,
+        (
+            "return None if key is None else _read_scalar(t[key].cpu(), key, layer.sche"
+            "me.reciprocal)"
+        ),
+        "return None if key is None else _read_scalar(t[key].cpu(), key, False)",
+        ["tests/test_checkpoint.py", "-k", "test_round_trip"],
+    ),
+    # (ModelOpt NVFP4 with kv_cache_quant_algo FP8 whose k_proj.k_scale is NaN / negative / 0:
+    # loads with no ValueError)
+    mutant(
+        "ck-kv-scales-never-checked",
+        "missing-value-check",
+        CHECKPOINT,
+        "    if not keys:\n        return\n    with ck.reader",
+        "    if keys:\n        return\n    with ck.reader",
+        ["tests/test_checkpoint.py", "-k", "test_fp8_kv_cache_scales_are_checked"],
+    ),
+    # (checkpoint with k_proj.k_scale / v_proj.v_scale tensors but no KV-cache quantization
+    # declared in its config: tensors silently swallowed (no refusal, no warning) instead of
+    # 'unexpected tensors')
+    mutant(
+        "ck-kv-scales-undeclared-taken",
+        "leftover-refusal",
+        CHECKPOINT,
+        "kv_scales = _plan_kv_scales(ck, model) if qconfig.kv_cache else []",
+        "kv_scales = _plan_kv_scales(ck, model)",
+        ["tests/test_checkpoint.py", "-k", "test_fp8_kv_cache_scales_are_checked"],
+    ),
+    # (MoE NVFP4 W4A4 checkpoint (Mixtral / Qwen3-MoE, ModelOpt or compressed-tensors) with a NaN
+    # / zero / negative expert input_scale: loads silently instead of ValueError)
+    mutant(
+        "ck-experts-input-scales-unchecked",
+        "missing-value-check",
+        CHECKPOINT,
+        ('for layer in (layer for row in plan.layers for layer in row if "input" in layer.keys):'),
+        ('for layer in (layer for row in plan.layers for layer in row if "inputs" in layer.keys):'),
+        ["tests/test_moe_checkpoint.py", "-k", "test_a_bad_input_scale_of_an_expert_is_refused"],
+    ),
+    # (compressed-tensors MXFP4 W4A16 checkpoint with config dtype float16: model kept in float16
+    # (no bfloat16 switch, no warning); E8M0 scales overflow float16 in W4A16 matmuls)
+    mutant(
+        "ck-mxfp4-fp16-w4a16-kept",
+        "dtype-choice",
+        CHECKPOINT,
+        'dtype == torch.float16 and formats == {"nvfp4"}',
+        "dtype == torch.float16",
+        ["tests/test_checkpoint.py", "-k", "test_dtype"],
+    ),
+    # (Mixtral checkpoint holding both experts.0.w1.* and experts.0.gate_proj.* (same model name):
+    # one silently used, the other silently ignored (neither consumed nor left over))
+    mutant(
+        "ck-duplicate-spellings-allowed",
+        "key-lookup",
+        CHECKPOINT,
+        "            if len(keys) > 1:\n",
+        "            if len(keys) > 2:\n",
+        [
+            "tests/test_moe_checkpoint.py",
+            "-k",
+            "test_mixtral_checkpoint_naming_one_tensor_twice_is_refused",
+        ],
+    ),
+    # (compressed-tensors config listing the same target in two config_groups (e.g. group_0 nvfp4
+    # Linear, group_1 mxfp4 Linear): first group's scheme used instead of the last; wrong format
+    # planned, checkpoint refused or mis-read)
+    mutant(
+        "ck-ct-groups-first-wins",
+        "precedence",
+        CHECKPOINT,
+        "by_target = {t: scheme for _, targets, scheme in self.groups for t in targets}",
+        (
+            "by_target = {t: scheme for _, targets, scheme in reversed(self.groups) for"
+            " t in targets}"
+        ),
+        ["tests/test_checkpoint.py", "-k", "test_compressed_tensors_matching"],
+    ),
+    # (ModelOpt hf_quant_config with exclude_modules glob patterns ('*lm_head*',
+    # 'model.layers.*.mlp.gate'): excluded BF16 layers planned as NVFP4, checkpoint refused)
+    mutant(
+        "ck-modelopt-glob-exclude-lost",
+        "pattern-match",
+        CHECKPOINT,
+        "if any(n == p or fnmatch.fnmatchcase(n, p) for n in names for p in self.ignore):",
+        "if any(n == p for n in names for p in self.ignore):",
+        ["tests/test_checkpoint.py", "-k", "test_modelopt_exclude_globs"],
+    ),
+    # (load_quantized(path, device=True/False): taken as cuda:1 / cuda:0 (ValueError on CPU-only,
+    # silently a GPU elsewhere) instead of TypeError)
+    mutant(
+        "ck-parse-device-bool-accepted",
+        "arg-check",
+        CHECKPOINT,
+        "if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):",
+        "if not isinstance(device, (str, torch.device, int)):",
+        ["tests/test_checkpoint.py", "-k", "load_arguments"],
+    ),
+    # (compressed-tensors config group with no group_size (a per-channel / tensor layout writer):
+    # accepted as 16 / 32-blocked instead of ValueError)
+    mutant(
+        "ck-ct-group-size-absent-ok",
+        "config-check",
+        CHECKPOINT,
+        'if args.get("group_size") != vec:',
+        'if args.get("group_size") not in (vec, None):',
+        ["tests/test_checkpoint.py", "-k", "refusals"],
+    ),
+    # (NVFP4 MoE checkpoint whose gate_proj / up_proj global scales differ by < 1e-5 relative (not
+    # re-fused): up weight silently rescaled by gate's global scale)
+    mutant(
+        "ck-experts-gate-up-gs-allclose",
+        "value-check",
+        CHECKPOINT,
+        "if not torch.equal(ggs, ugs):",
+        "if not torch.allclose(ggs, ugs):",
+        ["tests/test_moe_checkpoint.py", "-k", "per_expert_checkpoint_refusals"],
+    ),
+    # (compressed-tensors mxfp4-pack-quantized with input_activations dynamic: false (static group
+    # scales): accepted and run with per-call scales instead of ValueError)
+    mutant(
+        "ck-mxfp4-static-acts-as-dynamic",
+        "config-check",
+        CHECKPOINT,
+        '    if dynamic in (True, "local"):\n        return "dynamic"',
+        '    if dynamic is not None:\n        return "dynamic"',
+        ["tests/test_checkpoint.py", "-k", "test_refusals"],
+    ),
+    # (compressed-tensors checkpoint with kv_cache_scheme FP8 storing self_attn.k_scale / v_scale:
+    # scales not recognized, refused as left-over tensors (a loadable checkpoint refused))
+    mutant(
+        "ck-kv-scale-on-attention-missed",
+        "key-lookup",
+        CHECKPOINT,
+        'if owner.rpartition(".")[2] != proj and f"{owner}.{proj}" not in modules:',
+        'if owner.rpartition(".")[2] != proj:',
+        [
+            "tests/test_checkpoint.py",
+            "-k",
+            "test_an_fp8_kv_cache_checkpoint_loads_with_its_scales_checked_and_unused",
+        ],
+    ),
+    # (ModelOpt config.json-embedded quantization_config spelling its exclusions 'ignore' (lm_head
+    # etc.): exclusions lost, the BF16 lm_head is planned as NVFP4 and the checkpoint refused)
+    mutant(
+        "ck-modelopt-ignore-fallback-lost",
+        "config-parse",
+        CHECKPOINT,
+        'exclude = q["exclude_modules"] if "exclude_modules" in q else q.get("ignore")',
+        'exclude = q.get("exclude_modules")',
+        [
+            "tests/test_checkpoint.py",
+            "-k",
+            "test_an_fp8_kv_cache_checkpoint_loads_with_its_scales_checked_and_unused",
+        ],
+    ),
+    # (compressed-tensors config whose ignore / targets regex is unanchored-at-start (e.g.
+    # 're:mlp.gate$' or 're:.*' variants): matches mid-name where compressed-tensors' re.match
+    # does not, quantized layers treated as ignored (refused / wrong scheme))
+    mutant(
+        "ck-ct-regex-search",
+        "pattern-match",
+        CHECKPOINT,
+        "return re.match(target[3:], name) is not None",
+        "return re.search(target[3:], name) is not None",
+        ["tests/test_checkpoint.py", "-k", "test_compressed_tensors_matching"],
+    ),
+    # (compressed-tensors kv_cache_scheme FP8 with dynamic: true (per-call KV scales): accepted
+    # instead of ValueError)
+    mutant(
+        "ck-kv-dynamic-accepted",
+        "config-check",
+        CHECKPOINT,
+        '        and not kv.get("dynamic")\n',
+        "\n",
+        [
+            "tests/test_checkpoint.py",
+            "-k",
+            "test_kv_cache_schemes_other_than_static_per_tensor_fp8_are_refused",
+        ],
+    ),
+    # (compressed-tensors kv_cache_scheme FP8 strategy 'head' / 'channel': accepted instead of
+    # ValueError)
+    mutant(
+        "ck-kv-strategy-any",
+        "config-check",
+        CHECKPOINT,
+        'and kv.get("strategy", "tensor") == "tensor"',
+        'and kv.get("strategy", "tensor") in ("tensor", "channel", "head")',
+        [
+            "tests/test_checkpoint.py",
+            "-k",
+            "test_kv_cache_schemes_other_than_static_per_tensor_fp8_are_refused",
+        ],
+    ),
+    # (ModelOpt checkpoint whose config.json says FP8 KV cache and hf_quant_config.json none (or
+    # vice versa): disagreement not refused)
+    mutant(
+        "ck-modelopt-agree-format-only",
+        "config-check",
+        CHECKPOINT,
+        (
+            '    mode = "W4A16" if config.scheme.inputs == "none" else "W4A4"\n'
+            "    return f\"{config.scheme.format} {mode}, KV cache {config.kv_cache or '"
+            "16-bit'}\""
+        ),
+        (
+            '    mode = "W4A16" if config.scheme.inputs == "none" else "W4A4"\n'
+            '    return f"{config.scheme.format} {mode}"'
+        ),
+        ["tests/test_checkpoint.py", "-k", "test_refusals"],
+    ),
+    # (FP8 KV-cache checkpoint with per-head k_scale [H]: accepted (one positive entry suffices?)
+    # instead of refused as non-per-tensor)
+    mutant(
+        "ck-kv-scale-shape-any",
+        "shape-check",
+        CHECKPOINT,
+        '_expect(ck, key, (), ((), (1,)), "an FP8 KV-cache scale")',
+        '_expect(ck, key, (), ((), (1,), ck.header[key][1]), "an FP8 KV-cache scale")',
+        ["tests/test_checkpoint.py", "-k", "test_fp8_kv_cache_scales_are_checked"],
+    ),
+    # (sharded checkpoint whose shards hold tensors the index does not list: loaded instead of
+    # refused)
+    mutant(
+        "ck-index-unlisted-ok",
+        "leftover-refusal",
+        CHECKPOINT,
+        "            unlisted = set(self.file_of) - set(weight_map)\n",
+        "            unlisted = set()\n",
+        ["tests/test_checkpoint.py", "-k", "test_refusals"],
+    ),
+    # (compressed-tensors config with quantization_status '' / null: accepted as compressed)
+    mutant(
+        "ck-status-default-frozen",
+        "config-check",
+        CHECKPOINT,
+        'status = qc.get("quantization_status", "compressed")',
+        'status = qc.get("quantization_status") or "compressed"',
+        ["tests/test_checkpoint.py", "-k", "refusals"],
+    ),
 ]
