@@ -409,6 +409,19 @@ def test_fp4_gemm_refuses_batch_mismatch(la, lb):
             fp4_ops.fp4_gemm(a, b)
 
 
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_fp4_gemm_refuses_a_global_scale_per_batch(operand):
+    """An FP4Tensor with one global scale per batch (experts' weights) is refused as either
+    operand, naming it and fp4_grouped_gemm: the GEMM applies one scalar per operand."""
+    gen = torch.Generator().manual_seed(12)
+    experts = fp4_ops.quantize_experts(torch.randn(2, 16, 64, generator=gen).bfloat16(), "nvfp4")
+    other = fp4_ops.quantize(torch.randn(2, 16, 64, generator=gen))
+    args = (experts, other) if operand == "a" else (other, experts)
+    match = f"{operand} has one global scale per batch \\(\\(2,\\)\\).*fp4_grouped_gemm"
+    with pytest.raises(ValueError, match=match):
+        fp4_ops.fp4_gemm(*args)
+
+
 def _on_meta(t: FP4Tensor) -> FP4Tensor:
     return FP4Tensor.unchecked(
         t.data.to("meta"), t.scale.to("meta"), t.global_scale.to("meta"), t.format

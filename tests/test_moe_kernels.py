@@ -30,7 +30,7 @@ from conftest import ptx_options
 from ptx_emulator import GlobalMemory, Grid, Params, PtxError, parse_ptx
 
 import reference
-from fp4_ops import moe_kernels
+from fp4_ops import memory, moe_kernels
 from fp4_ops.layout import MXFP4_BF16_SHIFT, SCALE_DTYPES
 from fp4_ops.moe_kernels import activation, combine, exact_rows, gating, routing
 
@@ -680,6 +680,28 @@ def test_route_hands_the_kernel_its_ids_and_outputs_in_order(monkeypatch, ids_dt
         ((config, args),) = launches
         assert config == moe_kernels.RoutingConfig(NAMES_IDS[ids_dtype], 64)
         assert torch.equal(got.rows, x[got.token_of.long()])
+
+
+_BASE = torch.arange(64 * 64 + 4, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    "view, copied",
+    [
+        (_BASE[: 64 * 64].view(64, 64), False),
+        (_BASE[: 64 * 64].view(64, 64).t(), True),  # aligned base, not row-major
+        (_BASE[: 64 * 64].view(64, 64)[:, ::2], True),  # aligned base, strided rows
+        (_BASE[1 : 64 * 64 + 1].view(64, 64), True),  # row-major, 4 bytes off the boundary
+    ],
+    ids=["aligned", "transposed", "strided", "misaligned"],
+)
+def test_aligned_rows_copies_exactly_what_the_kernels_cannot_read(view, copied):
+    """A row-major tensor from a 16-byte aligned base goes as it is; any other comes back as
+    a row-major copy of the same values from an aligned base."""
+    out = memory.aligned_rows(view)
+    assert (out.data_ptr() != view.data_ptr()) == copied
+    assert out.is_contiguous() and out.data_ptr() % 16 == 0
+    assert out.shape == view.shape and torch.equal(out, view)
 
 
 def test_activation_and_combine_hand_their_kernels_16_byte_aligned_rows(monkeypatch):
