@@ -1,9 +1,10 @@
 """Mutants of the library: fp4_ops/checkpoint.py and fp4_ops/nn.py (checkpoint loading and saving,
 FP4Linear's state dict, quantize_model, calibrate), the CPU quantizer and GEMM, the scale layout,
-FP4Tensor, the ops' checks, the MoE host code and the GPU quantizer: small, realistic bugs that
-make a result silently wrong or let bad input through, planted by reviewers who had not read the
-tests. The tests named must catch each (``-m gpu``: on an H100 / H200). Keep every ``old`` text
-current as the code changes (it must occur exactly once in its file)."""
+FP4Tensor, the ops' checks, the memory rules, the FP4 buffers' casts, the MoE host code and the
+GPU quantizer: small, realistic bugs that make a result silently wrong or let bad input through,
+planted by reviewers who had not read the tests. The tests named must catch each (``-m gpu``: on
+an H100 / H200). Keep every ``old`` text current as the code changes (it must occur exactly once
+in its file)."""
 
 CHECKPOINT = "fp4_ops/checkpoint.py"
 NN = "fp4_ops/nn.py"
@@ -13,6 +14,8 @@ TENSOR = "fp4_ops/tensor.py"
 OPS = "fp4_ops/ops.py"
 MOE = "fp4_ops/moe.py"
 QUANTIZER = "fp4_ops/quantizer.py"
+MEMORY = "fp4_ops/memory.py"
+BUFFERS = "fp4_ops/buffers.py"
 TESTS = [
     "tests/test_checkpoint.py",
     "tests/test_moe_checkpoint.py",
@@ -1238,5 +1241,232 @@ MUTANTS = [
         'fnmatch.fnmatchcase(name, p) or name.startswith(p + ".") for p in self.ignore',
         "fnmatch.fnmatchcase(name, p) for p in self.ignore",
         ["tests/test_gpt_oss_checkpoint.py", "-k", "modules_not_converted"],
+    ),
+    # ------------------------------------------------ FP4Tensor, ops, layout, memory, CPU path
+    # (check_global_scale_value accepts a zero global-scale tensor (> weakened to >=))
+    mutant(
+        "co-tensor-01",
+        "core review",
+        TENSOR,
+        "ok = torch.isfinite(t) & (t > 0)",
+        "ok = torch.isfinite(t) & (t >= 0)",
+        ["tests/test_library.py"],
+    ),
+    # (global_scale_tensor aliases the caller's float32 tensor instead of copying it)
+    mutant(
+        "co-tensor-02",
+        "core review",
+        TENSOR,
+        "        return t.to(like.device).clone()",
+        "        return t.to(like.device)",
+        ["tests/test_checkpoint.py"],
+    ),
+    # (check_packed_data accepts K = 0 packed data)
+    mutant(
+        "co-tensor-03",
+        "core review",
+        TENSOR,
+        "    if k == 0 or k % vec:",
+        "    if k % vec:",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (FP4Tensor no longer checks that scale is contiguous)
+    mutant(
+        "co-tensor-04",
+        "core review",
+        TENSOR,
+        "if not (d.is_contiguous() and s.is_contiguous()):",
+        "if not d.is_contiguous():",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (picklable only converts E4M3 tensors, forgetting E8M0 (MXFP4) scales)
+    mutant(
+        "co-tensor-05",
+        "core review",
+        TENSOR,
+        "t.is_floating_point() and t.element_size() == 1:",
+        "t.is_floating_point() and t.dtype == torch.float8_e4m3fn:",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (from_plain/from_modelopt silently default an NVFP4 global_scale of None to 1.0 instead of
+    # raising)
+    mutant(
+        "co-tensor-06",
+        "core review",
+        TENSOR,
+        '    elif vec == FORMATS["mxfp4"]:\n        gs = torch.ones(',
+        "    elif vec in FORMATS.values():\n        gs = torch.ones(",
+        ["tests/test_library.py"],
+    ),
+    # (plain-scale shape error names the data argument instead of the scales argument)
+    mutant(
+        "co-tensor-07",
+        "core review",
+        TENSOR,
+        'f"{scales_name} has shape {tuple(scales.shape)}; plain scales of',
+        'f"{data_name} has shape {tuple(scales.shape)}; plain scales of',
+        ["tests/test_library.py"],
+    ),
+    # (unpickling / torch.load of an FP4Tensor skips the constructor's validation)
+    mutant(
+        "co-tensor-08",
+        "core review",
+        TENSOR,
+        (
+            "            object.__setattr__(self, name, unpickled(value))\n"
+            "        self.__post_init__()"
+        ),
+        "            object.__setattr__(self, name, unpickled(value))",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (FP4Tensor.dequantize defaults to bfloat16 instead of float32)
+    mutant(
+        "co-tensor-09",
+        "core review",
+        TENSOR,
+        "def dequantize(self, dtype: torch.dtype = torch.float32)",
+        "def dequantize(self, dtype: torch.dtype = torch.bfloat16)",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (quantize accepts K a multiple of 16 (not 32))
+    mutant(
+        "co-ops-10",
+        "core review",
+        OPS,
+        "if x.shape[-1] == 0 or x.shape[-1] % 32:",
+        "if x.shape[-1] == 0 or x.shape[-1] % 16:",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (quantize silently ignores a global_scale given with format='mxfp4')
+    mutant(
+        "co-ops-11",
+        "core review",
+        OPS,
+        (
+            '    if global_scale is not None and vec != FORMATS["nvfp4"]:\n'
+            '        raise ValueError("global_scale: mxfp4 has no global scale (E8M0 sc'
+            'ales span the range)")\n'
+        ),
+        "",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (fp4_gemm's default out_dtype is float16 instead of bfloat16)
+    mutant(
+        "co-ops-13",
+        "core review",
+        OPS,
+        (
+            "    out_dtype: torch.dtype = torch.bfloat16,\n"
+            "    alpha: torch.Tensor | float | None = None,\n"
+            ") -> torch.Tensor:\n"
+            '    """D = alpha'
+        ),
+        (
+            "    out_dtype: torch.dtype = torch.float16,\n"
+            "    alpha: torch.Tensor | float | None = None,\n"
+            ") -> torch.Tensor:\n"
+            '    """D = alpha'
+        ),
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (_as_rows reuses the blocked scales as a view for M % 32 == 0 (padding rows between batches
+    # misread))
+    mutant(
+        "co-ops-14",
+        "core review",
+        OPS,
+        "    if m % 128 == 0:\n        return data, a.scale.reshape(",
+        "    if m % 32 == 0:\n        return data, a.scale.reshape(",
+        ["tests/test_semantics.py"],
+    ),
+    # (W4A4 fp4_gemm with an empty result returns a uint8 tensor (out_dtype dropped))
+    mutant(
+        "co-ops-15",
+        "core review",
+        OPS,
+        "        return a.data.new_empty(out_shape, dtype=out_dtype)",
+        "        return a.data.new_empty(out_shape)",
+        ["tests/test_library.py"],
+    ),
+    # (fp4_gemm checks only b for a per-batch global scale, not a)
+    mutant(
+        "co-ops-16",
+        "core review",
+        OPS,
+        (
+            '    for name, t in (("a", a), ("b", b)):\n'
+            "        if isinstance(t, FP4Tensor) and t.global_scale.numel() != 1:"
+        ),
+        (
+            '    for name, t in (("b", b),):\n'
+            "        if isinstance(t, FP4Tensor) and t.global_scale.numel() != 1:"
+        ),
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (from_blocked returns a non-contiguous view (plain_scales / to_compressed_tensors not
+    # contiguous))
+    mutant(
+        "co-layout-17",
+        "core review",
+        LAYOUT,
+        "    return plain.reshape(*lead, rows, cols).contiguous().view(blocked.dtype)",
+        "    return plain.reshape(*lead, rows, cols).view(blocked.dtype)",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (CPU quantize rejects NaN but accepts +-Inf input)
+    mutant(
+        "co-cpu-18",
+        "core review",
+        CPU,
+        "    if not bool(torch.isfinite(xf).all()):",
+        "    if bool(torch.isnan(xf).any()):",
+        ["tests/test_cpu.py"],
+    ),
+    # (CPU _encode gives zero-scale blocks +0 codes, dropping each element's sign (negative values
+    # encode 0x0, not 0x8))
+    mutant(
+        "co-cpu-19",
+        "core review",
+        CPU,
+        "y = torch.where(live.unsqueeze(-1), blocks / d, blocks * 0.0)",
+        "y = torch.where(live.unsqueeze(-1), blocks / d, torch.zeros_like(blocks))",
+        ["tests/test_cpu.py"],
+    ),
+    # (check_scales no longer refuses the E4M3 NaN byte 0x7F)
+    mutant(
+        "co-cpu-20",
+        "core review",
+        CPU,
+        "        nan = 0x7F",
+        "        nan = 0xFF",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (CPU MXFP4 quantize drops the lower exponent clamp (tiny blocks wrap the E8M0 byte))
+    mutant(
+        "co-cpu-21",
+        "core review",
+        CPU,
+        ".clamp(-_E8M0_BIAS, _E8M0_BIAS)",
+        ".clamp(max=_E8M0_BIAS)",
+        ["tests/test_cpu.py"],
+    ),
+    # (FP4Buffers._apply restores kept dtypes by casting the cast buffer back (half() rounds global
+    # scales))
+    mutant(
+        "co-buffers-22",
+        "core review",
+        BUFFERS,
+        "self._buffers[name] = old.to(new.device)",
+        "self._buffers[name] = new.to(old.dtype)",
+        ["tests/test_library.py"],
+    ),
+    # (aligned_rows returns a non-contiguous aligned tensor uncopied)
+    mutant(
+        "co-memory-23",
+        "core review",
+        MEMORY,
+        "if t.is_contiguous() and t.data_ptr() % 16 == 0:",
+        "if t.is_contiguous() or t.data_ptr() % 16 == 0:",
+        ["tests/test_moe_kernels.py"],
     ),
 ]
