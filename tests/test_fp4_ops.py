@@ -564,6 +564,10 @@ def test_fp4_linear_refuses_bad_configuration():
         fp4_ops.FP4Linear.from_linear(lin, activations="calibrated")
     with pytest.raises(ValueError, match="features"):
         fp4_ops.FP4Linear.from_linear(lin)(torch.randn(3, 32))
+    # (an NVFP4 FP4Tensor may have K = 48, three scale blocks; the kernels take K % 32 == 0)
+    k48 = FP4Tensor.from_plain(*reference.quantize_nvfp4(torch.randn(8, 48)), "nvfp4")
+    with pytest.raises(ValueError, match="in_features = 48 is not a multiple of 32"):
+        fp4_ops.FP4Linear(k48)
 
 
 class _Block(nn.Module):

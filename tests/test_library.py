@@ -1102,6 +1102,10 @@ def test_quantize_model_reports_patterns_and_shared_linears():
     assert "nothing*" in str(report) and "attn.out_proj" in str(report)
     default = fp4_ops.quantize_model(nn.Sequential(nn.Linear(40, 8), nn.Linear(8, 8)))
     assert default.replaced == [] and "not a multiple of 32" in default.skipped["0"]
+    parent = nn.Sequential(nn.Sequential(nn.Linear(64, 64)), nn.Linear(64, 64))
+    with pytest.warns(UserWarning, match=r"matched no nn.Linear or experts module: \['0'\]"):
+        report = fp4_ops.quantize_model(parent, include=["0"])  # (a parent: not its Linears)
+    assert report.replaced == [] and type(parent[0][0]) is nn.Linear
 
 
 def test_quantize_model_replaces_a_shared_linear_under_every_name():
@@ -1355,6 +1359,17 @@ def test_calibrate_takes_nvfp4_layers_under_every_name_without_gradients():
     assert model[0] is model[2] and model[0].activations == "static"
     assert model[3].format == "mxfp4" and model[3].activations == "dynamic"
     assert not outputs[0].requires_grad
+
+
+def test_calibrate_leaves_w4a16_layers_16_bit():
+    """A W4A16 layer (16-bit activations) is not calibrated: it keeps its activations and is
+    not among the names returned."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32)).bfloat16()
+    fp4_ops.quantize_model(model, include="0")
+    fp4_ops.quantize_model(model, include="1", activations="bf16")
+    x = _x((4, 64), seed=55).bfloat16()
+    assert fp4_ops.calibrate(model, lambda m: m(x)) == ["0"]
+    assert [m.activations for m in model] == ["static", "bf16"]
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
