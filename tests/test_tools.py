@@ -121,14 +121,16 @@ def test_harness_keeps_dependencies_found_through_pythonpath(
     assert "passes" in out and "caught   1 of   1 100.0%" in out
 
 
+@pytest.mark.parametrize("driver", ["sanitize_moe", "sanitize_layers"])
 @pytest.mark.parametrize("argv", [["--bogus"], ["extra"]])
-def test_sanitize_moe_refuses_arguments_it_does_not_take(argv, capsys):
-    """tools.sanitize_moe takes no option: anything given is refused (exit 2), not ignored
+def test_sanitizer_drivers_refuse_arguments_they_do_not_take(driver, argv, capsys):
+    """The sanitizer drivers take no option: anything given is refused (exit 2), not ignored
     while a full sanitizer run starts."""
-    from tools import sanitize_moe
+    import importlib
 
+    tool = importlib.import_module(f"tools.{driver}")
     with pytest.raises(SystemExit) as exit_:
-        sanitize_moe.main(argv)
+        tool.main(argv)
     assert exit_.value.code == 2
     assert "unrecognized arguments" in capsys.readouterr().err
 
