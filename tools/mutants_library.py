@@ -1469,4 +1469,247 @@ MUTANTS = [
         "if t.is_contiguous() or t.data_ptr() % 16 == 0:",
         ["tests/test_moe_kernels.py"],
     ),
+    # ------------------------------------------------------------ FP4Linear, quantize_model, calibr
+    # (FP4Linear.__init__ accepts in_features that is only a multiple of 16 (should be 32))
+    mutant(
+        "nn-01",
+        "nn review",
+        NN,
+        (
+            "        if in_features % 32:\n"
+            '            raise ValueError(f"in_features = {in_features}'
+        ),
+        (
+            "        if in_features % 16:\n"
+            '            raise ValueError(f"in_features = {in_features}'
+        ),
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (bias Parameter aliases the caller's tensor (no clone): load_state_dict writes into it)
+    mutant(
+        "nn-02",
+        "nn review",
+        NN,
+        "bias = nn.Parameter(bias.detach().clone(), requires_grad=False)",
+        "bias = nn.Parameter(bias.detach(), requires_grad=False)",
+        ["tests/test_library.py"],
+    ),
+    # (static activations no longer refused for mxfp4 weights)
+    mutant(
+        "nn-03",
+        "nn review",
+        NN,
+        (
+            '        if static and weight.format != "nvfp4":\n'
+            '            raise ValueError("static activation scales exist for nvfp4 onl'
+            'y (mxfp4 has none)")\n'
+        ),
+        "",
+        ["tests/test_fp4_ops.py"],
+    ),
+    # (from_linear checks only for NaN, an Inf weight slips through)
+    mutant(
+        "nn-04",
+        "nn review",
+        NN,
+        (
+            "if not bool(torch.isfinite(w).all()):\n"
+            '            raise ValueError("weight contains NaN or Inf, which FP4 cannot'
+            ' encode")\n'
+            "        if weight_global_scale"
+        ),
+        (
+            "if bool(torch.isnan(w).any()):\n"
+            '            raise ValueError("weight contains NaN or Inf, which FP4 cannot'
+            ' encode")\n'
+            "        if weight_global_scale"
+        ),
+        ["tests/test_library.py"],
+    ),
+    # (_check_weight_global_scale forgets abs(): a too-small scale passes for weights whose amax is
+    # negative)
+    mutant(
+        "nn-05",
+        "nn review",
+        NN,
+        "own = w.abs().amax().float() / torch.tensor(",
+        "own = w.amax().float() / torch.tensor(",
+        ["tests/test_library.py"],
+    ),
+    # (extra-state check compares activations exactly: a dynamic checkpoint no longer loads into a
+    # bf16 layer)
+    mutant(
+        "nn-06",
+        "nn review",
+        NN,
+        'if (state["activations"] == "static") != (self.activations == "static"):',
+        'if state["activations"] != self.activations:',
+        ["tests/test_library.py"],
+    ),
+    # (load with a bias-less checkpoint into a layer with bias does not report the missing bias)
+    mutant(
+        "nn-07",
+        "nn review",
+        NN,
+        (
+            '        elif "bias" not in found and self.bias is not None:\n'
+            '            missing_keys.append(prefix + "bias")'
+        ),
+        (
+            '        elif "bias" not in found and self.bias is None:\n'
+            '            missing_keys.append(prefix + "bias")'
+        ),
+        ["tests/test_library.py"],
+    ),
+    # (static layer loads a checkpoint lacking input_global_scale silently (keeps its old scale))
+    mutant(
+        "nn-08",
+        "nn review",
+        NN,
+        '        if static:\n            parts.append("input_global_scale")',
+        (
+            '        if static and "input_global_scale" in found:\n'
+            '            parts.append("input_global_scale")'
+        ),
+        ["tests/test_library.py"],
+    ),
+    # (off-by-one: weight_global_scale of a checkpoint is not checked (0-d float32, finite,
+    # positive))
+    mutant(
+        "nn-09",
+        "nn review",
+        NN,
+        "        for name in parts[2:]:",
+        "        for name in parts[3:]:",
+        ["tests/test_library.py"],
+    ),
+    # (forward: a 0-d x raises IndexError instead of the ValueError)
+    mutant(
+        "nn-10",
+        "nn review",
+        NN,
+        "if x.ndim == 0 or x.shape[-1] != self.in_features:",
+        "if x.shape[-1] != self.in_features:",
+        ["tests/test_library.py"],
+    ),
+    # (forward: bias added without cast, output dtype promoted to the bias's)
+    mutant(
+        "nn-11",
+        "nn review",
+        NN,
+        "y = y + self.bias.to(y.dtype)",
+        "y = y + self.bias",
+        ["tests/test_library.py"],
+    ),
+    # (input_global_scale dropped from the kept FP4 buffers: .half()/.bfloat16() casts it)
+    mutant(
+        "nn-12",
+        "nn review",
+        NN,
+        '    "weight_global_scale",\n    "input_global_scale",\n)',
+        '    "weight_global_scale",\n)',
+        ["tests/test_library.py"],
+    ),
+    # (include patterns also match every module under a matching name (glob matches too much))
+    mutant(
+        "nn-13",
+        "nn review",
+        NN,
+        "return any(fnmatch.fnmatchcase(name, p) for p in patterns)",
+        (
+            'return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + "'
+            '.*") for p in patterns)'
+        ),
+        ["tests/test_library.py"],
+    ),
+    # (a Conv1D chosen by include patterns is skipped silently instead of raising)
+    mutant(
+        "nn-14",
+        "nn review",
+        NN,
+        (
+            "            elif _chosen(name, module, patterns, None):\n"
+            '                raise ValueError(f"{name}: {CONV1D_REASON}")'
+        ),
+        (
+            "            elif _chosen(name, module, patterns, None):\n"
+            "                report.skipped[name] = CONV1D_REASON"
+        ),
+        ["tests/test_quantize_transformers.py"],
+    ),
+    # (router detection: a one-output gate (shared_expert_gate) is no longer a router)
+    mutant(
+        "nn-15",
+        "nn review",
+        NN,
+        "not in counts | {1}:",
+        "not in counts:",
+        ["tests/test_library.py"],
+    ),
+    # (a Linear also reachable under a router/weight-reader name is quantized anyway (kept filter
+    # dropped))
+    mutant(
+        "nn-16",
+        "nn review",
+        NN,
+        "linears = {key: found for key, found in linears.items() if key not in kept}",
+        "linears = {key: found for key, found in linears.items()}",
+        ["tests/test_library.py"],
+    ),
+    # (fused q/k/v, gate/up groups keyed without the parent: all layers' siblings share one global
+    # scale)
+    mutant(
+        "nn-17",
+        "nn review",
+        NN,
+        "groups.setdefault((parent, i), []).append(name)",
+        'groups.setdefault(("", i), []).append(name)',
+        ["tests/test_checkpoint.py"],
+    ),
+    # (untie warning not emitted)
+    mutant(
+        "nn-18",
+        "nn review",
+        NN,
+        '        warnings.warn(\n            f"quantize_model: untied {pairs}',
+        '        print(\n            f"quantize_model: untied {pairs}',
+        ["tests/test_quantize_transformers.py"],
+    ),
+    # (untying only fixes the top model's config, not a submodel's text config)
+    mutant(
+        "nn-19",
+        "nn review",
+        NN,
+        ('    for module in model.modules():\n        config = getattr(module, "config", None)'),
+        '    for module in [model]:\n        config = getattr(module, "config", None)',
+        ["tests/test_quantize_transformers.py"],
+    ),
+    # (weight-reader walk drops if-bodies whose condition is unknown (a reader inside a runtime
+    # branch is missed))
+    mutant(
+        "nn-20",
+        "nn review",
+        NN,
+        "*(body if taken is not False else ())",
+        "*(body if taken else ())",
+        ["tests/test_quantize_transformers.py"],
+    ),
+    # (calibrate keeps the last call's amax instead of the running max)
+    mutant(
+        "nn-21",
+        "nn review",
+        NN,
+        "amax[key] = seen if key not in amax else torch.maximum(amax[key], seen)",
+        "amax[key] = seen",
+        ["tests/test_checkpoint.py"],
+    ),
+    # (calibrate also converts bf16 (W4A16) layers to static)
+    mutant(
+        "nn-22",
+        "nn review",
+        NN,
+        '            if module.activations == "dynamic":',
+        '            if module.activations != "static":',
+        ["tests/test_library.py"],
+    ),
 ]
