@@ -381,3 +381,17 @@ def test_w4a16_column_appears_when_the_library_has_it(monkeypatch, tmp_path, cap
         assert "w4a16 not measured" in printed
     else:
         assert w4a16_notes == []
+
+
+def test_static_scale_is_calibrated_on_other_rows_than_the_measured_ones():
+    """The static W4A4 layer's input scale is the amax of CALIB_ROWS rows drawn after x from the
+    shape's generator, / (448 x 6): not x's own amax, which would flatter its error."""
+    m, n, k = 4, 64, 128
+    x, layers = bench_linear.build_layers(m, n, k, "nvfp4", "cpu", [])
+    gen = torch.Generator().manual_seed(m * 131 + n * 7 + k)
+    x_again = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    calib = torch.randn(bench_linear.CALIB_ROWS, k, generator=gen).to(torch.bfloat16)
+    assert torch.equal(x, x_again)
+    got = layers["w4a4-static"].input_global_scale.item()
+    assert got == pytest.approx(calib.abs().amax().item() / (448 * 6), rel=1e-6)
+    assert got != pytest.approx(x.abs().amax().item() / (448 * 6), rel=1e-3)

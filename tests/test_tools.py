@@ -206,3 +206,16 @@ def test_benchmark_help_names_the_command_and_describes_it(module, capsys):
     assert out.startswith(f"usage: python -m benchmarks.{module} ")
     first = " ".join(bench.__doc__.split("\n\n")[0].split()).rstrip(":.")
     assert f"{first.replace('- ', '-')}. options:" in out
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["allowed-order", "given-order"])
+def test_benchmark_names_are_each_taken_once(ordered):
+    """A name given twice (``--stack a,a``, ``--config x,x``) is measured and reported once,
+    in either order the benchmark asks for."""
+    import argparse
+
+    from benchmarks import args
+
+    allowed = ("a", "b", "c")
+    got = args.names(argparse.ArgumentParser(), "--stack", "c,a,c,a", allowed, ordered)
+    assert got == (["a", "c"] if ordered else ["c", "a"])
