@@ -1,10 +1,10 @@
 """Mutants of the library: fp4_ops/checkpoint.py and fp4_ops/nn.py (checkpoint loading and saving,
 FP4Linear's state dict, quantize_model, calibrate), the CPU quantizer and GEMM, the scale layout,
-FP4Tensor, the ops' checks, the memory rules, the FP4 buffers' casts, the MoE host code and the
-GPU quantizer: small, realistic bugs that make a result silently wrong or let bad input through,
-planted by reviewers who had not read the tests. The tests named must catch each (``-m gpu``: on
-an H100 / H200). Keep every ``old`` text current as the code changes (it must occur exactly once
-in its file)."""
+FP4Tensor, the ops' checks, the memory rules, the FP4 buffers' casts, the MoE host code, the GPU
+quantizer and the benchmarks' figures and checks: small, realistic bugs that make a result
+silently wrong or let bad input through, planted by reviewers who had not read the tests. The
+tests named must catch each (``-m gpu``: on an H100 / H200). Keep every ``old`` text current as
+the code changes (it must occur exactly once in its file)."""
 
 CHECKPOINT = "fp4_ops/checkpoint.py"
 NN = "fp4_ops/nn.py"
@@ -1711,5 +1711,225 @@ MUTANTS = [
         '            if module.activations == "dynamic":',
         '            if module.activations != "static":',
         ["tests/test_library.py"],
+    ),
+    # ------------------------------------------------------- the benchmarks' figures and checks
+    # (per-layer time subtracts the whole SiLU-only stack time from each layer's share)
+    mutant(
+        "bn-stack-01",
+        "benchmark review",
+        "benchmarks/stack.py",
+        "    return (stack_us - silu_us) / layers\n",
+        "    return stack_us / layers - silu_us\n",
+        ["tests/test_bench_stack.py"],
+    ),
+    # (FP4 weight bytes count one scale byte per 32 elements (MXFP4) instead of 16 (NVFP4))
+    mutant(
+        "bn-stack-02",
+        "benchmark review",
+        "benchmarks/stack.py",
+        "sizes = [n * k // 2 + n * k // 16 for n, k in shapes]",
+        "sizes = [n * k // 2 + n * k // 32 for n, k in shapes]",
+        ["tests/test_bench_stack.py"],
+    ),
+    # (speed-up of ours over peers inverted (ours / peer instead of peer / ours))
+    mutant(
+        "bn-stack-03",
+        "benchmark review",
+        "benchmarks/stack.py",
+        "        out[key] = theirs / ours if ours and theirs else None",
+        "        out[key] = ours / theirs if ours and theirs else None",
+        ["tests/test_bench_moe.py"],
+    ),
+    # (an unmeasured peer yields a 0.00x speed-up instead of None / not measured)
+    mutant(
+        "bn-stack-04",
+        "benchmark review",
+        "benchmarks/stack.py",
+        "        out[key] = theirs / ours if ours and theirs else None",
+        "        out[key] = (theirs or 0.0) / ours if ours else None",
+        ["tests/test_bench_moe.py"],
+    ),
+    # (layer tolerance's gamma_K uses the BF16 unit roundoff instead of fp32 (tolerance far too
+    # loose))
+    mutant(
+        "bn-stack-05",
+        "benchmark review",
+        "benchmarks/stack.py",
+        "    gamma = k * FP32_U / (1 - k * FP32_U)",
+        "    gamma = k * BF16_U / (1 - k * BF16_U)",
+        ["tests/test_bench_stack.py"],
+    ),
+    # (static-scale W4A4 checked against a reference quantized with a dynamic scale)
+    mutant(
+        "bn-stack-06",
+        "benchmark review",
+        "benchmarks/stack.py",
+        (
+            '    scales = input_scales if contestant == "ours_w4a4_static" else [None] '
+            "* len(weights)\n"
+            "    errs, tols"
+        ),
+        "    scales = [None] * len(weights)\n    errs, tols",
+        ["tests/test_bench_stack.py"],
+    ),
+    # (static scales calibrated on the very rows timed/checked at M=128 (not drawn apart))
+    mutant(
+        "bn-stack-07",
+        "benchmark review",
+        "benchmarks/stack.py",
+        "    gen = torch.Generator().manual_seed(CALIBRATION_SEED)",
+        "    gen = torch.Generator().manual_seed(1000 + CALIBRATION_TOKENS)",
+        ["tests/test_bench_stack.py"],
+    ),
+    # (contestant timed before (and regardless of) its correctness check)
+    mutant(
+        "bn-stack-08",
+        "benchmark review",
+        "benchmarks/stack.py",
+        (
+            '        result["check"] = check_stack(contestant, layers, weights, x, stac'
+            "k_ref, input_scales)\n"
+            '        if result["check"]["ok"]:\n'
+            '            result["stack_us"] = timer(lambda: forward(layers, x), FORWARD'
+            "S_PER_GRAPH, reps)"
+        ),
+        (
+            '        result["stack_us"] = timer(lambda: forward(layers, x), FORWARDS_PE'
+            "R_GRAPH, reps)\n"
+            '        result["check"] = check_stack(contestant, layers, weights, x, stac'
+            "k_ref, input_scales)"
+        ),
+        ["tests/test_bench_stack.py"],
+    ),
+    # (bare read subtracts the row's M-token SiLU-only time instead of its own one-row SiLU time)
+    mutant(
+        "bn-stack-09",
+        "benchmark review",
+        "benchmarks/stack.py",
+        '        finish_result(row["bare_read"], row["bare_read"], copy_bps)',
+        '        finish_result(row, row["bare_read"], copy_bps)',
+        ["tests/test_bench_stack.py"],
+    ),
+    # (table's W4A4/W4A16 and W4A4-static/W4A16 ratio columns swapped)
+    mutant(
+        "bn-stack-10",
+        "benchmark review",
+        "benchmarks/stack.py",
+        '    w4a4, static = (row["ratios"].get(key) for key, _ in W4A4_RATIOS)',
+        '    static, w4a4 = (row["ratios"].get(key) for key, _ in W4A4_RATIOS)',
+        ["tests/test_bench_stack.py"],
+    ),
+    # (comma lists accept 0 (M=0 / T=0) as a positive integer)
+    mutant(
+        "bn-args-11",
+        "benchmark review",
+        "benchmarks/args.py",
+        '    if min(values) < 1:\n        p.error(f"{flag} takes positive integers',
+        '    if min(values) < 0:\n        p.error(f"{flag} takes positive integers',
+        ["tests/test_bench_moe.py"],
+    ),
+    # (repeated names (--stack/--config) kept: measured and reported twice)
+    mutant(
+        "bn-args-12",
+        "benchmark review",
+        "benchmarks/args.py",
+        (
+            "    return [n for n in allowed if n in given] if ordered else list(dict.fr"
+            "omkeys(given))"
+        ),
+        "    return [n for n in allowed if n in given] if ordered else given",
+        ["tests/test_tools.py"],
+    ),
+    # (cold-L2 copies only exceed the L2 once, not twice as documented)
+    mutant(
+        "bn-linear-13",
+        "benchmark review",
+        "benchmarks/linear.py",
+        "    return 2 * l2_bytes // one_copy_bytes + 1",
+        "    return l2_bytes // one_copy_bytes + 1",
+        ["tests/test_bench_linear.py"],
+    ),
+    # (ratio reported as F.linear / ours instead of ours / F.linear (below 1 now means slower))
+    mutant(
+        "bn-linear-14",
+        "benchmark review",
+        "benchmarks/linear.py",
+        ('        row[f"ratio_{name}"] = None if ours is None or bf16 is None else ours / bf16'),
+        ('        row[f"ratio_{name}"] = None if ours is None or bf16 is None else bf16 / ours'),
+        ["tests/test_bench_linear.py"],
+    ),
+    # (static activation scale calibrated on the timed/measured x, not a separate batch)
+    mutant(
+        "bn-linear-15",
+        "benchmark review",
+        "benchmarks/linear.py",
+        "        scale = calib.abs().amax().float() / fp4_ops.GLOBAL_SCALE_DIVISOR",
+        "        scale = x.abs().amax().float() / fp4_ops.GLOBAL_SCALE_DIVISOR",
+        ["tests/test_bench_linear.py"],
+    ),
+    # (--calls accepts up to 1500: the launch queue fills behind the sleep, host time silently
+    # includes GPU waits)
+    mutant(
+        "bn-eager-16",
+        "benchmark review",
+        "benchmarks/eager.py",
+        "    if not 1 <= args.calls <= 150:",
+        "    if not 1 <= args.calls <= 1500:",
+        ["tests/test_bench.py"],
+    ),
+    # ('x bf16' printed as time ratio (FP4/BF16) rather than tokens/s ratio (BF16 time / FP4 time))
+    mutant(
+        "bn-model-17",
+        "benchmark review",
+        "benchmarks/model.py",
+        "            cell += f\" {row['bf16_us'] / us:5.2f}x\"",
+        "            cell += f\" {us / row['bf16_us']:5.2f}x\"",
+        ["tests/test_model_bench.py"],
+    ),
+    # (KV cache size counts keys only (half the bytes): oversize runs not refused)
+    mutant(
+        "bn-model-18",
+        "benchmark review",
+        "benchmarks/model.py",
+        '    per_position = 2 * c["num_key_value_heads"] * head_dim * 2',
+        '    per_position = c["num_key_value_heads"] * head_dim * 2',
+        ["tests/test_model_bench.py"],
+    ),
+    # (--lm_head fp4 ignored: lm_head stays BF16 while the header says fp4)
+    mutant(
+        "bn-model-19",
+        "benchmark review",
+        "benchmarks/model.py",
+        '        return name != "lm_head" or lm_head == "fp4"',
+        '        return name != "lm_head"',
+        ["tests/test_model_bench.py"],
+    ),
+    # (touched bytes count every expert, not only those the routing touches (inflates % of
+    # bandwidth))
+    mutant(
+        "bn-moe-20",
+        "benchmark review",
+        "benchmarks/moe.py",
+        "    return len(touched_experts(topk_ids)) * expert_bytes(cfg, contestant)",
+        "    return cfg.experts * expert_bytes(cfg, contestant)",
+        ["tests/test_bench_moe.py"],
+    ),
+    # (BF16 grouped's % of copy bandwidth computed from FP4 bytes)
+    mutant(
+        "bn-moe-21",
+        "benchmark review",
+        "benchmarks/moe.py",
+        '        kind = "bf16" if name == "bf16_grouped" else "fp4"',
+        '        kind = "fp4"',
+        ["tests/test_bench_moe.py"],
+    ),
+    # (MoE tolerance drops the combine condition number kappa_comb)
+    mutant(
+        "bn-moe-22",
+        "benchmark review",
+        "benchmarks/moe.py",
+        '    return parts["kappa_comb"] * (e_y + gamma(cfg.top_k)) + BF16_U',
+        "    return e_y + gamma(cfg.top_k) + BF16_U",
+        ["tests/test_bench_moe.py"],
     ),
 ]
