@@ -272,6 +272,27 @@ def test_eager_bench_refuses_calls_out_of_range(calls, capsys):
     assert "--calls must be 1 .. 150" in capsys.readouterr().err
 
 
+def test_eager_bench_sets_each_row_against_its_own_base(monkeypatch, capsys):
+    """The layers' and fp4_gemm's host times are ratios to F.linear's, quantize's (dynamic and
+    static) to the empty_like + elementwise op pair's, within each shape."""
+    from benchmarks import eager
+
+    host = {"F.linear (BF16)": 20.0, "FP4Linear W4A16": 30.0, "FP4Linear W4A4": 40.0}
+    host |= {"FP4Linear W4A4 st": 50.0, "fp4_gemm W4A4": 10.0, "quantize": 15.0}
+    host |= {"quantize static": 12.0, "empty_like + mul": 8.0}
+    monkeypatch.setattr(eager, "SHAPES", [(1, 64, 64)])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a GPU")
+    monkeypatch.setattr(eager, "rows_for", lambda *_: [(n, h, 2 * h) for n, h in host.items()])
+    assert eager.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # (columns: shape, the row's name (18 wide), host us, wall us, host / base)
+    rows = [(line[19:37].strip(), line.split()[-1]) for line in lines[2:]]
+    ratios = {name: float(ratio.rstrip("x")) for name, ratio in rows}
+    base = {name: 8.0 if name.startswith(("quantize", "empty")) else 20.0 for name in host}
+    assert ratios == {name: round(h / base[name], 2) for name, h in host.items()}
+
+
 def test_eager_bench_times_every_row_in_each_round(monkeypatch):
     """The eager benchmark's rounds each time every row in turn (a slow phase of the host falls
     on all rows alike), and a row's figure is the median of its rounds."""

@@ -1932,4 +1932,14 @@ MUTANTS = [
         "    return e_y + gamma(cfg.top_k) + BF16_U",
         ["tests/test_bench_moe.py"],
     ),
+    # (the eager benchmark's static quantize row set against F.linear, not the empty_like + op
+    # pair; the main loop runs after the CUDA check: the test fakes the GPU)
+    mutant(
+        "bn-eager-static-quantize-base",
+        "benchmark review",
+        "benchmarks/eager.py",
+        'quantizing = name.startswith("quantize") or name == "empty_like + mul"',
+        'quantizing = name == "quantize" or name == "empty_like + mul"',
+        ["tests/test_bench.py", "-k", "own_base"],
+    ),
 ]
