@@ -462,6 +462,18 @@ def profile_step(step: DecodeStep, device: str) -> dict:
     return result
 
 
+def time_variants(model: nn.Module, variants: dict, step: DecodeStep, mode: str) -> dict:
+    """Microseconds per step of each variant swapped into ``model``: eager, ``EAGER_ROUNDS``
+    rounds over the variants in turn (a slow phase of the host falls on all of them alike) and
+    the median of each; otherwise one round."""
+    times = {variant: [] for variant in VARIANTS}
+    for _ in range(EAGER_ROUNDS if mode == "eager" else 1):
+        for variant in VARIANTS:
+            swap_modules(model, variants[variant])
+            times[variant].append(time_step_us(step, mode))
+    return {variant: statistics.median(found) for variant, found in times.items()}
+
+
 # ----------------------------------------------------------------------------- a run
 
 
@@ -489,13 +501,8 @@ def run_config(name: str, args, emit) -> dict:
             step = DecodeStep(model, batch, args.context, args.device)
             for mode in modes:
                 row = {"config": name, "layers": layers, "batch": batch, "mode": mode}
-                times = {variant: [] for variant in VARIANTS}
-                for _ in range(EAGER_ROUNDS if mode == "eager" else 1):
-                    for variant in VARIANTS:
-                        swap_modules(model, variants[variant])
-                        times[variant].append(time_step_us(step, mode))
-                for variant, found in times.items():
-                    row[f"{variant}_us"] = statistics.median(found)
+                for variant, us in time_variants(model, variants, step, mode).items():
+                    row[f"{variant}_us"] = us
                 result["rows"].append(row)
                 emit(row)
             if args.profile:

@@ -260,6 +260,33 @@ def test_cuda_step_time_resets_the_cache_for_every_step_it_runs(mode, monkeypatc
         assert seen["steps"] == bench.EAGER_STEPS and clock.reset_to == 1 + bench.EAGER_STEPS
 
 
+@pytest.mark.parametrize("mode", ["eager", "graph", "cpu"])
+def test_variants_are_timed_in_turn_and_eager_rounds_give_their_median(mode, monkeypatch):
+    """Eager: EAGER_ROUNDS rounds, each timing every variant in turn with its modules swapped
+    in, each variant's figure the median of its rounds (not the least or the mean); graph and
+    CPU steps: one round."""
+    rounds = bench.EAGER_ROUNDS if mode == "eager" else 1
+    by_round = [4.0, 1.0, 9.0, 2.0, 8.0][:rounds]  # (median 4, least 1, mean 4.8)
+    order, current = [], [None]
+
+    def swap(model, modules):
+        current[0] = modules["tag"]
+
+    def step_us(step, step_mode):
+        assert step is model.step and step_mode == mode
+        order.append(current[0])
+        scale = 1 + bench.VARIANTS.index(current[0])
+        return scale * by_round[order.count(current[0]) - 1]
+
+    monkeypatch.setattr(bench, "swap_modules", swap)
+    monkeypatch.setattr(bench, "time_step_us", step_us)
+    model = SimpleNamespace(step=object())
+    variants = {v: {"tag": v} for v in bench.VARIANTS}
+    got = bench.time_variants(model, variants, model.step, mode)
+    assert order == list(bench.VARIANTS) * rounds
+    assert got == {v: (1 + i) * 4.0 for i, v in enumerate(bench.VARIANTS)}
+
+
 @pytest.mark.parametrize(
     "name, inside, want",
     [
