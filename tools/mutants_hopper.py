@@ -1,8 +1,8 @@
-"""Single-line mutants of fp4_ops/sm90/gemm.py, launcher.py, dequant.py and
-k_order.py: small, realistic bugs, each of which tests/test_hopper.py (the grouped kernel's:
-tests/test_hopper_facts.py) must catch, on the CPU or
-(``GPU`` in ``tests``: the ``-m gpu`` tests) on an H100 / H200 only. Keep every ``old`` text
-current as the kernel changes (it must occur exactly once in its file)."""
+"""Single-line mutants of fp4_ops/sm90/gemm.py, launcher.py, dequant.py and k_order.py (and
+fp4_ops/sm100.py's adapter): small, realistic bugs, each of which the tests named must catch
+(tests/test_hopper.py; the grouped kernel's: tests/test_hopper_facts.py), on the CPU or (``GPU``
+in ``tests``: the ``-m gpu`` tests) on an H100 / H200 only. Keep every ``old`` text current as
+the kernel changes (it must occur exactly once in its file)."""
 
 FILE = "fp4_ops/sm90/gemm.py"
 LAUNCHER = "fp4_ops/sm90/launcher.py"
@@ -916,5 +916,237 @@ MUTANTS = [
             "elf.c_dtype))"
         ),
         "tests": HOPPER_GPU,
+    },
+    # ------------------------------------------- host side: configuration, checks, launches
+    # (split_k_range: off-by-one, splits up to and including index `extra` get the extra k-tile
+    # (overlapping ranges))
+    {
+        "id": "ln-gemm-01",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/gemm.py",
+        "old": "    end = begin + base + (split < extra)\n",
+        "new": "    end = begin + base + (split <= extra)\n",
+        "tests": ["tests/test_hopper.py", "-k", "test_split_k_ranges_partition_the_k_tiles"],
+    },
+    # (default_config: M == 2048 goes to prefill instead of decode (threshold off by one))
+    {
+        "id": "ln-gemm-02",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/gemm.py",
+        "old": 'path = "decode" if m <= DECODE_MAX_M and fits else "prefill"',
+        "new": 'path = "decode" if m < DECODE_MAX_M and fits else "prefill"',
+        "tests": ["tests/test_hopper.py", "-k", "test_default_config_paths"],
+    },
+    # (occupancy: 64-token decode tiles get 1 CTA/SM instead of 2)
+    {
+        "id": "ln-gemm-03",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/gemm.py",
+        "old": 'return 2 if path == "decode" and cols <= 64 and rows // 64 * k_groups <= 2 else 1',
+        "new": 'return 2 if path == "decode" and cols < 64 and rows // 64 * k_groups <= 2 else 1',
+        "tests": ["tests/test_hopper.py", "-k", "test_default_config_paths"],
+    },
+    # (cluster_reason: decode 2x1 cluster accepted together with K groups)
+    {
+        "id": "ln-gemm-04",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/gemm.py",
+        "old": (
+            'pair_ok = path == "prefill" or (path == "decode" and split_k == 2 and k_groups == 1)'
+        ),
+        "new": 'pair_ok = path == "prefill" or (path == "decode" and split_k == 2)',
+        "tests": [
+            "tests/test_hopper.py",
+            "-k",
+            "test_kernel_refuses_clusters_other_than_a_split_pair_on_decode",
+        ],
+    },
+    # (k_groups_reason: K groups accepted on 64-token decode tiles)
+    {
+        "id": "ln-gemm-05",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/gemm.py",
+        "old": "rows // 64 * k_groups > 4 or cols > 32:",
+        "new": "rows // 64 * k_groups > 4 or cols > 64:",
+        "tests": ["tests/test_hopper.py", "-k", "test_can_implement_refuses"],
+    },
+    # (problem_reasons: an extent of exactly 2^31 elements accepted (32-bit offsets overflow))
+    {
+        "id": "ln-gemm-06",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/gemm.py",
+        "old": "        if extent >= OFFSET_LIMIT:",
+        "new": "        if extent > OFFSET_LIMIT:",
+        "tests": [
+            "tests/test_hopper.py",
+            "-k",
+            "test_grouped_offsets_limit_one_experts_weights_not_all",
+        ],
+    },
+    # (tma_store_fits: 8-byte row pitch considered TMA-storable)
+    {
+        "id": "ln-gemm-07",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/gemm.py",
+        "old": "    return n * C_DTYPES[c_dtype].width // 8 % 16 == 0",
+        "new": "    return n * C_DTYPES[c_dtype].width // 8 % 8 == 0",
+        "tests": ["tests/test_hopper.py", "-k", "test_tma_store_needs_16_byte_row_pitch"],
+    },
+    # (split_cluster_fits: counts tiles against all SMs, not clusters (num_sms // 2): 2 waves of
+    # clusters)
+    {
+        "id": "ln-gemm-08",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/gemm.py",
+        "old": "    return output_tiles(n, m, l, *tile, 1)[2] <= num_sms // 2",
+        "new": "    return output_tiles(n, m, l, *tile, 1)[2] <= num_sms",
+        "tests": [
+            "tests/test_hopper.py",
+            "-k",
+            "test_for_problem_runs_a_wave_of_split_pairs_on_clusters",
+        ],
+    },
+    # (GemmConfig.__post_init__: grouped configs keep tma_store True (grouped kernel needs direct
+    # stores; two keys))
+    {
+        "id": "ln-launcher-09",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": "        tma_store = tma_store and not self.grouped\n",
+        "new": "",
+        "tests": ["tests/test_hopper.py", "-k", "test_grouped_configuration_rules"],
+    },
+    # (for_problem: tma_store decided from M instead of N)
+    {
+        "id": "ln-launcher-10",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": "c_dtype not in C_DTYPES or tma_store_fits(mnkl[1], c_dtype),",
+        "new": "c_dtype not in C_DTYPES or tma_store_fits(mnkl[0], c_dtype),",
+        "tests": ["tests/test_hopper.py", "-k", "test_gemm_config_for_problem_and_its_key"],
+    },
+    # (for_problem: a user split_k still lets default_config add K groups)
+    {
+        "id": "ln-launcher-11",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": "        allow_k_groups = mma_tiler_mn is None and split_k is None\n",
+        "new": "        allow_k_groups = mma_tiler_mn is None\n",
+        "tests": ["tests/test_hopper.py", "-k", "test_gemm_config_for_problem_and_its_key"],
+    },
+    # (for_groups: no 2x headroom for uneven routing (smaller token tile picked))
+    {
+        "id": "ln-launcher-12",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": "        per_group = min(rows, 2 * math.ceil(rows / touched))",
+        "new": "        per_group = min(rows, math.ceil(rows / touched))",
+        "tests": [
+            "tests/test_hopper.py",
+            "-k",
+            "test_grouped_token_tile_holds_twice_the_even_share",
+        ],
+    },
+    # (operand_reasons: expected sfb size computed from M instead of N)
+    {
+        "id": "ln-launcher-13",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": '        want["sfb"] = (l, blocked_scale_numel(n, k, vec))',
+        "new": '        want["sfb"] = (l, blocked_scale_numel(m, k, vec))',
+        "tests": ["tests/test_hopper.py", "-k", "test_grouped_configuration_rules"],
+    },
+    # (operand_reasons: W4A16 b expected unpadded K/2 instead of prepacked K_pad/2)
+    {
+        "id": "ln-launcher-14",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": '        want["a"], want["b"] = (l, m, k), (l, n, round_up(k, K_BLOCK) // 2)',
+        "new": '        want["a"], want["b"] = (l, m, k), (l, n, k // 2)',
+        "tests": ["tests/test_hopper.py", "-k", "test_w4a16_gemm_operand_checks"],
+    },
+    # (operand_reasons: grouped alpha only needs one element (kernel reads E))
+    {
+        "id": "ln-launcher-15",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": "    alphas = l if config.grouped else 1\n",
+        "new": "    alphas = 1\n",
+        "tests": ["tests/test_hopper.py", "-k", "test_grouped_configuration_rules"],
+    },
+    # (_pick: cache key misses c_dtype (a float32-out pick reused for bf16 etc.))
+    {
+        "id": "ln-launcher-16",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": "    key = (mnkl, vec, c_dtype, a_dtype, device)\n",
+        "new": "    key = (mnkl, vec, a_dtype, device)\n",
+        "tests": ["tests/test_eager.py", "-k", "test_launch_cache_is_per_output_dtype"],
+    },
+    # (_sf_vec_size: conflicting scale dtype / sf_vec_size no longer refused)
+    {
+        "id": "ln-launcher-17",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": "    if len(named) > 1:\n",
+        "new": "    if len(named) > 2:\n",
+        "tests": ["tests/test_hopper.py", "-k", "test_gemm_takes_the_formats_from_the_tensors"],
+    },
+    # (Launch.__call__: SFA and SFB addresses swapped)
+    {
+        "id": "ln-launcher-18",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": "        tensors = (a, b, sfa, sfb, out, *self.workspace, alpha, offsets, scale)",
+        "new": "        tensors = (a, b, sfb, sfa, out, *self.workspace, alpha, offsets, scale)",
+        "tests": ["tests/test_hopper.py", "-k", "test_gemm_launch_arguments_workspaces_and_cache"],
+    },
+    # (workspace_elems: partials sized for one split, not split_k)
+    {
+        "id": "ln-launcher-19",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/launcher.py",
+        "old": "    return tiles * gemm.split_k * tr * tc + tiles if global_fixup else 1",
+        "new": "    return tiles * tr * tc + tiles if global_fixup else 1",
+        "tests": [
+            "tests/test_problem_acceptance.py",
+            "-k",
+            "test_hopper_split_k_workspace_holds_partials_and_counters",
+        ],
+    },
+    # (prepack_weights: K_pad always adds a block (K multiple of 64 gets an extra 64))
+    {
+        "id": "ln-k_order-20",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/k_order.py",
+        "old": "    k_pad = -(-k // K_BLOCK) * K_BLOCK\n    rows = b.view",
+        "new": "    k_pad = (k // K_BLOCK + 1) * K_BLOCK\n    rows = b.view",
+        "tests": [
+            "tests/test_hopper.py",
+            "-k",
+            "test_w4a16_prepacked_weights_dequantize_in_plain_k_order",
+        ],
+    },
+    # (sm100.gemm_for_ops: sfa and sfb swapped)
+    {
+        "id": "ln-sm100-21",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm100.py",
+        "old": "    blockwise_gemm_fp4.gemm(a, b, sfa, sfb, alpha.reshape(1), d)",
+        "new": "    blockwise_gemm_fp4.gemm(a, b, sfb, sfa, alpha.reshape(1), d)",
+        "tests": [
+            "tests/test_fp4_ops.py",
+            "-k",
+            "test_blackwell_adapter_hands_the_kernel_alpha_and_out_dtype",
+        ],
+    },
+    # (config_reasons: tile-rows refusal names M on decode / N on prefill (wrong dimension))
+    {
+        "id": "ln-gemm-22",
+        "klass": "launcher review",
+        "file": "fp4_ops/sm90/gemm.py",
+        "old": 'what = "N (weight rows)" if path == "decode" else "M"\n',
+        "new": 'what = "M" if path == "decode" else "N (weight rows)"\n',
+        "tests": ["tests/test_hopper.py", "-k", "test_can_implement_refuses"],
     },
 ]
