@@ -72,7 +72,9 @@ def run_ops(gen: torch.Generator) -> bool:
 def main(argv=None) -> int:
     argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
     if not torch.cuda.is_available():
-        print("error: tools.sanitize_layers runs the GPU paths: it needs a GPU", file=sys.stderr)
+        print(
+            "error: tools.sanitize_layers runs the GPU paths: it needs a CUDA GPU", file=sys.stderr
+        )
         return 2
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
