@@ -319,6 +319,52 @@ def test_fused_step_hands_each_kernel_what_its_own_call_would(monkeypatch):
         tokens_step.fuse(quantize, gemm, torch.zeros(16))
 
 
+@pytest.mark.parametrize("k", [96, 128], ids=["k-padded", "k-whole"])
+def test_bind_tokens_refuses_a_copy_short_of_k_rounded_up_to_64(k):
+    """The token copy holds rows x K rounded up to 64 (the GEMM's k-blocks), 16-bit: one value
+    short, or 32-bit values, is refused before anything is bound; the copy and the static
+    global scale are what the bound call holds."""
+    from fp4_ops import quantizer
+
+    x = torch.zeros(3, k, dtype=torch.bfloat16)
+    gs, gs_out = torch.full((), 0.5), torch.zeros(())
+    need = 3 * 128
+    for bad in (torch.zeros(need - 1, dtype=torch.bfloat16), torch.zeros(need)):
+        with pytest.raises(ValueError, match="copy must hold 16-bit values for 3 x"):
+            quantizer.bind_tokens(x, 16, bad, gs, gs_out, 132)
+    copy = torch.zeros(need, dtype=torch.bfloat16)
+    bound = quantizer.bind_tokens(x, 16, copy, gs, gs_out, 132)
+    assert bound.held[0] is copy and bound.held[2] is gs and bound.tail[-2:] == ((3, k, 1), 132)
+    assert bound.config == quantizer.QuantizerConfig("BFloat16", 16, False, False, True)
+
+
+@pytest.mark.parametrize("tokens, converted", [(True, False), (False, True), (False, False)])
+def test_tokens_step_pairs_only_the_tokens_quantizer_with_a_tokens_gemm(tokens, converted):
+    """A step whose quantizer does not write the token copy, or whose GEMM does not read it,
+    is refused before anything compiles."""
+    from fp4_ops import quantizer
+    from fp4_ops.sm90 import tokens_step
+
+    q = quantizer.QuantizerConfig("BFloat16", 16, True, True, tokens)
+    g = r90.GemmConfig(
+        16, "BFloat16", path="decode", mma_tiler_mn=(8, 128), tokens_converted=converted
+    )
+    with pytest.raises(ValueError, match=f"tokens={tokens}, tokens_converted={converted}"):
+        tokens_step.compile_tokens_step(q, g, 132)
+
+
+@pytest.mark.parametrize("local, tokens", [(True, False), (False, True), (True, True)])
+def test_quantizer_config_makes_the_kernel_it_names(local, tokens):
+    """Each field of a QuantizerConfig reaches the kernel object it compiles (the cache key
+    and the kernel must agree)."""
+    from fp4_ops import quantizer
+
+    config = quantizer.QuantizerConfig("Float16", 16, True, local, tokens)
+    kernel = config.kernel()
+    assert (kernel.in_dtype_name, kernel.sf_vec_size, kernel.dynamic) == ("Float16", 16, True)
+    assert (kernel.local_amax, kernel.tokens) == (local, tokens)
+
+
 def test_step_functions_are_compiled_once_per_pair_and_device(monkeypatch):
     """A step is compiled once per (quantizer config, GEMM config, device): another GEMM
     configuration, quantizer configuration or device compiles its own."""
