@@ -1951,4 +1951,177 @@ MUTANTS = [
         "return {variant: min(found) for variant, found in times.items()}",
         ["tests/test_model_bench.py", "-k", "eager_rounds"],
     ),
+    # ------------------------------------------- quantizer and MoE host code (blind review)
+    # (shape_reason accepts K a multiple of 16 only (MXFP4 needs 32))
+    mutant(
+        "qm-quantizer-01",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        "if len(shape) not in (2, 3) or shape[-1] % 32:",
+        "if len(shape) not in (2, 3) or shape[-1] % 16:",
+        ["tests/test_quantize_fp4.py"],
+    ),
+    # (shape_reason accepts zero extents)
+    mutant(
+        "qm-quantizer-02",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        "    if min(shape) < 1:\n",
+        "    if min(shape) < 0:\n",
+        ["tests/test_quantize_fp4.py"],
+    ),
+    # (32-bit element limit off by one (2^31 elements accepted))
+    mutant(
+        "qm-quantizer-03",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        "    if l * rows * k >= 2**31:",
+        "    if l * rows * k > 2**31:",
+        ["tests/test_quantize_fp4.py"],
+    ),
+    # (QuantizerConfig.kernel swaps local_amax and tokens)
+    mutant(
+        "qm-quantizer-04",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        (
+            "            self.in_dtype, self.sf_vec_size, self.dynamic, self.local_amax"
+            ", self.tokens\n"
+        ),
+        (
+            "            self.in_dtype, self.sf_vec_size, self.dynamic, self.tokens, se"
+            "lf.local_amax\n"
+        ),
+        ["tests/test_eager.py"],
+    ),
+    # (plan_quantize one-grid threshold counts elements, not bytes)
+    mutant(
+        "qm-quantizer-05",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        (
+            "    local = dynamic and x.numel() * x.element_size() <= LOCAL_AMAX_BYTES\n"
+            "    kernel, sm_count"
+        ),
+        "    local = dynamic and x.numel() <= LOCAL_AMAX_BYTES\n    kernel, sm_count",
+        ["tests/test_quantize_midpoints.py"],
+    ),
+    # (launcher cache stores under a key without local_amax)
+    mutant(
+        "qm-quantizer-08",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        "        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, index] = found",
+        "        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, False, index] = found",
+        ["tests/test_quantize_midpoints.py"],
+    ),
+    # (scratch scale buffer size with swapped blocked_numel args)
+    mutant(
+        "qm-quantizer-09",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        (
+            "    sf = torch.empty(blocked_numel(rows, k // sf_vec_size), dtype=torch.ui"
+            "nt8, device=device)"
+        ),
+        (
+            "    sf = torch.empty(blocked_numel(k // sf_vec_size, rows), dtype=torch.ui"
+            "nt8, device=device)"
+        ),
+        ["tests/test_quantize_midpoints.py"],
+    ),
+    # (bind_tokens copy-size check ignores K rounding to 64)
+    mutant(
+        "qm-quantizer-10",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        "    need = rows * -(-k // K_BLOCK) * K_BLOCK",
+        "    need = rows * k",
+        ["tests/test_eager.py"],
+    ),
+    # (scratch cache key misses sf_vec_size)
+    mutant(
+        "qm-quantizer-11",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        "    key = (x.shape, sf_vec_size, index, stream_handle(index))",
+        "    key = (x.shape, index, stream_handle(index))",
+        ["tests/test_quantize_midpoints.py"],
+    ),
+    # (tokens-step pairing check weakened and->or)
+    mutant(
+        "qm-tokens_step-13",
+        "quantizer / MoE host review",
+        "fp4_ops/sm90/tokens_step.py",
+        "    if not (quantizer.tokens and gemm.tokens_converted):",
+        "    if not (quantizer.tokens or gemm.tokens_converted):",
+        ["tests/test_eager.py"],
+    ),
+    # (tokens-step cache key misses the GEMM config)
+    mutant(
+        "qm-tokens_step-14",
+        "quantizer / MoE host review",
+        "fp4_ops/sm90/tokens_step.py",
+        "    key = (quantizer, gemm, device_index)",
+        "    key = (quantizer, device_index)",
+        ["tests/test_eager.py"],
+    ),
+    # (quantize_experts accepts E = 0)
+    mutant(
+        "qm-moe-15",
+        "quantizer / MoE host review",
+        "fp4_ops/moe.py",
+        "    if w.ndim != 3 or w.shape[0] == 0:",
+        "    if w.ndim != 3:",
+        ["tests/test_moe.py"],
+    ),
+    # (check_moe drops the 2I == 2*I pairing check)
+    mutant(
+        "qm-moe-16",
+        "quantizer / MoE host review",
+        "fp4_ops/moe.py",
+        (
+            "    if e2 != e or h2 != h or two_i != 2 * i:\n"
+            "        raise ValueError(\n"
+            '            f"w13 {w13.shape}'
+        ),
+        ('    if e2 != e or h2 != h:\n        raise ValueError(\n            f"w13 {w13.shape}'),
+        ["tests/test_moe.py"],
+    ),
+    # (W4A4 check drops I % 32)
+    mutant(
+        "qm-moe-17",
+        "quantizer / MoE host review",
+        "fp4_ops/moe.py",
+        "    elif h % 32 or i % 32:",
+        "    elif h % 32:",
+        ["tests/test_moe.py"],
+    ),
+    # (topk_ids range check off by one)
+    mutant(
+        "qm-moe-18",
+        "quantizer / MoE host review",
+        "fp4_ops/moe.py",
+        "    return (topk_ids >= 0) & (topk_ids < num_experts)",
+        "    return (topk_ids >= 0) & (topk_ids <= num_experts)",
+        ["tests/test_moe.py"],
+    ),
+    # (set_extra_state ignores an activation mismatch)
+    mutant(
+        "qm-moe-19",
+        "quantizer / MoE host review",
+        "fp4_ops/moe.py",
+        '        for key in ("format", "activation"):',
+        '        for key in ("format",):',
+        ["tests/test_moe.py"],
+    ),
+    # (Llama4 top_k == E rejected (off by one))
+    mutant(
+        "qm-moe-20",
+        "quantizer / MoE host review",
+        "fp4_ops/moe.py",
+        "        if not 1 <= top_k <= self.num_experts:",
+        "        if not 1 <= top_k < self.num_experts:",
+        ["tests/test_llama4.py"],
+    ),
 ]
