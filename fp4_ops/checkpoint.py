@@ -55,7 +55,13 @@ from fp4_ops.moe import (
     is_experts_module,
     takes_scaled_tokens,
 )
-from fp4_ops.nn import FP4Linear, block_top_k, fused_groups, weight_reader
+from fp4_ops.nn import (
+    FP4Linear,
+    block_top_k,
+    fused_groups,
+    refuse_transformers_methods,
+    weight_reader,
+)
 from fp4_ops.tensor import (
     FP4Tensor,
     check_global_scale_value,
@@ -1112,6 +1118,7 @@ def load_quantized(
         )
     if (folder / "generation_config.json").is_file() and hasattr(model, "generation_config"):
         model.generation_config = transformers.GenerationConfig.from_pretrained(folder)
+    refuse_transformers_methods(model)
     return model.to(device).eval()
 
 

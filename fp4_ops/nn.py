@@ -912,6 +912,8 @@ def quantize_model(
         elif id(module) in converted:
             report.replaced.append(name)
             model.set_submodule(name, converted[id(module)])
+    if report.replaced:
+        refuse_transformers_methods(model)
     if report.untied:
         _untie_output_embedding(model, report.untied)
         pairs = "; ".join(f"{n} from {', '.join(o)}" for n, o in report.untied.items())
@@ -928,6 +930,47 @@ def quantize_model(
             stacklevel=2,
         )
     return report
+
+
+class Refused:
+    """A transformers model method that cannot work once the model holds FP4 layers, set on
+    the instance in its place: calling it raises ValueError with the reason before anything
+    changes. It holds no reference to the model (no cycle; it pickles and deep-copies)."""
+
+    def __init__(self, method: str, reason: str):
+        self.method, self.reason = method, reason
+
+    def __call__(self, *args, **kwargs):
+        raise ValueError(f"{self.method}: {self.reason}")
+
+    def __repr__(self) -> str:
+        return f"Refused({self.method!r})"
+
+
+SAVE_PRETRAINED_REASON = (
+    "transformers cannot write FP4Linear / FP4Experts layers (its state-dict path would fail "
+    "after writing config.json); write the checkpoint with fp4_ops.save_quantized(model, "
+    "folder) instead (compressed-tensors or ModelOpt format, read back by "
+    "fp4_ops.load_quantized)"
+)
+RESIZE_REASON = (
+    "the output embedding is an FP4Linear, which transformers cannot resize (it would fail "
+    "after resizing the input embedding); resize the 16-bit model's token embeddings before "
+    "quantizing it"
+)
+
+
+def refuse_transformers_methods(model: nn.Module) -> None:
+    """Replace, on a transformers model that now holds FP4 layers (``quantize_model``,
+    ``load_quantized``), the methods that would fail half-way by ``Refused`` ones:
+    ``save_pretrained``, and ``resize_token_embeddings`` where the output embedding is an
+    FP4Linear. Other models are left as they are."""
+    if callable(getattr(model, "save_pretrained", None)):
+        model.save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)
+    output = getattr(model, "get_output_embeddings", None)
+    resize = getattr(model, "resize_token_embeddings", None)
+    if callable(output) and callable(resize) and isinstance(output(), FP4Linear):
+        model.resize_token_embeddings = Refused("resize_token_embeddings", RESIZE_REASON)
 
 
 def _chosen(name: str, module: nn.Module, patterns, predicate) -> bool:

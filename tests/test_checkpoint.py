@@ -279,6 +279,10 @@ def test_round_trip(case, tmp_path, monkeypatch):
     monkeypatch.undo()
     assert made and {d.type for d in made} == {"meta"}
     assert not loaded.training and loaded.dtype == torch.bfloat16
+    # (transformers' own writer would fail half-way on the FP4 layers: refused up front)
+    with pytest.raises(ValueError, match=r"^save_pretrained: .*fp4_ops\.save_quantized"):
+        loaded.save_pretrained(tmp_path / "again")
+    assert not (tmp_path / "again").exists()
 
     after = _fp4(loaded)
     assert after.keys() == before.keys()

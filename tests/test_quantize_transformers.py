@@ -14,9 +14,13 @@ Linears of the second kind anyway loads them dequantized (load_quantized)."""
 
 from __future__ import annotations
 
+import copy
+import gc
 import json
+import pickle
 import re
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -366,6 +370,51 @@ def test_quantize_model_unties_a_tied_lm_head(arch, include):
     ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(tied(ids).logits, untied(ids).logits)
+
+
+@pytest.mark.parametrize("include", [None, ["*mlp*"]], ids=["all", "mlp"])
+@pytest.mark.parametrize("arch", ["qwen2", "llava"])
+def test_quantized_model_refuses_what_transformers_would_do_half_way(tmp_path, arch, include):
+    """transformers' save_pretrained cannot write FP4 layers, nor resize_token_embeddings an
+    FP4 lm_head: on a quantized model each raises ValueError (naming what to do instead)
+    before anything is written or resized; with lm_head left 16-bit the resize works. The
+    refusals survive deepcopy and pickling, and keep no reference cycle to the model."""
+    model = _tied_lm(arch, tie=False)
+    fp4_ops.quantize_model(model, include, activations="bf16")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"^save_pretrained: .*fp4_ops\.save_quantized"):
+        model.save_pretrained(out)
+    assert not out.exists()
+    embedding = model.get_input_embeddings().weight.detach().clone()
+    if include is None:
+        for refusing in (model, copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            with pytest.raises(ValueError, match=r"^resize_token_embeddings: .* FP4Linear"):
+                refusing.resize_token_embeddings(100)
+            with pytest.raises(ValueError, match=r"^save_pretrained: "):
+                refusing.save_pretrained(out)
+        assert torch.equal(model.get_input_embeddings().weight, embedding)
+    else:
+        model.resize_token_embeddings(100, mean_resizing=False)
+        assert model.get_input_embeddings().weight.shape[0] == 100
+        assert model.get_output_embeddings().weight.shape[0] == 100
+    gone = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert gone() is None, "the refusals hold the model in a reference cycle"
+    finally:
+        gc.enable()
+
+
+def test_a_model_quantize_model_leaves_keeps_its_methods(tmp_path):
+    """Nothing replaced (an include that matches nothing): save_pretrained is transformers'
+    own and works."""
+    model = _tied_lm("qwen2", tie=False)
+    with pytest.warns(UserWarning, match="matched no nn.Linear"):
+        assert not fp4_ops.quantize_model(model, ["nothing.*"]).replaced
+    assert "save_pretrained" not in vars(model) and "resize_token_embeddings" not in vars(model)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "config.json").is_file()
 
 
 def test_quantize_model_unties_a_tied_lm_head_beside_other_shared_linears():
