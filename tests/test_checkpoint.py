@@ -43,6 +43,7 @@ safetensors_torch = pytest.importorskip(
 )
 
 VOCAB = 256
+RESIZE_REFUSED = r"^resize_token_embeddings: the output embedding is an FP4Linear, "
 GS_DIVISOR = 448.0 * 6.0
 
 
@@ -283,6 +284,11 @@ def test_round_trip(case, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"^save_pretrained: .*fp4_ops\.save_quantized"):
         loaded.save_pretrained(tmp_path / "again")
     assert not (tmp_path / "again").exists()
+    vocab = loaded.get_input_embeddings().weight.shape[0]
+    if isinstance(loaded.get_output_embeddings(), FP4Linear):
+        with pytest.raises(ValueError, match=RESIZE_REFUSED):
+            loaded.resize_token_embeddings(vocab + 8)
+        assert loaded.get_input_embeddings().weight.shape[0] == vocab
 
     after = _fp4(loaded)
     assert after.keys() == before.keys()

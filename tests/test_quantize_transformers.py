@@ -314,6 +314,9 @@ def test_quantize_model_names_subclasses_of_conv1d_only():
 GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
+RESIZE_REFUSED = r"^resize_token_embeddings: the output embedding is an FP4Linear, "
+
+
 def _tied_lm(arch: str, tie: bool) -> torch.nn.Module:
     """A tiny Qwen2 LM, or a Llava model around one (its text config a submodel's)."""
     text = transformers.Qwen2Config(
@@ -388,7 +391,7 @@ def test_quantized_model_refuses_what_transformers_would_do_half_way(tmp_path, a
     embedding = model.get_input_embeddings().weight.detach().clone()
     if include is None:
         for refusing in (model, copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-            with pytest.raises(ValueError, match=r"^resize_token_embeddings: .* FP4Linear"):
+            with pytest.raises(ValueError, match=RESIZE_REFUSED):
                 refusing.resize_token_embeddings(100)
             with pytest.raises(ValueError, match=r"^save_pretrained: "):
                 refusing.save_pretrained(out)
@@ -406,12 +409,20 @@ def test_quantized_model_refuses_what_transformers_would_do_half_way(tmp_path, a
         gc.enable()
 
 
-def test_a_model_quantize_model_leaves_keeps_its_methods(tmp_path):
-    """Nothing replaced (an include that matches nothing): save_pretrained is transformers'
-    own and works."""
-    model = _tied_lm("qwen2", tie=False)
-    with pytest.warns(UserWarning, match="matched no nn.Linear"):
-        assert not fp4_ops.quantize_model(model, ["nothing.*"]).replaced
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_a_model_quantize_model_leaves_keeps_its_methods(tmp_path, arch):
+    """Nothing replaced (Qwen2: an include that matches nothing; GPT-2: a predicate that takes
+    nothing, its Conv1Ds skipped): save_pretrained is transformers' own and works."""
+    if arch == "qwen2":
+        model = _tied_lm("qwen2", tie=False)
+        with pytest.warns(UserWarning, match="matched no nn.Linear"):
+            report = fp4_ops.quantize_model(model, ["nothing.*"])
+    else:
+        config = transformers.GPT2Config(vocab_size=96, n_embd=64, n_layer=1, n_head=4)
+        model = transformers.GPT2LMHeadModel(config)
+        report = fp4_ops.quantize_model(model, lambda name, module: False)
+        assert report.skipped
+    assert not report.replaced
     assert "save_pretrained" not in vars(model) and "resize_token_embeddings" not in vars(model)
     model.save_pretrained(tmp_path)
     assert (tmp_path / "config.json").is_file()

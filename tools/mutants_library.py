@@ -34,6 +34,9 @@ OPS_TESTS = [
 # the quantizer kernels' PTX in the emulator, bit for bit against reference.py
 QUANTIZER_TESTS = ["tests/test_quantizer_ptx.py", "tests/test_quantize_midpoints.py"]
 
+# transformers' save_pretrained / resize_token_embeddings refused on FP4 models
+REFUSAL_TESTS = ["tests/test_quantize_transformers.py", "tests/test_checkpoint.py"]
+
 # the eager plan caches run on a GPU only
 EAGER_TESTS = ["tests/test_eager.py", "tests/test_fp4_ops.py", "-m", "gpu"]
 
@@ -2123,5 +2126,97 @@ MUTANTS = [
         "        if not 1 <= top_k <= self.num_experts:",
         "        if not 1 <= top_k < self.num_experts:",
         ["tests/test_llama4.py"],
+    ),
+    # ----------------------------- transformers methods refused on FP4 models (blind review)
+    # (the refusal's message prefix changed)
+    mutant(
+        "rf-01",
+        "transformers method refusals",
+        NN,
+        'raise ValueError(f"{self.method}: {self.reason}")',
+        'raise ValueError(f"{self.method}(): {self.reason}")',
+        REFUSAL_TESTS,
+    ),
+    # (refusals set where nothing was replaced (only skipped))
+    mutant(
+        "rf-02",
+        "transformers method refusals",
+        NN,
+        "    if report.replaced:\n        refuse_transformers_methods(model)",
+        ("    if report.replaced or report.skipped:\n        refuse_transformers_methods(model)"),
+        REFUSAL_TESTS,
+    ),
+    # (load_quantized sets no refusals)
+    mutant(
+        "rf-03",
+        "transformers method refusals",
+        CHECKPOINT,
+        "    refuse_transformers_methods(model)\n    return model.to(device).eval()",
+        "    return model.to(device).eval()",
+        REFUSAL_TESTS,
+    ),
+    # (resize refused whatever the output embedding is)
+    mutant(
+        "rf-04",
+        "transformers method refusals",
+        NN,
+        "if callable(output) and callable(resize) and isinstance(output(), FP4Linear):",
+        "if callable(output) and callable(resize):",
+        REFUSAL_TESTS,
+    ),
+    # (the input embedding checked instead of the output one)
+    mutant(
+        "rf-05",
+        "transformers method refusals",
+        NN,
+        (
+            '    output = getattr(model, "get_output_embeddings", None)\n'
+            '    resize = getattr(model, "resize_token_embeddings", None)'
+        ),
+        (
+            '    output = getattr(model, "get_input_embeddings", None)\n'
+            '    resize = getattr(model, "resize_token_embeddings", None)'
+        ),
+        REFUSAL_TESTS,
+    ),
+    # (save_pretrained refused on the class (every model))
+    mutant(
+        "rf-06",
+        "transformers method refusals",
+        NN,
+        'model.save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)',
+        'type(model).save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)',
+        REFUSAL_TESTS,
+    ),
+    # (the refusal holds the model (a reference cycle))
+    mutant(
+        "rf-07",
+        "transformers method refusals",
+        NN,
+        'model.save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)',
+        (
+            "model.save_pretrained = functools.partial(\n"
+            '            Refused("save_pretrained", SAVE_PRETRAINED_REASON), model\n'
+            "        )"
+        ),
+        REFUSAL_TESTS,
+    ),
+    # (the save refusal does not name fp4_ops.save_quantized)
+    mutant(
+        "rf-09",
+        "transformers method refusals",
+        NN,
+        ('"after writing config.json); write the checkpoint with fp4_ops.save_quantized(model, "'),
+        '"after writing config.json); write the checkpoint with save_quantized(model, "',
+        REFUSAL_TESTS,
+    ),
+    # (resize refused with the save_pretrained reason)
+    mutant(
+        "rf-10",
+        "transformers method refusals",
+        NN,
+        'Refused("resize_token_embeddings", RESIZE_REASON)',
+        'Refused("resize_token_embeddings", SAVE_PRETRAINED_REASON)',
+        REFUSAL_TESTS,
     ),
 ]
