@@ -343,6 +343,27 @@ def test_bad_static_global_scale_gives_nan_scales(gs):
     assert bool((plain == 0x7F).all()) and not bool(q.any())
 
 
+@needs_gpu
+@pytest.mark.parametrize(
+    "vec, scale, why",
+    [
+        (32, lambda: torch.tensor(1.0, device="cuda"), "MXFP4 has none"),
+        (16, lambda: torch.tensor(1.0, dtype=torch.float64, device="cuda"), "float32"),
+        (16, lambda: torch.tensor(1.0, dtype=torch.bfloat16, device="cuda"), "float32"),
+        (16, lambda: torch.tensor(1.0), "x's device"),
+        (16, lambda: torch.ones(2, device="cuda"), "one-element"),
+        (16, lambda: 1.0, "one-element"),
+    ],
+    ids=["mxfp4-scale", "float64", "bfloat16", "cpu-scale", "two-elements", "number"],
+)
+def test_quantize_cuda_refuses_a_global_scale_it_cannot_read(vec, scale, why):
+    """The quantizer reads a static global scale as one float32 on x's device: anything else
+    (or any scale for MXFP4) is refused by name before a launch."""
+    x = quantizer_inputs("normal", (4, 64), torch.bfloat16, seed=6).cuda()
+    with pytest.raises(ValueError, match=why):
+        quantize_fp4.quantize_cuda(x, vec, scale())
+
+
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="with a CUDA driver the exported kernel would launch"
 )

@@ -54,6 +54,8 @@ MUTANTS = [
     {**M, "id": "toy-twice", "old": "return", "new": "return -1 +"},
     {**M, "id": "toy-hangs", "klass": "loop", "old": "return a + b",
      "new": "while True: pass"},
+    {**M, "id": "toy-crashes", "klass": "loop", "old": "return a + b",
+     "new": "import os; os.abort()"},
 ]
 """
 
@@ -83,9 +85,11 @@ def test_harness_on_a_toy_repository(tmp_path: Path, capsys: pytest.CaptureFixtu
         "toy-gone": "STALE",
         "toy-twice": "STALE",
         "toy-hangs": "caught (timeout)",
+        "toy-crashes": "caught (crash)",
     }
     assert rows["toy-minus"][1] == "tests/test_mod.py::test_add"
     assert "arith                        caught   1 of   2  50.0%" in out
+    assert "loop                         caught   2 of   2 100.0%" in out
     assert "old text not found in mod.py" in out and "old text found 2 times in mod.py" in out
 
 

@@ -34,6 +34,9 @@ OPS_TESTS = [
 # the quantizer kernels' PTX in the emulator, bit for bit against reference.py
 QUANTIZER_TESTS = ["tests/test_quantizer_ptx.py", "tests/test_quantize_midpoints.py"]
 
+# quantize_cuda (the quantizer CLI's entry): its refusals and the ragged shapes, on a GPU only
+QUANTIZE_CUDA_GPU = ["tests/test_quantize_fp4.py", "-m", "gpu", "-k", "refuses_a_global or ragged"]
+
 # transformers' save_pretrained / resize_token_embeddings refused on FP4 models
 REFUSAL_TESTS = ["tests/test_quantize_transformers.py", "tests/test_checkpoint.py"]
 
@@ -2126,6 +2129,34 @@ MUTANTS = [
         "        if not 1 <= top_k <= self.num_experts:",
         "        if not 1 <= top_k < self.num_experts:",
         ["tests/test_llama4.py"],
+    ),
+    # (quantize_cuda, the quantizer CLI's entry: GPU-only, run on an H100 / H200)
+    # (a static global scale of any dtype is read as float32)
+    mutant(
+        "qm-quantizer-06",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        "        if global_scale.dtype != torch.float32 or global_scale.device != x.device:",
+        "        if global_scale.device != x.device:",
+        QUANTIZE_CUDA_GPU,
+    ),
+    # (the MXFP4 refusal of a global scale inverted: NVFP4's refused, MXFP4's taken)
+    mutant(
+        "qm-quantizer-07",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        "        if sf_vec_size != 16:\n            raise ValueError(\"global_scale is NVFP4's",
+        "        if sf_vec_size == 16:\n            raise ValueError(\"global_scale is NVFP4's",
+        QUANTIZE_CUDA_GPU,
+    ),
+    # (the launch's extents (rows, K) passed as (K, rows))
+    mutant(
+        "qm-quantizer-12",
+        "quantizer / MoE host review",
+        "fp4_ops/quantizer.py",
+        "    return QuantizePlan(kernel, templates, ((rows, k, l), sm_count), partials, config)",
+        "    return QuantizePlan(kernel, templates, ((k, rows, l), sm_count), partials, config)",
+        QUANTIZE_CUDA_GPU,
     ),
     # ----------------------------- transformers methods refused on FP4 models (blind review)
     # (the refusal's message prefix changed)

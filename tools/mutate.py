@@ -20,12 +20,13 @@ The mutants come from ``MUTANTS`` in ``tools/mutants_reference.py``, ``tools/mut
 
 Each mutant is applied to a fresh copy, in a temporary folder, of the repository as it was when
 the harness started (the files git tracks, plus untracked ones it does not ignore), and
-``python -m pytest -x -q -p no:cacheprovider TESTS`` runs there: a failing run (exit status 1)
-or one past ``--timeout`` has caught the mutant, a passing one has not, anything else (a
-collection error, no tests) is an error. A mutant whose ``old`` text is missing or occurs more
-than once is STALE: update it when the code changes. The tests first run once unmutated per
-distinct ``tests`` list (the baseline); a failing baseline makes its mutants errors. Mutants
-with an ``equivalent`` proof that are not caught are excluded from the score.
+``python -m pytest -x -q -p no:cacheprovider TESTS`` runs there: a failing run (exit status 1),
+one killed by a signal (a crash: SIGSEGV, SIGFPE, ...) or one past ``--timeout`` has caught the
+mutant, a passing one has not, anything else (a collection error, no tests) is an error. A
+mutant whose ``old`` text is missing or occurs more than once is STALE: update it when the code
+changes. The tests first run once unmutated per distinct ``tests`` list (the baseline); a
+failing baseline makes its mutants errors. Mutants with an ``equivalent`` proof that are not
+caught are excluded from the score.
 
 Exit status: 0 when every mutant ran, 1 when any is stale or an error, 2 on bad arguments or a
 malformed mutant list.
@@ -56,9 +57,10 @@ LISTS = (
 REQUIRED = {"id": str, "klass": str, "file": str, "old": str, "new": str, "tests": list}
 OPTIONAL = {"equivalent": str}
 
-CAUGHT, TIMEOUT, MISSED, EXCLUDED, STALE, ERROR = (
+CAUGHT, TIMEOUT, CRASH, MISSED, EXCLUDED, STALE, ERROR = (
     "caught",
     "caught (timeout)",
+    "caught (crash)",
     "NOT CAUGHT",
     "excluded (equivalent)",
     "STALE",
@@ -200,6 +202,8 @@ def run_one(
         status = TIMEOUT
     elif code == 1:
         status = CAUGHT
+    elif code < 0:  # (pytest killed by a signal: the mutant crashed its process)
+        status = CRASH
     elif code == 0:
         status = EXCLUDED if "equivalent" in mutant else MISSED
     else:
@@ -235,7 +239,7 @@ def print_summary(outcomes: list[Outcome], key: str) -> None:
 
 
 def _score_line(name: str, c: Counter) -> str:
-    caught = c[CAUGHT] + c[TIMEOUT]
+    caught = c[CAUGHT] + c[TIMEOUT] + c[CRASH]
     scored = caught + c[MISSED]
     score = f"{100 * caught / scored:5.1f}%" if scored else "    -"
     extra = ", ".join(f"{c[s]} {s.lower()}" for s in (EXCLUDED, STALE, ERROR) if c[s])
