@@ -1049,7 +1049,8 @@ def load_quantized(
     layer, is not read), a global
     or KV-cache scale that is not finite and positive, a NaN or negative block scale (checked
     as they are read). A missing config.json or safetensors file: FileNotFoundError. Nothing
-    is returned unless all of it passed.
+    is returned unless all of it passed. The model refuses ``save_pretrained`` (use
+    ``save_quantized``) and, where its lm_head is FP4, ``resize_token_embeddings``.
     """
     if activations not in _LOAD_ACTIVATIONS:
         check_type(activations, str, "activations", f"None or one of {_LOAD_ACTIVATIONS[1:]}")

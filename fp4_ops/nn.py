@@ -850,8 +850,11 @@ def quantize_model(
     router's, a weight reader's; each name skipped in the report). A Linear whose weight
     another module holds too (a tied ``lm_head``'s input embedding) gets an FP4 copy of its
     own (``untied`` in the report, and a warning: the model grows); a transformers model's
-    configs then say ``tie_word_embeddings=False``, as ``save_quantized`` writes. Returns a
-    ``QuantizeReport`` (and warns about patterns that matched no nn.Linear).
+    configs then say ``tie_word_embeddings=False``, as ``save_quantized`` writes. Each
+    transformers model in ``model`` that now holds FP4 layers refuses ``save_pretrained`` (use
+    ``save_quantized``) and, where its lm_head is FP4, ``resize_token_embeddings``: ValueError
+    (``refuse_transformers_methods``). Returns a ``QuantizeReport`` (and warns about patterns
+    that matched no nn.Linear).
     """
     check_type(model, nn.Module, "model", "an nn.Module")
     check_format(format)
@@ -912,8 +915,7 @@ def quantize_model(
         elif id(module) in converted:
             report.replaced.append(name)
             model.set_submodule(name, converted[id(module)])
-    if report.replaced:
-        refuse_transformers_methods(model)
+    refuse_transformers_methods(model)
     if report.untied:
         _untie_output_embedding(model, report.untied)
         pairs = "; ".join(f"{n} from {', '.join(o)}" for n, o in report.untied.items())
@@ -961,16 +963,21 @@ RESIZE_REASON = (
 
 
 def refuse_transformers_methods(model: nn.Module) -> None:
-    """Replace, on a transformers model that now holds FP4 layers (``quantize_model``,
-    ``load_quantized``), the methods that would fail half-way by ``Refused`` ones:
-    ``save_pretrained``, and ``resize_token_embeddings`` where the output embedding is an
-    FP4Linear. Other models are left as they are."""
-    if callable(getattr(model, "save_pretrained", None)):
-        model.save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)
-    output = getattr(model, "get_output_embeddings", None)
-    resize = getattr(model, "resize_token_embeddings", None)
-    if callable(output) and callable(resize) and isinstance(output(), FP4Linear):
-        model.resize_token_embeddings = Refused("resize_token_embeddings", RESIZE_REASON)
+    """Replace, on each transformers model in ``model`` (itself, a vision-language model's
+    language model, ...) that holds FP4 layers after ``quantize_model`` or ``load_quantized``,
+    the methods that would fail half-way by ``Refused`` ones: ``save_pretrained``, and
+    ``resize_token_embeddings`` where the output embedding is an FP4Linear. Other modules are
+    left as they are."""
+    for module in model.modules():
+        if not callable(getattr(module, "save_pretrained", None)):
+            continue
+        if not any(isinstance(m, FP4Buffers) for m in module.modules()):
+            continue
+        module.save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)
+        output = getattr(module, "get_output_embeddings", None)
+        resize = getattr(module, "resize_token_embeddings", None)
+        if callable(output) and callable(resize) and isinstance(output(), FP4Linear):
+            module.resize_token_embeddings = Refused("resize_token_embeddings", RESIZE_REASON)
 
 
 def _chosen(name: str, module: nn.Module, patterns, predicate) -> bool:

@@ -375,21 +375,28 @@ def test_quantize_model_unties_a_tied_lm_head(arch, include):
         assert torch.equal(tied(ids).logits, untied(ids).logits)
 
 
-@pytest.mark.parametrize("include", [None, ["*mlp*"]], ids=["all", "mlp"])
+@pytest.mark.parametrize("include", [None, ["*mlp*"], ["lm_head"]], ids=["all", "mlp", "lm_head"])
 @pytest.mark.parametrize("arch", ["qwen2", "llava"])
 def test_quantized_model_refuses_what_transformers_would_do_half_way(tmp_path, arch, include):
     """transformers' save_pretrained cannot write FP4 layers, nor resize_token_embeddings an
-    FP4 lm_head: on a quantized model each raises ValueError (naming what to do instead)
-    before anything is written or resized; with lm_head left 16-bit the resize works. The
-    refusals survive deepcopy and pickling, and keep no reference cycle to the model."""
+    FP4 lm_head: on a quantized model, and on each transformers model inside it that holds
+    FP4 layers (a language or vision tower), each raises ValueError (naming what to do
+    instead) before anything is written or resized; inner models without FP4 layers keep their
+    methods; with lm_head left 16-bit the resize works. The refusals survive deepcopy and
+    pickling, and keep no reference cycle to the model."""
     model = _tied_lm(arch, tie=False)
     fp4_ops.quantize_model(model, include, activations="bf16")
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=r"^save_pretrained: .*fp4_ops\.save_quantized"):
         model.save_pretrained(out)
     assert not out.exists()
+    inner = [m for m in model.modules() if m is not model and hasattr(m, "save_pretrained")]
+    assert inner  # (the decoder; Llava's towers too)
+    for module in inner:
+        holds = any(isinstance(m, fp4_ops.FP4Linear) for m in module.modules())
+        assert ("save_pretrained" in vars(module)) == holds, type(module).__name__
     embedding = model.get_input_embeddings().weight.detach().clone()
-    if include is None:
+    if isinstance(model.get_output_embeddings(), fp4_ops.FP4Linear):
         for refusing in (model, copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
             with pytest.raises(ValueError, match=RESIZE_REFUSED):
                 refusing.resize_token_embeddings(100)

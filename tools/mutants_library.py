@@ -2168,15 +2168,6 @@ MUTANTS = [
         'raise ValueError(f"{self.method}(): {self.reason}")',
         REFUSAL_TESTS,
     ),
-    # (refusals set where nothing was replaced (only skipped))
-    mutant(
-        "rf-02",
-        "transformers method refusals",
-        NN,
-        "    if report.replaced:\n        refuse_transformers_methods(model)",
-        ("    if report.replaced or report.skipped:\n        refuse_transformers_methods(model)"),
-        REFUSAL_TESTS,
-    ),
     # (load_quantized sets no refusals)
     mutant(
         "rf-03",
@@ -2201,12 +2192,12 @@ MUTANTS = [
         "transformers method refusals",
         NN,
         (
-            '    output = getattr(model, "get_output_embeddings", None)\n'
-            '    resize = getattr(model, "resize_token_embeddings", None)'
+            '        output = getattr(module, "get_output_embeddings", None)\n'
+            '        resize = getattr(module, "resize_token_embeddings", None)'
         ),
         (
-            '    output = getattr(model, "get_input_embeddings", None)\n'
-            '    resize = getattr(model, "resize_token_embeddings", None)'
+            '        output = getattr(module, "get_input_embeddings", None)\n'
+            '        resize = getattr(module, "resize_token_embeddings", None)'
         ),
         REFUSAL_TESTS,
     ),
@@ -2215,8 +2206,8 @@ MUTANTS = [
         "rf-06",
         "transformers method refusals",
         NN,
-        'model.save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)',
-        'type(model).save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)',
+        'module.save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)',
+        'type(module).save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)',
         REFUSAL_TESTS,
     ),
     # (the refusal holds the model (a reference cycle))
@@ -2224,9 +2215,9 @@ MUTANTS = [
         "rf-07",
         "transformers method refusals",
         NN,
-        'model.save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)',
+        'module.save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)',
         (
-            "model.save_pretrained = functools.partial(\n"
+            "module.save_pretrained = functools.partial(\n"
             '            Refused("save_pretrained", SAVE_PRETRAINED_REASON), model\n'
             "        )"
         ),
@@ -2248,6 +2239,24 @@ MUTANTS = [
         NN,
         'Refused("resize_token_embeddings", RESIZE_REASON)',
         'Refused("resize_token_embeddings", SAVE_PRETRAINED_REASON)',
+        REFUSAL_TESTS,
+    ),
+    # (refusals set on the outer model only, not on inner models holding FP4 layers)
+    mutant(
+        "rf-11",
+        "transformers method refusals",
+        NN,
+        "    for module in model.modules():\n        if not callable",
+        "    for module in [model]:\n        if not callable",
+        REFUSAL_TESTS,
+    ),
+    # (refusals set on every inner transformers model, FP4 layers or not)
+    mutant(
+        "rf-12",
+        "transformers method refusals",
+        NN,
+        "        if not any(isinstance(m, FP4Buffers) for m in module.modules()):\n",
+        "        if not any(isinstance(m, FP4Buffers) for m in model.modules()):\n",
         REFUSAL_TESTS,
     ),
 ]
