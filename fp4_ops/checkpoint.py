@@ -59,6 +59,7 @@ from fp4_ops.nn import (
     FP4Linear,
     block_top_k,
     fused_groups,
+    output_embedding,
     refuse_transformers_methods,
     weight_reader,
 )
@@ -1200,7 +1201,7 @@ def _build_and_plan(transformers, folder: Path, ck, qconfig, dtype: torch.dtype)
     _check_not_a_base_model(ck, model)
     # (tied parameters are one object from here on: the model ties them as it is built)
     ties = _ties_output_embeddings(model)
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output = output_embedding(model)
     return model, *_plan_quantized(ck, qconfig, model, output if ties else None)
 
 
@@ -1891,7 +1892,7 @@ def _checkpoint_configs(model, layers, modes, floats, format: str, kind: str | N
     )
     config_dict = model.config.to_dict()
     config_dict.pop("quantization_config", None)
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output = output_embedding(model)
     if isinstance(output, FP4Linear):
         # (quantize_model untied a tied output embedding: the checkpoint holds both)
         for d in (config_dict, config_dict.get("text_config")):

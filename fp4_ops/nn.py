@@ -974,10 +974,16 @@ def refuse_transformers_methods(model: nn.Module) -> None:
         if not any(isinstance(m, FP4Buffers) for m in module.modules()):
             continue
         module.save_pretrained = Refused("save_pretrained", SAVE_PRETRAINED_REASON)
-        output = getattr(module, "get_output_embeddings", None)
         resize = getattr(module, "resize_token_embeddings", None)
-        if callable(output) and callable(resize) and isinstance(output(), FP4Linear):
+        if callable(resize) and isinstance(output_embedding(module), FP4Linear):
             module.resize_token_embeddings = Refused("resize_token_embeddings", RESIZE_REASON)
+
+
+def output_embedding(model: nn.Module) -> nn.Module | None:
+    """A transformers model's output embedding (``get_output_embeddings()``), or None for a
+    model without one."""
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if callable(get) else None
 
 
 def _chosen(name: str, module: nn.Module, patterns, predicate) -> bool:
@@ -1082,8 +1088,7 @@ def _untie_output_embedding(model: nn.Module, untied) -> None:
     """Where a transformers model's output embedding is among the ``untied`` FP4Linears, make
     its configs and tied-weights map say it is untied (as save_quantized writes it), so that
     ``model.tie_weights()`` does not tie it back (an FP4Linear has no weight parameter)."""
-    output = getattr(model, "get_output_embeddings", None)
-    output = output() if callable(output) else None
+    output = output_embedding(model)
     if output is None or not any(model.get_submodule(n) is output for n in untied):
         return
     for module in model.modules():

@@ -2182,8 +2182,8 @@ MUTANTS = [
         "rf-04",
         "transformers method refusals",
         NN,
-        "if callable(output) and callable(resize) and isinstance(output(), FP4Linear):",
-        "if callable(output) and callable(resize):",
+        "if callable(resize) and isinstance(output_embedding(module), FP4Linear):",
+        "if callable(resize):",
         REFUSAL_TESTS,
     ),
     # (the input embedding checked instead of the output one)
@@ -2191,14 +2191,8 @@ MUTANTS = [
         "rf-05",
         "transformers method refusals",
         NN,
-        (
-            '        output = getattr(module, "get_output_embeddings", None)\n'
-            '        resize = getattr(module, "resize_token_embeddings", None)'
-        ),
-        (
-            '        output = getattr(module, "get_input_embeddings", None)\n'
-            '        resize = getattr(module, "resize_token_embeddings", None)'
-        ),
+        "if callable(resize) and isinstance(output_embedding(module), FP4Linear):",
+        "if callable(resize) and isinstance(module.get_input_embeddings(), FP4Linear):",
         REFUSAL_TESTS,
     ),
     # (save_pretrained refused on the class (every model))
