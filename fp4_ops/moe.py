@@ -38,8 +38,11 @@ rows is dequantized to float32 and multiplied (``fp4_ops.cpu``). CUDA (sm_90): t
 checks run on the device; the grouped GEMMs run the Hopper kernel's grouped W4A16 variant
 (``fp4_ops.sm90.gemm``, ``grouped``), which reads the group offsets on the device and runs
 only the touched experts' token tiles; W4A4 first turns its FP4 activations into exact BF16
-values (``moe_kernels.exact_bf16``, or ``exact_bf16_rows`` in the registered op). Other GPUs:
-ValueError (no grouped kernel for them yet).
+values (``moe_kernels.exact_bf16``, or ``exact_bf16_rows`` in the registered op). The sm_100
+family (compiled, never run here): W4A4 on the Blackwell grouped template
+(``blockwise_grouped_gemm_fp4``, through ``fp4_ops.sm100``), its rows copied into the kernel's
+tile-padded layout and D's rows gathered back on the device; W4A16 and ``FP4MoE`` (experts
+prepacked for Hopper) raise ValueError there, as do other GPUs.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from fp4_ops.ops import (
     check_w4a16_activations,
     eager,
     quantize,
+    runs_hopper_kernels,
 )
 from fp4_ops.sm90 import k_order
 from fp4_ops.tensor import FP4Tensor, check_format, check_global_scale_value, check_type
@@ -73,7 +77,12 @@ from fp4_ops.tensor import FP4Tensor, check_format, check_global_scale_value, ch
 #: fp4_moe's activation modes: 16-bit activations (W4A16) or quantized per call (W4A4)
 MODES = ("bf16", "dynamic")
 MXFP4_VEC = 32
-GPU_GROUPED = "fp4_grouped_gemm / fp4_moe / FP4MoE on CUDA (the grouped GEMM)"
+W4A16_GROUPED = "W4A16 fp4_grouped_gemm / fp4_moe / FP4MoE (16-bit activations)"
+PREPACKED_ON_BLACKWELL = (
+    "FP4MoE keeps its experts prepacked for the Hopper kernel, which the Blackwell grouped "
+    'kernel cannot read: on the sm_100 family call fp4_ops.fp4_moe(x, layer.expert_weights("w13"), '
+    'layer.expert_weights("w2"), ..., activations="dynamic")'
+)
 
 
 def _no_backward(ctx, *grads):
@@ -139,7 +148,7 @@ def gpu_grouped_w4a16(
     """The CUDA side of the W4A16 grouped op: sm_90's grouped kernel (it reads the offsets, and
     ``scale`` times each alpha, on the device: no host sync) on the weights prepacked, as given
     or here."""
-    check_sm90(a, GPU_GROUPED)
+    check_sm90(a, W4A16_GROUPED, "quantize the activations too (W4A4)")
     from fp4_ops.sm90 import launcher
 
     b = b_data if prepacked else k_order.prepack_weights(b_data.view(torch.uint8))
@@ -151,10 +160,17 @@ def gpu_grouped_w4a16(
 def gpu_grouped_w4a4(
     a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked
 ):
-    """The CUDA side of the W4A4 grouped op: the activations made exact BF16
+    """The CUDA side of the W4A4 grouped op. sm_90: the activations made exact BF16
     (``exact_bf16_rows``; Hopper has no FP4 tensor cores: its W4A4 kernels convert FP4 to 16
-    bits too), then ``gpu_grouped_w4a16``."""
-    check_sm90(a_data, GPU_GROUPED)
+    bits too), then ``gpu_grouped_w4a16``. The sm_100 family: the Blackwell grouped kernel
+    (``fp4_ops.sm100``) on the experts in plain K order."""
+    if not runs_hopper_kernels(a_data):
+        if prepacked:
+            raise ValueError(PREPACKED_ON_BLACKWELL)
+        from fp4_ops import sm100
+
+        args = (a_data, a_scale, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype)
+        return sm100.grouped_gemm_for_ops(*args)
     values, alpha = exact_bf16_rows(a_data, a_scale, alpha, sf_vec_size)
     args = (values, b_data, b_scale, alpha, offsets, sf_vec_size, out_dtype, prepacked)
     return gpu_grouped_w4a16(*args)
@@ -510,7 +526,10 @@ def _moe_kernels(
     """``_moe`` on plain CUDA tensors outside tracing: the routing (with the rows' gather),
     the activation, the combine and W4A4's exact rows as ``fp4_ops.moe_kernels``' kernels
     around the grouped GEMMs, on x's device (made current for the call if it is not)."""
-    check_sm90(x, GPU_GROUPED)
+    if mode == "bf16":
+        check_sm90(x, W4A16_GROUPED, 'quantize the activations too (activations="dynamic")')
+    elif any(p is not None for p in prepacked) and not runs_hopper_kernels(x):
+        raise ValueError(PREPACKED_ON_BLACKWELL)
     here = x.device.index == torch.cuda.current_device()
     with contextlib.nullcontext() if here else torch.cuda.device(x.device):
         num_experts = w13.shape[0]
@@ -541,7 +560,7 @@ def _expert_gemm(rows, w: FP4Tensor, gs, offsets, mode, prepacked_data, kernels=
         return _grouped_w4a16(rows, w, gs, offsets, rows.dtype, prepacked_data)
     a = quantize(rows, w.format)
     data = w.data if prepacked_data is None else prepacked_data
-    if kernels:
+    if kernels and runs_hopper_kernels(rows):
         # (the kernel multiplies each expert's global scale by the activations' scale: no
         # product kernel)
         values, scale = moe_kernels.exact_bf16(a)

@@ -627,14 +627,15 @@ def test_fp4moe_keeps_fp4_dtypes_through_casts_and_pickles():
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_gpu_side_hands_the_kernel_what_it_reads(fmt, monkeypatch):
-    """The CUDA side of the grouped ops, on CPU tensors with the sm_90 check and the launcher
-    stubbed: prepacked weights go to the kernel as they are, plain ones prepacked once; W4A4
-    hands over its rows as exact BF16 values with alpha to match; scales per expert, alpha and
-    offsets as given."""
+    """The CUDA side of the grouped ops on Hopper, on CPU tensors with the sm_90 checks and the
+    launcher stubbed: prepacked weights go to the kernel as they are, plain ones prepacked
+    once; W4A4 hands over its rows as exact BF16 values with alpha to match; scales per expert,
+    alpha and offsets as given."""
     from fp4_ops.sm90 import k_order, launcher
 
     calls = []
     monkeypatch.setattr(moe, "check_sm90", lambda *_: None)
+    monkeypatch.setattr(moe, "runs_hopper_kernels", lambda _: True)
     monkeypatch.setattr(launcher, "grouped_gemm_for_ops", lambda *args: calls.append(args))
     gen = torch.Generator().manual_seed(14)
     b = fp4_ops.quantize_experts(torch.randn(3, 64, 96, generator=gen), fmt)
@@ -676,6 +677,7 @@ def test_w4a4_kernel_path_scales_alpha_by_what_undoes_its_exact_rows(fmt, monkey
 
     calls = []
     monkeypatch.setattr(moe, "check_sm90", lambda *_: None)
+    monkeypatch.setattr(moe, "runs_hopper_kernels", lambda _: True)
     monkeypatch.setattr(launcher, "grouped_gemm_for_ops", lambda *args: calls.append(args))
     monkeypatch.setattr(moe_kernels, "_function", lambda *_: ((lambda *args: None), 132))
     monkeypatch.setattr(moe_kernels, "stream_handle", lambda index: 0)

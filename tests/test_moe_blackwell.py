@@ -1,0 +1,257 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The MoE ops' Blackwell route (``fp4_ops.sm100.grouped_gemm_for_ops``) without a B200.
+
+W4A4 grouped GEMMs on the sm_100 family copy their rows into the grouped template's contiguous
+layout (each group padded to whole MMA tiles), launch ``blockwise_grouped_gemm_fp4`` and
+gather D's rows back. The kernel is checked by test_blackwell_grouped.py; here it is replaced
+by an emulation of its contract, written from that module's docstring (tile t's rows of D =
+alpha[g] x A's rows x B[g]^T with g = tile_group[t], tiles at or past num_m_tiles unwritten),
+so that what is tested is the host code: the layout against a loop written here, and the
+op's rows against reference.py per expert. On the GPU (H200) the same route runs on CUDA
+tensors through the template's real launcher and checks, without a host sync, and replays in
+a CUDA graph with new routings.
+"""
+
+import pytest
+import torch
+from test_moe import (
+    COUNTS,
+    FMTS,
+    _assert_within,
+    _check_groups,
+    _cuda,
+    _moe_case,
+    _moe_reference,
+    _offsets,
+    _routing,
+    needs_cuda,
+)
+
+import fp4_ops
+import reference
+from fp4_ops import moe, ops, sm100
+
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _layout(counts, tile_m):
+    """(padded row of every row, group of every tile in use): the contiguous layout by hand."""
+    row_map, tile_group, start = [], [], 0
+    for group, count in enumerate(counts):
+        row_map += range(start, start + count)
+        tiles = (count + tile_m - 1) // tile_m
+        tile_group += [group] * tiles
+        start += tiles * tile_m
+    return row_map, tile_group
+
+
+LAYOUTS = {
+    **COUNTS,
+    "every-group-one-row": [1] * 9,
+    "one-past-a-tile": [129, 0, 1, 256, 127],
+    "more-groups-than-rows": [0, 1, 0, 0, 1, 0, 0, 0],
+    "last-group-only": [0, 0, 0, 300],
+}
+
+
+@pytest.mark.parametrize("tile_m", [128, 256])
+@pytest.mark.parametrize("counts", list(LAYOUTS.values()), ids=list(LAYOUTS))
+def test_contiguous_rows_is_the_padded_layout(counts, tile_m):
+    rows = sum(counts)
+    row_map, tile_group, num_m_tiles, tiles = sm100.contiguous_rows(_offsets(counts), rows, tile_m)
+    want_rows, want_tiles = _layout(counts, tile_m)
+    assert row_map.tolist() == want_rows
+    assert num_m_tiles.dtype == torch.int32 and num_m_tiles.tolist() == [len(want_tiles)]
+    assert tile_group.dtype == torch.int32 and tile_group.shape == (tiles,)
+    assert tile_group[: len(want_tiles)].tolist() == want_tiles
+    # (entries past the tiles in use are not read, but every one names a group)
+    assert 0 <= int(tile_group.min()) and int(tile_group.max()) < len(counts)
+
+
+def test_contiguous_rows_buffers_hold_every_routing():
+    """The buffers' tiles, known on the host from the rows and groups alone, hold the tiles of
+    any routing of those rows: random ones and the worst (every group one row past a tile)."""
+    gen = torch.Generator().manual_seed(3)
+    cases = [[129] * 7, [1] * 40, [257, 1, 0, 255]]
+    for _ in range(300):
+        groups = int(torch.randint(1, 40, (1,), generator=gen))
+        cases.append(torch.randint(0, 300, (groups,), generator=gen).tolist())
+    for counts in cases:
+        for tile_m in (128, 256):
+            row_map, _, num_m_tiles, tiles = sm100.contiguous_rows(
+                _offsets(counts), sum(counts), tile_m
+            )
+            assert int(num_m_tiles) <= tiles, counts
+            assert row_map.tolist() == _layout(counts, tile_m)[0], counts
+
+
+def _values(packed, scales, vec):
+    """e2m1 x block scale in float32 (the emulation's own decoding, device-side only)."""
+    lut = torch.tensor(E2M1 + tuple(-v for v in E2M1), device=packed.device)
+    codes = torch.stack((packed & 15, packed >> 4), -1).flatten(-2)
+    return (lut[codes.long()].unflatten(-1, (-1, vec)) * scales.float()[..., None]).flatten(-2)
+
+
+def emulated_grouped_kernel(a, b, sfa_blocked, sfb_blocked, alpha, tile_group, num_m_tiles, d, c):
+    """The grouped template's contract, on any device without a host sync: its operand rules
+    asserted, then D written tile by tile; tiles at or past num_m_tiles get NaN (the kernel
+    leaves them as they were: uninitialised)."""
+    import blockwise_gemm_fp4 as bw
+
+    tile_m, vec = c.mma_tiler_mn[0], c.sf_vec_size
+    (m, half), (groups, n, _) = a.shape, b.shape
+    tiles, k_scales = m // tile_m, 2 * half // vec
+    assert m % tile_m == 0 and a.dtype == b.dtype == torch.uint8
+    assert tile_group.shape == (tiles,) and tile_group.dtype == torch.int32
+    assert num_m_tiles.shape == (1,) and num_m_tiles.dtype == torch.int32
+    assert alpha.shape == (groups,) and alpha.dtype == torch.float32
+    assert d.shape == (m, n) and d.stride() == (bw.c_row_pitch(n, c.c_dtype), 1)
+    assert sfa_blocked.dtype == sfb_blocked.dtype == reference.SCALE_DTYPES[vec]
+    sfa = reference.from_blocked(sfa_blocked, m, k_scales).view(tiles, tile_m, k_scales)
+    sfb = reference.from_blocked(sfb_blocked, n, k_scales)
+    g = tile_group.long()
+    va = _values(a.view(tiles, tile_m, half), sfa, vec)
+    vb = _values(b, sfb, vec).index_select(0, g)
+    acc = torch.matmul(va, vb.transpose(1, 2)) * alpha.index_select(0, g)[:, None, None]
+    written = torch.arange(tiles, device=a.device)[:, None, None] < num_m_tiles.long()
+    d.copy_(torch.where(written, acc, torch.nan).reshape(m, n))
+    return d
+
+
+@pytest.fixture
+def blackwell(monkeypatch):
+    """The MoE ops routed as on an sm_100 GPU: the Hopper check says no, and ``check_sm90``
+    names a B200."""
+    monkeypatch.setattr(moe, "runs_hopper_kernels", lambda _: False)
+    monkeypatch.setattr(ops, "_capability", lambda _: (10, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA B200")
+
+
+def _operands(fmt, counts, gen, n=256, k=192):
+    b = fp4_ops.quantize_experts(torch.randn(len(counts), n, k, generator=gen), fmt)
+    a = fp4_ops.quantize(torch.randn(sum(counts), k, generator=gen) * 3, fmt)
+    return a, b
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("counts", list(LAYOUTS.values()), ids=list(LAYOUTS))
+@pytest.mark.parametrize("fmt", FMTS)
+def test_blackwell_route_gives_each_experts_gemm(fmt, counts, out_dtype, blackwell, monkeypatch):
+    """The W4A4 op's CUDA side on CPU tensors, the kernel emulated: every group's rows
+    against reference.check_gemm with its expert (derived bound)."""
+    import blockwise_grouped_gemm_fp4 as grouped
+
+    monkeypatch.setattr(grouped, "grouped_gemm", emulated_grouped_kernel)
+    a, b = _operands(fmt, counts, torch.Generator().manual_seed(4))
+    offsets = _offsets(counts)
+    alpha = a.global_scale * b.global_scale
+    args = (a.data, a.scale, b.data, b.scale, alpha, offsets, b.sf_vec_size, out_dtype)
+    d = moe.gpu_grouped_w4a4(*args, False)
+    assert d.shape == (sum(counts), 256) and d.dtype == out_dtype and d.is_contiguous()
+    _check_groups(d, None, b, offsets, w4a4_a=a)
+
+
+def test_blackwell_refuses_what_it_has_no_kernel_for(blackwell):
+    """W4A16 (no Blackwell kernel) and experts prepacked for Hopper (``FP4MoE``'s) are refused
+    with what to do instead, by the grouped ops and by the MoE layer's kernel path."""
+    from fp4_ops.sm90 import k_order
+
+    a, b = _operands("nvfp4", [3, 2], torch.Generator().manual_seed(5))
+    offsets, alpha = _offsets([3, 2]), b.global_scale.float()
+    prepacked = k_order.prepack_weights(b.data)
+    w4a16 = "W4A16 fp4_grouped_gemm.*B200 is sm_100: quantize the activations too"
+    with pytest.raises(ValueError, match=w4a16):
+        rows = torch.randn(5, 192).bfloat16()
+        moe.gpu_grouped_w4a16(rows, b.data, b.scale, alpha, offsets, 16, torch.bfloat16, False)
+    with pytest.raises(ValueError, match="FP4MoE keeps its experts prepacked for the Hopper"):
+        args = (a.data, a.scale, prepacked, b.scale, alpha, offsets, 16, torch.bfloat16)
+        moe.gpu_grouped_w4a4(*args, True)
+    x, w13, w2, _, _, gen = _moe_case("nvfp4", "silu", dtype=torch.bfloat16)
+    ids, tw = _routing("random", x.shape[0], 2, 4, gen)
+    gs13, gs2 = (w.global_scale.float().expand(4) for w in (w13, w2))
+    weights = (w13, w2, gs13, gs2)
+    with pytest.raises(ValueError, match="B200 is sm_100: quantize the activations too \\(act"):
+        moe._moe_kernels(x, *weights, (None, None), tw, ids, "silu", "bf16", None, None)
+    packed = (k_order.prepack_weights(w13.data), k_order.prepack_weights(w2.data))
+    with pytest.raises(ValueError, match='layer.expert_weights\\("w13"\\)'):
+        moe._moe_kernels(x, *weights, packed, tw, ids, "silu", "dynamic", None, None)
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+
+@pytest.fixture
+def blackwell_launcher(blackwell, monkeypatch):
+    """The template's real ``grouped_gemm`` (its operand checks and configuration rules), with
+    the GPU check passed and the compiled kernel replaced by the emulation."""
+    import blockwise_gemm_fp4 as bw
+    import blockwise_grouped_gemm_fp4 as grouped
+
+    launches = []
+
+    def kernel(**operands):
+        launches.append(operands["config"])
+        emulated_grouped_kernel(*operands["tensors"], operands["config"])
+
+    monkeypatch.setattr(bw, "blackwell_gpu", lambda *_: (True, "NVIDIA B200"))
+    monkeypatch.setattr(grouped, "_compiled_kernel", lambda config, device: kernel)
+    monkeypatch.setattr(
+        grouped,
+        "kernel_args",
+        lambda config, mnkg, t, stream: dict(config=config, tensors=(*t[:4], t[7], *t[5:7], t[4])),
+    )
+    return launches
+
+
+@needs_cuda
+@pytest.mark.parametrize("fmt", FMTS)
+def test_blackwell_route_gpu_runs_without_host_sync(fmt, blackwell_launcher):
+    """fp4_grouped_gemm on CUDA tensors down the Blackwell route: the layout, the copies and the
+    gather run on the device (the sync debug mode turns a host sync into an error), and every
+    group matches its expert's reference GEMM."""
+    counts = LAYOUTS["one-past-a-tile"]
+    a, b = _operands(fmt, counts, torch.Generator().manual_seed(6))
+    offsets = _offsets(counts)
+    ac, bc, oc = _cuda(a), _cuda(b), offsets.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        d = fp4_ops.fp4_grouped_gemm(ac, bc, oc, out_dtype=torch.float32)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [c.mma_tiler_mn[0] for c in blackwell_launcher] == [128]
+    _check_groups(d.cpu(), None, b, offsets, w4a4_a=a)
+
+
+@needs_cuda
+def test_blackwell_route_gpu_cuda_graph_replays_new_routing(blackwell_launcher):
+    a, b = _operands("nvfp4", [4, 0, 3, 5], torch.Generator().manual_seed(7))
+    ac, bc, offsets = _cuda(a), _cuda(b), _offsets([4, 0, 3, 5]).cuda()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fp4_ops.fp4_grouped_gemm(ac, bc, offsets)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        d = fp4_ops.fp4_grouped_gemm(ac, bc, offsets)
+    for counts in ([12, 0, 0, 0], [0, 0, 0, 12], [1, 2, 9, 0]):
+        offsets.copy_(_offsets(counts))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check_groups(d.cpu(), None, b, _offsets(counts), w4a4_a=a)
+
+
+@needs_cuda
+@pytest.mark.parametrize("fmt", FMTS)
+def test_fp4_moe_w4a4_gpu_blackwell_route_is_the_per_expert_loop(fmt, blackwell_launcher):
+    """fp4_moe's kernel path (routing, activation and combine kernels, the quantizer) with its
+    grouped GEMMs down the Blackwell route, against the per-expert oracle."""
+    x, w13, w2, b13, b2, gen = _moe_case(fmt, "silu", dtype=torch.float32, bias=True)
+    ids, tw = _routing("random", x.shape[0], 3, 4, gen)
+    args = (_cuda(w13), _cuda(w2), tw.cuda(), ids.cuda())
+    biases = dict(w13_bias=b13.cuda(), w2_bias=b2.cuda())
+    out = fp4_ops.fp4_moe(x.cuda(), *args, **biases, activations="dynamic")
+    assert len(blackwell_launcher) == 2
+    ref, bound = _moe_reference(x, w13, w2, tw, ids, "silu", b13, b2, w4a4=True)
+    _assert_within(out.cpu(), ref, bound, f"GPU W4A4 {fmt}, Blackwell route")
