@@ -64,8 +64,9 @@ def grouped_gemm_for_ops(a, a_scale, b, b_scale, alpha, offsets, sf_vec_size, ou
     (rows, half), (num_groups, n, _) = a.shape, b.shape
     k_scales = 2 * half // sf_vec_size
     config = grouped.grouped_config(n, sf_vec_size, DSL_DTYPE_NAMES[out_dtype])
-    row_map, tile_group, num_m_tiles, tiles = contiguous_rows(offsets, rows, config.mma_tiler_mn[0])
-    padded_rows = tiles * config.mma_tiler_mn[0]
+    tile_m = config.mma_tiler_mn[0]
+    row_map, tile_group, num_m_tiles, tiles = contiguous_rows(offsets, rows, tile_m)
+    padded_rows = tiles * tile_m
     # (padding rows: zero codes and scales, so the kernel reads only initialised memory)
     a_padded = a.new_zeros((padded_rows, half), dtype=torch.uint8)
     a_padded.index_copy_(0, row_map, a.view(torch.uint8))

@@ -133,22 +133,43 @@ def _operands(fmt, counts, gen, n=256, k=192):
     return a, b
 
 
+# (N 64 takes tile N 64, whose tiles differ from tile M 128 in both dimensions)
+@pytest.mark.parametrize("n", [256, 64, 200])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("counts", list(LAYOUTS.values()), ids=list(LAYOUTS))
 @pytest.mark.parametrize("fmt", FMTS)
-def test_blackwell_route_gives_each_experts_gemm(fmt, counts, out_dtype, blackwell, monkeypatch):
+def test_blackwell_route_gives_each_experts_gemm(fmt, counts, out_dtype, n, blackwell, monkeypatch):
     """The W4A4 op's CUDA side on CPU tensors, the kernel emulated: every group's rows
     against reference.check_gemm with its expert (derived bound)."""
     import blockwise_grouped_gemm_fp4 as grouped
 
     monkeypatch.setattr(grouped, "grouped_gemm", emulated_grouped_kernel)
-    a, b = _operands(fmt, counts, torch.Generator().manual_seed(4))
+    a, b = _operands(fmt, counts, torch.Generator().manual_seed(4), n=n)
     offsets = _offsets(counts)
     alpha = a.global_scale * b.global_scale
     args = (a.data, a.scale, b.data, b.scale, alpha, offsets, b.sf_vec_size, out_dtype)
     d = moe.gpu_grouped_w4a4(*args, False)
-    assert d.shape == (sum(counts), 256) and d.dtype == out_dtype and d.is_contiguous()
+    assert d.shape == (sum(counts), n) and d.dtype == out_dtype and d.is_contiguous()
     _check_groups(d, None, b, offsets, w4a4_a=a)
+
+
+def test_blackwell_moe_kernel_path_hands_the_grouped_op_fp4_rows(blackwell, monkeypatch):
+    """fp4_moe's kernel path on the sm_100 family quantizes its rows and calls the W4A4
+    grouped op (which goes to the Blackwell kernel), not Hopper's exact-BF16 route."""
+    calls = []
+    done = torch.zeros(5, 64)
+    monkeypatch.setattr(moe, "grouped_w4a4_impl", lambda *args: calls.append(args) or done)
+    gen = torch.Generator().manual_seed(8)
+    w = fp4_ops.quantize_experts(torch.randn(3, 64, 96, generator=gen), "nvfp4")
+    rows = torch.randn(5, 96, generator=gen).bfloat16()
+    offsets, gs = _offsets([2, 0, 3]), w.global_scale.float()
+    d = moe._expert_gemm(rows, w, gs, offsets, "dynamic", None, kernels=True)
+    assert torch.equal(d, done)
+    (args,) = calls
+    q = fp4_ops.quantize(rows, "nvfp4")
+    assert torch.equal(args[0], q.data) and torch.equal(args[1], q.scale)
+    assert torch.equal(args[2], w.data) and torch.equal(args[4], q.global_scale * gs)
+    assert torch.equal(args[5], offsets) and args[6:] == (16, torch.bfloat16, False)
 
 
 def test_blackwell_refuses_what_it_has_no_kernel_for(blackwell):

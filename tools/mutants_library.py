@@ -16,6 +16,7 @@ MOE = "fp4_ops/moe.py"
 QUANTIZER = "fp4_ops/quantizer.py"
 MEMORY = "fp4_ops/memory.py"
 BUFFERS = "fp4_ops/buffers.py"
+SM100 = "fp4_ops/sm100.py"
 TESTS = [
     "tests/test_checkpoint.py",
     "tests/test_moe_checkpoint.py",
@@ -39,6 +40,9 @@ QUANTIZE_CUDA_GPU = ["tests/test_quantize_fp4.py", "-m", "gpu", "-k", "refuses_a
 
 # transformers' save_pretrained / resize_token_embeddings refused on FP4 models
 REFUSAL_TESTS = ["tests/test_quantize_transformers.py", "tests/test_checkpoint.py"]
+
+# the MoE ops' Blackwell route: its host code with the kernel emulated, on the CPU
+BLACKWELL_MOE_TESTS = ["tests/test_moe_blackwell.py", "tests/test_moe.py"]
 
 # the eager plan caches run on a GPU only
 EAGER_TESTS = ["tests/test_eager.py", "tests/test_fp4_ops.py", "-m", "gpu"]
@@ -2252,5 +2256,131 @@ MUTANTS = [
         "        if not any(isinstance(m, FP4Buffers) for m in module.modules()):\n",
         "        if not any(isinstance(m, FP4Buffers) for m in model.modules()):\n",
         REFUSAL_TESTS,
+    ),
+    # (a group's tiles rounded up once too often)
+    mutant(
+        "bm-01",
+        "MoE on Blackwell",
+        SM100,
+        "group_tiles = (counts + (tile_m - 1)) // tile_m",
+        "group_tiles = (counts + tile_m) // tile_m",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (a tile at a group's end given to that group)
+    mutant(
+        "bm-02",
+        "MoE on Blackwell",
+        SM100,
+        "tile_group = torch.searchsorted(tile_ends, tile_ids, right=True, out_int32=True)",
+        "tile_group = torch.searchsorted(tile_ends, tile_ids, right=False, out_int32=True)",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (num_m_tiles in int64, which the kernel reads as int32)
+    mutant(
+        "bm-03",
+        "MoE on Blackwell",
+        SM100,
+        "tile_ends = torch.cumsum(group_tiles, 0, dtype=torch.int32)",
+        "tile_ends = torch.cumsum(group_tiles, 0)",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (a group's last row counted in the next group)
+    mutant(
+        "bm-04",
+        "MoE on Blackwell",
+        SM100,
+        "row_group = torch.searchsorted(offsets[1:].contiguous(), row_ids, right=True)",
+        "row_group = torch.searchsorted(offsets[1:].contiguous(), row_ids, right=False)",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (half of A's scale columns)
+    mutant(
+        "bm-05",
+        "MoE on Blackwell",
+        SM100,
+        "k_scales = 2 * half // sf_vec_size",
+        "k_scales = half // sf_vec_size",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (A's scales not moved with their rows)
+    mutant(
+        "bm-06",
+        "MoE on Blackwell",
+        SM100,
+        "sfa_padded = sfa.new_zeros((padded_rows, k_scales)).index_copy_(0, row_map, sfa)",
+        "sfa_padded = torch.nn.functional.pad(sfa, (0, 0, 0, padded_rows - rows))",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (the first group's alpha for every group)
+    mutant(
+        "bm-07",
+        "MoE on Blackwell",
+        SM100,
+        "alpha = alpha.float().reshape(num_groups).contiguous()",
+        "alpha = alpha.float().reshape(-1)[:1].expand(num_groups).contiguous()",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (rows padded to tile N, not tile M)
+    mutant(
+        "bm-08",
+        "MoE on Blackwell",
+        SM100,
+        "tile_m = config.mma_tiler_mn[0]",
+        "tile_m = config.mma_tiler_mn[1]",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (Hopper-prepacked experts handed to the Blackwell kernel)
+    mutant(
+        "bm-09",
+        "MoE on Blackwell",
+        MOE,
+        "        if prepacked:\n            raise ValueError(PREPACKED_ON_BLACKWELL)\n",
+        "",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (the prepacked refusal on the wrong GPU)
+    mutant(
+        "bm-10",
+        "MoE on Blackwell",
+        MOE,
+        "elif any(p is not None for p in prepacked) and not runs_hopper_kernels(x):",
+        "elif any(p is not None for p in prepacked) and runs_hopper_kernels(x):",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (the MoE kernel path takes Hopper's exact-BF16 route on Blackwell)
+    mutant(
+        "bm-11",
+        "MoE on Blackwell",
+        MOE,
+        "    if kernels and runs_hopper_kernels(rows):",
+        "    if kernels:",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (W4A16 grouped on Blackwell not refused)
+    mutant(
+        "bm-12",
+        "MoE on Blackwell",
+        MOE,
+        '    check_sm90(a, W4A16_GROUPED, "quantize the activations too (W4A4)")',
+        "    runs_hopper_kernels(a)",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (D's padded rows returned in place of the gather)
+    mutant(
+        "bm-13",
+        "MoE on Blackwell",
+        SM100,
+        "    return d.index_select(0, row_map)",
+        "    return d[:rows]",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (A's rows not moved to their padded places)
+    mutant(
+        "bm-14",
+        "MoE on Blackwell",
+        SM100,
+        "    a_padded.index_copy_(0, row_map, a.view(torch.uint8))",
+        "    a_padded[:rows] = a.view(torch.uint8)",
+        BLACKWELL_MOE_TESTS,
     ),
 ]
