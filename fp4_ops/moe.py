@@ -41,8 +41,8 @@ only the touched experts' token tiles; W4A4 first turns its FP4 activations into
 values (``moe_kernels.exact_bf16``, or ``exact_bf16_rows`` in the registered op). The sm_100
 family (compiled, never run here): W4A4 on the Blackwell grouped template
 (``blockwise_grouped_gemm_fp4``, through ``fp4_ops.sm100``), its rows copied into the kernel's
-tile-padded layout and D's rows gathered back on the device; W4A16 and ``FP4MoE`` (experts
-prepacked for Hopper) raise ValueError there, as do other GPUs.
+tile-padded layout and D's rows gathered back on the device (``FP4MoE`` holds its W4A4 experts
+in plain K order there); W4A16 raises ValueError there, as do other GPUs.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from fp4_ops.ops import (
     check_w4a16_activations,
     eager,
     quantize,
+    runs_blackwell_kernels,
     runs_hopper_kernels,
 )
 from fp4_ops.sm90 import k_order
@@ -79,9 +80,10 @@ MODES = ("bf16", "dynamic")
 MXFP4_VEC = 32
 W4A16_GROUPED = "W4A16 fp4_grouped_gemm / fp4_moe / FP4MoE (16-bit activations)"
 PREPACKED_ON_BLACKWELL = (
-    "FP4MoE keeps its experts prepacked for the Hopper kernel, which the Blackwell grouped "
-    'kernel cannot read: on the sm_100 family call fp4_ops.fp4_moe(x, layer.expert_weights("w13"), '
-    'layer.expert_weights("w2"), ..., activations="dynamic")'
+    "experts prepacked for the Hopper kernel reached the Blackwell grouped kernel, which "
+    "cannot read them: move the FP4MoE with .to(device) (it reorders them), or call "
+    'fp4_ops.fp4_moe(x, layer.expert_weights("w13"), layer.expert_weights("w2"), ..., '
+    'activations="dynamic")'
 )
 
 
@@ -574,8 +576,8 @@ def _expert_gemm(rows, w: FP4Tensor, gs, offsets, mode, prepacked_data, kernels=
 
 # ----------------------------------------------------------------------------- FP4MoE
 
-# the experts' parts in the state dict, per weight ("w13", "w2"); the layer holds *_prepacked
-# instead of *_data (prepacked once for the Hopper kernel), and saves *_data in plain order
+# the experts' parts in the state dict, per weight ("w13", "w2"); the layer holds *_codes
+# instead of *_data (in its kernels' K order), and saves *_data in plain order
 _PARTS = ("data", "scale", "global_scale")
 _EXTRA_STATE = "_extra_state"
 
@@ -583,14 +585,15 @@ _EXTRA_STATE = "_extra_state"
 class FP4MoE(FP4Buffers):
     """The experts of an MoE layer in FP4: forward(x, topk_weights, topk_ids) = ``fp4_moe``.
 
-    Buffers per weight w in (w13 [E, 2I, H], w2 [E, H, I]): ``{w}_prepacked`` (the data,
-    prepacked once for the Hopper kernel), ``{w}_scale`` (blocked), ``{w}_global_scale`` [E]; the
-    biases ``w13_bias`` / ``w2_bias`` (or None). The FP4 parts keep their dtypes through
-    ``.to(dtype)`` / ``.half()`` and follow device moves. State dict: ``{w}_data`` in plain K
-    order, scales, global scales, biases, and the extra state {format, activation,
-    activations}; loading checks everything before it assigns anything (ValueError naming
-    what differs; a bias missing is a missing key, as ``nn.Module`` reports it). The layer
-    holds copies of ``w13``'s and ``w2``'s tensors. Inference only."""
+    Buffers per weight w in (w13 [E, 2I, H], w2 [E, H, I]): ``{w}_codes`` (the packed codes in
+    the K order of the kernels where the layer is: prepacked for the Hopper kernel, plain for
+    W4A4 on the sm_100 family, reordered when a move changes it), ``{w}_scale`` (blocked),
+    ``{w}_global_scale`` [E]; the biases ``w13_bias`` / ``w2_bias`` (or None). The FP4 parts keep
+    their dtypes through ``.to(dtype)`` / ``.half()`` and follow device moves. State dict:
+    ``{w}_data`` in plain K order, scales, global scales, biases, and the extra state {format,
+    activation, activations}; loading checks everything before it assigns anything
+    (ValueError naming what differs; a bias missing is a missing key, as ``nn.Module`` reports
+    it). The layer holds copies of ``w13``'s and ``w2``'s tensors. Inference only."""
 
     def __init__(
         self,
@@ -607,15 +610,17 @@ class FP4MoE(FP4Buffers):
         check_moe(x_like, w13, w2, activation, activations, w13_bias, w2_bias)
         self.format, self.activation, self.activations = w13.format, activation, activations
         self.num_experts, self.hidden, self.intermediate = w2.shape
+        self.plain_k_order = False
         for name, w in (("w13", w13), ("w2", w2)):
             data = k_order.prepack_weights(w.data.view(torch.uint8))
-            self.register_buffer(f"{name}_prepacked", data, persistent=False)
+            self.register_buffer(f"{name}_codes", data, persistent=False)
             # (copies: a load_state_dict writes into the layer's buffers, never the caller's)
             self.register_buffer(f"{name}_scale", w.scale.clone())
             gs = w.global_scale.float().expand(self.num_experts).clone()
             self.register_buffer(f"{name}_global_scale", gs)
         for name, bias in (("w13_bias", w13_bias), ("w2_bias", w2_bias)):
             self.register_buffer(name, None if bias is None else bias.detach().clone())
+        self._settle_k_order()
 
     @classmethod
     def from_experts(
@@ -642,8 +647,29 @@ class FP4MoE(FP4Buffers):
         return FP4Tensor.unchecked(data, scale, gs, self.format)
 
     def _plain_data(self, name: str) -> torch.Tensor:
-        k = self.hidden if name == "w13" else self.intermediate
-        return k_order.unprepack_weights(getattr(self, f"{name}_prepacked"), k)
+        codes = getattr(self, f"{name}_codes")
+        if self.plain_k_order:
+            return codes
+        return k_order.unprepack_weights(codes, self.hidden if name == "w13" else self.intermediate)
+
+    def _settle_k_order(self) -> None:
+        """The codes in the K order of the kernels where the layer is: plain for W4A4 on the
+        sm_100 family (the Blackwell grouped kernel), prepacked everywhere else."""
+        plain = self.activations == "dynamic" and runs_blackwell_kernels(self.w13_scale)
+        if plain == self.plain_k_order:
+            return
+        reorder = self._plain_data if plain else self._prepacked_data
+        codes = {f"{name}_codes": reorder(name) for name in ("w13", "w2")}
+        self._buffers.update(codes)
+        self.plain_k_order = plain
+
+    def _prepacked_data(self, name: str) -> torch.Tensor:
+        return k_order.prepack_weights(self._buffers[f"{name}_codes"])
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self._settle_k_order()
+        return self
 
     def forward(self, x, topk_weights, topk_ids):
         check_type(x, torch.Tensor, "x", "a torch.Tensor [T, H]")
@@ -657,9 +683,9 @@ class FP4MoE(FP4Buffers):
             raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
         check_routing(topk_weights, topk_ids, x.shape[0], self.num_experts, x.device)
         gs13, gs2 = self.w13_global_scale, self.w2_global_scale
-        w13 = FP4Tensor.unchecked(self.w13_prepacked, self.w13_scale, gs13, self.format)
-        w2 = FP4Tensor.unchecked(self.w2_prepacked, self.w2_scale, gs2, self.format)
-        prepacked = (self.w13_prepacked, self.w2_prepacked)
+        w13 = FP4Tensor.unchecked(self.w13_codes, self.w13_scale, gs13, self.format)
+        w2 = FP4Tensor.unchecked(self.w2_codes, self.w2_scale, gs2, self.format)
+        prepacked = (None, None) if self.plain_k_order else (self.w13_codes, self.w2_codes)
         return _moe(
             x,
             w13,
@@ -759,11 +785,13 @@ class FP4MoE(FP4Buffers):
         with torch.no_grad():  # (everything checked: now it all loads)
             for name, t in found.items():
                 if name.endswith("_data"):
-                    name, t = name.replace("_data", "_prepacked"), k_order.prepack_weights(t)
+                    name = name.replace("_data", "_codes")
+                    t = t if self.plain_k_order else k_order.prepack_weights(t)
                 if assign:
                     self._buffers[name] = t
                 else:
                     getattr(self, name).copy_(t)
+        self._settle_k_order()  # (assigned tensors may be elsewhere than the layer was)
 
     def extra_repr(self) -> str:
         return (

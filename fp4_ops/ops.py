@@ -256,6 +256,12 @@ def runs_hopper_kernels(t: torch.Tensor) -> bool:
     return _capability(t) == (9, 0)
 
 
+def runs_blackwell_kernels(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a CUDA tensor on an sm_100 family GPU (B200 / B300); False for any
+    other tensor, without an error."""
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 10
+
+
 @torch.library.custom_op("fp4_ops::gemm", mutates_args=())
 def gemm_op(
     a_data: torch.Tensor,

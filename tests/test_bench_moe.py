@@ -444,9 +444,7 @@ def test_bf16_grouped_steps_match_a_per_expert_loop(name):
 def test_copies_hold_distinct_weights():
     weights = bench_moe.make_experts(TINY, CPU)
     ours = bench_moe.build_contestant("ours_w4a16", weights, TINY, 3)
-    ptrs = {
-        (m.w13_prepacked.data_ptr(), m.w13_scale.data_ptr(), m.w2_scale.data_ptr()) for m in ours
-    }
+    ptrs = {(m.w13_codes.data_ptr(), m.w13_scale.data_ptr(), m.w2_scale.data_ptr()) for m in ours}
     assert len({p for t in ptrs for p in t}) == 9
     bf16 = bench_moe.build_contestant("bf16_grouped", weights, TINY, 2)
     assert bf16[0].w13.data_ptr() != bf16[1].w13.data_ptr()

@@ -30,6 +30,7 @@ from test_moe import (
 import fp4_ops
 import reference
 from fp4_ops import moe, ops, sm100
+from fp4_ops.sm90 import k_order
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -173,10 +174,8 @@ def test_blackwell_moe_kernel_path_hands_the_grouped_op_fp4_rows(blackwell, monk
 
 
 def test_blackwell_refuses_what_it_has_no_kernel_for(blackwell):
-    """W4A16 (no Blackwell kernel) and experts prepacked for Hopper (``FP4MoE``'s) are refused
-    with what to do instead, by the grouped ops and by the MoE layer's kernel path."""
-    from fp4_ops.sm90 import k_order
-
+    """W4A16 (no Blackwell kernel) and experts prepacked for Hopper are refused with what to do
+    instead, by the grouped ops and by the MoE layer's kernel path."""
     a, b = _operands("nvfp4", [3, 2], torch.Generator().manual_seed(5))
     offsets, alpha = _offsets([3, 2]), b.global_scale.float()
     prepacked = k_order.prepack_weights(b.data)
@@ -184,7 +183,7 @@ def test_blackwell_refuses_what_it_has_no_kernel_for(blackwell):
     with pytest.raises(ValueError, match=w4a16):
         rows = torch.randn(5, 192).bfloat16()
         moe.gpu_grouped_w4a16(rows, b.data, b.scale, alpha, offsets, 16, torch.bfloat16, False)
-    with pytest.raises(ValueError, match="FP4MoE keeps its experts prepacked for the Hopper"):
+    with pytest.raises(ValueError, match="experts prepacked for the Hopper kernel reached"):
         args = (a.data, a.scale, prepacked, b.scale, alpha, offsets, 16, torch.bfloat16)
         moe.gpu_grouped_w4a4(*args, True)
     x, w13, w2, _, _, gen = _moe_case("nvfp4", "silu", dtype=torch.bfloat16)
@@ -196,6 +195,69 @@ def test_blackwell_refuses_what_it_has_no_kernel_for(blackwell):
     packed = (k_order.prepack_weights(w13.data), k_order.prepack_weights(w2.data))
     with pytest.raises(ValueError, match='layer.expert_weights\\("w13"\\)'):
         moe._moe_kernels(x, *weights, packed, tw, ids, "silu", "dynamic", None, None)
+
+
+# ----------------------------------------------------------------------------- FP4MoE
+
+
+def _layer_pair(activations="dynamic", seed=9):
+    """(the layer's experts as FP4Tensors, an FP4MoE of them) on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    w13 = fp4_ops.quantize_experts(torch.randn(4, 64, 64, generator=gen), "nvfp4")
+    w2 = fp4_ops.quantize_experts(torch.randn(4, 64, 32, generator=gen), "nvfp4")
+    return (w13, w2), fp4_ops.FP4MoE(w13, w2, activations=activations)
+
+
+def _same_codes(a, b) -> bool:
+    return a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_fp4moe_holds_plain_codes_where_the_blackwell_kernel_reads_them(monkeypatch):
+    """A W4A4 FP4MoE where the sm_100 family's kernels run holds its codes in plain K order
+    (what the Blackwell grouped kernel reads) and gives the Hopper-ordered layer's outputs and
+    state dict; a move elsewhere prepacks them again, bit for bit. W4A16 layers keep the
+    Hopper order (no Blackwell W4A16 kernel)."""
+    (w13, w2), hopper = _layer_pair()
+    monkeypatch.setattr(moe, "runs_blackwell_kernels", lambda _: True)
+    _, blackwell = _layer_pair()
+    assert blackwell.plain_k_order and not hopper.plain_k_order
+    assert _same_codes(blackwell.w13_codes, w13.data) and _same_codes(blackwell.w2_codes, w2.data)
+    x, gen = torch.randn(5, 64).bfloat16(), torch.Generator().manual_seed(1)
+    ids, tw = _routing("random", 5, 2, 4, gen)
+    assert torch.equal(blackwell(x, tw, ids), hopper(x, tw, ids))
+    mine, theirs = blackwell.state_dict(), hopper.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert mine.pop("_extra_state") == theirs.pop("_extra_state")
+    assert all(_same_codes(mine[k], theirs[k]) for k in mine)
+    for name in ("w13", "w2"):
+        assert _same_codes(blackwell.expert_weights(name).data, hopper.expert_weights(name).data)
+    monkeypatch.setattr(moe, "runs_blackwell_kernels", lambda _: False)
+    blackwell.float()  # (every move and cast passes through _apply)
+    assert not blackwell.plain_k_order
+    assert _same_codes(blackwell.w13_codes, hopper.w13_codes)
+    assert _same_codes(blackwell.w2_codes, hopper.w2_codes)
+    monkeypatch.setattr(moe, "runs_blackwell_kernels", lambda _: True)
+    assert not _layer_pair("bf16")[1].plain_k_order
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_fp4moe_state_dict_loads_in_the_layers_k_order(assign, monkeypatch):
+    """A state dict (plain codes) loaded into a layer holding plain codes, and into one
+    holding prepacked codes, gives each its own order: both then compute what the layer that
+    saved it computes."""
+    _, source = _layer_pair(seed=10)
+    state = source.state_dict()
+    x, gen = torch.randn(3, 64).bfloat16(), torch.Generator().manual_seed(2)
+    ids, tw = _routing("random", 3, 2, 4, gen)
+    want = source(x, tw, ids)
+    for plain in (True, False):
+        monkeypatch.setattr(moe, "runs_blackwell_kernels", lambda _, plain=plain: plain)
+        _, layer = _layer_pair(seed=11)
+        layer.load_state_dict(state, assign=assign)
+        assert layer.plain_k_order == plain
+        order = torch.Tensor.view if plain else (lambda t, _: k_order.prepack_weights(t))
+        assert _same_codes(layer.w2_codes, order(state["w2_data"], torch.uint8))
+        assert torch.equal(layer(x, tw, ids), want), plain
 
 
 # ----------------------------------------------------------------------------- on a GPU
@@ -276,3 +338,20 @@ def test_fp4_moe_w4a4_gpu_blackwell_route_is_the_per_expert_loop(fmt, blackwell_
     assert len(blackwell_launcher) == 2
     ref, bound = _moe_reference(x, w13, w2, tw, ids, "silu", b13, b2, w4a4=True)
     _assert_within(out.cpu(), ref, bound, f"GPU W4A4 {fmt}, Blackwell route")
+
+
+@needs_cuda
+def test_fp4moe_w4a4_gpu_blackwell_route_is_the_per_expert_loop(blackwell_launcher, monkeypatch):
+    """An FP4MoE moved to the GPU reorders its codes for the Blackwell route there, and its
+    forward (the kernel path, grouped GEMMs emulated) is the per-expert oracle."""
+    monkeypatch.setattr(moe, "runs_blackwell_kernels", lambda t: t.is_cuda)
+    x, w13, w2, b13, b2, gen = _moe_case("nvfp4", "silu", dtype=torch.float32, bias=True)
+    ids, tw = _routing("random", x.shape[0], 3, 4, gen)
+    layer = fp4_ops.FP4MoE(w13, w2, "silu", "dynamic", b13, b2)
+    assert not layer.plain_k_order
+    layer = layer.cuda()
+    assert layer.plain_k_order and _same_codes(layer.w13_codes.cpu(), w13.data)
+    out = layer(x.cuda(), tw.cuda(), ids.cuda())
+    assert len(blackwell_launcher) == 2
+    ref, bound = _moe_reference(x, w13, w2, tw, ids, "silu", b13, b2, w4a4=True)
+    _assert_within(out.cpu(), ref, bound, "FP4MoE W4A4, Blackwell route")

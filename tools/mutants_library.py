@@ -2383,4 +2383,49 @@ MUTANTS = [
         "    a_padded[:rows] = a.view(torch.uint8)",
         BLACKWELL_MOE_TESTS,
     ),
+    # (W4A16 layers reordered for a kernel they cannot use)
+    mutant(
+        "bm-15",
+        "MoE on Blackwell",
+        MOE,
+        '        plain = self.activations == "dynamic" and runs_blackwell_kernels(self.w13_scale)',
+        "        plain = runs_blackwell_kernels(self.w13_scale)",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (plain codes passed on as prepacked)
+    mutant(
+        "bm-16",
+        "MoE on Blackwell",
+        MOE,
+        "prepacked = (None, None) if self.plain_k_order else (self.w13_codes, self.w2_codes)",
+        "        prepacked = (self.w13_codes, self.w2_codes)",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (a loaded state dict prepacked into a plain layer)
+    mutant(
+        "bm-17",
+        "MoE on Blackwell",
+        MOE,
+        "                    t = t if self.plain_k_order else k_order.prepack_weights(t)",
+        "                    t = k_order.prepack_weights(t)",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (moves keep the K order of where the layer was)
+    mutant(
+        "bm-18",
+        "MoE on Blackwell",
+        MOE,
+        "        super()._apply(fn, recurse)\n        self._settle_k_order()\n",
+        "        super()._apply(fn, recurse)\n",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (the order flag not kept with the codes)
+    mutant(
+        "bm-19",
+        "MoE on Blackwell",
+        MOE,
+        "        self._buffers.update(codes)\n        self.plain_k_order = plain\n",
+        "        self._buffers.update(codes)\n",
+        BLACKWELL_MOE_TESTS,
+    ),
 ]
