@@ -32,8 +32,6 @@ import reference
 from fp4_ops import moe, ops, sm100
 from fp4_ops.sm90 import k_order
 
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-
 
 def _layout(counts, tile_m):
     """(padded row of every row, group of every tile in use): the contiguous layout by hand."""
@@ -87,10 +85,14 @@ def test_contiguous_rows_buffers_hold_every_routing():
 
 
 def _values(packed, scales, vec):
-    """e2m1 x block scale in float32 (the emulation's own decoding, device-side only)."""
-    lut = torch.tensor(E2M1 + tuple(-v for v in E2M1), device=packed.device)
+    """e2m1 x block scale in float32 (the emulation's own decoding, device-side only: no table
+    to copy to the device, which a CUDA-graph capture would refuse)."""
     codes = torch.stack((packed & 15, packed >> 4), -1).flatten(-2)
-    return (lut[codes.long()].unflatten(-1, (-1, vec)) * scales.float()[..., None]).flatten(-2)
+    exponent, half = ((codes & 7) >> 1).float(), (codes & 1).float()
+    # (E2M1: exponent field 0 is subnormal, 0 or 0.5; otherwise 2^(e - 1) x (1 + m / 2))
+    magnitude = torch.where(exponent == 0, half * 0.5, torch.exp2(exponent - 1) * (1 + half / 2))
+    values = torch.where(codes >= 8, -magnitude, magnitude)
+    return (values.unflatten(-1, (-1, vec)) * scales.float()[..., None]).flatten(-2)
 
 
 def emulated_grouped_kernel(a, b, sfa_blocked, sfb_blocked, alpha, tile_group, num_m_tiles, d, c):
