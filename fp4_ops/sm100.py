@@ -40,8 +40,9 @@ def contiguous_rows(offsets: torch.Tensor, rows: int, tile_m: int):
     counts = offsets[1:] - offsets[:-1]
     group_tiles = (counts + (tile_m - 1)) // tile_m
     tile_ends = torch.cumsum(group_tiles, 0, dtype=torch.int32)
-    # (a group of c > 0 rows takes ceil(c / tile_m) <= c / tile_m + 1 tiles)
-    tiles = -(-rows // tile_m) + min(num_groups, rows)
+    # (ceil(a) + ceil(b) <= ceil(a + b) + 1: the at most min(G, rows) groups with rows take
+    # at most ceil(rows / tile_m) + min(G, rows) - 1 tiles)
+    tiles = -(-rows // tile_m) + max(min(num_groups, rows) - 1, 0)
     tile_ids = torch.arange(tiles, dtype=torch.int32, device=offsets.device)
     tile_group = torch.searchsorted(tile_ends, tile_ids, right=True, out_int32=True)
     # (tiles past num_m_tiles are not read; clamped so that every entry names a group)

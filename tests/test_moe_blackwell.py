@@ -69,7 +69,13 @@ def test_contiguous_rows_is_the_padded_layout(counts, tile_m):
 
 def test_contiguous_rows_buffers_hold_every_routing():
     """The buffers' tiles, known on the host from the rows and groups alone, hold the tiles of
-    any routing of those rows: random ones and the worst (every group one row past a tile)."""
+    any routing of those rows (random ones), and no more than the worst takes: every group
+    with rows but one ending one row past a tile."""
+    for tile_m in (128, 256):
+        for counts in ([tile_m + 1] * 6 + [1], [1] * 40, [0, 1, 0], [tile_m] * 3):
+            worst = _offsets(counts)
+            *_, num_m_tiles, tiles = sm100.contiguous_rows(worst, sum(counts), tile_m)
+            assert int(num_m_tiles) == tiles or counts == [tile_m] * 3, counts
     gen = torch.Generator().manual_seed(3)
     cases = [[129] * 7, [1] * 40, [257, 1, 0, 255]]
     for _ in range(300):
@@ -240,6 +246,34 @@ def test_fp4moe_holds_plain_codes_where_the_blackwell_kernel_reads_them(monkeypa
     assert _same_codes(blackwell.w2_codes, hopper.w2_codes)
     monkeypatch.setattr(moe, "runs_blackwell_kernels", lambda _: True)
     assert not _layer_pair("bf16")[1].plain_k_order
+
+
+def test_runs_blackwell_kernels_is_the_sm_100_family(monkeypatch):
+    """sm_100 (B200 / GB200) and sm_103 (B300) take the Blackwell route; Hopper, consumer
+    Blackwell (sm_120) and older GPUs do not, and a CPU tensor asks no GPU."""
+    from types import SimpleNamespace
+
+    cuda_tensor = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
+    for capability, want in (((10, 0), True), ((10, 3), True), ((9, 0), False), ((12, 0), False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _, c=capability: c)
+        assert ops.runs_blackwell_kernels(cuda_tensor) is want, capability
+    assert not ops.runs_blackwell_kernels(torch.zeros(1))
+
+
+def test_fp4moe_settles_its_order_where_it_lands(monkeypatch):
+    """The order follows where the codes are after a move, and after a load that assigns
+    tensors from elsewhere: "meta" stands in for an sm_100 GPU."""
+    monkeypatch.setattr(moe, "runs_blackwell_kernels", lambda t: t.is_meta)
+    (w13, _), layer = _layer_pair()
+    assert not layer.plain_k_order
+    assert layer.to("meta").plain_k_order and layer.w13_codes.is_meta
+    assert not layer.to_empty(device="cpu").plain_k_order
+    _, fresh = _layer_pair(seed=12)
+    state = fresh.state_dict()
+    layer.load_state_dict(
+        {k: v.to("meta") if torch.is_tensor(v) else v for k, v in state.items()}, assign=True
+    )
+    assert layer.plain_k_order and layer.w2_codes.is_meta
 
 
 @pytest.mark.parametrize("assign", [False, True])

@@ -2428,4 +2428,49 @@ MUTANTS = [
         "        self._buffers.update(codes)\n",
         BLACKWELL_MOE_TESTS,
     ),
+    # (the order settled for where the layer was before a move)
+    mutant(
+        "bm-20",
+        "MoE on Blackwell",
+        MOE,
+        "        super()._apply(fn, recurse)\n        self._settle_k_order()\n        return self",
+        "        self._settle_k_order()\n        super()._apply(fn, recurse)\n        return self",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (a load that assigns tensors from elsewhere keeps the old order)
+    mutant(
+        "bm-21",
+        "MoE on Blackwell",
+        MOE,
+        "        self._settle_k_order()  # (assigned tensors",
+        "        pass  # (assigned tensors",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (sm_103 (B300) not in the sm_100 family)
+    mutant(
+        "bm-22",
+        "MoE on Blackwell",
+        OPS,
+        "torch.cuda.get_device_capability(t.device)[0] == 10",
+        "torch.cuda.get_device_capability(t.device) == (10, 0)",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (a tile more than any routing takes)
+    mutant(
+        "bm-23",
+        "MoE on Blackwell",
+        SM100,
+        "max(min(num_groups, rows) - 1, 0)",
+        "min(num_groups, rows)",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (a tile less than the worst routing takes)
+    mutant(
+        "bm-24",
+        "MoE on Blackwell",
+        SM100,
+        "max(min(num_groups, rows) - 1, 0)",
+        "max(min(num_groups, rows) - 2, 0)",
+        BLACKWELL_MOE_TESTS,
+    ),
 ]
