@@ -664,7 +664,8 @@ class FP4MoE(FP4Buffers):
         self.plain_k_order = plain
 
     def _prepacked_data(self, name: str) -> torch.Tensor:
-        return k_order.prepack_weights(self._buffers[f"{name}_codes"])
+        codes = getattr(self, f"{name}_codes")
+        return k_order.prepack_weights(codes) if self.plain_k_order else codes
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
