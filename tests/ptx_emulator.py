@@ -504,9 +504,13 @@ class Grid:
             if t.startswith("s"):
                 a, b = a.view(SINT[w]), b.view(SINT[w])
             return self.set(d, (a.astype(wide) * b.astype(wide)).view(UINT[2 * w]), m)
-        if mode == "hi" and t == "u32":
+        if mode == "hi" and w < 64:
+            # (what a division by a constant becomes)
+            if t.startswith("s"):
+                p = a.view(SINT[w]).astype(np.int64) * b.view(SINT[w]).astype(np.int64)
+                return self.set(d, (p >> np.int64(w)).view(np.uint64), m)
             p = a.astype(np.uint64) * b.astype(np.uint64)
-            return self.set(d, p >> np.uint64(32), m)
+            return self.set(d, p >> np.uint64(w), m)
         raise PtxError(ins.text)
 
     def _mul_x2(self, ins, parts, m):

@@ -800,10 +800,70 @@ def test_grouped_token_tile_holds_twice_the_even_share(rows, experts, cols):
             assert r90.GemmConfig.for_groups(rows, n, k, experts, num_sms=132) == fewer
 
 
+@pytest.mark.parametrize(
+    "rows, experts, n, k, want",
+    [
+        # Llama-4 at one token (top-1): w13 and w2 split where one expert's rows leave SMs idle
+        (1, 16, 16384, 5120, ((8, 128), 2, 1)),
+        (1, 128, 5120, 8192, ((8, 128), 6, 1)),
+        # Qwen3-30B-A3B at one token (top-8): the even share's pick, 64 rows split 2, would
+        # make 8 tiles x 24 x 2 = 384 units where each of 8 experts takes one row: unsplit
+        (8, 128, 1536, 2048, ((8, 64), 1, 1)),
+        # ... its w2: 6 k-tiles, too short to split
+        (8, 128, 2048, 768, ((8, 128), 1, 1)),
+        # DeepSeek-V3 at one token: 8 experts' tiles fill the SMs unsplit
+        (8, 256, 4096, 7168, ((8, 128), 1, 1)),
+        # the even share's pick splits (16 rows in 16 experts: 16 x 40 x 2 = 1280 units), but a
+        # routing that gives 16 experts a row each makes more units than one wave: unsplit
+        (16, 16, 5120, 8192, ((8, 128), 1, 1)),
+    ],
+)
+def test_grouped_split_only_where_any_routing_fits_one_wave(rows, experts, n, k, want):
+    """for_groups keeps default_config's K split of the even share only where every unit that
+    any routing of the rows can make (grouped_tiles x row tiles x split) fits one wave of CTA
+    slots: the split-K workspace holds all of them; else the same tile unsplit."""
+    config = r90.GemmConfig.for_groups(rows, n, k, experts, num_sms=k90.H200_SM_COUNT)
+    assert (config.mma_tiler_mn, config.split_k, config.k_groups) == want
+    tile_cols, tile_rows = config.mma_tiler_mn
+    bound = k90.grouped_tiles(rows, experts, tile_cols) * -(-n // tile_rows) * config.split_k
+    slots = k90.H200_SM_COUNT * k90.occupancy("decode", config.mma_tiler_mn, config.k_groups)
+    assert config.split_k == 1 or bound <= slots
+    touched = min(rows, experts)
+    share = min(rows, 2 * -(-rows // touched))
+    picked = k90.default_config(
+        share, n, k, touched, k90.H200_SM_COUNT, "decode", True, "BFloat16", grouped=True
+    )
+    assert picked[1] == config.mma_tiler_mn and config.split_k in (1, picked[2])
+
+
+@pytest.mark.parametrize("rows, groups, tile", [(1, 16, 8), (8, 256, 8), (37, 8, 16), (0, 4, 8)])
+def test_grouped_tiles_bounds_every_routing(rows, groups, tile):
+    """grouped_tiles bounds the token tiles of every routing of ``rows`` rows over ``groups``
+    groups (each group in whole tiles): against every routing of the rows over at most four
+    groups, random routings over all of them, and the routing that reaches it (groups one row
+    past a tile)."""
+    import itertools
+
+    bound = k90.grouped_tiles(rows, groups, tile)
+    assert bound == (-(-rows // tile) + min(groups, rows) - 1 if rows else 0)
+    for counts in itertools.product(range(rows + 1), repeat=min(groups, 4)):
+        if sum(counts) == rows:
+            assert sum(-(-c // tile) for c in counts) <= bound, counts
+    gen = torch.Generator().manual_seed(rows)
+    for _ in range(200):
+        ids = torch.randint(0, groups, (rows,), generator=gen)
+        counts = torch.bincount(ids, minlength=groups).tolist()
+        assert sum(-(-c // tile) for c in counts) <= bound, counts
+    # (n <= tile groups: n - 1 of tile + 1 rows and one of one row fill 2n - 1 tiles)
+    n = min(groups, rows, tile)
+    if n:
+        assert k90.grouped_tiles((n - 1) * (tile + 1) + 1, n, tile) == 2 * n - 1
+
+
 def test_grouped_configuration_rules():
-    """for_groups: the decode path without split-K or TMA stores; the grouped extents are
-    M x N and M x K (not x L); W4A4, prefill and split-K are refused by name, in the launcher's
-    reasons and by the kernel's constructor; alpha is one per group."""
+    """for_groups: the decode path without TMA stores; the grouped extents are M x N and M x K
+    (not x L); W4A4, prefill and clusters are refused by name, in the launcher's reasons and by
+    the kernel's constructor; alpha is one per group."""
     import dataclasses
 
     import torch
@@ -817,15 +877,17 @@ def test_grouped_configuration_rules():
     for fields in (
         dict(a_dtype=k90.W4A4),
         dict(path="prefill", mma_tiler_mn=(128, 256)),
-        dict(split_k=2, k_groups=1),
+        dict(split_k=2, k_groups=1, cluster_shape_mn=(2, 1)),
     ):
         bad = dataclasses.replace(config, **fields)
         assert any("the grouped kernel runs W4A16" in r for r in bad.reasons((8, 384, 512, 32)))
-        tiler, k_groups = bad.mma_tiler_mn, bad.k_groups
+        tiler, k_groups, cluster = bad.mma_tiler_mn, bad.k_groups, bad.cluster_shape_mn
         with pytest.raises(ValueError, match="the grouped kernel runs W4A16"):
             k90.BlockwiseGemmFp4Sm90(
-                16, bad.path, tiler, (1, 1), bad.split_k, False, k_groups, bad.a_dtype, True
+                16, bad.path, tiler, cluster, bad.split_k, False, k_groups, bad.a_dtype, True
             )
+    split = dataclasses.replace(config, split_k=3)
+    assert split.reasons((8, 384, 512, 32)) == [] and split.kernel().split_k == 3
     a, b, sfb, _, alpha, _ = _grouped_cpu_operands([1, 0, 3, 4], 384, 512)
     out = torch.zeros(8, 384, dtype=torch.bfloat16)
     mnkl = (8, 384, 512, 4)

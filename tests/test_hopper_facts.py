@@ -78,6 +78,17 @@ PTX_CONFIGS = {
         (1, 1),
         8,
     ),
+    # its K splits summed through global memory, and K groups beside them
+    "decode-w4a16-grouped-split": (
+        (16, "BFloat16", "decode", (8, 128), 3, False, 1, "BFloat16", True),
+        (1, 1),
+        8,
+    ),
+    "decode-w4a16-grouped-kgroups-split": (
+        (32, "BFloat16", "decode", (8, 64), 2, False, 4, "BFloat16", True),
+        (1, 1),
+        4,
+    ),
 }
 # The GEMM kernel's PTX parameters: kernel(tma_ab = (atom A, A, atom B, B, atom SFA, SFA,
 # atom of B's token boxes, B), epi_tensors = (D, atom D, D's TMA tensor, workspace, group
@@ -949,6 +960,7 @@ class _WalkUnits:
 
     def __init__(self, gemm, num_tiles, ctas):
         self.gemm, self.num_tiles, self.ctas = gemm, num_tiles, ctas
+        assert num_tiles[2] == gemm.split_k
 
     @cute.jit
     def __call__(self, offsets: cute.Pointer, groups: Int32, out: cute.Pointer, units: Int32):
@@ -977,16 +989,18 @@ class _WalkUnits:
 WALK_WARPS = 2  # (a producer warp and consumer warps walk the same units apart)
 
 
-def _walk_units(counts, tile_cols, row_tiles, ctas):
+def _walk_units(counts, tile_cols, row_tiles, ctas, split=1):
     """The units every CTA of the grouped schedule reaches for groups of ``counts`` rows: the
-    emulated walk's (row tile, token tile, group) per unit, and how often each was written."""
-    groups, rows = len(counts), sum(counts)
+    emulated walk's (row tile, token tile, group x split + K split) per unit, and how often
+    each was written."""
+    groups = len(counts)
     tiler = (tile_cols, 128)
-    gemm = k90.BlockwiseGemmFp4Sm90(16, "decode", tiler, (1, 1), 1, False, 1, "BFloat16", True)
-    # the launcher's bound: every group's tiles for all M rows
-    bound = (row_tiles, max(1, -(-rows // tile_cols)), groups)
+    gemm = k90.BlockwiseGemmFp4Sm90(16, "decode", tiler, (1, 1), split, False, 1, "BFloat16", True)
+    # the kernel's bound: the most token tiles that M rows in these groups can fill (an M of at
+    # least the largest row count keeps every tile of the falling-offset cases)
+    m = max(sum(max(0, c) for c in counts), 1)
+    bound = (row_tiles, k90.grouped_tiles(m, groups, tile_cols), split)
     units = bound[0] * bound[1] * bound[2]
-    assert units >= ctas
     null = cute.runtime.make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
     compiled = cute.compile(
         _WalkUnits(gemm, bound, ctas),
@@ -1029,17 +1043,20 @@ GROUPED_WALKS = [
 ]
 
 
+@pytest.mark.parametrize("split", [1, 3])
 @pytest.mark.parametrize("walk", GROUPED_WALKS, ids=range(len(GROUPED_WALKS)))
-def test_grouped_schedule_visits_every_token_tile_once(walk):
+def test_grouped_schedule_visits_every_token_tile_once(walk, split):
     """Every unit of the dense grouped schedule runs once, on the CTA the static deal gives it,
-    and units are the groups' token tiles in group order, row tiles fastest: unit u is
-    (u mod row tiles, the tile's place in its group, its group)."""
+    and units are the groups' token tiles in group order, then K splits, row tiles fastest:
+    unit u is (u mod row tiles, the tile's place in its group, its group x split + its K
+    split)."""
     counts, tile_cols, row_tiles, ctas = walk
-    got, written = _walk_units(counts, tile_cols, row_tiles, ctas)
+    got, written = _walk_units(counts, tile_cols, row_tiles, ctas, split)
     expected = [
-        (row, tile, group)
+        (row, tile, group * split + s)
         for group, rows in enumerate(counts)
         for tile in range(max(0, -(-rows // tile_cols)))
+        for s in range(split)
         for row in range(row_tiles)
     ]
     live = len(expected)

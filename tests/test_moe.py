@@ -804,6 +804,81 @@ def test_grouped_gemm_w4a16_gpu_cases(fmt, case):
         _check_groups(d.float().cpu() if out_dtype == torch.float32 else d.cpu(), a, b, offsets)
 
 
+# (experts, N, K, rows per expert, token tile, weight rows, K split, K groups): one row (the
+# pick's own case), empty experts first, between and last, groups of several token tiles,
+# a split that leaves its last unit short, ragged N, K groups beside the split
+GROUPED_SPLIT_CASES = {
+    "one-row": (16, 512, 2048, [0] * 9 + [1] + [0] * 6, 8, 128, 6, 1),
+    "ragged-groups": (6, 384, 1024, [0, 3, 0, 9, 1, 0], 8, 128, 3, 1),
+    "tiles-per-group": (4, 256, 2048, [70, 0, 5, 17], 16, 64, 4, 1),
+    "ragged-n": (3, 200, 1536, [2, 5, 1], 8, 128, 2, 1),
+    "k-groups": (8, 512, 4096, [2, 0, 3, 0, 0, 1, 0, 2], 8, 64, 2, 4),
+}
+
+
+def _forced_config(monkeypatch, tile, split, k_groups):
+    """Make the grouped launcher pick ``tile`` (token tile, weight rows), ``split`` and
+    ``k_groups`` for every problem, past its caches."""
+    from fp4_ops.sm90 import launcher as r90
+
+    def for_groups(
+        cls,
+        rows,
+        n,
+        k,
+        experts,
+        sf_vec_size=16,
+        c_dtype="BFloat16",
+        a_dtype="BFloat16",
+        num_sms=None,
+    ):
+        return cls(sf_vec_size, c_dtype, a_dtype, "decode", tile, split, k_groups, grouped=True)
+
+    monkeypatch.setattr(r90.GemmConfig, "for_groups", classmethod(for_groups))
+    monkeypatch.setattr(r90, "_PICKED", {})
+    monkeypatch.setattr(r90, "_LAUNCHES", {})
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", list(GROUPED_SPLIT_CASES), ids=list(GROUPED_SPLIT_CASES))
+def test_grouped_gemm_gpu_split_k(case, monkeypatch):
+    """The grouped kernel with its K split (the partials of a unit's token tile among all
+    groups', summed in split order by the split that arrives last): every group against its
+    expert's reference GEMM, the same bits on a second launch (the tile counters left at
+    zero by the first), and in a CUDA graph replayed with new routings of the rows."""
+    e, n, k, counts, cols, rows, split, k_groups = GROUPED_SPLIT_CASES[case]
+    _forced_config(monkeypatch, (cols, rows), split, k_groups)
+    gen = torch.Generator().manual_seed(21)
+    b = fp4_ops.quantize_experts(torch.randn(e, n, k, generator=gen), "nvfp4")
+    a = torch.randn(sum(counts), k, generator=gen).bfloat16()
+    bc, ac, offsets = _cuda(b), a.cuda(), _offsets(counts).cuda()
+    first = fp4_ops.fp4_grouped_gemm(ac, bc, offsets, out_dtype=torch.float32)
+    _check_groups(first.cpu(), a, b, _offsets(counts))
+    again = fp4_ops.fp4_grouped_gemm(ac, bc, offsets, out_dtype=torch.float32)
+    assert torch.equal(first, again)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        # (the workspace is the stream's: made before the capture)
+        fp4_ops.fp4_grouped_gemm(ac, bc, offsets, out_dtype=torch.float32)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        d = fp4_ops.fp4_grouped_gemm(ac, bc, offsets, out_dtype=torch.float32)
+    rows_in_all = sum(counts)
+    for routing in (counts[::-1], [rows_in_all] + [0] * (e - 1), _spread(rows_in_all, e)):
+        offsets.copy_(_offsets(routing))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check_groups(d.cpu(), a, b, _offsets(routing))
+
+
+def _spread(rows: int, groups: int) -> list[int]:
+    """``rows`` rows dealt one at a time over the groups: as many groups as rows hold rows (the
+    most token tiles a routing makes)."""
+    return [rows // groups + (g < rows % groups) for g in range(groups)]
+
+
 @needs_hopper
 def test_grouped_gemm_gpu_experts_past_2_31_bytes():
     """One launch over experts whose weights together pass 2^31 bytes (TMA steps from expert

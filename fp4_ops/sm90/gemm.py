@@ -63,6 +63,7 @@ L = E experts of weights [E, N, K] against token rows [M, K]: expert e takes row
 offsets[e + 1] - 1 (E + 1 int32 in device memory) and alpha[e]. Units are dense over the groups'
 token tiles (``group_tile``), which every role finds from the offsets after the PDL wait: an empty
 group costs nothing; kernel B's TMA box starts at the group's first row, the stores end with it.
+Split-K partials sit at a unit's token tile among all groups', under ``grouped_tiles``' bound.
 
 Constraints (``check_fp4_gemm_config`` explains each refusal)
 ------------------------------------------------------------
@@ -304,7 +305,7 @@ def default_config(
     * One tile of 65-128 tokens takes 128 rows (two warpgroups convert) where units of at least
       WIDE_MIN_K_TILES k-tiles fill 3/4 of the SMs (W4A4: where its busiest SM streams
       at least W4A4_WIDE_MIN_SM_K_TILES, or with ``split_pairs`` where ``split_cluster_fits``);
-      not ``grouped`` (the grouped kernel has no split-K).
+      not ``grouped`` (``GemmConfig.for_groups`` bounds its splits by any routing's units).
     """
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     if path is None:
@@ -646,12 +647,13 @@ def k_groups_reason(path: str, mma_tiler_mn: tuple[int, int], k_groups: int) -> 
     return None
 
 
-def grouped_reason(grouped: bool, path: str, split_k: int, a_dtype: str) -> str | None:
+def grouped_reason(grouped: bool, path: str, cluster: tuple, a_dtype: str) -> str | None:
     """Why the grouped kernel cannot run this way, or None (not grouped, or it can)."""
-    if grouped and (a_dtype == W4A4 or path != "decode" or split_k != 1):
+    if grouped and (a_dtype == W4A4 or path != "decode" or tuple(cluster) != (1, 1)):
         return (
-            f"grouped with a_dtype={a_dtype}, path={path}, split_k={split_k}: the grouped kernel "
-            "runs W4A16 (BFloat16 / Float16 activations) on the decode path without split-K"
+            f"grouped with a_dtype={a_dtype}, path={path}, cluster {tuple(cluster)}: the grouped "
+            "kernel runs W4A16 (BFloat16 / Float16 activations) on the decode path without "
+            "clusters (its K splits sum through global memory)"
         )
     return None
 
@@ -823,7 +825,7 @@ class BlockwiseGemmFp4Sm90:
     ):
         reason = k_groups_reason(path, mma_tiler_mn, k_groups)
         reason = reason or cluster_reason(path, tuple(cluster_shape_mn), split_k, k_groups)
-        reason = reason or grouped_reason(grouped, path, split_k, a_dtype)
+        reason = reason or grouped_reason(grouped, path, tuple(cluster_shape_mn), a_dtype)
         reason = reason or tokens_converted_reason(tokens_converted, path, a_dtype)
         if reason:
             raise ValueError(reason)
@@ -1057,6 +1059,12 @@ class BlockwiseGemmFp4Sm90:
             # one unit per tile: the cluster's CTAs are its K splits
             scheduler, grid = StaticTileScheduler.create((row_tiles, col_tiles, l), 1, max_clusters)
             grid = (self.cluster_m, 1, grid[2])
+        elif cutlass.const_expr(self.grouped):
+            # the groups' token tiles, dense: at most ``grouped_tiles`` of them for any routing
+            tiles = grouped_tiles(m, l, self.tile_cols)
+            scheduler, grid = StaticTileScheduler.create(
+                (row_tiles, tiles, self.split_k), self.cluster_m, max_clusters
+            )
         else:
             scheduler, grid = StaticTileScheduler.create(
                 (row_tiles, col_tiles, l * self.split_k), self.cluster_m, max_clusters
@@ -1318,18 +1326,30 @@ class BlockwiseGemmFp4Sm90:
 
     @cute.jit
     def _unit(self, scheduler, unit, cursor, mOffsets):
-        """Grouped: (valid, found, cursor) of ``unit``, ``found`` its (row tile, token tile,
-        group) that ``group_tile`` finds from ``cursor`` (None: from the first group); every
-        role walks the same units, so finds the same ones.  Else (None, None, None): the static
-        schedule's ``_valid`` and ``_coords`` need nothing carried from unit to unit."""
+        """Grouped: (valid, found, cursor) of ``unit``, ``found`` its (row tile, token tile in
+        its group, group x split_k + K split, token tile among all groups') that ``group_tile``
+        finds from ``cursor`` (None: from the first group); every role walks the same units, so
+        finds the same ones.  Units: row clusters fastest, then K splits, then token tiles; none
+        past the scheduler's bound (``grouped_tiles``: falling offsets cannot overrun the
+        split-K workspace).  Else (None, None, None): the static schedule's ``_valid`` and
+        ``_coords`` need nothing carried from unit to unit."""
         valid, found = None, None
         if cutlass.const_expr(self.grouped):
             cursor = (Int32(0), Int32(0)) if cursor is None else cursor
             tile, row_cluster = divmod(unit, scheduler.row_clusters)
+            split = Int32(0)
+            if cutlass.const_expr(self.split_k > 1):
+                tile, split = tile // self.split_k, tile % self.split_k
             valid, group, col_tile, cursor = group_tile(tile, cursor, mOffsets, self.tile_cols)
+            valid = valid & scheduler.is_valid(unit)
             cta = Int32(cute.arch.block_idx()[0] % self.cluster_m)
             uniform = cute.arch.make_warp_uniform
-            found = (uniform(row_cluster * self.cluster_m + cta), uniform(col_tile), uniform(group))
+            found = (
+                uniform(row_cluster * self.cluster_m + cta),
+                uniform(col_tile),
+                uniform(group * self.split_k + split),
+                uniform(tile),
+            )
         return valid, found, cursor
 
     def _valid(self, scheduler, unit, valid):
@@ -1339,7 +1359,7 @@ class BlockwiseGemmFp4Sm90:
     def _coords(self, scheduler, unit, found):
         """(row tile, col tile, L x split_k index) of a valid ``unit`` (grouped: as ``_unit``
         found)."""
-        return found if self.grouped else self._static_coords(scheduler, unit)
+        return found[:3] if self.grouped else self._static_coords(scheduler, unit)
 
     def _static_coords(self, scheduler, unit):
         """The static schedule's (row tile, col tile, L x split_k index) of ``unit``; with
@@ -1690,10 +1710,11 @@ class BlockwiseGemmFp4Sm90:
                 self._reduce_k_groups(tCrAcc, kgroup, tidx, storage.sRed.data_ptr().toint())
             # (k_groups > 1: group 0 holds the sum)
             if kgroup == 0:
-                unit_alpha = alpha
+                unit_alpha, fixup = alpha, fixup_smem
                 if cutlass.const_expr(self.grouped):
                     unit_alpha = self._alpha(alphas, lk // self.split_k)
-                fixup = fixup_smem
+                    # (the split-K partials' place: the unit's token tile among all groups')
+                    fixup = (fixup_smem, found[3])
                 if cutlass.const_expr(self.split_cluster):
                     fixup = (*fixup_smem, units % 2)
                 self._epilogue(
@@ -1943,7 +1964,9 @@ class BlockwiseGemmFp4Sm90:
         if cutlass.const_expr(self.split_cluster):
             is_last = self._cluster_fixup(tCrAcc, tidx, *fixup)
         elif cutlass.const_expr(self.split_k > 1):
-            is_last = self._splitk_fixup(tCrAcc, mD_mnl, mWork, coords, tidx, fixup)
+            tile_id, num_tiles, flag_addr = self._fixup_tile(mD_mnl, mOffsets, coords, fixup)
+            split = lk % self.split_k
+            is_last = self._splitk_fixup(tCrAcc, mWork, tile_id, num_tiles, split, tidx, flag_addr)
         if is_last:
             if cutlass.const_expr(self.tma_store):
                 self._store_tile_tma(tCrAcc, alpha, mD_tma, tma_atom_d, epi_smem, tile_coord, tidx)
@@ -1965,19 +1988,30 @@ class BlockwiseGemmFp4Sm90:
         return cute.make_tensor(mD_mnl.iterator + row0 * pitch, layout)
 
     @cute.jit
-    def _splitk_fixup(self, tCrAcc, mD_mnl, mWork, coords, tidx, flag_addr):
-        """Split-K: park this split's fp32 fragment in the workspace; the split that arrives last
-        at the tile's counter sums all of them in split order (the result does not depend on the
-        arrival order) into ``tCrAcc`` and resets the counter.  Returns whether this is it."""
+    def _fixup_tile(self, mD_mnl, mOffsets, coords, fixup):
+        """(the unit's output tile among the split-K workspace's, its tiles, the last split's
+        SMEM flag): ``output_tile_id`` of ``output_tiles``; grouped (``fixup`` = (flag, the
+        unit's token tile among all groups')), row tiles x ``grouped_tiles``."""
         row_tile, col_tile, lk = coords
-        nacc = cute.size(tCrAcc)
         rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
         row_tiles, col_tiles, num_tiles = output_tiles(
             rows, cols, mD_mnl.shape[2], self.tile_rows, self.tile_cols, self.cluster_m
         )
-        batch = lk // self.split_k
-        tile_id = output_tile_id(row_tile, col_tile, batch, row_tiles, col_tiles)
-        split = lk % self.split_k
+        if cutlass.const_expr(self.grouped):
+            flag_addr, tile = fixup
+            groups = cute.size(mOffsets) - 1
+            num_tiles = row_tiles * grouped_tiles(cols, groups, self.tile_cols)
+            return tile * row_tiles + row_tile, num_tiles, flag_addr
+        tile_id = output_tile_id(row_tile, col_tile, lk // self.split_k, row_tiles, col_tiles)
+        return tile_id, num_tiles, fixup
+
+    @cute.jit
+    def _splitk_fixup(self, tCrAcc, mWork, tile_id, num_tiles, split, tidx, flag_addr):
+        """Split-K: park this split's fp32 fragment at output tile ``tile_id`` of the workspace's
+        ``num_tiles``; the split that arrives last at the tile's counter sums all of them in
+        split order (the result does not depend on the arrival order) into ``tCrAcc`` and
+        resets the counter.  Returns whether this is it."""
+        nacc = cute.size(tCrAcc)
         work = mWork.iterator.toint()
         frag_stride = Int64(self.group_threads * nacc * 4)
         # value-major partials (value i of thread t at 4 * (i * threads + t)): every warp access
@@ -2272,6 +2306,16 @@ def output_tiles(rows, cols, l, tile_rows, tile_cols, cluster_m):  # noqa: E741
     row_tiles = (rows + tile_rows * cluster_m - 1) // (tile_rows * cluster_m) * cluster_m
     col_tiles = (cols + tile_cols - 1) // tile_cols
     return row_tiles, col_tiles, row_tiles * col_tiles * l
+
+
+def grouped_tiles(rows, groups, tile_cols):
+    """The most token tiles that ``rows`` token rows in ``groups`` groups can fill, each group
+    in tiles of ``tile_cols``: ceil(rows / tile_cols) + min(groups, rows) - 1 (ceil(a) +
+    ceil(b) <= ceil(a + b) + 1, over the at most min(groups, rows) groups holding rows), 0
+    without rows; the grouped kernel's bound on units and split-K tiles, on the host and in the
+    kernel: Python or DSL integers."""
+    full = (rows + tile_cols - 1) // tile_cols
+    return full + cutlass.max(cutlass.min(groups, rows) - 1, 0)
 
 
 def output_tile_id(row_tile, col_tile, batch, row_tiles, col_tiles):

@@ -70,6 +70,8 @@ from fp4_ops.sm90.gemm import (
     default_config,
     epilogue_staging_fits,
     grouped_reason,
+    grouped_tiles,
+    occupancy,
     output_tiles,
     problem_reasons,
     split_cluster_fits,
@@ -175,19 +177,23 @@ class GemmConfig:
         num_sms: int | None = None,
     ) -> GemmConfig:
         """The grouped W4A16 kernel for ``rows`` token rows over ``experts`` groups: the decode
-        path's token tile and K groups that ``default_config`` picks for the experts those rows
-        can touch (at most min(rows, experts) of them) holding twice their even share of the
-        rows each (headroom for uneven routing; the kernel runs as many token tiles as a group
-        needs), without split-K."""
+        path's token tile, K split and K groups that ``default_config`` picks for the experts
+        those rows can touch (at most min(rows, experts) of them) holding twice their even
+        share of the rows each (headroom for uneven routing; the kernel runs as many token tiles
+        as a group needs).  The split only where every unit that any routing of the rows can
+        make (``grouped_tiles``) fits one wave of CTAs: its partials' workspace holds them all,
+        and a split deals more units than a wave where the routing is uneven."""
         num_sms = gpu_sm_count() if num_sms is None else num_sms
         rows, n, k = (max(1, v) for v in (rows, n, k))
         touched = max(1, min(rows, experts))
         per_group = min(rows, 2 * math.ceil(rows / touched))
-        picked = default_config(
+        _, tiler, split, k_groups = default_config(
             per_group, n, k, touched, num_sms, "decode", True, a_dtype, grouped=True
         )
-        tiler, k_groups = picked[1], picked[3]
-        return cls(sf_vec_size, c_dtype, a_dtype, "decode", tiler, 1, k_groups, grouped=True)
+        units = grouped_tiles(rows, experts, tiler[0]) * math.ceil(n / tiler[1]) * split
+        if units > num_sms * occupancy("decode", tiler, k_groups):
+            split = 1
+        return cls(sf_vec_size, c_dtype, a_dtype, "decode", tiler, split, k_groups, grouped=True)
 
     @property
     def sf_dtype(self) -> str:
@@ -214,7 +220,7 @@ class GemmConfig:
         vec, tiler, a_dtype = self.sf_vec_size, self.mma_tiler_mn, self.a_dtype
         config = (self.path, tiler, self.cluster_shape_mn, self.split_k, self.k_groups)
         reasons = config_reasons(vec, self.sf_dtype, self.c_dtype, *config, a_dtype)
-        reason = grouped_reason(self.grouped, self.path, self.split_k, a_dtype)
+        reason = grouped_reason(self.grouped, self.path, self.cluster_shape_mn, a_dtype)
         reason = reason or tokens_converted_reason(self.tokens_converted, self.path, a_dtype)
         reasons += [reason] if reason else []
         reasons += problem_reasons(mnkl, vec, self.path, tiler, a_dtype, self.grouped)
@@ -527,10 +533,13 @@ def _workspace(config: GemmConfig, mnkl, stream):
 
 
 def workspace_elems(gemm: BlockwiseGemmFp4Sm90, m, n, l):  # noqa: E741
-    """fp32 elements of the split-K workspace (partials + one counter per output tile)."""
+    """fp32 elements of the split-K workspace (partials + one counter per output tile; grouped:
+    per row tile and any routing's token tile, ``grouped_tiles``)."""
     rows, cols = (n, m) if gemm.swap_ab else (m, n)
     tr, tc = gemm.tile_rows, gemm.tile_cols
     tiles = output_tiles(rows, cols, l, tr, tc, gemm.cluster_m)[2]
+    if gemm.grouped:
+        tiles = output_tiles(rows, 1, 1, tr, tc, 1)[0] * grouped_tiles(m, l, tc)
     # (split pairs on clusters sum through DSMEM)
     global_fixup = gemm.split_k > 1 and not gemm.split_cluster
     return tiles * gemm.split_k * tr * tc + tiles if global_fixup else 1
