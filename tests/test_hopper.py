@@ -1793,7 +1793,7 @@ def test_default_config_paths():
     assert k90.default_config(128, 28672, 8192, 1, **w4a16) == ("decode", (128, 128), 1, 1)
     assert k90.default_config(80, 8192, 28672, 1, **w4a16) == ("decode", (128, 128), 2, 1)
     # ... not where they would not (32 tiles x 56 k-tiles: <= 96 units, or units of < 24 k-tiles),
-    # nor for the grouped kernel (no split-K)
+    # nor for the grouped kernel (for_groups bounds its splits by any routing's units)
     assert k90.default_config(128, 4096, 7168, 1, **w4a16) == ("decode", (128, 64), 2, 1)
     wide = k90.default_config(128, 28672, 8192, 1, grouped=True, **w4a16)
     assert wide == ("decode", (128, 64), 2, 1)
@@ -1842,7 +1842,7 @@ def test_default_config_paths():
     # 99 tiles fill exactly 3/4 of 132 SMs: unsplit (7680) beats split 2 (2 x 4608)
     assert k90.default_config(128, 12672, 6144, 1) == ("decode", (128, 128), 1, 1)
     assert k90.default_config(128, 12672, 6144, 1, **w4a16) == ("decode", (128, 128), 1, 1)
-    # the grouped kernel keeps its pick (no split-K)
+    # the grouped kernel keeps its pick (no wide rule)
     wide_grouped = k90.default_config(128, 28672, 8192, 1, grouped=True)
     assert wide_grouped == ("decode", (128, 64), 2, 1)
     for argv, want in (

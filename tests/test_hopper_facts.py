@@ -989,16 +989,16 @@ class _WalkUnits:
 WALK_WARPS = 2  # (a producer warp and consumer warps walk the same units apart)
 
 
-def _walk_units(counts, tile_cols, row_tiles, ctas, split=1):
-    """The units every CTA of the grouped schedule reaches for groups of ``counts`` rows: the
-    emulated walk's (row tile, token tile, group x split + K split) per unit, and how often
-    each was written."""
+def _walk_units(counts, tile_cols, row_tiles, ctas, split=1, m=None):
+    """The units every CTA of the grouped schedule reaches for groups of ``counts`` rows (M =
+    ``m``, by default the positive counts' sum): the emulated walk's (row tile, token tile,
+    group x split + K split) per unit, and how often each was written."""
     groups = len(counts)
     tiler = (tile_cols, 128)
     gemm = k90.BlockwiseGemmFp4Sm90(16, "decode", tiler, (1, 1), split, False, 1, "BFloat16", True)
     # the kernel's bound: the most token tiles that M rows in these groups can fill (an M of at
     # least the largest row count keeps every tile of the falling-offset cases)
-    m = max(sum(max(0, c) for c in counts), 1)
+    m = max(sum(max(0, c) for c in counts), 1) if m is None else m
     bound = (row_tiles, k90.grouped_tiles(m, groups, tile_cols), split)
     units = bound[0] * bound[1] * bound[2]
     null = cute.runtime.make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
@@ -1041,6 +1041,27 @@ GROUPED_WALKS = [
     ([7, 0, 64, 33] * 9, 32, 4, 11),
     ([0] * 5, 16, 2, 4),
 ]
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_grouped_schedule_stops_at_the_bound(split):
+    """Offsets that fall and rise again (refused by a device assert ahead) can hold more token
+    tiles than grouped_tiles allows for M rows: the walk stops at the bound, so no unit's
+    split-K partials land past the workspace: M = 60 in tiles of 16, 3 groups: 6 tiles, of the
+    8 that counts 60, -60, 60 name."""
+    counts, tile_cols, row_tiles, ctas, m = [60, -60, 60], 16, 2, 5, 60
+    bound = k90.grouped_tiles(m, len(counts), tile_cols)
+    got, written = _walk_units(counts, tile_cols, row_tiles, ctas, split, m)
+    units = bound * split * row_tiles
+    assert written.shape[0] == units and (written == 1).all()
+    firsts = [(t, 0) for t in range(4)] + [(t, 2) for t in range(2)]
+    expected = [
+        (row, tile, group * split + s)
+        for tile, group in firsts
+        for s in range(split)
+        for row in range(row_tiles)
+    ]
+    assert got[:, 0].tolist() == [list(e) for e in expected]
 
 
 @pytest.mark.parametrize("split", [1, 3])

@@ -1,6 +1,6 @@
 """The MoE layer's GPU paths for compute-sanitizer: FP4MoE forwards and grouped GEMMs over the
 shapes where memory bugs hide (one and a few tokens, a tail of tokens, an expert in every
-token's top-k, empty experts first, between and last, one group taking every row).
+token's top-k, empty experts first, between and last, one group taking every row, K splits).
 
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 7 \\
         python -m tools.sanitize_moe
@@ -31,6 +31,9 @@ LAYERS = [
 TOKENS = (1, 3, 37, 300)
 #: tokens per group of grouped GEMMs: empty groups first, between and last; one taking all
 GROUPS = ([0, 5, 0, 7, 0, 0, 9, 0, 0, 3, 0, 0], [0] * 6 + [40] + [0] * 5)
+#: 1-3 rows over experts of SPLIT_NK, where the pick splits K (2 rows: beside K groups)
+SPLIT_NK = (1024, 4096)
+SPLIT_GROUPS = ([0] * 5 + [1] + [0] * 6, [0, 1] + [0] * 8 + [1, 0], [1, 0, 0, 1] + [0] * 7 + [1])
 
 
 def _experts(fmt: str, n: int, k: int, gen: torch.Generator):
@@ -77,10 +80,11 @@ def run_layers(gen: torch.Generator) -> bool:
 
 def run_grouped(gen: torch.Generator) -> bool:
     ok = True
-    b = _experts("nvfp4", 192, 256, gen)
-    for counts in GROUPS:
+    small = _experts("nvfp4", 192, 256, gen)
+    wide = _experts("nvfp4", *SPLIT_NK, gen)
+    for b, counts in [*((small, c) for c in GROUPS), *((wide, c) for c in SPLIT_GROUPS)]:
         offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
-        a = torch.randn(sum(counts), 256, generator=gen).to(torch.bfloat16).cuda()
+        a = torch.randn(sum(counts), b.shape[-1], generator=gen).to(torch.bfloat16).cuda()
         for operand in (a, fp4_ops.quantize(a, "nvfp4")):
             d = fp4_ops.fp4_grouped_gemm(operand, b, offsets.cuda(), out_dtype=torch.bfloat16)
             finite = bool(torch.isfinite(d).all())
