@@ -860,6 +860,20 @@ def test_grouped_tiles_bounds_every_routing(rows, groups, tile):
         assert k90.grouped_tiles((n - 1) * (tile + 1) + 1, n, tile) == 2 * n - 1
 
 
+@pytest.mark.parametrize("rows, experts, tile, split", [(1, 16, (8, 128), 6), (37, 8, (16, 64), 2)])
+def test_grouped_workspace_holds_every_routings_partials(rows, experts, tile, split):
+    """The grouped split-K workspace: one fp32 partial per K split of every (token tile, row
+    tile) that any routing of the rows can fill (grouped_tiles), then a counter per such tile,
+    as the kernel's fix-up addresses them (tile among all groups' x row tiles + row tile)."""
+    n = 200
+    config = r90.GemmConfig(16, "BFloat16", "BFloat16", "decode", tile, split, grouped=True)
+    gemm = config.kernel()
+    cols, tile_rows = tile
+    row_tiles = -(-n // tile_rows)
+    tiles = k90.grouped_tiles(rows, experts, cols) * row_tiles
+    assert r90.workspace_elems(gemm, rows, n, experts) == tiles * split * cols * tile_rows + tiles
+
+
 def test_grouped_configuration_rules():
     """for_groups: the decode path without TMA stores; the grouped extents are M x N and M x K
     (not x L); W4A4, prefill and clusters are refused by name, in the launcher's reasons and by

@@ -604,6 +604,90 @@ MUTANTS = [
         ),
         "tests": [FACTS, "-k", "every_role_waits and grouped"],
     },
+    # (split-K in the grouped kernel: the units' order, the partials' place, the bound)
+    {
+        **mutant(
+            "h-grouped-split-fastest",
+            "grouped split-K",
+            "tile, split = tile // self.split_k, tile % self.split_k",
+            "tile, split = tile % self.split_k, tile // self.split_k",
+            "",
+        ),
+        "tests": [FACTS, "-k", "grouped_schedule"],
+    },
+    {
+        **mutant(
+            "h-grouped-split-without-group-stride",
+            "grouped split-K",
+            "uniform(group * self.split_k + split),",
+            "uniform(group + split),",
+            "",
+        ),
+        "tests": [FACTS, "-k", "grouped_schedule"],
+    },
+    {
+        **mutant(
+            "h-grouped-walks-past-the-bound",
+            "grouped split-K",
+            "valid = valid & scheduler.is_valid(unit)",
+            "valid = valid | (unit < 0)",
+            "",
+        ),
+        "tests": [FACTS, "-k", "grouped_schedule"],
+    },
+    mutant(
+        "h-grouped-tiles-one-short",
+        "grouped split-K",
+        "return full + cutlass.max(cutlass.min(groups, rows) - 1, 0)",
+        "return full + cutlass.max(cutlass.min(groups, rows) - 2, 0)",
+        "grouped",
+    ),
+    mutant(
+        "h-grouped-split-kept-past-a-wave",
+        "grouped split-K",
+        'if units > num_sms * occupancy("decode", tiler, k_groups):',
+        'if units > 2 * num_sms * occupancy("decode", tiler, k_groups):',
+        "grouped",
+        file=LAUNCHER,
+    ),
+    mutant(
+        "h-grouped-workspace-dense-bound",
+        "grouped split-K",
+        "tiles = output_tiles(rows, 1, 1, tr, tc, 1)[0] * grouped_tiles(m, l, tc)",
+        "tiles = output_tiles(rows, 1, 1, tr, tc, 1)[0] * -(-m // tc)",
+        "grouped",
+        file=LAUNCHER,
+    ),
+    {
+        **mutant(
+            "h-grouped-fixup-tile-of-its-group",
+            "grouped split-K",
+            "return tile * row_tiles + row_tile, num_tiles, flag_addr",
+            "return col_tile * row_tiles + row_tile, num_tiles, flag_addr",
+            "",
+        ),
+        "tests": [*GROUPED_GPU, "-k", "split"],
+    },
+    {
+        **mutant(
+            "h-grouped-scheduler-without-splits",
+            "grouped split-K",
+            "(row_tiles, tiles, self.split_k), self.cluster_m, max_clusters",
+            "(row_tiles, tiles, 1), self.cluster_m, max_clusters",
+            "",
+        ),
+        "tests": [*GROUPED_GPU, "-k", "split"],
+    },
+    {
+        **mutant(
+            "h-grouped-counters-over-the-partials",
+            "grouped split-K",
+            "num_tiles = row_tiles * grouped_tiles(cols, groups, self.tile_cols)",
+            "num_tiles = row_tiles",
+            "",
+        ),
+        "tests": [*GROUPED_GPU, "-k", "split"],
+    },
     mutant(
         "h-grouped-launch-offsets-alpha-swapped",
         "grouped launcher",
