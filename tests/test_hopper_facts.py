@@ -41,6 +41,7 @@ from test_hopper import ptx_model
 import reference
 from fp4_ops.sm90 import dequant as dq
 from fp4_ops.sm90 import gemm as k90
+from fp4_ops.sm90 import launcher as r90
 
 W4A4 = k90.W4A4
 
@@ -954,56 +955,65 @@ def grouped_helpers_on_integers() -> None:
 # -------------------------------------------------------------- grouped schedule (emulated PTX)
 class _WalkUnits:
     """A kernel whose CTAs of WALK_WARPS warps walk the grouped GEMM's units as its roles do,
-    each warp on its own (``first_unit``, ``_unit``, ``_valid``, ``_coords``, ``next_unit``),
-    and write each unit's (row tile, token tile, group) at the unit's index, one slot per
-    warp."""
+    each warp on its own, on the kernel's own schedule for M = ``m`` rows of N = ``n`` weight
+    rows (``_schedule``, ``first_unit``, ``_unit``, ``_valid``, ``_coords``, ``next_unit``),
+    and write each unit's (row tile, token tile, group x split + K split) and its split-K
+    partials' place (``_fixup_tile``: tile, tiles) at the unit's index, one slot per warp."""
 
-    def __init__(self, gemm, num_tiles, ctas):
-        self.gemm, self.num_tiles, self.ctas = gemm, num_tiles, ctas
-        assert num_tiles[2] == gemm.split_k
+    def __init__(self, gemm, m, n, ctas):
+        self.gemm, self.m, self.n, self.ctas = gemm, m, n, ctas
 
     @cute.jit
     def __call__(self, offsets: cute.Pointer, groups: Int32, out: cute.Pointer, units: Int32):
         mOffsets = cute.make_tensor(offsets, cute.make_layout(groups + 1))
         mOut = cute.make_tensor(
-            out, cute.make_layout((units, WALK_WARPS, 3), stride=(3 * WALK_WARPS, 3, 1))
+            out,
+            cute.make_layout(
+                (units, WALK_WARPS, WALK_FIELDS), stride=(WALK_FIELDS * WALK_WARPS, WALK_FIELDS, 1)
+            ),
         )
         self.kernel(mOffsets, mOut).launch(grid=(1, 1, self.ctas), block=(32 * WALK_WARPS, 1, 1))
 
     @cute.kernel
     def kernel(self, mOffsets: cute.Tensor, mOut: cute.Tensor):
-        scheduler, _ = k90.StaticTileScheduler.create(self.num_tiles, 1, self.ctas)
+        scheduler, _ = self.gemm._schedule(self.m, self.n, cute.size(mOffsets) - 1, self.ctas)
+        # D in kernel coordinates (N, M, 1): the fix-up reads its shape only
+        mD = cute.make_tensor(mOut.iterator, cute.make_layout((self.n, self.m, 1)))
         # (outside the one-lane store below: warp_idx() is a warp-wide shuffle)
         warp = cute.arch.warp_idx()
         unit = scheduler.first_unit()
         valid, found, cursor = self.gemm._unit(scheduler, unit, None, mOffsets)
         while self.gemm._valid(scheduler, unit, valid):
             coords = self.gemm._coords(scheduler, unit, found)
+            place = self.gemm._fixup_tile(mD, mOffsets, coords)
             if cute.arch.lane_idx() == 0:
                 for i in cutlass.range_constexpr(3):
                     mOut[unit, warp, i] = coords[i]
+                for i in cutlass.range_constexpr(2):
+                    mOut[unit, warp, 3 + i] = place[i]
             unit = scheduler.next_unit(unit)
             valid, found, cursor = self.gemm._unit(scheduler, unit, cursor, mOffsets)
 
 
 WALK_WARPS = 2  # (a producer warp and consumer warps walk the same units apart)
+WALK_FIELDS = 5
 
 
 def _walk_units(counts, tile_cols, row_tiles, ctas, split=1, m=None):
     """The units every CTA of the grouped schedule reaches for groups of ``counts`` rows (M =
-    ``m``, by default the positive counts' sum): the emulated walk's (row tile, token tile,
-    group x split + K split) per unit, and how often each was written."""
+    ``m``, by default the positive counts' sum) and 128-row tiles of N = 128 x ``row_tiles``:
+    the emulated walk's (row tile, token tile, group x split + K split, partials' tile, tiles)
+    per unit, how often each was written, and the kernel object."""
     groups = len(counts)
     tiler = (tile_cols, 128)
     gemm = k90.BlockwiseGemmFp4Sm90(16, "decode", tiler, (1, 1), split, False, 1, "BFloat16", True)
-    # the kernel's bound: the most token tiles that M rows in these groups can fill (an M of at
-    # least the largest row count keeps every tile of the falling-offset cases)
+    # (an M of at least the largest row count keeps every tile of the falling-offset cases)
     m = max(sum(max(0, c) for c in counts), 1) if m is None else m
-    bound = (row_tiles, k90.grouped_tiles(m, groups, tile_cols), split)
-    units = bound[0] * bound[1] * bound[2]
+    # the out buffer: the most units any routing makes
+    units = row_tiles * k90.grouped_tiles(m, groups, tile_cols) * split
     null = cute.runtime.make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
     compiled = cute.compile(
-        _WalkUnits(gemm, bound, ctas),
+        _WalkUnits(gemm, m, 128 * row_tiles, ctas),
         null,
         Int32(groups),
         null,
@@ -1013,7 +1023,7 @@ def _walk_units(counts, tile_cols, row_tiles, ctas, split=1, m=None):
     (entry,) = parse_ptx(compiled.__ptx__).values()
     gmem = GlobalMemory()
     offsets = np.cumsum([0, *counts]).astype(np.int32)
-    out_bytes = 12 * WALK_WARPS * units
+    out_bytes = 4 * WALK_FIELDS * WALK_WARPS * units
     offsets_ptr, out_ptr = gmem.alloc(offsets.tobytes()), gmem.alloc(out_bytes)
     params = Params(entry)
     params.put(0, offsets_ptr, 8)
@@ -1021,9 +1031,10 @@ def _walk_units(counts, tile_cols, row_tiles, ctas, split=1, m=None):
     params.put(1, out_ptr, 8)
     params.put(1, units, 4, 8)
     Grid(entry, ctas, 32 * WALK_WARPS, params, gmem, axis="z").run()
-    written = gmem.store_counts(out_ptr, out_bytes).reshape(units, WALK_WARPS, 3, 4)
-    got = gmem.read(out_ptr, out_bytes).view(np.int32).reshape(units, WALK_WARPS, 3)
-    return got, written
+    shape = (units, WALK_WARPS, WALK_FIELDS)
+    written = gmem.store_counts(out_ptr, out_bytes).reshape(*shape, 4)
+    got = gmem.read(out_ptr, out_bytes).view(np.int32).reshape(shape)
+    return got, written, gemm, m
 
 
 # (rows per group, token tile, weight row tiles, CTAs): empty groups first, last and between;
@@ -1051,7 +1062,7 @@ def test_grouped_schedule_stops_at_the_bound(split):
     8 that counts 60, -60, 60 name."""
     counts, tile_cols, row_tiles, ctas, m = [60, -60, 60], 16, 2, 5, 60
     bound = k90.grouped_tiles(m, len(counts), tile_cols)
-    got, written = _walk_units(counts, tile_cols, row_tiles, ctas, split, m)
+    got, written, *_ = _walk_units(counts, tile_cols, row_tiles, ctas, split, m)
     units = bound * split * row_tiles
     assert written.shape[0] == units and (written == 1).all()
     firsts = [(t, 0) for t in range(4)] + [(t, 2) for t in range(2)]
@@ -1061,7 +1072,8 @@ def test_grouped_schedule_stops_at_the_bound(split):
         for s in range(split)
         for row in range(row_tiles)
     ]
-    assert got[:, 0].tolist() == [list(e) for e in expected]
+    assert got[:, 0, :3].tolist() == [list(e) for e in expected]
+    assert got[:, 0, 3].max() < got[0, 0, 4] == bound * row_tiles
 
 
 @pytest.mark.parametrize("split", [1, 3])
@@ -1072,7 +1084,7 @@ def test_grouped_schedule_visits_every_token_tile_once(walk, split):
     unit u is (u mod row tiles, the tile's place in its group, its group x split + its K
     split)."""
     counts, tile_cols, row_tiles, ctas = walk
-    got, written = _walk_units(counts, tile_cols, row_tiles, ctas, split)
+    got, written, gemm, m = _walk_units(counts, tile_cols, row_tiles, ctas, split)
     expected = [
         (row, tile, group * split + s)
         for group, rows in enumerate(counts)
@@ -1084,4 +1096,14 @@ def test_grouped_schedule_visits_every_token_tile_once(walk, split):
     assert (written[:live] == 1).all(), "a unit run twice or not at all, by some warp"
     assert (written[live:] == 0).all(), "a unit past the groups' tiles ran"
     for warp in range(WALK_WARPS):
-        assert got[:live, warp].tolist() == [list(e) for e in expected], warp
+        assert got[:live, warp, :3].tolist() == [list(e) for e in expected], warp
+    # the split-K partials' place: unit u's token tile among all groups' (u // (row tiles x
+    # split)) x row tiles + its row tile, so a tile's splits share one and no other tile does,
+    # among the workspace's tiles (what launcher.workspace_elems holds)
+    tiles = k90.grouped_tiles(m, len(counts), tile_cols) * row_tiles
+    for u in range(live):
+        assert got[u, 0, 3] == u // (row_tiles * split) * row_tiles + u % row_tiles, u
+    assert (got[:live, :, 3] < tiles).all() and (got[:live, :, 4] == tiles).all()
+    elems = r90.workspace_elems(gemm, m, 128 * row_tiles, len(counts))
+    if split > 1:
+        assert elems == tiles * split * tile_cols * 128 + tiles

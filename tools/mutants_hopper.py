@@ -662,21 +662,21 @@ MUTANTS = [
         **mutant(
             "h-grouped-fixup-tile-of-its-group",
             "grouped split-K",
-            "return tile * row_tiles + row_tile, num_tiles, flag_addr",
-            "return col_tile * row_tiles + row_tile, num_tiles, flag_addr",
+            "uniform(tile),",
+            "uniform(col_tile),",
             "",
         ),
-        "tests": [*GROUPED_GPU, "-k", "split"],
+        "tests": [FACTS, "-k", "grouped_schedule"],
     },
     {
         **mutant(
             "h-grouped-scheduler-without-splits",
             "grouped split-K",
-            "(row_tiles, tiles, self.split_k), self.cluster_m, max_clusters",
-            "(row_tiles, tiles, 1), self.cluster_m, max_clusters",
+            "tiles = (row_tiles, grouped_tiles(m, l, self.tile_cols), self.split_k)",
+            "tiles = (row_tiles, grouped_tiles(m, l, self.tile_cols), 1)",
             "",
         ),
-        "tests": [*GROUPED_GPU, "-k", "split"],
+        "tests": [FACTS, "-k", "grouped_schedule"],
     },
     {
         **mutant(
@@ -686,7 +686,38 @@ MUTANTS = [
             "num_tiles = row_tiles",
             "",
         ),
-        "tests": [*GROUPED_GPU, "-k", "split"],
+        "tests": [FACTS, "-k", "grouped_schedule"],
+    },
+    # (a blind review's survivors, before the walk reached the schedule and the fix-up's place)
+    {
+        **mutant(
+            "h-grouped-bound-in-weight-row-tiles",
+            "grouped split-K",
+            "tiles = (row_tiles, grouped_tiles(m, l, self.tile_cols), self.split_k)",
+            "tiles = (row_tiles, grouped_tiles(m, l, self.tile_rows), self.split_k)",
+            "",
+        ),
+        "tests": [FACTS, "-k", "grouped_schedule"],
+    },
+    {
+        **mutant(
+            "h-grouped-fixup-place-terms-swapped",
+            "grouped split-K",
+            "return coords[3] * row_tiles + row_tile, num_tiles",
+            "return coords[3] + row_tiles * row_tile, num_tiles",
+            "",
+        ),
+        "tests": [FACTS, "-k", "grouped_schedule"],
+    },
+    {
+        **mutant(
+            "h-grouped-counters-after-weight-rows",
+            "grouped split-K",
+            "num_tiles = row_tiles * grouped_tiles(cols, groups, self.tile_cols)",
+            "num_tiles = row_tiles * grouped_tiles(rows, groups, self.tile_cols)",
+            "",
+        ),
+        "tests": [FACTS, "-k", "grouped_schedule"],
     },
     mutant(
         "h-grouped-launch-offsets-alpha-swapped",

@@ -1051,24 +1051,7 @@ class BlockwiseGemmFp4Sm90:
         tma_ab = self._tma_atoms_ab(mKA, mKB, mSFKA)
         tma_atom_d, tma_tensor_d = self._tma_atom_d(mD, tma_ab[0], tma_ab[1])
         self.shared_storage = self._shared_storage()
-        rows_a, rows_b = (n, m) if self.swap_ab else (m, n)
-        row_tiles = (rows_a + self.tile_rows - 1) // self.tile_rows
-        col_tiles = (rows_b + self.tile_cols - 1) // self.tile_cols
-        max_clusters = num_sms * self.occupancy // self.cluster_m
-        if cutlass.const_expr(self.split_cluster):
-            # one unit per tile: the cluster's CTAs are its K splits
-            scheduler, grid = StaticTileScheduler.create((row_tiles, col_tiles, l), 1, max_clusters)
-            grid = (self.cluster_m, 1, grid[2])
-        elif cutlass.const_expr(self.grouped):
-            # the groups' token tiles, dense: at most ``grouped_tiles`` of them for any routing
-            tiles = grouped_tiles(m, l, self.tile_cols)
-            scheduler, grid = StaticTileScheduler.create(
-                (row_tiles, tiles, self.split_k), self.cluster_m, max_clusters
-            )
-        else:
-            scheduler, grid = StaticTileScheduler.create(
-                (row_tiles, col_tiles, l * self.split_k), self.cluster_m, max_clusters
-            )
+        scheduler, grid = self._schedule(m, n, l, num_sms * self.occupancy // self.cluster_m)
         if cutlass.const_expr(self.prologue):
             kernel_b, kernel_a = (mKBpacked, mSFKB, mKB), (mKApacked, mSFKA, mKA)
             self._launch_prologue(kernel_b, kernel_a, k, k_pad, stream)
@@ -1091,6 +1074,23 @@ class BlockwiseGemmFp4Sm90:
             preferred_smem_carveout=100,
             stream=stream,
         )
+
+    def _schedule(self, m, n, l, max_clusters):  # noqa: E741
+        """(scheduler, grid) of the persistent static schedule on at most ``max_clusters``
+        clusters: tiles x K splits of D; grouped, the groups' token tiles, dense, at most
+        ``grouped_tiles`` of them for any routing of M rows over L groups."""
+        rows_a, rows_b = (n, m) if self.swap_ab else (m, n)
+        row_tiles = (rows_a + self.tile_rows - 1) // self.tile_rows
+        col_tiles = (rows_b + self.tile_cols - 1) // self.tile_cols
+        if cutlass.const_expr(self.split_cluster):
+            # one unit per tile: the cluster's CTAs are its K splits
+            scheduler, grid = StaticTileScheduler.create((row_tiles, col_tiles, l), 1, max_clusters)
+            return scheduler, (self.cluster_m, 1, grid[2])
+        if cutlass.const_expr(self.grouped):
+            tiles = (row_tiles, grouped_tiles(m, l, self.tile_cols), self.split_k)
+            return StaticTileScheduler.create(tiles, self.cluster_m, max_clusters)
+        tiles = (row_tiles, col_tiles, l * self.split_k)
+        return StaticTileScheduler.create(tiles, self.cluster_m, max_clusters)
 
     def _global_tensors(self, ptrs, m, n, k, k_pad, l):  # noqa: E741
         """Packed kernel A / B (rows, K/2, L), the converted copies (rows, K_pad, L), the blocked
@@ -1357,9 +1357,9 @@ class BlockwiseGemmFp4Sm90:
         return valid if self.grouped else scheduler.is_valid(unit)
 
     def _coords(self, scheduler, unit, found):
-        """(row tile, col tile, L x split_k index) of a valid ``unit`` (grouped: as ``_unit``
-        found)."""
-        return found[:3] if self.grouped else self._static_coords(scheduler, unit)
+        """(row tile, col tile, L x split_k index) of a valid ``unit``; grouped: as ``_unit``
+        found, with the unit's token tile among all groups' (its split-K partials' place)."""
+        return found if self.grouped else self._static_coords(scheduler, unit)
 
     def _static_coords(self, scheduler, unit):
         """The static schedule's (row tile, col tile, L x split_k index) of ``unit``; with
@@ -1528,7 +1528,7 @@ class BlockwiseGemmFp4Sm90:
     def _producer_unit(self, coords, k_tiles):
         """A work unit's coordinates for the TMA copies: row tile, col tile, batch, its k-tiles
         [begin, end) and kernel A's scale row block."""
-        row_tile, col_tile, lk = coords
+        row_tile, col_tile, lk = coords[:3]
         batch = lk // self.split_k
         kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
         # scale row block of this tile (tiles narrower than an atom share one)
@@ -1679,7 +1679,7 @@ class BlockwiseGemmFp4Sm90:
         units = Int32(0)
         while self._valid(scheduler, unit, valid):
             coords = self._coords(scheduler, unit, found)
-            row_tile, col_tile, lk = coords
+            row_tile, col_tile, lk = coords[:3]
             kt_begin, kt_end = self._split_range(lk % self.split_k, k_tiles)
             # this thread's k-tiles: kt_first, kt_first + k_groups, ... < kt_end
             kt_first = kt_begin
@@ -1713,8 +1713,6 @@ class BlockwiseGemmFp4Sm90:
                 unit_alpha, fixup = alpha, fixup_smem
                 if cutlass.const_expr(self.grouped):
                     unit_alpha = self._alpha(alphas, lk // self.split_k)
-                    # (the split-K partials' place: the unit's token tile among all groups')
-                    fixup = (fixup_smem, found[3])
                 if cutlass.const_expr(self.split_cluster):
                     fixup = (*fixup_smem, units % 2)
                 self._epilogue(
@@ -1958,15 +1956,15 @@ class BlockwiseGemmFp4Sm90:
         the last split (split 0) only; through SMEM and TMA stores (``_store_tile_tma``) or
         direct stores."""
         mD_mnl, tma_atom_d, mD_tma, mWork, mOffsets = epi_tensors
-        row_tile, col_tile, lk = coords
+        row_tile, col_tile, lk = coords[:3]
         tile_coord = (row_tile, col_tile, lk // self.split_k)
         is_last = True
         if cutlass.const_expr(self.split_cluster):
             is_last = self._cluster_fixup(tCrAcc, tidx, *fixup)
         elif cutlass.const_expr(self.split_k > 1):
-            tile_id, num_tiles, flag_addr = self._fixup_tile(mD_mnl, mOffsets, coords, fixup)
+            tile_id, num_tiles = self._fixup_tile(mD_mnl, mOffsets, coords)
             split = lk % self.split_k
-            is_last = self._splitk_fixup(tCrAcc, mWork, tile_id, num_tiles, split, tidx, flag_addr)
+            is_last = self._splitk_fixup(tCrAcc, mWork, tile_id, num_tiles, split, tidx, fixup)
         if is_last:
             if cutlass.const_expr(self.tma_store):
                 self._store_tile_tma(tCrAcc, alpha, mD_tma, tma_atom_d, epi_smem, tile_coord, tidx)
@@ -1988,22 +1986,21 @@ class BlockwiseGemmFp4Sm90:
         return cute.make_tensor(mD_mnl.iterator + row0 * pitch, layout)
 
     @cute.jit
-    def _fixup_tile(self, mD_mnl, mOffsets, coords, fixup):
-        """(the unit's output tile among the split-K workspace's, its tiles, the last split's
-        SMEM flag): ``output_tile_id`` of ``output_tiles``; grouped (``fixup`` = (flag, the
-        unit's token tile among all groups')), row tiles x ``grouped_tiles``."""
-        row_tile, col_tile, lk = coords
+    def _fixup_tile(self, mD_mnl, mOffsets, coords):
+        """(the unit's output tile among the split-K workspace's, its tiles): ``output_tile_id``
+        of ``output_tiles``; grouped, (the unit's token tile among all groups') x row tiles +
+        its row tile of row tiles x ``grouped_tiles`` (``launcher.workspace_elems``' count)."""
+        row_tile, col_tile, lk = coords[:3]
         rows, cols = mD_mnl.shape[0], mD_mnl.shape[1]
         row_tiles, col_tiles, num_tiles = output_tiles(
             rows, cols, mD_mnl.shape[2], self.tile_rows, self.tile_cols, self.cluster_m
         )
         if cutlass.const_expr(self.grouped):
-            flag_addr, tile = fixup
             groups = cute.size(mOffsets) - 1
             num_tiles = row_tiles * grouped_tiles(cols, groups, self.tile_cols)
-            return tile * row_tiles + row_tile, num_tiles, flag_addr
+            return coords[3] * row_tiles + row_tile, num_tiles
         tile_id = output_tile_id(row_tile, col_tile, lk // self.split_k, row_tiles, col_tiles)
-        return tile_id, num_tiles, fixup
+        return tile_id, num_tiles
 
     @cute.jit
     def _splitk_fixup(self, tCrAcc, mWork, tile_id, num_tiles, split, tidx, flag_addr):
