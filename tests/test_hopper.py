@@ -2508,6 +2508,35 @@ W4A16_COMPILE = [
 ]
 
 
+# (sf_vec_size, D, token tile x weight rows, K split, K groups): the grouped kernel's splits
+GROUPED_SPLIT_COMPILE = [
+    (16, "BFloat16", (8, 128), 6, 1),
+    (16, "Float32", (8, 128), 2, 1),
+    (16, "BFloat16", (8, 64), 2, 4),
+    (32, "BFloat16", (16, 64), 4, 1),
+    (16, "Float16", (64, 128), 2, 1),
+]
+
+
+@pytest.mark.parametrize("cfg", GROUPED_SPLIT_COMPILE, ids=lambda c: "-".join(map(str, c)))
+def test_grouped_split_cross_compiles_without_local_memory(cfg, tmp_path):
+    """The grouped kernel with K splits compiles for sm_90a to one kernel that keeps its
+    split-K partials, fix-up and schedule in registers: no stack, no local memory."""
+    vec, c_dtype, tiler, split, k_groups = cfg
+    opts = f"--gpu-arch sm_90a --keep-cubin --dump-dir={tmp_path}"
+    config = (vec, c_dtype, "decode", tiler, split, k90.H200_SM_COUNT, opts, None, False)
+    k90.compile_gemm(*config, k_groups, "BFloat16", grouped=True)
+    (cubin,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path) if f.endswith(".cubin")]
+    tool = devtools.find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
+    kernels = re.findall(r"Function (\w+):\s*REG:\d+ STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage)
+    assert len(kernels) == 1 and kernels[0][1:] == ("0", "0"), usage
+    sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+    assert not re.search(r"\b(LDL|STL)\b", sass) and "ATOMG" in sass
+
+
 @pytest.mark.filterwarnings("error::DeprecationWarning")
 @pytest.mark.parametrize("cfg", W4A16_COMPILE, ids=lambda c: "-".join(str(x) for x in c))
 def test_w4a16_cross_compile_sm90a(cfg, tmp_path):
