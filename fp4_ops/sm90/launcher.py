@@ -537,9 +537,10 @@ def workspace_elems(gemm: BlockwiseGemmFp4Sm90, m, n, l):  # noqa: E741
     per row tile and any routing's token tile, ``grouped_tiles``)."""
     rows, cols = (n, m) if gemm.swap_ab else (m, n)
     tr, tc = gemm.tile_rows, gemm.tile_cols
-    tiles = output_tiles(rows, cols, l, tr, tc, gemm.cluster_m)[2]
     if gemm.grouped:
         tiles = output_tiles(rows, 1, 1, tr, tc, 1)[0] * grouped_tiles(m, l, tc)
+    else:
+        tiles = output_tiles(rows, cols, l, tr, tc, gemm.cluster_m)[2]
     # (split pairs on clusters sum through DSMEM)
     global_fixup = gemm.split_k > 1 and not gemm.split_cluster
     return tiles * gemm.split_k * tr * tc + tiles if global_fixup else 1
