@@ -1,19 +1,26 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """The MoE ops' Blackwell route (``fp4_ops.sm100.grouped_gemm_for_ops``) without a B200.
 
-W4A4 grouped GEMMs on the sm_100 family copy their rows into the grouped template's contiguous
-layout (each group padded to whole MMA tiles), launch ``blockwise_grouped_gemm_fp4`` and
-gather D's rows back. The kernel is checked by test_blackwell_grouped.py; here it is replaced
-by an emulation of its contract, written from that module's docstring (tile t's rows of D =
-alpha[g] x A's rows x B[g]^T with g = tile_group[t], tiles at or past num_m_tiles unwritten),
-so that what is tested is the host code: the layout against a loop written here, and the
-op's rows against reference.py per expert. On the GPU (H200) the same route runs on CUDA
-tensors through the template's real launcher and checks, without a host sync, and replays in
-a CUDA graph with new routings.
+W4A4 grouped GEMMs on the sm_100 family copy their rows into the grouped template's tile-padded
+layout (each group padded to whole MMA tiles) with one kernel (``moe_kernels.pad_rows``),
+launch ``blockwise_grouped_gemm_fp4`` and gather D's rows back. The padding kernel's sm_100a
+PTX runs on tests/ptx_emulator.py against the layout by a loop written here (every byte it
+writes, and nothing outside its buffers whatever the offsets), and its sm_90a build on the
+H200. The grouped kernel is checked by test_blackwell_grouped.py; here it is replaced by an
+emulation of its contract, written from that module's docstring (tile t's rows of D = alpha[g]
+x A's rows x B[g]^T with g = tile_group[t], tiles at or past num_m_tiles unwritten), so that
+the op's rows are checked against reference.py per expert. On the GPU (H200) the same route
+runs on CUDA tensors through the template's real launcher and checks, without a host sync, and
+replays in a CUDA graph with new routings.
 """
+
+import ctypes
+import functools
 
 import pytest
 import torch
+from conftest import ptx_options
+from ptx_emulator import GlobalMemory, Grid, Params, parse_ptx
 from test_moe import (
     COUNTS,
     FMTS,
@@ -26,10 +33,12 @@ from test_moe import (
     _routing,
     needs_cuda,
 )
+from test_moe_kernels import _put, _tensor_param
 
 import fp4_ops
 import reference
-from fp4_ops import moe, ops, sm100
+from fp4_ops import moe, moe_kernels, ops
+from fp4_ops.moe_kernels import padded_rows
 from fp4_ops.sm90 import k_order
 
 
@@ -53,29 +62,203 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("tile_m", [128, 256])
-@pytest.mark.parametrize("counts", list(LAYOUTS.values()), ids=list(LAYOUTS))
-def test_contiguous_rows_is_the_padded_layout(counts, tile_m):
+@functools.cache
+def _pad_entry(tile_m: int, cap: int):
+    """The padding kernel's sm_100a PTX (what a B200 runs), parsed for the emulator."""
+    compiled = padded_rows.compile_padded_rows(tile_m, cap, ptx_options("sm_100a"))
+    (entry,) = parse_ptx(compiled.__ptx__).values()
+    return entry
+
+
+def emulate_pad_rows(data, scale, offsets, tile_m, k_scales, stores=None, tiles=None):
+    """The padding kernel's PTX run on tests/ptx_emulator.py over ``tiles`` tiles (default
+    ``moe_kernels.padded_tiles``; uninitialised bytes poisoned, any access outside a buffer an
+    error): a PaddedRows of CPU tensors; ``stores`` (a dict) gets each output's per-byte store
+    counts."""
+    (rows, half), groups = data.shape, offsets.shape[0] - 1
+    if tiles is None:
+        tiles = moe_kernels.padded_tiles(rows, groups, tile_m)
+    atoms_k, vectors = -(-k_scales // 4), half // 16
+    sizes = {
+        "codes": tiles * tile_m * half,
+        "scale": tiles * tile_m * atoms_k * 4,
+        "tile_group": 4 * tiles,
+        "num_m_tiles": 4,
+        "row_map": 4 * rows,
+    }
+    gmem = GlobalMemory()
+    out = {name: gmem.alloc(n) for name, n in sizes.items()}
+    entry = _pad_entry(tile_m, moe_kernels.experts_cap(groups))
+    p = Params(entry)
+    _tensor_param(p, 0, _put(gmem, offsets.int()), (groups + 1,))
+    _tensor_param(p, 1, _put(gmem, data.view(torch.uint8)), (rows, vectors, 4 * vectors))
+    _tensor_param(p, 2, _put(gmem, scale.view(torch.uint8)), (scale.numel() // 4,))
+    _tensor_param(p, 3, out["codes"], (tiles * tile_m, vectors, 4 * vectors))
+    _tensor_param(p, 4, out["scale"], (sizes["scale"] // 4,))
+    _tensor_param(p, 5, out["tile_group"], (tiles,))
+    p.put(6, out["num_m_tiles"], 8)
+    _tensor_param(p, 7, out["row_map"], (rows,))
+    p.put(8, groups, 4)
+    p.put(9, atoms_k, 4)
+    ctas = tiles * tile_m // padded_rows.ROWS
+    Grid(entry, ctas, padded_rows.THREADS, p, gmem, smem_bytes=16).run()
+    if stores is not None:
+        stores.update({name: gmem.store_counts(out[name], n) for name, n in sizes.items()})
+
+    def read(name, dtype):
+        return torch.from_numpy(gmem.read(out[name], sizes[name]).copy()).view(dtype)
+
+    codes = read("codes", torch.uint8).view(tiles * tile_m, half)
+    tensors = (read("scale", torch.uint8), read("tile_group", torch.int32))
+    tensors += (read("num_m_tiles", torch.int32), read("row_map", torch.int32))
+    return moe_kernels.PaddedRows(codes, *tensors)
+
+
+def emulated_function(config, device):
+    """``moe_kernels._function``'s stand-in on CPU tensors for the padding kernel: what
+    ``pad_rows`` hands the kernel (host pointers, the problem) read from host memory, the PTX
+    emulated, the outputs written back to the pointers it was handed."""
+    assert isinstance(config, moe_kernels.PaddedRowsConfig) and device.type == "cpu"
+
+    def read(ptr, nbytes, dtype=torch.uint8):
+        return torch.frombuffer(bytearray(ctypes.string_at(ptr, nbytes)), dtype=dtype)
+
+    def fn(offsets, data, scale, *outputs_and_problem):
+        *outputs, (groups, rows, k, atoms_k, tiles), _stream = outputs_and_problem
+        assert config.groups_cap == moe_kernels.experts_cap(groups)
+        blocks = -(-rows // 128)
+        got = emulate_pad_rows(
+            read(data, rows * k // 2).view(rows, k // 2),
+            read(scale, blocks * 128 * atoms_k * 4),
+            read(offsets, 4 * (groups + 1), torch.int32),
+            config.tile_m,
+            4 * atoms_k,
+            tiles=tiles,
+        )
+        for ptr, t in zip(
+            outputs,
+            (got.codes, got.scale, got.tile_group, got.num_m_tiles, got.row_map),
+            strict=True,
+        ):
+            ctypes.memmove(ptr, t.contiguous().numpy().ctypes.data, t.numel() * t.element_size())
+
+    return fn, 132
+
+
+@pytest.fixture
+def emulated_padding(monkeypatch):
+    """pad_rows on CPU tensors, its kernel emulated (``emulated_function``)."""
+    monkeypatch.setattr(moe_kernels, "_function", emulated_function)
+    monkeypatch.setattr(moe_kernels, "stream_handle", lambda index: 0)
+
+
+def _pad_case(counts, vec, k, seed):
+    """Random code bytes and scale bytes for rows grouped by ``counts``: (codes, blocked
+    scales (reference.to_blocked), the plain scales, offsets)."""
+    gen = torch.Generator().manual_seed(seed)
     rows = sum(counts)
-    row_map, tile_group, num_m_tiles, tiles = sm100.contiguous_rows(_offsets(counts), rows, tile_m)
+    data = torch.randint(0, 256, (rows, k // 2), generator=gen, dtype=torch.uint8)
+    plain = torch.randint(1, 256, (rows, k // vec), generator=gen, dtype=torch.uint8)
+    return data, reference.to_blocked(plain).reshape(-1), plain, _offsets(counts)
+
+
+def check_padded_layout(got, data, plain, counts, tile_m, stores=None):
+    """pad_rows' outputs against the layout by hand (``_layout``): the tiles in use hold each
+    group's rows in order, then zero codes and scales (blocked by reference.to_blocked);
+    tile_group names each tile's group (the last group past num_m_tiles); ``stores`` given:
+    every byte of the tiles in use and of the indices written once, nothing past them."""
     want_rows, want_tiles = _layout(counts, tile_m)
-    assert row_map.tolist() == want_rows
-    assert num_m_tiles.dtype == torch.int32 and num_m_tiles.tolist() == [len(want_tiles)]
-    assert tile_group.dtype == torch.int32 and tile_group.shape == (tiles,)
-    assert tile_group[: len(want_tiles)].tolist() == want_tiles
-    # (entries past the tiles in use are not read, but every one names a group)
-    assert 0 <= int(tile_group.min()) and int(tile_group.max()) < len(counts)
+    used = len(want_tiles) * tile_m
+    assert got.row_map.tolist() == want_rows
+    assert got.num_m_tiles.tolist() == [len(want_tiles)]
+    tail = [len(counts) - 1] * (got.tile_group.numel() - len(want_tiles))
+    assert got.tile_group.tolist() == want_tiles + tail
+    codes = torch.zeros(used, data.shape[1], dtype=torch.uint8)
+    scales = torch.zeros(used, plain.shape[1], dtype=torch.uint8)
+    codes[want_rows], scales[want_rows] = data, plain
+    assert torch.equal(got.codes[:used].cpu(), codes)
+    blocked = reference.to_blocked(scales).reshape(-1)
+    assert torch.equal(got.scale[: blocked.numel()].cpu(), blocked)
+    if stores is not None:
+        for name, written in (("codes", codes.numel()), ("scale", blocked.numel())):
+            counts_of = stores[name]
+            assert (counts_of[:written] == 1).all() and (counts_of[written:] == 0).all(), name
+        for name in ("tile_group", "num_m_tiles", "row_map"):
+            assert (stores[name] == 1).all(), name
 
 
-def test_contiguous_rows_buffers_hold_every_routing():
+@pytest.mark.parametrize("tile_m", [128, 256])
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("counts", list(LAYOUTS.values()), ids=list(LAYOUTS))
+def test_pad_rows_ptx_is_the_padded_layout(counts, fmt, tile_m):
+    """The kernel's sm_100a PTX, emulated: every layout above at both tile heights, K whose
+    scale columns leave the last atom part empty (NVFP4 38 of 40, MXFP4 39 of 40) and whose
+    codes and scales take each thread more than one turn of its loops."""
+    vec = reference.NVFP4_BLOCK if fmt == "nvfp4" else reference.MXFP4_BLOCK
+    k = 608 if vec == 16 else 1248
+    data, blocked, plain, offsets = _pad_case(counts, vec, k, seed=len(counts))
+    stores = {}
+    got = emulate_pad_rows(data, blocked, offsets, tile_m, k // vec, stores)
+    check_padded_layout(got, data, plain, counts, tile_m, stores)
+
+
+# (offsets that break the op's contract, which its device asserts report: falling, past the
+# rows, negative)
+BAD_OFFSETS = [[0, 50, 10, 100], [0, 300, 300, 100], [0, -5, 40, 100], [7, 7, 100, 100]]
+
+
+@pytest.mark.parametrize("offsets", BAD_OFFSETS, ids=str)
+def test_pad_rows_ptx_stays_in_its_buffers_whatever_the_offsets(offsets):
+    """Every load and store of the emulated kernel lies inside its buffers (the emulator raises
+    otherwise), and num_m_tiles stays within the tiles the buffers hold."""
+    data, blocked, _, _ = _pad_case([100], 16, 64, seed=1)
+    got = emulate_pad_rows(data, blocked, torch.tensor(offsets, dtype=torch.int32), 128, 4)
+    assert got.tile_group.numel() == moe_kernels.padded_tiles(100, len(offsets) - 1, 128)
+
+
+def test_pad_rows_hands_its_kernel_the_buffers_it_sizes(monkeypatch):
+    """The host side: the buffers (tiles of the bound, int32 indices), the pointers and the
+    problem in the kernel's order, and rows refused that the kernel cannot take."""
+    launches = []
+    monkeypatch.setattr(
+        moe_kernels, "_function", lambda c, d: (lambda *a: launches.append((c, a)), 1)
+    )
+    monkeypatch.setattr(moe_kernels, "stream_handle", lambda index: 7)
+    data, blocked, _, offsets = _pad_case([5, 0, 200, 3], 16, 96, seed=2)
+    got = moe_kernels.pad_rows(data, blocked.view(torch.float8_e4m3fn), offsets, 128, 6)
+    ((config, args),) = launches
+    assert config == moe_kernels.PaddedRowsConfig(128, 32)
+    tiles = moe_kernels.padded_tiles(208, 4, 128)
+    assert got.codes.shape == (tiles * 128, 48) and got.codes.dtype == torch.uint8
+    assert got.scale.shape == (tiles * 128 * 8,) and got.scale.dtype == torch.uint8
+    for t, n in ((got.tile_group, tiles), (got.num_m_tiles, 1), (got.row_map, 208)):
+        assert t.shape == (n,) and t.dtype == torch.int32
+    outputs = (got.codes, got.scale, got.tile_group, got.num_m_tiles, got.row_map)
+    inputs = (offsets, data, blocked)
+    assert args[:8] == tuple(t.data_ptr() for t in (*inputs, *outputs))
+    assert args[8:] == ((4, 208, 96, 2, tiles), 7)
+    with pytest.raises(ValueError, match="rows of a multiple of 32 codes, got \\(208, 40\\)"):
+        moe_kernels.pad_rows(data[:, :40], blocked, offsets, 128, 5)
+    with pytest.raises(ValueError, match="blocked scales of 208 rows x 6 columns"):
+        moe_kernels.pad_rows(data, blocked[:512], offsets, 128, 6)
+
+
+def test_pad_rows_runs_its_kernel_on_the_buffers_it_sizes(emulated_padding):
+    """pad_rows' host side and its kernel's emulated PTX together give the padded layout."""
+    counts = LAYOUTS["one-past-a-tile"]
+    data, blocked, plain, offsets = _pad_case(counts, 32, 160, seed=3)
+    got = moe_kernels.pad_rows(data, blocked, offsets, 128, 5)
+    check_padded_layout(got, data, plain, counts, 128)
+
+
+def test_padded_tiles_hold_every_routing():
     """The buffers' tiles, known on the host from the rows and groups alone, hold the tiles of
     any routing of those rows (random ones), and no more than the worst takes: every group
     with rows but one ending one row past a tile."""
     for tile_m in (128, 256):
         for counts in ([tile_m + 1] * 6 + [1], [1] * 40, [0, 1, 0], [tile_m] * 3):
-            worst = _offsets(counts)
-            *_, num_m_tiles, tiles = sm100.contiguous_rows(worst, sum(counts), tile_m)
-            assert int(num_m_tiles) == tiles or counts == [tile_m] * 3, counts
+            tiles = moe_kernels.padded_tiles(sum(counts), len(counts), tile_m)
+            assert len(_layout(counts, tile_m)[1]) == tiles or counts == [tile_m] * 3, counts
     gen = torch.Generator().manual_seed(3)
     cases = [[129] * 7, [1] * 40, [257, 1, 0, 255]]
     for _ in range(300):
@@ -83,11 +266,8 @@ def test_contiguous_rows_buffers_hold_every_routing():
         cases.append(torch.randint(0, 300, (groups,), generator=gen).tolist())
     for counts in cases:
         for tile_m in (128, 256):
-            row_map, _, num_m_tiles, tiles = sm100.contiguous_rows(
-                _offsets(counts), sum(counts), tile_m
-            )
-            assert int(num_m_tiles) <= tiles, counts
-            assert row_map.tolist() == _layout(counts, tile_m)[0], counts
+            tiles = moe_kernels.padded_tiles(sum(counts), len(counts), tile_m)
+            assert len(_layout(counts, tile_m)[1]) <= tiles, counts
 
 
 def _values(packed, scales, vec):
@@ -147,7 +327,9 @@ def _operands(fmt, counts, gen, n=256, k=192):
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("counts", list(LAYOUTS.values()), ids=list(LAYOUTS))
 @pytest.mark.parametrize("fmt", FMTS)
-def test_blackwell_route_gives_each_experts_gemm(fmt, counts, out_dtype, n, blackwell, monkeypatch):
+def test_blackwell_route_gives_each_experts_gemm(
+    fmt, counts, out_dtype, n, blackwell, emulated_padding, monkeypatch
+):
     """The W4A4 op's CUDA side on CPU tensors, the kernel emulated: every group's rows
     against reference.check_gemm with its expert (derived bound)."""
     import blockwise_grouped_gemm_fp4 as grouped
@@ -320,6 +502,43 @@ def blackwell_launcher(blackwell, monkeypatch):
         lambda config, mnkg, t, stream: dict(config=config, tensors=(*t[:4], t[7], *t[5:7], t[4])),
     )
     return launches
+
+
+def _decode_counts(groups: int, rows: int, seed: int) -> list[int]:
+    """``rows`` rows in distinct random groups of ``groups`` (one token's top-k)."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = [0] * groups
+    for g in torch.randperm(groups, generator=gen)[:rows].tolist():
+        counts[g] = 1
+    return counts
+
+
+def _prefill_counts(groups: int, rows: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.bincount(
+        torch.randint(0, groups, (rows,), generator=gen), minlength=groups
+    ).tolist()
+
+
+# (counts, tile_m, format, K): one token's top-8 of 128 experts; prefill-sized routings over 64
+# and 257 groups (past the 256 count slots of a warp's lanes); one group only
+GPU_PADDINGS = {
+    "decode-top8-of-128": (_decode_counts(128, 8, 1), 128, "nvfp4", 7168),
+    "prefill-64": (_prefill_counts(64, 3000, 2), 128, "mxfp4", 2048),
+    "prefill-257-tile256": (_prefill_counts(257, 2000, 3), 256, "nvfp4", 1024),
+    "one-group": ([0, 700, 0], 128, "mxfp4", 96),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", list(GPU_PADDINGS))
+def test_gpu_pad_rows_is_the_padded_layout(case):
+    """The padding kernel compiled for this GPU, on real sizes, against the layout by hand."""
+    counts, tile_m, fmt, k = GPU_PADDINGS[case]
+    vec = reference.NVFP4_BLOCK if fmt == "nvfp4" else reference.MXFP4_BLOCK
+    data, blocked, plain, offsets = _pad_case(counts, vec, k, seed=k)
+    got = moe_kernels.pad_rows(data.cuda(), blocked.cuda(), offsets.cuda(), tile_m, k // vec)
+    check_padded_layout(got, data, plain, counts, tile_m)
 
 
 @needs_cuda

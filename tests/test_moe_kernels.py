@@ -32,7 +32,7 @@ from ptx_emulator import GlobalMemory, Grid, Params, PtxError, parse_ptx
 import reference
 from fp4_ops import memory, moe_kernels
 from fp4_ops.layout import MXFP4_BF16_SHIFT, SCALE_DTYPES
-from fp4_ops.moe_kernels import activation, combine, exact_rows, gating, routing
+from fp4_ops.moe_kernels import activation, combine, exact_rows, gating, padded_rows, routing
 
 U32 = 2.0**-24
 ACT_REL = 2.0**-19  # float32 activation (accurate exp, a division, three products): << 2^-19
@@ -538,6 +538,8 @@ CONFIGS = {
     "combine-f32-bias-bf16": (combine.compile_combine, ("Float32", "BFloat16", "BFloat16")),
     "exact-rows-nvfp4": (exact_rows.compile_exact_rows, (16,)),
     "exact-rows-mxfp4": (exact_rows.compile_exact_rows, (32,)),
+    "padded-rows-128": (padded_rows.compile_padded_rows, (128, 256)),
+    "padded-rows-256": (padded_rows.compile_padded_rows, (256, 32)),
 }
 
 
@@ -562,9 +564,16 @@ def test_kernels_cross_compile_with_vector_moves_and_no_local_memory(name, arch)
         # lockstep and cannot see one missing
         assert ptx.count("bar.sync") == 3
         return
+    ops = [line.split()[0] for line in ptx.splitlines() if ".global" in line]
+    if name.startswith("padded"):
+        # codes move in 16-byte vectors, scales (one atom row's 4 columns) and indices in
+        # 32-bit words; no atomics, no barrier but the one after the tile's group is found
+        assert {_vector_bytes(op) for op in ops} == {4, 16}
+        assert sum(_vector_bytes(op) == 16 for op in ops) >= 2
+        assert "atom." not in ptx and ptx.count("bar.sync") == 1
+        return
     # every store of a row is a vector of 16 bytes or more (sm_100 has 32-byte ones), and so
     # are the loads of h / y / bias rows; scalar loads are the index and weight tables only
-    ops = [line.split()[0] for line in ptx.splitlines() if ".global" in line]
     stores = [op for op in ops if op.startswith("st.")]
     assert stores and all(_vector_bytes(op) >= 16 for op in stores)
     if name.startswith("exact"):

@@ -17,6 +17,7 @@ QUANTIZER = "fp4_ops/quantizer.py"
 MEMORY = "fp4_ops/memory.py"
 BUFFERS = "fp4_ops/buffers.py"
 SM100 = "fp4_ops/sm100.py"
+PADDED_ROWS = "fp4_ops/moe_kernels/padded_rows.py"
 TESTS = [
     "tests/test_checkpoint.py",
     "tests/test_moe_checkpoint.py",
@@ -2261,36 +2262,36 @@ MUTANTS = [
     mutant(
         "bm-01",
         "MoE on Blackwell",
-        SM100,
-        "group_tiles = (counts + (tile_m - 1)) // tile_m",
-        "group_tiles = (counts + tile_m) // tile_m",
+        PADDED_ROWS,
+        "return (count + (self.tile_m - 1)) // self.tile_m",
+        "return (count + self.tile_m) // self.tile_m",
         BLACKWELL_MOE_TESTS,
     ),
-    # (a tile at a group's end given to that group)
+    # (each tile given to the group before its own)
     mutant(
         "bm-02",
         "MoE on Blackwell",
-        SM100,
-        "tile_group = torch.searchsorted(tile_ends, tile_ids, right=True, out_int32=True)",
-        "tile_group = torch.searchsorted(tile_ends, tile_ids, right=False, out_int32=True)",
+        PADDED_ROWS,
+        "if tile_start <= tile and tile < tile_start + n:",
+        "if tile_start < tile and tile <= tile_start + n:",
         BLACKWELL_MOE_TESTS,
     ),
     # (num_m_tiles in int64, which the kernel reads as int32)
     mutant(
         "bm-03",
         "MoE on Blackwell",
-        SM100,
-        "tile_ends = torch.cumsum(group_tiles, 0, dtype=torch.int32)",
-        "tile_ends = torch.cumsum(group_tiles, 0)",
+        MOE_KERNELS,
+        "num_m_tiles = torch.empty(1, dtype=torch.int32, device=device)",
+        "num_m_tiles = torch.empty(1, dtype=torch.int64, device=device)",
         BLACKWELL_MOE_TESTS,
     ),
-    # (a group's last row counted in the next group)
+    # (a group's last row left out of its tile)
     mutant(
         "bm-04",
         "MoE on Blackwell",
-        SM100,
-        "row_group = torch.searchsorted(offsets[1:].contiguous(), row_ids, right=True)",
-        "row_group = torch.searchsorted(offsets[1:].contiguous(), row_ids, right=False)",
+        PADDED_ROWS,
+        "sTile[Slot.END] = mOffsets[g + 1]",
+        "sTile[Slot.END] = mOffsets[g + 1] - 1",
         BLACKWELL_MOE_TESTS,
     ),
     # (half of A's scale columns)
@@ -2298,17 +2299,17 @@ MUTANTS = [
         "bm-05",
         "MoE on Blackwell",
         SM100,
-        "k_scales = 2 * half // sf_vec_size",
-        "k_scales = half // sf_vec_size",
+        "a, a_scale, offsets, config.mma_tiler_mn[0], 2 * half // sf_vec_size",
+        "a, a_scale, offsets, config.mma_tiler_mn[0], half // sf_vec_size",
         BLACKWELL_MOE_TESTS,
     ),
     # (A's scales not moved with their rows)
     mutant(
         "bm-06",
         "MoE on Blackwell",
-        SM100,
-        "sfa_padded = sfa.new_zeros((padded_rows, k_scales)).index_copy_(0, row_map, sfa)",
-        "sfa_padded = torch.nn.functional.pad(sfa, (0, 0, 0, padded_rows - rows))",
+        PADDED_ROWS,
+        "word = Uint32(mScale[self._word(s, j, atoms_k)])",
+        "word = Uint32(mScale[self._word(r, j, atoms_k)])",
         BLACKWELL_MOE_TESTS,
     ),
     # (the first group's alpha for every group)
@@ -2325,8 +2326,8 @@ MUTANTS = [
         "bm-08",
         "MoE on Blackwell",
         SM100,
-        "tile_m = config.mma_tiler_mn[0]",
-        "tile_m = config.mma_tiler_mn[1]",
+        "a, a_scale, offsets, config.mma_tiler_mn[0], 2 * half // sf_vec_size",
+        "a, a_scale, offsets, config.mma_tiler_mn[1], 2 * half // sf_vec_size",
         BLACKWELL_MOE_TESTS,
     ),
     # (Hopper-prepacked experts handed to the Blackwell kernel)
@@ -2370,17 +2371,17 @@ MUTANTS = [
         "bm-13",
         "MoE on Blackwell",
         SM100,
-        "    return d.index_select(0, row_map)",
+        "    return d.index_select(0, padded.row_map)",
         "    return d[:rows]",
         BLACKWELL_MOE_TESTS,
     ),
-    # (A's rows not moved to their padded places)
+    # (each row's padded row not recorded: D's rows gathered from the wrong places)
     mutant(
         "bm-14",
         "MoE on Blackwell",
-        SM100,
-        "    a_padded.index_copy_(0, row_map, a.view(torch.uint8))",
-        "    a_padded[:rows] = a.view(torch.uint8)",
+        PADDED_ROWS,
+        "mRowMap[s] = out_row + tidx",
+        "mRowMap[s] = s",
         BLACKWELL_MOE_TESTS,
     ),
     # (W4A16 layers reordered for a kernel they cannot use)
@@ -2459,18 +2460,18 @@ MUTANTS = [
     mutant(
         "bm-23",
         "MoE on Blackwell",
-        SM100,
-        "max(min(num_groups, rows) - 1, 0)",
-        "min(num_groups, rows)",
+        MOE_KERNELS,
+        "max(min(groups, rows) - 1, 0)",
+        "min(groups, rows)",
         BLACKWELL_MOE_TESTS,
     ),
     # (a tile less than the worst routing takes)
     mutant(
         "bm-24",
         "MoE on Blackwell",
-        SM100,
-        "max(min(num_groups, rows) - 1, 0)",
-        "max(min(num_groups, rows) - 2, 0)",
+        MOE_KERNELS,
+        "max(min(groups, rows) - 1, 0)",
+        "max(min(groups, rows) - 2, 0)",
         BLACKWELL_MOE_TESTS,
     ),
 ]

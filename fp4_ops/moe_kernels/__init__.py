@@ -10,8 +10,10 @@
 
 Three kernels (``routing``, ``activation``, ``combine``, one class a file) in place of the two
 dozen small torch kernels the same steps take as torch ops. W4A4 layers quantize each GEMM's
-rows and add a fourth, ``exact_bf16`` (``exact_rows.py``): the exact BF16 values that the
-grouped kernel takes, in place of about eight torch kernels. Each is compiled once per process
+rows and add a fourth: on Hopper ``exact_bf16`` (``exact_rows.py``), the exact BF16 values that
+the grouped kernel takes, in place of about eight torch kernels; on the sm_100 family
+``pad_rows`` (``padded_rows.py``), the rows in the Blackwell grouped kernel's tile-padded
+layout, in place of about twenty. Each is compiled once per process
 and configuration (the frozen ``*Config`` dataclasses, with the device index the cache key) and
 launched through TVM-FFI on the current stream, with no host synchronization. The callers
 (``fp4_ops.moe``) check the operands and make their device current; these functions only
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fp4_ops.layout import DSL_DTYPE_NAMES, MXFP4_BF16_SHIFT
+from fp4_ops.layout import ATOM_COLS, DSL_DTYPE_NAMES, MXFP4_BF16_SHIFT, blocked_numel
 from fp4_ops.memory import aligned_rows, device_scalar, stream_handle
 
 _IDS = {torch.int32: "Int32", torch.int64: "Int64"}
@@ -75,6 +77,17 @@ class CombineConfig:
         from fp4_ops.moe_kernels import combine
 
         return combine.compile_combine(self.dtype, self.weights_dtype, self.bias_dtype, options)
+
+
+@dataclass(frozen=True)
+class PaddedRowsConfig:
+    tile_m: int  # the grouped kernel's MMA tile M, a multiple of 128
+    groups_cap: int  # experts_cap(G)
+
+    def compile(self, options: str):
+        from fp4_ops.moe_kernels import padded_rows
+
+        return padded_rows.compile_padded_rows(self.tile_m, self.groups_cap, options)
 
 
 @dataclass(frozen=True)
@@ -195,6 +208,63 @@ def combine_tokens(
         stream_handle(y.device.index),
     )
     return out
+
+
+@dataclass(frozen=True)
+class PaddedRows:
+    """``pad_rows``' outputs, on the rows' device."""
+
+    codes: torch.Tensor  # uint8 [tiles * tile_m, K/2]: each group's rows, padded to whole tiles
+    scale: torch.Tensor  # uint8, the blocked scales of those rows
+    tile_group: torch.Tensor  # int32 [tiles]: the group of each tile
+    num_m_tiles: torch.Tensor  # int32 [1]: the tiles in use
+    row_map: torch.Tensor  # int32 [rows]: the padded row of each row
+
+
+def padded_tiles(rows: int, groups: int, tile_m: int) -> int:
+    """The most tiles of ``tile_m`` rows that ``rows`` rows in ``groups`` groups fill, each
+    group padded to whole tiles: ceil(rows / tile_m) + min(groups, rows) - 1 (ceil(a) +
+    ceil(b) <= ceil(a + b) + 1, over the at most min(groups, rows) groups holding rows)."""
+    return -(-rows // tile_m) + max(min(groups, rows) - 1, 0)
+
+
+def pad_rows(data, scale, offsets, tile_m: int, k_scales: int) -> PaddedRows:
+    """The Blackwell grouped kernel's tile-padded layout (``padded_rows.py``) of packed FP4
+    rows ``data`` [rows >= 1, K/2] (K a multiple of 32) with blocked ``scale`` (``k_scales``
+    columns), grouped by ``offsets`` int32 [G + 1] on the device: one launch, no host sync
+    (the buffers hold ``padded_tiles`` tiles, the bound for every routing)."""
+    (rows, half), groups = data.shape, offsets.shape[0] - 1
+    if rows == 0 or half % 16:
+        raise ValueError(f"pad_rows takes rows of a multiple of 32 codes, got {tuple(data.shape)}")
+    if scale.numel() != blocked_numel(rows, k_scales):
+        raise ValueError(
+            f"pad_rows takes the blocked scales of {rows} rows x {k_scales} columns "
+            f"({blocked_numel(rows, k_scales)} bytes), got {scale.numel()}"
+        )
+    device = data.device
+    tiles = padded_tiles(rows, groups, tile_m)
+    atoms_k = -(-k_scales // ATOM_COLS)
+    codes = torch.empty((tiles * tile_m, half), dtype=torch.uint8, device=device)
+    blocked = torch.empty(tiles * tile_m * atoms_k * ATOM_COLS, dtype=torch.uint8, device=device)
+    tile_group = torch.empty(tiles, dtype=torch.int32, device=device)
+    num_m_tiles = torch.empty(1, dtype=torch.int32, device=device)
+    row_map = torch.empty(rows, dtype=torch.int32, device=device)
+    data = aligned_rows(data.view(torch.uint8))
+    scale = aligned_rows(scale.reshape(-1).view(torch.uint8))
+    fn, _ = _function(PaddedRowsConfig(tile_m, experts_cap(groups)), device)
+    fn(
+        offsets.data_ptr(),
+        data.data_ptr(),
+        scale.data_ptr(),
+        codes.data_ptr(),
+        blocked.data_ptr(),
+        tile_group.data_ptr(),
+        num_m_tiles.data_ptr(),
+        row_map.data_ptr(),
+        (groups, rows, 2 * half, atoms_k, tiles),
+        stream_handle(device.index),
+    )
+    return PaddedRows(codes, blocked, tile_group, num_m_tiles, row_map)
 
 
 def exact_bf16(a) -> tuple[torch.Tensor, torch.Tensor]:
