@@ -458,7 +458,8 @@ class Grid:
             v = self.val(a, w).astype(np.uint64)
             k = w // len(d)
             for i, name in enumerate(d):
-                self.set(name, (v >> np.uint64(k * i)) & np.uint64((1 << k) - 1), m)
+                if name != "_":  # (PTX's sink: that part is dropped)
+                    self.set(name, (v >> np.uint64(k * i)) & np.uint64((1 << k) - 1), m)
         elif isinstance(a, list):
             k, v = w // len(a), np.uint64(0)
             for i, name in enumerate(a):

@@ -63,21 +63,22 @@ LAYOUTS = {
 
 
 @functools.cache
-def _pad_entry(tile_m: int, cap: int):
+def _pad_entry(tile_m: int, cap: int, rows_per_cta: int):
     """The padding kernel's sm_100a PTX (what a B200 runs), parsed for the emulator."""
-    compiled = padded_rows.compile_padded_rows(tile_m, cap, ptx_options("sm_100a"))
+    compiled = padded_rows.compile_padded_rows(tile_m, cap, rows_per_cta, ptx_options("sm_100a"))
     (entry,) = parse_ptx(compiled.__ptx__).values()
     return entry
 
 
-def emulate_pad_rows(data, scale, offsets, tile_m, k_scales, stores=None, tiles=None):
+def emulate_pad_rows(data, scale, offsets, tile_m, k_scales, stores=None, tiles=None, per_cta=None):
     """The padding kernel's PTX run on tests/ptx_emulator.py over ``tiles`` tiles (default
-    ``moe_kernels.padded_tiles``; uninitialised bytes poisoned, any access outside a buffer an
-    error): a PaddedRows of CPU tensors; ``stores`` (a dict) gets each output's per-byte store
-    counts."""
+    ``moe_kernels.padded_tiles``), ``per_cta`` rows a CTA (default the host's rule;
+    uninitialised bytes poisoned, any access outside a buffer an error): a PaddedRows of CPU
+    tensors; ``stores`` (a dict) gets each output's per-byte store counts."""
     (rows, half), groups = data.shape, offsets.shape[0] - 1
     if tiles is None:
         tiles = moe_kernels.padded_tiles(rows, groups, tile_m)
+    per_cta = per_cta or moe_kernels.pad_rows_per_cta(2 * half)
     atoms_k, vectors = -(-k_scales // 4), half // 16
     sizes = {
         "codes": tiles * tile_m * half,
@@ -88,7 +89,8 @@ def emulate_pad_rows(data, scale, offsets, tile_m, k_scales, stores=None, tiles=
     }
     gmem = GlobalMemory()
     out = {name: gmem.alloc(n) for name, n in sizes.items()}
-    entry = _pad_entry(tile_m, moe_kernels.experts_cap(groups))
+    cap = moe_kernels.experts_cap(groups)
+    entry = _pad_entry(tile_m, cap, per_cta)
     p = Params(entry)
     _tensor_param(p, 0, _put(gmem, offsets.int()), (groups + 1,))
     _tensor_param(p, 1, _put(gmem, data.view(torch.uint8)), (rows, vectors, 4 * vectors))
@@ -100,8 +102,8 @@ def emulate_pad_rows(data, scale, offsets, tile_m, k_scales, stores=None, tiles=
     _tensor_param(p, 7, out["row_map"], (rows,))
     p.put(8, groups, 4)
     p.put(9, atoms_k, 4)
-    ctas = tiles * tile_m // padded_rows.ROWS
-    Grid(entry, ctas, padded_rows.THREADS, p, gmem, smem_bytes=16).run()
+    ctas = tiles * tile_m // per_cta
+    Grid(entry, ctas, padded_rows.THREADS, p, gmem, smem_bytes=16 + 4 * (cap + 1)).run()
     if stores is not None:
         stores.update({name: gmem.store_counts(out[name], n) for name, n in sizes.items()})
 
@@ -134,6 +136,7 @@ def emulated_function(config, device):
             config.tile_m,
             4 * atoms_k,
             tiles=tiles,
+            per_cta=config.rows_per_cta,
         )
         for ptr, t in zip(
             outputs,
@@ -187,18 +190,20 @@ def check_padded_layout(got, data, plain, counts, tile_m, stores=None):
             assert (stores[name] == 1).all(), name
 
 
+@pytest.mark.parametrize("per_cta", [None, 1, 4], ids=["rule", "1-row", "4-rows"])
 @pytest.mark.parametrize("tile_m", [128, 256])
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("counts", list(LAYOUTS.values()), ids=list(LAYOUTS))
-def test_pad_rows_ptx_is_the_padded_layout(counts, fmt, tile_m):
-    """The kernel's sm_100a PTX, emulated: every layout above at both tile heights, K whose
-    scale columns leave the last atom part empty (NVFP4 38 of 40, MXFP4 39 of 40) and whose
-    codes and scales take each thread more than one turn of its loops."""
+def test_pad_rows_ptx_is_the_padded_layout(counts, fmt, tile_m, per_cta):
+    """The kernel's sm_100a PTX, emulated: every layout above at both tile heights, CTAs of
+    the host's rule (32 / 16 rows here), 4 rows and 1; K whose scale columns leave the last
+    atom part empty (NVFP4 38 of 40, MXFP4 39 of 40) and whose codes and scales take each
+    thread more than one turn of its loops at the rule's rows."""
     vec = reference.NVFP4_BLOCK if fmt == "nvfp4" else reference.MXFP4_BLOCK
     k = 608 if vec == 16 else 1248
     data, blocked, plain, offsets = _pad_case(counts, vec, k, seed=len(counts))
     stores = {}
-    got = emulate_pad_rows(data, blocked, offsets, tile_m, k // vec, stores)
+    got = emulate_pad_rows(data, blocked, offsets, tile_m, k // vec, stores, per_cta=per_cta)
     check_padded_layout(got, data, plain, counts, tile_m, stores)
 
 
@@ -227,7 +232,7 @@ def test_pad_rows_hands_its_kernel_the_buffers_it_sizes(monkeypatch):
     data, blocked, _, offsets = _pad_case([5, 0, 200, 3], 16, 96, seed=2)
     got = moe_kernels.pad_rows(data, blocked.view(torch.float8_e4m3fn), offsets, 128, 6)
     ((config, args),) = launches
-    assert config == moe_kernels.PaddedRowsConfig(128, 32)
+    assert config == moe_kernels.PaddedRowsConfig(128, 32, 32)
     tiles = moe_kernels.padded_tiles(208, 4, 128)
     assert got.codes.shape == (tiles * 128, 48) and got.codes.dtype == torch.uint8
     assert got.scale.shape == (tiles * 128 * 8,) and got.scale.dtype == torch.uint8
@@ -249,6 +254,17 @@ def test_pad_rows_runs_its_kernel_on_the_buffers_it_sizes(emulated_padding):
     data, blocked, plain, offsets = _pad_case(counts, 32, 160, seed=3)
     got = moe_kernels.pad_rows(data, blocked, offsets, 128, 5)
     check_padded_layout(got, data, plain, counts, 128)
+
+
+def test_pad_rows_per_cta_fills_one_batch_of_loads():
+    """The host's rows per CTA: a power of two dividing 32 (a CTA's rows share one lane group
+    of a scale atom), the most whose codes fit one unrolled batch of the kernel's threads."""
+    batch = padded_rows.THREADS * padded_rows.COPY_UNROLL * 16
+    assert moe_kernels.PAD_CTA_BYTES == batch
+    for k in (32, 1024, 1056, 2048, 7168, 16384, 2**17):
+        rows = moe_kernels.pad_rows_per_cta(k)
+        assert 32 % rows == 0 and (rows * k // 2 <= batch or rows == 1), k
+        assert rows == 32 or 2 * rows * k // 2 > batch, k
 
 
 def test_padded_tiles_hold_every_routing():

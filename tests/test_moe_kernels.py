@@ -538,8 +538,8 @@ CONFIGS = {
     "combine-f32-bias-bf16": (combine.compile_combine, ("Float32", "BFloat16", "BFloat16")),
     "exact-rows-nvfp4": (exact_rows.compile_exact_rows, (16,)),
     "exact-rows-mxfp4": (exact_rows.compile_exact_rows, (32,)),
-    "padded-rows-128": (padded_rows.compile_padded_rows, (128, 256)),
-    "padded-rows-256": (padded_rows.compile_padded_rows, (256, 32)),
+    "padded-rows-128": (padded_rows.compile_padded_rows, (128, 256, 4)),
+    "padded-rows-256": (padded_rows.compile_padded_rows, (256, 32, 32)),
 }
 
 
@@ -566,11 +566,14 @@ def test_kernels_cross_compile_with_vector_moves_and_no_local_memory(name, arch)
         return
     ops = [line.split()[0] for line in ptx.splitlines() if ".global" in line]
     if name.startswith("padded"):
-        # codes move in 16-byte vectors, scales (one atom row's 4 columns) and indices in
-        # 32-bit words; no atomics, no barrier but the one after the tile's group is found
+        # codes move in 16-byte vectors, a batch of loads before their stores; scales (one
+        # atom row's 4 columns) and indices in 32-bit words; no atomics; a barrier after the
+        # offsets are staged and one after the tile's group is found
         assert {_vector_bytes(op) for op in ops} == {4, 16}
-        assert sum(_vector_bytes(op) == 16 for op in ops) >= 2
-        assert "atom." not in ptx and ptx.count("bar.sync") == 1
+        vectors = [op for op in ops if op.endswith("v4.b32")]
+        batch = ["ld.global.v4.b32"] * padded_rows.COPY_UNROLL
+        assert vectors[: 2 * len(batch)] == batch + ["st.global.v4.b32"] * len(batch)
+        assert "atom." not in ptx and ptx.count("bar.sync") == 2
         return
     # every store of a row is a vector of 16 bytes or more (sm_100 has 32-byte ones), and so
     # are the loads of h / y / bias rows; scalar loads are the index and weight tables only

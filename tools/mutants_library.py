@@ -2290,8 +2290,8 @@ MUTANTS = [
         "bm-04",
         "MoE on Blackwell",
         PADDED_ROWS,
-        "sTile[Slot.END] = mOffsets[g + 1]",
-        "sTile[Slot.END] = mOffsets[g + 1] - 1",
+        "sTile[Slot.END] = sOffsets[g + 1]",
+        "sTile[Slot.END] = sOffsets[g + 1] - 1",
         BLACKWELL_MOE_TESTS,
     ),
     # (half of A's scale columns)
@@ -2308,8 +2308,8 @@ MUTANTS = [
         "bm-06",
         "MoE on Blackwell",
         PADDED_ROWS,
-        "word = Uint32(mScale[self._word(s, j, atoms_k)])",
-        "word = Uint32(mScale[self._word(r, j, atoms_k)])",
+        "rWords[u] = Uint32(mScale[self._word(s, j, atoms_k)])",
+        "rWords[u] = Uint32(mScale[self._word(i // rows, j, atoms_k)])",
         BLACKWELL_MOE_TESTS,
     ),
     # (the first group's alpha for every group)

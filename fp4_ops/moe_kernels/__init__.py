@@ -83,11 +83,13 @@ class CombineConfig:
 class PaddedRowsConfig:
     tile_m: int  # the grouped kernel's MMA tile M, a multiple of 128
     groups_cap: int  # experts_cap(G)
+    rows_per_cta: int  # pad_rows_per_cta(K)
 
     def compile(self, options: str):
         from fp4_ops.moe_kernels import padded_rows
 
-        return padded_rows.compile_padded_rows(self.tile_m, self.groups_cap, options)
+        args = (self.tile_m, self.groups_cap, self.rows_per_cta, options)
+        return padded_rows.compile_padded_rows(*args)
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,18 @@ class PaddedRows:
     row_map: torch.Tensor  # int32 [rows]: the padded row of each row
 
 
+# bytes of codes a padding CTA copies in one unrolled batch of loads (padded_rows.py: 128
+# threads x 8 vectors of 16 bytes)
+PAD_CTA_BYTES = 16 * 1024
+
+
+def pad_rows_per_cta(k: int) -> int:
+    """Rows a padding CTA copies, for rows of K codes: the most (a power of two, 1 .. 32) whose
+    codes fit PAD_CTA_BYTES, so that each thread's copy is one round trip to memory."""
+    fit = max(PAD_CTA_BYTES * 2 // max(k, 1), 1)
+    return min(32, 1 << (fit.bit_length() - 1))
+
+
 def padded_tiles(rows: int, groups: int, tile_m: int) -> int:
     """The most tiles of ``tile_m`` rows that ``rows`` rows in ``groups`` groups fill, each
     group padded to whole tiles: ceil(rows / tile_m) + min(groups, rows) - 1 (ceil(a) +
@@ -251,7 +265,8 @@ def pad_rows(data, scale, offsets, tile_m: int, k_scales: int) -> PaddedRows:
     row_map = torch.empty(rows, dtype=torch.int32, device=device)
     data = aligned_rows(data.view(torch.uint8))
     scale = aligned_rows(scale.reshape(-1).view(torch.uint8))
-    fn, _ = _function(PaddedRowsConfig(tile_m, experts_cap(groups)), device)
+    config = PaddedRowsConfig(tile_m, experts_cap(groups), pad_rows_per_cta(2 * half))
+    fn, _ = _function(config, device)
     fn(
         offsets.data_ptr(),
         data.data_ptr(),

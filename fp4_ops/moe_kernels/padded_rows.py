@@ -15,11 +15,13 @@ bound for every routing of ``rows`` rows (ceil(rows / TILE_M) + min(G, rows) - 1
 buffers are sized without a host sync; tiles past num_m_tiles are not written (the grouped
 kernel does not read them) but for tile_group.
 
-Each CTA copies ROWS rows of one tile. It first finds its tile's group: warp 0 sums the tiles
-of cap / 32 groups a lane, scans the sums with shuffles, and the lane whose range holds the
-tile walks its groups for it. Every CTA repeats that walk over the offsets (a few hundred bytes,
-from L2): cheaper than a second launch or a grid-wide barrier. Offsets that break the op's
-contract (checked by its device asserts) cannot make the kernel write outside its buffers:
+Each CTA copies a few rows of one tile (``moe_kernels.pad_rows_per_cta``: as many as keep each
+thread's codes within one unrolled batch of loads, so that a copy costs one round trip). It stages
+the offsets in shared memory (one coalesced pass), then warp 0 finds the tile's group: each
+lane sums the tiles of cap / 32 groups, a shuffle scan gives each lane its first tile, and the
+lane whose range holds the tile walks its groups. Every CTA repeats that (G + 1 words from L2),
+which is cheaper than a second launch or a grid-wide barrier. Offsets that break the op's
+contract (its device asserts report them) cannot make the kernel write outside its buffers:
 every store is bounded by the grid and by the source row's range.
 """
 
@@ -34,11 +36,11 @@ from cutlass import Int32, Uint32
 from fp4_ops.sm90.gemm import SF_ATOM_COLS, SF_ATOM_ROWS, blocked_sf_word
 
 THREADS = 128
-ROWS = 16  # rows of one tile per CTA (a divisor of 32: a CTA's rows share one scale lane group)
 WARP = 32
 LOG_WARP = 5
 WORDS = 4  # 32-bit words of a 16-byte vector (32 codes)
 CODES_PER_VECTOR = 32
+COPY_UNROLL = 8  # 16-byte vectors a thread loads before it stores them
 
 
 class Slot(IntEnum):
@@ -52,14 +54,16 @@ class Slot(IntEnum):
 class MoePaddedRows:
     """(offsets, codes, scales) -> the tile-padded layout; see the module docstring."""
 
-    def __init__(self, tile_m: int, groups_cap: int):
+    def __init__(self, tile_m: int, groups_cap: int, rows_per_cta: int):
         self.tile_m = tile_m
         # (a power of two > G, at least a warp: each lane sums cap / 32 groups)
         self.groups_cap = groups_cap
+        # (a power of two <= 32: a CTA's rows share one lane group of a scale atom)
+        self.rows_per_cta = rows_per_cta
         self._setup_attributes()
 
     def _setup_attributes(self):
-        self.ctas_per_tile = self.tile_m // ROWS
+        self.ctas_per_tile = self.tile_m // self.rows_per_cta
         self.groups_per_lane = self.groups_cap // WARP
 
     @cute.jit
@@ -124,30 +128,35 @@ class MoePaddedRows:
         part = bidx - tile * self.ctas_per_tile
         smem = cutlass.memory.SmemAllocator()
         sTile = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
+        # (the offsets once, coalesced: the scan and the walk then read shared memory)
+        sOffsets = smem.allocate_tensor(Int32, cute.make_layout(self.groups_cap + 1))
+        for g in cutlass.range(tidx, groups + 1, THREADS):
+            sOffsets[g] = mOffsets[g]
+        cute.arch.sync_threads()
         if tidx < WARP:
-            self._find_group(mOffsets, sTile, mTileGroup, mNumMTiles, groups, tile, part)
+            self._find_group(sOffsets, sTile, mTileGroup, mNumMTiles, groups, tile, part)
         cute.arch.sync_threads()
         if sTile[Slot.IN_USE] != 0:
-            # (source rows first .. first + ROWS - 1 that lie below the group's end and the
-            # row count are copied to padded rows out_row ..)
-            first = sTile[Slot.FIRST] + part * ROWS
+            # (source rows first .. first + rows_per_cta - 1 that lie below the group's end
+            # and the row count are copied to padded rows out_row ..)
+            first = sTile[Slot.FIRST] + part * self.rows_per_cta
             end = cutlass.min(sTile[Slot.END], cute.size(mCodes.shape[0]))
-            span = (first, end, tile * self.tile_m + part * ROWS)
+            span = (first, end, tile * self.tile_m + part * self.rows_per_cta)
             self._copy_codes(mCodes, mCodesOut, mRowMap, span)
             self._copy_scales(mScale, mScaleOut, atoms_k, span)
 
     @cute.jit
-    def _tiles_of(self, mOffsets: cute.Tensor, g: Int32, groups: Int32) -> Int32:
+    def _tiles_of(self, sOffsets: cute.Tensor, g: Int32, groups: Int32) -> Int32:
         """Group g's tiles (0 for g >= G, and for offsets that fall)."""
         count = Int32(0)
         if g < groups:
-            count = cutlass.max(mOffsets[g + 1] - mOffsets[g], Int32(0))
+            count = cutlass.max(sOffsets[g + 1] - sOffsets[g], Int32(0))
         return (count + (self.tile_m - 1)) // self.tile_m
 
     @cute.jit
     def _find_group(
         self,
-        mOffsets: cute.Tensor,
+        sOffsets: cute.Tensor,
         sTile: cute.Tensor,
         mTileGroup: cute.Tensor,
         mNumMTiles: cute.Tensor,
@@ -161,7 +170,7 @@ class MoePaddedRows:
         first_group = lane * self.groups_per_lane
         own = Int32(0)
         for j in cutlass.range(self.groups_per_lane, unroll=4):
-            own += self._tiles_of(mOffsets, first_group + j, groups)
+            own += self._tiles_of(sOffsets, first_group + j, groups)
         inclusive = own
         for step in cutlass.range_constexpr(LOG_WARP):
             below = cute.arch.shuffle_sync_up(inclusive, offset=1 << step)
@@ -174,10 +183,10 @@ class MoePaddedRows:
             tile_start = start
             for j in cutlass.range(self.groups_per_lane, unroll=4):
                 g = first_group + j
-                n = self._tiles_of(mOffsets, g, groups)
+                n = self._tiles_of(sOffsets, g, groups)
                 if tile_start <= tile and tile < tile_start + n:
-                    sTile[Slot.FIRST] = mOffsets[g] + (tile - tile_start) * self.tile_m
-                    sTile[Slot.END] = mOffsets[g + 1]
+                    sTile[Slot.FIRST] = sOffsets[g] + (tile - tile_start) * self.tile_m
+                    sTile[Slot.END] = sOffsets[g + 1]
                     sTile[Slot.IN_USE] = Int32(1)
                     if part == 0:
                         mTileGroup[tile] = g
@@ -193,39 +202,56 @@ class MoePaddedRows:
 
     @cute.jit
     def _copy_codes(self, mCodes: cute.Tensor, mCodesOut: cute.Tensor, mRowMap, span: tuple):
-        """The CTA's ROWS rows of codes, 16-byte vectors, zeros past the group's rows; each
-        row's padded row into row_map."""
+        """The CTA's rows of codes in 16-byte vectors, zeros past the group's rows: each thread
+        loads COPY_UNROLL vectors, then stores them (loads after a store could not be moved
+        ahead of it: the buffers may alias, as far as the compiler knows). Each row's padded
+        row into row_map."""
         tidx, _, _ = cute.arch.thread_idx()
         first, end, out_row = span
         vectors = cute.size(mCodes.shape[1])
-        rVec = cute.make_rmem_tensor(WORDS, Uint32)
-        for i in cutlass.range(tidx, ROWS * vectors, THREADS, unroll=4):
-            r = i // vectors
-            c = i - r * vectors
-            s = first + r
-            rVec.fill(Uint32(0))
-            if (s >= 0) & (s < end):
-                cute.autovec_copy(mCodes[s, c, None], rVec)
-            cute.autovec_copy(rVec, mCodesOut[out_row + r, c, None])
-        if tidx < ROWS:
+        total = self.rows_per_cta * vectors
+        rVecs = cute.make_rmem_tensor((WORDS, COPY_UNROLL), Uint32)
+        for base in cutlass.range(tidx, total, THREADS * COPY_UNROLL):
+            rVecs.fill(Uint32(0))
+            for u in cutlass.range_constexpr(COPY_UNROLL):
+                i = base + u * THREADS
+                r = i // vectors
+                s = first + r
+                if (i < total) & (s >= 0) & (s < end):
+                    cute.autovec_copy(mCodes[s, i - r * vectors, None], rVecs[None, u])
+            for u in cutlass.range_constexpr(COPY_UNROLL):
+                i = base + u * THREADS
+                r = i // vectors
+                if i < total:
+                    cute.autovec_copy(rVecs[None, u], mCodesOut[out_row + r, i - r * vectors, None])
+        if tidx < self.rows_per_cta:
             s = first + tidx
             if (s >= 0) & (s < end):
                 mRowMap[s] = out_row + tidx
 
     @cute.jit
     def _copy_scales(self, mScale: cute.Tensor, mScaleOut: cute.Tensor, atoms_k, span: tuple):
-        """The CTA's ROWS rows of scales: one 32-bit word (4 columns) per row and atom, rows
-        fastest (consecutive threads write 16-byte steps of one atom), zeros past the group."""
+        """The CTA's rows of scales: one 32-bit word (4 columns) per row and atom, rows fastest
+        (consecutive threads write 16-byte steps of one atom), zeros past the group; loads in
+        batches before their stores, as the codes'."""
         tidx, _, _ = cute.arch.thread_idx()
         first, end, out_row = span
-        for i in cutlass.range(tidx, ROWS * atoms_k, THREADS, unroll=4):
-            j = i // ROWS
-            r = i - j * ROWS
-            s = first + r
-            word = Uint32(0)
-            if (s >= 0) & (s < end):
-                word = Uint32(mScale[self._word(s, j, atoms_k)])
-            mScaleOut[self._word(out_row + r, j, atoms_k)] = word
+        rows = self.rows_per_cta
+        total = rows * atoms_k
+        rWords = cute.make_rmem_tensor(COPY_UNROLL, Uint32)
+        for base in cutlass.range(tidx, total, THREADS * COPY_UNROLL):
+            rWords.fill(Uint32(0))
+            for u in cutlass.range_constexpr(COPY_UNROLL):
+                i = base + u * THREADS
+                j = i // rows
+                s = first + i - j * rows
+                if (i < total) & (s >= 0) & (s < end):
+                    rWords[u] = Uint32(mScale[self._word(s, j, atoms_k)])
+            for u in cutlass.range_constexpr(COPY_UNROLL):
+                i = base + u * THREADS
+                j = i // rows
+                if i < total:
+                    mScaleOut[self._word(out_row + i - j * rows, j, atoms_k)] = rWords[u]
 
     @cute.jit
     def _word(self, row: Int32, atom_col: Int32, atoms_k: Int32) -> Uint32:
@@ -235,15 +261,16 @@ class MoePaddedRows:
         return blocked_sf_word(0, Uint32(row), col0, 0, Uint32(atoms_k)) // Uint32(WORDS)
 
 
-def compile_padded_rows(tile_m: int, groups_cap: int, options: str = ""):
-    """Compile for any G < ``groups_cap``, rows and K (a multiple of 32); returns the executor.
+def compile_padded_rows(tile_m: int, groups_cap: int, rows: int, options: str = ""):
+    """Compile for any G < ``groups_cap``, rows and K (a multiple of 32), ``rows`` rows a CTA;
+    returns the executor.
     ``options="--gpu-arch sm_100a --keep-ptx --dump-dir=DIR"`` cross-compiles without a GPU."""
     import cuda.bindings.driver as cuda_driver
     from cutlass.cute.runtime import make_ptr
 
     if tile_m % SF_ATOM_ROWS:
         raise ValueError(f"tile_m must be a multiple of {SF_ATOM_ROWS}, got {tile_m}")
-    op = MoePaddedRows(tile_m, groups_cap)
+    op = MoePaddedRows(tile_m, groups_cap, rows)
     gmem = cute.AddressSpace.gmem
     ptrs = [make_ptr(Int32, 0, gmem, assumed_align=4)]
     ptrs += [
