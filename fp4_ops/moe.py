@@ -556,18 +556,21 @@ def _float_bias(bias):
 
 def _expert_gemm(rows, w: FP4Tensor, gs, offsets, mode, prepacked_data, kernels=False):
     """One grouped GEMM of fp4_moe: rows in their dtype against the experts ``w``;
-    ``kernels`` (plain CUDA tensors): W4A4's quantized rows made exact BF16 by
-    ``moe_kernels.exact_bf16`` (the registered op does it with torch steps)."""
+    ``kernels`` (plain CUDA tensors): W4A4's rows quantized straight into their exact BF16
+    values on Hopper (``quantizer.quantize_exact_rows``; the registered op quantizes, then
+    makes them exact with torch steps)."""
     if mode == "bf16":
         return _grouped_w4a16(rows, w, gs, offsets, rows.dtype, prepacked_data)
-    a = quantize(rows, w.format)
     data = w.data if prepacked_data is None else prepacked_data
     if kernels and runs_hopper_kernels(rows):
-        # (the kernel multiplies each expert's global scale by the activations' scale: no
-        # product kernel)
-        values, scale = moe_kernels.exact_bf16(a)
+        # (one grid quantizes the rows into their exact BF16 values; the kernel multiplies each
+        # expert's global scale by the activations' scale: no product kernel)
+        from fp4_ops.quantizer import quantize_exact_rows  # (the DSL: imported on a GPU)
+
+        values, scale = quantize_exact_rows(rows, w.sf_vec_size)
         args = (values, data, w.scale, gs, offsets, w.sf_vec_size, rows.dtype)
         return gpu_grouped_w4a16(*args, prepacked_data is not None, scale)
+    a = quantize(rows, w.format)
     alpha = a.global_scale * gs
     args = (a.data, a.scale, data, w.scale, alpha, offsets, w.sf_vec_size, rows.dtype)
     run = grouped_w4a4_impl if eager(*args[:6]) else grouped_w4a4_op

@@ -54,6 +54,10 @@ Kernels (no arch-specific "a" features: sm_90 and the sm_100 family; E4M3 cvts n
                  token copy (exact F16 / BF16 in its K order, ``fp4_ops.sm90.dequant``), as its
                  prologue grid would make it; lane pairs trade words so that each lane writes
                  whole 16-byte chunks. It lets the GEMM behind it launch at once (PDL).
+                 ``exact_rows`` (L = 1): instead of codes and scales, e2m1 x block scale in
+                 BF16 (MXFP4 x MXFP4_BF16_SHIFT), exact, in plain K order: the rows of the
+                 Hopper grouped W4A16 kernel in a W4A4 MoE layer (``quantize_exact_rows``);
+                 it lets that GEMM launch at once too.
 Both run on the caller's stream, with no memset and no host synchronization.
 
 Run
@@ -79,8 +83,14 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from fp4_ops import cpu
 from fp4_ops.devtools import time_eager_us, time_graph_us
-from fp4_ops.layout import DSL_DTYPE_NAMES, SCALE_DTYPES, blocked_numel, blocked_scale_shape
-from fp4_ops.memory import aligned_rows, kept, stream_handle
+from fp4_ops.layout import (
+    DSL_DTYPE_NAMES,
+    MXFP4_BF16_SHIFT,
+    SCALE_DTYPES,
+    blocked_numel,
+    blocked_scale_shape,
+)
+from fp4_ops.memory import aligned_rows, device_scalar, kept, stream_handle
 from fp4_ops.sm90 import dequant as dq
 from fp4_ops.sm90.k_order import K_BLOCK
 
@@ -102,8 +112,9 @@ QUANT_CTAS_PER_SM = {
     (32, "Float16"): 5,
     (32, "Float32"): 5,
 }
-# the tokens mode where its registers allow fewer (MXFP4 keeps a whole k-block's codes live)
-TOKENS_CTAS_PER_SM = {(32, "BFloat16"): 6, (32, "Float32"): 4}
+# the modes that write values (tokens, exact rows) where their registers allow fewer (MXFP4
+# keeps a whole k-block's codes live)
+VALUES_CTAS_PER_SM = {(32, "BFloat16"): 6, (32, "Float32"): 4}
 AMAX_CTAS_PER_SM = 4
 AMAX_ELEMS_PER_THREAD = 32  # elements per grid-stride step of the amax pass
 # the quantize kernel reduces the amax pass's per-CTA maxima, up to this many per thread
@@ -116,10 +127,10 @@ LOCAL_AMAX_BYTES = 32 * 1024
 LOCAL_AMAX_CTAS = 64
 
 
-def ctas_per_sm(sf_vec_size: int, in_dtype: str, tokens: bool = False) -> int:
+def ctas_per_sm(sf_vec_size: int, in_dtype: str, values_out: bool = False) -> int:
     """Quantize CTAs per SM of a configuration: as many as stay resident."""
     per_sm = QUANT_CTAS_PER_SM[sf_vec_size, in_dtype]
-    return TOKENS_CTAS_PER_SM.get((sf_vec_size, in_dtype), per_sm) if tokens else per_sm
+    return VALUES_CTAS_PER_SM.get((sf_vec_size, in_dtype), per_sm) if values_out else per_sm
 
 
 # NOTE: the non-negative fp32 bit patterns order like uint32, so amax is an integer max.
@@ -143,6 +154,10 @@ RCP_E2M1_MAX = float.fromhex("0x1.555556p-3")  # fl(1 / 6)
 # global scales for which the block scale's two divisions are Markstein quotients
 SCALE_FAST_MIN = 2.0**-60
 SCALE_FAST_MAX = 2.0**60
+# exact rows: MXFP4's values carry 2^SHIFT_EXP (6 x 2^127 would overflow BF16); f32 bits of 0.5
+SHIFT_EXP = round(math.log2(MXFP4_BF16_SHIFT))
+F32_HALF_BITS = 0x3F000000
+E8M0_NAN = 0xFF
 
 
 @dsl_user_op
@@ -193,6 +208,32 @@ def _e4m3_f32(byte: Uint32, *, loc=None, ip=None) -> Float32:
     return Float32(llvm.inline_asm(ir.F32Type.get(), [bits], asm, "=f,h"))
 
 
+@cute.jit
+def e2m1_f32(nibble: Uint32) -> Float32:
+    """The value of an E2M1 code: magnitudes 0 and 0.5 as 0 / 0.5, 1 .. 6 as exponent and
+    mantissa bits ((m + 252) << 22 spans 1, 1.5, 2, 3, 4, 6), the sign in bit 3."""
+    mag = nibble & Uint32(7)
+    bits = mag * Uint32(F32_HALF_BITS)
+    if mag >= Uint32(2):
+        bits = (mag + Uint32(252)) << Uint32(22)
+    return _bits_f32(bits | ((nibble & Uint32(8)) << Uint32(28)))
+
+
+@cute.jit
+def block_scale_f32(byte: Uint32, nvfp4: cutlass.Constexpr) -> Float32:
+    """A scale byte's value, exact in f32: E4M3 (NaN 0x7F / 0xFF), or E8M0 times
+    MXFP4_BF16_SHIFT, 2^(b - 127 + s) (an f32 subnormal for b < 1 - s; NaN 0xFF)."""
+    if const_expr(nvfp4):
+        return _e4m3_f32(byte)
+    bits = Uint32(1) << (cutlass.min(byte, Uint32(-SHIFT_EXP)) + Uint32(22 + SHIFT_EXP))
+    if byte >= Uint32(1 - SHIFT_EXP):
+        bits = (byte - Uint32(-SHIFT_EXP)) << Uint32(23)
+    value = _bits_f32(bits)
+    if byte == Uint32(E8M0_NAN):
+        value = Float32(float("nan"))
+    return value
+
+
 class QuantizeFp4:
     """x -> (codes, blocked scales, global scale); see the module docstring."""
 
@@ -203,6 +244,7 @@ class QuantizeFp4:
         dynamic: bool,
         local_amax: bool = False,
         tokens: bool = False,
+        exact_rows: bool = False,
     ):
         self.in_dtype_name = in_dtype
         self.in_dtype = IN_DTYPES[in_dtype]
@@ -212,6 +254,9 @@ class QuantizeFp4:
         self.local_amax = local_amax
         # (L = 1: the Hopper W4A4 decode GEMM's token copy instead of codes and scales)
         self.tokens = tokens
+        # (L = 1: the exact BF16 values of the codes in plain K order instead of codes and
+        # scales, the rows that the Hopper grouped W4A16 kernel takes)
+        self.exact_rows = exact_rows
         self._setup_attributes()
 
     def _setup_attributes(self):
@@ -222,6 +267,8 @@ class QuantizeFp4:
         self.code_vec = self.sf_vec_size * (BLOCKS_PER_THREAD if self.nvfp4 else 1)
         # the token copy's type: the GEMM's decode path's MMA type
         self.tokens_f16 = dq.decode_tokens_f16(self.sf_vec_size)
+        # codes kept in registers for a store of values (tokens, exact rows), not stored
+        self.values_out = self.tokens or self.exact_rows
 
     @cute.jit
     def __call__(
@@ -259,6 +306,14 @@ class QuantizeFp4:
             mQ = cute.make_tensor(
                 cute.recast_ptr(q_ptr, dtype=Uint32),
                 cute.make_layout((rows, row_words), stride=(row_words, 1)),
+            )
+            rows_pad = rows
+        elif const_expr(self.exact_rows):
+            # the rows [rows, K] in BF16 by (row, block, value); no scales
+            k = cute.assume(k, divby=32)
+            mQ = cute.make_tensor(
+                cute.recast_ptr(q_ptr, dtype=cutlass.BFloat16),
+                cute.make_layout((rows, k // vec, vec), stride=(k, vec, 1)),
             )
             rows_pad = rows
         else:
@@ -299,7 +354,7 @@ class QuantizeFp4:
         total_warps = (total + WARP - 1) // WARP * WARP
         ctas = min(
             (total_warps + THREADS - 1) // THREADS,
-            sm_count * ctas_per_sm(vec, self.in_dtype_name, self.tokens),
+            sm_count * ctas_per_sm(vec, self.in_dtype_name, self.values_out),
         )
         if const_expr(self.local_amax):
             ctas = min(ctas, LOCAL_AMAX_CTAS)
@@ -378,7 +433,7 @@ class QuantizeFp4:
         walk over the blocks: Markstein block scales where gs allows, IEEE divisions else."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        if const_expr(self.tokens):
+        if const_expr(self.values_out):
             # the GEMM behind (PDL) may start requesting its weights; it waits for this grid
             # before it reads the copy or the global scale
             cute.arch.griddepcontrol_launch_dependents()
@@ -424,14 +479,16 @@ class QuantizeFp4:
             live = t < total
             sf_bytes = Uint32(0)
             # (tokens: registers that outlive the branch, for the lane pair's exchange)
-            codes = self._code_registers() if const_expr(self.tokens) else None
+            codes = self._code_registers() if const_expr(self.values_out) else None
             if live & (r < rows) & (col < sf_cols):
                 row = batch * rows + r
                 sf_bytes = self._quantize_pair(mX, mQ, codes, row, col, sf_cols, scaling, fast)
+                if const_expr(self.exact_rows):
+                    self._store_exact_rows(mQ, codes, sf_bytes, row, col, sf_cols)
             # NOTE: the loop's bound and step are whole warps: all 32 lanes reach the shuffles.
             if const_expr(self.tokens):
                 self._store_tokens(mQ, codes, sf_bytes, r, pair, sf_cols, live & (r < rows))
-            else:
+            elif const_expr(not self.exact_rows):
                 word = sf_bytes | (cute.arch.shuffle_sync_down(sf_bytes, offset=1) << 16)
                 if live & (pair % 2 == 0):
                     index = self._sf_word_index(batch, r, col, rows_pad.divisor, pairs_pad.divisor)
@@ -587,6 +644,22 @@ class QuantizeFp4:
                 )
                 if live:
                     dq.st_global_v4_b32(base + Int64(chunk * Uint32(16)), out)
+
+    @cute.jit
+    def _store_exact_rows(self, mQ: cute.Tensor, codes: list, sf_bytes: Uint32, row, col, sf_cols):
+        """Blocks ``col`` and ``col + 1`` (if live) of ``row`` as the exact BF16 values
+        e2m1 x block scale (MXFP4 x MXFP4_BF16_SHIFT), element j of a block at value j."""
+        for b in cutlass.range_constexpr(BLOCKS_PER_THREAD):
+            words = codes[0] if const_expr(self.nvfp4) else codes[b]
+            first = b * self.words_per_block if const_expr(self.nvfp4) else 0
+            scale = block_scale_f32((sf_bytes >> Uint32(8 * b)) & Uint32(0xFF), self.nvfp4)
+            rOut = cute.make_rmem_tensor(self.sf_vec_size, cutlass.BFloat16)
+            for j in cutlass.range_constexpr(self.sf_vec_size):
+                nibble = (words[first + j // 8] >> Uint32(4 * (j % 8))) & Uint32(0xF)
+                rOut[j] = (e2m1_f32(nibble) * scale).to(cutlass.BFloat16)
+            # (NVFP4's K / 16 is even; MXFP4's second block may lie past K)
+            if (b == 0) | (col + b < sf_cols):
+                cute.autovec_copy(rOut, mQ[row, col + b, None])
 
     @cute.jit
     def _quantize_block(
@@ -746,15 +819,16 @@ def compile_quantizer(
     options: str = "",
     local_amax: bool = False,
     tokens: bool = False,
+    exact_rows: bool = False,
 ):
     """Compile for any shape (runtime extents; ``local_amax``: dynamic x of at most
-    ``LOCAL_AMAX_BYTES``; ``tokens``: the Hopper decode GEMM's token copy); returns the
-    executor.
+    ``LOCAL_AMAX_BYTES``; ``tokens``: the Hopper decode GEMM's token copy; ``exact_rows``: the
+    exact BF16 rows of the codes); returns the executor.
 
     ``options="--gpu-arch sm_90a --keep-ptx --dump-dir=DIR"`` cross-compiles without a GPU."""
     import cuda.bindings.driver as cuda_driver
 
-    op = QuantizeFp4(in_dtype, sf_vec_size, dynamic, local_amax, tokens)
+    op = QuantizeFp4(in_dtype, sf_vec_size, dynamic, local_amax, tokens, exact_rows)
     args = compile_arguments(op)
     return cute.compile(op, *args, cuda_driver.CUstream(0), options=options)
 
@@ -803,11 +877,17 @@ class QuantizerConfig:
     dynamic: bool  # NVFP4 with the global scale found on the device (the amax grid first)
     local_amax: bool = False  # dynamic, x of LOCAL_AMAX_BYTES at most: no amax grid
     tokens: bool = False  # the Hopper W4A4 decode GEMM's token copy instead of codes and scales
+    exact_rows: bool = False  # the codes' exact BF16 values in plain K order instead
 
     def kernel(self) -> QuantizeFp4:
         """A new kernel object of this configuration (what ``compile_quantizer`` compiles)."""
         return QuantizeFp4(
-            self.in_dtype, self.sf_vec_size, self.dynamic, self.local_amax, self.tokens
+            self.in_dtype,
+            self.sf_vec_size,
+            self.dynamic,
+            self.local_amax,
+            self.tokens,
+            self.exact_rows,
         )
 
 
@@ -1033,13 +1113,14 @@ def _stream_buffer(cache: dict, device, stream: int, shape, dtype):
     return make() if found is None else found
 
 
-def _kernel(in_dtype, sf_vec_size: int, dynamic, index: int, local_amax=False):
+def _kernel(in_dtype, sf_vec_size: int, dynamic, index: int, local_amax=False, exact=False):
     """(the compiled quantizer's TVM-FFI function, the device's SM count) for x of torch dtype
-    ``in_dtype`` on CUDA device ``index``, compiled once per process (``QuantizerConfig``)."""
-    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, index))
+    ``in_dtype`` on CUDA device ``index`` (``exact``: the exact-rows mode), compiled once per
+    process (``QuantizerConfig``)."""
+    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, exact, index))
     if found is None:
         name = DSL_DTYPE_NAMES[in_dtype]
-        config = QuantizerConfig(name, sf_vec_size, dynamic, local_amax)
+        config = QuantizerConfig(name, sf_vec_size, dynamic, local_amax, exact_rows=exact)
         if (config, index) not in _KERNELS:
             with torch.cuda.device(index):
                 # (TVM-FFI: the launch takes plain ints for pointers, extents and the stream)
@@ -1049,12 +1130,36 @@ def _kernel(in_dtype, sf_vec_size: int, dynamic, index: int, local_amax=False):
                     config.dynamic,
                     "--enable-tvm-ffi",
                     config.local_amax,
+                    exact_rows=exact,
                 )
             sm_count = torch.cuda.get_device_properties(index).multi_processor_count
             _KERNELS[config, index] = (compiled, compiled.__tvm_ffi_object__(), sm_count)
         found = _KERNELS[config, index][1:]
-        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, index] = found
+        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, exact, index] = found
     return found
+
+
+def quantize_exact_rows(x, sf_vec_size: int):
+    """x [rows >= 1, K] (a CUDA tensor on the current device, bfloat16 / float16 / float32, K a
+    multiple of 32) quantized as ``fp4_ops.quantize(x)`` quantizes it (NVFP4: the dynamic global
+    scale), in one pass that writes each code's exact value in place of codes and scales:
+    (BF16 [rows, K], e2m1 x block scale (MXFP4's also x MXFP4_BF16_SHIFT: 6 x 2^127 overflows
+    BF16), the float32 scalar on x's device that turns them into the quantized values: the
+    global scale, or 1 / the shift). The rows the Hopper grouped W4A16 kernel takes for W4A4."""
+    rows, k = x.shape
+    x = aligned_rows(x)
+    device, index = x.device, x.get_device()
+    values = torch.empty((rows, k), dtype=torch.bfloat16, device=device)
+    gs = torch.empty((), dtype=torch.float32, device=device)
+    dynamic = sf_vec_size == 16
+    local = dynamic and x.numel() * x.element_size() <= LOCAL_AMAX_BYTES
+    fn, sm_count = _kernel(x.dtype, sf_vec_size, dynamic, index, local, exact=True)
+    stream = stream_handle(index)
+    partials = _partials(device, stream) if dynamic and not local else gs
+    # (no scales are written: the values stand in for their pointer; gs is read when static)
+    ptrs = (values, values, gs, gs, partials)
+    fn(x.data_ptr(), *(t.data_ptr() for t in ptrs), (rows, k, 1), sm_count, stream)
+    return values, gs if dynamic else device_scalar(1 / MXFP4_BF16_SHIFT, device)
 
 
 def _torchao_quantizer(x, gs):

@@ -756,6 +756,9 @@ class Grid:
         elif form == "sat.f32.f32":  # (clamped to [0, 1]; NaN to 0)
             (a,) = self._fvals(args[1:])
             r = f32_bits(np.where(np.isnan(a), np.float32(0), np.clip(a, 0, 1)))
+        elif form == "rn.bf16.f32":
+            (a,) = self._fvals(args[1:])
+            r = bf16_bits_rn(np.broadcast_to(a, (self.n,)))
         elif form in ("rn.bf16x2.f32", "rn.f16x2.f32"):  # a into the high half, b the low
             hi, lo = (np.broadcast_to(f, (self.n,)) for f in self._fvals(args[1:]))
             if form == "rn.bf16x2.f32":

@@ -667,32 +667,33 @@ def test_gpu_side_hands_the_kernel_what_it_reads(fmt, monkeypatch):
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_w4a4_kernel_path_scales_alpha_by_what_undoes_its_exact_rows(fmt, monkeypatch):
-    """The W4A4 layer's kernel path (CPU tensors, kernels stubbed): the grouped GEMM gets the
-    exact rows, each expert's global scale as alpha as it is, and one scalar for all alphas:
-    the quantized rows' global scale (NVFP4), or 1 / MXFP4_BF16_SHIFT, which the exact rows
-    of MXFP4 carry (their values: test_moe_kernels.py)."""
-    from fp4_ops import moe_kernels
-    from fp4_ops.layout import MXFP4_BF16_SHIFT
+    """The W4A4 layer's kernel path on Hopper (CPU tensors, kernels stubbed): the rows go to
+    ``quantize_exact_rows`` in w's format, and the grouped GEMM gets its exact rows, each
+    expert's global scale as alpha as it is, and its scalar for all alphas (its values and
+    scalar: test_quantize_fp4.py, test_quantizer_ptx.py)."""
+    from fp4_ops import quantizer
     from fp4_ops.sm90 import k_order, launcher
 
-    calls = []
+    calls, quantized = [], []
+    exact = (torch.zeros(5, 96, dtype=torch.bfloat16), torch.tensor(3.0))
     monkeypatch.setattr(moe, "check_sm90", lambda *_: None)
     monkeypatch.setattr(moe, "runs_hopper_kernels", lambda _: True)
     monkeypatch.setattr(launcher, "grouped_gemm_for_ops", lambda *args: calls.append(args))
-    monkeypatch.setattr(moe_kernels, "_function", lambda *_: ((lambda *args: None), 132))
-    monkeypatch.setattr(moe_kernels, "stream_handle", lambda index: 0)
+    monkeypatch.setattr(
+        quantizer, "quantize_exact_rows", lambda *args: quantized.append(args) or exact
+    )
     gen = torch.Generator().manual_seed(15)
     w = fp4_ops.quantize_experts(torch.randn(3, 64, 96, generator=gen), fmt)
     rows = torch.randn(5, 96, generator=gen).bfloat16() * 7
     offsets, gs = _offsets([2, 0, 3]), w.global_scale.float().expand(3).contiguous()
     prepacked = k_order.prepack_weights(w.data)
     moe._expert_gemm(rows, w, gs, offsets, "dynamic", prepacked, kernels=True)
+    ((got_rows, vec),) = quantized
+    assert got_rows is rows and vec == w.sf_vec_size
     values, got_b, _, vec, alpha, got_offsets, out_dtype, scale = calls.pop()
-    assert values.shape == rows.shape and values.dtype == torch.bfloat16
+    assert values is exact[0] and scale is exact[1]
     assert got_b is prepacked and vec == w.sf_vec_size and got_offsets is offsets
     assert alpha is gs and out_dtype == torch.bfloat16
-    want = fp4_ops.quantize(rows, fmt).global_scale if fmt == "nvfp4" else 1 / MXFP4_BF16_SHIFT
-    assert scale.dtype == torch.float32 and scale.numel() == 1 and float(scale) == float(want)
 
 
 def _plain_scales_2d(t: FP4Tensor) -> torch.Tensor:

@@ -190,10 +190,19 @@ def check_padded_layout(got, data, plain, counts, tile_m, stores=None):
             assert (stores[name] == 1).all(), name
 
 
+# the layouts above, and groups past one warp's lanes: each lane then sums and walks several
+# groups, rows in more than one of them
+PAD_LAYOUTS = {
+    **LAYOUTS,
+    "two-groups-in-one-lane": [1, 1] + [0] * 62,
+    "130-groups": [(3 * g) % 4 for g in range(130)],
+}
+
+
 @pytest.mark.parametrize("per_cta", [None, 1, 4], ids=["rule", "1-row", "4-rows"])
 @pytest.mark.parametrize("tile_m", [128, 256])
 @pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("counts", list(LAYOUTS.values()), ids=list(LAYOUTS))
+@pytest.mark.parametrize("counts", list(PAD_LAYOUTS.values()), ids=list(PAD_LAYOUTS))
 def test_pad_rows_ptx_is_the_padded_layout(counts, fmt, tile_m, per_cta):
     """The kernel's sm_100a PTX, emulated: every layout above at both tile heights, CTAs of
     the host's rule (32 / 16 rows here), 4 rows and 1; K whose scale columns leave the last

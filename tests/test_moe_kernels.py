@@ -21,7 +21,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,10 +28,8 @@ import torch
 from conftest import ptx_options
 from ptx_emulator import GlobalMemory, Grid, Params, PtxError, parse_ptx
 
-import reference
 from fp4_ops import memory, moe_kernels
-from fp4_ops.layout import MXFP4_BF16_SHIFT, SCALE_DTYPES
-from fp4_ops.moe_kernels import activation, combine, exact_rows, gating, padded_rows, routing
+from fp4_ops.moe_kernels import activation, combine, gating, padded_rows, routing
 
 U32 = 2.0**-24
 ACT_REL = 2.0**-19  # float32 activation (accurate exp, a division, three products): << 2^-19
@@ -454,80 +451,6 @@ def test_combine_ptx_is_the_weighted_sum_of_each_tokens_rows(
 
 # ----------------------------------------------------------------------------- PTX (CPU)
 
-# ----------------------------------------------------------------------------- exact rows
-
-E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-
-
-def _exact_case(rows: int, k: int, vec: int, seed: int):
-    """Random codes (every nibble) and scale bytes running through all 256 values, blocked."""
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, 256, (rows, k // 2), generator=gen, dtype=torch.uint8)
-    plain = (torch.arange(rows * (k // vec)) * 37 + seed).remainder(256).to(torch.uint8)
-    plain = plain.view(rows, k // vec).view(SCALE_DTYPES[vec])
-    return data, reference.to_blocked(plain).reshape(-1), plain
-
-
-def _exact_want(data: torch.Tensor, plain: torch.Tensor, vec: int) -> torch.Tensor:
-    """e2m1 x scale x shift in float64 (from tables, not from bits), then BF16: exact."""
-    e2m1 = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64)
-    codes = torch.stack((data & 15, data >> 4), dim=-1).reshape(data.shape[0], -1).long()
-    scales = plain.to(torch.float64).repeat_interleave(vec, dim=1)
-    shift = 1.0 if vec == 16 else MXFP4_BF16_SHIFT
-    return (e2m1[codes] * scales * shift).to(torch.bfloat16)
-
-
-def _assert_same_values(got: torch.Tensor, want: torch.Tensor):
-    nan = want.isnan()
-    assert torch.equal(got.isnan(), nan), "NaN where the reference has none, or none where it has"
-    same = got.view(torch.int16)[~nan] == want.view(torch.int16)[~nan]
-    assert same.all(), f"{int((~same).sum())} values differ (bits, signed zeros included)"
-
-
-def emulate_exact_rows(data, blocked, vec):
-    rows, k = data.shape[0], 2 * data.shape[1]
-    entry = _entry(exact_rows.compile_exact_rows, vec)
-    gmem = GlobalMemory()
-    out = gmem.alloc(rows * k * 2)
-    steps = k // exact_rows.VALUES
-    p = Params(entry)
-    _tensor_param(p, 0, _put(gmem, data), (rows, steps, k // 8))
-    _tensor_param(p, 1, _put(gmem, blocked.view(torch.uint8)), (blocked.numel(),))
-    _tensor_param(p, 2, out, (rows, steps, k))
-    p.put(3, steps, 4)
-    p.put(4, (k // vec + 3) // 4, 4)
-    p.put(5, rows * steps, 4)
-    Grid(entry, CTAS, exact_rows.THREADS, p, gmem).run()
-    assert (gmem.store_counts(out, rows * k * 2) == 1).all()
-    raw = torch.from_numpy(gmem.read(out, rows * k * 2).copy())
-    return raw.view(torch.bfloat16).view(rows, k)
-
-
-# (rows, K): rows past one 128-row scale atom, K whose scale columns pad the last atom (NVFP4 6,
-# MXFP4 3), more steps than the grid's threads
-EXACT_SHAPES = [(130, 96), (3, 32), (40, 256)]
-
-
-@pytest.mark.parametrize("vec", [16, 32], ids=["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("shape", EXACT_SHAPES, ids=[str(s) for s in EXACT_SHAPES])
-def test_exact_rows_ptx_is_every_code_times_every_scale(shape, vec):
-    """Every nibble against every scale byte (E4M3 signs, subnormals and NaN; E8M0 from 2^-127
-    to 2^127 and NaN): the BF16 bits of e2m1 x scale x shift, from tables in float64."""
-    data, blocked, plain = _exact_case(*shape, vec, seed=shape[0])
-    _assert_same_values(emulate_exact_rows(data, blocked, vec), _exact_want(data, plain, vec))
-
-
-@needs_cuda
-@pytest.mark.parametrize("vec", [16, 32], ids=["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("shape", EXACT_SHAPES + [(3000, 2048)], ids=str)
-def test_gpu_exact_rows_is_every_code_times_every_scale(shape, vec):
-    data, blocked, plain = _exact_case(*shape, vec, seed=shape[1])
-    rows = SimpleNamespace(data=data.cuda(), scale=blocked.cuda(), sf_vec_size=vec)
-    rows.global_scale = torch.ones((), device="cuda")
-    got, _ = moe_kernels.exact_bf16(rows)
-    _assert_same_values(got.cpu(), _exact_want(data, plain, vec))
-
-
 CONFIGS = {
     "routing-int32-32": (routing.compile_routing, ("Int32", 32)),
     "routing-int64-256": (routing.compile_routing, ("Int64", 256)),
@@ -536,8 +459,6 @@ CONFIGS = {
     "swigluoai-f16-bias-f32": (activation.compile_activation, ("Float16", "swigluoai", "Float32")),
     "combine-bf16": (combine.compile_combine, ("BFloat16", "Float32", None)),
     "combine-f32-bias-bf16": (combine.compile_combine, ("Float32", "BFloat16", "BFloat16")),
-    "exact-rows-nvfp4": (exact_rows.compile_exact_rows, (16,)),
-    "exact-rows-mxfp4": (exact_rows.compile_exact_rows, (32,)),
     "padded-rows-128": (padded_rows.compile_padded_rows, (128, 256, 4)),
     "padded-rows-256": (padded_rows.compile_padded_rows, (256, 32, 32)),
 }
@@ -579,11 +500,6 @@ def test_kernels_cross_compile_with_vector_moves_and_no_local_memory(name, arch)
     # are the loads of h / y / bias rows; scalar loads are the index and weight tables only
     stores = [op for op in ops if op.startswith("st.")]
     assert stores and all(_vector_bytes(op) >= 16 for op in stores)
-    if name.startswith("exact"):
-        # one 8-byte load of codes and one scale byte per 16 values; no float division
-        assert sorted(_vector_bytes(op) for op in ops if op.startswith("ld.")) == [1, 8]
-        assert "div.rn.f32" not in ptx and ".ftz" not in ptx
-        return
     assert sum(_vector_bytes(op) >= 16 for op in ops if op.startswith("ld.")) >= 2
     if not name.startswith("combine"):
         # the IEEE division or reciprocal of sigmoid / silu, no fast-math approximation
@@ -605,20 +521,23 @@ LAYER_CASES = {  # (format, activation, ids dtype, weights / bias dtype, activat
 @needs_cuda
 @pytest.mark.parametrize("case", list(LAYER_CASES))
 def test_gpu_layer_runs_the_kernels_eagerly_and_the_torch_steps_when_tracked(monkeypatch, case):
-    """Plain CUDA calls take the kernels (W4A4: ``exact_bf16`` for each GEMM's rows too), with
+    """Plain CUDA calls take the kernels (W4A4: ``quantize_exact_rows`` for each GEMM's rows), with
     no host sync; a gradient-tracking call takes the torch steps (the registered ops); both
     agree up to their float32 roundings (exp, sum order), far below what a wrong routing,
     activation or exact row would change."""
     import fp4_ops
-    from fp4_ops import moe
+    from fp4_ops import quantizer
 
     fmt, name, ids_dtype, float_dtype, activations = LAYER_CASES[case]
     calls = []
-    for fn in ("route", "activate", "combine_tokens", "exact_bf16"):
-        real = getattr(moe_kernels, fn)
-        monkeypatch.setattr(
-            moe.moe_kernels, fn, lambda *a, _f=real, _n=fn: calls.append(_n) or _f(*a)
-        )
+    for module, fn in (
+        (moe_kernels, "route"),
+        (moe_kernels, "activate"),
+        (moe_kernels, "combine_tokens"),
+        (quantizer, "quantize_exact_rows"),
+    ):
+        real = getattr(module, fn)
+        monkeypatch.setattr(module, fn, lambda *a, _f=real, _n=fn: calls.append(_n) or _f(*a))
     gen = torch.Generator().manual_seed(4)
     w13 = fp4_ops.quantize_experts(torch.randn(6, 128, 64, generator=gen).cuda(), fmt)
     w2 = fp4_ops.quantize_experts(torch.randn(6, 64, 64, generator=gen).cuda(), fmt)
@@ -643,7 +562,8 @@ def test_gpu_layer_runs_the_kernels_eagerly_and_the_torch_steps_when_tracked(mon
         torch.cuda.set_sync_debug_mode("default")
     want = ["route", "activate", "combine_tokens"]
     if activations == "dynamic":
-        want = ["route", "exact_bf16", "activate", "exact_bf16", "combine_tokens"]
+        want = ["route", "quantize_exact_rows", "activate", "quantize_exact_rows"]
+        want.append("combine_tokens")
     assert calls == want
     tracked = fp4_ops.fp4_moe(x.clone().requires_grad_(True), w13, w2, tw, ids, name, **biases)
     assert calls == want and tracked.requires_grad
@@ -741,29 +661,6 @@ def test_activation_and_combine_hand_their_kernels_16_byte_aligned_rows(monkeypa
     assert args[:3] == want and args[3] % 16 == 0 and args[3] != bias.data_ptr()
     assert args[4:6] == (routes.expert_of.data_ptr(), out.data_ptr())
     assert args[6:] == ((3, 2, 64, 3), 132, 7)
-
-
-@pytest.mark.parametrize("vec", [16, 32])
-def test_exact_bf16_hands_its_kernel_codes_scales_and_output_in_order(monkeypatch, vec):
-    """Codes as bytes (packed FP4 dtypes too), the scales' byte count, a new BF16 [P, K];
-    the scale that undoes the rows' shift (NVFP4: the global scale itself); no launch for
-    zero rows; rows of K % 32 != 0 refused."""
-    launches = _recorded_launches(monkeypatch)
-    data = torch.zeros(5, 48, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
-    blocked = torch.zeros(512 * 2, dtype=torch.uint8).view(SCALE_DTYPES[vec])
-    a = SimpleNamespace(data=data, scale=blocked, sf_vec_size=vec, global_scale=torch.ones(()))
-    out, scale = moe_kernels.exact_bf16(a)
-    ((config, args),) = launches
-    assert config == moe_kernels.ExactRowsConfig(vec)
-    assert args[:3] == (data.data_ptr(), blocked.data_ptr(), out.data_ptr())
-    assert args[3:] == ((5, 96, 1024), 132, 7)
-    assert out.shape == (5, 96) and out.dtype == torch.bfloat16
-    assert scale is a.global_scale if vec == 16 else float(scale) == 1 / MXFP4_BF16_SHIFT
-    launches.clear()
-    empty, _ = moe_kernels.exact_bf16(SimpleNamespace(**{**vars(a), "data": data[:0]}))
-    assert empty.shape == (0, 96) and launches == []
-    with pytest.raises(ValueError, match="a multiple of 32 values, got K=48"):
-        moe_kernels.exact_bf16(SimpleNamespace(**{**vars(a), "data": data[:, :24]}))
 
 
 def test_route_refuses_more_experts_than_its_count_slots_hold(monkeypatch):

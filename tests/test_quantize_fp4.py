@@ -16,6 +16,7 @@ from conftest import exported_tvm_ffi_function
 
 import reference
 from fp4_ops import quantizer as quantize_fp4
+from fp4_ops.layout import MXFP4_BF16_SHIFT
 
 # (in_dtype, sf_vec_size, dynamic)
 # (in_dtype, sf_vec_size, dynamic, local_amax)
@@ -72,21 +73,23 @@ def test_cross_compiles_to_portable_exact_code(arch, config, tmp_path):
 
 @pytest.mark.parametrize("in_dtype", sorted(quantize_fp4.IN_DTYPES))
 @pytest.mark.parametrize(
-    "vec, dynamic, local, tokens",
-    [(16, False, False, False), (16, True, False, False), (16, True, True, False)]
-    + [(32, False, False, False), (16, True, False, True), (16, False, False, True)]
-    + [(32, False, False, True)],
+    "vec, dynamic, local, tokens, exact",
+    [(16, False, False, False, False), (16, True, False, False, False)]
+    + [(16, True, True, False, False), (32, False, False, False, False)]
+    + [(16, True, False, True, False), (16, False, False, True, False)]
+    + [(32, False, False, True, False), (16, True, False, False, True)]
+    + [(16, True, True, False, True), (32, False, False, False, True)],
 )
-def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, tmp_path):
+def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, exact, tmp_path):
     """The quantize grid is sized to ``ctas_per_sm`` CTAs per SM and walks the work in as many
-    rounds: a CTA that did not fit would leave its share to a second wave (the tokens mode
-    too)."""
+    rounds: a CTA that did not fit would leave its share to a second wave (the tokens and
+    exact-rows modes too)."""
     import blockwise_gemm_fp4 as bw
 
     if bw.find_cuobjdump() is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
     options = f"--gpu-arch sm_90a --keep-cubin --dump-dir={tmp_path}"
-    quantize_fp4.compile_quantizer(in_dtype, vec, dynamic, options, local, tokens)
+    quantize_fp4.compile_quantizer(in_dtype, vec, dynamic, options, local, tokens, exact)
     (cubin,) = glob.glob(os.path.join(tmp_path, "*.cubin"))
     text = subprocess.run(
         [bw.find_cuobjdump(), "-res-usage", cubin], capture_output=True, text=True, check=True
@@ -96,7 +99,7 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, tmp_
         r"Function kernel_cutlass_kernel_\S+\s+REG:(\d+) STACK:\d+ SHARED:\d+ LOCAL:(\d+)", text
     )
     assert usage is not None, text
-    ctas = quantize_fp4.ctas_per_sm(vec, in_dtype, tokens)
+    ctas = quantize_fp4.ctas_per_sm(vec, in_dtype, tokens or exact)
     assert usage[2] == "0"
     # NOTE: an SM has 64K registers, allocated per warp in units of 8 per thread
     regs = -(-int(usage[1]) // 8) * 8
@@ -240,6 +243,76 @@ def test_bit_exact_on_special_values(dtype, kind, mode):
         amax = float(x.float().abs().amax())
         static = amax / 2688.0 if amax > 0 else 1.0
     _check(x, vec, static)
+
+
+def exact_rows_reference(x: torch.Tensor, vec: int) -> tuple[torch.Tensor, float]:
+    """(BF16 bits of reference.py's e2m1 x block scale (MXFP4 x MXFP4_BF16_SHIFT) for x [rows,
+    K], computed in float64, and its global scale): what ``quantize_exact_rows`` writes."""
+    if vec == 16:
+        codes, sf, gs = reference.quantize_nvfp4(x.unsqueeze(0))
+        shift = 1.0
+    else:
+        (codes, sf), gs = reference.quantize_mxfp4(x.unsqueeze(0)), torch.tensor(1.0)
+        shift = MXFP4_BF16_SHIFT
+    e2m1 = reference.e2m1_to_fp32(reference.unpack_fp4(codes[0])).double()
+    values = e2m1 * sf[0].double().repeat_interleave(vec, dim=1) * shift
+    return values.to(torch.bfloat16).view(torch.int16), float(gs)
+
+
+# (rows, K, dtype): one token (the dynamic scale's one-grid kernel), a top-8 token's rows past
+# LOCAL_AMAX_BYTES (the amax grid first), prefill-sized rows, a ragged MXFP4 block count
+EXACT_SHAPES = [(1, 5120, torch.bfloat16), (8, 7168, torch.bfloat16)]
+EXACT_SHAPES += [(3000, 2048, torch.float32), (37, 160, torch.float16)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("kind", ["wide", "zeros", "denormal"])
+@pytest.mark.parametrize("vec", [16, 32], ids=["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("shape", EXACT_SHAPES, ids=str)
+def test_gpu_exact_rows_are_the_quantized_values(shape, vec, kind):
+    """``quantize_exact_rows``: the exact BF16 values of reference.py's quantization, bit for
+    bit, and the scalar that turns them into the quantized values (the global scale; MXFP4 1 /
+    the shift)."""
+    rows, k, dtype = shape
+    x = quantizer_inputs(kind, (rows, k), dtype, seed=k)
+    values, scale = quantize_fp4.quantize_exact_rows(x.cuda(), vec)
+    want, want_gs = exact_rows_reference(x, vec)
+    assert values.dtype == torch.bfloat16 and values.shape == (rows, k)
+    got = values.cpu().view(torch.int16)
+    assert torch.equal(got, want), f"{int((got != want).sum())} values differ"
+    assert scale.item() == (want_gs if vec == 16 else 1 / MXFP4_BF16_SHIFT)
+
+
+@pytest.mark.parametrize("vec", [16, 32], ids=["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("rows", [2, 72], ids=["one-grid", "amax-grid"])
+def test_exact_rows_hand_the_kernel_its_buffers(vec, rows, monkeypatch):
+    """The host side of ``quantize_exact_rows`` (CPU tensors, the kernel recorded): the
+    exact-rows configuration (NVFP4: dynamic, one grid for x of LOCAL_AMAX_BYTES at most), a
+    new BF16 [rows, K] for the values, a new scalar for the global scale that NVFP4 returns
+    and MXFP4 does not (it returns 1 / the shift), the amax grid's partials past the limit."""
+    launches, configs = [], []
+
+    def kernel(in_dtype, vec_, dynamic, index, local=False, exact=False):
+        configs.append((in_dtype, vec_, dynamic, local, exact))
+        return (lambda *args: launches.append(args)), 132
+
+    monkeypatch.setattr(quantize_fp4, "_kernel", kernel)
+    monkeypatch.setattr(quantize_fp4, "stream_handle", lambda index: 7)
+    partials = torch.zeros(quantize_fp4.MAX_PARTIALS, dtype=torch.int32)
+    monkeypatch.setattr(quantize_fp4, "_partials", lambda device, stream: partials)
+    x = torch.zeros(rows, 1024, dtype=torch.bfloat16)  # (2 KB a row: the limit is 16 rows)
+    values, scale = quantize_fp4.quantize_exact_rows(x, vec)
+    local = vec == 16 and x.numel() * 2 <= quantize_fp4.LOCAL_AMAX_BYTES
+    assert configs == [(torch.bfloat16, vec, vec == 16, local, True)]
+    (args,) = launches
+    assert values.shape == x.shape and values.dtype == torch.bfloat16
+    assert args[0] == x.data_ptr() and args[1] == args[2] == values.data_ptr()
+    assert args[3] == args[4] and args[6:] == ((x.shape[0], 1024, 1), 132, 7)
+    if vec == 16:
+        assert args[3] == scale.data_ptr() and scale.shape == ()
+        assert args[5] == (scale.data_ptr() if local else partials.data_ptr())
+    else:
+        assert float(scale) == 1 / MXFP4_BF16_SHIFT and args[3] != scale.data_ptr()
 
 
 def _next_to_ties(global_scale, lo: int, hi: int, seed: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ import pytest
 import torch
 from conftest import ptx_options
 from ptx_emulator import GlobalMemory, Grid, Params, PtxError, e4m3_from_f32, fma_f32, parse_ptx
-from test_quantize_fp4 import quantizer_inputs
+from test_quantize_fp4 import exact_rows_reference, quantizer_inputs
 from test_quantize_midpoints import (
     dynamic_direction,
     dynamic_rounding,
@@ -45,10 +45,12 @@ TORCH_IN = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32:
 
 
 @functools.cache
-def _entries(in_dtype: str, vec: int, dynamic: bool, local: bool = False, tokens=False) -> tuple:
+def _entries(
+    in_dtype: str, vec: int, dynamic: bool, local: bool = False, tokens=False, exact_rows=False
+) -> tuple:
     """(amax Entry or None, quantize Entry) of the config's PTX, compiled once per process."""
     options = ptx_options()
-    ex = quantizer.compile_quantizer(in_dtype, vec, dynamic, options, local, tokens)
+    ex = quantizer.compile_quantizer(in_dtype, vec, dynamic, options, local, tokens, exact_rows)
     entries = parse_ptx(ex.__ptx__)
     amax = [e for name, e in entries.items() if "amax_kernel" in name]
     quant = [e for name, e in entries.items() if "amax_kernel" not in name]
@@ -221,6 +223,90 @@ def test_token_copy_matches_reference(k, kind, mode, dtype):
     if vec == 16:
         want_gs = reference.quantize_nvfp4(x.unsqueeze(0), gs)[2]
         assert np.float32(got_gs).tobytes() == np.float32(float(want_gs)).tobytes()
+
+
+def emulate_exact_rows(x: torch.Tensor, vec: int, local: bool, ctas: int = 2, amax_ctas: int = 3):
+    """(values as BF16 bits [rows, K], their store counts, gs out) of the exact-rows mode's grids
+    on x [rows, K] (L = 1; NVFP4 dynamic, with the amax grid unless ``local``)."""
+    dynamic = vec == 16
+    local = local and dynamic
+    amax_entry, entry = _entries(TORCH_IN[x.dtype], vec, dynamic, local, False, True)
+    rows, k = x.shape
+    sf_cols = k // vec
+    pairs_pad = -(-sf_cols // 4) * 2
+    total = rows * pairs_pad
+    gmem = GlobalMemory()
+    x_ptr = gmem.alloc(x.contiguous().view(torch.uint8).numpy().tobytes())
+    out = gmem.alloc(rows * k * 2)
+    gs_out = gmem.alloc(4)
+    partials = gmem.alloc(4 * MAX_PARTIALS)
+    steps = x.numel() // 32
+    if dynamic and not local:
+        p = Params(amax_entry)
+        p.put(0, x_ptr, 8)
+        p.put(1, partials, 8)
+        p.put(2, steps, 4)
+        Grid(amax_entry, amax_ctas, THREADS, p, gmem, AMAX_SMEM).run()
+    p = Params(entry)
+    for i, ptr in enumerate((x_ptr, out, out, gs_out, gs_out, partials)):
+        p.put(i, ptr, 8)
+    # the values by (row, block, value): extents, then the row stride
+    for off, v in ((8, rows), (12, sf_cols), (16, k)):
+        p.put(1, v, 4, off)
+    if local:
+        p.put(5, x_ptr, 8)
+        p.put(5, steps, 4, 8)
+    amax_count = steps if local else amax_ctas
+    for i, v in enumerate((amax_count, rows, sf_cols, total, -(-total // 32) * 32)):
+        p.put(6 + i, v, 4)
+    _put_divmod(p, 11, pairs_pad)
+    _put_divmod(p, 13, rows)
+    Grid(entry, ctas, THREADS, p, gmem, QUANT_SMEM).run()
+    bits = torch.from_numpy(gmem.read(out, rows * k * 2).view(np.int16).copy()).view(rows, k)
+    got_gs = float(gmem.read(gs_out, 4).view(np.float32)[0])
+    return bits, gmem.store_counts(out, rows * k * 2), got_gs
+
+
+EXACT_MODES = {"nvfp4-local": (16, True), "nvfp4-amax-grid": (16, False), "mxfp4": (32, False)}
+
+
+@pytest.mark.parametrize("dtype", list(TORCH_IN), ids=str)
+@pytest.mark.parametrize("mode", list(EXACT_MODES))
+@pytest.mark.parametrize("kind", ["normal", "zeros", "wide", "denormal", "ties"])
+@pytest.mark.parametrize("k", [32, 96, 160], ids=lambda k: f"K={k}")
+def test_exact_rows_match_reference(k, kind, mode, dtype):
+    """The exact-rows mode writes e2m1 x block scale of reference.py's codes and scales, bit
+    for bit (signed zeros, BF16 subnormals of MXFP4's shifted scales, NVFP4's subnormal E4M3
+    scales), each byte once, and the global scale (K = 32, 160: MXFP4 rows of an odd block
+    count, whose second block lies past K)."""
+    vec, local = EXACT_MODES[mode]
+    x = quantizer_inputs(kind, (1, 37, k), dtype, seed=k)[0]
+    bits, counts, got_gs = emulate_exact_rows(x, vec, local, ctas=3)
+    want, want_gs = exact_rows_reference(x, vec)
+    assert (counts == 1).all(), f"{int((counts != 1).sum())} bytes not stored exactly once"
+    bad = (bits != want).nonzero()[:4].tolist()
+    assert torch.equal(bits, want), f"values differ at {bad}"
+    assert np.float32(got_gs).tobytes() == np.float32(want_gs).tobytes()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=str)
+@pytest.mark.parametrize("vec", [16, 32], ids=["nvfp4", "mxfp4"])
+def test_exact_rows_of_non_finite_blocks_are_nan(vec, bad):
+    """A block holding NaN or Inf has the NaN scale byte, so its values are NaN; NVFP4's
+    dynamic global scale is then not finite, and every value is NaN; MXFP4's other blocks are
+    those of x with that block zeroed (its blocks are independent)."""
+    x = quantizer_inputs("normal", (1, 5, 64), torch.float32, seed=3)[0]
+    x[2, 40] = bad
+    bits, _, _ = emulate_exact_rows(x, vec, local=True)
+    values = bits.view(torch.bfloat16).float()
+    if vec == 16:
+        assert bool(values.isnan().all())
+        return
+    block = torch.zeros_like(values, dtype=torch.bool)
+    block[2, 32:64] = True
+    assert torch.equal(values.isnan(), block)
+    want = exact_rows_reference(x.masked_fill(block, 0.0), vec)[0]
+    assert torch.equal(bits[~block], want[~block])
 
 
 # ------------------------------------------------------------------------------ the grids

@@ -48,13 +48,17 @@ BLACKWELL_MOE_TESTS = ["tests/test_moe_blackwell.py", "tests/test_moe.py"]
 # the eager plan caches run on a GPU only
 EAGER_TESTS = ["tests/test_eager.py", "tests/test_fp4_ops.py", "-m", "gpu"]
 
-# the MoE layer's routing, activation, combine and exact-rows kernels: their PTX on the CPU
-# emulator catches 12 of these 14; strided routing weights and exact_rows' scale atoms per row
-# (computed by the host side that the emulator's harness stands in for) need the GPU tests
+# the MoE layer's routing, activation and combine kernels, and the quantizer's exact rows: their
+# PTX on the CPU emulator catches most of these; strided routing weights (computed by the host
+# side that the emulator's harness stands in for) need the GPU tests
 ROUTING = "fp4_ops/moe_kernels/routing.py"
 ACTIVATION = "fp4_ops/moe_kernels/activation.py"
 COMBINE = "fp4_ops/moe_kernels/combine.py"
-EXACT_ROWS = "fp4_ops/moe_kernels/exact_rows.py"
+EXACT_ROWS_TESTS = [
+    "tests/test_quantizer_ptx.py",
+    "tests/test_quantize_fp4.py",
+    "tests/test_moe.py",
+]
 MOE_KERNELS = "fp4_ops/moe_kernels/__init__.py"
 MOE_KERNEL_TESTS = ["tests/test_moe_kernels.py", "tests/test_moe.py"]
 
@@ -654,35 +658,41 @@ MUTANTS = [
     ),
     # NVFP4 rows with a nonzero subnormal E4M3 block scale (byte 0x01..0x07, a block whose amax is
     # < ~2^-6/448 of the tensor amax): value m*2^-10 - 2^-7 instead of m*2^-9; zero blocks give
-    # -0.0 (== 0), MXFP4 unaffected
+    # (MXFP4's shifted E8M0 scales below 2^-126 (f32 subnormals) off by a factor of 4)
     mutant(
-        "mk-exact-e4m3-subnormal",
-        "NVFP4 scale decode",
-        EXACT_ROWS,
-        "cutlass.max(e, Uint32(1))",
-        "e",
-        MOE_KERNEL_TESTS,
-    ),
-    # any MXFP4 input (32-value blocks = 2 steps): step c reads scale column c instead of c // 2
-    # (K = 32 reads padding for its second half); NVFP4 (1 step per block) is equivalent
-    mutant(
-        "mk-exact-mx-scale-column",
+        "mk-exact-e8m0-subnormal",
         "MXFP4 vs NVFP4",
-        EXACT_ROWS,
-        "col = Uint32(c) // Uint32(self.steps_per_scale)",
-        "col = Uint32(c)",
-        MOE_KERNEL_TESTS,
+        QUANTIZER,
+        "cutlass.min(byte, Uint32(-SHIFT_EXP)) + Uint32(22 + SHIFT_EXP)",
+        "cutlass.min(byte, Uint32(-SHIFT_EXP)) + Uint32(22)",
+        EXACT_ROWS_TESTS,
     ),
-    # P >= 128 rows AND K / vec not a multiple of 4 (NVFP4 K = 32, 96, 160; MXFP4 K = 32, 64, 96,
-    # 160): rows 128+ read scales of the wrong atom; P < 128 or K a multiple of 4 * vec is
-    # unaffected
+    # (a thread's second block takes the first block's scale byte and the first the second's)
     mutant(
-        "mk-exact-atoms-k-floor",
+        "mk-exact-scale-byte",
+        "MXFP4 vs NVFP4",
+        QUANTIZER,
+        "block_scale_f32((sf_bytes >> Uint32(8 * b)) & Uint32(0xFF), self.nvfp4)",
+        "block_scale_f32((sf_bytes >> Uint32(8 * (1 - b))) & Uint32(0xFF), self.nvfp4)",
+        EXACT_ROWS_TESTS,
+    ),
+    # (MXFP4 rows of an odd block count: the second block past K written over the next row)
+    mutant(
+        "mk-exact-block-past-k",
         "counts at edges",
-        EXACT_ROWS,
-        "atoms_k = (k // self.sf_vec_size + SF_ATOM_COLS - 1) // SF_ATOM_COLS",
-        "atoms_k = k // self.sf_vec_size // SF_ATOM_COLS",
-        MOE_KERNEL_TESTS,
+        QUANTIZER,
+        "if (b == 0) | (col + b < sf_cols):",
+        "if (b == 0) | (col + b <= sf_cols):",
+        EXACT_ROWS_TESTS,
+    ),
+    # (nibbles 4..7 of each code word read as 0..3 again)
+    mutant(
+        "mk-exact-nibble",
+        "packing",
+        QUANTIZER,
+        "(words[first + j // 8] >> Uint32(4 * (j % 8)))",
+        "(words[first + j // 8] >> Uint32(4 * (j % 4)))",
+        EXACT_ROWS_TESTS,
     ),
     # --- a blind review of the MoE host code, FP4Tensor and the scale layout ---------------
     # (swigluoai with an up value below -7 (gpt-oss probe tokens at PROBE_REACH 32): (up + 1) is
@@ -1995,14 +2005,8 @@ MUTANTS = [
         "qm-quantizer-04",
         "quantizer / MoE host review",
         "fp4_ops/quantizer.py",
-        (
-            "            self.in_dtype, self.sf_vec_size, self.dynamic, self.local_amax"
-            ", self.tokens\n"
-        ),
-        (
-            "            self.in_dtype, self.sf_vec_size, self.dynamic, self.tokens, se"
-            "lf.local_amax\n"
-        ),
+        "            self.local_amax,\n            self.tokens,\n",
+        "            self.tokens,\n            self.local_amax,\n",
         ["tests/test_eager.py"],
     ),
     # (plan_quantize one-grid threshold counts elements, not bytes)
@@ -2022,8 +2026,8 @@ MUTANTS = [
         "qm-quantizer-08",
         "quantizer / MoE host review",
         "fp4_ops/quantizer.py",
-        "        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, index] = found",
-        "        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, False, index] = found",
+        "        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, exact, index] = found",
+        "        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, False, exact, index] = found",
         ["tests/test_quantize_midpoints.py"],
     ),
     # (scratch scale buffer size with swapped blocked_numel args)
@@ -2472,6 +2476,16 @@ MUTANTS = [
         MOE_KERNELS,
         "max(min(groups, rows) - 1, 0)",
         "max(min(groups, rows) - 2, 0)",
+        BLACKWELL_MOE_TESTS,
+    ),
+    # (a blind review's survivor: the walk takes the lane's first tile for every group it
+    # walks, so a lane's second group with rows starts at the wrong source row)
+    mutant(
+        "bm-25",
+        "MoE on Blackwell",
+        PADDED_ROWS,
+        "sOffsets[g] + (tile - tile_start) * self.tile_m",
+        "sOffsets[g] + (tile - start) * self.tile_m",
         BLACKWELL_MOE_TESTS,
     ),
 ]

@@ -10,10 +10,10 @@
 
 Three kernels (``routing``, ``activation``, ``combine``, one class a file) in place of the two
 dozen small torch kernels the same steps take as torch ops. W4A4 layers quantize each GEMM's
-rows and add a fourth: on Hopper ``exact_bf16`` (``exact_rows.py``), the exact BF16 values that
-the grouped kernel takes, in place of about eight torch kernels; on the sm_100 family
-``pad_rows`` (``padded_rows.py``), the rows in the Blackwell grouped kernel's tile-padded
-layout, in place of about twenty. Each is compiled once per process
+rows (on Hopper straight into the exact BF16 values that the grouped kernel takes:
+``fp4_ops.quantizer.quantize_exact_rows``); on the sm_100 family a fourth kernel, ``pad_rows``
+(``padded_rows.py``), puts them in the Blackwell grouped kernel's tile-padded layout, in place
+of about twenty torch kernels. Each is compiled once per process
 and configuration (the frozen ``*Config`` dataclasses, with the device index the cache key) and
 launched through TVM-FFI on the current stream, with no host synchronization. The callers
 (``fp4_ops.moe``) check the operands and make their device current; these functions only
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fp4_ops.layout import ATOM_COLS, DSL_DTYPE_NAMES, MXFP4_BF16_SHIFT, blocked_numel
-from fp4_ops.memory import aligned_rows, device_scalar, stream_handle
+from fp4_ops.layout import ATOM_COLS, DSL_DTYPE_NAMES, blocked_numel
+from fp4_ops.memory import aligned_rows, stream_handle
 
 _IDS = {torch.int32: "Int32", torch.int64: "Int64"}
 
@@ -90,16 +90,6 @@ class PaddedRowsConfig:
 
         args = (self.tile_m, self.groups_cap, self.rows_per_cta, options)
         return padded_rows.compile_padded_rows(*args)
-
-
-@dataclass(frozen=True)
-class ExactRowsConfig:
-    sf_vec_size: int  # 16 NVFP4, 32 MXFP4
-
-    def compile(self, options: str):
-        from fp4_ops.moe_kernels import exact_rows
-
-        return exact_rows.compile_exact_rows(self.sf_vec_size, options)
 
 
 # (config, device index) -> (compiled kernel, its TVM-FFI function, the SM count)
@@ -280,30 +270,3 @@ def pad_rows(data, scale, offsets, tile_m: int, k_scales: int) -> PaddedRows:
         stream_handle(device.index),
     )
     return PaddedRows(codes, blocked, tile_group, num_m_tiles, row_map)
-
-
-def exact_bf16(a) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, scale) of rows ``a`` quantized by ``fp4_ops.quantize`` (an FP4Tensor [P, K],
-    K a multiple of 32; MXFP4's global scale is 1): BF16 [P, K] e2m1 x block scale, exact
-    (``exact_rows.py``; MXFP4 times MXFP4_BF16_SHIFT), and the float32 scalar on a's device
-    that turns them into a's values (a's global scale, or 1 / the shift)."""
-    data, vec = a.data, a.sf_vec_size
-    rows, k = data.shape[0], 2 * data.shape[1]
-    if k % 32:
-        raise ValueError(f"exact_bf16 takes rows of a multiple of 32 values, got K={k}")
-    out = torch.empty((rows, k), dtype=torch.bfloat16, device=data.device)
-    scale = a.global_scale if vec == 16 else device_scalar(1 / MXFP4_BF16_SHIFT, data.device)
-    if rows == 0:
-        return out, scale
-    data = aligned_rows(data.view(torch.uint8))
-    blocked = a.scale.contiguous().view(torch.uint8)
-    fn, sm_count = _function(ExactRowsConfig(vec), data.device)
-    fn(
-        data.data_ptr(),
-        blocked.data_ptr(),
-        out.data_ptr(),
-        (rows, k, blocked.numel()),
-        sm_count,
-        stream_handle(data.device.index),
-    )
-    return out, scale
