@@ -266,7 +266,7 @@ EXACT_SHAPES += [(3000, 2048, torch.float32), (37, 160, torch.float16)]
 
 
 @needs_gpu
-@pytest.mark.parametrize("kind", ["wide", "zeros", "denormal"])
+@pytest.mark.parametrize("kind", ["wide", "zeros", "denormal", "every-scale"])
 @pytest.mark.parametrize("vec", [16, 32], ids=["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("shape", EXACT_SHAPES, ids=str)
 def test_gpu_exact_rows_are_the_quantized_values(shape, vec, kind):
@@ -275,6 +275,8 @@ def test_gpu_exact_rows_are_the_quantized_values(shape, vec, kind):
     the shift)."""
     rows, k, dtype = shape
     x = quantizer_inputs(kind, (rows, k), dtype, seed=k)
+    if kind == "every-scale":
+        x = _every_scale_byte(vec)
     values, scale = quantize_fp4.quantize_exact_rows(x.cuda(), vec)
     want, want_gs = exact_rows_reference(x, vec)
     assert values.dtype == torch.bfloat16 and values.shape == (rows, k)
@@ -313,6 +315,86 @@ def test_exact_rows_hand_the_kernel_its_buffers(vec, rows, monkeypatch):
         assert args[5] == (scale.data_ptr() if local else partials.data_ptr())
     else:
         assert float(scale) == 1 / MXFP4_BF16_SHIFT and args[3] != scale.data_ptr()
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["codes", "exact-rows"])
+def test_exact_rows_release_the_gemm_behind_and_wait_on_the_grid_ahead(exact, tmp_path):
+    """The exact-rows grid lets the grouped GEMM behind it launch at once (PDL) and waits on
+    the grid ahead, as the tokens mode does; a local-amax codes grid depends on no grid."""
+    options = f"--gpu-arch sm_90a --keep-ptx --dump-dir={tmp_path}"
+    quantize_fp4.compile_quantizer("BFloat16", 16, True, options, True, False, exact)
+    (path,) = glob.glob(os.path.join(tmp_path, "*.ptx"))
+    with open(path) as f:
+        ptx = f.read()
+    assert ("griddepcontrol.launch_dependents" in ptx) == exact
+    assert ("griddepcontrol.wait" in ptx) == exact
+
+
+def test_every_configuration_has_its_own_compiled_kernel(monkeypatch):
+    """The launch's cache (``_kernel``) hands each configuration the kernel compiled for it:
+    a key that left out a field (dtype, format, dynamic, local amax, exact rows) would hand
+    one configuration another's kernel, which writes other outputs."""
+    import contextlib
+    import itertools
+    from types import SimpleNamespace
+
+    compiled = []
+
+    def compile_quantizer(in_dtype, vec, dynamic, options, local, tokens=False, exact_rows=False):
+        config = (in_dtype, vec, dynamic, local, tokens, exact_rows)
+        compiled.append(config)
+        return SimpleNamespace(__tvm_ffi_object__=lambda: config)
+
+    monkeypatch.setattr(quantize_fp4, "compile_quantizer", compile_quantizer)
+    monkeypatch.setattr(quantize_fp4, "_KERNELS", {})
+    monkeypatch.setattr(quantize_fp4, "_LAUNCHERS", {})
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    props = SimpleNamespace(multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    names = {torch.bfloat16: "BFloat16", torch.float32: "Float32"}
+    configs = list(itertools.product(names, (16, 32), (False, True), (False, True), (False, True)))
+    for _ in range(2):  # (the second round from the cache)
+        for dtype, vec, dynamic, local, exact in configs:
+            fn, sms = quantize_fp4._kernel(dtype, vec, dynamic, 0, local, exact)
+            assert fn == (names[dtype], vec, dynamic, local, False, exact) and sms == 132
+    assert len(compiled) == len(configs)
+
+
+def _every_scale_byte(vec: int) -> torch.Tensor:
+    """float32 rows of K = 256 whose blocks' scales (reference.py's) take every value a
+    dynamic quantization reaches: NVFP4 every positive E4M3 byte (block amax = its value x
+    the largest amax / 448), MXFP4 every E8M0 byte from 2^-127 to 2^126 (amax 6 x 2^(b -
+    127), the last below 2^128); the other elements random below the block's amax."""
+    gen = torch.Generator().manual_seed(vec)
+    if vec == 16:
+        amax = torch.arange(1, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+        amax = torch.cat([amax, torch.tensor([448.0])]) * 2.0**-4
+    else:
+        # (6 x 2^126 is past float32's range: byte 253 from an amax just below 2^128)
+        amax = (6 * torch.exp2(torch.arange(0, 254, dtype=torch.float64) - 127)).clamp(
+            max=1.7 * 2.0**127
+        )
+    blocks = amax.numel()
+    x = torch.rand(blocks, vec, generator=gen, dtype=torch.float64) * amax[:, None]
+    x[:, 0] = amax * torch.where(torch.arange(blocks) % 2 == 0, 1.0, -1.0)
+    rows = -(-blocks * vec // 256)
+    padded = torch.zeros(rows * 256 // vec, vec, dtype=torch.float64)
+    padded[:blocks] = x
+    return padded.reshape(rows, 256).float()
+
+
+@pytest.mark.parametrize("vec", [16, 32], ids=["nvfp4", "mxfp4"])
+def test_every_scale_byte_is_reached(vec):
+    """The rows of ``_every_scale_byte`` do reach every scale byte they aim at (the exact-rows
+    tests below rely on it)."""
+    x = _every_scale_byte(vec)
+    if vec == 16:
+        _, sf, _ = reference.quantize_nvfp4(x)
+        want = set(range(1, 127))
+    else:
+        _, sf = reference.quantize_mxfp4(x)
+        want = set(range(0, 254))
+    assert want <= set(sf.view(torch.uint8).flatten().tolist())
 
 
 def _next_to_ties(global_scale, lo: int, hi: int, seed: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ import pytest
 import torch
 from conftest import ptx_options
 from ptx_emulator import GlobalMemory, Grid, Params, PtxError, e4m3_from_f32, fma_f32, parse_ptx
-from test_quantize_fp4 import exact_rows_reference, quantizer_inputs
+from test_quantize_fp4 import _every_scale_byte, exact_rows_reference, quantizer_inputs
 from test_quantize_midpoints import (
     dynamic_direction,
     dynamic_rounding,
@@ -287,6 +287,19 @@ def test_exact_rows_match_reference(k, kind, mode, dtype):
     bad = (bits != want).nonzero()[:4].tolist()
     assert torch.equal(bits, want), f"values differ at {bad}"
     assert np.float32(got_gs).tobytes() == np.float32(want_gs).tobytes()
+
+
+@pytest.mark.parametrize("vec", [16, 32], ids=["nvfp4", "mxfp4"])
+def test_exact_rows_at_every_scale_byte(vec):
+    """Every scale byte a quantization reaches (``_every_scale_byte``: NVFP4's E4M3 values
+    down to the subnormal 2^-9, MXFP4's E8M0 from 2^-127, whose shifted values are BF16
+    subnormals, to 2^126), each block's values bit for bit."""
+    x = _every_scale_byte(vec)
+    bits, counts, _ = emulate_exact_rows(x, vec, local=False, ctas=4)
+    want, _ = exact_rows_reference(x, vec)
+    assert (counts == 1).all()
+    bad = (bits != want).nonzero()[:4].tolist()
+    assert torch.equal(bits, want), f"values differ at {bad}"
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=str)

@@ -685,6 +685,34 @@ MUTANTS = [
         "if (b == 0) | (col + b <= sf_cols):",
         EXACT_ROWS_TESTS,
     ),
+    # (a blind review's survivors: E8M0 byte 3 decoded as a subnormal, 2^-127 for 2^-126;
+    # the launch cache keyed without the exact-rows mode, which hands one mode the other's
+    # kernel; the values' row stride padded to whole scale atoms, which the emulator's harness
+    # cannot see (it sets the layout itself): a GPU test's)
+    mutant(
+        "mk-exact-e8m0-boundary",
+        "MXFP4 vs NVFP4",
+        QUANTIZER,
+        "    if byte >= Uint32(1 - SHIFT_EXP):",
+        "    if byte > Uint32(1 - SHIFT_EXP):",
+        EXACT_ROWS_TESTS,
+    ),
+    mutant(
+        "mk-exact-cache-key",
+        "plan staleness",
+        QUANTIZER,
+        "    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, exact, index))",
+        "    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, index))",
+        EXACT_ROWS_TESTS,
+    ),
+    mutant(
+        "mk-exact-row-stride",
+        "counts at edges",
+        QUANTIZER,
+        "cute.make_layout((rows, k // vec, vec), stride=(k, vec, 1)),",
+        "cute.make_layout((rows, k // vec, vec), stride=(sf_cols_pad * vec, vec, 1)),",
+        ["tests/test_quantize_fp4.py", "-m", "gpu"],
+    ),
     # (nibbles 4..7 of each code word read as 0..3 again)
     mutant(
         "mk-exact-nibble",
