@@ -74,6 +74,29 @@ def _put_divmod(params: Params, index: int, d: int) -> None:
     params.put(index + 1, d, 4)
 
 
+def _amax_grid(amax_entry, gmem: GlobalMemory, x_ptr: int, partials: int, steps: int, ctas: int):
+    """The amax grid's run: the per-CTA maxima of |x| (``steps`` rows of 32) into partials."""
+    p = Params(amax_entry)
+    p.put(0, x_ptr, 8)
+    p.put(1, partials, 8)
+    p.put(2, steps, 4)
+    Grid(amax_entry, ctas, THREADS, p, gmem, AMAX_SMEM).run()
+
+
+def _walk_params(p: Params, x_ptr: int, local_steps, amax_count, extents, pairs_pad, rows_pad):
+    """The quantize grid's parameters past its pointers and output layouts: (``local_steps``
+    given) x again as the rows of 32 elements each CTA reduces, the maxima's count, the walk's
+    extents (rows, scale columns, threads), the fast divisors of its thread index."""
+    if local_steps is not None:
+        p.put(5, x_ptr, 8)
+        p.put(5, local_steps, 4, 8)
+    rows, sf_cols, total = extents
+    for i, v in enumerate((amax_count, rows, sf_cols, total, -(-total // 32) * 32)):
+        p.put(6 + i, v, 4)
+    _put_divmod(p, 11, pairs_pad)
+    _put_divmod(p, 13, rows_pad)
+
+
 def emulate(x: torch.Tensor, vec: int, gs=None, ctas: int = 2, amax_ctas: int = 3, local=False):
     """(codes [L, R, K/2], blocked scale bytes [L, n], gs out, store counts) of the PTX's grids
     on x [L, R, K]; ``gs`` a static NVFP4 global scale or None (dynamic, or MXFP4); ``local``:
@@ -95,22 +118,13 @@ def emulate(x: torch.Tensor, vec: int, gs=None, ctas: int = 2, amax_ctas: int = 
     partials = gmem.alloc(4 * MAX_PARTIALS)
     steps = x.numel() // 32
     if dynamic and not local:
-        p = Params(amax_entry)
-        p.put(0, x_ptr, 8)
-        p.put(1, partials, 8)
-        p.put(2, x.numel() // 32, 4)
-        Grid(amax_entry, amax_ctas, THREADS, p, gmem, AMAX_SMEM).run()
+        _amax_grid(amax_entry, gmem, x_ptr, partials, steps, amax_ctas)
     p = Params(entry)
     for i, ptr in enumerate((x_ptr, q_ptr, sf_ptr, gs_in, gs_out, partials)):
         p.put(i, ptr, 8)
-    if local:  # (x again, as the rows of 32 elements it reduces, and their count)
-        p.put(5, x_ptr, 8)
-        p.put(5, steps, 4, 8)
     amax_count = steps if local else amax_ctas
-    for i, v in enumerate((amax_count, rows, sf_cols, total, -(-total // 32) * 32)):
-        p.put(6 + i, v, 4)
-    _put_divmod(p, 11, pairs_pad)
-    _put_divmod(p, 13, rows_pad)
+    extents = (rows, sf_cols, total)
+    _walk_params(p, x_ptr, steps if local else None, amax_count, extents, pairs_pad, rows_pad)
     Grid(entry, ctas, THREADS, p, gmem, QUANT_SMEM).run()
     codes = torch.from_numpy(gmem.read(q_ptr, x.numel() // 2)).view(n_batch, rows, k // 2)
     scales = torch.from_numpy(gmem.read(sf_ptr, n_batch * rows_pad * sf_cols_pad))
@@ -161,13 +175,8 @@ def emulate_tokens(x: torch.Tensor, vec: int, gs=None, pad_rows: int = 3, ctas: 
     for off, v in ((8, rows), (12, k_pad // 2), (16, k_pad // 2)):
         p.put(1, v, 4, off)
     steps = x.numel() // 32
-    if dynamic:
-        p.put(5, x_ptr, 8)
-        p.put(5, steps, 4, 8)
-    for i, v in enumerate((steps if dynamic else 0, rows, sf_cols, total, -(-total // 32) * 32)):
-        p.put(6 + i, v, 4)
-    _put_divmod(p, 11, pairs_pad)
-    _put_divmod(p, 13, rows)
+    local = steps if dynamic else None
+    _walk_params(p, x_ptr, local, local or 0, (rows, sf_cols, total), pairs_pad, rows)
     Grid(entry, ctas, THREADS, p, gmem, QUANT_SMEM).run()
     words = torch.from_numpy(gmem.read(copy, copy_bytes).view(np.int16).copy())
     counts = gmem.store_counts(copy, copy_bytes).reshape(rows + pad_rows, 2 * k_pad)
@@ -242,25 +251,16 @@ def emulate_exact_rows(x: torch.Tensor, vec: int, local: bool, ctas: int = 2, am
     partials = gmem.alloc(4 * MAX_PARTIALS)
     steps = x.numel() // 32
     if dynamic and not local:
-        p = Params(amax_entry)
-        p.put(0, x_ptr, 8)
-        p.put(1, partials, 8)
-        p.put(2, steps, 4)
-        Grid(amax_entry, amax_ctas, THREADS, p, gmem, AMAX_SMEM).run()
+        _amax_grid(amax_entry, gmem, x_ptr, partials, steps, amax_ctas)
     p = Params(entry)
     for i, ptr in enumerate((x_ptr, out, out, gs_out, gs_out, partials)):
         p.put(i, ptr, 8)
     # the values by (row, block, value): extents, then the row stride
     for off, v in ((8, rows), (12, sf_cols), (16, k)):
         p.put(1, v, 4, off)
-    if local:
-        p.put(5, x_ptr, 8)
-        p.put(5, steps, 4, 8)
     amax_count = steps if local else amax_ctas
-    for i, v in enumerate((amax_count, rows, sf_cols, total, -(-total // 32) * 32)):
-        p.put(6 + i, v, 4)
-    _put_divmod(p, 11, pairs_pad)
-    _put_divmod(p, 13, rows)
+    extents = (rows, sf_cols, total)
+    _walk_params(p, x_ptr, steps if local else None, amax_count, extents, pairs_pad, rows)
     Grid(entry, ctas, THREADS, p, gmem, QUANT_SMEM).run()
     bits = torch.from_numpy(gmem.read(out, rows * k * 2).view(np.int16).copy()).view(rows, k)
     got_gs = float(gmem.read(gs_out, 4).view(np.float32)[0])
