@@ -189,7 +189,9 @@ def test_quantizer_launch_cache_gives_each_call_its_own_kernel(monkeypatch):
 
     launched = []
 
-    def compile_quantizer(in_dtype, vec, dynamic, options="", local_amax=False, tokens=False):
+    def compile_quantizer(
+        in_dtype, vec, dynamic, options="", local_amax=False, tokens=False, exact_rows=False
+    ):
         config = (in_dtype, vec, dynamic, local_amax)
         return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *a: launched.append(config))
 

@@ -328,36 +328,6 @@ def test_exact_rows_release_the_gemm_behind_and_wait_on_the_grid_ahead(exact, tm
     assert ("griddepcontrol.wait" in ptx) == exact
 
 
-def test_every_configuration_has_its_own_compiled_kernel(monkeypatch):
-    """The launch's cache (``_kernel``) hands each configuration the kernel compiled for it:
-    a key that left out a field (dtype, format, dynamic, local amax, exact rows) would hand
-    one configuration another's kernel, which writes other outputs."""
-    import contextlib
-    import itertools
-    from types import SimpleNamespace
-
-    compiled = []
-
-    def compile_quantizer(in_dtype, vec, dynamic, options, local, tokens=False, exact_rows=False):
-        config = (in_dtype, vec, dynamic, local, tokens, exact_rows)
-        compiled.append(config)
-        return SimpleNamespace(__tvm_ffi_object__=lambda: config)
-
-    monkeypatch.setattr(quantize_fp4, "compile_quantizer", compile_quantizer)
-    monkeypatch.setattr(quantize_fp4, "_KERNELS", {})
-    monkeypatch.setattr(quantize_fp4, "_LAUNCHERS", {})
-    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
-    props = SimpleNamespace(multi_processor_count=132)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
-    names = {torch.bfloat16: "BFloat16", torch.float32: "Float32"}
-    configs = list(itertools.product(names, (16, 32), (False, True), (False, True), (False, True)))
-    for _ in range(2):  # (the second round from the cache)
-        for dtype, vec, dynamic, local, exact in configs:
-            fn, sms = quantize_fp4._kernel(dtype, vec, dynamic, 0, local, exact)
-            assert fn == (names[dtype], vec, dynamic, local, False, exact) and sms == 132
-    assert len(compiled) == len(configs)
-
-
 def _every_scale_byte(vec: int) -> torch.Tensor:
     """float32 rows of K = 256 whose blocks' scales (reference.py's) take every value a
     dynamic quantization reaches: NVFP4 every positive E4M3 byte (block amax = its value x

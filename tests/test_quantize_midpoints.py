@@ -238,7 +238,7 @@ def test_quantizer_cache_key_names_every_kernel_choice(monkeypatch, dtype, vec, 
     compiled = []
 
     def compile_quantizer(
-        in_dtype, sf_vec_size, dynamic, options="", local_amax=False, tokens=False
+        in_dtype, sf_vec_size, dynamic, options="", local_amax=False, tokens=False, exact_rows=0
     ):
         compiled.append((in_dtype, sf_vec_size, dynamic, local_amax))
         raise LookupError("stop before any CUDA call")
@@ -253,28 +253,31 @@ def test_quantizer_cache_key_names_every_kernel_choice(monkeypatch, dtype, vec, 
         q90.launch_quantize(x, vec, torch.ones(()) if static else None)
     assert compiled == [want]
     configs = {
-        q90.QuantizerConfig(d, v, s, local, tokens)
+        q90.QuantizerConfig(d, v, s, local, tokens, exact)
         for d in q90.IN_DTYPES
         for v in (16, 32)
         for s in (0, 1)
         for local in (0, 1)
         for tokens in (0, 1)
+        for exact in (0, 1)
     }
-    assert len(configs) == 48
+    assert len(configs) == 96
 
 
 def test_each_kernel_choice_gets_its_own_kernel_in_any_order(monkeypatch):
     """``_kernel``'s caches (compiled kernels, launch functions) hand every choice of input
-    dtype, block size, dynamic scale and local amax its own kernel, whether it is asked for
-    before or after the others, and compile each once (the tokens mode is compiled only inside
-    ``fp4_ops.sm90.tokens_step``)."""
+    dtype, block size, dynamic scale, local amax and exact rows its own kernel, whether it is
+    asked for before or after the others, and compile each once (the tokens mode is compiled
+    only inside ``fp4_ops.sm90.tokens_step``)."""
     import itertools
     import types
 
     compiled = []
 
-    def compile_quantizer(in_dtype, sf_vec_size, dynamic, options="", local_amax=False):
-        choice = (in_dtype, sf_vec_size, dynamic, local_amax)
+    def compile_quantizer(
+        in_dtype, sf_vec_size, dynamic, options="", local_amax=False, exact_rows=False
+    ):
+        choice = (in_dtype, sf_vec_size, dynamic, local_amax, exact_rows)
         compiled.append(choice)
         return types.SimpleNamespace(__tvm_ffi_object__=lambda: choice)
 
@@ -288,11 +291,11 @@ def test_each_kernel_choice_gets_its_own_kernel_in_any_order(monkeypatch):
     monkeypatch.setattr(q90, "_LAUNCHERS", {})
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
     bits = (False, True)
-    choices = list(itertools.product(dtypes, (16, 32), bits, bits))
+    choices = list(itertools.product(dtypes, (16, 32), bits, bits, bits))
     for order in (choices, choices[::-1], choices):
-        for dtype, vec, dynamic, local in order:
-            fn, sm_count = q90._kernel(dtype, vec, dynamic, 0, local)
-            assert fn == (q90.DSL_DTYPE_NAMES[dtype], vec, dynamic, local)
+        for dtype, vec, dynamic, local, exact in order:
+            fn, sm_count = q90._kernel(dtype, vec, dynamic, 0, local, exact)
+            assert fn == (q90.DSL_DTYPE_NAMES[dtype], vec, dynamic, local, exact)
             assert sm_count == 132
     assert len(compiled) == len(set(compiled)) == len(choices)
 

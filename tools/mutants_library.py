@@ -703,7 +703,7 @@ MUTANTS = [
         QUANTIZER,
         "    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, exact, index))",
         "    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, index))",
-        EXACT_ROWS_TESTS,
+        ["tests/test_quantize_midpoints.py"],
     ),
     mutant(
         "mk-exact-row-stride",
