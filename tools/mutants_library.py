@@ -701,8 +701,8 @@ MUTANTS = [
         "mk-exact-cache-key",
         "plan staleness",
         QUANTIZER,
-        "    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, exact, index))",
-        "    found = _LAUNCHERS.get((in_dtype, sf_vec_size, dynamic, local_amax, index))",
+        "        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, exact, index] = found",
+        "        _LAUNCHERS[in_dtype, sf_vec_size, dynamic, local_amax, False, index] = found",
         ["tests/test_quantize_midpoints.py"],
     ),
     mutant(
