@@ -127,7 +127,7 @@ class MoePaddedRows:
         tile = bidx // self.ctas_per_tile
         part = bidx - tile * self.ctas_per_tile
         smem = cutlass.memory.SmemAllocator()
-        sTile = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
+        sTile = smem.allocate_tensor(Int32, cute.make_layout(len(Slot)), byte_alignment=16)
         # (the offsets once, coalesced: the scan and the walk then read shared memory)
         sOffsets = smem.allocate_tensor(Int32, cute.make_layout(self.groups_cap + 1))
         for g in cutlass.range(tidx, groups + 1, THREADS):
