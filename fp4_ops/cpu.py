@@ -71,7 +71,13 @@ def _finite_float(x: torch.Tensor) -> torch.Tensor:
 
 def dynamic_global_scale(xf: torch.Tensor) -> torch.Tensor:
     """amax / (448 * 6) of a float32 tensor, 1.0 where that is 0 (a 0-d tensor)."""
-    gs = xf.abs().amax() / torch.tensor(GLOBAL_SCALE_DIVISOR, dtype=torch.float32)
+    return global_scales_of_amax(xf.abs().amax())
+
+
+def global_scales_of_amax(amax: torch.Tensor) -> torch.Tensor:
+    """NVFP4 global scales of float32 amaxes: amax / (448 * 6) in float32, 1.0 where that is 0
+    (an all-zero tensor, or an amax so small that the quotient underflows)."""
+    gs = amax / torch.tensor(GLOBAL_SCALE_DIVISOR, dtype=torch.float32)
     return torch.where(gs > 0, gs, torch.ones_like(gs))
 
 

@@ -7,7 +7,6 @@ import ast
 import fnmatch
 import functools
 import inspect
-import math
 import textwrap
 import warnings
 from collections.abc import Callable, Iterable
@@ -198,8 +197,9 @@ class FP4Linear(FP4Buffers):
         check_type(linear, nn.Linear, "linear", "an nn.Linear")
         check_format(format)
         _check_activations(activations)
-        if linear.in_features % 32:
-            raise ValueError(f"linear: in_features = {linear.in_features} is not a multiple of 32")
+        why = _in_features_reason(linear.in_features)
+        if why:
+            raise ValueError(f"linear: {why}")
         w = linear.weight.detach()
         if w.dtype not in IN_DTYPES:
             w = w.float()
@@ -841,8 +841,9 @@ def quantize_model(
     parent reads their weight itself (``nn.MultiheadAttention``'s ``out_proj``, any
     ``NonDynamicallyQuantizableLinear``, a parent class whose code names
     ``self.<name>.weight``: Mamba's mixer, DeepSeek-V3.2's indexer); and, by default, those
-    whose in_features is not a multiple of 32 or whose class overrides ``nn.Linear.forward``
-    (one that ``include`` chooses raises ValueError); transformers' ``Conv1D`` (GPT-2's),
+    whose in_features is not a positive multiple of 32, whose class or instance overrides
+    ``nn.Linear.forward`` (accelerate's hooks) or that has forward hooks or pre-hooks (one
+    that ``include`` chooses raises ValueError); transformers' ``Conv1D`` (GPT-2's),
     whatever a predicate says (one that ``include`` patterns choose raises ValueError).
     The new modules keep the old ones' train / eval mode. A module
     reachable by several names becomes one FP4 module under all of them, whichever ``include``
@@ -1114,10 +1115,24 @@ def _held_as(model: nn.Module, name: str, linear: nn.Linear) -> str | None:
 
 def _unfit(linear: nn.Linear) -> str | None:
     """Why FP4Linear cannot stand in for ``linear``, or None."""
-    if type(linear).forward is not nn.Linear.forward:
+    if type(linear).forward is not nn.Linear.forward or "forward" in vars(linear):
         return f"{type(linear).__name__} has its own forward, which FP4Linear would drop"
-    if linear.in_features % 32:
-        return f"in_features = {linear.in_features} is not a multiple of 32"
+    hooks = [n for n in _FORWARD_HOOKS if getattr(linear, n, None)]
+    if hooks:
+        return f"it has forward hooks ({', '.join(hooks)}), which FP4Linear would drop"
+    return _in_features_reason(linear.in_features)
+
+
+#: nn.Module's per-instance forward hooks, which a module put in a Linear's place does not carry
+_FORWARD_HOOKS = ("_forward_pre_hooks", "_forward_hooks")
+
+
+def _in_features_reason(k: int) -> str | None:
+    """Why a Linear of ``k`` inputs cannot become an FP4Linear, or None."""
+    if k == 0:
+        return "in_features = 0: an FP4Linear needs at least one block of 32 inputs"
+    if k % 32:
+        return f"in_features = {k} is not a multiple of 32"
     return None
 
 
@@ -1170,8 +1185,9 @@ def calibrate(model: nn.Module, forward_loop: Callable[[nn.Module], object]) -> 
     largest |x| each such layer sees over all its calls is recorded, and the layer is replaced
     by a new FP4Linear (in the same train / eval mode; references to the old module keep the
     dynamic layer) with ``activations="static"`` and ``input_global_scale = amax / (448 * 6)``
-    (the decoding convention; ModelOpt's ``input_scale``, the reciprocal of compressed-tensors'
-    ``input_global_scale``; 1.0 where every input was zero). ``save_quantized`` then writes a
+    (in float32, as the dynamic scale; the decoding convention; ModelOpt's ``input_scale``,
+    the reciprocal of compressed-tensors' ``input_global_scale``; 1.0 where every input was zero
+    or the quotient underflows). ``save_quantized`` then writes a
     W4A4 checkpoint with static input scales, the form vLLM serves. Returns the names of the
     layers made static (each name of a layer reachable by several). ValueError, with no layer
     changed, where there is none to calibrate, or one saw no input or a non-finite one.
@@ -1212,13 +1228,19 @@ def calibrate(model: nn.Module, forward_loop: Callable[[nn.Module], object]) -> 
     unseen = [names[key][0] for key in layers if key not in amax]
     if unseen:
         raise ValueError(f"calibrate: forward_loop ran no input through {', '.join(unseen)}")
-    scales = {key: float(a) for key, a in amax.items()}  # (one host sync, at the end)
-    bad = [names[key][0] for key, a in scales.items() if not math.isfinite(a)]
+    keys = list(layers)
+    seen = torch.stack([amax[key].cpu() for key in keys])  # (host syncs at the end only)
+    finite = torch.isfinite(seen).tolist()
+    bad = [names[key][0] for key, ok in zip(keys, finite, strict=True) if not ok]
     if bad:
         raise ValueError(f"calibrate: a non-finite input reached {', '.join(bad)}")
-    for key, layer in layers.items():
-        gs = scales[key] / GLOBAL_SCALE_DIVISOR if scales[key] > 0 else 1.0
-        static = FP4Linear(layer.weight, layer.bias, "static", gs).train(layer.training)
+    # (in float32, as the dynamic scale is: 1.0 where amax is 0 or the quotient underflows)
+    gs = cpu.global_scales_of_amax(seen).tolist()
+    static = {
+        key: FP4Linear(layer.weight, layer.bias, "static", s).train(layer.training)
+        for (key, layer), s in zip(layers.items(), gs, strict=True)
+    }
+    for key in keys:  # (every layer built before any is swapped in)
         for name in names[key]:
-            model.set_submodule(name, static)
-    return [name for key in layers for name in names[key]]
+            model.set_submodule(name, static[key])
+    return [name for key in keys for name in names[key]]

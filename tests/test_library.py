@@ -1345,6 +1345,68 @@ def test_quantize_model_skips_in_features_not_a_multiple_of_32(k):
     )
 
 
+def _hooked(kind: str) -> nn.Linear:
+    """A Linear carrying what nn.Module runs around forward besides the class's own forward:
+    a forward hook, a forward pre-hook, or a forward set on the instance (accelerate's hooks)."""
+    linear = nn.Linear(64, 64)
+    if kind == "hook":
+        linear.register_forward_hook(lambda module, args, out: out * 0)
+    elif kind == "pre-hook":
+        linear.register_forward_pre_hook(lambda module, args: (args[0] * 0,))
+    else:
+        plain = linear.forward
+        linear.forward = lambda x: plain(x) * 0
+    return linear
+
+
+@pytest.mark.parametrize("kind", ["hook", "pre-hook", "instance forward"])
+def test_quantize_model_skips_linears_whose_forward_is_wrapped(kind):
+    """A Linear whose call runs more than nn.Linear.forward (hooks, an instance's own forward)
+    is skipped with its reason and the model computes as before; refused where ``include``
+    chooses it, with the model untouched."""
+    model = nn.Sequential(_hooked(kind), nn.Linear(64, 32))
+    x = _x((4, 64), seed=56)
+    want = model[0](x)
+    report = fp4_ops.quantize_model(model)
+    assert report.replaced == ["1"] and type(model[0]) is nn.Linear
+    assert "FP4Linear would drop" in report.skipped["0"]
+    assert torch.equal(model[0](x), want)
+    chosen = nn.Sequential(_hooked(kind), nn.Linear(64, 32))
+    with pytest.raises(ValueError, match="^0: .*FP4Linear would drop"):
+        fp4_ops.quantize_model(chosen, include=["*"])
+    assert [type(m) for m in chosen] == [nn.Linear, nn.Linear]
+
+
+def test_linears_without_inputs_are_refused():
+    """nn.Linear(0, N) has no block to quantize: quantize_model skips it with its reason (or
+    refuses it where ``include`` chooses it), from_linear refuses it, naming in_features."""
+    model = nn.Sequential(nn.Linear(0, 64), nn.Linear(64, 32))
+    report = fp4_ops.quantize_model(model)
+    assert report.replaced == ["1"] and "in_features = 0" in report.skipped["0"]
+    with pytest.raises(ValueError, match="^0: in_features = 0"):
+        fp4_ops.quantize_model(nn.Sequential(nn.Linear(0, 64)), include="0")
+    with pytest.raises(ValueError, match="^linear: in_features = 0"):
+        FP4Linear.from_linear(nn.Linear(0, 64))
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0**-126, 1e-43, 0.0], ids=["1", "tiny", "subnormal", "0"])
+def test_calibrated_scale_is_the_dynamic_scale_of_the_same_input(scale):
+    """One calibration input makes each layer's static scale the global scale its dynamic
+    quantization takes of that input, bit for bit (float32 amax / 2688; 1.0 where that is 0
+    or underflows), and every layer static."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
+    fp4_ops.quantize_model(model)
+    dynamic = copy.deepcopy(model)
+    x = _x((4, 64), seed=57) * scale
+    hidden = model[0](x)
+    fp4_ops.calibrate(model, lambda m: (m[0](x), m[1](hidden)))
+    assert [m.activations for m in model] == ["static", "static"]
+    for layer, before, a in zip(model, dynamic, (x, hidden), strict=True):
+        want = fp4_ops.quantize(a.detach()).global_scale
+        assert torch.equal(layer.input_global_scale, want.reshape(layer.input_global_scale.shape))
+        assert before.activations == "dynamic"
+
+
 def test_calibrate_takes_nvfp4_layers_under_every_name_without_gradients():
     """calibrate makes static the NVFP4 layers with dynamic scales only (an MXFP4 layer keeps
     its per-call scales), a layer under two names one static layer under both, and runs the
