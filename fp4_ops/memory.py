@@ -41,15 +41,27 @@ def persistent(make, device: torch.device):
 
 
 def kept(cache: dict, key, make, device: torch.device):
-    """``cache[key]``, made by ``make()`` through ``persistent`` at its first use; None under
-    CUDA-graph capture, where a graph must keep its own tensors (a replay could otherwise race
-    eager calls that share them)."""
+    """``cache[key]``, made by ``make()`` (a tensor or a tuple of them, used on the current
+    stream) through ``persistent`` at its first use; None under CUDA-graph capture, where a
+    graph must keep its own tensors (a replay could otherwise race eager calls that share them).
+    A cache of ``MAX_KEPT`` entries starts over: what callers still hold stays alive, and what
+    they drop is freed once the kernels queued on its stream have finished."""
     if torch.cuda.is_current_stream_capturing():
         return None
     found = cache.get(key)
     if found is None:
+        if len(cache) >= MAX_KEPT:
+            cache.clear()
         found = cache[key] = persistent(make, device)
+        if device.type == "cuda":
+            stream = torch.cuda.current_stream(device)
+            for t in found if isinstance(found, tuple) else (found,):
+                t.record_stream(stream)
     return found
+
+
+#: entries past which a ``kept`` cache starts over (one per shape would grow it forever)
+MAX_KEPT = 64
 
 
 def aligned_rows(t: torch.Tensor) -> torch.Tensor:

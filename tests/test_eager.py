@@ -13,6 +13,7 @@ scales when they change.
 from __future__ import annotations
 
 import contextlib
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -628,6 +629,39 @@ def test_gpu_direct_path_matches_the_registered_ops(activations):
     assert not [op for op in seen if op.startswith("fp4_ops::")]
     dispatched = layer(x.clone().requires_grad_())
     assert torch.equal(direct, dispatched.detach())
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("activations", ["bf16", "dynamic"])
+def test_gpu_new_token_counts_keep_the_memory_bounded(activations, monkeypatch):
+    """Eager prefill calls at ever new token counts (prompt lengths) stop adding memory that
+    stays once the library's caches (small caps here) and the layer's plans are full, and every
+    checked call matches the layer's CPU path: the caches start over while plans still hold
+    older workspaces, and the prefill weights' copy is shared across token counts."""
+    from fp4_ops import memory
+
+    monkeypatch.setattr(r90, "_MAX_WORKSPACES", 6)
+    monkeypatch.setattr(r90, "_MAX_LAUNCHES", 6)
+    monkeypatch.setattr(memory, "MAX_KEPT", 6)
+    torch.manual_seed(3)
+    linear = torch.nn.Linear(1024, 1024, bias=False, device="cuda", dtype=torch.bfloat16)
+    layer = fp4_ops.FP4Linear.from_linear(linear, activations=activations)
+    on_cpu = copy.deepcopy(layer).cpu()
+    calls, allocated = 60, []
+    with torch.no_grad():
+        for i in range(calls):
+            x = torch.randn(2049 + i, 1024, device="cuda", dtype=torch.bfloat16)
+            y = layer(x)
+            if i % 7 == 0:
+                want, got = on_cpu(x.cpu()).double(), y.cpu().double()
+                # (D is bfloat16; the two paths sum in other orders)
+                assert (got - want).abs().max() <= want.abs().max() * 2.0**-7, i
+            allocated.append(torch.cuda.memory_allocated())
+    # (the held workspaces grow by a few KB a call as the token counts do; a workspace kept
+    # for every token count adds >= 2 MB a call: the weights' copy, or W4A4's activations)
+    half = calls // 2
+    assert max(allocated[half:]) - allocated[half] <= 16 * 2**20, [a >> 20 for a in allocated]
 
 
 @pytest.mark.gpu

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -167,6 +168,87 @@ def test_hopper_workspaces_fit_every_problem_of_one_configuration(monkeypatch):
         _, conv_b, conv_a = r90._workspace(config, (m, n, k, l), stream)
         k_pad = -(-k // 64) * 64
         assert conv_a.numel() >= l * m * k_pad and conv_b.numel() >= l * n * k_pad
+
+
+def _cpu_workspaces(monkeypatch, stream_handle=5):
+    """The launcher's workspaces made on the CPU (a stand-in stream), the kernel built, not
+    compiled; returns the stand-in stream."""
+    monkeypatch.setattr(r90, "_WORKSPACES", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def compiled(config, index):
+        fields = (config.path, config.mma_tiler_mn, config.cluster_shape_mn, config.split_k)
+        return k90.BlockwiseGemmFp4Sm90(16, *fields, config.tma_store, 1, config.a_dtype), None
+
+    monkeypatch.setattr(r90, "_compiled", compiled)
+    return SimpleNamespace(cuda_stream=stream_handle, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("a_dtype", ["Float4E2M1FN", "BFloat16"], ids=["w4a4", "w4a16"])
+def test_hopper_prefill_problems_of_any_m_share_one_weights_copy(monkeypatch, a_dtype):
+    """The prefill weights' converted copy depends on N, K, L, the configuration and the stream,
+    not on M: problems that differ only in M share it (a copy per token count would grow with
+    every prompt length); the M-sized parts (converted activations, split-K) stay per M."""
+    stream = _cpu_workspaces(monkeypatch)
+    config = r90.GemmConfig(16, "BFloat16", a_dtype, path="prefill", mma_tiler_mn=(128, 256))
+    first = r90._workspace(config, (2100, 256, 512, 1), stream)
+    second = r90._workspace(config, (3000, 256, 512, 1), stream)
+    assert second[1] is first[1] and second[1].shape == (1, 256, 512)
+    if a_dtype == "Float4E2M1FN":  # (W4A4 converts its activations too: one copy per M)
+        assert first[2].shape == (1, 2100, 512) and second[2].shape == (1, 3000, 512)
+    others = [
+        r90._workspace(config, (2100, 512, 512, 1), stream),
+        r90._workspace(config, (2100, 256, 1024, 1), stream),
+        r90._workspace(config, (2100, 256, 512, 2), stream),
+        r90._workspace(replace(config, c_dtype="Float16"), (2100, 256, 512, 1), stream),
+        r90._workspace(config, (2100, 256, 512, 1), _other_stream(stream, 6)),
+    ]
+    assert all(o[1] is not first[1] for o in others)
+
+
+def _other_stream(stream, handle):
+    return SimpleNamespace(cuda_stream=handle, device=stream.device)
+
+
+def test_hopper_workspaces_stay_bounded_over_many_token_counts(monkeypatch):
+    """Eager calls over ever new token counts (prompt lengths) keep at most _MAX_WORKSPACES
+    entries (+ a weights copy), and a problem asked for again after the cache started over
+    gets a fresh zeroed workspace of its own shapes."""
+    stream = _cpu_workspaces(monkeypatch)
+    monkeypatch.setattr(r90, "_MAX_WORKSPACES", 8)
+    decode = r90.GemmConfig(16, "BFloat16", path="decode", mma_tiler_mn=(16, 128), split_k=2)
+    prefill = r90.GemmConfig(16, "BFloat16", path="prefill", mma_tiler_mn=(128, 256))
+    sizes = []
+    for m in range(1, 40):
+        r90._workspace(decode, (m, 256, 512, 1), stream)
+        r90._workspace(prefill, (2048 + m, 256, 512, 1), stream)
+        sizes.append(len(r90._WORKSPACES))
+    assert max(sizes) <= 8 + 1 and min(sizes[8:]) < max(sizes)
+    again = r90._workspace(decode, (1, 256, 512, 1), stream)
+    assert all(not t.any() for t in again) and again[1].shape[1] >= 1
+
+
+@pytest.mark.parametrize("cache_size", [1, 3])
+def test_kept_caches_start_over_when_full(monkeypatch, cache_size):
+    """``memory.kept`` makes each key's value once, and a cache of MAX_KEPT entries starts
+    over rather than growing with every new key (shape)."""
+    from fp4_ops import memory
+
+    monkeypatch.setattr(memory, "MAX_KEPT", cache_size)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    cache, made = {}, []
+
+    def make(i):
+        made.append(i)
+        return torch.full((i + 1,), i)
+
+    cpu = torch.device("cpu")
+    first = memory.kept(cache, 0, lambda: make(0), cpu)
+    assert memory.kept(cache, 0, lambda: make(0), cpu) is first and made == [0]
+    for i in range(1, 10):
+        assert torch.equal(memory.kept(cache, i, lambda i=i: make(i), cpu), torch.full((i + 1,), i))
+        assert len(cache) <= cache_size
+    assert made == list(range(10))
 
 
 # (dtype, sf_vec_size, static global scale, rows of K = 64): 4 rows are within the one-grid

@@ -239,11 +239,16 @@ _CHECKED: set[tuple] = set()
 # ((M, N, K, L), sf_vec_size, c_dtype, a_dtype, device) -> GemmConfig.for_problem's pick
 _PICKED: dict[tuple, GemmConfig] = {}
 # (GemmConfig, (M, N, K, L), device index, stream handle) -> (split-K workspace, converted B,
-# converted A)
-_WORKSPACES: dict[tuple, tuple] = {}
+# converted A); ("weights", GemmConfig, (N, K, L), device index, stream handle) -> the prefill
+# weights' copy that every M shares
+_WORKSPACES: dict[tuple, tuple | torch.Tensor] = {}
+# entries past which _WORKSPACES starts over (a shape of each token count would grow it forever)
+_MAX_WORKSPACES = 64
 # gemm_for_ops: the operands' shapes and dtypes, sf_vec_size, D's dtype, device index, stream
 # handle -> the Launch that passed every check for them
 _LAUNCHES: dict[tuple, Launch] = {}
+# entries past which _LAUNCHES starts over (each holds its workspace)
+_MAX_LAUNCHES = 256
 
 
 def cache_size() -> int:
@@ -506,7 +511,8 @@ def _compiled(config: GemmConfig, device_index: int):
 
 def _workspace(config: GemmConfig, mnkl, stream):
     """(split-K workspace, converted kernel B, converted kernel A) of a problem on ``stream``
-    (current), allocated and zeroed at its first use there, outside every graph pool."""
+    (current), allocated and zeroed at its first use there, outside every graph pool. The
+    prefill weights' copy does not depend on M: problems that differ in M share it."""
     key = (config, mnkl, stream.device.index, stream.cuda_stream)
     if key not in _WORKSPACES:
         if torch.cuda.is_current_stream_capturing():
@@ -520,16 +526,38 @@ def _workspace(config: GemmConfig, mnkl, stream):
         # zeros once: the split-K counters reset themselves after every tile, and every
         # launch rewrites the converted copies (the decode tokens' padding rows stay zero)
         shape_a, shape_b = converted_shapes(kernel, m, n, k, l)
+        weights = None
+        if not kernel.swap_ab and kernel.convert_b:
+            weights_key = ("weights", config, (n, k, l), *key[2:])
+            weights = _WORKSPACES.get(weights_key)
+        if len(_WORKSPACES) >= _MAX_WORKSPACES:
+            # (what launches and plans still hold stays alive; the rest goes back to torch)
+            _WORKSPACES.clear()
         device = stream.device
-        _WORKSPACES[key] = persistent(
-            lambda: (
+        parts = persistent(
+            lambda: _used_on(
+                stream,
                 torch.zeros(workspace_elems(kernel, m, n, l), dtype=torch.float32, device=device),
-                torch.zeros(shape_b, dtype=torch.float16, device=device),
+                torch.zeros(shape_b, dtype=torch.float16, device=device)
+                if weights is None
+                else weights,
                 torch.zeros(shape_a, dtype=torch.float16, device=device),
             ),
             device,
         )
+        if not kernel.swap_ab and kernel.convert_b:
+            _WORKSPACES[weights_key] = parts[1]
+        _WORKSPACES[key] = parts
     return _WORKSPACES[key]
+
+
+def _used_on(stream, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors``, marked as used on ``stream``: made on another stream, each is freed only
+    once the kernels queued on ``stream`` by then have finished."""
+    if stream.device.type == "cuda":
+        for t in tensors:
+            t.record_stream(stream)
+    return tensors
 
 
 def workspace_elems(gemm: BlockwiseGemmFp4Sm90, m, n, l):  # noqa: E741
@@ -593,6 +621,8 @@ def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4, sc
     if launch is not None and launch.fits(a, b, sfa, sfb, alpha, out, scale):
         launch(a, b, sfa, sfb, out, alpha, stream, scale=scale)
         return out
+    if len(_LAUNCHES) >= _MAX_LAUNCHES:
+        _LAUNCHES.clear()
     _LAUNCHES[key] = _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale)
     return out
 
@@ -699,6 +729,8 @@ def _grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out, scale=None) -> 
         if launch.fits(a, b, None, sfb, alpha, out):
             launch(a, b, None, sfb, out, alpha, stream, offsets, scale)
             return
+    if len(_LAUNCHES) >= _MAX_LAUNCHES:
+        _LAUNCHES.clear()
     _LAUNCHES[key] = _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out, scale)
 
 
