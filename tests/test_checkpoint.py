@@ -554,6 +554,62 @@ def test_checkpoints_spelled_otherwise_than_the_model_load(model_type, tmp_path)
     _check_against_ct(ours, _ct_dequantized(saved), bf16, names)
 
 
+def _wider_model(model_type: str):
+    """A tiny BF16 model whose checkpoints transformers renames as it loads them into its
+    causal LM, and that renaming: (model, name -> stored key, name -> the causal LM's name).
+    Qwen3.5: the vision-language model (its language model under model.language_model), of
+    which AutoModelForCausalLM builds the language model alone; Nemotron-H: backbone. stored
+    for model. (an attention and an MLP block)."""
+    config_class = {"qwen3_5": "Qwen3_5Config", "nemotron_h": "NemotronHConfig"}[model_type]
+    if not hasattr(transformers, config_class):
+        pytest.skip(f"transformers {transformers.__version__} has no {config_class}")
+    heads = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, **heads)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if model_type == "qwen3_5":
+            layers = dict(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
+            text = common | layers | dict(linear_num_value_heads=4, linear_num_key_heads=2)
+            text |= dict(linear_key_head_dim=16, linear_value_head_dim=16)
+            vision = dict(hidden_size=64, intermediate_size=128, depth=1, num_heads=4)
+            vision |= dict(out_hidden_size=64, patch_size=8)
+            config = transformers.Qwen3_5Config(
+                text_config=text, vision_config=vision, tie_word_embeddings=False
+            )
+            model = transformers.Qwen3_5ForConditionalGeneration(config)
+            renames = (lambda n: n, lambda n: n.replace("model.language_model.", "model.", 1))
+        else:
+            config = transformers.NemotronHConfig(
+                layers_block_type=["attention", "mlp"], tie_word_embeddings=False, **common
+            )
+            model = transformers.AutoModelForCausalLM.from_config(config)
+            renames = (lambda n: n.replace("model.", "backbone.", 1), lambda n: n)
+    return model.to(torch.bfloat16).eval(), *renames
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "nemotron_h"])
+def test_checkpoints_that_transformers_renames_load_into_its_causal_lm(model_type, tmp_path):
+    """A compressed-tensors checkpoint of Qwen3.5's vision-language model and one of
+    Nemotron-H, as transformers' save_pretrained spells them, load as transformers loads them:
+    into the causal LM, each layer's codes as stored, the model within BF16 of
+    compressed-tensors' own decompressed one."""
+    bf16, stored, renamed = _wider_model(model_type)
+    skipped = ("lm_head", "re:.*visual.*", "re:.*linear_attn.*")
+    names = _ct_write(tmp_path, bf16, "NVFP4A16", ignore=skipped)
+    raw = _raw(tmp_path)
+    assert names and all(stored(n) + ".weight_packed" in raw for n in names)
+    ours = fp4_ops.load_quantized(tmp_path)
+    assert set(_fp4(ours)) == {renamed(n) for n in names}
+    for name in names:
+        layer = ours.get_submodule(renamed(name))
+        assert torch.equal(layer.weight.data, raw[stored(name) + ".weight_packed"]), name
+    major_minor = tuple(int(v) for v in transformers.__version__.split(".")[:2])
+    if major_minor < (5, 23):
+        pytest.skip(f"transformers {transformers.__version__}: no reference load of these")
+    _check_against_ct(ours, _ct_dequantized(tmp_path), bf16, [renamed(n) for n in names])
+
+
 @pytest.mark.parametrize(
     "groups, ignore",
     [
