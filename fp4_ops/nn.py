@@ -504,6 +504,11 @@ class _TokensRoute:
     y: torch.Tensor  # a new D [M, N]
 
 
+def _address(t: torch.Tensor | None) -> int:
+    """Where a plan's bound buffer lives (0 for an absent one: a dynamic layer's input scale)."""
+    return 0 if t is None else t.data_ptr()
+
+
 # plans an FP4Linear keeps (input shapes x streams); more start the collection over
 _MAX_PLANS = 16
 
@@ -513,10 +518,11 @@ class _Plan:
     """An eager CUDA forward of an ``FP4Linear`` for one input shape and dtype on one stream,
     made after a call that passed every check: the kernels it launched with the layer's
     buffers and the activations' scratch bound. It holds the buffers it bound: a buffer or
-    bias replaced (a load with ``assign=True``, an assignment) makes it stale
-    (``current``); values changed in place are read at the next launch."""
+    bias replaced (a load with ``assign=True``, an assignment) or a buffer's storage swapped
+    (``.data =``) makes it stale (``current``); values changed in place are read at the next
+    launch."""
 
-    parts: tuple[tuple[str, torch.Tensor], ...]  # (buffer name, tensor) as bound
+    parts: tuple[tuple[str, torch.Tensor, int], ...]  # (buffer name, tensor, address) as bound
     bias: torch.Tensor | None
     out_shape: tuple[int, ...]
     quantize: object | None  # W4A4 off the token route: quantizer.BoundQuantize into scratch
@@ -534,8 +540,8 @@ class _Plan:
     def current(self, layer: FP4Linear) -> bool:
         """Whether the layer still holds the buffers and bias this plan bound."""
         buffers = layer._buffers
-        for name, t in self.parts:
-            if buffers[name] is not t:
+        for name, t, address in self.parts:
+            if buffers[name] is not t or _address(t) != address:
                 return False
         return layer._parameters.get("bias") is self.bias
 
@@ -570,7 +576,7 @@ class _Plan:
                 q, sq, gs = scratch
                 launch = launcher.launch_for_ops(q, w, sq, sw, vec, gs, x.dtype, scale=gw)
                 gemm, a = launch.bind(w, sq, sw, gs, gw), q.data_ptr()
-        parts = tuple((n, layer._buffers[n]) for n in names)
+        parts = tuple((n, layer._buffers[n], _address(layer._buffers[n])) for n in names)
         out_shape = (*x.shape[:-1], layer.out_features)
         scratch = layer.activations != "bf16"
         return cls(parts, layer._parameters.get("bias"), out_shape, quantize, gemm, a, scratch)

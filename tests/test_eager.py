@@ -411,14 +411,15 @@ def _cpu_layer(activations="dynamic", seed=0):
 def _plan_of(layer):
     """A plan as ``_Plan.make`` binds a layer's tensors (no kernels: the bookkeeping only)."""
     names = [n for n, t in layer._buffers.items() if t is not None]
-    parts = tuple((n, layer._buffers[n]) for n in names)
+    parts = tuple((n, layer._buffers[n], fpnn._address(layer._buffers[n])) for n in names)
     return fpnn._Plan(parts, layer._parameters.get("bias"), (1, 32), None, None, None, False)
 
 
 @pytest.mark.parametrize("activations", ["bf16", "dynamic", "static"])
 def test_plan_is_stale_once_the_layer_holds_other_tensors(activations):
     """A plan stays current through in-place loads and goes stale once any tensor it bound is
-    replaced: a load with assign=True, an assigned buffer, a new bias."""
+    replaced (a load with assign=True, an assigned buffer, a new bias) or a buffer's storage
+    is (``.data =``: the same object at another address, which the plan's launch would read)."""
     layer, other = _cpu_layer(activations), _cpu_layer(activations, seed=1)
     plan = _plan_of(layer)
     layer.load_state_dict(other.state_dict())
@@ -431,6 +432,10 @@ def test_plan_is_stale_once_the_layer_holds_other_tensors(activations):
     plan = _plan_of(layer)
     layer.bias = torch.nn.Parameter(layer.bias.detach().clone(), requires_grad=False)
     assert not plan.current(layer)
+    for name in [n for n, t in layer._buffers.items() if t is not None]:
+        plan = _plan_of(layer)
+        layer._buffers[name].data = layer._buffers[name].clone()
+        assert not plan.current(layer), name
 
 
 def test_plans_are_dropped_by_moves_casts_and_pickles():
@@ -662,6 +667,33 @@ def test_gpu_new_token_counts_keep_the_memory_bounded(activations, monkeypatch):
     # for every token count adds >= 2 MB a call: the weights' copy, or W4A4's activations)
     half = calls // 2
     assert max(allocated[half:]) - allocated[half] <= 16 * 2**20, [a >> 20 for a in allocated]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("activations", ["bf16", "dynamic", "static"])
+def test_gpu_planned_layer_reads_storage_swapped_under_it(activations):
+    """A planned layer whose buffers and bias get new storage through ``.data =`` (the same
+    objects at other addresses) computes with the new values at its next call, bit for bit as
+    a layer built from them, though the old storage is freed and reused in between."""
+    torch.manual_seed(4)
+    gs = 0.25 if activations == "static" else None
+
+    def make():
+        linear = torch.nn.Linear(256, 128, device="cuda", dtype=torch.bfloat16)
+        return fp4_ops.FP4Linear.from_linear(linear, activations=activations, input_global_scale=gs)
+
+    layer, other = make(), make()
+    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer(x), layer(x)  # (the first call leaves a plan, the second launches it)
+        for name, t in layer._buffers.items():
+            if t is not None:
+                t.data = other._buffers[name].clone()
+        layer.bias.data = other.bias.detach().clone()
+        junk = [torch.full((1 << 20,), -7.0, device="cuda") for _ in range(8)]  # (reuse)
+        assert torch.equal(layer(x), other(x))
+        del junk
 
 
 @pytest.mark.gpu
