@@ -620,13 +620,38 @@ def _expect(ck: _Checkpoint, key: str, dtypes: tuple, shapes: tuple, what: str) 
     want = f"{what}: {' or '.join(_dtype_str(d) for d in dtypes) if dtypes else 'floating point'}"
     want += f" {' or '.join(_shape_str(s) for s in shapes)}"
     if key not in ck:
-        raise ValueError(f"{key}: missing from the checkpoint; expected {want}")
+        hint = _renames_not_applied(ck.model_type)
+        raise ValueError(f"{key}: missing from the checkpoint; expected {want}{hint}")
     dtype, shape = ck.header[key]
     ok_dtype = (
         dtype in dtypes if dtypes else isinstance(dtype, torch.dtype) and dtype.is_floating_point
     )
     if not ok_dtype or shape not in shapes:
         raise ValueError(f"{key}: expected {want}, got {_dtype_str(dtype)} {_shape_str(shape)}")
+
+
+def _renames_not_applied(model_type: str | None) -> str:
+    """Where transformers renames ``model_type``'s checkpoint names on load and this loader
+    knows no spelling of that type (``_CHECKPOINT_SPELLINGS``), what a missing key's error
+    adds: a few of those renames; else ''."""
+    if model_type is None or model_type in _CHECKPOINT_SPELLINGS:
+        return ""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:  # (transformers 4.x renames nothing on load)
+        return ""
+    renames = [
+        f"{source} -> {target}"
+        for rule in get_checkpoint_conversion_mapping(model_type) or ()
+        if type(rule).__name__ in ("WeightRenaming", "PrefixChange")
+        for source, target in zip(rule.source_patterns, rule.target_patterns, strict=False)
+    ]
+    if not renames:
+        return ""
+    return (
+        f" ({model_type} checkpoints may spell names as transformers renames them on load, "
+        f"e.g. {', '.join(renames[:3])}; fp4_ops does not translate this model type's names)"
+    )
 
 
 @dataclass

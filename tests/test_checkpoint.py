@@ -610,6 +610,27 @@ def test_checkpoints_that_transformers_renames_load_into_its_causal_lm(model_typ
     _check_against_ct(ours, _ct_dequantized(tmp_path), bf16, [renamed(n) for n in names])
 
 
+def test_a_checkpoint_spelled_as_transformers_renames_it_is_named_so(tmp_path):
+    """A model type whose checkpoint names transformers renames on load and this loader does
+    not know (EXAONE's transformer.h.*: its model is transformers' Llama) is refused, the
+    missing key's error naming transformers' renames rather than leaving a plain "missing"."""
+    cm = pytest.importorskip("transformers.conversion_mapping")
+    if not cm.get_checkpoint_conversion_mapping("exaone") or not hasattr(
+        transformers, "ExaoneConfig"
+    ):
+        pytest.skip(f"transformers {transformers.__version__} does not rename EXAONE's names")
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2)
+    config = transformers.ExaoneConfig(num_attention_heads=4, num_key_value_heads=2, **common)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bf16 = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+    _ct_write(tmp_path, bf16, "NVFP4A16")
+    assert any(k.startswith("transformer.h.") for k in _raw(tmp_path))
+    renamed = r"missing .*\(exaone checkpoints may spell names as transformers renames them"
+    with pytest.raises(ValueError, match=renamed + r".*\^transformer\\\.h\\\. -> model\.layers\."):
+        fp4_ops.load_quantized(tmp_path)
+
+
 @pytest.mark.parametrize(
     "groups, ignore",
     [
