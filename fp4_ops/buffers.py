@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -44,6 +46,22 @@ class FP4Buffers(nn.Module):
         self._load_fp4_state(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys
         )
+
+    def _load_into(self, name: str, value: torch.Tensor, key: str) -> None:
+        """``load_state_dict``'s copy of ``value`` into the buffer or parameter ``name`` (its
+        checkpoint ``key``): a meta tensor cannot take values, and, as torch's own load says,
+        copying into one is a no-op that only ``assign=True`` avoids."""
+        target = getattr(self, name)
+        if target.is_meta and not value.is_meta:
+            warnings.warn(
+                f"for {key}: copying from a non-meta tensor in the checkpoint to a meta tensor "
+                "in the current model is a no-op (pass assign=True to load_state_dict to assign "
+                "the checkpoint's tensors)",
+                UserWarning,
+                stacklevel=4,
+            )
+            return
+        target.copy_(value)
 
     def _load_fp4_state(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys

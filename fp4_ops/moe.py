@@ -787,14 +787,15 @@ class FP4MoE(FP4Buffers):
             found[name] = t.view(torch.uint8) if plain else t
         assign = local_metadata.get("assign_to_params_buffers", False)
         with torch.no_grad():  # (everything checked: now it all loads)
-            for name, t in found.items():
+            for key, t in found.items():
+                name = key
                 if name.endswith("_data"):
                     name = name.replace("_data", "_codes")
                     t = t if self.plain_k_order else k_order.prepack_weights(t)
                 if assign:
                     self._buffers[name] = t
                 else:
-                    getattr(self, name).copy_(t)
+                    self._load_into(name, t, prefix + key)
         self._settle_k_order()  # (assigned tensors may be elsewhere than the layer was)
 
     def extra_repr(self) -> str:

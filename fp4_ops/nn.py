@@ -293,11 +293,12 @@ class FP4Linear(FP4Buffers):
         # (everything checked: now it all loads)
         assign = local_metadata.get("assign_to_params_buffers", False)
         with torch.no_grad():
-            for name, value in checked.items():
+            for key, value in checked.items():
+                name = key
                 if name == "weight_data" and self.activations == "bf16":
                     name, value = "weight_prepacked", k_order.prepack_weights(value)
                 if not assign:
-                    getattr(self, name).copy_(value)
+                    self._load_into(name, value, prefix + key)
                 elif name == "bias":
                     self.bias = nn.Parameter(value, requires_grad=False)
                 else:

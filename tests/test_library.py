@@ -482,6 +482,22 @@ def test_fp4_modules_load_with_assign(kind):
 
 
 @pytest.mark.parametrize("kind", MODULE_KINDS)
+def test_fp4_modules_warn_that_a_load_into_meta_is_a_no_op(kind):
+    """``load_state_dict`` without ``assign`` into a module on the meta device cannot take the
+    checkpoint's values: as nn.Module's own load, it says so (a UserWarning per tensor naming
+    its key) and leaves the module on meta, rather than passing silently."""
+    source = _module(kind, seed=46)[0]
+    empty = _module(kind, seed=47)[0].to("meta")
+    state = source.state_dict()
+    no_op = "to a meta tensor in the current model is a no-op"
+    with pytest.warns(UserWarning, match=no_op) as seen:
+        empty.load_state_dict(state)
+    fp4 = _fp4_keys(source)
+    assert {str(w.message).split(":")[0] for w in seen} >= {f"for {k}" for k in fp4}
+    assert all(t.is_meta for t in empty.state_dict().values() if torch.is_tensor(t))
+
+
+@pytest.mark.parametrize("kind", MODULE_KINDS)
 def test_fp4_modules_run_load_pre_hooks(kind):
     """A load pre-hook registered on the module runs before it reads the state dict, as on any
     nn.Module: one that renames a legacy checkpoint's keys makes it load."""
