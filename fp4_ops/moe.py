@@ -1019,8 +1019,11 @@ def _transformers_version() -> str:
         return "not installed"
 
 
-#: how far ``_check_forward``'s large tokens drive the gate / up values (past any clamp in use)
-PROBE_REACH = 32.0
+#: how far ``_check_forward``'s large tokens drive the largest gate / up value, by the experts'
+#: dtype (float16 keeps the probe's gate x up products finite): past the clamps in use (7-10),
+#: with most values past a clamp of a few tens
+PROBE_REACH = {torch.float16: 128.0}
+PROBE_REACH_DEFAULT = 512.0
 
 
 def check_experts_forward(module: torch.nn.Module, name: str, activation: str) -> None:
@@ -1055,19 +1058,21 @@ def check_experts_forward(module: torch.nn.Module, name: str, activation: str) -
 def _check_forward(module, w13, w2, activation, b13, b2) -> None:
     """ValueError unless the module's forward computes fp4_moe's definition on its own weights
     (float32, four tokens routed to three experts) to within its dtype's rounding. Two tokens
-    are scaled so that the largest gate / up value reaches ``PROBE_REACH``: a forward that
-    clamps them (DeepSeek-V4's ``swiglu_limit``) differs there, whatever the weights' scale."""
+    are scaled so that the largest gate / up value reaches ``PROBE_REACH`` (of the dtype): a
+    forward that clamps them (DeepSeek-V4's ``swiglu_limit``) differs there, whatever the
+    weights' scale."""
     e, h = w13.shape[0], w13.shape[2]
     gen = torch.Generator().manual_seed(0)
     dtype, device = w13.dtype, w13.device
     ids = torch.tensor([[0, e - 1], [e // 2, 0]] * 2, device=device)
     # (float32 whatever torch's default dtype: the probe's sums are float32 throughout)
     x = torch.randn(4, h, generator=gen, dtype=torch.float32).to(device)
+    target = PROBE_REACH.get(dtype, PROBE_REACH_DEFAULT)
     with torch.no_grad():
         for t in (2, 3):
             reach = max(float((w13[int(ex)].float() @ x[t]).abs().max()) for ex in ids[t])
             if reach > 0:
-                x[t] *= PROBE_REACH / reach
+                x[t] *= target / reach
     x = x.to(dtype)
     weights = torch.tensor([[0.75, 0.25], [0.5, 0.5]] * 2, device=device, dtype=dtype)
     with torch.no_grad():

@@ -1122,12 +1122,20 @@ def _held_as(model: nn.Module, name: str, linear: nn.Linear) -> str | None:
 
 def _unfit(linear: nn.Linear) -> str | None:
     """Why FP4Linear cannot stand in for ``linear``, or None."""
-    if type(linear).forward is not nn.Linear.forward or "forward" in vars(linear):
+    if type(linear).forward is not nn.Linear.forward:
         return f"{type(linear).__name__} has its own forward, which FP4Linear would drop"
-    hooks = [n for n in _FORWARD_HOOKS if getattr(linear, n, None)]
+    return _wrapped(linear, "FP4Linear") or _in_features_reason(linear.in_features)
+
+
+def _wrapped(module: nn.Module, replacement: str) -> str | None:
+    """Why ``replacement`` would drop what runs around ``module``'s class forward (forward
+    hooks, pre-hooks, a forward set on the instance: accelerate's hooks), or None."""
+    if "forward" in vars(module):
+        return f"its instance has its own forward, which {replacement} would drop"
+    hooks = [n for n in _FORWARD_HOOKS if getattr(module, n, None)]
     if hooks:
-        return f"it has forward hooks ({', '.join(hooks)}), which FP4Linear would drop"
-    return _in_features_reason(linear.in_features)
+        return f"it has forward hooks ({', '.join(hooks)}), which {replacement} would drop"
+    return None
 
 
 #: nn.Module's per-instance forward hooks, which a module put in a Linear's place does not carry
@@ -1153,6 +1161,13 @@ def _experts_replacement(model: nn.Module, name: str, module: nn.Module, how: tu
         return None
     if made is not None:
         return made
+    # (checked first: the checks below run the module's forward, hooks included)
+    wrapped = _wrapped(module, "FP4Experts")
+    if wrapped is not None:
+        if include is not None:
+            raise ValueError(f"{name}: {wrapped}")
+        report.skipped[name] = wrapped
+        return None
     try:
         if takes_scaled_tokens(module):
             top_k = block_top_k(model, name)

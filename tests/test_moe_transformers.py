@@ -123,6 +123,63 @@ def _routed(experts, glu, hidden_states, top_k_index, top_k_weights):
     return out
 
 
+@pytest.mark.parametrize(
+    "dtype, limit",
+    [(torch.bfloat16, 10.0), (torch.bfloat16, 40.0), (torch.bfloat16, 150.0)]
+    + [(torch.float16, 10.0), (torch.float16, 40.0), (torch.float32, 150.0)],
+)
+def test_transformers_experts_refuses_a_clamp_in_the_forward(dtype, limit):
+    """DeepSeek-V4's experts (SiLU act_fn; gate and up clamped at ``swiglu_limit`` in the
+    forward, a limit its config may set) are refused whatever the limit up to the probe's
+    reach for the dtype and whatever the weights' scale: FP4Experts would drop the clamp."""
+    module = _experts("qwen3-moe")
+
+    class Clamped(type(module)):
+        def forward(self, hidden_states, top_k_index, top_k_weights):
+            def glu(gate_up):
+                gate, up = gate_up.chunk(2)
+                return self.act_fn(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+
+            return _routed(self, glu, hidden_states, top_k_index, top_k_weights)
+
+    clamped = copy.deepcopy(module).to(dtype)
+    clamped.__class__ = Clamped
+    with torch.no_grad():  # (a trained model's scale: unit inputs never reach the clamp)
+        for p in clamped.parameters():
+            p.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="does not compute the experts"):
+        moe.transformers_experts(clamped)
+
+
+@pytest.mark.parametrize("kind", ["hook", "pre-hook", "instance forward"])
+def test_quantize_model_skips_experts_whose_forward_is_wrapped(kind):
+    """An experts module carrying forward hooks or an instance forward is skipped with its
+    reason (refused where ``include`` chooses it), before any check runs its forward: the
+    hooks see no probe tokens, and the module is kept as it was."""
+    calls = []
+
+    def wrap(model):
+        experts = model.model.layers[0].mlp.experts
+        if kind == "hook":
+            experts.register_forward_hook(lambda *args: calls.append(kind))
+        elif kind == "pre-hook":
+            experts.register_forward_pre_hook(lambda *args: calls.append(kind))
+        else:
+            plain = experts.forward
+            experts.forward = lambda *args: calls.append(kind) or plain(*args)
+        return model, experts
+
+    model, experts = wrap(_qwen3_moe(layers=2))
+    report = fp4_ops.quantize_model(model, activations="bf16")
+    assert model.model.layers[0].mlp.experts is experts and calls == []
+    assert "FP4Experts would drop" in report.skipped["model.layers.0.mlp.experts"]
+    assert isinstance(model.model.layers[1].mlp.experts, fp4_ops.FP4Experts)
+    model, experts = wrap(_qwen3_moe(layers=2))
+    with pytest.raises(ValueError, match=r"^model\.layers\.0\.mlp\.experts: .*would drop"):
+        fp4_ops.quantize_model(model, include=["*.experts"], activations="bf16")
+    assert model.model.layers[0].mlp.experts is experts and calls == []
+
+
 def test_transformers_experts_refuses_what_it_cannot_stand_in_for():
     module = _experts("qwen3-moe")
     gelu = copy.deepcopy(module)
@@ -144,24 +201,6 @@ def test_transformers_experts_refuses_what_it_cannot_stand_in_for():
     swapped.__class__ = UpFirst
     with pytest.raises(ValueError, match="does not compute the experts"):
         moe.transformers_experts(swapped)
-
-    class Clamped(type(module)):
-        """DeepSeek-V4's experts: SiLU act_fn, gate and up clamped at 10 in the forward."""
-
-        def forward(self, hidden_states, top_k_index, top_k_weights):
-            def glu(gate_up):
-                gate, up = gate_up.chunk(2)
-                return self.act_fn(gate.clamp(max=10.0)) * up.clamp(-10.0, 10.0)
-
-            return _routed(self, glu, hidden_states, top_k_index, top_k_weights)
-
-    clamped = copy.deepcopy(module)
-    clamped.__class__ = Clamped
-    with torch.no_grad():  # (a trained model's scale: unit inputs never reach the clamp)
-        for p in clamped.parameters():
-            p.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(2))
-    with pytest.raises(ValueError, match="does not compute the experts"):
-        moe.transformers_experts(clamped)
 
     class DenseScores(type(module)):
         """Transformers 4.x's forward: routing scores over every expert, [T, E]."""
