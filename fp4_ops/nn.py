@@ -840,8 +840,9 @@ def quantize_model(
 
     ``include``: glob patterns of module names (``["*.mlp.*"]``) or a predicate
     ``(name, module) -> bool``; None takes every Linear and experts module. Experts modules
-    whose layout or forward ``fp4_ops.moe.transformers_experts`` does not recognise are
-    skipped, with its reason in the report (one that ``include`` chooses raises ValueError).
+    whose layout or forward ``fp4_ops.moe.transformers_experts`` does not recognise, or that
+    carry forward hooks or an instance forward, are skipped, with the reason in the report
+    (one that ``include`` chooses raises ValueError).
     Skipped, with the reason in the report: MoE routers (a Linear of a block that holds
     experts, outside them: Mixtral's ``gate``, Qwen2-MoE's ``shared_expert_gate``, Hunyuan's
     ``gate.wg``), which FP4 checkpoints and serving engines keep in 16 bits; Linears whose
