@@ -604,10 +604,19 @@ def test_checkpoints_that_transformers_renames_load_into_its_causal_lm(model_typ
     for name in names:
         layer = ours.get_submodule(renamed(name))
         assert torch.equal(layer.weight.data, raw[stored(name) + ".weight_packed"]), name
+    # (save_quantized spells the names as transformers' own save_pretrained of that model)
+    fp4_ops.save_quantized(ours, tmp_path / "saved")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = transformers.AutoModelForCausalLM.from_config(ours.config)
+    plain.save_pretrained(tmp_path / "plain")
+    tops = [{k.split(".")[0] for k in _raw(tmp_path / f)} for f in ("saved", "plain")]
+    assert tops[0] == tops[1], tops
     major_minor = tuple(int(v) for v in transformers.__version__.split(".")[:2])
     if major_minor < (5, 23):
         pytest.skip(f"transformers {transformers.__version__}: no reference load of these")
     _check_against_ct(ours, _ct_dequantized(tmp_path), bf16, [renamed(n) for n in names])
+    _check_against_ct(ours, _ct_dequantized(tmp_path / "saved"), bf16, [renamed(n) for n in names])
 
 
 def test_a_checkpoint_spelled_as_transformers_renames_it_is_named_so(tmp_path):

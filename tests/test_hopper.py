@@ -762,6 +762,37 @@ def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
             r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha, offsets, torch.float16, bad)
 
 
+def test_grouped_launches_stay_bounded_over_many_token_counts(monkeypatch):
+    """The launch cache holds at most _MAX_LAUNCHES entries whatever the token counts a MoE
+    layer sees (a launch per routing's row count would grow it forever), and a count seen
+    before the cache started over launches again."""
+    import contextlib
+
+    launches = []
+
+    def compile_kernel(kernel, c_dtype, sms, options):
+        return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
+
+    stream = SimpleNamespace(cuda_stream=5, device=torch.device("cpu"))
+    monkeypatch.setattr(r90, "compile_kernel", compile_kernel)
+    monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
+    monkeypatch.setattr(r90, "stream_handle", lambda *_: 5)
+    monkeypatch.setattr(r90, "gpu_sm_count", lambda *_: k90.H200_SM_COUNT)
+    for cache in ("_LAUNCHES", "_KERNELS", "_WORKSPACES", "_PICKED"):
+        monkeypatch.setattr(r90, cache, {})
+    monkeypatch.setattr(r90, "_CHECKED", set())
+    monkeypatch.setattr(r90, "_MAX_LAUNCHES", 3)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: stream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    for first in range(1, 9):
+        a, b, sfb, vec, alpha, offsets = _grouped_cpu_operands([first, 2, 0, 1], 256, 128)
+        r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha, offsets, torch.bfloat16)
+        assert len(r90._LAUNCHES) <= 3 and launches[-1][11][0] == first + 3
+    assert len(launches) == 8
+
+
 @pytest.mark.parametrize("capability", [(8, 0), (9, 0), (10, 0), (12, 0)])
 def test_only_sm90_takes_the_hopper_only_paths(capability, monkeypatch):
     """W4A16 and the grouped GEMMs have kernels for sm_90 only: any other capability is

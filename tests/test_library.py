@@ -1423,6 +1423,27 @@ def test_calibrated_scale_is_the_dynamic_scale_of_the_same_input(scale):
         assert before.activations == "dynamic"
 
 
+def test_calibrate_changes_no_layer_where_making_one_fails(monkeypatch):
+    """Where a static layer cannot be made (an error at the second), calibrate raises with
+    every layer as it was: all are made before any is swapped in."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 32))
+    fp4_ops.quantize_model(model)
+    before = list(model)
+    real, made = FP4Linear.__init__, []
+
+    def init(self, *args, **kwargs):
+        made.append(args)
+        if len(made) == 2:
+            raise ValueError("the second static layer")
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FP4Linear, "__init__", init)
+    x = _x((4, 64), seed=58)
+    with pytest.raises(ValueError, match="the second static layer"):
+        fp4_ops.calibrate(model, lambda m: m(x))
+    assert list(model) == before and all(m.activations == "dynamic" for m in model)
+
+
 def test_calibrate_takes_nvfp4_layers_under_every_name_without_gradients():
     """calibrate makes static the NVFP4 layers with dynamic scales only (an MXFP4 layer keeps
     its per-call scales), a layer under two names one static layer under both, and runs the

@@ -210,22 +210,64 @@ def _other_stream(stream, handle):
     return SimpleNamespace(cuda_stream=handle, device=stream.device)
 
 
-def test_hopper_workspaces_stay_bounded_over_many_token_counts(monkeypatch):
+@pytest.mark.parametrize("paths", [("decode",), ("decode", "prefill")])
+def test_hopper_workspaces_stay_bounded_over_many_token_counts(monkeypatch, paths):
     """Eager calls over ever new token counts (prompt lengths) keep at most _MAX_WORKSPACES
-    entries (+ a weights copy), and a problem asked for again after the cache started over
-    gets a fresh zeroed workspace of its own shapes."""
+    entries (one more, the shared weights' copy, where prefill problems come in), and a
+    problem asked for again after the cache started over gets a fresh zeroed workspace of its
+    own shapes."""
     stream = _cpu_workspaces(monkeypatch)
     monkeypatch.setattr(r90, "_MAX_WORKSPACES", 8)
-    decode = r90.GemmConfig(16, "BFloat16", path="decode", mma_tiler_mn=(16, 128), split_k=2)
-    prefill = r90.GemmConfig(16, "BFloat16", path="prefill", mma_tiler_mn=(128, 256))
+    configs = {
+        "decode": r90.GemmConfig(16, "BFloat16", path="decode", mma_tiler_mn=(16, 128), split_k=2),
+        "prefill": r90.GemmConfig(16, "BFloat16", path="prefill", mma_tiler_mn=(128, 256)),
+    }
     sizes = []
     for m in range(1, 40):
-        r90._workspace(decode, (m, 256, 512, 1), stream)
-        r90._workspace(prefill, (2048 + m, 256, 512, 1), stream)
-        sizes.append(len(r90._WORKSPACES))
-    assert max(sizes) <= 8 + 1 and min(sizes[8:]) < max(sizes)
-    again = r90._workspace(decode, (1, 256, 512, 1), stream)
-    assert all(not t.any() for t in again) and again[1].shape[1] >= 1
+        for path in paths:
+            r90._workspace(configs[path], (m + 2048 * (path == "prefill"), 256, 512, 1), stream)
+            sizes.append(len(r90._WORKSPACES))
+    assert 8 <= max(sizes) <= 8 + (len(paths) - 1) and min(sizes[8:]) < max(sizes)
+    again = r90._workspace(configs["decode"], (40, 256, 512, 1), stream)
+    assert all(not t.any() for t in again) and again[1].shape[1] >= 48
+
+
+@pytest.mark.parametrize("a_dtype", ["Float4E2M1FN", "BFloat16"], ids=["w4a4", "w4a16"])
+def test_hopper_decode_workspaces_hold_each_token_count(monkeypatch, a_dtype):
+    """Decode problems that differ in M share nothing: each has its own token copy (W4A4) of
+    at least its token rows rounded up to whole tiles, and its own split-K workspace."""
+    stream = _cpu_workspaces(monkeypatch)
+    config = r90.GemmConfig(
+        16, "BFloat16", a_dtype, path="decode", mma_tiler_mn=(16, 128), split_k=2
+    )
+    kernel = r90._compiled(config, None)[0]
+    seen = []
+    for m in (1, 40, 17, 2):
+        splitk, copy_b, _ = r90._workspace(config, (m, 256, 512, 1), stream)
+        if a_dtype == "Float4E2M1FN":
+            assert copy_b.shape[1] >= kernel.converted_rows_b(m) >= m, m
+        assert all(splitk is not s and (copy_b is not b or b.numel() <= 8) for s, b in seen)
+        seen.append((splitk, copy_b))
+
+
+def test_new_workspaces_are_marked_as_used_on_the_callers_stream(monkeypatch):
+    """Every tensor the launcher's workspaces and ``memory.kept`` make on another stream is
+    marked with ``record_stream`` as used on the caller's stream, so that dropping it (a
+    cache starting over) never frees memory that kernels queued there still use."""
+    from fp4_ops import memory
+
+    marked = []
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: marked.append((t, s)))
+    cuda_stream = SimpleNamespace(cuda_stream=9, device=torch.device("cuda", 0))
+    parts = tuple(torch.zeros(n) for n in (3, 5, 7))
+    assert r90._used_on(cuda_stream, *parts) == parts
+    assert [(t, s) for t, s in marked] == [(t, cuda_stream) for t in parts]
+    marked.clear()
+    monkeypatch.setattr(memory, "persistent", lambda make, device: make())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: cuda_stream)
+    made = memory.kept({}, "key", lambda: parts[:2], torch.device("cuda", 0))
+    assert [(t, s) for t, s in marked] == [(t, cuda_stream) for t in made]
 
 
 @pytest.mark.parametrize("cache_size", [1, 3])
