@@ -1697,8 +1697,9 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--dump_dir",
-        default="./dump",
-        help="--compile_only writes the PTX and cubin into a folder per configuration here",
+        default=None,
+        help="--compile_only writes the PTX and cubin into a folder per configuration here "
+        "(default ./dump)",
     )
     return parser
 
@@ -1708,6 +1709,9 @@ class UsageError(Exception):
 
 
 def _validated(args: argparse.Namespace) -> argparse.Namespace:
+    if args.dump_dir is not None and not args.compile_only:
+        raise UsageError("--dump_dir is where --compile_only writes: give both or neither")
+    args.dump_dir = args.dump_dir or "./dump"
     if args.sf_dtype is None:
         args.sf_dtype = SF_FORMATS[args.sf_vec_size][0]
     if args.iterations < 1 or args.warmup_iterations < 0:

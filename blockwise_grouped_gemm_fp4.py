@@ -273,11 +273,16 @@ def group_layout(group_rows, tile_m: int) -> GroupLayout:
         raise ValueError(f"group_rows must be one or more integers >= 0, got {group_rows!r}")
     if _ints((tile_m,)) not in ((128,), (256,)):
         raise ValueError(f"tile_m must be the MMA tile M, the integer 128 or 256, got {tile_m!r}")
+    tiles = [-(-count // tile_m) for count in rows]
+    if sum(tiles) * tile_m >= 2**31:  # (checked before the per-tile table is built)
+        raise ValueError(
+            f"the groups pad to {sum(tiles) * tile_m} rows, beyond the kernel's 32-bit extents "
+            "(< 2^31)"
+        )
     offsets, tile_group = [0], []
-    for group, count in enumerate(rows):
-        tiles = -(-count // tile_m)
-        tile_group += [group] * tiles
-        offsets.append(offsets[-1] + tiles * tile_m)
+    for group, count in enumerate(tiles):
+        tile_group += [group] * count
+        offsets.append(offsets[-1] + count * tile_m)
     return GroupLayout(tile_m, rows, tuple(offsets), tuple(tile_group))
 
 
@@ -592,6 +597,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _validated(args: argparse.Namespace) -> argparse.Namespace:
     n, k = args.nk
+    if args.dump_dir is not None and not args.compile_only:
+        raise bw.UsageError("--dump_dir is where --compile_only writes: give both or neither")
     if args.iterations < 1 or args.warmup_iterations < 0:
         raise bw.UsageError("--iterations must be >= 1 and --warmup_iterations >= 0")
     if not 0 <= args.seed < 2**63 - 2**16:

@@ -1215,11 +1215,15 @@ def main(argv=None) -> int:
     p.add_argument("--global_scale", type=float, default=None, help="static NVFP4 scale")
     p.add_argument("--compile_only", action="store_true")
     p.add_argument("--benchmark", action="store_true", help="time it against a copy and peers")
-    p.add_argument("--gpu_arch", choices=GPU_ARCHS, default="sm_90a")
+    p.add_argument("--gpu_arch", choices=GPU_ARCHS, default=None, help="with --compile_only")
     args = p.parse_args(argv)
     if args.benchmark and args.compile_only:
         print("error: --benchmark runs the kernel: not with --compile_only", file=sys.stderr)
         return 2
+    if args.gpu_arch is not None and not args.compile_only:
+        print("error: --gpu_arch is --compile_only's target: give both or neither", file=sys.stderr)
+        return 2
+    args.gpu_arch = args.gpu_arch or "sm_90a"
     try:
         shape = tuple(int(v) for v in args.shape.split(","))
     except ValueError:
@@ -1230,9 +1234,12 @@ def main(argv=None) -> int:
     if reason:
         print(f"error: --shape {args.shape}: {reason}", file=sys.stderr)
         return 2
-    if args.global_scale is not None and (vec != 16 or not 0 < args.global_scale < math.inf):
+    # (the kernel reads it as float32: what rounds to 0 or overflows there is no scale)
+    as_f32 = None if args.global_scale is None else float(torch.tensor(args.global_scale))
+    if as_f32 is not None and (vec != 16 or not 0 < as_f32 < math.inf):
         print(
-            f"error: --global_scale {args.global_scale}: a finite value > 0, NVFP4 only",
+            f"error: --global_scale {args.global_scale}: a finite value > 0 in float32, "
+            "NVFP4 only",
             file=sys.stderr,
         )
         return 2

@@ -1910,3 +1910,12 @@ def test_tile_schedule_cta_pairs_share_their_mma_tile(monkeypatch, num_ctas_mnl,
         for l in range(num_ctas_mnl[2])  # noqa: E741
     }
     assert sorted(visited) == sorted(every_mma_tile)
+
+
+def test_cli_refuses_a_dump_dir_without_compile_only(tmp_path):
+    """``--dump_dir`` is where ``--compile_only`` writes; a run writes nothing there, so the
+    option alone would be ignored: exit 2 naming it, before any GPU check."""
+    proc = _cli("--mnkl", "128,128,128,1", "--dump_dir", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert "--dump_dir is where --compile_only writes" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -80,6 +80,7 @@ def test_group_layout_pads_each_group_to_whole_tiles(rows, tile_m, offsets, tile
         ("12", 128, "integers >= 0"),
         ((3,), 64, "128 or 256"),
         ((3,), 128.0, "the integer 128 or 256"),
+        ((2**31 - 128, 1), 128, r"pad to 2147483648 rows, beyond the kernel's 32-bit extents"),
     ],
 )
 def test_group_layout_refuses_bad_input(rows, tile_m, message):
@@ -426,6 +427,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (["--group_rows", "3,-1"], "--group_rows: group_rows must be one or more integers >= 0"),
         (["--group_rows", "3,x"], "--group_rows expects comma-separated integers"),
         (["--group_rows", "0,0"], "--group_rows: every group is empty"),
+        (["--group_rows", "99999999999999"], "beyond the kernel's 32-bit extents"),
         (["--mma_tiler_mn", "64,128"], "--mma_tiler_mn: tile M must be 128 or 256, got 64"),
         (["--nk", "4096,7000"], "K=7000 is not a multiple of 32"),
         (["--mma_tiler_mn", "256,128", "--cluster_shape_mn", "1,1"], "M must be even"),
@@ -660,3 +662,12 @@ def test_sim_no_role_reads_the_routing_past_its_table(cfg, count):
             table = {a for a in reads if TABLE <= a < COUNT}
             assert COUNT in reads, warp
             assert table <= in_use, (warp, table)
+
+
+def test_cli_refuses_a_dump_dir_without_compile_only(tmp_path):
+    """``--dump_dir`` is where ``--compile_only`` writes; a run writes nothing there, so the
+    option alone would be ignored: exit 2 naming it, before any GPU check."""
+    proc = _cli("--group_rows", "3", "--dump_dir", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert "--dump_dir is where --compile_only writes" in proc.stderr
+    assert "Traceback" not in proc.stderr

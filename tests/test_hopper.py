@@ -2920,3 +2920,12 @@ def test_gpu_gemm_streams_graphs_and_alpha():
     with pytest.raises(RuntimeError, match="before capturing a CUDA graph on that stream"):
         with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=streams[0]):
             r90.gemm(ops.a[:, :8], ops.b, *sf, alpha, d[:, :8], config)
+
+
+def test_cli_refuses_a_dump_dir_without_compile_only(tmp_path):
+    """``--dump_dir`` is where ``--compile_only`` writes; a run writes nothing there, so the
+    option alone would be ignored: exit 2 naming it, before any GPU check."""
+    proc = _cli("--mnkl", "128,128,128,1", "--dump_dir", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert "--dump_dir is where --compile_only writes" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -117,6 +117,8 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, exac
         (["--global_scale", "0"], "finite value > 0"),
         (["--global_scale", "nan"], "finite value > 0"),
         (["--global_scale", "inf"], "finite value > 0"),
+        (["--global_scale", "1e39"], "finite value > 0 in float32"),
+        (["--global_scale", "1e-50"], "finite value > 0 in float32"),
         (["--format", "mxfp4", "--global_scale", "0.5"], "NVFP4 only"),
         (["--gpu_arch", "garbage"], "invalid choice: 'garbage'"),
         (["--gpu_arch", "sm_80"], "invalid choice: 'sm_80'"),
@@ -133,6 +135,8 @@ def test_persistent_grid_is_resident(in_dtype, vec, dynamic, local, tokens, exac
         "gs-0",
         "gs-nan",
         "gs-inf",
+        "gs-f32-overflow",
+        "gs-f32-zero",
         "mxfp4-gs",
         "arch",
         "sm80",
@@ -151,6 +155,14 @@ def test_cli_refuses_bad_input(args, why, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert why in err and "Traceback" not in err
+
+
+def test_cli_refuses_a_gpu_arch_without_compile_only(capsys):
+    """``--gpu_arch`` names what ``--compile_only`` compiles for; a run compiles for the GPU it
+    runs on, so the option alone would be ignored: exit 2 naming it."""
+    assert quantize_fp4.main(["--gpu_arch", "sm_100a"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu_arch is --compile_only's target" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("arch", quantize_fp4.GPU_ARCHS)
