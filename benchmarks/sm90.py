@@ -778,6 +778,12 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.combine is not None and args.combine < 1:
         ap.error(f"--combine expects a number of shards >= 1, got {args.combine}")
+    if args.combine is not None and (args.shard or args.quick or args.warm_l2):
+        ap.error("--combine writes what the shards measured: no --shard, --quick or --warm_l2")
+    if args.name == "" or (args.name and os.sep in args.name):
+        ap.error(f"--name {args.name!r}: a file name, not empty nor a path")
+    # (checked now, not after the run: the results are written into it at the end)
+    cli.output_path(ap, "--out_dir", os.path.join(args.out_dir, args.name or "h200_sm90"))
     if args.shard is not None:
         try:
             i, n = (int(v) for v in args.shard.split("/"))
@@ -836,6 +842,13 @@ def main(argv=None) -> int:
             print(combine_shards(path, args.combine))
         except FileNotFoundError as err:
             print(f"--combine {args.combine}: {err.filename} is missing", file=sys.stderr)
+            return 2
+        except (ValueError, KeyError, TypeError) as err:  # (JSONDecodeError is a ValueError)
+            why = f"lacks {err}" if isinstance(err, KeyError) else str(err)
+            print(
+                f"--combine {args.combine}: a shard of {path} is not a result: {why}",
+                file=sys.stderr,
+            )
             return 2
         return 0
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):

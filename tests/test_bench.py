@@ -263,6 +263,40 @@ def test_shards_combine_into_one_result_set_in_shape_order(tmp_path):
             bench.parse_args(["--shard", bad])
 
 
+@pytest.mark.parametrize(
+    "shard, why",
+    [("{bad", "Expecting property name"), ('{"rows": [], "meta": {}}', "lacks 'w4a16'")],
+    ids=["not-json", "no-w4a16"],
+)
+def test_combine_refuses_a_shard_that_is_no_result(tmp_path, capsys, shard, why):
+    """A shard file that is not JSON, or lacks a part of a result, is exit 2 naming the run's
+    shards and what is wrong, not a traceback."""
+    (tmp_path / "h200_sm90.shard0.json").write_text(shard)
+    assert bench.main(["--combine", "1", "--out_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"a shard of {tmp_path / 'h200_sm90'}" in err and why in err
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["--combine", "1", "--quick"], "--combine writes what the shards measured"),
+        (["--combine", "1", "--shard", "0/2"], "--combine writes what the shards measured"),
+        (["--name", ""], "--name '': a file name"),
+        (["--name", "a/b"], "--name 'a/b': a file name"),
+        (["--out_dir", "FILE"], "is not a folder this run can write in"),
+    ],
+)
+def test_sm90_bench_refuses_what_it_would_ignore_or_fail_on_late(tmp_path, capsys, args, why):
+    """Options --combine would ignore, a --name that is no file name, and an --out_dir it
+    cannot write in are refused at the start (exit 2), not ignored or found after the run."""
+    (tmp_path / "FILE").write_text("")
+    args = [str(tmp_path / "FILE") if a == "FILE" else a for a in args]
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(args)
+    assert exit_.value.code == 2 and why in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("calls", ["0", "151"])
 def test_eager_bench_refuses_calls_out_of_range(calls, capsys):
     """More calls than fit the launch queue behind the sleep kernel would time the GPU."""
