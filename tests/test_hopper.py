@@ -707,15 +707,12 @@ def test_grouped_offsets_limit_one_experts_weights_not_all():
     assert any("SFB blocked bytes (one expert) = 2147483648" in r for r in reasons), reasons
 
 
-def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
-    """The grouped entry's launch of its compiled function: the operands' addresses in the
-    kernel's order (alpha, then the offsets), the problem with the activations' K (not the
-    padded weights'), one check per shape and output dtype, a cache hit taking new operands."""
+def _stand_in_launcher(monkeypatch):
+    """The launcher on the CPU: compiling records (c_dtype, grouped) and hands back a function
+    that records its arguments; empty caches, a stand-in stream 5, an H200's SM count (also
+    where a real GPU is present). Returns (compiled, launches)."""
     import contextlib
 
-    import torch
-
-    counts, n, k = [1, 0, 3, 4], 256, 160  # (K % 64 == 32: the weights carry padding)
     compiled, launches = [], []
 
     def compile_kernel(kernel, c_dtype, sms, options):
@@ -726,7 +723,6 @@ def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
     monkeypatch.setattr(r90, "compile_kernel", compile_kernel)
     monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
     monkeypatch.setattr(r90, "stream_handle", lambda *_: 5)
-    # (the configuration rule's SM count: an H200's, also where a real GPU is present)
     monkeypatch.setattr(r90, "gpu_sm_count", lambda *_: k90.H200_SM_COUNT)
     for cache in ("_LAUNCHES", "_KERNELS", "_WORKSPACES", "_PICKED"):
         monkeypatch.setattr(r90, cache, {})
@@ -735,6 +731,15 @@ def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    return compiled, launches
+
+
+def test_grouped_launches_pass_their_operands_and_cache_by_shape(monkeypatch):
+    """The grouped entry's launch of its compiled function: the operands' addresses in the
+    kernel's order (alpha, then the offsets), the problem with the activations' K (not the
+    padded weights'), one check per shape and output dtype, a cache hit taking new operands."""
+    counts, n, k = [1, 0, 3, 4], 256, 160  # (K % 64 == 32: the weights carry padding)
+    compiled, launches = _stand_in_launcher(monkeypatch)
     for out_dtype, first in (
         (torch.bfloat16, True),
         (torch.bfloat16, False),
@@ -766,26 +771,8 @@ def test_grouped_launches_stay_bounded_over_many_token_counts(monkeypatch):
     """The launch cache holds at most _MAX_LAUNCHES entries whatever the token counts a MoE
     layer sees (a launch per routing's row count would grow it forever), and a count seen
     before the cache started over launches again."""
-    import contextlib
-
-    launches = []
-
-    def compile_kernel(kernel, c_dtype, sms, options):
-        return SimpleNamespace(__tvm_ffi_object__=lambda: lambda *x: launches.append(x))
-
-    stream = SimpleNamespace(cuda_stream=5, device=torch.device("cpu"))
-    monkeypatch.setattr(r90, "compile_kernel", compile_kernel)
-    monkeypatch.setattr(r90, "operand_reasons", lambda *_: [])
-    monkeypatch.setattr(r90, "stream_handle", lambda *_: 5)
-    monkeypatch.setattr(r90, "gpu_sm_count", lambda *_: k90.H200_SM_COUNT)
-    for cache in ("_LAUNCHES", "_KERNELS", "_WORKSPACES", "_PICKED"):
-        monkeypatch.setattr(r90, cache, {})
-    monkeypatch.setattr(r90, "_CHECKED", set())
+    _, launches = _stand_in_launcher(monkeypatch)
     monkeypatch.setattr(r90, "_MAX_LAUNCHES", 3)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: stream)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
     for first in range(1, 9):
         a, b, sfb, vec, alpha, offsets = _grouped_cpu_operands([first, 2, 0, 1], 256, 128)
         r90.grouped_gemm_for_ops(a, b, sfb, vec, alpha, offsets, torch.bfloat16)
