@@ -74,34 +74,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="results path prefix (default results/<gpu>_linear)")
     args = p.parse_args(argv)
     args.out = cli.output_path(p, "--out", args.out)
-    try:
-        m = M_QUICK if args.quick and args.m is None else _ints(args.m, M_DEFAULT)
-        nk = NK_QUICK if args.quick and args.nk is None else _pairs(args.nk, NK_DEFAULT)
-    except ValueError:
-        p.error("--m takes positive integers (1,16), --nk NxK pairs (8192x8192,7168x2048)")
-    bad = [f"{n}x{k}" for n, k in nk if n < 1 or k < 32 or k % 32]
-    if bad:
-        p.error(f"--nk: N must be positive and K a positive multiple of 32: {', '.join(bad)}")
+    m = M_QUICK if args.quick and args.m is None else M_DEFAULT
+    if args.m is not None:
+        m = cli.positive_ints(p, "--m", args.m, "1,16")
+    nk = NK_QUICK if args.quick and args.nk is None else NK_DEFAULT
+    if args.nk is not None:
+        nk = _pairs(p, args.nk)
+    # (the kernels' 32-bit strides; past them the layers could not be built either)
+    big = [f"{mm}x{n}x{k}" for n, k in nk for mm in m if max(mm * k, n * k) >= 2**31]
+    if big:
+        p.error(f"--m / --nk: M x K and N x K must be < 2^31 elements, got {', '.join(big)}")
     args.m, args.nk = list(m), list(nk)
     return args
 
 
-def _ints(text, default):
-    if text is None:
-        return default
-    values = [int(v) for v in text.split(",")]
-    if not values or min(values) < 1:
-        raise ValueError(text)
-    return values
-
-
-def _pairs(text, default):
-    if text is None:
-        return default
-    pairs = [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
-    if any(len(p) != 2 for p in pairs):
-        raise ValueError(text)
-    return pairs
+def _pairs(p: argparse.ArgumentParser, text: str) -> list[tuple[int, int]]:
+    """``--nk``'s comma-separated NxK pairs, each once: N positive, K a positive multiple of
+    32."""
+    pairs = []
+    for item in text.split(","):
+        try:
+            n, k = (int(v) for v in item.split("x"))
+        except ValueError:
+            p.error(f"--nk takes NxK pairs (8192x8192,7168x2048), got {item!r} in {text!r}")
+        if n < 1 or k < 32 or k % 32:
+            p.error(f"--nk {item}: N must be positive and K a positive multiple of 32")
+        pairs.append((n, k))
+    return list(dict.fromkeys(pairs))
 
 
 def shapes(args) -> list[tuple[int, int, int]]:

@@ -138,7 +138,7 @@ def _names(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(
             f"unknown config {', '.join(bad) or repr(text)}: choose from {', '.join(CONFIGS)}"
         )
-    return names
+    return list(dict.fromkeys(names))
 
 
 def _batches(text: str) -> list[int]:
@@ -150,7 +150,7 @@ def _batches(text: str) -> list[int]:
         ) from None
     if min(values) < 1:
         raise argparse.ArgumentTypeError(f"batch sizes must be at least 1, got {text!r}")
-    return values
+    return list(dict.fromkeys(values))
 
 
 def parse_args(argv=None) -> argparse.Namespace:

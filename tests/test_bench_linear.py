@@ -63,6 +63,29 @@ def test_bad_arguments_exit_2_with_a_reason(argv, capsys):
     assert "error:" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        (["--m", "0"], "--m takes positive integers, got [0]"),
+        (["--nk", "8192x100"], "--nk 8192x100: N must be positive and K a positive multiple"),
+        (["--nk", "64x64,8192"], "got '8192' in '64x64,8192'"),
+        (["--m", "99999999999", "--nk", "64x64"], "got 99999999999x64x64"),
+        (["--nk", "64x9999999999968"], "N x K must be < 2^31 elements"),
+    ],
+)
+def test_bad_sizes_are_named_before_anything_is_allocated(argv, why, capsys):
+    """A bad or too large size is refused naming it (the kernels' 32-bit strides bound M x K
+    and N x K), not found as an allocation error later."""
+    with pytest.raises(SystemExit):
+        bench_linear.parse_args(argv)
+    assert why in capsys.readouterr().err
+
+
+def test_repeated_sizes_are_measured_once():
+    args = bench_linear.parse_args(["--m", "1,16,1", "--nk", "64x64,96x128,64x64"])
+    assert args.m == [1, 16] and args.nk == [(64, 64), (96, 128)]
+
+
 # ----------------------------------------------------------------------------- cold L2
 
 

@@ -42,6 +42,9 @@ def test_arguments_parse():
         ["--config", "qwen3-32b,tiny", "--batch", "2,8", "--layers", "2", "--device", "cpu"]
     )
     assert args.config == ["qwen3-32b", "tiny"] and args.batch == [2, 8] and args.layers == 2
+    again = ["--config", "tiny,tiny", "--batch", "1,2,1", "--device", "cpu"]
+    args = bench.parse_args(again)  # (repeats measured once)
+    assert args.config == ["tiny"] and args.batch == [1, 2]
 
 
 @pytest.mark.parametrize(
