@@ -1238,8 +1238,7 @@ def main(argv=None) -> int:
     as_f32 = None if args.global_scale is None else float(torch.tensor(args.global_scale))
     if as_f32 is not None and (vec != 16 or not 0 < as_f32 < math.inf):
         print(
-            f"error: --global_scale {args.global_scale}: a finite value > 0 in float32, "
-            "NVFP4 only",
+            f"error: --global_scale {args.global_scale}: a finite value > 0 in float32, NVFP4 only",
             file=sys.stderr,
         )
         return 2
