@@ -621,9 +621,7 @@ def gemm_for_ops(a, b, sfa, sfb, sf_vec_size, alpha, out_dtype, a_dtype=W4A4, sc
     if launch is not None and launch.fits(a, b, sfa, sfb, alpha, out, scale):
         launch(a, b, sfa, sfb, out, alpha, stream, scale=scale)
         return out
-    if len(_LAUNCHES) >= _MAX_LAUNCHES:
-        _LAUNCHES.clear()
-    _LAUNCHES[key] = _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale)
+    _keep_launch(key, _first_launch(a, b, sfa, sfb, sf_vec_size, alpha, out, a_dtype, scale))
     return out
 
 
@@ -729,9 +727,14 @@ def _grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out, scale=None) -> 
         if launch.fits(a, b, None, sfb, alpha, out):
             launch(a, b, None, sfb, out, alpha, stream, offsets, scale)
             return
+    _keep_launch(key, _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out, scale))
+
+
+def _keep_launch(key: tuple, launch: Launch) -> None:
+    """``launch`` under ``key`` in ``_LAUNCHES``, which starts over when full."""
     if len(_LAUNCHES) >= _MAX_LAUNCHES:
         _LAUNCHES.clear()
-    _LAUNCHES[key] = _first_grouped_launch(a, b, sfb, sf_vec_size, alpha, offsets, out, scale)
+    _LAUNCHES[key] = launch
 
 
 def _offsets_fit(offsets, experts: int, index: int) -> bool:
