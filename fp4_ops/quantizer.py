@@ -53,7 +53,8 @@ Kernels (no arch-specific "a" features: sm_90 and the sm_100 family; E4M3 cvts n
                  ``tokens`` (L = 1): instead of codes and scales, the Hopper W4A4 decode GEMM's
                  token copy (exact F16 / BF16 in its K order, ``fp4_ops.sm90.dequant``), as its
                  prologue grid would make it; lane pairs trade words so that each lane writes
-                 whole 16-byte chunks. It lets the GEMM behind it launch at once (PDL).
+                 whole 16-byte chunks. PDL-launched, it waits for the kernel ahead before
+                 it touches memory, then lets the GEMM behind it launch (PDL).
                  ``exact_rows`` (L = 1): instead of codes and scales, e2m1 x block scale in
                  BF16 (MXFP4 x MXFP4_BF16_SHIFT), exact, in plain K order: the rows of the
                  Hopper grouped W4A16 kernel in a W4A4 MoE layer (``quantize_exact_rows``);
@@ -369,7 +370,15 @@ class QuantizeFp4:
             (rows, sf_cols, total, total_warps),
             cute.fast_divmod_create_divisor_v2(pairs_pad),
             cute.fast_divmod_create_divisor_v2(rows_pad),
-        ).launch(grid=(ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=self.amax_grid)
+        ).launch(
+            grid=(ctas, 1, 1),
+            block=(THREADS, 1, 1),
+            stream=stream,
+            # (tokens: its launch overlaps the tail of the kernel ahead, and its CTAs take the
+            # GEMM's SMEM carveout, so that the GEMM's CTAs need no reconfigured SM)
+            use_pdl=self.amax_grid or self.tokens,
+            preferred_smem_carveout=100 if self.tokens else None,
+        )
 
     # ------------------------------------------------------------------------------ amax pass
 
@@ -434,11 +443,12 @@ class QuantizeFp4:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         if const_expr(self.values_out):
-            # the GEMM behind (PDL) may start requesting its weights; it waits for this grid
-            # before it reads the copy or the global scale
-            cute.arch.griddepcontrol_launch_dependents()
-            # the GEMM ahead may still read the copy: a no-op unless this grid is PDL-launched
+            # NOTE: PDL launch (tokens): the kernel ahead may still run (a GEMM reading this
+            # copy, or what writes x); nothing is read or written before this wait
             cute.arch.griddepcontrol_wait()
+            # only now may the GEMM behind request weights (before its own wait for this grid,
+            # which it needs before it reads the copy or the global scale)
+            cute.arch.griddepcontrol_launch_dependents()
         gs = self._global_scale(mGsIn, mAmax, amax_count)
         if (bidx == 0) & (tidx == 0):
             mGsOut[0] = gs

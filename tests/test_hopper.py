@@ -1739,7 +1739,7 @@ def test_converted_shapes_pad_decode_tokens_to_whole_tiles():
 def test_default_config_paths():
     """The picks that docs/sm90_design.md measured, one rule of ``default_config`` at a time."""
     assert k90.default_config(1, 8192, 8192, 1)[0] == "decode"
-    assert k90.default_config(1, 8192, 8192, 1)[1] == (8, 128)
+    assert k90.default_config(1, 8192, 8192, 1, allow_k_groups=False)[1] == (8, 128)
     assert k90.default_config(64, 8192, 8192, 1)[1:] == ((64, 64), 2, 1)
     # tiles of > 32 tokens: on a tie, 64 weight rows unsplit rather than 128 rows split in two
     assert k90.default_config(128, 7168, 2048, 1)[1:] == ((128, 64), 1, 1)
@@ -1751,7 +1751,7 @@ def test_default_config_paths():
     # ... while 144 tiles split 3 (432 units: at most two units of 19 k-tiles per CTA) beat
     # split 2 (288 units: 24 CTAs run two units of 28 k-tiles, the others one)
     assert k90.default_config(16, 18432, 7168, 1)[1:] == ((16, 128), 3, 1)
-    assert k90.default_config(16, 4096, 7168, 1)[1:] == ((16, 64), 4, 1)
+    assert k90.default_config(16, 4096, 7168, 1, allow_k_groups=False)[1:] == ((16, 64), 4, 1)
     # several token tiles (M > 128): 128 x 128 tiles, split only while tiles leave CTAs idle
     assert k90.default_config(192, 8192, 8192, 1) == ("decode", (128, 128), 1, 1)
     assert k90.default_config(256, 4096, 7168, 1) == ("decode", (128, 128), 2, 1)
@@ -1765,9 +1765,14 @@ def test_default_config_paths():
     # a path asked for (the CLI's --path): that path's tile and split at any M
     assert k90.default_config(4096, 8192, 8192, 1, path="decode") == ("decode", (128, 128), 1, 1)
     assert k90.default_config(1024, 8192, 8192, 1, path="prefill") == ("prefill", (128, 256), 1, 1)
-    # one wave of K groups where the split-K units would be short (<= 8 k-tiles) and one CTA
+    # one wave of K groups where the split-K units would be short (<= 16 k-tiles) and one CTA
     # per 64 weight rows fills 3/4 of the SMs or more ...
     assert k90.default_config(1, 7168, 2048, 1) == ("decode", (8, 64), 1, 4)
+    assert k90.default_config(16, 8192, 8192, 1) == ("decode", (16, 64), 1, 4)
+    # (the bound's two sides: 7168 x 8192 splits 4 into units of 16 k-tiles, x 8576 of 17)
+    assert k90.default_config(1, 7168, 8192, 1, allow_k_groups=False)[1:] == ((8, 128), 4, 1)
+    assert k90.default_config(1, 7168, 8192, 1) == ("decode", (8, 64), 1, 4)
+    assert k90.default_config(1, 7168, 8576, 1) == ("decode", (8, 128), 4, 1)
     assert k90.default_config(32, 7168, 2048, 1) == ("decode", (32, 64), 1, 4)
     # (the first split that fills 3/4 of the SMs: 1280 rows are 20 CTAs of 64, 120 at split 6)
     assert k90.default_config(1, 1280, 6144, 1) == ("decode", (8, 64), 6, 4)

@@ -39,6 +39,7 @@ from ptx_emulator import GlobalMemory, Grid, Params, parse_ptx
 from test_hopper import ptx_model
 
 import reference
+from fp4_ops import quantizer
 from fp4_ops.sm90 import dequant as dq
 from fp4_ops.sm90 import gemm as k90
 from fp4_ops.sm90 import launcher as r90
@@ -362,6 +363,36 @@ def test_ptx_every_role_waits_before_its_global_accesses(name, compiled):
     accesses = [i for i, (op, _, _) in enumerate(prologue.ins) if _GLOBAL_ACCESS.match(op)]
     assert accesses and not set(accesses) & early
     assert not set(prologue.where(r"griddepcontrol\.launch_dependents")) & early
+
+
+@pytest.mark.parametrize(
+    "dynamic, local, tokens",
+    [(False, False, True), (True, True, True), (True, False, True), (True, True, False)],
+    ids=["tokens-static", "tokens-local-amax", "tokens-amax-grid", "exact-rows"],
+)
+def test_ptx_quantizer_grids_ahead_of_a_gemm_wait_before_memory_and_release(
+    dynamic, local, tokens, tmp_path
+):
+    """The quantizer grids that feed a Hopper GEMM (the tokens mode, PDL-launched behind the
+    kernel ahead of it; the exact-rows mode) touch no global memory, and release the GEMM
+    behind them, only after their ``griddepcontrol.wait``: the kernel ahead may still read the
+    copy they write, and the GEMM's weight requests before its own wait must not overlap it."""
+    import glob
+
+    options = f"--gpu-arch sm_90a --keep-ptx --dump-dir={tmp_path}"
+    quantizer.compile_quantizer("BFloat16", 16, dynamic, options, local, tokens, not tokens)
+    (path,) = glob.glob(os.path.join(tmp_path, "*.ptx"))
+    with open(path) as f:
+        ptx = f.read()
+    # (a dynamic x over LOCAL_AMAX_BYTES: the amax grid first, launched plainly, then this one)
+    names = re.findall(r"\.entry (kernel_cutlass_kernel_\w+)\(", ptx)
+    assert len(names) == 1, names
+    kern = _Kernel(ptx, names[0])
+    early = kern.reach({0}, lambda op: op == "griddepcontrol.wait")
+    accesses = [i for i, (op, _, _) in enumerate(kern.ins) if _GLOBAL_ACCESS.match(op)]
+    assert accesses and not set(accesses) & early
+    release = kern.where(r"griddepcontrol\.launch_dependents")
+    assert release and not set(release) & early
 
 
 @pytest.mark.parametrize("name", list(PTX_CONFIGS))

@@ -744,6 +744,20 @@ MUTANTS = [
         "default_config_paths",
     ),
     mutant(
+        "h-config-w4a4-k-group-bound-high",
+        "configuration rule",
+        "W4A4_K_GROUP_MAX_UNIT_K_TILES = 16",
+        "W4A4_K_GROUP_MAX_UNIT_K_TILES = 17",
+        "default_config_paths",
+    ),
+    mutant(
+        "h-config-w4a4-k-group-bound-low",
+        "configuration rule",
+        "W4A4_K_GROUP_MAX_UNIT_K_TILES = 16",
+        "W4A4_K_GROUP_MAX_UNIT_K_TILES = 8",
+        "default_config_paths",
+    ),
+    mutant(
         "h-config-near-tie-too-wide",
         "configuration rule",
         "W4A16_NEAR_TIE = 0.02",

@@ -982,6 +982,16 @@ MUTANTS = [
         'print(f"error: {err}", file=sys.stderr)\n        return 1',
         ["tests/test_hopper.py", "-k", "test_cli_bad_input_exits_2"],
     ),
+    # (the PDL-launched tokens grid releases the GEMM behind it before its own wait: the GEMM's
+    # weight requests before its wait overlap the kernel ahead of the grid)
+    mutant(
+        "q-tokens-release-before-wait",
+        "PDL order",
+        QUANTIZER,
+        "cute.arch.griddepcontrol_wait()\n            # only now may",
+        "cute.arch.griddepcontrol_launch_dependents()\n            # only now may",
+        ["tests/test_hopper_facts.py", "-k", "quantizer_grids"],
+    ),
     # (python -m fp4_ops.quantizer --compile_only --gpu_arch sm_100a: compiles for sm_90a yet
     # prints 'compiled for sm_100a')
     mutant(

@@ -155,6 +155,8 @@ DECODE_MAX_STAGES = 6
 DECODE_K_GROUP_MAX_STAGES = 16
 # default_config: consumer warpgroup groups of the one-wave K-group configuration
 DECODE_K_GROUPS = 4
+# ... W4A4 only where the pick's units stream at most this many k-tiles (docs/sm90_design.md)
+W4A4_K_GROUP_MAX_UNIT_K_TILES = 16
 # default_config: the fixed cost of a decode work unit (fix-up and store), in weight rows x
 # k-tiles of 128 (docs/sm90_design.md)
 UNIT_COST = 384
@@ -292,7 +294,8 @@ def default_config(
       (as many units, as many weights each) where 2s is one of DECODE_SPLITS and its units
       stream at least W4A16_TALL_MIN_K_TILES k-tiles.  The busiest-CTA search never offers
       these tiles: they cannot stage D for TMA stores, and store it directly.
-    * One wave of K groups: where the units of that pick have <= 8 k-tiles and one CTA per 64
+    * One wave of K groups: where the units of that pick have <= W4A4_K_GROUP_MAX_UNIT_K_TILES
+      k-tiles (W4A16: any) and one CTA per 64
       weight rows (x a K split) fills 3/4 of the SMs or more, at most all of them, a token tile
       of <= 32 tokens runs as 64-row tiles with DECODE_K_GROUPS groups of consumer warpgroups
       splitting K inside the CTA.
@@ -354,7 +357,7 @@ def default_config(
     if w4a16_dense and cols == 64 and rows == 64:
         rows, split = _tall_w4a16(k_tiles, split)
     tiler = (cols, rows)
-    short_units = math.ceil(k_tiles / split) <= 8
+    short_units = math.ceil(k_tiles / split) <= W4A4_K_GROUP_MAX_UNIT_K_TILES
     if allow_k_groups and cols <= 32 and (short_units or a_dtype != W4A4):
         kg_split = _one_wave_k_group_split(n, l, k_tiles, num_sms)
         if kg_split is not None:
