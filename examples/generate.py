@@ -314,11 +314,28 @@ def _modes(model) -> str:
     return ", ".join(names[m] for m in found) or "no FP4 layer"
 
 
+def _generate_or_none(model, inputs: dict, args) -> dict | None:
+    """``generate_timed``, or None after an error line where the device runs out of memory."""
+    try:
+        return generate_timed(model, inputs, args.max_new_tokens, args.compile)
+    except torch.OutOfMemoryError:
+        print(
+            f"error: out of {args.device} memory for --batch {args.batch} x --max_new_tokens "
+            f"{args.max_new_tokens}: give fewer",
+            file=sys.stderr,
+        )
+        return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     try:
         folder = fp4_ops.checkpoint_folder(args.model)
+    except (ValueError, OSError, ImportError) as err:  # (OSError: the Hub's refusals too)
+        print(f"error: --model: {err}", file=sys.stderr)
+        return 2
+    try:
         tokenizer = load_tokenizer(args.tokenizer or str(folder))
         inputs = encode(tokenizer, args.prompt, args.batch, device, args.chat)
         model = fp4_ops.load_quantized(folder, device, ACTIVATIONS.get(args.activations))
@@ -330,7 +347,9 @@ def main(argv=None) -> int:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     how = "static cache, CUDA graphs" if args.compile else "dynamic cache, eager"
     print(f"{args.model} on {where}: {_modes(model)}; greedy, {how}")
-    fp4 = generate_timed(model, inputs, args.max_new_tokens, args.compile)
+    fp4 = _generate_or_none(model, inputs, args)
+    if fp4 is None:
+        return 2
     report(f"FP4 ({_modes(model)})", tokenizer, fp4, args.batch, args.max_new_tokens)
     if not args.baseline:
         return 0
@@ -354,7 +373,9 @@ def main(argv=None) -> int:
         count = dequantize_in_place(model)
         model.to(torch.bfloat16)  # (a checkpoint's float32 embeddings and norms too)
         label = f"BF16 (the FP4 model dequantized, {count} layers)"
-    base = generate_timed(model, inputs, args.max_new_tokens, args.compile)
+    base = _generate_or_none(model, inputs, args)
+    if base is None:
+        return 2
     report(label, tokenizer, base, args.batch, args.max_new_tokens)
     print(f"FP4 / BF16 decode tokens per second: {fp4['decode_tok_s'] / base['decode_tok_s']:.2f}x")
     if fp4["tokens"].shape == base["tokens"].shape:

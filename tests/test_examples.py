@@ -302,6 +302,27 @@ def test_a_quantized_baseline_model_exits_2(fmt, checkpoints, capsys):
     assert err == f"error: --baseline_model {folder}: a quantized checkpoint, not a BF16 model\n"
 
 
+@pytest.mark.parametrize("failing", [1, 2], ids=["fp4", "baseline"])
+def test_running_out_of_memory_exits_2_naming_the_sizes(failing, checkpoints, capsys, monkeypatch):
+    """A generate that runs out of device memory (the FP4 model's, or the baseline's) ends the
+    run with one error line naming --batch and --max_new_tokens, exit 2, no traceback."""
+    calls = []
+    real = generate.generate_timed
+
+    def generate_timed(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == failing:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generate, "generate_timed", generate_timed)
+    argv = ["--model", str(checkpoints["compressed-tensors", "bf16"]), "--max_new_tokens", "3"]
+    code, out, err = _run([*argv, "--batch", "2", "--baseline"], capsys)
+    assert code == 2 and len(calls) == failing
+    assert err == "error: out of cpu memory for --batch 2 x --max_new_tokens 3: give fewer\n"
+    assert ("--- FP4" in out) == (failing == 2)
+
+
 def test_each_prompt_is_a_row(checkpoints, capsys):
     """Without --batch, one row per --prompt, each its own; a --batch with fewer rows than
     prompts is refused."""
@@ -444,9 +465,10 @@ def test_a_hub_repository_generates_and_a_missing_one_exits_2(checkpoints, capsy
     assert code == 0, err
     assert "org/fp4 on CPU: W4A16" in out and re.search(r"^\[0\] '(w\d+ ?){3}'$", out, re.M)
     code, _, err = _run(["--model", "org/absent"], capsys)
-    assert code == 2 and err == "error: org/absent: not in the cache, and offline\n", err
+    assert code == 2 and err == "error: --model: org/absent: not in the cache, and offline\n", err
     code, _, err = _run(["--model", "org/gated"], capsys)
-    assert code == 2 and err == "error: 403 Client Error: access to org/gated is restricted\n"
+    assert code == 2
+    assert err == "error: --model: 403 Client Error: access to org/gated is restricted\n", err
     with pytest.raises(SystemExit) as exc:
         generate.parse_args(["--model", "a/b/c"])
     assert exc.value.code == 2
