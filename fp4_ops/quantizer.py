@@ -58,7 +58,7 @@ Kernels (no arch-specific "a" features: sm_90 and the sm_100 family; E4M3 cvts n
                  ``exact_rows`` (L = 1): instead of codes and scales, e2m1 x block scale in
                  BF16 (MXFP4 x MXFP4_BF16_SHIFT), exact, in plain K order: the rows of the
                  Hopper grouped W4A16 kernel in a W4A4 MoE layer (``quantize_exact_rows``);
-                 it lets that GEMM launch at once too.
+                 it too waits, then releases that GEMM (PDL).
 Both run on the caller's stream, with no memset and no host synchronization.
 
 Run

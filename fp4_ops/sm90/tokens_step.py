@@ -13,7 +13,8 @@ launch, as it always is), so the results are those of the two calls, bit for bit
     step = fuse(quantize, gemm, copy)   # a TokensQuantize and a BoundGemm of one layer's call
     step(x.data_ptr(), y.data_ptr(), stream_handle)
 
-CUDA graphs capture the step as they capture the two calls: two kernel nodes.
+CUDA graphs capture the step as they capture the two calls: two kernel nodes (three for a
+dynamic x over 32 KB, whose amax grid comes first).
 """
 
 from __future__ import annotations
