@@ -341,7 +341,7 @@ def main(argv=None) -> int:
         model = fp4_ops.load_quantized(folder, device, ACTIVATIONS.get(args.activations))
         if args.baseline_model is not None:
             check_baseline(args.baseline_model, model.config)
-    except (ValueError, OSError, ImportError) as err:  # (OSError: the Hub's refusals too)
+    except (ValueError, OSError, ImportError) as err:  # (OSError: unreadable files)
         print(f"error: {err}", file=sys.stderr)
         return 2
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"

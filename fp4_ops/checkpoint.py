@@ -1745,8 +1745,10 @@ def save_quantized(
     modes = _save_modes(layers, experts, format, activations)
     _warn_unshared_scales(layers, modes)
     tensors, floats = _checkpoint_tensors(model, layers, experts, modes, format, gpt_oss)
-    # (the model type's own checkpoint names, where transformers renames them)
+    # (the model type's own checkpoint names, where transformers renames them; a model that
+    # already names its modules so, e.g. Qwen3.5's vision-language model, keeps its names)
     kind = getattr(model.config, "model_type", None)
+    kind = None if _spelled_as_stored(kind, model) else kind
     tensors = {
         _respelled(k, kind, to_model=False): t.detach().to("cpu").contiguous()
         for k, t in tensors.items()

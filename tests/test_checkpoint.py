@@ -619,6 +619,26 @@ def test_checkpoints_that_transformers_renames_load_into_its_causal_lm(model_typ
     _check_against_ct(ours, _ct_dequantized(tmp_path / "saved"), bf16, [renamed(n) for n in names])
 
 
+def test_a_model_named_as_its_checkpoints_saves_under_its_own_names(tmp_path):
+    """Qwen3.5's vision-language model itself, quantized, names its modules as its checkpoints
+    do (model.language_model.*): save_quantized keeps those names (no second language_model),
+    and the checkpoint loads into the causal LM with the same codes."""
+    vl, stored, renamed = _wider_model("qwen3_5")
+    patterns = ["*.language_model.*.self_attn.*", "*.language_model.*.mlp.*"]
+    fp4_ops.quantize_model(vl, patterns, activations="bf16")
+    names = sorted(_fp4(vl))
+    assert names and all(stored(n) == n for n in names)
+    fp4_ops.save_quantized(vl, tmp_path, "modelopt")
+    raw = _raw(tmp_path)
+    assert all(n + ".weight" in raw for n in names)
+    assert not [k for k in raw if "language_model.language_model" in k]
+    ours = fp4_ops.load_quantized(tmp_path)
+    assert set(_fp4(ours)) == {renamed(n) for n in names}
+    for name in names:
+        mine = ours.get_submodule(renamed(name))
+        assert torch.equal(mine.weight.data, vl.get_submodule(name).weight.data), name
+
+
 def test_a_checkpoint_spelled_as_transformers_renames_it_is_named_so(tmp_path):
     """A model type whose checkpoint names transformers renames on load and this loader does
     not know (EXAONE's transformer.h.*: its model is transformers' Llama) is refused, the
