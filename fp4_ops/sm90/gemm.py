@@ -295,10 +295,9 @@ def default_config(
       stream at least W4A16_TALL_MIN_K_TILES k-tiles.  The busiest-CTA search never offers
       these tiles: they cannot stage D for TMA stores, and store it directly.
     * One wave of K groups: where the units of that pick have <= W4A4_K_GROUP_MAX_UNIT_K_TILES
-      k-tiles (W4A16: any) and one CTA per 64
-      weight rows (x a K split) fills 3/4 of the SMs or more, at most all of them, a token tile
-      of <= 32 tokens runs as 64-row tiles with DECODE_K_GROUPS groups of consumer warpgroups
-      splitting K inside the CTA.
+      k-tiles (W4A16: any length) and one CTA per 64 weight rows (x a K split) fills 3/4 of the
+      SMs or more, at most all of them, a token tile of <= 32 tokens runs as 64-row tiles with
+      DECODE_K_GROUPS groups of consumer warpgroups splitting K inside the CTA.
     * Larger M: prefill, 128 x 256 tiles on 2x1 clusters.
     * W4A16 (``a_dtype`` BFloat16 / Float16; no token copy to bound): its decode mainloop is
       issue-bound, so two CTAs on one SM share its issue slots: a unit counts at least
