@@ -446,8 +446,10 @@ _CHECKPOINT_SPELLINGS = {
         (None, "language_model.model", "model"),
         (None, "language_model.lm_head", "lm_head"),
     ),
-    # (Qwen3.5's vision-language checkpoints, whose text model AutoModelForCausalLM builds)
+    # (Qwen3.5's and Qwen3.5-MoE's vision-language checkpoints, whose text model
+    # AutoModelForCausalLM builds)
     "qwen3_5": ((None, "model.language_model", "model"),),
+    "qwen3_5_moe": ((None, "model.language_model", "model"),),
     "nemotron_h": ((None, "backbone", "model"),),
     # (Gemma-3's vision-language checkpoints, as llava's)
     "gemma3": (

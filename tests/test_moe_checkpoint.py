@@ -650,3 +650,56 @@ def test_moe_checkpoints_in_their_own_spelling_load(model_type, tmp_path):
     ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("checkpoint", ["modelopt", "compressed-tensors"])
+def test_qwen3_5_moe_vision_language_checkpoints_load_into_the_causal_lm(checkpoint, tmp_path):
+    """Qwen3.5-MoE's vision-language model, its experts and attention quantized, saves under its
+    own names (model.language_model.*, as its checkpoints spell them); load_quantized builds the
+    causal LM of its language model from that checkpoint: the same experts, the same logits."""
+    if not hasattr(transformers, "Qwen3_5MoeConfig"):
+        pytest.skip(f"transformers {transformers.__version__} has no Qwen3_5MoeConfig")
+    text = dict(
+        vocab_size=96,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        moe_intermediate_size=WIDTH,
+        shared_expert_intermediate_size=WIDTH,
+        num_experts=EXPERTS,
+        num_experts_per_tok=2,
+        initializer_range=0.1,
+    )
+    vision = dict(hidden_size=64, intermediate_size=128, depth=1, num_heads=4, patch_size=8)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = transformers.Qwen3_5MoeConfig(
+            text_config=text,
+            vision_config=vision | dict(out_hidden_size=HIDDEN),
+            tie_word_embeddings=False,
+        )
+        vl = transformers.Qwen3_5MoeForConditionalGeneration(config).to(torch.bfloat16).eval()
+    patterns = ["*.language_model.*.experts", "*.language_model.*.self_attn.*"]
+    fp4_ops.quantize_model(vl, patterns, activations="bf16")
+    fp4_ops.save_quantized(vl, tmp_path, checkpoint)
+    keys = set(safetensors_torch.load_file(str(tmp_path / "model.safetensors")))
+    stored = [k for k in keys if ".mlp.experts.1." in k]
+    assert stored and all(k.startswith("model.language_model.layers.") for k in stored)
+    back = fp4_ops.load_quantized(tmp_path)
+    assert back.config.model_type == "qwen3_5_moe_text"
+    for name, module in vl.named_modules():
+        if isinstance(module, fp4_ops.FP4Experts):
+            theirs = back.get_submodule(name.replace("model.language_model.", "model.", 1))
+            for w in ("w13", "w2"):
+                assert torch.equal(module.expert_weights(w).data, theirs.expert_weights(w).data)
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, vl(input_ids=ids).logits)

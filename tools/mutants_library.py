@@ -982,6 +982,16 @@ MUTANTS = [
         'print(f"error: {err}", file=sys.stderr)\n        return 1',
         ["tests/test_hopper.py", "-k", "test_cli_bad_input_exits_2"],
     ),
+    # (a Qwen3.5-MoE vision-language checkpoint: 'model.layers.0...: missing from the
+    # checkpoint', its names left as stored)
+    mutant(
+        "lib-qwen3-5-moe-spelling-dropped",
+        "checkpoint names",
+        CHECKPOINT,
+        '    "qwen3_5_moe": ((None, "model.language_model", "model"),),\n',
+        "",
+        ["tests/test_moe_checkpoint.py", "-k", "qwen3_5_moe"],
+    ),
     # (Qwen3.5's vision-language model, saved: model.language_model.language_model.* keys, a
     # checkpoint that does not load)
     mutant(
