@@ -37,8 +37,9 @@ Kernels (no arch-specific "a" features: sm_90 and the sm_100 family; E4M3 cvts n
 -------------------------------------------------------------------------------------------
     amax_kernel  (dynamic NVFP4 only)  a persistent grid-stride walk over x: |x| bits max per
                  thread (the bit patterns of non-negative floats order like integers, NaN above
-                 Inf above every number), one maximum per CTA into a small buffer; it lets the
-                 next grid launch at once (PDL: programmatic dependent launch).
+                 Inf above every number), one maximum per CTA into a small buffer. PDL-launched
+                 (programmatic dependent launch), it lets the next grid launch at once, then
+                 waits for the kernel ahead before it touches memory.
     kernel       a persistent grid-stride walk, one thread per (batch, padded row, pair of
                  padded scale columns): two consecutive blocks' 16-byte vector loads, all issued
                  before either block is encoded, coalesced across the warp; their codes as one
@@ -344,8 +345,9 @@ class QuantizeFp4:
             ),
         )
         if const_expr(self.amax_grid):
+            # (PDL: its launch overlaps the tail of the kernel ahead, which may still write x)
             self.amax_kernel(mXa, mAmax, amax_steps).launch(
-                grid=(amax_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream
+                grid=(amax_ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True
             )
         if const_expr(self.local_amax):
             mAmax, amax_count = mXa, amax_steps
@@ -390,6 +392,9 @@ class QuantizeFp4:
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         cute.arch.griddepcontrol_launch_dependents()
+        # NOTE: PDL launch: the kernel ahead may still write x, or read the partials of the
+        # stream's last quantization; nothing is read or written before this wait
+        cute.arch.griddepcontrol_wait()
         amax = self._thread_amax(mXa, bidx * THREADS + tidx, gdim * THREADS, steps)
         amax = self._cta_max(amax)
         if tidx == 0:

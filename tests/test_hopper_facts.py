@@ -366,33 +366,43 @@ def test_ptx_every_role_waits_before_its_global_accesses(name, compiled):
 
 
 @pytest.mark.parametrize(
-    "dynamic, local, tokens",
-    [(False, False, True), (True, True, True), (True, False, True), (True, True, False)],
-    ids=["tokens-static", "tokens-local-amax", "tokens-amax-grid", "exact-rows"],
+    "dynamic, local, mode",
+    [
+        (False, False, "tokens"),
+        (True, True, "tokens"),
+        (True, False, "tokens"),
+        (True, True, "exact_rows"),
+        (True, False, "codes"),
+    ],
+    ids=["tokens-static", "tokens-local-amax", "tokens-amax-grid", "exact-rows", "amax-grid"],
 )
 def test_ptx_quantizer_grids_ahead_of_a_gemm_wait_before_memory_and_release(
-    dynamic, local, tokens, tmp_path
+    dynamic, local, mode, tmp_path
 ):
     """The quantizer grids that feed a Hopper GEMM (the tokens mode, PDL-launched behind the
     kernel ahead of it; the exact-rows mode) touch no global memory, and release the GEMM
     behind them, only after their ``griddepcontrol.wait``: the kernel ahead may still read the
-    copy they write, and the GEMM's weight requests before its own wait must not overlap it."""
+    copy they write, and the GEMM's weight requests before its own wait must not overlap it.
+    The amax grid ahead of them (a dynamic x over LOCAL_AMAX_BYTES), PDL-launched too, reads x
+    and writes its maxima only after its own wait (it may release them at once: they wait), as
+    it does ahead of the plain quantization (codes and scales), whose grid waits for it."""
     import glob
 
     options = f"--gpu-arch sm_90a --keep-ptx --dump-dir={tmp_path}"
-    quantizer.compile_quantizer("BFloat16", 16, dynamic, options, local, tokens, not tokens)
+    values = {m: m == mode for m in ("tokens", "exact_rows")}
+    quantizer.compile_quantizer("BFloat16", 16, dynamic, options, local, **values)
     (path,) = glob.glob(os.path.join(tmp_path, "*.ptx"))
     with open(path) as f:
         ptx = f.read()
-    # (a dynamic x over LOCAL_AMAX_BYTES: the amax grid first, launched plainly, then this one)
-    names = re.findall(r"\.entry (kernel_cutlass_kernel_\w+)\(", ptx)
-    assert len(names) == 1, names
-    kern = _Kernel(ptx, names[0])
-    early = kern.reach({0}, lambda op: op == "griddepcontrol.wait")
-    accesses = [i for i, (op, _, _) in enumerate(kern.ins) if _GLOBAL_ACCESS.match(op)]
-    assert accesses and not set(accesses) & early
-    release = kern.where(r"griddepcontrol\.launch_dependents")
-    assert release and not set(release) & early
+    names = re.findall(r"\.entry (kernel_cutlass_(amax_)?kernel_\w+)\(", ptx)
+    assert [amax for _, amax in names] == ["amax_"] * (dynamic and not local) + [""], names
+    for name, amax in names if mode != "codes" else names[:1]:
+        kern = _Kernel(ptx, name)
+        early = kern.reach({0}, lambda op: op == "griddepcontrol.wait")
+        accesses = [i for i, (op, _, _) in enumerate(kern.ins) if _GLOBAL_ACCESS.match(op)]
+        assert accesses and not set(accesses) & early, name
+        release = kern.where(r"griddepcontrol\.launch_dependents")
+        assert release and (amax or not set(release) & early), name
 
 
 @pytest.mark.parametrize("name", list(PTX_CONFIGS))

@@ -1012,6 +1012,15 @@ MUTANTS = [
         "cute.arch.griddepcontrol_launch_dependents()\n            # only now may",
         ["tests/test_hopper_facts.py", "-k", "quantizer_grids"],
     ),
+    # (the PDL-launched amax grid reads x before its wait: the kernel ahead may still write it)
+    mutant(
+        "q-amax-reads-before-wait",
+        "PDL order",
+        QUANTIZER,
+        "before this wait\n        cute.arch.griddepcontrol_wait()\n",
+        "before this wait\n",
+        ["tests/test_hopper_facts.py", "-k", "quantizer_grids"],
+    ),
     # (python -m fp4_ops.quantizer --compile_only --gpu_arch sm_100a: compiles for sm_90a yet
     # prints 'compiled for sm_100a')
     mutant(
