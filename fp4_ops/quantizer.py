@@ -48,7 +48,8 @@ Kernels (no arch-specific "a" features: sm_90 and the sm_100 family; E4M3 cvts n
                  layout keeps contiguous (padding gets zero bytes). NVFP4: each CTA first finds
                  the global scale (dynamic: it waits for the amax grid, ``griddepcontrol.wait``,
                  then reduces its maxima), then tabulates (divisor, fl(1 / divisor)) for every
-                 scale byte in shared memory. Block 0's thread 0 writes the global scale.
+                 scale byte in shared memory; its threads' first blocks are loaded before, where
+                 x is final by then. Block 0's thread 0 writes the global scale.
                  A dynamic x of at most LOCAL_AMAX_BYTES (decode) has no amax grid: each of
                  at most LOCAL_AMAX_CTAS CTAs reduces all of x itself, one launch in all.
                  ``tokens`` (L = 1): instead of codes and scales, the Hopper W4A4 decode GEMM's
@@ -271,6 +272,14 @@ class QuantizeFp4:
         self.tokens_f16 = dq.decode_tokens_f16(self.sf_vec_size)
         # codes kept in registers for a store of values (tokens, exact rows), not stored
         self.values_out = self.tokens or self.exact_rows
+        # NVFP4: a thread's first blocks are loaded before the global scale and its table where x
+        # is final by then (not behind the amax grid's release, which comes before its wait)
+        self.preload = self.nvfp4 and (self.values_out or not self.amax_grid)
+        # a block of x as loaded: BF16 pairs as 32-bit words, else the elements
+        self.raw_type = Uint32 if self.in_dtype is cutlass.BFloat16 else self.in_dtype
+        self.raw_len = (
+            self.sf_vec_size // 2 if self.in_dtype is cutlass.BFloat16 else self.sf_vec_size
+        )
 
     @cute.jit
     def __call__(
@@ -451,6 +460,11 @@ class QuantizeFp4:
             # NOTE: PDL launch (tokens): the kernel ahead may still run (a GEMM reading this
             # copy, or what writes x); nothing is read or written before this wait
             cute.arch.griddepcontrol_wait()
+        # (the first step's x in flight with the global scale's load: two round trips overlap)
+        rRaw = self._raw_registers()
+        if const_expr(self.preload):
+            self._load_step(mX, rRaw, bidx * THREADS + tidx, extents, pairs_pad, rows_pad)
+        if const_expr(self.values_out):
             # only now may the GEMM behind request weights (before its own wait for this grid,
             # which it needs before it reads the copy or the global scale)
             cute.arch.griddepcontrol_launch_dependents()
@@ -458,7 +472,7 @@ class QuantizeFp4:
         if (bidx == 0) & (tidx == 0):
             mGsOut[0] = gs
         scaling = self._block_scaling(gs)
-        walk = (mX, mQ, mSF, extents, pairs_pad, rows_pad, scaling)
+        walk = (mX, mQ, mSF, rRaw, extents, pairs_pad, rows_pad, scaling)
         if const_expr(self.nvfp4):
             # (a grid-uniform choice: no IEEE division in the usual loop)
             if (gs >= Float32(SCALE_FAST_MIN)) & (gs <= Float32(SCALE_FAST_MAX)):
@@ -474,41 +488,100 @@ class QuantizeFp4:
         mX: cute.Tensor,
         mQ: cute.Tensor,
         mSF: cute.Tensor,
+        rRaw: list,
         extents: tuple[Int32, Int32, Int32, Int32],
         pairs_pad: cute.FastDivmodDivisorV2,
         rows_pad: cute.FastDivmodDivisorV2,
         scaling,
         fast: cutlass.Constexpr,
     ):
-        """A grid-stride walk over the thread space; lanes 2j, 2j + 1 hold one scale word.
+        """A grid-stride walk over the thread space, the first step apart where its blocks were
+        loaded ahead (``preload``: rRaw), so that no loaded block is live across the loop.
         ``fast``: the global scale lies in [2^-60, 2^60] (see _quantize_block)."""
-        rows, sf_cols, total, total_warps = extents
+        _, _, _, total_warps = extents
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         t = bidx * THREADS + tidx
+        stride = gdim * THREADS
+        step = (mX, mQ, mSF, extents, pairs_pad, rows_pad, scaling, fast)
+        if const_expr(self.preload):
+            if t < total_warps:
+                self._step(t, rRaw, *step)
+            t += stride
         while t < total_warps:
-            rest, pair = divmod(t, pairs_pad)
-            batch, r = divmod(rest, rows_pad)
-            col = pair * BLOCKS_PER_THREAD
-            live = t < total
-            sf_bytes = Uint32(0)
-            # (tokens: registers that outlive the branch, for the lane pair's exchange)
-            codes = self._code_registers() if const_expr(self.values_out) else None
-            if live & (r < rows) & (col < sf_cols):
-                row = batch * rows + r
-                sf_bytes = self._quantize_pair(mX, mQ, codes, row, col, sf_cols, scaling, fast)
-                if const_expr(self.exact_rows):
-                    self._store_exact_rows(mQ, codes, sf_bytes, row, col, sf_cols)
-            # NOTE: the loop's bound and step are whole warps: all 32 lanes reach the shuffles.
-            if const_expr(self.tokens):
-                self._store_tokens(mQ, codes, sf_bytes, r, pair, sf_cols, live & (r < rows))
-            elif const_expr(not self.exact_rows):
-                word = sf_bytes | (cute.arch.shuffle_sync_down(sf_bytes, offset=1) << 16)
-                if live & (pair % 2 == 0):
-                    index = self._sf_word_index(batch, r, col, rows_pad.divisor, pairs_pad.divisor)
-                    mSF[index] = word
-            t += gdim * THREADS
+            self._step(t, None, *step)
+            t += stride
+
+    @cute.jit
+    def _step(
+        self,
+        t,
+        rRaw,
+        mX: cute.Tensor,
+        mQ: cute.Tensor,
+        mSF: cute.Tensor,
+        extents: tuple[Int32, Int32, Int32, Int32],
+        pairs_pad: cute.FastDivmodDivisorV2,
+        rows_pad: cute.FastDivmodDivisorV2,
+        scaling,
+        fast: cutlass.Constexpr,
+    ):
+        """Thread index t's two blocks (loaded in rRaw, or None: loaded here): codes and scales,
+        the token copy or the exact rows. Lanes 2j, 2j + 1 hold one scale word."""
+        rows, sf_cols = extents[:2]
+        batch, r, pair, col, live = self._step_coords(t, extents, pairs_pad, rows_pad)
+        sf_bytes = Uint32(0)
+        # (tokens: registers that outlive the branch, for the lane pair's exchange)
+        codes = self._code_registers() if const_expr(self.values_out) else None
+        load = rRaw is None
+        if const_expr(load):
+            rRaw = self._raw_registers()
+        if live & (r < rows) & (col < sf_cols):
+            row = batch * rows + r
+            if const_expr(load):
+                self._load_pair(mX, rRaw, row, col, sf_cols)
+            sf_bytes = self._quantize_pair(rRaw, mQ, codes, row, col, sf_cols, scaling, fast)
+            if const_expr(self.exact_rows):
+                self._store_exact_rows(mQ, codes, sf_bytes, row, col, sf_cols)
+        # NOTE: the walk's bound and step are whole warps: all 32 lanes reach the shuffles.
+        if const_expr(self.tokens):
+            self._store_tokens(mQ, codes, sf_bytes, r, pair, sf_cols, live & (r < rows))
+        elif const_expr(not self.exact_rows):
+            word = sf_bytes | (cute.arch.shuffle_sync_down(sf_bytes, offset=1) << 16)
+            if live & (pair % 2 == 0):
+                index = self._sf_word_index(batch, r, col, rows_pad.divisor, pairs_pad.divisor)
+                mSF[index] = word
+
+    def _raw_registers(self) -> list:
+        """Registers for a thread's two blocks of x as loaded."""
+        return [cute.make_rmem_tensor(self.raw_len, self.raw_type) for _ in range(2)]
+
+    @cute.jit
+    def _step_coords(self, t, extents, pairs_pad, rows_pad):
+        """Thread index t's (batch, padded row, pair, first scale column, t < total)."""
+        rest, pair = divmod(t, pairs_pad)
+        batch, r = divmod(rest, rows_pad)
+        return batch, r, pair, pair * BLOCKS_PER_THREAD, t < extents[2]
+
+    @cute.jit
+    def _load_step(self, mX, rRaw: list, t, extents, pairs_pad, rows_pad):
+        """The blocks of thread index t's first walk step into rRaw, where it has any."""
+        rows, sf_cols = extents[:2]
+        batch, r, _, col, live = self._step_coords(t, extents, pairs_pad, rows_pad)
+        if live & (r < rows) & (col < sf_cols):
+            self._load_pair(mX, rRaw, batch * rows + r, col, sf_cols)
+
+    @cute.jit
+    def _load_pair(self, mX, rRaw: list, row, col, sf_cols):
+        """Blocks ``col`` and ``col + 1`` of ``row`` into rRaw, each one 16- or 32-byte load
+        (MXFP4: a second block past K re-reads the first; NVFP4's K / 16 is even)."""
+        block = row * sf_cols + col
+        second = block + 1
+        if const_expr(not self.nvfp4):
+            second = block + Int32(col + 1 < sf_cols)
+        rRaw[0].store(mX[block, None].load())
+        rRaw[1].store(mX[second, None].load())
 
     @cute.jit
     def _global_scale(self, mGsIn: cute.Tensor, mAmax: cute.Tensor, amax_count) -> Float32:
@@ -583,27 +656,26 @@ class QuantizeFp4:
 
     @cute.jit
     def _quantize_pair(
-        self, mX, mQ, codes, row, col, sf_cols, scaling, fast: cutlass.Constexpr
+        self, rRaw, mQ, codes, row, col, sf_cols, scaling, fast: cutlass.Constexpr
     ) -> Uint32:
-        """Codes of blocks ``col`` and ``col + 1`` (if live) of ``row`` into mQ, or (tokens) into
-        ``codes`` (``_code_registers``); returns their scale bytes as the low half of a scale
-        word. Both blocks are loaded before either is encoded."""
+        """Codes of blocks ``col`` and ``col + 1`` (if live) of ``row``, loaded in rRaw, into mQ,
+        or (tokens) into ``codes`` (``_code_registers``); returns their scale bytes as the low
+        half of a scale word."""
         store = codes is None
         if const_expr(store):
             codes = self._code_registers()
         wpb = self.words_per_block
+        raw0, raw1 = rRaw[0].load(), rRaw[1].load()
         if const_expr(self.nvfp4):  # (K / 16 is even: the second block is live)
             pair = row * (sf_cols >> 1) + (col >> 1)
-            raw0, raw1 = mX[2 * pair, None].load(), mX[2 * pair + 1, None].load()
             sf0 = self._quantize_block(raw0, codes[0], 0, scaling, fast)
             sf1 = self._quantize_block(raw1, codes[0], wpb, scaling, fast)
             if const_expr(store):
                 mQ[pair, None].store(codes[0].load())  # one 16-byte store
             return sf0 | (sf1 << 8)
-        # MXFP4: K / 32 may be odd; a dead second block re-reads the first, stores nothing
+        # MXFP4: K / 32 may be odd; a dead second block stores nothing
         block = row * sf_cols + col
         live1 = col + 1 < sf_cols
-        raw0, raw1 = mX[block, None].load(), mX[block + Int32(live1), None].load()
         sf0 = self._quantize_block(raw0, codes[0], 0, scaling, fast)
         sf1 = self._quantize_block(raw1, codes[1], 0, scaling, fast)
         if const_expr(store):

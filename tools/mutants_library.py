@@ -478,8 +478,8 @@ MUTANTS = [
         "q-grid-stride-doubled",
         "grid walk",
         QUANTIZER,
-        "t += gdim * THREADS",
-        "t += gdim * THREADS * BLOCKS_PER_THREAD",
+        "stride = gdim * THREADS",
+        "stride = gdim * THREADS * BLOCKS_PER_THREAD",
         QUANTIZER_TESTS,
     ),
     # ------------------------------------------- eager plans (GPU tests: on an H100 / H200 only)
@@ -1008,8 +1008,8 @@ MUTANTS = [
         "q-tokens-release-before-wait",
         "PDL order",
         QUANTIZER,
-        "cute.arch.griddepcontrol_wait()\n            # only now may",
-        "cute.arch.griddepcontrol_launch_dependents()\n            # only now may",
+        "cute.arch.griddepcontrol_wait()\n        # (the first step's x",
+        "cute.arch.griddepcontrol_launch_dependents()\n        # (the first step's x",
         ["tests/test_hopper_facts.py", "-k", "quantizer_grids"],
     ),
     # (the PDL-launched amax grid reads x before its wait: the kernel ahead may still write it)
@@ -1019,6 +1019,16 @@ MUTANTS = [
         QUANTIZER,
         "before this wait\n        cute.arch.griddepcontrol_wait()\n",
         "before this wait\n",
+        ["tests/test_hopper_facts.py", "-k", "quantizer_grids"],
+    ),
+    # (the plain dynamic quantization loads its first blocks before its wait: the amax grid
+    # ahead released it before that grid's own wait, so x may not be final yet)
+    mutant(
+        "q-preload-before-the-amax-wait",
+        "PDL order",
+        QUANTIZER,
+        "self.preload = self.nvfp4 and (self.values_out or not self.amax_grid)",
+        "self.preload = self.nvfp4",
         ["tests/test_hopper_facts.py", "-k", "quantizer_grids"],
     ),
     # (python -m fp4_ops.quantizer --compile_only --gpu_arch sm_100a: compiles for sm_90a yet
