@@ -460,9 +460,10 @@ class QuantizeFp4:
             # NOTE: PDL launch (tokens): the kernel ahead may still run (a GEMM reading this
             # copy, or what writes x); nothing is read or written before this wait
             cute.arch.griddepcontrol_wait()
-        # (the first step's x in flight with the global scale's load: two round trips overlap)
-        rRaw = self._raw_registers()
+        rRaw = None
         if const_expr(self.preload):
+            # (the first step's x in flight with the global scale's load: the round trips overlap)
+            rRaw = self._raw_registers()
             self._load_step(mX, rRaw, bidx * THREADS + tidx, extents, pairs_pad, rows_pad)
         if const_expr(self.values_out):
             # only now may the GEMM behind request weights (before its own wait for this grid,
@@ -488,7 +489,7 @@ class QuantizeFp4:
         mX: cute.Tensor,
         mQ: cute.Tensor,
         mSF: cute.Tensor,
-        rRaw: list,
+        rRaw: list | None,
         extents: tuple[Int32, Int32, Int32, Int32],
         pairs_pad: cute.FastDivmodDivisorV2,
         rows_pad: cute.FastDivmodDivisorV2,
@@ -496,21 +497,21 @@ class QuantizeFp4:
         fast: cutlass.Constexpr,
     ):
         """A grid-stride walk over the thread space, the first step apart where its blocks were
-        loaded ahead (``preload``: rRaw), so that no loaded block is live across the loop.
-        ``fast``: the global scale lies in [2^-60, 2^60] (see _quantize_block)."""
+        loaded ahead (rRaw, None where not ``preload``), so that no loaded block is live across
+        the loop. ``fast``: the global scale lies in [2^-60, 2^60] (see _quantize_block)."""
         _, _, _, total_warps = extents
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         t = bidx * THREADS + tidx
         stride = gdim * THREADS
-        step = (mX, mQ, mSF, extents, pairs_pad, rows_pad, scaling, fast)
-        if const_expr(self.preload):
+        args = (mX, mQ, mSF, extents, pairs_pad, rows_pad, scaling, fast)
+        if const_expr(rRaw is not None):
             if t < total_warps:
-                self._step(t, rRaw, *step)
+                self._step(t, rRaw, *args)
             t += stride
         while t < total_warps:
-            self._step(t, None, *step)
+            self._step(t, None, *args)
             t += stride
 
     @cute.jit
@@ -574,8 +575,8 @@ class QuantizeFp4:
 
     @cute.jit
     def _load_pair(self, mX, rRaw: list, row, col, sf_cols):
-        """Blocks ``col`` and ``col + 1`` of ``row`` into rRaw, each one 16- or 32-byte load
-        (MXFP4: a second block past K re-reads the first; NVFP4's K / 16 is even)."""
+        """Blocks ``col`` and ``col + 1`` of ``row`` into rRaw, in 16-byte vector loads (MXFP4:
+        a second block past K re-reads the first; NVFP4's K / 16 is even)."""
         block = row * sf_cols + col
         second = block + 1
         if const_expr(not self.nvfp4):

@@ -1008,8 +1008,8 @@ MUTANTS = [
         "q-tokens-release-before-wait",
         "PDL order",
         QUANTIZER,
-        "cute.arch.griddepcontrol_wait()\n        # (the first step's x",
-        "cute.arch.griddepcontrol_launch_dependents()\n        # (the first step's x",
+        "cute.arch.griddepcontrol_wait()\n        rRaw = None",
+        "cute.arch.griddepcontrol_launch_dependents()\n        rRaw = None",
         ["tests/test_hopper_facts.py", "-k", "quantizer_grids"],
     ),
     # (the PDL-launched amax grid reads x before its wait: the kernel ahead may still write it)
