@@ -28,6 +28,7 @@ Only the instructions of these kernels are implemented; any other raises ``PtxEr
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -160,6 +161,7 @@ class Entry:
     regs: dict  # register name -> dtype
     code: list = field(default_factory=list)
     labels: dict = field(default_factory=dict)
+    reqntid: int | None = None  # the threads per CTA that ``.reqntid`` requires, if it does
 
 
 def _split_args(text: str) -> list:
@@ -221,6 +223,9 @@ def parse_ptx(ptx: str) -> dict:
             size = int(p.group(4)) if p.group(4) else WIDTH[p.group(2)] // 8
             params.append((p.group(3), size))
         entry = Entry(m.group(1), params, {})
+        ntid = re.search(r"\.reqntid\s+([\d,\s]+)", m.group(3))
+        if ntid:
+            entry.reqntid = math.prod(int(v) for v in ntid.group(1).split(","))
         for line in m.group(4).split("\n"):
             line = line.strip()
             if not line:
@@ -334,6 +339,8 @@ class Grid:
     def __init__(self, entry, ctas, threads, params, gmem, smem_bytes=0, max_steps=10**6, axis="x"):
         if threads % 32:
             raise PtxError("CTAs of whole warps only")
+        if entry.reqntid is not None and threads != entry.reqntid:
+            raise PtxError(f"CTAs of {threads} threads: the entry requires {entry.reqntid}")
         self.axis = axis
         self.entry, self.params, self.gmem = entry, params, gmem
         self.ctas, self.threads, self.n = ctas, threads, ctas * threads

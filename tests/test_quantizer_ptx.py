@@ -153,11 +153,13 @@ def check(x: torch.Tensor, vec: int, gs=None, **grid) -> None:
     assert np.float32(got_gs).tobytes() == np.float32(float(want_gs)).tobytes()
 
 
-def emulate_tokens(x: torch.Tensor, vec: int, gs=None, pad_rows: int = 3, ctas: int = 2):
+def emulate_tokens(x: torch.Tensor, vec: int, gs=None, local=True, pad_rows=3, ctas=2, amax_ctas=3):
     """(token copy as 16-bit words [rows + pad_rows, K_pad], its store counts, gs out) of the
-    tokens kernel's grid on x [rows, K] (L = 1); dynamic NVFP4 runs the local-amax kernel."""
+    tokens kernel's grid on x [rows, K] (L = 1), in CTAs of the threads its entry requires;
+    dynamic NVFP4 runs the local-amax kernel, or (not ``local``) the amax grid ahead of it."""
     dynamic = vec == 16 and gs is None
-    _, entry = _entries(TORCH_IN[x.dtype], vec, dynamic, dynamic, True)
+    local = local and dynamic
+    amax_entry, entry = _entries(TORCH_IN[x.dtype], vec, dynamic, local, True)
     rows, k = x.shape
     k_pad, sf_cols = -(-k // 64) * 64, k // vec
     pairs_pad = -(-sf_cols // 4) * 2
@@ -168,16 +170,20 @@ def emulate_tokens(x: torch.Tensor, vec: int, gs=None, pad_rows: int = 3, ctas: 
     copy = gmem.alloc(copy_bytes)
     gs_in = gmem.alloc(4) if gs is None else gmem.alloc(np.float32(gs).tobytes())
     gs_out = gmem.alloc(4)
+    partials = gmem.alloc(4 * MAX_PARTIALS)
+    steps = x.numel() // 32
+    if dynamic and not local:
+        _amax_grid(amax_entry, gmem, x_ptr, partials, steps, amax_ctas)
     p = Params(entry)
-    for i, ptr in enumerate((x_ptr, copy, copy, gs_in, gs_out, gs_out)):
+    for i, ptr in enumerate((x_ptr, copy, copy, gs_in, gs_out, partials)):
         p.put(i, ptr, 8)
     # the copy as words [rows, K_pad / 2]: extents, then the row stride
     for off, v in ((8, rows), (12, k_pad // 2), (16, k_pad // 2)):
         p.put(1, v, 4, off)
-    steps = x.numel() // 32
-    local = steps if dynamic else None
-    _walk_params(p, x_ptr, local, local or 0, (rows, sf_cols, total), pairs_pad, rows)
-    Grid(entry, ctas, THREADS, p, gmem, QUANT_SMEM).run()
+    amax_count = steps if local else amax_ctas if dynamic else 0
+    extents = (rows, sf_cols, total)
+    _walk_params(p, x_ptr, steps if local else None, amax_count, extents, pairs_pad, rows)
+    Grid(entry, ctas, entry.reqntid, p, gmem, QUANT_SMEM).run()
     words = torch.from_numpy(gmem.read(copy, copy_bytes).view(np.int16).copy())
     counts = gmem.store_counts(copy, copy_bytes).reshape(rows + pad_rows, 2 * k_pad)
     got_gs = float(gmem.read(gs_out, 4).view(np.float32)[0])
@@ -207,7 +213,12 @@ def token_copy_reference(x: torch.Tensor, vec: int, gs=None) -> torch.Tensor:
     return blocks.reshape(rows, k_pad).to(dtype).view(torch.int16)
 
 
-TOKEN_MODES = {"nvfp4-local": (16, None), "nvfp4-static": (16, 0.0013), "mxfp4": (32, None)}
+TOKEN_MODES = {
+    "nvfp4-local": (16, None, True),
+    "nvfp4-amax-grid": (16, None, False),
+    "nvfp4-static": (16, 0.0013, False),
+    "mxfp4": (32, None, False),
+}
 
 
 @pytest.mark.parametrize("dtype", list(TORCH_IN), ids=str)
@@ -220,9 +231,9 @@ def test_token_copy_matches_reference(k, kind, mode, dtype):
     blocks, K / 32 of each residue mod 4, so that a lane pair's scale columns lie wholly past
     K at 64 and 192), every byte of the live rows once, the padding rows never; and the global
     scale."""
-    vec, gs = TOKEN_MODES[mode]
+    vec, gs, local = TOKEN_MODES[mode]
     x = quantizer_inputs(kind, (1, 37, k), dtype, seed=11)[0]
-    words, counts, got_gs = emulate_tokens(x, vec, gs, ctas=3)
+    words, counts, got_gs = emulate_tokens(x, vec, gs, local, ctas=3)
     want = token_copy_reference(x, vec, gs)
     rows = x.shape[0]
     assert (counts[:rows] == 1).all(), f"{int((counts[:rows] != 1).sum())} bytes not stored once"
@@ -475,15 +486,23 @@ def test_grid_at_midpoints(make, vec, gs, dtype):
     check(x.unsqueeze(0), vec, gs, ctas=4)
 
 
+@pytest.mark.parametrize("tokens", [False, True], ids=["codes", "tokens"])
 @pytest.mark.parametrize("cta", [203, 550])
-def test_dynamic_scale_from_many_partials(cta):
+def test_dynamic_scale_from_many_partials(cta, tokens):
     """An amax grid of 600 CTAs, the maximum in CTA ``cta``'s partial (the second and the fifth
-    partial of a quantize thread): the reduction of 5 partials per thread reaches it."""
+    partial of a quantize thread), behind the codes and the tokens kernels: the reduction of 5
+    partials per thread reaches it."""
     x = quantizer_inputs(
         "normal", (1, 128, (cta + 1) * THREADS * 32 // 128), torch.bfloat16, seed=5
     )
     x.view(-1)[cta * THREADS * 32 + 77] = 1000.0
-    check(x, 16, None, ctas=64, amax_ctas=600)
+    if not tokens:
+        check(x, 16, None, ctas=64, amax_ctas=600)
+        return
+    words, _, got_gs = emulate_tokens(x[0], 16, None, False, ctas=64, amax_ctas=600)
+    want_gs = reference.quantize_nvfp4(x, None)[2]
+    assert np.float32(got_gs).tobytes() == np.float32(float(want_gs)).tobytes()
+    assert torch.equal(words[: x.shape[1]], token_copy_reference(x[0], 16))
 
 
 # ------------------------------------------------------------------------------ the emulator
