@@ -83,6 +83,15 @@ def _amax_grid(amax_entry, gmem: GlobalMemory, x_ptr: int, partials: int, steps:
     Grid(amax_entry, ctas, THREADS, p, gmem, AMAX_SMEM).run()
 
 
+def _partials(amax_entry, gmem: GlobalMemory, x_ptr: int, steps: int, ctas: int) -> int:
+    """The partials buffer the launch allocates, filled by an amax grid of ``ctas`` CTAs where
+    the configuration has one (``amax_entry`` not None)."""
+    partials = gmem.alloc(4 * MAX_PARTIALS)
+    if amax_entry is not None:
+        _amax_grid(amax_entry, gmem, x_ptr, partials, steps, ctas)
+    return partials
+
+
 def _walk_params(p: Params, x_ptr: int, local_steps, amax_count, extents, pairs_pad, rows_pad):
     """The quantize grid's parameters past its pointers and output layouts: (``local_steps``
     given) x again as the rows of 32 elements each CTA reduces, the maxima's count, the walk's
@@ -115,10 +124,8 @@ def emulate(x: torch.Tensor, vec: int, gs=None, ctas: int = 2, amax_ctas: int = 
     sf_ptr = gmem.alloc(n_batch * rows_pad * sf_cols_pad)
     gs_in = gmem.alloc(4) if gs is None else gmem.alloc(np.float32(gs).tobytes())
     gs_out = gmem.alloc(4)
-    partials = gmem.alloc(4 * MAX_PARTIALS)
     steps = x.numel() // 32
-    if dynamic and not local:
-        _amax_grid(amax_entry, gmem, x_ptr, partials, steps, amax_ctas)
+    partials = _partials(amax_entry, gmem, x_ptr, steps, amax_ctas)
     p = Params(entry)
     for i, ptr in enumerate((x_ptr, q_ptr, sf_ptr, gs_in, gs_out, partials)):
         p.put(i, ptr, 8)
@@ -170,17 +177,15 @@ def emulate_tokens(x: torch.Tensor, vec: int, gs=None, local=True, pad_rows=3, c
     copy = gmem.alloc(copy_bytes)
     gs_in = gmem.alloc(4) if gs is None else gmem.alloc(np.float32(gs).tobytes())
     gs_out = gmem.alloc(4)
-    partials = gmem.alloc(4 * MAX_PARTIALS)
     steps = x.numel() // 32
-    if dynamic and not local:
-        _amax_grid(amax_entry, gmem, x_ptr, partials, steps, amax_ctas)
+    partials = _partials(amax_entry, gmem, x_ptr, steps, amax_ctas)
     p = Params(entry)
     for i, ptr in enumerate((x_ptr, copy, copy, gs_in, gs_out, partials)):
         p.put(i, ptr, 8)
     # the copy as words [rows, K_pad / 2]: extents, then the row stride
     for off, v in ((8, rows), (12, k_pad // 2), (16, k_pad // 2)):
         p.put(1, v, 4, off)
-    amax_count = steps if local else amax_ctas if dynamic else 0
+    amax_count = steps if local else amax_ctas
     extents = (rows, sf_cols, total)
     _walk_params(p, x_ptr, steps if local else None, amax_count, extents, pairs_pad, rows)
     Grid(entry, ctas, entry.reqntid, p, gmem, QUANT_SMEM).run()
@@ -259,10 +264,8 @@ def emulate_exact_rows(x: torch.Tensor, vec: int, local: bool, ctas: int = 2, am
     x_ptr = gmem.alloc(x.contiguous().view(torch.uint8).numpy().tobytes())
     out = gmem.alloc(rows * k * 2)
     gs_out = gmem.alloc(4)
-    partials = gmem.alloc(4 * MAX_PARTIALS)
     steps = x.numel() // 32
-    if dynamic and not local:
-        _amax_grid(amax_entry, gmem, x_ptr, partials, steps, amax_ctas)
+    partials = _partials(amax_entry, gmem, x_ptr, steps, amax_ctas)
     p = Params(entry)
     for i, ptr in enumerate((x_ptr, out, out, gs_out, gs_out, partials)):
         p.put(i, ptr, 8)
