@@ -2,7 +2,6 @@
 """One MoE layer per call, in a CUDA graph: ours (W4A16, W4A4), humming-kernels, BF16 grouped.
 
 Every contestant starts from the same quantized experts; per configuration and token count T.
-
     python -m benchmarks.moe                          # every configuration, T = 1 ... 4096
     python -m benchmarks.moe --config deepseek-v3 --tokens 1,64 --reps 3
     python -m benchmarks.moe --json results/h200_moe.json
@@ -14,8 +13,7 @@ Configurations (``CONFIGS``: experts E, top-k, hidden H, expert width I, activat
     gpt-oss-20b        32, 4, 2880, 2880, gpt-oss's clamped SwiGLU ("swigluoai") with biases, MXFP4
     gpt-oss-120b      128, 4, 2880, 2880, the same
     llama-4-scout      16, 1, 5120, 8192, SiLU, NVFP4 (no shared expert; the router weight
-                      multiplies the expert's output, vLLM's default, where Llama-4 scales its
-                      input: the same work)
+                      scales the expert's output, as vLLM does, not its input: the same work)
     llama-4-maverick  128, 1, 5120, 8192, the same
 Experts: w13 [E, 2I, H] = randn / sqrt(H) (gate rows first; interleaved with the up rows for
 swigluoai, as ``fp4_ops.moe`` reads them), w2 [E, H, I] = randn / sqrt(I), drawn on the device
@@ -41,9 +39,8 @@ on the device (no host sync) and reads the same quantized tensors:
                       a = fp4_ops.moe.apply_activation(h.float(), activation).to(bfloat16)
                       y = down(a, <routing for down's block>, top_k=1, ...)   # [T k, H]
                       out = (y.float().view(T, k, H) * topk_weights[..., None]).sum(1)
-                  i.e. ``HummingLayer.forward`` -> ``humming.forward.humming_forward`` ->
-                  ``humming.ops.humming_gemm`` with gemm_type "indexed": rows are (token, slot)
-                  pairs t k + s, the GEMM reads input row pair // top_k and writes row pair.
+                  i.e. ``HummingLayer.forward``'s path to ``humming.ops.humming_gemm`` with
+                  gemm_type "indexed": row t k + s reads input row t and writes row t k + s.
                   tuning_config: the one interval [0, hi, config] of
                   ``humming.tune.get_heuristics_config(layer_config=layer.humming_config,
                   gemm_type="indexed")`` with lo < T k <= hi, the kernel humming's launcher picks

@@ -77,11 +77,8 @@ Constraints (``check_fp4_gemm_config`` explains each refusal)
 * Operands contiguous and 16-byte aligned (TMA); the blocked scales' padding holds zeros, as
   ``fp4_ops.layout.to_blocked`` writes it. An E8M0 NaN scale (255) reads as +inf.
 
-Run
----
-    python -m fp4_ops.sm90 --mnkl 8192,8192,8192,1     # H200 / H100
-    python -m fp4_ops.sm90 --mnkl 16,8192,8192,1 --a_dtype BFloat16  # W4A16
-    python -m fp4_ops.sm90 --mnkl 1,8192,8192,1 --compile_only  # any machine
+Run: ``python -m fp4_ops.sm90 --mnkl 8192,8192,8192,1`` (H200 / H100; ``--a_dtype BFloat16``
+for W4A16, ``--compile_only`` on any machine).
 """
 
 from __future__ import annotations
