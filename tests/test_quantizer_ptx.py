@@ -209,19 +209,28 @@ def token_copy_reference(x: torch.Tensor, vec: int, gs=None) -> torch.Tensor:
         dtype, factor = torch.bfloat16, 1.0
     e2m1 = reference.e2m1_to_fp32(reference.unpack_fp4(codes[0]))
     values = e2m1 * sf[0].float().repeat_interleave(vec, dim=1) * factor
+    return copy_order(values).to(dtype).view(torch.int16)
+
+
+def copy_order(values: torch.Tensor) -> torch.Tensor:
+    """values [rows, K] in the token copy's order [rows, K_pad] (K_pad = K rounded up to 64,
+    zeros past K): at position 8c + 2q + h of each 64-wide k-block the element 16q + 8(c // 4) +
+    c % 4 + 4h (chunk c, group q, half h: pair P_c of each 16-group)."""
+    rows, k = values.shape
     k_pad = -(-k // 64) * 64
-    padded = torch.zeros(rows, k_pad, dtype=torch.float32)
+    padded = torch.zeros(rows, k_pad, dtype=values.dtype)
     padded[:, :k] = values
     c, q, h = torch.meshgrid(torch.arange(8), torch.arange(4), torch.arange(2), indexing="ij")
     source = (16 * q + 8 * (c // 4) + c % 4 + 4 * h).reshape(-1)
-    blocks = padded.view(rows, k_pad // 64, 64)[:, :, source]
-    return blocks.reshape(rows, k_pad).to(dtype).view(torch.int16)
+    return padded.view(rows, k_pad // 64, 64)[:, :, source].reshape(rows, k_pad)
 
 
 TOKEN_MODES = {
     "nvfp4-local": (16, None, True),
     "nvfp4-amax-grid": (16, None, False),
     "nvfp4-static": (16, 0.0013, False),
+    # (outside [2^-60, 2^60]: the walk with IEEE divisions for the block scales)
+    "nvfp4-static-ieee": (16, 2.0**-62, False),
     "mxfp4": (32, None, False),
 }
 
@@ -248,6 +257,37 @@ def test_token_copy_matches_reference(k, kind, mode, dtype):
     if vec == 16:
         want_gs = reference.quantize_nvfp4(x.unsqueeze(0), gs)[2]
         assert np.float32(got_gs).tobytes() == np.float32(float(want_gs)).tobytes()
+
+
+@pytest.mark.parametrize("dtype", list(TORCH_IN), ids=str)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=str)
+@pytest.mark.parametrize("mode", list(TOKEN_MODES))
+def test_token_copy_of_non_finite_blocks(mode, bad, dtype):
+    """Blocks holding NaN or Inf behind the tokens kernel (in either half of a 16-block, and the
+    last element of a K = 32 x odd row): their values NaN in the copy (the NaN scale byte), the
+    others as reference.py's with those blocks zeroed, +0 past K. A dynamic global scale turns
+    non-finite: every value within K NaN."""
+    vec, gs, local = TOKEN_MODES[mode]
+    x = quantizer_inputs("normal", (1, 37, 96), dtype, seed=3)[0]
+    spots = [(0, 5), (20, 40), (36, 95)]
+    clean, bad_blocks = x.clone(), torch.zeros(x.shape)
+    for r, c in spots:
+        x[r, c] = bad
+        clean[r, c // vec * vec : (c // vec + 1) * vec] = 0.0
+        bad_blocks[r, c // vec * vec : (c // vec + 1) * vec] = 1.0
+    words, _, got_gs = emulate_tokens(x, vec, gs, local, ctas=3)
+    words = words[: x.shape[0]]
+    values = words.view(torch.float16 if vec == 16 else torch.bfloat16).float()
+    inside = copy_order(torch.ones(x.shape)) != 0
+    if vec == 16 and gs is None:
+        assert not math.isfinite(got_gs)
+        nan_at = inside
+    else:
+        nan_at = copy_order(bad_blocks) != 0
+    assert values[nan_at].isnan().all(), f"{int((~values[nan_at].isnan()).sum())} values not NaN"
+    want = token_copy_reference(clean, vec, gs)
+    assert torch.equal(words[~nan_at], want[~nan_at])
+    assert not words[~inside].any(), "a value past K is not +0"
 
 
 def emulate_exact_rows(x: torch.Tensor, vec: int, local: bool, ctas: int = 2, amax_ctas: int = 3):
