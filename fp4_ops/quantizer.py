@@ -105,6 +105,7 @@ THREADS = 128
 WARP = 32
 SF_PER_WORD = 4  # scale bytes per 32-bit word: one row of a 128x4 atom
 BLOCKS_PER_THREAD = 2  # consecutive blocks of a row per thread and step: half a scale word
+HALF_BLOCK = 8  # NVFP4 tokens: values per thread and step, one code word
 # Persistent grids: quantize CTAs per SM by (block size, input dtype), as many as stay resident at
 # the kernel's registers per thread (tests check the cubins); amax CTAs per SM.
 QUANT_CTAS_PER_SM = {
@@ -272,13 +273,18 @@ class QuantizeFp4:
         self.tokens_f16 = dq.decode_tokens_f16(self.sf_vec_size)
         # codes kept in registers for a store of values (tokens, exact rows), not stored
         self.values_out = self.tokens or self.exact_rows
+        # NVFP4 tokens: one thread per half block (8 values, one code word, one 16-byte chunk of
+        # the copy), so that each thread's chain of loads, arithmetic and stores is short
+        self.half_blocks = self.tokens and self.nvfp4
         # NVFP4: a thread's first blocks are loaded before the global scale and its table where x
         # is final by then (not behind the amax grid's release, which comes before its wait)
         self.preload = self.nvfp4 and (self.values_out or not self.amax_grid)
         # a block of x as loaded: BF16 pairs as 32-bit words, else the elements
         self.raw_type = Uint32 if self.in_dtype is cutlass.BFloat16 else self.in_dtype
+        # values a thread loads per block of its walk: a half block, or a whole one
+        self.raw_values = HALF_BLOCK if self.half_blocks else self.sf_vec_size
         self.raw_len = (
-            self.sf_vec_size // 2 if self.in_dtype is cutlass.BFloat16 else self.sf_vec_size
+            self.raw_values // 2 if self.in_dtype is cutlass.BFloat16 else self.raw_values
         )
 
     @cute.jit
@@ -307,6 +313,12 @@ class QuantizeFp4:
             )
         else:
             mX = cute.make_tensor(x_ptr, cute.make_layout((n_elems // vec, vec), stride=(vec, 1)))
+        if const_expr(self.half_blocks):
+            # (the same x by half blocks: one 16-byte load for 16-bit values)
+            mX = cute.make_tensor(
+                mX.iterator,
+                cute.make_layout((n_elems // HALF_BLOCK, self.raw_len), stride=(self.raw_len, 1)),
+            )
         sf_cols = k // vec
         sf_cols_pad = (sf_cols + SF_PER_WORD - 1) // SF_PER_WORD * SF_PER_WORD
         rows_pad = (rows + 127) // 128 * 128
@@ -362,6 +374,9 @@ class QuantizeFp4:
             mAmax, amax_count = mXa, amax_steps
         # one thread per (batch, padded row, pair of padded scale columns); lane pairs hold a word
         pairs_pad = sf_cols_pad // BLOCKS_PER_THREAD
+        if const_expr(self.half_blocks):
+            # one thread per (row, 16-byte chunk of its copy): 8 lanes a 64-wide k-block
+            pairs_pad = row_words // 4
         total = l * rows_pad * pairs_pad
         total_warps = (total + WARP - 1) // WARP * WARP
         ctas = min(
@@ -506,12 +521,13 @@ class QuantizeFp4:
         t = bidx * THREADS + tidx
         stride = gdim * THREADS
         args = (mX, mQ, mSF, extents, pairs_pad, rows_pad, scaling, fast)
+        step = self._step_half if const_expr(self.half_blocks) else self._step
         if const_expr(rRaw is not None):
             if t < total_warps:
-                self._step(t, rRaw, *args)
+                step(t, rRaw, *args)
             t += stride
         while t < total_warps:
-            self._step(t, None, *args)
+            step(t, None, *args)
             t += stride
 
     @cute.jit
@@ -555,8 +571,9 @@ class QuantizeFp4:
                 mSF[index] = word
 
     def _raw_registers(self) -> list:
-        """Registers for a thread's two blocks of x as loaded."""
-        return [cute.make_rmem_tensor(self.raw_len, self.raw_type) for _ in range(2)]
+        """Registers for a thread's two blocks (or one half block) of x as loaded."""
+        count = 1 if self.half_blocks else BLOCKS_PER_THREAD
+        return [cute.make_rmem_tensor(self.raw_len, self.raw_type) for _ in range(count)]
 
     @cute.jit
     def _step_coords(self, t, extents, pairs_pad, rows_pad):
@@ -566,12 +583,89 @@ class QuantizeFp4:
         return batch, r, pair, pair * BLOCKS_PER_THREAD, t < extents[2]
 
     @cute.jit
+    def _half_coords(self, t, extents, units_pad):
+        """NVFP4 tokens: thread index t's (row, half block of the padded row, t < total)."""
+        r, unit = divmod(t, units_pad)
+        return r, unit, t < extents[2]
+
+    @cute.jit
+    def _step_half(
+        self,
+        t,
+        rRaw,
+        mX: cute.Tensor,
+        mQ: cute.Tensor,
+        mSF: cute.Tensor,
+        extents: tuple[Int32, Int32, Int32, Int32],
+        units_pad: cute.FastDivmodDivisorV2,
+        rows_pad: cute.FastDivmodDivisorV2,
+        scaling,
+        fast: cutlass.Constexpr,
+    ):
+        """NVFP4 tokens: thread index t's half block (loaded in rRaw, or None: loaded here) and
+        its chunk of the token copy. Lanes 2q, 2q + 1 of a k-block's 8 hold 16-group q: the
+        block's amax is the pair's. Half blocks past K have zero codes. Every lane reaches the
+        shuffles."""
+        sf_cols = extents[1]
+        r, unit, live = self._half_coords(t, extents, units_pad)
+        active = live & (unit < sf_cols * 2)
+        load = rRaw is None
+        if const_expr(load):
+            rRaw = self._raw_registers()
+        if const_expr(load):
+            if active:
+                rRaw[0].store(mX[r * sf_cols * 2 + unit, None].load())
+        # (the values as loaded, for both regions below: read, not used, where not active)
+        magnitude, *sign = self._magnitudes_and_signs(rRaw[0].load(), HALF_BLOCK)
+        amax_bits = Uint32(0)
+        if active:
+            amax_bits = self._block_amax(magnitude, HALF_BLOCK)
+        amax_bits = max(amax_bits, cute.arch.shuffle_sync_bfly(amax_bits, offset=1))
+        codes = cute.make_rmem_tensor(1, Uint32)
+        codes.fill(0)
+        sf_byte = Uint32(0)
+        if active:
+            sf_byte = self._scale_and_encode(magnitude, sign, amax_bits, codes, 0, 1, scaling, fast)
+        self._store_chunk(mQ, codes[0], sf_byte, r, unit, sf_cols, live)
+
+    @cute.jit
+    def _store_chunk(self, mC: cute.Tensor, word: Uint32, sf_byte: Uint32, r, unit, sf_cols, live):
+        """NVFP4 tokens: lane 2q + h of a k-block writes chunk 4h + q of its token copy, as the
+        decode GEMM's prologue grid (``convert_operands``) would: pair shift q of word h of each
+        16-group (``dequant.token_chunk_layout``), gathered from the k-block's lanes 2g + h, under
+        the 4 groups' scale bytes."""
+        h = Uint32(unit) & Uint32(1)
+        q = (Uint32(unit) >> 1) & Uint32(3)
+        lane = cute.arch.lane_idx()
+        first = lane - lane % 8
+        groups = [cute.arch.shuffle_sync(word, offset=first + 2 * g + Int32(h)) for g in range(4)]
+        sf4 = sf_byte << (q * Uint32(8))
+        sf4 = sf4 | cute.arch.shuffle_sync_bfly(sf4, offset=2)
+        sf4 = sf4 | cute.arch.shuffle_sync_bfly(sf4, offset=4)
+        kb = Uint32(unit) >> 3
+        # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
+        keep = Uint32(0) - Uint32(kb * K_BLOCK + K_BLOCK <= Uint32(sf_cols * self.sf_vec_size))
+        col0 = kb * (K_BLOCK // self.sf_vec_size)
+        out = dq.convert_chunk_words(
+            groups, sf4, keep, col0, q * Uint32(4), self.sf_vec_size, self.tokens_f16
+        )
+        row_words = Int64(cute.size(mC.shape[1]))
+        word_index = Int64(r) * row_words + Int64(kb * (K_BLOCK // 2) + (h * Uint32(4) + q) * 4)
+        if live:
+            dq.st_global_v4_b32(mC.iterator.toint() + word_index * 4, out)
+
+    @cute.jit
     def _load_step(self, mX, rRaw: list, t, extents, pairs_pad, rows_pad):
         """The blocks of thread index t's first walk step into rRaw, where it has any."""
         rows, sf_cols = extents[:2]
-        batch, r, _, col, live = self._step_coords(t, extents, pairs_pad, rows_pad)
-        if live & (r < rows) & (col < sf_cols):
-            self._load_pair(mX, rRaw, batch * rows + r, col, sf_cols)
+        if const_expr(self.half_blocks):
+            r, unit, live = self._half_coords(t, extents, pairs_pad)
+            if live & (unit < sf_cols * 2):
+                rRaw[0].store(mX[r * sf_cols * 2 + unit, None].load())
+        else:
+            batch, r, _, col, live = self._step_coords(t, extents, pairs_pad, rows_pad)
+            if live & (r < rows) & (col < sf_cols):
+                self._load_pair(mX, rRaw, batch * rows + r, col, sf_cols)
 
     @cute.jit
     def _load_pair(self, mX, rRaw: list, row, col, sf_cols):
@@ -690,34 +784,19 @@ class QuantizeFp4:
 
     @cute.jit
     def _store_tokens(self, mC: cute.Tensor, codes: list, sf_bytes: Uint32, r, pair, sf_cols, live):
-        """The Hopper decode GEMM's token copy of one 64-wide k-block of row r, as its prologue
-        grid (``convert_operands``) writes it from codes and scales: 16-byte chunk c holds pair
-        P_c of each 16-group (``dequant.token_chunk_layout``), exact F16 / BF16. NVFP4: lanes
-        2j, 2j + 1 share a k-block (its groups 0, 1 and 2, 3) and trade the words the other's
-        chunks need: the even lane writes chunks 0..3 (word 0 of each group), the odd lane 4..7;
-        MXFP4: a lane holds a whole k-block, all 8 chunks. Every lane reaches the shuffles."""
+        """MXFP4: the Hopper decode GEMM's token copy of one 64-wide k-block of row r (the lane's
+        two blocks), as its prologue grid (``convert_operands``) writes it from codes and scales:
+        16-byte chunk c holds pair P_c of each 16-group (``dequant.token_chunk_layout``), exact
+        BF16. (NVFP4: ``_store_chunk``.) Every lane reaches the shuffle."""
         odd = Uint32(pair) & Uint32(1)
-        ones = Uint32(0) - odd  # all ones on the odd lane
         # the k-block's scale word (scale columns 4j..4j+3) in both lanes of the pair
         other = cute.arch.shuffle_sync_bfly(sf_bytes, offset=1)
         sf4 = (sf_bytes << (odd << 4)) | (other << ((Uint32(1) - odd) << 4))
-        if const_expr(self.nvfp4):
-            kb = Uint32(pair) >> 1
-            words = codes[0]  # groups 2 odd, 2 odd + 1; words (0, 1) each
-            mine = [(words[2 * g + 1] & ones) | (words[2 * g] & ~ones) for g in range(2)]
-            sent = [(words[2 * g] & ones) | (words[2 * g + 1] & ~ones) for g in range(2)]
-            got = [cute.arch.shuffle_sync_bfly(v, offset=1) for v in sent]
-            low = [(got[g] & ones) | (mine[g] & ~ones) for g in range(2)]
-            high = [(mine[g] & ones) | (got[g] & ~ones) for g in range(2)]
-            groups_by_word = [low + high]
-            chunk0 = odd << 2
-        else:
-            kb = Uint32(pair)
-            w0, w1 = codes
-            groups_by_word = [[w0[w], w0[2 + w], w1[w], w1[2 + w]] for w in range(2)]
-            chunk0 = Uint32(0)
-            # (the walk's scale columns run to a multiple of 4: a pair past K has no k-block)
-            live = live & (kb * Uint32(2) < Uint32(sf_cols))
+        kb = Uint32(pair)
+        w0, w1 = codes
+        groups_by_word = [[w0[w], w0[2 + w], w1[w], w1[2 + w]] for w in range(2)]
+        # (the walk's scale columns run to a multiple of 4: a pair past K has no k-block)
+        live = live & (kb * Uint32(2) < Uint32(sf_cols))
         k = Uint32(sf_cols * self.sf_vec_size)
         # all ones for a full 64-block, zero for the 32-wide tail of K = 32 x odd
         keep = Uint32(0) - Uint32(kb * K_BLOCK + K_BLOCK <= k)
@@ -726,7 +805,7 @@ class QuantizeFp4:
         base = mC.iterator.toint() + (Int64(r) * row_words + Int64(kb * (K_BLOCK // 2))) * 4
         for w, groups in enumerate(groups_by_word):
             for i in cutlass.range_constexpr(4):
-                chunk = chunk0 + Uint32(4 * w + i)
+                chunk = Uint32(4 * w + i)
                 out = dq.convert_chunk_words(
                     groups, sf4, keep, col0, 4 * i, self.sf_vec_size, self.tokens_f16
                 )
@@ -755,10 +834,35 @@ class QuantizeFp4:
     ) -> Uint32:
         """Codes of one block (its loaded values ``raw``) into words[base:]; returns its scale
         byte."""
-        magnitude, *sign = self._magnitudes_and_signs(raw)
+        magnitude, *sign = self._magnitudes_and_signs(raw, self.sf_vec_size)
+        amax_bits = self._block_amax(magnitude, self.sf_vec_size)
+        return self._scale_and_encode(
+            magnitude, sign, amax_bits, words, base, self.words_per_block, scaling, fast
+        )
+
+    @cute.jit
+    def _block_amax(self, magnitude, n: cutlass.Constexpr) -> Uint32:
+        """The max of |x|'s bits over values 0..n-1 (``magnitude``: _magnitudes_and_signs')."""
         amax_bits = Uint32(0)
-        for i in cutlass.range_constexpr(self.sf_vec_size):
+        for i in cutlass.range_constexpr(n):
             amax_bits = max(amax_bits, _f32_bits(magnitude(i)))
+        return amax_bits
+
+    @cute.jit
+    def _scale_and_encode(
+        self,
+        magnitude,
+        sign,
+        amax_bits: Uint32,
+        words: cute.Tensor,
+        base,
+        n_words: cutlass.Constexpr,
+        scaling,
+        fast: cutlass.Constexpr,
+    ) -> Uint32:
+        """The scale byte of a block whose |x| bits peak at ``amax_bits``, and the codes of its
+        values 0..8 n_words - 1 (``magnitude``, ``sign``: _magnitudes_and_signs') into
+        words[base:]."""
         finite = amax_bits < Uint32(INF_BITS)
         if const_expr(self.nvfp4):
             gs, rcp_gs, gs_valid, sDiv = scaling
@@ -780,24 +884,24 @@ class QuantizeFp4:
             # quotients past 6 saturate, overflowing ones too (NaN, which fmin drops); a fast
             # global scale keeps divisors in [2^-69, 2^69] (or 0)
             if const_expr(fast):
-                self._encode_words(magnitude, sign, words, base, rcp, divisor, "markstein")
+                self._encode_words(magnitude, sign, words, base, n_words, rcp, divisor, "markstein")
             elif (divisor == Float32(0.0)) | (
                 (divisor >= Float32(MARKSTEIN_MIN)) & (divisor <= Float32(MARKSTEIN_MAX))
             ):
-                self._encode_words(magnitude, sign, words, base, rcp, divisor, "markstein")
+                self._encode_words(magnitude, sign, words, base, n_words, rcp, divisor, "markstein")
             else:
-                self._encode_words(magnitude, sign, words, base, rcp, divisor, "divide")
+                self._encode_words(magnitude, sign, words, base, n_words, rcp, divisor, "divide")
             if not finite:
                 sf_byte = Uint32(E4M3_NAN)
         else:
             sf_byte = self._e8m0_scale(amax_bits)
             # 2^(127 - byte): exact and normal, so |x| * rcp is the quotient itself
             rcp = _bits_f32((Uint32(254) - sf_byte) << 23)
-            self._encode_words(magnitude, sign, words, base, rcp, Float32(1.0), "exact")
+            self._encode_words(magnitude, sign, words, base, n_words, rcp, Float32(1.0), "exact")
             if not finite:
                 sf_byte = Uint32(E8M0_NAN)
         if not finite:
-            for w in cutlass.range_constexpr(self.words_per_block):
+            for w in cutlass.range_constexpr(n_words):
                 words[base + w] = Uint32(0)
         return sf_byte
 
@@ -808,12 +912,12 @@ class QuantizeFp4:
         q0 = a * rcp_b
         return cute.math.fma(cute.math.fma(-q0, b, a), rcp_b, q0)
 
-    def _magnitudes_and_signs(self, raw):
-        """Functions of an element's index in a block: its |x| as fp32; and either a word whose
-        bit 31 is x's sign, or (BF16, read off the loaded words' bits) the sign bits of a word
-        of 8 codes, by word."""
+    def _magnitudes_and_signs(self, raw, n: int):
+        """Functions of an element's index in the ``n`` values loaded in ``raw``: its |x| as
+        fp32; and either a word whose bit 31 is x's sign, or (BF16, read off the loaded words'
+        bits) the sign bits of a word of 8 codes, by word."""
         if const_expr(self.in_dtype is cutlass.BFloat16):
-            pairs = [raw[w] & Uint32(BF16_PAIR_ABS) for w in range(self.sf_vec_size // 2)]
+            pairs = [raw[w] & Uint32(BF16_PAIR_ABS) for w in range(n // 2)]
 
             def magnitude(i):
                 low = pairs[i // 2] << 16
@@ -831,13 +935,15 @@ class QuantizeFp4:
             return magnitude, None, signs
 
         else:
+            # (read here, in the caller's region: the closures may run in sibling regions)
             vals = raw.to(Float32)
+            bits = [_f32_bits(vals[i]) for i in range(n)]
 
             def magnitude(i):
-                return _bits_f32(_f32_bits(vals[i]) & Uint32(ABS_MASK))
+                return _bits_f32(bits[i] & Uint32(ABS_MASK))
 
             def sign(i):
-                return _f32_bits(vals[i])
+                return bits[i]
 
             return magnitude, sign, None
 
@@ -848,6 +954,7 @@ class QuantizeFp4:
         sign,
         words: cute.Tensor,
         base,
+        n_words: cutlass.Constexpr,
         rcp: Float32,
         divisor: Float32,
         how: cutlass.Constexpr,
@@ -858,7 +965,7 @@ class QuantizeFp4:
         divisor) or "divide" (IEEE divisions). ``sign``: the two sign functions of
         _magnitudes_and_signs, one of them None."""
         sign_bit, sign_bits = sign
-        for w in cutlass.range_constexpr(self.words_per_block):
+        for w in cutlass.range_constexpr(n_words):
             word = Uint32(0)
             for e in cutlass.range_constexpr(8):
                 ax = magnitude(w * 8 + e)

@@ -169,8 +169,9 @@ def emulate_tokens(x: torch.Tensor, vec: int, gs=None, local=True, pad_rows=3, c
     amax_entry, entry = _entries(TORCH_IN[x.dtype], vec, dynamic, local, True)
     rows, k = x.shape
     k_pad, sf_cols = -(-k // 64) * 64, k // vec
-    pairs_pad = -(-sf_cols // 4) * 2
-    total = rows * pairs_pad
+    # a thread per half block of the padded row (NVFP4: 8 a k-block), else per pair of blocks
+    units_pad = k_pad // 8 if vec == 16 else -(-sf_cols // 4) * 2
+    total = rows * units_pad
     gmem = GlobalMemory()
     x_ptr = gmem.alloc(x.contiguous().view(torch.uint8).numpy().tobytes())
     copy_bytes = (rows + pad_rows) * k_pad * 2
@@ -187,7 +188,7 @@ def emulate_tokens(x: torch.Tensor, vec: int, gs=None, local=True, pad_rows=3, c
         p.put(1, v, 4, off)
     amax_count = steps if local else amax_ctas
     extents = (rows, sf_cols, total)
-    _walk_params(p, x_ptr, steps if local else None, amax_count, extents, pairs_pad, rows)
+    _walk_params(p, x_ptr, steps if local else None, amax_count, extents, units_pad, rows)
     Grid(entry, ctas, entry.reqntid, p, gmem, QUANT_SMEM).run()
     words = torch.from_numpy(gmem.read(copy, copy_bytes).view(np.int16).copy())
     counts = gmem.store_counts(copy, copy_bytes).reshape(rows + pad_rows, 2 * k_pad)
