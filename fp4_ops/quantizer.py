@@ -54,8 +54,10 @@ Kernels (no arch-specific "a" features: sm_90 and the sm_100 family; E4M3 cvts n
                  at most LOCAL_AMAX_CTAS CTAs reduces all of x itself, one launch in all.
                  ``tokens`` (L = 1): instead of codes and scales, the Hopper W4A4 decode GEMM's
                  token copy (exact F16 / BF16 in its K order, ``fp4_ops.sm90.dequant``), as its
-                 prologue grid would make it; lane pairs trade words so that each lane writes
-                 whole 16-byte chunks. PDL-launched, it waits for the kernel ahead before
+                 prologue grid would make it. NVFP4: one thread per half block (8 values,
+                 one code word), the block's amax from the lane pair; each lane gathers the
+                 words of one 16-byte chunk from its k-block's 8 lanes. MXFP4: a lane holds
+                 a k-block, all its chunks. PDL-launched, it waits for the kernel ahead before
                  it touches memory, then lets the GEMM behind it launch (PDL).
                  ``exact_rows`` (L = 1): instead of codes and scales, e2m1 x block scale in
                  BF16 (MXFP4 x MXFP4_BF16_SHIFT), exact, in plain K order: the rows of the
@@ -372,10 +374,10 @@ class QuantizeFp4:
             )
         if const_expr(self.local_amax):
             mAmax, amax_count = mXa, amax_steps
-        # one thread per (batch, padded row, pair of padded scale columns); lane pairs hold a word
+        # one thread per (batch, padded row, pair of padded scale columns); lane pairs hold a
+        # word. NVFP4 tokens: per (row, half block of the padded row), 8 lanes a 64-wide k-block
         pairs_pad = sf_cols_pad // BLOCKS_PER_THREAD
         if const_expr(self.half_blocks):
-            # one thread per (row, 16-byte chunk of its copy): 8 lanes a 64-wide k-block
             pairs_pad = row_words // 4
         total = l * rows_pad * pairs_pad
         total_warps = (total + WARP - 1) // WARP * WARP
