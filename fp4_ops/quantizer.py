@@ -522,8 +522,9 @@ class QuantizeFp4:
         gdim, _, _ = cute.arch.grid_dim()
         t = bidx * THREADS + tidx
         stride = gdim * THREADS
-        args = (mX, mQ, mSF, extents, pairs_pad, rows_pad, scaling, fast)
-        step = self._step_half if const_expr(self.half_blocks) else self._step
+        step, args = self._step, (mX, mQ, mSF, extents, pairs_pad, rows_pad, scaling, fast)
+        if const_expr(self.half_blocks):
+            step, args = self._step_half, (mX, mQ, extents, pairs_pad, scaling, fast)
         if const_expr(rRaw is not None):
             if t < total_warps:
                 step(t, rRaw, *args)
@@ -591,19 +592,7 @@ class QuantizeFp4:
         return r, unit, t < extents[2]
 
     @cute.jit
-    def _step_half(
-        self,
-        t,
-        rRaw,
-        mX: cute.Tensor,
-        mQ: cute.Tensor,
-        mSF: cute.Tensor,
-        extents: tuple[Int32, Int32, Int32, Int32],
-        units_pad: cute.FastDivmodDivisorV2,
-        rows_pad: cute.FastDivmodDivisorV2,
-        scaling,
-        fast: cutlass.Constexpr,
-    ):
+    def _step_half(self, t, rRaw, mX, mQ, extents, units_pad, scaling, fast: cutlass.Constexpr):
         """NVFP4 tokens: thread index t's half block (loaded in rRaw, or None: loaded here) and
         its chunk of the token copy. Lanes 2q, 2q + 1 of a k-block's 8 hold 16-group q: the
         block's amax is the pair's. Half blocks past K have zero codes. Every lane reaches the
@@ -611,10 +600,8 @@ class QuantizeFp4:
         sf_cols = extents[1]
         r, unit, live = self._half_coords(t, extents, units_pad)
         active = live & (unit < sf_cols * 2)
-        load = rRaw is None
-        if const_expr(load):
+        if const_expr(rRaw is None):
             rRaw = self._raw_registers()
-        if const_expr(load):
             if active:
                 rRaw[0].store(mX[r * sf_cols * 2 + unit, None].load())
         # (the values as loaded, for both regions below: read, not used, where not active)
