@@ -139,6 +139,21 @@ def ctas_per_sm(sf_vec_size: int, in_dtype: str, values_out: bool = False) -> in
     return VALUES_CTAS_PER_SM.get((sf_vec_size, in_dtype), per_sm) if values_out else per_sm
 
 
+def walk_shape(rows, k, batches, sf_vec_size: int, values_out: bool, half_blocks: bool) -> tuple:
+    """The quantize grid's walk over x [L, rows, K] (ints, or the kernel's Int32): (threads a
+    row, rows, threads). A thread takes a pair of blocks of the scales' padded row (scale
+    columns padded to whole words; rows to 128 for scales, unpadded for values out; lane pairs
+    hold a scale word), or (NVFP4 tokens) a half block of the row padded to whole k-blocks (8
+    lanes a k-block)."""
+    if half_blocks:
+        units = (k + K_BLOCK - 1) // K_BLOCK * (K_BLOCK // HALF_BLOCK)
+    else:
+        sf_cols_pad = (k // sf_vec_size + SF_PER_WORD - 1) // SF_PER_WORD * SF_PER_WORD
+        units = sf_cols_pad // BLOCKS_PER_THREAD
+    rows_pad = rows if values_out else (rows + 127) // 128 * 128
+    return units, rows_pad, batches * rows_pad * units
+
+
 # NOTE: the non-negative fp32 bit patterns order like uint32, so amax is an integer max.
 ABS_MASK = 0x7FFFFFFF
 SIGN_BIT = 0x80000000
@@ -323,7 +338,7 @@ class QuantizeFp4:
             )
         sf_cols = k // vec
         sf_cols_pad = (sf_cols + SF_PER_WORD - 1) // SF_PER_WORD * SF_PER_WORD
-        rows_pad = (rows + 127) // 128 * 128
+        units, rows_pad, total = walk_shape(rows, k, l, vec, self.values_out, self.half_blocks)
         if const_expr(self.tokens):
             # the token copy [rows, K_pad] as words (16-bit values: K_pad / 2 words a row);
             # no scales, so the walk covers the rows themselves
@@ -332,7 +347,6 @@ class QuantizeFp4:
                 cute.recast_ptr(q_ptr, dtype=Uint32),
                 cute.make_layout((rows, row_words), stride=(row_words, 1)),
             )
-            rows_pad = rows
         elif const_expr(self.exact_rows):
             # the rows [rows, K] in BF16 by (row, block, value); no scales
             k = cute.assume(k, divby=32)
@@ -340,7 +354,6 @@ class QuantizeFp4:
                 cute.recast_ptr(q_ptr, dtype=cutlass.BFloat16),
                 cute.make_layout((rows, k // vec, vec), stride=(k, vec, 1)),
             )
-            rows_pad = rows
         else:
             # NVFP4: a thread's two blocks' codes as one 16-byte store (K / 16 is even)
             mQ = cute.make_tensor(
@@ -374,12 +387,6 @@ class QuantizeFp4:
             )
         if const_expr(self.local_amax):
             mAmax, amax_count = mXa, amax_steps
-        # one thread per (batch, padded row, pair of padded scale columns); lane pairs hold a
-        # word. NVFP4 tokens: per (row, half block of the padded row), 8 lanes a 64-wide k-block
-        pairs_pad = sf_cols_pad // BLOCKS_PER_THREAD
-        if const_expr(self.half_blocks):
-            pairs_pad = row_words // 4
-        total = l * rows_pad * pairs_pad
         total_warps = (total + WARP - 1) // WARP * WARP
         ctas = min(
             (total_warps + THREADS - 1) // THREADS,
@@ -396,7 +403,7 @@ class QuantizeFp4:
             mAmax,
             amax_count,
             (rows, sf_cols, total, total_warps),
-            cute.fast_divmod_create_divisor_v2(pairs_pad),
+            cute.fast_divmod_create_divisor_v2(units),
             cute.fast_divmod_create_divisor_v2(rows_pad),
         ).launch(
             grid=(ctas, 1, 1),

@@ -116,8 +116,8 @@ def emulate(x: torch.Tensor, vec: int, gs=None, ctas: int = 2, amax_ctas: int = 
     n_batch, rows, k = x.shape
     rows_pad, sf_cols = -(-rows // 128) * 128, k // vec
     sf_cols_pad = -(-sf_cols // 4) * 4
-    pairs_pad = sf_cols_pad // 2
-    total = n_batch * rows_pad * pairs_pad
+    # (the walk as the launch sizes it: its host arithmetic is under test too)
+    pairs_pad, _, total = quantizer.walk_shape(rows, k, n_batch, vec, False, False)
     gmem = GlobalMemory()
     x_ptr = gmem.alloc(x.contiguous().view(torch.uint8).numpy().tobytes())
     q_ptr = gmem.alloc(x.numel() // 2)
@@ -169,9 +169,7 @@ def emulate_tokens(x: torch.Tensor, vec: int, gs=None, local=True, pad_rows=3, c
     amax_entry, entry = _entries(TORCH_IN[x.dtype], vec, dynamic, local, True)
     rows, k = x.shape
     k_pad, sf_cols = -(-k // 64) * 64, k // vec
-    # a thread per half block of the padded row (NVFP4: 8 a k-block), else per pair of blocks
-    units_pad = k_pad // 8 if vec == 16 else -(-sf_cols // 4) * 2
-    total = rows * units_pad
+    units_pad, _, total = quantizer.walk_shape(rows, k, 1, vec, True, vec == 16)
     gmem = GlobalMemory()
     x_ptr = gmem.alloc(x.contiguous().view(torch.uint8).numpy().tobytes())
     copy_bytes = (rows + pad_rows) * k_pad * 2
@@ -299,8 +297,7 @@ def emulate_exact_rows(x: torch.Tensor, vec: int, local: bool, ctas: int = 2, am
     amax_entry, entry = _entries(TORCH_IN[x.dtype], vec, dynamic, local, False, True)
     rows, k = x.shape
     sf_cols = k // vec
-    pairs_pad = -(-sf_cols // 4) * 2
-    total = rows * pairs_pad
+    pairs_pad, _, total = quantizer.walk_shape(rows, k, 1, vec, True, False)
     gmem = GlobalMemory()
     x_ptr = gmem.alloc(x.contiguous().view(torch.uint8).numpy().tobytes())
     out = gmem.alloc(rows * k * 2)
