@@ -610,7 +610,7 @@ class QuantizeFp4:
         if const_expr(rRaw is None):
             rRaw = self._raw_registers()
             if active:
-                rRaw[0].store(mX[r * sf_cols * 2 + unit, None].load())
+                self._load_half(mX, rRaw, r, unit, sf_cols)
         # (the values as loaded, for both regions below: read, not used, where not active)
         magnitude, *sign = self._magnitudes_and_signs(rRaw[0].load(), HALF_BLOCK)
         amax_bits = Uint32(0)
@@ -657,11 +657,17 @@ class QuantizeFp4:
         if const_expr(self.half_blocks):
             r, unit, live = self._half_coords(t, extents, pairs_pad)
             if live & (unit < sf_cols * 2):
-                rRaw[0].store(mX[r * sf_cols * 2 + unit, None].load())
+                self._load_half(mX, rRaw, r, unit, sf_cols)
         else:
             batch, r, _, col, live = self._step_coords(t, extents, pairs_pad, rows_pad)
             if live & (r < rows) & (col < sf_cols):
                 self._load_pair(mX, rRaw, batch * rows + r, col, sf_cols)
+
+    @cute.jit
+    def _load_half(self, mX, rRaw: list, r, unit, sf_cols):
+        """NVFP4 tokens: half block ``unit`` of row r (one that lies within K) into rRaw, in one
+        16-byte vector load for 16-bit values."""
+        rRaw[0].store(mX[r * sf_cols * 2 + unit, None].load())
 
     @cute.jit
     def _load_pair(self, mX, rRaw: list, row, col, sf_cols):
