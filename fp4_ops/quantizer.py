@@ -139,6 +139,11 @@ def ctas_per_sm(sf_vec_size: int, in_dtype: str, values_out: bool = False) -> in
     return VALUES_CTAS_PER_SM.get((sf_vec_size, in_dtype), per_sm) if values_out else per_sm
 
 
+def sf_cols_padded(sf_cols):
+    """Scale columns of a row padded to whole 4-byte words (int, or the kernel's Int32)."""
+    return (sf_cols + SF_PER_WORD - 1) // SF_PER_WORD * SF_PER_WORD
+
+
 def walk_shape(rows, k, batches, sf_vec_size: int, values_out: bool, half_blocks: bool) -> tuple:
     """The quantize grid's walk over x [L, rows, K] (ints, or the kernel's Int32): (threads a
     row, rows, threads). A thread takes a pair of blocks of the scales' padded row (scale
@@ -148,8 +153,7 @@ def walk_shape(rows, k, batches, sf_vec_size: int, values_out: bool, half_blocks
     if half_blocks:
         units = (k + K_BLOCK - 1) // K_BLOCK * (K_BLOCK // HALF_BLOCK)
     else:
-        sf_cols_pad = (k // sf_vec_size + SF_PER_WORD - 1) // SF_PER_WORD * SF_PER_WORD
-        units = sf_cols_pad // BLOCKS_PER_THREAD
+        units = sf_cols_padded(k // sf_vec_size) // BLOCKS_PER_THREAD
     rows_pad = rows if values_out else (rows + 127) // 128 * 128
     return units, rows_pad, batches * rows_pad * units
 
@@ -337,7 +341,6 @@ class QuantizeFp4:
                 cute.make_layout((n_elems // HALF_BLOCK, self.raw_len), stride=(self.raw_len, 1)),
             )
         sf_cols = k // vec
-        sf_cols_pad = (sf_cols + SF_PER_WORD - 1) // SF_PER_WORD * SF_PER_WORD
         units, rows_pad, total = walk_shape(rows, k, l, vec, self.values_out, self.half_blocks)
         if const_expr(self.tokens):
             # the token copy [rows, K_pad] as words (16-bit values: K_pad / 2 words a row);
@@ -364,7 +367,7 @@ class QuantizeFp4:
             )
         mSF = cute.make_tensor(
             cute.recast_ptr(sf_ptr, dtype=Uint32),
-            cute.make_layout(l * rows_pad * sf_cols_pad // SF_PER_WORD),
+            cute.make_layout(l * rows_pad * sf_cols_padded(sf_cols) // SF_PER_WORD),
         )
         mGsIn = cute.make_tensor(gs_in_ptr, cute.make_layout(1))
         mGsOut = cute.make_tensor(gs_out_ptr, cute.make_layout(1))
@@ -473,7 +476,7 @@ class QuantizeFp4:
         mAmax: cute.Tensor,
         amax_count: Int32,
         extents: tuple[Int32, Int32, Int32, Int32],
-        pairs_pad: cute.FastDivmodDivisorV2,
+        units_pad: cute.FastDivmodDivisorV2,
         rows_pad: cute.FastDivmodDivisorV2,
     ):
         """The global scale, the block scaling it implies (NVFP4: the divisor table), then the
@@ -488,7 +491,7 @@ class QuantizeFp4:
         if const_expr(self.preload):
             # (the first step's x in flight with the global scale's load: the round trips overlap)
             rRaw = self._raw_registers()
-            self._load_step(mX, rRaw, bidx * THREADS + tidx, extents, pairs_pad, rows_pad)
+            self._load_step(mX, rRaw, bidx * THREADS + tidx, extents, units_pad, rows_pad)
         if const_expr(self.values_out):
             # only now may the GEMM behind request weights (before its own wait for this grid,
             # which it needs before it reads the copy or the global scale)
@@ -497,7 +500,7 @@ class QuantizeFp4:
         if (bidx == 0) & (tidx == 0):
             mGsOut[0] = gs
         scaling = self._block_scaling(gs)
-        walk = (mX, mQ, mSF, rRaw, extents, pairs_pad, rows_pad, scaling)
+        walk = (mX, mQ, mSF, rRaw, extents, units_pad, rows_pad, scaling)
         if const_expr(self.nvfp4):
             # (a grid-uniform choice: no IEEE division in the usual loop)
             if (gs >= Float32(SCALE_FAST_MIN)) & (gs <= Float32(SCALE_FAST_MAX)):
@@ -515,7 +518,7 @@ class QuantizeFp4:
         mSF: cute.Tensor,
         rRaw: list | None,
         extents: tuple[Int32, Int32, Int32, Int32],
-        pairs_pad: cute.FastDivmodDivisorV2,
+        units_pad: cute.FastDivmodDivisorV2,
         rows_pad: cute.FastDivmodDivisorV2,
         scaling,
         fast: cutlass.Constexpr,
@@ -529,9 +532,9 @@ class QuantizeFp4:
         gdim, _, _ = cute.arch.grid_dim()
         t = bidx * THREADS + tidx
         stride = gdim * THREADS
-        step, args = self._step, (mX, mQ, mSF, extents, pairs_pad, rows_pad, scaling, fast)
+        step, args = self._step, (mX, mQ, mSF, extents, units_pad, rows_pad, scaling, fast)
         if const_expr(self.half_blocks):
-            step, args = self._step_half, (mX, mQ, extents, pairs_pad, scaling, fast)
+            step, args = self._step_half, (mX, mQ, extents, units_pad, scaling, fast)
         if const_expr(rRaw is not None):
             if t < total_warps:
                 step(t, rRaw, *args)
@@ -651,15 +654,15 @@ class QuantizeFp4:
             dq.st_global_v4_b32(mC.iterator.toint() + word_index * 4, out)
 
     @cute.jit
-    def _load_step(self, mX, rRaw: list, t, extents, pairs_pad, rows_pad):
+    def _load_step(self, mX, rRaw: list, t, extents, units_pad, rows_pad):
         """The blocks of thread index t's first walk step into rRaw, where it has any."""
         rows, sf_cols = extents[:2]
         if const_expr(self.half_blocks):
-            r, unit, live = self._half_coords(t, extents, pairs_pad)
+            r, unit, live = self._half_coords(t, extents, units_pad)
             if live & (unit < sf_cols * 2):
                 self._load_half(mX, rRaw, r, unit, sf_cols)
         else:
-            batch, r, _, col, live = self._step_coords(t, extents, pairs_pad, rows_pad)
+            batch, r, _, col, live = self._step_coords(t, extents, units_pad, rows_pad)
             if live & (r < rows) & (col < sf_cols):
                 self._load_pair(mX, rRaw, batch * rows + r, col, sf_cols)
 
@@ -1264,6 +1267,9 @@ def bind_tokens(
             f"copy must hold 16-bit values for {rows} x {k} rounded up to 64 on {x.device}, "
             f"got {copy.dtype} {tuple(copy.shape)} on {copy.device}"
         )
+    # (the kernel writes it by row pitch in 16-byte stores)
+    if not copy.is_contiguous() or copy.data_ptr() % 16:
+        raise ValueError("copy must be contiguous and 16-byte aligned")
     dynamic = sf_vec_size == 16 and global_scale is None
     local = dynamic and x.numel() * x.element_size() <= LOCAL_AMAX_BYTES
     partials = _partials(x.device, stream_handle(index)) if dynamic and not local else gs_out

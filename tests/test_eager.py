@@ -322,9 +322,10 @@ def test_fused_step_hands_each_kernel_what_its_own_call_would(monkeypatch):
 
 @pytest.mark.parametrize("k", [96, 128], ids=["k-padded", "k-whole"])
 def test_bind_tokens_refuses_a_copy_short_of_k_rounded_up_to_64(k):
-    """The token copy holds rows x K rounded up to 64 (the GEMM's k-blocks), 16-bit: one value
-    short, or 32-bit values, is refused before anything is bound; the copy and the static
-    global scale are what the bound call holds."""
+    """The token copy holds rows x K rounded up to 64 (the GEMM's k-blocks), 16-bit, contiguous
+    and 16-byte aligned (the kernel's stores): one value short, 32-bit values, a strided or
+    misaligned view are refused before anything is bound; the copy and the static global
+    scale are what the bound call holds."""
     from fp4_ops import quantizer
 
     x = torch.zeros(3, k, dtype=torch.bfloat16)
@@ -332,6 +333,10 @@ def test_bind_tokens_refuses_a_copy_short_of_k_rounded_up_to_64(k):
     need = 3 * 128
     for bad in (torch.zeros(need - 1, dtype=torch.bfloat16), torch.zeros(need)):
         with pytest.raises(ValueError, match="copy must hold 16-bit values for 3 x"):
+            quantizer.bind_tokens(x, 16, bad, gs, gs_out, 132)
+    wide = torch.zeros(2 * need + 8, dtype=torch.bfloat16)
+    for bad in (wide[: 2 * need : 2], wide[1 : need + 1], wide[4 : need + 4]):
+        with pytest.raises(ValueError, match="copy must be contiguous and 16-byte aligned"):
             quantizer.bind_tokens(x, 16, bad, gs, gs_out, 132)
     copy = torch.zeros(need, dtype=torch.bfloat16)
     bound = quantizer.bind_tokens(x, 16, copy, gs, gs_out, 132)
