@@ -1,7 +1,8 @@
 """Mutants of the library: fp4_ops/checkpoint.py and fp4_ops/nn.py (checkpoint loading and saving,
 FP4Linear's state dict, quantize_model, calibrate), the CPU quantizer and GEMM, the scale layout,
-FP4Tensor, the ops' checks, the memory rules, the FP4 buffers' casts, the MoE host code, the GPU
-quantizer and the benchmarks' figures and checks: small, realistic bugs that make a result
+FP4Tensor, the ops' checks, the memory rules, the FP4 buffers' casts, the MoE host code, the
+Hopper launcher's picks and checks, the tokens step, the GPU quantizer and the benchmarks'
+figures and checks: small, realistic bugs that make a result
 silently wrong or let bad input through, planted by reviewers who had not read the tests. The
 tests named must catch each (``-m gpu``: on an H100 / H200). Keep every ``old`` text current as
 the code changes (it must occur exactly once in its file)."""
