@@ -965,6 +965,8 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     "args,message",
     [
         (["--mnkl", "1,2,3"], "--mnkl expects 4 integers"),
+        (["--mnkl", "1,2,3,4,5"], "--mnkl expects 4 integers"),
+        (["--mma_tiler_mn", "128,128,1"], "--mma_tiler_mn expects 2 integers"),
         (["--mnkl", "128,128,100,1"], "K=100 is not a multiple of 32"),
         (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "does not pair"),
         (["--mma_tiler_mn", "256,128", "--cluster_shape_mn", "1,1"], "M must be even"),

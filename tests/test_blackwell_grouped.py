@@ -426,6 +426,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     [
         (["--group_rows", "3,-1"], "--group_rows: group_rows must be one or more integers >= 0"),
         (["--group_rows", "3,x"], "--group_rows expects comma-separated integers"),
+        (["--nk", "4096,7168,1"], "--nk expects 2 integers"),
+        (["--nk", "4096"], "--nk expects 2 integers"),
         (["--group_rows", "0,0"], "--group_rows: every group is empty"),
         (["--group_rows", "99999999999999"], "beyond the kernel's 32-bit extents"),
         (["--mma_tiler_mn", "64,128"], "--mma_tiler_mn: tile M must be 128 or 256, got 64"),

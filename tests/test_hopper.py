@@ -1929,7 +1929,10 @@ def _cli(*args):
     [
         (["--mnkl", "128,128,100,1"], "K=100 is not a multiple of 32"),
         (["--mnkl", "1,2,3"], "--mnkl expects 4 integers"),
+        (["--mnkl", "1,2,3,4,5"], "--mnkl expects 4 integers"),
         (["--mnkl", "1,x,3,4"], "--mnkl expects 4 comma-separated integers"),
+        (["--mma_tiler_mn", "128,128,1"], "--mma_tiler_mn expects 2 integers"),
+        (["--cluster_shape_mn", "1"], "--cluster_shape_mn expects 2 integers"),
         (["--sf_vec_size", "32", "--sf_dtype", "Float8E4M3FN"], "does not pair with"),
         (["--sf_vec_size", "8"], "invalid choice: 8"),
         (["--cluster_shape_mn", "1,2"], "takes (1, 1)"),
