@@ -1772,3 +1772,17 @@ def test_dequantize_gives_its_values_in_every_float_dtype():
     for dtype in (torch.bfloat16, torch.float16):
         got = a.dequantize(dtype)
         assert got.dtype == dtype and torch.equal(got, exact.to(dtype))
+
+
+@pytest.mark.parametrize("first, second", [(1.0, 2.0), (2.0, 1.0), (0.5, 0.5)])
+def test_device_scalar_is_one_tensor_per_value_and_device(first, second):
+    """``device_scalar`` keeps one tensor per (value, device): the same value gives the same
+    tensor, another value its own, each holding its value whatever was asked for before."""
+    from fp4_ops import memory
+
+    cpu = torch.device("cpu")
+    a, b = memory.device_scalar(first, cpu), memory.device_scalar(second, cpu)
+    assert a.dtype == torch.float32 and a.shape == ()
+    assert (a.item(), b.item()) == (first, second)
+    assert (a is b) == (first == second) and memory.device_scalar(first, cpu) is a
+    assert memory.unit_scale(cpu).item() == 1.0
