@@ -12,7 +12,9 @@ sources), ``--layers N`` keeping the first N decoder layers; random weights (tra
 initialisation, BF16), nothing downloaded. The three variants hold one model: its Linear
 modules, except ``lm_head`` (kept in BF16 as FP4 checkpoints keep it, unless ``--lm_head fp4``),
 are swapped between the BF16 ones and two sets of FP4Linear quantized from them, so memory
-holds the BF16 model and two FP4 copies of its linear layers (Qwen3-32B: about 100 GB).
+holds the BF16 model and two FP4 copies of its linear layers (Qwen3-32B: about 100 GB); a run
+that would not fit the device's memory is refused before it starts, naming the ``--layers``
+that would.
 
 A decode step: one new token per row at position ``--context`` of a static KV cache
 (transformers' ``StaticCache``, ``--context`` + ``CACHE_MARGIN`` positions, allocated at the
@@ -62,7 +64,7 @@ from torch import nn
 
 import fp4_ops
 from benchmarks import args as cli
-from fp4_ops import devtools
+from fp4_ops import devtools, layout
 
 # From the models' config.json on the Hugging Face Hub.
 CONFIGS = {
@@ -122,6 +124,9 @@ FP4_ACTIVATIONS = {"w4a16": "bf16", "w4a4": "dynamic"}
 GRAPH_STEPS, GRAPH_REPLAYS, EAGER_STEPS, EAGER_ROUNDS, CPU_STEPS = 16, 4, 16, 5, 3
 #: cache positions past --context: more than any one measurement's steps
 CACHE_MARGIN = 128
+#: memory a run holds beyond its weights and KV cache: activations, the CUDA context, the
+#: allocator's rounding (the peaks that results/*_model.json record stay within it)
+MEMORY_HEADROOM = 2 << 30
 _GEMM = re.compile(r"gemm|gemv|nvjet|xmma|cublas|cutlass|matmul|aten::(mm|addmm|bmm)$", re.I)
 _QUANTIZE = re.compile(r"quantiz|amax", re.I)
 _ATTENTION = re.compile(r"fmha|flash|attention|softmax", re.I)
@@ -181,13 +186,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(
             "--device cuda: torch sees no CUDA GPU (--config tiny --device cpu runs on the CPU)"
         )
-    for name in args.config:
-        if reason := size_reason(name, args.batch, args.context, args.layers, args.device):
-            p.error(reason)
     if args.device == "cpu" and args.eager:
         p.error(
             "--eager adds eager timing to the CUDA-graph timing; on the CPU every step is eager"
         )
+    for name in args.config:
+        if reason := size_reason(name, args):
+            p.error(reason)
     return args
 
 
@@ -212,22 +217,70 @@ def memory_bytes(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def size_reason(name: str, batches, context: int, layers: int | None, device: str) -> str:
+def linear_shapes(name: str, layers: int | None) -> list[tuple[int, int]]:
+    """(N, K) of every Linear weight of ``CONFIGS[name]`` (first ``layers`` decoder layers):
+    per layer q, k, v, o, gate, up, down; ``lm_head`` last."""
+    c = CONFIGS[name]
+    hidden, inter = c["hidden_size"], c["intermediate_size"]
+    head_dim = c.get("head_dim", hidden // c["num_attention_heads"])
+    q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
+    layer = [(q, hidden), (kv, hidden), (kv, hidden), (hidden, q)]
+    layer += [(inter, hidden), (inter, hidden), (hidden, inter)]
+    return layer * (layers or c["num_hidden_layers"]) + [(c["vocab_size"], hidden)]
+
+
+def weight_bytes(name: str, layers: int | None, fmt: str, lm_head: str) -> tuple[int, int]:
+    """(the BF16 model's parameter bytes, one FP4 copy of the Linear layers that the variants
+    quantize): what ``run_config`` holds besides the KV cache and the activations."""
+    c = CONFIGS[name]
+    hidden, count = c["hidden_size"], layers or c["num_hidden_layers"]
+    shapes = linear_shapes(name, layers)
+    norms = 2 * hidden + (2 * c.get("head_dim", 0) if c["model_type"] == "qwen3" else 0)
+    embedding = c["vocab_size"] * hidden
+    bf16 = 2 * (sum(n * k for n, k in shapes) + embedding + count * norms + hidden)
+    vec = layout.format_vec(fmt)
+    quantized = shapes if lm_head == "fp4" else shapes[:-1]
+    fp4 = sum(n * k // 2 + layout.blocked_scale_numel(n, k, vec) + 4 for n, k in quantized)
+    return bf16, fp4
+
+
+def memory_need(name: str, args) -> tuple[int, str]:
+    """Bytes a run of ``CONFIGS[name]`` holds at its largest batch, and what they are: the BF16
+    model, two FP4 copies of its Linear layers, the KV cache and ``MEMORY_HEADROOM``."""
+    bf16, fp4 = weight_bytes(name, args.layers, args.format, args.lm_head)
+    kv = kv_cache_bytes(name, max(args.batch), args.context, args.layers)
+    parts = [(bf16, "BF16 weights"), (2 * fp4, "two FP4 copies of its Linear layers")]
+    parts += [(kv, "KV cache"), (MEMORY_HEADROOM, "headroom")]
+    return sum(b for b, _ in parts), ", ".join(f"{what} {b / 2**30:.1f}" for b, what in parts)
+
+
+def size_reason(name: str, args) -> str:
     """Why ``CONFIGS[name]`` cannot run these sizes ("" if it can): a cache longer than the
-    model's positions, or a KV cache alone larger than the device's memory."""
+    model's positions, or a run larger than the device's memory (then how many decoder layers
+    would fit, if any)."""
     positions = CONFIGS[name]["max_position_embeddings"]
-    if cache_length(context) > positions:
+    if cache_length(args.context) > positions:
         return (
-            f"--context {context}: {name} takes at most {positions} positions and the cache "
-            f"holds {cache_length(context)} ({CACHE_MARGIN} more, rounded up to 64)"
+            f"--context {args.context}: {name} takes at most {positions} positions and the "
+            f"cache holds {cache_length(args.context)} ({CACHE_MARGIN} more, rounded up to 64)"
         )
-    need, have = kv_cache_bytes(name, max(batches), context, layers), memory_bytes(device)
-    if need > have:
-        return (
-            f"--batch {max(batches)} --context {context}: {name}'s KV cache alone needs "
-            f"{need / 2**30:.1f} GiB, the {device} device has {have / 2**30:.1f} GiB"
-        )
-    return ""
+    have = memory_bytes(args.device)
+    need, parts = memory_need(name, args)
+    if need <= have:
+        return ""
+    what = f"--batch {max(args.batch)} --context {args.context}: {name}"
+    if args.layers is not None:
+        what += f" with --layers {args.layers}"
+    reason = (
+        f"{what} needs about {need / 2**30:.1f} GiB ({parts}), the {args.device} device has "
+        f"{have / 2**30:.1f} GiB"
+    )
+    fits = [
+        n
+        for n in range(1, (args.layers or CONFIGS[name]["num_hidden_layers"]))
+        if memory_need(name, argparse.Namespace(**{**vars(args), "layers": n}))[0] <= have
+    ]
+    return reason + (f"; --layers {fits[-1]} fits" if fits else "")
 
 
 # ----------------------------------------------------------------------------- the model

@@ -7,6 +7,7 @@ the profile's categories, and a whole run of the tiny configuration: table and J
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 from types import SimpleNamespace
 
@@ -30,7 +31,8 @@ needs_cache_position = pytest.mark.skipif(
 # ----------------------------------------------------------------------------- arguments
 
 
-def test_defaults():
+def test_defaults(monkeypatch):
+    monkeypatch.setattr(bench, "memory_bytes", lambda device: 1 << 40)  # (qwen3-32b: 100 GB)
     args = bench.parse_args(["--device", "cpu"])
     assert args.config == ["llama-3.1-8b", "qwen3-32b"] and args.batch == [1, 16, 64]
     assert args.layers is None and args.context == 512 and args.format == "nvfp4"
@@ -76,19 +78,87 @@ def test_longest_context_the_model_takes_is_accepted():
     assert bench.cache_length(896) == 1024 and bench.cache_length(897) == 1088
 
 
-def test_a_kv_cache_larger_than_the_device_exits_2(monkeypatch, capsys):
+def test_kv_cache_bytes_by_hand():
     # tiny: 2 layers x 2 KV heads x 32 dims, keys and values in BF16: 512 bytes a position
     assert bench.kv_cache_bytes("tiny", 3, 100, None) == 2 * 3 * 256 * 2 * 2 * 32 * 2
     assert bench.kv_cache_bytes("tiny", 3, 100, 1) == 3 * 256 * 2 * 2 * 32 * 2
     # a config's own head_dim (Qwen3: 128, not 5120 / 64 = 80)
     assert bench.kv_cache_bytes("qwen3-32b", 1, 512, None) == 64 * 640 * 2 * 8 * 128 * 2
-    # (the default --context 512 keeps 640 positions)
-    monkeypatch.setattr(bench, "memory_bytes", lambda device: 3 * 640 * 512)
-    assert bench.parse_args(["--config", "tiny", "--batch", "1,3", "--device", "cpu"])
-    with pytest.raises(SystemExit) as exc:
-        bench.parse_args(["--config", "tiny", "--batch", "1,4", "--device", "cpu"])
-    assert exc.value.code == 2
-    assert "--batch 4 --context 512: tiny's KV cache alone needs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", [n for n in bench.CONFIGS])
+@pytest.mark.parametrize("layers", [None, 1])
+def test_weight_bytes_count_the_model_transformers_builds(name, layers):
+    """BF16 bytes against the parameters of the model built on the meta device; the Linear
+    shapes against its Linear modules, lm_head last."""
+    model = bench.build_model(name, layers, "meta")
+    bf16, _ = bench.weight_bytes(name, layers, "nvfp4", "bf16")
+    assert bf16 == 2 * sum(p.numel() for p in model.parameters())
+    linears = [m.weight.shape for m in model.modules() if isinstance(m, nn.Linear)]
+    assert sorted(bench.linear_shapes(name, layers)) == sorted(tuple(s) for s in linears)
+    assert bench.linear_shapes(name, layers)[-1] == tuple(model.lm_head.weight.shape)
+
+
+_RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
+
+
+def _recorded_runs():
+    for path in sorted(_RESULTS.glob("*_model.json")):
+        record = json.loads(path.read_text())
+        runs = record["arguments"]
+        runs = runs if isinstance(runs, list) else [runs]
+        configs = [(run, name) for run in runs for name in run["config"]]
+        assert len(record["results"]) <= len(configs)  # (a run cut short keeps what it measured)
+        for (run, name), result in zip(configs, record["results"], strict=False):
+            assert result["config"] == name
+            yield pytest.param(run, result, id=f"{path.stem}-{name}-{run['batch']}")
+
+
+@pytest.mark.parametrize("run, result", list(_recorded_runs()))
+def test_memory_need_bounds_the_recorded_gpu_runs(run, result):
+    """Against what runs on a GPU measured: one FP4 copy's bytes (a variant's bytes less BF16's
+    Linear weights), and the peak of allocated memory, above the need without its headroom and
+    below the need with it."""
+    args = SimpleNamespace(**run)
+    bf16, fp4 = bench.weight_bytes(result["config"], args.layers, args.format, args.lm_head)
+    shapes = bench.linear_shapes(result["config"], args.layers)
+    quantized = shapes if args.lm_head == "fp4" else shapes[:-1]
+    bf16_linears = 2 * sum(n * k for n, k in quantized)
+    for variant in ("w4a16", "w4a4"):
+        assert result["bytes"][variant] - result["bytes"]["bf16"] == fp4 - bf16_linears, variant
+    need, _ = bench.memory_need(result["config"], args)
+    peak = result["max_memory_allocated"]
+    assert need - bench.MEMORY_HEADROOM < peak < need
+
+
+def test_a_run_larger_than_the_device_exits_2_naming_the_layers_that_fit(monkeypatch, capsys):
+    argv = ["--config", "tiny", "--batch", "1,3", "--device", "cpu"]
+    fits = bench.parse_args([*argv, "--layers", "1"])
+    one_layer, _ = bench.memory_need("tiny", fits)
+    two_layers, parts = bench.memory_need("tiny", bench.parse_args(argv))
+    bf16, fp4 = bench.weight_bytes("tiny", None, "nvfp4", "bf16")
+    assert two_layers == bf16 + 2 * fp4 + bench.kv_cache_bytes("tiny", 3, 512, None) + (2 << 30)
+    assert parts.startswith("BF16 weights 0.0, two FP4 copies") and "headroom 2.0" in parts
+    monkeypatch.setattr(bench, "memory_bytes", lambda device: two_layers)
+    assert bench.parse_args(argv).config == ["tiny"]
+    for memory, tail in [(two_layers - 1, "; --layers 1 fits"), (one_layer - 1, " GiB")]:
+        monkeypatch.setattr(bench, "memory_bytes", lambda device, memory=memory: memory)
+        with pytest.raises(SystemExit) as exc:
+            bench.parse_args(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "--batch 3 --context 512: tiny needs about 2.0 GiB (BF16 weights" in err
+        assert err.endswith(tail), err
+    with pytest.raises(SystemExit):
+        bench.parse_args([*argv, "--layers", "1"])
+    assert "tiny with --layers 1 needs about" in capsys.readouterr().err
+    # the most layers that fit: 20 of Llama-3.1-8B's 32 in exactly their need
+    llama = SimpleNamespace(layers=20, format="nvfp4", lm_head="bf16", batch=[1, 3], context=512)
+    twenty, _ = bench.memory_need("llama-3.1-8b", llama)
+    monkeypatch.setattr(bench, "memory_bytes", lambda device: twenty)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--config", "llama-3.1-8b", *argv[2:]])
+    assert capsys.readouterr().err.strip().endswith("; --layers 20 fits")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a GPU")
