@@ -283,6 +283,8 @@ _E2M1 = torch.tensor(
 
 
 def torch_dequant(packed, scales, vec, lut):
+    """Packed FP4 [.., K/2] (low nibble first) with plain scales [.., K/vec] -> BF16 [.., K]:
+    ``lut`` (the 16 E2M1 values in BF16) times each value's block scale, exact in BF16."""
     codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
     sf = scales.to(torch.bfloat16).repeat_interleave(vec, dim=-1)
     return lut[codes.long()] * sf
@@ -373,6 +375,8 @@ def bench_bf16_peers(bench: Bench, ops, m, n, k):
         da, db = torch_dequant(a, sa, 16, bench.lut), torch_dequant(b, sb, 16, bench.lut)
         torch.matmul(da, db.t(), out=out)
 
+    if not torch.equal(torch_dequant(b, sb, 16, bench.lut), db):
+        raise AssertionError("torch_dequant differs from reference.dequantize_fp4")
     sets = input_sets(bench, (a, sa, b, sb))
     rows["torch-dq+cublas"] = _rate(m, n, k, time_graph([lambda s=s: pdq(*s) for s in sets], 5))
     del sets

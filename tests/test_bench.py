@@ -136,6 +136,18 @@ def test_write_results_json_text_and_png(tmp_path):
     assert (tmp_path / "h200.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize("rows, k", [(1, 32), (3, 64), (130, 256)])
+def test_torch_dequant_is_the_reference_dequantization(rows, k):
+    """The torch-dq+cublas peer's dequantization, bit for bit the reference's (every e2m1 x E4M3
+    product is a BF16 value), each byte's low nibble first."""
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 100
+    packed, scales, _ = reference.quantize_nvfp4(x, 1.0)
+    lut = reference.e2m1_to_fp32(torch.arange(16, dtype=torch.uint8)).to(torch.bfloat16)
+    got = bench.torch_dequant(packed, scales, 16, lut)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.float(), reference.dequantize_fp4(packed, scales, 16))
+
+
 def test_options():
     args = bench.parse_args([])
     assert not args.warm_l2 and not args.quick and args.name is None

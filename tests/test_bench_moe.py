@@ -308,6 +308,20 @@ def _pair_loop_moe(weights, cfg, x, tw, ids):
     return out
 
 
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_routing_weights_are_each_token_s_softmax_over_its_top_k(tokens):
+    """Each token's weights: positive, summing to 1, in the order of its top-k logits (largest
+    first), over distinct experts."""
+    cfg = next(iter(TINY_CONFIGS.values()))
+    p = bench_moe.routing_problem(cfg, tokens, CPU)
+    w, ids = p.topk_weights.double(), p.topk_ids
+    assert w.shape == ids.shape == (tokens, cfg.top_k) and (w > 0).all()
+    assert torch.allclose(w.sum(dim=1), torch.ones(tokens, dtype=torch.float64), atol=1e-6)
+    assert (w[:, :-1] >= w[:, 1:]).all()
+    assert all(len(set(row.tolist())) == cfg.top_k for row in ids)
+    assert torch.equal(ids.long(), p.ids_host)
+
+
 @pytest.mark.parametrize("name", list(TINY_CONFIGS))
 def test_reference_is_the_pair_loop(name):
     cfg = TINY_CONFIGS[name]

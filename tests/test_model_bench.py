@@ -99,6 +99,19 @@ def test_weight_bytes_count_the_model_transformers_builds(name, layers):
     assert bench.linear_shapes(name, layers)[-1] == tuple(model.lm_head.weight.shape)
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("lm_head", ["bf16", "fp4"])
+def test_weight_bytes_are_what_the_variants_hold(fmt, lm_head):
+    """The BF16 model's bytes and one FP4 copy's against the tensors of the tiny model and of
+    the FP4Linear modules that ``make_variants`` quantized from it (rotary buffers aside)."""
+    model = bench.build_model("tiny", None, "cpu")
+    variants = bench.make_variants(model, fmt, lm_head)
+    bf16, fp4 = bench.weight_bytes("tiny", None, fmt, lm_head)
+    assert bf16 == sum(p.numel() * p.element_size() for p in model.parameters())
+    for variant in ("w4a16", "w4a4"):
+        assert fp4 == bench.tensor_bytes(variants[variant].values()), variant
+
+
 _RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 
 

@@ -187,6 +187,17 @@ def emulate_routing(ids: torch.Tensor, num_experts: int, entry=None, x=None):
     return moe_kernels.Routing(*out, rows)
 
 
+@pytest.mark.parametrize("k", [32, 64, 1000 * 32, 1024, 2048, 2880, 7168, 32768, 65536, 2**20])
+def test_pad_rows_per_cta_is_the_most_rows_whose_codes_fit(k):
+    """A power of two in 1 .. 32: its rows' packed codes (K / 2 bytes a row) fit PAD_CTA_BYTES,
+    and twice as many rows would not fit, unless it is 32 or 1."""
+    rows = moe_kernels.pad_rows_per_cta(k)
+    assert 1 <= rows <= 32 and rows & (rows - 1) == 0
+    fits = rows * k // 2 <= moe_kernels.PAD_CTA_BYTES
+    assert fits or rows == 1
+    assert rows == 32 or 2 * rows * k // 2 > moe_kernels.PAD_CTA_BYTES
+
+
 # (T, k, E): E = 1, at the 32-slot boundary, past it, the most the slots hold; pairs past one
 # pass of 512 threads; one slot per token
 EMULATED_ROUTING = [(3, 2, 1), (7, 3, 31), (7, 3, 32), (5, 4, 33), (130, 4, 8), (9, 1, 8191)]

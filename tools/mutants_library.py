@@ -1,11 +1,11 @@
 """Mutants of the library: fp4_ops/checkpoint.py and fp4_ops/nn.py (checkpoint loading and saving,
 FP4Linear's state dict, quantize_model, calibrate), the CPU quantizer and GEMM, the scale layout,
-FP4Tensor, the ops' checks, the memory rules, the FP4 buffers' casts, the MoE host code, the
-Hopper launcher's picks and checks, the tokens step, the GPU quantizer and the benchmarks'
-figures and checks: small, realistic bugs that make a result
-silently wrong or let bad input through, planted by reviewers who had not read the tests. The
-tests named must catch each (``-m gpu``: on an H100 / H200). Keep every ``old`` text current as
-the code changes (it must occur exactly once in its file)."""
+FP4Tensor, the ops' checks, the memory rules, the FP4 buffers' casts, the MoE host code, the Hopper
+launcher's picks and checks, the tokens step, the GPU quantizer, the benchmarks' figures and
+checks, the Hopper CLI, k_order, reference.py and examples/generate.py: small, realistic bugs that
+make a result silently wrong or let bad input through, planted by reviewers who had not read the
+tests. The tests named must catch each (``-m gpu``: on an H100 / H200). Keep every ``old`` text
+current as the code changes (it must occur exactly once in its file)."""
 
 CHECKPOINT = "fp4_ops/checkpoint.py"
 NN = "fp4_ops/nn.py"
@@ -21,6 +21,7 @@ SM100 = "fp4_ops/sm100.py"
 PADDED_ROWS = "fp4_ops/moe_kernels/padded_rows.py"
 TOKENS_STEP = "fp4_ops/sm90/tokens_step.py"
 LAUNCHER = "fp4_ops/sm90/launcher.py"
+MODEL_BENCH = "benchmarks/model.py"
 TESTS = [
     "tests/test_checkpoint.py",
     "tests/test_moe_checkpoint.py",
@@ -2974,5 +2975,168 @@ MUTANTS = [
         '"dynamic": "local" if inputs == "static" else True',
         '"dynamic": True if inputs == "static" else "local"',
         ["tests/test_checkpoint.py"],
+    ),
+    # a third blind review: the benchmarks' host code (model, MoE, eager, linear, sm90, the
+    # MoE profile), examples/generate.py, the Hopper CLI, k_order, reference.py and the MoE
+    # kernels' host helpers (ids rx-)
+    mutant(
+        "rx-model-kv-missing-k-or-v",
+        "wrong factor (size computation)",
+        MODEL_BENCH,
+        'per_position = 2 * c["num_key_value_heads"] * head_dim * 2',
+        'per_position = c["num_key_value_heads"] * head_dim * 2',
+        ["tests/test_model_bench.py"],
+    ),
+    mutant(
+        "rx-model-oproj-k-hidden",
+        "wrong shape (N, K)",
+        MODEL_BENCH,
+        "(kv, hidden), (kv, hidden), (hidden, q)]",
+        "(kv, hidden), (kv, hidden), (hidden, hidden)]",
+        ["tests/test_model_bench.py"],
+    ),
+    mutant(
+        "rx-model-fits-first-not-last",
+        "index error (refusal message)",
+        MODEL_BENCH,
+        'f"; --layers {fits[-1]} fits"',
+        'f"; --layers {fits[0]} fits"',
+        ["tests/test_model_bench.py"],
+    ),
+    mutant(
+        "rx-model-lm-head-inverted",
+        "inverted condition",
+        MODEL_BENCH,
+        'quantized = shapes if lm_head == "fp4" else shapes[:-1]',
+        'quantized = shapes if lm_head == "bf16" else shapes[:-1]',
+        ["tests/test_model_bench.py"],
+    ),
+    mutant(
+        "rx-model-kv-smallest-batch",
+        "wrong operand (max vs min)",
+        MODEL_BENCH,
+        "kv_cache_bytes(name, max(args.batch)",
+        "kv_cache_bytes(name, min(args.batch)",
+        ["tests/test_model_bench.py"],
+    ),
+    mutant(
+        "rx-moe-graph-calls-floor",
+        "rounding direction",
+        "benchmarks/moe.py",
+        "return copies * math.ceil(CALLS_PER_GRAPH / copies)",
+        "return copies * (CALLS_PER_GRAPH // copies)",
+        ["tests/test_bench_moe.py"],
+    ),
+    mutant(
+        "rx-moe-humming-interval-bounds",
+        "off-by-one bound",
+        "benchmarks/moe.py",
+        "if lo < routed <= hi:",
+        "if lo <= routed < hi:",
+        ["tests/test_bench_moe.py"],
+    ),
+    mutant(
+        "rx-moe-softmax-over-tokens",
+        "wrong axis",
+        "benchmarks/moe.py",
+        "topk_weights=torch.softmax(top, dim=1)",
+        "topk_weights=torch.softmax(top, dim=0)",
+        ["tests/test_bench_moe.py"],
+    ),
+    mutant(
+        "rx-eager-calls-zero-accepted",
+        "off-by-one bound (refusal)",
+        "benchmarks/eager.py",
+        "if not 1 <= args.calls <= 150:",
+        "if not 0 <= args.calls <= 150:",
+        ["tests/test_bench.py"],
+    ),
+    mutant(
+        "rx-linear-k-multiple-dropped",
+        "dropped check",
+        "benchmarks/linear.py",
+        "if n < 1 or k < 32 or k % 32:",
+        "if n < 1 or k < 32:",
+        ["tests/test_bench_linear.py"],
+    ),
+    mutant(
+        "rx-linear-ratio-inverted",
+        "ratio inverted",
+        "benchmarks/linear.py",
+        "else ours / bf16",
+        "else bf16 / ours",
+        ["tests/test_bench_linear.py"],
+    ),
+    mutant(
+        "rx-sm90-shard-index-n",
+        "off-by-one bound (refusal)",
+        "benchmarks/sm90.py",
+        "if not 0 <= i < n:",
+        "if not 0 <= i <= n:",
+        ["tests/test_bench.py"],
+    ),
+    mutant(
+        "rx-sm90-torch-dequant-nibbles",
+        "permutation error",
+        "benchmarks/sm90.py",
+        "codes = torch.stack((packed & 0xF, packed >> 4), dim=-1)",
+        "codes = torch.stack((packed >> 4, packed & 0xF), dim=-1)",
+        ["tests/test_bench.py"],
+    ),
+    mutant(
+        "rx-prof-mean-divisor",
+        "wrong divisor",
+        "benchmarks/moe_profile.py",
+        "(name, total / count)",
+        "(name, total / per_call)",
+        ["tests/test_bench_moe.py"],
+    ),
+    mutant(
+        "rx-gen-decode-counts-first-step",
+        "off-by-one (reported figure)",
+        "examples/generate.py",
+        '"decode_tok_s": batch * (steps - 1) / decode_s',
+        '"decode_tok_s": batch * steps / decode_s',
+        ["tests/test_examples.py"],
+    ),
+    mutant(
+        "rx-cli-tolerance-check-inverted",
+        "inverted condition (refusal)",
+        "fp4_ops/sm90/cli.py",
+        "if not args.compile_only and args.tolerance >= k_limit:",
+        "if args.compile_only and args.tolerance >= k_limit:",
+        ["tests/test_hopper.py", "-k", "tolerance"],
+    ),
+    mutant(
+        "rx-korder-byte-order-key",
+        "cache key missing a field",
+        "fp4_ops/sm90/k_order.py",
+        'key = ("bytes", device, inverse)',
+        'key = ("bytes", device)',
+        ["tests/test_hopper.py", "-k", "prepack"],
+    ),
+    mutant(
+        "rx-ref-mxfp4-pow2-mantissa",
+        "wrong constant (rounding of the scale exponent)",
+        "reference.py",
+        "exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)",
+        "exponent = torch.where(mantissa == 1.0, exponent - 1, exponent)",
+        ["tests/test_reference.py"],
+    ),
+    mutant(
+        "rx-mk-experts-cap-not-above-e",
+        "off-by-one (size computation)",
+        MOE_KERNELS,
+        "return max(32, 1 << num_experts.bit_length())",
+        "return max(32, 1 << (num_experts - 1).bit_length())",
+        ["tests/test_moe_kernels.py"],
+    ),
+    mutant(
+        "rx-mk-pad-rows-bytes-vs-codes",
+        "wrong units (codes vs bytes)",
+        MOE_KERNELS,
+        "fit = max(PAD_CTA_BYTES * 2 // max(k, 1), 1)",
+        "fit = max(PAD_CTA_BYTES // max(k, 1), 1)",
+        ["tests/test_moe_kernels.py"],
     ),
 ]
