@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """The command-line values the benchmarks share: comma lists of positive integers or of names,
-and positive integers, each refused through ``argparse`` (exit 2, the option named)."""
+and positive integers, each refused through ``argparse`` (exit 2, the option named); output paths
+checked before a run; the GPU's label in the results' file names."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 
 
@@ -62,3 +64,12 @@ def output_path(p: argparse.ArgumentParser, flag: str, text: str | None) -> str 
     except OSError as err:
         p.error(f"{flag} {text}: {parent} is not a folder this run can write in ({err.strerror})")
     return text
+
+
+def gpu_label(name: str | None) -> str:
+    """The results' file-name label of a GPU from its name: "h200", "h100", "b200", "gb200",
+    ...; "cpu" without a GPU (None), "gpu" for a name without a model number."""
+    if name is None:
+        return "cpu"
+    found = re.search(r"\b(G?[A-Z]\d{2,3})\b", name)
+    return found.group(1).lower() if found else "gpu"

@@ -41,7 +41,6 @@ import functools
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import time
@@ -396,14 +395,6 @@ def environment(device, api) -> dict:
     return env
 
 
-def gpu_label(env: dict) -> str:
-    """File-name label of the GPU: "h200", "b200", ... from its name; "cpu" without one."""
-    if env["gpu"] is None:
-        return "cpu"
-    found = re.search(r"\b(G?[A-Z]\d{2,3})\b", env["gpu"])
-    return found.group(1).lower() if found else "gpu"
-
-
 # ----------------------------------------------------------------------------- output
 
 
@@ -559,7 +550,8 @@ def main(argv=None) -> int:
             return 2
         rows.append(row)
         print(format_row(row), flush=True)
-    default = os.path.join(os.path.dirname(HERE), "results", f"{gpu_label(env)}_linear")
+    label = cli.gpu_label(env["gpu"])
+    default = os.path.join(os.path.dirname(HERE), "results", f"{label}_linear")
     out = args.out or (None if args.quick or device.type != "cuda" else default)
     timed = any(r["us_bf16"] is not None for r in rows)
     if out and not timed:

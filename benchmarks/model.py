@@ -648,7 +648,7 @@ def main(argv=None) -> int:
     results = []
     out = args.out
     if out is None and args.device == "cuda":
-        label = re.sub(r"[^a-z0-9]+", "_", env["gpu"].lower().removeprefix("nvidia ")).strip("_")
+        label = cli.gpu_label(env["gpu"])
         out = os.path.join(
             os.path.dirname(os.path.dirname(__file__)), "results", f"{label}_model.json"
         )

@@ -42,9 +42,9 @@ headers are installed, nvidia-cuda-cccl==13.0.85); without it they are reported 
 
 from __future__ import annotations
 
+import glob
 import json
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -743,10 +743,10 @@ def _dist_version(name: str):
         return None
 
 
-def gpu_label() -> str:
-    """ "h200" / "h100" from the device name (the results' file name), else "gpu"."""
-    found = re.search(r"\bH\d00\b", torch.cuda.get_device_name())
-    return found.group(0).lower() if found else "gpu"
+def shards_name(out_dir: str) -> str | None:
+    """The name of the one run (``<gpu>_sm90``) whose shards ``out_dir`` holds, else None."""
+    found = glob.glob(os.path.join(out_dir, "*_sm90.shard0.json"))
+    return os.path.basename(found[0]).removesuffix(".shard0.json") if len(found) == 1 else None
 
 
 def l2_mode(warm: bool, l2_bytes: int) -> str:
@@ -766,7 +766,12 @@ def parse_args(argv=None):
         help="time one input set over and over (default: cold L2, rotating input copies)",
     )
     ap.add_argument("--out_dir", default=os.path.join(os.path.dirname(HERE), "results"))
-    ap.add_argument("--name", default=None, help="file name of the results; default: h200_sm90")
+    ap.add_argument(
+        "--name",
+        default=None,
+        help="file name of the results; default: <gpu>_sm90 (e.g. h200_sm90); --combine: the "
+        "name of the one run whose shards --out_dir holds",
+    )
     ap.add_argument(
         "--shard",
         default=None,
@@ -787,7 +792,7 @@ def parse_args(argv=None):
     if args.name == "" or (args.name and os.sep in args.name):
         ap.error(f"--name {args.name!r}: a file name, not empty nor a path")
     # (checked now, not after the run: the results are written into it at the end)
-    cli.output_path(ap, "--out_dir", os.path.join(args.out_dir, args.name or "h200_sm90"))
+    cli.output_path(ap, "--out_dir", os.path.join(args.out_dir, args.name or "sm90"))
     if args.shard is not None:
         try:
             i, n = (int(v) for v in args.shard.split("/"))
@@ -841,7 +846,17 @@ def setup(warm: bool) -> Bench:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.combine is not None:
-        path = os.path.join(args.out_dir, args.name or "h200_sm90")
+        name = args.name or shards_name(args.out_dir)
+        if name is None:
+            found = sorted(glob.glob(os.path.join(args.out_dir, "*_sm90.shard0.json")))
+            print(
+                f"--combine {args.combine}: --out_dir holds the shards of {len(found)} runs "
+                f"({', '.join(map(os.path.basename, found)) or 'no *_sm90.shard0.json'}): "
+                "name one with --name",
+                file=sys.stderr,
+            )
+            return 2
+        path = os.path.join(args.out_dir, name)
         try:
             print(combine_shards(path, args.combine))
         except FileNotFoundError as err:
@@ -884,7 +899,8 @@ def main(argv=None) -> int:
         cutlass_dsl=_dist_version("nvidia-cutlass-dsl"),
         humming=_dist_version("humming-kernels"),
     )
-    path = os.path.join(args.out_dir, args.name or f"{gpu_label()}_sm90")
+    label = cli.gpu_label(torch.cuda.get_device_name())
+    path = os.path.join(args.out_dir, args.name or f"{label}_sm90")
     if args.shard is not None:
         os.makedirs(args.out_dir, exist_ok=True)
         with open(f"{path}.shard{args.shard[0]}.json", "w") as f:

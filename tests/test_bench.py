@@ -275,6 +275,31 @@ def test_shards_combine_into_one_result_set_in_shape_order(tmp_path):
             bench.parse_args(["--shard", bad])
 
 
+def test_combine_finds_the_one_run_s_shards_and_refuses_to_guess(tmp_path, capsys):
+    """Without --name, --combine combines the shards of the one run in --out_dir, whatever GPU
+    named them (an H100's run: h100_sm90); none, or two runs' shards, is exit 2 asking for it."""
+    assert bench.main(["--combine", "1", "--out_dir", str(tmp_path)]) == 2
+    assert "the shards of 0 runs (no *_sm90.shard0.json): name one with --name" in (
+        capsys.readouterr().err
+    )
+    (m, n, k) = bench.SHAPES[0]
+    w4a4 = dict(us=10.0, tflops=1.0, gbps=100.0, roof_pct=50.0, check=True)
+    shard = dict(
+        meta=dict(gpu="NVIDIA H100 80GB HBM3", copy_bandwidth_Bps=3e12, l2="cold"),
+        rows=[{"m": m, "n": n, "k": k, "ours-nvfp4": w4a4}],
+        w4a16=[_w16_row(m, n, k, ours_us=10.0)],
+    )
+    (tmp_path / "h100_sm90.shard0.json").write_text(json.dumps(shard))
+    assert bench.main(["--combine", "1", "--out_dir", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "h100_sm90.json").read_text())["meta"]["gpu"].endswith("HBM3")
+    (tmp_path / "h200_sm90.shard0.json").write_text(json.dumps(shard))
+    capsys.readouterr()
+    assert bench.main(["--combine", "1", "--out_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "the shards of 2 runs (h100_sm90.shard0.json, h200_sm90.shard0.json)" in err
+    assert bench.main(["--combine", "1", "--out_dir", str(tmp_path), "--name", "h200_sm90"]) == 0
+
+
 @pytest.mark.parametrize(
     "shard, why",
     [("{bad", "Expecting property name"), ('{"rows": [], "meta": {}}', "lacks 'w4a16'")],

@@ -15,6 +15,7 @@ import torch
 
 import fp4_ops
 import reference
+from benchmarks import args as cli
 from benchmarks import linear as bench_linear
 
 L2 = 60 * 2**20  # an H200's L2
@@ -336,12 +337,22 @@ def test_table_cells_sit_under_their_labels(monkeypatch, tmp_path, capsys):
     assert 0.02 < err < 0.3 and cells["err static"] != "n/m"
 
 
-def test_label_names_the_results_file():
-    label = bench_linear.gpu_label
-    assert label(FAKE_ENV) == "h200"
-    assert label({**FAKE_ENV, "gpu": "NVIDIA H100 80GB HBM3"}) == "h100"
-    assert label({**FAKE_ENV, "gpu": "NVIDIA GB200"}) == "gb200"
-    assert label({**FAKE_ENV, "gpu": None}) == "cpu"
+@pytest.mark.parametrize(
+    "name, label",
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H100 NVL", "h100"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA GB200", "gb200"),
+        ("Tesla T4", "gpu"),
+        (None, "cpu"),
+    ],
+)
+def test_label_names_the_results_file(name, label):
+    """One label for every benchmark's results files: the model number, not the memory size."""
+    assert cli.gpu_label(name) == label
 
 
 def test_quick_path_runs_on_cpu_and_writes_nothing(monkeypatch, tmp_path, capsys):
