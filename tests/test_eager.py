@@ -614,6 +614,73 @@ def test_bound_quantize_passes_what_a_planned_call_passes(vec, static, local):
     assert seen[1][3:6] == (want_in.data_ptr(), g.data_ptr(), want_partials.data_ptr())
 
 
+@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
+@pytest.mark.parametrize("rows", [4, 300], ids=["local-amax", "amax-grid"])
+def test_quantize_into_scratch_passes_what_new_outputs_would(monkeypatch, static, rows):
+    """``launch_quantize`` into a layer's scratch hands the kernel what a call with new outputs
+    does: x, then (the scratch's) codes, scales and global scale, the input scale a static
+    layer gives (a dynamic one: the output scale), and the same amax partials."""
+    from fp4_ops import quantizer
+
+    seen = []
+    monkeypatch.setattr(quantizer, "_kernel", lambda *_: (lambda *a: seen.append(a), 132))
+    monkeypatch.setattr(quantizer, "stream_handle", lambda *_: 9)
+    monkeypatch.setattr(quantizer, "_PARTIALS", {})
+    monkeypatch.setattr(quantizer, "_SCRATCH", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    x = torch.zeros(rows, 256, dtype=torch.bfloat16)
+    gs = torch.full((), 0.25) if static else None
+    q, sf, g = quantizer.launch_quantize(x, 16, gs)
+    scratch = quantizer.scratch_buffers(x, 16)
+    assert quantizer.launch_quantize(x, 16, gs, scratch) is scratch
+    new, into = seen
+    grid = not static and rows == 300  # (an amax grid: its partials, the stream's buffer)
+    for args, (codes, scales, out) in ((new, (q, sf, g)), (into, scratch)):
+        assert args[:3] == (x.data_ptr(), codes.data_ptr(), scales.data_ptr())
+        assert args[3:5] == ((gs if static else out).data_ptr(), out.data_ptr())
+        assert args[5] == (new[5] if grid else out.data_ptr())
+    assert into[6:] == new[6:]
+
+
+@pytest.mark.parametrize("activations", ["dynamic", "static"])
+def test_scratch_route_plan_binds_the_full_path_s_scales(monkeypatch, activations):
+    """A W4A4 plan off the token route (``_Plan.make``) binds what the full path passes: the
+    quantizer writes the layer's scratch with the layer's input scale (static) or none, and the
+    GEMM reads the scratch's codes, scales and global scale as alpha, times the weights' global
+    scale."""
+    from fp4_ops import quantizer
+    from fp4_ops.sm90 import launcher
+
+    calls = {}
+
+    def launch_for_ops(*args, **kwargs):
+        calls["launch"] = (args, kwargs)
+        return SimpleNamespace(bind=lambda *b: calls.setdefault("gemm", b))
+
+    def plan_quantize(*args):
+        calls["plan"] = args
+        return SimpleNamespace(bind=lambda *b: calls.setdefault("quantize", b))
+
+    scratch = (torch.zeros(4, 128, dtype=torch.uint8), torch.zeros(512), torch.zeros(()))
+    monkeypatch.setattr(launcher, "launch_for_ops", launch_for_ops)
+    monkeypatch.setattr(quantizer, "plan_quantize", plan_quantize)
+    monkeypatch.setattr(quantizer, "scratch_buffers", lambda *_: scratch)
+    gs_in = 0.5 if activations == "static" else None
+    linear = torch.nn.Linear(256, 64, bias=False, dtype=torch.bfloat16)
+    layer = fp4_ops.FP4Linear.from_linear(linear, "nvfp4", activations, gs_in)
+    monkeypatch.setattr(layer, "_tokens_route", lambda *_: None)
+    x = aligned_buffer(4 * 256, dtype=torch.bfloat16).view(4, 256)
+    plan = fpnn._Plan.make(layer, x)
+    q, sq, gs = scratch
+    w, sw, gw = layer.weight_data, layer.weight_scale, layer.weight_global_scale
+    assert calls["quantize"] == (scratch, layer.input_global_scale)
+    assert calls["launch"] == ((q, w, sq, sw, 16, gs, torch.bfloat16), {"scale": gw})
+    assert calls["gemm"] == (w, sq, sw, gs, gw)
+    assert plan.a == q.data_ptr() and plan.scratch
+
+
 # ----------------------------------------------------------------------------- GPU (sm_90)
 
 needs_hopper = pytest.mark.skipif(
