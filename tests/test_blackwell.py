@@ -1516,6 +1516,34 @@ def test_prepare_gemm_launch_arguments_reach_the_kernel_parameters(monkeypatch, 
     assert launch.d_padded.shape[-1] == bw.c_row_pitch(136, c_dtype)
 
 
+@pytest.mark.parametrize("vec,c_dtype", [(16, "BFloat16"), (32, "Float32")])
+def test_gemm_launch_arguments_reach_the_kernel_parameters(monkeypatch, vec, c_dtype):
+    """``gemm``'s one launch (the same stand-ins as ``_prepare_on_cpu``): each pointer on its
+    own operand, D and the caller's alpha tensor, the problem shape, the current stream."""
+    executor = _RecordingExecutor()
+    a, b, sa, sb = _operands(m=200, n=136, k=512, l=2, vec=vec)
+    monkeypatch.setattr(bw, "_check_cuda_operands", lambda **_: None)
+    monkeypatch.setattr(bw, "_compiled_kernel", lambda *_: executor)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=77))
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    alpha = torch.tensor([-0.375])
+    d = bw.empty_d(2, 200, 136, c_dtype, "cpu")
+    assert bw.gemm(a, b, sa, sb, alpha, d) is d
+    [args] = executor.calls
+    for name, tensor in (
+        ("a_ptr", a),
+        ("b_ptr", b),
+        ("sfa_ptr", sa),
+        ("sfb_ptr", sb),
+        ("c_ptr", d),
+        ("alpha_ptr", alpha),
+    ):
+        assert _address(args[name]) == tensor.data_ptr(), name
+    assert args["c_ptr"].dtype is bw.C_DTYPES[c_dtype]
+    assert [v.value for v in args["problem_mnkl"]] == [200, 136, 512, 2]
+    assert int(args["stream"]) == 77
+
+
 @pytest.mark.parametrize("shape", [(), (1,)], ids=["0-d", "1-d"])
 def test_prepare_gemm_reads_alpha_from_the_callers_tensor(monkeypatch, shape):
     """A one-element fp32 tensor is used in place: its own address reaches the kernel's alpha

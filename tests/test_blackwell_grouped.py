@@ -15,6 +15,7 @@ machine has one); the refusal of other GPUs.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import inspect
 import re
@@ -324,20 +325,11 @@ def test_grouped_gemm_accepts_the_blocked_scales_of_every_shape(vec, m, n, k):
         grouped.grouped_gemm(**operands, config=config)
 
 
-def test_kernel_args_name_each_operand_for_its_parameter():
-    """Each pointer the launch passes holds its own operand's address and element type, under
-    the name of the kernel's parameter for it; the problem is (M, N, K, G)."""
+def _check_kernel_args(args: dict, operands: dict) -> None:
+    """Each pointer holds its own operand's address and element type (NVFP4, BF16 D), under the
+    name of the kernel's parameter for it."""
     import cutlass
 
-    operands = _cpu_operands(m=256, n=128, k=256, groups=3)
-    config = grouped.grouped_config(128)
-    order = ("a", "b", "sfa_blocked", "sfb_blocked", "d", "tile_group", "num_m_tiles", "alpha")
-    args = grouped.kernel_args(
-        config,
-        (256, 128, 256, 3),
-        tuple(operands[name] for name in order),
-        SimpleNamespace(cuda_stream=0),
-    )
     sf = cutlass.Float8E4M3FN
     want = {
         "a_ptr": ("a", cutlass.Float4E2M1FN),
@@ -354,7 +346,36 @@ def test_kernel_args_name_each_operand_for_its_parameter():
     for param, (name, dtype) in want.items():
         assert int(args[param].__tvm_ffi_opaque_ptr__()) == operands[name].data_ptr(), param
         assert args[param].dtype is dtype, param
+
+
+def test_kernel_args_name_each_operand_for_its_parameter():
+    """``kernel_args`` of operands in its order; the problem is (M, N, K, G)."""
+    operands = _cpu_operands(m=256, n=128, k=256, groups=3)
+    config = grouped.grouped_config(128)
+    order = ("a", "b", "sfa_blocked", "sfb_blocked", "d", "tile_group", "num_m_tiles", "alpha")
+    args = grouped.kernel_args(
+        config,
+        (256, 128, 256, 3),
+        tuple(operands[name] for name in order),
+        SimpleNamespace(cuda_stream=0),
+    )
+    _check_kernel_args(args, operands)
     assert [int(v) for v in args["problem_mnkg"]] == [256, 128, 256, 3]
+
+
+def test_grouped_gemm_launches_each_operand_under_its_parameter(monkeypatch):
+    """``grouped_gemm``'s one launch (its operand checks, which need CUDA tensors, stood in
+    for): every operand reaches the kernel under its own parameter, on the current stream."""
+    operands = _cpu_operands(m=256, n=128, k=256, groups=3)
+    launched = []
+    monkeypatch.setattr(grouped, "_operand_problem", lambda *_: (256, 128, 256, 3))
+    monkeypatch.setattr(grouped, "_compiled_kernel", lambda *_: lambda **kw: launched.append(kw))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=7))
+    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    assert grouped.grouped_gemm(**operands) is operands["d"]
+    [args] = launched
+    _check_kernel_args(args, operands)
+    assert int(args["stream"]) == 7
 
 
 def test_grouped_gemm_refuses_host_tensors_and_bad_configs():
