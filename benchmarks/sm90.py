@@ -743,10 +743,10 @@ def _dist_version(name: str):
         return None
 
 
-def shards_name(out_dir: str) -> str | None:
-    """The name of the one run (``<gpu>_sm90``) whose shards ``out_dir`` holds, else None."""
+def shard_runs(out_dir: str) -> list[str]:
+    """The names (``<gpu>_sm90``) of the runs whose shards ``out_dir`` holds."""
     found = glob.glob(os.path.join(out_dir, "*_sm90.shard0.json"))
-    return os.path.basename(found[0]).removesuffix(".shard0.json") if len(found) == 1 else None
+    return sorted(os.path.basename(path).removesuffix(".shard0.json") for path in found)
 
 
 def l2_mode(warm: bool, l2_bytes: int) -> str:
@@ -846,17 +846,15 @@ def setup(warm: bool) -> Bench:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.combine is not None:
-        name = args.name or shards_name(args.out_dir)
-        if name is None:
-            found = sorted(glob.glob(os.path.join(args.out_dir, "*_sm90.shard0.json")))
+        runs = [args.name] if args.name else shard_runs(args.out_dir)
+        if len(runs) != 1:
             print(
-                f"--combine {args.combine}: --out_dir holds the shards of {len(found)} runs "
-                f"({', '.join(map(os.path.basename, found)) or 'no *_sm90.shard0.json'}): "
-                "name one with --name",
+                f"--combine {args.combine}: --out_dir holds the shards of {len(runs)} runs "
+                f"({', '.join(runs) or 'no *_sm90.shard0.json'}): name one with --name",
                 file=sys.stderr,
             )
             return 2
-        path = os.path.join(args.out_dir, name)
+        path = os.path.join(args.out_dir, runs[0])
         try:
             print(combine_shards(path, args.combine))
         except FileNotFoundError as err:

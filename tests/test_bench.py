@@ -296,7 +296,7 @@ def test_combine_finds_the_one_run_s_shards_and_refuses_to_guess(tmp_path, capsy
     capsys.readouterr()
     assert bench.main(["--combine", "1", "--out_dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "the shards of 2 runs (h100_sm90.shard0.json, h200_sm90.shard0.json)" in err
+    assert "the shards of 2 runs (h100_sm90, h200_sm90): name one with --name" in err
     assert bench.main(["--combine", "1", "--out_dir", str(tmp_path), "--name", "h200_sm90"]) == 0
 
 
