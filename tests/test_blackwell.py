@@ -1462,14 +1462,19 @@ class _RecordingExecutor:
         self.calls.append(kwargs)
 
 
-def _prepare_on_cpu(monkeypatch, executor, *args, **config):
-    """prepare_gemm on CPU tensors: the CUDA-only checks, the compile and the stream are
-    replaced; everything else (validation, the tile pick, D, the launch object) is the real
-    code path."""
+def _launch_on_cpu(monkeypatch, executor) -> None:
+    """The CUDA-only checks, the compile and the stream replaced (``executor`` stands in for
+    the kernel, stream 77): everything else on the way to a launch is the real code path."""
     monkeypatch.setattr(bw, "_check_cuda_operands", lambda **_: None)
     monkeypatch.setattr(bw, "_compiled_kernel", lambda *_: executor)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=77))
     monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+
+
+def _prepare_on_cpu(monkeypatch, executor, *args, **config):
+    """prepare_gemm on CPU tensors (``_launch_on_cpu``): validation, the tile pick, D and the
+    launch object are the real code path."""
+    _launch_on_cpu(monkeypatch, executor)
     return bw.prepare_gemm(*args, **config)
 
 
@@ -1518,14 +1523,11 @@ def test_prepare_gemm_launch_arguments_reach_the_kernel_parameters(monkeypatch, 
 
 @pytest.mark.parametrize("vec,c_dtype", [(16, "BFloat16"), (32, "Float32")])
 def test_gemm_launch_arguments_reach_the_kernel_parameters(monkeypatch, vec, c_dtype):
-    """``gemm``'s one launch (the same stand-ins as ``_prepare_on_cpu``): each pointer on its
-    own operand, D and the caller's alpha tensor, the problem shape, the current stream."""
+    """``gemm``'s one launch (``_launch_on_cpu``): each pointer on its own operand, D and the
+    caller's alpha tensor, the problem shape, the current stream."""
     executor = _RecordingExecutor()
     a, b, sa, sb = _operands(m=200, n=136, k=512, l=2, vec=vec)
-    monkeypatch.setattr(bw, "_check_cuda_operands", lambda **_: None)
-    monkeypatch.setattr(bw, "_compiled_kernel", lambda *_: executor)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: SimpleNamespace(cuda_stream=77))
-    monkeypatch.setattr(torch.cuda, "device", lambda *_: contextlib.nullcontext())
+    _launch_on_cpu(monkeypatch, executor)
     alpha = torch.tensor([-0.375])
     d = bw.empty_d(2, 200, 136, c_dtype, "cpu")
     assert bw.gemm(a, b, sa, sb, alpha, d) is d
