@@ -689,23 +689,34 @@ needs_hopper = pytest.mark.skipif(
 )
 
 
+# (past the Hopper GEMM's decode path, where a W4A4 layer's plan quantizes, then multiplies)
+PREFILL_ROWS = 2100
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("activations", ["bf16", "dynamic", "static"])
-def test_gpu_direct_path_matches_the_registered_ops(activations):
+@pytest.mark.parametrize(
+    "rows, offset", [(5, 0), (5, 1), (PREFILL_ROWS, 0)], ids=["tokens", "misaligned", "prefill"]
+)
+def test_gpu_direct_path_matches_the_registered_ops(activations, rows, offset):
     """Eager FP4Linear (direct) against the same layer with the dispatcher's path forced (x
-    requiring a gradient): bit-identical, and the direct call never reaches the op."""
+    requiring a gradient): bit-identical, and the direct call never reaches the op. W4A4 takes
+    the tokens step on aligned decode rows and quantizes into its scratch on the others."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(512, 384, bias=True, device="cuda", dtype=torch.bfloat16)
     gs = 0.25 if activations == "static" else None
     layer = fp4_ops.FP4Linear.from_linear(linear, activations=activations, input_global_scale=gs)
-    x = torch.randn(5, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows * 512 + offset, device="cuda", dtype=torch.bfloat16)[offset:]
+    x = x.view(rows, 512)
     seen = []
     with torch.no_grad(), _OpRecorder(seen):
         direct = layer(x)
     assert not [op for op in seen if op.startswith("fp4_ops::")]
     dispatched = layer(x.clone().requires_grad_())
     assert torch.equal(direct, dispatched.detach())
+    if activations != "bf16":
+        assert (layer._tokens_route(x, 16) is None) == (rows != 5 or offset != 0)
 
 
 @pytest.mark.gpu
@@ -894,10 +905,6 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 # ----------------------------------------------------------------------------- plans (GPU)
-
-
-# (past the Hopper GEMM's decode path, where a W4A4 layer's plan quantizes, then multiplies)
-PREFILL_ROWS = 2100
 
 
 def _layer(activations, bias=True, n=384, k=512, seed=0):
