@@ -428,6 +428,28 @@ def test_profile_counts_kernels_that_no_operator_launched():
     assert got == {"gemm": 7.0 + 20.0 + 7.0, "attention": 1.5, "quantize": 2.0, "other": 0.0}
 
 
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+def test_profile_lines_print_each_category_and_their_sum(gpu):
+    """Each profiled step's row: its categories in the header's order, the total of all four
+    and, on the GPU, the span and idle time, as the profile holds them."""
+    cats = ("gemm", "attention", "quantize", "other")
+    profiles = []
+    for i, (batch, variant, quantize) in enumerate(((1, "w4a4", 8.5), (16, "bf16", 0.0))):
+        p = {"config": "tiny", "batch": batch, "variant": variant}
+        p |= {"gemm": 1.0 + i, "attention": 2.5, "quantize": quantize, "other": 4.5}
+        profiles.append(p | ({"span": 100.0 + i, "idle": 30.0 + i} if gpu else {}))
+    lines = bench.profile_lines(profiles)
+    header = lines[1].replace("|", " ").split()
+    for p, line in zip(profiles, lines[2 : 2 + len(profiles)], strict=True):
+        row = (str(p["batch"]), p["variant"])
+        cells = dict(zip(header, line.replace("|", " ").split(), strict=True))
+        assert (cells["config"], cells["batch"], cells["variant"]) == ("tiny", *row)
+        want = {c: p[c] for c in cats} | {"total": sum(p[c] for c in cats)}
+        want |= {"span": p["span"], "idle": p["idle"]} if gpu else {}
+        # (printed to 0.1 us)
+        assert {c: float(cells[c]) for c in header[3:]} == pytest.approx(want, abs=0.05)
+
+
 # ----------------------------------------------------------------------------- a whole run
 
 
