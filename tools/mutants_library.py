@@ -37,6 +37,15 @@ OPS_TESTS = [
     "tests/test_moe.py",
 ]
 
+# every reader and writer of checkpoints: compressed-tensors, ModelOpt, gpt-oss, Llama 4, MoE
+CHECKPOINT_TESTS = [
+    *TESTS,
+    "tests/test_gpt_oss_checkpoint.py",
+    "tests/test_llama4.py",
+    "-m",
+    "not gpu",
+]
+
 # the quantizer kernels' PTX in the emulator, bit for bit against reference.py
 QUANTIZER_TESTS = ["tests/test_quantizer_ptx.py", "tests/test_quantize_midpoints.py"]
 
@@ -3409,5 +3418,152 @@ MUTANTS = [
         "line += f\"{p['attention']:9.1f} {p['quantize']:8.1f} {p['other']:8.1f} {total:8.1f}\"",
         "line += f\"{p['quantize']:9.1f} {p['attention']:8.1f} {p['other']:8.1f} {total:8.1f}\"",
         ["tests/test_model_bench.py"],
+    ),
+    # an eighth blind review: loading and saving checkpoints (names, global-scale conventions,
+    # expert stacking, header and config checks, the save path; ids rc-); all caught
+    mutant(
+        "rc-ct-input-gs-not-inverted",
+        "reciprocal dropped (input scale)",
+        CHECKPOINT,
+        (
+            "    return None if key is None else _read_scalar(t[key].cpu(), key, la"
+            "yer.scheme.reciprocal)"
+        ),
+        ("    return None if key is None else _read_scalar(t[key].cpu(), key, False)"),
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-ct-global-input-swapped",
+        "tensor names swapped",
+        CHECKPOINT,
+        (
+            '            names["global"] = "weight_global_scale"\n'
+            '        if self.inputs == "static":\n'
+            '            names["input"] = "input_global_scale"'
+        ),
+        (
+            '            names["global"] = "input_global_scale"\n'
+            '        if self.inputs == "static":\n'
+            '            names["input"] = "weight_global_scale"'
+        ),
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-save-modelopt-gs-inverted",
+        "reciprocal added on save",
+        CHECKPOINT,
+        '        out[prefix + "weight_scale_2"] = w.global_scale.reshape(())',
+        ('        out[prefix + "weight_scale_2"] = (1.0 / w.global_scale).reshape(())'),
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-moe-gate-up-swapped",
+        "gate/up order swapped in cat",
+        CHECKPOINT,
+        "        w13.append((torch.cat((gd, ud)), torch.cat((gsc, usc))))",
+        "        w13.append((torch.cat((ud, gd)), torch.cat((usc, gsc))))",
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-moe-down-gs-from-gate",
+        "wrong variable (global scale)",
+        CHECKPOINT,
+        "        gs2.append(dgs)",
+        "        gs2.append(ggs)",
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-mixtral-w1-w3-swapped",
+        "name mapping swapped",
+        CHECKPOINT,
+        (
+            '    (r"\\.experts\\.\\d+", "w1", "gate_proj"),\n'
+            '    (r"\\.experts\\.\\d+", "w3", "up_proj"),'
+        ),
+        (
+            '    (r"\\.experts\\.\\d+", "w1", "up_proj"),\n'
+            '    (r"\\.experts\\.\\d+", "w3", "gate_proj"),'
+        ),
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-save-expert-gs-first",
+        "wrong index (per-expert stacking)",
+        CHECKPOINT,
+        "            w13.global_scale.expand(experts.num_experts)[e],",
+        "            w13.global_scale.expand(experts.num_experts)[0],",
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-save-modelopt-blocked-scales",
+        "blocked scales written as plain",
+        CHECKPOINT,
+        (
+            '        out[prefix + "weight"] = w.data.view(torch.uint8)\n'
+            '        out[prefix + "weight_scale"] = w.plain_scales()'
+        ),
+        (
+            '        out[prefix + "weight"] = w.data.view(torch.uint8)\n'
+            '        out[prefix + "weight_scale"] = w.scale.reshape(w.shape[-2], -1'
+            ")"
+        ),
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-mxfp4-scale-dtype-any",
+        "dtype check too loose (E4M3 as E8M0)",
+        CHECKPOINT,
+        (
+            '    scale_dtypes = (SCALE_DTYPES[vec],) if fmt == "nvfp4" else (torch.'
+            "uint8, SCALE_DTYPES[vec])"
+        ),
+        (
+            '    scale_dtypes = (SCALE_DTYPES[vec],) if fmt == "nvfp4" else (torch.'
+            "uint8, *SCALE_DTYPES.values())"
+        ),
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-ct-nvfp4-static-groups-accepted",
+        "config check too loose",
+        CHECKPOINT,
+        '        if dynamic == "local":',
+        '        if dynamic in ("local", False):',
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-modelopt-disagree-accepted",
+        "consistency check weakened",
+        CHECKPOINT,
+        ("    return f\"{config.scheme.format} {mode}, KV cache {config.kv_cache or '16-bit'}\""),
+        ("    return f\"{config.scheme.format}, KV cache {config.kv_cache or '16-bit'}\""),
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-expect-and-not-or",
+        "or -> and in header check",
+        CHECKPOINT,
+        "    if not ok_dtype or shape not in shapes:",
+        "    if not ok_dtype and shape not in shapes:",
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-kv-scales-unchecked",
+        "inverted early return (missed check)",
+        CHECKPOINT,
+        ('    if not keys:\n        return\n    with ck.reader(torch.device("cpu")) as read:'),
+        ('    if keys:\n        return\n    with ck.reader(torch.device("cpu")) as read:'),
+        CHECKPOINT_TESTS,
+    ),
+    mutant(
+        "rc-gptoss-wrong-ignore-key",
+        "wrong config key",
+        CHECKPOINT,
+        (
+            '            ignore = _str_list(qc.get("modules_to_not_convert") or [],'
+            ' "modules_to_not_convert")'
+        ),
+        ('            ignore = _str_list(qc.get("ignore") or [], "modules_to_not_convert")'),
+        CHECKPOINT_TESTS,
     ),
 ]
