@@ -136,6 +136,17 @@ def test_write_results_json_text_and_png(tmp_path):
     assert (tmp_path / "h200.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize("m, n, k, sec", [(1, 8192, 8192, 15e-6), (4096, 28672, 8192, 2.8e-3)])
+def test_rate_counts_a_multiply_add_as_two_operations(m, n, k, sec):
+    """A row's rate: microseconds, and TFLOP/s of the M x N x K products' multiplies and adds
+    (2 M N K operations) in that time; the other fields pass through."""
+    row = bench._rate(m, n, k, sec, gbps=1.5, check=True)
+    flops = sum(2 * n * k for _ in range(m))
+    assert row == pytest.approx(
+        dict(us=sec * 1e6, tflops=flops / sec * 1e-12, gbps=1.5, check=True)
+    )
+
+
 @pytest.mark.parametrize("rows, k", [(1, 32), (3, 64), (130, 256)])
 def test_torch_dequant_is_the_reference_dequantization(rows, k):
     """The torch-dq+cublas peer's dequantization, bit for bit the reference's (every e2m1 x E4M3
