@@ -95,6 +95,38 @@ def test_fp4_linear_scales_by_both_global_scales(activations):
     assert bool((err <= bound).all()), float((err / bound).max())
 
 
+def _plain_scales(w: FP4Tensor) -> torch.Tensor:
+    rows, cols = w.shape[-2], w.shape[-1] // w.sf_vec_size
+    return reference.from_blocked(w.scale.reshape(-1), rows, cols)
+
+
+# (what is built from a caller's scale tensor s: a function of s, and the scale it keeps)
+KEEPS_A_SCALE = {
+    "quantize": lambda w, s: quantize(_x(8, 64, 6), "nvfp4", s).global_scale,
+    "from_plain": lambda w, s: FP4Tensor.from_plain(w.data, _plain_scales(w), s).global_scale,
+    "from_modelopt": lambda w, s: FP4Tensor.from_modelopt(w.data, _plain_scales(w), s).global_scale,
+    "FP4Linear": lambda w, s: FP4Linear(w, None, "static", s).input_global_scale,
+    "FP4Linear.from_modelopt": lambda w, s: (
+        FP4Linear.from_modelopt(
+            w.data, _plain_scales(w), torch.tensor(0.02), input_scale=s
+        ).input_global_scale
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", [(), (1,)])
+@pytest.mark.parametrize("case", sorted(KEEPS_A_SCALE))
+def test_scales_given_as_tensors_are_copied(case, shape):
+    """What is built from a caller's float32 scale tensor keeps its own copy: changing that
+    tensor in place afterwards (a calibration updating its running amax) changes nothing
+    built before."""
+    w = quantize(_x(8, 64, 7), "nvfp4", 0.02)
+    s = torch.full(shape, 0.013)
+    kept = KEEPS_A_SCALE[case](w, s)
+    s.mul_(2)
+    assert float(kept) == float(torch.tensor(0.013)), f"{case} kept the caller's tensor"
+
+
 @pytest.mark.parametrize("n", [24, 2 * k_order.PREPACK_ROWS + 88])
 @pytest.mark.parametrize("k", [96, 128, 160])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
