@@ -17,7 +17,9 @@ exact. ``ex2.approx.ftz`` is a model: 2^x rounded once, subnormals flushed (the 
 within 2 ulp). Shared-memory atomics apply thread by thread in thread order. The whole CTA runs
 in lockstep, so a missing ``bar.sync`` cannot change a result here; instead each shared byte
 remembers who stored it since the CTA's last ``bar.sync``, and a load or store by another thread
-(atomics among atomics excepted) raises as a race.
+(atomics among atomics excepted) raises as a race. Each global byte remembers the thread that
+stored it in the launch: a load or store by another thread raises unless that thread's CTA has
+passed a ``bar.sync`` since (another CTA's store is never ordered: no global atomics or fences).
 
 Memory: a global arena of the buffers the caller allocates, with guards between them; an access
 out of a buffer, misaligned, or a load of shared memory never stored raises. The arena counts the
@@ -277,6 +279,10 @@ class GlobalMemory:
             raise PtxError(f"global access out of bounds at offsets {off[:4]}")
         return idx
 
+    def indices(self, addr: np.ndarray, nbytes: int) -> np.ndarray:
+        """The arena indices [threads, nbytes] of an access (checked)."""
+        return self._index(addr, nbytes)
+
     def load(self, addr: np.ndarray, nbytes: int) -> np.ndarray:
         return self.mem[self._index(addr, nbytes)]
 
@@ -334,9 +340,22 @@ _INT_CMP = dict(_FLOAT_CMP, lo=np.less, ls=np.less_equal, hi=np.greater, hs=np.g
 
 class Grid:
     """One launch of ``entry`` over ``ctas`` CTAs of ``threads`` threads, the CTAs along grid
-    ``axis`` (the grid's other extents 1)."""
+    ``axis`` (the grid's other extents 1). ``global_races=False`` leaves global accesses
+    unchecked for races: for inputs that break a kernel's contract, where only staying inside
+    the buffers is promised."""
 
-    def __init__(self, entry, ctas, threads, params, gmem, smem_bytes=0, max_steps=10**6, axis="x"):
+    def __init__(
+        self,
+        entry,
+        ctas,
+        threads,
+        params,
+        gmem,
+        smem_bytes=0,
+        max_steps=10**6,
+        axis="x",
+        global_races=True,
+    ):
         if threads % 32:
             raise PtxError("CTAs of whole warps only")
         if entry.reqntid is not None and threads != entry.reqntid:
@@ -351,6 +370,11 @@ class Grid:
         self.smem_set = np.zeros((ctas, smem_bytes), bool)
         # who stored each shared byte since the CTA's last bar.sync: FREE, ATOMIC or a thread
         self.smem_owner = np.full((ctas, smem_bytes), FREE, np.int64)
+        # bar.syncs passed per CTA; each global byte's storing thread (grid-wide) and the count of
+        # its CTA's bar.syncs at the store (made at run(): buffers may be allocated until then)
+        self.bars = np.zeros(ctas, np.int64)
+        self.gmem_owner = self.gmem_epoch = None
+        self.global_races = global_races
         self.max_steps = max_steps
 
     # -------------------------------------------------------------------- operands
@@ -404,6 +428,8 @@ class Grid:
 
     def run(self) -> None:
         code, labels = self.entry.code, self.entry.labels
+        self.gmem_owner = np.full(self.gmem.mem.size, FREE, np.int64)
+        self.gmem_epoch = np.zeros(self.gmem.mem.size, np.int64)
         pc = np.zeros(self.n, np.int64)
         exited = np.zeros(self.n, bool)
         steps = 0
@@ -850,6 +876,7 @@ class Grid:
             raise PtxError(ins.text)
         self._whole(m, self.threads, "bar.sync")
         self.smem_owner[np.unique(self.cta[m])] = FREE
+        self.bars[np.unique(self.cta[m])] += 1
 
     def _race(self, ins, cta, off, m, atomic: bool, store: bool) -> None:
         """Raise on a shared access that no bar.sync orders after another thread's store since
@@ -867,6 +894,23 @@ class Grid:
             raise PtxError(f"shared race: no bar.sync since another thread stored: {ins.text}")
         if store:
             self.smem_owner[cta, off] = me
+
+    def _global_race(self, ins, idx: np.ndarray, m: np.ndarray, store: bool) -> None:
+        """Raise on a global access to bytes another thread stored in this launch, unless that
+        thread is of this CTA and the CTA has passed a bar.sync since; else record a store."""
+        if not self.global_races:
+            return
+        cta = self.cta[m][:, None]
+        me = np.broadcast_to((self.cta[m] * self.threads + self.tid[m])[:, None], idx.shape)
+        owner = self.gmem_owner[idx]
+        ordered = (owner // self.threads == cta) & (self.gmem_epoch[idx] < self.bars[cta])
+        if store and np.unique(idx).size != idx.size:
+            raise PtxError(f"global race: threads store the same bytes at once: {ins.text}")
+        if not ((owner == FREE) | (owner == me) | ordered).all():
+            raise PtxError(f"global race: no bar.sync since another thread stored: {ins.text}")
+        if store:
+            self.gmem_owner[idx] = me
+            self.gmem_epoch[idx] = np.broadcast_to(self.bars[cta], idx.shape)
 
     def _address(self, ref: str, m: np.ndarray, width: int):
         inner = ref[1:-1]
@@ -891,7 +935,9 @@ class Grid:
                 self.set(dst, UINT[8 * size](self.params.load(at, size)), m)
             return
         if space == "global":
-            raw = self.gmem.load(self._address(ref, m, 64), vec * size)
+            addr = self._address(ref, m, 64)
+            self._global_race(ins, self.gmem.indices(addr, vec * size), m, store=False)
+            raw = self.gmem.load(addr, vec * size)
         elif space == "shared":
             cta, off = self._shared(ref, m, vec * size)
             if not self.smem_set[cta, off].all():
@@ -922,7 +968,9 @@ class Grid:
         cols = [np.broadcast_to(self.val(v, 8 * size), (self.n,))[m] for v in values]
         data = np.ascontiguousarray(np.stack(cols, 1)).view(np.uint8)
         if space == "global":
-            self.gmem.store(self._address(ref, m, 64), data)
+            addr = self._address(ref, m, 64)
+            self._global_race(ins, self.gmem.indices(addr, data.shape[1]), m, store=True)
+            self.gmem.store(addr, data)
         elif space == "shared":
             cta, off = self._shared(ref, m, vec * size)
             self._race(ins, cta, off, m, atomic=False, store=True)
