@@ -33,6 +33,9 @@ from fp4_ops.moe_kernels import activation, combine, gating, padded_rows, routin
 
 U32 = 2.0**-24
 ACT_REL = 2.0**-19  # float32 activation (accurate exp, a division, three products): << 2^-19
+# the emulator's ex2.approx is 2^x rounded once, so there the exp (argument reduction and ex2),
+# 1 + e, the division and the three products are each within a float32 rounding: < 8 U32
+EMU_ACT_REL = 8 * U32
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
 NAMES_IDS = {torch.int32: "Int32", torch.int64: "Int64"}
@@ -260,7 +263,10 @@ def _ref_activation(h: torch.Tensor, name: str) -> torch.Tensor:
         gate, up = h.chunk(2, dim=-1)
         return gate * torch.sigmoid(gate) * up
     gate, up = h[..., 0::2].clamp(max=7.0), h[..., 1::2].clamp(-7.0, 7.0)
-    return (up + 1) * gate * torch.sigmoid(1.702 * gate)
+    # (gpt-oss's slope 1.702 as float32 arithmetic holds it: at a gate of -40 the float64 value
+    # would move sigmoid by 40 x 2.2e-8, 15 U32)
+    alpha = float(torch.tensor(1.702, dtype=torch.float32))
+    return (up + 1) * gate * torch.sigmoid(alpha * gate)
 
 
 # (rows, I): one vector, a partial CTA, more vectors than the grid's threads (grid-stride)
@@ -280,7 +286,7 @@ def _activation_case(shape, dtype, bias_dtype):
     return h, bias, expert_of
 
 
-def _check_activation(got, h, bias, expert_of, name):
+def _check_activation(got, h, bias, expert_of, name, rel=ACT_REL):
     assert got.dtype == h.dtype and got.shape == (h.shape[0], h.shape[1] // 2)
     h64 = h.double() + (0 if bias is None else bias.double()[expert_of.long()])
     want = _ref_activation(h64, name)
@@ -291,7 +297,10 @@ def _check_activation(got, h, bias, expert_of, name):
     else:
         gate, up = h64.abs()[:, 0::2], h64.abs()[:, 1::2]
     rounding = 0 if bias is None else U32
-    d = ACT_REL * want.abs() + rounding * (1.1 * (up + 1) * gate + gate * up)
+    d = rel * want.abs() + rounding * (1.1 * (up + 1) * gate + gate * up)
+    if name == "swigluoai":  # (x = alpha g' rounds once: sigmoid(x) moves by |x| (1 - s) U32)
+        x = 1.702 * h64[:, 0::2].clamp(max=7.0)
+        d = d + U32 * x.abs() * (1 - torch.sigmoid(x)) * want.abs()
     _assert_within(got, want, d + _half_ulp(want.abs() + d, h.dtype), f"{name} {h.dtype}")
 
 
@@ -403,15 +412,21 @@ def emulate_activation(h, name, bias, expert_of):
     [
         ("silu", torch.bfloat16, None),
         ("silu", torch.float32, torch.bfloat16),
+        ("silu", torch.float32, None),
         ("swigluoai", torch.float16, torch.float32),
         ("swigluoai", torch.bfloat16, torch.bfloat16),
+        ("swigluoai", torch.float32, None),
     ],
 )
 @pytest.mark.parametrize("shape", [(70, 64), (3, 32)], ids=["grid-stride", "one-vector-rows"])
 def test_activation_ptx_is_the_float64_formula(shape, name, dtype, bias_dtype):
     h, bias, expert_of = _activation_case(shape, dtype, bias_dtype)  # (560 vectors > 2 x 256)
+    # every fifth value spread over [-40, 40]: gates where an exp without argument reduction,
+    # 2^(x log2 e) with the product rounded, is |x| U32 off (e^68 stays finite in float32)
+    wide = h.view(-1)[::5]
+    wide.copy_(torch.linspace(-40, 40, wide.numel()))
     got = emulate_activation(h, name, bias, expert_of)
-    _check_activation(got, h, bias, expert_of, name)
+    _check_activation(got, h, bias, expert_of, name, EMU_ACT_REL)
 
 
 def emulate_combine(y, weights, row_of, bias, expert_of, top_k):
@@ -647,9 +662,10 @@ def test_aligned_rows_copies_exactly_what_the_kernels_cannot_read(view, copied):
     assert out.shape == view.shape and torch.equal(out, view)
 
 
-def test_activation_and_combine_hand_their_kernels_16_byte_aligned_rows(monkeypatch):
-    """A bias view that starts off a 16-byte boundary reaches the kernel as an aligned copy
-    of the same values; every other operand goes as it is, in the kernel's order."""
+def test_route_activation_and_combine_hand_their_kernels_16_byte_aligned_rows(monkeypatch):
+    """A bias (or a decode x to gather) that starts off a 16-byte boundary reaches the kernel
+    as an aligned copy of the same values; every other operand goes as it is, in the kernel's
+    order."""
     launches = _recorded_launches(monkeypatch)
     h = torch.randn(4, 64, dtype=torch.bfloat16)
     expert_of = torch.zeros(4, dtype=torch.int32)
@@ -672,6 +688,13 @@ def test_activation_and_combine_hand_their_kernels_16_byte_aligned_rows(monkeypa
     assert args[:3] == want and args[3] % 16 == 0 and args[3] != bias.data_ptr()
     assert args[4:6] == (routes.expert_of.data_ptr(), out.data_ptr())
     assert args[6:] == ((3, 2, 64, 3), 132, 7)
+    launches.clear()
+    x = torch.randn(3 * 64 + 1, dtype=torch.bfloat16)[1:].view(3, 64)  # (2 bytes off)
+    assert x.data_ptr() % 16
+    moe_kernels.route(torch.zeros(3, 2, dtype=torch.int32), 4, x)
+    ((config, args),) = launches
+    assert config == moe_kernels.RoutingConfig("Int32", 32, "BFloat16")  # (the gathering one)
+    assert args[6] % 16 == 0 and args[6] != x.data_ptr()
 
 
 def test_route_refuses_more_experts_than_its_count_slots_hold(monkeypatch):
