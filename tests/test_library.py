@@ -396,6 +396,39 @@ def test_repr_says_whether_there_is_a_bias():
     assert "bias=False" in repr(_layer(_linear(seed=14, bias=False), "nvfp4", "dynamic"))
 
 
+def test_repr_names_the_features_as_the_linear_it_replaces():
+    lin = _linear(k=96, n=40, seed=15)  # (not square: in and out cannot be mistaken)
+    want = lin.extra_repr().rsplit(", bias=", 1)[0]
+    assert _layer(lin, "nvfp4", "dynamic").extra_repr().startswith(want + ", ")
+
+
+# (every way a layer comes to be: built, loaded into (copy or assign), cast, copied, pickled)
+MADE = {
+    "from_linear": lambda layer, other: layer,
+    "load": lambda layer, other: (layer.load_state_dict(other.state_dict()), layer)[1],
+    "load assign": lambda layer, other: (
+        layer.load_state_dict(other.state_dict(), assign=True),
+        layer,
+    )[1],
+    "to(float16)": lambda layer, other: layer.to(torch.float16),
+    "deepcopy": lambda layer, other: copy.deepcopy(layer),
+    "pickle": lambda layer, other: pickle.loads(pickle.dumps(layer)),
+}
+
+
+@pytest.mark.parametrize("how", sorted(MADE))
+@pytest.mark.parametrize("mode", ["dynamic", "bf16"])
+def test_no_path_leaves_a_parameter_that_requires_grad(how, mode):
+    """An FP4Linear is inference only: whichever way it was made, none of its parameters
+    requires grad, so its outputs do not either (x without grad)."""
+    layer = _layer(_linear(seed=16), "nvfp4", mode)
+    other = _layer(_linear(seed=17), "nvfp4", mode)
+    made = MADE[how](layer, other)
+    assert not [name for name, p in made.named_parameters() if p.requires_grad]
+    x = _x((3, 64), torch.float16 if how == "to(float16)" else _dtype(mode), seed=18)
+    assert not made(x).requires_grad
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_a_float64_linear_converts_as_its_float32_copy(fmt):
     """Weights of another floating dtype are quantized from their float32 values, through
