@@ -76,6 +76,61 @@ MOE_KERNELS = "fp4_ops/moe_kernels/__init__.py"
 MOE_KERNEL_TESTS = ["tests/test_moe_kernels.py", "tests/test_moe.py"]
 
 
+# the library's CPU suite over the small host modules (scale layout, CPU path, FP4Tensor, buffers,
+# memory rules, k_order, devtools, tokens step): what a blind review's mutants there run against
+HOST_TESTS = [
+    "tests/test_cpu.py",
+    "tests/test_reference.py",
+    "tests/test_fp4_ops.py",
+    "tests/test_semantics.py",
+    "tests/test_library.py",
+    "tests/test_hopper.py",
+    "tests/test_eager.py",
+    "tests/test_moe_kernels.py",
+    "tests/test_device_keys.py",
+    "-m",
+    "not gpu",
+]
+
+
+# the MoE helper kernels (routing, activation, combine, padded rows) and the layers over them, on
+# the CPU (their PTX in the emulator): what a blind review's mutants there run against
+MOE_REVIEW_TESTS = [
+    "tests/test_moe_kernels.py",
+    "tests/test_moe.py",
+    "tests/test_moe_blackwell.py",
+    "tests/test_gpt_oss_checkpoint.py",
+    "-m",
+    "not gpu",
+]
+
+
+# the op entry points and their CPU path (checks, fake kernels, grouped GEMMs, the MoE torch path):
+# what a blind review's mutants there run against
+OPS_REVIEW_TESTS = [
+    *OPS_TESTS,
+    "tests/test_moe_checkpoint.py",
+    "tests/test_moe_kernels.py",
+    "tests/test_fake_kernels.py",
+    "-m",
+    "not gpu",
+]
+
+
+# FP4Linear as a module (state dict, casts, pickling, repr), quantize_model and calibrate, on
+# the CPU: what a blind review's mutants there run against
+NN_REVIEW_TESTS = [
+    "tests/test_library.py",
+    "tests/test_fp4_ops.py",
+    "tests/test_semantics.py",
+    "tests/test_quantize_transformers.py",
+    "tests/test_checkpoint.py",
+    "tests/test_moe.py",
+    "-m",
+    "not gpu",
+]
+
+
 def mutant(mutant_id: str, klass: str, file: str, old: str, new: str, tests=TESTS) -> dict:
     return {"id": mutant_id, "klass": klass, "file": file, "old": old, "new": new, "tests": tests}
 
@@ -3663,5 +3718,786 @@ MUTANTS = [
         "        if len(runs) != 1:\n",
         "        if len(runs) > 1:\n",
         ["tests/test_bench.py"],
+    ),
+    # a tenth blind review (the host modules): 17 caught at first; test_device_keys and the
+    # scales-copied test since; rj-time-graph-per-replay needs a GPU (test_timers)
+    mutant(
+        "rj-blocked-atom-order",
+        "wrong blocked scale layout index",
+        LAYOUT,
+        "out = atoms.permute(0, 1, 4, 3, 2, 5).reshape(*lead, rp * cp)",
+        "out = atoms.permute(0, 4, 1, 3, 2, 5).reshape(*lead, rp * cp)",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-round-up-exact",
+        "off-by-one in padding",
+        LAYOUT,
+        "    return -(-n // multiple) * multiple",
+        "    return (n // multiple + 1) * multiple",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-pack-nibble-order",
+        "wrong nibble order in FP4 packing",
+        LAYOUT,
+        "    return pairs[..., 0] | (pairs[..., 1] << 4)",
+        "    return (pairs[..., 0] << 4) | pairs[..., 1]",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-e2m1-ties-odd",
+        "rounding ties to the wrong code",
+        CPU,
+        "    code = torch.where(tie & (below % 2 == 1), below + 1, below)",
+        "    code = torch.where(tie & (below % 2 == 0), below + 1, below)",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-mxfp4-pow2-exponent",
+        "off-by-one exponent at a power of two",
+        CPU,
+        "    exponent = exponent - (mantissa == 0.5).int()\n",
+        "",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-check-scales-e4m3-nan",
+        "weakened refusal of bad input",
+        CPU,
+        ("        nan = 0x7F\n    else:"),
+        ("        nan = 0xFF\n    else:"),
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-gemm-alpha-after-cast",
+        "scaling after the output cast (double rounding)",
+        CPU,
+        "    return (torch.matmul(da, db.transpose(-1, -2)) * alpha).to(out_dtype)",
+        "    return torch.matmul(da, db.transpose(-1, -2)).to(out_dtype) * alpha",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-packed-k-zero",
+        "dropped refusal of empty input",
+        TENSOR,
+        "    if k == 0 or k % vec:",
+        "    if k % vec:",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-global-scale-alias",
+        "missing copy (aliasing the caller's tensor)",
+        TENSOR,
+        "        return t.to(like.device).clone()",
+        "        return t.to(like.device)",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-per-batch-gs-length",
+        "weakened shape check for 3-D batched input",
+        TENSOR,
+        "        per_batch = d.ndim == 3 and tuple(g.shape) == d.shape[:1]",
+        "        per_batch = d.ndim == 3 and g.ndim == 1",
+        ["tests/test_moe.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rj-picklable-e8m0",
+        "serialization misses a dtype",
+        TENSOR,
+        ("    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() == 1:"),
+        "    if isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn:",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-buffers-cast-roundtrip",
+        "kept buffer restored through the cast dtype",
+        BUFFERS,
+        "                self._buffers[name] = old.to(new.device)",
+        "                self._buffers[name] = new.to(old.dtype)",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-aligned-rows-contiguous",
+        "wrong alignment handling",
+        MEMORY,
+        "    return t.clone(memory_format=torch.contiguous_format)",
+        "    return t.contiguous()",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-device-scalar-key",
+        "cache keyed without the device index",
+        MEMORY,
+        "    key = (value, device.type, device.index)",
+        "    key = (value, device.type)",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-byte-order-cache-inverse",
+        "cache keyed on too little",
+        "fp4_ops/sm90/k_order.py",
+        '    key = ("bytes", device, inverse)',
+        '    key = ("bytes", device)',
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-byte-order-loop-swap",
+        "wrong K permutation",
+        "fp4_ops/sm90/k_order.py",
+        "for q in range(4) for w in range(2) for p in range(4)]",
+        "for w in range(2) for q in range(4) for p in range(4)]",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-parse-ints-extra",
+        "weakened refusal of bad input",
+        "fp4_ops/devtools.py",
+        "    if len(values) != count:",
+        "    if len(values) < count:",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-time-graph-per-replay",
+        "timer reports the wrong statistic",
+        "fp4_ops/devtools.py",
+        "    return start.elapsed_time(end) * 1000.0 / (iterations * repeats)",
+        "    return start.elapsed_time(end) * 1000.0 / repeats",
+        ["tests/test_timers.py"],
+    ),
+    mutant(
+        "rj-tokens-step-refusal",
+        "weakened refusal of bad configuration",
+        TOKENS_STEP,
+        "    if not (quantizer.tokens and gemm.tokens_converted):",
+        "    if not (quantizer.tokens or gemm.tokens_converted):",
+        HOST_TESTS,
+    ),
+    mutant(
+        "rj-tokens-step-cache-device",
+        "cache keyed without the device",
+        TOKENS_STEP,
+        "    key = (quantizer, gemm, device_index)",
+        "    key = (quantizer, gemm)",
+        HOST_TESTS,
+    ),
+    # an eleventh blind review (the MoE kernels): 15 caught at first, 18 since (docs/moe_design.md
+    # section 4); the two -m gpu ones are in code the emulator does not run
+    mutant(
+        "rm-route-gather-bound",
+        "wrong loop bound (tokens instead of rows)",
+        ROUTING,
+        (
+            "for i in cutlass.range(tidx, cute.size(mTokenOf) * per_row, THREADS,"
+            " unroll=GATHER_UNROLL):"
+        ),
+        (
+            "for i in cutlass.range(tidx, cute.size(mX.shape[0]) * per_row, THREADS,"
+            " unroll=GATHER_UNROLL):"
+        ),
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-route-gather-barrier",
+        "missing barrier (global-memory RAW race)",
+        ROUTING,
+        (
+            "        if const_expr(self.gather):\n"
+            "            # (every row's token is written)\n"
+            "            cute.arch.sync_threads()\n"
+            "            self._gather(*gathered, mTokenOf)\n"
+        ),
+        ("        if const_expr(self.gather):\n            self._gather(*gathered, mTokenOf)\n"),
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-route-ok-slot",
+        "wrong shared counter read (enum slot)",
+        ROUTING,
+        "mOk[0] = Int32(sMisc[Misc.INVALID] == 0)",
+        "mOk[0] = Int32(sMisc[Misc.INVALID_PLACED] == 0)",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-route-valid-lane",
+        "wrong lane publishes the scan total",
+        ROUTING,
+        ("        if lane == WARP - 1:\n            sMisc[Misc.VALID] = inclusive"),
+        ("        if lane == 0:\n            sMisc[Misc.VALID] = inclusive"),
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-host-gather-align",
+        "alignment copy weakened to contiguity",
+        MOE_KERNELS,
+        "    x = aligned_rows(x) if gather else x\n",
+        "    x = x.contiguous() if gather else x\n",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-host-max-experts-boundary",
+        "off-by-one in refusal bound",
+        MOE_KERNELS,
+        "    if num_experts > MAX_EXPERTS:\n",
+        "    if num_experts >= MAX_EXPERTS:\n",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-host-pad-tiles-bound",
+        "wrong capacity bound (under-allocation)",
+        MOE_KERNELS,
+        "    return -(-rows // tile_m) + max(min(groups, rows) - 1, 0)\n",
+        "    return -(-rows // tile_m) + max(min(groups, -(-rows // tile_m)) - 1, 0)\n",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-host-pad-k-check",
+        "weakened input refusal",
+        MOE_KERNELS,
+        "    if rows == 0 or half % 16:\n",
+        "    if rows == 0 or half % 8:\n",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-host-act-bias-align",
+        "missing alignment/contiguity copy of an operand",
+        MOE_KERNELS,
+        ("    h = aligned_rows(h)\n    bias = None if bias is None else aligned_rows(bias)\n"),
+        "    h = aligned_rows(h)\n",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-act-swiglu-sig-unclamped",
+        "clamp applied after it is used",
+        ACTIVATION,
+        (
+            "            g = min(g, Float32(SWIGLUOAI_LIMIT))\n"
+            "            u = max(min(u, Float32(SWIGLUOAI_LIMIT)), Float32(-SWIGLUOAI_LIMIT))\n"
+            "            sig = Float32(1.0) / (Float32(1.0) + cute.math.exp(-g *"
+            " Float32(SWIGLUOAI_ALPHA)))\n"
+        ),
+        (
+            "            sig = Float32(1.0) / (Float32(1.0) + cute.math.exp(-g *"
+            " Float32(SWIGLUOAI_ALPHA)))\n"
+            "            g = min(g, Float32(SWIGLUOAI_LIMIT))\n"
+            "            u = max(min(u, Float32(SWIGLUOAI_LIMIT)), Float32(-SWIGLUOAI_LIMIT))\n"
+        ),
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-act-swiglu-gate-both",
+        "clamp on the wrong side(s)",
+        ACTIVATION,
+        "            g = min(g, Float32(SWIGLUOAI_LIMIT))\n",
+        "            g = max(min(g, Float32(SWIGLUOAI_LIMIT)), Float32(-SWIGLUOAI_LIMIT))\n",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-act-silu-fastmath",
+        "approximate math instead of accurate exp",
+        ACTIVATION,
+        "        return g / (Float32(1.0) + cute.math.exp(-g)) * u\n",
+        "        return g / (Float32(1.0) + cute.math.exp(-g, fastmath=True)) * u\n",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-comb-total-pairs",
+        "wrong grid-stride bound (pairs for tokens)",
+        COMBINE,
+        "        total = tokens * cols\n",
+        "        total = pairs * cols\n",
+        ["tests/test_moe_kernels.py", "-m", "gpu", "-k", "combine"],
+    ),
+    mutant(
+        "rm-comb-acc-rounding",
+        "dropped float32 accumulation (per-step rounding)",
+        COMBINE,
+        "                acc = acc + Float32(mWeights[p]) * y\n",
+        ("                acc = (acc + Float32(mWeights[p]) * y).to(self.dtype).to(Float32)\n"),
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-pad-first-stride",
+        "wrong stride in tile-to-row index",
+        PADDED_ROWS,
+        "sTile[Slot.FIRST] = sOffsets[g] + (tile - tile_start) * self.tile_m",
+        "sTile[Slot.FIRST] = sOffsets[g] + (tile - tile_start) * self.rows_per_cta",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-pad-rowmap-end",
+        "off-by-one predicate (<= end)",
+        PADDED_ROWS,
+        ("            if (s >= 0) & (s < end):\n                mRowMap[s] = out_row + tidx"),
+        ("            if (s >= 0) & (s <= end):\n                mRowMap[s] = out_row + tidx"),
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-pad-unused-tile",
+        "off-by-one in unused-tile test",
+        PADDED_ROWS,
+        "            if tile >= total:\n",
+        "            if tile > total:\n",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-gating-alpha",
+        "wrong constant (rounded)",
+        "fp4_ops/moe_kernels/gating.py",
+        "SWIGLUOAI_ALPHA = 1.702\n",
+        "SWIGLUOAI_ALPHA = 1.7\n",
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-dtypes-f16",
+        "wrong dtype mapping",
+        "fp4_ops/moe_kernels/dtypes.py",
+        '"Float16": Float16',
+        '"Float16": BFloat16',
+        MOE_REVIEW_TESTS,
+    ),
+    mutant(
+        "rm-moe-weights-xdtype",
+        "dropped precision in dtype conversion",
+        MOE,
+        (
+            "        weights = topk_weights if topk_weights.dtype in IN_DTYPES else"
+            " topk_weights.float()\n"
+        ),
+        "        weights = topk_weights.to(x.dtype)\n",
+        ["tests/test_moe.py", "tests/test_moe_kernels.py", "-m", "gpu"],
+    ),
+    # a twelfth blind review (the ops' entry points and CPU path): 18 caught at first; the
+    # two fake-kernel ones since by test_fake_kernels
+    mutant(
+        "rn-fake-quant-mx-scale-dtype",
+        "fake kernel wrong dtype",
+        OPS,
+        (
+            "    scale = x.new_empty(blocked_shape_of(data, sf_vec_size),"
+            " dtype=SCALE_DTYPES[sf_vec_size])\n"
+        ),
+        (
+            "    scale = x.new_empty(blocked_shape_of(data, sf_vec_size),"
+            " dtype=torch.float8_e4m3fn)\n"
+        ),
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-fake-gemm-batched-shape",
+        "fake kernel wrong shape (batched)",
+        OPS,
+        "    shape = (*a_data.shape[:-1], b_data.shape[-2])\n",
+        "    shape = (a_data.shape[0], b_data.shape[-2])\n",
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-fake-w4a16-out-dtype",
+        "fake kernel wrong dtype",
+        OPS,
+        "    return a.new_empty((*a.shape[:-1], b_data.shape[-2]), dtype=out_dtype)\n",
+        "    return a.new_empty((*a.shape[:-1], b_data.shape[-2]), dtype=a.dtype)\n",
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-cpu-gemm-alpha-scale-skipped",
+        "alpha product skipped on CPU path",
+        OPS,
+        (
+            "    alpha = alpha if alpha_scale is None else alpha * alpha_scale\n"
+            '    if where == "cpu":\n'
+            "        a_scale, b_scale = _flat(a_scale, a_data), _flat(b_scale, b_data)\n"
+            "        return cpu.gemm(a_data, a_scale, b_data, b_scale, alpha,"
+            " sf_vec_size, out_dtype)\n"
+        ),
+        (
+            '    if where == "cpu":\n'
+            "        a_scale, b_scale = _flat(a_scale, a_data), _flat(b_scale, b_data)\n"
+            "        return cpu.gemm(a_data, a_scale, b_data, b_scale, alpha,"
+            " sf_vec_size, out_dtype)\n"
+            "    alpha = alpha if alpha_scale is None else alpha * alpha_scale\n"
+        ),
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-alpha-path-drops-a-gs",
+        "global scale dropped when alpha given",
+        OPS,
+        (
+            "        alpha, alpha_scale = device_alpha(a.global_scale *"
+            " b.global_scale, alpha), None\n"
+        ),
+        "        alpha, alpha_scale = device_alpha(b.global_scale, alpha), None\n",
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-quant-accepts-float64",
+        "dtype refusal weakened",
+        OPS,
+        (
+            "    if x.dtype not in IN_DTYPES:\n"
+            '        raise ValueError(f"{name} must be float32, bfloat16 or float16,'
+            ' got {x.dtype}")\n'
+        ),
+        (
+            "    if not x.is_floating_point():\n"
+            '        raise ValueError(f"{name} must be float32, bfloat16 or float16,'
+            ' got {x.dtype}")\n'
+        ),
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-quant-empty-static-gs-lost",
+        "static global scale ignored on empty input",
+        OPS,
+        (
+            "        gs = torch.ones((), dtype=torch.float32, device=x.device) if gs"
+            " is None else gs.clone()\n"
+        ),
+        "        gs = torch.ones((), dtype=torch.float32, device=x.device)\n",
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-batch-b1-broadcast",
+        "broadcast accepts mismatched batch",
+        OPS,
+        "    if a_shape[0] != b.data.shape[0]:\n",
+        "    if a_shape[0] != b.data.shape[0] and b.data.shape[0] != 1:\n",
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-w4a16-fp16-mxfp4-cpu",
+        "refusal applied only on CUDA",
+        OPS,
+        '    if a.dtype == torch.float16 and format == "mxfp4":\n',
+        '    if a.dtype == torch.float16 and format == "mxfp4" and a.is_cuda:\n',
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-w4a16-autograd-unregistered",
+        "autograd refusal dropped for one op",
+        OPS,
+        "for _op in (quantize_op, gemm_op, gemm_w4a16_op):\n",
+        "for _op in (quantize_op, gemm_op):\n",
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-cpu-groups-enumerate",
+        "wrong expert index after skipping empty groups",
+        MOE,
+        (
+            "    return [\n"
+            "        (e, bounds[e], bounds[e + 1]) for e in range(len(bounds) - 1)"
+            " if bounds[e + 1] > bounds[e]\n"
+            "    ]\n"
+        ),
+        (
+            "    live = [(bounds[e], bounds[e + 1]) for e in range(len(bounds) - 1)"
+            " if bounds[e + 1] > bounds[e]]\n"
+            "    return [(e, r0, r1) for e, (r0, r1) in enumerate(live)]\n"
+        ),
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-w4a16-grouped-gs-expert0",
+        "per-expert global scale indexed by wrong expert",
+        MOE,
+        (
+            "        out[r0:r1] = cpu.gemm_w4a16(a[r0:r1], data, scale, alpha[e],"
+            " sf_vec_size, out_dtype)\n"
+        ),
+        (
+            "        out[r0:r1] = cpu.gemm_w4a16(a[r0:r1], data, scale, alpha[0],"
+            " sf_vec_size, out_dtype)\n"
+        ),
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-grouped-w4a4-fake-bf16",
+        "fake kernel wrong dtype",
+        MOE,
+        "    return a_data.new_empty((a_data.shape[0], b_data.shape[1]), dtype=out_dtype)\n",
+        ("    return a_data.new_empty((a_data.shape[0], b_data.shape[1]), dtype=torch.bfloat16)\n"),
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-moe-unsort-index-select",
+        "inverse permutation applied wrongly",
+        MOE,
+        "    pairs = y.new_empty(y.shape).index_copy_(0, order, y)\n",
+        "    pairs = y.index_select(0, order)\n",
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-moe-token-mod",
+        "pair-to-token index for slot-major layout",
+        MOE,
+        "    rows = x.index_select(0, order // k)\n",
+        "    rows = x.index_select(0, order % tokens)\n",
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-moe-topk-weights-broadcast",
+        "shape check weakened (silent broadcast)",
+        MOE,
+        "    if topk_weights.shape != topk_ids.shape:\n",
+        "    if topk_weights.shape[0] != topk_ids.shape[0]:\n",
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-moe-negative-ids",
+        "range check drops lower bound",
+        MOE,
+        "    return (topk_ids >= 0) & (topk_ids < num_experts)\n",
+        "    return topk_ids < num_experts\n",
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-quantize-experts-shared-gs",
+        "per-expert global scale replaced by a shared one",
+        MOE,
+        (
+            "    parts = [quantize(w[e], format) for e in range(w.shape[0])]\n"
+            "    data = torch.stack([p.data for p in parts])\n"
+            "    scale = torch.stack([p.scale for p in parts])\n"
+            "    gs = torch.stack([p.global_scale for p in parts])\n"
+            "    return FP4Tensor(data, scale, gs, format)\n"
+        ),
+        (
+            "    q = quantize(w, format)  # (batched [E, N, K]: one pass over all experts)\n"
+            "    gs = q.global_scale.expand(w.shape[0]).contiguous()\n"
+            "    return FP4Tensor(q.data, q.scale, gs, format)\n"
+        ),
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-moe-w13-bias-before-cast",
+        "bias added before the float32 cast",
+        MOE,
+        (
+            "    hf = h.float()\n"
+            "    if w13_bias is not None:\n"
+            "        hf = hf + w13_bias.float().index_select(0, sorted_ids)\n"
+        ),
+        (
+            "    if w13_bias is not None:\n"
+            "        h = h + w13_bias.to(h.dtype).index_select(0, sorted_ids)\n"
+            "    hf = h.float()\n"
+        ),
+        OPS_REVIEW_TESTS,
+    ),
+    mutant(
+        "rn-fp4moe-extra-state-activation",
+        "state-dict check dropped for one key",
+        MOE,
+        '        for key in ("format", "activation"):\n',
+        '        for key in ("format",):\n',
+        OPS_REVIEW_TESTS,
+    ),
+    # a thirteenth blind review (FP4Linear as a module, quantize_model, calibrate): 18 caught
+    # at first; the repr and requires-grad tests in test_library since
+    mutant(
+        "rq-load-w4a16-no-prepack",
+        "derived buffer not refreshed on load",
+        NN,
+        ('                    name, value = "weight_prepacked", k_order.prepack_weights(value)\n'),
+        '                    name = "weight_prepacked"\n',
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-save-prepacked-bytes",
+        "state dict saves internal layout",
+        NN,
+        (
+            '        return {"weight_data": self._plain_weight_data(), **{n:'
+            " getattr(self, n) for n in names}}\n"
+        ),
+        (
+            '        data = self._buffers.get("weight_data",'
+            ' self._buffers.get("weight_prepacked"))\n'
+            '        return {"weight_data": data, **{n: getattr(self, n) for n in names}}\n'
+        ),
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-cast-input-scale",
+        "dtype cast converts an FP4 buffer",
+        NN,
+        ('    "weight_global_scale",\n    "input_global_scale",\n)\n'),
+        ('    "weight_global_scale",\n)\n'),
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-apply-restore-old-device",
+        "restored buffer left on old device",
+        BUFFERS,
+        "                self._buffers[name] = old.to(new.device)\n",
+        "                self._buffers[name] = old\n",
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-bias-dropped-w4a16",
+        "bias skipped on one path (indentation)",
+        NN,
+        (
+            "            y = self._forward_w4a4(rows.contiguous(), vec, direct, on_cpu)\n"
+            "        if self.bias is not None:\n"
+            "            y = y + self.bias.to(y.dtype)\n"
+        ),
+        (
+            "            y = self._forward_w4a4(rows.contiguous(), vec, direct, on_cpu)\n"
+            "            if self.bias is not None:\n"
+            "                y = y + self.bias.to(y.dtype)\n"
+        ),
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-bias-no-dtype-cast",
+        "missing cast, dtype promotion",
+        NN,
+        "            y = y + self.bias.to(y.dtype)\n",
+        "            y = y + self.bias\n",
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-batched-output-2d",
+        "leading dims not restored",
+        NN,
+        "        return y.reshape(*x.shape[:-1], self.out_features)\n",
+        "        return y.reshape(-1, self.out_features)\n",
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-calibrate-last-batch",
+        "running max replaced by last value",
+        NN,
+        "        amax[key] = seen if key not in amax else torch.maximum(amax[key], seen)\n",
+        "        amax[key] = seen\n",
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-calibrate-divisor-448",
+        "wrong scale constant",
+        NN,
+        "    gs = cpu.global_scales_of_amax(seen).tolist()\n",
+        "    gs = torch.where(seen > 0, seen / 448.0, torch.ones_like(seen)).tolist()\n",
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-calibrate-mode-lost",
+        "train/eval mode not carried over",
+        NN,
+        ('        key: FP4Linear(layer.weight, layer.bias, "static", s).train(layer.training)\n'),
+        '        key: FP4Linear(layer.weight, layer.bias, "static", s)\n',
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-fused-groups-across-layers",
+        "grouping key missing the parent",
+        NN,
+        (
+            '        parent, _, attr = name.rpartition(".")\n'
+            "        for i, siblings in enumerate(FUSED_SIBLINGS):\n"
+            "            if attr in siblings:\n"
+            "                groups.setdefault((parent, i), []).append(name)\n"
+        ),
+        (
+            '        attr = name.rpartition(".")[2]\n'
+            "        for i, siblings in enumerate(FUSED_SIBLINGS):\n"
+            "            if attr in siblings:\n"
+            "                groups.setdefault(i, []).append(name)\n"
+        ),
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-include-unanchored",
+        "glob matched as suffix, not fullmatch",
+        NN,
+        "        return any(fnmatch.fnmatchcase(name, p) for p in patterns)\n",
+        '        return any(fnmatch.fnmatchcase(name, "*" + p) for p in patterns)\n',
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-router-single-gate",
+        "router detection misses a case",
+        NN,
+        (
+            "    if None not in counts and model.get_submodule(name).out_features"
+            " not in counts | {1}:\n"
+        ),
+        ("    if None not in counts and model.get_submodule(name).out_features not in counts:\n"),
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-report-unfit-silent",
+        "report omits skipped modules",
+        NN,
+        (
+            "        if why is not None and include is not None:\n"
+            '            raise ValueError(f"{name}: {why}")\n'
+            "    if why is not None:\n"
+        ),
+        (
+            "        if why is not None and include is not None:\n"
+            '            raise ValueError(f"{name}: {why}")\n'
+            "        elif why is not None:\n"
+            "            return False\n"
+            "    if why is not None:\n"
+        ),
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-load-missing-bias-silent",
+        "missing key not reported",
+        NN,
+        (
+            '        elif "bias" not in found and self.bias is not None:\n'
+            '            missing_keys.append(prefix + "bias")\n'
+        ),
+        "",
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-assign-bias-requires-grad",
+        "requires_grad flag lost on one path",
+        NN,
+        "                    self.bias = nn.Parameter(value, requires_grad=False)\n",
+        "                    self.bias = nn.Parameter(value)\n",
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-extra-state-mode-strict",
+        "check too strict (compares full mode)",
+        NN,
+        '        if (state["activations"] == "static") != (self.activations == "static"):\n',
+        '        if state["activations"] != self.activations:\n',
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-load-global-scale-unchecked",
+        "refusal weakened (off-by-one slice)",
+        NN,
+        "        for name in parts[2:]:\n",
+        "        for name in parts[3:]:\n",
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-repr-features-swapped",
+        "repr fields swapped",
+        NN,
+        ('            f"in_features={self.in_features}, out_features={self.out_features}, "\n'),
+        ('            f"in_features={self.out_features}, out_features={self.in_features}, "\n'),
+        NN_REVIEW_TESTS,
+    ),
+    mutant(
+        "rq-getstate-inplace",
+        "shared dict mutated while pickling",
+        BUFFERS,
+        ('        state["_buffers"] = {n: picklable(t) for n, t in state["_buffers"].items()}\n'),
+        (
+            '        state["_buffers"].update({n: picklable(t) for n, t in'
+            ' state["_buffers"].items()})\n'
+        ),
+        NN_REVIEW_TESTS,
     ),
 ]
