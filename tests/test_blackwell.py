@@ -917,6 +917,8 @@ GOOD = dict(
     "change,reason",
     [
         (dict(mnkl=(128, 128, 100, 1)), "K=100 is not a multiple of 32"),
+        # (16 packed bytes hold 32 FP4 values: K = 48 is 24 bytes, not a whole TMA unit)
+        (dict(mnkl=(128, 128, 48, 1)), "K=48 is not a multiple of 32"),
         (dict(mnkl=(0, 128, 256, 1)), "M must be >= 1"),
         (dict(mnkl=(128, 128, 256, 0)), "L must be >= 1"),
         (dict(mnkl=(128, 128)), "mnkl must be four integers"),

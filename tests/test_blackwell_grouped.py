@@ -104,6 +104,7 @@ def test_group_layout_refuses_bad_input(rows, tile_m, message):
             "M=384 is not a multiple of the MMA tile M 256",
         ),
         (dict(mnkg=(256, 4096, 7000, 4)), "K=7000 is not a multiple of 32"),
+        (dict(mnkg=(256, 4096, 4080, 4)), "K=4080 is not a multiple of 32"),  # (of 16, not 32)
         (dict(mnkg=(256, 4096, 7168, 0)), "G \\(groups\\) must be >= 1, got 0"),
         (dict(cluster_shape_mn=(1, 8)), "exceeds 4"),
     ],

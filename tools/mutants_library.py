@@ -2,10 +2,11 @@
 FP4Linear's state dict, quantize_model, calibrate), the CPU quantizer and GEMM, the scale layout,
 FP4Tensor, the ops' checks, the memory rules, the FP4 buffers' casts, the MoE host code, the Hopper
 launcher's picks and checks, the tokens step, the GPU quantizer, the benchmarks' figures and
-checks, the Hopper CLI, k_order, reference.py and examples/generate.py: small, realistic bugs that
-make a result silently wrong or let bad input through, planted by reviewers who had not read the
-tests. The tests named must catch each (``-m gpu``: on an H100 / H200). Keep every ``old`` text
-current as the code changes (it must occur exactly once in its file)."""
+checks, the Hopper CLI, k_order, the CLIs' argument checks, reference.py and
+examples/generate.py: small, realistic bugs that make a result silently wrong or let bad input
+through, planted by reviewers who had not read the tests. The tests named must catch each
+(``-m gpu``: on an H100 / H200). Keep every ``old`` text current as the code changes (it must
+occur exactly once in its file)."""
 
 CHECKPOINT = "fp4_ops/checkpoint.py"
 NN = "fp4_ops/nn.py"
@@ -4499,5 +4500,208 @@ MUTANTS = [
             ' state["_buffers"].items()})\n'
         ),
         NN_REVIEW_TESTS,
+    ),
+    # a fourteenth blind review (the CLIs' argument checks): 18 of 19 caught at first (a 20th
+    # was rj-parse-ints-extra again); K = 48 refused since (a multiple of 16, not of 32)
+    mutant(
+        "rs-bw-iterations-zero",
+        "bound check off by one",
+        "blockwise_gemm_fp4.py",
+        "    if args.iterations < 1 or args.warmup_iterations < 0:\n",
+        "    if args.iterations < 0 or args.warmup_iterations < 0:\n",
+        ["tests/test_blackwell.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-bw-k-multiple-16",
+        "refusal weakened",
+        "blockwise_gemm_fp4.py",
+        "    if k >= 1 and k % 32 != 0:\n",
+        "    if k >= 1 and k % 16 != 0:\n",
+        ["tests/test_blackwell.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-bw-cluster-not-pow2",
+        "refusal weakened",
+        "blockwise_gemm_fp4.py",
+        "        if value < 1 or value & (value - 1):\n",
+        "        if value < 1:\n",
+        ["tests/test_blackwell.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-bw-alpha-traceback",
+        "exception escapes as traceback",
+        "blockwise_gemm_fp4.py",
+        ("            args.alpha = checked_alpha(args.alpha)\n        except ValueError as err:\n"),
+        ("            args.alpha = checked_alpha(args.alpha)\n        except TypeError as err:\n"),
+        ["tests/test_blackwell.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-bw-compile-only-needs-gpu",
+        "--compile_only still requires a GPU",
+        "blockwise_gemm_fp4.py",
+        (
+            "        if args.compile_only:\n"
+            "            return run_compile_only(args)\n"
+            "        return run_on_gpu(args)\n"
+        ),
+        (
+            "        if args.compile_only and blackwell_gpu(args.gpu_arch)[0]:\n"
+            "            return run_compile_only(args)\n"
+            "        return run_on_gpu(args)\n"
+        ),
+        ["tests/test_blackwell.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-gg-negative-rows",
+        "refusal weakened",
+        "blockwise_grouped_gemm_fp4.py",
+        "    if not rows or min(rows) < 0:\n",
+        "    if not rows:\n",
+        ["tests/test_blackwell_grouped.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-gg-nk-swapped",
+        "parsed values swapped",
+        "blockwise_grouped_gemm_fp4.py",
+        ("    n, k = args.nk\n    if args.dump_dir is not None and not args.compile_only:\n"),
+        ("    k, n = args.nk\n    if args.dump_dir is not None and not args.compile_only:\n"),
+        ["tests/test_blackwell_grouped.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-gg-exit-1",
+        "exit status 1 instead of 2",
+        "blockwise_grouped_gemm_fp4.py",
+        ('        print(f"error: {err}", file=sys.stderr)\n        return 2\n'),
+        ('        print(f"error: {err}", file=sys.stderr)\n        return 1\n'),
+        ["tests/test_blackwell_grouped.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-sm90-tolerance-nan",
+        "refusal weakened",
+        "fp4_ops/sm90/cli.py",
+        "    if not math.isfinite(args.tolerance) or args.tolerance <= 0:\n",
+        "    if args.tolerance <= 0:\n",
+        ["tests/test_hopper.py", "tests/test_bench.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-sm90-k0-traceback",
+        "exception escapes as traceback",
+        "fp4_ops/sm90/cli.py",
+        "    k_limit = 1.0 / (max(args.mnkl[2], 1) * 2.0**-24)\n",
+        "    k_limit = 1.0 / (args.mnkl[2] * 2.0**-24)\n",
+        ["tests/test_hopper.py", "tests/test_bench.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-sm90-default-mxfp4",
+        "default changed",
+        "fp4_ops/sm90/cli.py",
+        (
+            '    parser.add_argument("--sf_vec_size", type=int,'
+            " choices=tuple(SF_FORMATS), default=16)\n"
+        ),
+        (
+            '    parser.add_argument("--sf_vec_size", type=int,'
+            " choices=tuple(SF_FORMATS), default=32)\n"
+        ),
+        ["tests/test_hopper.py", "tests/test_bench.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-q-mxfp4-global-scale-ignored",
+        "flag silently ignored",
+        "fp4_ops/quantizer.py",
+        "    if as_f32 is not None and (vec != 16 or not 0 < as_f32 < math.inf):\n",
+        "    if as_f32 is not None and not 0 < as_f32 < math.inf:\n",
+        ["tests/test_quantize_fp4.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-q-shape-traceback",
+        "exception escapes as traceback",
+        "fp4_ops/quantizer.py",
+        ('    except ValueError:\n        print(f"error: --shape'),
+        ('    except TypeError:\n        print(f"error: --shape'),
+        ["tests/test_quantize_fp4.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rs-args-positive-ints-zero",
+        "bound check off by one",
+        "benchmarks/args.py",
+        "    if min(values) < 1:\n",
+        "    if min(values) < 0:\n",
+        [
+            "tests/test_bench.py",
+            "tests/test_bench_stack.py",
+            "tests/test_bench_linear.py",
+            "tests/test_model_bench.py",
+            "-m",
+            "not gpu",
+        ],
+    ),
+    mutant(
+        "rs-args-positive-int-traceback",
+        "exception escapes as traceback",
+        "benchmarks/args.py",
+        "    if not (text.isascii() and text.isdigit()) or int(text) < 1:\n",
+        "    if int(text) < 1:\n",
+        [
+            "tests/test_bench.py",
+            "tests/test_bench_stack.py",
+            "tests/test_bench_linear.py",
+            "tests/test_model_bench.py",
+            "-m",
+            "not gpu",
+        ],
+    ),
+    mutant(
+        "rs-eager-calls-zero",
+        "bound check off by one",
+        "benchmarks/eager.py",
+        "    if not 1 <= args.calls <= 150:\n",
+        "    if not 0 <= args.calls <= 150:\n",
+        [
+            "tests/test_bench.py",
+            "tests/test_bench_stack.py",
+            "tests/test_bench_linear.py",
+            "tests/test_model_bench.py",
+            "-m",
+            "not gpu",
+        ],
+    ),
+    mutant(
+        "rs-stack-m-unvalidated",
+        "validation bypassed",
+        "benchmarks/stack.py",
+        '    args.m = cli.positive_ints(p, "--m", args.m, "1,16,64,128")\n',
+        '    args.m = [int(v) for v in args.m.split(",")]\n',
+        [
+            "tests/test_bench.py",
+            "tests/test_bench_stack.py",
+            "tests/test_bench_linear.py",
+            "tests/test_model_bench.py",
+            "-m",
+            "not gpu",
+        ],
+    ),
+    mutant(
+        "rs-model-layers-zero-truthy",
+        "truthiness bug in bound check",
+        "benchmarks/model.py",
+        "    if args.layers is not None and args.layers < 1:\n",
+        "    if args.layers and args.layers < 1:\n",
+        [
+            "tests/test_bench.py",
+            "tests/test_bench_stack.py",
+            "tests/test_bench_linear.py",
+            "tests/test_model_bench.py",
+            "-m",
+            "not gpu",
+        ],
+    ),
+    mutant(
+        "rs-gen-max-new-tokens-1",
+        "bound check off by one",
+        "examples/generate.py",
+        "    if args.max_new_tokens < 2:\n",
+        "    if args.max_new_tokens < 1:\n",
+        ["tests/test_examples.py", "-m", "not gpu"],
     ),
 ]
