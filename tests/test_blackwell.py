@@ -1051,6 +1051,25 @@ def test_default_target_is_the_family_target():
     assert bw.make_parser().parse_args([]).gpu_arch == "sm_100f"
 
 
+@pytest.mark.parametrize("capability", [(8, 0), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0)])
+def test_library_routes_to_the_kernel_the_gpu_has(monkeypatch, capability):
+    """fp4_ops sends a GPU's GEMMs to the Hopper kernel on sm_90, to this kernel on the GPUs its
+    default (family) build runs on, and refuses every other GPU."""
+    from fp4_ops import ops
+
+    monkeypatch.setattr(ops, "_CAPABILITIES", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a stand-in GPU")
+    t = SimpleNamespace(get_device=lambda: 0, is_cuda=True, device=torch.device("cuda", 0))
+    blackwell = capability in bw.BLACKWELL_CAPABILITIES
+    assert ops.runs_blackwell_kernels(t) == blackwell
+    if capability == (9, 0) or blackwell:
+        assert ops.runs_hopper_kernels(t) == (capability == (9, 0))
+    else:
+        with pytest.raises(ValueError, match=f"is sm_{capability[0]}{capability[1]}"):
+            ops.runs_hopper_kernels(t)
+
+
 ON_BLACKWELL = (
     torch.cuda.is_available() and torch.cuda.get_device_capability() in bw.BLACKWELL_CAPABILITIES
 )
