@@ -1052,7 +1052,7 @@ def test_default_target_is_the_family_target():
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0)])
-def test_library_routes_to_the_kernel_the_gpu_has(monkeypatch, capability):
+def test_library_routes_each_capability_to_its_kernel(monkeypatch, capability):
     """fp4_ops sends a GPU's GEMMs to the Hopper kernel on sm_90, to this kernel on the GPUs its
     default (family) build runs on, and refuses every other GPU."""
     from fp4_ops import ops

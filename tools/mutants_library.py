@@ -132,6 +132,19 @@ NN_REVIEW_TESTS = [
 ]
 
 
+# the Blackwell path's host side (the sm_100 dispatch, the kernels' torch wrappers and layouts,
+# the padded rows), on the CPU: what a blind review's mutants there run against
+BW_REVIEW_TESTS = [
+    "tests/test_blackwell.py",
+    "tests/test_blackwell_grouped.py",
+    "tests/test_moe_blackwell.py",
+    "tests/test_fp4_ops.py",
+    "tests/test_moe.py",
+    "-m",
+    "not gpu",
+]
+
+
 def mutant(mutant_id: str, klass: str, file: str, old: str, new: str, tests=TESTS) -> dict:
     return {"id": mutant_id, "klass": klass, "file": file, "old": old, "new": new, "tests": tests}
 
@@ -4703,5 +4716,144 @@ MUTANTS = [
         "    if args.max_new_tokens < 2:\n",
         "    if args.max_new_tokens < 1:\n",
         ["tests/test_examples.py", "-m", "not gpu"],
+    ),
+    # a fifteenth blind review (the Blackwell path's host side): of the 10 run, 6 caught at first
+    # and two more by the routing test since; rt-alpha-a-scale-only and rt-c-batch-stride-n not
+    # caught on the CPU; the last five not yet run
+    mutant(
+        "rt-cap-sm103-rejected",
+        "capability list too narrow",
+        OPS,
+        "        if (major, minor) != (9, 0) and major != 10:\n",
+        "        if (major, minor) not in ((9, 0), (10, 0)):\n",
+        ["tests/test_blackwell.py", "tests/test_fp4_ops.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rt-arch-family-drops-sm103",
+        "compile-target capability table wrong",
+        "blockwise_gemm_fp4.py",
+        (
+            'GPU_ARCHS = {"sm_100f": ((10, 0), (10, 3)), "sm_100a": ((10, 0),),'
+            ' "sm_103a": ((10, 3),)}'
+        ),
+        'GPU_ARCHS = {"sm_100f": ((10, 0),), "sm_100a": ((10, 0),), "sm_103a": ((10, 3),)}',
+        ["tests/test_blackwell.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rt-sm90-is-blackwell",
+        "capability check routes sm_90 to Blackwell",
+        OPS,
+        "    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 10\n",
+        "    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9\n",
+        ["tests/test_blackwell.py", "tests/test_fp4_ops.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rt-alpha-a-scale-only",
+        "alpha uses only a's global scale",
+        OPS,
+        (
+            "    alpha = alpha if alpha_scale is None else alpha * alpha_scale\n"
+            '    if where == "cpu":\n'
+        ),
+        (
+            '    if where == "cpu":\n'
+            "        alpha = alpha if alpha_scale is None else alpha * alpha_scale\n"
+        ),
+        ["tests/test_blackwell.py", "tests/test_fp4_ops.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rt-swap-sfa-sfb",
+        "scale tensors of A and B swapped",
+        "fp4_ops/sm100.py",
+        "    blockwise_gemm_fp4.gemm(a, b, sfa, sfb, alpha.reshape(1), d)\n",
+        "    blockwise_gemm_fp4.gemm(a, b, sfb, sfa, alpha.reshape(1), d)\n",
+        BW_REVIEW_TESTS,
+    ),
+    mutant(
+        "rt-c-batch-stride-n",
+        "batch stride from the wrong dim",
+        "blockwise_gemm_fp4.py",
+        "stride=(ldc, 1, m * ldc)",
+        "stride=(ldc, 1, n * ldc)",
+        ["tests/test_blackwell.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rt-tile-n-64-strict",
+        "wrong default tile pick at boundary",
+        "blockwise_gemm_fp4.py",
+        (
+            "        mma_tiler_mn = (256 if m > 128 and pair_fits else 128, 64 if n"
+            " <= 64 else 128)\n"
+        ),
+        ("        mma_tiler_mn = (256 if m > 128 and pair_fits else 128, 64 if n < 64 else 128)\n"),
+        ["tests/test_blackwell.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rt-cluster-not-doubled",
+        "cluster M not doubled for 2-CTA tile",
+        "blockwise_gemm_fp4.py",
+        "        cluster_shape_mn = (2, 1) if mma_tiler_mn[0] == 256 else (1, 1)\n",
+        "        cluster_shape_mn = (1, 1)\n",
+        ["tests/test_blackwell.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rt-group-layout-extra-tile",
+        "grouped padding off by one tile",
+        "blockwise_grouped_gemm_fp4.py",
+        "    tiles = [-(-count // tile_m) for count in rows]\n",
+        "    tiles = [count // tile_m + 1 for count in rows]\n",
+        ["tests/test_blackwell_grouped.py", "-m", "not gpu"],
+    ),
+    mutant(
+        "rt-padded-tiles-under",
+        "padded buffer bound off by one",
+        MOE_KERNELS,
+        "    return -(-rows // tile_m) + max(min(groups, rows) - 1, 0)\n",
+        "    return -(-rows // tile_m) + max(min(groups, rows) - 2, 0)\n",
+        BW_REVIEW_TESTS,
+    ),
+    mutant(
+        "rt-offsets-int64",
+        "group offsets passed with wrong dtype",
+        "fp4_ops/sm100.py",
+        "        a, a_scale, offsets, config.mma_tiler_mn[0], 2 * half // sf_vec_size\n",
+        ("        a, a_scale, offsets.long(), config.mma_tiler_mn[0], 2 * half // sf_vec_size\n"),
+        BW_REVIEW_TESTS,
+    ),
+    mutant(
+        "rt-grouped-out-dtype-default",
+        "output dtype default instead of requested",
+        "fp4_ops/sm100.py",
+        "    config = grouped.grouped_config(n, sf_vec_size, DSL_DTYPE_NAMES[out_dtype])\n",
+        "    config = grouped.grouped_config(n, sf_vec_size)\n",
+        BW_REVIEW_TESTS,
+    ),
+    mutant(
+        "rt-prepacked-accepted-blackwell",
+        "prepacked weights accepted on Blackwell",
+        MOE,
+        (
+            "        if prepacked:\n"
+            "            raise ValueError(PREPACKED_ON_BLACKWELL)\n"
+            "        from fp4_ops import sm100\n"
+        ),
+        "        from fp4_ops import sm100\n",
+        BW_REVIEW_TESTS,
+    ),
+    mutant(
+        "rt-grouped-alpha-group0",
+        "per-group alpha collapsed to one value",
+        "fp4_ops/sm100.py",
+        "    alpha = alpha.float().reshape(num_groups).contiguous()\n",
+        "    alpha = alpha.float().reshape(-1)[:1].expand(num_groups).contiguous()\n",
+        BW_REVIEW_TESTS,
+    ),
+    mutant(
+        "rt-row-pitch-8-bytes",
+        "output row pitch alignment wrong",
+        "blockwise_gemm_fp4.py",
+        "    per_16b = 128 // C_DTYPES[c_dtype].width\n",
+        "    per_16b = 64 // C_DTYPES[c_dtype].width\n",
+        ["tests/test_blackwell.py", "-m", "not gpu"],
     ),
 ]
