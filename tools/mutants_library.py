@@ -145,6 +145,17 @@ BW_REVIEW_TESTS = [
 ]
 
 
+# the benchmarks' argument checks, on the CPU
+BENCH_CLI_TESTS = [
+    "tests/test_bench.py",
+    "tests/test_bench_stack.py",
+    "tests/test_bench_linear.py",
+    "tests/test_model_bench.py",
+    "-m",
+    "not gpu",
+]
+
+
 def mutant(mutant_id: str, klass: str, file: str, old: str, new: str, tests=TESTS) -> dict:
     return {"id": mutant_id, "klass": klass, "file": file, "old": old, "new": new, "tests": tests}
 
@@ -4640,14 +4651,7 @@ MUTANTS = [
         "benchmarks/args.py",
         "    if min(values) < 1:\n",
         "    if min(values) < 0:\n",
-        [
-            "tests/test_bench.py",
-            "tests/test_bench_stack.py",
-            "tests/test_bench_linear.py",
-            "tests/test_model_bench.py",
-            "-m",
-            "not gpu",
-        ],
+        BENCH_CLI_TESTS,
     ),
     mutant(
         "rs-args-positive-int-traceback",
@@ -4655,14 +4659,7 @@ MUTANTS = [
         "benchmarks/args.py",
         "    if not (text.isascii() and text.isdigit()) or int(text) < 1:\n",
         "    if int(text) < 1:\n",
-        [
-            "tests/test_bench.py",
-            "tests/test_bench_stack.py",
-            "tests/test_bench_linear.py",
-            "tests/test_model_bench.py",
-            "-m",
-            "not gpu",
-        ],
+        BENCH_CLI_TESTS,
     ),
     mutant(
         "rs-eager-calls-zero",
@@ -4670,14 +4667,7 @@ MUTANTS = [
         "benchmarks/eager.py",
         "    if not 1 <= args.calls <= 150:\n",
         "    if not 0 <= args.calls <= 150:\n",
-        [
-            "tests/test_bench.py",
-            "tests/test_bench_stack.py",
-            "tests/test_bench_linear.py",
-            "tests/test_model_bench.py",
-            "-m",
-            "not gpu",
-        ],
+        BENCH_CLI_TESTS,
     ),
     mutant(
         "rs-stack-m-unvalidated",
@@ -4685,14 +4675,7 @@ MUTANTS = [
         "benchmarks/stack.py",
         '    args.m = cli.positive_ints(p, "--m", args.m, "1,16,64,128")\n',
         '    args.m = [int(v) for v in args.m.split(",")]\n',
-        [
-            "tests/test_bench.py",
-            "tests/test_bench_stack.py",
-            "tests/test_bench_linear.py",
-            "tests/test_model_bench.py",
-            "-m",
-            "not gpu",
-        ],
+        BENCH_CLI_TESTS,
     ),
     mutant(
         "rs-model-layers-zero-truthy",
@@ -4700,14 +4683,7 @@ MUTANTS = [
         "benchmarks/model.py",
         "    if args.layers is not None and args.layers < 1:\n",
         "    if args.layers and args.layers < 1:\n",
-        [
-            "tests/test_bench.py",
-            "tests/test_bench_stack.py",
-            "tests/test_bench_linear.py",
-            "tests/test_model_bench.py",
-            "-m",
-            "not gpu",
-        ],
+        BENCH_CLI_TESTS,
     ),
     mutant(
         "rs-gen-max-new-tokens-1",
