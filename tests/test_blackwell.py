@@ -780,9 +780,10 @@ def test_sfa_tiles_the_kernel_loads_match_to_blocked(m, k, batches, vec, tile_m)
 @pytest.mark.parametrize("vec", [16, 32])
 def test_global_tensors_each_on_its_own_pointer_and_shape(vec):
     """The kernel's global tensors: each built on its own pointer (told apart by alignment),
-    A and SFA over M rows, B and SFB over N rows, SF layouts as sf_layout gives them."""
+    A and SFA over M rows, B and SFB over N rows, SF layouts as sf_layout gives them, A, B and
+    D over the torch tensors' strides (D's rows padded, its batches M rows apart)."""
     found: dict[str, object] = {}
-    m, n, k, batches = 300, 200, 512, 2
+    m, n, k, batches = 300, 196, 512, 2  # (196 BF16: rows padded to 200)
 
     @cute.jit
     def probe(
@@ -799,7 +800,19 @@ def test_global_tensors_each_on_its_own_pointer_and_shape(vec):
             for crd in ((0, 0, 0), (rows - 1, k - 1, batches - 1), (rows // 2, k // 3, 1)):
                 checks.append(cute.crd2idx(crd, tensor.layout) == cute.crd2idx(crd, plain))
         found["sf_layouts"] = checks
+        # (A, B and D element offsets as the torch tensors gemm is handed lay them out)
+        offsets = []
+        for tensor, strides in zip(
+            (tensors[0], tensors[1], tensors[4]), torch_strides, strict=True
+        ):
+            for crd in ((1, 3, 1), (m // 2 - 1, 7, batches - 1), (2, 1, 0)):
+                want = crd[2] * strides[0] + crd[0] * strides[1] + crd[1] * strides[2]
+                offsets.append(cute.crd2idx(crd, tensor.layout) == want)
+        found["offsets"] = offsets
 
+    d = bw.empty_d(batches, m, n, "BFloat16", "cpu")
+    # (packed FP4 [L, rows, K/2] in elements: two per byte)
+    torch_strides = [(m * k, k, 1), (n * k, k, 1), d.stride()]
     gmem = cute.AddressSpace.gmem
     sf = bw.SF_DTYPES[bw.SF_FORMATS[vec][0]]
     pointers = [
@@ -823,6 +836,7 @@ def test_global_tensors_each_on_its_own_pointer_and_shape(vec):
         (m, n, batches),
     ]
     assert found["sf_layouts"] == [True] * 6
+    assert found["offsets"] == [True] * 9
 
 
 @pytest.mark.parametrize(
@@ -1068,6 +1082,66 @@ def test_library_routes_each_capability_to_its_kernel(monkeypatch, capability):
     else:
         with pytest.raises(ValueError, match=f"is sm_{capability[0]}{capability[1]}"):
             ops.runs_hopper_kernels(t)
+
+
+class _Dressed:
+    """A CPU tensor dressed as one on cuda:0: what ``gemm_impl`` looks at to pick a route."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t, self.device = t, torch.device("cuda", 0)
+
+
+def _bind_into(handed: list, signature: inspect.Signature, *args, **kwargs) -> None:
+    handed.append(signature.bind(*args, **kwargs))
+
+
+@pytest.mark.parametrize("batch", [(), (2,)], ids=["2d", "batched"])
+@pytest.mark.parametrize("alphas", ["global scales", "one alpha"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("capability", [(9, 0), (10, 0), (10, 3)])
+def test_each_kernel_route_is_handed_the_product_the_cpu_forms(
+    monkeypatch, capability, fmt, alphas, batch
+):
+    """The GEMM op's GPU routes (the Hopper kernel's and this kernel's), given dressed CPU
+    operands: what each kernel entry is handed, multiplied out by the CPU's math, is the CPU
+    route's product, bit for bit (operands, scales, alpha and its second factor, dtype)."""
+    import fp4_ops
+    from fp4_ops import cpu, ops, sm100
+    from fp4_ops.sm90 import launcher
+
+    gen = torch.Generator().manual_seed(11)
+    a = fp4_ops.quantize(torch.randn(*batch, 5, 128, generator=gen), fmt)
+    b = fp4_ops.quantize(torch.randn(*batch, 24, 128, generator=gen) * 3, fmt)
+    if fmt == "nvfp4":
+        assert a.global_scale.item() != b.global_scale.item()  # (swapping them must show)
+    gs = a.global_scale * b.global_scale * 0.37
+    alpha, alpha_scale = (
+        (a.global_scale, b.global_scale) if alphas == "global scales" else (gs, None)
+    )
+    out_dtype = torch.bfloat16 if batch else torch.float32
+    args = (a.data, a.scale, b.data, b.scale, alpha, alpha_scale, a.sf_vec_size, out_dtype)
+    want = ops.gemm_impl(*args)
+
+    handed = []
+    for module in (sm100, launcher):
+        signature = inspect.signature(module.gemm_for_ops)
+        record = functools.partial(_bind_into, handed, signature)
+        monkeypatch.setattr(module, "gemm_for_ops", record)
+    monkeypatch.setattr(ops, "_capability", lambda t: capability)
+    dressed = (_Dressed(a.data), *args[1:2], _Dressed(b.data), *args[3:])
+    ops.gemm_impl(*dressed)
+
+    (bound,) = handed
+    bound.apply_defaults()
+    got = bound.arguments
+    assert got.get("a_dtype", launcher.W4A4) == launcher.W4A4
+    assert (capability == (9, 0)) == ("scale" in got)
+    total = got["alpha"] if got.get("scale") is None else got["alpha"] * got["scale"]
+    assert total.dtype == torch.float32 and total.numel() == 1
+    product = cpu.gemm(
+        got["a"].t, got["sfa"], got["b"].t, got["sfb"], total, got["sf_vec_size"], got["out_dtype"]
+    )
+    assert product.dtype == want.dtype and torch.equal(product, want)
 
 
 ON_BLACKWELL = (

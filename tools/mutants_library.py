@@ -4693,9 +4693,8 @@ MUTANTS = [
         "    if args.max_new_tokens < 1:\n",
         ["tests/test_examples.py", "-m", "not gpu"],
     ),
-    # a fifteenth blind review (the Blackwell path's host side): of the 10 run, 6 caught at first
-    # and two more by the routing test since; rt-alpha-a-scale-only and rt-c-batch-stride-n not
-    # caught on the CPU; the last five not yet run
+    # a fifteenth blind review (the Blackwell path's host side): of the first 10, 6 caught at
+    # first; since, two by the routing test, one by the kernel-route test, one by D's offsets
     mutant(
         "rt-cap-sm103-rejected",
         "capability list too narrow",
