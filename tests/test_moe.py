@@ -696,6 +696,89 @@ def test_w4a4_kernel_path_scales_alpha_by_what_undoes_its_exact_rows(fmt, monkey
     assert alpha is gs and out_dtype == torch.bfloat16
 
 
+class _KernelStandIns:
+    """``moe_kernels``' route / activate / combine_tokens on CPU tensors, each the torch
+    step's arithmetic over the kernel's own contract (Routing's tables, float32 sums of each
+    token's rows, the dtypes the kernels read: a float64 bias or weight is refused)."""
+
+    def __init__(self):
+        self.handed = {}
+
+    def route(self, topk_ids, num_experts, x):
+        order, sorted_ids, offsets = moe.expert_routing(topk_ids, num_experts)
+        pairs = torch.arange(order.numel(), dtype=torch.int32)
+        row_of = torch.empty_like(pairs).index_copy_(0, order, pairs)
+        token_of = (order // topk_ids.shape[1]).int()
+        ok = torch.ones(1, dtype=torch.int32)
+        rows = x.index_select(0, token_of)
+        return moe.moe_kernels.Routing(offsets, row_of, token_of, sorted_ids.int(), ok, rows)
+
+    def activate(self, h, name, bias, expert_of):
+        self.handed["w13_bias"] = bias
+        hf = h.float() if bias is None else h.float() + self._read(bias).index_select(0, expert_of)
+        return moe.apply_activation(hf, name).to(h.dtype)
+
+    def combine_tokens(self, y, topk_weights, routes, bias):
+        self.handed["topk_weights"], self.handed["w2_bias"] = topk_weights, bias
+        yf = y.float()
+        if bias is not None:
+            yf = yf + self._read(bias).index_select(0, routes.expert_of)
+        pairs = yf.index_select(0, routes.row_of).view(*topk_weights.shape, -1)
+        return (pairs * self._read(topk_weights).unsqueeze(-1)).sum(1).to(y.dtype)
+
+    @staticmethod
+    def _read(t: torch.Tensor) -> torch.Tensor:
+        assert t.dtype in moe.IN_DTYPES, f"the kernels read no {t.dtype}"
+        return t.float()
+
+
+KERNEL_PATH_CASES = {  # x, topk_weights and bias dtypes, activation, activations
+    "bf16-silu": (torch.bfloat16, torch.float32, None, "silu", "bf16"),
+    "bf16-swigluoai-float64": (torch.bfloat16, torch.float64, torch.float64, "swigluoai", "bf16"),
+    "f16-swigluoai-bf16": (torch.float16, torch.bfloat16, torch.bfloat16, "swigluoai", "bf16"),
+    "float32-silu-w4a4": (torch.float32, torch.float16, torch.float32, "silu", "dynamic"),
+}
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("case", list(KERNEL_PATH_CASES))
+def test_kernel_path_composes_its_kernels_as_the_torch_steps_do(monkeypatch, case, fmt):
+    """``fp4_moe``'s path for plain CUDA tensors, taken with CPU tensors (the kernels' stand-ins
+    above, the GPU checks stubbed, the grouped GEMMs' CPU side; W4A4 as on the sm_100 family):
+    the routing tables, biases and routing weights it hands the kernels give the torch path's
+    result bit for bit, and reach them in dtypes the kernels read."""
+    x_dtype, weights_dtype, bias_dtype, activation, activations = KERNEL_PATH_CASES[case]
+    if fmt == "mxfp4" and x_dtype == torch.float16 and activations == "bf16":
+        pytest.skip("W4A16 takes float16 activations with NVFP4 only")
+    gen = torch.Generator().manual_seed(16)
+    w13 = fp4_ops.quantize_experts(torch.randn(5, 64, 64, generator=gen), fmt)
+    w2 = fp4_ops.quantize_experts(torch.randn(5, 64, 32, generator=gen), fmt)
+    x = (torch.randn(7, 64, generator=gen) * 2).to(x_dtype)
+    ids, _ = _routing("ties", 7, 3, 5, gen)
+    tw = torch.rand(7, 3, generator=gen, dtype=torch.float64).to(weights_dtype)
+    biases = {}
+    if bias_dtype is not None:
+        biases = dict(
+            w13_bias=torch.randn(5, 64, generator=gen, dtype=torch.float64).to(bias_dtype),
+            w2_bias=torch.randn(5, 64, generator=gen, dtype=torch.float64).to(bias_dtype),
+        )
+    args = (x, w13, w2, tw, ids.int(), activation)
+    want = fp4_ops.fp4_moe(*args, **biases, activations=activations)
+
+    kernels = _KernelStandIns()
+    for name in ("route", "activate", "combine_tokens"):
+        monkeypatch.setattr(moe.moe_kernels, name, getattr(kernels, name))
+    monkeypatch.setattr(moe, "eager", lambda *_: True)
+    monkeypatch.setattr(moe, "check_sm90", lambda *_: None)
+    monkeypatch.setattr(moe, "runs_hopper_kernels", lambda _: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # (x's index: a CPU's None)
+    got = fp4_ops.fp4_moe(*args, **biases, activations=activations)
+    assert kernels.handed["topk_weights"].dtype == (
+        torch.float32 if weights_dtype == torch.float64 else weights_dtype
+    )
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 def _plain_scales_2d(t: FP4Tensor) -> torch.Tensor:
     rows, k = t.shape
     return reference.from_blocked(t.scale.reshape(-1), rows, k // t.sf_vec_size)
