@@ -127,8 +127,9 @@ def test_fp4_llama4_experts_refusals():
     fp4 = fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=1)
     with pytest.raises(ValueError, match=r"hidden_states must be \[E \* T, H\] = \[4 \* T, 64\]"):
         fp4(torch.zeros(6, HIDDEN, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match=r"top_k must be in \[1, 4\] \(E\), got 5"):
-        fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=5)
+    for top_k in (0, -1, EXPERTS + 1):  # (either side of [1, E])
+        with pytest.raises(ValueError, match=rf"top_k must be in \[1, 4\] \(E\), got {top_k}"):
+            fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=top_k)
     with pytest.raises(TypeError, match="top_k must be an int"):
         fp4_ops.FP4Llama4Experts.from_transformers(module, top_k=1.0)
     narrow = copy.deepcopy(module)

@@ -614,6 +614,56 @@ def test_fp4moe_state_dict_round_trip_and_refusals():
     assert torch.equal(fresh(x, tw, ids), layer(x, tw, ids))  # (nothing loaded half-way)
 
 
+FP4_PARTS = ("_codes", "_scale", "_global_scale")  # (the buffers whose dtype is a format's)
+
+
+def _biased_layer(seed: int, cls=fp4_ops.FP4MoE):
+    """A swigluoai layer with both biases: every optional buffer present."""
+    gen = torch.Generator().manual_seed(seed)
+    w13, w2 = torch.randn(3, 64, 32, generator=gen), torch.randn(3, 32, 32, generator=gen)
+    b13, b2 = torch.randn(3, 64, generator=gen), torch.randn(3, 32, generator=gen)
+    return cls.from_experts(w13, w2, "mxfp4", "swigluoai", w13_bias=b13, w2_bias=b2)
+
+
+@pytest.mark.parametrize("cls", [fp4_ops.FP4MoE, fp4_ops.FP4Experts])
+def test_fp4moe_state_dict_carries_every_buffer(cls):
+    """A layer with every optional part: its state dict, loaded strictly into a layer of other
+    values, makes every buffer (and so the output) the source's: no buffer left out of the
+    state dict, or skipped on load."""
+    layer, fresh = _biased_layer(8, cls), _biased_layer(9, cls)
+    fresh.load_state_dict(layer.state_dict(), strict=True)
+    for name, mine in layer.named_buffers():
+        theirs = fresh.get_buffer(name)
+        assert theirs.dtype == mine.dtype and torch.equal(
+            theirs.view(torch.uint8), mine.view(torch.uint8)
+        ), name
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(4, 32, generator=gen).bfloat16()
+    ids, tw = _routing("random", 4, 2, 3, gen)
+    # (transformers' experts modules take the ids before the weights)
+    args = (x, ids, tw) if cls is fp4_ops.FP4Experts else (x, tw, ids)
+    assert torch.equal(fresh(*args), layer(*args))
+
+
+@pytest.mark.parametrize("cast", ["half", "bfloat16", "to-float16", "double"])
+def test_fp4moe_casts_reach_every_buffer_but_the_fp4_parts(cast):
+    """``.half()`` / ``.bfloat16()`` / ``.to(dtype)`` cast the biases, as nn.Module casts any
+    floating buffer; the FP4 parts (codes, scales, global scales) keep their dtypes."""
+    layer = _biased_layer(11)
+    before = {n: b.dtype for n, b in layer.named_buffers()}
+    dtype = {"half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64}.get(
+        cast, torch.float16
+    )
+    if cast == "to-float16":
+        layer.to(torch.float16)
+    else:
+        getattr(layer, cast)()
+    for name, buffer in layer.named_buffers():
+        fp4 = name.endswith(FP4_PARTS)
+        assert buffer.dtype == (before[name] if fp4 else dtype), name
+    assert {n for n in before if not n.endswith(FP4_PARTS)} == {"w13_bias", "w2_bias"}
+
+
 def test_fp4moe_keeps_fp4_dtypes_through_casts_and_pickles():
     import pickle
 

@@ -4832,3 +4832,199 @@ MUTANTS = [
         ["tests/test_blackwell.py", "-m", "not gpu"],
     ),
 ]
+
+# a sixteenth blind review (the MoE module and its checkpoints): 17 caught at first, 20 since
+# (top_k either side of its range; every buffer through the state dict; casts of the biases)
+RU_TESTS = [
+    "tests/test_moe.py",
+    "tests/test_moe_checkpoint.py",
+    "tests/test_moe_transformers.py",
+    "tests/test_gpt_oss_checkpoint.py",
+    "tests/test_llama4.py",
+    "tests/test_checkpoint.py",
+    "-m",
+    "not gpu",
+]
+MUTANTS += [
+    # (every expert's global scale taken from expert 0's)
+    mutant(
+        "ru-moe-gs-expert0",
+        "global scale per expert from expert 0",
+        MOE,
+        "            gs = w.global_scale.float().expand(self.num_experts).clone()\n",
+        "            gs = w.global_scale.float().flatten()[0].expand(self.num_experts).clone()\n",
+        RU_TESTS,
+    ),
+    # (FP4MoE.forward drops w2's bias)
+    mutant(
+        "ru-moe-forward-w2-bias-dropped",
+        "bias dropped",
+        MOE,
+        "            self.activations,\n            self.w13_bias,\n            self.w2_bias,\n",
+        "            self.activations,\n            self.w13_bias,\n            None,\n",
+        RU_TESTS,
+    ),
+    # (Llama-4: the chosen experts [k, T] read slot-major, paired with token-major tokens)
+    mutant(
+        "ru-moe-llama4-chosen-not-transposed",
+        "wrong axis order (missing transpose)",
+        MOE,
+        "chosen = size.topk(k, dim=0).indices.t().reshape(t * k, 1)",
+        "chosen = size.topk(k, dim=0).indices.reshape(t * k, 1)",
+        RU_TESTS,
+    ),
+    # (Llama-4: the row of expert e and token t taken as e * E + t, not e * T + t)
+    mutant(
+        "ru-moe-llama4-row-stride",
+        "wrong stride in a flat index",
+        MOE,
+        "        at = chosen.view(-1) * t + tokens  # (their rows)\n",
+        "        at = chosen.view(-1) * e + tokens  # (their rows)\n",
+        RU_TESTS,
+    ),
+    # (Llama-4: top_k = 0 accepted)
+    mutant(
+        "ru-moe-llama4-top-k-zero",
+        "off-by-one range check",
+        MOE,
+        "        if not 1 <= top_k <= self.num_experts:\n",
+        "        if not 0 <= top_k <= self.num_experts:\n",
+        RU_TESTS,
+    ),
+    # (FP4Experts.from_transformers defaults to W4A4)
+    mutant(
+        "ru-moe-from-transformers-default-dynamic",
+        "wrong default",
+        MOE,
+        'format: str = "nvfp4", activations: str = "bf16"\n    ) -> FP4Experts:',
+        'format: str = "nvfp4", activations: str = "dynamic"\n    ) -> FP4Experts:',
+        RU_TESTS,
+    ),
+    # (an experts module with parameters beyond the experts' is accepted)
+    mutant(
+        "ru-moe-experts-params-extra",
+        "weaker check (subset for equality)",
+        MOE,
+        "    if set(params) != known or list(module.children()) not in ([], [act]):\n",
+        "    if not known <= set(params) or list(module.children()) not in ([], [act]):\n",
+        RU_TESTS,
+    ),
+    # (_check_forward refuses only when every probe token differs: a clamp passes)
+    mutant(
+        "ru-moe-check-forward-all",
+        "any for all",
+        MOE,
+        "bool(((got - want).norm(dim=1) > tol).any()):\n",
+        "bool(((got - want).norm(dim=1) > tol).all()):\n",
+        RU_TESTS,
+    ),
+    # (a state-dict tensor of another shape but the right dtype loads, broadcast)
+    mutant(
+        "ru-moe-load-shape-and",
+        "and for or",
+        MOE,
+        "if tuple(t.shape) != tuple(mine.shape) or not (plain or cast",
+        "if tuple(t.shape) != tuple(mine.shape) and not (plain or cast",
+        RU_TESTS,
+    ),
+    # (only w13's global scales are value-checked on load)
+    mutant(
+        "ru-moe-load-w2-gs-unchecked",
+        "check on one weight only",
+        MOE,
+        '            if name.endswith("global_scale"):\n',
+        '            if name == "w13_global_scale":\n',
+        RU_TESTS,
+    ),
+    # (the loaded plain-order data is not prepacked into the layer's K order)
+    mutant(
+        "ru-moe-load-not-prepacked",
+        "layout conversion missing",
+        MOE,
+        "                    t = t if self.plain_k_order else k_order.prepack_weights(t)\n",
+        "",
+        RU_TESTS,
+    ),
+    # (a checkpoint of another activation loads)
+    mutant(
+        "ru-moe-extra-state-activation-unchecked",
+        "check skipped",
+        MOE,
+        '        for key in ("format", "activation"):\n',
+        '        for key in ("format",):\n',
+        RU_TESTS,
+    ),
+    # (w2's bias left out of the state dict: neither saved nor loaded)
+    mutant(
+        "ru-moe-state-w2-bias-omitted",
+        "state-dict key missing",
+        MOE,
+        '        for name in ("w13_bias", "w2_bias"):\n            if getattr(self, name) is not',
+        '        for name in ("w13_bias",):\n            if getattr(self, name) is not',
+        RU_TESTS,
+    ),
+    # (the biases kept in their dtype through .to(dtype) / .half())
+    mutant(
+        "ru-moe-kept-buffers-bias",
+        "wrong dtype kept",
+        MOE,
+        'self._buffers.items() if t is not None and "bias" not in n}\n',
+        "self._buffers.items() if t is not None}\n",
+        RU_TESTS,
+    ),
+    # ------------------------------------------------------------------ checkpoint.py's experts
+    # (gpt-oss experts always load W4A16, whatever activations asks)
+    mutant(
+        "ru-ck-gptoss-activations-ignored",
+        "argument ignored",
+        CHECKPOINT,
+        '    return FP4Experts(w13, w2, "swigluoai", activations, b13, b2)\n',
+        '    return FP4Experts(w13, w2, "swigluoai", "bf16", b13, b2)\n',
+        RU_TESTS,
+    ),
+    # (per-expert Linears: up's rows stacked before gate's)
+    mutant(
+        "ru-ck-linear-experts-up-gate-order",
+        "swapped gate / up halves",
+        CHECKPOINT,
+        "        w13.append((torch.cat((gd, ud)), torch.cat((gsc, usc))))\n",
+        "        w13.append((torch.cat((ud, gd)), torch.cat((usc, gsc))))\n",
+        RU_TESTS,
+    ),
+    # (per-expert Linears: w2's global scale taken from gate_proj's)
+    mutant(
+        "ru-ck-linear-experts-down-gs-from-gate",
+        "scale of the wrong weight",
+        CHECKPOINT,
+        "        gs2.append(dgs)\n",
+        "        gs2.append(ggs)\n",
+        RU_TESTS,
+    ),
+    # (experts with static input scales load as W4A4 with per-call scales)
+    mutant(
+        "ru-ck-experts-mode-static-dynamic",
+        "weaker condition",
+        CHECKPOINT,
+        'plan.layers[0][0].scheme.inputs == "dynamic"\n',
+        'plan.layers[0][0].scheme.inputs != "none"\n',
+        RU_TESTS,
+    ),
+    # (SiLU experts with only one of the two biases saved, their bias dropped)
+    mutant(
+        "ru-ck-silu-experts-bias-and",
+        "and for or",
+        CHECKPOINT,
+        "    if experts.w13_bias is not None or experts.w2_bias is not None:\n",
+        "    if experts.w13_bias is not None and experts.w2_bias is not None:\n",
+        RU_TESTS,
+    ),
+    # (saved per-expert gate / up Linears all take expert 0's global scale)
+    mutant(
+        "ru-ck-expert-linears-gs-expert0",
+        "global scale per expert from expert 0",
+        CHECKPOINT,
+        "            w13.global_scale.expand(experts.num_experts)[e],\n",
+        "            w13.global_scale.expand(experts.num_experts)[0],\n",
+        RU_TESTS,
+    ),
+]
