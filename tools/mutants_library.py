@@ -5029,3 +5029,250 @@ MUTANTS += [
         RU_TESTS,
     ),
 ]
+
+
+# a seventeenth blind review (FP4Tensor, the scale layout, the FP4 buffers, memory): 20 of 20
+# caught, two by the files named on their entries (outside the reviewer's list)
+RV17_TESTS = [
+    "tests/test_cpu.py",
+    "tests/test_fp4_ops.py",
+    "tests/test_semantics.py",
+    "tests/test_library.py",
+    "tests/test_checkpoint.py",
+    "tests/test_device_keys.py",
+    "tests/test_moe.py",
+    "-m",
+    "not gpu",
+]
+
+MUTANTS += [
+    # (packed data with K = 0, [rows, 0] bytes, pass as an FP4Tensor / from_plain operand)
+    mutant(
+        "rv17-tensor-packed-k-zero-accepted",
+        "weaker shape check",
+        TENSOR,
+        "    if k == 0 or k % vec:\n",
+        "    if k % vec:\n",
+        RV17_TESTS,
+    ),
+    # (a 0-d CPU global scale tensor of 0.0 passes the constructor's and from_plain's check)
+    mutant(
+        "rv17-tensor-global-scale-zero-ok",
+        "weaker value check",
+        TENSOR,
+        "    ok = torch.isfinite(t) & (t > 0)\n",
+        "    ok = torch.isfinite(t) & (t >= 0)\n",
+        RV17_TESTS,
+    ),
+    # (a number global scale is checked as the float64 given, not the float32 it becomes: 1e-50
+    # passes and becomes a global scale of 0.0)
+    mutant(
+        "rv17-tensor-gs-number-checked-as-given",
+        "check on the wrong value",
+        TENSOR,
+        "    if not (math.isfinite(float(scale)) and float(scale) > 0):\n",
+        "    if not (math.isfinite(float(scale)) and float(value) > 0):\n",
+        RV17_TESTS,
+    ),
+    # (a 0-d float32 global scale tensor is kept, not copied: the FP4Tensor aliases the caller's)
+    mutant(
+        "rv17-tensor-gs-tensor-aliased",
+        "copy became an alias",
+        TENSOR,
+        "        return t.to(like.device).clone()\n",
+        "        return t.to(like.device)\n",
+        RV17_TESTS,
+    ),
+    # (an NVFP4 FP4Tensor takes E8M0 block scales, and an MXFP4 one E4M3 scales)
+    mutant(
+        "rv17-tensor-scale-dtype-either-format",
+        "wrong dtype accepted",
+        TENSOR,
+        "        if s.dtype != want:\n",
+        "        if s.dtype not in SCALE_DTYPES.values():\n",
+        RV17_TESTS,
+    ),
+    # (2-D data [rows, K/2] take a per-row global scale [rows]: dequantize broadcasts it to
+    # [rows, rows, K])
+    mutant(
+        "rv17-tensor-per-batch-gs-on-2d",
+        "missing rank condition",
+        TENSOR,
+        "        per_batch = d.ndim == 3 and tuple(g.shape) == d.shape[:1]\n",
+        "        per_batch = tuple(g.shape) == d.shape[:1]\n",
+        RV17_TESTS,
+    ),
+    # (a float64 / bfloat16 0-d global scale, or a [n] float32 one on 2-D data, passes)
+    mutant(
+        "rv17-tensor-gs-dtype-and",
+        "and for or",
+        TENSOR,
+        "        if not (g.ndim == 0 or per_batch) or g.dtype != torch.float32:\n",
+        "        if not (g.ndim == 0 or per_batch) and g.dtype != torch.float32:\n",
+        RV17_TESTS,
+    ),
+    # (an unpickled / torch.load-ed FP4Tensor is no longer checked: any state passes)
+    mutant(
+        "rv17-tensor-setstate-unchecked",
+        "validation dropped",
+        TENSOR,
+        "            object.__setattr__(self, name, unpickled(value))\n"
+        "        self.__post_init__()\n",
+        "            object.__setattr__(self, name, unpickled(value))\n",
+        RV17_TESTS,
+    ),
+    # (dequantize multiplies in the target dtype: the global scale is rounded to bf16 / fp16
+    # first, and the product rounded again)
+    mutant(
+        "rv17-tensor-dequantize-in-target-dtype",
+        "precision of an intermediate",
+        TENSOR,
+        "        return (values * gs.reshape(*gs.shape, 1, 1)).to(dtype)\n",
+        "        return values.to(dtype) * gs.to(dtype).reshape(*gs.shape, 1, 1)\n",
+        RV17_TESTS,
+    ),
+    # (compressed-tensors' encoding global scale is taken as ours, not inverted)
+    mutant(
+        "rv17-tensor-ct-global-not-inverted",
+        "missing reciprocal",
+        TENSOR,
+        'return _from_plain(weight_packed, weight_scale, 1.0 / inv, "nvfp4", names)',
+        'return _from_plain(weight_packed, weight_scale, inv, "nvfp4", names)',
+        RV17_TESTS,
+    ),
+    # (from_plain / from_modelopt with no global scale default NVFP4 data to 1.0 silently)
+    mutant(
+        "rv17-tensor-from-plain-nvfp4-default",
+        "wrong default",
+        TENSOR,
+        '    elif vec == FORMATS["mxfp4"]:\n',
+        "    elif vec in FORMATS.values():\n",
+        RV17_TESTS,
+    ),
+    # (blocked_numel / blocked_scale_numel leave the scale columns unpadded: K / vec not a
+    # multiple of 4 gives too few bytes)
+    mutant(
+        "rv17-layout-numel-cols-unpadded",
+        "missing round-up",
+        LAYOUT,
+        "    return round_up(rows, ATOM_ROWS) * round_up(cols, ATOM_COLS)\n",
+        "    return round_up(rows, ATOM_ROWS) * cols\n",
+        RV17_TESTS,
+    ),
+    # (pack_fp4 and unpack_fp4 both put element 2i in the high nibble: consistent, but not the
+    # format's order that the kernels, the CPU table and checkpoints use)
+    mutant(
+        "rv17-layout-nibbles-swapped-both",
+        "swapped nibble order",
+        LAYOUT,
+        "    return pairs[..., 0] | (pairs[..., 1] << 4)\n"
+        "\n"
+        "\n"
+        "def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:\n"
+        '    """Bytes [..., K/2] of any one-byte dtype -> E2M1 codes [..., K] (uint8)."""\n'
+        "    p = packed.view(torch.uint8)\n"
+        "    return torch.stack((p & 0xF, p >> 4), dim=-1).flatten(-2)\n",
+        "    return (pairs[..., 0] << 4) | pairs[..., 1]\n"
+        "\n"
+        "\n"
+        "def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:\n"
+        '    """Bytes [..., K/2] of any one-byte dtype -> E2M1 codes [..., K] (uint8)."""\n'
+        "    p = packed.view(torch.uint8)\n"
+        "    return torch.stack((p >> 4, p & 0xF), dim=-1).flatten(-2)\n",
+        RV17_TESTS,
+    ),
+    # (to_blocked and from_blocked both store an atom row-major, byte (r, c) at 4 * r + c, not
+    # 16 * (r % 32) + 4 * (r // 32) + c: they still invert each other)
+    mutant(
+        "rv17-layout-atom-row-major-both",
+        "wrong axis order",
+        LAYOUT,
+        "    out = atoms.permute(0, 1, 4, 3, 2, 5).reshape(*lead, rp * cp)\n"
+        "    return out.view(scales.dtype)\n"
+        "\n"
+        "\n"
+        "def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:\n"
+        '    """Inverse of ``to_blocked``: 1-D (or [L, n]) blocked scales -> [rows, cols] (or\n'
+        '    [L, rows, cols])."""\n'
+        "    rp, cp = round_up(rows, ATOM_ROWS), round_up(cols, ATOM_COLS)\n"
+        "    lead = blocked.shape[:-1]\n"
+        "    batch = math.prod(lead)\n"
+        "    atoms = blocked.view(torch.uint8).reshape("
+        "batch, rp // 128, cp // ATOM_COLS, 32, 4, ATOM_COLS)\n"
+        "    plain = atoms.permute(0, 1, 4, 3, 2, 5).reshape(batch, rp, cp)[:, :rows, :cols]\n",
+        "    out = atoms.permute(0, 1, 4, 2, 3, 5).reshape(*lead, rp * cp)\n"
+        "    return out.view(scales.dtype)\n"
+        "\n"
+        "\n"
+        "def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:\n"
+        '    """Inverse of ``to_blocked``: 1-D (or [L, n]) blocked scales -> [rows, cols] (or\n'
+        '    [L, rows, cols])."""\n'
+        "    rp, cp = round_up(rows, ATOM_ROWS), round_up(cols, ATOM_COLS)\n"
+        "    lead = blocked.shape[:-1]\n"
+        "    batch = math.prod(lead)\n"
+        "    atoms = blocked.view(torch.uint8).reshape("
+        "batch, rp // 128, cp // ATOM_COLS, 4, 32, ATOM_COLS)\n"
+        "    plain = atoms.permute(0, 1, 3, 4, 2, 5).reshape(batch, rp, cp)[:, :rows, :cols]\n",
+        RV17_TESTS,
+    ),
+    # (int8 packed data pass as FP4 codes wherever PACKED_DTYPES is the check)
+    mutant(
+        "rv17-layout-int8-packed",
+        "wrong dtype accepted",
+        LAYOUT,
+        "PACKED_DTYPES = (torch.uint8, torch.float4_e2m1fn_x2)\n",
+        "PACKED_DTYPES = (torch.uint8, torch.int8, torch.float4_e2m1fn_x2)\n",
+        RV17_TESTS,
+    ),
+    # (a cast restores a kept buffer by casting the cast one back: .half() rounds the float32
+    # global scales to fp16, E8M0 scales over fp16's range become inf / 0)
+    mutant(
+        "rv17-buffers-cast-back",
+        "lossy round trip instead of the original",
+        BUFFERS,
+        "                self._buffers[name] = old.to(new.device)\n",
+        "                self._buffers[name] = new.to(old.dtype)\n",
+        RV17_TESTS,
+    ),
+    # (casts and moves keep the caches derived from the buffers, e.g. FP4Linear._plans)
+    mutant(
+        "rv17-buffers-caches-survive-apply",
+        "stale cache",
+        BUFFERS,
+        "        for name in self.CACHES:\n"
+        "            setattr(self, name, None)\n"
+        "        super()._apply",
+        "        super()._apply",
+        ["tests/test_eager.py", "-m", "not gpu"],
+    ),
+    # (load_state_dict into a meta module copies silently, with no warning; a meta checkpoint
+    # tensor warns instead)
+    mutant(
+        "rv17-buffers-meta-load-no-warning",
+        "negation dropped",
+        BUFFERS,
+        "        if target.is_meta and not value.is_meta:\n",
+        "        if target.is_meta and value.is_meta:\n",
+        RV17_TESTS,
+    ),
+    # (aligned_rows returns a non-contiguous 16-byte aligned tensor, or an unaligned contiguous
+    # one, uncopied)
+    mutant(
+        "rv17-memory-aligned-rows-or",
+        "or for and",
+        MEMORY,
+        "    if t.is_contiguous() and t.data_ptr() % 16 == 0:\n",
+        "    if t.is_contiguous() or t.data_ptr() % 16 == 0:\n",
+        ["tests/test_moe_kernels.py", "-m", "not gpu", "-k", "aligned_rows"],
+    ),
+    # (device_scalar's cache is keyed without the value: the first value asked for a device is
+    # returned for every later one)
+    mutant(
+        "rv17-memory-scalar-key-without-value",
+        "cache key missing an input",
+        MEMORY,
+        "    key = (value, device.type, device.index)\n",
+        "    key = (device.type, device.index)\n",
+        RV17_TESTS,
+    ),
+]
