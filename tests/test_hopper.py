@@ -878,6 +878,36 @@ def test_grouped_tiles_bounds_every_routing(rows, groups, tile):
         assert k90.grouped_tiles((n - 1) * (tile + 1) + 1, n, tile) == 2 * n - 1
 
 
+_GOOD_OFFSETS = torch.tensor([0, 2, 2, 5, 8], dtype=torch.int32)  # (E = 4 groups of 8 rows)
+
+
+@pytest.mark.parametrize(
+    "offsets",
+    [
+        _GOOD_OFFSETS.long(),
+        _GOOD_OFFSETS.short(),
+        _GOOD_OFFSETS.float(),
+        _GOOD_OFFSETS[:4],
+        torch.cat((_GOOD_OFFSETS, _GOOD_OFFSETS[-1:])),
+        torch.stack((_GOOD_OFFSETS, _GOOD_OFFSETS), 1)[:, 0],
+        _GOOD_OFFSETS.tolist(),
+    ],
+    ids=["int64", "int16", "float32", "E", "E+2", "strided", "list"],
+)
+def test_grouped_entry_refuses_offsets_the_kernel_cannot_read(offsets):
+    """The grouped GEMM's kernel reads E + 1 contiguous int32 words at the offsets' address:
+    any other dtype, length or layout is refused at the entry (it would read other numbers)."""
+    a = torch.zeros(8, 64, dtype=torch.bfloat16)
+    b, sfb = torch.zeros(4, 32, 32, dtype=torch.uint8), torch.zeros(4, 512, dtype=torch.uint8)
+    alpha = torch.ones(4)
+    want = r"offsets must be a contiguous int32 tensor \[E \+ 1\] = \[5\]"
+    with pytest.raises(ValueError, match=want):
+        r90.grouped_gemm_for_ops(a, b, sfb, 16, alpha, offsets, torch.bfloat16)
+    with pytest.raises(Exception) as taken:  # (int32 ones pass it: then the CPU is refused)
+        r90.grouped_gemm_for_ops(a, b, sfb, 16, alpha, _GOOD_OFFSETS, torch.bfloat16)
+    assert "offsets" not in str(taken.value)
+
+
 @pytest.mark.parametrize("rows, experts, tile, split", [(1, 16, (8, 128), 6), (37, 8, (16, 64), 2)])
 def test_grouped_workspace_holds_every_routings_partials(rows, experts, tile, split):
     """The grouped split-K workspace: one fp32 partial per K split of every (token tile, row

@@ -5276,3 +5276,202 @@ MUTANTS += [
         RV17_TESTS,
     ),
 ]
+
+
+# an eighteenth blind review (the Hopper launcher, k_order, the tokens step): 19 of 20 caught
+# at first; rv18-offsets-any-dtype since by the grouped entry's offsets refusals
+RV18_TESTS = [
+    "tests/test_hopper.py",
+    "tests/test_hopper_facts.py",
+    "tests/test_eager.py",
+    "tests/test_fp4_ops.py",
+    "tests/test_device_keys.py",
+    "tests/test_moe.py",
+    "tests/test_library.py",
+    "-m",
+    "not gpu",
+]
+MUTANTS += [
+    # (_pick's cache forgets the format: an NVFP4 pick is reused for MXFP4 of the same shape)
+    mutant(
+        "rv18-pick-key-no-vec",
+        "cache key",
+        LAUNCHER,
+        "    key = (mnkl, vec, c_dtype, a_dtype, device)\n",
+        "    key = (mnkl, c_dtype, a_dtype, device)\n",
+        RV18_TESTS,
+    ),
+    # (the split-K workspace loses its tile counters: the fix-up's flags land past its end)
+    mutant(
+        "rv18-workspace-no-counters",
+        "workspace size",
+        LAUNCHER,
+        "    return tiles * gemm.split_k * tr * tc + tiles if global_fixup else 1\n",
+        "    return tiles * gemm.split_k * tr * tc if global_fixup else 1\n",
+        RV18_TESTS,
+    ),
+    # (converted copies sized with M and N swapped: prefill with M != N overflows one of them)
+    mutant(
+        "rv18-converted-rows-swapped",
+        "swapped pair",
+        LAUNCHER,
+        "    rows_a, rows_b = (n, m) if gemm.swap_ab else (m, n)\n",
+        "    rows_a, rows_b = (m, n) if gemm.swap_ab else (n, m)\n",
+        RV18_TESTS,
+    ),
+    # (a refused (configuration, problem) is cached as checked: the second call goes through)
+    mutant(
+        "rv18-checked-caches-refusal",
+        "check cache",
+        LAUNCHER,
+        "        if not refused:\n            _CHECKED.add((config, mnkl))\n",
+        "        _CHECKED.add((config, mnkl))\n",
+        RV18_TESTS,
+    ),
+    # (a reused Launch takes operands that are not 16-byte aligned: TMA on a bad base)
+    mutant(
+        "rv18-fits-no-alignment",
+        "reused launch check",
+        LAUNCHER,
+        "not t.is_contiguous() or t.data_ptr() % 16 or t.get_device() != index",
+        "not t.is_contiguous() or t.get_device() != index",
+        RV18_TESTS,
+    ),
+    # (gemm_for_ops' launch key forgets D's dtype: a float32 D gets a bfloat16 kernel's stores)
+    mutant(
+        "rv18-ops-key-no-out-dtype",
+        "cache key",
+        LAUNCHER,
+        "    key += (out_dtype, index, stream)\n",
+        "    key += (index, stream)\n",
+        RV18_TESTS,
+    ),
+    # (int64 group offsets pass: the kernel reads them as int32)
+    mutant(
+        "rv18-offsets-any-dtype",
+        "weak check",
+        LAUNCHER,
+        "        and offsets.dtype == torch.int32\n",
+        "",
+        RV18_TESTS,
+    ),
+    # (an explicit sf_vec_size that contradicts the scales' dtype is ignored, not refused)
+    mutant(
+        "rv18-sf-vec-explicit-ignored",
+        "weak check",
+        LAUNCHER,
+        "    if sf_vec_size is not None:\n        named.add(sf_vec_size)\n",
+        "    if sf_vec_size is not None and not named:\n        named.add(sf_vec_size)\n",
+        RV18_TESTS,
+    ),
+    # (for_problem picks TMA stores from M's row pitch, not N's: valid problems refused)
+    mutant(
+        "rv18-tma-store-m-axis",
+        "wrong axis",
+        LAUNCHER,
+        "c_dtype not in C_DTYPES or tma_store_fits(mnkl[1], c_dtype),",
+        "c_dtype not in C_DTYPES or tma_store_fits(mnkl[0], c_dtype),",
+        RV18_TESTS,
+    ),
+    # (a given cluster or tile no longer turns off split pairs: the caller's cluster is replaced)
+    mutant(
+        "rv18-for-problem-pairs-or",
+        "and for or",
+        LAUNCHER,
+        "    pairs = allow_k_groups and cluster_shape_mn is None\n",
+        "    pairs = allow_k_groups or cluster_shape_mn is None\n",
+        RV18_TESTS,
+    ),
+    # (launch_for_tokens hands out converted A (8 elements on decode) as the token copy)
+    mutant(
+        "rv18-tokens-copy-wrong-part",
+        "wrong operand",
+        LAUNCHER,
+        "    return launch, launch.workspace[1], out\n",
+        "    return launch, launch.workspace[2], out\n",
+        RV18_TESTS,
+    ),
+    # (Launch.bind passes SFB as SFA and SFA as SFB: a bound W4A4 layer's scales swapped)
+    mutant(
+        "rv18-bind-scales-swapped",
+        "swapped pair",
+        LAUNCHER,
+        "tensors = (b, sfa, sfb, *self.workspace, alpha, alpha, scale)",
+        "tensors = (b, sfb, sfa, *self.workspace, alpha, alpha, scale)",
+        RV18_TESTS,
+    ),
+    # (for_groups counts units with the tile's axes swapped: K splits past one wave)
+    mutant(
+        "rv18-for-groups-tile-axes",
+        "wrong axis",
+        LAUNCHER,
+        "grouped_tiles(rows, experts, tiler[0]) * math.ceil(n / tiler[1]) * split",
+        "grouped_tiles(rows, experts, tiler[1]) * math.ceil(n / tiler[0]) * split",
+        RV18_TESTS,
+    ),
+    # (prepacked bytes in (w, q) order rather than (q, w): consistent with the inverse only)
+    mutant(
+        "rv18-korder-byte-loops",
+        "k permutation",
+        "fp4_ops/sm90/k_order.py",
+        "for q in range(4) for w in range(2) for p in range(4)]",
+        "for w in range(2) for q in range(4) for p in range(4)]",
+        RV18_TESTS,
+    ),
+    # (PAIR_BITS read from lane-major nibbles: a bijection, so unprepack still inverts it)
+    mutant(
+        "rv18-korder-bit-source",
+        "k permutation",
+        "fp4_ops/sm90/k_order.py",
+        "            8 * p + 4 * lane + b: PAIR_BITS[p][lane][b]\n",
+        "            16 * lane + 4 * p + b: PAIR_BITS[p][lane][b]\n",
+        RV18_TESTS,
+    ),
+    # (K padded at the front of a row: K % 64 = 32 weights shift by 32 values)
+    mutant(
+        "rv18-korder-pad-front",
+        "padding",
+        "fp4_ops/sm90/k_order.py",
+        "(rows[start : start + PREPACK_ROWS], (0, (k_pad - k) // 2))",
+        "(rows[start : start + PREPACK_ROWS], ((k_pad - k) // 2, 0))",
+        RV18_TESTS,
+    ),
+    # (the byte-order table's key forgets inverse: whichever direction comes first serves both)
+    mutant(
+        "rv18-korder-key-no-inverse",
+        "cache key",
+        "fp4_ops/sm90/k_order.py",
+        '    key = ("bytes", device, inverse)\n',
+        '    key = ("bytes", device)\n',
+        RV18_TESTS,
+    ),
+    # (the step launches the GEMM before the tokens grid: D from the previous call's tokens)
+    mutant(
+        "rv18-step-gemm-first",
+        "launch order",
+        TOKENS_STEP,
+        "        self.quantizer(*quantizer_args, stream)\n"
+        "        self.gemm(*gemm_args, num_sms, stream)\n",
+        "        self.gemm(*gemm_args, num_sms, stream)\n"
+        "        self.quantizer(*quantizer_args, stream)\n",
+        RV18_TESTS,
+    ),
+    # (a step compiles with a GEMM that is not tokens_converted, or a quantizer not in tokens mode)
+    mutant(
+        "rv18-step-pair-check-or",
+        "and for or",
+        TOKENS_STEP,
+        "    if not (quantizer.tokens and gemm.tokens_converted):\n",
+        "    if not (quantizer.tokens or gemm.tokens_converted):\n",
+        RV18_TESTS,
+    ),
+    # (the steps' cache forgets the quantizer's configuration: one layer's step serves another)
+    mutant(
+        "rv18-step-key-no-quantizer",
+        "cache key",
+        TOKENS_STEP,
+        "    key = (quantizer, gemm, device_index)\n",
+        "    key = (gemm, device_index)\n",
+        RV18_TESTS,
+    ),
+]
