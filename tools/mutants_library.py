@@ -5045,6 +5045,21 @@ RV17_TESTS = [
     "not gpu",
 ]
 
+# (the lines between to_blocked's permute and from_blocked's reshape, which the mutant below
+# keeps as they are)
+_BLOCKED_SEAM = (
+    "    return out.view(scales.dtype)\n"
+    "\n"
+    "\n"
+    "def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:\n"
+    '    """Inverse of ``to_blocked``: 1-D (or [L, n]) blocked scales -> [rows, cols] (or\n'
+    '    [L, rows, cols])."""\n'
+    "    rp, cp = round_up(rows, ATOM_ROWS), round_up(cols, ATOM_COLS)\n"
+    "    lead = blocked.shape[:-1]\n"
+    "    batch = math.prod(lead)\n"
+    "    atoms = blocked.view(torch.uint8).reshape("
+)
+
 MUTANTS += [
     # (packed data with K = 0, [rows, 0] bytes, pass as an FP4Tensor / from_plain operand)
     mutant(
@@ -5188,30 +5203,12 @@ MUTANTS += [
         "wrong axis order",
         LAYOUT,
         "    out = atoms.permute(0, 1, 4, 3, 2, 5).reshape(*lead, rp * cp)\n"
-        "    return out.view(scales.dtype)\n"
-        "\n"
-        "\n"
-        "def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:\n"
-        '    """Inverse of ``to_blocked``: 1-D (or [L, n]) blocked scales -> [rows, cols] (or\n'
-        '    [L, rows, cols])."""\n'
-        "    rp, cp = round_up(rows, ATOM_ROWS), round_up(cols, ATOM_COLS)\n"
-        "    lead = blocked.shape[:-1]\n"
-        "    batch = math.prod(lead)\n"
-        "    atoms = blocked.view(torch.uint8).reshape("
-        "batch, rp // 128, cp // ATOM_COLS, 32, 4, ATOM_COLS)\n"
+        + _BLOCKED_SEAM
+        + "batch, rp // 128, cp // ATOM_COLS, 32, 4, ATOM_COLS)\n"
         "    plain = atoms.permute(0, 1, 4, 3, 2, 5).reshape(batch, rp, cp)[:, :rows, :cols]\n",
         "    out = atoms.permute(0, 1, 4, 2, 3, 5).reshape(*lead, rp * cp)\n"
-        "    return out.view(scales.dtype)\n"
-        "\n"
-        "\n"
-        "def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:\n"
-        '    """Inverse of ``to_blocked``: 1-D (or [L, n]) blocked scales -> [rows, cols] (or\n'
-        '    [L, rows, cols])."""\n'
-        "    rp, cp = round_up(rows, ATOM_ROWS), round_up(cols, ATOM_COLS)\n"
-        "    lead = blocked.shape[:-1]\n"
-        "    batch = math.prod(lead)\n"
-        "    atoms = blocked.view(torch.uint8).reshape("
-        "batch, rp // 128, cp // ATOM_COLS, 4, 32, ATOM_COLS)\n"
+        + _BLOCKED_SEAM
+        + "batch, rp // 128, cp // ATOM_COLS, 4, 32, ATOM_COLS)\n"
         "    plain = atoms.permute(0, 1, 3, 4, 2, 5).reshape(batch, rp, cp)[:, :rows, :cols]\n",
         RV17_TESTS,
     ),
