@@ -156,6 +156,66 @@ BENCH_CLI_TESTS = [
 ]
 
 
+# the MoE module layer (FP4MoE, FP4Experts, Llama-4's, the transformers adapters) and its
+# checkpoints, on the CPU: what a blind review's mutants there run against
+MOE_MODULE_REVIEW_TESTS = [
+    "tests/test_moe.py",
+    "tests/test_moe_checkpoint.py",
+    "tests/test_moe_transformers.py",
+    "tests/test_gpt_oss_checkpoint.py",
+    "tests/test_llama4.py",
+    "tests/test_checkpoint.py",
+    "-m",
+    "not gpu",
+]
+
+
+# FP4Tensor, the scale layout, the FP4 buffers and the memory rules, on the CPU: what a blind
+# review's mutants there run against
+TENSOR_REVIEW_TESTS = [
+    "tests/test_cpu.py",
+    "tests/test_fp4_ops.py",
+    "tests/test_semantics.py",
+    "tests/test_library.py",
+    "tests/test_checkpoint.py",
+    "tests/test_device_keys.py",
+    "tests/test_moe.py",
+    "-m",
+    "not gpu",
+]
+
+
+# the Hopper launcher's host side, k_order and the tokens step, on the CPU: what a blind
+# review's mutants there run against
+LAUNCHER_REVIEW_TESTS = [
+    "tests/test_hopper.py",
+    "tests/test_hopper_facts.py",
+    "tests/test_eager.py",
+    "tests/test_fp4_ops.py",
+    "tests/test_device_keys.py",
+    "tests/test_moe.py",
+    "tests/test_library.py",
+    "-m",
+    "not gpu",
+]
+
+
+# the lines between to_blocked's permute and from_blocked's reshape, which
+# rv17-layout-atom-row-major-both keeps as they are
+BLOCKED_SEAM = (
+    "    return out.view(scales.dtype)\n"
+    "\n"
+    "\n"
+    "def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:\n"
+    '    """Inverse of ``to_blocked``: 1-D (or [L, n]) blocked scales -> [rows, cols] (or\n'
+    '    [L, rows, cols])."""\n'
+    "    rp, cp = round_up(rows, ATOM_ROWS), round_up(cols, ATOM_COLS)\n"
+    "    lead = blocked.shape[:-1]\n"
+    "    batch = math.prod(lead)\n"
+    "    atoms = blocked.view(torch.uint8).reshape("
+)
+
+
 def mutant(mutant_id: str, klass: str, file: str, old: str, new: str, tests=TESTS) -> dict:
     return {"id": mutant_id, "klass": klass, "file": file, "old": old, "new": new, "tests": tests}
 
@@ -4832,21 +4892,8 @@ MUTANTS = [
         "    per_16b = 64 // C_DTYPES[c_dtype].width\n",
         ["tests/test_blackwell.py", "-m", "not gpu"],
     ),
-]
-
-# a sixteenth blind review (the MoE module and its checkpoints): 17 caught at first, 20 since
-# (top_k either side of its range; every buffer through the state dict; casts of the biases)
-RU_TESTS = [
-    "tests/test_moe.py",
-    "tests/test_moe_checkpoint.py",
-    "tests/test_moe_transformers.py",
-    "tests/test_gpt_oss_checkpoint.py",
-    "tests/test_llama4.py",
-    "tests/test_checkpoint.py",
-    "-m",
-    "not gpu",
-]
-MUTANTS += [
+    # a sixteenth blind review (the MoE module and its checkpoints): 17 caught at first, 20 since
+    # (top_k either side of its range; every buffer through the state dict; casts of the biases)
     # (every expert's global scale taken from expert 0's)
     mutant(
         "ru-moe-gs-expert0",
@@ -4854,7 +4901,7 @@ MUTANTS += [
         MOE,
         "            gs = w.global_scale.float().expand(self.num_experts).clone()\n",
         "            gs = w.global_scale.float().flatten()[0].expand(self.num_experts).clone()\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (FP4MoE.forward drops w2's bias)
     mutant(
@@ -4863,7 +4910,7 @@ MUTANTS += [
         MOE,
         "            self.activations,\n            self.w13_bias,\n            self.w2_bias,\n",
         "            self.activations,\n            self.w13_bias,\n            None,\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (Llama-4: the chosen experts [k, T] read slot-major, paired with token-major tokens)
     mutant(
@@ -4872,7 +4919,7 @@ MUTANTS += [
         MOE,
         "chosen = size.topk(k, dim=0).indices.t().reshape(t * k, 1)",
         "chosen = size.topk(k, dim=0).indices.reshape(t * k, 1)",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (Llama-4: the row of expert e and token t taken as e * E + t, not e * T + t)
     mutant(
@@ -4881,7 +4928,7 @@ MUTANTS += [
         MOE,
         "        at = chosen.view(-1) * t + tokens  # (their rows)\n",
         "        at = chosen.view(-1) * e + tokens  # (their rows)\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (Llama-4: top_k = 0 accepted)
     mutant(
@@ -4890,7 +4937,7 @@ MUTANTS += [
         MOE,
         "        if not 1 <= top_k <= self.num_experts:\n",
         "        if not 0 <= top_k <= self.num_experts:\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (FP4Experts.from_transformers defaults to W4A4)
     mutant(
@@ -4899,7 +4946,7 @@ MUTANTS += [
         MOE,
         'format: str = "nvfp4", activations: str = "bf16"\n    ) -> FP4Experts:',
         'format: str = "nvfp4", activations: str = "dynamic"\n    ) -> FP4Experts:',
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (an experts module with parameters beyond the experts' is accepted)
     mutant(
@@ -4908,7 +4955,7 @@ MUTANTS += [
         MOE,
         "    if set(params) != known or list(module.children()) not in ([], [act]):\n",
         "    if not known <= set(params) or list(module.children()) not in ([], [act]):\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (_check_forward refuses only when every probe token differs: a clamp passes)
     mutant(
@@ -4917,7 +4964,7 @@ MUTANTS += [
         MOE,
         "bool(((got - want).norm(dim=1) > tol).any()):\n",
         "bool(((got - want).norm(dim=1) > tol).all()):\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (a state-dict tensor of another shape but the right dtype loads, broadcast)
     mutant(
@@ -4926,7 +4973,7 @@ MUTANTS += [
         MOE,
         "if tuple(t.shape) != tuple(mine.shape) or not (plain or cast",
         "if tuple(t.shape) != tuple(mine.shape) and not (plain or cast",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (only w13's global scales are value-checked on load)
     mutant(
@@ -4935,7 +4982,7 @@ MUTANTS += [
         MOE,
         '            if name.endswith("global_scale"):\n',
         '            if name == "w13_global_scale":\n',
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (the loaded plain-order data is not prepacked into the layer's K order)
     mutant(
@@ -4944,7 +4991,7 @@ MUTANTS += [
         MOE,
         "                    t = t if self.plain_k_order else k_order.prepack_weights(t)\n",
         "",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (a checkpoint of another activation loads)
     mutant(
@@ -4953,7 +5000,7 @@ MUTANTS += [
         MOE,
         '        for key in ("format", "activation"):\n',
         '        for key in ("format",):\n',
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (w2's bias left out of the state dict: neither saved nor loaded)
     mutant(
@@ -4962,7 +5009,7 @@ MUTANTS += [
         MOE,
         '        for name in ("w13_bias", "w2_bias"):\n            if getattr(self, name) is not',
         '        for name in ("w13_bias",):\n            if getattr(self, name) is not',
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (the biases kept in their dtype through .to(dtype) / .half())
     mutant(
@@ -4971,7 +5018,7 @@ MUTANTS += [
         MOE,
         'self._buffers.items() if t is not None and "bias" not in n}\n',
         "self._buffers.items() if t is not None}\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # ------------------------------------------------------------------ checkpoint.py's experts
     # (gpt-oss experts always load W4A16, whatever activations asks)
@@ -4981,7 +5028,7 @@ MUTANTS += [
         CHECKPOINT,
         '    return FP4Experts(w13, w2, "swigluoai", activations, b13, b2)\n',
         '    return FP4Experts(w13, w2, "swigluoai", "bf16", b13, b2)\n',
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (per-expert Linears: up's rows stacked before gate's)
     mutant(
@@ -4990,7 +5037,7 @@ MUTANTS += [
         CHECKPOINT,
         "        w13.append((torch.cat((gd, ud)), torch.cat((gsc, usc))))\n",
         "        w13.append((torch.cat((ud, gd)), torch.cat((usc, gsc))))\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (per-expert Linears: w2's global scale taken from gate_proj's)
     mutant(
@@ -4999,7 +5046,7 @@ MUTANTS += [
         CHECKPOINT,
         "        gs2.append(dgs)\n",
         "        gs2.append(ggs)\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (experts with static input scales load as W4A4 with per-call scales)
     mutant(
@@ -5008,7 +5055,7 @@ MUTANTS += [
         CHECKPOINT,
         'plan.layers[0][0].scheme.inputs == "dynamic"\n',
         'plan.layers[0][0].scheme.inputs != "none"\n',
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (SiLU experts with only one of the two biases saved, their bias dropped)
     mutant(
@@ -5017,7 +5064,7 @@ MUTANTS += [
         CHECKPOINT,
         "    if experts.w13_bias is not None or experts.w2_bias is not None:\n",
         "    if experts.w13_bias is not None and experts.w2_bias is not None:\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
     # (saved per-expert gate / up Linears all take expert 0's global scale)
     mutant(
@@ -5026,41 +5073,10 @@ MUTANTS += [
         CHECKPOINT,
         "            w13.global_scale.expand(experts.num_experts)[e],\n",
         "            w13.global_scale.expand(experts.num_experts)[0],\n",
-        RU_TESTS,
+        MOE_MODULE_REVIEW_TESTS,
     ),
-]
-
-
-# a seventeenth blind review (FP4Tensor, the scale layout, the FP4 buffers, memory): 20 of 20
-# caught, two by the files named on their entries (outside the reviewer's list)
-RV17_TESTS = [
-    "tests/test_cpu.py",
-    "tests/test_fp4_ops.py",
-    "tests/test_semantics.py",
-    "tests/test_library.py",
-    "tests/test_checkpoint.py",
-    "tests/test_device_keys.py",
-    "tests/test_moe.py",
-    "-m",
-    "not gpu",
-]
-
-# (the lines between to_blocked's permute and from_blocked's reshape, which the mutant below
-# keeps as they are)
-_BLOCKED_SEAM = (
-    "    return out.view(scales.dtype)\n"
-    "\n"
-    "\n"
-    "def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:\n"
-    '    """Inverse of ``to_blocked``: 1-D (or [L, n]) blocked scales -> [rows, cols] (or\n'
-    '    [L, rows, cols])."""\n'
-    "    rp, cp = round_up(rows, ATOM_ROWS), round_up(cols, ATOM_COLS)\n"
-    "    lead = blocked.shape[:-1]\n"
-    "    batch = math.prod(lead)\n"
-    "    atoms = blocked.view(torch.uint8).reshape("
-)
-
-MUTANTS += [
+    # a seventeenth blind review (FP4Tensor, the scale layout, the FP4 buffers, memory): 20 of 20
+    # caught, two by the files named on their entries (outside the reviewer's list)
     # (packed data with K = 0, [rows, 0] bytes, pass as an FP4Tensor / from_plain operand)
     mutant(
         "rv17-tensor-packed-k-zero-accepted",
@@ -5068,7 +5084,7 @@ MUTANTS += [
         TENSOR,
         "    if k == 0 or k % vec:\n",
         "    if k % vec:\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (a 0-d CPU global scale tensor of 0.0 passes the constructor's and from_plain's check)
     mutant(
@@ -5077,7 +5093,7 @@ MUTANTS += [
         TENSOR,
         "    ok = torch.isfinite(t) & (t > 0)\n",
         "    ok = torch.isfinite(t) & (t >= 0)\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (a number global scale is checked as the float64 given, not the float32 it becomes: 1e-50
     # passes and becomes a global scale of 0.0)
@@ -5087,7 +5103,7 @@ MUTANTS += [
         TENSOR,
         "    if not (math.isfinite(float(scale)) and float(scale) > 0):\n",
         "    if not (math.isfinite(float(scale)) and float(value) > 0):\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (a 0-d float32 global scale tensor is kept, not copied: the FP4Tensor aliases the caller's)
     mutant(
@@ -5096,7 +5112,7 @@ MUTANTS += [
         TENSOR,
         "        return t.to(like.device).clone()\n",
         "        return t.to(like.device)\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (an NVFP4 FP4Tensor takes E8M0 block scales, and an MXFP4 one E4M3 scales)
     mutant(
@@ -5105,7 +5121,7 @@ MUTANTS += [
         TENSOR,
         "        if s.dtype != want:\n",
         "        if s.dtype not in SCALE_DTYPES.values():\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (2-D data [rows, K/2] take a per-row global scale [rows]: dequantize broadcasts it to
     # [rows, rows, K])
@@ -5115,7 +5131,7 @@ MUTANTS += [
         TENSOR,
         "        per_batch = d.ndim == 3 and tuple(g.shape) == d.shape[:1]\n",
         "        per_batch = tuple(g.shape) == d.shape[:1]\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (a float64 / bfloat16 0-d global scale, or a [n] float32 one on 2-D data, passes)
     mutant(
@@ -5124,7 +5140,7 @@ MUTANTS += [
         TENSOR,
         "        if not (g.ndim == 0 or per_batch) or g.dtype != torch.float32:\n",
         "        if not (g.ndim == 0 or per_batch) and g.dtype != torch.float32:\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (an unpickled / torch.load-ed FP4Tensor is no longer checked: any state passes)
     mutant(
@@ -5134,7 +5150,7 @@ MUTANTS += [
         "            object.__setattr__(self, name, unpickled(value))\n"
         "        self.__post_init__()\n",
         "            object.__setattr__(self, name, unpickled(value))\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (dequantize multiplies in the target dtype: the global scale is rounded to bf16 / fp16
     # first, and the product rounded again)
@@ -5144,7 +5160,7 @@ MUTANTS += [
         TENSOR,
         "        return (values * gs.reshape(*gs.shape, 1, 1)).to(dtype)\n",
         "        return values.to(dtype) * gs.to(dtype).reshape(*gs.shape, 1, 1)\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (compressed-tensors' encoding global scale is taken as ours, not inverted)
     mutant(
@@ -5153,7 +5169,7 @@ MUTANTS += [
         TENSOR,
         'return _from_plain(weight_packed, weight_scale, 1.0 / inv, "nvfp4", names)',
         'return _from_plain(weight_packed, weight_scale, inv, "nvfp4", names)',
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (from_plain / from_modelopt with no global scale default NVFP4 data to 1.0 silently)
     mutant(
@@ -5162,7 +5178,7 @@ MUTANTS += [
         TENSOR,
         '    elif vec == FORMATS["mxfp4"]:\n',
         "    elif vec in FORMATS.values():\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (blocked_numel / blocked_scale_numel leave the scale columns unpadded: K / vec not a
     # multiple of 4 gives too few bytes)
@@ -5172,7 +5188,7 @@ MUTANTS += [
         LAYOUT,
         "    return round_up(rows, ATOM_ROWS) * round_up(cols, ATOM_COLS)\n",
         "    return round_up(rows, ATOM_ROWS) * cols\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (pack_fp4 and unpack_fp4 both put element 2i in the high nibble: consistent, but not the
     # format's order that the kernels, the CPU table and checkpoints use)
@@ -5194,7 +5210,7 @@ MUTANTS += [
         '    """Bytes [..., K/2] of any one-byte dtype -> E2M1 codes [..., K] (uint8)."""\n'
         "    p = packed.view(torch.uint8)\n"
         "    return torch.stack((p >> 4, p & 0xF), dim=-1).flatten(-2)\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (to_blocked and from_blocked both store an atom row-major, byte (r, c) at 4 * r + c, not
     # 16 * (r % 32) + 4 * (r // 32) + c: they still invert each other)
@@ -5203,14 +5219,14 @@ MUTANTS += [
         "wrong axis order",
         LAYOUT,
         "    out = atoms.permute(0, 1, 4, 3, 2, 5).reshape(*lead, rp * cp)\n"
-        + _BLOCKED_SEAM
+        + BLOCKED_SEAM
         + "batch, rp // 128, cp // ATOM_COLS, 32, 4, ATOM_COLS)\n"
         "    plain = atoms.permute(0, 1, 4, 3, 2, 5).reshape(batch, rp, cp)[:, :rows, :cols]\n",
         "    out = atoms.permute(0, 1, 4, 2, 3, 5).reshape(*lead, rp * cp)\n"
-        + _BLOCKED_SEAM
+        + BLOCKED_SEAM
         + "batch, rp // 128, cp // ATOM_COLS, 4, 32, ATOM_COLS)\n"
         "    plain = atoms.permute(0, 1, 3, 4, 2, 5).reshape(batch, rp, cp)[:, :rows, :cols]\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (int8 packed data pass as FP4 codes wherever PACKED_DTYPES is the check)
     mutant(
@@ -5219,7 +5235,7 @@ MUTANTS += [
         LAYOUT,
         "PACKED_DTYPES = (torch.uint8, torch.float4_e2m1fn_x2)\n",
         "PACKED_DTYPES = (torch.uint8, torch.int8, torch.float4_e2m1fn_x2)\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (a cast restores a kept buffer by casting the cast one back: .half() rounds the float32
     # global scales to fp16, E8M0 scales over fp16's range become inf / 0)
@@ -5229,7 +5245,7 @@ MUTANTS += [
         BUFFERS,
         "                self._buffers[name] = old.to(new.device)\n",
         "                self._buffers[name] = new.to(old.dtype)\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (casts and moves keep the caches derived from the buffers, e.g. FP4Linear._plans)
     mutant(
@@ -5250,7 +5266,7 @@ MUTANTS += [
         BUFFERS,
         "        if target.is_meta and not value.is_meta:\n",
         "        if target.is_meta and value.is_meta:\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
     # (aligned_rows returns a non-contiguous 16-byte aligned tensor, or an unaligned contiguous
     # one, uncopied)
@@ -5270,25 +5286,10 @@ MUTANTS += [
         MEMORY,
         "    key = (value, device.type, device.index)\n",
         "    key = (device.type, device.index)\n",
-        RV17_TESTS,
+        TENSOR_REVIEW_TESTS,
     ),
-]
-
-
-# an eighteenth blind review (the Hopper launcher, k_order, the tokens step): 19 of 20 caught
-# at first; rv18-offsets-any-dtype since by the grouped entry's offsets refusals
-RV18_TESTS = [
-    "tests/test_hopper.py",
-    "tests/test_hopper_facts.py",
-    "tests/test_eager.py",
-    "tests/test_fp4_ops.py",
-    "tests/test_device_keys.py",
-    "tests/test_moe.py",
-    "tests/test_library.py",
-    "-m",
-    "not gpu",
-]
-MUTANTS += [
+    # an eighteenth blind review (the Hopper launcher, k_order, the tokens step): 19 of 20 caught
+    # at first; rv18-offsets-any-dtype since by the grouped entry's offsets refusals
     # (_pick's cache forgets the format: an NVFP4 pick is reused for MXFP4 of the same shape)
     mutant(
         "rv18-pick-key-no-vec",
@@ -5296,7 +5297,7 @@ MUTANTS += [
         LAUNCHER,
         "    key = (mnkl, vec, c_dtype, a_dtype, device)\n",
         "    key = (mnkl, c_dtype, a_dtype, device)\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (the split-K workspace loses its tile counters: the fix-up's flags land past its end)
     mutant(
@@ -5305,7 +5306,7 @@ MUTANTS += [
         LAUNCHER,
         "    return tiles * gemm.split_k * tr * tc + tiles if global_fixup else 1\n",
         "    return tiles * gemm.split_k * tr * tc if global_fixup else 1\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (converted copies sized with M and N swapped: prefill with M != N overflows one of them)
     mutant(
@@ -5314,7 +5315,7 @@ MUTANTS += [
         LAUNCHER,
         "    rows_a, rows_b = (n, m) if gemm.swap_ab else (m, n)\n",
         "    rows_a, rows_b = (m, n) if gemm.swap_ab else (n, m)\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (a refused (configuration, problem) is cached as checked: the second call goes through)
     mutant(
@@ -5323,7 +5324,7 @@ MUTANTS += [
         LAUNCHER,
         "        if not refused:\n            _CHECKED.add((config, mnkl))\n",
         "        _CHECKED.add((config, mnkl))\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (a reused Launch takes operands that are not 16-byte aligned: TMA on a bad base)
     mutant(
@@ -5332,7 +5333,7 @@ MUTANTS += [
         LAUNCHER,
         "not t.is_contiguous() or t.data_ptr() % 16 or t.get_device() != index",
         "not t.is_contiguous() or t.get_device() != index",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (gemm_for_ops' launch key forgets D's dtype: a float32 D gets a bfloat16 kernel's stores)
     mutant(
@@ -5341,7 +5342,7 @@ MUTANTS += [
         LAUNCHER,
         "    key += (out_dtype, index, stream)\n",
         "    key += (index, stream)\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (int64 group offsets pass: the kernel reads them as int32)
     mutant(
@@ -5350,7 +5351,7 @@ MUTANTS += [
         LAUNCHER,
         "        and offsets.dtype == torch.int32\n",
         "",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (an explicit sf_vec_size that contradicts the scales' dtype is ignored, not refused)
     mutant(
@@ -5359,7 +5360,7 @@ MUTANTS += [
         LAUNCHER,
         "    if sf_vec_size is not None:\n        named.add(sf_vec_size)\n",
         "    if sf_vec_size is not None and not named:\n        named.add(sf_vec_size)\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (for_problem picks TMA stores from M's row pitch, not N's: valid problems refused)
     mutant(
@@ -5368,7 +5369,7 @@ MUTANTS += [
         LAUNCHER,
         "c_dtype not in C_DTYPES or tma_store_fits(mnkl[1], c_dtype),",
         "c_dtype not in C_DTYPES or tma_store_fits(mnkl[0], c_dtype),",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (a given cluster or tile no longer turns off split pairs: the caller's cluster is replaced)
     mutant(
@@ -5377,7 +5378,7 @@ MUTANTS += [
         LAUNCHER,
         "    pairs = allow_k_groups and cluster_shape_mn is None\n",
         "    pairs = allow_k_groups or cluster_shape_mn is None\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (launch_for_tokens hands out converted A (8 elements on decode) as the token copy)
     mutant(
@@ -5386,7 +5387,7 @@ MUTANTS += [
         LAUNCHER,
         "    return launch, launch.workspace[1], out\n",
         "    return launch, launch.workspace[2], out\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (Launch.bind passes SFB as SFA and SFA as SFB: a bound W4A4 layer's scales swapped)
     mutant(
@@ -5395,7 +5396,7 @@ MUTANTS += [
         LAUNCHER,
         "tensors = (b, sfa, sfb, *self.workspace, alpha, alpha, scale)",
         "tensors = (b, sfb, sfa, *self.workspace, alpha, alpha, scale)",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (for_groups counts units with the tile's axes swapped: K splits past one wave)
     mutant(
@@ -5404,7 +5405,7 @@ MUTANTS += [
         LAUNCHER,
         "grouped_tiles(rows, experts, tiler[0]) * math.ceil(n / tiler[1]) * split",
         "grouped_tiles(rows, experts, tiler[1]) * math.ceil(n / tiler[0]) * split",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (prepacked bytes in (w, q) order rather than (q, w): consistent with the inverse only)
     mutant(
@@ -5413,7 +5414,7 @@ MUTANTS += [
         "fp4_ops/sm90/k_order.py",
         "for q in range(4) for w in range(2) for p in range(4)]",
         "for w in range(2) for q in range(4) for p in range(4)]",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (PAIR_BITS read from lane-major nibbles: a bijection, so unprepack still inverts it)
     mutant(
@@ -5422,7 +5423,7 @@ MUTANTS += [
         "fp4_ops/sm90/k_order.py",
         "            8 * p + 4 * lane + b: PAIR_BITS[p][lane][b]\n",
         "            16 * lane + 4 * p + b: PAIR_BITS[p][lane][b]\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (K padded at the front of a row: K % 64 = 32 weights shift by 32 values)
     mutant(
@@ -5431,7 +5432,7 @@ MUTANTS += [
         "fp4_ops/sm90/k_order.py",
         "(rows[start : start + PREPACK_ROWS], (0, (k_pad - k) // 2))",
         "(rows[start : start + PREPACK_ROWS], ((k_pad - k) // 2, 0))",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (the byte-order table's key forgets inverse: whichever direction comes first serves both)
     mutant(
@@ -5440,7 +5441,7 @@ MUTANTS += [
         "fp4_ops/sm90/k_order.py",
         '    key = ("bytes", device, inverse)\n',
         '    key = ("bytes", device)\n',
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (the step launches the GEMM before the tokens grid: D from the previous call's tokens)
     mutant(
@@ -5451,7 +5452,7 @@ MUTANTS += [
         "        self.gemm(*gemm_args, num_sms, stream)\n",
         "        self.gemm(*gemm_args, num_sms, stream)\n"
         "        self.quantizer(*quantizer_args, stream)\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (a step compiles with a GEMM that is not tokens_converted, or a quantizer not in tokens mode)
     mutant(
@@ -5460,7 +5461,7 @@ MUTANTS += [
         TOKENS_STEP,
         "    if not (quantizer.tokens and gemm.tokens_converted):\n",
         "    if not (quantizer.tokens or gemm.tokens_converted):\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
     # (the steps' cache forgets the quantizer's configuration: one layer's step serves another)
     mutant(
@@ -5469,6 +5470,6 @@ MUTANTS += [
         TOKENS_STEP,
         "    key = (quantizer, gemm, device_index)\n",
         "    key = (gemm, device_index)\n",
-        RV18_TESTS,
+        LAUNCHER_REVIEW_TESTS,
     ),
 ]
