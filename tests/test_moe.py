@@ -645,19 +645,22 @@ def test_fp4moe_state_dict_carries_every_buffer(cls):
     assert torch.equal(fresh(*args), layer(*args))
 
 
-@pytest.mark.parametrize("cast", ["half", "bfloat16", "to-float16", "double"])
+CASTS = {  # (each nn.Module cast, and the dtype it gives floating buffers)
+    "half": (lambda m: m.half(), torch.float16),
+    "bfloat16": (lambda m: m.bfloat16(), torch.bfloat16),
+    "to(float16)": (lambda m: m.to(torch.float16), torch.float16),
+    "double": (lambda m: m.double(), torch.float64),
+}
+
+
+@pytest.mark.parametrize("cast", list(CASTS))
 def test_fp4moe_casts_reach_every_buffer_but_the_fp4_parts(cast):
     """``.half()`` / ``.bfloat16()`` / ``.to(dtype)`` cast the biases, as nn.Module casts any
     floating buffer; the FP4 parts (codes, scales, global scales) keep their dtypes."""
     layer = _biased_layer(11)
     before = {n: b.dtype for n, b in layer.named_buffers()}
-    dtype = {"half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64}.get(
-        cast, torch.float16
-    )
-    if cast == "to-float16":
-        layer.to(torch.float16)
-    else:
-        getattr(layer, cast)()
+    apply, dtype = CASTS[cast]
+    apply(layer)
     for name, buffer in layer.named_buffers():
         fp4 = name.endswith(FP4_PARTS)
         assert buffer.dtype == (before[name] if fp4 else dtype), name
