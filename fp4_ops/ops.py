@@ -235,13 +235,18 @@ def gemm_impl(a_data, a_scale, b_data, b_scale, alpha, alpha_scale, sf_vec_size:
     return sm100.gemm_for_ops(a_data, b_data, a_scale, b_scale, sf_vec_size, alpha, out_dtype)
 
 
+# The GPUs the Blackwell kernel's family build (sm_100f) runs on: B200 / GB200 and B300 / GB300
+# (blockwise_gemm_fp4.BLACKWELL_CAPABILITIES, which stands alone; a test holds the two equal)
+BLACKWELL_CAPABILITIES = ((10, 0), (10, 3))
+
+
 def _capability(t: torch.Tensor) -> tuple[int, int]:
     """(major, minor) of a CUDA tensor's GPU, looked up once per device; ValueError unless the
-    GEMMs have a kernel for it (sm_90, or the sm_100 family)."""
+    GEMMs have a kernel for it (sm_90, or the sm_100 family's ``BLACKWELL_CAPABILITIES``)."""
     index = t.get_device()
     if index not in _CAPABILITIES:
         major, minor = torch.cuda.get_device_capability(index)
-        if (major, minor) != (9, 0) and major != 10:
+        if (major, minor) != (9, 0) and (major, minor) not in BLACKWELL_CAPABILITIES:
             raise ValueError(
                 f"fp4_gemm has kernels for sm_90 (H100 / H200) and the sm_100 family (B200 / "
                 f"GB200 / B300); {torch.cuda.get_device_name(index)} is sm_{major}{minor}"
@@ -257,9 +262,9 @@ def runs_hopper_kernels(t: torch.Tensor) -> bool:
 
 
 def runs_blackwell_kernels(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a CUDA tensor on an sm_100 family GPU (B200 / B300); False for any
-    other tensor, without an error."""
-    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 10
+    """Whether ``t`` is a CUDA tensor on an sm_100 family GPU (``BLACKWELL_CAPABILITIES``);
+    False for any other tensor, without an error."""
+    return t.is_cuda and torch.cuda.get_device_capability(t.device) in BLACKWELL_CAPABILITIES
 
 
 @torch.library.custom_op("fp4_ops::gemm", mutates_args=())

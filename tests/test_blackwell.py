@@ -1065,12 +1065,16 @@ def test_default_target_is_the_family_target():
     assert bw.make_parser().parse_args([]).gpu_arch == "sm_100f"
 
 
-@pytest.mark.parametrize("capability", [(8, 0), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0)])
+@pytest.mark.parametrize(
+    "capability", [(8, 0), (8, 9), (9, 0), (10, 0), (10, 1), (10, 2), (10, 3), (11, 0), (12, 0)]
+)
 def test_library_routes_each_capability_to_its_kernel(monkeypatch, capability):
     """fp4_ops sends a GPU's GEMMs to the Hopper kernel on sm_90, to this kernel on the GPUs its
-    default (family) build runs on, and refuses every other GPU."""
+    default (family) build runs on, and refuses every other GPU, sm_10x ones outside the family
+    included: the library's list of those GPUs is the kernel's."""
     from fp4_ops import ops
 
+    assert ops.BLACKWELL_CAPABILITIES == bw.BLACKWELL_CAPABILITIES
     monkeypatch.setattr(ops, "_CAPABILITIES", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a stand-in GPU")
