@@ -324,14 +324,21 @@ def test_running_out_of_memory_exits_2_naming_the_sizes(failing, checkpoints, ca
 
 
 def test_each_prompt_is_a_row(checkpoints, capsys):
-    """Without --batch, one row per --prompt, each its own; a --batch with fewer rows than
-    prompts is refused."""
+    """Without --batch, one row per --prompt, each its own: prompts of different lengths in one
+    batch continue as each does alone (padding, masks and positions as generate needs them);
+    a --batch with fewer rows than prompts is refused."""
     prompts = ["w3 w4 w5", "w6", "w7 w8"]
     argv = ["--model", str(checkpoints["compressed-tensors", "bf16"]), "--max_new_tokens", "3"]
+    alone = []
+    for prompt in prompts:
+        code, out, err = _run([*argv, "--prompt", prompt], capsys)
+        assert code == 0, err
+        alone += re.findall(r"^\[0\] (.*)$", out, re.MULTILINE)
     argv += [a for p in prompts for a in ("--prompt", p)]
     code, out, err = _run(argv, capsys)
     assert code == 0, err
     assert re.findall(r"^\[(\d)\] ", out, re.MULTILINE) == ["0", "1", "2"]
+    assert re.findall(r"^\[\d\] (.*)$", out, re.MULTILINE) == alone
     assert "decode: 2 steps x batch 3 in" in out
     with pytest.raises(SystemExit) as exc:
         generate.parse_args([*argv, "--batch", "2"])

@@ -23,6 +23,7 @@ PADDED_ROWS = "fp4_ops/moe_kernels/padded_rows.py"
 TOKENS_STEP = "fp4_ops/sm90/tokens_step.py"
 LAUNCHER = "fp4_ops/sm90/launcher.py"
 MODEL_BENCH = "benchmarks/model.py"
+GENERATE = "examples/generate.py"
 TESTS = [
     "tests/test_checkpoint.py",
     "tests/test_moe_checkpoint.py",
@@ -187,6 +188,20 @@ TENSOR_REVIEW_TESTS = [
 
 # the Hopper launcher's host side, k_order and the tokens step, on the CPU: what a blind
 # review's mutants there run against
+# checkpoint loading and saving and the example that generates from one
+CHECKPOINT_REVIEW_TESTS = [
+    "tests/test_checkpoint.py",
+    "tests/test_moe_checkpoint.py",
+    "tests/test_gpt_oss_checkpoint.py",
+    "tests/test_transformers4.py",
+    "tests/test_examples.py",
+    "tests/test_quantize_transformers.py",
+    "tests/test_library.py",
+    "-m",
+    "not gpu",
+]
+
+
 LAUNCHER_REVIEW_TESTS = [
     "tests/test_hopper.py",
     "tests/test_hopper_facts.py",
@@ -5471,5 +5486,169 @@ MUTANTS = [
         "    key = (quantizer, gemm, device_index)\n",
         "    key = (gemm, device_index)\n",
         LAUNCHER_REVIEW_TESTS,
+    ),
+    # a nineteenth blind review (checkpoint loading and saving, examples/generate.py): 16 of 17
+    # caught at first (three more duplicated earlier mutants); r19-gen-right-padding since by
+    # the example's batch-against-alone rows
+    # (a target in several config groups takes the first group's scheme (scheme_for))
+    mutant(
+        "r19-ct-first-group-wins",
+        "wrong precedence",
+        CHECKPOINT,
+        "        by_target = {t: scheme for _, targets, scheme in self.groups for t in targets}\n",
+        "        by_target = {t: scheme for _, targets, scheme in reversed(self.groups)"
+        " for t in targets}\n",
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (the top-level format wins over a group's own format)
+    mutant(
+        "r19-ct-top-format-overrides-group",
+        "wrong config field",
+        CHECKPOINT,
+        '        fmt = group.get("format") or top\n',
+        '        fmt = top or group.get("format")\n',
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (ModelOpt exclude_modules patterns match exact names only)
+    mutant(
+        "r19-modelopt-exclude-glob-ignored",
+        "pattern matching lost",
+        CHECKPOINT,
+        "            if any(n == p or fnmatch.fnmatchcase(n, p) for n in names for p in"
+        " self.ignore):\n",
+        "            if any(n == p for n in names for p in self.ignore):\n",
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (a compressed-tensors input_global_scale is not inverted)
+    mutant(
+        "r19-ct-input-scale-not-inverted",
+        "scale convention flipped",
+        CHECKPOINT,
+        "    return None if key is None else _read_scalar(t[key].cpu(), key,"
+        " layer.scheme.reciprocal)\n",
+        "    return None if key is None else _read_scalar(t[key].cpu(), key, False)\n",
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (an index naming the wrong shard for a key is accepted)
+    mutant(
+        "r19-index-wrong-shard-accepted",
+        "refusal lost",
+        CHECKPOINT,
+        "                if self.file_of.get(key) != name:\n",
+        "                if key not in self.file_of:\n",
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (save_quantized numbers its shards from 0)
+    mutant(
+        "r19-shard-names-from-zero",
+        "off by one",
+        CHECKPOINT,
+        "    for i, shard in enumerate(shards, 1):\n",
+        "    for i, shard in enumerate(shards):\n",
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (tied keys of equal shape and different values are not refused)
+    mutant(
+        "r19-tied-values-not-compared",
+        "refusal lost",
+        CHECKPOINT,
+        "                if not torch.equal(read(other), value):\n",
+        "                if read(other).shape != value.shape:\n",
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (a quantized output embedding loads although tied)
+    mutant(
+        "r19-tied-quantized-lm-head-accepted",
+        "refusal lost",
+        CHECKPOINT,
+        "    return model, *_plan_quantized(ck, qconfig, model, output if ties else None)\n",
+        "    return model, *_plan_quantized(ck, qconfig, model, None)\n",
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (plain tensors keep the checkpoint's dtype, not the model's)
+    mutant(
+        "r19-plain-tensors-not-cast",
+        "wrong dtype",
+        CHECKPOINT,
+        "            value = value.to(t.dtype) if t.is_floating_point() else value\n"
+        "            if isinstance(t, nn.Parameter):\n",
+        "            if isinstance(t, nn.Parameter):\n",
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (activations="dynamic" still hands the stored input scale over)
+    mutant(
+        "r19-dynamic-keeps-input-scale",
+        "wrong mode",
+        CHECKPOINT,
+        '    if activations != "static":\n        input_gs = None\n',
+        '    if activations == "bf16":\n        input_gs = None\n',
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (a weight-only checkpoint loads as W4A4 by default)
+    mutant(
+        "r19-weight-only-defaults-to-dynamic",
+        "wrong default mode",
+        CHECKPOINT,
+        '    return activations or {"none": "bf16"}.get(inputs, inputs)\n',
+        '    return activations or {"none": "dynamic"}.get(inputs, inputs)\n',
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (the float16 W4A16 fallback picks the wrong format)
+    mutant(
+        "r19-fp16-w4a16-format-swapped",
+        "wrong dtype",
+        CHECKPOINT,
+        "    if not formats or dtype == torch.bfloat16 or dtype == torch.float16 and"
+        ' formats == {"nvfp4"}:\n',
+        "    if not formats or dtype == torch.bfloat16 or dtype == torch.float16 and"
+        ' formats == {"mxfp4"}:\n',
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (every stacked expert takes expert 0's global scale)
+    mutant(
+        "r19-moe-global-scale-expert0",
+        "wrong values",
+        CHECKPOINT,
+        "        return FP4Tensor(data, blocked.scale, torch.stack(scales).to(data.device), fmt)\n",
+        "        return FP4Tensor(data, blocked.scale, scales[0].to(data.device), fmt)\n",
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (gpt-oss E8M0 scales skip check_scales (NaN bytes load))
+    mutant(
+        "r19-gpt-oss-scales-unchecked",
+        "validation lost",
+        CHECKPOINT,
+        "        scales = t[key].view(torch.float8_e8m0fnu)\n"
+        "        try:\n"
+        "            check_scales(scales)\n",
+        "        scales = t[key].view(torch.float8_e8m0fnu)\n        try:\n            pass\n",
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (KV-cache scales on the attention module are refused)
+    mutant(
+        "r19-ct-kv-scales-on-attention-refused",
+        "wrong condition",
+        CHECKPOINT,
+        '        if owner.rpartition(".")[2] != proj and f"{owner}.{proj}" not in modules:\n',
+        '        if owner.rpartition(".")[2] != proj and f"{owner}.{proj}" in modules:\n',
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (generate.py's --activations fp4 drops static input scales)
+    mutant(
+        "r19-gen-fp4-maps-to-dynamic",
+        "wrong mode",
+        GENERATE,
+        'ACTIVATIONS = {"fp4": "fp4", "bf16": "bf16"}\n',
+        'ACTIVATIONS = {"fp4": "dynamic", "bf16": "bf16"}\n',
+        CHECKPOINT_REVIEW_TESTS,
+    ),
+    # (generate.py pads a batch on the right)
+    mutant(
+        "r19-gen-right-padding",
+        "wrong padding",
+        GENERATE,
+        '    tokenizer.padding_side = "left"\n',
+        '    tokenizer.padding_side = "right"\n',
+        CHECKPOINT_REVIEW_TESTS,
     ),
 ]
