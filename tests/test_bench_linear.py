@@ -82,6 +82,29 @@ def test_bad_sizes_are_named_before_anything_is_allocated(argv, why, capsys):
     assert why in capsys.readouterr().err
 
 
+def _library_takes_k(k: int) -> bool:
+    """Whether fp4_ops quantizes a row of K values (the layers' activations and weights)."""
+    try:
+        fp4_ops.quantize(torch.ones(1, k))
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("k", range(0, 161, 8))
+def test_nk_takes_exactly_the_ks_the_library_takes(k, capsys):
+    """--nk's K check is the library's: every K it would quantize is taken, every other one is
+    refused with status 2 before anything runs."""
+    argv = ["--nk", f"64x{k}"]
+    if _library_takes_k(k):
+        assert bench_linear.parse_args(argv).nk == [(64, k)]
+        return
+    with pytest.raises(SystemExit) as exc:
+        bench_linear.parse_args(argv)
+    assert exc.value.code == 2
+    assert f"--nk 64x{k}" in capsys.readouterr().err
+
+
 def test_repeated_sizes_are_measured_once():
     args = bench_linear.parse_args(["--m", "1,16,1", "--nk", "64x64,96x128,64x64"])
     assert args.m == [1, 16] and args.nk == [(64, 64), (96, 128)]

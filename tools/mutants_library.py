@@ -157,6 +157,16 @@ BENCH_CLI_TESTS = [
 ]
 
 
+# every benchmark's tests (the figures, checks, arguments and JSON of each module)
+BENCH_REVIEW_TESTS = [
+    *BENCH_CLI_TESTS[:-2],
+    "tests/test_bench_moe.py",
+    "tests/test_timers.py",
+    "-m",
+    "not gpu",
+]
+
+
 # the MoE module layer (FP4MoE, FP4Experts, Llama-4's, the transformers adapters) and its
 # checkpoints, on the CPU: what a blind review's mutants there run against
 MOE_MODULE_REVIEW_TESTS = [
@@ -5663,5 +5673,116 @@ MUTANTS = [
         '    tokenizer.padding_side = "left"\n',
         '    tokenizer.padding_side = "right"\n',
         CHECKPOINT_REVIEW_TESTS,
+    ),
+    # a twentieth blind review (the benchmarks: figures, checks, arguments, JSON): 19 of 20
+    # caught at first, 8 of them repeating earlier mutants text for text (left out);
+    # r20-linear-nk-k-multiple-16 since by --nk's K check held to the library's
+    # (per-layer time divided by layers - 1)
+    mutant(
+        "r20-stack-per-layer-off-by-one",
+        "off-by-one layer count",
+        "benchmarks/stack.py",
+        "    return (stack_us - silu_us) / layers\n",
+        "    return (stack_us - silu_us) / (layers - 1)\n",
+        BENCH_REVIEW_TESTS,
+    ),
+    # (a contestant that failed its check still gets a time (the check dict, not its ok))
+    mutant(
+        "r20-stack-timed-despite-failed-check",
+        "check skipped",
+        "benchmarks/stack.py",
+        '        if result["check"]["ok"]:\n            result["stack_us"] = timer(',
+        '        if result["check"]:\n            result["stack_us"] = timer(',
+        BENCH_REVIEW_TESTS,
+    ),
+    # (every FP4 layer's error taken from W4A4's output)
+    mutant(
+        "r20-linear-err-wrong-output",
+        "check on the wrong tensor",
+        "benchmarks/linear.py",
+        '            row[f"rel_err_{name}"] = rel_err(outputs[name], y_bf16)\n',
+        '            row[f"rel_err_{name}"] = rel_err(outputs["w4a4"], y_bf16)\n',
+        BENCH_REVIEW_TESTS,
+    ),
+    # (--nk takes a K that is a multiple of 16, not of 32)
+    mutant(
+        "r20-linear-nk-k-multiple-16",
+        "argument check lost",
+        "benchmarks/linear.py",
+        "        if n < 1 or k < 32 or k % 32:\n",
+        "        if n < 1 or k < 32 or k % 16:\n",
+        BENCH_REVIEW_TESTS,
+    ),
+    # (the JSON's cold_l2 the opposite of the run's mode)
+    mutant(
+        "r20-linear-json-cold-l2-inverted",
+        "JSON disagrees with the table",
+        "benchmarks/linear.py",
+        '        "cold_l2": not args.warm_l2,\n',
+        '        "cold_l2": args.warm_l2,\n',
+        BENCH_REVIEW_TESTS,
+    ),
+    # (tokens per second without the batch)
+    mutant(
+        "r20-model-tok-s-ignores-batch",
+        "wrong figure (tokens per second)",
+        "benchmarks/model.py",
+        "        cell = f\"{us / 1e3:8.3f} {row['batch'] / us * 1e6:9.1f}\"\n",
+        '        cell = f"{us / 1e3:8.3f} {1e6 / us:9.1f}"\n',
+        BENCH_REVIEW_TESTS,
+    ),
+    # (the KV cache sized by query heads, not KV heads)
+    mutant(
+        "r20-model-kv-cache-query-heads",
+        "wrong byte count",
+        "benchmarks/model.py",
+        '    per_position = 2 * c["num_key_value_heads"] * head_dim * 2\n',
+        '    per_position = 2 * c["num_attention_heads"] * head_dim * 2\n',
+        BENCH_REVIEW_TESTS,
+    ),
+    # (eager step times the mean of the rounds, not the median)
+    mutant(
+        "r20-model-eager-mean-not-median",
+        "median vs mean",
+        "benchmarks/model.py",
+        "    return {variant: statistics.median(found) for variant, found in times.items()}\n",
+        "    return {variant: statistics.mean(found) for variant, found in times.items()}\n",
+        BENCH_REVIEW_TESTS,
+    ),
+    # (W4A16 checked against the W4A4 reference)
+    mutant(
+        "r20-moe-w4a16-checked-against-w4a4-reference",
+        "check against the wrong reference",
+        "benchmarks/moe.py",
+        '        ref = reference_for(problem.x.shape[0], contestant == "ours_w4a4")\n',
+        '        ref = reference_for(problem.x.shape[0], contestant.startswith("ours"))\n',
+        BENCH_REVIEW_TESTS,
+    ),
+    # (the timer given the first copy of the weights only (warm in L2))
+    mutant(
+        "r20-moe-timed-first-copy-only",
+        "contestant timed on different data",
+        "benchmarks/moe.py",
+        '        result["us"] = run.timer(cycling(calls), graph_calls(len(calls)), run.reps)\n',
+        '        result["us"] = run.timer(calls[0], graph_calls(len(calls)), run.reps)\n',
+        BENCH_REVIEW_TESTS,
+    ),
+    # (an out-of-range --calls exits 1, not 2)
+    mutant(
+        "r20-eager-bad-calls-exit-1",
+        "wrong exit status",
+        "benchmarks/eager.py",
+        '        print("error: --calls must be 1 .. 150", file=sys.stderr)\n        return 2\n',
+        '        print("error: --calls must be 1 .. 150", file=sys.stderr)\n        return 1\n',
+        BENCH_REVIEW_TESTS,
+    ),
+    # (a kernel's mean time divided by kernels per call, not calls)
+    mutant(
+        "r20-moe-profile-mean-per-call-divisor",
+        "wrong divisor",
+        "benchmarks/moe_profile.py",
+        "    return [(name, total / count) for name, total in zip(names, sums, strict=True)]\n",
+        "    return [(name, total / per_call) for name, total in zip(names, sums, strict=True)]\n",
+        BENCH_REVIEW_TESTS,
     ),
 ]
