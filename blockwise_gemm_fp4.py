@@ -2066,6 +2066,8 @@ def kernel_args(config: GemmConfig, mnkl, a, b, sfa_blocked, sfb_blocked, d, alp
 def empty_d(l: int, m: int, n: int, c_dtype: str, device):  # noqa: E741
     """An uninitialised D [L, M, N] for ``gemm``: a view of rows ``c_row_pitch(N)`` long, so it
     is contiguous exactly when N elements make a multiple of 16 bytes."""
+    if c_dtype not in C_DTYPES:
+        raise ValueError(f"c_dtype={c_dtype!r} is not supported: use one of {list(C_DTYPES)}")
     return _empty_padded_d(l, m, n, c_dtype, device)[..., :n]
 
 

@@ -1088,6 +1088,13 @@ def test_library_routes_each_capability_to_its_kernel(monkeypatch, capability):
             ops.runs_hopper_kernels(t)
 
 
+@pytest.mark.parametrize("c_dtype", ["Int8", "bfloat16", "Float8E4M3FN", None])
+def test_empty_d_refuses_a_type_d_cannot_have(c_dtype):
+    """empty_d takes gemm's D types only: anything else is a ValueError naming them."""
+    with pytest.raises(ValueError, match="BFloat16"):
+        bw.empty_d(1, 16, 64, c_dtype, "cpu")
+
+
 class _Dressed:
     """A CPU tensor dressed as one on cuda:0: what ``gemm_impl`` looks at to pick a route."""
 
