@@ -60,6 +60,23 @@ def test_from_plain_swizzles_and_dequantizes(shape, fmt):
     assert torch.equal(t.dequantize(), want)
 
 
+# (no rows, or no batches: what quantize gives for an x without rows, and a checkpoint's empty
+# expert stack; the reference quantizers refuse empty x, so the parts are made here)
+@pytest.mark.parametrize("lead, rows, k", [((), 0, 96), ((3,), 0, 64), ((0,), 4, 32)], ids=str)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_from_plain_of_empty_parts_keeps_every_shape(lead, rows, k, fmt):
+    vec = fp4_ops.FORMATS[fmt]
+    dtype = torch.float8_e4m3fn if fmt == "nvfp4" else torch.float8_e8m0fnu
+    data = torch.zeros(*lead, rows, k // 2, dtype=torch.uint8)
+    sc = torch.zeros(*lead, rows, k // vec, dtype=torch.uint8).view(dtype)
+    t = FP4Tensor.from_plain(data, sc, 1.0, fmt)
+    assert t.shape == (*lead, rows, k)
+    blocked = reference.to_blocked(sc).view(torch.uint8)
+    assert torch.equal(t.scale.flatten(-3).view(torch.uint8), blocked)
+    assert t.plain_scales().shape == sc.shape
+    assert t.dequantize().shape == (*lead, rows, k)
+
+
 @pytest.mark.parametrize(
     "fmt, byte, match",
     [
