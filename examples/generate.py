@@ -258,6 +258,11 @@ def dequantize_in_place(model: nn.Module) -> int:
     return len(experts) + len(layers)
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless n is 1."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def report(label: str, tokenizer, result: dict, batch: int, max_new_tokens: int) -> None:
     print(f"--- {label}")
     for i, row in enumerate(result["tokens"][:SHOWN_ROWS]):
@@ -265,12 +270,12 @@ def report(label: str, tokenizer, result: dict, batch: int, max_new_tokens: int)
     if batch > SHOWN_ROWS:
         print(f"({batch - SHOWN_ROWS} more rows not shown)")
     steps = result["steps"]
-    stopped = "" if steps == max_new_tokens else f"; every row ended after {steps} steps"
+    stopped = "" if steps == max_new_tokens else f"; every row ended after {counted(steps, 'step')}"
     print(f"prefill (prompt -> first token): {result['prefill_s'] * 1e3:.1f} ms{stopped}")
     if steps > 1:
         per_step = result["decode_s"] / (steps - 1) * 1e3
         print(
-            f"decode: {steps - 1} steps x batch {batch} in {result['decode_s']:.3f} s = "
+            f"decode: {counted(steps - 1, 'step')} x batch {batch} in {result['decode_s']:.3f} s = "
             f"{result['decode_tok_s']:.1f} tokens/s ({per_step:.2f} ms/step)"
         )
     else:
@@ -372,7 +377,7 @@ def main(argv=None) -> int:
     else:
         count = dequantize_in_place(model)
         model.to(torch.bfloat16)  # (a checkpoint's float32 embeddings and norms too)
-        label = f"BF16 (the FP4 model dequantized, {count} layers)"
+        label = f"BF16 (the FP4 model dequantized, {counted(count, 'layer')})"
     base = _generate_or_none(model, inputs, args)
     if base is None:
         return 2

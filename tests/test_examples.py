@@ -384,6 +384,37 @@ def test_printed_timings_and_rates_are_what_the_clock_saw(checkpoints, capsys, m
     assert "FP4 / BF16 decode tokens per second: 2.00x" in out
 
 
+@pytest.mark.parametrize(
+    ("steps", "max_new", "decode", "stopped"),
+    [
+        (2, 2, "decode: 1 step x batch 2 in", None),
+        (3, 3, "decode: 2 steps x batch 2 in", None),
+        (2, 5, "decode: 1 step x batch 2 in", "; every row ended after 2 steps"),
+        (1, 5, "decode: not measured", "; every row ended after 1 step\n"),
+    ],
+)
+def test_report_counts_steps_in_words(steps, max_new, decode, stopped, capsys):
+    """The report says "1 step", "2 steps", and says when the rows ended early."""
+
+    class Tokenizer:
+        def decode(self, row, skip_special_tokens):
+            return "text"
+
+    result = {"tokens": [[1], [2]], "steps": steps, "prefill_s": 0.1, "decode_s": 0.2}
+    result["decode_tok_s"] = 2 * (steps - 1) / 0.2
+    generate.report("FP4", Tokenizer(), result, 2, max_new)
+    out = capsys.readouterr().out
+    assert decode in out
+    assert (stopped is None) == ("ended after" not in out)
+    assert stopped is None or stopped in out
+    assert re.search(r"\b1 steps\b", out) is None
+
+
+@pytest.mark.parametrize(("n", "words"), [(0, "0 layers"), (1, "1 layer"), (14, "14 layers")])
+def test_counted_is_plural_unless_one(n, words):
+    assert generate.counted(n, "layer") == words
+
+
 def test_dequantized_baseline_of_a_float32_checkpoint_is_a_bf16_model(tmp_path, capsys):
     """A W4A4 checkpoint whose other modules are float32 (loaded in the config's dtype): its
     dequantized baseline is a BF16 model throughout, as its label says, not float32 modules
