@@ -159,7 +159,7 @@ class FakeProps:
     uuid = UUID[4:]
 
 
-def test_the_sampler_keeps_its_own_gpu_s_lines(tmp_path, monkeypatch):
+def test_the_sampler_keeps_the_lines_of_its_own_device(tmp_path, monkeypatch):
     now = time.time()
     lines = [f"{stamp(now)}, {UUID}, 1410, 692.5, 0x0000000000000004"]
     lines += [f"{stamp(now)}, GPU-00000000-other, 1980, 100.0, 0x0000000000000000"]
