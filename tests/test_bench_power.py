@@ -6,6 +6,7 @@ a failing one not run, each row's figures from its own window."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -77,6 +78,8 @@ def test_main_without_nvidia_smi_exits_2(monkeypatch, capsys, tmp_path):
         ("2026/12/07 22:03:38.019, GPU-ab, 1350, 690.99, 0x0000000000000004", 1350, 690.99, 4),
         ("2026/12/07 22:03:31.144, GPU-ab, 1980, 88.68, 0x0000000000000000", 1980, 88.68, 0),
         ("2026/12/07 22:03:18.888, GPU-ab, 810, 75.22, 0x0000000000000001", 810, 75.22, 1),
+        ("2026/12/07 22:03:19.001, GPU-ab, 1755, 701.5, 0x0000000000000084", 1755, 701.5, 0x84),
+        ("2026/12/07 22:03:19.021, GPU-ab, 1605, 650.0, 0x0000000000000020", 1605, 650.0, 0x20),
     ],
 )
 def test_a_line_reads_as_its_fields(line, clock, watts, reasons):
@@ -97,6 +100,25 @@ def test_a_line_reads_as_its_fields(line, clock, watts, reasons):
 )
 def test_a_line_without_every_field_is_skipped(line):
     assert power.parse_sample(line) is None
+
+
+@pytest.fixture
+def zone(monkeypatch):
+    """A time zone other than UTC for the test, the process's own restored after it."""
+    if not hasattr(time, "tzset"):
+        pytest.skip("time.tzset: POSIX only")
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_timestamps_are_local_time_as_nvidia_smi_writes_them(zone):
+    now = time.time()
+    line = f"{stamp(now)}, G, 1500, 600, 0x0"
+    assert time.timezone != 0
+    assert power.parse_sample(line)[0] == pytest.approx(now, abs=1e-3)
 
 
 def test_timestamps_keep_their_milliseconds():
@@ -178,6 +200,69 @@ def test_the_sampler_keeps_the_lines_of_its_own_device(tmp_path, monkeypatch):
     assert not os.path.exists(path)
     assert [(s[2], s[3], s[4]) for s in got] == [(1410.0, 692.5, 4), (1395.0, 700.0, 0)]
     assert got[1][0] - got[0][0] == pytest.approx(0.04, abs=2e-3)
+
+
+class FakeCuda:
+    """What ``sustain`` takes of torch.cuda: a graph whose replays are counted and events whose
+    elapsed time is MS_PER_REPLAY per replay between their records."""
+
+    MS_PER_REPLAY = 0.5
+
+    def __init__(self):
+        self.capturing, self.replays, self.captured = False, 0, 0
+
+    def install(self, monkeypatch):
+        fake = self
+        cuda = power.torch.cuda
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        class Graph:
+            def replay(self):
+                fake.replays += 1
+
+        class Event:
+            def __init__(self, enable_timing):
+                assert enable_timing
+
+            def record(self):
+                self.at = fake.replays
+
+            def elapsed_time(self, other):
+                return (other.at - self.at) * fake.MS_PER_REPLAY
+
+        @contextlib.contextmanager
+        def graph(g, stream):
+            fake.capturing = True
+            yield
+            fake.capturing = False
+
+        monkeypatch.setattr(cuda, "Stream", Stream)
+        monkeypatch.setattr(cuda, "current_stream", lambda: Stream())
+        monkeypatch.setattr(cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(cuda, "synchronize", lambda: None)
+        monkeypatch.setattr(cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(cuda, "graph", graph)
+        monkeypatch.setattr(cuda, "Event", Event)
+
+    def fn(self):
+        self.captured += self.capturing
+
+
+def test_sustain_reports_time_per_forward_pass_over_its_window(monkeypatch):
+    fake = FakeCuda()
+    fake.install(monkeypatch)
+    before = time.time()
+    start, end, us = power.sustain(fake.fn, 1)
+    assert fake.captured == power.FORWARDS_PER_GRAPH  # one graph of the forward passes
+    assert before <= start and end - start >= 1
+    # every replay timed but the one before the first event
+    assert us == pytest.approx(fake.MS_PER_REPLAY * 1e3 / power.FORWARDS_PER_GRAPH)
+    assert (
+        fake.replays > power.REPLAYS_PER_SYNC and (fake.replays - 1) % power.REPLAYS_PER_SYNC == 0
+    )
 
 
 # ----------------------------------------------------------------------------- a faked run

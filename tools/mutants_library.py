@@ -2,8 +2,8 @@
 FP4Linear's state dict, quantize_model, calibrate), the CPU quantizer and GEMM, the scale layout,
 FP4Tensor, the ops' checks, the memory rules, the FP4 buffers' casts, the MoE host code, the Hopper
 launcher's picks and checks, the tokens step, the GPU quantizer, the benchmarks' figures and
-checks, the Hopper CLI, k_order, the CLIs' argument checks, reference.py and
-examples/generate.py: small, realistic bugs that make a result silently wrong or let bad input
+checks (benchmarks.power's too), the Hopper CLI, k_order, the CLIs' argument checks, reference.py
+and examples/generate.py: small, realistic bugs that make a result silently wrong or let bad input
 through, planted by reviewers who had not read the tests. The tests named must catch each
 (``-m gpu``: on an H100 / H200). Keep every ``old`` text current as the code changes (it must
 occur exactly once in its file)."""
@@ -23,6 +23,7 @@ PADDED_ROWS = "fp4_ops/moe_kernels/padded_rows.py"
 TOKENS_STEP = "fp4_ops/sm90/tokens_step.py"
 LAUNCHER = "fp4_ops/sm90/launcher.py"
 MODEL_BENCH = "benchmarks/model.py"
+POWER = "benchmarks/power.py"
 GENERATE = "examples/generate.py"
 TESTS = [
     "tests/test_checkpoint.py",
@@ -237,6 +238,7 @@ LAUNCHER_REVIEW_TESTS = [
     "-m",
     "not gpu",
 ]
+POWER_REVIEW_TESTS = ["tests/test_bench_power.py"]
 
 
 # the lines between to_blocked's permute and from_blocked's reshape, which
@@ -5911,5 +5913,144 @@ MUTANTS = [
         "    if isinstance(include, str):\n        return [include], None\n",
         "    if isinstance(include, str):\n        return list(include), None\n",
         API_REVIEW_TESTS,
+    ),
+    # ------------------------------------------- review 22: benchmarks.power (clock and power)
+    # the window keeps the settling samples: SETTLE_S is never dropped from its start
+    mutant(
+        "r22-settle-not-dropped",
+        "off-by-settle sample window",
+        POWER,
+        "    window = [s for s in samples if start + SETTLE_S <= s[0] <= end]\n",
+        "    window = [s for s in samples if start <= s[0] <= end]\n",
+        POWER_REVIEW_TESTS,
+    ),
+    # the SM clock's "median" is the mean: one deep dip drags the printed median down
+    mutant(
+        "r22-clock-mean-not-median",
+        "mean instead of median",
+        POWER,
+        '        "sm_mhz_median": statistics.median(clocks),\n',
+        '        "sm_mhz_median": statistics.mean(clocks),\n',
+        POWER_REVIEW_TESTS,
+    ),
+    # the shares are over every sample of the run, not over the row's window
+    mutant(
+        "r22-share-over-all-samples",
+        "wrong denominator of a share",
+        POWER,
+        '        "power_capped": sum(1 for s in window if s[4] & POWER_CAP_BIT) / len(window),\n',
+        '        "power_capped": sum(1 for s in window if s[4] & POWER_CAP_BIT) / len(samples),\n',
+        POWER_REVIEW_TESTS,
+    ),
+    # the power-cap bit is 0x2 (applications clocks setting), not 0x4 (software power cap)
+    mutant(
+        "r22-power-cap-bit-0x2",
+        "wrong bit mask",
+        POWER,
+        "POWER_CAP_BIT = 0x4\n",
+        "POWER_CAP_BIT = 0x2\n",
+        POWER_REVIEW_TESTS,
+    ),
+    # the event reasons are read from their last hex digit only: 0x20, 0x40, 0x80 are lost
+    mutant(
+        "r22-reasons-low-digit-only",
+        "mis-read bit field",
+        POWER,
+        "float(power), int(reasons, 16)\n",
+        "float(power), int(reasons[-1], 16)\n",
+        POWER_REVIEW_TESTS,
+    ),
+    # the timestamp's milliseconds are dropped: samples shift up to a second earlier
+    mutant(
+        "r22-timestamp-drops-ms",
+        "dropped fractional seconds",
+        POWER,
+        '    seconds = time.mktime(time.strptime(whole, "%Y/%m/%d %H:%M:%S"))'
+        ' + float(f"0.{frac or 0}")\n',
+        '    seconds = time.mktime(time.strptime(whole, "%Y/%m/%d %H:%M:%S"))\n',
+        POWER_REVIEW_TESTS,
+    ),
+    # the timestamp is read as UTC, though nvidia-smi writes local time
+    mutant(
+        "r22-timestamp-as-utc",
+        "local vs UTC time",
+        POWER,
+        '    seconds = time.mktime(time.strptime(whole, "%Y/%m/%d %H:%M:%S"))'
+        ' + float(f"0.{frac or 0}")\n',
+        '    seconds = time.mktime(time.strptime(whole, "%Y/%m/%d %H:%M:%S")) - time.timezone'
+        ' + float(f"0.{frac or 0}")\n',
+        POWER_REVIEW_TESTS,
+    ),
+    # the clock and power fields are unpacked in the wrong order
+    mutant(
+        "r22-clock-power-swapped",
+        "wrong field order",
+        POWER,
+        "    stamp, uuid, clock, power, reasons = fields\n",
+        "    stamp, uuid, power, clock, reasons = fields\n",
+        POWER_REVIEW_TESTS,
+    ),
+    # this GPU's samples are matched on the UUID's start: nvidia-smi's "GPU-" prefix loses all
+    mutant(
+        "r22-uuid-startswith",
+        "wrong-GPU filter",
+        POWER,
+        "        return [s for s in parsed if s[1].lower().endswith(self.uuid)]\n",
+        "        return [s for s in parsed if s[1].lower().startswith(self.uuid)]\n",
+        POWER_REVIEW_TESTS,
+    ),
+    # the check's dict (always truthy) is tested, not its "ok": a failed contestant still runs
+    mutant(
+        "r22-failed-check-runs",
+        "failed correctness check ignored",
+        POWER,
+        '                if not row["check"]["ok"]:\n',
+        '                if not row["check"]:\n',
+        POWER_REVIEW_TESTS,
+    ),
+    # microseconds per graph replay, not per forward pass (FORWARDS_PER_GRAPH forgotten)
+    mutant(
+        "r22-us-per-replay",
+        "wrong per-call divisor",
+        POWER,
+        "first.elapsed_time(last) * 1e3 / (replays * FORWARDS_PER_GRAPH)\n",
+        "first.elapsed_time(last) * 1e3 / replays\n",
+        POWER_REVIEW_TESTS,
+    ),
+    # the SM clock cell prints the minimum first and the median in parentheses
+    mutant(
+        "r22-clock-cell-swapped",
+        "swapped figures in a cell",
+        POWER,
+        "f\"{c['sm_mhz_median']:.0f} ({c['sm_mhz_min']:.0f})\"",
+        "f\"{c['sm_mhz_min']:.0f} ({c['sm_mhz_median']:.0f})\"",
+        POWER_REVIEW_TESTS,
+    ),
+    # a run row without samples gets one "not measured" cell too few: the columns misalign
+    mutant(
+        "r22-not-measured-cells-short",
+        "misaligned table columns",
+        POWER,
+        "        figures = [f\"{row['us_per_forward']:.1f}\"] + [NOT_MEASURED] * 4\n",
+        "        figures = [f\"{row['us_per_forward']:.1f}\"] + [NOT_MEASURED] * 3\n",
+        POWER_REVIEW_TESTS,
+    ),
+    # --seconds is not checked: 0 or -1 runs (no replays, a division by zero), "x" crashes
+    mutant(
+        "r22-seconds-unchecked",
+        "bad command-line input let through",
+        POWER,
+        '    args.seconds = cli.positive_int(p, "--seconds", args.seconds)\n',
+        "    args.seconds = int(args.seconds)\n",
+        POWER_REVIEW_TESTS,
+    ),
+    # a missing nvidia-smi raises FileNotFoundError, not SubprocessError: a traceback, not exit 2
+    mutant(
+        "r22-missing-nvidia-smi-traceback",
+        "broken exit-2 refusal",
+        POWER,
+        "    except OSError as err:\n",
+        "    except subprocess.SubprocessError as err:\n",
+        POWER_REVIEW_TESTS,
     ),
 ]
