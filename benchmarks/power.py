@@ -34,6 +34,7 @@ import torch
 
 from benchmarks import args as cli
 from benchmarks import stack
+from fp4_ops import devtools
 
 STACK_DEFAULT = "llama70b_mlp"
 M_DEFAULT = (1, 16, 128, 4096)
@@ -138,17 +139,7 @@ class Sampler:
 def sustain(fn, seconds: int) -> tuple[float, float, float]:
     """(epoch start, epoch end, us per call) of ``fn`` captured FORWARDS_PER_GRAPH times in one
     CUDA graph and replayed back to back for ``seconds``."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(FORWARDS_PER_GRAPH):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = devtools.captured_graph(fn, FORWARDS_PER_GRAPH)
     first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     replays, start = 0, time.time()
     first.record()

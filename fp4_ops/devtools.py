@@ -124,15 +124,15 @@ def operand_sets(tensors, use_cold_l2: bool, warmup_iterations: int, iterations:
     return sets
 
 
-def time_graph_us(fn, iterations: int = 20, repeats: int = 5) -> float:
-    """Mean microseconds per call of ``fn`` (enqueue-only, no host sync), from a CUDA graph of
-    ``iterations`` calls replayed ``repeats`` times on a side stream."""
+def captured_graph(fn, iterations: int):
+    """A CUDA graph of ``iterations`` calls of ``fn``, captured on a side stream after one call
+    that compiles and warms up there, and replayed once."""
     import torch
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        fn()  # compile / warm up on the capturing stream
+        fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
@@ -140,6 +140,15 @@ def time_graph_us(fn, iterations: int = 20, repeats: int = 5) -> float:
             fn()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def time_graph_us(fn, iterations: int = 20, repeats: int = 5) -> float:
+    """Mean microseconds per call of ``fn`` (enqueue-only, no host sync), from a CUDA graph of
+    ``iterations`` calls replayed ``repeats`` times on a side stream."""
+    import torch
+
+    graph = captured_graph(fn, iterations)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):

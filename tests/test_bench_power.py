@@ -18,6 +18,7 @@ import torch
 
 from benchmarks import power
 from benchmarks import stack as bench_stack
+from fp4_ops import devtools
 
 CPU = torch.device("cpu")
 SMALL = [(128, 64), (64, 128), (128, 64)]
@@ -263,6 +264,15 @@ def test_sustain_reports_time_per_forward_pass_over_its_window(monkeypatch):
     assert (
         fake.replays > power.REPLAYS_PER_SYNC and (fake.replays - 1) % power.REPLAYS_PER_SYNC == 0
     )
+
+
+def test_the_benchmarks_timer_shares_the_capture(monkeypatch):
+    """devtools.time_graph_us, built on the same capture: calls captured, replays timed."""
+    fake = FakeCuda()
+    fake.install(monkeypatch)
+    us = devtools.time_graph_us(fake.fn, iterations=20, repeats=5)
+    assert fake.captured == 20 and fake.replays == 1 + 5
+    assert us == pytest.approx(5 * fake.MS_PER_REPLAY * 1e3 / (20 * 5))
 
 
 # ----------------------------------------------------------------------------- a faked run
