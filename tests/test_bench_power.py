@@ -319,6 +319,19 @@ def test_checked_contestants_are_replayed_with_their_own_windows(small_stacks):
         assert r["clocks"]["power_capped"] == i % 2
 
 
+def test_one_reference_per_m_serves_every_contestant(small_stacks, monkeypatch):
+    real, made = bench_stack.reference_stack, []
+
+    def reference(weights, x, inputs=None):
+        made.append(x.shape[0])
+        return real(weights, x, inputs)
+
+    monkeypatch.setattr(bench_stack, "reference_stack", reference)
+    args = args_for(["--m", "1,4", "--contestants", "ours_w4a16,cublas_bf16,bare_read"])
+    rows = power.measure("llama70b_mlp", args, CPU, lambda text: None)
+    assert made == [1, 4] and all(r["window"] is not None for r in rows)
+
+
 def test_a_contestant_off_its_reference_is_not_run(small_stacks, monkeypatch):
     real = bench_stack.check_stack
 
