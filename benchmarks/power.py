@@ -16,7 +16,8 @@ the SM clock's median and minimum, the power draw's median and maximum, and the 
 samples whose clock event reasons hold the software power cap (bit 0x4) or a thermal or
 hardware slowdown (SLOWDOWN_BITS). Also the mean microseconds per forward pass over the
 replays: time under sustained load, not ``benchmarks.stack``'s per-layer figure (no SiLU-only
-stack is subtracted). A window without samples prints "not measured".
+stack is subtracted). A window without samples prints "not measured". The GPU's power limit,
+read once, heads the table.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ FORWARDS_PER_GRAPH = stack.FORWARDS_PER_GRAPH
 POWER_CAP_BIT = 0x4
 SLOWDOWN_BITS = 0x20 | 0x8 | 0x40 | 0x80
 QUERY = "timestamp,uuid,clocks.sm,power.draw,clocks_event_reasons.active"
+LIMIT_QUERY = "uuid,power.limit"
 NOT_MEASURED = "not measured"
 
 
@@ -133,6 +135,23 @@ class Sampler:
         return [s for s in parsed if s[1].lower().endswith(self.uuid)]
 
 
+def power_limit(uuid: str) -> float | None:
+    """This GPU's power limit in W as nvidia-smi reports it; None where it cannot be read."""
+    command = ["nvidia-smi", f"--query-gpu={LIMIT_QUERY}", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.stdout.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0].lower().endswith(uuid.lower()):
+            try:
+                return float(fields[1])
+            except ValueError:  # ("[N/A]")
+                return None
+    return None
+
+
 # ----------------------------------------------------------------------------- measuring
 
 
@@ -204,6 +223,16 @@ HEAD = (
 )
 
 
+def header(env: dict) -> str:
+    """The line naming the GPU, its power limit, the driver, the versions and the date."""
+    limit = env["power_limit_w"]
+    limit = NOT_MEASURED if limit is None else f"{limit:.0f} W"
+    return (
+        f"GPU: {env['gpu']}, power limit {limit}, driver {env['driver']}, torch {env['torch']}, "
+        f"CUDA {env['cuda']}, nvidia-cutlass-dsl {env['nvidia-cutlass-dsl']}, {env['date']}"
+    )
+
+
 def format_row(row: dict) -> str:
     c = row["clocks"]
     if row["us_per_forward"] is None:
@@ -227,12 +256,14 @@ def main(argv=None) -> int:
         print("error: benchmarks.power replays CUDA graphs: it needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
     try:
-        sampler = Sampler(str(torch.cuda.get_device_properties(device).uuid))
+        sampler = Sampler(uuid)
     except OSError as err:
         print(f"error: benchmarks.power samples through nvidia-smi: {err}", file=sys.stderr)
         return 2
     env = stack.environment(device)
+    env["power_limit_w"] = power_limit(uuid)
     start = time.perf_counter()
 
     def progress(text):
@@ -247,7 +278,7 @@ def main(argv=None) -> int:
     add_clocks(rows, samples)
     if not samples:
         print("nvidia-smi gave no samples of this GPU: the clock columns are not measured")
-    print(f"GPU: {env['gpu']}, driver {env['driver']}, torch {env['torch']}, {env['date']}")
+    print(header(env))
     print("\n".join(HEAD))
     print("\n".join(map(format_row, rows)))
     if args.json:

@@ -203,6 +203,44 @@ def test_the_sampler_keeps_the_lines_of_its_own_device(tmp_path, monkeypatch):
     assert got[1][0] - got[0][0] == pytest.approx(0.04, abs=2e-3)
 
 
+LIMIT_SMI = """#!{python}
+import sys
+assert "--query-gpu={query}" in sys.argv, sys.argv
+print({out!r}, end="")
+sys.exit({code})
+"""
+
+
+def fake_limit_smi(tmp_path, monkeypatch, out: str, code: int = 0) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        LIMIT_SMI.format(python=sys.executable, query=power.LIMIT_QUERY, out=out, code=code)
+    )
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize(
+    ("out", "code", "limit"),
+    [
+        (f"GPU-00000000-other, 350.00\n{UUID}, 700.00\n", 0, 700.0),
+        (f"{UUID.upper()}, 650.50\nGPU-00000000-other, 350.00\n", 0, 650.5),
+        (f"{UUID}, [N/A]\n", 0, None),
+        ("GPU-00000000-other, 350.00\n", 0, None),
+        (f"{UUID}, 700.00\n", 9, None),
+    ],
+    ids=["second-line", "first-line-upper-case", "not-available", "other-gpu-only", "failed"],
+)
+def test_the_power_limit_is_this_gpu_s(tmp_path, monkeypatch, out, code, limit):
+    fake_limit_smi(tmp_path, monkeypatch, out, code)
+    assert power.power_limit(FakeProps.uuid) == limit
+
+
+def test_no_nvidia_smi_leaves_the_power_limit_unread(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert power.power_limit(FakeProps.uuid) is None
+
+
 class FakeCuda:
     """What ``sustain`` takes of torch.cuda: a graph whose replays are counted and events whose
     elapsed time is MS_PER_REPLAY per replay between their records."""
@@ -371,6 +409,16 @@ def test_rows_print_under_their_headers():
     )
 
 
+ENV = {"gpu": "G", "driver": "D", "torch": "T", "cuda": "C", "nvidia-cutlass-dsl": "X"}
+ENV["date"] = "2026-12-07 23:00 UTC"
+
+
+def test_the_header_names_the_power_limit_or_says_it_was_not_read():
+    line = "GPU: G, power limit {}, driver D, torch T, CUDA C, nvidia-cutlass-dsl X, " + ENV["date"]
+    assert power.header(ENV | {"power_limit_w": 699.6}) == line.format("700 W")
+    assert power.header(ENV | {"power_limit_w": None}) == line.format(power.NOT_MEASURED)
+
+
 def test_main_prints_every_row_and_writes_json(small_stacks, monkeypatch, tmp_path, capsys):
     class Sampler:
         def __init__(self, uuid):
@@ -383,20 +431,18 @@ def test_main_prints_every_row_and_writes_json(small_stacks, monkeypatch, tmp_pa
     monkeypatch.setattr(power.torch.cuda, "get_device_properties", lambda d: FakeProps())
     monkeypatch.setattr(power.torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(power, "Sampler", Sampler)
-    monkeypatch.setattr(
-        bench_stack,
-        "environment",
-        lambda d: {"gpu": "G", "driver": "D"} | {"torch": "T", "date": "2026-12-07 23:00 UTC"},
-    )
+    monkeypatch.setattr(bench_stack, "environment", lambda d: dict(ENV))
+    monkeypatch.setattr(power, "power_limit", lambda uuid: 700.0 if uuid == FakeProps.uuid else 0)
     monkeypatch.setattr(power.torch, "device", lambda kind: CPU)
     out = tmp_path / "power.json"
     argv = ["--m", "1,2", "--contestants", "ours_w4a16", "--layers", "3", "--json", str(out)]
     assert power.main(argv) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0] == "GPU: G, driver D, torch T, 2026-12-07 23:00 UTC"
+    assert printed[0] == power.header(ENV | {"power_limit_w": 700.0})
     assert printed[1:3] == list(power.HEAD)
     assert printed[3].startswith("| llama70b_mlp | 1 | ours_w4a16 | 8.0 | 1500 (1500) | 690 (690)")
     assert printed[4].startswith("| llama70b_mlp | 2 | ours_w4a16 | 9.0 | 1980 (1980) | 500 (500)")
     data = json.loads(out.read_text())
     assert [r["clocks"]["power_capped"] for r in data["rows"]] == [1.0, 0.0]
     assert data["settings"]["m"] == [1, 2] and data["environment"]["gpu"] == "G"
+    assert data["environment"]["power_limit_w"] == 700.0
