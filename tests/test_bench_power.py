@@ -203,36 +203,44 @@ def test_the_sampler_keeps_the_lines_of_its_own_device(tmp_path, monkeypatch):
     assert got[1][0] - got[0][0] == pytest.approx(0.04, abs=2e-3)
 
 
+# nvidia-smi answering any --query-gpu from its GPUs' fields, as the real one does: a GPU capped
+# with `nvidia-smi -pl` reports the cap in force as power.limit, its factory figure beside it
 LIMIT_SMI = """#!{python}
 import sys
-assert "--query-gpu={query}" in sys.argv, sys.argv
-print({out!r}, end="")
+fields = [a for a in sys.argv if a.startswith("--query-gpu=")][0].split("=", 1)[1].split(",")
+for gpu in {gpus!r}:
+    print(", ".join(gpu.get(f, "[N/A]") for f in fields))
 sys.exit({code})
 """
 
 
-def fake_limit_smi(tmp_path, monkeypatch, out: str, code: int = 0) -> None:
+def fake_limit_smi(tmp_path, monkeypatch, gpus: list, code: int = 0) -> None:
     smi = tmp_path / "nvidia-smi"
-    smi.write_text(
-        LIMIT_SMI.format(python=sys.executable, query=power.LIMIT_QUERY, out=out, code=code)
-    )
+    smi.write_text(LIMIT_SMI.format(python=sys.executable, gpus=gpus, code=code))
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
 
 
+def gpu(uuid: str, limit: str, default: str = "700.00") -> dict:
+    return {"uuid": uuid, "power.limit": limit, "power.default_limit": default}
+
+
+OTHER = gpu("GPU-00000000-other", "350.00", "350.00")
+
+
 @pytest.mark.parametrize(
-    ("out", "code", "limit"),
+    ("gpus", "code", "limit"),
     [
-        (f"GPU-00000000-other, 350.00\n{UUID}, 700.00\n", 0, 700.0),
-        (f"{UUID.upper()}, 650.50\nGPU-00000000-other, 350.00\n", 0, 650.5),
-        (f"{UUID}, [N/A]\n", 0, None),
-        ("GPU-00000000-other, 350.00\n", 0, None),
-        (f"{UUID}, 700.00\n", 9, None),
+        ([OTHER, gpu(UUID, "600.00")], 0, 600.0),
+        ([gpu(UUID.upper(), "650.50"), OTHER], 0, 650.5),
+        ([gpu(UUID, "[N/A]")], 0, None),
+        ([OTHER], 0, None),
+        ([gpu(UUID, "700.00")], 9, None),
     ],
-    ids=["second-line", "first-line-upper-case", "not-available", "other-gpu-only", "failed"],
+    ids=["capped-second-line", "first-upper-case", "not-available", "other-gpu-only", "failed"],
 )
-def test_the_power_limit_is_this_gpu_s(tmp_path, monkeypatch, out, code, limit):
-    fake_limit_smi(tmp_path, monkeypatch, out, code)
+def test_the_power_limit_is_this_gpu_s_in_force(tmp_path, monkeypatch, gpus, code, limit):
+    fake_limit_smi(tmp_path, monkeypatch, gpus, code)
     assert power.power_limit(FakeProps.uuid) == limit
 
 

@@ -6053,4 +6053,77 @@ MUTANTS = [
         "    except subprocess.SubprocessError as err:\n",
         POWER_REVIEW_TESTS,
     ),
+    # ---------------------------------- review 23: benchmarks.power's power limit and header
+    # the UUID filter is dropped: on a multi-GPU host the first GPU's limit heads the table
+    mutant(
+        "r23-limit-any-gpu",
+        "wrong-GPU filter",
+        POWER,
+        "        if len(fields) == 2 and fields[0].lower().endswith(uuid.lower()):\n",
+        "        if len(fields) == 2:\n",
+        POWER_REVIEW_TESTS,
+    ),
+    # the UUID must equal nvidia-smi's exactly: its "GPU-" prefix means it never does (always None)
+    mutant(
+        "r23-limit-uuid-equals",
+        "wrong-GPU filter",
+        POWER,
+        "        if len(fields) == 2 and fields[0].lower().endswith(uuid.lower()):\n",
+        "        if len(fields) == 2 and fields[0].lower() == uuid.lower():\n",
+        POWER_REVIEW_TESTS,
+    ),
+    # the default power limit is queried, not the one in force: a capped GPU reports its default
+    mutant(
+        "r23-limit-default-query",
+        "wrong nvidia-smi field",
+        POWER,
+        'LIMIT_QUERY = "uuid,power.limit"\n',
+        'LIMIT_QUERY = "uuid,power.default_limit"\n',
+        POWER_REVIEW_TESTS,
+    ),
+    # only a failing exit status is caught: a missing nvidia-smi or a timeout is a traceback
+    mutant(
+        "r23-limit-timeout-uncaught",
+        "exception not caught",
+        POWER,
+        "    except (OSError, subprocess.SubprocessError):\n        return None\n    for line",
+        "    except subprocess.CalledProcessError:\n        return None\n    for line",
+        POWER_REVIEW_TESTS,
+    ),
+    # an unreadable limit ("[N/A]") is swallowed as 0 W: the header prints "power limit 0 W"
+    mutant(
+        "r23-limit-na-zero",
+        "failure swallowed as a number",
+        POWER,
+        '            except ValueError:  # ("[N/A]")\n                return None\n',
+        '            except ValueError:  # ("[N/A]")\n                return 0.0\n',
+        POWER_REVIEW_TESTS,
+    ),
+    # the header truncates the limit (699.9 W prints as 699 W), not rounds it
+    mutant(
+        "r23-header-truncates",
+        "wrong rounding",
+        POWER,
+        '    limit = NOT_MEASURED if limit is None else f"{limit:.0f} W"\n',
+        '    limit = NOT_MEASURED if limit is None else f"{int(limit)} W"\n',
+        POWER_REVIEW_TESTS,
+    ),
+    # the header prints the raw figure: "power limit 700.0" without its unit, "None" when unread
+    mutant(
+        "r23-header-raw-limit",
+        "header field misformatted",
+        POWER,
+        "power limit {limit}, driver",
+        "power limit {env['power_limit_w']}, driver",
+        POWER_REVIEW_TESTS,
+    ),
+    # the limit is read for "cuda", not this GPU's UUID: never matched, always "not measured"
+    mutant(
+        "r23-main-limit-wrong-device",
+        "limit read for the wrong device",
+        POWER,
+        '    env["power_limit_w"] = power_limit(uuid)\n',
+        '    env["power_limit_w"] = power_limit(str(device))\n',
+        POWER_REVIEW_TESTS,
+    ),
 ]
